@@ -1,0 +1,111 @@
+//! `ApiKey`: a bearer key for one consumer.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use serde::{Deserialize, Serialize};
+
+use crate::common::{Limits, SecretKeyRef};
+
+/// A bearer key for one consumer of the gateway.
+///
+/// Without `secretRef` the operator generates the key and stores it in the
+/// Secret `<name>-key` (data key `api-key`). The plaintext key exists only in
+/// that Secret; gateways receive its SHA-256.
+#[derive(
+    CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, kube::KubeSchema,
+)]
+#[kube(
+    group = "waycast.dev",
+    version = "v1alpha1",
+    kind = "ApiKey",
+    doc = "A bearer key for one consumer of waycast Gateways. The plaintext key lives only in its Secret.",
+    namespaced,
+    status = "ApiKeyStatus",
+    shortname = "ak",
+    category = "waycast",
+    printcolumn(
+        name = "Prefix",
+        type_ = "string",
+        json_path = ".status.keyPrefix",
+        description = "First characters of the key, safe to show"
+    ),
+    printcolumn(
+        name = "Expires",
+        type_ = "date",
+        json_path = ".spec.expiresAt",
+        description = "When the key stops working"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status",
+        description = "The key is valid and served"
+    ),
+    printcolumn(
+        name = "Programmed",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Programmed\")].status",
+        description = "Every ready gateway pod accepts it"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ApiKeySpec {
+    /// A Secret in this namespace holding the key, for keys managed outside
+    /// the cluster (SealedSecrets, ExternalSecrets). The Secret must carry the
+    /// label `waycast.dev/api-key: "true"`; keys shorter than 32 characters
+    /// are refused. Absent: the operator generates a key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_ref: Option<SecretKeyRef>,
+
+    /// Model names this key may use; `*` matches any run of characters
+    /// (`llama-*`). Absent: every model the gateway serves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(max = 256),
+        inner(length(min = 1, max = 256), pattern(r"^[^\s]+$"))
+    )]
+    #[x_kube(merge_strategy = ListMerge::Set)]
+    pub models: Option<Vec<String>>,
+
+    /// Rate limits for this key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<Limits>,
+
+    /// When the key stops working (RFC 3339, e.g. `2027-01-01T00:00:00Z`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<Time>,
+
+    /// Turn the key off without deleting it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub disabled: bool,
+}
+
+/// What the operator last saw and did for an ApiKey.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, kube::KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ApiKeyStatus {
+    /// `Ready` (reasons `KeyReady`, `SecretMissing`, `KeyTooShort`,
+    /// `Expired`, `Disabled`) and `Programmed` (every ready pod of every
+    /// Gateway that serves the key accepts it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+    /// The Secret that holds the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_name: Option<String>,
+    /// The first 6 characters of the key, safe to show.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_prefix: Option<String>,
+    /// The Gateways (`namespace/name`) that serve this key.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Set)]
+    pub gateways: Vec<String>,
+    /// The `metadata.generation` this status was computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}

@@ -1,0 +1,53 @@
+//! Types shared by more than one kind: references to Secrets, limits, the
+//! string patterns the schemas enforce.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// RFC 1123 DNS subdomain: the names of Secrets and most other objects.
+pub const DNS_SUBDOMAIN_PATTERN: &str =
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
+/// RFC 1035 DNS label: the names of Services.
+pub const DNS_LABEL_PATTERN: &str = r"^[a-z]([-a-z0-9]*[a-z0-9])?$";
+/// A key inside a Secret's `data`.
+pub const SECRET_KEY_PATTERN: &str = r"^[-._a-zA-Z0-9]+$";
+/// A model name as clients send it: no whitespace, no `*` (reserved for globs).
+pub const MODEL_NAME_PATTERN: &str = r"^[^\s*]+$";
+/// A model name or a glob over model names (`*` matches any run of characters).
+pub const MODEL_GLOB_PATTERN: &str = r"^[^\s]+$";
+/// A duration such as `500ms`, `5s`, `1m30s` or `2h`.
+pub const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$";
+/// An HTTP header field name (RFC 9110 token).
+pub const HEADER_NAME_PATTERN: &str = r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$";
+
+/// A reference to one key of a Secret in the referring object's namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    /// Name of the Secret, in the same namespace as the object that refers to it.
+    #[schemars(
+        length(min = 1, max = 253),
+        pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub name: String,
+    /// Key within the Secret's data whose value is used.
+    #[schemars(length(min = 1, max = 253), pattern(r"^[-._a-zA-Z0-9]+$"))]
+    pub key: String,
+}
+
+/// Rate limits. Each pod of a Gateway enforces its share of the limit, so the
+/// fleet as a whole admits the configured rate.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, kube::KubeSchema)]
+#[x_kube(validation = kube::core::Rule::new("has(self.requestsPerMinute) || has(self.tokensPerMinute)").message("limits must set requestsPerMinute, tokensPerMinute or both"))]
+#[serde(rename_all = "camelCase")]
+pub struct Limits {
+    /// Requests admitted per minute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1_000_000_000))]
+    pub requests_per_minute: Option<i64>,
+    /// Tokens (prompt + completion, from the responses' `usage`) admitted per
+    /// minute. A request is admitted while the remaining budget is positive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1_000_000_000_000_i64))]
+    pub tokens_per_minute: Option<i64>,
+}

@@ -1,0 +1,71 @@
+//! The condition vocabulary: types and reasons as constants, so the operator,
+//! the docs and ArgoCD health checks agree on spelling.
+//!
+//! Each condition is a standard `metav1.Condition`. Reasons are CamelCase and
+//! stable: tooling matches on them.
+
+/// Condition types.
+pub mod types {
+    /// The object is valid and taken into the compiled config of its Gateway(s).
+    pub const ACCEPTED: &str = "Accepted";
+    /// Every reference (Services, Secrets) the object makes resolved.
+    pub const RESOLVED_REFS: &str = "ResolvedRefs";
+    /// Every ready gateway pod that serves the object has applied a config
+    /// that reflects it.
+    pub const PROGRAMMED: &str = "Programmed";
+    /// The object is usable: for an ApiKey the key works; for a Gateway enough
+    /// replicas are ready.
+    pub const READY: &str = "Ready";
+}
+
+/// Condition reasons.
+pub mod reasons {
+    // === shared ===
+    /// All is well.
+    pub const ACCEPTED: &str = "Accepted";
+    /// References resolved.
+    pub const RESOLVED: &str = "Resolved";
+    /// Every ready pod serves a config with this object.
+    pub const PROGRAMMED: &str = "Programmed";
+    /// Waiting for gateway pods to apply the newest config.
+    pub const PENDING: &str = "Pending";
+    /// No Gateway selects the object.
+    pub const NO_GATEWAY: &str = "NoGateway";
+    /// The spec is valid for the schema but cannot be served (the message says why).
+    pub const INVALID: &str = "Invalid";
+
+    // === ModelEndpoint ===
+    /// Another, older ModelEndpoint already claims the model name or an alias.
+    pub const MODEL_NAME_CONFLICT: &str = "ModelNameConflict";
+    /// A backend Service does not exist or has no such port.
+    pub const BACKEND_NOT_FOUND: &str = "BackendNotFound";
+    /// A backend's upstream credential Secret or key is missing.
+    pub const AUTH_SECRET_MISSING: &str = "AuthSecretMissing";
+
+    // === ApiKey ===
+    /// The key is served.
+    pub const KEY_READY: &str = "KeyReady";
+    /// The referenced Secret, or its key, does not exist.
+    pub const SECRET_MISSING: &str = "SecretMissing";
+    /// The user-supplied key is shorter than the minimum length.
+    pub const KEY_TOO_SHORT: &str = "KeyTooShort";
+    /// `spec.expiresAt` has passed.
+    pub const EXPIRED: &str = "Expired";
+    /// `spec.disabled` is true.
+    pub const DISABLED: &str = "Disabled";
+
+    // === Gateway ===
+    /// The gateway Deployment has enough ready replicas.
+    pub const REPLICAS_READY: &str = "ReplicasReady";
+    /// Fewer replicas are ready than desired.
+    pub const REPLICAS_NOT_READY: &str = "ReplicasNotReady";
+    /// The config Secret was written.
+    pub const CONFIG_WRITTEN: &str = "ConfigWritten";
+    /// The compiled config does not fit, or could not be written.
+    pub const CONFIG_ERROR: &str = "ConfigError";
+    /// The TLS Secret is missing or not a kubernetes.io/tls Secret.
+    pub const TLS_SECRET_INVALID: &str = "TLSSecretInvalid";
+}
+
+/// The minimum length of a user-supplied key (see `ApiKey.spec.secretRef`).
+pub const MIN_KEY_LENGTH: usize = 32;

@@ -1,0 +1,374 @@
+//! `GatewayConfig`: the compiled, versioned config a gateway serves.
+//!
+//! ```text
+//! operator compile ─► GatewayConfig ─► gzipped JSON in Secret <gw>-config ─┐
+//! standalone user  ─► GatewayConfig ─► YAML file ──────────────────────────┴─► gateway
+//! ```
+//!
+//! One format for both: camelCase like Kubernetes, `apiVersion` checked,
+//! unknown fields refused (a typo is an error, not a silently ignored line).
+//! Parsing lives here; the checks the types cannot express are in
+//! [`crate::validate`]. Plaintext API keys never appear in it — only their
+//! SHA-256.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::validate::Problems;
+
+/// The `apiVersion` of the current config format.
+pub const CONFIG_API_VERSION: &str = "waycast.dev/config-v1";
+/// Default largest request body: 10 MiB.
+pub const DEFAULT_MAX_REQUEST_BODY_BYTES: u64 = 10 * 1024 * 1024;
+
+/// The whole config of one gateway fleet.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GatewayConfig {
+    /// Always [`CONFIG_API_VERSION`].
+    pub api_version: String,
+    /// Models clients can ask for.
+    #[serde(default)]
+    pub models: Vec<ModelConfig>,
+    /// Keys the gateway accepts.
+    #[serde(default)]
+    pub keys: Vec<KeyConfig>,
+    /// Fleet-wide settings.
+    #[serde(default)]
+    pub settings: Settings,
+}
+
+/// One model and where it is served.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ModelConfig {
+    /// Name clients send in `"model"`.
+    pub name: String,
+    /// Other names for it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub aliases: Vec<String>,
+    /// Upstreams, chosen by weight.
+    pub backends: Vec<BackendConfig>,
+    /// Upstream timeouts.
+    #[serde(default)]
+    pub timeouts: TimeoutsConfig,
+    /// Limits over all keys for this model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<LimitsConfig>,
+    /// Where this entry came from (`namespace/name` of its ModelEndpoint), for
+    /// logs and metrics. Absent in hand-written configs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+}
+
+/// One upstream.
+#[derive(Serialize, Deserialize, Clone, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct BackendConfig {
+    /// OpenAI-style base URL: a request for `/v1/X` goes to `<url>/X`.
+    pub url: String,
+    /// Model name sent upstream instead of the client's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Share of requests relative to the other backends; 0 = only as fallback.
+    #[serde(default = "default_weight")]
+    pub weight: u32,
+    /// Headers added to every upstream request (credentials, typically).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
+}
+
+fn default_weight() -> u32 {
+    1
+}
+
+// NB: header values are upstream credentials; they must never reach a log.
+impl fmt::Debug for BackendConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let headers: BTreeMap<&str, &str> = self
+            .headers
+            .keys()
+            .map(|name| (name.as_str(), "<redacted>"))
+            .collect();
+        f.debug_struct("BackendConfig")
+            .field("url", &self.url)
+            .field("model", &self.model)
+            .field("weight", &self.weight)
+            .field("headers", &headers)
+            .finish()
+    }
+}
+
+/// Upstream timeouts. There is deliberately no total-duration timeout.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TimeoutsConfig {
+    /// Establishing the TCP (and TLS) connection.
+    #[serde(
+        with = "crate::duration::serde_text",
+        default = "TimeoutsConfig::default_connect"
+    )]
+    pub connect: Duration,
+    /// Request sent → first response byte.
+    #[serde(
+        with = "crate::duration::serde_text",
+        default = "TimeoutsConfig::default_first_byte"
+    )]
+    pub first_byte: Duration,
+    /// Longest pause between response chunks.
+    #[serde(
+        with = "crate::duration::serde_text",
+        default = "TimeoutsConfig::default_idle"
+    )]
+    pub idle: Duration,
+}
+
+impl TimeoutsConfig {
+    fn default_connect() -> Duration {
+        Duration::from_secs(5)
+    }
+    fn default_first_byte() -> Duration {
+        Duration::from_secs(300)
+    }
+    fn default_idle() -> Duration {
+        Duration::from_secs(60)
+    }
+}
+
+impl Default for TimeoutsConfig {
+    fn default() -> Self {
+        Self {
+            connect: Self::default_connect(),
+            first_byte: Self::default_first_byte(),
+            idle: Self::default_idle(),
+        }
+    }
+}
+
+/// One accepted key.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct KeyConfig {
+    /// Who the key belongs to, e.g. `namespace/name` of its ApiKey. Appears in
+    /// logs and metrics.
+    pub id: String,
+    /// Lowercase hex SHA-256 of the key text.
+    pub sha256: String,
+    /// Model names or `*` globs the key may use. Absent: all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub models: Option<Vec<String>>,
+    /// When the key stops working.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<jiff::Timestamp>,
+    /// A disabled key is refused with 401.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub disabled: bool,
+    /// Limits for this key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<LimitsConfig>,
+}
+
+/// Requests and tokens per minute.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LimitsConfig {
+    /// Requests admitted per minute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_minute: Option<u64>,
+    /// Tokens admitted per minute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_minute: Option<u64>,
+}
+
+/// Fleet-wide settings.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Settings {
+    /// Largest request body accepted; larger ones get 413.
+    #[serde(default = "Settings::default_max_request_body_bytes")]
+    pub max_request_body_bytes: u64,
+    /// One info-level log line per request.
+    #[serde(default = "Settings::default_access_log")]
+    pub access_log: bool,
+}
+
+impl Settings {
+    fn default_max_request_body_bytes() -> u64 {
+        DEFAULT_MAX_REQUEST_BODY_BYTES
+    }
+    fn default_access_log() -> bool {
+        true
+    }
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            max_request_body_bytes: Self::default_max_request_body_bytes(),
+            access_log: Self::default_access_log(),
+        }
+    }
+}
+
+/// Why a config could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// Not valid JSON.
+    #[error("config is not valid JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    /// Not valid YAML.
+    #[error("config is not valid YAML: {0}")]
+    Yaml(#[from] serde_yaml::Error),
+    /// Parsed, but some values are wrong.
+    #[error("config is invalid: {0}")]
+    Invalid(Problems),
+}
+
+impl GatewayConfig {
+    /// An empty config of the current version.
+    pub fn empty() -> Self {
+        Self {
+            api_version: CONFIG_API_VERSION.to_owned(),
+            models: Vec::new(),
+            keys: Vec::new(),
+            settings: Settings::default(),
+        }
+    }
+
+    /// Parses JSON (text starting with `{`) or YAML, then validates.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the syntax error, or every invalid value with
+    /// its path.
+    pub fn from_slice(bytes: &[u8]) -> Result<Self, ConfigError> {
+        let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+        let config: Self = if first == Some(&b'{') {
+            serde_json::from_slice(bytes)?
+        } else {
+            serde_yaml::from_slice(bytes)?
+        };
+        config.validate().map_err(ConfigError::Invalid)?;
+        Ok(config)
+    }
+
+    /// Canonical JSON: what the operator writes and hashes. Field order is
+    /// the struct order and maps are `BTreeMap`s, so equal configs give equal
+    /// bytes.
+    ///
+    /// # Errors
+    /// Only if serialization itself fails (it does not for these types).
+    pub fn to_canonical_json(&self) -> Result<Vec<u8>, serde_json::Error> {
+        serde_json::to_vec(self)
+    }
+}
+
+/// Whether `name` matches `pattern`, where `*` matches any run of characters
+/// (including none) and everything else matches itself.
+pub fn glob_matches(pattern: &str, name: &str) -> bool {
+    let pattern = pattern.as_bytes();
+    let name = name.as_bytes();
+    let (mut p, mut n) = (0, 0);
+    // Position of the last `*` seen and the name position it was tried at:
+    // backtracking to it is enough, since `*` runs are greedy-agnostic.
+    let mut last_star: Option<(usize, usize)> = None;
+    while n < name.len() {
+        if p < pattern.len() && pattern[p] == b'*' {
+            last_star = Some((p, n));
+            p += 1;
+        } else if p < pattern.len() && pattern[p] == name[n] {
+            p += 1;
+            n += 1;
+        } else if let Some((star, tried)) = last_star {
+            p = star + 1;
+            n = tried + 1;
+            last_star = Some((star, tried + 1));
+        } else {
+            return false;
+        }
+    }
+    pattern[p..].iter().all(|&b| b == b'*')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn glob_matching() {
+        let cases = [
+            ("llama-*", "llama-3.1-8b", true),
+            ("llama-*", "llama-", true),
+            ("llama-*", "mistral", false),
+            ("*", "anything", true),
+            ("*", "", true),
+            ("gpt-4o", "gpt-4o", true),
+            ("gpt-4o", "gpt-4o-mini", false),
+            ("*-mini", "gpt-4o-mini", true),
+            ("a*b*c", "aXXbYYc", true),
+            ("a*b*c", "aXXbYY", false),
+            ("*a*a*a*", "aaa", true),
+            ("*a*a*a*", "aa", false),
+        ];
+        for (pattern, name, expected) in cases {
+            assert_eq!(glob_matches(pattern, name), expected, "{pattern} vs {name}");
+        }
+    }
+
+    #[test]
+    fn parses_the_documented_yaml() {
+        let yaml = r#"
+apiVersion: waycast.dev/config-v1
+models:
+  - name: llama-3.1-8b
+    aliases: [llama3]
+    backends:
+      - url: http://10.0.12.7:8000/v1
+        model: meta-llama/Llama-3.1-8B-Instruct
+        weight: 1
+        headers: {authorization: "Bearer upstream-secret"}
+    timeouts: {connect: 5s, firstByte: 300s, idle: 60s}
+keys:
+  - id: team-a/alice
+    sha256: 2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae
+    models: ["llama-*"]
+    expiresAt: 2027-01-01T00:00:00Z
+    limits: {requestsPerMinute: 600}
+settings:
+  maxRequestBodyBytes: 10485760
+  accessLog: true
+"#;
+        let config = GatewayConfig::from_slice(yaml.as_bytes()).unwrap();
+        assert_eq!(
+            config.models[0].timeouts.first_byte,
+            Duration::from_secs(300)
+        );
+        assert_eq!(
+            config.keys[0].limits.unwrap().requests_per_minute,
+            Some(600)
+        );
+        // Round trip through the canonical JSON form the operator writes.
+        let json = config.to_canonical_json().unwrap();
+        assert_eq!(GatewayConfig::from_slice(&json).unwrap(), config);
+        // Upstream credentials never show in Debug output.
+        assert!(!format!("{config:?}").contains("upstream-secret"));
+    }
+
+    #[test]
+    fn refuses_unknown_fields() {
+        let yaml = "apiVersion: waycast.dev/config-v1\nmodels: []\nkeyz: []\n";
+        let error = GatewayConfig::from_slice(yaml.as_bytes())
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("unknown field `keyz`"), "{error}");
+    }
+
+    #[test]
+    fn applies_defaults() {
+        let config =
+            GatewayConfig::from_slice(b"{\"apiVersion\":\"waycast.dev/config-v1\"}").unwrap();
+        assert_eq!(config, GatewayConfig::empty());
+    }
+}

@@ -1,0 +1,326 @@
+//! `Gateway`: a fleet of gateway pods and the routes and keys it serves.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Affinity, ResourceRequirements, Toleration, TopologySpreadConstraint,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A fleet of waycast gateway pods, and which ModelEndpoints and ApiKeys it serves.
+///
+/// The operator turns each Gateway into a Deployment (or an HPA-driven one),
+/// a Service, RBAC for the pods, and a config Secret holding the compiled
+/// routes and key hashes. Config changes never restart pods.
+#[derive(
+    CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, kube::KubeSchema,
+)]
+#[kube(
+    group = "waycast.dev",
+    version = "v1alpha1",
+    kind = "Gateway",
+    doc = "A fleet of waycast gateway pods and the models and API keys it serves.",
+    namespaced,
+    status = "GatewayStatus",
+    shortname = "wgw",
+    category = "waycast",
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status",
+        description = "Enough gateway pods are ready"
+    ),
+    printcolumn(
+        name = "Pods",
+        type_ = "integer",
+        json_path = ".status.readyReplicas",
+        description = "Gateway pods ready"
+    ),
+    printcolumn(
+        name = "Models",
+        type_ = "integer",
+        json_path = ".status.modelCount",
+        description = "Models served"
+    ),
+    printcolumn(
+        name = "Keys",
+        type_ = "integer",
+        json_path = ".status.apiKeyCount",
+        description = "API keys served"
+    ),
+    printcolumn(
+        name = "Address",
+        type_ = "string",
+        json_path = ".status.address",
+        description = "Where clients connect"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[x_kube(validation = Rule::new("!(has(self.replicas) && has(self.autoscaling))").message("set either replicas or autoscaling, not both"))]
+#[serde(rename_all = "camelCase")]
+pub struct GatewaySpec {
+    /// Number of gateway pods when autoscaling is not used. Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub replicas: Option<i32>,
+
+    /// Scale the gateway pods with a HorizontalPodAutoscaler instead of a
+    /// fixed replica count. The operator then never sets the Deployment's
+    /// replicas, so it does not fight the autoscaler.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaling: Option<Autoscaling>,
+
+    /// Which ModelEndpoints this Gateway serves. Default: those in the
+    /// Gateway's own namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_endpoints: Option<RouteSelector>,
+
+    /// Which ApiKeys this Gateway accepts. Default: those in the Gateway's own
+    /// namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_keys: Option<RouteSelector>,
+
+    /// The Service in front of the gateway pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<GatewayService>,
+
+    /// Terminate TLS in the gateway with a certificate from a Secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<GatewayTls>,
+
+    /// Limits on requests the gateway accepts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<GatewayLimits>,
+
+    /// Log level and access log of the gateway pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logging: Option<GatewayLogging>,
+
+    /// Container image of the gateway pods. Default: the image the operator
+    /// was started with (`--gateway-image`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
+    pub image: Option<String>,
+
+    /// Compute resources of the gateway container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+
+    /// Scheduling and metadata of the gateway pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_template: Option<GatewayPodTemplate>,
+}
+
+/// Horizontal autoscaling of the gateway pods (an autoscaling/v2 HPA).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, kube::KubeSchema)]
+#[x_kube(validation = Rule::new("!has(self.minReplicas) || self.minReplicas <= self.maxReplicas").message("minReplicas must not exceed maxReplicas"))]
+#[serde(rename_all = "camelCase")]
+pub struct Autoscaling {
+    /// Fewest gateway pods. Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub min_replicas: Option<i32>,
+    /// Most gateway pods.
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_replicas: i32,
+    /// Average CPU utilisation (percent of the CPU request) to keep the pods
+    /// at. Default 80 when no other target is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub target_cpu_utilization_percentage: Option<i32>,
+    /// Average in-flight requests per pod to keep the pods at. Needs a custom
+    /// metrics adapter (prometheus-adapter or KEDA) serving the pods metric
+    /// `waycast_gateway_inflight_requests`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1_000_000))]
+    pub target_inflight_requests: Option<i32>,
+}
+
+/// Selects objects by namespace and by label.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RouteSelector {
+    /// Which namespaces the objects may live in. Default: the Gateway's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespaces: Option<NamespacePolicy>,
+    /// Only objects whose labels match this selector. Default: all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<LabelSelector>,
+}
+
+/// Which namespaces a Gateway takes objects from.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, kube::KubeSchema)]
+#[x_kube(validation = Rule::new("self.from == 'Selector' ? has(self.selector) : !has(self.selector)").message("namespaces.selector is required when from is Selector, and allowed only then"))]
+#[serde(rename_all = "camelCase")]
+pub struct NamespacePolicy {
+    /// `Same`: the Gateway's namespace; `All`: every namespace; `Selector`:
+    /// namespaces whose labels match `selector`.
+    #[serde(default)]
+    pub from: NamespaceFrom,
+    /// Namespace label selector, used when `from` is `Selector`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<LabelSelector>,
+}
+
+/// Where selected objects may live.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum NamespaceFrom {
+    /// The Gateway's own namespace.
+    #[default]
+    Same,
+    /// Every namespace.
+    All,
+    /// Namespaces whose labels match the selector.
+    Selector,
+}
+
+/// The Service in front of the gateway pods.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayService {
+    /// Service type. Default ClusterIP.
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub type_: Option<ServiceType>,
+    /// Port clients connect to. Default 80 (443 with TLS).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: Option<i32>,
+    /// Annotations on the Service (load-balancer settings, for example).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// Kubernetes Service types the gateway can be exposed with.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum ServiceType {
+    /// Reachable inside the cluster.
+    #[default]
+    ClusterIP,
+    /// Also on a port of every node.
+    NodePort,
+    /// Also through a cloud load balancer.
+    LoadBalancer,
+}
+
+/// TLS termination in the gateway.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayTls {
+    /// A `kubernetes.io/tls` Secret in the Gateway's namespace. Renewed
+    /// certificates are picked up without a restart.
+    #[schemars(
+        length(min = 1, max = 253),
+        pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub secret_name: String,
+}
+
+/// Limits on requests the gateway accepts.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayLimits {
+    /// Largest request body accepted, in bytes; larger ones get 413.
+    /// Default 10 MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1_073_741_824))]
+    pub max_request_body_bytes: Option<i64>,
+}
+
+/// Logging of the gateway pods.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayLogging {
+    /// Log level. Default info.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub level: Option<LogLevel>,
+    /// One line per request at info level (never key material). Default true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_log: Option<bool>,
+}
+
+/// Log levels, least to most verbose.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum LogLevel {
+    /// Errors only.
+    Error,
+    /// Errors and warnings.
+    Warn,
+    /// Normal operation, including the access log.
+    #[default]
+    Info,
+    /// Diagnostics.
+    Debug,
+    /// Everything.
+    Trace,
+}
+
+/// Scheduling and metadata of the gateway pods.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayPodTemplate {
+    /// Extra labels on the pods.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Extra annotations on the pods.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    /// Node labels the pods must be scheduled on.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Taints the pods tolerate.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    /// Node and pod (anti-)affinity of the pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    /// How the pods spread across topology domains.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub topology_spread_constraints: Vec<TopologySpreadConstraint>,
+    /// PriorityClass of the pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub priority_class_name: Option<String>,
+}
+
+/// What the operator last saw and did for a Gateway.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, kube::KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayStatus {
+    /// `Accepted` (the spec is valid), `Programmed` (the config Secret is
+    /// written), `Ready` (enough replicas are ready).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+    /// Gateway pods that exist.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
+    /// Gateway pods that are ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_replicas: Option<i32>,
+    /// Ready gateway pods that serve the current config (`configHash`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub up_to_date_replicas: Option<i32>,
+    /// SHA-256 of the current compiled config.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_hash: Option<String>,
+    /// Models (names and aliases not counted) in the current config.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_count: Option<i32>,
+    /// API keys in the current config.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_count: Option<i32>,
+    /// Where clients connect: the Service's address and port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// The `metadata.generation` this status was computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}

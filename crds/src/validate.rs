@@ -1,0 +1,408 @@
+//! Checks on a [`GatewayConfig`] that its types cannot express. Every problem
+//! is reported with the path to it, not just the first, so one edit fixes a
+//! hand-written config.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use crate::config::{
+    BackendConfig, CONFIG_API_VERSION, GatewayConfig, KeyConfig, LimitsConfig, ModelConfig,
+};
+
+/// Largest request body a config may allow: 1 GiB.
+pub const MAX_REQUEST_BODY_LIMIT: u64 = 1024 * 1024 * 1024;
+
+/// One thing wrong with a config, and where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// Path in the document, e.g. `models[1].backends[0].url`.
+    pub path: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path, self.message)
+    }
+}
+
+/// Every problem found in one config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problems(pub Vec<Problem>);
+
+impl fmt::Display for Problems {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (index, problem) in self.0.iter().enumerate() {
+            if index > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{problem}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Problems {}
+
+#[derive(Default)]
+struct Collector(Vec<Problem>);
+
+impl Collector {
+    fn add(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.0.push(Problem {
+            path: path.into(),
+            message: message.into(),
+        });
+    }
+}
+
+impl GatewayConfig {
+    /// Checks the whole config.
+    ///
+    /// # Errors
+    /// [`Problems`] listing every invalid value with its path.
+    pub fn validate(&self) -> Result<(), Problems> {
+        let mut problems = Collector::default();
+        if self.api_version != CONFIG_API_VERSION {
+            problems.add(
+                "apiVersion",
+                format!(
+                    "must be {CONFIG_API_VERSION:?}, found {:?}",
+                    self.api_version
+                ),
+            );
+        }
+        let mut claimed: BTreeMap<&str, String> = BTreeMap::new();
+        for (index, model) in self.models.iter().enumerate() {
+            check_model(
+                &format!("models[{index}]"),
+                model,
+                &mut claimed,
+                &mut problems,
+            );
+        }
+        let mut ids: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut hashes: BTreeMap<&str, usize> = BTreeMap::new();
+        for (index, key) in self.keys.iter().enumerate() {
+            let path = format!("keys[{index}]");
+            check_key(&path, key, &mut problems);
+            if let Some(first) = ids.insert(&key.id, index) {
+                problems.add(
+                    format!("{path}.id"),
+                    format!("{:?} is also the id of keys[{first}]", key.id),
+                );
+            }
+            if let Some(first) = hashes.insert(&key.sha256, index) {
+                problems.add(
+                    format!("{path}.sha256"),
+                    format!("same key as keys[{first}]"),
+                );
+            }
+        }
+        let body_limit = self.settings.max_request_body_bytes;
+        if body_limit == 0 || body_limit > MAX_REQUEST_BODY_LIMIT {
+            problems.add(
+                "settings.maxRequestBodyBytes",
+                format!("must be between 1 and {MAX_REQUEST_BODY_LIMIT}"),
+            );
+        }
+        if problems.0.is_empty() {
+            Ok(())
+        } else {
+            Err(Problems(problems.0))
+        }
+    }
+}
+
+fn check_model<'a>(
+    path: &str,
+    model: &'a ModelConfig,
+    claimed: &mut BTreeMap<&'a str, String>,
+    problems: &mut Collector,
+) {
+    let names = std::iter::once((format!("{path}.name"), &model.name)).chain(
+        model
+            .aliases
+            .iter()
+            .enumerate()
+            .map(|(i, alias)| (format!("{path}.aliases[{i}]"), alias)),
+    );
+    for (name_path, name) in names {
+        if let Some(message) = model_name_problem(name) {
+            problems.add(&name_path, message);
+        } else if let Some(owner) = claimed.get(name.as_str()) {
+            problems.add(
+                &name_path,
+                format!("{name:?} is already claimed by {owner}"),
+            );
+        } else {
+            claimed.insert(name, name_path);
+        }
+    }
+    if model.backends.is_empty() {
+        problems.add(format!("{path}.backends"), "needs at least one backend");
+    } else if model.backends.iter().all(|backend| backend.weight == 0) {
+        problems.add(
+            format!("{path}.backends"),
+            "at least one backend needs a weight above 0",
+        );
+    }
+    for (index, backend) in model.backends.iter().enumerate() {
+        check_backend(&format!("{path}.backends[{index}]"), backend, problems);
+    }
+    let timeouts = [
+        ("connect", model.timeouts.connect),
+        ("firstByte", model.timeouts.first_byte),
+        ("idle", model.timeouts.idle),
+    ];
+    for (name, value) in timeouts {
+        if value == Duration::ZERO {
+            problems.add(format!("{path}.timeouts.{name}"), "must be longer than 0");
+        }
+    }
+    if let Some(limits) = &model.limits {
+        check_limits(&format!("{path}.limits"), limits, problems);
+    }
+}
+
+fn model_name_problem(name: &str) -> Option<&'static str> {
+    if name.is_empty() {
+        Some("must not be empty")
+    } else if name.len() > 256 {
+        Some("must be at most 256 characters")
+    } else if name.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        Some("must not contain whitespace")
+    } else if name.contains('*') {
+        Some("must not contain '*' (globs belong in key allow-lists)")
+    } else {
+        None
+    }
+}
+
+fn check_backend(path: &str, backend: &BackendConfig, problems: &mut Collector) {
+    if let Some(message) = base_url_problem(&backend.url) {
+        problems.add(format!("{path}.url"), message);
+    }
+    if backend.model.as_deref() == Some("") {
+        problems.add(format!("{path}.model"), "must not be empty when set");
+    }
+    for (name, value) in &backend.headers {
+        let header_path = format!("{path}.headers.{name}");
+        match http::HeaderName::from_bytes(name.as_bytes()) {
+            Err(_) => problems.add(&header_path, "is not a valid header name"),
+            Ok(header) if is_connection_managed(&header) => problems.add(
+                &header_path,
+                "is set by the gateway itself and cannot be configured",
+            ),
+            Ok(_) => {}
+        }
+        // NB: never echo the value: it is usually a credential.
+        if http::HeaderValue::from_str(value).is_err() {
+            problems.add(&header_path, "value has characters not allowed in a header");
+        }
+    }
+}
+
+fn is_connection_managed(header: &http::HeaderName) -> bool {
+    use http::header;
+    [
+        header::HOST,
+        header::CONTENT_LENGTH,
+        header::TRANSFER_ENCODING,
+        header::CONNECTION,
+        header::UPGRADE,
+        header::TE,
+    ]
+    .contains(header)
+}
+
+/// Why `url` is not an absolute http(s) base URL, if it is not.
+pub fn base_url_problem(url: &str) -> Option<&'static str> {
+    let Ok(uri) = url.parse::<http::Uri>() else {
+        return Some("is not a valid URL");
+    };
+    match uri.scheme_str() {
+        Some("http" | "https") => {}
+        _ => return Some("must start with http:// or https://"),
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Some("must name a host");
+    }
+    if uri.query().is_some() {
+        return Some("must not have a query string");
+    }
+    None
+}
+
+fn check_key(path: &str, key: &KeyConfig, problems: &mut Collector) {
+    if key.id.is_empty() {
+        problems.add(format!("{path}.id"), "must not be empty");
+    }
+    let is_hex_sha256 = key.sha256.len() == 64
+        && key
+            .sha256
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    if !is_hex_sha256 {
+        problems.add(
+            format!("{path}.sha256"),
+            "must be 64 lowercase hex characters (the SHA-256 of the key)",
+        );
+    }
+    for (index, pattern) in key.models.iter().flatten().enumerate() {
+        if pattern.is_empty() || pattern.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            problems.add(
+                format!("{path}.models[{index}]"),
+                "must be a model name or a glob without whitespace",
+            );
+        }
+    }
+    if let Some(limits) = &key.limits {
+        check_limits(&format!("{path}.limits"), limits, problems);
+    }
+}
+
+fn check_limits(path: &str, limits: &LimitsConfig, problems: &mut Collector) {
+    if limits.requests_per_minute.is_none() && limits.tokens_per_minute.is_none() {
+        problems.add(path, "must set requestsPerMinute, tokensPerMinute or both");
+    }
+    if limits.requests_per_minute == Some(0) {
+        problems.add(format!("{path}.requestsPerMinute"), "must be at least 1");
+    }
+    if limits.tokens_per_minute == Some(0) {
+        problems.add(format!("{path}.tokensPerMinute"), "must be at least 1");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Settings, TimeoutsConfig};
+
+    fn backend(url: &str) -> BackendConfig {
+        BackendConfig {
+            url: url.into(),
+            model: None,
+            weight: 1,
+            headers: BTreeMap::new(),
+        }
+    }
+
+    fn model(name: &str, aliases: &[&str]) -> ModelConfig {
+        ModelConfig {
+            name: name.into(),
+            aliases: aliases.iter().map(|a| (*a).into()).collect(),
+            backends: vec![backend("http://10.0.0.1:8000/v1")],
+            timeouts: TimeoutsConfig::default(),
+            limits: None,
+            source: None,
+        }
+    }
+
+    fn key(id: &str, sha256: &str) -> KeyConfig {
+        KeyConfig {
+            id: id.into(),
+            sha256: sha256.into(),
+            models: None,
+            expires_at: None,
+            disabled: false,
+            limits: None,
+        }
+    }
+
+    const HASH_A: &str = "2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae";
+
+    #[test]
+    fn a_good_config_passes() {
+        let mut config = GatewayConfig::empty();
+        config.models = vec![model("llama", &["llama3"]), model("mistral", &[])];
+        config.keys = vec![key("team-a/alice", HASH_A)];
+        assert_eq!(config.validate(), Ok(()));
+    }
+
+    #[test]
+    fn reports_every_problem_with_its_path() {
+        let mut broken_backend = model("mistral", &["llama3"]);
+        broken_backend.backends = vec![
+            backend("ftp://example.com/v1"),
+            backend("http:///v1"),
+            backend("http://ok/v1?x=1"),
+        ];
+        broken_backend.backends[0]
+            .headers
+            .insert("bad header".into(), "secret-value\n".into());
+        broken_backend.timeouts.idle = Duration::ZERO;
+        broken_backend.limits = Some(LimitsConfig {
+            requests_per_minute: Some(0),
+            tokens_per_minute: None,
+        });
+        let config = GatewayConfig {
+            api_version: "waycast.dev/v0".into(),
+            models: vec![
+                model("llama", &["llama3"]),
+                broken_backend,
+                model("", &[]),
+                model("a b", &[]),
+            ],
+            keys: vec![
+                key("", "ABC"),
+                key("team-a/alice", HASH_A),
+                key("team-a/alice", HASH_A),
+            ],
+            settings: Settings {
+                max_request_body_bytes: 0,
+                access_log: true,
+            },
+        };
+        let problems = config.validate().unwrap_err();
+        let paths: Vec<&str> = problems.0.iter().map(|p| p.path.as_str()).collect();
+        for expected in [
+            "apiVersion",
+            "models[1].aliases[0]",
+            "models[1].backends[0].url",
+            "models[1].backends[0].headers.bad header",
+            "models[1].backends[1].url",
+            "models[1].backends[2].url",
+            "models[1].timeouts.idle",
+            "models[1].limits.requestsPerMinute",
+            "models[2].name",
+            "models[3].name",
+            "keys[0].id",
+            "keys[0].sha256",
+            "keys[2].id",
+            "keys[2].sha256",
+            "settings.maxRequestBodyBytes",
+        ] {
+            assert!(paths.contains(&expected), "missing {expected} in {paths:?}");
+        }
+        let text = problems.to_string();
+        assert!(
+            text.contains("\"llama3\" is already claimed by models[0].aliases[0]"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("secret-value"),
+            "a header value leaked: {text}"
+        );
+    }
+
+    #[test]
+    fn all_zero_weights_are_refused() {
+        let mut only_fallbacks = model("llama", &[]);
+        only_fallbacks.backends[0].weight = 0;
+        let mut config = GatewayConfig::empty();
+        config.models = vec![only_fallbacks];
+        let problems = config.validate().unwrap_err();
+        assert_eq!(problems.0[0].path, "models[0].backends");
+    }
+
+    #[test]
+    fn base_urls() {
+        assert_eq!(base_url_problem("https://api.openai.com/v1"), None);
+        assert_eq!(base_url_problem("http://10.96.0.12:8000"), None);
+        assert!(base_url_problem("api.openai.com/v1").is_some());
+        assert!(base_url_problem("not a url").is_some());
+    }
+}
