@@ -5,8 +5,8 @@
 #   e2e/scripts/build-k8s.sh            # build (or reuse) everything
 #   e2e/scripts/build-k8s.sh --print    # print the directory holding them
 #
-# NB: when KUBEBUILDER_ASSETS is set and holds etcd + kube-apiserver, those are
-# used as they are and nothing is built for them.
+# NB: a binary found in $KUBEBUILDER_ASSETS (as envtest lays it out) is used as
+# it is and not built; the harness looks there first, then in the printed dir.
 set -euo pipefail
 
 K8S_VERSION="${WAYCAST_K8S_VERSION:-v1.34.4}"
@@ -24,9 +24,10 @@ fi
 mkdir -p "$BIN_DIR"
 log() { echo "build-k8s: $*" >&2; }
 
+provided() { [[ -n "${KUBEBUILDER_ASSETS:-}" && -x "$KUBEBUILDER_ASSETS/$1" ]]; }
 missing=()
 for cmd in "${K8S_COMMANDS[@]}"; do
-  [[ -x "$BIN_DIR/$cmd" ]] || missing+=("$cmd")
+  provided "$cmd" || [[ -x "$BIN_DIR/$cmd" ]] || missing+=("$cmd")
 done
 
 export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
@@ -77,7 +78,7 @@ if ((${#missing[@]})); then
   )
 fi
 
-if [[ ! -x "$BIN_DIR/etcd" ]]; then
+if ! provided etcd && [[ ! -x "$BIN_DIR/etcd" ]]; then
   work="$CACHE_ROOT/src/etcd-$ETCD_VERSION"
   mkdir -p "$work"
   cat >"$work/go.mod" <<GOMOD

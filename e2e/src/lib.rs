@@ -1,1 +1,16 @@
-//! placeholder
+//! waycast's end-to-end harness: a real control plane on this machine, the
+//! helpers tests use on it, and (later) the mock upstream and benchmarks.
+//!
+//! ```text
+//! tests ──► harness::shared_cluster() ──► waycast-cluster (supervisor process)
+//!                                            └─► control_plane: etcd, apiserver, controller-manager
+//! ```
+//!
+//! Each test binary gets one cluster, started by a supervisor process that
+//! tears it down when the test binary exits however it exits (its stdin
+//! closes). Tests get a fresh namespace each.
+
+pub mod control_plane;
+pub mod harness;
+pub mod manifest;
+pub mod pki;

@@ -1,0 +1,123 @@
+//! `waycast-cluster`: runs a local waycast cluster until told to stop.
+//!
+//! ```text
+//! waycast-cluster up [--exit-on-stdin-eof] [--apply FILE]...
+//! ```
+//!
+//! Starts the control plane (see `waycast_e2e::control_plane`), installs the
+//! waycast CRDs, applies the given manifests, prints
+//! `ready kubeconfig=<path>` on stdout, then waits for Ctrl-C, SIGTERM or —
+//! with `--exit-on-stdin-eof`, as the test harness runs it — the end of its
+//! standard input. Then it stops every component and removes its state.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context as _, bail};
+use tokio::io::AsyncReadExt as _;
+use tokio::signal::unix::{SignalKind, signal};
+use waycast_e2e::control_plane::{self, ControlPlane, ControlPlaneOptions};
+use waycast_e2e::{harness, manifest};
+
+struct Args {
+    exit_on_stdin_eof: bool,
+    manifests: Vec<PathBuf>,
+}
+
+fn parse_args() -> anyhow::Result<Args> {
+    let mut args = std::env::args().skip(1);
+    if args.next().as_deref() != Some("up") {
+        bail!("usage: waycast-cluster up [--exit-on-stdin-eof] [--apply FILE]...");
+    }
+    let mut parsed = Args {
+        exit_on_stdin_eof: false,
+        manifests: Vec::new(),
+    };
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--exit-on-stdin-eof" => parsed.exit_on_stdin_eof = true,
+            "--apply" => parsed
+                .manifests
+                .push(args.next().context("--apply needs a file")?.into()),
+            other => bail!("unknown argument {other:?}"),
+        }
+    }
+    Ok(parsed)
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(args) => args,
+        Err(error) => {
+            eprintln!("waycast-cluster: {error}");
+            return ExitCode::from(64);
+        }
+    };
+    let root = control_plane::runs_root();
+    control_plane::clean_stale_runs(&root);
+    let state_dir = root.join(format!("run-{}", std::process::id()));
+    let started = std::time::Instant::now();
+    let plane = match ControlPlane::start(ControlPlaneOptions::loopback(state_dir.clone())).await {
+        Ok(plane) => plane,
+        Err(error) => {
+            eprintln!("waycast-cluster: control plane failed to start: {error:#}");
+            let _ = std::fs::remove_dir_all(&state_dir);
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Err(error) = prepare(&plane, &args.manifests).await {
+        eprintln!("waycast-cluster: {error:#}");
+        plane.stop().await;
+        return ExitCode::FAILURE;
+    }
+    eprintln!(
+        "waycast-cluster: control plane ready in {:.1}s at {}",
+        started.elapsed().as_secs_f64(),
+        plane.server_url
+    );
+    println!("{}{}", harness::READY_PREFIX, plane.kubeconfig.display());
+    wait_for_stop(args.exit_on_stdin_eof).await;
+    eprintln!("waycast-cluster: stopping");
+    plane.stop().await;
+    ExitCode::SUCCESS
+}
+
+async fn prepare(plane: &ControlPlane, manifests: &[PathBuf]) -> anyhow::Result<()> {
+    let client = plane.client().await?;
+    manifest::install_crds(&client).await?;
+    for path in manifests {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let objects = manifest::parse_documents(&text)
+            .with_context(|| format!("parsing {}", path.display()))?;
+        manifest::apply_all(&client, &objects, "default")
+            .await
+            .with_context(|| format!("applying {}", path.display()))?;
+    }
+    Ok(())
+}
+
+async fn wait_for_stop(exit_on_stdin_eof: bool) {
+    let stdin_closed = async {
+        if !exit_on_stdin_eof {
+            return std::future::pending::<()>().await;
+        }
+        let mut stdin = tokio::io::stdin();
+        let mut buffer = [0_u8; 64];
+        while matches!(stdin.read(&mut buffer).await, Ok(n) if n > 0) {}
+    };
+    let terminated = async {
+        match signal(SignalKind::terminate()) {
+            Ok(mut stream) => {
+                stream.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = stdin_closed => {}
+        _ = terminated => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}

@@ -1,0 +1,497 @@
+//! A real Kubernetes control plane on loopback: etcd, kube-apiserver (TLS,
+//! RBAC, ServiceAccount token signing) and kube-controller-manager (garbage
+//! collection, ServiceAccounts, Deployments, HPA), started as child processes
+//! from binaries built by `e2e/scripts/build-k8s.sh`.
+//!
+//! ```text
+//! ControlPlane::start
+//!   ├─ pki: CA, apiserver serving cert, admin + controller-manager client certs, SA key
+//!   ├─ etcd            127.0.0.1:<free>       (plain HTTP, loopback only)
+//!   ├─ kube-apiserver  <bind>:<free>          (waits for /readyz)
+//!   └─ kube-controller-manager                (waits for the default ServiceAccount)
+//! ```
+//!
+//! The options leave room for a node (kubelet, kube-proxy) to join: the API
+//! server can bind a non-loopback address, advertise it, and carry more SANs.
+//! Processes die with the [`ControlPlane`] (`kill_on_drop`); a crashed run's
+//! leftovers are removed by [`clean_stale_runs`].
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use kube::Api;
+
+use crate::pki::{self, Authority, Usage};
+
+/// The Service CIDR of every e2e cluster.
+pub const SERVICE_CIDR: &str = "10.96.0.0/16";
+/// The ClusterIP of the `kubernetes` Service in [`SERVICE_CIDR`].
+pub const KUBERNETES_SERVICE_IP: &str = "10.96.0.1";
+/// The ServiceAccount token issuer and audience.
+pub const SERVICE_ACCOUNT_ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
+
+/// How to start a control plane.
+#[derive(Debug, Clone)]
+pub struct ControlPlaneOptions {
+    /// Directory for certificates, etcd data, logs and kubeconfigs. Created;
+    /// removed by [`ControlPlane::stop`].
+    pub state_dir: PathBuf,
+    /// Address the API server listens on.
+    pub bind_address: IpAddr,
+    /// Address the API server advertises (for the `kubernetes` Service).
+    pub advertise_address: IpAddr,
+    /// More SANs for the serving certificate (e.g. a node bridge address).
+    pub extra_sans: Vec<String>,
+}
+
+impl ControlPlaneOptions {
+    /// Loopback-only options with the given state directory.
+    pub fn loopback(state_dir: PathBuf) -> Self {
+        let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        Self {
+            state_dir,
+            bind_address: loopback,
+            advertise_address: loopback,
+            extra_sans: Vec::new(),
+        }
+    }
+}
+
+/// A running control plane.
+pub struct ControlPlane {
+    /// Where its files live.
+    pub state_dir: PathBuf,
+    /// An admin (`system:masters`) kubeconfig.
+    pub kubeconfig: PathBuf,
+    /// `https://<address>:<port>` of the API server.
+    pub server_url: String,
+    /// CA and keys, for components that join later.
+    pub ca: PathBuf,
+    processes: Vec<Process>,
+}
+
+struct Process {
+    name: &'static str,
+    child: tokio::process::Child,
+    log: PathBuf,
+}
+
+/// Where a Kubernetes binary is: `$KUBEBUILDER_ASSETS/<name>` when present,
+/// else the cache the build script fills (building it first if needed).
+///
+/// # Errors
+/// The build script failing, or the binary still missing after it.
+pub fn k8s_binary(name: &str) -> anyhow::Result<PathBuf> {
+    if let Some(assets) = std::env::var_os("KUBEBUILDER_ASSETS") {
+        let candidate = PathBuf::from(assets).join(name);
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    let dir = k8s_bin_dir()?;
+    let path = dir.join(name);
+    if !path.is_file() {
+        bail!(
+            "{} was not built by e2e/scripts/build-k8s.sh",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+fn k8s_bin_dir() -> anyhow::Result<PathBuf> {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    if let Some(dir) = DIR.get() {
+        return Ok(dir.clone());
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/build-k8s.sh");
+    // NB: the script builds whatever is missing (minutes, once) and prints the
+    // directory on its last line; its progress goes to our stderr.
+    let output = std::process::Command::new("bash")
+        .arg(&script)
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !output.status.success() {
+        bail!("{} failed ({})", script.display(), output.status);
+    }
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let dir = PathBuf::from(stdout.lines().last().unwrap_or_default().trim());
+    Ok(DIR.get_or_init(|| dir).clone())
+}
+
+/// A free TCP port on `address` (bound, then released).
+///
+/// # Errors
+/// Binding failing.
+pub fn free_port(address: IpAddr) -> anyhow::Result<u16> {
+    let listener = TcpListener::bind(SocketAddr::new(address, 0)).context("finding a free port")?;
+    Ok(listener.local_addr()?.port())
+}
+
+impl ControlPlane {
+    /// Starts etcd, the API server and the controller-manager, and returns
+    /// once the API server is ready and the controller-manager works.
+    ///
+    /// # Errors
+    /// A binary missing, a process exiting early (the error carries the tail
+    /// of its log), or readiness not reached within a minute.
+    pub async fn start(options: ControlPlaneOptions) -> anyhow::Result<Self> {
+        let etcd_bin = k8s_binary("etcd")?;
+        let apiserver_bin = k8s_binary("kube-apiserver")?;
+        let kcm_bin = k8s_binary("kube-controller-manager")?;
+
+        let dir = options.state_dir.clone();
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let pki_dir = dir.join("pki");
+        std::fs::create_dir_all(&pki_dir)?;
+        let ca = Authority::generate(&pki_dir, "ca")?;
+        let mut sans: Vec<String> = [
+            "localhost",
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
+            "127.0.0.1",
+            KUBERNETES_SERVICE_IP,
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        sans.push(options.advertise_address.to_string());
+        sans.extend(options.extra_sans.iter().cloned());
+        sans.sort();
+        sans.dedup();
+        let serving = ca.issue(
+            &pki_dir,
+            "apiserver",
+            "kube-apiserver",
+            &[],
+            &sans,
+            Usage::Server,
+        )?;
+        let admin = ca.issue(
+            &pki_dir,
+            "admin",
+            "waycast-e2e-admin",
+            &["system:masters"],
+            &[],
+            Usage::Client,
+        )?;
+        let kcm = ca.issue(
+            &pki_dir,
+            "controller-manager",
+            "system:kube-controller-manager",
+            &[],
+            &[],
+            Usage::Client,
+        )?;
+        let service_account = pki::service_account_key(&pki_dir)?;
+
+        let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let etcd_port = free_port(loopback)?;
+        let etcd_peer_port = free_port(loopback)?;
+        let apiserver_port = free_port(options.bind_address)?;
+        let server_url = format!(
+            "https://{}",
+            SocketAddr::new(client_address(&options), apiserver_port)
+        );
+
+        let kubeconfig = dir.join("admin.kubeconfig");
+        write_kubeconfig(&kubeconfig, &server_url, &ca.files.cert, &admin)?;
+        let kcm_kubeconfig = dir.join("controller-manager.kubeconfig");
+        write_kubeconfig(&kcm_kubeconfig, &server_url, &ca.files.cert, &kcm)?;
+
+        let mut plane = Self {
+            state_dir: dir.clone(),
+            kubeconfig,
+            server_url,
+            ca: ca.files.cert.clone(),
+            processes: Vec::new(),
+        };
+
+        let etcd_client = format!("http://127.0.0.1:{etcd_port}");
+        let etcd_peer = format!("http://127.0.0.1:{etcd_peer_port}");
+        plane.spawn(
+            "etcd",
+            &etcd_bin,
+            &[
+                "--name=e2e".into(),
+                format!("--data-dir={}", dir.join("etcd").display()),
+                format!("--listen-client-urls={etcd_client}"),
+                format!("--advertise-client-urls={etcd_client}"),
+                format!("--listen-peer-urls={etcd_peer}"),
+                format!("--initial-advertise-peer-urls={etcd_peer}"),
+                format!("--initial-cluster=e2e={etcd_peer}"),
+                // A throwaway cluster: durability buys nothing, fsync costs seconds.
+                "--unsafe-no-fsync=true".into(),
+                "--log-level=warn".into(),
+            ],
+        )?;
+        plane
+            .wait_for_port("etcd", SocketAddr::new(loopback, etcd_port))
+            .await?;
+
+        let path = |p: &Path| p.display().to_string();
+        plane.spawn(
+            "kube-apiserver",
+            &apiserver_bin,
+            &[
+                format!("--etcd-servers={etcd_client}"),
+                format!("--bind-address={}", options.bind_address),
+                format!("--advertise-address={}", options.advertise_address),
+                format!("--secure-port={apiserver_port}"),
+                format!("--tls-cert-file={}", path(&serving.cert)),
+                format!("--tls-private-key-file={}", path(&serving.key)),
+                format!("--client-ca-file={}", path(&ca.files.cert)),
+                "--authorization-mode=Node,RBAC".into(),
+                format!("--service-account-issuer={SERVICE_ACCOUNT_ISSUER}"),
+                format!("--api-audiences={SERVICE_ACCOUNT_ISSUER}"),
+                format!("--service-account-key-file={}", path(&service_account.cert)),
+                format!(
+                    "--service-account-signing-key-file={}",
+                    path(&service_account.key)
+                ),
+                format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+                // Without a node, a reconciled `kubernetes` endpoint would point
+                // at loopback inside pods; a node-bearing setup overrides this.
+                "--endpoint-reconciler-type=none".into(),
+                "--allow-privileged=false".into(),
+                "--profiling=false".into(),
+                format!("--cert-dir={}", path(&pki_dir)),
+            ],
+        )?;
+        plane.wait_for_apiserver().await?;
+
+        plane.spawn(
+            "kube-controller-manager",
+            &kcm_bin,
+            &[
+                format!("--kubeconfig={}", path(&kcm_kubeconfig)),
+                format!("--authentication-kubeconfig={}", path(&kcm_kubeconfig)),
+                format!("--authorization-kubeconfig={}", path(&kcm_kubeconfig)),
+                "--secure-port=0".into(),
+                "--leader-elect=false".into(),
+                "--use-service-account-credentials=true".into(),
+                format!(
+                    "--service-account-private-key-file={}",
+                    path(&service_account.key)
+                ),
+                format!("--root-ca-file={}", path(&ca.files.cert)),
+                format!("--cluster-signing-cert-file={}", path(&ca.files.cert)),
+                format!("--cluster-signing-key-file={}", path(&ca.files.key)),
+                format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+                "--profiling=false".into(),
+            ],
+        )?;
+        plane.wait_for_controller_manager().await?;
+        Ok(plane)
+    }
+
+    /// A client with admin rights.
+    ///
+    /// # Errors
+    /// The kubeconfig being unreadable.
+    pub async fn client(&self) -> anyhow::Result<kube::Client> {
+        client_from_kubeconfig(&self.kubeconfig).await
+    }
+
+    /// Kills every process and removes the state directory.
+    pub async fn stop(mut self) {
+        for process in self.processes.iter_mut().rev() {
+            // NB: SIGKILL is enough: nothing here needs to outlive the run.
+            let _ = process.child.kill().await;
+        }
+        let _ = std::fs::remove_dir_all(&self.state_dir);
+    }
+
+    fn spawn(&mut self, name: &'static str, binary: &Path, args: &[String]) -> anyhow::Result<()> {
+        let log = self.state_dir.join(format!("{name}.log"));
+        let log_file =
+            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let mut command = tokio::process::Command::new(binary);
+        command
+            .args(args)
+            // etcd reads every ETCD_* variable as a flag, and Go tooling reads
+            // many more: start each component from a clean environment.
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", &self.state_dir)
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone()?)
+            .stderr(log_file)
+            .kill_on_drop(true);
+        let child = command
+            .spawn()
+            .with_context(|| format!("starting {}", binary.display()))?;
+        if let Some(pid) = child.id() {
+            record_pid(&self.state_dir, pid)?;
+        }
+        self.processes.push(Process { name, child, log });
+        Ok(())
+    }
+
+    fn check_alive(&mut self) -> anyhow::Result<()> {
+        for process in &mut self.processes {
+            if let Some(status) = process.child.try_wait()? {
+                bail!(
+                    "{} exited ({status}); its log ends with:\n{}",
+                    process.name,
+                    log_tail(&process.log, 30)
+                );
+            }
+        }
+        Ok(())
+    }
+
+    async fn wait_for_port(&mut self, name: &str, address: SocketAddr) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while tokio::net::TcpStream::connect(address).await.is_err() {
+            self.check_alive()?;
+            if Instant::now() > deadline {
+                bail!("{name} did not listen on {address} within 60s");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    }
+
+    async fn wait_for_apiserver(&mut self) -> anyhow::Result<()> {
+        let client = self.client().await?;
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let request = http::Request::get("/readyz").body(Vec::new())?;
+            match client.request_text(request).await {
+                Ok(body) if body.trim() == "ok" => return Ok(()),
+                result => {
+                    self.check_alive()?;
+                    if Instant::now() > deadline {
+                        bail!("kube-apiserver not ready within 90s: {result:?}");
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn wait_for_controller_manager(&mut self) -> anyhow::Result<()> {
+        // The ServiceAccount controller creating `default` proves the
+        // controller-manager is up and authorised.
+        let accounts: Api<ServiceAccount> = Api::namespaced(self.client().await?, "default");
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while accounts.get_opt("default").await.ok().flatten().is_none() {
+            self.check_alive()?;
+            if Instant::now() > deadline {
+                bail!(
+                    "kube-controller-manager did not create the default ServiceAccount within 90s"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
+    }
+}
+
+fn client_address(options: &ControlPlaneOptions) -> IpAddr {
+    if options.bind_address.is_unspecified() {
+        options.advertise_address
+    } else {
+        options.bind_address
+    }
+}
+
+/// A client from a kubeconfig file.
+///
+/// # Errors
+/// The file being unreadable or invalid.
+pub async fn client_from_kubeconfig(path: &Path) -> anyhow::Result<kube::Client> {
+    let kubeconfig = kube::config::Kubeconfig::read_from(path)
+        .with_context(|| format!("reading {}", path.display()))?;
+    let config = kube::Config::from_custom_kubeconfig(
+        kubeconfig,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await?;
+    Ok(kube::Client::try_from(config)?)
+}
+
+/// Writes a kubeconfig for a client certificate.
+///
+/// # Errors
+/// The file write failing.
+pub fn write_kubeconfig(
+    path: &Path,
+    server: &str,
+    ca: &Path,
+    client: &pki::PemFiles,
+) -> anyhow::Result<()> {
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: waycast-e2e\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\nusers:\n- name: waycast-e2e\n  user:\n    client-certificate: {cert}\n    client-key: {key}\ncontexts:\n- name: waycast-e2e\n  context:\n    cluster: waycast-e2e\n    user: waycast-e2e\n    namespace: default\ncurrent-context: waycast-e2e\n",
+        ca = ca.display(),
+        cert = client.cert.display(),
+        key = client.key.display(),
+    );
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+fn record_pid(state_dir: &Path, pid: u32) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(state_dir.join("pids"))?;
+    writeln!(file, "{pid}")?;
+    Ok(())
+}
+
+fn log_tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// The directory under which each run keeps its state: `run-<pid>` where
+/// `pid` is the process that owns it.
+pub fn runs_root() -> PathBuf {
+    std::env::temp_dir().join("waycast-e2e")
+}
+
+/// Kills the processes of runs whose owner died without cleaning up (a
+/// `kill -9`, a crash) and removes their state.
+///
+/// Only processes whose command line mentions the dead run's directory are
+/// killed, so a reused PID is never hit.
+pub fn clean_stale_runs(root: &Path) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let dir = entry.path();
+        let Some(owner) = dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix("run-"))
+        else {
+            continue;
+        };
+        if Path::new("/proc").join(owner).exists() {
+            continue;
+        }
+        let pids = std::fs::read_to_string(dir.join("pids")).unwrap_or_default();
+        let marker = dir.display().to_string();
+        for pid in pids.lines().map(str::trim).filter(|p| !p.is_empty()) {
+            let cmdline =
+                std::fs::read(Path::new("/proc").join(pid).join("cmdline")).unwrap_or_default();
+            if String::from_utf8_lossy(&cmdline).contains(&marker) {
+                let _ = std::process::Command::new("kill")
+                    .args(["-9", pid])
+                    .status();
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

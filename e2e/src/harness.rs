@@ -1,0 +1,122 @@
+//! What end-to-end tests use: one cluster per test binary, a client, and a
+//! fresh namespace per test.
+//!
+//! The cluster is run by the `waycast-cluster` supervisor process with its
+//! stdin connected to this process: when the test binary exits — passing,
+//! failing, panicking or killed — the pipe closes and the supervisor stops
+//! every component and removes its state. Set `WAYCAST_E2E_KUBECONFIG` to use
+//! a cluster that is already running instead.
+
+use std::io::{BufRead as _, BufReader};
+use std::path::PathBuf;
+use std::process::{ChildStdin, Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use anyhow::{Context as _, bail};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{ObjectMeta, PostParams};
+use kube::{Api, Client};
+
+/// The line the supervisor prints once the cluster is usable.
+pub const READY_PREFIX: &str = "ready kubeconfig=";
+
+/// A cluster shared by every test of one test binary.
+pub struct SharedCluster {
+    /// Admin kubeconfig.
+    pub kubeconfig: PathBuf,
+    // NB: held open for the life of the process; its closing stops the cluster.
+    _supervisor_stdin: Option<ChildStdin>,
+}
+
+static CLUSTER: OnceLock<Result<SharedCluster, String>> = OnceLock::new();
+
+/// The shared cluster, started on first use by the supervisor binary at
+/// `supervisor` (pass `env!("CARGO_BIN_EXE_waycast-cluster")`).
+///
+/// # Panics
+/// When the cluster cannot be started; every test using it then fails with
+/// the reason.
+pub fn shared_cluster(supervisor: &str) -> &'static SharedCluster {
+    let result =
+        CLUSTER.get_or_init(|| start_shared(supervisor).map_err(|error| format!("{error:#}")));
+    match result {
+        Ok(cluster) => cluster,
+        Err(error) => panic!("the e2e cluster could not be started: {error}"),
+    }
+}
+
+fn start_shared(supervisor: &str) -> anyhow::Result<SharedCluster> {
+    if let Some(kubeconfig) = std::env::var_os("WAYCAST_E2E_KUBECONFIG") {
+        return Ok(SharedCluster {
+            kubeconfig: kubeconfig.into(),
+            _supervisor_stdin: None,
+        });
+    }
+    let log_path = std::env::temp_dir().join(format!("waycast-cluster-{}.log", std::process::id()));
+    let log = std::fs::File::create(&log_path)
+        .with_context(|| format!("creating {}", log_path.display()))?;
+    let mut child = Command::new(supervisor)
+        .args(["up", "--exit-on-stdin-eof"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("starting {supervisor}"))?;
+    let stdout = child.stdout.take().context("supervisor stdout")?;
+    for line in BufReader::new(stdout).lines() {
+        let line = line?;
+        if let Some(path) = line.strip_prefix(READY_PREFIX) {
+            return Ok(SharedCluster {
+                kubeconfig: PathBuf::from(path),
+                _supervisor_stdin: child.stdin.take(),
+            });
+        }
+    }
+    let status = child.wait()?;
+    let log_text = std::fs::read_to_string(&log_path).unwrap_or_default();
+    bail!("waycast-cluster exited ({status}) before the cluster was ready:\n{log_text}")
+}
+
+impl SharedCluster {
+    /// A new admin client. Make one per test: a client belongs to the tokio
+    /// runtime it was made on, and each `#[tokio::test]` has its own.
+    ///
+    /// # Panics
+    /// When the kubeconfig cannot be read.
+    pub async fn client(&self) -> Client {
+        crate::control_plane::client_from_kubeconfig(&self.kubeconfig)
+            .await
+            .expect("e2e kubeconfig is readable")
+    }
+}
+
+/// Creates a namespace named `<prefix>-<unique suffix>` for one test.
+///
+/// # Errors
+/// The API server refusing it.
+pub async fn test_namespace(client: &Client, prefix: &str) -> anyhow::Result<String> {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let name = format!(
+        "{prefix}-{}-{:05}",
+        COUNTER.fetch_add(1, Ordering::Relaxed),
+        nanos % 100_000
+    );
+    let namespace = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            labels: Some([("waycast.dev/e2e".to_owned(), "true".to_owned())].into()),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .with_context(|| format!("creating namespace {name}"))?;
+    Ok(name)
+}

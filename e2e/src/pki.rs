@@ -1,0 +1,130 @@
+//! Certificates and keys for a throwaway cluster: one CA, the API server's
+//! serving certificate, client certificates per component, and the
+//! ServiceAccount token signing key.
+//!
+//! Everything is generated fresh for each cluster and lives only in its
+//! state directory.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+
+/// A certificate and its private key, as PEM files on disk.
+#[derive(Debug, Clone)]
+pub struct PemFiles {
+    /// The certificate.
+    pub cert: PathBuf,
+    /// Its private key (PKCS#8).
+    pub key: PathBuf,
+}
+
+/// The certificate authority every certificate of one cluster chains to.
+pub struct Authority {
+    params: CertificateParams,
+    key: KeyPair,
+    /// Where the CA certificate and key were written.
+    pub files: PemFiles,
+}
+
+/// What a leaf certificate is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Usage {
+    /// A TLS server.
+    Server,
+    /// A TLS client (Kubernetes maps CN to the user, O to groups).
+    Client,
+}
+
+impl Authority {
+    /// Generates a CA and writes `<name>.crt` / `<name>.key` into `dir`.
+    ///
+    /// # Errors
+    /// Key generation or file writes failing.
+    pub fn generate(dir: &Path, name: &str) -> anyhow::Result<Self> {
+        let key = KeyPair::generate().context("generating CA key")?;
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params
+            .distinguished_name
+            .push(DnType::CommonName, format!("waycast-e2e {name}"));
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let cert = params.self_signed(&key).context("self-signing CA")?;
+        let files = write_pair(dir, name, &cert.pem(), &key.serialize_pem())?;
+        Ok(Self { params, key, files })
+    }
+
+    /// Issues a leaf certificate for `common_name` (with `organizations` as
+    /// groups) valid for `sans` (DNS names or IP addresses), writes it as
+    /// `<file_stem>.crt` / `.key` into `dir`.
+    ///
+    /// # Errors
+    /// Invalid SANs, key generation or file writes failing.
+    pub fn issue(
+        &self,
+        dir: &Path,
+        file_stem: &str,
+        common_name: &str,
+        organizations: &[&str],
+        sans: &[String],
+        usage: Usage,
+    ) -> anyhow::Result<PemFiles> {
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(sans.to_vec())
+            .with_context(|| format!("SANs for {file_stem}"))?;
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
+        for organization in organizations {
+            params
+                .distinguished_name
+                .push(DnType::OrganizationName, *organization);
+        }
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.extended_key_usages = vec![match usage {
+            Usage::Server => ExtendedKeyUsagePurpose::ServerAuth,
+            Usage::Client => ExtendedKeyUsagePurpose::ClientAuth,
+        }];
+        params.use_authority_key_identifier_extension = true;
+        let issuer = Issuer::from_params(&self.params, &self.key);
+        let cert = params
+            .signed_by(&key, &issuer)
+            .with_context(|| format!("signing {file_stem}"))?;
+        write_pair(dir, file_stem, &cert.pem(), &key.serialize_pem())
+    }
+}
+
+/// Generates the ServiceAccount token signing key pair: `sa.key` (private,
+/// for the API server and controller-manager) and `sa.pub`.
+///
+/// # Errors
+/// Key generation or file writes failing.
+pub fn service_account_key(dir: &Path) -> anyhow::Result<PemFiles> {
+    let key = KeyPair::generate()?;
+    let private = dir.join("sa.key");
+    let public = dir.join("sa.pub");
+    std::fs::write(&private, key.serialize_pem()).context("writing sa.key")?;
+    std::fs::write(&public, key.public_key_pem()).context("writing sa.pub")?;
+    Ok(PemFiles {
+        cert: public,
+        key: private,
+    })
+}
+
+fn write_pair(dir: &Path, stem: &str, cert_pem: &str, key_pem: &str) -> anyhow::Result<PemFiles> {
+    let cert = dir.join(format!("{stem}.crt"));
+    let key = dir.join(format!("{stem}.key"));
+    std::fs::write(&cert, cert_pem).with_context(|| format!("writing {}", cert.display()))?;
+    std::fs::write(&key, key_pem).with_context(|| format!("writing {}", key.display()))?;
+    Ok(PemFiles { cert, key })
+}
