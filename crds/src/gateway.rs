@@ -132,7 +132,7 @@ pub struct Autoscaling {
     pub max_replicas: i32,
     /// Average CPU utilisation (percent of the CPU request) to keep the pods
     /// at. Default 80 when no other target is set.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, rename = "targetCPUUtilizationPercentage", skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1000))]
     pub target_cpu_utilization_percentage: Option<i32>,
     /// Average in-flight requests per pod to keep the pods at. Needs a custom

@@ -1,0 +1,343 @@
+//! The waycast.dev API against a real API server: the CRDs install, every
+//! example applies, bad objects are refused with a message that names the
+//! problem, and `kubectl explain` documents every field.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use kube::api::{Api, DynamicObject, PostParams};
+use kube::discovery::ApiResource;
+use kube::{Client, CustomResourceExt as _};
+use serde_json::{Value, json};
+use waycast_crds::{ApiKey, Gateway, ModelEndpoint};
+use waycast_e2e::control_plane::k8s_binary;
+use waycast_e2e::harness::{SharedCluster, shared_cluster, test_namespace};
+use waycast_e2e::manifest;
+
+fn cluster() -> &'static SharedCluster {
+    shared_cluster(env!("CARGO_BIN_EXE_waycast-cluster"))
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("e2e/ has a parent").to_path_buf()
+}
+
+fn kubectl(args: &[&str]) -> String {
+    let output = Command::new(k8s_binary("kubectl").expect("kubectl is built"))
+        .args(args)
+        .env("KUBECONFIG", &cluster().kubeconfig)
+        .output()
+        .expect("kubectl runs");
+    assert!(output.status.success(), "kubectl {args:?} failed: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[tokio::test]
+async fn committed_crds_install_and_become_established() {
+    let client = cluster().client().await;
+    for entry in std::fs::read_dir(repo_root().join("crds/yaml")).unwrap() {
+        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+        for object in manifest::parse_documents(&text).unwrap() {
+            manifest::apply(&client, &object, "default").await.unwrap();
+        }
+    }
+    for name in ["gateways.waycast.dev", "modelendpoints.waycast.dev", "apikeys.waycast.dev"] {
+        manifest::wait_established(&client, name, std::time::Duration::from_secs(30)).await.unwrap();
+    }
+    // Short names and the shared category resolve through discovery.
+    let resources = kubectl(&["api-resources", "--api-group=waycast.dev", "--no-headers"]);
+    for expected in ["apikeys  ", "ak ", "gateways ", "wgw ", "modelendpoints ", "me "] {
+        assert!(resources.contains(expected.trim_end()), "missing {expected:?} in:\n{resources}");
+    }
+    let namespace = test_namespace(&client, "category").await.unwrap();
+    let quickstart = std::fs::read_to_string(repo_root().join("examples/quickstart/quickstart.yaml")).unwrap();
+    manifest::apply_all(&client, &manifest::parse_documents(&quickstart).unwrap(), &namespace).await.unwrap();
+    let listed = kubectl(&["get", "waycast", "-n", &namespace, "-o", "name"]);
+    for expected in ["gateway.waycast.dev/gateway", "modelendpoint.waycast.dev/llama-3-1-8b", "apikey.waycast.dev/alice"] {
+        assert!(listed.contains(expected), "`kubectl get waycast` lacks {expected}:\n{listed}");
+    }
+    // Printer columns are what `kubectl get` shows.
+    let table = kubectl(&["get", "wgw,me,ak", "-n", &namespace]);
+    for column in ["READY", "PODS", "MODELS", "KEYS", "ADDRESS", "MODEL", "BACKENDS", "ACCEPTED", "PREFIX", "EXPIRES"] {
+        assert!(table.contains(column), "no {column} column in:\n{table}");
+    }
+}
+
+#[tokio::test]
+async fn every_example_applies() {
+    let client = cluster().client().await;
+    let mut applied = 0;
+    for path in example_files() {
+        let text = std::fs::read_to_string(&path).unwrap();
+        if path.ends_with("standalone/gateway.yaml") {
+            // Not a Kubernetes object: the config format the gateway reads.
+            waycast_crds::GatewayConfig::from_slice(text.as_bytes())
+                .unwrap_or_else(|error| panic!("{}: {error}", path.display()));
+            continue;
+        }
+        let namespace = test_namespace(&client, "examples").await.unwrap();
+        let objects = manifest::parse_documents(&text).unwrap();
+        manifest::apply_all(&client, &objects, &namespace)
+            .await
+            .unwrap_or_else(|error| panic!("{} does not apply: {error:#}", path.display()));
+        applied += objects.len();
+    }
+    assert!(applied >= 15, "expected every example to contribute objects, applied {applied}");
+}
+
+fn example_files() -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let mut dirs = vec![repo_root().join("examples")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "yaml") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    assert!(files.len() >= 6, "examples/ should hold every documented example: {files:?}");
+    files
+}
+
+/// One object the API server must refuse, and words its message must have.
+struct Refusal {
+    what: &'static str,
+    kind: ApiResource,
+    spec: Value,
+    expected: &'static [&'static str],
+}
+
+fn refusals() -> Vec<Refusal> {
+    let gateway = ApiResource::erase::<Gateway>(&());
+    let model = ApiResource::erase::<ModelEndpoint>(&());
+    let key = ApiResource::erase::<ApiKey>(&());
+    let service = json!({"name": "vllm", "port": 8000});
+    vec![
+        Refusal {
+            what: "backend with both service and url",
+            kind: model.clone(),
+            spec: json!({"model": "m", "backends": [{"service": service, "url": "http://x:8000/v1"}]}),
+            expected: &["spec.backends[0]", "a backend needs exactly one of service or url"],
+        },
+        Refusal {
+            what: "backend with neither service nor url",
+            kind: model.clone(),
+            spec: json!({"model": "m", "backends": [{"weight": 1}]}),
+            expected: &["spec.backends[0]", "a backend needs exactly one of service or url"],
+        },
+        Refusal {
+            what: "service port 0",
+            kind: model.clone(),
+            spec: json!({"model": "m", "backends": [{"service": {"name": "vllm", "port": 0}}]}),
+            expected: &["spec.backends[0].service.port", "greater than or equal to 1"],
+        },
+        Refusal {
+            what: "empty model name",
+            kind: model.clone(),
+            spec: json!({"model": "", "backends": [{"service": service}]}),
+            expected: &["spec.model", "at least 1 chars long"],
+        },
+        Refusal {
+            what: "no backends",
+            kind: model.clone(),
+            spec: json!({"model": "m", "backends": []}),
+            expected: &["spec.backends", "at least 1 items"],
+        },
+        Refusal {
+            what: "url with another scheme",
+            kind: model.clone(),
+            spec: json!({"model": "m", "backends": [{"url": "ftp://files.example.com/v1"}]}),
+            expected: &["spec.backends[0].url", "url must be an absolute http:// or https:// URL"],
+        },
+        Refusal {
+            what: "malformed timeout",
+            kind: model.clone(),
+            spec: json!({"model": "m", "backends": [{"service": service}], "timeouts": {"connect": "5 seconds"}}),
+            expected: &["spec.timeouts.connect", "should match"],
+        },
+        Refusal {
+            what: "alias repeating the model name",
+            kind: model.clone(),
+            spec: json!({"model": "m", "aliases": ["m"], "backends": [{"service": service}]}),
+            expected: &["aliases must not repeat the model name"],
+        },
+        Refusal {
+            what: "only zero-weight backends",
+            kind: model.clone(),
+            spec: json!({"model": "m", "backends": [{"service": service, "weight": 0}]}),
+            expected: &["at least one backend needs a weight above 0"],
+        },
+        Refusal {
+            what: "minReplicas above maxReplicas",
+            kind: gateway.clone(),
+            spec: json!({"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}),
+            expected: &["spec.autoscaling", "minReplicas must not exceed maxReplicas"],
+        },
+        Refusal {
+            what: "replicas together with autoscaling",
+            kind: gateway.clone(),
+            spec: json!({"replicas": 2, "autoscaling": {"maxReplicas": 4}}),
+            expected: &["set either replicas or autoscaling, not both"],
+        },
+        Refusal {
+            what: "unknown namespaces.from",
+            kind: gateway.clone(),
+            spec: json!({"modelEndpoints": {"namespaces": {"from": "Everywhere"}}}),
+            expected: &["spec.modelEndpoints.namespaces.from", "Unsupported value: \"Everywhere\"", "\"Selector\""],
+        },
+        Refusal {
+            what: "Selector without a selector",
+            kind: gateway.clone(),
+            spec: json!({"apiKeys": {"namespaces": {"from": "Selector"}}}),
+            expected: &["spec.apiKeys.namespaces", "namespaces.selector is required when from is Selector"],
+        },
+        Refusal {
+            what: "service port out of range",
+            kind: gateway.clone(),
+            spec: json!({"service": {"port": 70000}}),
+            expected: &["spec.service.port", "less than or equal to 65535"],
+        },
+        Refusal {
+            what: "expiresAt that is not a date",
+            kind: key.clone(),
+            spec: json!({"expiresAt": "next tuesday"}),
+            expected: &["spec.expiresAt", "date-time"],
+        },
+        Refusal {
+            what: "negative limit",
+            kind: key.clone(),
+            spec: json!({"limits": {"requestsPerMinute": -5}}),
+            expected: &["spec.limits.requestsPerMinute", "greater than or equal to 1"],
+        },
+        Refusal {
+            what: "limits without any limit",
+            kind: key.clone(),
+            spec: json!({"limits": {}}),
+            expected: &["limits must set requestsPerMinute, tokensPerMinute or both"],
+        },
+        Refusal {
+            what: "secretRef naming an invalid Secret",
+            kind: key.clone(),
+            spec: json!({"secretRef": {"name": "Not_A_Name", "key": "api-key"}}),
+            expected: &["spec.secretRef.name", "should match"],
+        },
+    ]
+}
+
+#[tokio::test]
+async fn bad_objects_are_refused_with_a_readable_message() {
+    let client = cluster().client().await;
+    let namespace = test_namespace(&client, "refusals").await.unwrap();
+    let cases = refusals();
+    assert!(cases.len() >= 10);
+    let mut failures = Vec::new();
+    for (index, case) in cases.iter().enumerate() {
+        let message = create_refused(&client, &namespace, &case.kind, &format!("bad-{index}"), &case.spec).await;
+        match message {
+            None => failures.push(format!("{}: was accepted", case.what)),
+            Some(message) => {
+                let missing: Vec<_> = case.expected.iter().filter(|e| !message.contains(*e)).collect();
+                if !missing.is_empty() {
+                    failures.push(format!("{}: message lacks {missing:?}: {message}", case.what));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Creates the object; returns the API server's refusal message, or `None`
+/// when it was accepted.
+async fn create_refused(client: &Client, namespace: &str, kind: &ApiResource, name: &str, spec: &Value) -> Option<String> {
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, kind);
+    let mut object = DynamicObject::new(name, kind);
+    object.data = json!({ "spec": spec });
+    match api.create(&PostParams::default(), &object).await {
+        Ok(_) => None,
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 422, "refusals are validation errors: {status:?}");
+            Some(status.message)
+        }
+        Err(other) => panic!("unexpected error creating {name}: {other}"),
+    }
+}
+
+#[tokio::test]
+async fn good_objects_are_accepted_and_defaulted() {
+    let client = cluster().client().await;
+    let namespace = test_namespace(&client, "accepted").await.unwrap();
+    let kind = ApiResource::erase::<Gateway>(&());
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &kind);
+    let mut object = DynamicObject::new("ok", &kind);
+    object.data = json!({"spec": {"autoscaling": {"minReplicas": 2, "maxReplicas": 2}, "apiKeys": {"namespaces": {}}}});
+    let created = api.create(&PostParams::default(), &object).await.unwrap();
+    // The typed client reads back what the API server stored.
+    let typed: Gateway = serde_json::from_value(serde_json::to_value(&created).unwrap()).unwrap();
+    let policy = typed.spec.api_keys.unwrap().namespaces.unwrap();
+    assert_eq!(policy.from, waycast_crds::gateway::NamespaceFrom::Same);
+}
+
+#[tokio::test]
+async fn kubectl_explain_documents_every_field() {
+    let recursive = kubectl(&["explain", "gateway.spec", "--recursive"]);
+    for field in ["autoscaling", "maxReplicas", "modelEndpoints", "namespaces", "podTemplate", "tolerations", "tls"] {
+        assert!(recursive.contains(field), "`kubectl explain gateway.spec --recursive` lacks {field}:\n{recursive}");
+    }
+    let leaf = kubectl(&["explain", "gateway.spec.autoscaling.maxReplicas"]);
+    assert!(leaf.contains("Most gateway pods."), "{leaf}");
+    let backend = kubectl(&["explain", "modelendpoint.spec.backends.url"]);
+    assert!(backend.contains("OpenAI-style base URL"), "{backend}");
+
+    // What kubectl explain reads: the published OpenAPI v3 document. Every
+    // waycast-defined field in it must carry a description.
+    let client = cluster().client().await;
+    let request = http::Request::get("/openapi/v3/apis/waycast.dev/v1alpha1").body(Vec::new()).unwrap();
+    let document: Value = serde_json::from_str(&client.request_text(request).await.unwrap()).unwrap();
+    let schemas = document["components"]["schemas"].as_object().expect("schemas in the OpenAPI document");
+    let mut undocumented = Vec::new();
+    let mut checked = 0;
+    for crd in [Gateway::crd(), ModelEndpoint::crd(), ApiKey::crd()] {
+        let kind = crd.spec.names.kind;
+        let (_, schema) = schemas
+            .iter()
+            .find(|(name, _)| name.ends_with(&format!("waycast.v1alpha1.{kind}")))
+            .unwrap_or_else(|| panic!("{kind} is not published"));
+        for root in ["spec", "status"] {
+            checked += undocumented_fields(&schema["properties"][root], &format!("{kind}.{root}"), &mut undocumented);
+        }
+    }
+    assert!(checked > 100, "walked only {checked} fields");
+    assert!(undocumented.is_empty(), "fields without documentation: {undocumented:#?}");
+}
+
+/// Walks a published schema; returns how many fields it checked and records
+/// those without a description.
+fn undocumented_fields(schema: &Value, path: &str, undocumented: &mut Vec<String>) -> usize {
+    let schema = resolve_all_of(schema);
+    let mut checked = 1;
+    if schema.get("description").and_then(Value::as_str).is_none_or(str::is_empty) {
+        undocumented.push(path.to_owned());
+    }
+    if let Some(properties) = schema.get("properties").and_then(Value::as_object) {
+        for (name, child) in properties {
+            checked += undocumented_fields(child, &format!("{path}.{name}"), undocumented);
+        }
+    }
+    if let Some(items) = schema.get("items") {
+        let items = resolve_all_of(items);
+        if let Some(properties) = items.get("properties").and_then(Value::as_object) {
+            for (name, child) in properties {
+                checked += undocumented_fields(child, &format!("{path}[].{name}"), undocumented);
+            }
+        }
+    }
+    checked
+}
+
+fn resolve_all_of(schema: &Value) -> &Value {
+    schema.get("allOf").and_then(|all| all.get(0)).unwrap_or(schema)
+}
