@@ -23,35 +23,11 @@ use crate::common::{Limits, SecretKeyRef};
     status = "ApiKeyStatus",
     shortname = "ak",
     category = "waycast",
-    printcolumn(
-        name = "Prefix",
-        type_ = "string",
-        json_path = ".status.keyPrefix",
-        description = "First characters of the key, safe to show"
-    ),
-    printcolumn(
-        name = "Expires",
-        type_ = "date",
-        json_path = ".spec.expiresAt",
-        description = "When the key stops working"
-    ),
-    printcolumn(
-        name = "Ready",
-        type_ = "string",
-        json_path = ".status.conditions[?(@.type==\"Ready\")].status",
-        description = "The key is valid and served"
-    ),
-    printcolumn(
-        name = "Programmed",
-        type_ = "string",
-        json_path = ".status.conditions[?(@.type==\"Programmed\")].status",
-        description = "Every ready gateway pod accepts it"
-    ),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
+    printcolumn = r#"{"name": "Prefix", "type": "string", "jsonPath": ".status.keyPrefix", "description": "First characters of the key, safe to show"}"#,
+    printcolumn = r#"{"name": "Expires", "type": "date", "jsonPath": ".spec.expiresAt", "description": "When the key stops working"}"#,
+    printcolumn = r#"{"name": "Ready", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Ready\")].status", "description": "The key is valid and served"}"#,
+    printcolumn = r#"{"name": "Programmed", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Programmed\")].status", "description": "Every ready gateway pod accepts it"}"#,
+    printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ApiKeySpec {

@@ -67,16 +67,16 @@ pub fn parse(text: &str) -> Result<Duration, DurationError> {
 /// (`5s`, `300ms`, `1.5s`).
 pub fn format(duration: Duration) -> String {
     let millis = duration.as_millis();
-    if duration.subsec_nanos() % 1_000_000 != 0 {
+    if !duration.subsec_nanos().is_multiple_of(1_000_000) {
         return format!("{}s", duration.as_secs_f64());
     }
-    if millis % 1000 != 0 {
+    if !millis.is_multiple_of(1000) {
         return format!("{millis}ms");
     }
     let seconds = duration.as_secs();
-    if seconds != 0 && seconds % 3600 == 0 {
+    if seconds != 0 && seconds.is_multiple_of(3600) {
         format!("{}h", seconds / 3600)
-    } else if seconds != 0 && seconds % 60 == 0 {
+    } else if seconds != 0 && seconds.is_multiple_of(60) {
         format!("{}m", seconds / 60)
     } else {
         format!("{seconds}s")

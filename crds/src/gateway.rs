@@ -27,41 +27,12 @@ use serde::{Deserialize, Serialize};
     status = "GatewayStatus",
     shortname = "wgw",
     category = "waycast",
-    printcolumn(
-        name = "Ready",
-        type_ = "string",
-        json_path = ".status.conditions[?(@.type==\"Ready\")].status",
-        description = "Enough gateway pods are ready"
-    ),
-    printcolumn(
-        name = "Pods",
-        type_ = "integer",
-        json_path = ".status.readyReplicas",
-        description = "Gateway pods ready"
-    ),
-    printcolumn(
-        name = "Models",
-        type_ = "integer",
-        json_path = ".status.modelCount",
-        description = "Models served"
-    ),
-    printcolumn(
-        name = "Keys",
-        type_ = "integer",
-        json_path = ".status.apiKeyCount",
-        description = "API keys served"
-    ),
-    printcolumn(
-        name = "Address",
-        type_ = "string",
-        json_path = ".status.address",
-        description = "Where clients connect"
-    ),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
+    printcolumn = r#"{"name": "Ready", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Ready\")].status", "description": "Enough gateway pods are ready"}"#,
+    printcolumn = r#"{"name": "Pods", "type": "integer", "jsonPath": ".status.readyReplicas", "description": "Gateway pods ready"}"#,
+    printcolumn = r#"{"name": "Models", "type": "integer", "jsonPath": ".status.modelCount", "description": "Models served"}"#,
+    printcolumn = r#"{"name": "Keys", "type": "integer", "jsonPath": ".status.apiKeyCount", "description": "API keys served"}"#,
+    printcolumn = r#"{"name": "Address", "type": "string", "jsonPath": ".status.address", "description": "Where clients connect"}"#,
+    printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#
 )]
 #[x_kube(validation = Rule::new("!(has(self.replicas) && has(self.autoscaling))").message("set either replicas or autoscaling, not both"))]
 #[serde(rename_all = "camelCase")]
@@ -132,7 +103,11 @@ pub struct Autoscaling {
     pub max_replicas: i32,
     /// Average CPU utilisation (percent of the CPU request) to keep the pods
     /// at. Default 80 when no other target is set.
-    #[serde(default, rename = "targetCPUUtilizationPercentage", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "targetCPUUtilizationPercentage",
+        skip_serializing_if = "Option::is_none"
+    )]
     #[schemars(range(min = 1, max = 1000))]
     pub target_cpu_utilization_percentage: Option<i32>,
     /// Average in-flight requests per pod to keep the pods at. Needs a custom

@@ -15,6 +15,7 @@ pub mod api_key;
 pub mod common;
 pub mod condition;
 pub mod config;
+pub mod docs;
 pub mod duration;
 pub mod gateway;
 pub mod model_endpoint;

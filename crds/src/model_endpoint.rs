@@ -25,35 +25,11 @@ use crate::common::{Limits, SecretKeyRef};
     status = "ModelEndpointStatus",
     shortname = "me",
     category = "waycast",
-    printcolumn(
-        name = "Model",
-        type_ = "string",
-        json_path = ".spec.model",
-        description = "Model name clients send"
-    ),
-    printcolumn(
-        name = "Backends",
-        type_ = "integer",
-        json_path = ".status.backendCount",
-        description = "Backends configured"
-    ),
-    printcolumn(
-        name = "Accepted",
-        type_ = "string",
-        json_path = ".status.conditions[?(@.type==\"Accepted\")].status",
-        description = "Served by every selecting Gateway"
-    ),
-    printcolumn(
-        name = "Programmed",
-        type_ = "string",
-        json_path = ".status.conditions[?(@.type==\"Programmed\")].status",
-        description = "Every ready gateway pod serves it"
-    ),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
+    printcolumn = r#"{"name": "Model", "type": "string", "jsonPath": ".spec.model", "description": "Model name clients send"}"#,
+    printcolumn = r#"{"name": "Backends", "type": "integer", "jsonPath": ".status.backendCount", "description": "Backends configured"}"#,
+    printcolumn = r#"{"name": "Accepted", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Accepted\")].status", "description": "Served by every selecting Gateway"}"#,
+    printcolumn = r#"{"name": "Programmed", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Programmed\")].status", "description": "Every ready gateway pod serves it"}"#,
+    printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#
 )]
 #[x_kube(validation = Rule::new("!has(self.aliases) || !(self.model in self.aliases)").message("aliases must not repeat the model name"))]
 #[x_kube(validation = Rule::new("self.backends.exists(b, !has(b.weight) || b.weight > 0)").message("at least one backend needs a weight above 0"))]

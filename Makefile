@@ -1,0 +1,33 @@
+# waycast: the two commands a newcomer needs are `make demo` and `make test`.
+CARGO ?= cargo
+CARGO_FLAGS ?= -j2
+
+.PHONY: demo test lint crds k8s-bins clean-e2e
+
+## demo: a local waycast cluster with the quickstart applied; Ctrl-C stops it
+demo: k8s-bins
+	$(CARGO) build $(CARGO_FLAGS) -p waycast-e2e --bin waycast-cluster
+	bash e2e/scripts/demo.sh
+
+## test: every test — unit, generated-file checks and e2e on a real API server
+test: k8s-bins
+	$(CARGO) test $(CARGO_FLAGS) --workspace
+
+## lint: formatting, clippy and docs, as CI runs them
+lint:
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy $(CARGO_FLAGS) --workspace --all-targets -- -D warnings
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc $(CARGO_FLAGS) --workspace --no-deps
+
+## crds: regenerate crds/yaml after changing the API types
+crds:
+	$(CARGO) run $(CARGO_FLAGS) -q -p waycast-crds --bin crdgen crds/yaml docs/api.md
+
+## k8s-bins: build etcd and the Kubernetes binaries from the Go module proxy (cached)
+k8s-bins:
+	bash e2e/scripts/build-k8s.sh >/dev/null
+
+## clean-e2e: remove what a killed test run left behind
+clean-e2e:
+	pkill -9 -f /waycast-e2e/run- || true
+	rm -rf "$${TMPDIR:-/tmp}/waycast-e2e"
