@@ -85,3 +85,52 @@ pub struct ApiKeyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 }
+
+/// The prefix of every generated key.
+pub const KEY_PREFIX: &str = "wc_";
+/// How many leading characters of a key are safe to show (`status.keyPrefix`).
+pub const SHOWN_PREFIX_LEN: usize = 6;
+
+const BASE62: &[u8; 62] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+
+/// The text form of a key made from 32 random bytes: `wc_` followed by the
+/// bytes as a 43-digit base62 number. The randomness is the caller's (a
+/// CSPRNG), so this stays a pure function.
+pub fn key_text_from_bytes(random: &[u8; 32]) -> String {
+    // 62^43 > 2^256, so 43 digits hold any 32 bytes; leading zeros are kept
+    // so every key has the same length.
+    let mut number = *random;
+    let mut digits = [0_u8; 43];
+    for digit in digits.iter_mut().rev() {
+        let mut remainder = 0_u32;
+        for byte in &mut number {
+            let value = (remainder << 8) | u32::from(*byte);
+            *byte = u8::try_from(value / 62).unwrap_or(0);
+            remainder = value % 62;
+        }
+        *digit = BASE62[remainder as usize];
+    }
+    let mut text = String::with_capacity(KEY_PREFIX.len() + digits.len());
+    text.push_str(KEY_PREFIX);
+    text.extend(digits.iter().map(|&d| char::from(d)));
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_text_is_fixed_length_base62() {
+        let zero = key_text_from_bytes(&[0; 32]);
+        assert_eq!(zero, format!("wc_{}", "0".repeat(43)));
+        let max = key_text_from_bytes(&[0xff; 32]);
+        assert_eq!(max.len(), 46);
+        assert!(max[3..].bytes().all(|b| b.is_ascii_alphanumeric()));
+        let mut one = [0; 32];
+        one[31] = 61;
+        assert!(key_text_from_bytes(&one).ends_with("0z"));
+        one[31] = 62;
+        assert!(key_text_from_bytes(&one).ends_with("10"));
+    }
+}

@@ -21,6 +21,10 @@ use crate::validate::Problems;
 
 /// The `apiVersion` of the current config format.
 pub const CONFIG_API_VERSION: &str = "waycast.dev/config-v1";
+/// The data key of the compiled config in a config Secret (gzipped JSON).
+pub const SECRET_KEY_GZIP: &str = "config.json.gz";
+/// Data keys a hand-made config Secret may use instead (plain JSON or YAML).
+pub const SECRET_KEYS_PLAIN: &[&str] = &["config.json", "config.yaml"];
 /// Default largest request body: 10 MiB.
 pub const DEFAULT_MAX_REQUEST_BODY_BYTES: u64 = 10 * 1024 * 1024;
 

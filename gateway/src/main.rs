@@ -1,37 +1,174 @@
-//! `waycast-gateway`: the data plane. Not built yet; this binary only says
-//! so, and checks a config file when given one, using the shared format.
+//! `waycast-gateway`: the data plane binary.
+//!
+//! ```text
+//! waycast-gateway [--listen 0.0.0.0:8080] [--admin-listen 0.0.0.0:9090]
+//!                 (--config-file PATH | --config-secret NS/NAME)
+//!                 [--tls-cert F --tls-key F] [--drain-timeout 30s]
+//! waycast-gateway keygen
+//! ```
+//!
+//! Every flag can also be set by environment variable (`WAYCAST_LISTEN`, ...).
+//! Bad arguments exit with 64 (EX_USAGE).
 
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use tokio::signal::unix::{SignalKind, signal};
+use waycast_gateway::{ConfigSource, Drained, GatewayOptions};
+
+#[derive(Parser, Debug)]
+#[command(name = "waycast-gateway", version, about = "waycast's OpenAI-compatible AI gateway")]
+struct Args {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// Public listener.
+    #[arg(long, env = "WAYCAST_LISTEN", default_value = "0.0.0.0:8080")]
+    listen: SocketAddr,
+    /// Admin listener: /metrics, /healthz, /readyz.
+    #[arg(long, env = "WAYCAST_ADMIN_LISTEN", default_value = "0.0.0.0:9090")]
+    admin_listen: SocketAddr,
+    /// A YAML or JSON GatewayConfig file, reloaded when it changes and on SIGHUP.
+    #[arg(long, env = "WAYCAST_CONFIG_FILE", conflicts_with = "config_secret")]
+    config_file: Option<PathBuf>,
+    /// A Secret NAMESPACE/NAME holding the config, followed through the Kubernetes API.
+    #[arg(long, env = "WAYCAST_CONFIG_SECRET", value_parser = parse_secret_ref)]
+    config_secret: Option<(String, String)>,
+    /// PEM certificate chain for TLS (re-read when it changes).
+    #[arg(long, env = "WAYCAST_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key for TLS.
+    #[arg(long, env = "WAYCAST_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// How long in-flight requests and streams may run after SIGTERM.
+    #[arg(long, env = "WAYCAST_DRAIN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    drain_timeout: Duration,
+    /// How long a client may take to send its request body.
+    #[arg(long, env = "WAYCAST_BODY_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    body_timeout: Duration,
+    /// Log filter (error, warn, info, debug, trace, or a tracing directive).
+    #[arg(long, env = "WAYCAST_LOG", default_value = "info")]
+    log: String,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Print a new API key and the line to paste into a standalone config.
+    Keygen,
+}
+
+fn parse_secret_ref(text: &str) -> Result<(String, String), String> {
+    match text.split_once('/') {
+        Some((namespace, name)) if !namespace.is_empty() && !name.is_empty() && !name.contains('/') => {
+            Ok((namespace.to_owned(), name.to_owned()))
+        }
+        _ => Err("expected NAMESPACE/NAME".to_owned()),
+    }
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    waycast_crds::duration::parse(text).map_err(|e| e.to_string())
+}
 
 fn main() -> ExitCode {
-    let mut args = std::env::args().skip(1);
-    match (args.next().as_deref(), args.next()) {
-        (Some("check-config"), Some(path)) => match std::fs::read(&path) {
-            Ok(bytes) => match waycast_crds::GatewayConfig::from_slice(&bytes) {
-                Ok(config) => {
-                    println!(
-                        "{path}: valid ({} models, {} keys)",
-                        config.models.len(),
-                        config.keys.len()
-                    );
-                    ExitCode::SUCCESS
-                }
-                Err(error) => {
-                    eprintln!("{path}: {error}");
-                    ExitCode::FAILURE
-                }
-            },
+    let args = match Args::try_parse() {
+        Ok(args) => args,
+        Err(error) => {
+            let code = if error.use_stderr() { 64 } else { 0 };
+            let _ = error.print();
+            return ExitCode::from(code);
+        }
+    };
+    if let Some(Command::Keygen) = args.command {
+        return keygen();
+    }
+    if args.config_file.is_none() && args.config_secret.is_none() {
+        eprintln!("waycast-gateway: one of --config-file or --config-secret is required");
+        return ExitCode::from(64);
+    }
+    init_logging(&args.log);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("waycast-gateway: cannot start the runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(run(args))
+}
+
+async fn run(args: Args) -> ExitCode {
+    let config = match (args.config_file, args.config_secret) {
+        (Some(path), _) => ConfigSource::File(path),
+        (None, Some((namespace, name))) => match kube::Client::try_default().await {
+            Ok(client) => ConfigSource::Secret { client, namespace, name },
             Err(error) => {
-                eprintln!("cannot read {path}: {error}");
-                ExitCode::FAILURE
+                tracing::error!(%error, "cannot reach the Kubernetes API (in-cluster config or KUBECONFIG)");
+                return ExitCode::FAILURE;
             }
         },
-        _ => {
-            eprintln!(
-                "waycast-gateway {}: serving is not implemented yet; `waycast-gateway check-config FILE` validates a config",
-                env!("CARGO_PKG_VERSION")
-            );
-            ExitCode::from(64)
+        (None, None) => return ExitCode::from(64),
+    };
+    let options = GatewayOptions {
+        listen: args.listen,
+        admin_listen: args.admin_listen,
+        config,
+        tls: args.tls_cert.zip(args.tls_key),
+        drain_timeout: args.drain_timeout,
+        body_timeout: args.body_timeout,
+    };
+    let gateway = match waycast_gateway::start(options).await {
+        Ok(gateway) => gateway,
+        Err(error) => {
+            tracing::error!(%error, "cannot start");
+            return ExitCode::FAILURE;
         }
+    };
+    wait_for_termination().await;
+    tracing::info!("shutdown signal received; draining");
+    match gateway.shutdown().await {
+        Drained::Gracefully => ExitCode::SUCCESS,
+        // Not a failure of ours: the drain timeout is the operator's choice.
+        Drained::TimedOut => ExitCode::SUCCESS,
     }
+}
+
+async fn wait_for_termination() {
+    let mut terminate = match signal(SignalKind::terminate()) {
+        Ok(stream) => stream,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = terminate.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+fn init_logging(filter: &str) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new("info"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_target(false).init();
+}
+
+fn keygen() -> ExitCode {
+    let mut random = [0_u8; 32];
+    if ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut random).is_err() {
+        eprintln!("waycast-gateway: the operating system's random number generator failed");
+        return ExitCode::FAILURE;
+    }
+    let key = waycast_crds::api_key::key_text_from_bytes(&random);
+    let hash = waycast_gateway::config::load::sha256_hex(key.as_bytes());
+    println!("key:    {key}");
+    println!("sha256: {hash}");
+    println!();
+    println!("# paste under `keys:` in the gateway config:");
+    println!("  - id: local/new-key");
+    println!("    sha256: {hash}");
+    ExitCode::SUCCESS
 }

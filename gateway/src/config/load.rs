@@ -1,0 +1,64 @@
+//! Bytes → validated `Snapshot`. Pure apart from building connection pools.
+
+use std::io::Read as _;
+
+use waycast_crds::GatewayConfig;
+use waycast_crds::config::ConfigError;
+
+use crate::snapshot::{BuildError, Snapshot};
+
+/// Largest config accepted after decompression: a bound against gzip bombs.
+pub const MAX_CONFIG_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Why a config was rejected.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// Not parseable, or invalid (the message lists every problem).
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Valid, but could not be built.
+    #[error(transparent)]
+    Build(#[from] BuildError),
+    /// The gzip data was corrupt or too large.
+    #[error("config is not valid gzip or larger than {MAX_CONFIG_BYTES} bytes: {0}")]
+    Gzip(String),
+    /// The source had no config in it.
+    #[error("{0}")]
+    Missing(String),
+}
+
+/// Builds a snapshot from `bytes`, or `None` when they are what `previous`
+/// was built from.
+///
+/// # Errors
+/// [`LoadError`] when the bytes are not a valid config.
+pub fn load(bytes: &[u8], previous: Option<&Snapshot>) -> Result<Option<Snapshot>, LoadError> {
+    let hash = sha256_hex(bytes);
+    if previous.is_some_and(|p| p.hash == hash) {
+        return Ok(None);
+    }
+    let config = GatewayConfig::from_slice(bytes)?;
+    Ok(Some(Snapshot::build(&config, hash, previous)?))
+}
+
+/// Decompresses gzip, refusing output over [`MAX_CONFIG_BYTES`].
+///
+/// # Errors
+/// [`LoadError::Gzip`].
+pub fn gunzip(compressed: &[u8]) -> Result<Vec<u8>, LoadError> {
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(compressed)
+        .take(MAX_CONFIG_BYTES + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| LoadError::Gzip(e.to_string()))?;
+    if out.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(LoadError::Gzip("too large".into()));
+    }
+    Ok(out)
+}
+
+/// Lowercase hex SHA-256.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
+    digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -1,0 +1,80 @@
+//! Where the config comes from and how it is swapped in.
+//!
+//! ```text
+//! file.rs   (--config-file: poll + SIGHUP) ─┐
+//! secret.rs (--config-secret: kube watch)  ─┴─► bytes ─► load.rs (parse, validate, build)
+//!                                                          └─► ConfigStore::store (one ArcSwap)
+//! ```
+//!
+//! Sources only produce bytes. A bad config is logged, counted in
+//! `waycast_gateway_config_reload_errors_total`, and never reaches the store:
+//! the last good one keeps serving. Requests hold the `Arc<Snapshot>` they
+//! started with, so a swap never changes a request mid-flight.
+
+pub mod file;
+pub mod load;
+pub mod secret;
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwapOption;
+
+use crate::metrics::Metrics;
+use crate::snapshot::Snapshot;
+use load::LoadError;
+
+/// The config being served.
+#[derive(Default)]
+pub struct ConfigStore {
+    current: ArcSwapOption<Snapshot>,
+}
+
+/// What applying new bytes did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Applied {
+    /// A new config is serving; its hash.
+    Changed(String),
+    /// Same bytes as the current config.
+    Unchanged,
+}
+
+impl ConfigStore {
+    /// The config being served, if one was loaded.
+    pub fn current(&self) -> Option<Arc<Snapshot>> {
+        self.current.load_full()
+    }
+
+    /// Parses, validates and swaps in `bytes` from `source`; on failure the
+    /// current config stays. Logs and counts either way.
+    ///
+    /// # Errors
+    /// [`LoadError`] when the bytes are not a valid config.
+    pub fn apply(&self, bytes: &[u8], source: &str, metrics: &Metrics) -> Result<Applied, LoadError> {
+        let previous = self.current.load_full();
+        match load::load(bytes, previous.as_deref()) {
+            Ok(None) => Ok(Applied::Unchanged),
+            Ok(Some(snapshot)) => {
+                let hash = snapshot.hash.clone();
+                tracing::info!(
+                    source,
+                    config.hash = %hash,
+                    models = snapshot.routes().len(),
+                    keys = snapshot.key_count(),
+                    "config applied"
+                );
+                metrics.config_reloads.inc();
+                metrics.config_info.reset();
+                metrics.config_info.with_label_values(&[&hash]).set(1);
+                metrics.config_last_reload.set(jiff::Timestamp::now().as_second());
+                self.current.store(Some(Arc::new(snapshot)));
+                Ok(Applied::Changed(hash))
+            }
+            Err(error) => {
+                metrics.config_reload_errors.inc();
+                let keeping = previous.map_or_else(|| "none yet".to_owned(), |p| p.hash.clone());
+                tracing::error!(source, %error, config.kept = %keeping, "config rejected; keeping the last good config");
+                Err(error)
+            }
+        }
+    }
+}

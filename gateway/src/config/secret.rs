@@ -1,0 +1,57 @@
+//! `--config-secret NS/NAME`: a watch on exactly one Secret, so the pod's
+//! ServiceAccount needs get/list/watch on that name and nothing else.
+
+use std::sync::Arc;
+
+use futures_util::StreamExt as _;
+use k8s_openapi::api::core::v1::Secret;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt as _;
+use kube::{Api, Client};
+use waycast_crds::config::{SECRET_KEY_GZIP, SECRET_KEYS_PLAIN};
+
+use super::load::{LoadError, gunzip};
+use crate::Shared;
+
+/// Follows the Secret until the process ends.
+pub async fn watch(client: Client, namespace: String, name: String, shared: Arc<Shared>) {
+    let api: Api<Secret> = Api::namespaced(client, &namespace);
+    let source = format!("secret:{namespace}/{name}");
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut events = watcher::watcher(api, config).default_backoff().boxed();
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(Event::Apply(secret) | Event::InitApply(secret)) => match config_bytes(&secret) {
+                Ok(bytes) => {
+                    let _ = shared.config.apply(&bytes, &source, &shared.metrics);
+                }
+                Err(error) => {
+                    shared.metrics.config_reload_errors.inc();
+                    tracing::error!(source, %error, "config Secret has no usable config; keeping the last good config");
+                }
+            },
+            Ok(Event::Delete(_)) => {
+                tracing::warn!(source, "config Secret deleted; keeping the last good config");
+            }
+            Ok(Event::Init | Event::InitDone) => {}
+            Err(error) => tracing::warn!(source, %error, "config Secret watch failed; retrying"),
+        }
+    }
+}
+
+/// The config inside a config Secret.
+///
+/// # Errors
+/// [`LoadError`] when no known data key is present or gzip fails.
+pub fn config_bytes(secret: &Secret) -> Result<Vec<u8>, LoadError> {
+    let data = secret.data.as_ref();
+    if let Some(compressed) = data.and_then(|d| d.get(SECRET_KEY_GZIP)) {
+        return gunzip(&compressed.0);
+    }
+    for key in SECRET_KEYS_PLAIN {
+        if let Some(plain) = data.and_then(|d| d.get(*key)) {
+            return Ok(plain.0.clone());
+        }
+    }
+    Err(LoadError::Missing(format!("no {SECRET_KEY_GZIP} or {} data key", SECRET_KEYS_PLAIN.join("/"))))
+}

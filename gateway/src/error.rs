@@ -1,0 +1,223 @@
+//! Every error the gateway itself answers with, mapped to an OpenAI-shaped
+//! response in one place.
+//!
+//! Upstream errors are not here: an upstream's own 4xx/5xx passes through
+//! unchanged. These are the gateway's own decisions and failures.
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+
+/// Who caused an error: for metrics, logs and alerting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorSource {
+    /// The client sent something we refuse.
+    Client,
+    /// The upstream failed or was too slow.
+    Upstream,
+    /// The gateway cannot serve (no config yet, shutting down).
+    Gateway,
+}
+
+/// An error the gateway answers itself.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GatewayError {
+    /// No `Authorization: Bearer` or `x-api-key` header.
+    #[error("missing API key: send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'")]
+    MissingKey,
+    /// The key is not known.
+    #[error("invalid API key")]
+    InvalidKey,
+    /// The key's `expiresAt` has passed.
+    #[error("API key expired")]
+    ExpiredKey,
+    /// The key is disabled.
+    #[error("API key disabled")]
+    DisabledKey,
+    /// The key may not use this model.
+    #[error("this API key may not use model '{0}'")]
+    ModelNotAllowed(String),
+    /// No route for the model.
+    #[error("model '{0}' does not exist or you do not have access to it")]
+    UnknownModel(String),
+    /// The body is larger than `maxRequestBodyBytes`.
+    #[error("request body larger than {0} bytes")]
+    BodyTooLarge(u64),
+    /// The body is not valid JSON.
+    #[error("request body is not valid JSON: {0}")]
+    InvalidJson(&'static str),
+    /// The body is JSON but not an object.
+    #[error("request body must be a JSON object")]
+    NotAnObject,
+    /// No `"model"` field.
+    #[error("request body has no 'model' field")]
+    MissingModel,
+    /// `"model"` is not a string.
+    #[error("'model' must be a string")]
+    ModelNotString,
+    /// `"model"` appears more than once.
+    #[error("'model' appears more than once")]
+    DuplicateModel,
+    /// Request headers are larger than allowed.
+    #[error("request headers larger than {0} bytes")]
+    HeadersTooLarge(usize),
+    /// Both Content-Length and Transfer-Encoding: a request-smuggling shape.
+    #[error("request has both Content-Length and Transfer-Encoding")]
+    AmbiguousLength,
+    /// The client did not send its body in time.
+    #[error("request body not received in time")]
+    BodyTimeout,
+    /// The client's body could not be read (connection broke, bad chunking).
+    #[error("request body could not be read")]
+    BodyRead,
+    /// No such endpoint.
+    #[error("unknown path {0}")]
+    NotFound(String),
+    /// The endpoint exists, the method does not.
+    #[error("method not allowed")]
+    MethodNotAllowed,
+    /// No backend could be connected to.
+    #[error("upstream for model '{0}' is unreachable")]
+    UpstreamUnreachable(String),
+    /// The upstream failed after connecting (reset, bad response).
+    #[error("upstream for model '{0}' failed")]
+    UpstreamFailed(String),
+    /// The upstream did not answer in time.
+    #[error("upstream for model '{0}' did not respond in time")]
+    UpstreamTimeout(String),
+    /// No config has been loaded yet.
+    #[error("gateway is starting: no configuration loaded yet")]
+    NotReady,
+}
+
+impl GatewayError {
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        use GatewayError::*;
+        match self {
+            MissingKey | InvalidKey | ExpiredKey | DisabledKey => StatusCode::UNAUTHORIZED,
+            ModelNotAllowed(_) => StatusCode::FORBIDDEN,
+            UnknownModel(_) | NotFound(_) => StatusCode::NOT_FOUND,
+            BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            InvalidJson(_) | NotAnObject | MissingModel | ModelNotString | DuplicateModel | AmbiguousLength
+            | BodyRead => StatusCode::BAD_REQUEST,
+            HeadersTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            BodyTimeout => StatusCode::REQUEST_TIMEOUT,
+            MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            UpstreamUnreachable(_) | UpstreamFailed(_) => StatusCode::BAD_GATEWAY,
+            UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            NotReady => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// OpenAI's `error.type`.
+    pub fn openai_type(&self) -> &'static str {
+        use GatewayError::*;
+        match self {
+            MissingKey | InvalidKey | ExpiredKey | DisabledKey => "authentication_error",
+            ModelNotAllowed(_) => "permission_error",
+            UpstreamUnreachable(_) | UpstreamFailed(_) | UpstreamTimeout(_) | NotReady => "server_error",
+            _ => "invalid_request_error",
+        }
+    }
+
+    /// OpenAI's `error.code`; also the metric label.
+    pub fn code(&self) -> &'static str {
+        use GatewayError::*;
+        match self {
+            MissingKey => "missing_api_key",
+            InvalidKey => "invalid_api_key",
+            ExpiredKey => "expired_api_key",
+            DisabledKey => "disabled_api_key",
+            ModelNotAllowed(_) => "model_not_allowed",
+            UnknownModel(_) => "model_not_found",
+            BodyTooLarge(_) => "request_too_large",
+            InvalidJson(_) => "invalid_json",
+            NotAnObject => "invalid_body",
+            MissingModel => "missing_model",
+            ModelNotString => "invalid_model",
+            DuplicateModel => "duplicate_model",
+            HeadersTooLarge(_) => "headers_too_large",
+            AmbiguousLength => "ambiguous_length",
+            BodyTimeout => "body_timeout",
+            BodyRead => "body_read_error",
+            NotFound(_) => "unknown_url",
+            MethodNotAllowed => "method_not_allowed",
+            UpstreamUnreachable(_) => "upstream_unreachable",
+            UpstreamFailed(_) => "upstream_failed",
+            UpstreamTimeout(_) => "upstream_timeout",
+            NotReady => "not_ready",
+        }
+    }
+
+    /// Who caused it.
+    pub fn source(&self) -> ErrorSource {
+        use GatewayError::*;
+        match self {
+            UpstreamUnreachable(_) | UpstreamFailed(_) | UpstreamTimeout(_) => ErrorSource::Upstream,
+            NotReady => ErrorSource::Gateway,
+            _ => ErrorSource::Client,
+        }
+    }
+
+    /// The OpenAI-shaped JSON body: `{"error":{"message","type","param","code"}}`.
+    pub fn body(&self) -> Bytes {
+        let body = serde_json::json!({
+            "error": {
+                "message": self.to_string(),
+                "type": self.openai_type(),
+                "param": null,
+                "code": self.code(),
+            }
+        });
+        Bytes::from(body.to_string())
+    }
+
+    /// The full response, with `Connection: close` where the connection
+    /// state cannot be trusted any more.
+    pub fn response<B: From<Bytes>>(&self) -> Response<B> {
+        let mut response = Response::new(B::from(self.body()));
+        *response.status_mut() = self.status();
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if matches!(self, GatewayError::AmbiguousLength | GatewayError::BodyRead | GatewayError::BodyTimeout) {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        if matches!(self, GatewayError::MissingKey | GatewayError::InvalidKey | GatewayError::ExpiredKey | GatewayError::DisabledKey) {
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bodies_are_openai_shaped_and_escaped() {
+        let error = GatewayError::UnknownModel("evil\"model".into());
+        let value: serde_json::Value = serde_json::from_slice(&error.body()).unwrap();
+        assert_eq!(value["error"]["code"], "model_not_found");
+        assert_eq!(value["error"]["type"], "invalid_request_error");
+        assert_eq!(value["error"]["message"], "model 'evil\"model' does not exist or you do not have access to it");
+        assert!(value["error"]["param"].is_null());
+    }
+
+    #[test]
+    fn statuses_follow_the_design() {
+        let cases = [
+            (GatewayError::MissingKey, 401),
+            (GatewayError::ExpiredKey, 401),
+            (GatewayError::ModelNotAllowed("m".into()), 403),
+            (GatewayError::UnknownModel("m".into()), 404),
+            (GatewayError::BodyTooLarge(1), 413),
+            (GatewayError::InvalidJson("x"), 400),
+            (GatewayError::HeadersTooLarge(1), 431),
+            (GatewayError::UpstreamUnreachable("m".into()), 502),
+            (GatewayError::UpstreamTimeout("m".into()), 504),
+        ];
+        for (error, status) in cases {
+            assert_eq!(error.status().as_u16(), status, "{error:?}");
+        }
+    }
+}

@@ -1,0 +1,240 @@
+//! waycast's data plane: an OpenAI-compatible proxy that checks bearer keys
+//! and streams responses from the model's backends.
+//!
+//! ```text
+//! config source (file | Secret watch) ─► validate ─► Snapshot ─► ArcSwap
+//! request: accept ─► auth ─► body ─► model ─► allowed? ─► backend ─► forward ─► relay frames
+//! ```
+//!
+//! [`start`] binds the listeners and runs everything on the current tokio
+//! runtime; the binary (`main.rs`) adds argument parsing, logging and
+//! signals. Tests start gateways in-process the same way.
+
+pub mod admin;
+pub mod config;
+pub mod error;
+pub mod metrics;
+pub mod proxy;
+pub mod server;
+pub mod snapshot;
+pub mod tls;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use http::{HeaderMap, HeaderValue};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use config::ConfigStore;
+use metrics::Metrics;
+
+/// State every request shares.
+pub struct Shared {
+    /// The config being served.
+    pub config: ConfigStore,
+    /// Prometheus metrics.
+    pub metrics: Metrics,
+    /// Request id generator.
+    pub request_ids: RequestIds,
+    /// Longest a client may take to send its body.
+    pub body_timeout: Duration,
+    draining: AtomicBool,
+}
+
+impl Shared {
+    /// A config is loaded and the gateway is not draining.
+    pub fn is_ready(&self) -> bool {
+        !self.is_draining() && self.config.current().is_some()
+    }
+
+    /// SIGTERM (or [`RunningGateway::shutdown`]) was received.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+}
+
+/// `X-Request-Id`s: the client's when it sent a sane one, else a
+/// process-unique `<random prefix><counter>` (no syscall per request).
+pub struct RequestIds {
+    prefix: u64,
+    counter: AtomicU64,
+}
+
+impl RequestIds {
+    fn new() -> Self {
+        let mut seed = [0_u8; 8];
+        // A failing OS RNG only costs uniqueness across restarts.
+        let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut seed);
+        Self { prefix: u64::from_le_bytes(seed), counter: AtomicU64::new(0) }
+    }
+
+    /// The id for a request with these headers.
+    pub fn for_request(&self, headers: &HeaderMap) -> HeaderValue {
+        if let Some(given) = headers.get(&proxy::forward::REQUEST_ID)
+            && !given.is_empty()
+            && given.len() <= 128
+            && given.as_bytes().iter().all(|b| b.is_ascii_graphic())
+        {
+            return given.clone();
+        }
+        let count = self.counter.fetch_add(1, Ordering::Relaxed);
+        let text = format!("{:016x}{count:08x}", self.prefix);
+        HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from_static("-"))
+    }
+}
+
+/// Where the config comes from.
+pub enum ConfigSource {
+    /// A YAML or JSON file.
+    File(PathBuf),
+    /// One Secret, watched through the API.
+    Secret {
+        /// Client (in-cluster config or KUBECONFIG).
+        client: kube::Client,
+        /// Secret namespace.
+        namespace: String,
+        /// Secret name.
+        name: String,
+    },
+}
+
+/// How to run a gateway.
+pub struct GatewayOptions {
+    /// Public listener address.
+    pub listen: SocketAddr,
+    /// Admin listener address.
+    pub admin_listen: SocketAddr,
+    /// Config source.
+    pub config: ConfigSource,
+    /// TLS certificate and key files.
+    pub tls: Option<(PathBuf, PathBuf)>,
+    /// Longest wait for in-flight requests on shutdown.
+    pub drain_timeout: Duration,
+    /// Longest a client may take to send its body.
+    pub body_timeout: Duration,
+}
+
+/// Why a gateway could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A listener could not bind.
+    #[error("cannot listen on {address}: {source}")]
+    Bind {
+        /// The address.
+        address: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// TLS files unusable.
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
+    /// Metrics registration failed (a bug).
+    #[error("metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+}
+
+/// A started gateway.
+pub struct RunningGateway {
+    /// Where the public listener is bound.
+    pub public_addr: SocketAddr,
+    /// Where the admin listener is bound.
+    pub admin_addr: SocketAddr,
+    /// Shared state (metrics, config).
+    pub shared: Arc<Shared>,
+    drain: watch::Sender<bool>,
+    accept: JoinHandle<()>,
+    alive: mpsc::Receiver<()>,
+    background: Vec<JoinHandle<()>>,
+    drain_timeout: Duration,
+}
+
+/// How a drain ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drained {
+    /// Every in-flight request finished.
+    Gracefully,
+    /// The drain timeout cut the rest off.
+    TimedOut,
+}
+
+/// Binds the listeners and starts serving on the current runtime.
+///
+/// # Errors
+/// [`StartError`] when a listener cannot bind or TLS files are unusable.
+pub async fn start(options: GatewayOptions) -> Result<RunningGateway, StartError> {
+    let shared = Arc::new(Shared {
+        config: ConfigStore::default(),
+        metrics: Metrics::new()?,
+        request_ids: RequestIds::new(),
+        body_timeout: options.body_timeout,
+        draining: AtomicBool::new(false),
+    });
+    let bind = |address| async move {
+        TcpListener::bind(address).await.map_err(|source| StartError::Bind { address, source })
+    };
+    let public = bind(options.listen).await?;
+    let admin = bind(options.admin_listen).await?;
+    let public_addr = public.local_addr().map_err(|source| StartError::Bind { address: options.listen, source })?;
+    let admin_addr = admin.local_addr().map_err(|source| StartError::Bind { address: options.admin_listen, source })?;
+    let tls = match options.tls {
+        Some((cert, key)) => Some(Arc::new(tls::TlsFiles::load(cert, key)?)),
+        None => None,
+    };
+
+    let mut background = Vec::new();
+    background.push(match options.config {
+        ConfigSource::File(path) => tokio::spawn(config::file::watch(path, shared.clone())),
+        ConfigSource::Secret { client, namespace, name } => {
+            tokio::spawn(config::secret::watch(client, namespace, name, shared.clone()))
+        }
+    });
+    if let Some(tls) = &tls {
+        background.push(tokio::spawn(tls.clone().watch(Duration::from_secs(1))));
+    }
+    background.push(tokio::spawn(server::serve_admin(admin, shared.clone())));
+    let (drain, draining) = watch::channel(false);
+    let (alive_sender, alive) = mpsc::channel(1);
+    let accept = tokio::spawn(server::serve_public(public, shared.clone(), tls, draining, alive_sender));
+    tracing::info!(%public_addr, %admin_addr, "gateway listening");
+    Ok(RunningGateway {
+        public_addr,
+        admin_addr,
+        shared,
+        drain,
+        accept,
+        alive,
+        background,
+        drain_timeout: options.drain_timeout,
+    })
+}
+
+impl RunningGateway {
+    /// Drains: report not-ready, stop accepting, let in-flight requests and
+    /// streams finish (up to the drain timeout), then stop everything.
+    pub async fn shutdown(mut self) -> Drained {
+        let started = Instant::now();
+        self.shared.draining.store(true, Ordering::Relaxed);
+        let _ = self.drain.send(true);
+        let _ = self.accept.await;
+        // Every connection holds an `alive` sender; `recv` returns None once
+        // the last one has closed.
+        let drained = match tokio::time::timeout(self.drain_timeout, self.alive.recv()).await {
+            Ok(_) => Drained::Gracefully,
+            Err(_) => Drained::TimedOut,
+        };
+        for task in self.background {
+            task.abort();
+        }
+        let inflight = self.shared.metrics.inflight.get();
+        match drained {
+            Drained::Gracefully => tracing::info!(elapsed_ms = started.elapsed().as_millis() as u64, "drained gracefully"),
+            Drained::TimedOut => tracing::warn!(inflight, "drain timeout reached; closing remaining connections"),
+        }
+        drained
+    }
+}

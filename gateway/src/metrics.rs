@@ -1,0 +1,136 @@
+//! The gateway's Prometheus metrics, all prefixed `waycast_gateway_`.
+//!
+//! Labels are bounded: `model` is a configured model name (or `unknown`),
+//! `key` a configured key id (`namespace/name`, or `none`), `code` an HTTP
+//! status, `kind` and `reason` fixed words. Raw user input never becomes a
+//! label.
+
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
+
+/// Latency buckets: sub-millisecond resolution for the proxy's own time,
+/// minutes for long generations.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
+/// Buckets for the gateway's own overhead per request.
+const OVERHEAD_BUCKETS: &[f64] =
+    &[0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.1];
+
+/// Every metric the gateway exports.
+pub struct Metrics {
+    /// The registry `/metrics` renders.
+    pub registry: Registry,
+    /// Requests by model, key and status code.
+    pub requests: IntCounterVec,
+    /// Request duration (arrival → last response byte) by model.
+    pub request_duration: HistogramVec,
+    /// Arrival → first response body byte, by model.
+    pub time_to_first_byte: HistogramVec,
+    /// Time spent in the gateway itself per request (excluding waiting on the
+    /// client's upload and on the upstream).
+    pub overhead: Histogram,
+    /// Tokens by model, key and kind (`prompt`, `completion`).
+    pub tokens: IntCounterVec,
+    /// Requests being served now.
+    pub inflight: IntGauge,
+    /// Upstream failures by model and reason.
+    pub upstream_errors: IntCounterVec,
+    /// Configs applied.
+    pub config_reloads: IntCounter,
+    /// Configs rejected (the previous one kept serving).
+    pub config_reload_errors: IntCounter,
+    /// 1 for the config hash being served.
+    pub config_info: IntGaugeVec,
+    /// Unix time of the last applied config.
+    pub config_last_reload: IntGauge,
+}
+
+impl Metrics {
+    /// Creates and registers every metric.
+    ///
+    /// # Errors
+    /// Only on a duplicate registration, which would be a bug.
+    pub fn new() -> Result<Self, prometheus::Error> {
+        let registry = Registry::new();
+        let requests = IntCounterVec::new(
+            Opts::new("waycast_gateway_requests_total", "Requests by model, key id and HTTP status code."),
+            &["model", "key", "code"],
+        )?;
+        let request_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "waycast_gateway_request_duration_seconds",
+                "Request arrival to last response byte, by model.",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["model"],
+        )?;
+        let time_to_first_byte = HistogramVec::new(
+            HistogramOpts::new(
+                "waycast_gateway_time_to_first_byte_seconds",
+                "Request arrival to the first response body byte, by model (time to first token for streams).",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["model"],
+        )?;
+        let overhead = Histogram::with_opts(
+            HistogramOpts::new(
+                "waycast_gateway_overhead_seconds",
+                "Time spent in the gateway per request, excluding the client's upload and the upstream's answer.",
+            )
+            .buckets(OVERHEAD_BUCKETS.to_vec()),
+        )?;
+        let tokens = IntCounterVec::new(
+            Opts::new("waycast_gateway_tokens_total", "Tokens from responses' usage, by model, key id and kind."),
+            &["model", "key", "kind"],
+        )?;
+        let inflight = IntGauge::new("waycast_gateway_inflight_requests", "Requests being served now.")?;
+        let upstream_errors = IntCounterVec::new(
+            Opts::new("waycast_gateway_upstream_errors_total", "Upstream failures by model and reason."),
+            &["model", "reason"],
+        )?;
+        let config_reloads = IntCounter::new("waycast_gateway_config_reloads_total", "Configs applied.")?;
+        let config_reload_errors = IntCounter::new(
+            "waycast_gateway_config_reload_errors_total",
+            "Configs rejected as invalid; the previous config kept serving.",
+        )?;
+        let config_info =
+            IntGaugeVec::new(Opts::new("waycast_gateway_config_info", "1 for the config hash being served."), &["hash"])?;
+        let config_last_reload = IntGauge::new(
+            "waycast_gateway_config_last_reload_timestamp_seconds",
+            "Unix time the current config was applied.",
+        )?;
+        registry.register(Box::new(requests.clone()))?;
+        registry.register(Box::new(request_duration.clone()))?;
+        registry.register(Box::new(time_to_first_byte.clone()))?;
+        registry.register(Box::new(overhead.clone()))?;
+        registry.register(Box::new(tokens.clone()))?;
+        registry.register(Box::new(inflight.clone()))?;
+        registry.register(Box::new(upstream_errors.clone()))?;
+        registry.register(Box::new(config_reloads.clone()))?;
+        registry.register(Box::new(config_reload_errors.clone()))?;
+        registry.register(Box::new(config_info.clone()))?;
+        registry.register(Box::new(config_last_reload.clone()))?;
+        Ok(Self {
+            registry,
+            requests,
+            request_duration,
+            time_to_first_byte,
+            overhead,
+            tokens,
+            inflight,
+            upstream_errors,
+            config_reloads,
+            config_reload_errors,
+            config_info,
+            config_last_reload,
+        })
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let families = self.registry.gather();
+        prometheus::TextEncoder::new().encode_to_string(&families).unwrap_or_default()
+    }
+}

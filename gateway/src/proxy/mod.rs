@@ -1,0 +1,287 @@
+//! The request pipeline. Stages run in this order, each a plain function
+//! returning `Result<_, GatewayError>`:
+//!
+//! ```text
+//! endpoint  path + method → what to do                       (404, 405)
+//! snapshot  one Arc<Snapshot> load, kept for the whole request (503 before the first config)
+//! framing   header size, Content-Length + Transfer-Encoding    (431, 400)
+//! auth      SHA-256(key) → KeyEntry                            (401)
+//! body      read within maxRequestBodyBytes and a deadline     (413, 408)
+//! scan      top-level "model"/"stream" from the JSON           (400)
+//! route     model → Route; key allow-list                      (404, 403)
+//! forward   pick backend, rewrite, failover, first-byte timeout (502, 504)
+//! stream    relay frames as they come; idle timeout; usage tap
+//! ```
+//!
+//! Errors are answered in one place (`GatewayError::response`); every
+//! request, answered or not, is counted and logged once by its `Exchange`.
+
+pub mod auth;
+pub mod body;
+pub mod forward;
+pub mod stream;
+pub mod usage;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt as _, Limited};
+use hyper::body::Incoming;
+
+use crate::Shared;
+use crate::error::GatewayError;
+use crate::snapshot::Snapshot;
+use forward::{Outgoing, REQUEST_ID};
+use stream::{Exchange, Outcome, ProxyBody, RelayBody};
+
+/// Largest total size of request headers accepted.
+pub const MAX_HEADER_BYTES: usize = 32 * 1024;
+
+/// What a path asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Endpoint {
+    /// An inference call forwarded to the model's backend.
+    Proxy(&'static str),
+    /// `GET /v1/models`.
+    Models,
+}
+
+fn endpoint(path: &str) -> Option<Endpoint> {
+    Some(match path {
+        "/v1/chat/completions" => Endpoint::Proxy("/v1/chat/completions"),
+        "/v1/completions" => Endpoint::Proxy("/v1/completions"),
+        "/v1/embeddings" => Endpoint::Proxy("/v1/embeddings"),
+        "/v1/responses" => Endpoint::Proxy("/v1/responses"),
+        "/v1/messages" => Endpoint::Proxy("/v1/messages"),
+        "/v1/models" => Endpoint::Models,
+        _ => return None,
+    })
+}
+
+/// Serves one request. Never fails: errors become OpenAI-shaped responses.
+pub async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Result<Response<ProxyBody>, Infallible> {
+    let started = Instant::now();
+    let request_id = shared.request_ids.for_request(request.headers());
+    let target = endpoint(request.uri().path());
+    let path = match target {
+        Some(Endpoint::Proxy(path)) => path,
+        Some(Endpoint::Models) => "/v1/models",
+        None => "other",
+    };
+    let mut exchange = Some(Exchange::new(shared.clone(), started, request.method().clone(), path, request_id.clone()));
+    let result = serve(&shared, request, target, &mut exchange, started).await;
+    let mut response = match result {
+        Ok(response) => response,
+        Err(error) => {
+            if let Some(exchange) = exchange.take() {
+                finish_without_body(exchange, error.status().as_u16(), Some(error.code()));
+            }
+            error.response()
+        }
+    };
+    response.headers_mut().insert(REQUEST_ID.clone(), request_id);
+    Ok(response)
+}
+
+fn finish_without_body(exchange: Exchange, status: u16, error: Option<&'static str>) {
+    exchange.finish(Outcome { status, bytes: 0, first_byte: None, upstream: None, usage: None, error });
+}
+
+async fn serve(
+    shared: &Shared,
+    request: Request<Incoming>,
+    target: Option<Endpoint>,
+    exchange: &mut Option<Exchange>,
+    started: Instant,
+) -> Result<Response<ProxyBody>, GatewayError> {
+    let target = target.ok_or_else(|| GatewayError::NotFound(truncated(request.uri().path())))?;
+    let expected_method = if target == Endpoint::Models { Method::GET } else { Method::POST };
+    if request.method() != expected_method {
+        return Err(GatewayError::MethodNotAllowed);
+    }
+    let snapshot = shared.config.current().ok_or(GatewayError::NotReady)?;
+    if let Some(exchange) = exchange.as_mut() {
+        exchange.access_log = snapshot.settings.access_log;
+    }
+    check_framing(request.headers())?;
+    let key = auth::authenticate(&snapshot, request.headers(), jiff::Timestamp::now)?;
+    if let Some(exchange) = exchange.as_mut() {
+        exchange.key = Some(key.id.clone());
+    }
+    let Endpoint::Proxy(path) = target else {
+        let body = models_list(&snapshot, key);
+        if let Some(exchange) = exchange.take() {
+            finish_without_body(exchange, 200, None);
+        }
+        return Ok(json_response(body));
+    };
+
+    let (parts, body) = request.into_parts();
+    let body = read_body(shared, &snapshot, &parts.headers, body).await?;
+    let body_done = Instant::now();
+    let fields = body::scan(&body)?;
+    let index = snapshot.route_index(&fields.model).ok_or_else(|| GatewayError::UnknownModel(truncated(&fields.model)))?;
+    if !key.allows(index) {
+        return Err(GatewayError::ModelNotAllowed(truncated(&fields.model)));
+    }
+    let route = snapshot.route(index);
+    if let Some(exchange) = exchange.as_mut() {
+        exchange.model = Some(route.name.clone());
+        exchange.stream = fields.stream;
+    }
+
+    let suffix_start = "/v1".len();
+    let mut suffix = String::with_capacity(path.len() + parts.uri.query().map_or(0, |q| q.len() + 1));
+    suffix.push_str(&path[suffix_start..]);
+    if let Some(query) = parts.uri.query() {
+        suffix.push('?');
+        suffix.push_str(query);
+    }
+    let request_id = parts.headers.get(&REQUEST_ID).cloned().unwrap_or_else(|| HeaderValue::from_static("-"));
+    let outgoing = Outgoing {
+        method: &parts.method,
+        suffix: &suffix,
+        headers: &parts.headers,
+        body: &body,
+        model_span: fields.model_span.clone(),
+        request_id: &request_id,
+    };
+    let forwarded = forward::send(route, &outgoing).await.inspect_err(|error| {
+        let reason = error.code();
+        shared.metrics.upstream_errors.with_label_values(&[&route.name, reason]).inc();
+    })?;
+
+    let Some(mut exchange) = exchange.take() else {
+        return Err(GatewayError::NotReady);
+    };
+    exchange.overhead_before = forwarded.sent_at.saturating_duration_since(body_done);
+    let _ = started;
+    let (mut head, upstream_body) = forwarded.response.into_parts();
+    head.headers.retain_returnable();
+    let status = head.status.as_u16();
+    let tap_usage = head.status.is_success();
+    let relay = RelayBody::new(
+        upstream_body,
+        exchange,
+        status,
+        route.timeouts.idle,
+        tap_usage,
+        forwarded.headers_at - forwarded.sent_at,
+        forwarded.headers_at,
+    );
+    Ok(Response::from_parts(head, ProxyBody::Relay(relay)))
+}
+
+trait RetainReturnable {
+    fn retain_returnable(&mut self);
+}
+
+impl RetainReturnable for HeaderMap {
+    fn retain_returnable(&mut self) {
+        let hop: Vec<_> = self.keys().filter(|name| !forward::returnable(name)).cloned().collect();
+        for name in hop {
+            self.remove(name);
+        }
+    }
+}
+
+/// Refuses header blocks that are too large and request-smuggling shapes.
+fn check_framing(headers: &HeaderMap) -> Result<(), GatewayError> {
+    if headers.contains_key(header::TRANSFER_ENCODING) && headers.contains_key(header::CONTENT_LENGTH) {
+        return Err(GatewayError::AmbiguousLength);
+    }
+    let size: usize = headers.iter().map(|(name, value)| name.as_str().len() + value.len() + 4).sum();
+    if size > MAX_HEADER_BYTES {
+        return Err(GatewayError::HeadersTooLarge(MAX_HEADER_BYTES));
+    }
+    Ok(())
+}
+
+/// Reads the whole body, refusing it early when Content-Length already says
+/// it is too large, and giving up when the client is too slow.
+async fn read_body(shared: &Shared, snapshot: &Snapshot, headers: &HeaderMap, body: Incoming) -> Result<Bytes, GatewayError> {
+    let limit = snapshot.settings.max_request_body_bytes;
+    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > limit) {
+        return Err(GatewayError::BodyTooLarge(limit));
+    }
+    let limited = Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX));
+    match tokio::time::timeout(shared.body_timeout, limited.collect()).await {
+        Err(_) => Err(GatewayError::BodyTimeout),
+        Ok(Err(error)) if error.is::<http_body_util::LengthLimitError>() => Err(GatewayError::BodyTooLarge(limit)),
+        Ok(Err(_)) => Err(GatewayError::BodyRead),
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+    }
+}
+
+/// The models a key may use, in OpenAI's list format.
+fn models_list(snapshot: &Snapshot, key: &crate::snapshot::KeyEntry) -> Bytes {
+    let data: Vec<serde_json::Value> = snapshot
+        .routes()
+        .iter()
+        .enumerate()
+        .filter(|(index, _)| key.allows(*index))
+        .flat_map(|(_, route)| route.names.iter())
+        .map(|name| serde_json::json!({"id": name, "object": "model", "created": 0, "owned_by": "waycast"}))
+        .collect();
+    Bytes::from(serde_json::json!({"object": "list", "data": data}).to_string())
+}
+
+fn json_response(body: Bytes) -> Response<ProxyBody> {
+    let mut response = Response::new(ProxyBody::from(body));
+    *response.status_mut() = StatusCode::OK;
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+/// User text in error messages is capped, so a 1 MB model name does not
+/// come back as a 1 MB error.
+fn truncated(text: &str) -> String {
+    const MAX: usize = 128;
+    if text.len() <= MAX {
+        return text.to_owned();
+    }
+    let mut end = MAX;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints() {
+        assert_eq!(endpoint("/v1/chat/completions"), Some(Endpoint::Proxy("/v1/chat/completions")));
+        assert_eq!(endpoint("/v1/messages"), Some(Endpoint::Proxy("/v1/messages")));
+        assert_eq!(endpoint("/v1/models"), Some(Endpoint::Models));
+        assert_eq!(endpoint("/v1/chat/completions/"), None);
+        assert_eq!(endpoint("/admin"), None);
+    }
+
+    #[test]
+    fn framing_checks() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from_static("5"));
+        assert!(check_framing(&headers).is_ok());
+        headers.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        assert_eq!(check_framing(&headers), Err(GatewayError::AmbiguousLength));
+        let mut big = HeaderMap::new();
+        big.insert("x-big", HeaderValue::from_str(&"a".repeat(MAX_HEADER_BYTES)).unwrap());
+        assert_eq!(check_framing(&big), Err(GatewayError::HeadersTooLarge(MAX_HEADER_BYTES)));
+    }
+
+    #[test]
+    fn long_user_text_is_truncated_on_a_char_boundary() {
+        let long = "é".repeat(200);
+        let short = truncated(&long);
+        assert!(short.len() <= 128 + "…".len());
+        assert!(short.ends_with('…'));
+    }
+}

@@ -1,0 +1,348 @@
+//! The response relay: upstream frames go to the client as they arrive,
+//! one for one — no buffering, no re-chunking — while the idle timeout
+//! watches the gaps and the usage tap keeps references for later.
+//!
+//! Each request's bookkeeping (`Exchange`) is finished exactly once: when the
+//! body ends, when the upstream breaks or idles out, or — if the client goes
+//! away — when hyper drops the body, which also drops the upstream body and
+//! so cancels the upstream request.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderValue, Method};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use tokio::time::Sleep;
+
+use super::usage::{Usage, UsageTap};
+use crate::Shared;
+
+/// The error a relayed body can end with.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The upstream sent nothing for longer than the idle timeout.
+#[derive(Debug, thiserror::Error)]
+#[error("upstream idle for longer than {0:?}")]
+pub struct IdleTimeout(pub Duration);
+
+/// Status logged when the client left before the response was complete
+/// (as nginx does).
+pub const CLIENT_CLOSED_REQUEST: u16 = 499;
+
+/// A response body: either the gateway's own or a relayed upstream body.
+pub enum ProxyBody {
+    /// A body the gateway produced (errors, `/v1/models`).
+    Full(Option<Bytes>),
+    /// An upstream body being relayed.
+    Relay(RelayBody),
+}
+
+impl From<Bytes> for ProxyBody {
+    fn from(bytes: Bytes) -> Self {
+        ProxyBody::Full(Some(bytes))
+    }
+}
+
+impl Body for ProxyBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            ProxyBody::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            ProxyBody::Relay(relay) => Pin::new(relay).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ProxyBody::Full(data) => data.is_none(),
+            ProxyBody::Relay(relay) => relay.inner.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ProxyBody::Full(Some(data)) => SizeHint::with_exact(data.len() as u64),
+            ProxyBody::Full(None) => SizeHint::with_exact(0),
+            ProxyBody::Relay(relay) => relay.inner.size_hint(),
+        }
+    }
+}
+
+/// One request's bookkeeping: metrics and the access log line.
+pub struct Exchange {
+    shared: Arc<Shared>,
+    started: Instant,
+    method: Method,
+    path: &'static str,
+    request_id: HeaderValue,
+    /// Configured model name, once known.
+    pub model: Option<Arc<str>>,
+    /// Key id, once known.
+    pub key: Option<Arc<str>>,
+    /// Whether the client asked for a stream.
+    pub stream: bool,
+    /// Log this request (the config's `accessLog`).
+    pub access_log: bool,
+    /// Gateway time before the upstream was asked.
+    pub overhead_before: Duration,
+    finished: bool,
+}
+
+/// How a request ended.
+pub struct Outcome {
+    /// Status sent (or [`CLIENT_CLOSED_REQUEST`]).
+    pub status: u16,
+    /// Response body bytes relayed.
+    pub bytes: u64,
+    /// When the first body byte went out.
+    pub first_byte: Option<Instant>,
+    /// Upstream time: request sent → response headers.
+    pub upstream: Option<Duration>,
+    /// Tokens the response reported.
+    pub usage: Option<Usage>,
+    /// Why it ended, if not normally.
+    pub error: Option<&'static str>,
+}
+
+impl Exchange {
+    /// Starts the bookkeeping of a request (counts it in flight).
+    pub fn new(shared: Arc<Shared>, started: Instant, method: Method, path: &'static str, request_id: HeaderValue) -> Self {
+        shared.metrics.inflight.inc();
+        Self {
+            shared,
+            started,
+            method,
+            path,
+            request_id,
+            model: None,
+            key: None,
+            stream: false,
+            access_log: true,
+            overhead_before: Duration::ZERO,
+            finished: false,
+        }
+    }
+
+    /// Records the request: metrics, then one access log line.
+    pub fn finish(mut self, outcome: Outcome) {
+        self.record(&outcome);
+    }
+
+    fn record(&mut self, outcome: &Outcome) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        let metrics = &self.shared.metrics;
+        metrics.inflight.dec();
+        let model = self.model.as_deref().unwrap_or("unknown");
+        let key = self.key.as_deref().unwrap_or("none");
+        let elapsed = self.started.elapsed();
+        let mut code_buffer = itoa_buffer();
+        let code = format_status(&mut code_buffer, outcome.status);
+        metrics.requests.with_label_values(&[model, key, code]).inc();
+        if self.model.is_some() {
+            metrics.request_duration.with_label_values(&[model]).observe(elapsed.as_secs_f64());
+            if let Some(first_byte) = outcome.first_byte {
+                metrics.time_to_first_byte.with_label_values(&[model]).observe((first_byte - self.started).as_secs_f64());
+            }
+        }
+        if let Some(usage) = outcome.usage {
+            metrics.tokens.with_label_values(&[model, key, "prompt"]).inc_by(usage.prompt);
+            metrics.tokens.with_label_values(&[model, key, "completion"]).inc_by(usage.completion);
+        }
+        if self.access_log {
+            let usage = outcome.usage.unwrap_or_default();
+            tracing::info!(
+                target: "waycast::access",
+                request_id = self.request_id.to_str().unwrap_or("-"),
+                method = %self.method,
+                path = self.path,
+                model,
+                key,
+                stream = self.stream,
+                status = outcome.status,
+                bytes = outcome.bytes,
+                duration_ms = elapsed.as_secs_f64() * 1000.0,
+                upstream_ms = outcome.upstream.map_or(0.0, |d| d.as_secs_f64() * 1000.0),
+                prompt_tokens = usage.prompt,
+                completion_tokens = usage.completion,
+                error = outcome.error.unwrap_or(""),
+            );
+        }
+    }
+}
+
+impl Drop for Exchange {
+    fn drop(&mut self) {
+        // The response future was dropped before a response existed: the
+        // client went away while we waited on the upstream.
+        if !self.finished {
+            let outcome = Outcome {
+                status: CLIENT_CLOSED_REQUEST,
+                bytes: 0,
+                first_byte: None,
+                upstream: None,
+                usage: None,
+                error: Some("client_closed"),
+            };
+            self.record(&outcome);
+        }
+    }
+}
+
+fn itoa_buffer() -> [u8; 3] {
+    [b'0'; 3]
+}
+
+fn format_status(buffer: &mut [u8; 3], status: u16) -> &str {
+    let status = status.min(999);
+    buffer[0] = b'0' + u8::try_from(status / 100).unwrap_or(0);
+    buffer[1] = b'0' + u8::try_from(status / 10 % 10).unwrap_or(0);
+    buffer[2] = b'0' + u8::try_from(status % 10).unwrap_or(0);
+    std::str::from_utf8(buffer).unwrap_or("000")
+}
+
+/// Relays an upstream body.
+pub struct RelayBody {
+    inner: Incoming,
+    idle_timeout: Duration,
+    idle: Pin<Box<Sleep>>,
+    tap: Option<UsageTap>,
+    exchange: Option<Exchange>,
+    status: u16,
+    bytes: u64,
+    first_byte: Option<Instant>,
+    upstream: Duration,
+    returned_at: Instant,
+    headers_at: Instant,
+}
+
+impl RelayBody {
+    /// Wraps `inner`; `exchange` is finished when the relay ends.
+    pub fn new(
+        inner: Incoming,
+        exchange: Exchange,
+        status: u16,
+        idle_timeout: Duration,
+        tap_usage: bool,
+        upstream: Duration,
+        headers_at: Instant,
+    ) -> Self {
+        Self {
+            inner,
+            idle_timeout,
+            idle: Box::pin(tokio::time::sleep(idle_timeout)),
+            tap: tap_usage.then(UsageTap::default),
+            exchange: Some(exchange),
+            status,
+            bytes: 0,
+            first_byte: None,
+            upstream,
+            returned_at: Instant::now(),
+            headers_at,
+        }
+    }
+
+    fn finish(&mut self, status: u16, error: Option<&'static str>) {
+        if let Some(mut exchange) = self.exchange.take() {
+            let overhead = exchange.overhead_before + self.returned_at.saturating_duration_since(self.headers_at);
+            exchange.shared.metrics.overhead.observe(overhead.as_secs_f64());
+            exchange.overhead_before = overhead;
+            let usage = self.tap.as_ref().and_then(UsageTap::usage);
+            exchange.finish(Outcome {
+                status,
+                bytes: self.bytes,
+                first_byte: self.first_byte,
+                upstream: Some(self.upstream),
+                usage,
+                error,
+            });
+        }
+    }
+}
+
+impl Body for RelayBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    this.bytes += data.len() as u64;
+                    if this.first_byte.is_none() {
+                        this.first_byte = Some(Instant::now());
+                    }
+                    if let Some(tap) = &mut this.tap {
+                        tap.observe(data);
+                    }
+                }
+                let deadline = tokio::time::Instant::now() + this.idle_timeout;
+                this.idle.as_mut().reset(deadline);
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(error))) => {
+                if let Some(exchange) = &this.exchange
+                    && let Some(model) = &exchange.model
+                {
+                    exchange.shared.metrics.upstream_errors.with_label_values(&[model, "body"]).inc();
+                }
+                this.finish(this.status, Some("upstream_body_error"));
+                Poll::Ready(Some(Err(error.into())))
+            }
+            Poll::Ready(None) => {
+                this.finish(this.status, None);
+                Poll::Ready(None)
+            }
+            Poll::Pending => {
+                ready!(this.idle.as_mut().poll(cx));
+                if let Some(exchange) = &this.exchange
+                    && let Some(model) = &exchange.model
+                {
+                    exchange.shared.metrics.upstream_errors.with_label_values(&[model, "idle_timeout"]).inc();
+                }
+                this.finish(this.status, Some("upstream_idle_timeout"));
+                Poll::Ready(Some(Err(Box::new(IdleTimeout(this.idle_timeout)))))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for RelayBody {
+    fn drop(&mut self) {
+        // Dropped before the end: the client went away mid-response. Dropping
+        // `inner` right after this closes the upstream connection.
+        if self.exchange.is_some() {
+            self.finish(CLIENT_CLOSED_REQUEST, Some("client_closed"));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_codes_format_without_allocating() {
+        let mut buffer = itoa_buffer();
+        assert_eq!(format_status(&mut buffer, 200), "200");
+        assert_eq!(format_status(&mut buffer, 499), "499");
+        assert_eq!(format_status(&mut buffer, 1200), "999");
+    }
+}

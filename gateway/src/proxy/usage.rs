@@ -1,0 +1,189 @@
+//! Token usage from responses, without delaying them: the relay keeps
+//! references to the first frame and the last few KB of frames (no copies),
+//! and the usage object is parsed once, after the last byte went out.
+//!
+//! Shapes understood: OpenAI chat/completions/embeddings
+//! (`usage.prompt_tokens`, `usage.completion_tokens`), OpenAI responses and
+//! Anthropic messages (`usage.input_tokens`, `usage.output_tokens`). For SSE
+//! the final chunk carries usage; Anthropic streams put input tokens in the
+//! first event (`message_start`) and output tokens in the last.
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+use serde::Deserialize;
+
+/// How much of the response's end is kept for the usage search.
+const TAIL_BYTES: usize = 8 * 1024;
+
+/// Token counts of one response.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Prompt (input) tokens.
+    pub prompt: u64,
+    /// Completion (output) tokens.
+    pub completion: u64,
+}
+
+/// Watches a response body go by.
+#[derive(Debug, Default)]
+pub struct UsageTap {
+    head: Option<Bytes>,
+    tail: VecDeque<Bytes>,
+    tail_len: usize,
+}
+
+impl UsageTap {
+    /// Notes a data frame (a reference-counted clone, not a copy).
+    pub fn observe(&mut self, data: &Bytes) {
+        if self.head.is_none() {
+            self.head = Some(data.clone());
+            return;
+        }
+        self.tail.push_back(data.clone());
+        self.tail_len += data.len();
+        while self.tail.len() > 1 && self.tail_len - self.tail.front().map_or(0, Bytes::len) >= TAIL_BYTES {
+            if let Some(front) = self.tail.pop_front() {
+                self.tail_len -= front.len();
+            }
+        }
+    }
+
+    /// The usage the response reported, if any.
+    pub fn usage(&self) -> Option<Usage> {
+        let mut end = Vec::with_capacity(self.tail_len.min(TAIL_BYTES * 2));
+        for frame in &self.tail {
+            end.extend_from_slice(frame);
+        }
+        let head = self.head.as_deref().unwrap_or_default();
+        let last = if end.is_empty() { last_usage(head) } else { last_usage(&end).or_else(|| last_usage(head)) };
+        let first = first_usage(head);
+        match (first, last) {
+            (None, None) => None,
+            (first, last) => {
+                let first = first.unwrap_or_default();
+                let last = last.unwrap_or_default();
+                Some(Usage {
+                    prompt: last.prompt().or(first.prompt()).unwrap_or(0),
+                    completion: last.completion().or(first.completion()).unwrap_or(0),
+                })
+            }
+        }
+    }
+}
+
+#[derive(Debug, Default, Clone, Copy, Deserialize)]
+struct UsageFields {
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    input_tokens: Option<u64>,
+    output_tokens: Option<u64>,
+}
+
+impl UsageFields {
+    fn prompt(&self) -> Option<u64> {
+        self.prompt_tokens.or(self.input_tokens)
+    }
+    fn completion(&self) -> Option<u64> {
+        self.completion_tokens.or(self.output_tokens)
+    }
+    fn is_empty(&self) -> bool {
+        self.prompt().is_none() && self.completion().is_none()
+    }
+}
+
+const NEEDLE: &[u8] = b"\"usage\"";
+
+fn last_usage(bytes: &[u8]) -> Option<UsageFields> {
+    let mut end = bytes.len();
+    while let Some(at) = memchr::memmem::rfind(&bytes[..end], NEEDLE) {
+        if let Some(fields) = parse_after(&bytes[at + NEEDLE.len()..]) {
+            return Some(fields);
+        }
+        end = at;
+    }
+    None
+}
+
+fn first_usage(bytes: &[u8]) -> Option<UsageFields> {
+    let mut start = 0;
+    while let Some(found) = memchr::memmem::find(&bytes[start..], NEEDLE) {
+        let at = start + found;
+        if let Some(fields) = parse_after(&bytes[at + NEEDLE.len()..]) {
+            return Some(fields);
+        }
+        start = at + NEEDLE.len();
+    }
+    None
+}
+
+/// Parses `: { ... }` right after a `"usage"` key.
+fn parse_after(bytes: &[u8]) -> Option<UsageFields> {
+    let rest = bytes.trim_ascii_start().strip_prefix(b":")?.trim_ascii_start();
+    if !rest.starts_with(b"{") {
+        return None;
+    }
+    let mut values = serde_json::Deserializer::from_slice(rest).into_iter::<UsageFields>();
+    values.next()?.ok().filter(|fields| !fields.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tap(frames: &[&str]) -> UsageTap {
+        let mut tap = UsageTap::default();
+        for frame in frames {
+            tap.observe(&Bytes::copy_from_slice(frame.as_bytes()));
+        }
+        tap
+    }
+
+    #[test]
+    fn openai_non_streaming() {
+        let body = r#"{"id":"x","choices":[{"message":{"content":"the \"usage\" is"}}],"usage":{"prompt_tokens":12,"completion_tokens":34,"total_tokens":46}}"#;
+        assert_eq!(tap(&[body]).usage(), Some(Usage { prompt: 12, completion: 34 }));
+    }
+
+    #[test]
+    fn openai_stream_with_include_usage() {
+        let frames = [
+            "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}],\"usage\":null}\n\n",
+            "data: {\"choices\":[{\"delta\":{\"content\":\"b\"}}],\"usage\":null}\n\n",
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2}}\n\n",
+            "data: [DONE]\n\n",
+        ];
+        assert_eq!(tap(&frames).usage(), Some(Usage { prompt: 5, completion: 2 }));
+    }
+
+    #[test]
+    fn anthropic_stream_splits_input_and_output() {
+        let frames = [
+            "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\n",
+            "event: content_block_delta\ndata: {\"delta\":{\"text\":\"hi\"}}\n\n",
+            "event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":15}}\n\n",
+            "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+        ];
+        assert_eq!(tap(&frames).usage(), Some(Usage { prompt: 25, completion: 15 }));
+    }
+
+    #[test]
+    fn responses_api_and_no_usage() {
+        let body = r#"{"object":"response","output":[],"usage":{"input_tokens":3,"output_tokens":4,"total_tokens":7}}"#;
+        assert_eq!(tap(&[body]).usage(), Some(Usage { prompt: 3, completion: 4 }));
+        assert_eq!(tap(&["{\"data\":[]}"]).usage(), None);
+        assert_eq!(tap(&[]).usage(), None);
+    }
+
+    #[test]
+    fn keeps_only_the_tail_of_long_responses() {
+        let mut tap = UsageTap::default();
+        let chunk = Bytes::from(vec![b'x'; 1000]);
+        for _ in 0..1000 {
+            tap.observe(&chunk);
+        }
+        assert!(tap.tail_len <= TAIL_BYTES + 1000, "{}", tap.tail_len);
+        tap.observe(&Bytes::from_static(b"\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}"));
+        assert_eq!(tap.usage(), Some(Usage { prompt: 1, completion: 2 }));
+    }
+}

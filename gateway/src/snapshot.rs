@@ -1,0 +1,380 @@
+//! `Snapshot`: one validated config, pre-indexed for the request path.
+//!
+//! ```text
+//! GatewayConfig ──Snapshot::build──► Snapshot (immutable)
+//!   keys    → HashMap<sha256, KeyEntry>   (allow-lists pre-resolved to route bitsets)
+//!   models  → HashMap<name|alias, route>  (backends with pre-parsed URIs and headers)
+//! ```
+//!
+//! Built once per config, published with one `ArcSwap::store`, read by each
+//! request with one atomic load. Nothing here is mutated after build except
+//! the per-route round-robin counter. Upstream connection pools are carried
+//! over from the previous snapshot, so a reload does not drop warm
+//! connections.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use http::uri::{Authority, Scheme};
+use http::{HeaderMap, HeaderName, HeaderValue};
+use waycast_crds::config::{GatewayConfig, KeyConfig, ModelConfig, Settings, TimeoutsConfig, glob_matches};
+
+use crate::proxy::forward::{UpstreamClient, upstream_client};
+
+/// A built config.
+pub struct Snapshot {
+    /// SHA-256 (hex) of the config bytes this was built from.
+    pub hash: String,
+    /// Fleet-wide settings.
+    pub settings: Settings,
+    keys: HashMap<[u8; 32], KeyEntry, BuildHasherDefault<DigestHasher>>,
+    routes: Vec<Route>,
+    by_name: HashMap<Box<str>, usize>,
+    clients: Vec<(Duration, UpstreamClient)>,
+}
+
+/// An accepted key.
+#[derive(Debug)]
+pub struct KeyEntry {
+    /// `namespace/name` (or the id a standalone config gives).
+    pub id: Arc<str>,
+    /// Bit `i` set: route `i` allowed. `None`: every route.
+    allowed_routes: Option<Vec<u64>>,
+    /// When it stops working.
+    pub expires_at: Option<jiff::Timestamp>,
+    /// Refused with 401.
+    pub disabled: bool,
+}
+
+impl KeyEntry {
+    /// Whether the key may use route `index`.
+    pub fn allows(&self, index: usize) -> bool {
+        match &self.allowed_routes {
+            None => true,
+            Some(bits) => bits.get(index / 64).is_some_and(|word| word & (1 << (index % 64)) != 0),
+        }
+    }
+}
+
+/// A model and its backends.
+pub struct Route {
+    /// Canonical name (metrics, logs).
+    pub name: Arc<str>,
+    /// Name and aliases, as `/v1/models` lists them.
+    pub names: Vec<String>,
+    /// Upstreams.
+    pub backends: Vec<Backend>,
+    /// Timeouts towards the upstreams.
+    pub timeouts: TimeoutsConfig,
+    /// The pooled client whose connect timeout matches.
+    pub client: UpstreamClient,
+    total_weight: u64,
+    next: AtomicU64,
+}
+
+/// One upstream, pre-parsed.
+pub struct Backend {
+    /// `http` or `https`.
+    pub scheme: Scheme,
+    /// Host and port.
+    pub authority: Authority,
+    /// Path prefix without a trailing slash (`/v1`, or empty).
+    pub base_path: String,
+    /// The rewritten model as a JSON string literal, quotes included.
+    pub model_json: Option<bytes::Bytes>,
+    /// Headers added upstream.
+    pub headers: HeaderMap,
+    /// Share of requests.
+    pub weight: u32,
+}
+
+/// Why a snapshot could not be built from a config that passed validation.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// A backend URL did not split into scheme, authority and path.
+    #[error("models[{model}].backends[{backend}].url: {reason}")]
+    BadUrl {
+        /// Model index.
+        model: usize,
+        /// Backend index.
+        backend: usize,
+        /// What was wrong.
+        reason: String,
+    },
+    /// A header name or value was refused.
+    #[error("models[{model}].backends[{backend}].headers: {reason}")]
+    BadHeader {
+        /// Model index.
+        model: usize,
+        /// Backend index.
+        backend: usize,
+        /// What was wrong (never the value).
+        reason: &'static str,
+    },
+    /// A key's hash was not hex.
+    #[error("keys[{0}].sha256: not a hex SHA-256")]
+    BadHash(usize),
+    /// The upstream TLS setup failed.
+    #[error("cannot set up upstream TLS: {0}")]
+    Tls(String),
+}
+
+impl Snapshot {
+    /// Builds a snapshot from a validated config. `previous` lends its
+    /// connection pools.
+    ///
+    /// # Errors
+    /// [`BuildError`] for what validation cannot catch.
+    pub fn build(config: &GatewayConfig, hash: String, previous: Option<&Snapshot>) -> Result<Self, BuildError> {
+        let mut clients: Vec<(Duration, UpstreamClient)> = Vec::new();
+        let mut routes = Vec::with_capacity(config.models.len());
+        let mut by_name = HashMap::new();
+        for (model_index, model) in config.models.iter().enumerate() {
+            let connect = model.timeouts.connect;
+            let client = match clients.iter().find(|(timeout, _)| *timeout == connect) {
+                Some((_, client)) => client.clone(),
+                None => {
+                    let reused = previous.and_then(|p| p.clients.iter().find(|(t, _)| *t == connect));
+                    let client = match reused {
+                        Some((_, client)) => client.clone(),
+                        None => upstream_client(connect).map_err(|e| BuildError::Tls(e.to_string()))?,
+                    };
+                    clients.push((connect, client.clone()));
+                    client
+                }
+            };
+            let route = build_route(model_index, model, client)?;
+            for name in &route.names {
+                by_name.insert(name.clone().into_boxed_str(), model_index);
+            }
+            routes.push(route);
+        }
+        let mut keys = HashMap::with_capacity_and_hasher(config.keys.len(), BuildHasherDefault::default());
+        for (index, key) in config.keys.iter().enumerate() {
+            let digest = parse_hex_digest(&key.sha256).ok_or(BuildError::BadHash(index))?;
+            keys.insert(digest, build_key(key, &routes));
+        }
+        Ok(Self { hash, settings: config.settings.clone(), keys, routes, by_name, clients })
+    }
+
+    /// The key with this SHA-256 digest.
+    pub fn key(&self, digest: &[u8; 32]) -> Option<&KeyEntry> {
+        self.keys.get(digest)
+    }
+
+    /// The route index for a model name or alias.
+    pub fn route_index(&self, model: &str) -> Option<usize> {
+        self.by_name.get(model).copied()
+    }
+
+    /// Route by index.
+    pub fn route(&self, index: usize) -> &Route {
+        &self.routes[index]
+    }
+
+    /// Every route, in config order.
+    pub fn routes(&self) -> &[Route] {
+        &self.routes
+    }
+
+    /// Number of keys.
+    pub fn key_count(&self) -> usize {
+        self.keys.len()
+    }
+}
+
+impl Route {
+    /// Backend indices in the order to try them: a weighted round-robin pick
+    /// first, then the others (weight-0 fallbacks last) for failover.
+    pub fn backend_order(&self) -> impl Iterator<Item = usize> + '_ {
+        let count = self.backends.len();
+        let first = if self.total_weight == 0 || count == 1 {
+            0
+        } else {
+            let mut ticket = self.next.fetch_add(1, Ordering::Relaxed) % self.total_weight;
+            let mut chosen = 0;
+            for (index, backend) in self.backends.iter().enumerate() {
+                if ticket < u64::from(backend.weight) {
+                    chosen = index;
+                    break;
+                }
+                ticket -= u64::from(backend.weight);
+            }
+            chosen
+        };
+        let weighted = (1..count).map(move |step| (first + step) % count).filter(|&i| self.backends[i].weight > 0);
+        let fallbacks = (0..count).filter(move |&i| self.backends[i].weight == 0 && i != first);
+        std::iter::once(first).chain(weighted).chain(fallbacks)
+    }
+}
+
+fn build_route(model_index: usize, model: &ModelConfig, client: UpstreamClient) -> Result<Route, BuildError> {
+    let mut backends = Vec::with_capacity(model.backends.len());
+    for (backend_index, backend) in model.backends.iter().enumerate() {
+        let bad_url = |reason: &str| BuildError::BadUrl { model: model_index, backend: backend_index, reason: reason.into() };
+        let uri: http::Uri = backend.url.parse().map_err(|_| bad_url("not a URL"))?;
+        let scheme = uri.scheme().cloned().ok_or_else(|| bad_url("no scheme"))?;
+        let authority = uri.authority().cloned().ok_or_else(|| bad_url("no host"))?;
+        let base_path = uri.path().trim_end_matches('/').to_owned();
+        let mut headers = HeaderMap::with_capacity(backend.headers.len());
+        for (name, value) in &backend.headers {
+            let bad_header = |reason| BuildError::BadHeader { model: model_index, backend: backend_index, reason };
+            let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| bad_header("invalid header name"))?;
+            let mut value = HeaderValue::from_str(value).map_err(|_| bad_header("invalid header value"))?;
+            value.set_sensitive(true);
+            headers.insert(name, value);
+        }
+        let model_json = backend.model.as_ref().map(|name| bytes::Bytes::from(serde_json::Value::from(name.as_str()).to_string()));
+        backends.push(Backend { scheme, authority, base_path, model_json, headers, weight: backend.weight });
+    }
+    let total_weight = backends.iter().map(|b| u64::from(b.weight)).sum();
+    let mut names = vec![model.name.clone()];
+    names.extend(model.aliases.iter().cloned());
+    Ok(Route {
+        name: Arc::from(model.name.as_str()),
+        names,
+        backends,
+        timeouts: model.timeouts,
+        client,
+        total_weight,
+        next: AtomicU64::new(0),
+    })
+}
+
+fn build_key(key: &KeyConfig, routes: &[Route]) -> KeyEntry {
+    let allowed_routes = key.models.as_ref().map(|patterns| {
+        let mut bits = vec![0_u64; routes.len().div_ceil(64)];
+        for (index, route) in routes.iter().enumerate() {
+            // A key that may use a model may use it under any of its names.
+            let allowed = route.names.iter().any(|name| patterns.iter().any(|p| glob_matches(p, name)));
+            if allowed {
+                bits[index / 64] |= 1 << (index % 64);
+            }
+        }
+        bits
+    });
+    KeyEntry { id: Arc::from(key.id.as_str()), allowed_routes, expires_at: key.expires_at, disabled: key.disabled }
+}
+
+/// Parses 64 hex characters into a digest.
+pub fn parse_hex_digest(hex: &str) -> Option<[u8; 32]> {
+    let bytes = hex.as_bytes();
+    if bytes.len() != 64 {
+        return None;
+    }
+    let mut digest = [0_u8; 32];
+    for (index, pair) in bytes.chunks_exact(2).enumerate() {
+        let high = (pair[0] as char).to_digit(16)?;
+        let low = (pair[1] as char).to_digit(16)?;
+        digest[index] = u8::try_from(high * 16 + low).ok()?;
+    }
+    Some(digest)
+}
+
+/// Hashes SHA-256 digests by their first 8 bytes: they are already uniformly
+/// distributed, so running SipHash over them again buys nothing.
+#[derive(Default)]
+pub struct DigestHasher(u64);
+
+impl Hasher for DigestHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8).take(1) {
+            let mut word = [0_u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.0 ^= u64::from_le_bytes(word);
+        }
+    }
+
+    fn write_usize(&mut self, _length: usize) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use waycast_crds::config::BackendConfig;
+
+    fn config(models: Vec<ModelConfig>, keys: Vec<KeyConfig>) -> GatewayConfig {
+        GatewayConfig { models, keys, ..GatewayConfig::empty() }
+    }
+
+    fn model(name: &str, aliases: &[&str], weights: &[u32]) -> ModelConfig {
+        ModelConfig {
+            name: name.into(),
+            aliases: aliases.iter().map(|a| (*a).into()).collect(),
+            backends: weights
+                .iter()
+                .enumerate()
+                .map(|(i, w)| BackendConfig {
+                    url: format!("http://10.0.0.{i}:8000/v1/"),
+                    model: None,
+                    weight: *w,
+                    headers: Default::default(),
+                })
+                .collect(),
+            timeouts: TimeoutsConfig::default(),
+            limits: None,
+            source: None,
+        }
+    }
+
+    fn key(id: &str, models: Option<&[&str]>) -> KeyConfig {
+        KeyConfig {
+            id: id.into(),
+            sha256: format!("{:0>64}", id.len()),
+            models: models.map(|m| m.iter().map(|s| (*s).to_owned()).collect()),
+            expires_at: None,
+            disabled: false,
+            limits: None,
+        }
+    }
+
+    #[test]
+    fn resolves_names_aliases_and_allow_lists() {
+        let snapshot = Snapshot::build(
+            &config(
+                vec![model("llama-3", &["llama"], &[1]), model("mistral", &[], &[1])],
+                vec![key("a", Some(&["llama"])), key("bb", None)],
+            ),
+            "h".into(),
+            None,
+        )
+        .unwrap();
+        assert_eq!(snapshot.route_index("llama"), Some(0));
+        assert_eq!(snapshot.route_index("mistral"), Some(1));
+        assert_eq!(snapshot.route_index("gpt"), None);
+        let restricted = snapshot.key(&parse_hex_digest(&format!("{:0>64}", 1)).unwrap()).unwrap();
+        assert!(restricted.allows(0), "an alias in the allow-list allows the model");
+        assert!(!restricted.allows(1));
+        let open = snapshot.key(&parse_hex_digest(&format!("{:0>64}", 2)).unwrap()).unwrap();
+        assert!(open.allows(0) && open.allows(1));
+        assert_eq!(snapshot.route(0).backends[0].base_path, "/v1");
+    }
+
+    #[test]
+    fn spreads_by_weight_and_fails_over_to_fallbacks_last() {
+        let snapshot = Snapshot::build(&config(vec![model("m", &[], &[3, 1, 0])], vec![]), "h".into(), None).unwrap();
+        let route = snapshot.route(0);
+        let mut first_picks = [0; 3];
+        for _ in 0..400 {
+            let order: Vec<usize> = route.backend_order().collect();
+            assert_eq!(order.len(), 3);
+            assert_eq!(order[2], 2, "the weight-0 backend is only a fallback: {order:?}");
+            first_picks[order[0]] += 1;
+        }
+        assert_eq!(first_picks, [300, 100, 0]);
+    }
+
+    #[test]
+    fn hex_digests() {
+        assert!(parse_hex_digest(&"ab".repeat(32)).is_some());
+        assert!(parse_hex_digest("abc").is_none());
+        assert!(parse_hex_digest(&"zz".repeat(32)).is_none());
+    }
+}
