@@ -58,8 +58,8 @@ pub fn scan(body: &[u8]) -> Result<RequestFields<'_>, GatewayError> {
             scanner.skip_whitespace();
             scanner.expect(b':')?;
             scanner.skip_whitespace();
-            let key_text = key_text(body, &key)?;
-            match key_text.as_ref() {
+            let name = key_text(body, &key)?;
+            match name.as_ref() {
                 "model" => {
                     if model.is_some() {
                         return Err(GatewayError::DuplicateModel);
