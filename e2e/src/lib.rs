@@ -11,6 +11,8 @@
 //! closes). Tests get a fresh namespace each.
 
 pub mod control_plane;
+pub mod fixture;
 pub mod harness;
 pub mod manifest;
+pub mod mock_upstream;
 pub mod pki;

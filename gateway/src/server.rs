@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, watch};
 use crate::Shared;
 use crate::tls::TlsFiles;
 
-/// Longest a client may take to send its request headers (slowloris guard).
+/// Default longest time a client may take to send its request headers (slowloris guard).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest a TLS handshake may take.
 pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -29,15 +29,18 @@ pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// OpenAI-shaped 431, larger ones hyper's own 431.
 pub const MAX_BUF_SIZE: usize = 64 * 1024;
 
-fn builder() -> auto::Builder<TokioExecutor> {
+fn builder(header_read_timeout: Duration) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .header_read_timeout(header_read_timeout)
         .max_buf_size(MAX_BUF_SIZE)
         .keep_alive(true);
-    builder.http2().timer(TokioTimer::new()).max_concurrent_streams(1024);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(1024);
     builder
 }
 
@@ -51,7 +54,7 @@ pub async fn serve_public(
     drain: watch::Receiver<bool>,
     alive: mpsc::Sender<()>,
 ) {
-    let builder = Arc::new(builder());
+    let builder = Arc::new(builder(shared.header_read_timeout));
     loop {
         let mut stop = drain.clone();
         let accepted = tokio::select! {
@@ -79,7 +82,8 @@ pub async fn serve_public(
             match tls {
                 None => serve_until_drained(&builder, TokioIo::new(stream), service, drain).await,
                 Some(acceptor) => {
-                    let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await;
+                    let handshake =
+                        tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await;
                     let Ok(Ok(stream)) = handshake else {
                         tracing::debug!(%peer, "TLS handshake failed or timed out");
                         return;
@@ -101,8 +105,11 @@ async fn serve_until_drained<I, S>(
     mut drain: watch::Receiver<bool>,
 ) where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-    S: hyper::service::Service<http::Request<hyper::body::Incoming>, Response = http::Response<crate::proxy::stream::ProxyBody>, Error = std::convert::Infallible>
-        + Clone
+    S: hyper::service::Service<
+            http::Request<hyper::body::Incoming>,
+            Response = http::Response<crate::proxy::stream::ProxyBody>,
+            Error = std::convert::Infallible,
+        > + Clone
         + Send
         + 'static,
     S::Future: Send + 'static,
@@ -120,7 +127,7 @@ async fn serve_until_drained<I, S>(
 
 /// Serves `/metrics`, `/healthz` and `/readyz` until the process ends.
 pub async fn serve_admin(listener: TcpListener, shared: Arc<Shared>) {
-    let builder = Arc::new(builder());
+    let builder = Arc::new(builder(HEADER_READ_TIMEOUT));
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -131,9 +138,13 @@ pub async fn serve_admin(listener: TcpListener, shared: Arc<Shared>) {
         tokio::spawn(async move {
             let service = service_fn(move |request| {
                 let shared = shared.clone();
-                async move { Ok::<_, std::convert::Infallible>(crate::admin::respond(&shared, &request)) }
+                async move {
+                    Ok::<_, std::convert::Infallible>(crate::admin::respond(&shared, &request))
+                }
             });
-            let _ = builder.serve_connection(TokioIo::new(stream), service).await;
+            let _ = builder
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
         });
     }
 }

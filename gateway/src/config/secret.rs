@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use futures_util::StreamExt as _;
 use k8s_openapi::api::core::v1::Secret;
-use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt as _;
+use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use waycast_crds::config::{SECRET_KEY_GZIP, SECRET_KEYS_PLAIN};
 
@@ -31,7 +31,10 @@ pub async fn watch(client: Client, namespace: String, name: String, shared: Arc<
                 }
             },
             Ok(Event::Delete(_)) => {
-                tracing::warn!(source, "config Secret deleted; keeping the last good config");
+                tracing::warn!(
+                    source,
+                    "config Secret deleted; keeping the last good config"
+                );
             }
             Ok(Event::Init | Event::InitDone) => {}
             Err(error) => tracing::warn!(source, %error, "config Secret watch failed; retrying"),
@@ -53,5 +56,8 @@ pub fn config_bytes(secret: &Secret) -> Result<Vec<u8>, LoadError> {
             return Ok(plain.0.clone());
         }
     }
-    Err(LoadError::Missing(format!("no {SECRET_KEY_GZIP} or {} data key", SECRET_KEYS_PLAIN.join("/"))))
+    Err(LoadError::Missing(format!(
+        "no {SECRET_KEY_GZIP} or {} data key",
+        SECRET_KEYS_PLAIN.join("/")
+    )))
 }

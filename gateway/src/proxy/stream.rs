@@ -51,7 +51,10 @@ impl Body for ProxyBody {
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
             ProxyBody::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
             ProxyBody::Relay(relay) => Pin::new(relay).poll_frame(cx),
@@ -112,7 +115,13 @@ pub struct Outcome {
 
 impl Exchange {
     /// Starts the bookkeeping of a request (counts it in flight).
-    pub fn new(shared: Arc<Shared>, started: Instant, method: Method, path: &'static str, request_id: HeaderValue) -> Self {
+    pub fn new(
+        shared: Arc<Shared>,
+        started: Instant,
+        method: Method,
+        path: &'static str,
+        request_id: HeaderValue,
+    ) -> Self {
         shared.metrics.inflight.inc();
         Self {
             shared,
@@ -146,16 +155,31 @@ impl Exchange {
         let elapsed = self.started.elapsed();
         let mut code_buffer = itoa_buffer();
         let code = format_status(&mut code_buffer, outcome.status);
-        metrics.requests.with_label_values(&[model, key, code]).inc();
+        metrics
+            .requests
+            .with_label_values(&[model, key, code])
+            .inc();
         if self.model.is_some() {
-            metrics.request_duration.with_label_values(&[model]).observe(elapsed.as_secs_f64());
+            metrics
+                .request_duration
+                .with_label_values(&[model])
+                .observe(elapsed.as_secs_f64());
             if let Some(first_byte) = outcome.first_byte {
-                metrics.time_to_first_byte.with_label_values(&[model]).observe((first_byte - self.started).as_secs_f64());
+                metrics
+                    .time_to_first_byte
+                    .with_label_values(&[model])
+                    .observe((first_byte - self.started).as_secs_f64());
             }
         }
         if let Some(usage) = outcome.usage {
-            metrics.tokens.with_label_values(&[model, key, "prompt"]).inc_by(usage.prompt);
-            metrics.tokens.with_label_values(&[model, key, "completion"]).inc_by(usage.completion);
+            metrics
+                .tokens
+                .with_label_values(&[model, key, "prompt"])
+                .inc_by(usage.prompt);
+            metrics
+                .tokens
+                .with_label_values(&[model, key, "completion"])
+                .inc_by(usage.completion);
         }
         if self.access_log {
             let usage = outcome.usage.unwrap_or_default();
@@ -252,8 +276,13 @@ impl RelayBody {
 
     fn finish(&mut self, status: u16, error: Option<&'static str>) {
         if let Some(mut exchange) = self.exchange.take() {
-            let overhead = exchange.overhead_before + self.returned_at.saturating_duration_since(self.headers_at);
-            exchange.shared.metrics.overhead.observe(overhead.as_secs_f64());
+            let overhead = exchange.overhead_before
+                + self.returned_at.saturating_duration_since(self.headers_at);
+            exchange
+                .shared
+                .metrics
+                .overhead
+                .observe(overhead.as_secs_f64());
             exchange.overhead_before = overhead;
             let usage = self.tap.as_ref().and_then(UsageTap::usage);
             exchange.finish(Outcome {
@@ -272,7 +301,10 @@ impl Body for RelayBody {
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
@@ -293,7 +325,12 @@ impl Body for RelayBody {
                 if let Some(exchange) = &this.exchange
                     && let Some(model) = &exchange.model
                 {
-                    exchange.shared.metrics.upstream_errors.with_label_values(&[model, "body"]).inc();
+                    exchange
+                        .shared
+                        .metrics
+                        .upstream_errors
+                        .with_label_values(&[model, "body"])
+                        .inc();
                 }
                 this.finish(this.status, Some("upstream_body_error"));
                 Poll::Ready(Some(Err(error.into())))
@@ -307,7 +344,12 @@ impl Body for RelayBody {
                 if let Some(exchange) = &this.exchange
                     && let Some(model) = &exchange.model
                 {
-                    exchange.shared.metrics.upstream_errors.with_label_values(&[model, "idle_timeout"]).inc();
+                    exchange
+                        .shared
+                        .metrics
+                        .upstream_errors
+                        .with_label_values(&[model, "idle_timeout"])
+                        .inc();
                 }
                 this.finish(this.status, Some("upstream_idle_timeout"));
                 Poll::Ready(Some(Err(Box::new(IdleTimeout(this.idle_timeout)))))

@@ -1,0 +1,287 @@
+//! A gateway and a mock upstream on ephemeral loopback ports, in-process,
+//! with a config file the test can rewrite — the setup of every gateway test.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, StatusCode};
+use http_body_util::{BodyExt as _, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use waycast_crds::GatewayConfig;
+use waycast_crds::config::{BackendConfig, KeyConfig, ModelConfig, TimeoutsConfig};
+use waycast_gateway::{ConfigSource, GatewayOptions, RunningGateway};
+
+use crate::mock_upstream::{self, MockOptions, MockUpstream};
+
+/// Alice may use every model.
+pub const ALICE_KEY: &str = "wc_alice_test_key_0123456789abcdefghijklmnop";
+/// Bob may use `mistral-*` only.
+pub const BOB_KEY: &str = "wc_bob_test_key_0123456789abcdefghijklmnopqr";
+/// Expired in 2020.
+pub const EXPIRED_KEY: &str = "wc_expired_test_key_0123456789abcdefghijklm";
+/// Disabled.
+pub const DISABLED_KEY: &str = "wc_disabled_test_key_0123456789abcdefghijkl";
+/// The upstream credential the gateway injects.
+pub const UPSTREAM_SECRET: &str = "upstream-secret-value";
+
+/// Lowercase hex SHA-256.
+pub fn sha256_hex(text: &str) -> String {
+    waycast_gateway::config::load::sha256_hex(text.as_bytes())
+}
+
+fn key(id: &str, text: &str) -> KeyConfig {
+    KeyConfig {
+        id: id.into(),
+        sha256: sha256_hex(text),
+        models: None,
+        expires_at: None,
+        disabled: false,
+        limits: None,
+    }
+}
+
+fn model(name: &str, aliases: &[&str], url: &str) -> ModelConfig {
+    ModelConfig {
+        name: name.into(),
+        aliases: aliases.iter().map(|a| (*a).to_owned()).collect(),
+        backends: vec![BackendConfig {
+            url: url.into(),
+            model: None,
+            weight: 1,
+            headers: Default::default(),
+        }],
+        timeouts: TimeoutsConfig::default(),
+        limits: None,
+        source: None,
+    }
+}
+
+/// The config every gateway test starts from: three models on the mock
+/// (one with a model rewrite and an injected credential) and four keys.
+pub fn default_config(upstream: &str) -> GatewayConfig {
+    let mut llama = model("llama-3.1-8b", &["llama3"], upstream);
+    llama.backends[0].model = Some("meta-llama/Llama-3.1-8B-Instruct".into());
+    llama.backends[0]
+        .headers
+        .insert("authorization".into(), format!("Bearer {UPSTREAM_SECRET}"));
+    let mut bob = key("team-b/bob", BOB_KEY);
+    bob.models = Some(vec!["mistral-*".into()]);
+    let mut expired = key("team-a/expired", EXPIRED_KEY);
+    expired.expires_at = "2020-01-01T00:00:00Z".parse().ok();
+    let mut disabled = key("team-a/disabled", DISABLED_KEY);
+    disabled.disabled = true;
+    GatewayConfig {
+        models: vec![
+            llama,
+            model("mistral-7b", &[], upstream),
+            model("embed-small", &[], upstream),
+        ],
+        keys: vec![key("team-a/alice", ALICE_KEY), bob, expired, disabled],
+        ..GatewayConfig::empty()
+    }
+}
+
+/// A running gateway in front of a running mock.
+pub struct Fixture {
+    /// The mock upstream.
+    pub mock: MockUpstream,
+    /// The gateway (taken by `shutdown`).
+    pub gateway: Option<RunningGateway>,
+    /// The gateway's public address.
+    pub addr: SocketAddr,
+    /// The gateway's admin address.
+    pub admin: SocketAddr,
+    /// The config file the gateway follows.
+    pub config_path: PathBuf,
+    dir: PathBuf,
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+/// Knobs a test may turn.
+pub struct FixtureOptions {
+    /// Mock defaults.
+    pub mock: MockOptions,
+    /// Body timeout.
+    pub body_timeout: Duration,
+    /// Header timeout.
+    pub header_read_timeout: Duration,
+    /// Drain timeout.
+    pub drain_timeout: Duration,
+}
+
+impl Default for FixtureOptions {
+    fn default() -> Self {
+        Self {
+            mock: MockOptions::default(),
+            body_timeout: Duration::from_secs(5),
+            header_read_timeout: Duration::from_secs(5),
+            drain_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A fresh temporary directory for one test.
+pub fn temp_dir(prefix: &str) -> PathBuf {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "waycast-{prefix}-{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+impl Fixture {
+    /// Starts a mock and a gateway whose config is `default_config` changed
+    /// by `adjust`, and waits until the gateway serves it.
+    ///
+    /// # Panics
+    /// When anything fails to start: the test cannot run.
+    pub async fn start(
+        options: FixtureOptions,
+        adjust: impl FnOnce(&mut GatewayConfig, &str),
+    ) -> Self {
+        let mock = mock_upstream::start(SocketAddr::from(([127, 0, 0, 1], 0)), options.mock)
+            .await
+            .expect("mock starts");
+        let mut config = default_config(&mock.base_url());
+        adjust(&mut config, &mock.base_url());
+        let dir = temp_dir("gateway");
+        let config_path = dir.join("gateway.yaml");
+        write_atomically(
+            &config_path,
+            serde_yaml::to_string(&config).expect("yaml").as_bytes(),
+        );
+        let gateway = waycast_gateway::start(GatewayOptions {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            admin_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            config: ConfigSource::File(config_path.clone()),
+            tls: None,
+            drain_timeout: options.drain_timeout,
+            body_timeout: options.body_timeout,
+            header_read_timeout: options.header_read_timeout,
+        })
+        .await
+        .expect("gateway starts");
+        let fixture = Self {
+            mock,
+            addr: gateway.public_addr,
+            admin: gateway.admin_addr,
+            gateway: Some(gateway),
+            config_path,
+            dir,
+            client: Client::builder(TokioExecutor::new()).build_http(),
+        };
+        fixture.wait_ready().await;
+        fixture
+    }
+
+    /// Waits until `/readyz` says ready.
+    ///
+    /// # Panics
+    /// After 10 s.
+    pub async fn wait_ready(&self) {
+        for _ in 0..1000 {
+            if self.admin_get("/readyz").await.0 == StatusCode::OK {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("gateway not ready within 10s");
+    }
+
+    /// Replaces the config file (atomically, as a ConfigMap mount does).
+    pub fn write_config(&self, bytes: &[u8]) {
+        write_atomically(&self.config_path, bytes);
+    }
+
+    /// `http://<gateway><path>`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Sends a request and reads the whole response.
+    ///
+    /// # Panics
+    /// On a transport error.
+    pub async fn send(&self, request: Request<Full<Bytes>>) -> (StatusCode, HeaderMap, Bytes) {
+        let response = self.client.request(request).await.expect("gateway answers");
+        let (parts, body) = response.into_parts();
+        let body = body
+            .collect()
+            .await
+            .map(|c| c.to_bytes())
+            .unwrap_or_default();
+        (parts.status, parts.headers, body)
+    }
+
+    /// POSTs JSON with a key (or none).
+    pub async fn post(
+        &self,
+        path: &str,
+        key: Option<&str>,
+        body: &str,
+    ) -> (StatusCode, HeaderMap, Bytes) {
+        self.send(post_request(&self.url(path), key, body)).await
+    }
+
+    /// GETs a path of the admin listener.
+    pub async fn admin_get(&self, path: &str) -> (StatusCode, String) {
+        let request = Request::get(format!("http://{}{path}", self.admin))
+            .body(Full::new(Bytes::new()))
+            .expect("request");
+        match self.client.request(request).await {
+            Ok(response) => {
+                let status = response.status();
+                let body = response
+                    .into_body()
+                    .collect()
+                    .await
+                    .map(|c| c.to_bytes())
+                    .unwrap_or_default();
+                (status, String::from_utf8_lossy(&body).into_owned())
+            }
+            Err(_) => (StatusCode::SERVICE_UNAVAILABLE, String::new()),
+        }
+    }
+
+    /// The value of one metric line (`name{labels}` exactly as rendered).
+    pub async fn metric(&self, series: &str) -> Option<f64> {
+        let (_, text) = self.admin_get("/metrics").await;
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A POST with JSON and an optional bearer key.
+///
+/// # Panics
+/// On an invalid URL.
+pub fn post_request(url: &str, key: Option<&str>, body: &str) -> Request<Full<Bytes>> {
+    let mut builder = Request::post(url).header("content-type", "application/json");
+    if let Some(key) = key {
+        builder = builder.header("authorization", format!("Bearer {key}"));
+    }
+    builder
+        .body(Full::new(Bytes::from(body.to_owned())))
+        .expect("request")
+}
+
+fn write_atomically(path: &PathBuf, bytes: &[u8]) {
+    let temporary = path.with_extension("tmp");
+    std::fs::write(&temporary, bytes).expect("write config");
+    std::fs::rename(&temporary, path).expect("rename config");
+}

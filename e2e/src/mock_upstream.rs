@@ -1,0 +1,496 @@
+//! A mock OpenAI-compatible inference server — the one mock the project
+//! allows, standing in for vLLM, SGLang or a provider in tests and demos.
+//!
+//! Endpoints: `GET /v1/models`, `POST /v1/chat/completions`,
+//! `/v1/completions`, `/v1/embeddings`, `/v1/responses`, `/v1/messages`
+//! (streaming with `"stream": true`), and `GET /_mock/requests` (what it
+//! received, as JSON). Behaviour per request, through headers (which a
+//! gateway forwards):
+//!
+//! | header | effect |
+//! |---|---|
+//! | `x-mock-delay-ms: N` | wait N ms before answering |
+//! | `x-mock-chunks: N` | N content chunks in a stream (default from options) |
+//! | `x-mock-interval-ms: N` | N ms between stream chunks |
+//! | `x-mock-status: S` | answer with status S and an OpenAI error body |
+//! | `x-mock-stall: headers` / `body` | never answer / stop after the first chunk |
+//! | `x-mock-chunked: true` | send a non-streaming body with chunked encoding |
+//!
+//! Usage is reported as OpenAI (`prompt_tokens`/`completion_tokens`, in the
+//! last chunk when `stream_options.include_usage` is set), the Responses API
+//! and Anthropic (`input_tokens`/`output_tokens`) do: prompt tokens are the
+//! body length / 4, completion tokens the chunk count.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode, header};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt as _;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::{Mutex, mpsc};
+
+/// Defaults for requests that do not override them.
+#[derive(Debug, Clone)]
+pub struct MockOptions {
+    /// Wait before answering.
+    pub delay: Duration,
+    /// Content chunks per stream.
+    pub chunks: usize,
+    /// Wait between stream chunks.
+    pub interval: Duration,
+}
+
+impl Default for MockOptions {
+    fn default() -> Self {
+        Self {
+            delay: Duration::ZERO,
+            chunks: 5,
+            interval: Duration::from_millis(1),
+        }
+    }
+}
+
+/// One request as the mock received it.
+#[derive(Debug, Clone)]
+pub struct Received {
+    /// Method.
+    pub method: String,
+    /// Path and query.
+    pub path: String,
+    /// Headers.
+    pub headers: HeaderMap,
+    /// Body.
+    pub body: Bytes,
+}
+
+impl Received {
+    /// The body as JSON (Null if it is not).
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+}
+
+/// What the mock saw, for assertions.
+#[derive(Debug, Default)]
+pub struct Recorder {
+    requests: Mutex<Vec<Received>>,
+    /// Streams whose every chunk was taken by the client.
+    pub streams_completed: AtomicU64,
+    /// Streams the client (or gateway) stopped reading: the connection closed.
+    pub streams_cancelled: AtomicU64,
+    /// TCP connections accepted.
+    pub connections: AtomicU64,
+}
+
+impl Recorder {
+    /// Every request so far.
+    pub async fn requests(&self) -> Vec<Received> {
+        self.requests.lock().await.clone()
+    }
+
+    /// The most recent request.
+    pub async fn last(&self) -> Option<Received> {
+        self.requests.lock().await.last().cloned()
+    }
+}
+
+/// A running mock.
+pub struct MockUpstream {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// What it saw.
+    pub recorder: Arc<Recorder>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl MockUpstream {
+    /// `http://<addr>/v1`, the base URL to configure.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+}
+
+impl Drop for MockUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Starts a mock on `listen` (use port 0 in tests).
+///
+/// # Errors
+/// Binding failing.
+pub async fn start(listen: SocketAddr, options: MockOptions) -> std::io::Result<MockUpstream> {
+    let listener = TcpListener::bind(listen).await?;
+    let addr = listener.local_addr()?;
+    let recorder = Arc::new(Recorder::default());
+    let task = tokio::spawn(serve(listener, Arc::new(options), recorder.clone()));
+    Ok(MockUpstream {
+        addr,
+        recorder,
+        task,
+    })
+}
+
+/// Serves until the task is dropped.
+pub async fn serve(listener: TcpListener, options: Arc<MockOptions>, recorder: Arc<Recorder>) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        recorder.connections.fetch_add(1, Ordering::Relaxed);
+        let options = options.clone();
+        let recorder = recorder.clone();
+        tokio::spawn(async move {
+            let service =
+                service_fn(move |request| respond(request, options.clone(), recorder.clone()));
+            let _ = auto::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+fn header_number(headers: &HeaderMap, name: &str) -> Option<u64> {
+    headers.get(name)?.to_str().ok()?.parse().ok()
+}
+
+async fn respond(
+    request: Request<Incoming>,
+    options: Arc<MockOptions>,
+    recorder: Arc<Recorder>,
+) -> Result<Response<MockBody>, Infallible> {
+    let (parts, body) = request.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .unwrap_or_default();
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned());
+    let received = Received {
+        method: parts.method.to_string(),
+        path: path.clone(),
+        headers: parts.headers.clone(),
+        body,
+    };
+    if parts.uri.path() == "/_mock/requests" {
+        let listed: Vec<Value> = recorder
+            .requests()
+            .await
+            .iter()
+            .map(|r| {
+                let headers: serde_json::Map<String, Value> = r
+                    .headers
+                    .iter()
+                    .map(|(n, v)| (n.to_string(), Value::from(v.to_str().unwrap_or_default())))
+                    .collect();
+                json!({"method": r.method, "path": r.path, "headers": headers, "body": String::from_utf8_lossy(&r.body)})
+            })
+            .collect();
+        return Ok(json_response(StatusCode::OK, &Value::from(listed)));
+    }
+    recorder.requests.lock().await.push(received.clone());
+    let headers = &received.headers;
+
+    let delay =
+        header_number(headers, "x-mock-delay-ms").map_or(options.delay, Duration::from_millis);
+    let stall = headers
+        .get("x-mock-stall")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    if stall == "headers" {
+        std::future::pending::<()>().await;
+    }
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    if let Some(status) =
+        header_number(headers, "x-mock-status").and_then(|s| u16::try_from(s).ok())
+    {
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let error = json!({"error": {"message": "injected by x-mock-status", "type": "mock_error", "param": null, "code": "mock"}});
+        return Ok(json_response(status, &error));
+    }
+    let request_json = received.json();
+    let model = request_json["model"]
+        .as_str()
+        .unwrap_or("mock-model")
+        .to_owned();
+    let chunks = header_number(headers, "x-mock-chunks").map_or(options.chunks, |n| n as usize);
+    let interval = header_number(headers, "x-mock-interval-ms")
+        .map_or(options.interval, Duration::from_millis);
+    let prompt_tokens = (received.body.len() / 4) as u64;
+    let completion_tokens = chunks as u64;
+    let stream = request_json["stream"].as_bool() == Some(true);
+    let include_usage = request_json["stream_options"]["include_usage"].as_bool() == Some(true);
+    let kind = match parts.uri.path() {
+        "/v1/models" => {
+            return Ok(json_response(
+                StatusCode::OK,
+                &json!({"object": "list", "data": [{"id": "mock-model", "object": "model", "created": 0, "owned_by": "mock"}]}),
+            ));
+        }
+        "/v1/chat/completions" => Kind::Chat,
+        "/v1/completions" => Kind::Completion,
+        "/v1/embeddings" => Kind::Embedding,
+        "/v1/responses" => Kind::Responses,
+        "/v1/messages" => Kind::Messages,
+        _ => {
+            let error = json!({"error": {"message": "no such path", "type": "invalid_request_error", "param": null, "code": "unknown_url"}});
+            return Ok(json_response(StatusCode::NOT_FOUND, &error));
+        }
+    };
+    let usage = Usage {
+        prompt: prompt_tokens,
+        completion: completion_tokens,
+    };
+    if stream && kind != Kind::Embedding {
+        let events = stream_events(kind, &model, chunks, usage, include_usage);
+        return Ok(stream_response(events, interval, stall == "body", recorder));
+    }
+    let body = complete_body(kind, &model, chunks, usage);
+    if headers.get("x-mock-chunked").is_some_and(|v| v == "true") {
+        // Two frames and no Content-Length: hyper sends it chunked.
+        let text = body.to_string();
+        let (first, second) = text.split_at(text.len() / 2);
+        let events = vec![
+            Bytes::from(first.to_owned()),
+            Bytes::from(second.to_owned()),
+        ];
+        let mut response = stream_response(events, Duration::ZERO, false, recorder);
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static("application/json"),
+        );
+        return Ok(response);
+    }
+    Ok(json_response(StatusCode::OK, &body))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Chat,
+    Completion,
+    Embedding,
+    Responses,
+    Messages,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Usage {
+    prompt: u64,
+    completion: u64,
+}
+
+fn text(chunks: usize) -> String {
+    (0..chunks).map(|i| format!("token{i} ")).collect()
+}
+
+fn complete_body(kind: Kind, model: &str, chunks: usize, usage: Usage) -> Value {
+    let openai_usage = json!({"prompt_tokens": usage.prompt, "completion_tokens": usage.completion, "total_tokens": usage.prompt + usage.completion});
+    match kind {
+        Kind::Chat => json!({
+            "id": "chatcmpl-mock", "object": "chat.completion", "created": 0, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text(chunks)}, "finish_reason": "stop"}],
+            "usage": openai_usage,
+        }),
+        Kind::Completion => json!({
+            "id": "cmpl-mock", "object": "text_completion", "created": 0, "model": model,
+            "choices": [{"index": 0, "text": text(chunks), "finish_reason": "stop"}],
+            "usage": openai_usage,
+        }),
+        Kind::Embedding => json!({
+            "object": "list", "model": model,
+            "data": [{"object": "embedding", "index": 0, "embedding": [0.1, 0.2, 0.3]}],
+            "usage": {"prompt_tokens": usage.prompt, "total_tokens": usage.prompt},
+        }),
+        Kind::Responses => json!({
+            "id": "resp_mock", "object": "response", "created_at": 0, "status": "completed", "model": model,
+            "output": [{"type": "message", "id": "msg_mock", "status": "completed", "role": "assistant",
+                        "content": [{"type": "output_text", "text": text(chunks), "annotations": []}]}],
+            "usage": {"input_tokens": usage.prompt, "output_tokens": usage.completion, "total_tokens": usage.prompt + usage.completion},
+        }),
+        Kind::Messages => json!({
+            "id": "msg_mock", "type": "message", "role": "assistant", "model": model,
+            "content": [{"type": "text", "text": text(chunks)}], "stop_reason": "end_turn", "stop_sequence": null,
+            "usage": {"input_tokens": usage.prompt, "output_tokens": usage.completion},
+        }),
+    }
+}
+
+fn sse(event: Option<&str>, data: &Value) -> Bytes {
+    match event {
+        Some(event) => Bytes::from(format!("event: {event}\ndata: {data}\n\n")),
+        None => Bytes::from(format!("data: {data}\n\n")),
+    }
+}
+
+fn stream_events(
+    kind: Kind,
+    model: &str,
+    chunks: usize,
+    usage: Usage,
+    include_usage: bool,
+) -> Vec<Bytes> {
+    let mut events = Vec::with_capacity(chunks + 4);
+    match kind {
+        Kind::Chat | Kind::Completion => {
+            let object = if kind == Kind::Chat {
+                "chat.completion.chunk"
+            } else {
+                "text_completion"
+            };
+            for i in 0..chunks {
+                let choice = if kind == Kind::Chat {
+                    json!({"index": 0, "delta": {"content": format!("token{i} ")}, "finish_reason": null})
+                } else {
+                    json!({"index": 0, "text": format!("token{i} "), "finish_reason": null})
+                };
+                let mut chunk = json!({"id": "chatcmpl-mock", "object": object, "created": 0, "model": model, "choices": [choice]});
+                if include_usage {
+                    chunk["usage"] = Value::Null;
+                }
+                events.push(sse(None, &chunk));
+            }
+            if include_usage {
+                let last = json!({"id": "chatcmpl-mock", "object": object, "created": 0, "model": model, "choices": [],
+                    "usage": {"prompt_tokens": usage.prompt, "completion_tokens": usage.completion, "total_tokens": usage.prompt + usage.completion}});
+                events.push(sse(None, &last));
+            }
+            events.push(Bytes::from_static(b"data: [DONE]\n\n"));
+        }
+        Kind::Responses => {
+            events.push(sse(Some("response.created"), &json!({"type": "response.created", "response": {"id": "resp_mock", "status": "in_progress", "model": model}})));
+            for i in 0..chunks {
+                events.push(sse(
+                    Some("response.output_text.delta"),
+                    &json!({"type": "response.output_text.delta", "delta": format!("token{i} ")}),
+                ));
+            }
+            events.push(sse(Some("response.completed"), &json!({"type": "response.completed", "response": {"id": "resp_mock", "status": "completed", "model": model,
+                "usage": {"input_tokens": usage.prompt, "output_tokens": usage.completion, "total_tokens": usage.prompt + usage.completion}}})));
+        }
+        Kind::Messages => {
+            events.push(sse(Some("message_start"), &json!({"type": "message_start", "message": {"id": "msg_mock", "type": "message", "role": "assistant", "model": model, "content": [],
+                "usage": {"input_tokens": usage.prompt, "output_tokens": 1}}})));
+            events.push(sse(Some("content_block_start"), &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})));
+            for i in 0..chunks {
+                events.push(sse(Some("content_block_delta"), &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": format!("token{i} ")}})));
+            }
+            events.push(sse(
+                Some("content_block_stop"),
+                &json!({"type": "content_block_stop", "index": 0}),
+            ));
+            events.push(sse(Some("message_delta"), &json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": usage.completion}})));
+            events.push(sse(Some("message_stop"), &json!({"type": "message_stop"})));
+        }
+        Kind::Embedding => {}
+    }
+    events
+}
+
+fn json_response(status: StatusCode, body: &Value) -> Response<MockBody> {
+    let mut response = Response::new(MockBody::Full(Some(Bytes::from(body.to_string()))));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+fn stream_response(
+    events: Vec<Bytes>,
+    interval: Duration,
+    stall_after_first: bool,
+    recorder: Arc<Recorder>,
+) -> Response<MockBody> {
+    let (sender, receiver) = mpsc::channel(1);
+    tokio::spawn(async move {
+        for (index, event) in events.into_iter().enumerate() {
+            if index > 0 {
+                if stall_after_first {
+                    // Keep the stream open without sending: the reader must
+                    // time out (or disconnect) on its own.
+                    sender.closed().await;
+                    recorder.streams_cancelled.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                if !interval.is_zero() {
+                    tokio::select! {
+                        () = tokio::time::sleep(interval) => {}
+                        () = sender.closed() => {
+                            recorder.streams_cancelled.fetch_add(1, Ordering::Relaxed);
+                            return;
+                        }
+                    }
+                }
+            }
+            if sender.send(event).await.is_err() {
+                recorder.streams_cancelled.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        }
+        recorder.streams_completed.fetch_add(1, Ordering::Relaxed);
+    });
+    let mut response = Response::new(MockBody::Channel(receiver));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/event-stream"),
+    );
+    response.headers_mut().insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-cache"),
+    );
+    response
+}
+
+/// The mock's response bodies.
+pub enum MockBody {
+    /// A whole body.
+    Full(Option<Bytes>),
+    /// Frames as a producer task sends them.
+    Channel(mpsc::Receiver<Bytes>),
+}
+
+impl Body for MockBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        match self.get_mut() {
+            MockBody::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            MockBody::Channel(receiver) => receiver
+                .poll_recv(cx)
+                .map(|event| event.map(|e| Ok(Frame::data(e)))),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            MockBody::Full(Some(data)) => SizeHint::with_exact(data.len() as u64),
+            MockBody::Full(None) => SizeHint::with_exact(0),
+            MockBody::Channel(_) => SizeHint::default(),
+        }
+    }
+}
