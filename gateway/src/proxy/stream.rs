@@ -317,8 +317,14 @@ impl Body for RelayBody {
                         tap.observe(data);
                     }
                 }
-                let deadline = tokio::time::Instant::now() + this.idle_timeout;
-                this.idle.as_mut().reset(deadline);
+                if this.inner.is_end_stream() {
+                    // NB: hyper stops polling once the body says it has
+                    // ended, so the last frame is also the finish line.
+                    this.finish(this.status, None);
+                } else {
+                    let deadline = tokio::time::Instant::now() + this.idle_timeout;
+                    this.idle.as_mut().reset(deadline);
+                }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(error))) => {
@@ -371,7 +377,11 @@ impl Drop for RelayBody {
         // Dropped before the end: the client went away mid-response. Dropping
         // `inner` right after this closes the upstream connection.
         if self.exchange.is_some() {
-            self.finish(CLIENT_CLOSED_REQUEST, Some("client_closed"));
+            if self.inner.is_end_stream() {
+                self.finish(self.status, None);
+            } else {
+                self.finish(CLIENT_CLOSED_REQUEST, Some("client_closed"));
+            }
         }
     }
 }

@@ -1,0 +1,502 @@
+//! The gateway under faults and change: drain, hot reload under load, bad
+//! configs, timeouts, failover, keep-alive and protocol abuse.
+
+#![allow(
+    clippy::unwrap_used,
+    reason = "a test fails loudly on any unexpected error"
+)]
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::StatusCode;
+use http_body_util::BodyExt as _;
+use serde_json::Value;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+use waycast_crds::config::BackendConfig;
+use waycast_e2e::fixture::{self, ALICE_KEY, Fixture, FixtureOptions};
+use waycast_gateway::Drained;
+
+const CHAT: &str = r#"{"model":"mistral-7b","messages":[{"role":"user","content":"hi"}]}"#;
+
+fn code_of(body: &Bytes) -> String {
+    let value: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    value["error"]["code"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn sigterm_lets_a_stream_finish_and_refuses_new_connections() {
+    let mut fixture = Fixture::start(FixtureOptions::default(), |_, _| {}).await;
+    let mut request = fixture::post_request(
+        &fixture.url("/v1/chat/completions"),
+        Some(ALICE_KEY),
+        r#"{"model":"mistral-7b","stream":true,"messages":[]}"#,
+    );
+    request
+        .headers_mut()
+        .insert("x-mock-chunks", "6".parse().unwrap());
+    request
+        .headers_mut()
+        .insert("x-mock-interval-ms", "150".parse().unwrap());
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http();
+    let response = client.request(request).await.unwrap();
+    let mut body = response.into_body();
+    let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+
+    let gateway = fixture.gateway.take().unwrap();
+    let drain = tokio::spawn(gateway.shutdown());
+    // Not ready any more, and no new connections.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while TcpStream::connect(fixture.addr).await.is_ok() {
+        assert!(
+            Instant::now() < deadline,
+            "the listener still accepts during the drain"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The stream in flight completes.
+    let mut text = String::from_utf8_lossy(&first).into_owned();
+    while let Some(frame) = body.frame().await {
+        text.push_str(&String::from_utf8_lossy(
+            &frame.unwrap().into_data().unwrap(),
+        ));
+    }
+    assert!(
+        text.contains("token5") && text.ends_with("data: [DONE]\n\n"),
+        "stream cut short: {text}"
+    );
+    assert_eq!(drain.await.unwrap(), Drained::Gracefully);
+}
+
+#[tokio::test]
+async fn the_drain_timeout_bounds_a_stream_that_never_ends() {
+    let options = FixtureOptions {
+        drain_timeout: Duration::from_millis(300),
+        ..FixtureOptions::default()
+    };
+    let mut fixture = Fixture::start(options, |_, _| {}).await;
+    let mut request = fixture::post_request(
+        &fixture.url("/v1/chat/completions"),
+        Some(ALICE_KEY),
+        r#"{"model":"mistral-7b","stream":true,"messages":[]}"#,
+    );
+    request
+        .headers_mut()
+        .insert("x-mock-stall", "body".parse().unwrap());
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http();
+    let response = client.request(request).await.unwrap();
+    let _body = response.into_body();
+    let started = Instant::now();
+    let drained = fixture.gateway.take().unwrap().shutdown().await;
+    assert_eq!(drained, Drained::TimedOut);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "drain took {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn a_config_swap_under_load_fails_no_request() {
+    let fixture = Arc::new(Fixture::start(FixtureOptions::default(), |_, _| {}).await);
+    let base = fixture.mock.base_url();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for _ in 0..4 {
+        let fixture = fixture.clone();
+        let stop = stop.clone();
+        workers.push(tokio::spawn(async move {
+            let mut results = (0_u32, Vec::new());
+            while !stop.load(Ordering::Relaxed) {
+                let (status, _, body) = fixture
+                    .post("/v1/chat/completions", Some(ALICE_KEY), CHAT)
+                    .await;
+                results.0 += 1;
+                if status != StatusCode::OK {
+                    results
+                        .1
+                        .push(format!("{status}: {}", String::from_utf8_lossy(&body)));
+                }
+            }
+            results
+        }));
+    }
+    let reloads_before = fixture
+        .metric("waycast_gateway_config_reloads_total")
+        .await
+        .unwrap();
+    for round in 0..10_u32 {
+        let mut config = fixture::default_config(&base);
+        // Each round is a different config: a second backend with another weight.
+        config.models[1].backends.push(BackendConfig {
+            url: base.clone(),
+            model: None,
+            weight: round + 1,
+            headers: Default::default(),
+        });
+        fixture.write_config(serde_yaml::to_string(&config).unwrap().as_bytes());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut total = 0;
+    for worker in workers {
+        let (count, failures) = worker.await.unwrap();
+        total += count;
+        assert!(
+            failures.is_empty(),
+            "failed requests during reloads: {failures:?}"
+        );
+    }
+    let reloads = fixture
+        .metric("waycast_gateway_config_reloads_total")
+        .await
+        .unwrap()
+        - reloads_before;
+    assert!(reloads >= 9.0, "only {reloads} reloads happened");
+    assert!(total > 100, "only {total} requests ran during the reloads");
+}
+
+#[tokio::test]
+async fn a_bad_config_is_rejected_and_the_last_good_one_keeps_serving() {
+    let fixture = Fixture::start(FixtureOptions::default(), |_, _| {}).await;
+    let errors_before = fixture
+        .metric("waycast_gateway_config_reload_errors_total")
+        .await
+        .unwrap();
+    for bad in [
+        "apiVersion: waycast.dev/config-v1\nmodels: [{name: x, backends: []}]\n",
+        "{{{ not yaml",
+        "apiVersion: v0\n",
+    ] {
+        fixture.write_config(bad.as_bytes());
+        let deadline = Instant::now() + Duration::from_secs(3);
+        loop {
+            let errors = fixture
+                .metric("waycast_gateway_config_reload_errors_total")
+                .await
+                .unwrap();
+            if errors > errors_before {
+                break;
+            }
+            assert!(Instant::now() < deadline, "bad config not noticed: {bad}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let (status, _, _) = fixture
+            .post("/v1/chat/completions", Some(ALICE_KEY), CHAT)
+            .await;
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "the last good config stopped serving after {bad:?}"
+        );
+        assert_eq!(fixture.admin_get("/readyz").await.0, StatusCode::OK);
+    }
+}
+
+#[tokio::test]
+async fn timeouts_failover_and_unreachable_backends() {
+    let closed_port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let fixture = Fixture::start(FixtureOptions::default(), |config, base| {
+        let dead = format!("http://127.0.0.1:{closed_port}/v1");
+        // Two backends, the first refusing connections: requests fail over.
+        config.models[1].backends.insert(
+            0,
+            BackendConfig {
+                url: dead.clone(),
+                model: None,
+                weight: 1,
+                headers: Default::default(),
+            },
+        );
+        config.models[1].timeouts.first_byte = Duration::from_millis(500);
+        config.models[1].timeouts.idle = Duration::from_millis(500);
+        // Only a dead backend: 502.
+        config.models[2].backends[0].url = dead;
+        let _ = base;
+    })
+    .await;
+    for _ in 0..4 {
+        let (status, _, _) = fixture
+            .post("/v1/chat/completions", Some(ALICE_KEY), CHAT)
+            .await;
+        assert_eq!(status, StatusCode::OK, "failover to the live backend");
+    }
+    let (status, _, body) = fixture
+        .post(
+            "/v1/embeddings",
+            Some(ALICE_KEY),
+            r#"{"model":"embed-small","input":"x"}"#,
+        )
+        .await;
+    assert_eq!(
+        (status, code_of(&body).as_str()),
+        (StatusCode::BAD_GATEWAY, "upstream_unreachable")
+    );
+
+    let mut slow =
+        fixture::post_request(&fixture.url("/v1/chat/completions"), Some(ALICE_KEY), CHAT);
+    slow.headers_mut()
+        .insert("x-mock-delay-ms", "3000".parse().unwrap());
+    let started = Instant::now();
+    let (status, _, body) = fixture.send(slow).await;
+    assert_eq!(
+        (status, code_of(&body).as_str()),
+        (StatusCode::GATEWAY_TIMEOUT, "upstream_timeout")
+    );
+    assert!(started.elapsed() < Duration::from_secs(2));
+
+    // A stream that stalls after its first chunk is cut by the idle timeout,
+    // while one with steady chunks longer than any single timeout is not.
+    let mut stalled = fixture::post_request(
+        &fixture.url("/v1/chat/completions"),
+        Some(ALICE_KEY),
+        r#"{"model":"mistral-7b","stream":true}"#,
+    );
+    stalled
+        .headers_mut()
+        .insert("x-mock-stall", "body".parse().unwrap());
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http();
+    let response = client.request(stalled).await.unwrap();
+    let collected = tokio::time::timeout(Duration::from_secs(3), response.into_body().collect())
+        .await
+        .unwrap();
+    assert!(
+        collected.is_err(),
+        "an idle upstream must end the stream with an error"
+    );
+    let mut steady = fixture::post_request(
+        &fixture.url("/v1/chat/completions"),
+        Some(ALICE_KEY),
+        r#"{"model":"mistral-7b","stream":true}"#,
+    );
+    steady
+        .headers_mut()
+        .insert("x-mock-chunks", "8".parse().unwrap());
+    steady
+        .headers_mut()
+        .insert("x-mock-interval-ms", "200".parse().unwrap());
+    let (status, _, body) = fixture.send(steady).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        String::from_utf8_lossy(&body).contains("token7"),
+        "a 1.6 s stream with 200 ms gaps must not be cut"
+    );
+}
+
+#[tokio::test]
+async fn keep_alive_never_stalls_on_delayed_acks() {
+    let fixture = Fixture::start(FixtureOptions::default(), |_, _| {}).await;
+    // One connection, many requests; the upstream answers with chunked
+    // non-streaming bodies, the shape that stalls 40 ms per request when
+    // TCP_NODELAY is missing on either side.
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .pool_max_idle_per_host(1)
+        .build_http();
+    let rounds = 40;
+    let started = Instant::now();
+    for _ in 0..rounds {
+        let mut request =
+            fixture::post_request(&fixture.url("/v1/chat/completions"), Some(ALICE_KEY), CHAT);
+        request
+            .headers_mut()
+            .insert("x-mock-chunked", "true".parse().unwrap());
+        let response = client.request(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        response.into_body().collect().await.unwrap();
+    }
+    let average = started.elapsed() / rounds;
+    assert!(
+        average < Duration::from_millis(20),
+        "average {average:?} per request: a delayed-ACK stall"
+    );
+    assert!(
+        fixture.mock.recorder.connections.load(Ordering::Relaxed) <= 2,
+        "upstream connections were not reused"
+    );
+}
+
+async fn raw_exchange(fixture: &Fixture, request: &[u8]) -> String {
+    let mut stream = TcpStream::connect(fixture.addr).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    let mut response = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut response)).await;
+    String::from_utf8_lossy(&response).into_owned()
+}
+
+#[tokio::test]
+async fn protocol_abuse_is_refused_cleanly() {
+    let options = FixtureOptions {
+        body_timeout: Duration::from_millis(500),
+        header_read_timeout: Duration::from_millis(500),
+        ..FixtureOptions::default()
+    };
+    let fixture = Fixture::start(options, |_, _| {}).await;
+    let auth = format!("Authorization: Bearer {ALICE_KEY}\r\n");
+
+    // A declared body over the limit is refused before it is read.
+    let started = Instant::now();
+    let response = raw_exchange(&fixture, format!("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: 999999999\r\n\r\n{{").as_bytes()).await;
+    assert!(response.starts_with("HTTP/1.1 413"), "{response}");
+    assert!(response.contains("request_too_large"), "{response}");
+    assert!(started.elapsed() < Duration::from_secs(2));
+
+    // Content-Length and Transfer-Encoding together: a smuggling shape.
+    let smuggle = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+    );
+    let response = raw_exchange(&fixture, smuggle.as_bytes()).await;
+    assert!(response.starts_with("HTTP/1.1 400"), "{response}");
+
+    // Headers over 32 KB: 431.
+    let big = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{auth}X-Big: {}\r\nContent-Length: 2\r\n\r\n{{}}",
+        "a".repeat(40 * 1024)
+    );
+    let response = raw_exchange(&fixture, big.as_bytes()).await;
+    assert!(response.starts_with("HTTP/1.1 431"), "{response}");
+
+    // A truncated body times out with 408 and the connection is closed.
+    let started = Instant::now();
+    let truncated = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: 100\r\n\r\n{{\"model\":"
+    );
+    let response = raw_exchange(&fixture, truncated.as_bytes()).await;
+    assert!(response.starts_with("HTTP/1.1 408"), "{response}");
+    assert!(started.elapsed() < Duration::from_secs(3));
+
+    // Slow headers: the connection is dropped after the header timeout.
+    let mut slow = TcpStream::connect(fixture.addr).await.unwrap();
+    slow.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let mut buffer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(3), slow.read_to_end(&mut buffer)).await;
+    assert!(
+        read.is_ok(),
+        "a client that never finishes its headers must be disconnected"
+    );
+}
+
+#[tokio::test]
+async fn two_hundred_slow_clients_do_not_delay_a_good_one() {
+    let options = FixtureOptions {
+        header_read_timeout: Duration::from_secs(30),
+        body_timeout: Duration::from_secs(30),
+        ..FixtureOptions::default()
+    };
+    let fixture = Fixture::start(options, |_, _| {}).await;
+    let mut slow = Vec::new();
+    for index in 0..200 {
+        let mut stream = TcpStream::connect(fixture.addr).await.unwrap();
+        // Half send partial headers, half a partial body.
+        if index % 2 == 0 {
+            stream
+                .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+                .await
+                .unwrap();
+        } else {
+            let head = format!(
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ALICE_KEY}\r\nContent-Length: 1000\r\n\r\n{{"
+            );
+            stream.write_all(head.as_bytes()).await.unwrap();
+        }
+        slow.push(stream);
+    }
+    let started = Instant::now();
+    let (status, _, _) = fixture
+        .post("/v1/chat/completions", Some(ALICE_KEY), CHAT)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "a good client waited {:?}",
+        started.elapsed()
+    );
+    drop(slow);
+}
+
+#[tokio::test]
+async fn usage_and_request_metrics_are_counted() {
+    let fixture = Fixture::start(FixtureOptions::default(), |_, _| {}).await;
+    let body = r#"{"model":"mistral-7b","messages":[{"role":"user","content":"count me"}]}"#;
+    let (status, _, _) = fixture
+        .post("/v1/chat/completions", Some(ALICE_KEY), body)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let streamed = r#"{"model":"mistral-7b","stream":true,"stream_options":{"include_usage":true},"messages":[]}"#;
+    let (status, _, _) = fixture
+        .post("/v1/chat/completions", Some(ALICE_KEY), streamed)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _, _) = fixture
+        .post(
+            "/v1/messages",
+            Some(ALICE_KEY),
+            r#"{"model":"mistral-7b","stream":true,"messages":[]}"#,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    // The mock reports 5 completion tokens per response (its chunk count).
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let completion = fixture.metric(r#"waycast_gateway_tokens_total{key="team-a/alice",kind="completion",model="mistral-7b"}"#).await;
+        if completion == Some(15.0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "completion tokens {completion:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let prompt = fixture
+        .metric(
+            r#"waycast_gateway_tokens_total{key="team-a/alice",kind="prompt",model="mistral-7b"}"#,
+        )
+        .await
+        .unwrap();
+    assert!(prompt > 0.0);
+    let requests = fixture
+        .metric(
+            r#"waycast_gateway_requests_total{code="200",key="team-a/alice",model="mistral-7b"}"#,
+        )
+        .await;
+    assert_eq!(requests, Some(3.0));
+    let (_, text) = fixture.admin_get("/metrics").await;
+    for family in [
+        "waycast_gateway_request_duration_seconds_bucket",
+        "waycast_gateway_time_to_first_byte_seconds_bucket",
+        "waycast_gateway_overhead_seconds_bucket",
+        "waycast_gateway_config_info",
+    ] {
+        assert!(text.contains(family), "no {family} in /metrics");
+    }
+    assert!(!text.contains(ALICE_KEY));
+}
+
+#[tokio::test]
+async fn http2_cleartext_works() {
+    let fixture = Fixture::start(FixtureOptions::default(), |_, _| {}).await;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let request =
+        fixture::post_request(&fixture.url("/v1/chat/completions"), Some(ALICE_KEY), CHAT);
+    let response = client.request(request).await.unwrap();
+    assert_eq!(response.version(), http::Version::HTTP_2);
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert!(String::from_utf8_lossy(&body).contains("chat.completion"));
+}
