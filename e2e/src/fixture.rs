@@ -112,6 +112,8 @@ pub struct FixtureOptions {
     pub header_read_timeout: Duration,
     /// Drain timeout.
     pub drain_timeout: Duration,
+    /// TLS certificate and key files.
+    pub tls: Option<(PathBuf, PathBuf)>,
 }
 
 impl Default for FixtureOptions {
@@ -121,6 +123,7 @@ impl Default for FixtureOptions {
             body_timeout: Duration::from_secs(5),
             header_read_timeout: Duration::from_secs(5),
             drain_timeout: Duration::from_secs(10),
+            tls: None,
         }
     }
 }
@@ -163,7 +166,7 @@ impl Fixture {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             config: ConfigSource::File(config_path.clone()),
-            tls: None,
+            tls: options.tls,
             drain_timeout: options.drain_timeout,
             body_timeout: options.body_timeout,
             header_read_timeout: options.header_read_timeout,
