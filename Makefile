@@ -11,6 +11,7 @@ demo: k8s-bins
 
 ## test: every test — unit, generated-file checks and e2e on a real API server
 test: k8s-bins
+	$(CARGO) build $(CARGO_FLAGS) --workspace --bins
 	$(CARGO) test $(CARGO_FLAGS) --workspace
 
 ## lint: formatting, clippy and docs, as CI runs them

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt as _, Full};
-use serde_json::{Value, json};
+use serde_json::Value;
 use waycast_e2e::fixture::{
     self, ALICE_KEY, BOB_KEY, DISABLED_KEY, EXPIRED_KEY, Fixture, FixtureOptions, UPSTREAM_SECRET,
 };

@@ -34,6 +34,7 @@ pub struct IdleTimeout(pub Duration);
 pub const CLIENT_CLOSED_REQUEST: u16 = 499;
 
 /// A response body: either the gateway's own or a relayed upstream body.
+#[allow(clippy::large_enum_variant, reason = "Relay is the common case; boxing it would cost an allocation per request")]
 pub enum ProxyBody {
     /// A body the gateway produced (errors, `/v1/models`).
     Full(Option<Bytes>),
@@ -193,11 +194,11 @@ impl Exchange {
                 stream = self.stream,
                 status = outcome.status,
                 bytes = outcome.bytes,
-                duration_ms = elapsed.as_secs_f64() * 1000.0,
-                upstream_ms = outcome.upstream.map_or(0.0, |d| d.as_secs_f64() * 1000.0),
+                duration_ms = %format_args!("{:.3}", elapsed.as_secs_f64() * 1000.0),
+                upstream_ms = %format_args!("{:.3}", outcome.upstream.map_or(0.0, |d| d.as_secs_f64() * 1000.0)),
                 prompt_tokens = usage.prompt,
                 completion_tokens = usage.completion,
-                error = outcome.error.unwrap_or(""),
+                error = outcome.error.unwrap_or("-"),
             );
         }
     }
