@@ -11,9 +11,7 @@ use crate::common::{Limits, SecretKeyRef};
 /// Without `secretRef` the operator generates the key and stores it in the
 /// Secret `<name>-key` (data key `api-key`). The plaintext key exists only in
 /// that Secret; gateways receive its SHA-256.
-#[derive(
-    CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, kube::KubeSchema,
-)]
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, kube::KubeSchema)]
 #[kube(
     group = "waycast.dev",
     version = "v1alpha1",
@@ -41,10 +39,7 @@ pub struct ApiKeySpec {
     /// Model names this key may use; `*` matches any run of characters
     /// (`llama-*`). Absent: every model the gateway serves.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(
-        length(max = 256),
-        inner(length(min = 1, max = 256), pattern(r"^[^\s]+$"))
-    )]
+    #[schemars(length(max = 256), inner(length(min = 1, max = 256), pattern(r"^[^\s]+$")))]
     #[x_kube(merge_strategy = ListMerge::Set)]
     pub models: Option<Vec<String>>,
 

@@ -92,11 +92,7 @@ fn default_weight() -> u32 {
 // NB: header values are upstream credentials; they must never reach a log.
 impl fmt::Debug for BackendConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let headers: BTreeMap<&str, &str> = self
-            .headers
-            .keys()
-            .map(|name| (name.as_str(), "<redacted>"))
-            .collect();
+        let headers: BTreeMap<&str, &str> = self.headers.keys().map(|name| (name.as_str(), "<redacted>")).collect();
         f.debug_struct("BackendConfig")
             .field("url", &self.url)
             .field("model", &self.model)
@@ -111,22 +107,13 @@ impl fmt::Debug for BackendConfig {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct TimeoutsConfig {
     /// Establishing the TCP (and TLS) connection.
-    #[serde(
-        with = "crate::duration::serde_text",
-        default = "TimeoutsConfig::default_connect"
-    )]
+    #[serde(with = "crate::duration::serde_text", default = "TimeoutsConfig::default_connect")]
     pub connect: Duration,
     /// Request sent → first response byte.
-    #[serde(
-        with = "crate::duration::serde_text",
-        default = "TimeoutsConfig::default_first_byte"
-    )]
+    #[serde(with = "crate::duration::serde_text", default = "TimeoutsConfig::default_first_byte")]
     pub first_byte: Duration,
     /// Longest pause between response chunks.
-    #[serde(
-        with = "crate::duration::serde_text",
-        default = "TimeoutsConfig::default_idle"
-    )]
+    #[serde(with = "crate::duration::serde_text", default = "TimeoutsConfig::default_idle")]
     pub idle: Duration,
 }
 
@@ -144,11 +131,7 @@ impl TimeoutsConfig {
 
 impl Default for TimeoutsConfig {
     fn default() -> Self {
-        Self {
-            connect: Self::default_connect(),
-            first_byte: Self::default_first_byte(),
-            idle: Self::default_idle(),
-        }
+        Self { connect: Self::default_connect(), first_byte: Self::default_first_byte(), idle: Self::default_idle() }
     }
 }
 
@@ -210,10 +193,7 @@ impl Settings {
 
 impl Default for Settings {
     fn default() -> Self {
-        Self {
-            max_request_body_bytes: Self::default_max_request_body_bytes(),
-            access_log: Self::default_access_log(),
-        }
+        Self { max_request_body_bytes: Self::default_max_request_body_bytes(), access_log: Self::default_access_log() }
     }
 }
 
@@ -249,11 +229,8 @@ impl GatewayConfig {
     /// its path.
     pub fn from_slice(bytes: &[u8]) -> Result<Self, ConfigError> {
         let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
-        let config: Self = if first == Some(&b'{') {
-            serde_json::from_slice(bytes)?
-        } else {
-            serde_yaml::from_slice(bytes)?
-        };
+        let config: Self =
+            if first == Some(&b'{') { serde_json::from_slice(bytes)? } else { serde_yaml::from_slice(bytes)? };
         config.validate().map_err(ConfigError::Invalid)?;
         Ok(config)
     }
@@ -345,14 +322,8 @@ settings:
   accessLog: true
 "#;
         let config = GatewayConfig::from_slice(yaml.as_bytes()).unwrap();
-        assert_eq!(
-            config.models[0].timeouts.first_byte,
-            Duration::from_secs(300)
-        );
-        assert_eq!(
-            config.keys[0].limits.unwrap().requests_per_minute,
-            Some(600)
-        );
+        assert_eq!(config.models[0].timeouts.first_byte, Duration::from_secs(300));
+        assert_eq!(config.keys[0].limits.unwrap().requests_per_minute, Some(600));
         // Round trip through the canonical JSON form the operator writes.
         let json = config.to_canonical_json().unwrap();
         assert_eq!(GatewayConfig::from_slice(&json).unwrap(), config);
@@ -363,16 +334,13 @@ settings:
     #[test]
     fn refuses_unknown_fields() {
         let yaml = "apiVersion: waycast.dev/config-v1\nmodels: []\nkeyz: []\n";
-        let error = GatewayConfig::from_slice(yaml.as_bytes())
-            .unwrap_err()
-            .to_string();
+        let error = GatewayConfig::from_slice(yaml.as_bytes()).unwrap_err().to_string();
         assert!(error.contains("unknown field `keyz`"), "{error}");
     }
 
     #[test]
     fn applies_defaults() {
-        let config =
-            GatewayConfig::from_slice(b"{\"apiVersion\":\"waycast.dev/config-v1\"}").unwrap();
+        let config = GatewayConfig::from_slice(b"{\"apiVersion\":\"waycast.dev/config-v1\"}").unwrap();
         assert_eq!(config, GatewayConfig::empty());
     }
 }

@@ -13,10 +13,7 @@ const KUBERNETES_TYPES: &[(&str, &str)] = &[
     ("resources", "core/v1 ResourceRequirements"),
     ("tolerations", "[]core/v1 Toleration"),
     ("affinity", "core/v1 Affinity"),
-    (
-        "topologySpreadConstraints",
-        "[]core/v1 TopologySpreadConstraint",
-    ),
+    ("topologySpreadConstraints", "[]core/v1 TopologySpreadConstraint"),
     ("selector", "meta/v1 LabelSelector"),
     ("conditions", "[]meta/v1 Condition"),
 ];
@@ -34,11 +31,7 @@ pub fn api_reference(crds: &[CustomResourceDefinition]) -> String {
         let Some(version) = crd.spec.versions.first() else {
             continue;
         };
-        let Some(schema) = version
-            .schema
-            .as_ref()
-            .and_then(|s| s.open_api_v3_schema.as_ref())
-        else {
+        let Some(schema) = version.schema.as_ref().and_then(|s| s.open_api_v3_schema.as_ref()) else {
             continue;
         };
         let _ = write!(out, "\n## {}\n\n", names.kind);
@@ -46,33 +39,17 @@ pub fn api_reference(crds: &[CustomResourceDefinition]) -> String {
             let _ = writeln!(out, "{}\n", description.trim());
         }
         let short = names.short_names.clone().unwrap_or_default().join(", ");
-        let _ = writeln!(
-            out,
-            "`kubectl get {}` (short name `{short}`, category `waycast`).\n",
-            names.plural
-        );
+        let _ = writeln!(out, "`kubectl get {}` (short name `{short}`, category `waycast`).\n", names.plural);
         if let Some(columns) = &version.additional_printer_columns {
-            let listed: Vec<String> = columns
-                .iter()
-                .map(|c| format!("`{}`", c.name.to_uppercase()))
-                .collect();
+            let listed: Vec<String> = columns.iter().map(|c| format!("`{}`", c.name.to_uppercase())).collect();
             let _ = writeln!(out, "Columns: {}.\n", listed.join(", "));
         }
         for root in ["spec", "status"] {
             if let Some(part) = schema.properties.as_ref().and_then(|p| p.get(root)) {
-                let _ = write!(
-                    out,
-                    "### {}.{root}\n\n| Field | Type | Description |\n|---|---|---|\n",
-                    names.kind
-                );
+                let _ = write!(out, "### {}.{root}\n\n| Field | Type | Description |\n|---|---|---|\n", names.kind);
                 for rule in part.x_kubernetes_validations.iter().flatten() {
                     let message = rule.message.as_deref().unwrap_or(&rule.rule);
-                    let _ = writeln!(
-                        out,
-                        "| *CEL* | | {} (`{}`) |",
-                        escape(message),
-                        escape(&rule.rule)
-                    );
+                    let _ = writeln!(out, "| *CEL* | | {} (`{}`) |", escape(message), escape(&rule.rule));
                 }
                 fields(&mut out, part, root);
                 out.push('\n');
@@ -89,28 +66,16 @@ fn fields(out: &mut String, schema: &JSONSchemaProps, path: &str) {
     let required = schema.required.clone().unwrap_or_default();
     for (name, child) in properties {
         let child_path = format!("{path}.{name}");
-        let known = KUBERNETES_TYPES
-            .iter()
-            .find(|(field, _)| field == name)
-            .map(|(_, kind)| *kind);
+        let known = KUBERNETES_TYPES.iter().find(|(field, _)| field == name).map(|(_, kind)| *kind);
         let mut type_name = known.map(str::to_owned).unwrap_or_else(|| type_of(child));
         if required.contains(name) {
             type_name.push_str(", required");
         }
-        let mut description = child
-            .description
-            .as_deref()
-            .unwrap_or("")
-            .replace('\n', " ");
+        let mut description = child.description.as_deref().unwrap_or("").replace('\n', " ");
         for constraint in constraints(child) {
             let _ = write!(description, " {constraint}.");
         }
-        let _ = writeln!(
-            out,
-            "| `{child_path}` | {} | {} |",
-            escape(&type_name),
-            escape(description.trim())
-        );
+        let _ = writeln!(out, "| `{child_path}` | {} | {} |", escape(&type_name), escape(description.trim()));
         if known.is_some() {
             continue;
         }
@@ -151,10 +116,7 @@ fn type_of(schema: &JSONSchemaProps) -> String {
 fn constraints(schema: &JSONSchemaProps) -> Vec<String> {
     let mut found = Vec::new();
     if let Some(values) = &schema.enum_ {
-        let listed: Vec<String> = values
-            .iter()
-            .map(|v| format!("`{}`", v.0.as_str().unwrap_or_default()))
-            .collect();
+        let listed: Vec<String> = values.iter().map(|v| format!("`{}`", v.0.as_str().unwrap_or_default())).collect();
         found.push(format!("One of {}", listed.join(", ")));
     }
     match (schema.minimum, schema.maximum) {

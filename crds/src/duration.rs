@@ -30,20 +30,12 @@ pub fn parse(text: &str) -> Result<Duration, DurationError> {
     let mut total = Duration::ZERO;
     let mut rest = text;
     while !rest.is_empty() {
-        let number_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(malformed)?;
+        let number_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(malformed)?;
         let (number, after) = rest.split_at(number_len);
-        if number.is_empty()
-            || number.starts_with('.')
-            || number.ends_with('.')
-            || number.matches('.').count() > 1
-        {
+        if number.is_empty() || number.starts_with('.') || number.ends_with('.') || number.matches('.').count() > 1 {
             return Err(malformed());
         }
-        let unit_len = after
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(after.len());
+        let unit_len = after.find(|c: char| c.is_ascii_digit()).unwrap_or(after.len());
         let (unit, next) = after.split_at(unit_len);
         let unit_seconds = match unit {
             "ms" => 0.001,
@@ -53,11 +45,9 @@ pub fn parse(text: &str) -> Result<Duration, DurationError> {
             _ => return Err(malformed()),
         };
         let value: f64 = number.parse().map_err(|_| malformed())?;
-        let part = Duration::try_from_secs_f64(value * unit_seconds)
-            .map_err(|_| DurationError::Overflow(text.to_owned()))?;
-        total = total
-            .checked_add(part)
-            .ok_or_else(|| DurationError::Overflow(text.to_owned()))?;
+        let part =
+            Duration::try_from_secs_f64(value * unit_seconds).map_err(|_| DurationError::Overflow(text.to_owned()))?;
+        total = total.checked_add(part).ok_or_else(|| DurationError::Overflow(text.to_owned()))?;
         rest = next;
     }
     Ok(total)
@@ -129,16 +119,10 @@ mod tests {
     #[test]
     fn refuses_malformed_text() {
         for text in ["5", "s", "5x", "1.s", ".5s", "5 s", "-5s", "1..2s", "5sm"] {
-            assert!(
-                matches!(parse(text), Err(DurationError::Malformed(_))),
-                "{text}"
-            );
+            assert!(matches!(parse(text), Err(DurationError::Malformed(_))), "{text}");
         }
         assert_eq!(parse(""), Err(DurationError::Empty));
-        assert!(matches!(
-            parse("99999999999999999999h"),
-            Err(DurationError::Overflow(_))
-        ));
+        assert!(matches!(parse("99999999999999999999h"), Err(DurationError::Overflow(_))));
     }
 
     #[test]

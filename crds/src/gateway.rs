@@ -2,9 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{
-    Affinity, ResourceRequirements, Toleration, TopologySpreadConstraint,
-};
+use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements, Toleration, TopologySpreadConstraint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -15,9 +13,7 @@ use serde::{Deserialize, Serialize};
 /// The operator turns each Gateway into a Deployment (or an HPA-driven one),
 /// a Service, RBAC for the pods, and a config Secret holding the compiled
 /// routes and key hashes. Config changes never restart pods.
-#[derive(
-    CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, kube::KubeSchema,
-)]
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, kube::KubeSchema)]
 #[kube(
     group = "waycast.dev",
     version = "v1alpha1",
@@ -103,11 +99,7 @@ pub struct Autoscaling {
     pub max_replicas: i32,
     /// Average CPU utilisation (percent of the CPU request) to keep the pods
     /// at. Default 80 when no other target is set.
-    #[serde(
-        default,
-        rename = "targetCPUUtilizationPercentage",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default, rename = "targetCPUUtilizationPercentage", skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1000))]
     pub target_cpu_utilization_percentage: Option<i32>,
     /// Average in-flight requests per pod to keep the pods at. Needs a custom

@@ -13,9 +13,7 @@ use crate::common::{Limits, SecretKeyRef};
 /// Gateway whose selectors match it serves it. When two ModelEndpoints on one
 /// Gateway claim the same name, the older one wins and the other reports
 /// `ModelNameConflict`.
-#[derive(
-    CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, kube::KubeSchema,
-)]
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, kube::KubeSchema)]
 #[kube(
     group = "waycast.dev",
     version = "v1alpha1",
@@ -41,10 +39,7 @@ pub struct ModelEndpointSpec {
 
     /// More names clients may use for the same model.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(
-        length(max = 32),
-        inner(length(min = 1, max = 256), pattern(r"^[^\s*]+$"))
-    )]
+    #[schemars(length(max = 32), inner(length(min = 1, max = 256), pattern(r"^[^\s*]+$")))]
     #[x_kube(merge_strategy = ListMerge::Set)]
     pub aliases: Vec<String>,
 

@@ -6,9 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use crate::config::{
-    BackendConfig, CONFIG_API_VERSION, GatewayConfig, KeyConfig, LimitsConfig, ModelConfig,
-};
+use crate::config::{BackendConfig, CONFIG_API_VERSION, GatewayConfig, KeyConfig, LimitsConfig, ModelConfig};
 
 /// Largest request body a config may allow: 1 GiB.
 pub const MAX_REQUEST_BODY_LIMIT: u64 = 1024 * 1024 * 1024;
@@ -51,10 +49,7 @@ struct Collector(Vec<Problem>);
 
 impl Collector {
     fn add(&mut self, path: impl Into<String>, message: impl Into<String>) {
-        self.0.push(Problem {
-            path: path.into(),
-            message: message.into(),
-        });
+        self.0.push(Problem { path: path.into(), message: message.into() });
     }
 }
 
@@ -66,22 +61,11 @@ impl GatewayConfig {
     pub fn validate(&self) -> Result<(), Problems> {
         let mut problems = Collector::default();
         if self.api_version != CONFIG_API_VERSION {
-            problems.add(
-                "apiVersion",
-                format!(
-                    "must be {CONFIG_API_VERSION:?}, found {:?}",
-                    self.api_version
-                ),
-            );
+            problems.add("apiVersion", format!("must be {CONFIG_API_VERSION:?}, found {:?}", self.api_version));
         }
         let mut claimed: BTreeMap<&str, String> = BTreeMap::new();
         for (index, model) in self.models.iter().enumerate() {
-            check_model(
-                &format!("models[{index}]"),
-                model,
-                &mut claimed,
-                &mut problems,
-            );
+            check_model(&format!("models[{index}]"), model, &mut claimed, &mut problems);
         }
         let mut ids: BTreeMap<&str, usize> = BTreeMap::new();
         let mut hashes: BTreeMap<&str, usize> = BTreeMap::new();
@@ -89,30 +73,17 @@ impl GatewayConfig {
             let path = format!("keys[{index}]");
             check_key(&path, key, &mut problems);
             if let Some(first) = ids.insert(&key.id, index) {
-                problems.add(
-                    format!("{path}.id"),
-                    format!("{:?} is also the id of keys[{first}]", key.id),
-                );
+                problems.add(format!("{path}.id"), format!("{:?} is also the id of keys[{first}]", key.id));
             }
             if let Some(first) = hashes.insert(&key.sha256, index) {
-                problems.add(
-                    format!("{path}.sha256"),
-                    format!("same key as keys[{first}]"),
-                );
+                problems.add(format!("{path}.sha256"), format!("same key as keys[{first}]"));
             }
         }
         let body_limit = self.settings.max_request_body_bytes;
         if body_limit == 0 || body_limit > MAX_REQUEST_BODY_LIMIT {
-            problems.add(
-                "settings.maxRequestBodyBytes",
-                format!("must be between 1 and {MAX_REQUEST_BODY_LIMIT}"),
-            );
+            problems.add("settings.maxRequestBodyBytes", format!("must be between 1 and {MAX_REQUEST_BODY_LIMIT}"));
         }
-        if problems.0.is_empty() {
-            Ok(())
-        } else {
-            Err(Problems(problems.0))
-        }
+        if problems.0.is_empty() { Ok(()) } else { Err(Problems(problems.0)) }
     }
 }
 
@@ -122,21 +93,13 @@ fn check_model<'a>(
     claimed: &mut BTreeMap<&'a str, String>,
     problems: &mut Collector,
 ) {
-    let names = std::iter::once((format!("{path}.name"), &model.name)).chain(
-        model
-            .aliases
-            .iter()
-            .enumerate()
-            .map(|(i, alias)| (format!("{path}.aliases[{i}]"), alias)),
-    );
+    let names = std::iter::once((format!("{path}.name"), &model.name))
+        .chain(model.aliases.iter().enumerate().map(|(i, alias)| (format!("{path}.aliases[{i}]"), alias)));
     for (name_path, name) in names {
         if let Some(message) = model_name_problem(name) {
             problems.add(&name_path, message);
         } else if let Some(owner) = claimed.get(name.as_str()) {
-            problems.add(
-                &name_path,
-                format!("{name:?} is already claimed by {owner}"),
-            );
+            problems.add(&name_path, format!("{name:?} is already claimed by {owner}"));
         } else {
             claimed.insert(name, name_path);
         }
@@ -144,19 +107,13 @@ fn check_model<'a>(
     if model.backends.is_empty() {
         problems.add(format!("{path}.backends"), "needs at least one backend");
     } else if model.backends.iter().all(|backend| backend.weight == 0) {
-        problems.add(
-            format!("{path}.backends"),
-            "at least one backend needs a weight above 0",
-        );
+        problems.add(format!("{path}.backends"), "at least one backend needs a weight above 0");
     }
     for (index, backend) in model.backends.iter().enumerate() {
         check_backend(&format!("{path}.backends[{index}]"), backend, problems);
     }
-    let timeouts = [
-        ("connect", model.timeouts.connect),
-        ("firstByte", model.timeouts.first_byte),
-        ("idle", model.timeouts.idle),
-    ];
+    let timeouts =
+        [("connect", model.timeouts.connect), ("firstByte", model.timeouts.first_byte), ("idle", model.timeouts.idle)];
     for (name, value) in timeouts {
         if value == Duration::ZERO {
             problems.add(format!("{path}.timeouts.{name}"), "must be longer than 0");
@@ -192,10 +149,9 @@ fn check_backend(path: &str, backend: &BackendConfig, problems: &mut Collector) 
         let header_path = format!("{path}.headers.{name}");
         match http::HeaderName::from_bytes(name.as_bytes()) {
             Err(_) => problems.add(&header_path, "is not a valid header name"),
-            Ok(header) if is_connection_managed(&header) => problems.add(
-                &header_path,
-                "is set by the gateway itself and cannot be configured",
-            ),
+            Ok(header) if is_connection_managed(&header) => {
+                problems.add(&header_path, "is set by the gateway itself and cannot be configured")
+            }
             Ok(_) => {}
         }
         // NB: never echo the value: it is usually a credential.
@@ -207,15 +163,8 @@ fn check_backend(path: &str, backend: &BackendConfig, problems: &mut Collector) 
 
 fn is_connection_managed(header: &http::HeaderName) -> bool {
     use http::header;
-    [
-        header::HOST,
-        header::CONTENT_LENGTH,
-        header::TRANSFER_ENCODING,
-        header::CONNECTION,
-        header::UPGRADE,
-        header::TE,
-    ]
-    .contains(header)
+    [header::HOST, header::CONTENT_LENGTH, header::TRANSFER_ENCODING, header::CONNECTION, header::UPGRADE, header::TE]
+        .contains(header)
 }
 
 /// Why `url` is not an absolute http(s) base URL, if it is not.
@@ -240,23 +189,13 @@ fn check_key(path: &str, key: &KeyConfig, problems: &mut Collector) {
     if key.id.is_empty() {
         problems.add(format!("{path}.id"), "must not be empty");
     }
-    let is_hex_sha256 = key.sha256.len() == 64
-        && key
-            .sha256
-            .bytes()
-            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    let is_hex_sha256 = key.sha256.len() == 64 && key.sha256.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
     if !is_hex_sha256 {
-        problems.add(
-            format!("{path}.sha256"),
-            "must be 64 lowercase hex characters (the SHA-256 of the key)",
-        );
+        problems.add(format!("{path}.sha256"), "must be 64 lowercase hex characters (the SHA-256 of the key)");
     }
     for (index, pattern) in key.models.iter().flatten().enumerate() {
         if pattern.is_empty() || pattern.chars().any(|c| c.is_whitespace() || c.is_control()) {
-            problems.add(
-                format!("{path}.models[{index}]"),
-                "must be a model name or a glob without whitespace",
-            );
+            problems.add(format!("{path}.models[{index}]"), "must be a model name or a glob without whitespace");
         }
     }
     if let Some(limits) = &key.limits {
@@ -282,12 +221,7 @@ mod tests {
     use crate::config::{Settings, TimeoutsConfig};
 
     fn backend(url: &str) -> BackendConfig {
-        BackendConfig {
-            url: url.into(),
-            model: None,
-            weight: 1,
-            headers: BTreeMap::new(),
-        }
+        BackendConfig { url: url.into(), model: None, weight: 1, headers: BTreeMap::new() }
     }
 
     fn model(name: &str, aliases: &[&str]) -> ModelConfig {
@@ -325,36 +259,16 @@ mod tests {
     #[test]
     fn reports_every_problem_with_its_path() {
         let mut broken_backend = model("mistral", &["llama3"]);
-        broken_backend.backends = vec![
-            backend("ftp://example.com/v1"),
-            backend("http:///v1"),
-            backend("http://ok/v1?x=1"),
-        ];
-        broken_backend.backends[0]
-            .headers
-            .insert("bad header".into(), "secret-value\n".into());
+        broken_backend.backends =
+            vec![backend("ftp://example.com/v1"), backend("http:///v1"), backend("http://ok/v1?x=1")];
+        broken_backend.backends[0].headers.insert("bad header".into(), "secret-value\n".into());
         broken_backend.timeouts.idle = Duration::ZERO;
-        broken_backend.limits = Some(LimitsConfig {
-            requests_per_minute: Some(0),
-            tokens_per_minute: None,
-        });
+        broken_backend.limits = Some(LimitsConfig { requests_per_minute: Some(0), tokens_per_minute: None });
         let config = GatewayConfig {
             api_version: "waycast.dev/v0".into(),
-            models: vec![
-                model("llama", &["llama3"]),
-                broken_backend,
-                model("", &[]),
-                model("a b", &[]),
-            ],
-            keys: vec![
-                key("", "ABC"),
-                key("team-a/alice", HASH_A),
-                key("team-a/alice", HASH_A),
-            ],
-            settings: Settings {
-                max_request_body_bytes: 0,
-                access_log: true,
-            },
+            models: vec![model("llama", &["llama3"]), broken_backend, model("", &[]), model("a b", &[])],
+            keys: vec![key("", "ABC"), key("team-a/alice", HASH_A), key("team-a/alice", HASH_A)],
+            settings: Settings { max_request_body_bytes: 0, access_log: true },
         };
         let problems = config.validate().unwrap_err();
         let paths: Vec<&str> = problems.0.iter().map(|p| p.path.as_str()).collect();
@@ -378,14 +292,8 @@ mod tests {
             assert!(paths.contains(&expected), "missing {expected} in {paths:?}");
         }
         let text = problems.to_string();
-        assert!(
-            text.contains("\"llama3\" is already claimed by models[0].aliases[0]"),
-            "{text}"
-        );
-        assert!(
-            !text.contains("secret-value"),
-            "a header value leaked: {text}"
-        );
+        assert!(text.contains("\"llama3\" is already claimed by models[0].aliases[0]"), "{text}");
+        assert!(!text.contains("secret-value"), "a header value leaked: {text}");
     }
 
     #[test]

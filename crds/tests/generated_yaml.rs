@@ -13,16 +13,9 @@ fn committed_crd_yaml_is_current() {
             stale.push(file_name.clone());
         }
     }
-    assert!(
-        stale.is_empty(),
-        "stale CRD YAML {stale:?}: run `make crds` and commit the result"
-    );
+    assert!(stale.is_empty(), "stale CRD YAML {stale:?}: run `make crds` and commit the result");
     let on_disk = std::fs::read_dir(&dir).expect("crds/yaml exists").count();
-    assert_eq!(
-        on_disk,
-        documents.len(),
-        "crds/yaml holds files crdgen no longer renders"
-    );
+    assert_eq!(on_disk, documents.len(), "crds/yaml holds files crdgen no longer renders");
 }
 
 #[test]
@@ -30,8 +23,5 @@ fn committed_api_reference_is_current() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/api.md");
     let committed = std::fs::read_to_string(&path).unwrap_or_default();
     let rendered = waycast_crds::docs::api_reference(&waycast_crds::crds());
-    assert!(
-        committed == rendered,
-        "docs/api.md is stale: run `make crds` and commit the result"
-    );
+    assert!(committed == rendered, "docs/api.md is stale: run `make crds` and commit the result");
 }

@@ -52,12 +52,7 @@ impl ControlPlaneOptions {
     /// Loopback-only options with the given state directory.
     pub fn loopback(state_dir: PathBuf) -> Self {
         let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
-        Self {
-            state_dir,
-            bind_address: loopback,
-            advertise_address: loopback,
-            extra_sans: Vec::new(),
-        }
+        Self { state_dir, bind_address: loopback, advertise_address: loopback, extra_sans: Vec::new() }
     }
 }
 
@@ -95,10 +90,7 @@ pub fn k8s_binary(name: &str) -> anyhow::Result<PathBuf> {
     let dir = k8s_bin_dir()?;
     let path = dir.join(name);
     if !path.is_file() {
-        bail!(
-            "{} was not built by e2e/scripts/build-k8s.sh",
-            path.display()
-        );
+        bail!("{} was not built by e2e/scripts/build-k8s.sh", path.display());
     }
     Ok(path)
 }
@@ -166,53 +158,25 @@ impl ControlPlane {
         sans.extend(options.extra_sans.iter().cloned());
         sans.sort();
         sans.dedup();
-        let serving = ca.issue(
-            &pki_dir,
-            "apiserver",
-            "kube-apiserver",
-            &[],
-            &sans,
-            Usage::Server,
-        )?;
-        let admin = ca.issue(
-            &pki_dir,
-            "admin",
-            "waycast-e2e-admin",
-            &["system:masters"],
-            &[],
-            Usage::Client,
-        )?;
-        let kcm = ca.issue(
-            &pki_dir,
-            "controller-manager",
-            "system:kube-controller-manager",
-            &[],
-            &[],
-            Usage::Client,
-        )?;
+        let serving = ca.issue(&pki_dir, "apiserver", "kube-apiserver", &[], &sans, Usage::Server)?;
+        let admin = ca.issue(&pki_dir, "admin", "waycast-e2e-admin", &["system:masters"], &[], Usage::Client)?;
+        let kcm =
+            ca.issue(&pki_dir, "controller-manager", "system:kube-controller-manager", &[], &[], Usage::Client)?;
         let service_account = pki::service_account_key(&pki_dir)?;
 
         let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
         let etcd_port = free_port(loopback)?;
         let etcd_peer_port = free_port(loopback)?;
         let apiserver_port = free_port(options.bind_address)?;
-        let server_url = format!(
-            "https://{}",
-            SocketAddr::new(client_address(&options), apiserver_port)
-        );
+        let server_url = format!("https://{}", SocketAddr::new(client_address(&options), apiserver_port));
 
         let kubeconfig = dir.join("admin.kubeconfig");
         write_kubeconfig(&kubeconfig, &server_url, &ca.files.cert, &admin)?;
         let kcm_kubeconfig = dir.join("controller-manager.kubeconfig");
         write_kubeconfig(&kcm_kubeconfig, &server_url, &ca.files.cert, &kcm)?;
 
-        let mut plane = Self {
-            state_dir: dir.clone(),
-            kubeconfig,
-            server_url,
-            ca: ca.files.cert.clone(),
-            processes: Vec::new(),
-        };
+        let mut plane =
+            Self { state_dir: dir.clone(), kubeconfig, server_url, ca: ca.files.cert.clone(), processes: Vec::new() };
 
         let etcd_client = format!("http://127.0.0.1:{etcd_port}");
         let etcd_peer = format!("http://127.0.0.1:{etcd_peer_port}");
@@ -232,9 +196,7 @@ impl ControlPlane {
                 "--log-level=warn".into(),
             ],
         )?;
-        plane
-            .wait_for_port("etcd", SocketAddr::new(loopback, etcd_port))
-            .await?;
+        plane.wait_for_port("etcd", SocketAddr::new(loopback, etcd_port)).await?;
 
         let path = |p: &Path| p.display().to_string();
         plane.spawn(
@@ -252,10 +214,7 @@ impl ControlPlane {
                 format!("--service-account-issuer={SERVICE_ACCOUNT_ISSUER}"),
                 format!("--api-audiences={SERVICE_ACCOUNT_ISSUER}"),
                 format!("--service-account-key-file={}", path(&service_account.cert)),
-                format!(
-                    "--service-account-signing-key-file={}",
-                    path(&service_account.key)
-                ),
+                format!("--service-account-signing-key-file={}", path(&service_account.key)),
                 format!("--service-cluster-ip-range={SERVICE_CIDR}"),
                 // Without a node, a reconciled `kubernetes` endpoint would point
                 // at loopback inside pods; a node-bearing setup overrides this.
@@ -277,10 +236,7 @@ impl ControlPlane {
                 "--secure-port=0".into(),
                 "--leader-elect=false".into(),
                 "--use-service-account-credentials=true".into(),
-                format!(
-                    "--service-account-private-key-file={}",
-                    path(&service_account.key)
-                ),
+                format!("--service-account-private-key-file={}", path(&service_account.key)),
                 format!("--root-ca-file={}", path(&ca.files.cert)),
                 format!("--cluster-signing-cert-file={}", path(&ca.files.cert)),
                 format!("--cluster-signing-key-file={}", path(&ca.files.key)),
@@ -311,8 +267,7 @@ impl ControlPlane {
 
     fn spawn(&mut self, name: &'static str, binary: &Path, args: &[String]) -> anyhow::Result<()> {
         let log = self.state_dir.join(format!("{name}.log"));
-        let log_file =
-            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let log_file = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
         let mut command = tokio::process::Command::new(binary);
         command
             .args(args)
@@ -325,9 +280,7 @@ impl ControlPlane {
             .stdout(log_file.try_clone()?)
             .stderr(log_file)
             .kill_on_drop(true);
-        let child = command
-            .spawn()
-            .with_context(|| format!("starting {}", binary.display()))?;
+        let child = command.spawn().with_context(|| format!("starting {}", binary.display()))?;
         if let Some(pid) = child.id() {
             record_pid(&self.state_dir, pid)?;
         }
@@ -338,11 +291,7 @@ impl ControlPlane {
     fn check_alive(&mut self) -> anyhow::Result<()> {
         for process in &mut self.processes {
             if let Some(status) = process.child.try_wait()? {
-                bail!(
-                    "{} exited ({status}); its log ends with:\n{}",
-                    process.name,
-                    log_tail(&process.log, 30)
-                );
+                bail!("{} exited ({status}); its log ends with:\n{}", process.name, log_tail(&process.log, 30));
             }
         }
         Ok(())
@@ -386,9 +335,7 @@ impl ControlPlane {
         while accounts.get_opt("default").await.ok().flatten().is_none() {
             self.check_alive()?;
             if Instant::now() > deadline {
-                bail!(
-                    "kube-controller-manager did not create the default ServiceAccount within 90s"
-                );
+                bail!("kube-controller-manager did not create the default ServiceAccount within 90s");
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -397,11 +344,7 @@ impl ControlPlane {
 }
 
 fn client_address(options: &ControlPlaneOptions) -> IpAddr {
-    if options.bind_address.is_unspecified() {
-        options.advertise_address
-    } else {
-        options.bind_address
-    }
+    if options.bind_address.is_unspecified() { options.advertise_address } else { options.bind_address }
 }
 
 /// A client from a kubeconfig file.
@@ -409,13 +352,9 @@ fn client_address(options: &ControlPlaneOptions) -> IpAddr {
 /// # Errors
 /// The file being unreadable or invalid.
 pub async fn client_from_kubeconfig(path: &Path) -> anyhow::Result<kube::Client> {
-    let kubeconfig = kube::config::Kubeconfig::read_from(path)
-        .with_context(|| format!("reading {}", path.display()))?;
-    let config = kube::Config::from_custom_kubeconfig(
-        kubeconfig,
-        &kube::config::KubeConfigOptions::default(),
-    )
-    .await?;
+    let kubeconfig =
+        kube::config::Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default()).await?;
     Ok(kube::Client::try_from(config)?)
 }
 
@@ -423,12 +362,7 @@ pub async fn client_from_kubeconfig(path: &Path) -> anyhow::Result<kube::Client>
 ///
 /// # Errors
 /// The file write failing.
-pub fn write_kubeconfig(
-    path: &Path,
-    server: &str,
-    ca: &Path,
-    client: &pki::PemFiles,
-) -> anyhow::Result<()> {
+pub fn write_kubeconfig(path: &Path, server: &str, ca: &Path, client: &pki::PemFiles) -> anyhow::Result<()> {
     let text = format!(
         "apiVersion: v1\nkind: Config\nclusters:\n- name: waycast-e2e\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\nusers:\n- name: waycast-e2e\n  user:\n    client-certificate: {cert}\n    client-key: {key}\ncontexts:\n- name: waycast-e2e\n  context:\n    cluster: waycast-e2e\n    user: waycast-e2e\n    namespace: default\ncurrent-context: waycast-e2e\n",
         ca = ca.display(),
@@ -440,10 +374,7 @@ pub fn write_kubeconfig(
 
 fn record_pid(state_dir: &Path, pid: u32) -> anyhow::Result<()> {
     use std::io::Write as _;
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(state_dir.join("pids"))?;
+    let mut file = std::fs::OpenOptions::new().create(true).append(true).open(state_dir.join("pids"))?;
     writeln!(file, "{pid}")?;
     Ok(())
 }
@@ -471,11 +402,7 @@ pub fn clean_stale_runs(root: &Path) {
     };
     for entry in entries.flatten() {
         let dir = entry.path();
-        let Some(owner) = dir
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_prefix("run-"))
-        else {
+        let Some(owner) = dir.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_prefix("run-")) else {
             continue;
         };
         if Path::new("/proc").join(owner).exists() {
@@ -484,12 +411,9 @@ pub fn clean_stale_runs(root: &Path) {
         let pids = std::fs::read_to_string(dir.join("pids")).unwrap_or_default();
         let marker = dir.display().to_string();
         for pid in pids.lines().map(str::trim).filter(|p| !p.is_empty()) {
-            let cmdline =
-                std::fs::read(Path::new("/proc").join(pid).join("cmdline")).unwrap_or_default();
+            let cmdline = std::fs::read(Path::new("/proc").join(pid).join("cmdline")).unwrap_or_default();
             if String::from_utf8_lossy(&cmdline).contains(&marker) {
-                let _ = std::process::Command::new("kill")
-                    .args(["-9", pid])
-                    .status();
+                let _ = std::process::Command::new("kill").args(["-9", pid]).status();
             }
         }
         let _ = std::fs::remove_dir_all(&dir);

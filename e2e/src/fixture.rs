@@ -35,26 +35,14 @@ pub fn sha256_hex(text: &str) -> String {
 }
 
 fn key(id: &str, text: &str) -> KeyConfig {
-    KeyConfig {
-        id: id.into(),
-        sha256: sha256_hex(text),
-        models: None,
-        expires_at: None,
-        disabled: false,
-        limits: None,
-    }
+    KeyConfig { id: id.into(), sha256: sha256_hex(text), models: None, expires_at: None, disabled: false, limits: None }
 }
 
 fn model(name: &str, aliases: &[&str], url: &str) -> ModelConfig {
     ModelConfig {
         name: name.into(),
         aliases: aliases.iter().map(|a| (*a).to_owned()).collect(),
-        backends: vec![BackendConfig {
-            url: url.into(),
-            model: None,
-            weight: 1,
-            headers: Default::default(),
-        }],
+        backends: vec![BackendConfig { url: url.into(), model: None, weight: 1, headers: Default::default() }],
         timeouts: TimeoutsConfig::default(),
         limits: None,
         source: None,
@@ -66,9 +54,7 @@ fn model(name: &str, aliases: &[&str], url: &str) -> ModelConfig {
 pub fn default_config(upstream: &str) -> GatewayConfig {
     let mut llama = model("llama-3.1-8b", &["llama3"], upstream);
     llama.backends[0].model = Some("meta-llama/Llama-3.1-8B-Instruct".into());
-    llama.backends[0]
-        .headers
-        .insert("authorization".into(), format!("Bearer {UPSTREAM_SECRET}"));
+    llama.backends[0].headers.insert("authorization".into(), format!("Bearer {UPSTREAM_SECRET}"));
     let mut bob = key("team-b/bob", BOB_KEY);
     bob.models = Some(vec!["mistral-*".into()]);
     let mut expired = key("team-a/expired", EXPIRED_KEY);
@@ -76,11 +62,7 @@ pub fn default_config(upstream: &str) -> GatewayConfig {
     let mut disabled = key("team-a/disabled", DISABLED_KEY);
     disabled.disabled = true;
     GatewayConfig {
-        models: vec![
-            llama,
-            model("mistral-7b", &[], upstream),
-            model("embed-small", &[], upstream),
-        ],
+        models: vec![llama, model("mistral-7b", &[], upstream), model("embed-small", &[], upstream)],
         keys: vec![key("team-a/alice", ALICE_KEY), bob, expired, disabled],
         ..GatewayConfig::empty()
     }
@@ -147,21 +129,14 @@ impl Fixture {
     ///
     /// # Panics
     /// When anything fails to start: the test cannot run.
-    pub async fn start(
-        options: FixtureOptions,
-        adjust: impl FnOnce(&mut GatewayConfig, &str),
-    ) -> Self {
-        let mock = mock_upstream::start(SocketAddr::from(([127, 0, 0, 1], 0)), options.mock)
-            .await
-            .expect("mock starts");
+    pub async fn start(options: FixtureOptions, adjust: impl FnOnce(&mut GatewayConfig, &str)) -> Self {
+        let mock =
+            mock_upstream::start(SocketAddr::from(([127, 0, 0, 1], 0)), options.mock).await.expect("mock starts");
         let mut config = default_config(&mock.base_url());
         adjust(&mut config, &mock.base_url());
         let dir = temp_dir("gateway");
         let config_path = dir.join("gateway.yaml");
-        write_atomically(
-            &config_path,
-            serde_yaml::to_string(&config).expect("yaml").as_bytes(),
-        );
+        write_atomically(&config_path, serde_yaml::to_string(&config).expect("yaml").as_bytes());
         let gateway = waycast_gateway::start(GatewayOptions {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -217,38 +192,51 @@ impl Fixture {
     pub async fn send(&self, request: Request<Full<Bytes>>) -> (StatusCode, HeaderMap, Bytes) {
         let response = self.client.request(request).await.expect("gateway answers");
         let (parts, body) = response.into_parts();
-        let body = body
-            .collect()
-            .await
-            .map(|c| c.to_bytes())
-            .unwrap_or_default();
+        let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
         (parts.status, parts.headers, body)
     }
 
-    /// POSTs JSON with a key (or none).
-    pub async fn post(
+    /// A POST to `path` with a key and extra headers (e.g. `x-mock-*`).
+    ///
+    /// # Panics
+    /// On an invalid header.
+    pub fn request(
         &self,
         path: &str,
         key: Option<&str>,
         body: &str,
-    ) -> (StatusCode, HeaderMap, Bytes) {
+        headers: &[(&'static str, &str)],
+    ) -> Request<Full<Bytes>> {
+        let mut request = post_request(&self.url(path), key, body);
+        for (name, value) in headers {
+            request.headers_mut().insert(*name, value.parse().expect("header value"));
+        }
+        request
+    }
+
+    /// Sends a request on a fresh connection and returns the response with
+    /// its body still streaming.
+    ///
+    /// # Panics
+    /// On a transport error.
+    pub async fn open(&self, request: Request<Full<Bytes>>) -> http::Response<hyper::body::Incoming> {
+        let client = Client::builder(TokioExecutor::new()).build_http();
+        client.request(request).await.expect("gateway answers")
+    }
+
+    /// POSTs JSON with a key (or none).
+    pub async fn post(&self, path: &str, key: Option<&str>, body: &str) -> (StatusCode, HeaderMap, Bytes) {
         self.send(post_request(&self.url(path), key, body)).await
     }
 
     /// GETs a path of the admin listener.
     pub async fn admin_get(&self, path: &str) -> (StatusCode, String) {
-        let request = Request::get(format!("http://{}{path}", self.admin))
-            .body(Full::new(Bytes::new()))
-            .expect("request");
+        let request =
+            Request::get(format!("http://{}{path}", self.admin)).body(Full::new(Bytes::new())).expect("request");
         match self.client.request(request).await {
             Ok(response) => {
                 let status = response.status();
-                let body = response
-                    .into_body()
-                    .collect()
-                    .await
-                    .map(|c| c.to_bytes())
-                    .unwrap_or_default();
+                let body = response.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
                 (status, String::from_utf8_lossy(&body).into_owned())
             }
             Err(_) => (StatusCode::SERVICE_UNAVAILABLE, String::new()),
@@ -258,8 +246,7 @@ impl Fixture {
     /// The value of one metric line (`name{labels}` exactly as rendered).
     pub async fn metric(&self, series: &str) -> Option<f64> {
         let (_, text) = self.admin_get("/metrics").await;
-        text.lines()
-            .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+        text.lines().find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
     }
 }
 
@@ -278,9 +265,7 @@ pub fn post_request(url: &str, key: Option<&str>, body: &str) -> Request<Full<By
     if let Some(key) = key {
         builder = builder.header("authorization", format!("Bearer {key}"));
     }
-    builder
-        .body(Full::new(Bytes::from(body.to_owned())))
-        .expect("request")
+    builder.body(Full::new(Bytes::from(body.to_owned()))).expect("request")
 }
 
 fn write_atomically(path: &PathBuf, bytes: &[u8]) {

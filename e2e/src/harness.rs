@@ -38,8 +38,7 @@ static CLUSTER: OnceLock<Result<SharedCluster, String>> = OnceLock::new();
 /// When the cluster cannot be started; every test using it then fails with
 /// the reason.
 pub fn shared_cluster(supervisor: &str) -> &'static SharedCluster {
-    let result =
-        CLUSTER.get_or_init(|| start_shared(supervisor).map_err(|error| format!("{error:#}")));
+    let result = CLUSTER.get_or_init(|| start_shared(supervisor).map_err(|error| format!("{error:#}")));
     match result {
         Ok(cluster) => cluster,
         Err(error) => panic!("the e2e cluster could not be started: {error}"),
@@ -48,14 +47,10 @@ pub fn shared_cluster(supervisor: &str) -> &'static SharedCluster {
 
 fn start_shared(supervisor: &str) -> anyhow::Result<SharedCluster> {
     if let Some(kubeconfig) = std::env::var_os("WAYCAST_E2E_KUBECONFIG") {
-        return Ok(SharedCluster {
-            kubeconfig: kubeconfig.into(),
-            _supervisor_stdin: None,
-        });
+        return Ok(SharedCluster { kubeconfig: kubeconfig.into(), _supervisor_stdin: None });
     }
     let log_path = std::env::temp_dir().join(format!("waycast-cluster-{}.log", std::process::id()));
-    let log = std::fs::File::create(&log_path)
-        .with_context(|| format!("creating {}", log_path.display()))?;
+    let log = std::fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
     let mut child = Command::new(supervisor)
         .args(["up", "--exit-on-stdin-eof"])
         .stdin(Stdio::piped())
@@ -67,10 +62,7 @@ fn start_shared(supervisor: &str) -> anyhow::Result<SharedCluster> {
     for line in BufReader::new(stdout).lines() {
         let line = line?;
         if let Some(path) = line.strip_prefix(READY_PREFIX) {
-            return Ok(SharedCluster {
-                kubeconfig: PathBuf::from(path),
-                _supervisor_stdin: child.stdin.take(),
-            });
+            return Ok(SharedCluster { kubeconfig: PathBuf::from(path), _supervisor_stdin: child.stdin.take() });
         }
     }
     let status = child.wait()?;
@@ -85,9 +77,7 @@ impl SharedCluster {
     /// # Panics
     /// When the kubeconfig cannot be read.
     pub async fn client(&self) -> Client {
-        crate::control_plane::client_from_kubeconfig(&self.kubeconfig)
-            .await
-            .expect("e2e kubeconfig is readable")
+        crate::control_plane::client_from_kubeconfig(&self.kubeconfig).await.expect("e2e kubeconfig is readable")
     }
 }
 
@@ -97,15 +87,9 @@ impl SharedCluster {
 /// The API server refusing it.
 pub async fn test_namespace(client: &Client, prefix: &str) -> anyhow::Result<String> {
     static COUNTER: AtomicU32 = AtomicU32::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    let name = format!(
-        "{prefix}-{}-{:05}",
-        COUNTER.fetch_add(1, Ordering::Relaxed),
-        nanos % 100_000
-    );
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    let name = format!("{prefix}-{}-{:05}", COUNTER.fetch_add(1, Ordering::Relaxed), nanos % 100_000);
     let namespace = Namespace {
         metadata: ObjectMeta {
             name: Some(name.clone()),

@@ -24,8 +24,7 @@ pub fn parse_documents(yaml: &str) -> anyhow::Result<Vec<DynamicObject>> {
         if value.is_null() {
             continue;
         }
-        let object: DynamicObject =
-            serde_json::from_value(value).context("a YAML document is not an object")?;
+        let object: DynamicObject = serde_json::from_value(value).context("a YAML document is not an object")?;
         objects.push(object);
     }
     Ok(objects)
@@ -37,18 +36,10 @@ use serde::Deserialize as _;
 ///
 /// # Errors
 /// The object has no `apiVersion`/`kind`, or the server does not serve it.
-pub async fn resolve(
-    client: &Client,
-    object: &DynamicObject,
-) -> anyhow::Result<(ApiResource, ApiCapabilities)> {
-    let types = object
-        .types
-        .as_ref()
-        .ok_or_else(|| anyhow!("object {} has no apiVersion/kind", object.name_any()))?;
+pub async fn resolve(client: &Client, object: &DynamicObject) -> anyhow::Result<(ApiResource, ApiCapabilities)> {
+    let types = object.types.as_ref().ok_or_else(|| anyhow!("object {} has no apiVersion/kind", object.name_any()))?;
     let gvk = GroupVersionKind::try_from(types).context("reading apiVersion/kind")?;
-    kube::discovery::pinned_kind(client, &gvk)
-        .await
-        .with_context(|| format!("discovering {}", types.kind))
+    kube::discovery::pinned_kind(client, &gvk).await.with_context(|| format!("discovering {}", types.kind))
 }
 
 /// Server-side applies `objects` in order. Namespaced objects without a
@@ -57,11 +48,7 @@ pub async fn resolve(
 /// # Errors
 /// The first refusal, with the object's kind and name and the server's
 /// message.
-pub async fn apply_all(
-    client: &Client,
-    objects: &[DynamicObject],
-    default_namespace: &str,
-) -> anyhow::Result<()> {
+pub async fn apply_all(client: &Client, objects: &[DynamicObject], default_namespace: &str) -> anyhow::Result<()> {
     let mut ordered: Vec<&DynamicObject> = objects.iter().collect();
     ordered.sort_by_key(|o| o.types.as_ref().is_none_or(|t| t.kind != "Namespace"));
     for object in ordered {
@@ -74,28 +61,18 @@ pub async fn apply_all(
 ///
 /// # Errors
 /// Discovery failing or the server refusing the object (its message is kept).
-pub async fn apply(
-    client: &Client,
-    object: &DynamicObject,
-    default_namespace: &str,
-) -> anyhow::Result<DynamicObject> {
+pub async fn apply(client: &Client, object: &DynamicObject, default_namespace: &str) -> anyhow::Result<DynamicObject> {
     let (resource, capabilities) = resolve(client, object).await?;
     let api: Api<DynamicObject> = match capabilities.scope {
-        Scope::Namespaced => Api::namespaced_with(
-            client.clone(),
-            object.namespace().as_deref().unwrap_or(default_namespace),
-            &resource,
-        ),
+        Scope::Namespaced => {
+            Api::namespaced_with(client.clone(), object.namespace().as_deref().unwrap_or(default_namespace), &resource)
+        }
         Scope::Cluster => Api::all_with(client.clone(), &resource),
     };
     let name = object.name_any();
-    api.patch(
-        &name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(object),
-    )
-    .await
-    .with_context(|| format!("applying {} {name}", resource.kind))
+    api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(object))
+        .await
+        .with_context(|| format!("applying {} {name}", resource.kind))
 }
 
 /// Applies every waycast CRD (as this build renders them) and waits until
@@ -108,9 +85,7 @@ pub async fn install_crds(client: &Client) -> anyhow::Result<()> {
     let params = PatchParams::apply(FIELD_MANAGER).force();
     for crd in waycast_crds::crds() {
         let name = crd.name_any();
-        api.patch(&name, &params, &Patch::Apply(&crd))
-            .await
-            .with_context(|| format!("applying CRD {name}"))?;
+        api.patch(&name, &params, &Patch::Apply(&crd)).await.with_context(|| format!("applying CRD {name}"))?;
     }
     for crd in waycast_crds::crds() {
         wait_established(client, &crd.name_any(), Duration::from_secs(30)).await?;
@@ -122,18 +97,11 @@ pub async fn install_crds(client: &Client) -> anyhow::Result<()> {
 ///
 /// # Errors
 /// Not Established in time.
-pub async fn wait_established(
-    client: &Client,
-    name: &str,
-    timeout: Duration,
-) -> anyhow::Result<()> {
+pub async fn wait_established(client: &Client, name: &str, timeout: Duration) -> anyhow::Result<()> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let deadline = Instant::now() + timeout;
     loop {
-        let crd = api
-            .get(name)
-            .await
-            .with_context(|| format!("reading CRD {name}"))?;
+        let crd = api.get(name).await.with_context(|| format!("reading CRD {name}"))?;
         let established = crd
             .status
             .and_then(|s| s.conditions)

@@ -54,11 +54,7 @@ pub struct MockOptions {
 
 impl Default for MockOptions {
     fn default() -> Self {
-        Self {
-            delay: Duration::ZERO,
-            chunks: 5,
-            interval: Duration::from_millis(1),
-        }
+        Self { delay: Duration::ZERO, chunks: 5, interval: Duration::from_millis(1) }
     }
 }
 
@@ -137,11 +133,7 @@ pub async fn start(listen: SocketAddr, options: MockOptions) -> std::io::Result<
     let addr = listener.local_addr()?;
     let recorder = Arc::new(Recorder::default());
     let task = tokio::spawn(serve(listener, Arc::new(options), recorder.clone()));
-    Ok(MockUpstream {
-        addr,
-        recorder,
-        task,
-    })
+    Ok(MockUpstream { addr, recorder, task })
 }
 
 /// Serves until the task is dropped.
@@ -155,11 +147,8 @@ pub async fn serve(listener: TcpListener, options: Arc<MockOptions>, recorder: A
         let options = options.clone();
         let recorder = recorder.clone();
         tokio::spawn(async move {
-            let service =
-                service_fn(move |request| respond(request, options.clone(), recorder.clone()));
-            let _ = auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+            let service = service_fn(move |request| respond(request, options.clone(), recorder.clone()));
+            let _ = auto::Builder::new(TokioExecutor::new()).serve_connection(TokioIo::new(stream), service).await;
         });
     }
 }
@@ -174,21 +163,10 @@ async fn respond(
     recorder: Arc<Recorder>,
 ) -> Result<Response<MockBody>, Infallible> {
     let (parts, body) = request.into_parts();
-    let body = body
-        .collect()
-        .await
-        .map(|c| c.to_bytes())
-        .unwrap_or_default();
-    let path = parts
-        .uri
-        .path_and_query()
-        .map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned());
-    let received = Received {
-        method: parts.method.to_string(),
-        path: path.clone(),
-        headers: parts.headers.clone(),
-        body,
-    };
+    let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+    let path = parts.uri.path_and_query().map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned());
+    let received =
+        Received { method: parts.method.to_string(), path: path.clone(), headers: parts.headers.clone(), body };
     if parts.uri.path() == "/_mock/requests" {
         let listed: Vec<Value> = recorder
             .requests()
@@ -208,34 +186,23 @@ async fn respond(
     recorder.requests.lock().await.push(received.clone());
     let headers = &received.headers;
 
-    let delay =
-        header_number(headers, "x-mock-delay-ms").map_or(options.delay, Duration::from_millis);
-    let stall = headers
-        .get("x-mock-stall")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
+    let delay = header_number(headers, "x-mock-delay-ms").map_or(options.delay, Duration::from_millis);
+    let stall = headers.get("x-mock-stall").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
     if stall == "headers" {
         std::future::pending::<()>().await;
     }
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
-    if let Some(status) =
-        header_number(headers, "x-mock-status").and_then(|s| u16::try_from(s).ok())
-    {
+    if let Some(status) = header_number(headers, "x-mock-status").and_then(|s| u16::try_from(s).ok()) {
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let error = json!({"error": {"message": "injected by x-mock-status", "type": "mock_error", "param": null, "code": "mock"}});
         return Ok(json_response(status, &error));
     }
     let request_json = received.json();
-    let model = request_json["model"]
-        .as_str()
-        .unwrap_or("mock-model")
-        .to_owned();
+    let model = request_json["model"].as_str().unwrap_or("mock-model").to_owned();
     let chunks = header_number(headers, "x-mock-chunks").map_or(options.chunks, |n| n as usize);
-    let interval = header_number(headers, "x-mock-interval-ms")
-        .map_or(options.interval, Duration::from_millis);
+    let interval = header_number(headers, "x-mock-interval-ms").map_or(options.interval, Duration::from_millis);
     let prompt_tokens = (received.body.len() / 4) as u64;
     let completion_tokens = chunks as u64;
     let stream = request_json["stream"].as_bool() == Some(true);
@@ -257,10 +224,7 @@ async fn respond(
             return Ok(json_response(StatusCode::NOT_FOUND, &error));
         }
     };
-    let usage = Usage {
-        prompt: prompt_tokens,
-        completion: completion_tokens,
-    };
+    let usage = Usage { prompt: prompt_tokens, completion: completion_tokens };
     if stream && kind != Kind::Embedding {
         let events = stream_events(kind, &model, chunks, usage, include_usage);
         return Ok(stream_response(events, interval, stall == "body", recorder));
@@ -270,15 +234,9 @@ async fn respond(
         // Two frames and no Content-Length: hyper sends it chunked.
         let text = body.to_string();
         let (first, second) = text.split_at(text.len() / 2);
-        let events = vec![
-            Bytes::from(first.to_owned()),
-            Bytes::from(second.to_owned()),
-        ];
+        let events = vec![Bytes::from(first.to_owned()), Bytes::from(second.to_owned())];
         let mut response = stream_response(events, Duration::ZERO, false, recorder);
-        response.headers_mut().insert(
-            header::CONTENT_TYPE,
-            header::HeaderValue::from_static("application/json"),
-        );
+        response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
         return Ok(response);
     }
     Ok(json_response(StatusCode::OK, &body))
@@ -342,28 +300,19 @@ fn sse(event: Option<&str>, data: &Value) -> Bytes {
     }
 }
 
-fn stream_events(
-    kind: Kind,
-    model: &str,
-    chunks: usize,
-    usage: Usage,
-    include_usage: bool,
-) -> Vec<Bytes> {
+fn stream_events(kind: Kind, model: &str, chunks: usize, usage: Usage, include_usage: bool) -> Vec<Bytes> {
     let mut events = Vec::with_capacity(chunks + 4);
     match kind {
         Kind::Chat | Kind::Completion => {
-            let object = if kind == Kind::Chat {
-                "chat.completion.chunk"
-            } else {
-                "text_completion"
-            };
+            let object = if kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" };
             for i in 0..chunks {
                 let choice = if kind == Kind::Chat {
                     json!({"index": 0, "delta": {"content": format!("token{i} ")}, "finish_reason": null})
                 } else {
                     json!({"index": 0, "text": format!("token{i} "), "finish_reason": null})
                 };
-                let mut chunk = json!({"id": "chatcmpl-mock", "object": object, "created": 0, "model": model, "choices": [choice]});
+                let mut chunk =
+                    json!({"id": "chatcmpl-mock", "object": object, "created": 0, "model": model, "choices": [choice]});
                 if include_usage {
                     chunk["usage"] = Value::Null;
                 }
@@ -390,14 +339,14 @@ fn stream_events(
         Kind::Messages => {
             events.push(sse(Some("message_start"), &json!({"type": "message_start", "message": {"id": "msg_mock", "type": "message", "role": "assistant", "model": model, "content": [],
                 "usage": {"input_tokens": usage.prompt, "output_tokens": 1}}})));
-            events.push(sse(Some("content_block_start"), &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})));
+            events.push(sse(
+                Some("content_block_start"),
+                &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+            ));
             for i in 0..chunks {
                 events.push(sse(Some("content_block_delta"), &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": format!("token{i} ")}})));
             }
-            events.push(sse(
-                Some("content_block_stop"),
-                &json!({"type": "content_block_stop", "index": 0}),
-            ));
+            events.push(sse(Some("content_block_stop"), &json!({"type": "content_block_stop", "index": 0})));
             events.push(sse(Some("message_delta"), &json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": usage.completion}})));
             events.push(sse(Some("message_stop"), &json!({"type": "message_stop"})));
         }
@@ -409,10 +358,7 @@ fn stream_events(
 fn json_response(status: StatusCode, body: &Value) -> Response<MockBody> {
     let mut response = Response::new(MockBody::Full(Some(Bytes::from(body.to_string()))));
     *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static("application/json"),
-    );
+    response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
     response
 }
 
@@ -451,14 +397,8 @@ fn stream_response(
         recorder.streams_completed.fetch_add(1, Ordering::Relaxed);
     });
     let mut response = Response::new(MockBody::Channel(receiver));
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static("text/event-stream"),
-    );
-    response.headers_mut().insert(
-        header::CACHE_CONTROL,
-        header::HeaderValue::from_static("no-cache"),
-    );
+    response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/event-stream"));
+    response.headers_mut().insert(header::CACHE_CONTROL, header::HeaderValue::from_static("no-cache"));
     response
 }
 
@@ -474,15 +414,10 @@ impl Body for MockBody {
     type Data = Bytes;
     type Error = Infallible;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         match self.get_mut() {
             MockBody::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
-            MockBody::Channel(receiver) => receiver
-                .poll_recv(cx)
-                .map(|event| event.map(|e| Ok(Frame::data(e)))),
+            MockBody::Channel(receiver) => receiver.poll_recv(cx).map(|event| event.map(|e| Ok(Frame::data(e)))),
         }
     }
 

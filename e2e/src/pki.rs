@@ -9,8 +9,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose,
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
 };
 
 /// A certificate and its private key, as PEM files on disk.
@@ -47,15 +46,10 @@ impl Authority {
     pub fn generate(dir: &Path, name: &str) -> anyhow::Result<Self> {
         let key = KeyPair::generate().context("generating CA key")?;
         let mut params = CertificateParams::new(Vec::<String>::new())?;
-        params
-            .distinguished_name
-            .push(DnType::CommonName, format!("waycast-e2e {name}"));
+        params.distinguished_name.push(DnType::CommonName, format!("waycast-e2e {name}"));
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
+        params.key_usages =
+            vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
         let cert = params.self_signed(&key).context("self-signing CA")?;
         let files = write_pair(dir, name, &cert.pem(), &key.serialize_pem())?;
         Ok(Self { params, key, files })
@@ -77,29 +71,19 @@ impl Authority {
         usage: Usage,
     ) -> anyhow::Result<PemFiles> {
         let key = KeyPair::generate()?;
-        let mut params = CertificateParams::new(sans.to_vec())
-            .with_context(|| format!("SANs for {file_stem}"))?;
-        params
-            .distinguished_name
-            .push(DnType::CommonName, common_name);
+        let mut params = CertificateParams::new(sans.to_vec()).with_context(|| format!("SANs for {file_stem}"))?;
+        params.distinguished_name.push(DnType::CommonName, common_name);
         for organization in organizations {
-            params
-                .distinguished_name
-                .push(DnType::OrganizationName, *organization);
+            params.distinguished_name.push(DnType::OrganizationName, *organization);
         }
-        params.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-        ];
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
         params.extended_key_usages = vec![match usage {
             Usage::Server => ExtendedKeyUsagePurpose::ServerAuth,
             Usage::Client => ExtendedKeyUsagePurpose::ClientAuth,
         }];
         params.use_authority_key_identifier_extension = true;
         let issuer = Issuer::from_params(&self.params, &self.key);
-        let cert = params
-            .signed_by(&key, &issuer)
-            .with_context(|| format!("signing {file_stem}"))?;
+        let cert = params.signed_by(&key, &issuer).with_context(|| format!("signing {file_stem}"))?;
         write_pair(dir, file_stem, &cert.pem(), &key.serialize_pem())
     }
 }
@@ -115,10 +99,7 @@ pub fn service_account_key(dir: &Path) -> anyhow::Result<PemFiles> {
     let public = dir.join("sa.pub");
     std::fs::write(&private, key.serialize_pem()).context("writing sa.key")?;
     std::fs::write(&public, key.public_key_pem()).context("writing sa.pub")?;
-    Ok(PemFiles {
-        cert: public,
-        key: private,
-    })
+    Ok(PemFiles { cert: public, key: private })
 }
 
 fn write_pair(dir: &Path, stem: &str, cert_pem: &str, key_pem: &str) -> anyhow::Result<PemFiles> {

@@ -2,10 +2,7 @@
 //! example applies, bad objects are refused with a message that names the
 //! problem, and `kubectl explain` documents every field.
 
-#![allow(
-    clippy::unwrap_used,
-    reason = "a test fails loudly on any unexpected error"
-)]
+#![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -24,10 +21,7 @@ fn cluster() -> &'static SharedCluster {
 }
 
 fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("e2e/ has a parent")
-        .to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("e2e/ has a parent").to_path_buf()
 }
 
 fn kubectl(args: &[&str]) -> String {
@@ -36,11 +30,7 @@ fn kubectl(args: &[&str]) -> String {
         .env("KUBECONFIG", &cluster().kubeconfig)
         .output()
         .expect("kubectl runs");
-    assert!(
-        output.status.success(),
-        "kubectl {args:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert!(output.status.success(), "kubectl {args:?} failed: {}", String::from_utf8_lossy(&output.stderr));
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
@@ -53,57 +43,26 @@ async fn committed_crds_install_and_become_established() {
             manifest::apply(&client, &object, "default").await.unwrap();
         }
     }
-    for name in [
-        "gateways.waycast.dev",
-        "modelendpoints.waycast.dev",
-        "apikeys.waycast.dev",
-    ] {
-        manifest::wait_established(&client, name, std::time::Duration::from_secs(30))
-            .await
-            .unwrap();
+    for name in ["gateways.waycast.dev", "modelendpoints.waycast.dev", "apikeys.waycast.dev"] {
+        manifest::wait_established(&client, name, std::time::Duration::from_secs(30)).await.unwrap();
     }
     // Short names and the shared category resolve through discovery.
     let resources = kubectl(&["api-resources", "--api-group=waycast.dev", "--no-headers"]);
-    for expected in [
-        "apikeys  ",
-        "ak ",
-        "gateways ",
-        "wgw ",
-        "modelendpoints ",
-        "me ",
-    ] {
-        assert!(
-            resources.contains(expected.trim_end()),
-            "missing {expected:?} in:\n{resources}"
-        );
+    for expected in ["apikeys  ", "ak ", "gateways ", "wgw ", "modelendpoints ", "me "] {
+        assert!(resources.contains(expected.trim_end()), "missing {expected:?} in:\n{resources}");
     }
     let namespace = test_namespace(&client, "category").await.unwrap();
-    let quickstart =
-        std::fs::read_to_string(repo_root().join("examples/quickstart/quickstart.yaml")).unwrap();
-    manifest::apply_all(
-        &client,
-        &manifest::parse_documents(&quickstart).unwrap(),
-        &namespace,
-    )
-    .await
-    .unwrap();
+    let quickstart = std::fs::read_to_string(repo_root().join("examples/quickstart/quickstart.yaml")).unwrap();
+    manifest::apply_all(&client, &manifest::parse_documents(&quickstart).unwrap(), &namespace).await.unwrap();
     let listed = kubectl(&["get", "waycast", "-n", &namespace, "-o", "name"]);
-    for expected in [
-        "gateway.waycast.dev/gateway",
-        "modelendpoint.waycast.dev/llama-3-1-8b",
-        "apikey.waycast.dev/alice",
-    ] {
-        assert!(
-            listed.contains(expected),
-            "`kubectl get waycast` lacks {expected}:\n{listed}"
-        );
+    for expected in
+        ["gateway.waycast.dev/gateway", "modelendpoint.waycast.dev/llama-3-1-8b", "apikey.waycast.dev/alice"]
+    {
+        assert!(listed.contains(expected), "`kubectl get waycast` lacks {expected}:\n{listed}");
     }
     // Printer columns are what `kubectl get` shows.
     let table = kubectl(&["get", "wgw,me,ak", "-n", &namespace]);
-    for column in [
-        "READY", "PODS", "MODELS", "KEYS", "ADDRESS", "MODEL", "BACKENDS", "ACCEPTED", "PREFIX",
-        "EXPIRES",
-    ] {
+    for column in ["READY", "PODS", "MODELS", "KEYS", "ADDRESS", "MODEL", "BACKENDS", "ACCEPTED", "PREFIX", "EXPIRES"] {
         assert!(table.contains(column), "no {column} column in:\n{table}");
     }
 }
@@ -127,10 +86,7 @@ async fn every_example_applies() {
             .unwrap_or_else(|error| panic!("{} does not apply: {error:#}", path.display()));
         applied += objects.len();
     }
-    assert!(
-        applied >= 15,
-        "expected every example to contribute objects, applied {applied}"
-    );
+    assert!(applied >= 15, "expected every example to contribute objects, applied {applied}");
 }
 
 fn example_files() -> Vec<PathBuf> {
@@ -147,10 +103,7 @@ fn example_files() -> Vec<PathBuf> {
         }
     }
     files.sort();
-    assert!(
-        files.len() >= 6,
-        "examples/ should hold every documented example: {files:?}"
-    );
+    assert!(files.len() >= 6, "examples/ should hold every documented example: {files:?}");
     files
 }
 
@@ -172,28 +125,19 @@ fn refusals() -> Vec<Refusal> {
             what: "backend with both service and url",
             kind: model.clone(),
             spec: json!({"model": "m", "backends": [{"service": service, "url": "http://x:8000/v1"}]}),
-            expected: &[
-                "spec.backends[0]",
-                "a backend needs exactly one of service or url",
-            ],
+            expected: &["spec.backends[0]", "a backend needs exactly one of service or url"],
         },
         Refusal {
             what: "backend with neither service nor url",
             kind: model.clone(),
             spec: json!({"model": "m", "backends": [{"weight": 1}]}),
-            expected: &[
-                "spec.backends[0]",
-                "a backend needs exactly one of service or url",
-            ],
+            expected: &["spec.backends[0]", "a backend needs exactly one of service or url"],
         },
         Refusal {
             what: "service port 0",
             kind: model.clone(),
             spec: json!({"model": "m", "backends": [{"service": {"name": "vllm", "port": 0}}]}),
-            expected: &[
-                "spec.backends[0].service.port",
-                "greater than or equal to 1",
-            ],
+            expected: &["spec.backends[0].service.port", "greater than or equal to 1"],
         },
         Refusal {
             what: "empty model name",
@@ -211,10 +155,7 @@ fn refusals() -> Vec<Refusal> {
             what: "url with another scheme",
             kind: model.clone(),
             spec: json!({"model": "m", "backends": [{"url": "ftp://files.example.com/v1"}]}),
-            expected: &[
-                "spec.backends[0].url",
-                "url must be an absolute http:// or https:// URL",
-            ],
+            expected: &["spec.backends[0].url", "url must be an absolute http:// or https:// URL"],
         },
         Refusal {
             what: "malformed timeout",
@@ -238,10 +179,7 @@ fn refusals() -> Vec<Refusal> {
             what: "minReplicas above maxReplicas",
             kind: gateway.clone(),
             spec: json!({"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}),
-            expected: &[
-                "spec.autoscaling",
-                "minReplicas must not exceed maxReplicas",
-            ],
+            expected: &["spec.autoscaling", "minReplicas must not exceed maxReplicas"],
         },
         Refusal {
             what: "replicas together with autoscaling",
@@ -253,20 +191,13 @@ fn refusals() -> Vec<Refusal> {
             what: "unknown namespaces.from",
             kind: gateway.clone(),
             spec: json!({"modelEndpoints": {"namespaces": {"from": "Everywhere"}}}),
-            expected: &[
-                "spec.modelEndpoints.namespaces.from",
-                "Unsupported value: \"Everywhere\"",
-                "\"Selector\"",
-            ],
+            expected: &["spec.modelEndpoints.namespaces.from", "Unsupported value: \"Everywhere\"", "\"Selector\""],
         },
         Refusal {
             what: "Selector without a selector",
             kind: gateway.clone(),
             spec: json!({"apiKeys": {"namespaces": {"from": "Selector"}}}),
-            expected: &[
-                "spec.apiKeys.namespaces",
-                "namespaces.selector is required when from is Selector",
-            ],
+            expected: &["spec.apiKeys.namespaces", "namespaces.selector is required when from is Selector"],
         },
         Refusal {
             what: "service port out of range",
@@ -284,10 +215,7 @@ fn refusals() -> Vec<Refusal> {
             what: "negative limit",
             kind: key.clone(),
             spec: json!({"limits": {"requestsPerMinute": -5}}),
-            expected: &[
-                "spec.limits.requestsPerMinute",
-                "greater than or equal to 1",
-            ],
+            expected: &["spec.limits.requestsPerMinute", "greater than or equal to 1"],
         },
         Refusal {
             what: "limits without any limit",
@@ -312,27 +240,13 @@ async fn bad_objects_are_refused_with_a_readable_message() {
     assert!(cases.len() >= 10);
     let mut failures = Vec::new();
     for (index, case) in cases.iter().enumerate() {
-        let message = create_refused(
-            &client,
-            &namespace,
-            &case.kind,
-            &format!("bad-{index}"),
-            &case.spec,
-        )
-        .await;
+        let message = create_refused(&client, &namespace, &case.kind, &format!("bad-{index}"), &case.spec).await;
         match message {
             None => failures.push(format!("{}: was accepted", case.what)),
             Some(message) => {
-                let missing: Vec<_> = case
-                    .expected
-                    .iter()
-                    .filter(|e| !message.contains(*e))
-                    .collect();
+                let missing: Vec<_> = case.expected.iter().filter(|e| !message.contains(*e)).collect();
                 if !missing.is_empty() {
-                    failures.push(format!(
-                        "{}: message lacks {missing:?}: {message}",
-                        case.what
-                    ));
+                    failures.push(format!("{}: message lacks {missing:?}: {message}", case.what));
                 }
             }
         }
@@ -355,10 +269,7 @@ async fn create_refused(
     match api.create(&PostParams::default(), &object).await {
         Ok(_) => None,
         Err(kube::Error::Api(status)) => {
-            assert_eq!(
-                status.code, 422,
-                "refusals are validation errors: {status:?}"
-            );
+            assert_eq!(status.code, 422, "refusals are validation errors: {status:?}");
             Some(status.message)
         }
         Err(other) => panic!("unexpected error creating {name}: {other}"),
@@ -383,19 +294,8 @@ async fn good_objects_are_accepted_and_defaulted() {
 #[tokio::test]
 async fn kubectl_explain_documents_every_field() {
     let recursive = kubectl(&["explain", "gateway.spec", "--recursive"]);
-    for field in [
-        "autoscaling",
-        "maxReplicas",
-        "modelEndpoints",
-        "namespaces",
-        "podTemplate",
-        "tolerations",
-        "tls",
-    ] {
-        assert!(
-            recursive.contains(field),
-            "`kubectl explain gateway.spec --recursive` lacks {field}:\n{recursive}"
-        );
+    for field in ["autoscaling", "maxReplicas", "modelEndpoints", "namespaces", "podTemplate", "tolerations", "tls"] {
+        assert!(recursive.contains(field), "`kubectl explain gateway.spec --recursive` lacks {field}:\n{recursive}");
     }
     let leaf = kubectl(&["explain", "gateway.spec.autoscaling.maxReplicas"]);
     assert!(leaf.contains("Most gateway pods."), "{leaf}");
@@ -405,14 +305,9 @@ async fn kubectl_explain_documents_every_field() {
     // What kubectl explain reads: the published OpenAPI v3 document. Every
     // waycast-defined field in it must carry a description.
     let client = cluster().client().await;
-    let request = http::Request::get("/openapi/v3/apis/waycast.dev/v1alpha1")
-        .body(Vec::new())
-        .unwrap();
-    let document: Value =
-        serde_json::from_str(&client.request_text(request).await.unwrap()).unwrap();
-    let schemas = document["components"]["schemas"]
-        .as_object()
-        .expect("schemas in the OpenAPI document");
+    let request = http::Request::get("/openapi/v3/apis/waycast.dev/v1alpha1").body(Vec::new()).unwrap();
+    let document: Value = serde_json::from_str(&client.request_text(request).await.unwrap()).unwrap();
+    let schemas = document["components"]["schemas"].as_object().expect("schemas in the OpenAPI document");
     let mut undocumented = Vec::new();
     let mut checked = 0;
     for crd in [Gateway::crd(), ModelEndpoint::crd(), ApiKey::crd()] {
@@ -422,18 +317,11 @@ async fn kubectl_explain_documents_every_field() {
             .find(|(name, _)| name.ends_with(&format!("waycast.v1alpha1.{kind}")))
             .unwrap_or_else(|| panic!("{kind} is not published"));
         for root in ["spec", "status"] {
-            checked += undocumented_fields(
-                &schema["properties"][root],
-                &format!("{kind}.{root}"),
-                &mut undocumented,
-            );
+            checked += undocumented_fields(&schema["properties"][root], &format!("{kind}.{root}"), &mut undocumented);
         }
     }
     assert!(checked > 100, "walked only {checked} fields");
-    assert!(
-        undocumented.is_empty(),
-        "fields without documentation: {undocumented:#?}"
-    );
+    assert!(undocumented.is_empty(), "fields without documentation: {undocumented:#?}");
 }
 
 /// Walks a published schema; returns how many fields it checked and records
@@ -441,11 +329,7 @@ async fn kubectl_explain_documents_every_field() {
 fn undocumented_fields(schema: &Value, path: &str, undocumented: &mut Vec<String>) -> usize {
     let schema = resolve_all_of(schema);
     let mut checked = 1;
-    if schema
-        .get("description")
-        .and_then(Value::as_str)
-        .is_none_or(str::is_empty)
-    {
+    if schema.get("description").and_then(Value::as_str).is_none_or(str::is_empty) {
         undocumented.push(path.to_owned());
     }
     if let Some(properties) = schema.get("properties").and_then(Value::as_object) {
@@ -465,8 +349,5 @@ fn undocumented_fields(schema: &Value, path: &str, undocumented: &mut Vec<String
 }
 
 fn resolve_all_of(schema: &Value) -> &Value {
-    schema
-        .get("allOf")
-        .and_then(|all| all.get(0))
-        .unwrap_or(schema)
+    schema.get("allOf").and_then(|all| all.get(0)).unwrap_or(schema)
 }

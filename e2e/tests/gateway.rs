@@ -1,10 +1,7 @@
 //! The gateway over real sockets: a gateway and the mock upstream on
 //! ephemeral loopback ports, in-process.
 
-#![allow(
-    clippy::unwrap_used,
-    reason = "a test fails loudly on any unexpected error"
-)]
+#![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
 
 use std::time::{Duration, Instant};
 
@@ -12,9 +9,7 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt as _, Full};
 use serde_json::Value;
-use waycast_e2e::fixture::{
-    self, ALICE_KEY, BOB_KEY, DISABLED_KEY, EXPIRED_KEY, Fixture, FixtureOptions, UPSTREAM_SECRET,
-};
+use waycast_e2e::fixture::{ALICE_KEY, BOB_KEY, DISABLED_KEY, EXPIRED_KEY, Fixture, FixtureOptions, UPSTREAM_SECRET};
 
 const CHAT: &str = r#"{"model":"llama3","messages":[{"role":"user","content":"hi"}]}"#;
 
@@ -23,67 +18,32 @@ async fn fixture() -> Fixture {
 }
 
 fn json_of(body: &Bytes) -> Value {
-    serde_json::from_slice(body)
-        .unwrap_or_else(|_| panic!("not JSON: {}", String::from_utf8_lossy(body)))
+    serde_json::from_slice(body).unwrap_or_else(|_| panic!("not JSON: {}", String::from_utf8_lossy(body)))
 }
 
 #[tokio::test]
 async fn forwards_with_rewrite_injected_credential_and_request_id() {
     let fixture = fixture().await;
-    let (status, headers, body) = fixture
-        .post("/v1/chat/completions", Some(ALICE_KEY), CHAT)
-        .await;
+    let (status, headers, body) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), CHAT).await;
     assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
     assert_eq!(json_of(&body)["object"], "chat.completion");
-    let request_id = headers
-        .get("x-request-id")
-        .expect("x-request-id on the response")
-        .clone();
+    let request_id = headers.get("x-request-id").expect("x-request-id on the response").clone();
 
     let seen = fixture.mock.recorder.last().await.unwrap();
     assert_eq!(seen.path, "/v1/chat/completions");
-    assert_eq!(
-        seen.json()["model"],
-        "meta-llama/Llama-3.1-8B-Instruct",
-        "model rewritten upstream"
-    );
-    assert_eq!(
-        seen.json()["messages"][0]["content"],
-        "hi",
-        "the rest of the body untouched"
-    );
+    assert_eq!(seen.json()["model"], "meta-llama/Llama-3.1-8B-Instruct", "model rewritten upstream");
+    assert_eq!(seen.json()["messages"][0]["content"], "hi", "the rest of the body untouched");
     let upstream_auth = seen.headers.get("authorization").unwrap().to_str().unwrap();
-    assert_eq!(
-        upstream_auth,
-        format!("Bearer {UPSTREAM_SECRET}"),
-        "upstream credential injected"
-    );
-    assert!(
-        !format!("{:?}", seen.headers).contains(ALICE_KEY),
-        "the client's key never goes upstream"
-    );
+    assert_eq!(upstream_auth, format!("Bearer {UPSTREAM_SECRET}"), "upstream credential injected");
+    assert!(!format!("{:?}", seen.headers).contains(ALICE_KEY), "the client's key never goes upstream");
     assert_eq!(seen.headers.get("x-request-id"), Some(&request_id));
 
     // A client's own request id is propagated.
-    let mut request =
-        fixture::post_request(&fixture.url("/v1/chat/completions"), Some(ALICE_KEY), CHAT);
-    request
-        .headers_mut()
-        .insert("x-request-id", "client-chosen-id".parse().unwrap());
+    let request =
+        fixture.request("/v1/chat/completions", Some(ALICE_KEY), CHAT, &[("x-request-id", "client-chosen-id")]);
     let (_, headers, _) = fixture.send(request).await;
     assert_eq!(headers.get("x-request-id").unwrap(), "client-chosen-id");
-    assert_eq!(
-        fixture
-            .mock
-            .recorder
-            .last()
-            .await
-            .unwrap()
-            .headers
-            .get("x-request-id")
-            .unwrap(),
-        "client-chosen-id"
-    );
+    assert_eq!(fixture.mock.recorder.last().await.unwrap().headers.get("x-request-id").unwrap(), "client-chosen-id");
 }
 
 #[tokio::test]
@@ -95,41 +55,20 @@ async fn the_six_workloads_and_the_other_endpoints_work() {
             r#"{"model":"mistral-7b","messages":[{"role":"user","content":"hi"}]}"#,
             "chat.completion",
         ),
-        (
-            "/v1/responses",
-            r#"{"model":"mistral-7b","input":"hi"}"#,
-            "response",
-        ),
+        ("/v1/responses", r#"{"model":"mistral-7b","input":"hi"}"#, "response"),
         (
             "/v1/messages",
             r#"{"model":"mistral-7b","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}"#,
             "message",
         ),
-        (
-            "/v1/completions",
-            r#"{"model":"mistral-7b","prompt":"hi"}"#,
-            "text_completion",
-        ),
-        (
-            "/v1/embeddings",
-            r#"{"model":"embed-small","input":"hi"}"#,
-            "list",
-        ),
+        ("/v1/completions", r#"{"model":"mistral-7b","prompt":"hi"}"#, "text_completion"),
+        ("/v1/embeddings", r#"{"model":"embed-small","input":"hi"}"#, "list"),
     ];
     for (path, body, expected) in cases {
         let (status, _, response) = fixture.post(path, Some(ALICE_KEY), body).await;
-        assert_eq!(
-            status,
-            StatusCode::OK,
-            "{path}: {}",
-            String::from_utf8_lossy(&response)
-        );
+        assert_eq!(status, StatusCode::OK, "{path}: {}", String::from_utf8_lossy(&response));
         let value = json_of(&response);
-        let kind = value["object"]
-            .as_str()
-            .or(value["type"].as_str())
-            .unwrap_or_default()
-            .to_owned();
+        let kind = value["object"].as_str().or(value["type"].as_str()).unwrap_or_default().to_owned();
         assert_eq!(kind, expected, "{path}");
 
         if path == "/v1/completions" || path == "/v1/embeddings" {
@@ -140,28 +79,20 @@ async fn the_six_workloads_and_the_other_endpoints_work() {
         assert_eq!(status, StatusCode::OK, "{path} stream");
         assert_eq!(headers.get("content-type").unwrap(), "text/event-stream");
         let text = String::from_utf8_lossy(&response);
-        assert!(
-            text.contains("token0") && text.contains("token4"),
-            "{path} stream: {text}"
-        );
+        assert!(text.contains("token0") && text.contains("token4"), "{path} stream: {text}");
     }
 
     // Anthropic clients send x-api-key.
     let request = Request::post(fixture.url("/v1/messages"))
         .header("x-api-key", ALICE_KEY)
         .header("anthropic-version", "2023-06-01")
-        .body(Full::new(Bytes::from_static(
-            br#"{"model":"mistral-7b","max_tokens":5,"messages":[]}"#,
-        )))
+        .body(Full::new(Bytes::from_static(br#"{"model":"mistral-7b","max_tokens":5,"messages":[]}"#)))
         .unwrap();
     let (status, _, _) = fixture.send(request).await;
     assert_eq!(status, StatusCode::OK);
     let seen = fixture.mock.recorder.last().await.unwrap();
     assert_eq!(seen.headers.get("anthropic-version").unwrap(), "2023-06-01");
-    assert!(
-        seen.headers.get("x-api-key").is_none(),
-        "the client's key never goes upstream"
-    );
+    assert!(seen.headers.get("x-api-key").is_none(), "the client's key never goes upstream");
 }
 
 #[tokio::test]
@@ -178,21 +109,11 @@ async fn models_lists_only_what_the_key_may_use() {
     assert_eq!(status, StatusCode::OK);
     let value = json_of(&body);
     assert_eq!(value["object"], "list");
-    let ids: Vec<&str> = value["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["id"].as_str().unwrap())
-        .collect();
+    let ids: Vec<&str> = value["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["llama-3.1-8b", "llama3", "mistral-7b", "embed-small"]);
     assert_eq!(value["data"][0]["object"], "model");
     let (_, _, body) = list(BOB_KEY).await;
-    let ids: Vec<String> = json_of(&body)["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["id"].to_string())
-        .collect();
+    let ids: Vec<String> = json_of(&body)["data"].as_array().unwrap().iter().map(|m| m["id"].to_string()).collect();
     assert_eq!(ids, ["\"mistral-7b\""]);
 }
 
@@ -201,101 +122,28 @@ async fn bad_requests_get_openai_errors() {
     let fixture = fixture().await;
     let llama = CHAT;
     let cases: Vec<(&str, Option<&str>, String, u16, &str)> = vec![
-        (
-            "/v1/chat/completions",
-            None,
-            llama.into(),
-            401,
-            "missing_api_key",
-        ),
-        (
-            "/v1/chat/completions",
-            Some("wc_not_a_key"),
-            llama.into(),
-            401,
-            "invalid_api_key",
-        ),
-        (
-            "/v1/chat/completions",
-            Some(EXPIRED_KEY),
-            llama.into(),
-            401,
-            "expired_api_key",
-        ),
-        (
-            "/v1/chat/completions",
-            Some(DISABLED_KEY),
-            llama.into(),
-            401,
-            "disabled_api_key",
-        ),
-        (
-            "/v1/chat/completions",
-            Some(BOB_KEY),
-            llama.into(),
-            403,
-            "model_not_allowed",
-        ),
+        ("/v1/chat/completions", None, llama.into(), 401, "missing_api_key"),
+        ("/v1/chat/completions", Some("wc_not_a_key"), llama.into(), 401, "invalid_api_key"),
+        ("/v1/chat/completions", Some(EXPIRED_KEY), llama.into(), 401, "expired_api_key"),
+        ("/v1/chat/completions", Some(DISABLED_KEY), llama.into(), 401, "disabled_api_key"),
+        ("/v1/chat/completions", Some(BOB_KEY), llama.into(), 403, "model_not_allowed"),
+        ("/v1/chat/completions", Some(ALICE_KEY), r#"{"model":"gpt-9"}"#.into(), 404, "model_not_found"),
+        ("/v1/chat/completions", Some(ALICE_KEY), "{not json".into(), 400, "invalid_json"),
+        ("/v1/chat/completions", Some(ALICE_KEY), "[1,2,3]".into(), 400, "invalid_body"),
+        ("/v1/chat/completions", Some(ALICE_KEY), r#"{"messages":[]}"#.into(), 400, "missing_model"),
+        ("/v1/chat/completions", Some(ALICE_KEY), r#"{"model":7}"#.into(), 400, "invalid_model"),
         (
             "/v1/chat/completions",
             Some(ALICE_KEY),
-            r#"{"model":"gpt-9"}"#.into(),
-            404,
-            "model_not_found",
-        ),
-        (
-            "/v1/chat/completions",
-            Some(ALICE_KEY),
-            "{not json".into(),
+            format!("{{\"model\":\"llama3\",\"x\":{}{}}}", "[".repeat(50_000), "]".repeat(50_000)),
             400,
             "invalid_json",
         ),
+        ("/v1/unknown", Some(ALICE_KEY), llama.into(), 404, "unknown_url"),
         (
             "/v1/chat/completions",
             Some(ALICE_KEY),
-            "[1,2,3]".into(),
-            400,
-            "invalid_body",
-        ),
-        (
-            "/v1/chat/completions",
-            Some(ALICE_KEY),
-            r#"{"messages":[]}"#.into(),
-            400,
-            "missing_model",
-        ),
-        (
-            "/v1/chat/completions",
-            Some(ALICE_KEY),
-            r#"{"model":7}"#.into(),
-            400,
-            "invalid_model",
-        ),
-        (
-            "/v1/chat/completions",
-            Some(ALICE_KEY),
-            format!(
-                "{{\"model\":\"llama3\",\"x\":{}{}}}",
-                "[".repeat(50_000),
-                "]".repeat(50_000)
-            ),
-            400,
-            "invalid_json",
-        ),
-        (
-            "/v1/unknown",
-            Some(ALICE_KEY),
-            llama.into(),
-            404,
-            "unknown_url",
-        ),
-        (
-            "/v1/chat/completions",
-            Some(ALICE_KEY),
-            format!(
-                r#"{{"model":"llama3","pad":"{}"}}"#,
-                "x".repeat(11 * 1024 * 1024)
-            ),
+            format!(r#"{{"model":"llama3","pad":"{}"}}"#, "x".repeat(11 * 1024 * 1024)),
             413,
             "request_too_large",
         ),
@@ -304,22 +152,13 @@ async fn bad_requests_get_openai_errors() {
         let (got, headers, response) = fixture.post(path, key, &body).await;
         let shown = String::from_utf8_lossy(&response[..response.len().min(300)]).into_owned();
         assert_eq!(got.as_u16(), status, "{code}: {shown}");
-        assert_eq!(
-            headers.get("content-type").unwrap(),
-            "application/json",
-            "{code}"
-        );
+        assert_eq!(headers.get("content-type").unwrap(), "application/json", "{code}");
         let value = json_of(&response);
         assert_eq!(value["error"]["code"], code, "{shown}");
-        assert!(
-            value["error"]["message"].is_string() && value["error"]["type"].is_string(),
-            "{shown}"
-        );
+        assert!(value["error"]["message"].is_string() && value["error"]["type"].is_string(), "{shown}");
         assert!(!shown.contains(ALICE_KEY), "key material in an error");
     }
-    let request = Request::get(fixture.url("/v1/chat/completions"))
-        .body(Full::new(Bytes::new()))
-        .unwrap();
+    let request = Request::get(fixture.url("/v1/chat/completions")).body(Full::new(Bytes::new())).unwrap();
     let (status, _, body) = fixture.send(request).await;
     assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
     assert_eq!(json_of(&body)["error"]["code"], "method_not_allowed");
@@ -328,113 +167,68 @@ async fn bad_requests_get_openai_errors() {
 #[tokio::test]
 async fn upstream_errors_pass_through_unchanged() {
     let fixture = fixture().await;
-    let mut request =
-        fixture::post_request(&fixture.url("/v1/chat/completions"), Some(ALICE_KEY), CHAT);
-    request
-        .headers_mut()
-        .insert("x-mock-status", "429".parse().unwrap());
+    let request = fixture.request("/v1/chat/completions", Some(ALICE_KEY), CHAT, &[("x-mock-status", "429")]);
     let (status, _, body) = fixture.send(request).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(
-        json_of(&body)["error"]["message"],
-        "injected by x-mock-status",
-        "the upstream's own body"
-    );
+    assert_eq!(json_of(&body)["error"]["message"], "injected by x-mock-status", "the upstream's own body");
 }
 
 #[tokio::test]
 async fn streaming_delivers_the_first_chunk_while_the_upstream_holds_the_rest() {
     let fixture = fixture().await;
-    let mut request = fixture::post_request(
-        &fixture.url("/v1/chat/completions"),
+    let request = fixture.request(
+        "/v1/chat/completions",
         Some(ALICE_KEY),
         r#"{"model":"mistral-7b","stream":true,"messages":[]}"#,
+        &[("x-mock-chunks", "3"), ("x-mock-interval-ms", "2000")],
     );
-    request
-        .headers_mut()
-        .insert("x-mock-chunks", "3".parse().unwrap());
-    request
-        .headers_mut()
-        .insert("x-mock-interval-ms", "2000".parse().unwrap());
     let started = Instant::now();
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build_http();
-    let response = client.request(request).await.unwrap();
+    let response = fixture.open(request).await;
     assert_eq!(response.status(), StatusCode::OK);
     let mut body = response.into_body();
     let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
     let waited = started.elapsed();
-    assert!(
-        String::from_utf8_lossy(&first).contains("token0"),
-        "{first:?}"
-    );
-    assert!(
-        waited < Duration::from_millis(1500),
-        "first chunk took {waited:?}: the relay buffered"
-    );
+    assert!(String::from_utf8_lossy(&first).contains("token0"), "{first:?}");
+    assert!(waited < Duration::from_millis(1500), "first chunk took {waited:?}: the relay buffered");
     assert_eq!(
-        fixture
-            .mock
-            .recorder
-            .streams_completed
-            .load(std::sync::atomic::Ordering::Relaxed),
+        fixture.mock.recorder.streams_completed.load(std::sync::atomic::Ordering::Relaxed),
         0,
         "the upstream was still holding back the rest"
     );
     // The rest follows, one frame per upstream chunk.
     let second = body.frame().await.unwrap().unwrap().into_data().unwrap();
-    assert!(
-        String::from_utf8_lossy(&second).contains("token1"),
-        "{second:?}"
-    );
+    assert!(String::from_utf8_lossy(&second).contains("token1"), "{second:?}");
 }
 
 #[tokio::test]
 async fn a_client_that_disconnects_cancels_the_upstream() {
     let fixture = fixture().await;
-    let mut request = fixture::post_request(
-        &fixture.url("/v1/chat/completions"),
+    let request = fixture.request(
+        "/v1/chat/completions",
         Some(ALICE_KEY),
         r#"{"model":"mistral-7b","stream":true,"messages":[]}"#,
+        &[("x-mock-chunks", "100"), ("x-mock-interval-ms", "100")],
     );
-    request
-        .headers_mut()
-        .insert("x-mock-chunks", "100".parse().unwrap());
-    request
-        .headers_mut()
-        .insert("x-mock-interval-ms", "100".parse().unwrap());
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build_http();
-    let response = client.request(request).await.unwrap();
+    let response = fixture.open(request).await;
     let mut body = response.into_body();
     body.frame().await.unwrap().unwrap();
     drop(body);
-    drop(client);
     let recorder = &fixture.mock.recorder;
     let deadline = Instant::now() + Duration::from_secs(3);
-    while recorder
-        .streams_cancelled
-        .load(std::sync::atomic::Ordering::Relaxed)
-        == 0
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the upstream stream was not cancelled"
-        );
+    while recorder.streams_cancelled.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+        assert!(Instant::now() < deadline, "the upstream stream was not cancelled");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // ... and the gateway recorded it as a client-closed request, not in flight.
     let deadline = Instant::now() + Duration::from_secs(3);
     loop {
         let inflight = fixture.metric("waycast_gateway_inflight_requests").await;
-        let closed = fixture.metric(r#"waycast_gateway_requests_total{code="499",key="team-a/alice",model="mistral-7b"}"#).await;
+        let closed =
+            fixture.metric(r#"waycast_gateway_requests_total{code="499",key="team-a/alice",model="mistral-7b"}"#).await;
         if inflight == Some(0.0) && closed == Some(1.0) {
             break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "inflight {inflight:?}, 499s {closed:?}"
-        );
+        assert!(Instant::now() < deadline, "inflight {inflight:?}, 499s {closed:?}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }

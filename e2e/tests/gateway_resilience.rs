@@ -1,10 +1,7 @@
 //! The gateway under faults and change: drain, hot reload under load, bad
 //! configs, timeouts, failover, keep-alive and protocol abuse.
 
-#![allow(
-    clippy::unwrap_used,
-    reason = "a test fails loudly on any unexpected error"
-)]
+#![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -24,29 +21,19 @@ const CHAT: &str = r#"{"model":"mistral-7b","messages":[{"role":"user","content"
 
 fn code_of(body: &Bytes) -> String {
     let value: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
-    value["error"]["code"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned()
+    value["error"]["code"].as_str().unwrap_or_default().to_owned()
 }
 
 #[tokio::test]
 async fn sigterm_lets_a_stream_finish_and_refuses_new_connections() {
     let mut fixture = Fixture::start(FixtureOptions::default(), |_, _| {}).await;
-    let mut request = fixture::post_request(
-        &fixture.url("/v1/chat/completions"),
+    let request = fixture.request(
+        "/v1/chat/completions",
         Some(ALICE_KEY),
         r#"{"model":"mistral-7b","stream":true,"messages":[]}"#,
+        &[("x-mock-chunks", "6"), ("x-mock-interval-ms", "150")],
     );
-    request
-        .headers_mut()
-        .insert("x-mock-chunks", "6".parse().unwrap());
-    request
-        .headers_mut()
-        .insert("x-mock-interval-ms", "150".parse().unwrap());
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build_http();
-    let response = client.request(request).await.unwrap();
+    let response = fixture.open(request).await;
     let mut body = response.into_body();
     let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
 
@@ -55,53 +42,34 @@ async fn sigterm_lets_a_stream_finish_and_refuses_new_connections() {
     // Not ready any more, and no new connections.
     let deadline = Instant::now() + Duration::from_secs(2);
     while TcpStream::connect(fixture.addr).await.is_ok() {
-        assert!(
-            Instant::now() < deadline,
-            "the listener still accepts during the drain"
-        );
+        assert!(Instant::now() < deadline, "the listener still accepts during the drain");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // The stream in flight completes.
     let mut text = String::from_utf8_lossy(&first).into_owned();
     while let Some(frame) = body.frame().await {
-        text.push_str(&String::from_utf8_lossy(
-            &frame.unwrap().into_data().unwrap(),
-        ));
+        text.push_str(&String::from_utf8_lossy(&frame.unwrap().into_data().unwrap()));
     }
-    assert!(
-        text.contains("token5") && text.ends_with("data: [DONE]\n\n"),
-        "stream cut short: {text}"
-    );
+    assert!(text.contains("token5") && text.ends_with("data: [DONE]\n\n"), "stream cut short: {text}");
     assert_eq!(drain.await.unwrap(), Drained::Gracefully);
 }
 
 #[tokio::test]
 async fn the_drain_timeout_bounds_a_stream_that_never_ends() {
-    let options = FixtureOptions {
-        drain_timeout: Duration::from_millis(300),
-        ..FixtureOptions::default()
-    };
+    let options = FixtureOptions { drain_timeout: Duration::from_millis(300), ..FixtureOptions::default() };
     let mut fixture = Fixture::start(options, |_, _| {}).await;
-    let mut request = fixture::post_request(
-        &fixture.url("/v1/chat/completions"),
+    let request = fixture.request(
+        "/v1/chat/completions",
         Some(ALICE_KEY),
         r#"{"model":"mistral-7b","stream":true,"messages":[]}"#,
+        &[("x-mock-stall", "body")],
     );
-    request
-        .headers_mut()
-        .insert("x-mock-stall", "body".parse().unwrap());
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build_http();
-    let response = client.request(request).await.unwrap();
+    let response = fixture.open(request).await;
     let _body = response.into_body();
     let started = Instant::now();
     let drained = fixture.gateway.take().unwrap().shutdown().await;
     assert_eq!(drained, Drained::TimedOut);
-    assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "drain took {:?}",
-        started.elapsed()
-    );
+    assert!(started.elapsed() < Duration::from_secs(2), "drain took {:?}", started.elapsed());
 }
 
 #[tokio::test]
@@ -116,23 +84,16 @@ async fn a_config_swap_under_load_fails_no_request() {
         workers.push(tokio::spawn(async move {
             let mut results = (0_u32, Vec::new());
             while !stop.load(Ordering::Relaxed) {
-                let (status, _, body) = fixture
-                    .post("/v1/chat/completions", Some(ALICE_KEY), CHAT)
-                    .await;
+                let (status, _, body) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), CHAT).await;
                 results.0 += 1;
                 if status != StatusCode::OK {
-                    results
-                        .1
-                        .push(format!("{status}: {}", String::from_utf8_lossy(&body)));
+                    results.1.push(format!("{status}: {}", String::from_utf8_lossy(&body)));
                 }
             }
             results
         }));
     }
-    let reloads_before = fixture
-        .metric("waycast_gateway_config_reloads_total")
-        .await
-        .unwrap();
+    let reloads_before = fixture.metric("waycast_gateway_config_reloads_total").await.unwrap();
     for round in 0..10_u32 {
         let mut config = fixture::default_config(&base);
         // Each round is a different config: a second backend with another weight.
@@ -150,16 +111,9 @@ async fn a_config_swap_under_load_fails_no_request() {
     for worker in workers {
         let (count, failures) = worker.await.unwrap();
         total += count;
-        assert!(
-            failures.is_empty(),
-            "failed requests during reloads: {failures:?}"
-        );
+        assert!(failures.is_empty(), "failed requests during reloads: {failures:?}");
     }
-    let reloads = fixture
-        .metric("waycast_gateway_config_reloads_total")
-        .await
-        .unwrap()
-        - reloads_before;
+    let reloads = fixture.metric("waycast_gateway_config_reloads_total").await.unwrap() - reloads_before;
     assert!(reloads >= 9.0, "only {reloads} reloads happened");
     assert!(total > 100, "only {total} requests ran during the reloads");
 }
@@ -167,36 +121,22 @@ async fn a_config_swap_under_load_fails_no_request() {
 #[tokio::test]
 async fn a_bad_config_is_rejected_and_the_last_good_one_keeps_serving() {
     let fixture = Fixture::start(FixtureOptions::default(), |_, _| {}).await;
-    let errors_before = fixture
-        .metric("waycast_gateway_config_reload_errors_total")
-        .await
-        .unwrap();
-    for bad in [
-        "apiVersion: waycast.dev/config-v1\nmodels: [{name: x, backends: []}]\n",
-        "{{{ not yaml",
-        "apiVersion: v0\n",
-    ] {
+    let errors_before = fixture.metric("waycast_gateway_config_reload_errors_total").await.unwrap();
+    for bad in
+        ["apiVersion: waycast.dev/config-v1\nmodels: [{name: x, backends: []}]\n", "{{{ not yaml", "apiVersion: v0\n"]
+    {
         fixture.write_config(bad.as_bytes());
         let deadline = Instant::now() + Duration::from_secs(3);
         loop {
-            let errors = fixture
-                .metric("waycast_gateway_config_reload_errors_total")
-                .await
-                .unwrap();
+            let errors = fixture.metric("waycast_gateway_config_reload_errors_total").await.unwrap();
             if errors > errors_before {
                 break;
             }
             assert!(Instant::now() < deadline, "bad config not noticed: {bad}");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let (status, _, _) = fixture
-            .post("/v1/chat/completions", Some(ALICE_KEY), CHAT)
-            .await;
-        assert_eq!(
-            status,
-            StatusCode::OK,
-            "the last good config stopped serving after {bad:?}"
-        );
+        let (status, _, _) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), CHAT).await;
+        assert_eq!(status, StatusCode::OK, "the last good config stopped serving after {bad:?}");
         assert_eq!(fixture.admin_get("/readyz").await.0, StatusCode::OK);
     }
 }
@@ -210,15 +150,9 @@ async fn timeouts_failover_and_unreachable_backends() {
     let fixture = Fixture::start(FixtureOptions::default(), |config, base| {
         let dead = format!("http://127.0.0.1:{closed_port}/v1");
         // Two backends, the first refusing connections: requests fail over.
-        config.models[1].backends.insert(
-            0,
-            BackendConfig {
-                url: dead.clone(),
-                model: None,
-                weight: 1,
-                headers: Default::default(),
-            },
-        );
+        config.models[1]
+            .backends
+            .insert(0, BackendConfig { url: dead.clone(), model: None, weight: 1, headers: Default::default() });
         config.models[1].timeouts.first_byte = Duration::from_millis(500);
         config.models[1].timeouts.idle = Duration::from_millis(500);
         // Only a dead backend: 502.
@@ -227,72 +161,39 @@ async fn timeouts_failover_and_unreachable_backends() {
     })
     .await;
     for _ in 0..4 {
-        let (status, _, _) = fixture
-            .post("/v1/chat/completions", Some(ALICE_KEY), CHAT)
-            .await;
+        let (status, _, _) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), CHAT).await;
         assert_eq!(status, StatusCode::OK, "failover to the live backend");
     }
-    let (status, _, body) = fixture
-        .post(
-            "/v1/embeddings",
-            Some(ALICE_KEY),
-            r#"{"model":"embed-small","input":"x"}"#,
-        )
-        .await;
-    assert_eq!(
-        (status, code_of(&body).as_str()),
-        (StatusCode::BAD_GATEWAY, "upstream_unreachable")
-    );
+    let (status, _, body) =
+        fixture.post("/v1/embeddings", Some(ALICE_KEY), r#"{"model":"embed-small","input":"x"}"#).await;
+    assert_eq!((status, code_of(&body).as_str()), (StatusCode::BAD_GATEWAY, "upstream_unreachable"));
 
-    let mut slow =
-        fixture::post_request(&fixture.url("/v1/chat/completions"), Some(ALICE_KEY), CHAT);
-    slow.headers_mut()
-        .insert("x-mock-delay-ms", "3000".parse().unwrap());
+    let slow = fixture.request("/v1/chat/completions", Some(ALICE_KEY), CHAT, &[("x-mock-delay-ms", "3000")]);
     let started = Instant::now();
     let (status, _, body) = fixture.send(slow).await;
-    assert_eq!(
-        (status, code_of(&body).as_str()),
-        (StatusCode::GATEWAY_TIMEOUT, "upstream_timeout")
-    );
+    assert_eq!((status, code_of(&body).as_str()), (StatusCode::GATEWAY_TIMEOUT, "upstream_timeout"));
     assert!(started.elapsed() < Duration::from_secs(2));
 
     // A stream that stalls after its first chunk is cut by the idle timeout,
     // while one with steady chunks longer than any single timeout is not.
-    let mut stalled = fixture::post_request(
-        &fixture.url("/v1/chat/completions"),
+    let stalled = fixture.request(
+        "/v1/chat/completions",
         Some(ALICE_KEY),
         r#"{"model":"mistral-7b","stream":true}"#,
+        &[("x-mock-stall", "body")],
     );
-    stalled
-        .headers_mut()
-        .insert("x-mock-stall", "body".parse().unwrap());
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build_http();
-    let response = client.request(stalled).await.unwrap();
-    let collected = tokio::time::timeout(Duration::from_secs(3), response.into_body().collect())
-        .await
-        .unwrap();
-    assert!(
-        collected.is_err(),
-        "an idle upstream must end the stream with an error"
-    );
-    let mut steady = fixture::post_request(
-        &fixture.url("/v1/chat/completions"),
+    let response = fixture.open(stalled).await;
+    let collected = tokio::time::timeout(Duration::from_secs(3), response.into_body().collect()).await.unwrap();
+    assert!(collected.is_err(), "an idle upstream must end the stream with an error");
+    let steady = fixture.request(
+        "/v1/chat/completions",
         Some(ALICE_KEY),
         r#"{"model":"mistral-7b","stream":true}"#,
+        &[("x-mock-chunks", "8"), ("x-mock-interval-ms", "200")],
     );
-    steady
-        .headers_mut()
-        .insert("x-mock-chunks", "8".parse().unwrap());
-    steady
-        .headers_mut()
-        .insert("x-mock-interval-ms", "200".parse().unwrap());
     let (status, _, body) = fixture.send(steady).await;
     assert_eq!(status, StatusCode::OK);
-    assert!(
-        String::from_utf8_lossy(&body).contains("token7"),
-        "a 1.6 s stream with 200 ms gaps must not be cut"
-    );
+    assert!(String::from_utf8_lossy(&body).contains("token7"), "a 1.6 s stream with 200 ms gaps must not be cut");
 }
 
 #[tokio::test]
@@ -307,24 +208,14 @@ async fn keep_alive_never_stalls_on_delayed_acks() {
     let rounds = 40;
     let started = Instant::now();
     for _ in 0..rounds {
-        let mut request =
-            fixture::post_request(&fixture.url("/v1/chat/completions"), Some(ALICE_KEY), CHAT);
-        request
-            .headers_mut()
-            .insert("x-mock-chunked", "true".parse().unwrap());
+        let request = fixture.request("/v1/chat/completions", Some(ALICE_KEY), CHAT, &[("x-mock-chunked", "true")]);
         let response = client.request(request).await.unwrap();
         assert_eq!(response.status(), StatusCode::OK);
         response.into_body().collect().await.unwrap();
     }
     let average = started.elapsed() / rounds;
-    assert!(
-        average < Duration::from_millis(20),
-        "average {average:?} per request: a delayed-ACK stall"
-    );
-    assert!(
-        fixture.mock.recorder.connections.load(Ordering::Relaxed) <= 2,
-        "upstream connections were not reused"
-    );
+    assert!(average < Duration::from_millis(20), "average {average:?} per request: a delayed-ACK stall");
+    assert!(fixture.mock.recorder.connections.load(Ordering::Relaxed) <= 2, "upstream connections were not reused");
 }
 
 async fn raw_exchange(fixture: &Fixture, request: &[u8]) -> String {
@@ -347,7 +238,12 @@ async fn protocol_abuse_is_refused_cleanly() {
 
     // A declared body over the limit is refused before it is read.
     let started = Instant::now();
-    let response = raw_exchange(&fixture, format!("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: 999999999\r\n\r\n{{").as_bytes()).await;
+    let response = raw_exchange(
+        &fixture,
+        format!("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: 999999999\r\n\r\n{{")
+            .as_bytes(),
+    )
+    .await;
     assert!(response.starts_with("HTTP/1.1 413"), "{response}");
     assert!(response.contains("request_too_large"), "{response}");
     assert!(started.elapsed() < Duration::from_secs(2));
@@ -369,24 +265,18 @@ async fn protocol_abuse_is_refused_cleanly() {
 
     // A truncated body times out with 408 and the connection is closed.
     let started = Instant::now();
-    let truncated = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: 100\r\n\r\n{{\"model\":"
-    );
+    let truncated =
+        format!("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: 100\r\n\r\n{{\"model\":");
     let response = raw_exchange(&fixture, truncated.as_bytes()).await;
     assert!(response.starts_with("HTTP/1.1 408"), "{response}");
     assert!(started.elapsed() < Duration::from_secs(3));
 
     // Slow headers: the connection is dropped after the header timeout.
     let mut slow = TcpStream::connect(fixture.addr).await.unwrap();
-    slow.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
-        .await
-        .unwrap();
+    slow.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n").await.unwrap();
     let mut buffer = Vec::new();
     let read = tokio::time::timeout(Duration::from_secs(3), slow.read_to_end(&mut buffer)).await;
-    assert!(
-        read.is_ok(),
-        "a client that never finishes its headers must be disconnected"
-    );
+    assert!(read.is_ok(), "a client that never finishes its headers must be disconnected");
 }
 
 #[tokio::test]
@@ -402,10 +292,7 @@ async fn two_hundred_slow_clients_do_not_delay_a_good_one() {
         let mut stream = TcpStream::connect(fixture.addr).await.unwrap();
         // Half send partial headers, half a partial body.
         if index % 2 == 0 {
-            stream
-                .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
-                .await
-                .unwrap();
+            stream.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n").await.unwrap();
         } else {
             let head = format!(
                 "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ALICE_KEY}\r\nContent-Length: 1000\r\n\r\n{{"
@@ -415,15 +302,9 @@ async fn two_hundred_slow_clients_do_not_delay_a_good_one() {
         slow.push(stream);
     }
     let started = Instant::now();
-    let (status, _, _) = fixture
-        .post("/v1/chat/completions", Some(ALICE_KEY), CHAT)
-        .await;
+    let (status, _, _) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), CHAT).await;
     assert_eq!(status, StatusCode::OK);
-    assert!(
-        started.elapsed() < Duration::from_millis(500),
-        "a good client waited {:?}",
-        started.elapsed()
-    );
+    assert!(started.elapsed() < Duration::from_millis(500), "a good client waited {:?}", started.elapsed());
     drop(slow);
 }
 
@@ -431,48 +312,33 @@ async fn two_hundred_slow_clients_do_not_delay_a_good_one() {
 async fn usage_and_request_metrics_are_counted() {
     let fixture = Fixture::start(FixtureOptions::default(), |_, _| {}).await;
     let body = r#"{"model":"mistral-7b","messages":[{"role":"user","content":"count me"}]}"#;
-    let (status, _, _) = fixture
-        .post("/v1/chat/completions", Some(ALICE_KEY), body)
-        .await;
+    let (status, _, _) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), body).await;
     assert_eq!(status, StatusCode::OK);
     let streamed = r#"{"model":"mistral-7b","stream":true,"stream_options":{"include_usage":true},"messages":[]}"#;
-    let (status, _, _) = fixture
-        .post("/v1/chat/completions", Some(ALICE_KEY), streamed)
-        .await;
+    let (status, _, _) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), streamed).await;
     assert_eq!(status, StatusCode::OK);
-    let (status, _, _) = fixture
-        .post(
-            "/v1/messages",
-            Some(ALICE_KEY),
-            r#"{"model":"mistral-7b","stream":true,"messages":[]}"#,
-        )
-        .await;
+    let (status, _, _) =
+        fixture.post("/v1/messages", Some(ALICE_KEY), r#"{"model":"mistral-7b","stream":true,"messages":[]}"#).await;
     assert_eq!(status, StatusCode::OK);
     // The mock reports 5 completion tokens per response (its chunk count).
     let deadline = Instant::now() + Duration::from_secs(2);
     loop {
-        let completion = fixture.metric(r#"waycast_gateway_tokens_total{key="team-a/alice",kind="completion",model="mistral-7b"}"#).await;
+        let completion = fixture
+            .metric(r#"waycast_gateway_tokens_total{key="team-a/alice",kind="completion",model="mistral-7b"}"#)
+            .await;
         if completion == Some(15.0) {
             break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "completion tokens {completion:?}"
-        );
+        assert!(Instant::now() < deadline, "completion tokens {completion:?}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let prompt = fixture
-        .metric(
-            r#"waycast_gateway_tokens_total{key="team-a/alice",kind="prompt",model="mistral-7b"}"#,
-        )
+        .metric(r#"waycast_gateway_tokens_total{key="team-a/alice",kind="prompt",model="mistral-7b"}"#)
         .await
         .unwrap();
     assert!(prompt > 0.0);
-    let requests = fixture
-        .metric(
-            r#"waycast_gateway_requests_total{code="200",key="team-a/alice",model="mistral-7b"}"#,
-        )
-        .await;
+    let requests =
+        fixture.metric(r#"waycast_gateway_requests_total{code="200",key="team-a/alice",model="mistral-7b"}"#).await;
     assert_eq!(requests, Some(3.0));
     let (_, text) = fixture.admin_get("/metrics").await;
     for family in [
@@ -489,11 +355,9 @@ async fn usage_and_request_metrics_are_counted() {
 #[tokio::test]
 async fn http2_cleartext_works() {
     let fixture = Fixture::start(FixtureOptions::default(), |_, _| {}).await;
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .http2_only(true)
-        .build_http();
-    let request =
-        fixture::post_request(&fixture.url("/v1/chat/completions"), Some(ALICE_KEY), CHAT);
+    let client =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).http2_only(true).build_http();
+    let request = fixture::post_request(&fixture.url("/v1/chat/completions"), Some(ALICE_KEY), CHAT);
     let response = client.request(request).await.unwrap();
     assert_eq!(response.version(), http::Version::HTTP_2);
     assert_eq!(response.status(), StatusCode::OK);

@@ -2,10 +2,7 @@
 //! config Secret using a ServiceAccount token whose Role grants that one
 //! Secret and nothing else, and applies updates within a second.
 
-#![allow(
-    clippy::unwrap_used,
-    reason = "a test fails loudly on any unexpected error"
-)]
+#![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
 
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -37,10 +34,7 @@ fn gzip(bytes: &[u8]) -> Vec<u8> {
 fn config_secret(name: &str, config: &GatewayConfig) -> Secret {
     let json = config.to_canonical_json().unwrap();
     Secret {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..ObjectMeta::default()
-        },
+        metadata: ObjectMeta { name: Some(name.into()), ..ObjectMeta::default() },
         data: Some([("config.json.gz".to_owned(), ByteString(gzip(&json)))].into()),
         ..Secret::default()
     }
@@ -55,27 +49,14 @@ async fn service_account_client(
 ) -> Client {
     let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), namespace);
     let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: vec![],
-            expiration_seconds: Some(3600),
-            ..TokenRequestSpec::default()
-        },
+        spec: TokenRequestSpec { audiences: vec![], expiration_seconds: Some(3600), ..TokenRequestSpec::default() },
         ..TokenRequest::default()
     };
-    let token = accounts
-        .create_token_request(account, &PostParams::default(), &request)
-        .await
-        .unwrap();
+    let token = accounts.create_token_request(account, &PostParams::default(), &request).await.unwrap();
     let token = token.status.unwrap().token;
     let admin_config = std::fs::read_to_string(kubeconfig).unwrap();
-    let server = admin_config
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("server: "))
-        .unwrap();
-    let ca = admin_config
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("certificate-authority: "))
-        .unwrap();
+    let server = admin_config.lines().find_map(|l| l.trim().strip_prefix("server: ")).unwrap();
+    let ca = admin_config.lines().find_map(|l| l.trim().strip_prefix("certificate-authority: ")).unwrap();
     let path = fixture::temp_dir("sa-kubeconfig").join("kubeconfig");
     std::fs::write(
         &path,
@@ -93,46 +74,26 @@ async fn follows_its_secret_with_a_token_that_can_read_only_that_secret() {
     let cluster = shared_cluster(env!("CARGO_BIN_EXE_waycast-cluster"));
     let admin = cluster.client().await;
     let namespace = test_namespace(&admin, "config-secret").await.unwrap();
-    let mock = mock_upstream::start(
-        SocketAddr::from(([127, 0, 0, 1], 0)),
-        MockOptions::default(),
-    )
-    .await
-    .unwrap();
+    let mock = mock_upstream::start(SocketAddr::from(([127, 0, 0, 1], 0)), MockOptions::default()).await.unwrap();
     let mut config = fixture::default_config(&mock.base_url());
     config.keys.retain(|k| k.id == "team-a/alice");
 
     let secrets: Api<Secret> = Api::namespaced(admin.clone(), &namespace);
-    secrets
-        .create(&PostParams::default(), &config_secret("gw-config", &config))
-        .await
-        .unwrap();
-    secrets
-        .create(
-            &PostParams::default(),
-            &config_secret("someone-elses", &config),
-        )
-        .await
-        .unwrap();
+    secrets.create(&PostParams::default(), &config_secret("gw-config", &config)).await.unwrap();
+    secrets.create(&PostParams::default(), &config_secret("someone-elses", &config)).await.unwrap();
     let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), &namespace);
     accounts
         .create(
             &PostParams::default(),
             &ServiceAccount {
-                metadata: ObjectMeta {
-                    name: Some("gateway".into()),
-                    ..ObjectMeta::default()
-                },
+                metadata: ObjectMeta { name: Some("gateway".into()), ..ObjectMeta::default() },
                 ..ServiceAccount::default()
             },
         )
         .await
         .unwrap();
     let role = Role {
-        metadata: ObjectMeta {
-            name: Some("gateway".into()),
-            ..ObjectMeta::default()
-        },
+        metadata: ObjectMeta { name: Some("gateway".into()), ..ObjectMeta::default() },
         rules: Some(vec![PolicyRule {
             api_groups: Some(vec![String::new()]),
             resources: Some(vec!["secrets".into()]),
@@ -141,15 +102,9 @@ async fn follows_its_secret_with_a_token_that_can_read_only_that_secret() {
             ..PolicyRule::default()
         }]),
     };
-    Api::<Role>::namespaced(admin.clone(), &namespace)
-        .create(&PostParams::default(), &role)
-        .await
-        .unwrap();
+    Api::<Role>::namespaced(admin.clone(), &namespace).create(&PostParams::default(), &role).await.unwrap();
     let binding = RoleBinding {
-        metadata: ObjectMeta {
-            name: Some("gateway".into()),
-            ..ObjectMeta::default()
-        },
+        metadata: ObjectMeta { name: Some("gateway".into()), ..ObjectMeta::default() },
         role_ref: RoleRef {
             api_group: "rbac.authorization.k8s.io".into(),
             kind: "Role".into(),
@@ -162,29 +117,18 @@ async fn follows_its_secret_with_a_token_that_can_read_only_that_secret() {
             ..Subject::default()
         }]),
     };
-    Api::<RoleBinding>::namespaced(admin.clone(), &namespace)
-        .create(&PostParams::default(), &binding)
-        .await
-        .unwrap();
+    Api::<RoleBinding>::namespaced(admin.clone(), &namespace).create(&PostParams::default(), &binding).await.unwrap();
 
-    let restricted =
-        service_account_client(&admin, &namespace, "gateway", &cluster.kubeconfig).await;
+    let restricted = service_account_client(&admin, &namespace, "gateway", &cluster.kubeconfig).await;
     // The token is as narrow as promised.
     let visible: Api<Secret> = Api::namespaced(restricted.clone(), &namespace);
     let refused = visible.get("someone-elses").await.unwrap_err();
-    assert!(
-        matches!(refused, kube::Error::Api(ref status) if status.code == 403),
-        "{refused}"
-    );
+    assert!(matches!(refused, kube::Error::Api(ref status) if status.code == 403), "{refused}");
 
     let gateway = waycast_gateway::start(GatewayOptions {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         admin_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-        config: ConfigSource::Secret {
-            client: restricted,
-            namespace: namespace.clone(),
-            name: "gw-config".into(),
-        },
+        config: ConfigSource::Secret { client: restricted, namespace: namespace.clone(), name: "gw-config".into() },
         tls: None,
         drain_timeout: Duration::from_secs(5),
         body_timeout: Duration::from_secs(5),
@@ -192,26 +136,16 @@ async fn follows_its_secret_with_a_token_that_can_read_only_that_secret() {
     })
     .await
     .unwrap();
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build_http();
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
     let url = format!("http://{}/v1/chat/completions", gateway.public_addr);
     let status_for = |key: &'static str| {
         let client = client.clone();
         let url = url.clone();
-        async move {
-            client
-                .request(fixture::post_request(&url, Some(key), CHAT))
-                .await
-                .map(|r| r.status())
-                .ok()
-        }
+        async move { client.request(fixture::post_request(&url, Some(key), CHAT)).await.map(|r| r.status()).ok() }
     };
     let deadline = Instant::now() + Duration::from_secs(10);
     while status_for(ALICE_KEY).await != Some(StatusCode::OK) {
-        assert!(
-            Instant::now() < deadline,
-            "the gateway never loaded its config from the Secret"
-        );
+        assert!(Instant::now() < deadline, "the gateway never loaded its config from the Secret");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
@@ -233,11 +167,7 @@ async fn follows_its_secret_with_a_token_that_can_read_only_that_secret() {
         } else {
             config.keys.retain(|k| k.id != "team-b/bob");
         }
-        let expected = if adding {
-            StatusCode::OK
-        } else {
-            StatusCode::UNAUTHORIZED
-        };
+        let expected = if adding { StatusCode::OK } else { StatusCode::UNAUTHORIZED };
         let applied = Instant::now();
         secrets
             .patch(
@@ -248,10 +178,7 @@ async fn follows_its_secret_with_a_token_that_can_read_only_that_secret() {
             .await
             .unwrap();
         while status_for(BOB_KEY).await != Some(expected) {
-            assert!(
-                applied.elapsed() < Duration::from_secs(5),
-                "update {round} not applied within 5s"
-            );
+            assert!(applied.elapsed() < Duration::from_secs(5), "update {round} not applied within 5s");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         latencies.push(applied.elapsed());
@@ -263,44 +190,22 @@ async fn follows_its_secret_with_a_token_that_can_read_only_that_secret() {
         latencies[latencies.len() - 1],
         latencies.len()
     );
-    assert!(
-        latencies[latencies.len() - 1] < Duration::from_secs(1),
-        "{latencies:?}"
-    );
+    assert!(latencies[latencies.len() - 1] < Duration::from_secs(1), "{latencies:?}");
 
     // A broken config in the Secret leaves the last good one serving.
     let broken = Secret {
-        metadata: ObjectMeta {
-            name: Some("gw-config".into()),
-            ..ObjectMeta::default()
-        },
-        data: Some(
-            [(
-                "config.json.gz".to_owned(),
-                ByteString(gzip(b"{\"apiVersion\":\"nope\"}")),
-            )]
-            .into(),
-        ),
+        metadata: ObjectMeta { name: Some("gw-config".into()), ..ObjectMeta::default() },
+        data: Some([("config.json.gz".to_owned(), ByteString(gzip(b"{\"apiVersion\":\"nope\"}")))].into()),
         ..Secret::default()
     };
-    secrets
-        .patch(
-            "gw-config",
-            &PatchParams::apply("waycast-e2e").force(),
-            &Patch::Apply(broken),
-        )
-        .await
-        .unwrap();
+    secrets.patch("gw-config", &PatchParams::apply("waycast-e2e").force(), &Patch::Apply(broken)).await.unwrap();
     let errors_seen = Instant::now();
     loop {
         let errors = gateway.shared.metrics.config_reload_errors.get();
         if errors > 0 {
             break;
         }
-        assert!(
-            errors_seen.elapsed() < Duration::from_secs(5),
-            "the broken config was not noticed"
-        );
+        assert!(errors_seen.elapsed() < Duration::from_secs(5), "the broken config was not noticed");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(status_for(ALICE_KEY).await, Some(StatusCode::OK));

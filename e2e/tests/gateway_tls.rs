@@ -1,10 +1,7 @@
 //! TLS termination: HTTP/1.1 and HTTP/2 (ALPN) over rustls, and a rotated
 //! certificate taking effect without a restart.
 
-#![allow(
-    clippy::unwrap_used,
-    reason = "a test fails loudly on any unexpected error"
-)]
+#![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
 
 use std::path::Path;
 use std::sync::Arc;
@@ -38,31 +35,20 @@ fn issue(dir: &Path, ca_name: &str) -> (Authority, std::path::PathBuf, std::path
 fn client(
     ca: &Path,
     http2: bool,
-) -> Client<
-    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
-    Full<Bytes>,
-> {
+) -> Client<hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>, Full<Bytes>> {
     use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject as _;
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_file_iter(ca).unwrap() {
         roots.add(cert.unwrap()).unwrap();
     }
-    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let builder = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_only();
-    let connector = if http2 {
-        builder.enable_http2().build()
-    } else {
-        builder.enable_http1().build()
-    };
+    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let builder = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls).https_only();
+    let connector = if http2 { builder.enable_http2().build() } else { builder.enable_http1().build() };
     let mut client = Client::builder(TokioExecutor::new());
     client.http2_only(http2);
     client.build(connector)
@@ -76,31 +62,16 @@ async fn serves_tls_with_alpn_and_picks_up_a_rotated_certificate() {
     let serving_key = dir.join("tls.key");
     std::fs::copy(&cert, &serving_cert).unwrap();
     std::fs::copy(&key, &serving_key).unwrap();
-    let options = FixtureOptions {
-        tls: Some((serving_cert.clone(), serving_key.clone())),
-        ..FixtureOptions::default()
-    };
+    let options =
+        FixtureOptions { tls: Some((serving_cert.clone(), serving_key.clone())), ..FixtureOptions::default() };
     let fixture = Fixture::start(options, |_, _| {}).await;
-    let url = format!(
-        "https://localhost:{}/v1/chat/completions",
-        fixture.addr.port()
-    );
+    let url = format!("https://localhost:{}/v1/chat/completions", fixture.addr.port());
 
     for http2 in [false, true] {
         let client = client(&dir.join("first-ca.crt"), http2);
-        let response = client
-            .request(fixture::post_request(&url, Some(ALICE_KEY), CHAT))
-            .await
-            .unwrap();
+        let response = client.request(fixture::post_request(&url, Some(ALICE_KEY), CHAT)).await.unwrap();
         assert_eq!(response.status(), StatusCode::OK);
-        assert_eq!(
-            response.version(),
-            if http2 {
-                Version::HTTP_2
-            } else {
-                Version::HTTP_11
-            }
-        );
+        assert_eq!(response.version(), if http2 { Version::HTTP_2 } else { Version::HTTP_11 });
         let body = response.into_body().collect().await.unwrap().to_bytes();
         assert!(String::from_utf8_lossy(&body).contains("chat.completion"));
     }
@@ -112,17 +83,11 @@ async fn serves_tls_with_alpn_and_picks_up_a_rotated_certificate() {
     let trusting_new = client(&dir.join("second-ca.crt"), false);
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        if let Ok(response) = trusting_new
-            .request(fixture::post_request(&url, Some(ALICE_KEY), CHAT))
-            .await
-        {
+        if let Ok(response) = trusting_new.request(fixture::post_request(&url, Some(ALICE_KEY), CHAT)).await {
             assert_eq!(response.status(), StatusCode::OK);
             break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "the rotated certificate was not picked up"
-        );
+        assert!(Instant::now() < deadline, "the rotated certificate was not picked up");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let _ = std::fs::remove_dir_all(&dir);

@@ -2,10 +2,7 @@
 //! chat completion, a streamed one with `stream_options.include_usage`,
 //! `models.list()`, and the SDK's own error classes for our errors.
 
-#![allow(
-    clippy::unwrap_used,
-    reason = "a test fails loudly on any unexpected error"
-)]
+#![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
 
 use std::path::Path;
 use std::process::Command;
@@ -15,34 +12,19 @@ use waycast_e2e::fixture::{ALICE_KEY, Fixture, FixtureOptions};
 #[tokio::test]
 async fn the_official_python_sdk_works_unchanged() {
     let scripts = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let setup = Command::new("bash")
-        .arg(scripts.join("scripts/python-env.sh"))
-        .output()
-        .unwrap();
-    assert!(
-        setup.status.success(),
-        "python env setup failed: {}",
-        String::from_utf8_lossy(&setup.stderr)
-    );
+    let setup = Command::new("bash").arg(scripts.join("scripts/python-env.sh")).output().unwrap();
+    assert!(setup.status.success(), "python env setup failed: {}", String::from_utf8_lossy(&setup.stderr));
     let python = String::from_utf8(setup.stdout).unwrap().trim().to_owned();
 
     let fixture = Fixture::start(FixtureOptions::default(), |_, _| {}).await;
     let base_url = fixture.url("/v1");
     let output = tokio::task::spawn_blocking(move || {
-        Command::new(python)
-            .arg(scripts.join("tests/openai_sdk.py"))
-            .args([&base_url, ALICE_KEY])
-            .output()
-            .unwrap()
+        Command::new(python).arg(scripts.join("tests/openai_sdk.py")).args([&base_url, ALICE_KEY]).output().unwrap()
     })
     .await
     .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "SDK checks failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert!(output.status.success(), "SDK checks failed:\n{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
     for check in [
         "chat completion ok",
         "streamed chat completion with usage ok",

@@ -2,10 +2,7 @@
 //! ones, binaries from this build): both curls work, and the gateway's log
 //! never shows the key.
 
-#![allow(
-    clippy::unwrap_used,
-    reason = "a test fails loudly on any unexpected error"
-)]
+#![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -13,32 +10,18 @@ use std::process::Command;
 use waycast_e2e::control_plane::free_port;
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
 }
 
 #[test]
 fn the_standalone_quickstart_works_as_printed() {
     let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
-    let block = readme
-        .split("<!-- standalone:begin -->")
-        .nth(1)
-        .unwrap()
-        .split("<!-- standalone:end -->")
-        .next()
-        .unwrap();
-    let script: String = block
-        .lines()
-        .filter(|l| !l.starts_with("```") && !l.starts_with("cargo build"))
-        .collect::<Vec<_>>()
-        .join("\n");
+    let block =
+        readme.split("<!-- standalone:begin -->").nth(1).unwrap().split("<!-- standalone:end -->").next().unwrap();
+    let script: String =
+        block.lines().filter(|l| !l.starts_with("```") && !l.starts_with("cargo build")).collect::<Vec<_>>().join("\n");
 
-    let bin_dir = Path::new(env!("CARGO_BIN_EXE_waycast-mock-upstream"))
-        .parent()
-        .unwrap()
-        .to_path_buf();
+    let bin_dir = Path::new(env!("CARGO_BIN_EXE_waycast-mock-upstream")).parent().unwrap().to_path_buf();
     let gateway = bin_dir.join("waycast-gateway");
     assert!(
         gateway.is_file(),
@@ -46,58 +29,28 @@ fn the_standalone_quickstart_works_as_printed() {
         gateway.display()
     );
     let loopback = "127.0.0.1".parse().unwrap();
-    let (upstream, public, admin) = (
-        free_port(loopback).unwrap(),
-        free_port(loopback).unwrap(),
-        free_port(loopback).unwrap(),
-    );
+    let (upstream, public, admin) =
+        (free_port(loopback).unwrap(), free_port(loopback).unwrap(), free_port(loopback).unwrap());
     let dir = waycast_e2e::fixture::temp_dir("readme");
     let example = std::fs::read_to_string(repo().join("examples/standalone/gateway.yaml")).unwrap();
     let config = dir.join("gateway.yaml");
-    std::fs::write(
-        &config,
-        example.replace("127.0.0.1:8000", &format!("127.0.0.1:{upstream}")),
-    )
-    .unwrap();
+    std::fs::write(&config, example.replace("127.0.0.1:8000", &format!("127.0.0.1:{upstream}"))).unwrap();
 
     let script = script
         .replace("target/release/", &format!("{}/", bin_dir.display()))
-        .replace(
-            "examples/standalone/gateway.yaml",
-            &config.display().to_string(),
-        )
+        .replace("examples/standalone/gateway.yaml", &config.display().to_string())
         .replace("127.0.0.1:8000", &format!("127.0.0.1:{upstream}"))
         .replace("127.0.0.1:8080", &format!("127.0.0.1:{public}"))
         .replace("127.0.0.1:9090", &format!("127.0.0.1:{admin}"));
     let script = format!("set -e\ntrap 'kill $(jobs -p) 2>/dev/null' EXIT\n{script}\n");
-    let output = Command::new("bash")
-        .arg("-c")
-        .arg(&script)
-        .current_dir(repo())
-        .output()
-        .unwrap();
+    let output = Command::new("bash").arg("-c").arg(&script).current_dir(repo()).output().unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "the quickstart failed:\n{stdout}\n{stderr}"
-    );
-    assert!(
-        stdout.contains("\"object\":\"chat.completion\""),
-        "no chat completion:\n{stdout}"
-    );
-    assert!(
-        stdout.contains("chat.completion.chunk") && stdout.contains("data: [DONE]"),
-        "no stream:\n{stdout}"
-    );
-    assert!(
-        stdout.contains("config applied"),
-        "the gateway log is part of the output:\n{stdout}"
-    );
-    assert!(
-        stdout.contains("key=\"local/demo\""),
-        "access log lines name the key id:\n{stdout}"
-    );
+    assert!(output.status.success(), "the quickstart failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("\"object\":\"chat.completion\""), "no chat completion:\n{stdout}");
+    assert!(stdout.contains("chat.completion.chunk") && stdout.contains("data: [DONE]"), "no stream:\n{stdout}");
+    assert!(stdout.contains("config applied"), "the gateway log is part of the output:\n{stdout}");
+    assert!(stdout.contains("key=\"local/demo\""), "access log lines name the key id:\n{stdout}");
     assert!(
         !stdout.contains("wc_standalone_demo_key") && !stderr.contains("wc_standalone_demo_key"),
         "key material in a log:\n{stdout}"

@@ -11,39 +11,21 @@ use crate::Shared;
 /// Answers one admin request.
 pub fn respond<B>(shared: &Shared, request: &Request<B>) -> Response<Full<Bytes>> {
     let (status, content_type, body) = match request.uri().path() {
-        "/metrics" => (
-            StatusCode::OK,
-            "text/plain; version=0.0.4",
-            shared.metrics.render(),
-        ),
+        "/metrics" => (StatusCode::OK, "text/plain; version=0.0.4", shared.metrics.render()),
         "/healthz" => (StatusCode::OK, "text/plain", "ok\n".to_owned()),
         "/readyz" => {
             if shared.is_ready() {
                 (StatusCode::OK, "text/plain", "ready\n".to_owned())
             } else if shared.is_draining() {
-                (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "text/plain",
-                    "draining\n".to_owned(),
-                )
+                (StatusCode::SERVICE_UNAVAILABLE, "text/plain", "draining\n".to_owned())
             } else {
-                (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "text/plain",
-                    "no config loaded yet\n".to_owned(),
-                )
+                (StatusCode::SERVICE_UNAVAILABLE, "text/plain", "no config loaded yet\n".to_owned())
             }
         }
-        _ => (
-            StatusCode::NOT_FOUND,
-            "text/plain",
-            "not found\n".to_owned(),
-        ),
+        _ => (StatusCode::NOT_FOUND, "text/plain", "not found\n".to_owned()),
     };
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     response
 }

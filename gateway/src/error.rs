@@ -98,8 +98,8 @@ impl GatewayError {
             ModelNotAllowed(_) => StatusCode::FORBIDDEN,
             UnknownModel(_) | NotFound(_) => StatusCode::NOT_FOUND,
             BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            InvalidJson(_) | NotAnObject | MissingModel | ModelNotString | DuplicateModel
-            | AmbiguousLength | BodyRead => StatusCode::BAD_REQUEST,
+            InvalidJson(_) | NotAnObject | MissingModel | ModelNotString | DuplicateModel | AmbiguousLength
+            | BodyRead => StatusCode::BAD_REQUEST,
             HeadersTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
@@ -115,9 +115,7 @@ impl GatewayError {
         match self {
             MissingKey | InvalidKey | ExpiredKey | DisabledKey => "authentication_error",
             ModelNotAllowed(_) => "permission_error",
-            UpstreamUnreachable(_) | UpstreamFailed(_) | UpstreamTimeout(_) | NotReady => {
-                "server_error"
-            }
+            UpstreamUnreachable(_) | UpstreamFailed(_) | UpstreamTimeout(_) | NotReady => "server_error",
             _ => "invalid_request_error",
         }
     }
@@ -155,9 +153,7 @@ impl GatewayError {
     pub fn source(&self) -> ErrorSource {
         use GatewayError::*;
         match self {
-            UpstreamUnreachable(_) | UpstreamFailed(_) | UpstreamTimeout(_) => {
-                ErrorSource::Upstream
-            }
+            UpstreamUnreachable(_) | UpstreamFailed(_) | UpstreamTimeout(_) => ErrorSource::Upstream,
             NotReady => ErrorSource::Gateway,
             _ => ErrorSource::Client,
         }
@@ -182,22 +178,13 @@ impl GatewayError {
         let mut response = Response::new(B::from(self.body()));
         *response.status_mut() = self.status();
         let headers = response.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        if matches!(
-            self,
-            GatewayError::AmbiguousLength | GatewayError::BodyRead | GatewayError::BodyTimeout
-        ) {
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if matches!(self, GatewayError::AmbiguousLength | GatewayError::BodyRead | GatewayError::BodyTimeout) {
             headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         if matches!(
             self,
-            GatewayError::MissingKey
-                | GatewayError::InvalidKey
-                | GatewayError::ExpiredKey
-                | GatewayError::DisabledKey
+            GatewayError::MissingKey | GatewayError::InvalidKey | GatewayError::ExpiredKey | GatewayError::DisabledKey
         ) {
             headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
@@ -215,10 +202,7 @@ mod tests {
         let value: serde_json::Value = serde_json::from_slice(&error.body()).unwrap();
         assert_eq!(value["error"]["code"], "model_not_found");
         assert_eq!(value["error"]["type"], "invalid_request_error");
-        assert_eq!(
-            value["error"]["message"],
-            "model 'evil\"model' does not exist or you do not have access to it"
-        );
+        assert_eq!(value["error"]["message"], "model 'evil\"model' does not exist or you do not have access to it");
         assert!(value["error"]["param"].is_null());
     }
 

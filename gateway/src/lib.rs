@@ -72,10 +72,7 @@ impl RequestIds {
         let mut seed = [0_u8; 8];
         // A failing OS RNG only costs uniqueness across restarts.
         let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut seed);
-        Self {
-            prefix: u64::from_le_bytes(seed),
-            counter: AtomicU64::new(0),
-        }
+        Self { prefix: u64::from_le_bytes(seed), counter: AtomicU64::new(0) }
     }
 
     /// The id for a request with these headers.
@@ -183,20 +180,12 @@ pub async fn start(options: GatewayOptions) -> Result<RunningGateway, StartError
         draining: AtomicBool::new(false),
     });
     let bind = |address| async move {
-        TcpListener::bind(address)
-            .await
-            .map_err(|source| StartError::Bind { address, source })
+        TcpListener::bind(address).await.map_err(|source| StartError::Bind { address, source })
     };
     let public = bind(options.listen).await?;
     let admin = bind(options.admin_listen).await?;
-    let public_addr = public.local_addr().map_err(|source| StartError::Bind {
-        address: options.listen,
-        source,
-    })?;
-    let admin_addr = admin.local_addr().map_err(|source| StartError::Bind {
-        address: options.admin_listen,
-        source,
-    })?;
+    let public_addr = public.local_addr().map_err(|source| StartError::Bind { address: options.listen, source })?;
+    let admin_addr = admin.local_addr().map_err(|source| StartError::Bind { address: options.admin_listen, source })?;
     let tls = match options.tls {
         Some((cert, key)) => Some(Arc::new(tls::TlsFiles::load(cert, key)?)),
         None => None,
@@ -205,16 +194,9 @@ pub async fn start(options: GatewayOptions) -> Result<RunningGateway, StartError
     let mut background = Vec::new();
     background.push(match options.config {
         ConfigSource::File(path) => tokio::spawn(config::file::watch(path, shared.clone())),
-        ConfigSource::Secret {
-            client,
-            namespace,
-            name,
-        } => tokio::spawn(config::secret::watch(
-            client,
-            namespace,
-            name,
-            shared.clone(),
-        )),
+        ConfigSource::Secret { client, namespace, name } => {
+            tokio::spawn(config::secret::watch(client, namespace, name, shared.clone()))
+        }
     });
     if let Some(tls) = &tls {
         background.push(tokio::spawn(tls.clone().watch(Duration::from_secs(1))));
@@ -222,13 +204,7 @@ pub async fn start(options: GatewayOptions) -> Result<RunningGateway, StartError
     background.push(tokio::spawn(server::serve_admin(admin, shared.clone())));
     let (drain, draining) = watch::channel(false);
     let (alive_sender, alive) = mpsc::channel(1);
-    let accept = tokio::spawn(server::serve_public(
-        public,
-        shared.clone(),
-        tls,
-        draining,
-        alive_sender,
-    ));
+    let accept = tokio::spawn(server::serve_public(public, shared.clone(), tls, draining, alive_sender));
     tracing::info!(%public_addr, %admin_addr, "gateway listening");
     Ok(RunningGateway {
         public_addr,
@@ -261,14 +237,10 @@ impl RunningGateway {
         }
         let inflight = self.shared.metrics.inflight.get();
         match drained {
-            Drained::Gracefully => tracing::info!(
-                elapsed_ms = started.elapsed().as_millis() as u64,
-                "drained gracefully"
-            ),
-            Drained::TimedOut => tracing::warn!(
-                inflight,
-                "drain timeout reached; closing remaining connections"
-            ),
+            Drained::Gracefully => {
+                tracing::info!(elapsed_ms = started.elapsed().as_millis() as u64, "drained gracefully")
+            }
+            Drained::TimedOut => tracing::warn!(inflight, "drain timeout reached; closing remaining connections"),
         }
         drained
     }

@@ -20,11 +20,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use waycast_gateway::{ConfigSource, Drained, GatewayOptions};
 
 #[derive(Parser, Debug)]
-#[command(
-    name = "waycast-gateway",
-    version,
-    about = "waycast's OpenAI-compatible AI gateway"
-)]
+#[command(name = "waycast-gateway", version, about = "waycast's OpenAI-compatible AI gateway")]
 struct Args {
     #[command(subcommand)]
     command: Option<Command>,
@@ -68,9 +64,7 @@ enum Command {
 
 fn parse_secret_ref(text: &str) -> Result<(String, String), String> {
     match text.split_once('/') {
-        Some((namespace, name))
-            if !namespace.is_empty() && !name.is_empty() && !name.contains('/') =>
-        {
+        Some((namespace, name)) if !namespace.is_empty() && !name.is_empty() && !name.contains('/') => {
             Ok((namespace.to_owned(), name.to_owned()))
         }
         _ => Err("expected NAMESPACE/NAME".to_owned()),
@@ -98,10 +92,7 @@ fn main() -> ExitCode {
         return ExitCode::from(64);
     }
     init_logging(&args.log);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("waycast-gateway: cannot start the runtime: {error}");
@@ -115,11 +106,7 @@ async fn run(args: Args) -> ExitCode {
     let config = match (args.config_file, args.config_secret) {
         (Some(path), _) => ConfigSource::File(path),
         (None, Some((namespace, name))) => match kube::Client::try_default().await {
-            Ok(client) => ConfigSource::Secret {
-                client,
-                namespace,
-                name,
-            },
+            Ok(client) => ConfigSource::Secret { client, namespace, name },
             Err(error) => {
                 tracing::error!(%error, "cannot reach the Kubernetes API (in-cluster config or KUBECONFIG)");
                 return ExitCode::FAILURE;
@@ -170,11 +157,7 @@ fn init_logging(filter: &str) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new("info"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_target(false)
-        .init();
+    tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_target(false).init();
 }
 
 fn keygen() -> ExitCode {

@@ -6,21 +6,16 @@
 //! label.
 
 use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry,
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
 /// Latency buckets: sub-millisecond resolution for the proxy's own time,
 /// minutes for long generations.
-const LATENCY_BUCKETS: &[f64] = &[
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-    60.0, 120.0, 300.0,
-];
+const LATENCY_BUCKETS: &[f64] =
+    &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0];
 /// Buckets for the gateway's own overhead per request.
-const OVERHEAD_BUCKETS: &[f64] = &[
-    0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025,
-    0.1,
-];
+const OVERHEAD_BUCKETS: &[f64] =
+    &[0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.1];
 
 /// Every metric the gateway exports.
 pub struct Metrics {
@@ -59,10 +54,7 @@ impl Metrics {
     pub fn new() -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
         let requests = IntCounterVec::new(
-            Opts::new(
-                "waycast_gateway_requests_total",
-                "Requests by model, key id and HTTP status code.",
-            ),
+            Opts::new("waycast_gateway_requests_total", "Requests by model, key id and HTTP status code."),
             &["model", "key", "code"],
         )?;
         let request_duration = HistogramVec::new(
@@ -89,34 +81,21 @@ impl Metrics {
             .buckets(OVERHEAD_BUCKETS.to_vec()),
         )?;
         let tokens = IntCounterVec::new(
-            Opts::new(
-                "waycast_gateway_tokens_total",
-                "Tokens from responses' usage, by model, key id and kind.",
-            ),
+            Opts::new("waycast_gateway_tokens_total", "Tokens from responses' usage, by model, key id and kind."),
             &["model", "key", "kind"],
         )?;
-        let inflight = IntGauge::new(
-            "waycast_gateway_inflight_requests",
-            "Requests being served now.",
-        )?;
+        let inflight = IntGauge::new("waycast_gateway_inflight_requests", "Requests being served now.")?;
         let upstream_errors = IntCounterVec::new(
-            Opts::new(
-                "waycast_gateway_upstream_errors_total",
-                "Upstream failures by model and reason.",
-            ),
+            Opts::new("waycast_gateway_upstream_errors_total", "Upstream failures by model and reason."),
             &["model", "reason"],
         )?;
-        let config_reloads =
-            IntCounter::new("waycast_gateway_config_reloads_total", "Configs applied.")?;
+        let config_reloads = IntCounter::new("waycast_gateway_config_reloads_total", "Configs applied.")?;
         let config_reload_errors = IntCounter::new(
             "waycast_gateway_config_reload_errors_total",
             "Configs rejected as invalid; the previous config kept serving.",
         )?;
         let config_info = IntGaugeVec::new(
-            Opts::new(
-                "waycast_gateway_config_info",
-                "1 for the config hash being served.",
-            ),
+            Opts::new("waycast_gateway_config_info", "1 for the config hash being served."),
             &["hash"],
         )?;
         let config_last_reload = IntGauge::new(
@@ -153,8 +132,6 @@ impl Metrics {
     /// The text exposition format.
     pub fn render(&self) -> String {
         let families = self.registry.gather();
-        prometheus::TextEncoder::new()
-            .encode_to_string(&families)
-            .unwrap_or_default()
+        prometheus::TextEncoder::new().encode_to_string(&families).unwrap_or_default()
     }
 }

@@ -37,10 +37,7 @@ fn builder(header_read_timeout: Duration) -> auto::Builder<TokioExecutor> {
         .header_read_timeout(header_read_timeout)
         .max_buf_size(MAX_BUF_SIZE)
         .keep_alive(true);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(1024);
+    builder.http2().timer(TokioTimer::new()).max_concurrent_streams(1024);
     builder
 }
 
@@ -82,8 +79,7 @@ pub async fn serve_public(
             match tls {
                 None => serve_until_drained(&builder, TokioIo::new(stream), service, drain).await,
                 Some(acceptor) => {
-                    let handshake =
-                        tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await;
+                    let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await;
                     let Ok(Ok(stream)) = handshake else {
                         tracing::debug!(%peer, "TLS handshake failed or timed out");
                         return;
@@ -138,13 +134,9 @@ pub async fn serve_admin(listener: TcpListener, shared: Arc<Shared>) {
         tokio::spawn(async move {
             let service = service_fn(move |request| {
                 let shared = shared.clone();
-                async move {
-                    Ok::<_, std::convert::Infallible>(crate::admin::respond(&shared, &request))
-                }
+                async move { Ok::<_, std::convert::Infallible>(crate::admin::respond(&shared, &request)) }
             });
-            let _ = builder
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+            let _ = builder.serve_connection(TokioIo::new(stream), service).await;
         });
     }
 }

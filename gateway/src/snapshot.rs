@@ -20,9 +20,7 @@ use std::time::Duration;
 
 use http::uri::{Authority, Scheme};
 use http::{HeaderMap, HeaderName, HeaderValue};
-use waycast_crds::config::{
-    GatewayConfig, KeyConfig, ModelConfig, Settings, TimeoutsConfig, glob_matches,
-};
+use waycast_crds::config::{GatewayConfig, KeyConfig, ModelConfig, Settings, TimeoutsConfig, glob_matches};
 
 use crate::proxy::forward::{UpstreamClient, upstream_client};
 
@@ -56,9 +54,7 @@ impl KeyEntry {
     pub fn allows(&self, index: usize) -> bool {
         match &self.allowed_routes {
             None => true,
-            Some(bits) => bits
-                .get(index / 64)
-                .is_some_and(|word| word & (1 << (index % 64)) != 0),
+            Some(bits) => bits.get(index / 64).is_some_and(|word| word & (1 << (index % 64)) != 0),
         }
     }
 }
@@ -132,11 +128,7 @@ impl Snapshot {
     ///
     /// # Errors
     /// [`BuildError`] for what validation cannot catch.
-    pub fn build(
-        config: &GatewayConfig,
-        hash: String,
-        previous: Option<&Snapshot>,
-    ) -> Result<Self, BuildError> {
+    pub fn build(config: &GatewayConfig, hash: String, previous: Option<&Snapshot>) -> Result<Self, BuildError> {
         let mut clients: Vec<(Duration, UpstreamClient)> = Vec::new();
         let mut routes = Vec::with_capacity(config.models.len());
         let mut by_name = HashMap::new();
@@ -145,13 +137,10 @@ impl Snapshot {
             let client = match clients.iter().find(|(timeout, _)| *timeout == connect) {
                 Some((_, client)) => client.clone(),
                 None => {
-                    let reused =
-                        previous.and_then(|p| p.clients.iter().find(|(t, _)| *t == connect));
+                    let reused = previous.and_then(|p| p.clients.iter().find(|(t, _)| *t == connect));
                     let client = match reused {
                         Some((_, client)) => client.clone(),
-                        None => {
-                            upstream_client(connect).map_err(|e| BuildError::Tls(e.to_string()))?
-                        }
+                        None => upstream_client(connect).map_err(|e| BuildError::Tls(e.to_string()))?,
                     };
                     clients.push((connect, client.clone()));
                     client
@@ -163,20 +152,12 @@ impl Snapshot {
             }
             routes.push(route);
         }
-        let mut keys =
-            HashMap::with_capacity_and_hasher(config.keys.len(), BuildHasherDefault::default());
+        let mut keys = HashMap::with_capacity_and_hasher(config.keys.len(), BuildHasherDefault::default());
         for (index, key) in config.keys.iter().enumerate() {
             let digest = parse_hex_digest(&key.sha256).ok_or(BuildError::BadHash(index))?;
             keys.insert(digest, build_key(key, &routes));
         }
-        Ok(Self {
-            hash,
-            settings: config.settings.clone(),
-            keys,
-            routes,
-            by_name,
-            clients,
-        })
+        Ok(Self { hash, settings: config.settings.clone(), keys, routes, by_name, clients })
     }
 
     /// The key with this SHA-256 digest.
@@ -224,56 +205,32 @@ impl Route {
             }
             chosen
         };
-        let weighted = (1..count)
-            .map(move |step| (first + step) % count)
-            .filter(|&i| self.backends[i].weight > 0);
+        let weighted = (1..count).map(move |step| (first + step) % count).filter(|&i| self.backends[i].weight > 0);
         let fallbacks = (0..count).filter(move |&i| self.backends[i].weight == 0 && i != first);
         std::iter::once(first).chain(weighted).chain(fallbacks)
     }
 }
 
-fn build_route(
-    model_index: usize,
-    model: &ModelConfig,
-    client: UpstreamClient,
-) -> Result<Route, BuildError> {
+fn build_route(model_index: usize, model: &ModelConfig, client: UpstreamClient) -> Result<Route, BuildError> {
     let mut backends = Vec::with_capacity(model.backends.len());
     for (backend_index, backend) in model.backends.iter().enumerate() {
-        let bad_url = |reason: &str| BuildError::BadUrl {
-            model: model_index,
-            backend: backend_index,
-            reason: reason.into(),
-        };
+        let bad_url =
+            |reason: &str| BuildError::BadUrl { model: model_index, backend: backend_index, reason: reason.into() };
         let uri: http::Uri = backend.url.parse().map_err(|_| bad_url("not a URL"))?;
         let scheme = uri.scheme().cloned().ok_or_else(|| bad_url("no scheme"))?;
         let authority = uri.authority().cloned().ok_or_else(|| bad_url("no host"))?;
         let base_path = uri.path().trim_end_matches('/').to_owned();
         let mut headers = HeaderMap::with_capacity(backend.headers.len());
         for (name, value) in &backend.headers {
-            let bad_header = |reason| BuildError::BadHeader {
-                model: model_index,
-                backend: backend_index,
-                reason,
-            };
-            let name = HeaderName::from_bytes(name.as_bytes())
-                .map_err(|_| bad_header("invalid header name"))?;
-            let mut value =
-                HeaderValue::from_str(value).map_err(|_| bad_header("invalid header value"))?;
+            let bad_header = |reason| BuildError::BadHeader { model: model_index, backend: backend_index, reason };
+            let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| bad_header("invalid header name"))?;
+            let mut value = HeaderValue::from_str(value).map_err(|_| bad_header("invalid header value"))?;
             value.set_sensitive(true);
             headers.insert(name, value);
         }
-        let model_json = backend
-            .model
-            .as_ref()
-            .map(|name| bytes::Bytes::from(serde_json::Value::from(name.as_str()).to_string()));
-        backends.push(Backend {
-            scheme,
-            authority,
-            base_path,
-            model_json,
-            headers,
-            weight: backend.weight,
-        });
+        let model_json =
+            backend.model.as_ref().map(|name| bytes::Bytes::from(serde_json::Value::from(name.as_str()).to_string()));
+        backends.push(Backend { scheme, authority, base_path, model_json, headers, weight: backend.weight });
     }
     let total_weight = backends.iter().map(|b| u64::from(b.weight)).sum();
     let mut names = vec![model.name.clone()];
@@ -294,22 +251,14 @@ fn build_key(key: &KeyConfig, routes: &[Route]) -> KeyEntry {
         let mut bits = vec![0_u64; routes.len().div_ceil(64)];
         for (index, route) in routes.iter().enumerate() {
             // A key that may use a model may use it under any of its names.
-            let allowed = route
-                .names
-                .iter()
-                .any(|name| patterns.iter().any(|p| glob_matches(p, name)));
+            let allowed = route.names.iter().any(|name| patterns.iter().any(|p| glob_matches(p, name)));
             if allowed {
                 bits[index / 64] |= 1 << (index % 64);
             }
         }
         bits
     });
-    KeyEntry {
-        id: Arc::from(key.id.as_str()),
-        allowed_routes,
-        expires_at: key.expires_at,
-        disabled: key.disabled,
-    }
+    KeyEntry { id: Arc::from(key.id.as_str()), allowed_routes, expires_at: key.expires_at, disabled: key.disabled }
 }
 
 /// Parses 64 hex characters into a digest.
@@ -354,11 +303,7 @@ mod tests {
     use waycast_crds::config::BackendConfig;
 
     fn config(models: Vec<ModelConfig>, keys: Vec<KeyConfig>) -> GatewayConfig {
-        GatewayConfig {
-            models,
-            keys,
-            ..GatewayConfig::empty()
-        }
+        GatewayConfig { models, keys, ..GatewayConfig::empty() }
     }
 
     fn model(name: &str, aliases: &[&str], weights: &[u32]) -> ModelConfig {
@@ -396,10 +341,7 @@ mod tests {
     fn resolves_names_aliases_and_allow_lists() {
         let snapshot = Snapshot::build(
             &config(
-                vec![
-                    model("llama-3", &["llama"], &[1]),
-                    model("mistral", &[], &[1]),
-                ],
+                vec![model("llama-3", &["llama"], &[1]), model("mistral", &[], &[1])],
                 vec![key("a", Some(&["llama"])), key("bb", None)],
             ),
             "h".into(),
@@ -409,38 +351,23 @@ mod tests {
         assert_eq!(snapshot.route_index("llama"), Some(0));
         assert_eq!(snapshot.route_index("mistral"), Some(1));
         assert_eq!(snapshot.route_index("gpt"), None);
-        let restricted = snapshot
-            .key(&parse_hex_digest(&format!("{:0>64}", 1)).unwrap())
-            .unwrap();
-        assert!(
-            restricted.allows(0),
-            "an alias in the allow-list allows the model"
-        );
+        let restricted = snapshot.key(&parse_hex_digest(&format!("{:0>64}", 1)).unwrap()).unwrap();
+        assert!(restricted.allows(0), "an alias in the allow-list allows the model");
         assert!(!restricted.allows(1));
-        let open = snapshot
-            .key(&parse_hex_digest(&format!("{:0>64}", 2)).unwrap())
-            .unwrap();
+        let open = snapshot.key(&parse_hex_digest(&format!("{:0>64}", 2)).unwrap()).unwrap();
         assert!(open.allows(0) && open.allows(1));
         assert_eq!(snapshot.route(0).backends[0].base_path, "/v1");
     }
 
     #[test]
     fn spreads_by_weight_and_fails_over_to_fallbacks_last() {
-        let snapshot = Snapshot::build(
-            &config(vec![model("m", &[], &[3, 1, 0])], vec![]),
-            "h".into(),
-            None,
-        )
-        .unwrap();
+        let snapshot = Snapshot::build(&config(vec![model("m", &[], &[3, 1, 0])], vec![]), "h".into(), None).unwrap();
         let route = snapshot.route(0);
         let mut first_picks = [0; 3];
         for _ in 0..400 {
             let order: Vec<usize> = route.backend_order().collect();
             assert_eq!(order.len(), 3);
-            assert_eq!(
-                order[2], 2,
-                "the weight-0 backend is only a fallback: {order:?}"
-            );
+            assert_eq!(order[2], 2, "the weight-0 backend is only a fallback: {order:?}");
             first_picks[order[0]] += 1;
         }
         assert_eq!(first_picks, [300, 100, 0]);

@@ -50,11 +50,7 @@ impl TlsFiles {
     /// [`TlsError`] naming the file at fault.
     pub fn load(cert: PathBuf, key: PathBuf) -> Result<Self, TlsError> {
         let acceptor = acceptor(&cert, &key)?;
-        Ok(Self {
-            cert,
-            key,
-            acceptor: ArcSwap::from_pointee(acceptor),
-        })
+        Ok(Self { cert, key, acceptor: ArcSwap::from_pointee(acceptor) })
     }
 
     /// The acceptor for a new connection.
@@ -91,10 +87,7 @@ fn modified(path: &PathBuf) -> Option<std::time::SystemTime> {
 }
 
 fn acceptor(cert: &PathBuf, key: &PathBuf) -> Result<TlsAcceptor, TlsError> {
-    let cert_error = |reason: String| TlsError::Certificate {
-        path: cert.display().to_string(),
-        reason,
-    };
+    let cert_error = |reason: String| TlsError::Certificate { path: cert.display().to_string(), reason };
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
         .map_err(|e| cert_error(e.to_string()))?
         .collect::<Result<_, _>>()
@@ -102,10 +95,8 @@ fn acceptor(cert: &PathBuf, key: &PathBuf) -> Result<TlsAcceptor, TlsError> {
     if chain.is_empty() {
         return Err(cert_error("no certificate in file".into()));
     }
-    let private = PrivateKeyDer::from_pem_file(key).map_err(|e| TlsError::Key {
-        path: key.display().to_string(),
-        reason: e.to_string(),
-    })?;
+    let private = PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| TlsError::Key { path: key.display().to_string(), reason: e.to_string() })?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?

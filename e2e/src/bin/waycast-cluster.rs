@@ -29,16 +29,11 @@ fn parse_args() -> anyhow::Result<Args> {
     if args.next().as_deref() != Some("up") {
         bail!("usage: waycast-cluster up [--exit-on-stdin-eof] [--apply FILE]...");
     }
-    let mut parsed = Args {
-        exit_on_stdin_eof: false,
-        manifests: Vec::new(),
-    };
+    let mut parsed = Args { exit_on_stdin_eof: false, manifests: Vec::new() };
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--exit-on-stdin-eof" => parsed.exit_on_stdin_eof = true,
-            "--apply" => parsed
-                .manifests
-                .push(args.next().context("--apply needs a file")?.into()),
+            "--apply" => parsed.manifests.push(args.next().context("--apply needs a file")?.into()),
             other => bail!("unknown argument {other:?}"),
         }
     }
@@ -87,10 +82,8 @@ async fn prepare(plane: &ControlPlane, manifests: &[PathBuf]) -> anyhow::Result<
     let client = plane.client().await?;
     manifest::install_crds(&client).await?;
     for path in manifests {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let objects = manifest::parse_documents(&text)
-            .with_context(|| format!("parsing {}", path.display()))?;
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let objects = manifest::parse_documents(&text).with_context(|| format!("parsing {}", path.display()))?;
         manifest::apply_all(&client, &objects, "default")
             .await
             .with_context(|| format!("applying {}", path.display()))?;

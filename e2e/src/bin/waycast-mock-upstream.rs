@@ -20,18 +20,13 @@ fn main() -> ExitCode {
         let value = args.next();
         let parsed = match (flag.as_str(), value.as_deref()) {
             ("--listen", Some(v)) => v.parse().map(|a| listen = a).map_err(|e| e.to_string()),
-            ("--delay-ms", Some(v)) => v
-                .parse()
-                .map(|n| options.delay = Duration::from_millis(n))
-                .map_err(|e| e.to_string()),
-            ("--chunks", Some(v)) => v
-                .parse()
-                .map(|n| options.chunks = n)
-                .map_err(|e| e.to_string()),
-            ("--interval-ms", Some(v)) => v
-                .parse()
-                .map(|n| options.interval = Duration::from_millis(n))
-                .map_err(|e| e.to_string()),
+            ("--delay-ms", Some(v)) => {
+                v.parse().map(|n| options.delay = Duration::from_millis(n)).map_err(|e| e.to_string())
+            }
+            ("--chunks", Some(v)) => v.parse().map(|n| options.chunks = n).map_err(|e| e.to_string()),
+            ("--interval-ms", Some(v)) => {
+                v.parse().map(|n| options.interval = Duration::from_millis(n)).map_err(|e| e.to_string())
+            }
             _ => Err(format!("unknown or incomplete argument {flag}")),
         };
         if let Err(error) = parsed {
@@ -41,10 +36,7 @@ fn main() -> ExitCode {
             return ExitCode::from(64);
         }
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("waycast-mock-upstream: {error}");

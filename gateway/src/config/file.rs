@@ -23,11 +23,7 @@ struct Stamp {
 fn stamp(path: &PathBuf) -> Option<Stamp> {
     use std::os::unix::fs::MetadataExt as _;
     let metadata = std::fs::metadata(path).ok()?;
-    Some(Stamp {
-        modified: metadata.modified().ok(),
-        len: metadata.len(),
-        inode: metadata.ino(),
-    })
+    Some(Stamp { modified: metadata.modified().ok(), len: metadata.len(), inode: metadata.ino() })
 }
 
 /// Loads `path` now, then keeps it applied until the process ends.

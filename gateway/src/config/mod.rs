@@ -49,12 +49,7 @@ impl ConfigStore {
     ///
     /// # Errors
     /// [`LoadError`] when the bytes are not a valid config.
-    pub fn apply(
-        &self,
-        bytes: &[u8],
-        source: &str,
-        metrics: &Metrics,
-    ) -> Result<Applied, LoadError> {
+    pub fn apply(&self, bytes: &[u8], source: &str, metrics: &Metrics) -> Result<Applied, LoadError> {
         let previous = self.current.load_full();
         match load::load(bytes, previous.as_deref()) {
             Ok(None) => Ok(Applied::Unchanged),
@@ -70,9 +65,7 @@ impl ConfigStore {
                 metrics.config_reloads.inc();
                 metrics.config_info.reset();
                 metrics.config_info.with_label_values(&[&hash]).set(1);
-                metrics
-                    .config_last_reload
-                    .set(jiff::Timestamp::now().as_second());
+                metrics.config_last_reload.set(jiff::Timestamp::now().as_second());
                 self.current.store(Some(Arc::new(snapshot)));
                 Ok(Applied::Changed(hash))
             }

@@ -31,10 +31,7 @@ pub async fn watch(client: Client, namespace: String, name: String, shared: Arc<
                 }
             },
             Ok(Event::Delete(_)) => {
-                tracing::warn!(
-                    source,
-                    "config Secret deleted; keeping the last good config"
-                );
+                tracing::warn!(source, "config Secret deleted; keeping the last good config");
             }
             Ok(Event::Init | Event::InitDone) => {}
             Err(error) => tracing::warn!(source, %error, "config Secret watch failed; retrying"),
@@ -56,8 +53,5 @@ pub fn config_bytes(secret: &Secret) -> Result<Vec<u8>, LoadError> {
             return Ok(plain.0.clone());
         }
     }
-    Err(LoadError::Missing(format!(
-        "no {SECRET_KEY_GZIP} or {} data key",
-        SECRET_KEYS_PLAIN.join("/")
-    )))
+    Err(LoadError::Missing(format!("no {SECRET_KEY_GZIP} or {} data key", SECRET_KEYS_PLAIN.join("/"))))
 }

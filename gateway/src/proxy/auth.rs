@@ -12,18 +12,14 @@ use crate::snapshot::{KeyEntry, Snapshot};
 pub fn presented_key(headers: &HeaderMap) -> Option<&[u8]> {
     if let Some(value) = headers.get(AUTHORIZATION) {
         let value = value.as_bytes();
-        let (scheme, rest) =
-            value.split_at(value.iter().position(|&b| b == b' ').unwrap_or(value.len()));
+        let (scheme, rest) = value.split_at(value.iter().position(|&b| b == b' ').unwrap_or(value.len()));
         if scheme.eq_ignore_ascii_case(b"bearer") {
             let key = rest.trim_ascii();
             return (!key.is_empty()).then_some(key);
         }
         return None;
     }
-    headers
-        .get("x-api-key")
-        .map(|v| v.as_bytes().trim_ascii())
-        .filter(|k| !k.is_empty())
+    headers.get("x-api-key").map(|v| v.as_bytes().trim_ascii()).filter(|k| !k.is_empty())
 }
 
 /// SHA-256 of a key.
@@ -77,23 +73,13 @@ mod tests {
         expired.expires_at = Some("2026-01-01T00:00:00Z".parse().unwrap());
         let mut disabled = key("t/disabled", "disabled-key");
         disabled.disabled = true;
-        let config = GatewayConfig {
-            keys: vec![key("t/alice", "alice-key"), expired, disabled],
-            ..GatewayConfig::empty()
-        };
+        let config =
+            GatewayConfig { keys: vec![key("t/alice", "alice-key"), expired, disabled], ..GatewayConfig::empty() };
         Snapshot::build(&config, "h".into(), None).unwrap()
     }
 
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
-        pairs
-            .iter()
-            .map(|(n, v)| {
-                (
-                    http::HeaderName::from_static(n),
-                    HeaderValue::from_str(v).unwrap(),
-                )
-            })
-            .collect()
+        pairs.iter().map(|(n, v)| (http::HeaderName::from_static(n), HeaderValue::from_str(v).unwrap())).collect()
     }
 
     #[test]
@@ -105,10 +91,7 @@ mod tests {
             headers(&[("authorization", "bearer   alice-key ")]),
             headers(&[("x-api-key", "alice-key")]),
         ] {
-            assert_eq!(
-                &*authenticate(&snapshot, &presented, now).unwrap().id,
-                "t/alice"
-            );
+            assert_eq!(&*authenticate(&snapshot, &presented, now).unwrap().id, "t/alice");
         }
     }
 
@@ -118,32 +101,14 @@ mod tests {
         let now = || "2026-06-01T00:00:00Z".parse().unwrap();
         let cases = [
             (headers(&[]), GatewayError::MissingKey),
-            (
-                headers(&[("authorization", "Basic YWxpY2U6eA==")]),
-                GatewayError::MissingKey,
-            ),
-            (
-                headers(&[("authorization", "Bearer ")]),
-                GatewayError::MissingKey,
-            ),
-            (
-                headers(&[("authorization", "Bearer wrong")]),
-                GatewayError::InvalidKey,
-            ),
-            (
-                headers(&[("authorization", "Bearer expired-key")]),
-                GatewayError::ExpiredKey,
-            ),
-            (
-                headers(&[("authorization", "Bearer disabled-key")]),
-                GatewayError::DisabledKey,
-            ),
+            (headers(&[("authorization", "Basic YWxpY2U6eA==")]), GatewayError::MissingKey),
+            (headers(&[("authorization", "Bearer ")]), GatewayError::MissingKey),
+            (headers(&[("authorization", "Bearer wrong")]), GatewayError::InvalidKey),
+            (headers(&[("authorization", "Bearer expired-key")]), GatewayError::ExpiredKey),
+            (headers(&[("authorization", "Bearer disabled-key")]), GatewayError::DisabledKey),
         ];
         for (presented, expected) in cases {
-            assert_eq!(
-                authenticate(&snapshot, &presented, now).map(|e| e.id.clone()),
-                Err(expected)
-            );
+            assert_eq!(authenticate(&snapshot, &presented, now).map(|e| e.id.clone()), Err(expected));
         }
         // Before its expiry the same key works.
         let before = || "2025-06-01T00:00:00Z".parse().unwrap();

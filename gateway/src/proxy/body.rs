@@ -91,11 +91,7 @@ pub fn scan(body: &[u8]) -> Result<RequestFields<'_>, GatewayError> {
     }
     scanner.end()?;
     let (model, model_span) = model.ok_or(GatewayError::MissingModel)?;
-    Ok(RequestFields {
-        model,
-        model_span,
-        stream,
-    })
+    Ok(RequestFields { model, model_span, stream })
 }
 
 struct StringSpan {
@@ -107,8 +103,8 @@ struct StringSpan {
 fn key_text<'a>(body: &'a [u8], span: &StringSpan) -> Result<Cow<'a, str>, GatewayError> {
     let raw = &body[span.range.clone()];
     if span.escaped {
-        let text: String = serde_json::from_slice(raw)
-            .map_err(|_| GatewayError::InvalidJson("invalid escape in string"))?;
+        let text: String =
+            serde_json::from_slice(raw).map_err(|_| GatewayError::InvalidJson("invalid escape in string"))?;
         Ok(Cow::Owned(text))
     } else {
         std::str::from_utf8(&raw[1..raw.len() - 1])
@@ -155,9 +151,7 @@ impl Scanner<'_> {
         if self.at == self.bytes.len() {
             Ok(())
         } else {
-            Err(GatewayError::InvalidJson(
-                "trailing characters after the JSON value",
-            ))
+            Err(GatewayError::InvalidJson("trailing characters after the JSON value"))
         }
     }
 
@@ -175,10 +169,7 @@ impl Scanner<'_> {
             self.at += found;
             if self.bytes[self.at] == b'"' {
                 self.at += 1;
-                return Ok(StringSpan {
-                    range: start..self.at,
-                    escaped,
-                });
+                return Ok(StringSpan { range: start..self.at, escaped });
             }
             escaped = true;
             match self.bytes.get(self.at + 1) {
@@ -340,10 +331,7 @@ mod tests {
     #[test]
     fn unescapes_keys_and_values() {
         assert_eq!(model_of(r#"{"\u006dodel":"x\u0041"}"#).unwrap(), "xA");
-        assert_eq!(
-            model_of(r#"{"\u006dodel":"a","model":"b"}"#),
-            Err(GatewayError::DuplicateModel)
-        );
+        assert_eq!(model_of(r#"{"\u006dodel":"a","model":"b"}"#), Err(GatewayError::DuplicateModel));
     }
 
     #[test]
@@ -358,60 +346,24 @@ mod tests {
             (r#"{"model":42}"#, GatewayError::ModelNotString),
             (r#"{"model":null,"x":1}"#, GatewayError::ModelNotString),
             (r#"{"model":"a","model":"b"}"#, GatewayError::DuplicateModel),
-            (
-                r#"{"model":"a""#,
-                GatewayError::InvalidJson("expected ',' or '}' in object"),
-            ),
-            (
-                r#"{"model":"a"} x"#,
-                GatewayError::InvalidJson("trailing characters after the JSON value"),
-            ),
-            (
-                r#"{"model":"a","n":01}"#,
-                GatewayError::InvalidJson("expected ',' or '}' in object"),
-            ),
-            (
-                r#"{"model":"a","n":1.}"#,
-                GatewayError::InvalidJson("invalid number"),
-            ),
-            (
-                r#"{"model":"a","s":"\x"}"#,
-                GatewayError::InvalidJson("invalid escape in string"),
-            ),
-            (
-                r#"{"model":"unterminated}"#,
-                GatewayError::InvalidJson("unterminated string"),
-            ),
-            (
-                r#"{"model":42,"#,
-                GatewayError::InvalidJson("expected a string"),
-            ),
+            (r#"{"model":"a""#, GatewayError::InvalidJson("expected ',' or '}' in object")),
+            (r#"{"model":"a"} x"#, GatewayError::InvalidJson("trailing characters after the JSON value")),
+            (r#"{"model":"a","n":01}"#, GatewayError::InvalidJson("expected ',' or '}' in object")),
+            (r#"{"model":"a","n":1.}"#, GatewayError::InvalidJson("invalid number")),
+            (r#"{"model":"a","s":"\x"}"#, GatewayError::InvalidJson("invalid escape in string")),
+            (r#"{"model":"unterminated}"#, GatewayError::InvalidJson("unterminated string")),
+            (r#"{"model":42,"#, GatewayError::InvalidJson("expected a string")),
         ];
         for (body, expected) in cases {
-            assert_eq!(
-                scan(body.as_bytes()).map(|f| f.model.into_owned()).as_ref(),
-                Err(expected),
-                "{body}"
-            );
+            assert_eq!(scan(body.as_bytes()).map(|f| f.model.into_owned()).as_ref(), Err(expected), "{body}");
         }
     }
 
     #[test]
     fn deep_nesting_is_refused_without_recursing_forever() {
-        let deep = format!(
-            "{{\"model\":\"m\",\"x\":{}{}}}",
-            "[".repeat(100_000),
-            "]".repeat(100_000)
-        );
-        assert_eq!(
-            scan(deep.as_bytes()),
-            Err(GatewayError::InvalidJson("nested too deeply"))
-        );
-        let fine = format!(
-            "{{\"model\":\"m\",\"x\":{}{}}}",
-            "[".repeat(100),
-            "]".repeat(100)
-        );
+        let deep = format!("{{\"model\":\"m\",\"x\":{}{}}}", "[".repeat(100_000), "]".repeat(100_000));
+        assert_eq!(scan(deep.as_bytes()), Err(GatewayError::InvalidJson("nested too deeply")));
+        let fine = format!("{{\"model\":\"m\",\"x\":{}{}}}", "[".repeat(100), "]".repeat(100));
         assert_eq!(model_of(&fine).unwrap(), "m");
     }
 
@@ -423,10 +375,7 @@ mod tests {
         ];
         for document in documents {
             let value: serde_json::Value = serde_json::from_str(document).unwrap();
-            assert_eq!(
-                model_of(document).unwrap(),
-                value["model"].as_str().unwrap()
-            );
+            assert_eq!(model_of(document).unwrap(), value["model"].as_str().unwrap());
         }
     }
 }

@@ -37,9 +37,7 @@ pub fn upstream_client(connect_timeout: Duration) -> Result<UpstreamClient, rust
     http.set_nodelay(true);
     http.set_connect_timeout(Some(connect_timeout));
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let roots = rustls::RootCertStore {
-        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-    };
+    let roots = rustls::RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.to_vec() };
     let tls = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
         .with_root_certificates(roots)
@@ -50,9 +48,7 @@ pub fn upstream_client(connect_timeout: Duration) -> Result<UpstreamClient, rust
         .enable_http1()
         .enable_http2()
         .wrap_connector(http);
-    Ok(Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-        .build(https))
+    Ok(Client::builder(TokioExecutor::new()).pool_idle_timeout(POOL_IDLE_TIMEOUT).build(https))
 }
 
 /// What the upstream answered.
@@ -90,16 +86,12 @@ pub async fn send(route: &Route, outgoing: &Outgoing<'_>) -> Result<Forwarded, G
     let mut last_error = None;
     for index in route.backend_order() {
         let backend = &route.backends[index];
-        let request = build_request(backend, outgoing)
-            .map_err(|_| GatewayError::UpstreamFailed(route.name.to_string()))?;
+        let request =
+            build_request(backend, outgoing).map_err(|_| GatewayError::UpstreamFailed(route.name.to_string()))?;
         let sent_at = Instant::now();
         match tokio::time::timeout(route.timeouts.first_byte, route.client.request(request)).await {
             Ok(Ok(response)) => {
-                return Ok(Forwarded {
-                    response,
-                    sent_at,
-                    headers_at: Instant::now(),
-                });
+                return Ok(Forwarded { response, sent_at, headers_at: Instant::now() });
             }
             Ok(Err(error)) if error.is_connect() => {
                 tracing::debug!(model = %route.name, backend = index, %error, "upstream connect failed; trying the next backend");
@@ -115,10 +107,7 @@ pub async fn send(route: &Route, outgoing: &Outgoing<'_>) -> Result<Forwarded, G
     Err(last_error.unwrap_or_else(|| GatewayError::UpstreamUnreachable(route.name.to_string())))
 }
 
-fn build_request(
-    backend: &Backend,
-    outgoing: &Outgoing<'_>,
-) -> Result<Request<Full<Bytes>>, http::Error> {
+fn build_request(backend: &Backend, outgoing: &Outgoing<'_>) -> Result<Request<Full<Bytes>>, http::Error> {
     let mut path = String::with_capacity(backend.base_path.len() + outgoing.suffix.len());
     path.push_str(&backend.base_path);
     path.push_str(outgoing.suffix);
@@ -203,24 +192,10 @@ mod tests {
 
     #[test]
     fn client_credentials_and_hop_headers_stay_behind() {
-        for name in [
-            "authorization",
-            "x-api-key",
-            "connection",
-            "transfer-encoding",
-            "host",
-            "te",
-            "upgrade",
-        ] {
+        for name in ["authorization", "x-api-key", "connection", "transfer-encoding", "host", "te", "upgrade"] {
             assert!(!forwardable(&HeaderName::from_static(name)), "{name}");
         }
-        for name in [
-            "content-type",
-            "accept",
-            "anthropic-version",
-            "openai-beta",
-            "user-agent",
-        ] {
+        for name in ["content-type", "accept", "anthropic-version", "openai-beta", "user-agent"] {
             assert!(forwardable(&HeaderName::from_static(name)), "{name}");
         }
     }

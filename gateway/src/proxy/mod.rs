@@ -63,10 +63,7 @@ fn endpoint(path: &str) -> Option<Endpoint> {
 }
 
 /// Serves one request. Never fails: errors become OpenAI-shaped responses.
-pub async fn handle(
-    shared: Arc<Shared>,
-    request: Request<Incoming>,
-) -> Result<Response<ProxyBody>, Infallible> {
+pub async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Result<Response<ProxyBody>, Infallible> {
     let started = Instant::now();
     let request_id = shared.request_ids.for_request(request.headers());
     let target = endpoint(request.uri().path());
@@ -75,13 +72,7 @@ pub async fn handle(
         Some(Endpoint::Models) => "/v1/models",
         None => "other",
     };
-    let mut exchange = Some(Exchange::new(
-        shared.clone(),
-        started,
-        request.method().clone(),
-        path,
-        request_id.clone(),
-    ));
+    let mut exchange = Some(Exchange::new(shared.clone(), started, request.method().clone(), path, request_id.clone()));
     let result = serve(&shared, request, target, &mut exchange, &request_id).await;
     let mut response = match result {
         Ok(response) => response,
@@ -92,21 +83,12 @@ pub async fn handle(
             error.response()
         }
     };
-    response
-        .headers_mut()
-        .insert(REQUEST_ID.clone(), request_id);
+    response.headers_mut().insert(REQUEST_ID.clone(), request_id);
     Ok(response)
 }
 
 fn finish_without_body(exchange: Exchange, status: u16, error: Option<&'static str>) {
-    exchange.finish(Outcome {
-        status,
-        bytes: 0,
-        first_byte: None,
-        upstream: None,
-        usage: None,
-        error,
-    });
+    exchange.finish(Outcome { status, bytes: 0, first_byte: None, upstream: None, usage: None, error });
 }
 
 async fn serve(
@@ -117,11 +99,7 @@ async fn serve(
     request_id: &HeaderValue,
 ) -> Result<Response<ProxyBody>, GatewayError> {
     let target = target.ok_or_else(|| GatewayError::NotFound(truncated(request.uri().path())))?;
-    let expected_method = if target == Endpoint::Models {
-        Method::GET
-    } else {
-        Method::POST
-    };
+    let expected_method = if target == Endpoint::Models { Method::GET } else { Method::POST };
     if request.method() != expected_method {
         return Err(GatewayError::MethodNotAllowed);
     }
@@ -146,9 +124,8 @@ async fn serve(
     let body = read_body(shared, &snapshot, &parts.headers, body).await?;
     let body_done = Instant::now();
     let fields = body::scan(&body)?;
-    let index = snapshot
-        .route_index(&fields.model)
-        .ok_or_else(|| GatewayError::UnknownModel(truncated(&fields.model)))?;
+    let index =
+        snapshot.route_index(&fields.model).ok_or_else(|| GatewayError::UnknownModel(truncated(&fields.model)))?;
     if !key.allows(index) {
         return Err(GatewayError::ModelNotAllowed(truncated(&fields.model)));
     }
@@ -159,8 +136,7 @@ async fn serve(
     }
 
     let suffix_start = "/v1".len();
-    let mut suffix =
-        String::with_capacity(path.len() + parts.uri.query().map_or(0, |q| q.len() + 1));
+    let mut suffix = String::with_capacity(path.len() + parts.uri.query().map_or(0, |q| q.len() + 1));
     suffix.push_str(&path[suffix_start..]);
     if let Some(query) = parts.uri.query() {
         suffix.push('?');
@@ -176,11 +152,7 @@ async fn serve(
     };
     let forwarded = forward::send(route, &outgoing).await.inspect_err(|error| {
         let reason = error.code();
-        shared
-            .metrics
-            .upstream_errors
-            .with_label_values(&[&route.name, reason])
-            .inc();
+        shared.metrics.upstream_errors.with_label_values(&[&route.name, reason]).inc();
     })?;
 
     let Some(mut exchange) = exchange.take() else {
@@ -209,11 +181,7 @@ trait RetainReturnable {
 
 impl RetainReturnable for HeaderMap {
     fn retain_returnable(&mut self) {
-        let hop: Vec<_> = self
-            .keys()
-            .filter(|name| !forward::returnable(name))
-            .cloned()
-            .collect();
+        let hop: Vec<_> = self.keys().filter(|name| !forward::returnable(name)).cloned().collect();
         for name in hop {
             self.remove(name);
         }
@@ -222,15 +190,10 @@ impl RetainReturnable for HeaderMap {
 
 /// Refuses header blocks that are too large and request-smuggling shapes.
 fn check_framing(headers: &HeaderMap) -> Result<(), GatewayError> {
-    if headers.contains_key(header::TRANSFER_ENCODING)
-        && headers.contains_key(header::CONTENT_LENGTH)
-    {
+    if headers.contains_key(header::TRANSFER_ENCODING) && headers.contains_key(header::CONTENT_LENGTH) {
         return Err(GatewayError::AmbiguousLength);
     }
-    let size: usize = headers
-        .iter()
-        .map(|(name, value)| name.as_str().len() + value.len() + 4)
-        .sum();
+    let size: usize = headers.iter().map(|(name, value)| name.as_str().len() + value.len() + 4).sum();
     if size > MAX_HEADER_BYTES {
         return Err(GatewayError::HeadersTooLarge(MAX_HEADER_BYTES));
     }
@@ -246,19 +209,15 @@ async fn read_body(
     body: Incoming,
 ) -> Result<Bytes, GatewayError> {
     let limit = snapshot.settings.max_request_body_bytes;
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+    let declared =
+        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|length| length > limit) {
         return Err(GatewayError::BodyTooLarge(limit));
     }
     let limited = Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX));
     match tokio::time::timeout(shared.body_timeout, limited.collect()).await {
         Err(_) => Err(GatewayError::BodyTimeout),
-        Ok(Err(error)) if error.is::<http_body_util::LengthLimitError>() => {
-            Err(GatewayError::BodyTooLarge(limit))
-        }
+        Ok(Err(error)) if error.is::<http_body_util::LengthLimitError>() => Err(GatewayError::BodyTooLarge(limit)),
         Ok(Err(_)) => Err(GatewayError::BodyRead),
         Ok(Ok(collected)) => Ok(collected.to_bytes()),
     }
@@ -280,10 +239,7 @@ fn models_list(snapshot: &Snapshot, key: &crate::snapshot::KeyEntry) -> Bytes {
 fn json_response(body: Bytes) -> Response<ProxyBody> {
     let mut response = Response::new(ProxyBody::from(body));
     *response.status_mut() = StatusCode::OK;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     response
 }
 
@@ -307,14 +263,8 @@ mod tests {
 
     #[test]
     fn endpoints() {
-        assert_eq!(
-            endpoint("/v1/chat/completions"),
-            Some(Endpoint::Proxy("/v1/chat/completions"))
-        );
-        assert_eq!(
-            endpoint("/v1/messages"),
-            Some(Endpoint::Proxy("/v1/messages"))
-        );
+        assert_eq!(endpoint("/v1/chat/completions"), Some(Endpoint::Proxy("/v1/chat/completions")));
+        assert_eq!(endpoint("/v1/messages"), Some(Endpoint::Proxy("/v1/messages")));
         assert_eq!(endpoint("/v1/models"), Some(Endpoint::Models));
         assert_eq!(endpoint("/v1/chat/completions/"), None);
         assert_eq!(endpoint("/admin"), None);
@@ -325,20 +275,11 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert(header::CONTENT_LENGTH, HeaderValue::from_static("5"));
         assert!(check_framing(&headers).is_ok());
-        headers.insert(
-            header::TRANSFER_ENCODING,
-            HeaderValue::from_static("chunked"),
-        );
+        headers.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
         assert_eq!(check_framing(&headers), Err(GatewayError::AmbiguousLength));
         let mut big = HeaderMap::new();
-        big.insert(
-            "x-big",
-            HeaderValue::from_str(&"a".repeat(MAX_HEADER_BYTES)).unwrap(),
-        );
-        assert_eq!(
-            check_framing(&big),
-            Err(GatewayError::HeadersTooLarge(MAX_HEADER_BYTES))
-        );
+        big.insert("x-big", HeaderValue::from_str(&"a".repeat(MAX_HEADER_BYTES)).unwrap());
+        assert_eq!(check_framing(&big), Err(GatewayError::HeadersTooLarge(MAX_HEADER_BYTES)));
     }
 
     #[test]

@@ -34,7 +34,10 @@ pub struct IdleTimeout(pub Duration);
 pub const CLIENT_CLOSED_REQUEST: u16 = 499;
 
 /// A response body: either the gateway's own or a relayed upstream body.
-#[allow(clippy::large_enum_variant, reason = "Relay is the common case; boxing it would cost an allocation per request")]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "Relay is the common case; boxing it would cost an allocation per request"
+)]
 pub enum ProxyBody {
     /// A body the gateway produced (errors, `/v1/models`).
     Full(Option<Bytes>),
@@ -52,10 +55,7 @@ impl Body for ProxyBody {
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
             ProxyBody::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
             ProxyBody::Relay(relay) => Pin::new(relay).poll_frame(cx),
@@ -156,15 +156,9 @@ impl Exchange {
         let elapsed = self.started.elapsed();
         let mut code_buffer = itoa_buffer();
         let code = format_status(&mut code_buffer, outcome.status);
-        metrics
-            .requests
-            .with_label_values(&[model, key, code])
-            .inc();
+        metrics.requests.with_label_values(&[model, key, code]).inc();
         if self.model.is_some() {
-            metrics
-                .request_duration
-                .with_label_values(&[model])
-                .observe(elapsed.as_secs_f64());
+            metrics.request_duration.with_label_values(&[model]).observe(elapsed.as_secs_f64());
             if let Some(first_byte) = outcome.first_byte {
                 metrics
                     .time_to_first_byte
@@ -173,14 +167,8 @@ impl Exchange {
             }
         }
         if let Some(usage) = outcome.usage {
-            metrics
-                .tokens
-                .with_label_values(&[model, key, "prompt"])
-                .inc_by(usage.prompt);
-            metrics
-                .tokens
-                .with_label_values(&[model, key, "completion"])
-                .inc_by(usage.completion);
+            metrics.tokens.with_label_values(&[model, key, "prompt"]).inc_by(usage.prompt);
+            metrics.tokens.with_label_values(&[model, key, "completion"]).inc_by(usage.completion);
         }
         if self.access_log {
             let usage = outcome.usage.unwrap_or_default();
@@ -275,15 +263,18 @@ impl RelayBody {
         }
     }
 
+    fn count_upstream_error(&self, reason: &str) {
+        if let Some(exchange) = &self.exchange
+            && let Some(model) = &exchange.model
+        {
+            exchange.shared.metrics.upstream_errors.with_label_values(&[model, reason]).inc();
+        }
+    }
+
     fn finish(&mut self, status: u16, error: Option<&'static str>) {
         if let Some(mut exchange) = self.exchange.take() {
-            let overhead = exchange.overhead_before
-                + self.returned_at.saturating_duration_since(self.headers_at);
-            exchange
-                .shared
-                .metrics
-                .overhead
-                .observe(overhead.as_secs_f64());
+            let overhead = exchange.overhead_before + self.returned_at.saturating_duration_since(self.headers_at);
+            exchange.shared.metrics.overhead.observe(overhead.as_secs_f64());
             exchange.overhead_before = overhead;
             let usage = self.tap.as_ref().and_then(UsageTap::usage);
             exchange.finish(Outcome {
@@ -302,10 +293,7 @@ impl Body for RelayBody {
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
@@ -329,16 +317,7 @@ impl Body for RelayBody {
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(error))) => {
-                if let Some(exchange) = &this.exchange
-                    && let Some(model) = &exchange.model
-                {
-                    exchange
-                        .shared
-                        .metrics
-                        .upstream_errors
-                        .with_label_values(&[model, "body"])
-                        .inc();
-                }
+                this.count_upstream_error("body");
                 this.finish(this.status, Some("upstream_body_error"));
                 Poll::Ready(Some(Err(error.into())))
             }
@@ -348,16 +327,7 @@ impl Body for RelayBody {
             }
             Poll::Pending => {
                 ready!(this.idle.as_mut().poll(cx));
-                if let Some(exchange) = &this.exchange
-                    && let Some(model) = &exchange.model
-                {
-                    exchange
-                        .shared
-                        .metrics
-                        .upstream_errors
-                        .with_label_values(&[model, "idle_timeout"])
-                        .inc();
-                }
+                this.count_upstream_error("idle_timeout");
                 this.finish(this.status, Some("upstream_idle_timeout"));
                 Poll::Ready(Some(Err(Box::new(IdleTimeout(this.idle_timeout)))))
             }

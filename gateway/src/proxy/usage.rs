@@ -42,9 +42,7 @@ impl UsageTap {
         }
         self.tail.push_back(data.clone());
         self.tail_len += data.len();
-        while self.tail.len() > 1
-            && self.tail_len - self.tail.front().map_or(0, Bytes::len) >= TAIL_BYTES
-        {
+        while self.tail.len() > 1 && self.tail_len - self.tail.front().map_or(0, Bytes::len) >= TAIL_BYTES {
             if let Some(front) = self.tail.pop_front() {
                 self.tail_len -= front.len();
             }
@@ -58,11 +56,7 @@ impl UsageTap {
             end.extend_from_slice(frame);
         }
         let head = self.head.as_deref().unwrap_or_default();
-        let last = if end.is_empty() {
-            last_usage(head)
-        } else {
-            last_usage(&end).or_else(|| last_usage(head))
-        };
+        let last = if end.is_empty() { last_usage(head) } else { last_usage(&end).or_else(|| last_usage(head)) };
         let first = first_usage(head);
         match (first, last) {
             (None, None) => None,
@@ -125,10 +119,7 @@ fn first_usage(bytes: &[u8]) -> Option<UsageFields> {
 
 /// Parses `: { ... }` right after a `"usage"` key.
 fn parse_after(bytes: &[u8]) -> Option<UsageFields> {
-    let rest = bytes
-        .trim_ascii_start()
-        .strip_prefix(b":")?
-        .trim_ascii_start();
+    let rest = bytes.trim_ascii_start().strip_prefix(b":")?.trim_ascii_start();
     if !rest.starts_with(b"{") {
         return None;
     }
@@ -151,13 +142,7 @@ mod tests {
     #[test]
     fn openai_non_streaming() {
         let body = r#"{"id":"x","choices":[{"message":{"content":"the \"usage\" is"}}],"usage":{"prompt_tokens":12,"completion_tokens":34,"total_tokens":46}}"#;
-        assert_eq!(
-            tap(&[body]).usage(),
-            Some(Usage {
-                prompt: 12,
-                completion: 34
-            })
-        );
+        assert_eq!(tap(&[body]).usage(), Some(Usage { prompt: 12, completion: 34 }));
     }
 
     #[test]
@@ -168,13 +153,7 @@ mod tests {
             "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2}}\n\n",
             "data: [DONE]\n\n",
         ];
-        assert_eq!(
-            tap(&frames).usage(),
-            Some(Usage {
-                prompt: 5,
-                completion: 2
-            })
-        );
+        assert_eq!(tap(&frames).usage(), Some(Usage { prompt: 5, completion: 2 }));
     }
 
     #[test]
@@ -185,25 +164,13 @@ mod tests {
             "event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":15}}\n\n",
             "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
         ];
-        assert_eq!(
-            tap(&frames).usage(),
-            Some(Usage {
-                prompt: 25,
-                completion: 15
-            })
-        );
+        assert_eq!(tap(&frames).usage(), Some(Usage { prompt: 25, completion: 15 }));
     }
 
     #[test]
     fn responses_api_and_no_usage() {
         let body = r#"{"object":"response","output":[],"usage":{"input_tokens":3,"output_tokens":4,"total_tokens":7}}"#;
-        assert_eq!(
-            tap(&[body]).usage(),
-            Some(Usage {
-                prompt: 3,
-                completion: 4
-            })
-        );
+        assert_eq!(tap(&[body]).usage(), Some(Usage { prompt: 3, completion: 4 }));
         assert_eq!(tap(&["{\"data\":[]}"]).usage(), None);
         assert_eq!(tap(&[]).usage(), None);
     }
@@ -216,15 +183,7 @@ mod tests {
             tap.observe(&chunk);
         }
         assert!(tap.tail_len <= TAIL_BYTES + 1000, "{}", tap.tail_len);
-        tap.observe(&Bytes::from_static(
-            b"\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}",
-        ));
-        assert_eq!(
-            tap.usage(),
-            Some(Usage {
-                prompt: 1,
-                completion: 2
-            })
-        );
+        tap.observe(&Bytes::from_static(b"\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}"));
+        assert_eq!(tap.usage(), Some(Usage { prompt: 1, completion: 2 }));
     }
 }
