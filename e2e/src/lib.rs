@@ -13,6 +13,7 @@
 pub mod control_plane;
 pub mod fixture;
 pub mod harness;
+pub mod image;
 pub mod manifest;
 pub mod mock_upstream;
 pub mod pki;
