@@ -13,11 +13,40 @@ K8S_VERSION="${WAYCAST_K8S_VERSION:-v1.34.4}"
 ETCD_VERSION="${WAYCAST_ETCD_VERSION:-v3.6.4}"
 CACHE_ROOT="${WAYCAST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/waycast}"
 BIN_DIR="$CACHE_ROOT/k8s-$K8S_VERSION-etcd-$ETCD_VERSION/bin"
-# The control plane the tests need; later stages (the node) add to this list.
-K8S_COMMANDS=(kube-apiserver kube-controller-manager kubectl ${WAYCAST_EXTRA_K8S_COMMANDS:-})
+METRICS_SERVER_VERSION="${WAYCAST_METRICS_SERVER_VERSION:-v0.9.0}"
+# The control plane, the node agents and kubectl.
+K8S_COMMANDS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
 
 if [[ "${1:-}" == "--print" ]]; then
-  echo "$BIN_DIR"
+  if [[ ! -x "$BIN_DIR/metrics-server" ]]; then
+  work="$CACHE_ROOT/src/metrics-server-$METRICS_SERVER_VERSION"
+  mkdir -p "$work"
+  # metrics-server's own go.mod pins its Kubernetes libraries; building its
+  # command from a module that requires it keeps those pins.
+  cat >"$work/go.mod" <<GOMOD
+module waycast.dev/e2e/metrics-server
+
+go 1.24
+
+require sigs.k8s.io/metrics-server $METRICS_SERVER_VERSION
+GOMOD
+  cat >"$work/tools.go" <<'GOTOOLS'
+//go:build tools
+
+package tools
+
+import _ "sigs.k8s.io/metrics-server/cmd/metrics-server"
+GOTOOLS
+  (
+    cd "$work"
+    log "building metrics-server $METRICS_SERVER_VERSION"
+    go mod tidy -e >/dev/null 2>"$work/tidy.log" || { cat "$work/tidy.log" >&2; exit 1; }
+    go build -trimpath -tags tools -ldflags "-s -w" -o "$BIN_DIR/metrics-server.tmp" sigs.k8s.io/metrics-server/cmd/metrics-server
+    mv "$BIN_DIR/metrics-server.tmp" "$BIN_DIR/metrics-server"
+  )
+fi
+
+echo "$BIN_DIR"
   exit 0
 fi
 
@@ -106,6 +135,34 @@ GOMAIN
     go mod tidy >/dev/null 2>"$work/tidy.log" || { cat "$work/tidy.log" >&2; exit 1; }
     go build -trimpath -ldflags "-s -w" -o "$BIN_DIR/etcd.tmp" .
     mv "$BIN_DIR/etcd.tmp" "$BIN_DIR/etcd"
+  )
+fi
+
+if [[ ! -x "$BIN_DIR/metrics-server" ]]; then
+  work="$CACHE_ROOT/src/metrics-server-$METRICS_SERVER_VERSION"
+  mkdir -p "$work"
+  # metrics-server's own go.mod pins its Kubernetes libraries; building its
+  # command from a module that requires it keeps those pins.
+  cat >"$work/go.mod" <<GOMOD
+module waycast.dev/e2e/metrics-server
+
+go 1.24
+
+require sigs.k8s.io/metrics-server $METRICS_SERVER_VERSION
+GOMOD
+  cat >"$work/tools.go" <<'GOTOOLS'
+//go:build tools
+
+package tools
+
+import _ "sigs.k8s.io/metrics-server/cmd/metrics-server"
+GOTOOLS
+  (
+    cd "$work"
+    log "building metrics-server $METRICS_SERVER_VERSION"
+    go mod tidy -e >/dev/null 2>"$work/tidy.log" || { cat "$work/tidy.log" >&2; exit 1; }
+    go build -trimpath -tags tools -ldflags "-s -w" -o "$BIN_DIR/metrics-server.tmp" sigs.k8s.io/metrics-server/cmd/metrics-server
+    mv "$BIN_DIR/metrics-server.tmp" "$BIN_DIR/metrics-server"
   )
 fi
 

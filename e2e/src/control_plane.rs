@@ -19,6 +19,8 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+
+use crate::process::Processes;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
@@ -46,13 +48,39 @@ pub struct ControlPlaneOptions {
     pub advertise_address: IpAddr,
     /// More SANs for the serving certificate (e.g. a node bridge address).
     pub extra_sans: Vec<String>,
+    /// With a node: the bridge address pods reach the API server at. The API
+    /// server then binds all addresses (guarded by iptables), advertises
+    /// this one, talks to the kubelet, serves aggregated APIs, and a
+    /// scheduler runs.
+    pub node_bridge: Option<IpAddr>,
+    /// The API server's port; a free one when `None`.
+    pub apiserver_port: Option<u16>,
 }
 
 impl ControlPlaneOptions {
     /// Loopback-only options with the given state directory.
     pub fn loopback(state_dir: PathBuf) -> Self {
         let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
-        Self { state_dir, bind_address: loopback, advertise_address: loopback, extra_sans: Vec::new() }
+        Self {
+            state_dir,
+            bind_address: loopback,
+            advertise_address: loopback,
+            extra_sans: Vec::new(),
+            node_bridge: None,
+            apiserver_port: None,
+        }
+    }
+
+    /// Options for a control plane a node joins at `bridge`.
+    pub fn for_node(state_dir: PathBuf, bridge: IpAddr) -> Self {
+        Self {
+            state_dir,
+            bind_address: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            advertise_address: bridge,
+            extra_sans: vec![bridge.to_string()],
+            node_bridge: Some(bridge),
+            apiserver_port: None,
+        }
     }
 }
 
@@ -64,15 +92,15 @@ pub struct ControlPlane {
     pub kubeconfig: PathBuf,
     /// `https://<address>:<port>` of the API server.
     pub server_url: String,
-    /// CA and keys, for components that join later.
+    /// The CA certificate, for components that join later.
     pub ca: PathBuf,
-    processes: Vec<Process>,
-}
-
-struct Process {
-    name: &'static str,
-    child: tokio::process::Child,
-    log: PathBuf,
+    /// The API server's port.
+    pub port: u16,
+    processes: Processes,
+    /// The certificate authority (with its key), to issue node certificates.
+    pub authority: Authority,
+    /// Where certificates and keys live.
+    pub pki_dir: PathBuf,
 }
 
 /// Where a Kubernetes binary is: `$KUBEBUILDER_ASSETS/<name>` when present,
@@ -163,11 +191,15 @@ impl ControlPlane {
         let kcm =
             ca.issue(&pki_dir, "controller-manager", "system:kube-controller-manager", &[], &[], Usage::Client)?;
         let service_account = pki::service_account_key(&pki_dir)?;
+        let scheduler = ca.issue(&pki_dir, "scheduler", "system:kube-scheduler", &[], &[], Usage::Client)?;
 
         let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
         let etcd_port = free_port(loopback)?;
         let etcd_peer_port = free_port(loopback)?;
-        let apiserver_port = free_port(options.bind_address)?;
+        let apiserver_port = match options.apiserver_port {
+            Some(port) => port,
+            None => free_port(options.bind_address)?,
+        };
         let server_url = format!("https://{}", SocketAddr::new(client_address(&options), apiserver_port));
 
         let kubeconfig = dir.join("admin.kubeconfig");
@@ -175,8 +207,52 @@ impl ControlPlane {
         let kcm_kubeconfig = dir.join("controller-manager.kubeconfig");
         write_kubeconfig(&kcm_kubeconfig, &server_url, &ca.files.cert, &kcm)?;
 
-        let mut plane =
-            Self { state_dir: dir.clone(), kubeconfig, server_url, ca: ca.files.cert.clone(), processes: Vec::new() };
+        let scheduler_kubeconfig = dir.join("scheduler.kubeconfig");
+        write_kubeconfig(&scheduler_kubeconfig, &server_url, &ca.files.cert, &scheduler)?;
+        let path = |p: &Path| p.display().to_string();
+        let mut node_flags = Vec::new();
+        if options.node_bridge.is_some() {
+            let kubelet_client = ca.issue(
+                &pki_dir,
+                "apiserver-kubelet-client",
+                "kube-apiserver-kubelet-client",
+                &["system:masters"],
+                &[],
+                Usage::Client,
+            )?;
+            let front_proxy_ca = Authority::generate(&pki_dir, "front-proxy-ca")?;
+            let front_proxy =
+                front_proxy_ca.issue(&pki_dir, "front-proxy-client", "front-proxy-client", &[], &[], Usage::Client)?;
+            node_flags = vec![
+                // Pods reach the API server through the `kubernetes` Service,
+                // whose endpoint is the advertised bridge address.
+                "--endpoint-reconciler-type=lease".to_owned(),
+                format!("--kubelet-client-certificate={}", path(&kubelet_client.cert)),
+                format!("--kubelet-client-key={}", path(&kubelet_client.key)),
+                "--kubelet-preferred-address-types=InternalIP".to_owned(),
+                format!("--requestheader-client-ca-file={}", path(&front_proxy_ca.files.cert)),
+                "--requestheader-allowed-names=front-proxy-client".to_owned(),
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-".to_owned(),
+                "--requestheader-group-headers=X-Remote-Group".to_owned(),
+                "--requestheader-username-headers=X-Remote-User".to_owned(),
+                format!("--proxy-client-cert-file={}", path(&front_proxy.cert)),
+                format!("--proxy-client-key-file={}", path(&front_proxy.key)),
+                "--enable-aggregator-routing=true".to_owned(),
+            ];
+        }
+        let pki_dir_kept = pki_dir.clone();
+        let ca_cert = ca.files.cert.clone();
+        let mut plane = Self {
+            state_dir: dir.clone(),
+            kubeconfig,
+            server_url,
+            ca: ca_cert,
+            port: apiserver_port,
+            processes: Processes::new(dir.clone()),
+            authority: ca,
+            pki_dir: pki_dir_kept,
+        };
+        let ca_files = plane.authority.files.clone();
 
         let etcd_client = format!("http://127.0.0.1:{etcd_port}");
         let etcd_peer = format!("http://127.0.0.1:{etcd_peer_port}");
@@ -198,32 +274,31 @@ impl ControlPlane {
         )?;
         plane.wait_for_port("etcd", SocketAddr::new(loopback, etcd_port)).await?;
 
-        let path = |p: &Path| p.display().to_string();
-        plane.spawn(
-            "kube-apiserver",
-            &apiserver_bin,
-            &[
-                format!("--etcd-servers={etcd_client}"),
-                format!("--bind-address={}", options.bind_address),
-                format!("--advertise-address={}", options.advertise_address),
-                format!("--secure-port={apiserver_port}"),
-                format!("--tls-cert-file={}", path(&serving.cert)),
-                format!("--tls-private-key-file={}", path(&serving.key)),
-                format!("--client-ca-file={}", path(&ca.files.cert)),
-                "--authorization-mode=Node,RBAC".into(),
-                format!("--service-account-issuer={SERVICE_ACCOUNT_ISSUER}"),
-                format!("--api-audiences={SERVICE_ACCOUNT_ISSUER}"),
-                format!("--service-account-key-file={}", path(&service_account.cert)),
-                format!("--service-account-signing-key-file={}", path(&service_account.key)),
-                format!("--service-cluster-ip-range={SERVICE_CIDR}"),
-                // Without a node, a reconciled `kubernetes` endpoint would point
-                // at loopback inside pods; a node-bearing setup overrides this.
-                "--endpoint-reconciler-type=none".into(),
-                "--allow-privileged=false".into(),
-                "--profiling=false".into(),
-                format!("--cert-dir={}", path(&pki_dir)),
-            ],
-        )?;
+        let mut apiserver_args = vec![
+            format!("--etcd-servers={etcd_client}"),
+            format!("--bind-address={}", options.bind_address),
+            format!("--advertise-address={}", options.advertise_address),
+            format!("--secure-port={apiserver_port}"),
+            format!("--tls-cert-file={}", path(&serving.cert)),
+            format!("--tls-private-key-file={}", path(&serving.key)),
+            format!("--client-ca-file={}", path(&ca_files.cert)),
+            "--authorization-mode=Node,RBAC".into(),
+            format!("--service-account-issuer={SERVICE_ACCOUNT_ISSUER}"),
+            format!("--api-audiences={SERVICE_ACCOUNT_ISSUER}"),
+            format!("--service-account-key-file={}", path(&service_account.cert)),
+            format!("--service-account-signing-key-file={}", path(&service_account.key)),
+            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+            "--allow-privileged=false".into(),
+            "--profiling=false".into(),
+            format!("--cert-dir={}", path(&pki_dir)),
+        ];
+        if node_flags.is_empty() {
+            // Without a node, a reconciled `kubernetes` endpoint would point
+            // at loopback, which means nothing inside a pod.
+            apiserver_args.push("--endpoint-reconciler-type=none".into());
+        }
+        apiserver_args.extend(node_flags);
+        plane.spawn("kube-apiserver", &apiserver_bin, &apiserver_args)?;
         plane.wait_for_apiserver().await?;
 
         plane.spawn(
@@ -237,13 +312,28 @@ impl ControlPlane {
                 "--leader-elect=false".into(),
                 "--use-service-account-credentials=true".into(),
                 format!("--service-account-private-key-file={}", path(&service_account.key)),
-                format!("--root-ca-file={}", path(&ca.files.cert)),
-                format!("--cluster-signing-cert-file={}", path(&ca.files.cert)),
-                format!("--cluster-signing-key-file={}", path(&ca.files.key)),
+                format!("--root-ca-file={}", path(&ca_files.cert)),
+                format!("--cluster-signing-cert-file={}", path(&ca_files.cert)),
+                format!("--cluster-signing-key-file={}", path(&ca_files.key)),
                 format!("--service-cluster-ip-range={SERVICE_CIDR}"),
                 "--profiling=false".into(),
             ],
         )?;
+        if options.node_bridge.is_some() {
+            let scheduler_bin = k8s_binary("kube-scheduler")?;
+            plane.spawn(
+                "kube-scheduler",
+                &scheduler_bin,
+                &[
+                    format!("--kubeconfig={}", path(&scheduler_kubeconfig)),
+                    format!("--authentication-kubeconfig={}", path(&scheduler_kubeconfig)),
+                    format!("--authorization-kubeconfig={}", path(&scheduler_kubeconfig)),
+                    "--secure-port=0".into(),
+                    "--leader-elect=false".into(),
+                    "--profiling=false".into(),
+                ],
+            )?;
+        }
         plane.wait_for_controller_manager().await?;
         Ok(plane)
     }
@@ -258,43 +348,17 @@ impl ControlPlane {
 
     /// Kills every process and removes the state directory.
     pub async fn stop(mut self) {
-        for process in self.processes.iter_mut().rev() {
-            // NB: SIGKILL is enough: nothing here needs to outlive the run.
-            let _ = process.child.kill().await;
-        }
+        // NB: SIGKILL is enough: nothing here needs to outlive the run.
+        self.processes.stop().await;
         let _ = std::fs::remove_dir_all(&self.state_dir);
     }
 
-    fn spawn(&mut self, name: &'static str, binary: &Path, args: &[String]) -> anyhow::Result<()> {
-        let log = self.state_dir.join(format!("{name}.log"));
-        let log_file = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-        let mut command = tokio::process::Command::new(binary);
-        command
-            .args(args)
-            // etcd reads every ETCD_* variable as a flag, and Go tooling reads
-            // many more: start each component from a clean environment.
-            .env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("HOME", &self.state_dir)
-            .stdin(Stdio::null())
-            .stdout(log_file.try_clone()?)
-            .stderr(log_file)
-            .kill_on_drop(true);
-        let child = command.spawn().with_context(|| format!("starting {}", binary.display()))?;
-        if let Some(pid) = child.id() {
-            record_pid(&self.state_dir, pid)?;
-        }
-        self.processes.push(Process { name, child, log });
-        Ok(())
+    fn spawn(&mut self, name: &str, binary: &Path, args: &[String]) -> anyhow::Result<()> {
+        self.processes.spawn(name, binary, args, &[]).map(drop)
     }
 
     fn check_alive(&mut self) -> anyhow::Result<()> {
-        for process in &mut self.processes {
-            if let Some(status) = process.child.try_wait()? {
-                bail!("{} exited ({status}); its log ends with:\n{}", process.name, log_tail(&process.log, 30));
-            }
-        }
-        Ok(())
+        self.processes.check_alive()
     }
 
     async fn wait_for_port(&mut self, name: &str, address: SocketAddr) -> anyhow::Result<()> {
@@ -344,7 +408,8 @@ impl ControlPlane {
 }
 
 fn client_address(options: &ControlPlaneOptions) -> IpAddr {
-    if options.bind_address.is_unspecified() { options.advertise_address } else { options.bind_address }
+    // Host-side clients use loopback even when the server binds everything.
+    if options.bind_address.is_unspecified() { IpAddr::V4(Ipv4Addr::LOCALHOST) } else { options.bind_address }
 }
 
 /// A client from a kubeconfig file.
@@ -370,19 +435,6 @@ pub fn write_kubeconfig(path: &Path, server: &str, ca: &Path, client: &pki::PemF
         key = client.key.display(),
     );
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
-}
-
-fn record_pid(state_dir: &Path, pid: u32) -> anyhow::Result<()> {
-    use std::io::Write as _;
-    let mut file = std::fs::OpenOptions::new().create(true).append(true).open(state_dir.join("pids"))?;
-    writeln!(file, "{pid}")?;
-    Ok(())
-}
-
-fn log_tail(path: &Path, lines: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 /// The directory under which each run keeps its state: `run-<pid>` where

@@ -31,28 +31,47 @@ pub struct SharedCluster {
 
 static CLUSTER: OnceLock<Result<SharedCluster, String>> = OnceLock::new();
 
-/// The shared cluster, started on first use by the supervisor binary at
-/// `supervisor` (pass `env!("CARGO_BIN_EXE_waycast-cluster")`).
+/// The shared control-plane-only cluster, started on first use by the
+/// supervisor binary at `supervisor` (pass
+/// `env!("CARGO_BIN_EXE_waycast-cluster")`).
 ///
 /// # Panics
 /// When the cluster cannot be started; every test using it then fails with
 /// the reason.
 pub fn shared_cluster(supervisor: &str) -> &'static SharedCluster {
-    let result = CLUSTER.get_or_init(|| start_shared(supervisor).map_err(|error| format!("{error:#}")));
+    shared(supervisor, false)
+}
+
+/// The shared cluster with a node (kubelet, containerd, kube-proxy,
+/// metrics-server and our images). Needs root.
+///
+/// # Panics
+/// When the cluster cannot be started.
+pub fn shared_cluster_with_node(supervisor: &str) -> &'static SharedCluster {
+    shared(supervisor, true)
+}
+
+fn shared(supervisor: &str, node: bool) -> &'static SharedCluster {
+    let result = CLUSTER.get_or_init(|| start_shared(supervisor, node).map_err(|error| format!("{error:#}")));
     match result {
         Ok(cluster) => cluster,
         Err(error) => panic!("the e2e cluster could not be started: {error}"),
     }
 }
 
-fn start_shared(supervisor: &str) -> anyhow::Result<SharedCluster> {
-    if let Some(kubeconfig) = std::env::var_os("WAYCAST_E2E_KUBECONFIG") {
-        return Ok(SharedCluster { kubeconfig: kubeconfig.into(), _supervisor_stdin: None });
-    }
-    let log_path = std::env::temp_dir().join(format!("waycast-cluster-{}.log", std::process::id()));
+/// Starts a cluster supervisor and waits until it is ready.
+///
+/// # Errors
+/// The supervisor exiting before it is ready (its log is in the error).
+pub fn start_supervisor(supervisor: &str, node: bool) -> anyhow::Result<(SharedCluster, std::process::Child)> {
+    let log_path = std::env::temp_dir().join(format!("waycast-cluster-{}-{}.log", std::process::id(), node));
     let log = std::fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
-    let mut child = Command::new(supervisor)
-        .args(["up", "--exit-on-stdin-eof"])
+    let mut command = Command::new(supervisor);
+    command.args(["up", "--exit-on-stdin-eof"]);
+    if node {
+        command.arg("--node");
+    }
+    let mut child = command
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(log)
@@ -62,12 +81,20 @@ fn start_shared(supervisor: &str) -> anyhow::Result<SharedCluster> {
     for line in BufReader::new(stdout).lines() {
         let line = line?;
         if let Some(path) = line.strip_prefix(READY_PREFIX) {
-            return Ok(SharedCluster { kubeconfig: PathBuf::from(path), _supervisor_stdin: child.stdin.take() });
+            let cluster = SharedCluster { kubeconfig: PathBuf::from(path), _supervisor_stdin: child.stdin.take() };
+            return Ok((cluster, child));
         }
     }
     let status = child.wait()?;
     let log_text = std::fs::read_to_string(&log_path).unwrap_or_default();
     bail!("waycast-cluster exited ({status}) before the cluster was ready:\n{log_text}")
+}
+
+fn start_shared(supervisor: &str, node: bool) -> anyhow::Result<SharedCluster> {
+    if let Some(kubeconfig) = std::env::var_os("WAYCAST_E2E_KUBECONFIG") {
+        return Ok(SharedCluster { kubeconfig: kubeconfig.into(), _supervisor_stdin: None });
+    }
+    start_supervisor(supervisor, node).map(|(cluster, _child)| cluster)
 }
 
 impl SharedCluster {

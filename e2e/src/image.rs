@@ -85,6 +85,22 @@ fn append_dir(builder: &mut tar::Builder<Vec<u8>>, path: &str, mode: u32) -> any
     Ok(())
 }
 
+/// The binary without debug information (debug builds are mostly DWARF),
+/// or as it is when `strip` is not installed.
+fn stripped(binary: &Path) -> anyhow::Result<Vec<u8>> {
+    static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let unique = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let temporary = std::env::temp_dir().join(format!("waycast-strip-{}-{unique}", std::process::id()));
+    let status = Command::new("strip").arg("--strip-debug").arg("-o").arg(&temporary).arg(binary).status();
+    let data = match status {
+        Ok(status) if status.success() => std::fs::read(&temporary),
+        _ => std::fs::read(binary),
+    }
+    .with_context(|| format!("reading {}", binary.display()))?;
+    let _ = std::fs::remove_file(&temporary);
+    Ok(data)
+}
+
 /// The root filesystem layer.
 fn layer(spec: &ImageSpec) -> anyhow::Result<Vec<u8>> {
     let mut builder = tar::Builder::new(Vec::new());
@@ -113,7 +129,7 @@ fn layer(spec: &ImageSpec) -> anyhow::Result<Vec<u8>> {
         append_file(&mut builder, &relative, &data, 0o755)?;
     }
     let name = spec.binary.file_name().context("binary has a file name")?.to_string_lossy().into_owned();
-    let data = std::fs::read(&spec.binary).with_context(|| format!("reading {}", spec.binary.display()))?;
+    let data = stripped(&spec.binary)?;
     append_file(&mut builder, &name, &data, 0o755)?;
     Ok(builder.into_inner()?)
 }

@@ -10,10 +10,13 @@
 //! tears it down when the test binary exits however it exits (its stdin
 //! closes). Tests get a fresh namespace each.
 
+pub mod cluster;
 pub mod control_plane;
 pub mod fixture;
 pub mod harness;
 pub mod image;
 pub mod manifest;
 pub mod mock_upstream;
+pub mod node;
 pub mod pki;
+pub mod process;

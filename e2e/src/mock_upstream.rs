@@ -15,6 +15,7 @@
 //! | `x-mock-status: S` | answer with status S and an OpenAI error body |
 //! | `x-mock-stall: headers` / `body` | never answer / stop after the first chunk |
 //! | `x-mock-chunked: true` | send a non-streaming body with chunked encoding |
+//! | `x-mock-burn-ms: N` | spin the CPU for N ms first (autoscaling tests) |
 //!
 //! Usage is reported as OpenAI (`prompt_tokens`/`completion_tokens`, in the
 //! last chunk when `stream_options.include_usage` is set), the Responses API
@@ -50,11 +51,13 @@ pub struct MockOptions {
     pub chunks: usize,
     /// Wait between stream chunks.
     pub interval: Duration,
+    /// CPU time to burn per request.
+    pub burn: Duration,
 }
 
 impl Default for MockOptions {
     fn default() -> Self {
-        Self { delay: Duration::ZERO, chunks: 5, interval: Duration::from_millis(1) }
+        Self { delay: Duration::ZERO, chunks: 5, interval: Duration::from_millis(1), burn: Duration::ZERO }
     }
 }
 
@@ -186,6 +189,11 @@ async fn respond(
     recorder.requests.lock().await.push(received.clone());
     let headers = &received.headers;
 
+    let burn = header_number(headers, "x-mock-burn-ms").map_or(options.burn, Duration::from_millis);
+    let burn_until = std::time::Instant::now() + burn;
+    while std::time::Instant::now() < burn_until {
+        std::hint::spin_loop();
+    }
     let delay = header_number(headers, "x-mock-delay-ms").map_or(options.delay, Duration::from_millis);
     let stall = headers.get("x-mock-stall").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
     if stall == "headers" {

@@ -1,11 +1,12 @@
 //! `waycast-cluster`: runs a local waycast cluster until told to stop.
 //!
 //! ```text
-//! waycast-cluster up [--exit-on-stdin-eof] [--apply FILE]...
+//! waycast-cluster up [--node] [--exit-on-stdin-eof] [--apply FILE]...
 //! ```
 //!
-//! Starts the control plane (see `waycast_e2e::control_plane`), installs the
-//! waycast CRDs, applies the given manifests, prints
+//! Starts the control plane (see `waycast_e2e::control_plane`) and, with
+//! `--node`, a node with our images (see `waycast_e2e::node`; needs root),
+//! installs the waycast CRDs, applies the given manifests, prints
 //! `ready kubeconfig=<path>` on stdout, then waits for Ctrl-C, SIGTERM or —
 //! with `--exit-on-stdin-eof`, as the test harness runs it — the end of its
 //! standard input. Then it stops every component and removes its state.
@@ -16,10 +17,12 @@ use std::process::ExitCode;
 use anyhow::{Context as _, bail};
 use tokio::io::AsyncReadExt as _;
 use tokio::signal::unix::{SignalKind, signal};
-use waycast_e2e::control_plane::{self, ControlPlane, ControlPlaneOptions};
+use waycast_e2e::cluster::Cluster;
+use waycast_e2e::control_plane;
 use waycast_e2e::{harness, manifest};
 
 struct Args {
+    node: bool,
     exit_on_stdin_eof: bool,
     manifests: Vec<PathBuf>,
 }
@@ -27,12 +30,13 @@ struct Args {
 fn parse_args() -> anyhow::Result<Args> {
     let mut args = std::env::args().skip(1);
     if args.next().as_deref() != Some("up") {
-        bail!("usage: waycast-cluster up [--exit-on-stdin-eof] [--apply FILE]...");
+        bail!("usage: waycast-cluster up [--node] [--exit-on-stdin-eof] [--apply FILE]...");
     }
-    let mut parsed = Args { exit_on_stdin_eof: false, manifests: Vec::new() };
+    let mut parsed = Args { node: false, exit_on_stdin_eof: false, manifests: Vec::new() };
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--exit-on-stdin-eof" => parsed.exit_on_stdin_eof = true,
+            "--node" => parsed.node = true,
             "--apply" => parsed.manifests.push(args.next().context("--apply needs a file")?.into()),
             other => bail!("unknown argument {other:?}"),
         }
@@ -53,34 +57,37 @@ async fn main() -> ExitCode {
     control_plane::clean_stale_runs(&root);
     let state_dir = root.join(format!("run-{}", std::process::id()));
     let started = std::time::Instant::now();
-    let plane = match ControlPlane::start(ControlPlaneOptions::loopback(state_dir.clone())).await {
-        Ok(plane) => plane,
+    let cluster = match Cluster::start(state_dir.clone(), args.node).await {
+        Ok(cluster) => cluster,
         Err(error) => {
-            eprintln!("waycast-cluster: control plane failed to start: {error:#}");
+            eprintln!("waycast-cluster: the cluster failed to start: {error:#}");
             let _ = std::fs::remove_dir_all(&state_dir);
             return ExitCode::FAILURE;
         }
     };
-    if let Err(error) = prepare(&plane, &args.manifests).await {
+    if let Err(error) = apply(&cluster, &args.manifests).await {
         eprintln!("waycast-cluster: {error:#}");
-        plane.stop().await;
+        cluster.stop().await;
         return ExitCode::FAILURE;
     }
+    let what = if args.node { "control plane and node" } else { "control plane" };
     eprintln!(
-        "waycast-cluster: control plane ready in {:.1}s at {}",
+        "waycast-cluster: {what} ready in {:.1}s at {}",
         started.elapsed().as_secs_f64(),
-        plane.server_url
+        cluster.plane.server_url
     );
-    println!("{}{}", harness::READY_PREFIX, plane.kubeconfig.display());
+    println!("{}{}", harness::READY_PREFIX, cluster.plane.kubeconfig.display());
     wait_for_stop(args.exit_on_stdin_eof).await;
     eprintln!("waycast-cluster: stopping");
-    plane.stop().await;
-    ExitCode::SUCCESS
+    cluster.stop().await;
+    eprintln!("waycast-cluster: stopped");
+    // NB: exit here rather than return: the runtime would otherwise wait
+    // for the thread still blocked reading stdin.
+    std::process::exit(0);
 }
 
-async fn prepare(plane: &ControlPlane, manifests: &[PathBuf]) -> anyhow::Result<()> {
-    let client = plane.client().await?;
-    manifest::install_crds(&client).await?;
+async fn apply(cluster: &Cluster, manifests: &[PathBuf]) -> anyhow::Result<()> {
+    let client = cluster.plane.client().await?;
     for path in manifests {
         let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let objects = manifest::parse_documents(&text).with_context(|| format!("parsing {}", path.display()))?;

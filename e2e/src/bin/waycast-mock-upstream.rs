@@ -2,7 +2,7 @@
 //! process (for the standalone quickstart and in-cluster tests).
 //!
 //! ```text
-//! waycast-mock-upstream [--listen 127.0.0.1:8000] [--delay-ms N] [--chunks N] [--interval-ms N]
+//! waycast-mock-upstream [--listen 127.0.0.1:8000] [--delay-ms N] [--chunks N] [--interval-ms N] [--burn-ms N]
 //! ```
 
 use std::net::SocketAddr;
@@ -24,6 +24,9 @@ fn main() -> ExitCode {
                 v.parse().map(|n| options.delay = Duration::from_millis(n)).map_err(|e| e.to_string())
             }
             ("--chunks", Some(v)) => v.parse().map(|n| options.chunks = n).map_err(|e| e.to_string()),
+            ("--burn-ms", Some(v)) => {
+                v.parse().map(|n| options.burn = Duration::from_millis(n)).map_err(|e| e.to_string())
+            }
             ("--interval-ms", Some(v)) => {
                 v.parse().map(|n| options.interval = Duration::from_millis(n)).map_err(|e| e.to_string())
             }

@@ -1,0 +1,535 @@
+//! A real Kubernetes node on this machine: containerd (from Debian), the
+//! kubelet and kube-proxy (built like the control plane), a CNI bridge, and
+//! images imported from archives we pack ourselves.
+//!
+//! ```text
+//! prepare_host    clean leftovers ─► save sysctls ─► bridge waycast0 10.88.0.1/16 ─► service route
+//! ControlPlane    binds 0.0.0.0, guarded by iptables to lo + waycast0; advertises 10.88.0.1
+//! Node::start     containerd ─► import images ─► kubelet ─► kube-proxy ─► Ready ─► metrics-server
+//! teardown        kill agents ─► kill containers ─► unmount ─► netns ─► bridge ─► iptables ─► cgroups ─► sysctls
+//! ```
+//!
+//! Everything the node creates lives under fixed paths ([`NODE_ROOT`],
+//! [`NODE_RUN`]), fixed names (bridge [`BRIDGE`], iptables chains `KUBE-*`,
+//! `CNI-*`, `WAYCAST-*`) so that [`teardown`] can remove it even after a
+//! crashed run, and does so before every bring-up. One node per machine.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use k8s_openapi::api::core::v1::Node as NodeObject;
+use kube::Api;
+
+use crate::control_plane::{ControlPlane, SERVICE_CIDR, k8s_binary, write_kubeconfig};
+use crate::pki::Usage;
+use crate::process::{Processes, run};
+
+/// The node's name.
+pub const NODE_NAME: &str = "waycast-node";
+/// The CNI bridge.
+pub const BRIDGE: &str = "waycast0";
+/// The bridge's address: the node IP, and where pods reach the API server.
+pub const BRIDGE_IP: Ipv4Addr = Ipv4Addr::new(10, 88, 0, 1);
+/// The pod network.
+pub const POD_CIDR: &str = "10.88.0.0/16";
+/// Persistent node state (containerd root, kubelet root, CNI IPAM).
+pub const NODE_ROOT: &str = "/var/lib/waycast-e2e";
+/// Runtime node state (containerd state and socket).
+pub const NODE_RUN: &str = "/run/waycast-e2e";
+/// The kubelet's port on the bridge address.
+pub const KUBELET_PORT: u16 = 10250;
+/// The pause image every pod sandbox runs.
+pub const PAUSE_IMAGE: &str = "docker.io/waycast/pause:dev";
+
+const CONTAINERD_SOCKET: &str = "/run/waycast-e2e/containerd.sock";
+const CHAIN_PREFIXES: &[&str] = &["KUBE-", "CNI-", "WAYCAST-"];
+const SYSCTLS: &[&str] = &[
+    "net.ipv4.ip_forward",
+    "net.bridge.bridge-nf-call-iptables",
+    "kernel.panic",
+    "kernel.panic_on_oops",
+    "vm.overcommit_memory",
+];
+
+/// The bridge address as an `IpAddr`.
+pub fn bridge_address() -> IpAddr {
+    IpAddr::V4(BRIDGE_IP)
+}
+
+// === host preparation ===
+
+/// Cleans leftovers of earlier runs, saves the sysctls the node changes, and
+/// creates the bridge and the route to the Service network.
+///
+/// # Errors
+/// A system command failing (the message names it).
+pub fn prepare_host() -> anyhow::Result<()> {
+    teardown();
+    std::fs::create_dir_all(NODE_ROOT)?;
+    std::fs::create_dir_all(NODE_RUN)?;
+    let mut saved = String::new();
+    for key in SYSCTLS {
+        let value = run("sysctl", &["-n", key]).unwrap_or_default();
+        saved.push_str(&format!("{key}={}\n", value.trim()));
+    }
+    std::fs::write(sysctl_file(), saved)?;
+    let _ = run("modprobe", &["br_netfilter"]);
+    run("sysctl", &["-qw", "net.ipv4.ip_forward=1"])?;
+    // Pod → Service → pod on the same bridge needs the bridge traffic to
+    // pass through iptables (kube-proxy's DNAT).
+    run("sysctl", &["-qw", "net.bridge.bridge-nf-call-iptables=1"])?;
+    run("ip", &["link", "add", BRIDGE, "type", "bridge"])?;
+    run("ip", &["addr", "add", &format!("{BRIDGE_IP}/16"), "dev", BRIDGE])?;
+    run("ip", &["link", "set", BRIDGE, "up"])?;
+    // Host traffic to ClusterIPs leaves through the bridge; kube-proxy's
+    // OUTPUT rules rewrite it on the way.
+    run("ip", &["route", "add", SERVICE_CIDR, "dev", BRIDGE])?;
+    Ok(())
+}
+
+/// Lets `ports` be reached only from loopback and the bridge: the API
+/// server and the kubelet bind all addresses but must not be exposed.
+///
+/// # Errors
+/// iptables failing.
+pub fn guard_ports(ports: &[u16]) -> anyhow::Result<()> {
+    let _ = run("iptables", &["-N", "WAYCAST-GUARD"]);
+    run("iptables", &["-F", "WAYCAST-GUARD"])?;
+    for port in ports {
+        let port = port.to_string();
+        run("iptables", &["-A", "WAYCAST-GUARD", "-p", "tcp", "--dport", &port, "-i", "lo", "-j", "RETURN"])?;
+        run("iptables", &["-A", "WAYCAST-GUARD", "-p", "tcp", "--dport", &port, "-i", BRIDGE, "-j", "RETURN"])?;
+        run("iptables", &["-A", "WAYCAST-GUARD", "-p", "tcp", "--dport", &port, "-j", "DROP"])?;
+    }
+    run("iptables", &["-I", "INPUT", "1", "-j", "WAYCAST-GUARD"])?;
+    Ok(())
+}
+
+fn sysctl_file() -> PathBuf {
+    Path::new(NODE_ROOT).join("sysctls.before")
+}
+
+// === the node ===
+
+/// A running node.
+pub struct Node {
+    processes: Processes,
+    /// Where the node's own logs and configs are.
+    pub state_dir: PathBuf,
+}
+
+impl Node {
+    /// Starts containerd, imports `images`, starts the kubelet and
+    /// kube-proxy, waits for the node to be Ready, and installs
+    /// metrics-server.
+    ///
+    /// # Errors
+    /// A component failing to start (with its log tail) or not getting ready.
+    pub async fn start(plane: &ControlPlane, images: &[PathBuf]) -> anyhow::Result<Self> {
+        let state_dir = plane.state_dir.join("node");
+        std::fs::create_dir_all(&state_dir)?;
+        let mut node = Self { processes: Processes::new(state_dir.clone()), state_dir: state_dir.clone() };
+        node.start_containerd().await?;
+        for image in images {
+            run(
+                "ctr",
+                &[
+                    "--address",
+                    CONTAINERD_SOCKET,
+                    "-n",
+                    "k8s.io",
+                    "images",
+                    "import",
+                    "--no-unpack=false",
+                    &image.display().to_string(),
+                ],
+            )
+            .with_context(|| format!("importing {}", image.display()))?;
+        }
+        node.start_kubelet(plane).await?;
+        node.start_kube_proxy(plane)?;
+        node.wait_ready(plane).await?;
+        Ok(node)
+    }
+
+    async fn start_containerd(&mut self) -> anyhow::Result<()> {
+        let net_d = self.state_dir.join("net.d");
+        std::fs::create_dir_all(&net_d)?;
+        let cni = serde_json::json!({
+            "cniVersion": "1.0.0",
+            "name": "waycast",
+            "plugins": [
+                {
+                    "type": "bridge",
+                    "bridge": BRIDGE,
+                    "isGateway": true,
+                    "ipMasq": false,
+                    "hairpinMode": true,
+                    "ipam": {
+                        "type": "host-local",
+                        "dataDir": format!("{NODE_ROOT}/cni/networks"),
+                        "ranges": [[{"subnet": POD_CIDR, "gateway": BRIDGE_IP.to_string(), "rangeStart": "10.88.1.1", "rangeEnd": "10.88.255.254"}]],
+                        "routes": [{"dst": "0.0.0.0/0"}],
+                    },
+                },
+                {"type": "portmap", "capabilities": {"portMappings": true}},
+            ],
+        });
+        std::fs::write(net_d.join("10-waycast.conflist"), serde_json::to_vec_pretty(&cni)?)?;
+        let config = format!(
+            r#"version = 2
+root = "{NODE_ROOT}/containerd"
+state = "{NODE_RUN}/containerd"
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs"]
+
+[grpc]
+  address = "{CONTAINERD_SOCKET}"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE_IMAGE}"
+  # This machine's processes lack CAP_SYS_RESOURCE: runc cannot lower
+  # oom_score_adj below its own, and sandboxes fail to start otherwise.
+  restrict_oom_score_adj = true
+  enable_selinux = false
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "{net_d}"
+"#,
+            net_d = net_d.display()
+        );
+        let config_path = self.state_dir.join("containerd.toml");
+        std::fs::write(&config_path, config)?;
+        self.processes.spawn(
+            "containerd",
+            Path::new("containerd"),
+            &["--config".into(), config_path.display().to_string()],
+            &[],
+        )?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while run("ctr", &["--address", CONTAINERD_SOCKET, "version"]).is_err() {
+            self.processes.check_alive()?;
+            if Instant::now() > deadline {
+                bail!("containerd did not answer on {CONTAINERD_SOCKET} within 30s");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
+    }
+
+    async fn start_kubelet(&mut self, plane: &ControlPlane) -> anyhow::Result<()> {
+        let pki = &plane.pki_dir;
+        let node_ip = BRIDGE_IP.to_string();
+        let client = plane.authority.issue(
+            pki,
+            "kubelet-client",
+            &format!("system:node:{NODE_NAME}"),
+            &["system:nodes"],
+            &[],
+            Usage::Client,
+        )?;
+        let serving = plane.authority.issue(
+            pki,
+            "kubelet-serving",
+            NODE_NAME,
+            &[],
+            &[node_ip.clone(), NODE_NAME.into()],
+            Usage::Server,
+        )?;
+        let kubeconfig = self.state_dir.join("kubelet.kubeconfig");
+        write_kubeconfig(&kubeconfig, &plane.server_url, &plane.ca, &client)?;
+        let config = format!(
+            r#"apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: {node_ip}
+port: {KUBELET_PORT}
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 0
+authentication:
+  anonymous: {{enabled: false}}
+  webhook: {{enabled: true}}
+  x509: {{clientCAFile: {ca}}}
+authorization: {{mode: Webhook}}
+tlsCertFile: {cert}
+tlsPrivateKeyFile: {key}
+containerRuntimeEndpoint: unix://{CONTAINERD_SOCKET}
+cgroupDriver: cgroupfs
+failCgroupV1: false
+failSwapOn: false
+cgroupsPerQOS: true
+enforceNodeAllocatable: [pods]
+clusterDomain: cluster.local
+resolvConf: /etc/resolv.conf
+serializeImagePulls: false
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard: {{memory.available: "50Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}}
+podLogsDir: {NODE_ROOT}/pod-logs
+syncFrequency: 10s
+fileCheckFrequency: 10s
+nodeStatusUpdateFrequency: 2s
+shutdownGracePeriod: 0s
+"#,
+            ca = plane.ca.display(),
+            cert = serving.cert.display(),
+            key = serving.key.display(),
+        );
+        let config_path = self.state_dir.join("kubelet.yaml");
+        std::fs::write(&config_path, config)?;
+        let kubelet = k8s_binary("kubelet")?;
+        self.processes.spawn(
+            "kubelet",
+            &kubelet,
+            &[
+                format!("--config={}", config_path.display()),
+                format!("--kubeconfig={}", kubeconfig.display()),
+                format!("--root-dir={NODE_ROOT}/kubelet"),
+                format!("--cert-dir={NODE_ROOT}/kubelet-pki"),
+                format!("--node-ip={node_ip}"),
+                format!("--hostname-override={NODE_NAME}"),
+                "--v=1".into(),
+            ],
+            &[],
+        )?;
+        Ok(())
+    }
+
+    fn start_kube_proxy(&mut self, plane: &ControlPlane) -> anyhow::Result<()> {
+        let client =
+            plane.authority.issue(&plane.pki_dir, "kube-proxy", "system:kube-proxy", &[], &[], Usage::Client)?;
+        let kubeconfig = self.state_dir.join("kube-proxy.kubeconfig");
+        write_kubeconfig(&kubeconfig, &plane.server_url, &plane.ca, &client)?;
+        let config = format!(
+            r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {{kubeconfig: {kubeconfig}}}
+mode: iptables
+clusterCIDR: {POD_CIDR}
+hostnameOverride: {NODE_NAME}
+bindAddress: {BRIDGE_IP}
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+# Leave the host's conntrack sysctls alone.
+conntrack: {{maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}}
+iptables: {{localhostNodePorts: false, syncPeriod: 30s, minSyncPeriod: 0s}}
+"#,
+            kubeconfig = kubeconfig.display()
+        );
+        let config_path = self.state_dir.join("kube-proxy.yaml");
+        std::fs::write(&config_path, config)?;
+        let proxy = k8s_binary("kube-proxy")?;
+        self.processes.spawn(
+            "kube-proxy",
+            &proxy,
+            &[format!("--config={}", config_path.display()), "--v=1".into()],
+            &[],
+        )?;
+        Ok(())
+    }
+
+    async fn wait_ready(&mut self, plane: &ControlPlane) -> anyhow::Result<()> {
+        let nodes: Api<NodeObject> = Api::all(plane.client().await?);
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let ready = nodes
+                .get_opt(NODE_NAME)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|n| n.status)
+                .and_then(|s| s.conditions)
+                .is_some_and(|conditions| conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+            if ready {
+                return Ok(());
+            }
+            self.processes.check_alive()?;
+            if Instant::now() > deadline {
+                bail!("node {NODE_NAME} not Ready within 90s");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Stops the node and removes everything it created.
+    pub async fn stop(mut self) {
+        self.processes.stop_one("kube-proxy").await;
+        self.processes.stop_one("kubelet").await;
+        kill_containers();
+        self.processes.stop().await;
+        teardown();
+    }
+}
+
+// === teardown ===
+
+fn kill_containers() {
+    let tasks = run("ctr", &["--address", CONTAINERD_SOCKET, "-n", "k8s.io", "tasks", "ls", "-q"]).unwrap_or_default();
+    for task in tasks.lines().map(str::trim).filter(|t| !t.is_empty()) {
+        let _ = run("ctr", &["--address", CONTAINERD_SOCKET, "-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", task]);
+    }
+}
+
+/// Removes everything a node creates, whether or not one is running: safe
+/// to call any time, and called before every bring-up.
+pub fn teardown() {
+    // Agents first, so nothing recreates what is being removed.
+    for pattern in [
+        format!("kubelet.*--root-dir={NODE_ROOT}"),
+        "kube-proxy --config=.*waycast-e2e".to_owned(),
+        "containerd --config .*waycast-e2e".to_owned(),
+    ] {
+        let _ = run("pkill", &["-9", "-f", &pattern]);
+    }
+    if Path::new(CONTAINERD_SOCKET).exists() {
+        kill_containers();
+    }
+    let _ = run("pkill", &["-9", "-f", &format!("containerd-shim-runc-v2 .*-address {CONTAINERD_SOCKET}")]);
+    kill_cgroup_processes();
+    unmount_under(&[NODE_ROOT, NODE_RUN]);
+    remove_pod_netns();
+    if run("ip", &["link", "show", BRIDGE]).is_ok() {
+        let _ = run("ip", &["link", "delete", BRIDGE]);
+    }
+    remove_iptables_chains();
+    remove_cgroups();
+    restore_sysctls();
+    let _ = std::fs::remove_dir_all(NODE_RUN);
+    let _ = std::fs::remove_dir_all(NODE_ROOT);
+}
+
+/// Every process left in the kubepods cgroups (containers whose shim died).
+fn kill_cgroup_processes() {
+    for root in kubepods_cgroups() {
+        for _ in 0..5 {
+            let mut any = false;
+            for procs in walk_files(&root, "cgroup.procs") {
+                for pid in std::fs::read_to_string(&procs).unwrap_or_default().lines() {
+                    any = true;
+                    let _ = run("kill", &["-9", pid.trim()]);
+                }
+            }
+            if !any {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+fn kubepods_cgroups() -> Vec<PathBuf> {
+    let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") else { return Vec::new() };
+    controllers.flatten().map(|c| c.path().join("kubepods")).filter(|p| p.is_dir()).collect()
+}
+
+fn walk_files(root: &Path, name: &str) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.file_name().is_some_and(|n| n == name) {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
+
+/// Removes the kubepods cgroup trees, deepest first.
+fn remove_cgroups() {
+    for root in kubepods_cgroups() {
+        let mut dirs = vec![root.clone()];
+        let mut all = Vec::new();
+        while let Some(dir) = dirs.pop() {
+            all.push(dir.clone());
+            if let Ok(entries) = std::fs::read_dir(&dir) {
+                dirs.extend(entries.flatten().map(|e| e.path()).filter(|p| p.is_dir()));
+            }
+        }
+        for dir in all.iter().rev() {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+/// Unmounts every mount point under `roots`, deepest first.
+fn unmount_under(roots: &[&str]) {
+    for _ in 0..3 {
+        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+        let mut points: Vec<String> = mounts
+            .lines()
+            .filter_map(|line| line.split_whitespace().nth(1))
+            .map(|p| p.replace("\\040", " "))
+            .filter(|p| roots.iter().any(|root| p.starts_with(root)))
+            .collect();
+        if points.is_empty() {
+            return;
+        }
+        points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+        for point in points {
+            let _ = run("umount", &["-l", &point]);
+        }
+    }
+}
+
+/// The network namespaces the CRI made for pod sandboxes (`cni-*`).
+fn remove_pod_netns() {
+    let Ok(entries) = std::fs::read_dir("/run/netns") else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with("cni-") {
+            let _ = run("ip", &["netns", "delete", &name]);
+            let _ = run("umount", &["-l", &entry.path().display().to_string()]);
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// Removes every `KUBE-*`, `CNI-*` and `WAYCAST-*` chain and every rule
+/// that jumps to one, in every table, for IPv4 and IPv6, leaving all other
+/// rules as they were: each table is restored from its own dump minus ours.
+fn remove_iptables_chains() {
+    for (save, restore) in [("iptables-save", "iptables-restore"), ("ip6tables-save", "ip6tables-restore")] {
+        let Ok(dump) = run(save, &[]) else { continue };
+        if !CHAIN_PREFIXES.iter().any(|prefix| dump.contains(prefix)) {
+            continue;
+        }
+        let filtered: String = dump
+            .lines()
+            .filter(|line| !CHAIN_PREFIXES.iter().any(|prefix| line.contains(prefix)))
+            .map(|line| format!("{line}\n"))
+            .collect();
+        let mut child = match std::process::Command::new(restore).stdin(std::process::Stdio::piped()).spawn() {
+            Ok(child) => child,
+            Err(_) => continue,
+        };
+        if let Some(mut stdin) = child.stdin.take() {
+            use std::io::Write as _;
+            let _ = stdin.write_all(filtered.as_bytes());
+        }
+        let _ = child.wait();
+    }
+}
+
+fn restore_sysctls() {
+    let Ok(saved) = std::fs::read_to_string(sysctl_file()) else { return };
+    for line in saved.lines() {
+        if let Some((key, value)) = line.split_once('=')
+            && !value.is_empty()
+        {
+            let _ = run("sysctl", &["-qw", &format!("{key}={value}")]);
+        }
+    }
+}
