@@ -2,15 +2,15 @@
 CARGO ?= cargo
 CARGO_FLAGS ?= -j2
 
-.PHONY: demo test lint crds k8s-bins clean-e2e
+.PHONY: demo test lint crds k8s-bins node-deps clean-e2e
 
-## demo: a local waycast cluster with the quickstart applied; Ctrl-C stops it
-demo: k8s-bins
-	$(CARGO) build $(CARGO_FLAGS) -p waycast-e2e --bin waycast-cluster
+## demo: waycast on a local cluster (control plane + node), ending with a working curl; Ctrl-C stops it
+demo: k8s-bins node-deps
+	$(CARGO) build $(CARGO_FLAGS) --workspace --bins
 	bash e2e/scripts/demo.sh
 
-## test: every test — unit, generated-file checks and e2e on a real API server
-test: k8s-bins
+## test: every test — unit, generated-file checks, e2e on a real cluster with a node
+test: k8s-bins node-deps
 	$(CARGO) build $(CARGO_FLAGS) --workspace --bins
 	$(CARGO) test $(CARGO_FLAGS) --workspace
 
@@ -27,6 +27,10 @@ crds:
 ## k8s-bins: build etcd and the Kubernetes binaries from the Go module proxy (cached)
 k8s-bins:
 	bash e2e/scripts/build-k8s.sh >/dev/null
+
+## node-deps: containerd, runc, CNI plugins, iptables, conntrack from Debian's packages
+node-deps:
+	bash e2e/scripts/install-node-deps.sh
 
 ## clean-e2e: remove what a killed test run left behind
 clean-e2e:

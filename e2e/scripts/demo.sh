@@ -1,37 +1,49 @@
 #!/usr/bin/env bash
-# Runs a local waycast cluster with the quickstart applied and tells the user
-# how to reach it. Ctrl-C stops everything and removes its state.
+# Runs waycast locally: a control plane and a node on this machine, the mock
+# upstream as an in-cluster inference server, two gateway pods in front of
+# it, and a working curl. Ctrl-C stops everything and cleans up. Needs root
+# (the node sets up a bridge and iptables rules, and restores them).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 target_dir="${CARGO_TARGET_DIR:-target}"
 bin_dir="$(bash e2e/scripts/build-k8s.sh --print)"
-kubectl_bin="${KUBEBUILDER_ASSETS:+$KUBEBUILDER_ASSETS/kubectl}"
-[[ -x "${kubectl_bin:-}" ]] || kubectl_bin="$bin_dir/kubectl"
+kubectl_bin="$bin_dir/kubectl"
 
-"$target_dir/debug/waycast-cluster" up --apply examples/quickstart/quickstart.yaml | while IFS= read -r line; do
+"$target_dir/debug/waycast-cluster" up --node --demo | while IFS= read -r line; do
   case "$line" in
+    "demo gateway="*)
+      rest="${line#demo gateway=}"
+      gateway="${rest%% *}"
+      key="${rest#* key=}"
+      ;;
     "ready kubeconfig="*)
       kubeconfig="${line#ready kubeconfig=}"
-      state_dir="$(dirname "$kubeconfig")"
-      server="$(awk '/server:/ {print $2}' "$kubeconfig")"
+      curl_line="curl -s http://$gateway/v1/chat/completions -H \"Authorization: Bearer $key\" -H \"Content-Type: application/json\" -d '{\"model\":\"llama3\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}]}'"
+      echo
+      echo "waycast demo: a control plane and a node are running here; in namespace"
+      echo "waycast-demo, the mock upstream serves as an inference server and two"
+      echo "gateway pods (config from a Secret, read with their own ServiceAccount)"
+      echo "stand in front of it. A first request through the gateway's ClusterIP:"
+      echo
+      for _ in $(seq 1 50); do
+        if answer="$(eval "$curl_line")" && [[ "$answer" == *chat.completion* ]]; then break; fi
+        sleep 0.2
+      done
+      echo "  $answer"
       cat <<MSG
 
-waycast demo: a local control plane is running with the waycast CRDs installed
-and examples/quickstart applied to the default namespace.
+Try it yourself (streaming: add "stream":true):
+  $curl_line
 
-In another shell:
+Look around:
   export KUBECONFIG=$kubeconfig
   alias kubectl=$kubectl_bin
-  kubectl get waycast                  # Gateways, ModelEndpoints and ApiKeys
-  kubectl explain gateway.spec         # the API, documented field by field
-  kubectl apply -f examples/self-service/platform.yaml
+  kubectl get pods -A -o wide
+  kubectl top pods -n waycast-demo     # metrics-server, after ~15 s
+  kubectl get waycast -A               # the waycast.dev API (the operator is not built yet)
 
-Or straight to the API:
-  curl --cacert $state_dir/pki/ca.crt --cert $state_dir/pki/admin.crt --key $state_dir/pki/admin.key $server/apis/waycast.dev/v1alpha1/namespaces/default/gateways
-
-Not running yet: the operator and gateway pods (they need the node and the
-operator, which are still being built). Press Ctrl-C to stop and clean up.
+Press Ctrl-C to stop; the machine is left as it was found.
 MSG
       ;;
     *) echo "$line" ;;

@@ -20,3 +20,4 @@ pub mod mock_upstream;
 pub mod node;
 pub mod pki;
 pub mod process;
+pub mod workloads;

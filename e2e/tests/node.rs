@@ -10,161 +10,37 @@ use std::time::{Duration, Instant};
 use http::StatusCode;
 use http_body_util::BodyExt as _;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::{Pod, Service};
-use kube::api::ListParams;
-use kube::{Api, Client};
+use kube::Api;
 use serde_json::{Value, json};
 use waycast_e2e::cluster::images;
 use waycast_e2e::fixture::{self, ALICE_KEY};
 use waycast_e2e::harness::{SharedCluster, shared_cluster_with_node, test_namespace};
-use waycast_e2e::manifest;
+use waycast_e2e::workloads::{
+    apply_values, cluster_ip, deploy_gateway, deploy_mock, deployment, service, wait_pods_ready,
+};
 
 fn cluster() -> &'static SharedCluster {
     shared_cluster_with_node(env!("CARGO_BIN_EXE_waycast-cluster"))
-}
-
-/// The hardened container security context every waycast pod uses.
-fn hardened() -> Value {
-    json!({
-        "runAsNonRoot": true,
-        "runAsUser": 65532,
-        "readOnlyRootFilesystem": true,
-        "allowPrivilegeEscalation": false,
-        "capabilities": {"drop": ["ALL"]},
-        "seccompProfile": {"type": "RuntimeDefault"},
-    })
-}
-
-fn deployment(name: &str, image: &str, args: &[&str], port: u16, extra: Value) -> Value {
-    let mut container = json!({
-        "name": name,
-        "image": image,
-        "imagePullPolicy": "Never",
-        "args": args,
-        "ports": [{"name": "http", "containerPort": port}],
-        "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 1},
-        "securityContext": hardened(),
-    });
-    if let (Some(container), Some(extra)) = (container.as_object_mut(), extra.as_object()) {
-        container.extend(extra.clone());
-    }
-    json!({
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": [container]}},
-        },
-    })
-}
-
-fn service(name: &str, port: u16, target: u16) -> Value {
-    json!({
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": name},
-        "spec": {"selector": {"app": name}, "ports": [{"port": port, "targetPort": target}]},
-    })
-}
-
-async fn apply_values(client: &Client, namespace: &str, values: Vec<Value>) {
-    let objects: Vec<_> = values.into_iter().map(|v| serde_json::from_value(v).unwrap()).collect();
-    manifest::apply_all(client, &objects, namespace).await.unwrap();
-}
-
-async fn cluster_ip(client: &Client, namespace: &str, name: &str) -> String {
-    let service = Api::<Service>::namespaced(client.clone(), namespace).get(name).await.unwrap();
-    service.spec.unwrap().cluster_ip.unwrap()
-}
-
-async fn wait_pods_ready(client: &Client, namespace: &str, label: &str, count: usize, timeout: Duration) -> Vec<Pod> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let deadline = Instant::now() + timeout;
-    loop {
-        let list = pods.list(&ListParams::default().labels(label)).await.unwrap().items;
-        let ready: Vec<Pod> = list
-            .into_iter()
-            .filter(|pod| {
-                pod.status
-                    .as_ref()
-                    .and_then(|s| s.conditions.as_ref())
-                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-            })
-            .collect();
-        if ready.len() >= count {
-            return ready;
-        }
-        assert!(Instant::now() < deadline, "{label}: {} of {count} pods ready after {timeout:?}", ready.len());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 #[tokio::test]
 async fn the_gateway_pod_routes_to_the_mock_upstream_pod_through_cluster_ips() {
     let client = cluster().client().await;
     let namespace = test_namespace(&client, "node-routing").await.unwrap();
+    let mock_url = deploy_mock(&client, &namespace).await.unwrap();
+    let gateway_ip = deploy_gateway(&client, &namespace, &fixture::default_config(&mock_url), 2).await.unwrap();
 
-    apply_values(
-        &client,
-        &namespace,
-        vec![
-            deployment("mock", images::MOCK_UPSTREAM, &["--listen", "0.0.0.0:8000"], 8000, json!({})),
-            service("mock", 8000, 8000),
-        ],
-    )
-    .await;
-    let mock_ip = cluster_ip(&client, &namespace, "mock").await;
-
-    // The gateway reads its config from one Secret, through the API, with
-    // its own ServiceAccount token and a Role for that Secret only.
-    let config = fixture::default_config(&format!("http://{mock_ip}:8000/v1"));
-    let config_secret = json!({
-        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "gateway-config"},
-        "stringData": {"config.json": String::from_utf8(config.to_canonical_json().unwrap()).unwrap()},
-    });
-    let rbac = vec![
-        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "gateway"}}),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "gateway"},
-               "rules": [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["gateway-config"], "verbs": ["get", "list", "watch"]}]}),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "gateway"},
-               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "gateway"},
-               "subjects": [{"kind": "ServiceAccount", "name": "gateway", "namespace": namespace}]}),
-    ];
-    let mut gateway = deployment(
-        "gateway",
-        images::GATEWAY,
-        &[
-            "--config-secret",
-            &format!("{namespace}/gateway-config"),
-            "--listen",
-            "0.0.0.0:8080",
-            "--admin-listen",
-            "0.0.0.0:9090",
-        ],
-        8080,
-        json!({"readinessProbe": {"httpGet": {"path": "/readyz", "port": 9090}, "periodSeconds": 1}}),
-    );
-    gateway["spec"]["replicas"] = json!(2);
-    gateway["spec"]["template"]["spec"]["serviceAccountName"] = json!("gateway");
-    let mut objects = rbac;
-    objects.extend([config_secret, gateway, service("gateway", 80, 8080)]);
-    apply_values(&client, &namespace, objects).await;
-
-    let pods = wait_pods_ready(&client, &namespace, "app=gateway", 2, Duration::from_secs(60)).await;
-    wait_pods_ready(&client, &namespace, "app=mock", 1, Duration::from_secs(60)).await;
+    let pods = wait_pods_ready(&client, &namespace, "app=gateway", 2, Duration::from_secs(60)).await.unwrap();
+    wait_pods_ready(&client, &namespace, "app=mock", 1, Duration::from_secs(60)).await.unwrap();
     for pod in &pods {
         let spec = pod.spec.as_ref().unwrap();
         let context = spec.containers[0].security_context.as_ref().unwrap();
         assert_eq!(context.run_as_non_root, Some(true));
         assert_eq!(context.read_only_root_filesystem, Some(true));
-        let mounted_token = spec.volumes.iter().flatten().any(|v| v.projected.is_some());
-        assert!(mounted_token, "the ServiceAccount token is mounted");
+        assert!(spec.volumes.iter().flatten().any(|v| v.projected.is_some()), "the ServiceAccount token is mounted");
     }
 
     // From the host, through the gateway's ClusterIP, to the mock's ClusterIP.
-    let gateway_ip = cluster_ip(&client, &namespace, "gateway").await;
     let url = format!("http://{gateway_ip}/v1/chat/completions");
     let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -182,11 +58,8 @@ async fn the_gateway_pod_routes_to_the_mock_upstream_pod_through_cluster_ips() {
     let value: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(value["object"], "chat.completion");
     assert_eq!(value["model"], "meta-llama/Llama-3.1-8B-Instruct", "the mock pod saw the rewritten model");
-    let (status, _) = (
-        http.request(fixture::post_request(&url, Some("wc_wrong"), r#"{"model":"llama3"}"#)).await.unwrap().status(),
-        (),
-    );
-    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let refused = http.request(fixture::post_request(&url, Some("wc_wrong"), r#"{"model":"llama3"}"#)).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
 }
 
 #[tokio::test]
@@ -209,9 +82,9 @@ async fn an_hpa_scales_a_cpu_burning_deployment_on_real_metrics() {
             "behavior": {"scaleUp": {"stabilizationWindowSeconds": 0, "policies": [{"type": "Pods", "value": 2, "periodSeconds": 5}]}},
         },
     });
-    apply_values(&client, &namespace, vec![burner, service("burner", 8000, 8000), hpa]).await;
-    wait_pods_ready(&client, &namespace, "app=burner", 1, Duration::from_secs(60)).await;
-    let url = format!("http://{}:8000/v1/embeddings", cluster_ip(&client, &namespace, "burner").await);
+    apply_values(&client, &namespace, vec![burner, service("burner", 8000, 8000), hpa]).await.unwrap();
+    wait_pods_ready(&client, &namespace, "app=burner", 1, Duration::from_secs(60)).await.unwrap();
+    let url = format!("http://{}:8000/v1/embeddings", cluster_ip(&client, &namespace, "burner").await.unwrap());
 
     // Load from the host: a few workers, bounded in time.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -235,8 +108,7 @@ async fn an_hpa_scales_a_cpu_burning_deployment_on_real_metrics() {
     let deadline = Instant::now() + Duration::from_secs(150);
     let mut last;
     let scaled = loop {
-        let hpa = hpas.get("burner").await.unwrap();
-        let status = hpa.status.unwrap_or_default();
+        let status = hpas.get("burner").await.unwrap().status.unwrap_or_default();
         let active = status.conditions.iter().flatten().any(|c| c.type_ == "ScalingActive" && c.status == "True");
         last = format!(
             "desired {} current {:?} conditions {:?}",

@@ -1,7 +1,7 @@
 //! `waycast-cluster`: runs a local waycast cluster until told to stop.
 //!
 //! ```text
-//! waycast-cluster up [--node] [--exit-on-stdin-eof] [--apply FILE]...
+//! waycast-cluster up [--node [--demo]] [--exit-on-stdin-eof] [--apply FILE]...
 //! ```
 //!
 //! Starts the control plane (see `waycast_e2e::control_plane`) and, with
@@ -23,6 +23,7 @@ use waycast_e2e::{harness, manifest};
 
 struct Args {
     node: bool,
+    demo: bool,
     exit_on_stdin_eof: bool,
     manifests: Vec<PathBuf>,
 }
@@ -30,13 +31,14 @@ struct Args {
 fn parse_args() -> anyhow::Result<Args> {
     let mut args = std::env::args().skip(1);
     if args.next().as_deref() != Some("up") {
-        bail!("usage: waycast-cluster up [--node] [--exit-on-stdin-eof] [--apply FILE]...");
+        bail!("usage: waycast-cluster up [--node [--demo]] [--exit-on-stdin-eof] [--apply FILE]...");
     }
-    let mut parsed = Args { node: false, exit_on_stdin_eof: false, manifests: Vec::new() };
+    let mut parsed = Args { node: false, demo: false, exit_on_stdin_eof: false, manifests: Vec::new() };
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--exit-on-stdin-eof" => parsed.exit_on_stdin_eof = true,
             "--node" => parsed.node = true,
+            "--demo" => parsed.demo = true,
             "--apply" => parsed.manifests.push(args.next().context("--apply needs a file")?.into()),
             other => bail!("unknown argument {other:?}"),
         }
@@ -69,6 +71,20 @@ async fn main() -> ExitCode {
         eprintln!("waycast-cluster: {error:#}");
         cluster.stop().await;
         return ExitCode::FAILURE;
+    }
+    if args.demo && args.node {
+        let deployed = match cluster.plane.client().await {
+            Ok(client) => waycast_e2e::workloads::deploy_demo(&client).await,
+            Err(error) => Err(error),
+        };
+        match deployed {
+            Ok(demo) => println!("demo gateway={} key={}", demo.gateway_ip, demo.key),
+            Err(error) => {
+                eprintln!("waycast-cluster: the demo failed to deploy: {error:#}");
+                cluster.stop().await;
+                std::process::exit(1);
+            }
+        }
     }
     let what = if args.node { "control plane and node" } else { "control plane" };
     eprintln!(

@@ -1,0 +1,221 @@
+//! Workloads the e2e node runs: the mock upstream and a gateway deployed by
+//! hand (a ServiceAccount that may read only its config Secret, hardened
+//! pods, Services), shared by the node tests and `make demo`.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::api::ListParams;
+use kube::{Api, Client};
+use serde_json::{Value, json};
+use waycast_crds::GatewayConfig;
+
+use crate::cluster::images;
+use crate::manifest;
+
+/// The hardened container security context every waycast pod uses.
+pub fn hardened() -> Value {
+    json!({
+        "runAsNonRoot": true,
+        "runAsUser": 65532,
+        "readOnlyRootFilesystem": true,
+        "allowPrivilegeEscalation": false,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    })
+}
+
+/// A one-container Deployment labelled `app=<name>`; `extra` is merged into
+/// the container.
+pub fn deployment(name: &str, image: &str, args: &[&str], port: u16, extra: Value) -> Value {
+    let mut container = json!({
+        "name": name,
+        "image": image,
+        "imagePullPolicy": "Never",
+        "args": args,
+        "ports": [{"name": "http", "containerPort": port}],
+        "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 1},
+        "securityContext": hardened(),
+    });
+    if let (Some(container), Some(extra)) = (container.as_object_mut(), extra.as_object()) {
+        container.extend(extra.clone());
+    }
+    json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": [container]}},
+        },
+    })
+}
+
+/// A ClusterIP Service for `app=<name>`.
+pub fn service(name: &str, port: u16, target: u16) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name},
+        "spec": {"selector": {"app": name}, "ports": [{"port": port, "targetPort": target}]},
+    })
+}
+
+/// Server-side applies JSON objects into `namespace`.
+///
+/// # Errors
+/// The API server refusing one.
+pub async fn apply_values(client: &Client, namespace: &str, values: Vec<Value>) -> anyhow::Result<()> {
+    let objects = values.into_iter().map(serde_json::from_value).collect::<Result<Vec<_>, _>>()?;
+    manifest::apply_all(client, &objects, namespace).await
+}
+
+/// A Service's ClusterIP.
+///
+/// # Errors
+/// No such Service or no ClusterIP.
+pub async fn cluster_ip(client: &Client, namespace: &str, name: &str) -> anyhow::Result<String> {
+    let service = Api::<Service>::namespaced(client.clone(), namespace).get(name).await?;
+    service.spec.and_then(|s| s.cluster_ip).context("Service has no ClusterIP")
+}
+
+/// Waits until `count` pods matching `label` are Ready.
+///
+/// # Errors
+/// Not within `timeout`.
+pub async fn wait_pods_ready(
+    client: &Client,
+    namespace: &str,
+    label: &str,
+    count: usize,
+    timeout: Duration,
+) -> anyhow::Result<Vec<Pod>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let deadline = Instant::now() + timeout;
+    loop {
+        let list = pods.list(&ListParams::default().labels(label)).await?.items;
+        let ready: Vec<Pod> = list
+            .into_iter()
+            .filter(|pod| {
+                pod.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            })
+            .collect();
+        if ready.len() >= count {
+            return Ok(ready);
+        }
+        if Instant::now() > deadline {
+            bail!("{label}: {} of {count} pods ready after {timeout:?}", ready.len());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Deploys the mock upstream (`mock`, port 8000) into `namespace`; returns
+/// its OpenAI base URL on the ClusterIP.
+///
+/// # Errors
+/// The API server refusing an object.
+pub async fn deploy_mock(client: &Client, namespace: &str) -> anyhow::Result<String> {
+    let mock = deployment("mock", images::MOCK_UPSTREAM, &["--listen", "0.0.0.0:8000"], 8000, json!({}));
+    apply_values(client, namespace, vec![mock, service("mock", 8000, 8000)]).await?;
+    Ok(format!("http://{}:8000/v1", cluster_ip(client, namespace, "mock").await?))
+}
+
+/// Deploys `replicas` gateway pods (`gateway`, Service port 80) reading
+/// `config` from the Secret `gateway-config` with a ServiceAccount whose
+/// Role grants that Secret only; returns the gateway's ClusterIP.
+///
+/// # Errors
+/// The API server refusing an object.
+pub async fn deploy_gateway(
+    client: &Client,
+    namespace: &str,
+    config: &GatewayConfig,
+    replicas: u32,
+) -> anyhow::Result<String> {
+    let config_secret = json!({
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "gateway-config"},
+        "stringData": {"config.json": String::from_utf8(config.to_canonical_json()?)?},
+    });
+    let mut objects = vec![
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "gateway"}}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "gateway"},
+               "rules": [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["gateway-config"], "verbs": ["get", "list", "watch"]}]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "gateway"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "gateway"},
+               "subjects": [{"kind": "ServiceAccount", "name": "gateway", "namespace": namespace}]}),
+        config_secret,
+    ];
+    let secret_ref = format!("{namespace}/gateway-config");
+    let mut gateway = deployment(
+        "gateway",
+        images::GATEWAY,
+        &["--config-secret", &secret_ref, "--listen", "0.0.0.0:8080", "--admin-listen", "0.0.0.0:9090"],
+        8080,
+        json!({"readinessProbe": {"httpGet": {"path": "/readyz", "port": 9090}, "periodSeconds": 1}}),
+    );
+    gateway["spec"]["replicas"] = json!(replicas);
+    gateway["spec"]["template"]["spec"]["serviceAccountName"] = json!("gateway");
+    objects.extend([gateway, service("gateway", 80, 8080)]);
+    apply_values(client, namespace, objects).await?;
+    cluster_ip(client, namespace, "gateway").await
+}
+
+/// The namespace `make demo` deploys into.
+pub const DEMO_NAMESPACE: &str = "waycast-demo";
+
+/// What the demo deployed: where the gateway is and a key for it.
+pub struct Demo {
+    /// The gateway Service's ClusterIP (port 80).
+    pub gateway_ip: String,
+    /// A freshly generated key the gateway accepts.
+    pub key: String,
+}
+
+/// Deploys the demo: the mock upstream as an in-cluster "inference
+/// server", and two gateway pods serving `llama-3.1-8b` (alias `llama3`)
+/// from it with one newly generated key; waits until they answer.
+///
+/// # Errors
+/// A step failing or the pods not getting ready within two minutes.
+pub async fn deploy_demo(client: &Client) -> anyhow::Result<Demo> {
+    use k8s_openapi::api::core::v1::Namespace;
+    let namespace = Namespace {
+        metadata: kube::api::ObjectMeta { name: Some(DEMO_NAMESPACE.into()), ..Default::default() },
+        ..Default::default()
+    };
+    Api::<Namespace>::all(client.clone())
+        .patch(
+            DEMO_NAMESPACE,
+            &kube::api::PatchParams::apply(manifest::FIELD_MANAGER),
+            &kube::api::Patch::Apply(&namespace),
+        )
+        .await?;
+    let mock_url = deploy_mock(client, DEMO_NAMESPACE).await?;
+    let mut random = [0_u8; 32];
+    {
+        use std::io::Read as _;
+        std::fs::File::open("/dev/urandom")?.read_exact(&mut random).context("reading /dev/urandom")?;
+    }
+    let key = waycast_crds::api_key::key_text_from_bytes(&random);
+    let mut config = crate::fixture::default_config(&mock_url);
+    config.models.truncate(1);
+    config.models[0].backends[0].headers.clear();
+    config.keys = vec![waycast_crds::config::KeyConfig {
+        id: format!("{DEMO_NAMESPACE}/demo"),
+        sha256: crate::fixture::sha256_hex(&key),
+        models: None,
+        expires_at: None,
+        disabled: false,
+        limits: None,
+    }];
+    let gateway_ip = deploy_gateway(client, DEMO_NAMESPACE, &config, 2).await?;
+    wait_pods_ready(client, DEMO_NAMESPACE, "app=mock", 1, Duration::from_secs(120)).await?;
+    wait_pods_ready(client, DEMO_NAMESPACE, "app=gateway", 2, Duration::from_secs(120)).await?;
+    Ok(Demo { gateway_ip, key })
+}
