@@ -13,6 +13,8 @@ demo: k8s-bins node-deps
 test: k8s-bins node-deps
 	$(CARGO) build $(CARGO_FLAGS) --workspace --bins
 	$(CARGO) test $(CARGO_FLAGS) --workspace
+	@# The last e2e node tears down after its test binary exits; wait for it.
+	flock /run/waycast-e2e.lock true
 
 ## lint: formatting, clippy and docs, as CI runs them
 lint:

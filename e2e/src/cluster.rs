@@ -27,6 +27,8 @@ pub struct Cluster {
     pub plane: ControlPlane,
     /// The node, when asked for.
     pub node: Option<Node>,
+    /// The node lock, held until this process exits.
+    _node_lock: Option<std::fs::File>,
 }
 
 /// The directory holding this build's binaries (next to the running one).
@@ -87,7 +89,7 @@ impl Cluster {
     pub async fn start(state_dir: PathBuf, with_node: bool) -> anyhow::Result<Self> {
         if !with_node {
             let plane = ControlPlane::start(ControlPlaneOptions::loopback(state_dir)).await?;
-            let cluster = Self { plane, node: None };
+            let cluster = Self { plane, node: None, _node_lock: None };
             return match cluster.install().await {
                 Ok(()) => Ok(cluster),
                 Err(error) => {
@@ -96,6 +98,7 @@ impl Cluster {
                 }
             };
         }
+        let node_lock = node::lock()?;
         node::prepare_host()?;
         let mut options = ControlPlaneOptions::for_node(state_dir.clone(), node::bridge_address());
         let port = control_plane::free_port("0.0.0.0".parse()?)?;
@@ -123,7 +126,7 @@ impl Cluster {
                 return Err(error);
             }
         };
-        let cluster = Self { plane, node: Some(node) };
+        let cluster = Self { plane, node: Some(node), _node_lock: Some(node_lock) };
         match cluster.install().await {
             Ok(()) => Ok(cluster),
             Err(error) => {

@@ -43,6 +43,11 @@ pub const KUBELET_PORT: u16 = 10250;
 /// The pause image every pod sandbox runs.
 pub const PAUSE_IMAGE: &str = "docker.io/waycast/pause:dev";
 
+/// Held (flock) by the process running the node, from before bring-up
+/// until after tear-down: the next run waits for it, and the kernel
+/// releases it even when the holder is killed.
+pub const LOCK_FILE: &str = "/run/waycast-e2e.lock";
+
 const CONTAINERD_SOCKET: &str = "/run/waycast-e2e/containerd.sock";
 const CHAIN_PREFIXES: &[&str] = &["KUBE-", "CNI-", "WAYCAST-"];
 const SYSCTLS: &[&str] = &[
@@ -56,6 +61,21 @@ const SYSCTLS: &[&str] = &[
 /// The bridge address as an `IpAddr`.
 pub fn bridge_address() -> IpAddr {
     IpAddr::V4(BRIDGE_IP)
+}
+
+/// Takes the node lock, waiting for a previous run to finish tearing down.
+///
+/// # Errors
+/// The lock file cannot be opened or locked.
+pub fn lock() -> anyhow::Result<std::fs::File> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(LOCK_FILE)
+        .with_context(|| format!("opening {LOCK_FILE}"))?;
+    file.lock().with_context(|| format!("locking {LOCK_FILE}"))?;
+    Ok(file)
 }
 
 // === host preparation ===

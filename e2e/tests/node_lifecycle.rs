@@ -99,6 +99,8 @@ fn wait_exit(child: &mut std::process::Child, timeout: Duration) {
 #[test]
 fn bring_up_and_tear_down_leave_the_machine_as_found_even_after_a_kill_9() {
     let supervisor = env!("CARGO_BIN_EXE_waycast-cluster");
+    // A node from an earlier test binary may still be tearing down.
+    drop(waycast_e2e::node::lock().unwrap());
     let before = machine_state();
 
     // A first run, killed without a chance to clean up.
@@ -119,6 +121,7 @@ fn bring_up_and_tear_down_leave_the_machine_as_found_even_after_a_kill_9() {
     // Closing its stdin stops it; everything it made goes away.
     drop(second);
     wait_exit(&mut second_child, Duration::from_secs(60));
+    drop(waycast_e2e::node::lock().unwrap());
     let after = machine_state();
     if after != before {
         let diff = |name: &str, a: &BTreeSet<String>, b: &BTreeSet<String>| {

@@ -95,6 +95,8 @@ async fn main() -> ExitCode {
     println!("{}{}", harness::READY_PREFIX, cluster.plane.kubeconfig.display());
     wait_for_stop(args.exit_on_stdin_eof).await;
     eprintln!("waycast-cluster: stopping");
+    // NB: `stop` consumes the cluster; the node lock inside it is released
+    // only once tear-down has finished.
     cluster.stop().await;
     eprintln!("waycast-cluster: stopped");
     // NB: exit here rather than return: the runtime would otherwise wait
