@@ -53,6 +53,8 @@ pub mod reasons {
     pub const EXPIRED: &str = "Expired";
     /// `spec.disabled` is true.
     pub const DISABLED: &str = "Disabled";
+    /// Another, older ApiKey on the same Gateway holds the same key text.
+    pub const DUPLICATE_KEY: &str = "DuplicateKey";
 
     // === Gateway ===
     /// The gateway Deployment has enough ready replicas.

@@ -1,0 +1,120 @@
+//! ApiKeys → key entries: the key text read from its Secret (generated or
+//! user-supplied), checked (length, expiry, disabled, duplicates) and
+//! reduced to its SHA-256. The plaintext goes no further.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt as _;
+use waycast_crds::ApiKey;
+use waycast_crds::api_key::SHOWN_PREFIX_LEN;
+use waycast_crds::condition::{MIN_KEY_LENGTH, reasons};
+use waycast_crds::config::KeyConfig;
+
+use super::models::{find, limits};
+use super::{Inputs, ObjectKey, Verdict, select};
+
+/// The data key of a generated key Secret.
+pub const GENERATED_DATA_KEY: &str = "api-key";
+
+/// The Secret holding a generated key: `<apikey>-key`.
+pub fn generated_secret_name(api_key: &str) -> String {
+    format!("{api_key}-key")
+}
+
+/// A key's verdict and what its status may show.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyVerdict {
+    /// Served or not, and why.
+    pub verdict: Verdict,
+    /// The Secret that holds (or should hold) the key.
+    pub secret_name: String,
+    /// The key's first characters, when it was found.
+    pub key_prefix: Option<String>,
+}
+
+/// The Secret name and data key an ApiKey reads its key from.
+pub fn key_source(api_key: &ApiKey) -> (String, String) {
+    match &api_key.spec.secret_ref {
+        Some(reference) => (reference.name.clone(), reference.key.clone()),
+        None => (generated_secret_name(&api_key.name_any()), GENERATED_DATA_KEY.to_owned()),
+    }
+}
+
+/// Compiles every selected ApiKey (in namespace/name order).
+pub fn compile(inputs: &Inputs<'_>, now: jiff::Timestamp) -> (Vec<KeyConfig>, BTreeMap<ObjectKey, KeyVerdict>) {
+    let gateway = inputs.gateway;
+    let gateway_namespace = gateway.namespace().unwrap_or_default();
+    let mut selected: Vec<&ApiKey> = inputs
+        .api_keys
+        .iter()
+        .filter(|key| key.metadata.deletion_timestamp.is_none())
+        .filter(|key| {
+            select::selects(
+                gateway.spec.api_keys.as_ref(),
+                &gateway_namespace,
+                &key.namespace().unwrap_or_default(),
+                key.labels(),
+                inputs.namespaces,
+            )
+        })
+        .collect();
+    selected.sort_by_key(|key| ObjectKey::of(&key.metadata));
+
+    let mut entries = Vec::new();
+    let mut verdicts = BTreeMap::new();
+    let mut hashes: BTreeMap<String, ObjectKey> = BTreeMap::new();
+    for api_key in selected {
+        let id = ObjectKey::of(&api_key.metadata);
+        let (secret_name, data_key) = key_source(api_key);
+        let text = find::<Secret>(inputs.secrets, &id.namespace, &secret_name)
+            .and_then(|secret| secret.data.as_ref()?.get(&data_key))
+            .map(|bytes| String::from_utf8_lossy(&bytes.0).trim().to_owned())
+            .filter(|text| !text.is_empty());
+        let Some(text) = text else {
+            let message = format!("Secret {}/{secret_name} has no key {data_key:?}", id.namespace);
+            verdicts.insert(
+                id,
+                KeyVerdict {
+                    verdict: Verdict::refused(reasons::SECRET_MISSING, message),
+                    secret_name,
+                    key_prefix: None,
+                },
+            );
+            continue;
+        };
+        let key_prefix = Some(text.chars().take(SHOWN_PREFIX_LEN).collect());
+        let verdict = if text.chars().count() < MIN_KEY_LENGTH {
+            Verdict::refused(reasons::KEY_TOO_SHORT, format!("the key is shorter than {MIN_KEY_LENGTH} characters"))
+        } else if api_key.spec.disabled {
+            Verdict::refused(reasons::DISABLED, "spec.disabled is true")
+        } else if api_key.spec.expires_at.as_ref().is_some_and(|expires| expires.0 <= now) {
+            Verdict::refused(reasons::EXPIRED, "spec.expiresAt has passed")
+        } else {
+            let sha256 = sha256_hex(text.as_bytes());
+            match hashes.get(&sha256) {
+                Some(owner) => Verdict::refused(reasons::DUPLICATE_KEY, format!("{owner} already uses the same key")),
+                None => {
+                    hashes.insert(sha256.clone(), id.clone());
+                    entries.push(KeyConfig {
+                        id: id.to_string(),
+                        sha256,
+                        models: api_key.spec.models.clone(),
+                        expires_at: api_key.spec.expires_at.as_ref().map(|t| t.0),
+                        disabled: false,
+                        limits: api_key.spec.limits.as_ref().map(limits),
+                    });
+                    Verdict::accepted(reasons::KEY_READY, "the key is served")
+                }
+            }
+        };
+        verdicts.insert(id, KeyVerdict { verdict, secret_name, key_prefix });
+    }
+    (entries, verdicts)
+}
+
+/// Lowercase hex SHA-256.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
+    digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
