@@ -4,3 +4,4 @@
 //! still to be built.
 
 pub mod compile;
+pub mod render;

@@ -1,0 +1,78 @@
+//! The gateway pods' identity: a ServiceAccount, and a Role that lets them
+//! read their own config Secret (by name) and keep their heartbeat Leases —
+//! nothing else.
+
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use kube::ResourceExt as _;
+use waycast_crds::Gateway;
+
+use super::{config_secret_name, owned_meta};
+
+/// The ServiceAccount gateway pods run as (named like the Gateway).
+pub fn service_account(gateway: &Gateway) -> ServiceAccount {
+    ServiceAccount { metadata: owned_meta(gateway, gateway.name_any()), ..ServiceAccount::default() }
+}
+
+/// Read its config Secret; create and renew Leases for its heartbeats.
+///
+/// NB: `create` cannot be limited to names (they are the pods' names, not
+/// known in advance), so Leases are namespace-wide; Secrets are not.
+pub fn role(gateway: &Gateway) -> Role {
+    let verbs = |list: &[&str]| list.iter().map(|v| (*v).to_owned()).collect::<Vec<_>>();
+    Role {
+        metadata: owned_meta(gateway, gateway.name_any()),
+        rules: Some(vec![
+            PolicyRule {
+                api_groups: Some(vec![String::new()]),
+                resources: Some(vec!["secrets".into()]),
+                resource_names: Some(vec![config_secret_name(gateway)]),
+                verbs: verbs(&["get", "list", "watch"]),
+                ..PolicyRule::default()
+            },
+            PolicyRule {
+                api_groups: Some(vec!["coordination.k8s.io".into()]),
+                resources: Some(vec!["leases".into()]),
+                verbs: verbs(&["create", "get", "update", "patch"]),
+                ..PolicyRule::default()
+            },
+        ]),
+    }
+}
+
+/// Binds the Role to the ServiceAccount.
+pub fn role_binding(gateway: &Gateway) -> RoleBinding {
+    RoleBinding {
+        metadata: owned_meta(gateway, gateway.name_any()),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: gateway.name_any(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: gateway.name_any(),
+            namespace: gateway.namespace(),
+            ..Subject::default()
+        }]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::render::fixtures;
+
+    #[test]
+    fn the_role_grants_one_secret_and_leases_only() {
+        let role = role(&fixtures::gateway(Default::default()));
+        let rules = role.rules.unwrap();
+        assert_eq!(rules.len(), 2);
+        assert_eq!(rules[0].resource_names.as_deref(), Some(&["shared-config".to_owned()][..]));
+        assert!(!rules[0].verbs.iter().any(|v| v == "update" || v == "*"));
+        assert_eq!(rules[1].resources.as_deref(), Some(&["leases".to_owned()][..]));
+        assert!(
+            rules.iter().all(|r| !r.verbs.iter().any(|v| v == "*") && !r.resources.iter().flatten().any(|x| x == "*"))
+        );
+    }
+}
