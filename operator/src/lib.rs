@@ -1,7 +1,77 @@
-//! waycast's operator. So far its pure core: [`compile`] turns a Gateway
-//! and the objects it selects into the config its pods serve and a verdict
-//! for each object. The controllers that feed it and apply its output are
-//! still to be built.
+//! waycast's operator: Gateways, ModelEndpoints and ApiKeys reconciled into
+//! fleets of gateway pods.
+//!
+//! ```text
+//! watch ──► reflector stores ──► compile() ──► render() ──► apply ──► status
+//!            (controller.rs)      pure          pure        SSA       SSA
+//! ```
 
 pub mod compile;
+pub mod controller;
+pub mod error;
+pub mod metrics;
 pub mod render;
+pub mod status;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use controller::Context;
+
+/// How to run the operator.
+pub struct OperatorOptions {
+    /// The gateway image for Gateways that name none.
+    pub gateway_image: String,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served.
+    pub admin_listen: SocketAddr,
+}
+
+/// Runs the operator with `client` until the process ends (or the returned
+/// future is dropped).
+///
+/// # Errors
+/// The admin listener cannot bind or the stores cannot be filled.
+pub async fn run(client: kube::Client, options: OperatorOptions) -> Result<(), error::Error> {
+    let metrics = metrics::Metrics::new().map_err(|_| error::Error::Incomplete("metrics registry"))?;
+    let listener = tokio::net::TcpListener::bind(options.admin_listen).await?;
+    let ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stores = controller::stores(&client).await?;
+    let context = Arc::new(Context {
+        client,
+        stores,
+        settings: render::RenderSettings { gateway_image: options.gateway_image },
+        metrics,
+    });
+    tokio::spawn(admin(listener, context.clone(), ready.clone()));
+    ready.store(true, std::sync::atomic::Ordering::Relaxed);
+    tracing::info!("operator running");
+    controller::run(context).await;
+    Ok(())
+}
+
+async fn admin(listener: tokio::net::TcpListener, context: Arc<Context>, ready: Arc<std::sync::atomic::AtomicBool>) {
+    use http_body_util::Full;
+    use hyper::service::service_fn;
+    loop {
+        let Ok((stream, _)) = listener.accept().await else { continue };
+        let context = context.clone();
+        let ready = ready.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |request: http::Request<hyper::body::Incoming>| {
+                let (status, body) = match request.uri().path() {
+                    "/metrics" => (200, context.metrics.render()),
+                    "/healthz" => (200, "ok\n".to_owned()),
+                    "/readyz" if ready.load(std::sync::atomic::Ordering::Relaxed) => (200, "ready\n".to_owned()),
+                    "/readyz" => (503, "starting\n".to_owned()),
+                    _ => (404, "not found\n".to_owned()),
+                };
+                let mut response = http::Response::new(Full::new(bytes::Bytes::from(body)));
+                *response.status_mut() = http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::OK);
+                async move { Ok::<_, std::convert::Infallible>(response) }
+            });
+            let _ = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}

@@ -1,14 +1,69 @@
-//! `waycast-operator`: reconciles Gateways, ModelEndpoints and ApiKeys into
-//! gateway fleets. The controller itself is not built yet; this binary only
-//! says so, so that nothing mistakes it for a working operator.
+//! `waycast-operator`: reconciles Gateways, ModelEndpoints and ApiKeys.
+//!
+//! ```text
+//! waycast-operator [--gateway-image IMAGE] [--admin-listen 0.0.0.0:8080]
+//! ```
+//!
+//! Flags can also be set by environment variable; the cluster is found the
+//! usual way (in-cluster config, else `KUBECONFIG`). Bad arguments exit 64.
 
+use std::net::SocketAddr;
 use std::process::ExitCode;
 
+use clap::Parser;
+
+#[derive(Parser, Debug)]
+#[command(name = "waycast-operator", version, about = "waycast's Kubernetes operator")]
+struct Args {
+    /// Gateway image for Gateways that do not set spec.image.
+    #[arg(long, env = "WAYCAST_GATEWAY_IMAGE", default_value = "docker.io/waycast/gateway:dev")]
+    gateway_image: String,
+    /// Admin listener: /metrics, /healthz, /readyz.
+    #[arg(long, env = "WAYCAST_ADMIN_LISTEN", default_value = "0.0.0.0:8080")]
+    admin_listen: SocketAddr,
+    /// Log filter.
+    #[arg(long, env = "WAYCAST_LOG", default_value = "info")]
+    log: String,
+}
+
 fn main() -> ExitCode {
-    eprintln!(
-        "waycast-operator {}: the controller is not implemented yet; the waycast.dev API ({} kinds) is",
-        env!("CARGO_PKG_VERSION"),
-        waycast_crds::crds().len()
-    );
-    ExitCode::FAILURE
+    let args = match Args::try_parse() {
+        Ok(args) => args,
+        Err(error) => {
+            let code = if error.use_stderr() { 64 } else { 0 };
+            let _ = error.print();
+            return ExitCode::from(code);
+        }
+    };
+    let filter = tracing_subscriber::EnvFilter::try_new(&args.log)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_target(false).init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("waycast-operator: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        let client = match kube::Client::try_default().await {
+            Ok(client) => client,
+            Err(error) => {
+                tracing::error!(%error, "cannot reach the Kubernetes API (in-cluster config or KUBECONFIG)");
+                return ExitCode::FAILURE;
+            }
+        };
+        let options =
+            waycast_operator::OperatorOptions { gateway_image: args.gateway_image, admin_listen: args.admin_listen };
+        tokio::select! {
+            result = waycast_operator::run(client, options) => match result {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(error) => {
+                    tracing::error!(%error, "operator stopped");
+                    ExitCode::FAILURE
+                }
+            },
+            _ = tokio::signal::ctrl_c() => ExitCode::SUCCESS,
+        }
+    })
 }

@@ -48,6 +48,7 @@ pub fn compile(inputs: &Inputs<'_>, now: jiff::Timestamp) -> (Vec<KeyConfig>, BT
     let mut selected: Vec<&ApiKey> = inputs
         .api_keys
         .iter()
+        .copied()
         .filter(|key| key.metadata.deletion_timestamp.is_none())
         .filter(|key| {
             select::selects(

@@ -29,15 +29,15 @@ pub struct Inputs<'a> {
     /// The Gateway being compiled.
     pub gateway: &'a Gateway,
     /// Every namespace (for `Selector` namespace policies).
-    pub namespaces: &'a [Namespace],
+    pub namespaces: &'a [&'a Namespace],
     /// Every ModelEndpoint.
-    pub model_endpoints: &'a [ModelEndpoint],
+    pub model_endpoints: &'a [&'a ModelEndpoint],
     /// Every ApiKey.
-    pub api_keys: &'a [ApiKey],
+    pub api_keys: &'a [&'a ApiKey],
     /// Services that backends may name.
-    pub services: &'a [Service],
+    pub services: &'a [&'a Service],
     /// Key Secrets and upstream credential Secrets.
-    pub secrets: &'a [Secret],
+    pub secrets: &'a [&'a Secret],
 }
 
 /// `namespace/name` of an object.

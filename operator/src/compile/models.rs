@@ -24,6 +24,7 @@ fn selected<'a>(inputs: &Inputs<'a>) -> Vec<&'a ModelEndpoint> {
     let mut selected: Vec<&ModelEndpoint> = inputs
         .model_endpoints
         .iter()
+        .copied()
         .filter(|endpoint| endpoint.metadata.deletion_timestamp.is_none())
         .filter(|endpoint| {
             select::selects(
@@ -163,7 +164,7 @@ fn credential(
     index: usize,
     auth: &BackendAuth,
     namespace: &str,
-    secrets: &[Secret],
+    secrets: &[&Secret],
 ) -> Result<(String, String), Verdict> {
     let reference = &auth.secret_ref;
     let missing = |what: &str| {
@@ -184,6 +185,25 @@ fn credential(
 }
 
 /// The object named `name` in `namespace`.
-pub fn find<'a, K: kube::Resource>(objects: &'a [K], namespace: &str, name: &str) -> Option<&'a K> {
-    objects.iter().find(|o| o.meta().namespace.as_deref() == Some(namespace) && o.meta().name.as_deref() == Some(name))
+pub fn find<'a, K: kube::Resource>(objects: &[&'a K], namespace: &str, name: &str) -> Option<&'a K> {
+    objects
+        .iter()
+        .copied()
+        .find(|o| o.meta().namespace.as_deref() == Some(namespace) && o.meta().name.as_deref() == Some(name))
+}
+
+/// The credential Secrets the selected ModelEndpoints name, as
+/// `(namespace, name)`: the shell fetches these before compiling.
+pub fn credential_secrets(inputs: &Inputs<'_>) -> std::collections::BTreeSet<(String, String)> {
+    selected(inputs)
+        .iter()
+        .flat_map(|endpoint| {
+            let namespace = endpoint.namespace().unwrap_or_default();
+            endpoint
+                .spec
+                .backends
+                .iter()
+                .filter_map(move |b| b.auth.as_ref().map(|a| (namespace.clone(), a.secret_ref.name.clone())))
+        })
+        .collect()
 }

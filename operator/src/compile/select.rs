@@ -34,7 +34,7 @@ pub fn selects(
     gateway_namespace: &str,
     namespace: &str,
     labels: &BTreeMap<String, String>,
-    namespaces: &[Namespace],
+    namespaces: &[&Namespace],
 ) -> bool {
     let namespace_policy = policy.and_then(|p| p.namespaces.as_ref());
     let namespace_ok = match namespace_policy.map(|p| p.from).unwrap_or_default() {
@@ -93,6 +93,7 @@ mod tests {
         let namespaces = [namespace("team-a", &[("waycast.dev/team", "enabled")]), namespace("team-b", &[])];
         let none = labels(&[]);
         // Default: the Gateway's own namespace only.
+        let namespaces: Vec<&Namespace> = namespaces.iter().collect();
         assert!(selects(None, "platform", "platform", &none, &namespaces));
         assert!(!selects(None, "platform", "team-a", &none, &namespaces));
         let all = policy(NamespaceFrom::All, None, None);

@@ -105,13 +105,18 @@ impl World {
     }
 
     fn compile(&self) -> Compiled {
+        let namespaces: Vec<&Namespace> = self.namespaces.iter().collect();
+        let models: Vec<&ModelEndpoint> = self.models.iter().collect();
+        let keys: Vec<&ApiKey> = self.keys.iter().collect();
+        let services: Vec<&Service> = self.services.iter().collect();
+        let secrets: Vec<&Secret> = self.secrets.iter().collect();
         let inputs = Inputs {
             gateway: &self.gateway,
-            namespaces: &self.namespaces,
-            model_endpoints: &self.models,
-            api_keys: &self.keys,
-            services: &self.services,
-            secrets: &self.secrets,
+            namespaces: &namespaces,
+            model_endpoints: &models,
+            api_keys: &keys,
+            services: &services,
+            secrets: &secrets,
         };
         let compiled = super::gateway(&inputs, now());
         compiled.config.validate().unwrap_or_else(|problems| panic!("compile produced an invalid config: {problems}"));

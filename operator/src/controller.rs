@@ -1,0 +1,584 @@
+//! The reconcile shells: read from the stores, call the pure compile and
+//! render steps, server-side apply the result, and write status.
+//!
+//! ```text
+//! reflectors (Gateway, ModelEndpoint, ApiKey, Namespace, Service, key Secrets) ─► Stores
+//! Gateway controller:       stores ─► compile ─► render ─► apply (SSA, prune HPA/PDB) ─► Gateway status
+//! ApiKey controller:        generate <name>-key if needed ─► verdict per selecting Gateway ─► ApiKey status
+//! ModelEndpoint controller: verdict per selecting Gateway ─► ModelEndpoint status
+//! ```
+//!
+//! Each kind's status is written only by its own controller, with one field
+//! manager. Changes to the objects a Gateway selects map to that Gateway;
+//! bursts are coalesced by the controller's debounce.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt as _;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::{Api, Client, Resource, ResourceExt as _};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use waycast_crds::condition::{reasons, types};
+use waycast_crds::{ApiKey, ApiKeyStatus, Gateway, GatewayStatus, ModelEndpoint, ModelEndpointStatus};
+
+use crate::compile::{self, Inputs, ObjectKey, keys, select};
+use crate::error::Error;
+use crate::metrics::Metrics;
+use crate::render::{self, FIELD_MANAGER, RenderSettings};
+use crate::status;
+
+/// The label key Secrets carry (generated ones and user-supplied ones).
+pub const KEY_SECRET_LABEL: &str = "waycast.dev/api-key";
+/// How long bursts of changes are coalesced before a reconcile.
+pub const DEBOUNCE: Duration = Duration::from_millis(300);
+/// Periodic re-reconcile (picks up rotated upstream credentials).
+pub const RESYNC: Duration = Duration::from_secs(300);
+
+/// The reflector stores every controller reads.
+#[derive(Clone)]
+pub struct Stores {
+    /// Gateways.
+    pub gateways: Store<Gateway>,
+    /// ModelEndpoints.
+    pub models: Store<ModelEndpoint>,
+    /// ApiKeys.
+    pub keys: Store<ApiKey>,
+    /// Namespaces (labels for `Selector` policies).
+    pub namespaces: Store<Namespace>,
+    /// Services (backend resolution).
+    pub services: Store<Service>,
+    /// Secrets labelled as key Secrets.
+    pub key_secrets: Store<Secret>,
+}
+
+/// Shared by every reconcile.
+pub struct Context {
+    /// API client.
+    pub client: Client,
+    /// Stores.
+    pub stores: Stores,
+    /// Render settings.
+    pub settings: RenderSettings,
+    /// Metrics.
+    pub metrics: Metrics,
+}
+
+fn store_of<K>(client: &Client, config: watcher::Config) -> Store<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let stream = reflector::reflector(writer, watcher::watcher(Api::<K>::all(client.clone()), config))
+        .default_backoff()
+        .touched_objects();
+    tokio::spawn(stream.for_each(|_| futures_util::future::ready(())));
+    reader
+}
+
+/// Starts the reflectors and waits until they have listed everything.
+///
+/// # Errors
+/// A reflector stopped before it was ready.
+pub async fn stores(client: &Client) -> Result<Stores, Error> {
+    let stores = Stores {
+        gateways: store_of(client, watcher::Config::default()),
+        models: store_of(client, watcher::Config::default()),
+        keys: store_of(client, watcher::Config::default()),
+        namespaces: store_of(client, watcher::Config::default()),
+        services: store_of(client, watcher::Config::default()),
+        key_secrets: store_of(client, watcher::Config::default().labels(&format!("{KEY_SECRET_LABEL}=true"))),
+    };
+    for ready in [
+        stores.gateways.wait_until_ready().await,
+        stores.models.wait_until_ready().await,
+        stores.keys.wait_until_ready().await,
+        stores.namespaces.wait_until_ready().await,
+        stores.services.wait_until_ready().await,
+        stores.key_secrets.wait_until_ready().await,
+    ] {
+        ready.map_err(|_| Error::Incomplete("a ready store"))?;
+    }
+    Ok(stores)
+}
+
+/// Runs the three controllers until the process ends.
+pub async fn run(context: Arc<Context>) {
+    let gateway_controller = gateway_controller(context.clone());
+    let key_controller = api_key_controller(context.clone());
+    let model_controller = model_endpoint_controller(context.clone());
+    tokio::join!(gateway_controller, key_controller, model_controller);
+}
+
+// === inputs ===
+
+/// Owned snapshots of the stores, borrowed by [`Inputs`].
+struct Snapshot {
+    namespaces: Vec<Arc<Namespace>>,
+    models: Vec<Arc<ModelEndpoint>>,
+    keys: Vec<Arc<ApiKey>>,
+    services: Vec<Arc<Service>>,
+    secrets: Vec<Arc<Secret>>,
+}
+
+impl Snapshot {
+    fn take(stores: &Stores) -> Self {
+        Self {
+            namespaces: stores.namespaces.state(),
+            models: stores.models.state(),
+            keys: stores.keys.state(),
+            services: stores.services.state(),
+            secrets: stores.key_secrets.state(),
+        }
+    }
+
+    /// Adds the credential Secrets `gateway`'s routes name (not in any store:
+    /// only key Secrets are watched).
+    async fn fetch_credentials(&mut self, client: &Client, gateway: &Gateway) -> Result<(), Error> {
+        let wanted = self.with_inputs(gateway, compile::models::credential_secrets);
+        for (namespace, name) in wanted {
+            if let Some(secret) = Api::<Secret>::namespaced(client.clone(), &namespace).get_opt(&name).await? {
+                self.secrets.push(Arc::new(secret));
+            }
+        }
+        Ok(())
+    }
+
+    fn with_inputs<T>(&self, gateway: &Gateway, f: impl FnOnce(&Inputs<'_>) -> T) -> T {
+        let namespaces: Vec<&Namespace> = self.namespaces.iter().map(AsRef::as_ref).collect();
+        let models: Vec<&ModelEndpoint> = self.models.iter().map(AsRef::as_ref).collect();
+        let keys: Vec<&ApiKey> = self.keys.iter().map(AsRef::as_ref).collect();
+        let services: Vec<&Service> = self.services.iter().map(AsRef::as_ref).collect();
+        let secrets: Vec<&Secret> = self.secrets.iter().map(AsRef::as_ref).collect();
+        let inputs = Inputs {
+            gateway,
+            namespaces: &namespaces,
+            model_endpoints: &models,
+            api_keys: &keys,
+            services: &services,
+            secrets: &secrets,
+        };
+        f(&inputs)
+    }
+}
+
+// === apply ===
+
+async fn apply<K>(client: &Client, object: &K) -> Result<K, Error>
+where
+    K: Resource<DynamicType = ()> + Serialize + DeserializeOwned + Clone + std::fmt::Debug,
+    K: Resource<Scope = kube::core::NamespaceResourceScope>,
+{
+    let namespace = object.meta().namespace.clone().ok_or(Error::Incomplete("namespace"))?;
+    let name = object.meta().name.clone().ok_or(Error::Incomplete("name"))?;
+    let api: Api<K> = Api::namespaced(client.clone(), &namespace);
+    Ok(api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(object)).await?)
+}
+
+async fn prune<K>(client: &Client, namespace: &str, name: &str) -> Result<(), Error>
+where
+    K: Resource<DynamicType = ()> + DeserializeOwned + Clone + std::fmt::Debug,
+    K: Resource<Scope = kube::core::NamespaceResourceScope>,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), namespace);
+    match api.delete(name, &DeleteParams::background()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(error) => Err(error.into()),
+    }
+}
+
+async fn patch_status<K>(client: &Client, object: &K, status: serde_json::Value) -> Result<(), Error>
+where
+    K: Resource<DynamicType = ()> + DeserializeOwned + Clone + std::fmt::Debug,
+    K: Resource<Scope = kube::core::NamespaceResourceScope>,
+{
+    let namespace = object.meta().namespace.clone().ok_or(Error::Incomplete("namespace"))?;
+    let api: Api<K> = Api::namespaced(client.clone(), &namespace);
+    let body = serde_json::json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "status": status,
+    });
+    api.patch_status(&object.name_any(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(body)).await?;
+    Ok(())
+}
+
+fn error_policy<K>(_object: Arc<K>, error: &Error, context: Arc<Context>) -> Action {
+    context.metrics.reconcile_errors.with_label_values(&[error.metric_label()]).inc();
+    tracing::warn!(%error, "reconcile failed");
+    if error.is_transient() { Action::requeue(Duration::from_secs(5)) } else { Action::await_change() }
+}
+
+// === Gateway ===
+
+fn selects_namespace_of<K: Resource>(gateway: &Gateway, object: &K, models: bool, namespaces: &[&Namespace]) -> bool {
+    let policy = if models { gateway.spec.model_endpoints.as_ref() } else { gateway.spec.api_keys.as_ref() };
+    let labels = object.meta().labels.clone().unwrap_or_default();
+    select::selects(
+        policy,
+        &gateway.namespace().unwrap_or_default(),
+        &object.meta().namespace.clone().unwrap_or_default(),
+        &labels,
+        namespaces,
+    )
+}
+
+/// The Gateways whose selection (of models, or of keys) covers `object`.
+fn gateways_for<K: Resource>(stores: &Stores, object: &K, models: bool) -> Vec<ObjectRef<Gateway>> {
+    let namespaces = stores.namespaces.state();
+    let namespaces: Vec<&Namespace> = namespaces.iter().map(AsRef::as_ref).collect();
+    stores
+        .gateways
+        .state()
+        .iter()
+        .filter(|gateway| selects_namespace_of(gateway, object, models, &namespaces))
+        .map(|gateway| ObjectRef::from_obj(gateway.as_ref()))
+        .collect()
+}
+
+async fn gateway_controller(context: Arc<Context>) {
+    let client = context.client.clone();
+    let managed = watcher::Config::default().labels(&format!("app.kubernetes.io/managed-by={FIELD_MANAGER}"));
+    let (models, keys, services, secrets) =
+        (context.stores.clone(), context.stores.clone(), context.stores.clone(), context.stores.clone());
+    Controller::new(Api::<Gateway>::all(client.clone()), watcher::Config::default())
+        .owns(Api::<Deployment>::all(client.clone()), managed.clone())
+        .watches(Api::<ModelEndpoint>::all(client.clone()), watcher::Config::default(), move |m| {
+            gateways_for(&models, &m, true)
+        })
+        .watches(Api::<ApiKey>::all(client.clone()), watcher::Config::default(), move |k| {
+            gateways_for(&keys, &k, false)
+        })
+        .watches(Api::<Service>::all(client.clone()), watcher::Config::default(), move |s| {
+            gateways_for(&services, &s, true)
+        })
+        .watches(
+            Api::<Secret>::all(client.clone()),
+            watcher::Config::default().labels(&format!("{KEY_SECRET_LABEL}=true")),
+            move |s| gateways_for(&secrets, &s, false),
+        )
+        .with_config(ControllerConfig::default().debounce(DEBOUNCE))
+        .run(reconcile_gateway, error_policy, context)
+        .for_each(|_| futures_util::future::ready(()))
+        .await;
+}
+
+async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Context>) -> Result<Action, Error> {
+    let started = std::time::Instant::now();
+    let client = &context.client;
+    let namespace = gateway.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let name = gateway.name_any();
+    let mut snapshot = Snapshot::take(&context.stores);
+    snapshot.fetch_credentials(client, &gateway).await?;
+    let compiled = snapshot.with_inputs(&gateway, |inputs| compile::gateway(inputs, jiff::Timestamp::now()));
+
+    let (config_secret, hash) = render::config_secret::config_secret(&gateway, &compiled.config)?;
+    let config_bytes = config_secret.data.as_ref().and_then(|d| d.values().next()).map_or(0, |b| b.0.len());
+    apply(client, &render::rbac::service_account(&gateway)).await?;
+    apply(client, &render::rbac::role(&gateway)).await?;
+    apply(client, &render::rbac::role_binding(&gateway)).await?;
+    apply(client, &config_secret).await?;
+    let deployment = apply(client, &render::deployment::deployment(&gateway, &context.settings)).await?;
+    let service = apply(client, &render::service::service(&gateway)).await?;
+    match render::scaling::hpa(&gateway) {
+        Some(hpa) => drop(apply(client, &hpa).await?),
+        None => prune::<HorizontalPodAutoscaler>(client, &namespace, &name).await?,
+    }
+    match render::scaling::pdb(&gateway) {
+        Some(pdb) => drop(apply(client, &pdb).await?),
+        None => prune::<PodDisruptionBudget>(client, &namespace, &name).await?,
+    }
+
+    let replicas = deployment.status.as_ref().and_then(|s| s.replicas).unwrap_or(0);
+    let ready = deployment.status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0);
+    let wanted = render::scaling::minimum_replicas(&gateway);
+    let now = jiff::Timestamp::now();
+    let generation = gateway.metadata.generation;
+    let previous = gateway.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
+    let conditions = vec![
+        status::condition(&previous, types::ACCEPTED, true, reasons::ACCEPTED, "the spec is valid", generation, now),
+        status::condition(
+            &previous,
+            types::PROGRAMMED,
+            true,
+            reasons::CONFIG_WRITTEN,
+            format!("config {} written", &hash[..12]),
+            generation,
+            now,
+        ),
+        status::condition(
+            &previous,
+            types::READY,
+            ready >= wanted,
+            if ready >= wanted { reasons::REPLICAS_READY } else { reasons::REPLICAS_NOT_READY },
+            format!("{ready} of {wanted} replicas ready"),
+            generation,
+            now,
+        ),
+    ];
+    let address = service.spec.as_ref().and_then(|s| {
+        let port = s.ports.as_ref()?.first()?.port;
+        Some(format!("{}:{port}", s.cluster_ip.as_deref()?))
+    });
+    let new_status = GatewayStatus {
+        conditions,
+        replicas: Some(replicas),
+        ready_replicas: Some(ready),
+        up_to_date_replicas: None,
+        config_hash: Some(hash),
+        model_count: Some(i32::try_from(compiled.config.models.len()).unwrap_or(i32::MAX)),
+        api_key_count: Some(i32::try_from(compiled.config.keys.len()).unwrap_or(i32::MAX)),
+        address,
+        observed_generation: generation,
+    };
+    if gateway_status_changed(gateway.status.as_ref(), &new_status) {
+        patch_status(client, gateway.as_ref(), serde_json::to_value(&new_status)?).await?;
+    }
+    context.metrics.config_bytes.with_label_values(&[&format!("{namespace}/{name}")]).set(config_bytes as i64);
+    context.metrics.reconciles.with_label_values(&["gateway"]).inc();
+    context.metrics.reconcile_duration.with_label_values(&["gateway"]).observe(started.elapsed().as_secs_f64());
+    Ok(Action::requeue(RESYNC))
+}
+
+fn gateway_status_changed(old: Option<&GatewayStatus>, new: &GatewayStatus) -> bool {
+    let Some(old) = old else { return true };
+    let mut old_without = old.clone();
+    let mut new_without = new.clone();
+    old_without.conditions.clear();
+    new_without.conditions.clear();
+    old_without != new_without || status::changed(&old.conditions, &new.conditions)
+}
+
+// === ApiKey ===
+
+async fn api_key_controller(context: Arc<Context>) {
+    let client = context.client.clone();
+    let stores = context.stores.clone();
+    let gateway_stores = context.stores.clone();
+    Controller::new(Api::<ApiKey>::all(client.clone()), watcher::Config::default())
+        .owns(
+            Api::<Secret>::all(client.clone()),
+            watcher::Config::default().labels(&format!("{KEY_SECRET_LABEL}=true")),
+        )
+        .watches(
+            Api::<Secret>::all(client.clone()),
+            watcher::Config::default().labels(&format!("{KEY_SECRET_LABEL}=true")),
+            move |secret| {
+                let namespace = secret.namespace();
+                stores
+                    .keys
+                    .state()
+                    .iter()
+                    .filter(|key| key.namespace() == namespace && keys::key_source(key).0 == secret.name_any())
+                    .map(|key| ObjectRef::from_obj(key.as_ref()))
+                    .collect::<Vec<_>>()
+            },
+        )
+        .watches(Api::<Gateway>::all(client.clone()), watcher::Config::default(), move |_| {
+            gateway_stores.keys.state().iter().map(|key| ObjectRef::from_obj(key.as_ref())).collect::<Vec<_>>()
+        })
+        .with_config(ControllerConfig::default().debounce(DEBOUNCE))
+        .run(reconcile_api_key, error_policy, context)
+        .for_each(|_| futures_util::future::ready(()))
+        .await;
+}
+
+/// Creates `<name>-key` with a fresh key when the ApiKey has no `secretRef`
+/// and the Secret does not exist yet. An existing key is never replaced.
+async fn ensure_generated_secret(client: &Client, api_key: &ApiKey, stores: &Stores) -> Result<(), Error> {
+    if api_key.spec.secret_ref.is_some() {
+        return Ok(());
+    }
+    let namespace = api_key.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let name = keys::generated_secret_name(&api_key.name_any());
+    let exists =
+        stores.key_secrets.state().iter().any(|s| s.namespace().as_deref() == Some(&namespace) && s.name_any() == name);
+    if exists {
+        return Ok(());
+    }
+    let mut random = [0_u8; 32];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut random).map_err(|_| Error::Random)?;
+    let key = waycast_crds::api_key::key_text_from_bytes(&random);
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(name),
+            namespace: Some(namespace.clone()),
+            labels: Some(BTreeMap::from([(KEY_SECRET_LABEL.to_owned(), "true".to_owned())])),
+            owner_references: api_key.controller_owner_ref(&()).map(|owner| vec![owner]),
+            ..ObjectMeta::default()
+        },
+        type_: Some("Opaque".into()),
+        data: Some(BTreeMap::from([(keys::GENERATED_DATA_KEY.to_owned(), ByteString(key.into_bytes()))])),
+        ..Secret::default()
+    };
+    match Api::<Secret>::namespaced(client.clone(), &namespace).create(&PostParams::default(), &secret).await {
+        Ok(_) => Ok(()),
+        // Created meanwhile (the store lags): keep the existing key.
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Err(error) => Err(error.into()),
+    }
+}
+
+async fn reconcile_api_key(api_key: Arc<ApiKey>, context: Arc<Context>) -> Result<Action, Error> {
+    let client = &context.client;
+    ensure_generated_secret(client, &api_key, &context.stores).await?;
+    let id = ObjectKey::of(&api_key.metadata);
+    let snapshot = Snapshot::take(&context.stores);
+    let now = jiff::Timestamp::now();
+    let namespaces: Vec<&Namespace> = snapshot.namespaces.iter().map(AsRef::as_ref).collect();
+    let mut served_by = Vec::new();
+    let mut verdict = None;
+    for gateway in context.stores.gateways.state() {
+        if !selects_namespace_of(gateway.as_ref(), api_key.as_ref(), false, &namespaces) {
+            continue;
+        }
+        let compiled = snapshot.with_inputs(&gateway, |inputs| keys::compile(inputs, now).1);
+        if let Some(found) = compiled.get(&id) {
+            if found.verdict.accepted {
+                served_by.push(format!("{}/{}", gateway.namespace().unwrap_or_default(), gateway.name_any()));
+            }
+            if verdict.is_none() || found.verdict.accepted {
+                verdict = Some(found.clone());
+            }
+        }
+    }
+    let (secret_name, _) = keys::key_source(&api_key);
+    let (ready, reason, message, prefix) = match &verdict {
+        Some(found) => {
+            (found.verdict.accepted, found.verdict.reason, found.verdict.message.clone(), found.key_prefix.clone())
+        }
+        None => (false, reasons::NO_GATEWAY, "no Gateway selects this key".to_owned(), None),
+    };
+    let generation = api_key.metadata.generation;
+    let previous = api_key.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
+    served_by.sort();
+    let new_status = ApiKeyStatus {
+        conditions: vec![status::condition(&previous, types::READY, ready, reason, message, generation, now)],
+        secret_name: Some(secret_name),
+        key_prefix: prefix,
+        gateways: served_by,
+        observed_generation: generation,
+    };
+    let old = api_key.status.clone().unwrap_or_default();
+    let changed = status::changed(&old.conditions, &new_status.conditions)
+        || (old.secret_name, old.key_prefix, old.gateways, old.observed_generation)
+            != (
+                new_status.secret_name.clone(),
+                new_status.key_prefix.clone(),
+                new_status.gateways.clone(),
+                new_status.observed_generation,
+            );
+    if changed {
+        patch_status(client, api_key.as_ref(), serde_json::to_value(&new_status)?).await?;
+    }
+    context.metrics.reconciles.with_label_values(&["apikey"]).inc();
+    // Come back when the key expires, to mark it Expired.
+    let until_expiry = api_key.spec.expires_at.as_ref().and_then(|t| {
+        let seconds = t.0.as_second() - now.as_second();
+        u64::try_from(seconds).ok().filter(|s| *s > 0)
+    });
+    Ok(match until_expiry {
+        Some(seconds) => Action::requeue(Duration::from_secs(seconds + 1).min(RESYNC)),
+        None => Action::requeue(RESYNC),
+    })
+}
+
+// === ModelEndpoint ===
+
+async fn model_endpoint_controller(context: Arc<Context>) {
+    let client = context.client.clone();
+    let by_service = context.stores.clone();
+    let by_gateway = context.stores.clone();
+    Controller::new(Api::<ModelEndpoint>::all(client.clone()), watcher::Config::default())
+        .watches(Api::<Service>::all(client.clone()), watcher::Config::default(), move |service| {
+            let namespace = service.namespace();
+            by_service
+                .models
+                .state()
+                .iter()
+                .filter(|m| m.namespace() == namespace)
+                .map(|m| ObjectRef::from_obj(m.as_ref()))
+                .collect::<Vec<_>>()
+        })
+        .watches(Api::<Gateway>::all(client.clone()), watcher::Config::default(), move |_| {
+            by_gateway.models.state().iter().map(|m| ObjectRef::from_obj(m.as_ref())).collect::<Vec<_>>()
+        })
+        .with_config(ControllerConfig::default().debounce(DEBOUNCE))
+        .run(reconcile_model_endpoint, error_policy, context)
+        .for_each(|_| futures_util::future::ready(()))
+        .await;
+}
+
+async fn reconcile_model_endpoint(endpoint: Arc<ModelEndpoint>, context: Arc<Context>) -> Result<Action, Error> {
+    let client = &context.client;
+    let id = ObjectKey::of(&endpoint.metadata);
+    let mut snapshot = Snapshot::take(&context.stores);
+    let now = jiff::Timestamp::now();
+    let namespaces_owned = snapshot.namespaces.clone();
+    let namespaces: Vec<&Namespace> = namespaces_owned.iter().map(AsRef::as_ref).collect();
+    let mut entries = Vec::new();
+    for gateway in context.stores.gateways.state() {
+        if !selects_namespace_of(gateway.as_ref(), endpoint.as_ref(), true, &namespaces) {
+            continue;
+        }
+        snapshot.fetch_credentials(client, &gateway).await?;
+        let verdicts = snapshot.with_inputs(&gateway, |inputs| compile::models::compile(inputs).1);
+        if let Some(verdict) = verdicts.get(&id) {
+            entries.push(waycast_crds::model_endpoint::GatewayAcceptance {
+                gateway: format!("{}/{}", gateway.namespace().unwrap_or_default(), gateway.name_any()),
+                accepted: verdict.accepted,
+                reason: verdict.reason.to_owned(),
+                message: verdict.message.clone(),
+            });
+        }
+    }
+    entries.sort_by(|a, b| a.gateway.cmp(&b.gateway));
+    let generation = endpoint.metadata.generation;
+    let previous = endpoint.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
+    let refused = entries.iter().find(|e| !e.accepted);
+    let (accepted, reason, message) = match (entries.is_empty(), refused) {
+        (true, _) => (false, reasons::NO_GATEWAY, "no Gateway selects this ModelEndpoint".to_owned()),
+        (false, Some(entry)) => (false, entry.reason.as_str(), format!("{}: {}", entry.gateway, entry.message)),
+        (false, None) => (true, reasons::ACCEPTED, format!("served by {} Gateway(s)", entries.len())),
+    };
+    let unresolved =
+        entries.iter().find(|e| e.reason == reasons::BACKEND_NOT_FOUND || e.reason == reasons::AUTH_SECRET_MISSING);
+    let resolved = status::condition(
+        &previous,
+        types::RESOLVED_REFS,
+        unresolved.is_none(),
+        unresolved.map_or(reasons::RESOLVED, |e| e.reason.as_str()),
+        unresolved.map_or_else(|| "every reference resolved".to_owned(), |e| e.message.clone()),
+        generation,
+        now,
+    );
+    let new_status = ModelEndpointStatus {
+        conditions: vec![
+            status::condition(&previous, types::ACCEPTED, accepted, reason, message, generation, now),
+            resolved,
+        ],
+        gateways: entries,
+        backend_count: Some(i32::try_from(endpoint.spec.backends.len()).unwrap_or(i32::MAX)),
+        observed_generation: generation,
+    };
+    let old = endpoint.status.clone().unwrap_or_default();
+    let changed = status::changed(&old.conditions, &new_status.conditions)
+        || (old.gateways, old.backend_count, old.observed_generation)
+            != (new_status.gateways.clone(), new_status.backend_count, new_status.observed_generation);
+    if changed {
+        patch_status(client, endpoint.as_ref(), serde_json::to_value(&new_status)?).await?;
+    }
+    context.metrics.reconciles.with_label_values(&["modelendpoint"]).inc();
+    Ok(Action::requeue(RESYNC))
+}

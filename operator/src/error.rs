@@ -1,0 +1,42 @@
+//! The operator's errors: each knows its reason (for conditions and
+//! Events), its metric label, and whether retrying can help.
+
+/// What can go wrong in a reconcile.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The API server refused or failed a request.
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// An object could not be serialized (a bug, not user input).
+    #[error("serialization: {0}")]
+    Serialize(#[from] serde_json::Error),
+    /// Local I/O: compressing the config, binding the admin listener.
+    #[error("I/O: {0}")]
+    Io(#[from] std::io::Error),
+    /// The OS random number generator failed.
+    #[error("the OS random number generator failed")]
+    Random,
+    /// An object lacks a namespace or name (the API server always sets them).
+    #[error("object without {0}")]
+    Incomplete(&'static str),
+}
+
+impl Error {
+    /// Bounded label for `waycast_operator_reconcile_errors_total`.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Kube(kube::Error::Api(status)) if status.code == 409 => "conflict",
+            Error::Kube(kube::Error::Api(status)) if status.code == 422 => "invalid",
+            Error::Kube(_) => "api",
+            Error::Serialize(_) => "serialize",
+            Error::Io(_) => "io",
+            Error::Random => "random",
+            Error::Incomplete(_) => "incomplete",
+        }
+    }
+
+    /// Whether a retry may succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Error::Kube(_) | Error::Random)
+    }
+}

@@ -1,0 +1,52 @@
+//! The operator's Prometheus metrics, prefixed `waycast_operator_`.
+
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+
+/// Every metric the operator exports.
+pub struct Metrics {
+    /// The registry `/metrics` renders.
+    pub registry: Registry,
+    /// Reconciles by kind.
+    pub reconciles: IntCounterVec,
+    /// Failed reconciles by reason.
+    pub reconcile_errors: IntCounterVec,
+    /// Reconcile durations by kind.
+    pub reconcile_duration: HistogramVec,
+    /// Compressed config size per Gateway.
+    pub config_bytes: IntGaugeVec,
+}
+
+impl Metrics {
+    /// Creates and registers the metrics.
+    ///
+    /// # Errors
+    /// Only on a duplicate registration (a bug).
+    pub fn new() -> Result<Self, prometheus::Error> {
+        let registry = Registry::new();
+        let reconciles =
+            IntCounterVec::new(Opts::new("waycast_operator_reconciles_total", "Reconciles by kind."), &["kind"])?;
+        let reconcile_errors = IntCounterVec::new(
+            Opts::new("waycast_operator_reconcile_errors_total", "Failed reconciles by reason."),
+            &["reason"],
+        )?;
+        let reconcile_duration = HistogramVec::new(
+            HistogramOpts::new("waycast_operator_reconcile_duration_seconds", "Reconcile durations by kind.")
+                .buckets(vec![0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0]),
+            &["kind"],
+        )?;
+        let config_bytes = IntGaugeVec::new(
+            Opts::new("waycast_operator_config_bytes", "Size of each Gateway's compressed config Secret."),
+            &["gateway"],
+        )?;
+        registry.register(Box::new(reconciles.clone()))?;
+        registry.register(Box::new(reconcile_errors.clone()))?;
+        registry.register(Box::new(reconcile_duration.clone()))?;
+        registry.register(Box::new(config_bytes.clone()))?;
+        Ok(Self { registry, reconciles, reconcile_errors, reconcile_duration, config_bytes })
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        prometheus::TextEncoder::new().encode_to_string(&self.registry.gather()).unwrap_or_default()
+    }
+}
