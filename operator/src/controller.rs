@@ -9,8 +9,9 @@
 //! ```
 //!
 //! Each kind's status is written only by its own controller, with one field
-//! manager. Changes to the objects a Gateway selects map to that Gateway;
-//! bursts are coalesced by the controller's debounce.
+//! manager. A change to any input store re-triggers the controllers that
+//! read it (after the store has it); bursts are coalesced by the debounce,
+//! and a request for an object already queued is merged.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -24,11 +25,12 @@ use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Api, Client, Resource, ResourceExt as _};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tokio::sync::broadcast;
 use waycast_crds::condition::{reasons, types};
 use waycast_crds::{ApiKey, ApiKeyStatus, Gateway, GatewayStatus, ModelEndpoint, ModelEndpointStatus};
 
@@ -45,7 +47,13 @@ pub const DEBOUNCE: Duration = Duration::from_millis(300);
 /// Periodic re-reconcile (picks up rotated upstream credentials).
 pub const RESYNC: Duration = Duration::from_secs(300);
 
-/// The reflector stores every controller reads.
+/// The reflector stores every controller reads, and a signal per store
+/// that fires after each change has been applied to it.
+///
+/// NB: controllers are triggered by these signals rather than by watches
+/// of their own: a separate watch can deliver an event before the store has
+/// it, and a reconcile would then compile stale inputs with nothing left to
+/// trigger a correct one.
 #[derive(Clone)]
 pub struct Stores {
     /// Gateways.
@@ -60,6 +68,39 @@ pub struct Stores {
     pub services: Store<Service>,
     /// Secrets labelled as key Secrets.
     pub key_secrets: Store<Secret>,
+    /// Fires after any change to the store of the same name.
+    pub changed: Changes,
+}
+
+/// One change signal per store.
+#[derive(Clone)]
+pub struct Changes {
+    /// Gateways changed.
+    pub gateways: broadcast::Sender<()>,
+    /// ModelEndpoints changed.
+    pub models: broadcast::Sender<()>,
+    /// ApiKeys changed.
+    pub keys: broadcast::Sender<()>,
+    /// Namespaces changed.
+    pub namespaces: broadcast::Sender<()>,
+    /// Services changed.
+    pub services: broadcast::Sender<()>,
+    /// Key Secrets changed.
+    pub key_secrets: broadcast::Sender<()>,
+}
+
+/// A stream that yields once per signal (a lagging receiver still yields).
+fn signals(senders: &[&broadcast::Sender<()>]) -> impl futures_util::Stream<Item = ()> + Send + 'static {
+    let streams = senders.iter().map(|sender| {
+        futures_util::stream::unfold(sender.subscribe(), |mut receiver| async move {
+            match receiver.recv().await {
+                Ok(()) | Err(broadcast::error::RecvError::Lagged(_)) => Some(((), receiver)),
+                Err(broadcast::error::RecvError::Closed) => None,
+            }
+        })
+        .boxed()
+    });
+    futures_util::stream::select_all(streams)
 }
 
 /// Shared by every reconcile.
@@ -74,16 +115,22 @@ pub struct Context {
     pub metrics: Metrics,
 }
 
-fn store_of<K>(client: &Client, config: watcher::Config) -> Store<K>
+fn store_of<K>(client: &Client, config: watcher::Config) -> (Store<K>, broadcast::Sender<()>)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
 {
     let (reader, writer) = reflector::store();
+    let (changed, _) = broadcast::channel(64);
+    let sender = changed.clone();
     let stream = reflector::reflector(writer, watcher::watcher(Api::<K>::all(client.clone()), config))
         .default_backoff()
         .touched_objects();
-    tokio::spawn(stream.for_each(|_| futures_util::future::ready(())));
-    reader
+    // The reflector has applied each event to the store before it reaches here.
+    tokio::spawn(stream.for_each(move |_| {
+        let _ = sender.send(());
+        futures_util::future::ready(())
+    }));
+    (reader, changed)
 }
 
 /// Starts the reflectors and waits until they have listed everything.
@@ -91,13 +138,28 @@ where
 /// # Errors
 /// A reflector stopped before it was ready.
 pub async fn stores(client: &Client) -> Result<Stores, Error> {
+    let (gateways, gateways_changed) = store_of(client, watcher::Config::default());
+    let (models, models_changed) = store_of(client, watcher::Config::default());
+    let (keys, keys_changed) = store_of(client, watcher::Config::default());
+    let (namespaces, namespaces_changed) = store_of(client, watcher::Config::default());
+    let (services, services_changed) = store_of(client, watcher::Config::default());
+    let (key_secrets, key_secrets_changed) =
+        store_of(client, watcher::Config::default().labels(&format!("{KEY_SECRET_LABEL}=true")));
     let stores = Stores {
-        gateways: store_of(client, watcher::Config::default()),
-        models: store_of(client, watcher::Config::default()),
-        keys: store_of(client, watcher::Config::default()),
-        namespaces: store_of(client, watcher::Config::default()),
-        services: store_of(client, watcher::Config::default()),
-        key_secrets: store_of(client, watcher::Config::default().labels(&format!("{KEY_SECRET_LABEL}=true"))),
+        gateways,
+        models,
+        keys,
+        namespaces,
+        services,
+        key_secrets,
+        changed: Changes {
+            gateways: gateways_changed,
+            models: models_changed,
+            keys: keys_changed,
+            namespaces: namespaces_changed,
+            services: services_changed,
+            key_secrets: key_secrets_changed,
+        },
     };
     for ready in [
         stores.gateways.wait_until_ready().await,
@@ -234,40 +296,15 @@ fn selects_namespace_of<K: Resource>(gateway: &Gateway, object: &K, models: bool
     )
 }
 
-/// The Gateways whose selection (of models, or of keys) covers `object`.
-fn gateways_for<K: Resource>(stores: &Stores, object: &K, models: bool) -> Vec<ObjectRef<Gateway>> {
-    let namespaces = stores.namespaces.state();
-    let namespaces: Vec<&Namespace> = namespaces.iter().map(AsRef::as_ref).collect();
-    stores
-        .gateways
-        .state()
-        .iter()
-        .filter(|gateway| selects_namespace_of(gateway, object, models, &namespaces))
-        .map(|gateway| ObjectRef::from_obj(gateway.as_ref()))
-        .collect()
-}
-
 async fn gateway_controller(context: Arc<Context>) {
     let client = context.client.clone();
     let managed = watcher::Config::default().labels(&format!("app.kubernetes.io/managed-by={FIELD_MANAGER}"));
-    let (models, keys, services, secrets) =
-        (context.stores.clone(), context.stores.clone(), context.stores.clone(), context.stores.clone());
+    let changed = &context.stores.changed;
+    let inputs_changed =
+        signals(&[&changed.models, &changed.keys, &changed.namespaces, &changed.services, &changed.key_secrets]);
     Controller::new(Api::<Gateway>::all(client.clone()), watcher::Config::default())
-        .owns(Api::<Deployment>::all(client.clone()), managed.clone())
-        .watches(Api::<ModelEndpoint>::all(client.clone()), watcher::Config::default(), move |m| {
-            gateways_for(&models, &m, true)
-        })
-        .watches(Api::<ApiKey>::all(client.clone()), watcher::Config::default(), move |k| {
-            gateways_for(&keys, &k, false)
-        })
-        .watches(Api::<Service>::all(client.clone()), watcher::Config::default(), move |s| {
-            gateways_for(&services, &s, true)
-        })
-        .watches(
-            Api::<Secret>::all(client.clone()),
-            watcher::Config::default().labels(&format!("{KEY_SECRET_LABEL}=true")),
-            move |s| gateways_for(&secrets, &s, false),
-        )
+        .owns(Api::<Deployment>::all(client.clone()), managed)
+        .reconcile_all_on(inputs_changed)
         .with_config(ControllerConfig::default().debounce(DEBOUNCE))
         .run(reconcile_gateway, error_policy, context)
         .for_each(|_| futures_util::future::ready(()))
@@ -364,30 +401,14 @@ fn gateway_status_changed(old: Option<&GatewayStatus>, new: &GatewayStatus) -> b
 
 async fn api_key_controller(context: Arc<Context>) {
     let client = context.client.clone();
-    let stores = context.stores.clone();
-    let gateway_stores = context.stores.clone();
+    let changed = &context.stores.changed;
+    let inputs_changed = signals(&[&changed.gateways, &changed.namespaces, &changed.key_secrets]);
     Controller::new(Api::<ApiKey>::all(client.clone()), watcher::Config::default())
         .owns(
             Api::<Secret>::all(client.clone()),
             watcher::Config::default().labels(&format!("{KEY_SECRET_LABEL}=true")),
         )
-        .watches(
-            Api::<Secret>::all(client.clone()),
-            watcher::Config::default().labels(&format!("{KEY_SECRET_LABEL}=true")),
-            move |secret| {
-                let namespace = secret.namespace();
-                stores
-                    .keys
-                    .state()
-                    .iter()
-                    .filter(|key| key.namespace() == namespace && keys::key_source(key).0 == secret.name_any())
-                    .map(|key| ObjectRef::from_obj(key.as_ref()))
-                    .collect::<Vec<_>>()
-            },
-        )
-        .watches(Api::<Gateway>::all(client.clone()), watcher::Config::default(), move |_| {
-            gateway_stores.keys.state().iter().map(|key| ObjectRef::from_obj(key.as_ref())).collect::<Vec<_>>()
-        })
+        .reconcile_all_on(inputs_changed)
         .with_config(ControllerConfig::default().debounce(DEBOUNCE))
         .run(reconcile_api_key, error_policy, context)
         .for_each(|_| futures_util::future::ready(()))
@@ -498,22 +519,11 @@ async fn reconcile_api_key(api_key: Arc<ApiKey>, context: Arc<Context>) -> Resul
 
 async fn model_endpoint_controller(context: Arc<Context>) {
     let client = context.client.clone();
-    let by_service = context.stores.clone();
-    let by_gateway = context.stores.clone();
+    let changed = &context.stores.changed;
+    // Other ModelEndpoints matter too: a conflict is decided among them.
+    let inputs_changed = signals(&[&changed.gateways, &changed.namespaces, &changed.services, &changed.models]);
     Controller::new(Api::<ModelEndpoint>::all(client.clone()), watcher::Config::default())
-        .watches(Api::<Service>::all(client.clone()), watcher::Config::default(), move |service| {
-            let namespace = service.namespace();
-            by_service
-                .models
-                .state()
-                .iter()
-                .filter(|m| m.namespace() == namespace)
-                .map(|m| ObjectRef::from_obj(m.as_ref()))
-                .collect::<Vec<_>>()
-        })
-        .watches(Api::<Gateway>::all(client.clone()), watcher::Config::default(), move |_| {
-            by_gateway.models.state().iter().map(|m| ObjectRef::from_obj(m.as_ref())).collect::<Vec<_>>()
-        })
+        .reconcile_all_on(inputs_changed)
         .with_config(ControllerConfig::default().debounce(DEBOUNCE))
         .run(reconcile_model_endpoint, error_policy, context)
         .for_each(|_| futures_util::future::ready(()))

@@ -1,0 +1,261 @@
+//! The operator against the e2e node: Gateways become running gateway pods
+//! that serve the quickstart; key changes reach every pod quickly without
+//! restarts; conflicts, bad references and deletion behave.
+//!
+//! The operator runs in this test process (one per test binary); the
+//! gateways it creates run as real pods.
+
+#![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
+
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::{Api, Client};
+use serde_json::json;
+use waycast_crds::{ApiKey, Gateway, ModelEndpoint};
+use waycast_e2e::fixture;
+use waycast_e2e::harness::{SharedCluster, shared_cluster_with_node, test_namespace};
+use waycast_e2e::manifest;
+use waycast_e2e::workloads::wait_pods_ready;
+
+fn cluster() -> &'static SharedCluster {
+    let cluster = shared_cluster_with_node(env!("CARGO_BIN_EXE_waycast-cluster"));
+    static OPERATOR: OnceLock<()> = OnceLock::new();
+    OPERATOR.get_or_init(|| {
+        let kubeconfig = cluster.kubeconfig.clone();
+        // Its own runtime on its own thread: it outlives every test's runtime.
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+            runtime.block_on(async move {
+                let client = waycast_e2e::control_plane::client_from_kubeconfig(&kubeconfig).await.unwrap();
+                let options = waycast_operator::OperatorOptions {
+                    gateway_image: waycast_e2e::cluster::images::GATEWAY.into(),
+                    admin_listen: "127.0.0.1:0".parse().unwrap(),
+                };
+                waycast_operator::run(client, options).await.unwrap();
+            });
+        });
+    });
+    cluster
+}
+
+async fn condition(
+    client: &Client,
+    namespace: &str,
+    kind: &str,
+    name: &str,
+    condition: &str,
+) -> Option<(String, String)> {
+    let value: serde_json::Value = match kind {
+        "Gateway" => {
+            serde_json::to_value(Api::<Gateway>::namespaced(client.clone(), namespace).get_opt(name).await.ok()??)
+                .ok()?
+        }
+        "ApiKey" => {
+            serde_json::to_value(Api::<ApiKey>::namespaced(client.clone(), namespace).get_opt(name).await.ok()??)
+                .ok()?
+        }
+        _ => {
+            serde_json::to_value(Api::<ModelEndpoint>::namespaced(client.clone(), namespace).get_opt(name).await.ok()??)
+                .ok()?
+        }
+    };
+    let found = value["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == condition)?.clone();
+    Some((found["status"].as_str()?.to_owned(), found["reason"].as_str()?.to_owned()))
+}
+
+async fn wait_condition(client: &Client, namespace: &str, kind: &str, name: &str, wanted: (&str, &str, &str)) {
+    let (kind_condition, status, reason) = wanted;
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let got = condition(client, namespace, kind, name, kind_condition).await;
+        if got.as_ref().is_some_and(|(s, r)| s == status && r == reason) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{kind} {namespace}/{name}: {kind_condition} is {got:?}, wanted {status}/{reason}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn apply_file(client: &Client, namespace: &str, path: &str) {
+    let text = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path)).unwrap();
+    manifest::apply_all(client, &manifest::parse_documents(&text).unwrap(), namespace).await.unwrap();
+}
+
+async fn generated_key(client: &Client, namespace: &str, name: &str) -> String {
+    let secret = Api::<Secret>::namespaced(client.clone(), namespace).get(&format!("{name}-key")).await.unwrap();
+    String::from_utf8(secret.data.unwrap()["api-key"].0.clone()).unwrap()
+}
+
+async fn status_of(url: &str, key: &str) -> Option<StatusCode> {
+    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+    let request = fixture::post_request(url, Some(key), r#"{"model":"llama3","messages":[]}"#);
+    tokio::time::timeout(Duration::from_secs(2), http.request(request)).await.ok()?.ok().map(|r| r.status())
+}
+
+/// Every gateway pod's own URL, so a change can be checked on each pod.
+async fn pod_urls(client: &Client, namespace: &str) -> Vec<String> {
+    let pods = wait_pods_ready(client, namespace, "app.kubernetes.io/instance=gateway", 2, Duration::from_secs(90))
+        .await
+        .unwrap();
+    pods.iter()
+        .map(|p| format!("http://{}:8080/v1/chat/completions", p.status.as_ref().unwrap().pod_ip.as_ref().unwrap()))
+        .collect()
+}
+
+async fn wait_all(urls: &[String], key: &str, wanted: StatusCode, timeout: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        let mut last = None;
+        for url in urls {
+            let got = status_of(url, key).await;
+            if got != Some(wanted) {
+                last = Some((url.clone(), got));
+                break;
+            }
+        }
+        let Some((url, got)) = last else {
+            return started.elapsed();
+        };
+        assert!(
+            started.elapsed() < timeout,
+            "not every pod answers {wanted} after {timeout:?}: {url} answered {got:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[index.min(sorted.len() - 1)]
+}
+
+#[tokio::test]
+async fn the_quickstart_serves_and_key_changes_reach_every_pod_without_restarts() {
+    let client = cluster().client().await;
+    let namespace = test_namespace(&client, "operator-quickstart").await.unwrap();
+    apply_file(&client, &namespace, "examples/quickstart/quickstart.yaml").await;
+    wait_condition(&client, &namespace, "Gateway", "gateway", ("Ready", "True", "ReplicasReady")).await;
+    wait_condition(&client, &namespace, "ApiKey", "alice", ("Ready", "True", "KeyReady")).await;
+    wait_condition(&client, &namespace, "ModelEndpoint", "llama-3-1-8b", ("Accepted", "True", "Accepted")).await;
+    let key = generated_key(&client, &namespace, "alice").await;
+    assert!(key.starts_with("wc_") && key.len() == 46);
+
+    // Through the gateway's Service, a streaming chat reaches the in-cluster backend.
+    let service = Api::<Service>::namespaced(client.clone(), &namespace).get("gateway").await.unwrap();
+    let url = format!("http://{}/v1/chat/completions", service.spec.unwrap().cluster_ip.unwrap());
+    let urls = pod_urls(&client, &namespace).await;
+    wait_all(&urls, &key, StatusCode::OK, Duration::from_secs(30)).await;
+    // kube-proxy programs a new Service shortly after its pods are ready.
+    wait_all(std::slice::from_ref(&url), &key, StatusCode::OK, Duration::from_secs(30)).await;
+    let pods_before: Vec<String> = Api::<Pod>::namespaced(client.clone(), &namespace)
+        .list(&ListParams::default().labels("app.kubernetes.io/instance=gateway"))
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|p| p.metadata.name.clone().unwrap())
+        .collect();
+
+    // Revoke and restore, timing kubectl-apply-to-effect on every pod.
+    let keys: Api<ApiKey> = Api::namespaced(client.clone(), &namespace);
+    let (mut revoke, mut restore) = (Vec::new(), Vec::new());
+    for _ in 0..20 {
+        let patch = |disabled: bool| json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey", "spec": {"disabled": disabled, "models": ["llama-*"]}});
+        keys.patch("alice", &PatchParams::apply("e2e-user").force(), &Patch::Apply(patch(true))).await.unwrap();
+        revoke.push(wait_all(&urls, &key, StatusCode::UNAUTHORIZED, Duration::from_secs(10)).await);
+        keys.patch("alice", &PatchParams::apply("e2e-user").force(), &Patch::Apply(patch(false))).await.unwrap();
+        restore.push(wait_all(&urls, &key, StatusCode::OK, Duration::from_secs(10)).await);
+    }
+    revoke.sort();
+    restore.sort();
+    eprintln!(
+        "apply → effect on every pod over 20 trials: revoke p50 {:?} p99 {:?}; restore p50 {:?} p99 {:?}",
+        percentile(&revoke, 0.5),
+        percentile(&revoke, 0.99),
+        percentile(&restore, 0.5),
+        percentile(&restore, 0.99)
+    );
+    assert!(percentile(&revoke, 0.99) < Duration::from_secs(3) && percentile(&restore, 0.99) < Duration::from_secs(3));
+
+    // Config changes never restarted a pod.
+    let pods = Api::<Pod>::namespaced(client.clone(), &namespace)
+        .list(&ListParams::default().labels("app.kubernetes.io/instance=gateway"))
+        .await
+        .unwrap();
+    let names: Vec<String> = pods.items.iter().map(|p| p.metadata.name.clone().unwrap()).collect();
+    assert_eq!(names, pods_before);
+    for pod in &pods.items {
+        let restarts: i32 =
+            pod.status.as_ref().unwrap().container_statuses.iter().flatten().map(|c| c.restart_count).sum();
+        assert_eq!(restarts, 0);
+    }
+
+    // Deleting the Gateway collects everything it owned.
+    Api::<Gateway>::namespaced(client.clone(), &namespace)
+        .delete("gateway", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let deployment = Api::<Deployment>::namespaced(client.clone(), &namespace).get_opt("gateway").await.unwrap();
+        let config = Api::<Secret>::namespaced(client.clone(), &namespace).get_opt("gateway-config").await.unwrap();
+        let service = Api::<Service>::namespaced(client.clone(), &namespace).get_opt("gateway").await.unwrap();
+        if deployment.is_none() && config.is_none() && service.is_none() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "owned objects were not garbage-collected");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn conflicts_and_bad_references_show_in_status_without_disturbing_others() {
+    let client = cluster().client().await;
+    let namespace = test_namespace(&client, "operator-conflicts").await.unwrap();
+    apply_file(&client, &namespace, "examples/quickstart/quickstart.yaml").await;
+    wait_condition(&client, &namespace, "ModelEndpoint", "llama-3-1-8b", ("Accepted", "True", "Accepted")).await;
+    let objects = vec![
+        json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ModelEndpoint", "metadata": {"name": "llama-copy"},
+               "spec": {"model": "llama3", "backends": [{"service": {"name": "vllm", "port": 8000}}]}}),
+        json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ModelEndpoint", "metadata": {"name": "missing-backend"},
+               "spec": {"model": "ghost", "backends": [{"service": {"name": "nowhere", "port": 8000}}]}}),
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "short", "labels": {"waycast.dev/api-key": "true"}},
+               "stringData": {"key": "too-short"}}),
+        json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey", "metadata": {"name": "short"},
+               "spec": {"secretRef": {"name": "short", "key": "key"}}}),
+    ];
+    let objects: Vec<_> = objects.into_iter().map(|v| serde_json::from_value(v).unwrap()).collect();
+    manifest::apply_all(&client, &objects, &namespace).await.unwrap();
+    wait_condition(&client, &namespace, "ModelEndpoint", "llama-copy", ("Accepted", "False", "ModelNameConflict"))
+        .await;
+    wait_condition(
+        &client,
+        &namespace,
+        "ModelEndpoint",
+        "missing-backend",
+        ("ResolvedRefs", "False", "BackendNotFound"),
+    )
+    .await;
+    wait_condition(&client, &namespace, "ApiKey", "short", ("Ready", "False", "KeyTooShort")).await;
+    wait_condition(&client, &namespace, "ApiKey", "alice", ("Ready", "True", "KeyReady")).await;
+    wait_condition(&client, &namespace, "Gateway", "gateway", ("Ready", "True", "ReplicasReady")).await;
+    let key = generated_key(&client, &namespace, "alice").await;
+    let urls = pod_urls(&client, &namespace).await;
+    wait_all(&urls, &key, StatusCode::OK, Duration::from_secs(30)).await;
+
+    // The winner goes; the other claim takes over.
+    Api::<ModelEndpoint>::namespaced(client.clone(), &namespace)
+        .delete("llama-3-1-8b", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_condition(&client, &namespace, "ModelEndpoint", "llama-copy", ("Accepted", "True", "Accepted")).await;
+    wait_all(&urls, &key, StatusCode::OK, Duration::from_secs(10)).await;
+}
