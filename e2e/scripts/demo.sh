@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Runs waycast locally: a control plane and a node on this machine, the mock
-# upstream as an in-cluster inference server, two gateway pods in front of
-# it, and a working curl. Ctrl-C stops everything and cleans up. Needs root
-# (the node sets up a bridge and iptables rules, and restores them).
+# Runs waycast locally: a control plane and a node on this machine, the
+# operator as a pod (deploy/operator.yaml), examples/quickstart applied (an
+# in-cluster inference server, a ModelEndpoint, an ApiKey, a Gateway), and a
+# working curl with the generated key. Ctrl-C stops everything and cleans up.
+# Needs root (the node sets up a bridge and iptables rules, and restores them).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -21,10 +22,10 @@ kubectl_bin="$bin_dir/kubectl"
       kubeconfig="${line#ready kubeconfig=}"
       curl_line="curl -s http://$gateway/v1/chat/completions -H \"Authorization: Bearer $key\" -H \"Content-Type: application/json\" -d '{\"model\":\"llama3\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}]}'"
       echo
-      echo "waycast demo: a control plane and a node are running here; in namespace"
-      echo "waycast-demo, the mock upstream serves as an inference server and two"
-      echo "gateway pods (config from a Secret, read with their own ServiceAccount)"
-      echo "stand in front of it. A first request through the gateway's ClusterIP:"
+      echo "waycast demo: a control plane and a node run here. The operator (a pod in"
+      echo "waycast-system) turned examples/quickstart, applied to namespace waycast-demo,"
+      echo "into two gateway pods in front of an in-cluster inference server, and"
+      echo "generated the key alice. A first request through the gateway's Service:"
       echo
       for _ in $(seq 1 50); do
         if answer="$(eval "$curl_line")" && [[ "$answer" == *chat.completion* ]]; then break; fi
@@ -41,7 +42,8 @@ Look around:
   alias kubectl=$kubectl_bin
   kubectl get pods -A -o wide
   kubectl top pods -n waycast-demo     # metrics-server, after ~15 s
-  kubectl get waycast -A               # the waycast.dev API (the operator is not built yet)
+  kubectl get waycast -n waycast-demo  # Gateway, ModelEndpoint and ApiKey with their status
+  kubectl patch ak alice -n waycast-demo --type merge -p '{"spec":{"disabled":true}}'   # → 401 in < 1 s
 
 Press Ctrl-C to stop; the machine is left as it was found.
 MSG

@@ -15,6 +15,8 @@ use crate::node::{self, Node};
 pub mod images {
     /// The gateway.
     pub const GATEWAY: &str = "docker.io/waycast/gateway:dev";
+    /// The operator.
+    pub const OPERATOR: &str = "docker.io/waycast/operator:dev";
     /// The mock upstream.
     pub const MOCK_UPSTREAM: &str = "docker.io/waycast/mock-upstream:dev";
     /// metrics-server.
@@ -55,6 +57,12 @@ pub fn pack_images(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
         ImageSpec {
             name: images::GATEWAY.into(),
             binary: sibling_binary("waycast-gateway")?,
+            args: vec![],
+            user: NONROOT,
+        },
+        ImageSpec {
+            name: images::OPERATOR.into(),
+            binary: sibling_binary("waycast-operator")?,
             args: vec![],
             user: NONROOT,
         },

@@ -177,14 +177,26 @@ pub struct Demo {
     pub key: String,
 }
 
-/// Deploys the demo: the mock upstream as an in-cluster "inference
-/// server", and two gateway pods serving `llama-3.1-8b` (alias `llama3`)
-/// from it with one newly generated key; waits until they answer.
+/// Deploys the demo the way a user would: the operator as a pod with the
+/// project's RBAC (`deploy/operator.yaml`), then `examples/quickstart/`
+/// into [`DEMO_NAMESPACE`]; waits until the Gateway is Ready and its
+/// Service answers with the generated key.
 ///
 /// # Errors
-/// A step failing or the pods not getting ready within two minutes.
+/// A step failing, or readiness not reached within three minutes.
 pub async fn deploy_demo(client: &Client) -> anyhow::Result<Demo> {
-    use k8s_openapi::api::core::v1::Namespace;
+    use k8s_openapi::api::core::v1::{Namespace, Secret};
+    let repository = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let apply_file = |path: &'static str, namespace: &'static str| {
+        let path = repository.join(path);
+        async move {
+            let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+            manifest::apply_all(client, &manifest::parse_documents(&text)?, namespace).await
+        }
+    };
+    apply_file("deploy/operator.yaml", "waycast-system").await?;
+    wait_pods_ready(client, "waycast-system", "app.kubernetes.io/name=waycast-operator", 1, Duration::from_secs(120))
+        .await?;
     let namespace = Namespace {
         metadata: kube::api::ObjectMeta { name: Some(DEMO_NAMESPACE.into()), ..Default::default() },
         ..Default::default()
@@ -196,26 +208,45 @@ pub async fn deploy_demo(client: &Client) -> anyhow::Result<Demo> {
             &kube::api::Patch::Apply(&namespace),
         )
         .await?;
-    let mock_url = deploy_mock(client, DEMO_NAMESPACE).await?;
-    let mut random = [0_u8; 32];
-    {
-        use std::io::Read as _;
-        std::fs::File::open("/dev/urandom")?.read_exact(&mut random).context("reading /dev/urandom")?;
+    apply_file("examples/quickstart/quickstart.yaml", DEMO_NAMESPACE).await?;
+    let gateways: Api<waycast_crds::Gateway> = Api::namespaced(client.clone(), DEMO_NAMESPACE);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), DEMO_NAMESPACE);
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let gateway = gateways.get_opt("gateway").await?;
+        let ready = gateway.as_ref().and_then(|g| g.status.as_ref()).is_some_and(|s| {
+            s.conditions.iter().any(|c| c.type_ == waycast_crds::condition::types::READY && c.status == "True")
+        });
+        let key = secrets
+            .get_opt("alice-key")
+            .await?
+            .and_then(|s| s.data?.get("api-key").map(|k| String::from_utf8_lossy(&k.0).into_owned()));
+        if let (true, Some(key)) = (ready, key) {
+            let gateway_ip = cluster_ip(client, DEMO_NAMESPACE, "gateway").await?;
+            wait_serving(&gateway_ip, &key, deadline).await?;
+            return Ok(Demo { gateway_ip, key });
+        }
+        if Instant::now() > deadline {
+            bail!("the quickstart Gateway was not Ready within 3 minutes");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    let key = waycast_crds::api_key::key_text_from_bytes(&random);
-    let mut config = crate::fixture::default_config(&mock_url);
-    config.models.truncate(1);
-    config.models[0].backends[0].headers.clear();
-    config.keys = vec![waycast_crds::config::KeyConfig {
-        id: format!("{DEMO_NAMESPACE}/demo"),
-        sha256: crate::fixture::sha256_hex(&key),
-        models: None,
-        expires_at: None,
-        disabled: false,
-        limits: None,
-    }];
-    let gateway_ip = deploy_gateway(client, DEMO_NAMESPACE, &config, 2).await?;
-    wait_pods_ready(client, DEMO_NAMESPACE, "app=mock", 1, Duration::from_secs(120)).await?;
-    wait_pods_ready(client, DEMO_NAMESPACE, "app=gateway", 2, Duration::from_secs(120)).await?;
-    Ok(Demo { gateway_ip, key })
+}
+
+/// Waits until the gateway at `ip` (port 80) answers a chat with `key`.
+async fn wait_serving(ip: &str, key: &str, deadline: Instant) -> anyhow::Result<()> {
+    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+    let url = format!("http://{ip}/v1/chat/completions");
+    loop {
+        let request = crate::fixture::post_request(&url, Some(key), r#"{"model":"llama3","messages":[]}"#);
+        if let Ok(Ok(response)) = tokio::time::timeout(Duration::from_secs(2), http.request(request)).await
+            && response.status() == http::StatusCode::OK
+        {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("the gateway at {ip} did not answer in time");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
