@@ -145,6 +145,7 @@ impl Fixture {
             drain_timeout: options.drain_timeout,
             body_timeout: options.body_timeout,
             header_read_timeout: options.header_read_timeout,
+            heartbeat: None,
         })
         .await
         .expect("gateway starts");

@@ -185,6 +185,61 @@ async fn the_quickstart_serves_and_key_changes_reach_every_pod_without_restarts(
     );
     assert!(percentile(&revoke, 0.99) < Duration::from_secs(3) && percentile(&restore, 0.99) < Duration::from_secs(3));
 
+    // `kubectl wait --for=condition=Programmed` returns when a new key works
+    // on every pod: checked once per pod right after, with no retry.
+    let bob = json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey", "metadata": {"name": "bob"}, "spec": {}});
+    manifest::apply_all(&client, &[serde_json::from_value(bob).unwrap()], &namespace).await.unwrap();
+    let kubectl = waycast_e2e::control_plane::k8s_binary("kubectl").unwrap();
+    let waited = std::process::Command::new(&kubectl)
+        .args(["wait", "--for=condition=Programmed", "apikey/bob", "-n", &namespace, "--timeout=60s"])
+        .env("KUBECONFIG", &cluster().kubeconfig)
+        .output()
+        .unwrap();
+    assert!(waited.status.success(), "kubectl wait: {}", String::from_utf8_lossy(&waited.stderr));
+    let bob_key = generated_key(&client, &namespace, "bob").await;
+    for url in &urls {
+        assert_eq!(
+            status_of(url, &bob_key).await,
+            Some(StatusCode::OK),
+            "{url} did not accept bob right after Programmed"
+        );
+    }
+    // Disabling: Programmed again (for the new generation) means gone everywhere.
+    let disable = json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey", "spec": {"disabled": true}});
+    let patched = keys.patch("bob", &PatchParams::apply("e2e-user").force(), &Patch::Apply(disable)).await.unwrap();
+    let generation = patched.metadata.generation;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let current = keys.get("bob").await.unwrap();
+        let programmed = current.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == "Programmed" && c.status == "True" && c.observed_generation == generation)
+        });
+        if programmed {
+            break;
+        }
+        assert!(Instant::now() < deadline, "bob never became Programmed after being disabled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for url in &urls {
+        assert_eq!(
+            status_of(url, &bob_key).await,
+            Some(StatusCode::UNAUTHORIZED),
+            "{url} still accepts a disabled key"
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let gateway = Api::<Gateway>::namespaced(client.clone(), &namespace).get("gateway").await.unwrap();
+        let up_to_date = gateway.status.and_then(|s| s.up_to_date_replicas);
+        if up_to_date == Some(2) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "Gateway status shows {up_to_date:?} pods on the current config, not 2");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
     // Config changes never restarted a pod.
     let pods = Api::<Pod>::namespaced(client.clone(), &namespace)
         .list(&ListParams::default().labels("app.kubernetes.io/instance=gateway"))

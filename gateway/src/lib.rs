@@ -13,6 +13,7 @@
 pub mod admin;
 pub mod config;
 pub mod error;
+pub mod heartbeat;
 pub mod metrics;
 pub mod proxy;
 pub mod server;
@@ -121,6 +122,8 @@ pub struct GatewayOptions {
     pub body_timeout: Duration,
     /// Longest a client may take to send its request headers.
     pub header_read_timeout: Duration,
+    /// In a cluster: heartbeat the served config hash as this pod.
+    pub heartbeat: Option<(kube::Client, heartbeat::PodIdentity)>,
 }
 
 /// Why a gateway could not start.
@@ -200,6 +203,9 @@ pub async fn start(options: GatewayOptions) -> Result<RunningGateway, StartError
     });
     if let Some(tls) = &tls {
         background.push(tokio::spawn(tls.clone().watch(Duration::from_secs(1))));
+    }
+    if let Some((client, identity)) = options.heartbeat {
+        background.push(tokio::spawn(heartbeat::run(client, identity, shared.clone())));
     }
     background.push(tokio::spawn(server::serve_admin(admin, shared.clone())));
     let (drain, draining) = watch::channel(false);

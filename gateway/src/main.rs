@@ -103,10 +103,15 @@ fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> ExitCode {
+    let mut heartbeat = None;
     let config = match (args.config_file, args.config_secret) {
         (Some(path), _) => ConfigSource::File(path),
         (None, Some((namespace, name))) => match kube::Client::try_default().await {
-            Ok(client) => ConfigSource::Secret { client, namespace, name },
+            Ok(client) => {
+                heartbeat =
+                    waycast_gateway::heartbeat::PodIdentity::from_env().map(|identity| (client.clone(), identity));
+                ConfigSource::Secret { client, namespace, name }
+            }
             Err(error) => {
                 tracing::error!(%error, "cannot reach the Kubernetes API (in-cluster config or KUBECONFIG)");
                 return ExitCode::FAILURE;
@@ -122,6 +127,7 @@ async fn run(args: Args) -> ExitCode {
         drain_timeout: args.drain_timeout,
         body_timeout: args.body_timeout,
         header_read_timeout: args.header_timeout,
+        heartbeat,
     };
     let gateway = match waycast_gateway::start(options).await {
         Ok(gateway) => gateway,

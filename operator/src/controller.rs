@@ -21,6 +21,7 @@ use futures_util::StreamExt as _;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
@@ -68,6 +69,8 @@ pub struct Stores {
     pub services: Store<Service>,
     /// Secrets labelled as key Secrets.
     pub key_secrets: Store<Secret>,
+    /// Gateway pods' heartbeat Leases.
+    pub leases: Store<Lease>,
     /// Fires after any change to the store of the same name.
     pub changed: Changes,
 }
@@ -87,6 +90,8 @@ pub struct Changes {
     pub services: broadcast::Sender<()>,
     /// Key Secrets changed.
     pub key_secrets: broadcast::Sender<()>,
+    /// A pod reported a different config hash (renewals alone do not fire).
+    pub leases: broadcast::Sender<()>,
 }
 
 /// A stream that yields once per signal (a lagging receiver still yields).
@@ -113,6 +118,32 @@ pub struct Context {
     pub settings: RenderSettings,
     /// Metrics.
     pub metrics: Metrics,
+    /// What each Gateway's current config was compiled from.
+    pub compiled: tokio::sync::RwLock<BTreeMap<ObjectKey, CompiledFrom>>,
+}
+
+/// What a Gateway's current config hash was compiled from: the generation
+/// of every object it took a decision on. An object is `Programmed` once
+/// every selecting Gateway compiled its current generation and every pod
+/// of that Gateway reports that config.
+#[derive(Debug, Clone, Default)]
+pub struct CompiledFrom {
+    /// The config hash.
+    pub hash: String,
+    /// ApiKey → what was compiled.
+    pub keys: BTreeMap<ObjectKey, Decision>,
+    /// ModelEndpoint → what was compiled.
+    pub models: BTreeMap<ObjectKey, Decision>,
+}
+
+/// One object's compiled decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    /// The object's generation compiled.
+    pub generation: Option<i64>,
+    /// Whether the config carries it as the user meant: served, or absent
+    /// because the user turned it off (disabled, expired).
+    pub as_intended: bool,
 }
 
 fn store_of<K>(client: &Client, config: watcher::Config) -> (Store<K>, broadcast::Sender<()>)
@@ -133,6 +164,39 @@ where
     (reader, changed)
 }
 
+/// The heartbeat Leases of gateway pods; signals only when the set of
+/// (pod, config hash) pairs changes, not on every renewal.
+fn lease_store(client: &Client) -> (Store<Lease>, broadcast::Sender<()>) {
+    let (reader, writer) = reflector::store();
+    let (changed, _) = broadcast::channel(64);
+    let sender = changed.clone();
+    let view = reader.clone();
+    let config = watcher::Config::default().labels(render::GATEWAY_LABEL);
+    let stream = reflector::reflector(writer, watcher::watcher(Api::<Lease>::all(client.clone()), config))
+        .default_backoff()
+        .touched_objects();
+    let mut last: BTreeMap<String, String> = BTreeMap::new();
+    tokio::spawn(stream.for_each(move |_| {
+        let now: BTreeMap<String, String> = view
+            .state()
+            .iter()
+            .map(|lease| {
+                (format!("{}/{}", lease.namespace().unwrap_or_default(), lease.name_any()), holder(lease).to_owned())
+            })
+            .collect();
+        if now != last {
+            last = now;
+            let _ = sender.send(());
+        }
+        futures_util::future::ready(())
+    }));
+    (reader, changed)
+}
+
+fn holder(lease: &Lease) -> &str {
+    lease.spec.as_ref().and_then(|s| s.holder_identity.as_deref()).unwrap_or_default()
+}
+
 /// Starts the reflectors and waits until they have listed everything.
 ///
 /// # Errors
@@ -145,6 +209,7 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
     let (services, services_changed) = store_of(client, watcher::Config::default());
     let (key_secrets, key_secrets_changed) =
         store_of(client, watcher::Config::default().labels(&format!("{KEY_SECRET_LABEL}=true")));
+    let (leases, leases_changed) = lease_store(client);
     let stores = Stores {
         gateways,
         models,
@@ -152,6 +217,7 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
         namespaces,
         services,
         key_secrets,
+        leases,
         changed: Changes {
             gateways: gateways_changed,
             models: models_changed,
@@ -159,6 +225,7 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
             namespaces: namespaces_changed,
             services: services_changed,
             key_secrets: key_secrets_changed,
+            leases: leases_changed,
         },
     };
     for ready in [
@@ -168,6 +235,7 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
         stores.namespaces.wait_until_ready().await,
         stores.services.wait_until_ready().await,
         stores.key_secrets.wait_until_ready().await,
+        stores.leases.wait_until_ready().await,
     ] {
         ready.map_err(|_| Error::Incomplete("a ready store"))?;
     }
@@ -337,6 +405,32 @@ async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Context>) -> Resu
         None => prune::<PodDisruptionBudget>(client, &namespace, &name).await?,
     }
 
+    let key_generation = |id: &ObjectKey| {
+        snapshot.keys.iter().find(|k| ObjectKey::of(&k.metadata) == *id).and_then(|k| k.metadata.generation)
+    };
+    let model_generation = |id: &ObjectKey| {
+        snapshot.models.iter().find(|m| ObjectKey::of(&m.metadata) == *id).and_then(|m| m.metadata.generation)
+    };
+    let turned_off = |reason: &str| reason == reasons::DISABLED || reason == reasons::EXPIRED;
+    let compiled_from = CompiledFrom {
+        hash: hash.clone(),
+        keys: compiled
+            .keys
+            .iter()
+            .map(|(id, v)| {
+                let as_intended = v.verdict.accepted || turned_off(v.verdict.reason);
+                (id.clone(), Decision { generation: key_generation(id), as_intended })
+            })
+            .collect(),
+        models: compiled
+            .models
+            .iter()
+            .map(|(id, v)| (id.clone(), Decision { generation: model_generation(id), as_intended: v.accepted }))
+            .collect(),
+    };
+    context.compiled.write().await.insert(ObjectKey::of(&gateway.metadata), compiled_from);
+    let up_to_date = pods_reporting(&context.stores, &gateway).iter().filter(|h| **h == hash).count();
+
     let replicas = deployment.status.as_ref().and_then(|s| s.replicas).unwrap_or(0);
     let ready = deployment.status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0);
     let wanted = render::scaling::minimum_replicas(&gateway);
@@ -372,7 +466,7 @@ async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Context>) -> Resu
         conditions,
         replicas: Some(replicas),
         ready_replicas: Some(ready),
-        up_to_date_replicas: None,
+        up_to_date_replicas: Some(i32::try_from(up_to_date).unwrap_or(i32::MAX)),
         config_hash: Some(hash),
         model_count: Some(i32::try_from(compiled.config.models.len()).unwrap_or(i32::MAX)),
         api_key_count: Some(i32::try_from(compiled.config.keys.len()).unwrap_or(i32::MAX)),
@@ -386,6 +480,40 @@ async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Context>) -> Resu
     context.metrics.reconciles.with_label_values(&["gateway"]).inc();
     context.metrics.reconcile_duration.with_label_values(&["gateway"]).observe(started.elapsed().as_secs_f64());
     Ok(Action::requeue(RESYNC))
+}
+
+/// The config hash each of `gateway`'s pods reports.
+fn pods_reporting(stores: &Stores, gateway: &Gateway) -> Vec<String> {
+    let namespace = gateway.namespace();
+    let name = gateway.name_any();
+    stores
+        .leases
+        .state()
+        .iter()
+        .filter(|lease| lease.namespace() == namespace && lease.labels().get(render::GATEWAY_LABEL) == Some(&name))
+        .map(|lease| holder(lease).to_owned())
+        .collect()
+}
+
+/// Whether `gateway` has compiled `object` at `generation` into its current
+/// config and every pod reports that config.
+async fn programmed_on(
+    context: &Context,
+    gateway: &Gateway,
+    object: &ObjectKey,
+    generation: Option<i64>,
+    models: bool,
+) -> bool {
+    let compiled = context.compiled.read().await;
+    let Some(from) = compiled.get(&ObjectKey::of(&gateway.metadata)) else { return false };
+    let seen = if models { from.models.get(object) } else { from.keys.get(object) };
+    if !seen.is_some_and(|decision| decision.generation == generation && decision.as_intended) {
+        return false;
+    }
+    let pods = pods_reporting(&context.stores, gateway);
+    let ready = gateway.status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0);
+    let current = pods.iter().filter(|hash| **hash == from.hash).count();
+    !pods.is_empty() && current == pods.len() && i32::try_from(current).unwrap_or(0) >= ready
 }
 
 fn gateway_status_changed(old: Option<&GatewayStatus>, new: &GatewayStatus) -> bool {
@@ -402,7 +530,7 @@ fn gateway_status_changed(old: Option<&GatewayStatus>, new: &GatewayStatus) -> b
 async fn api_key_controller(context: Arc<Context>) {
     let client = context.client.clone();
     let changed = &context.stores.changed;
-    let inputs_changed = signals(&[&changed.gateways, &changed.namespaces, &changed.key_secrets]);
+    let inputs_changed = signals(&[&changed.gateways, &changed.namespaces, &changed.key_secrets, &changed.leases]);
     Controller::new(Api::<ApiKey>::all(client.clone()), watcher::Config::default())
         .owns(
             Api::<Secret>::all(client.clone()),
@@ -460,10 +588,13 @@ async fn reconcile_api_key(api_key: Arc<ApiKey>, context: Arc<Context>) -> Resul
     let namespaces: Vec<&Namespace> = snapshot.namespaces.iter().map(AsRef::as_ref).collect();
     let mut served_by = Vec::new();
     let mut verdict = None;
+    let mut programmed = (0, true);
     for gateway in context.stores.gateways.state() {
         if !selects_namespace_of(gateway.as_ref(), api_key.as_ref(), false, &namespaces) {
             continue;
         }
+        programmed.0 += 1;
+        programmed.1 &= programmed_on(&context, &gateway, &id, api_key.metadata.generation, false).await;
         let compiled = snapshot.with_inputs(&gateway, |inputs| keys::compile(inputs, now).1);
         if let Some(found) = compiled.get(&id) {
             if found.verdict.accepted {
@@ -484,8 +615,12 @@ async fn reconcile_api_key(api_key: Arc<ApiKey>, context: Arc<Context>) -> Resul
     let generation = api_key.metadata.generation;
     let previous = api_key.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
     served_by.sort();
+    let programmed_condition = programmed_condition(&previous, programmed, generation, now);
     let new_status = ApiKeyStatus {
-        conditions: vec![status::condition(&previous, types::READY, ready, reason, message, generation, now)],
+        conditions: vec![
+            status::condition(&previous, types::READY, ready, reason, message, generation, now),
+            programmed_condition,
+        ],
         secret_name: Some(secret_name),
         key_prefix: prefix,
         gateways: served_by,
@@ -515,13 +650,32 @@ async fn reconcile_api_key(api_key: Arc<ApiKey>, context: Arc<Context>) -> Resul
     })
 }
 
+/// `Programmed`: every selecting Gateway serves the object's current
+/// generation on every pod (`(selecting gateways, all programmed)`).
+fn programmed_condition(
+    previous: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    (gateways, all): (usize, bool),
+    generation: Option<i64>,
+    now: jiff::Timestamp,
+) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    let (ok, reason, message) = match (gateways, all) {
+        (0, _) => (false, reasons::NO_GATEWAY, "no Gateway selects it".to_owned()),
+        (n, true) => (true, reasons::PROGRAMMED, format!("every pod of {n} Gateway(s) serves its current version")),
+        (n, false) => {
+            (false, reasons::PENDING, format!("waiting for the pods of {n} Gateway(s) to apply the new config"))
+        }
+    };
+    status::condition(previous, types::PROGRAMMED, ok, reason, message, generation, now)
+}
+
 // === ModelEndpoint ===
 
 async fn model_endpoint_controller(context: Arc<Context>) {
     let client = context.client.clone();
     let changed = &context.stores.changed;
     // Other ModelEndpoints matter too: a conflict is decided among them.
-    let inputs_changed = signals(&[&changed.gateways, &changed.namespaces, &changed.services, &changed.models]);
+    let inputs_changed =
+        signals(&[&changed.gateways, &changed.namespaces, &changed.services, &changed.models, &changed.leases]);
     Controller::new(Api::<ModelEndpoint>::all(client.clone()), watcher::Config::default())
         .reconcile_all_on(inputs_changed)
         .with_config(ControllerConfig::default().debounce(DEBOUNCE))
@@ -538,10 +692,13 @@ async fn reconcile_model_endpoint(endpoint: Arc<ModelEndpoint>, context: Arc<Con
     let namespaces_owned = snapshot.namespaces.clone();
     let namespaces: Vec<&Namespace> = namespaces_owned.iter().map(AsRef::as_ref).collect();
     let mut entries = Vec::new();
+    let mut programmed = (0, true);
     for gateway in context.stores.gateways.state() {
         if !selects_namespace_of(gateway.as_ref(), endpoint.as_ref(), true, &namespaces) {
             continue;
         }
+        programmed.0 += 1;
+        programmed.1 &= programmed_on(&context, &gateway, &id, endpoint.metadata.generation, true).await;
         snapshot.fetch_credentials(client, &gateway).await?;
         let verdicts = snapshot.with_inputs(&gateway, |inputs| compile::models::compile(inputs).1);
         if let Some(verdict) = verdicts.get(&id) {
@@ -577,6 +734,7 @@ async fn reconcile_model_endpoint(endpoint: Arc<ModelEndpoint>, context: Arc<Con
         conditions: vec![
             status::condition(&previous, types::ACCEPTED, accepted, reason, message, generation, now),
             resolved,
+            programmed_condition(&previous, programmed, generation, now),
         ],
         gateways: entries,
         backend_count: Some(i32::try_from(endpoint.spec.backends.len()).unwrap_or(i32::MAX)),

@@ -88,11 +88,13 @@ pub fn deployment(gateway: &Gateway, settings: &RenderSettings) -> Deployment {
         field_ref: Some(ObjectFieldSelector { field_path: path.into(), ..ObjectFieldSelector::default() }),
         ..EnvVarSource::default()
     };
-    let env = ["POD_NAME:metadata.name", "POD_NAMESPACE:metadata.namespace", "POD_UID:metadata.uid"]
+    // Who the pod is, for its heartbeat Lease.
+    let mut env: Vec<EnvVar> = ["POD_NAME:metadata.name", "POD_NAMESPACE:metadata.namespace", "POD_UID:metadata.uid"]
         .iter()
         .filter_map(|pair| pair.split_once(':'))
         .map(|(name, path)| EnvVar { name: name.into(), value_from: Some(field(path)), ..EnvVar::default() })
         .collect();
+    env.push(EnvVar { name: "WAYCAST_GATEWAY".into(), value: Some(gateway.name_any()), ..EnvVar::default() });
     let probe = |path: &str, period: i32| Probe {
         http_get: Some(HTTPGetAction {
             path: Some(path.into()),

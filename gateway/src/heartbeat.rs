@@ -1,0 +1,100 @@
+//! The pod's heartbeat: a Lease named after the pod, owned by it, labelled
+//! with its Gateway, whose `holderIdentity` is the hash of the config the
+//! pod serves. The operator reads these to know when a change has reached
+//! every pod (`Programmed`).
+//!
+//! Written at once when the served config changes, and renewed every few
+//! seconds otherwise.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client};
+
+use crate::Shared;
+
+/// The label carrying the Gateway's name on heartbeat Leases.
+pub const GATEWAY_LABEL: &str = "waycast.dev/gateway";
+/// Renewal interval when nothing changes.
+pub const RENEW: Duration = Duration::from_secs(5);
+/// How often the served config is checked for a change.
+const CHECK: Duration = Duration::from_millis(50);
+
+/// Who this pod is.
+#[derive(Debug, Clone)]
+pub struct PodIdentity {
+    /// Pod namespace.
+    pub namespace: String,
+    /// Pod name (also the Lease's).
+    pub pod: String,
+    /// Pod uid (the Lease's owner).
+    pub uid: String,
+    /// The Gateway the pod belongs to.
+    pub gateway: String,
+}
+
+impl PodIdentity {
+    /// From `POD_NAMESPACE`, `POD_NAME`, `POD_UID` and `WAYCAST_GATEWAY`, when
+    /// all are set (the operator's Deployment sets them).
+    pub fn from_env() -> Option<Self> {
+        let get = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        Some(Self {
+            namespace: get("POD_NAMESPACE")?,
+            pod: get("POD_NAME")?,
+            uid: get("POD_UID")?,
+            gateway: get("WAYCAST_GATEWAY")?,
+        })
+    }
+}
+
+fn lease(identity: &PodIdentity, hash: &str) -> Lease {
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(identity.pod.clone()),
+            namespace: Some(identity.namespace.clone()),
+            labels: Some([(GATEWAY_LABEL.to_owned(), identity.gateway.clone())].into()),
+            owner_references: Some(vec![OwnerReference {
+                api_version: "v1".into(),
+                kind: "Pod".into(),
+                name: identity.pod.clone(),
+                uid: identity.uid.clone(),
+                ..OwnerReference::default()
+            }]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(hash.to_owned()),
+            lease_duration_seconds: Some(i32::try_from(RENEW.as_secs() * 3).unwrap_or(15)),
+            renew_time: Some(MicroTime(jiff::Timestamp::now())),
+            ..LeaseSpec::default()
+        }),
+    }
+}
+
+/// Keeps the heartbeat until the process ends.
+pub async fn run(client: Client, identity: PodIdentity, shared: Arc<Shared>) {
+    let api: Api<Lease> = Api::namespaced(client, &identity.namespace);
+    let params = PatchParams::apply("waycast-gateway").force();
+    let mut reported: Option<String> = None;
+    let mut last = Instant::now();
+    loop {
+        let serving = shared.config.current().map(|snapshot| snapshot.hash.clone());
+        let due = reported != serving || last.elapsed() >= RENEW;
+        if let (true, Some(hash)) = (due, serving.as_ref()) {
+            match api.patch(&identity.pod, &params, &Patch::Apply(lease(&identity, hash))).await {
+                Ok(_) => {
+                    reported = serving;
+                    last = Instant::now();
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "heartbeat failed; retrying");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
+        tokio::time::sleep(CHECK).await;
+    }
+}
