@@ -35,6 +35,7 @@ fn cluster() -> &'static SharedCluster {
                 let options = waycast_operator::OperatorOptions {
                     gateway_image: waycast_e2e::cluster::images::GATEWAY.into(),
                     admin_listen: "127.0.0.1:0".parse().unwrap(),
+                    leader_election: None,
                 };
                 waycast_operator::run(client, options).await.unwrap();
             });
@@ -300,6 +301,21 @@ async fn conflicts_and_bad_references_show_in_status_without_disturbing_others()
     )
     .await;
     wait_condition(&client, &namespace, "ApiKey", "short", ("Ready", "False", "KeyTooShort")).await;
+    // The team that lost the conflict also sees it in Events.
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &namespace);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let found = events.list(&ListParams::default()).await.unwrap().items.iter().any(|event| {
+            event.reason.as_deref() == Some("ModelNameConflict")
+                && event.type_.as_deref() == Some("Warning")
+                && event.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("llama-copy")
+        });
+        if found {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no ModelNameConflict Event for llama-copy");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     wait_condition(&client, &namespace, "ApiKey", "alice", ("Ready", "True", "KeyReady")).await;
     wait_condition(&client, &namespace, "Gateway", "gateway", ("Ready", "True", "ReplicasReady")).await;
     let key = generated_key(&client, &namespace, "alice").await;

@@ -120,6 +120,35 @@ pub struct Context {
     pub metrics: Metrics,
     /// What each Gateway's current config was compiled from.
     pub compiled: tokio::sync::RwLock<BTreeMap<ObjectKey, CompiledFrom>>,
+    /// Publishes Events.
+    pub recorder: kube::runtime::events::Recorder,
+}
+
+/// Publishes an Event for every condition whose status changed (Normal when
+/// it became True, Warning when False). Failures are logged, not fatal.
+async fn emit_transitions<K: Resource<DynamicType = ()>>(
+    context: &Context,
+    object: &K,
+    old: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    new: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+) {
+    use kube::runtime::events::{Event, EventType};
+    for condition in new {
+        let before = old.iter().find(|o| o.type_ == condition.type_).map(|o| o.status.as_str());
+        if before == Some(condition.status.as_str()) {
+            continue;
+        }
+        let event = Event {
+            type_: if condition.status == "True" { EventType::Normal } else { EventType::Warning },
+            reason: condition.reason.clone(),
+            note: Some(format!("{}: {}", condition.type_, condition.message)),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(error) = context.recorder.publish(&event, &object.object_ref(&())).await {
+            tracing::debug!(%error, "could not publish an Event");
+        }
+    }
 }
 
 /// What a Gateway's current config hash was compiled from: the generation
@@ -475,6 +504,7 @@ async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Context>) -> Resu
     };
     if gateway_status_changed(gateway.status.as_ref(), &new_status) {
         patch_status(client, gateway.as_ref(), serde_json::to_value(&new_status)?).await?;
+        emit_transitions(&context, gateway.as_ref(), &previous, &new_status.conditions).await;
     }
     context.metrics.config_bytes.with_label_values(&[&format!("{namespace}/{name}")]).set(config_bytes as i64);
     context.metrics.reconciles.with_label_values(&["gateway"]).inc();
@@ -637,6 +667,7 @@ async fn reconcile_api_key(api_key: Arc<ApiKey>, context: Arc<Context>) -> Resul
             );
     if changed {
         patch_status(client, api_key.as_ref(), serde_json::to_value(&new_status)?).await?;
+        emit_transitions(&context, api_key.as_ref(), &previous, &new_status.conditions).await;
     }
     context.metrics.reconciles.with_label_values(&["apikey"]).inc();
     // Come back when the key expires, to mark it Expired.
@@ -746,6 +777,7 @@ async fn reconcile_model_endpoint(endpoint: Arc<ModelEndpoint>, context: Arc<Con
             != (new_status.gateways.clone(), new_status.backend_count, new_status.observed_generation);
     if changed {
         patch_status(client, endpoint.as_ref(), serde_json::to_value(&new_status)?).await?;
+        emit_transitions(&context, endpoint.as_ref(), &previous, &new_status.conditions).await;
     }
     context.metrics.reconciles.with_label_values(&["modelendpoint"]).inc();
     Ok(Action::requeue(RESYNC))

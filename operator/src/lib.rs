@@ -9,6 +9,7 @@
 pub mod compile;
 pub mod controller;
 pub mod error;
+pub mod leader;
 pub mod metrics;
 pub mod render;
 pub mod status;
@@ -24,6 +25,9 @@ pub struct OperatorOptions {
     pub gateway_image: String,
     /// Where `/metrics`, `/healthz` and `/readyz` are served.
     pub admin_listen: SocketAddr,
+    /// Elect a leader through this namespace's Lease before reconciling
+    /// (with the replica's identity).
+    pub leader_election: Option<(String, String)>,
 }
 
 /// Runs the operator with `client` until the process ends (or the returned
@@ -36,7 +40,13 @@ pub async fn run(client: kube::Client, options: OperatorOptions) -> Result<(), e
     let listener = tokio::net::TcpListener::bind(options.admin_listen).await?;
     let ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stores = controller::stores(&client).await?;
+    let instance = options.leader_election.as_ref().map(|(_, identity)| identity.clone());
+    let recorder = kube::runtime::events::Recorder::new(
+        client.clone(),
+        kube::runtime::events::Reporter { controller: "waycast-operator".into(), instance },
+    );
     let context = Arc::new(Context {
+        recorder,
         client,
         stores,
         settings: render::RenderSettings { gateway_image: options.gateway_image },
@@ -45,8 +55,23 @@ pub async fn run(client: kube::Client, options: OperatorOptions) -> Result<(), e
     });
     tokio::spawn(admin(listener, context.clone(), ready.clone()));
     ready.store(true, std::sync::atomic::Ordering::Relaxed);
-    tracing::info!("operator running");
-    controller::run(context).await;
+    match options.leader_election {
+        None => {
+            tracing::info!("operator running");
+            controller::run(context).await;
+        }
+        Some((namespace, identity)) => {
+            let lost = leader::lead(context.client.clone(), &namespace, identity).await;
+            tracing::info!("operator running as the leader");
+            tokio::select! {
+                () = controller::run(context) => {}
+                () = lost => {
+                    tracing::error!("lost the leader Lease; exiting so that only one replica reconciles");
+                    return Err(error::Error::Incomplete("leadership"));
+                }
+            }
+        }
+    }
     Ok(())
 }
 

@@ -1,7 +1,7 @@
 //! `waycast-operator`: reconciles Gateways, ModelEndpoints and ApiKeys.
 //!
 //! ```text
-//! waycast-operator [--gateway-image IMAGE] [--admin-listen 0.0.0.0:8080]
+//! waycast-operator [--gateway-image IMAGE] [--admin-listen 0.0.0.0:8080] [--leader-elect]
 //! ```
 //!
 //! Flags can also be set by environment variable; the cluster is found the
@@ -21,6 +21,15 @@ struct Args {
     /// Admin listener: /metrics, /healthz, /readyz.
     #[arg(long, env = "WAYCAST_ADMIN_LISTEN", default_value = "0.0.0.0:8080")]
     admin_listen: SocketAddr,
+    /// Elect a leader on a Lease so that several replicas are safe.
+    #[arg(long, env = "WAYCAST_LEADER_ELECT")]
+    leader_elect: bool,
+    /// Namespace of the leader Lease (default: the pod's namespace, POD_NAMESPACE).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "waycast-system")]
+    leader_namespace: String,
+    /// This replica's identity in the Lease (default: POD_NAME, else the host name).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
     /// Log filter.
     #[arg(long, env = "WAYCAST_LOG", default_value = "info")]
     log: String,
@@ -53,8 +62,16 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        let options =
-            waycast_operator::OperatorOptions { gateway_image: args.gateway_image, admin_listen: args.admin_listen };
+        let identity = args.identity.clone().unwrap_or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_owned())
+                .unwrap_or_else(|_| "waycast-operator".into())
+        });
+        let options = waycast_operator::OperatorOptions {
+            gateway_image: args.gateway_image,
+            admin_listen: args.admin_listen,
+            leader_election: args.leader_elect.then(|| (args.leader_namespace.clone(), identity)),
+        };
         tokio::select! {
             result = waycast_operator::run(client, options) => match result {
                 Ok(()) => ExitCode::SUCCESS,
