@@ -330,3 +330,101 @@ async fn conflicts_and_bad_references_show_in_status_without_disturbing_others()
     wait_condition(&client, &namespace, "ModelEndpoint", "llama-copy", ("Accepted", "True", "Accepted")).await;
     wait_all(&urls, &key, StatusCode::OK, Duration::from_secs(10)).await;
 }
+
+#[tokio::test]
+async fn a_rolling_update_under_load_fails_no_request_and_autoscaling_prunes_cleanly() {
+    let client = cluster().client().await;
+    let namespace = test_namespace(&client, "operator-rollout").await.unwrap();
+    apply_file(&client, &namespace, "examples/quickstart/quickstart.yaml").await;
+    wait_condition(&client, &namespace, "Gateway", "gateway", ("Ready", "True", "ReplicasReady")).await;
+    wait_condition(&client, &namespace, "ApiKey", "alice", ("Programmed", "True", "Programmed")).await;
+    let key = generated_key(&client, &namespace, "alice").await;
+    let service = Api::<Service>::namespaced(client.clone(), &namespace).get("gateway").await.unwrap();
+    let url = format!("http://{}/v1/chat/completions", service.spec.unwrap().cluster_ip.unwrap());
+    wait_all(std::slice::from_ref(&url), &key, StatusCode::OK, Duration::from_secs(30)).await;
+
+    // Steady load through the Service while the Deployment rolls.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = {
+        let (stop, url, key) = (stop.clone(), url.clone(), key.clone());
+        tokio::spawn(async move {
+            let (mut ok, mut failed) = (0_u32, Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                match status_of(&url, &key).await {
+                    Some(StatusCode::OK) => ok += 1,
+                    other => failed.push(other),
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            (ok, failed)
+        })
+    };
+    let gateways: Api<Gateway> = Api::namespaced(client.clone(), &namespace);
+    let resources = json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "Gateway",
+        "spec": {"replicas": 2, "resources": {"requests": {"cpu": "20m", "memory": "16Mi"}}}});
+    gateways
+        .patch("gateway", &PatchParams::apply(manifest::FIELD_MANAGER).force(), &Patch::Apply(resources))
+        .await
+        .unwrap();
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &namespace);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let deployment = deployments.get("gateway").await.unwrap();
+        let generation = deployment.metadata.generation;
+        let status = deployment.status.unwrap_or_default();
+        let rolled = status.observed_generation == generation
+            && status.updated_replicas == Some(2)
+            && status.ready_replicas == Some(2)
+            && status.replicas == Some(2);
+        let requests = deployment.spec.unwrap().template.spec.unwrap().containers[0].resources.clone();
+        if rolled && requests.is_some_and(|r| r.requests.is_some()) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the rollout did not finish");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // Let the old pods' drain finish under load too.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (ok, failed) = load.await.unwrap();
+    assert!(ok > 50, "only {ok} requests ran during the rollout");
+    assert!(
+        failed.is_empty(),
+        "{} of {} requests failed during the rollout: {failed:?}",
+        failed.len(),
+        ok as usize + failed.len()
+    );
+
+    // Autoscaling: an HPA appears and the operator leaves replicas alone;
+    // removing autoscaling prunes the HPA. (Applied by the manager that
+    // applied the quickstart, so dropping `replicas` removes it.)
+    let hpas: Api<k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler> =
+        Api::namespaced(client.clone(), &namespace);
+    let autoscaled = json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "Gateway",
+        "spec": {"autoscaling": {"minReplicas": 2, "maxReplicas": 4}, "resources": {"requests": {"cpu": "20m", "memory": "16Mi"}}}});
+    gateways
+        .patch("gateway", &PatchParams::apply(manifest::FIELD_MANAGER).force(), &Patch::Apply(autoscaled))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while hpas.get_opt("gateway").await.unwrap().is_none() {
+        assert!(Instant::now() < deadline, "no HPA for an autoscaling Gateway");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let managers = deployments.get("gateway").await.unwrap().metadata.managed_fields.unwrap_or_default();
+    let operator_owns_replicas = managers
+        .iter()
+        .filter(|m| m.manager.as_deref() == Some("waycast-operator"))
+        .any(|m| m.fields_v1.as_ref().is_some_and(|f| f.0.to_string().contains("f:replicas")));
+    assert!(!operator_owns_replicas, "with an HPA the operator must not own spec.replicas");
+    let fixed = json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "Gateway", "spec": {"replicas": 2}});
+    gateways
+        .patch("gateway", &PatchParams::apply(manifest::FIELD_MANAGER).force(), &Patch::Apply(fixed))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while hpas.get_opt("gateway").await.unwrap().is_some() {
+        assert!(Instant::now() < deadline, "the HPA was not pruned when autoscaling was removed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

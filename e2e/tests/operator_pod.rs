@@ -1,17 +1,75 @@
-//! The operator as a real pod, from its packed image, with the RBAC the
-//! project ships (`deploy/operator.yaml`) — proving that RBAC sufficient —
-//! serving the quickstart end to end. This is also what `make demo` runs.
+//! The operator as real pods (two replicas, leader election), from its
+//! packed image, with the RBAC the project ships (`deploy/operator.yaml`) —
+//! proving that RBAC sufficient — serving the quickstart end to end (what
+//! `make demo` runs). Gateways keep serving while the operator pods are
+//! deleted, and a rescheduled operator takes over.
 
 #![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
 
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::{DeleteParams, ListParams};
+use waycast_crds::ApiKey;
+use waycast_e2e::fixture;
 use waycast_e2e::harness::shared_cluster_with_node;
-use waycast_e2e::workloads::deploy_demo;
+use waycast_e2e::manifest;
+use waycast_e2e::workloads::{DEMO_NAMESPACE, deploy_demo, wait_pods_ready};
+
+async fn answers(ip: &str, key: &str) -> Option<http::StatusCode> {
+    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+    let request =
+        fixture::post_request(&format!("http://{ip}/v1/chat/completions"), Some(key), r#"{"model":"llama3"}"#);
+    tokio::time::timeout(Duration::from_secs(2), http.request(request)).await.ok()?.ok().map(|r| r.status())
+}
 
 #[tokio::test]
-async fn the_operator_pod_serves_the_quickstart_with_its_own_rbac() {
+async fn the_operator_pods_serve_the_quickstart_with_their_own_rbac_and_survive_deletion() {
     let cluster = shared_cluster_with_node(env!("CARGO_BIN_EXE_waycast-cluster"));
     let client = cluster.client().await;
     let demo = deploy_demo(&client).await.unwrap();
     assert!(demo.key.starts_with("wc_"));
-    assert!(!demo.gateway_ip.is_empty());
+
+    // Delete every operator pod: the gateways keep serving their config.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "waycast-system");
+    let selector = ListParams::default().labels("app.kubernetes.io/name=waycast-operator");
+    pods.delete_collection(&DeleteParams::default(), &selector).await.unwrap();
+    for _ in 0..20 {
+        assert_eq!(
+            answers(&demo.gateway_ip, &demo.key).await,
+            Some(http::StatusCode::OK),
+            "gateways must not need the operator"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The rescheduled operator takes over (after the old leader's Lease
+    // expires) and serves a new key.
+    wait_pods_ready(&client, "waycast-system", "app.kubernetes.io/name=waycast-operator", 2, Duration::from_secs(120))
+        .await
+        .unwrap();
+    let carol = serde_json::json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey", "metadata": {"name": "carol"}, "spec": {}});
+    manifest::apply_all(&client, &[serde_json::from_value(carol).unwrap()], DEMO_NAMESPACE).await.unwrap();
+    let keys: Api<ApiKey> = Api::namespaced(client.clone(), DEMO_NAMESPACE);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let programmed = keys
+            .get("carol")
+            .await
+            .unwrap()
+            .status
+            .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "Programmed" && c.status == "True"));
+        if programmed {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no operator replica took over");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let secret = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), DEMO_NAMESPACE)
+        .get("carol-key")
+        .await
+        .unwrap();
+    let carol_key = String::from_utf8(secret.data.unwrap()["api-key"].0.clone()).unwrap();
+    assert_eq!(answers(&demo.gateway_ip, &carol_key).await, Some(http::StatusCode::OK));
 }
