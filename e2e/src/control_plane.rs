@@ -96,6 +96,7 @@ pub struct ControlPlane {
     pub ca: PathBuf,
     /// The API server's port.
     pub port: u16,
+    apiserver: (PathBuf, Vec<String>),
     processes: Processes,
     /// The certificate authority (with its key), to issue node certificates.
     pub authority: Authority,
@@ -248,6 +249,7 @@ impl ControlPlane {
             server_url,
             ca: ca_cert,
             port: apiserver_port,
+            apiserver: (apiserver_bin.clone(), Vec::new()),
             processes: Processes::new(dir.clone()),
             authority: ca,
             pki_dir: pki_dir_kept,
@@ -299,6 +301,7 @@ impl ControlPlane {
         }
         apiserver_args.extend(node_flags);
         plane.spawn("kube-apiserver", &apiserver_bin, &apiserver_args)?;
+        plane.apiserver.1 = apiserver_args;
         plane.wait_for_apiserver().await?;
 
         plane.spawn(
@@ -351,6 +354,18 @@ impl ControlPlane {
         // NB: SIGKILL is enough: nothing here needs to outlive the run.
         self.processes.stop().await;
         let _ = std::fs::remove_dir_all(&self.state_dir);
+    }
+
+    /// Kills the API server and starts it again with the same flags (for
+    /// resilience tests); returns once it is ready again.
+    ///
+    /// # Errors
+    /// It does not come back.
+    pub async fn restart_apiserver(&mut self) -> anyhow::Result<()> {
+        self.processes.stop_one("kube-apiserver").await;
+        let (binary, args) = self.apiserver.clone();
+        self.spawn("kube-apiserver", &binary, &args)?;
+        self.wait_for_apiserver().await
     }
 
     fn spawn(&mut self, name: &str, binary: &Path, args: &[String]) -> anyhow::Result<()> {

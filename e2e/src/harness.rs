@@ -98,6 +98,17 @@ fn start_shared(supervisor: &str, node: bool) -> anyhow::Result<SharedCluster> {
 }
 
 impl SharedCluster {
+    /// Asks the supervisor to restart the API server (it comes back within
+    /// seconds; clients see errors meanwhile).
+    ///
+    /// # Panics
+    /// When this cluster is not one the harness started.
+    pub fn restart_apiserver(&self) {
+        use std::io::Write as _;
+        let mut stdin = self._supervisor_stdin.as_ref().expect("a cluster started by the harness");
+        stdin.write_all(b"restart-apiserver\n").expect("supervisor reads commands");
+    }
+
     /// A new admin client. Make one per test: a client belongs to the tokio
     /// runtime it was made on, and each `#[tokio::test]` has its own.
     ///
@@ -130,4 +141,31 @@ pub async fn test_namespace(client: &Client, prefix: &str) -> anyhow::Result<Str
         .await
         .with_context(|| format!("creating namespace {name}"))?;
     Ok(name)
+}
+
+/// Runs the operator in this process against `cluster`, once per process,
+/// on a thread and runtime of its own (so it outlives each test's runtime).
+///
+/// # Panics
+/// When the operator cannot start.
+pub fn operator_in_process(cluster: &SharedCluster) {
+    static OPERATOR: OnceLock<()> = OnceLock::new();
+    OPERATOR.get_or_init(|| {
+        let kubeconfig = cluster.kubeconfig.clone();
+        std::thread::spawn(move || {
+            let runtime =
+                tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("a runtime");
+            runtime.block_on(async move {
+                let client = crate::control_plane::client_from_kubeconfig(&kubeconfig).await.expect("kubeconfig");
+                let options = waycast_operator::OperatorOptions {
+                    gateway_image: crate::cluster::images::GATEWAY.into(),
+                    admin_listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+                    leader_election: None,
+                };
+                if let Err(error) = waycast_operator::run(client, options).await {
+                    panic!("the operator stopped: {error}");
+                }
+            });
+        });
+    });
 }

@@ -7,7 +7,6 @@
 
 #![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
 
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
@@ -24,23 +23,7 @@ use waycast_e2e::workloads::wait_pods_ready;
 
 fn cluster() -> &'static SharedCluster {
     let cluster = shared_cluster_with_node(env!("CARGO_BIN_EXE_waycast-cluster"));
-    static OPERATOR: OnceLock<()> = OnceLock::new();
-    OPERATOR.get_or_init(|| {
-        let kubeconfig = cluster.kubeconfig.clone();
-        // Its own runtime on its own thread: it outlives every test's runtime.
-        std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-            runtime.block_on(async move {
-                let client = waycast_e2e::control_plane::client_from_kubeconfig(&kubeconfig).await.unwrap();
-                let options = waycast_operator::OperatorOptions {
-                    gateway_image: waycast_e2e::cluster::images::GATEWAY.into(),
-                    admin_listen: "127.0.0.1:0".parse().unwrap(),
-                    leader_election: None,
-                };
-                waycast_operator::run(client, options).await.unwrap();
-            });
-        });
-    });
+    waycast_e2e::harness::operator_in_process(cluster);
     cluster
 }
 
@@ -328,7 +311,7 @@ async fn conflicts_and_bad_references_show_in_status_without_disturbing_others()
         .await
         .unwrap();
     wait_condition(&client, &namespace, "ModelEndpoint", "llama-copy", ("Accepted", "True", "Accepted")).await;
-    wait_all(&urls, &key, StatusCode::OK, Duration::from_secs(10)).await;
+    wait_all(&urls, &key, StatusCode::OK, Duration::from_secs(30)).await;
 }
 
 #[tokio::test]
@@ -427,61 +410,4 @@ async fn a_rolling_update_under_load_fails_no_request_and_autoscaling_prunes_cle
         assert!(Instant::now() < deadline, "the HPA was not pruned when autoscaling was removed");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-}
-
-#[tokio::test]
-async fn a_burst_of_keys_is_coalesced_into_a_handful_of_config_writes() {
-    use futures_util::StreamExt as _;
-    let client = cluster().client().await;
-    let namespace = test_namespace(&client, "operator-burst").await.unwrap();
-    apply_file(&client, &namespace, "examples/quickstart/quickstart.yaml").await;
-    wait_condition(&client, &namespace, "Gateway", "gateway", ("Ready", "True", "ReplicasReady")).await;
-
-    // Count writes to the config Secret while the burst lands.
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
-    let watch = kube::runtime::watcher::watcher(
-        secrets,
-        kube::runtime::watcher::Config::default().fields("metadata.name=gateway-config"),
-    );
-    let writes = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
-    let counter = {
-        let writes = writes.clone();
-        tokio::spawn(async move {
-            let mut seen = std::collections::BTreeSet::new();
-            let mut events = watch.boxed();
-            while let Some(Ok(event)) = events.next().await {
-                if let kube::runtime::watcher::Event::Apply(secret) = event
-                    && seen.insert(secret.metadata.resource_version.clone())
-                {
-                    writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                }
-            }
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let before = writes.load(std::sync::atomic::Ordering::Relaxed);
-    let count = 300;
-    let started = Instant::now();
-    let objects: Vec<_> = (0..count)
-        .map(|i| serde_json::from_value(json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey", "metadata": {"name": format!("burst-{i}")}, "spec": {}})).unwrap())
-        .collect();
-    manifest::apply_all(&client, &objects, &namespace).await.unwrap();
-    let gateways: Api<Gateway> = Api::namespaced(client.clone(), &namespace);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let keys = gateways.get("gateway").await.unwrap().status.and_then(|s| s.api_key_count);
-        if keys == Some(count + 1) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "only {keys:?} keys served after the burst");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let config_writes = writes.load(std::sync::atomic::Ordering::Relaxed) - before;
-    counter.abort();
-    eprintln!(
-        "{count} ApiKeys applied → all served in {:?} with {config_writes} config Secret writes",
-        started.elapsed()
-    );
-    assert!(config_writes <= 20, "{config_writes} config writes for a burst of {count} keys");
 }

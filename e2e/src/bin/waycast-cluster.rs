@@ -15,7 +15,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context as _, bail};
-use tokio::io::AsyncReadExt as _;
 use tokio::signal::unix::{SignalKind, signal};
 use waycast_e2e::cluster::Cluster;
 use waycast_e2e::control_plane;
@@ -93,7 +92,8 @@ async fn main() -> ExitCode {
         cluster.plane.server_url
     );
     println!("{}{}", harness::READY_PREFIX, cluster.plane.kubeconfig.display());
-    wait_for_stop(args.exit_on_stdin_eof).await;
+    let mut cluster = cluster;
+    wait_for_stop(args.exit_on_stdin_eof, &mut cluster).await;
     eprintln!("waycast-cluster: stopping");
     // NB: `stop` consumes the cluster; the node lock inside it is released
     // only once tear-down has finished.
@@ -116,26 +116,27 @@ async fn apply(cluster: &Cluster, manifests: &[PathBuf]) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn wait_for_stop(exit_on_stdin_eof: bool) {
-    let stdin_closed = async {
-        if !exit_on_stdin_eof {
-            return std::future::pending::<()>().await;
+/// Waits for Ctrl-C, SIGTERM or (with `--exit-on-stdin-eof`) the end of
+/// stdin. Lines on stdin are commands: `restart-apiserver`.
+async fn wait_for_stop(exit_on_stdin_eof: bool, cluster: &mut Cluster) {
+    use tokio::io::AsyncBufReadExt as _;
+    let mut terminate = signal(SignalKind::terminate()).ok();
+    let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+    let reading = exit_on_stdin_eof;
+    loop {
+        tokio::select! {
+            line = lines.next_line(), if reading => match line {
+                Ok(Some(command)) if command.trim() == "restart-apiserver" => {
+                    eprintln!("waycast-cluster: restarting kube-apiserver");
+                    if let Err(error) = cluster.plane.restart_apiserver().await {
+                        eprintln!("waycast-cluster: kube-apiserver did not come back: {error:#}");
+                    }
+                }
+                Ok(Some(other)) => eprintln!("waycast-cluster: unknown command {other:?}"),
+                _ => return,
+            },
+            Some(()) = async { match terminate.as_mut() { Some(s) => s.recv().await, None => std::future::pending().await } } => return,
+            _ = tokio::signal::ctrl_c() => return,
         }
-        let mut stdin = tokio::io::stdin();
-        let mut buffer = [0_u8; 64];
-        while matches!(stdin.read(&mut buffer).await, Ok(n) if n > 0) {}
-    };
-    let terminated = async {
-        match signal(SignalKind::terminate()) {
-            Ok(mut stream) => {
-                stream.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = stdin_closed => {}
-        _ = terminated => {}
-        _ = tokio::signal::ctrl_c() => {}
     }
 }

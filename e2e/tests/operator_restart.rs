@@ -1,0 +1,101 @@
+//! The API server restarts mid-run: gateway pods keep serving their last
+//! config meanwhile, and the operator converges afterwards (a key applied
+//! after the restart works everywhere).
+
+#![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
+
+use std::time::{Duration, Instant};
+
+use kube::Api;
+use waycast_crds::{ApiKey, Gateway};
+use waycast_e2e::fixture;
+use waycast_e2e::harness::{operator_in_process, shared_cluster_with_node, test_namespace};
+use waycast_e2e::manifest;
+use waycast_e2e::workloads::wait_pods_ready;
+
+async fn answers(url: &str, key: &str) -> Option<http::StatusCode> {
+    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+    let request = fixture::post_request(url, Some(key), r#"{"model":"llama3"}"#);
+    tokio::time::timeout(Duration::from_secs(2), http.request(request)).await.ok()?.ok().map(|r| r.status())
+}
+
+async fn programmed(keys: &Api<ApiKey>, name: &str) -> bool {
+    keys.get_opt(name)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|k| k.status)
+        .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "Programmed" && c.status == "True"))
+}
+
+async fn key_text(client: &kube::Client, namespace: &str, name: &str) -> String {
+    let secret = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), namespace)
+        .get(&format!("{name}-key"))
+        .await
+        .unwrap();
+    String::from_utf8(secret.data.unwrap()["api-key"].0.clone()).unwrap()
+}
+
+#[tokio::test]
+async fn gateways_serve_through_an_api_server_restart_and_the_operator_converges() {
+    let cluster = shared_cluster_with_node(env!("CARGO_BIN_EXE_waycast-cluster"));
+    operator_in_process(cluster);
+    let client = cluster.client().await;
+    let namespace = test_namespace(&client, "restart").await.unwrap();
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/quickstart/quickstart.yaml"),
+    )
+    .unwrap();
+    manifest::apply_all(&client, &manifest::parse_documents(&text).unwrap(), &namespace).await.unwrap();
+    let keys: Api<ApiKey> = Api::namespaced(client.clone(), &namespace);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !programmed(&keys, "alice").await {
+        assert!(Instant::now() < deadline, "alice never became Programmed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let alice = key_text(&client, &namespace, "alice").await;
+    let pods = wait_pods_ready(&client, &namespace, "app.kubernetes.io/instance=gateway", 2, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let urls: Vec<String> = pods
+        .iter()
+        .map(|p| format!("http://{}:8080/v1/chat/completions", p.status.as_ref().unwrap().pod_ip.as_ref().unwrap()))
+        .collect();
+
+    cluster.restart_apiserver();
+    // While the API server is away (and its watches break), every pod
+    // keeps serving its last config.
+    let started = Instant::now();
+    let mut saw_outage = false;
+    while started.elapsed() < Duration::from_secs(8) {
+        for url in &urls {
+            assert_eq!(
+                answers(url, &alice).await,
+                Some(http::StatusCode::OK),
+                "{url} stopped serving during the restart"
+            );
+        }
+        saw_outage |= Api::<Gateway>::namespaced(client.clone(), &namespace).get("gateway").await.is_err();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(saw_outage, "the API server never went away: the test proved nothing");
+
+    // Afterwards the operator converges: a new key is programmed and works.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let bob = serde_json::json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey", "metadata": {"name": "bob"}, "spec": {}});
+    loop {
+        if manifest::apply_all(&client, &[serde_json::from_value(bob.clone()).unwrap()], &namespace).await.is_ok() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the API server did not come back");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    while !programmed(&keys, "bob").await {
+        assert!(Instant::now() < deadline, "the operator did not converge after the restart");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let bob_key = key_text(&client, &namespace, "bob").await;
+    for url in &urls {
+        assert_eq!(answers(url, &bob_key).await, Some(http::StatusCode::OK));
+    }
+}

@@ -1,0 +1,83 @@
+//! The operator under a burst: 300 ApiKeys applied at once are coalesced
+//! into a handful of config writes. Its own test binary (and cluster), so
+//! the burst's load does not skew the propagation timings measured in
+//! `operator.rs`.
+
+#![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::Api;
+use serde_json::json;
+use waycast_crds::Gateway;
+use waycast_e2e::harness::{operator_in_process, shared_cluster_with_node, test_namespace};
+use waycast_e2e::manifest;
+
+#[tokio::test]
+async fn a_burst_of_keys_is_coalesced_into_a_handful_of_config_writes() {
+    use futures_util::StreamExt as _;
+    let cluster = shared_cluster_with_node(env!("CARGO_BIN_EXE_waycast-cluster"));
+    operator_in_process(cluster);
+    let client = cluster.client().await;
+    let namespace = test_namespace(&client, "operator-burst").await.unwrap();
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/quickstart/quickstart.yaml"),
+    )
+    .unwrap();
+    manifest::apply_all(&client, &manifest::parse_documents(&text).unwrap(), &namespace).await.unwrap();
+    let gateways: Api<Gateway> = Api::namespaced(client.clone(), &namespace);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while gateways.get_opt("gateway").await.unwrap().and_then(|g| g.status).is_none_or(|s| s.ready_replicas != Some(2))
+    {
+        assert!(Instant::now() < deadline, "the quickstart Gateway never got ready");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // Count writes to the config Secret while the burst lands.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    let watch = kube::runtime::watcher::watcher(
+        secrets,
+        kube::runtime::watcher::Config::default().fields("metadata.name=gateway-config"),
+    );
+    let writes = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let counter = {
+        let writes = writes.clone();
+        tokio::spawn(async move {
+            let mut seen = std::collections::BTreeSet::new();
+            let mut events = watch.boxed();
+            while let Some(Ok(event)) = events.next().await {
+                if let kube::runtime::watcher::Event::Apply(secret) = event
+                    && seen.insert(secret.metadata.resource_version.clone())
+                {
+                    writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = writes.load(std::sync::atomic::Ordering::Relaxed);
+    let count = 300;
+    let started = Instant::now();
+    let objects: Vec<_> = (0..count)
+        .map(|i| serde_json::from_value(json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey", "metadata": {"name": format!("burst-{i}")}, "spec": {}})).unwrap())
+        .collect();
+    manifest::apply_all(&client, &objects, &namespace).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let keys = gateways.get("gateway").await.unwrap().status.and_then(|s| s.api_key_count);
+        if keys == Some(count + 1) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "only {keys:?} keys served after the burst");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let config_writes = writes.load(std::sync::atomic::Ordering::Relaxed) - before;
+    counter.abort();
+    eprintln!(
+        "{count} ApiKeys applied → all served in {:?} with {config_writes} config Secret writes",
+        started.elapsed()
+    );
+    assert!(config_writes <= 20, "{config_writes} config writes for a burst of {count} keys");
+}
