@@ -72,4 +72,17 @@ async fn the_operator_pods_serve_the_quickstart_with_their_own_rbac_and_survive_
         .unwrap();
     let carol_key = String::from_utf8(secret.data.unwrap()["api-key"].0.clone()).unwrap();
     assert_eq!(answers(&demo.gateway_ip, &carol_key).await, Some(http::StatusCode::OK));
+
+    // The leader's metrics show the config it wrote reaching every pod.
+    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Full<bytes::Bytes>>();
+    let mut measured = false;
+    for pod in pods.list(&selector).await.unwrap().items {
+        let Some(ip) = pod.status.and_then(|s| s.pod_ip) else { continue };
+        let Ok(response) = http.get(format!("http://{ip}:8080/metrics").parse().unwrap()).await else { continue };
+        let text = String::from_utf8_lossy(&http_body_util::BodyExt::collect(response.into_body()).await.unwrap().to_bytes()).into_owned();
+        let count = text.lines().find_map(|l| l.strip_prefix("waycast_operator_propagation_seconds_count ")).and_then(|v| v.trim().parse::<f64>().ok());
+        measured |= count.is_some_and(|c| c >= 1.0) && text.contains("waycast_operator_config_writes_total{gateway=");
+    }
+    assert!(measured, "no operator replica measured a config reaching every pod");
 }

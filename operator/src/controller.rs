@@ -122,6 +122,8 @@ pub struct Context {
     pub compiled: tokio::sync::RwLock<BTreeMap<ObjectKey, CompiledFrom>>,
     /// Publishes Events.
     pub recorder: kube::runtime::events::Recorder,
+    /// The last config each Gateway wrote, for the propagation metric.
+    pub written: tokio::sync::RwLock<BTreeMap<ObjectKey, Written>>,
 }
 
 /// Publishes an Event for every condition whose status changed (Normal when
@@ -163,6 +165,17 @@ pub struct CompiledFrom {
     pub keys: BTreeMap<ObjectKey, Decision>,
     /// ModelEndpoint → what was compiled.
     pub models: BTreeMap<ObjectKey, Decision>,
+}
+
+/// When a Gateway's current config was written, until every pod reports it.
+#[derive(Debug, Clone)]
+pub struct Written {
+    /// The config hash written.
+    pub hash: String,
+    /// When.
+    pub at: std::time::Instant,
+    /// Whether its propagation was already measured.
+    pub measured: bool,
 }
 
 /// One object's compiled decision.
@@ -458,7 +471,20 @@ async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Context>) -> Resu
             .collect(),
     };
     context.compiled.write().await.insert(ObjectKey::of(&gateway.metadata), compiled_from);
-    let up_to_date = pods_reporting(&context.stores, &gateway).iter().filter(|h| **h == hash).count();
+    let reporting = pods_reporting(&context.stores, &gateway);
+    let up_to_date = reporting.iter().filter(|h| **h == hash).count();
+    {
+        let gateway_key = ObjectKey::of(&gateway.metadata);
+        let mut written = context.written.write().await;
+        let entry = written.entry(gateway_key.clone()).or_insert_with(|| Written { hash: String::new(), at: started, measured: true });
+        if entry.hash != hash {
+            *entry = Written { hash: hash.clone(), at: started, measured: false };
+            context.metrics.config_writes.with_label_values(&[&gateway_key.to_string()]).inc();
+        } else if !entry.measured && !reporting.is_empty() && up_to_date == reporting.len() {
+            entry.measured = true;
+            context.metrics.propagation.observe(entry.at.elapsed().as_secs_f64());
+        }
+    }
 
     let replicas = deployment.status.as_ref().and_then(|s| s.replicas).unwrap_or(0);
     let ready = deployment.status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0);

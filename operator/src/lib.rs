@@ -52,6 +52,7 @@ pub async fn run(client: kube::Client, options: OperatorOptions) -> Result<(), e
         settings: render::RenderSettings { gateway_image: options.gateway_image },
         metrics,
         compiled: tokio::sync::RwLock::default(),
+        written: tokio::sync::RwLock::default(),
     });
     tokio::spawn(admin(listener, context.clone(), ready.clone()));
     ready.store(true, std::sync::atomic::Ordering::Relaxed);

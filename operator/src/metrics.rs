@@ -14,6 +14,10 @@ pub struct Metrics {
     pub reconcile_duration: HistogramVec,
     /// Compressed config size per Gateway.
     pub config_bytes: IntGaugeVec,
+    /// Config writes (a new hash) per Gateway.
+    pub config_writes: IntCounterVec,
+    /// From writing a config to every pod of the Gateway reporting it.
+    pub propagation: prometheus::Histogram,
 }
 
 impl Metrics {
@@ -38,11 +42,24 @@ impl Metrics {
             Opts::new("waycast_operator_config_bytes", "Size of each Gateway's compressed config Secret."),
             &["gateway"],
         )?;
+        let config_writes = IntCounterVec::new(
+            Opts::new("waycast_operator_config_writes_total", "Config Secret writes with a new config, per Gateway."),
+            &["gateway"],
+        )?;
+        let propagation = prometheus::Histogram::with_opts(
+            HistogramOpts::new(
+                "waycast_operator_propagation_seconds",
+                "From writing a Gateway's config to every one of its pods reporting it (heartbeats).",
+            )
+            .buckets(vec![0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0]),
+        )?;
+        registry.register(Box::new(config_writes.clone()))?;
+        registry.register(Box::new(propagation.clone()))?;
         registry.register(Box::new(reconciles.clone()))?;
         registry.register(Box::new(reconcile_errors.clone()))?;
         registry.register(Box::new(reconcile_duration.clone()))?;
         registry.register(Box::new(config_bytes.clone()))?;
-        Ok(Self { registry, reconciles, reconcile_errors, reconcile_duration, config_bytes })
+        Ok(Self { registry, reconciles, reconcile_errors, reconcile_duration, config_bytes, config_writes, propagation })
     }
 
     /// The text exposition format.
