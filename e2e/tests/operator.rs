@@ -263,7 +263,7 @@ async fn conflicts_and_bad_references_show_in_status_without_disturbing_others()
     wait_condition(&client, &namespace, "ModelEndpoint", "llama-3-1-8b", ("Accepted", "True", "Accepted")).await;
     let objects = vec![
         json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ModelEndpoint", "metadata": {"name": "llama-copy"},
-               "spec": {"model": "llama3", "backends": [{"service": {"name": "vllm", "port": 8000}}]}}),
+               "spec": {"model": "llama-3.1-8b", "aliases": ["llama3"], "backends": [{"service": {"name": "vllm", "port": 8000}}]}}),
         json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ModelEndpoint", "metadata": {"name": "missing-backend"},
                "spec": {"model": "ghost", "backends": [{"service": {"name": "nowhere", "port": 8000}}]}}),
         json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "short", "labels": {"waycast.dev/api-key": "true"}},
@@ -410,4 +410,59 @@ async fn a_rolling_update_under_load_fails_no_request_and_autoscaling_prunes_cle
         assert!(Instant::now() < deadline, "the HPA was not pruned when autoscaling was removed");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+#[tokio::test]
+async fn a_platform_gateway_serves_team_namespaces_by_label_and_scale_down_drains_streams() {
+    let client = cluster().client().await;
+    let platform = test_namespace(&client, "platform").await.unwrap();
+    let team = test_namespace(&client, "team").await.unwrap();
+    let label = format!("waycast.dev/team-of-{platform}");
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let labelled = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": team, "labels": {label.clone(): "enabled"}}});
+    namespaces.patch(&team, &PatchParams::apply(manifest::FIELD_MANAGER), &Patch::Apply(labelled)).await.unwrap();
+    // The team publishes a model and a key in its own namespace...
+    let quickstart = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/quickstart/quickstart.yaml"),
+    )
+    .unwrap();
+    let mut objects = manifest::parse_documents(&quickstart).unwrap();
+    objects.retain(|o| o.types.as_ref().is_none_or(|t| t.kind != "Gateway"));
+    manifest::apply_all(&client, &objects, &team).await.unwrap();
+    // ... and the platform's Gateway selects team namespaces by label.
+    let selector = json!({"namespaces": {"from": "Selector", "selector": {"matchLabels": {label.clone(): "enabled"}}}});
+    let gateway = json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "Gateway", "metadata": {"name": "gateway"},
+        "spec": {"replicas": 2, "modelEndpoints": selector, "apiKeys": selector}});
+    manifest::apply_all(&client, &[serde_json::from_value(gateway).unwrap()], &platform).await.unwrap();
+    wait_condition(&client, &team, "ApiKey", "alice", ("Programmed", "True", "Programmed")).await;
+    wait_condition(&client, &team, "ModelEndpoint", "llama-3-1-8b", ("Programmed", "True", "Programmed")).await;
+    let key = generated_key(&client, &team, "alice").await;
+    let urls = pod_urls(&client, &platform).await;
+    wait_all(&urls, &key, StatusCode::OK, Duration::from_secs(30)).await;
+
+    // A stream on every pod, then scale down: the pod that goes drains its
+    // stream to the end.
+    let mut streams = Vec::new();
+    for url in &urls {
+        let mut request = fixture::post_request(url, Some(&key), r#"{"model":"llama3","stream":true,"messages":[]}"#);
+        request.headers_mut().insert("x-mock-chunks", "40".parse().unwrap());
+        request.headers_mut().insert("x-mock-interval-ms", "100".parse().unwrap());
+        let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+        streams.push(tokio::spawn(async move {
+            let response = http.request(request).await.unwrap();
+            assert_eq!(response.status(), StatusCode::OK);
+            let body = http_body_util::BodyExt::collect(response.into_body()).await.map(|c| c.to_bytes());
+            body.map(|b| String::from_utf8_lossy(&b).into_owned())
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let one = json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "Gateway", "metadata": {"name": "gateway"},
+        "spec": {"replicas": 1, "modelEndpoints": selector, "apiKeys": selector}});
+    manifest::apply_all(&client, &[serde_json::from_value(one).unwrap()], &platform).await.unwrap();
+    for stream in streams {
+        let text = stream.await.unwrap().expect("the stream completed without an error");
+        assert!(text.contains("token39") && text.ends_with("data: [DONE]\n\n"), "a stream was cut during scale-down");
+    }
+    let deployment = Api::<Deployment>::namespaced(client.clone(), &platform).get("gateway").await.unwrap();
+    assert_eq!(deployment.spec.unwrap().replicas, Some(1), "the scale-down happened");
 }

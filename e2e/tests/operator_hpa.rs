@@ -26,7 +26,10 @@ async fn the_hpa_scales_gateway_pods_and_the_operator_does_not_fight_it() {
     operator_in_process(cluster);
     let client = cluster.client().await;
     let namespace = test_namespace(&client, "hpa").await.unwrap();
-    let text = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/quickstart/quickstart.yaml")).unwrap();
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/quickstart/quickstart.yaml"),
+    )
+    .unwrap();
     let mut objects = manifest::parse_documents(&text).unwrap();
     // The quickstart's Gateway, autoscaled, with a small CPU request so the
     // load below is well over the target.
@@ -41,10 +44,18 @@ async fn the_hpa_scales_gateway_pods_and_the_operator_does_not_fight_it() {
     let gateways: Api<Gateway> = Api::namespaced(client.clone(), &namespace);
     let deadline = Instant::now() + Duration::from_secs(120);
     let (key, address) = loop {
-        let programmed = keys.get("alice").await.unwrap().status.is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "Programmed" && c.status == "True"));
+        let programmed = keys
+            .get("alice")
+            .await
+            .unwrap()
+            .status
+            .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "Programmed" && c.status == "True"));
         let address = gateways.get("gateway").await.unwrap().status.and_then(|s| s.address);
         if let (true, Some(address)) = (programmed, address) {
-            let secret = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), &namespace).get("alice-key").await.unwrap();
+            let secret = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), &namespace)
+                .get("alice-key")
+                .await
+                .unwrap();
             break (String::from_utf8(secret.data.unwrap()["api-key"].0.clone()).unwrap(), address);
         }
         assert!(Instant::now() < deadline, "the autoscaled quickstart never became ready");
@@ -58,7 +69,11 @@ async fn the_hpa_scales_gateway_pods_and_the_operator_does_not_fight_it() {
         workers.push(tokio::spawn(async move {
             let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
             while !stop.load(Ordering::Relaxed) {
-                let request = fixture::post_request(&url, Some(&key), r#"{"model":"llama3","messages":[{"role":"user","content":"load"}]}"#);
+                let request = fixture::post_request(
+                    &url,
+                    Some(&key),
+                    r#"{"model":"llama3","messages":[{"role":"user","content":"load"}]}"#,
+                );
                 match http.request(request).await {
                     Ok(response) => drop(response.into_body().collect().await),
                     Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
@@ -95,8 +110,12 @@ async fn the_hpa_scales_gateway_pods_and_the_operator_does_not_fight_it() {
     let hash = gateways.get("gateway").await.unwrap().status.unwrap().config_hash.unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let leases = Api::<Lease>::namespaced(client.clone(), &namespace).list(&ListParams::default().labels("waycast.dev/gateway=gateway")).await.unwrap();
-        let reporting: Vec<String> = leases.items.iter().filter_map(|l| l.spec.as_ref()?.holder_identity.clone()).collect();
+        let leases = Api::<Lease>::namespaced(client.clone(), &namespace)
+            .list(&ListParams::default().labels("waycast.dev/gateway=gateway"))
+            .await
+            .unwrap();
+        let reporting: Vec<String> =
+            leases.items.iter().filter_map(|l| l.spec.as_ref()?.holder_identity.clone()).collect();
         if reporting.len() >= 2 && reporting.iter().all(|h| *h == hash) {
             break;
         }

@@ -80,8 +80,13 @@ async fn the_operator_pods_serve_the_quickstart_with_their_own_rbac_and_survive_
     for pod in pods.list(&selector).await.unwrap().items {
         let Some(ip) = pod.status.and_then(|s| s.pod_ip) else { continue };
         let Ok(response) = http.get(format!("http://{ip}:8080/metrics").parse().unwrap()).await else { continue };
-        let text = String::from_utf8_lossy(&http_body_util::BodyExt::collect(response.into_body()).await.unwrap().to_bytes()).into_owned();
-        let count = text.lines().find_map(|l| l.strip_prefix("waycast_operator_propagation_seconds_count ")).and_then(|v| v.trim().parse::<f64>().ok());
+        let text =
+            String::from_utf8_lossy(&http_body_util::BodyExt::collect(response.into_body()).await.unwrap().to_bytes())
+                .into_owned();
+        let count = text
+            .lines()
+            .find_map(|l| l.strip_prefix("waycast_operator_propagation_seconds_count "))
+            .and_then(|v| v.trim().parse::<f64>().ok());
         measured |= count.is_some_and(|c| c >= 1.0) && text.contains("waycast_operator_config_writes_total{gateway=");
     }
     assert!(measured, "no operator replica measured a config reaching every pod");

@@ -476,7 +476,11 @@ async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Context>) -> Resu
     {
         let gateway_key = ObjectKey::of(&gateway.metadata);
         let mut written = context.written.write().await;
-        let entry = written.entry(gateway_key.clone()).or_insert_with(|| Written { hash: String::new(), at: started, measured: true });
+        let entry = written.entry(gateway_key.clone()).or_insert_with(|| Written {
+            hash: String::new(),
+            at: started,
+            measured: true,
+        });
         if entry.hash != hash {
             *entry = Written { hash: hash.clone(), at: started, measured: false };
             context.metrics.config_writes.with_label_values(&[&gateway_key.to_string()]).inc();

@@ -59,7 +59,15 @@ impl Metrics {
         registry.register(Box::new(reconcile_errors.clone()))?;
         registry.register(Box::new(reconcile_duration.clone()))?;
         registry.register(Box::new(config_bytes.clone()))?;
-        Ok(Self { registry, reconciles, reconcile_errors, reconcile_duration, config_bytes, config_writes, propagation })
+        Ok(Self {
+            registry,
+            reconciles,
+            reconcile_errors,
+            reconcile_duration,
+            config_bytes,
+            config_writes,
+            propagation,
+        })
     }
 
     /// The text exposition format.
