@@ -18,35 +18,7 @@ METRICS_SERVER_VERSION="${WAYCAST_METRICS_SERVER_VERSION:-v0.9.0}"
 K8S_COMMANDS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
 
 if [[ "${1:-}" == "--print" ]]; then
-  if [[ ! -x "$BIN_DIR/metrics-server" ]]; then
-  work="$CACHE_ROOT/src/metrics-server-$METRICS_SERVER_VERSION"
-  mkdir -p "$work"
-  # metrics-server's own go.mod pins its Kubernetes libraries; building its
-  # command from a module that requires it keeps those pins.
-  cat >"$work/go.mod" <<GOMOD
-module waycast.dev/e2e/metrics-server
-
-go 1.24
-
-require sigs.k8s.io/metrics-server $METRICS_SERVER_VERSION
-GOMOD
-  cat >"$work/tools.go" <<'GOTOOLS'
-//go:build tools
-
-package tools
-
-import _ "sigs.k8s.io/metrics-server/cmd/metrics-server"
-GOTOOLS
-  (
-    cd "$work"
-    log "building metrics-server $METRICS_SERVER_VERSION"
-    go mod tidy -e >/dev/null 2>"$work/tidy.log" || { cat "$work/tidy.log" >&2; exit 1; }
-    go build -trimpath -tags tools -ldflags "-s -w" -o "$BIN_DIR/metrics-server.tmp" sigs.k8s.io/metrics-server/cmd/metrics-server
-    mv "$BIN_DIR/metrics-server.tmp" "$BIN_DIR/metrics-server"
-  )
-fi
-
-echo "$BIN_DIR"
+  echo "$BIN_DIR"
   exit 0
 fi
 
