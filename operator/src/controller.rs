@@ -124,6 +124,39 @@ pub struct Context {
     pub recorder: kube::runtime::events::Recorder,
     /// The last config each Gateway wrote, for the propagation metric.
     pub written: tokio::sync::RwLock<BTreeMap<ObjectKey, Written>>,
+    /// Consecutive failed reconciles per object, for exponential backoff.
+    pub failures: arc_swap::ArcSwap<BTreeMap<String, u32>>,
+}
+
+/// The retry delay after `failures` consecutive transient errors: 1 s,
+/// doubling, capped at 5 minutes.
+pub fn backoff(failures: u32) -> Duration {
+    let seconds = 1_u64.checked_shl(failures.saturating_sub(1).min(16)).unwrap_or(u64::MAX).min(300);
+    Duration::from_secs(seconds)
+}
+
+impl Context {
+    fn record_failure(&self, object: &str) -> u32 {
+        let mut count = 0;
+        self.failures.rcu(|current| {
+            let mut next = (**current).clone();
+            let entry = next.entry(object.to_owned()).or_insert(0);
+            *entry += 1;
+            count = *entry;
+            next
+        });
+        count
+    }
+
+    fn record_success(&self, object: &str) {
+        if self.failures.load().contains_key(object) {
+            self.failures.rcu(|current| {
+                let mut next = (**current).clone();
+                next.remove(object);
+                next
+            });
+        }
+    }
 }
 
 /// Publishes an Event for every condition whose status changed (Normal when
@@ -386,10 +419,27 @@ where
     Ok(())
 }
 
-fn error_policy<K>(_object: Arc<K>, error: &Error, context: Arc<Context>) -> Action {
+fn error_policy<K: Resource<DynamicType = ()>>(object: Arc<K>, error: &Error, context: Arc<Context>) -> Action {
     context.metrics.reconcile_errors.with_label_values(&[error.metric_label()]).inc();
-    tracing::warn!(%error, "reconcile failed");
-    if error.is_transient() { Action::requeue(Duration::from_secs(5)) } else { Action::await_change() }
+    let id = format!(
+        "{}/{}/{}",
+        K::kind(&()),
+        object.meta().namespace.as_deref().unwrap_or_default(),
+        object.meta().name.as_deref().unwrap_or_default()
+    );
+    let failures = context.record_failure(&id);
+    tracing::warn!(%error, object = %id, failures, "reconcile failed");
+    if error.is_transient() { Action::requeue(backoff(failures)) } else { Action::await_change() }
+}
+
+fn succeeded<K: Resource<DynamicType = ()>>(context: &Context, object: &K) {
+    let id = format!(
+        "{}/{}/{}",
+        K::kind(&()),
+        object.meta().namespace.as_deref().unwrap_or_default(),
+        object.meta().name.as_deref().unwrap_or_default()
+    );
+    context.record_success(&id);
 }
 
 // === Gateway ===
@@ -539,6 +589,7 @@ async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Context>) -> Resu
     context.metrics.config_bytes.with_label_values(&[&format!("{namespace}/{name}")]).set(config_bytes as i64);
     context.metrics.reconciles.with_label_values(&["gateway"]).inc();
     context.metrics.reconcile_duration.with_label_values(&["gateway"]).observe(started.elapsed().as_secs_f64());
+    succeeded(&context, gateway.as_ref());
     Ok(Action::requeue(RESYNC))
 }
 
@@ -700,6 +751,7 @@ async fn reconcile_api_key(api_key: Arc<ApiKey>, context: Arc<Context>) -> Resul
         emit_transitions(&context, api_key.as_ref(), &previous, &new_status.conditions).await;
     }
     context.metrics.reconciles.with_label_values(&["apikey"]).inc();
+    succeeded(&context, api_key.as_ref());
     // Come back when the key expires, to mark it Expired.
     let until_expiry = api_key.spec.expires_at.as_ref().and_then(|t| {
         let seconds = t.0.as_second() - now.as_second();
@@ -810,5 +862,17 @@ async fn reconcile_model_endpoint(endpoint: Arc<ModelEndpoint>, context: Arc<Con
         emit_transitions(&context, endpoint.as_ref(), &previous, &new_status.conditions).await;
     }
     context.metrics.reconciles.with_label_values(&["modelendpoint"]).inc();
+    succeeded(&context, endpoint.as_ref());
     Ok(Action::requeue(RESYNC))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_five_minutes() {
+        let delays: Vec<u64> = [1, 2, 3, 4, 9, 10, 50].iter().map(|n| backoff(*n).as_secs()).collect();
+        assert_eq!(delays, [1, 2, 4, 8, 256, 300, 300]);
+    }
 }

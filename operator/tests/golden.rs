@@ -1,0 +1,76 @@
+//! Golden test: the quickstart's inputs compiled and rendered, compared with
+//! the committed `golden/<case>/output.yaml`. `UPDATE_GOLDEN=1 cargo test
+//! -p waycast-operator --test golden` rewrites the files after an intended
+//! change; review the diff.
+
+#![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
+
+use std::path::Path;
+
+use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use serde::Deserialize as _;
+use waycast_crds::{ApiKey, Gateway, ModelEndpoint};
+use waycast_operator::compile::{self, Inputs};
+use waycast_operator::render::{self, RenderSettings};
+
+fn render_case(input: &str) -> String {
+    let (mut gateways, mut models, mut keys, mut services, mut secrets) = (vec![], vec![], vec![], vec![], vec![]);
+    for document in serde_yaml::Deserializer::from_str(input) {
+        let value = serde_yaml::Value::deserialize(document).unwrap();
+        match value["kind"].as_str().unwrap() {
+            "Gateway" => gateways.push(serde_yaml::from_value::<Gateway>(value).unwrap()),
+            "ModelEndpoint" => models.push(serde_yaml::from_value::<ModelEndpoint>(value).unwrap()),
+            "ApiKey" => keys.push(serde_yaml::from_value::<ApiKey>(value).unwrap()),
+            "Service" => services.push(serde_yaml::from_value::<Service>(value).unwrap()),
+            "Secret" => secrets.push(serde_yaml::from_value::<Secret>(value).unwrap()),
+            other => panic!("unexpected kind {other}"),
+        }
+    }
+    let gateway = &gateways[0];
+    let namespaces: Vec<&Namespace> = Vec::new();
+    let (models, keys, services, secrets): (Vec<_>, Vec<_>, Vec<_>, Vec<_>) =
+        (models.iter().collect(), keys.iter().collect(), services.iter().collect(), secrets.iter().collect());
+    let inputs = Inputs {
+        gateway,
+        namespaces: &namespaces,
+        model_endpoints: &models,
+        api_keys: &keys,
+        services: &services,
+        secrets: &secrets,
+    };
+    let now = jiff::Timestamp::from_second(1_800_000_000).unwrap();
+    let compiled = compile::gateway(&inputs, now);
+    let settings = RenderSettings { gateway_image: "docker.io/waycast/gateway:dev".into() };
+    let (config_secret, hash) = render::config_secret::config_secret(gateway, &compiled.config).unwrap();
+    let mut documents = vec![
+        format!("# config hash {hash}\n{}", serde_yaml::to_string(&compiled.config).unwrap()),
+        serde_yaml::to_string(&render::rbac::service_account(gateway)).unwrap(),
+        serde_yaml::to_string(&render::rbac::role(gateway)).unwrap(),
+        serde_yaml::to_string(&render::rbac::role_binding(gateway)).unwrap(),
+        serde_yaml::to_string(&config_secret.metadata).unwrap(),
+        serde_yaml::to_string(&render::deployment::deployment(gateway, &settings)).unwrap(),
+        serde_yaml::to_string(&render::service::service(gateway)).unwrap(),
+    ];
+    documents.extend(render::scaling::hpa(gateway).map(|hpa| serde_yaml::to_string(&hpa).unwrap()));
+    documents.extend(render::scaling::pdb(gateway).map(|pdb| serde_yaml::to_string(&pdb).unwrap()));
+    documents.join("---\n")
+}
+
+#[test]
+fn compile_and_render_match_the_goldens() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+    for case in std::fs::read_dir(&root).unwrap() {
+        let dir = case.unwrap().path();
+        let rendered = render_case(&std::fs::read_to_string(dir.join("input.yaml")).unwrap());
+        let golden = dir.join("output.yaml");
+        if std::env::var_os("UPDATE_GOLDEN").is_some() {
+            std::fs::write(&golden, &rendered).unwrap();
+        }
+        let expected = std::fs::read_to_string(&golden).unwrap_or_default();
+        assert!(
+            expected == rendered,
+            "{} differs from what compile+render produce now; rerun with UPDATE_GOLDEN=1 and review",
+            golden.display()
+        );
+    }
+}
