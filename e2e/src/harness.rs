@@ -152,6 +152,11 @@ pub fn operator_in_process(cluster: &SharedCluster) {
     static OPERATOR: OnceLock<()> = OnceLock::new();
     OPERATOR.get_or_init(|| {
         let kubeconfig = cluster.kubeconfig.clone();
+        // The operator's log goes to a file next to the cluster's state.
+        let log = std::env::temp_dir().join(format!("waycast-operator-{}.log", std::process::id()));
+        if let Ok(file) = std::fs::File::create(&log) {
+            let _ = tracing_subscriber::fmt().with_writer(std::sync::Arc::new(file)).with_ansi(false).try_init();
+        }
         std::thread::spawn(move || {
             let runtime =
                 tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("a runtime");

@@ -532,6 +532,14 @@ async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Context>) -> Resu
             measured: true,
         });
         if entry.hash != hash {
+            tracing::info!(
+                gateway = %gateway_key,
+                config.hash = %hash,
+                models = compiled.config.models.len(),
+                keys = compiled.config.keys.len(),
+                refused_models = ?compiled.models.iter().filter(|(_, v)| !v.accepted).map(|(k, v)| format!("{k}: {}", v.reason)).collect::<Vec<_>>(),
+                "new config written"
+            );
             *entry = Written { hash: hash.clone(), at: started, measured: false };
             context.metrics.config_writes.with_label_values(&[&gateway_key.to_string()]).inc();
         } else if !entry.measured && !reporting.is_empty() && up_to_date == reporting.len() {
