@@ -26,7 +26,7 @@ pub struct SharedCluster {
     /// Admin kubeconfig.
     pub kubeconfig: PathBuf,
     // NB: held open for the life of the process; its closing stops the cluster.
-    _supervisor_stdin: Option<ChildStdin>,
+    supervisor_stdin: Option<ChildStdin>,
 }
 
 static CLUSTER: OnceLock<Result<SharedCluster, String>> = OnceLock::new();
@@ -81,7 +81,7 @@ pub fn start_supervisor(supervisor: &str, node: bool) -> anyhow::Result<(SharedC
     for line in BufReader::new(stdout).lines() {
         let line = line?;
         if let Some(path) = line.strip_prefix(READY_PREFIX) {
-            let cluster = SharedCluster { kubeconfig: PathBuf::from(path), _supervisor_stdin: child.stdin.take() };
+            let cluster = SharedCluster { kubeconfig: PathBuf::from(path), supervisor_stdin: child.stdin.take() };
             return Ok((cluster, child));
         }
     }
@@ -92,7 +92,7 @@ pub fn start_supervisor(supervisor: &str, node: bool) -> anyhow::Result<(SharedC
 
 fn start_shared(supervisor: &str, node: bool) -> anyhow::Result<SharedCluster> {
     if let Some(kubeconfig) = std::env::var_os("WAYCAST_E2E_KUBECONFIG") {
-        return Ok(SharedCluster { kubeconfig: kubeconfig.into(), _supervisor_stdin: None });
+        return Ok(SharedCluster { kubeconfig: kubeconfig.into(), supervisor_stdin: None });
     }
     start_supervisor(supervisor, node).map(|(cluster, _child)| cluster)
 }
@@ -105,7 +105,7 @@ impl SharedCluster {
     /// When this cluster is not one the harness started.
     pub fn restart_apiserver(&self) {
         use std::io::Write as _;
-        let mut stdin = self._supervisor_stdin.as_ref().expect("a cluster started by the harness");
+        let mut stdin = self.supervisor_stdin.as_ref().expect("a cluster started by the harness");
         stdin.write_all(b"restart-apiserver\n").expect("supervisor reads commands");
     }
 

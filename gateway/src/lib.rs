@@ -169,6 +169,22 @@ pub enum Drained {
     TimedOut,
 }
 
+/// Resolves on SIGTERM or SIGINT: the signals that start a drain (or, for
+/// a pause process, an exit).
+pub async fn termination_signal() {
+    let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(stream) => stream,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = terminate.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
 /// Binds the listeners and starts serving on the current runtime.
 ///
 /// # Errors

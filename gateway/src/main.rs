@@ -16,7 +16,6 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use tokio::signal::unix::{SignalKind, signal};
 use waycast_gateway::{ConfigSource, Drained, GatewayOptions};
 
 #[derive(Parser, Debug)]
@@ -136,26 +135,12 @@ async fn run(args: Args) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    wait_for_termination().await;
+    waycast_gateway::termination_signal().await;
     tracing::info!("shutdown signal received; draining");
     match gateway.shutdown().await {
         Drained::Gracefully => ExitCode::SUCCESS,
         // Not a failure of ours: the drain timeout is the operator's choice.
         Drained::TimedOut => ExitCode::SUCCESS,
-    }
-}
-
-async fn wait_for_termination() {
-    let mut terminate = match signal(SignalKind::terminate()) {
-        Ok(stream) => stream,
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        }
-    };
-    tokio::select! {
-        _ = terminate.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
     }
 }
 

@@ -421,24 +421,25 @@ where
 
 fn error_policy<K: Resource<DynamicType = ()>>(object: Arc<K>, error: &Error, context: Arc<Context>) -> Action {
     context.metrics.reconcile_errors.with_label_values(&[error.metric_label()]).inc();
-    let id = format!(
-        "{}/{}/{}",
-        K::kind(&()),
-        object.meta().namespace.as_deref().unwrap_or_default(),
-        object.meta().name.as_deref().unwrap_or_default()
-    );
+    let id = object_id(object.as_ref());
     let failures = context.record_failure(&id);
     tracing::warn!(%error, object = %id, failures, "reconcile failed");
     if error.is_transient() { Action::requeue(backoff(failures)) } else { Action::await_change() }
 }
 
-fn succeeded<K: Resource<DynamicType = ()>>(context: &Context, object: &K) {
-    let id = format!(
+/// `Kind/namespace/name`, the key of an object's failure count.
+fn object_id<K: Resource<DynamicType = ()>>(object: &K) -> String {
+    let meta = object.meta();
+    format!(
         "{}/{}/{}",
         K::kind(&()),
-        object.meta().namespace.as_deref().unwrap_or_default(),
-        object.meta().name.as_deref().unwrap_or_default()
-    );
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default()
+    )
+}
+
+fn succeeded<K: Resource<DynamicType = ()>>(context: &Context, object: &K) {
+    let id = object_id(object);
     context.record_success(&id);
 }
 

@@ -4,15 +4,5 @@
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(stream) => stream,
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        }
-    };
-    tokio::select! {
-        _ = terminate.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
+    waycast_gateway::termination_signal().await;
 }
