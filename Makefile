@@ -2,7 +2,7 @@
 CARGO ?= cargo
 CARGO_FLAGS ?= -j2
 
-.PHONY: demo test lint crds k8s-bins node-deps clean-e2e
+.PHONY: demo test lint crds generate k8s-bins helm-bin node-deps clean-e2e
 
 ## demo: waycast on a local cluster (control plane + node), ending with a working curl; Ctrl-C stops it
 demo: k8s-bins node-deps
@@ -10,7 +10,7 @@ demo: k8s-bins node-deps
 	bash e2e/scripts/demo.sh
 
 ## test: every test — unit, generated-file checks, e2e on a real cluster with a node
-test: k8s-bins node-deps
+test: k8s-bins helm-bin node-deps
 	$(CARGO) build $(CARGO_FLAGS) --workspace --bins
 	$(CARGO) test $(CARGO_FLAGS) --workspace
 	@# The last e2e node tears down after its test binary exits; wait for it.
@@ -22,13 +22,23 @@ lint:
 	$(CARGO) clippy $(CARGO_FLAGS) --workspace --all-targets -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc $(CARGO_FLAGS) --workspace --no-deps
 
-## crds: regenerate crds/yaml after changing the API types
+## crds: regenerate crds/yaml, the chart's copy and docs/api.md after changing the API types
 crds:
 	$(CARGO) run $(CARGO_FLAGS) -q -p waycast-crds --bin crdgen crds/yaml docs/api.md
+	cp crds/yaml/*.yaml charts/waycast/crds/
+
+## generate: every generated file (CRDs, docs/api.md, docs/metrics.md, deploy/operator.yaml); tests fail when one is stale
+generate: crds helm-bin
+	$(CARGO) run $(CARGO_FLAGS) -q -p waycast-e2e --bin docgen docs/metrics.md
+	bash e2e/scripts/render-operator-manifest.sh
 
 ## k8s-bins: build etcd and the Kubernetes binaries from the Go module proxy (cached)
 k8s-bins:
 	bash e2e/scripts/build-k8s.sh >/dev/null
+
+## helm-bin: build the Helm CLI from the Go module proxy (cached)
+helm-bin:
+	bash e2e/scripts/build-helm.sh >/dev/null
 
 ## node-deps: containerd, runc, CNI plugins, iptables, conntrack from Debian's packages
 node-deps:

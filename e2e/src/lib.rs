@@ -10,6 +10,7 @@
 //! tears it down when the test binary exits however it exits (its stdin
 //! closes). Tests get a fresh namespace each.
 
+pub mod argocd;
 pub mod cluster;
 pub mod control_plane;
 pub mod fixture;

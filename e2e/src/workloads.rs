@@ -178,25 +178,28 @@ pub struct Demo {
 }
 
 /// Deploys the demo the way a user would: the operator as a pod with the
-/// project's RBAC (`deploy/operator.yaml`), then `examples/quickstart/`
-/// into [`DEMO_NAMESPACE`]; waits until the Gateway is Ready and its
-/// Service answers with the generated key.
+/// project's RBAC (`deploy/operator.yaml`, rendered from the chart), then
+/// [`serve_quickstart`].
 ///
 /// # Errors
 /// A step failing, or readiness not reached within three minutes.
 pub async fn deploy_demo(client: &Client) -> anyhow::Result<Demo> {
-    use k8s_openapi::api::core::v1::{Namespace, Secret};
-    let repository = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let apply_file = |path: &'static str, namespace: &'static str| {
-        let path = repository.join(path);
-        async move {
-            let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-            manifest::apply_all(client, &manifest::parse_documents(&text)?, namespace).await
-        }
-    };
-    apply_file("deploy/operator.yaml", "waycast-system").await?;
+    let path = repository_root().join("deploy/operator.yaml");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    manifest::apply_all(client, &manifest::parse_documents(&text)?, "waycast-system").await?;
     wait_pods_ready(client, "waycast-system", "app.kubernetes.io/name=waycast-operator", 1, Duration::from_secs(120))
         .await?;
+    serve_quickstart(client).await
+}
+
+/// Applies `examples/quickstart/` into [`DEMO_NAMESPACE`] (an operator must
+/// be running) and waits until the Gateway is Ready and its Service answers
+/// with the generated key.
+///
+/// # Errors
+/// A step failing, or readiness not reached within three minutes.
+pub async fn serve_quickstart(client: &Client) -> anyhow::Result<Demo> {
+    use k8s_openapi::api::core::v1::{Namespace, Secret};
     let namespace = Namespace {
         metadata: kube::api::ObjectMeta { name: Some(DEMO_NAMESPACE.into()), ..Default::default() },
         ..Default::default()
@@ -208,7 +211,9 @@ pub async fn deploy_demo(client: &Client) -> anyhow::Result<Demo> {
             &kube::api::Patch::Apply(&namespace),
         )
         .await?;
-    apply_file("examples/quickstart/quickstart.yaml", DEMO_NAMESPACE).await?;
+    let path = repository_root().join("examples/quickstart/quickstart.yaml");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    manifest::apply_all(client, &manifest::parse_documents(&text)?, DEMO_NAMESPACE).await?;
     let gateways: Api<waycast_crds::Gateway> = Api::namespaced(client.clone(), DEMO_NAMESPACE);
     let secrets: Api<Secret> = Api::namespaced(client.clone(), DEMO_NAMESPACE);
     let deadline = Instant::now() + Duration::from_secs(180);
@@ -231,6 +236,11 @@ pub async fn deploy_demo(client: &Client) -> anyhow::Result<Demo> {
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// The repository this crate lives in.
+pub fn repository_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
 /// Waits until the gateway at `ip` (port 80) answers a chat with `key`.

@@ -70,8 +70,22 @@ async fn committed_crds_install_and_become_established() {
 #[tokio::test]
 async fn every_example_applies() {
     let client = cluster().client().await;
+    // The ArgoCD examples are checked against ArgoCD's real Application CRD,
+    // fetched from the argo-cd module by the project's script.
+    let argocd_crds = script_output("e2e/scripts/fetch-argocd-crds.sh");
+    let application_crd = std::fs::read_to_string(Path::new(argocd_crds.trim()).join("application-crd.yaml")).unwrap();
+    for object in manifest::parse_documents(&application_crd).unwrap() {
+        manifest::apply(&client, &object, "default").await.unwrap();
+    }
+    manifest::wait_established(&client, "applications.argoproj.io", std::time::Duration::from_secs(30)).await.unwrap();
+    let argocd_namespace =
+        manifest::parse_documents("apiVersion: v1\nkind: Namespace\nmetadata: {name: argocd}").unwrap();
+    manifest::apply_all(&client, &argocd_namespace, "default").await.unwrap();
     let mut applied = 0;
-    for path in example_files() {
+    let mut files = example_files();
+    // The health checks ship with the chart as an argocd-cm patch: a real ConfigMap.
+    files.push(repo_root().join(waycast_e2e::argocd::HEALTH_CHECKS));
+    for path in files {
         let text = std::fs::read_to_string(&path).unwrap();
         if path.ends_with("standalone/gateway.yaml") {
             // Not a Kubernetes object: the config format the gateway reads.
@@ -86,7 +100,14 @@ async fn every_example_applies() {
             .unwrap_or_else(|error| panic!("{} does not apply: {error:#}", path.display()));
         applied += objects.len();
     }
-    assert!(applied >= 15, "expected every example to contribute objects, applied {applied}");
+    assert!(applied >= 18, "expected every example to contribute objects, applied {applied}");
+}
+
+/// Runs one of the project's scripts and returns what it printed.
+fn script_output(script: &str) -> String {
+    let output = Command::new("bash").arg(repo_root().join(script)).output().expect("bash runs");
+    assert!(output.status.success(), "{script} failed: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 fn example_files() -> Vec<PathBuf> {

@@ -1,0 +1,339 @@
+//! The Helm chart, as a platform team uses it: `helm lint` is clean, bad
+//! values fail at install with a message, and on a real node `helm install`
+//! brings the CRDs and the operator (its image imported locally, with the
+//! chart's own ServiceAccount and RBAC — proving them sufficient) so that the
+//! quickstart serves end to end; `helm upgrade` rolls the operator without
+//! touching gateway pods or dropping a request; `helm uninstall` removes the
+//! operator and keeps the CRDs (and so every user object), as Helm does.
+
+#![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::rbac::v1::ClusterRole;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{DeleteParams, ListParams};
+use kube::{Api, Client};
+use waycast_crds::{ApiKey, Gateway, ModelEndpoint};
+use waycast_e2e::argocd::{health_scripts, run_health_check};
+use waycast_e2e::fixture;
+use waycast_e2e::harness::{SharedCluster, shared_cluster_with_node};
+use waycast_e2e::manifest;
+use waycast_e2e::workloads::{DEMO_NAMESPACE, repository_root, serve_quickstart, wait_pods_ready};
+
+const RELEASE_NAMESPACE: &str = "waycast-system";
+const OPERATOR_PODS: &str = "app.kubernetes.io/name=waycast-operator";
+const GATEWAY_PODS: &str = "app.kubernetes.io/name=waycast-gateway";
+const CRDS: [&str; 3] = ["gateways.waycast.dev", "modelendpoints.waycast.dev", "apikeys.waycast.dev"];
+
+fn helm_binary() -> PathBuf {
+    let output = Command::new("bash")
+        .arg(repository_root().join("e2e/scripts/build-helm.sh"))
+        .output()
+        .expect("bash runs build-helm.sh");
+    assert!(output.status.success(), "build-helm.sh failed: {}", String::from_utf8_lossy(&output.stderr));
+    PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
+}
+
+/// Runs helm; returns (succeeded, stdout + stderr).
+fn helm(kubeconfig: Option<&std::path::Path>, args: &[&str]) -> (bool, String) {
+    let mut command = Command::new(helm_binary());
+    command.args(args).current_dir(repository_root());
+    if let Some(kubeconfig) = kubeconfig {
+        command.env("KUBECONFIG", kubeconfig);
+    }
+    let output = command.output().expect("helm runs");
+    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    (output.status.success(), text)
+}
+
+fn template(extra: &[&str]) -> (bool, String) {
+    let mut args = vec!["template", "waycast", "charts/waycast", "--namespace", RELEASE_NAMESPACE];
+    args.extend_from_slice(&["--kube-version", "1.34.0"]);
+    args.extend_from_slice(extra);
+    helm(None, &args)
+}
+
+#[test]
+fn helm_lint_is_clean() {
+    let (ok, text) = helm(None, &["lint", "charts/waycast", "--strict"]);
+    assert!(ok && text.contains("0 chart(s) failed"), "helm lint:\n{text}");
+    assert!(!text.contains("[WARNING]") && !text.contains("[ERROR]"), "helm lint:\n{text}");
+}
+
+#[test]
+fn bad_values_fail_with_a_message_that_names_them() {
+    let cases: [(&[&str], &str); 5] = [
+        (&["--set", "operator.replicas=-1"], "/operator/replicas"),
+        (&["--set", "operator.leaderElection=false"], "/operator/replicas"),
+        (&["--set", "operator.image.pullPolicy=Sometimes"], "/operator/image/pullPolicy"),
+        (&["--set", "defaultGateway.namespaces=Everywhere"], "/defaultGateway/namespaces"),
+        (&["--set", "operatr.replicas=1"], "additional properties 'operatr' not allowed"),
+    ];
+    for (values, expected) in cases {
+        let (ok, text) = template(values);
+        assert!(!ok, "{values:?} should be refused, rendered:\n{text}");
+        assert!(text.contains(expected), "{values:?}: the error should name {expected:?}:\n{text}");
+    }
+    // Leader election off with one replica is fine.
+    let (ok, text) = template(&["--set", "operator.leaderElection=false", "--set", "operator.replicas=1"]);
+    assert!(ok, "{text}");
+    assert!(!text.contains("--leader-elect"), "{text}");
+}
+
+#[test]
+fn optional_objects_render_only_when_asked() {
+    let (ok, plain) = template(&[]);
+    assert!(ok, "{plain}");
+    assert!(!plain.contains("kind: ServiceMonitor") && !plain.contains("kind: Gateway\n"), "{plain}");
+    let (ok, monitored) = template(&["--set", "metrics.serviceMonitor.enabled=true"]);
+    assert!(ok && monitored.contains("kind: ServiceMonitor"), "{monitored}");
+    let (ok, with_gateway) = template(&["--set", "defaultGateway.enabled=true"]);
+    assert!(ok && with_gateway.contains("kind: Gateway\n"), "{with_gateway}");
+    // Images default to the chart's appVersion.
+    let chart = std::fs::read_to_string(repository_root().join("charts/waycast/Chart.yaml")).unwrap();
+    let app_version = chart.lines().find_map(|l| l.strip_prefix("appVersion: ")).unwrap().trim_matches('"');
+    assert!(plain.contains(&format!("image: docker.io/waycast/operator:{app_version}")), "{plain}");
+    assert!(plain.contains(&format!("--gateway-image=docker.io/waycast/gateway:{app_version}")), "{plain}");
+}
+
+#[test]
+fn rbac_names_every_resource_and_verb_without_wildcards() {
+    let (ok, text) = template(&[]);
+    assert!(ok, "{text}");
+    let objects = manifest::parse_documents(&text).unwrap();
+    let role = objects.iter().find(|o| o.types.as_ref().is_some_and(|t| t.kind == "ClusterRole")).unwrap();
+    let rules = role.data["rules"].as_array().unwrap();
+    assert!(rules.len() >= 10, "{rules:?}");
+    for rule in rules {
+        for field in ["apiGroups", "resources", "verbs"] {
+            let values = rule[field].as_array().unwrap();
+            assert!(!values.is_empty() && values.iter().all(|v| v != "*"), "wildcard or empty {field} in {rule}");
+        }
+        let verbs = rule["verbs"].as_array().unwrap();
+        assert!(!verbs.iter().any(|v| v == "delete" && rule["resources"].to_string().contains("secrets")), "{rule}");
+    }
+}
+
+#[test]
+fn deploy_manifest_is_rendered_from_the_chart() {
+    let output = Command::new("bash")
+        .arg(repository_root().join("e2e/scripts/render-operator-manifest.sh"))
+        .arg("--stdout")
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let committed = std::fs::read_to_string(repository_root().join("deploy/operator.yaml")).unwrap();
+    assert!(
+        committed == String::from_utf8_lossy(&output.stdout),
+        "deploy/operator.yaml is stale: run `make generate` and commit the result"
+    );
+}
+
+async fn pod_states(client: &Client, namespace: Option<&str>, selector: &str) -> BTreeMap<String, i32> {
+    let pods: Api<Pod> = match namespace {
+        Some(namespace) => Api::namespaced(client.clone(), namespace),
+        None => Api::all(client.clone()),
+    };
+    let list = pods.list(&ListParams::default().labels(selector)).await.unwrap();
+    list.items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| {
+            let restarts = p
+                .status
+                .and_then(|s| s.container_statuses)
+                .map(|c| c.iter().map(|c| c.restart_count).sum())
+                .unwrap_or_default();
+            (p.metadata.uid.unwrap(), restarts)
+        })
+        .collect()
+}
+
+async fn condition_true(client: &Client, namespace: &str, name: &str, condition: &str) -> bool {
+    let gateways: Api<Gateway> = Api::namespaced(client.clone(), namespace);
+    gateways
+        .get_opt(name)
+        .await
+        .unwrap()
+        .and_then(|g| g.status)
+        .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == condition && c.status == "True"))
+}
+
+/// Sends chat requests to `ip` until told to stop; counts failures.
+fn keep_requesting(ip: String, key: String, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<(u64, u64)> {
+    tokio::spawn(async move {
+        let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+        let url = format!("http://{ip}/v1/chat/completions");
+        let (sent, failed) = (AtomicU64::new(0), AtomicU64::new(0));
+        while !stop.load(Ordering::Relaxed) {
+            let request = fixture::post_request(&url, Some(&key), r#"{"model":"llama3","messages":[]}"#);
+            let ok = tokio::time::timeout(Duration::from_secs(5), http.request(request))
+                .await
+                .is_ok_and(|r| r.is_ok_and(|r| r.status() == http::StatusCode::OK));
+            sent.fetch_add(1, Ordering::Relaxed);
+            if !ok {
+                failed.fetch_add(1, Ordering::Relaxed);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        (sent.into_inner(), failed.into_inner())
+    })
+}
+
+async fn chat_status(ip: &str, key: &str) -> Option<http::StatusCode> {
+    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+    let request =
+        fixture::post_request(&format!("http://{ip}/v1/chat/completions"), Some(key), r#"{"model":"llama3"}"#);
+    tokio::time::timeout(Duration::from_secs(2), http.request(request)).await.ok()?.ok().map(|r| r.status())
+}
+
+#[tokio::test]
+async fn helm_install_upgrade_and_uninstall_on_a_real_node() {
+    let cluster: &SharedCluster = shared_cluster_with_node(env!("CARGO_BIN_EXE_waycast-cluster"));
+    let client = cluster.client().await;
+    let kubeconfig = Some(cluster.kubeconfig.as_path());
+    // The harness installs the CRDs for other tests; here the chart must.
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for name in CRDS {
+        crds.delete(name, &DeleteParams::default()).await.unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while crds
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .any(|c| CRDS.contains(&c.metadata.name.as_deref().unwrap_or_default()))
+    {
+        assert!(Instant::now() < deadline, "CRDs were not deleted");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let local_images = ["--set", "operator.image.tag=dev", "--set", "gatewayImage.tag=dev"];
+    let mut install =
+        vec!["install", "waycast", "charts/waycast", "--namespace", RELEASE_NAMESPACE, "--create-namespace"];
+    install.extend_from_slice(&local_images);
+    install.extend_from_slice(&["--set", "defaultGateway.enabled=true", "--set", "defaultGateway.replicas=1"]);
+    install.extend_from_slice(&["--wait", "--timeout", "3m"]);
+    let started = Instant::now();
+    let (ok, text) = helm(kubeconfig, &install);
+    assert!(ok, "helm install:\n{text}");
+    eprintln!("helm install --wait took {:.1}s", started.elapsed().as_secs_f64());
+    for name in CRDS {
+        manifest::wait_established(&client, name, Duration::from_secs(30)).await.unwrap();
+    }
+    wait_pods_ready(&client, RELEASE_NAMESPACE, OPERATOR_PODS, 2, Duration::from_secs(60)).await.unwrap();
+
+    // The quickstart serves end to end through the gateway's Service.
+    let demo = serve_quickstart(&client).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !condition_true(&client, RELEASE_NAMESPACE, "waycast", "Ready").await {
+        assert!(Instant::now() < deadline, "the chart's default Gateway never became Ready");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
+    // ArgoCD's view of the live objects, with the shipped health checks.
+    let scripts = health_scripts(&repository_root()).unwrap();
+    let live = [
+        (
+            "Gateway",
+            serde_json::to_value(
+                Api::<Gateway>::namespaced(client.clone(), DEMO_NAMESPACE).get("gateway").await.unwrap(),
+            )
+            .unwrap(),
+        ),
+        (
+            "ModelEndpoint",
+            serde_json::to_value(
+                Api::<ModelEndpoint>::namespaced(client.clone(), DEMO_NAMESPACE).get("llama-3-1-8b").await.unwrap(),
+            )
+            .unwrap(),
+        ),
+    ];
+    for (kind, object) in live {
+        let health = run_health_check(&scripts[kind], &object).unwrap();
+        assert_eq!(health.status, "Healthy", "{kind}: {health:?}\n{object:#}");
+    }
+    let keys: Api<ApiKey> = Api::namespaced(client.clone(), DEMO_NAMESPACE);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let key = serde_json::to_value(keys.get("alice").await.unwrap()).unwrap();
+        let health = run_health_check(&scripts["ApiKey"], &key).unwrap();
+        if health.status == "Healthy" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the ApiKey never turned Healthy: {health:?}\n{key:#}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
+    // helm upgrade rolls the operator; gateway pods and traffic are untouched.
+    let operators_before = pod_states(&client, Some(RELEASE_NAMESPACE), OPERATOR_PODS).await;
+    let gateways_before = pod_states(&client, None, GATEWAY_PODS).await;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), DEMO_NAMESPACE);
+    let gateway_generation = deployments.get("gateway").await.unwrap().metadata.generation;
+    assert_eq!(gateways_before.len(), 3, "two quickstart pods and one default-Gateway pod: {gateways_before:?}");
+    let stop = Arc::new(AtomicBool::new(false));
+    let traffic = keep_requesting(demo.gateway_ip.clone(), demo.key.clone(), stop.clone());
+    let mut upgrade = vec!["upgrade", "waycast", "charts/waycast", "--namespace", RELEASE_NAMESPACE, "--reuse-values"];
+    upgrade.extend_from_slice(&["--set", "operator.logLevel=debug", "--wait", "--timeout", "3m"]);
+    let (ok, text) = {
+        let kubeconfig = cluster.kubeconfig.clone();
+        tokio::task::spawn_blocking(move || helm(Some(&kubeconfig), &upgrade)).await.unwrap()
+    };
+    assert!(ok, "helm upgrade:\n{text}");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let now = pod_states(&client, Some(RELEASE_NAMESPACE), OPERATOR_PODS).await;
+        if now.len() == 2 && now.keys().all(|uid| !operators_before.contains_key(uid)) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the operator did not roll: before {operators_before:?}, now {now:?}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    wait_pods_ready(&client, RELEASE_NAMESPACE, OPERATOR_PODS, 2, Duration::from_secs(60)).await.unwrap();
+    // Give the new leader time to reconcile everything it finds.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (sent, failed) = traffic.await.unwrap();
+    eprintln!("during helm upgrade: {sent} requests, {failed} failed");
+    assert!(sent > 50 && failed == 0, "{failed} of {sent} requests failed during the upgrade");
+    assert_eq!(pod_states(&client, None, GATEWAY_PODS).await, gateways_before, "gateway pods were disturbed");
+    assert_eq!(deployments.get("gateway").await.unwrap().metadata.generation, gateway_generation);
+    // The upgraded operator works: a new key is served.
+    let dave = serde_json::json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey", "metadata": {"name": "dave"}, "spec": {}});
+    manifest::apply_all(&client, &[serde_json::from_value(dave).unwrap()], DEMO_NAMESPACE).await.unwrap();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), DEMO_NAMESPACE);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let key = secrets.get_opt("dave-key").await.unwrap().and_then(|s| s.data).map(|d| d["api-key"].0.clone());
+        if let Some(key) = key
+            && chat_status(&demo.gateway_ip, &String::from_utf8(key).unwrap()).await == Some(http::StatusCode::OK)
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the upgraded operator never served a new key");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
+    // helm uninstall removes the operator and its RBAC, keeps the CRDs, and
+    // the gateways keep serving what they were last given.
+    let (ok, text) = helm(kubeconfig, &["uninstall", "waycast", "--namespace", RELEASE_NAMESPACE, "--wait"]);
+    assert!(ok, "helm uninstall:\n{text}");
+    let operator_deployments: Api<Deployment> = Api::namespaced(client.clone(), RELEASE_NAMESPACE);
+    assert!(operator_deployments.get_opt("waycast-operator").await.unwrap().is_none());
+    assert!(Api::<ClusterRole>::all(client.clone()).get_opt("waycast-operator").await.unwrap().is_none());
+    for name in CRDS {
+        assert!(crds.get_opt(name).await.unwrap().is_some(), "helm uninstall must keep CRD {name}");
+    }
+    assert!(Api::<Gateway>::namespaced(client.clone(), DEMO_NAMESPACE).get_opt("gateway").await.unwrap().is_some());
+    assert_eq!(chat_status(&demo.gateway_ip, &demo.key).await, Some(http::StatusCode::OK));
+}
