@@ -13,6 +13,7 @@
 pub mod argocd;
 pub mod cluster;
 pub mod control_plane;
+pub mod docs;
 pub mod fixture;
 pub mod harness;
 pub mod image;

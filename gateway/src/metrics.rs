@@ -102,18 +102,7 @@ impl Metrics {
             "waycast_gateway_config_last_reload_timestamp_seconds",
             "Unix time the current config was applied.",
         )?;
-        registry.register(Box::new(requests.clone()))?;
-        registry.register(Box::new(request_duration.clone()))?;
-        registry.register(Box::new(time_to_first_byte.clone()))?;
-        registry.register(Box::new(overhead.clone()))?;
-        registry.register(Box::new(tokens.clone()))?;
-        registry.register(Box::new(inflight.clone()))?;
-        registry.register(Box::new(upstream_errors.clone()))?;
-        registry.register(Box::new(config_reloads.clone()))?;
-        registry.register(Box::new(config_reload_errors.clone()))?;
-        registry.register(Box::new(config_info.clone()))?;
-        registry.register(Box::new(config_last_reload.clone()))?;
-        Ok(Self {
+        let metrics = Self {
             registry,
             requests,
             request_duration,
@@ -126,7 +115,29 @@ impl Metrics {
             config_reload_errors,
             config_info,
             config_last_reload,
-        })
+        };
+        for collector in metrics.collectors() {
+            metrics.registry.register(collector)?;
+        }
+        Ok(metrics)
+    }
+
+    /// Every metric, for registering and for the generated reference
+    /// (`docs/metrics.md`).
+    pub fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        vec![
+            Box::new(self.requests.clone()),
+            Box::new(self.request_duration.clone()),
+            Box::new(self.time_to_first_byte.clone()),
+            Box::new(self.overhead.clone()),
+            Box::new(self.tokens.clone()),
+            Box::new(self.inflight.clone()),
+            Box::new(self.upstream_errors.clone()),
+            Box::new(self.config_reloads.clone()),
+            Box::new(self.config_reload_errors.clone()),
+            Box::new(self.config_info.clone()),
+            Box::new(self.config_last_reload.clone()),
+        ]
     }
 
     /// The text exposition format.

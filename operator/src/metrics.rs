@@ -53,13 +53,7 @@ impl Metrics {
             )
             .buckets(vec![0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0]),
         )?;
-        registry.register(Box::new(config_writes.clone()))?;
-        registry.register(Box::new(propagation.clone()))?;
-        registry.register(Box::new(reconciles.clone()))?;
-        registry.register(Box::new(reconcile_errors.clone()))?;
-        registry.register(Box::new(reconcile_duration.clone()))?;
-        registry.register(Box::new(config_bytes.clone()))?;
-        Ok(Self {
+        let metrics = Self {
             registry,
             reconciles,
             reconcile_errors,
@@ -67,7 +61,24 @@ impl Metrics {
             config_bytes,
             config_writes,
             propagation,
-        })
+        };
+        for collector in metrics.collectors() {
+            metrics.registry.register(collector)?;
+        }
+        Ok(metrics)
+    }
+
+    /// Every metric, for registering and for the generated reference
+    /// (`docs/metrics.md`).
+    pub fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        vec![
+            Box::new(self.config_writes.clone()),
+            Box::new(self.propagation.clone()),
+            Box::new(self.reconciles.clone()),
+            Box::new(self.reconcile_errors.clone()),
+            Box::new(self.reconcile_duration.clone()),
+            Box::new(self.config_bytes.clone()),
+        ]
     }
 
     /// The text exposition format.
