@@ -1,8 +1,9 @@
 # waycast: the two commands a newcomer needs are `make demo` and `make test`.
 CARGO ?= cargo
 CARGO_FLAGS ?= -j2
+TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 
-.PHONY: demo test lint crds generate k8s-bins helm-bin node-deps clean-e2e
+.PHONY: demo test lint images crds generate k8s-bins helm-bin node-deps clean-e2e
 
 ## demo: waycast on a local cluster (control plane + node), ending with a working curl; Ctrl-C stops it
 demo: k8s-bins node-deps
@@ -21,6 +22,13 @@ lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy $(CARGO_FLAGS) --workspace --all-targets -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc $(CARGO_FLAGS) --workspace --no-deps
+
+## images: release builds of the gateway and operator packed as OCI archives in target/images/ (no Docker needed)
+images:
+	$(CARGO) build $(CARGO_FLAGS) --release -p waycast-gateway -p waycast-operator -p waycast-e2e --bin waycast-image
+	mkdir -p $(TARGET_DIR)/images
+	$(TARGET_DIR)/release/waycast-image $(TARGET_DIR)/release/waycast-gateway docker.io/waycast/gateway:dev $(TARGET_DIR)/images/gateway.tar
+	$(TARGET_DIR)/release/waycast-image $(TARGET_DIR)/release/waycast-operator docker.io/waycast/operator:dev $(TARGET_DIR)/images/operator.tar
 
 ## crds: regenerate crds/yaml, the chart's copy and docs/api.md after changing the API types
 crds:
