@@ -3,7 +3,7 @@ CARGO ?= cargo
 CARGO_FLAGS ?= -j2
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 
-.PHONY: demo test lint images crds generate k8s-bins helm-bin node-deps clean-e2e
+.PHONY: demo test bench lint images crds generate k8s-bins helm-bin node-deps clean-e2e
 
 ## demo: waycast on a local cluster (control plane + node), ending with a working curl; Ctrl-C stops it
 demo: k8s-bins node-deps
@@ -16,6 +16,15 @@ test: k8s-bins helm-bin node-deps
 	$(CARGO) test $(CARGO_FLAGS) --workspace
 	@# The last e2e node tears down after its test binary exits; wait for it.
 	flock /run/waycast-e2e.lock true
+
+## bench: waycast-bench's suite — every scenario against the sink (baseline) and through the gateway, in one run; table + JSON
+BENCH_SCALE ?= 1
+bench:
+	$(CARGO) build $(CARGO_FLAGS) --release -p waycast-gateway
+	$(CARGO) build $(CARGO_FLAGS) --profile bench-tool -p waycast-e2e --bin waycast-bench
+	@# The gateway gets CPU 0; the load generator and the sink share CPU 1.
+	taskset -c 1 $(TARGET_DIR)/bench-tool/waycast-bench suite --scale $(BENCH_SCALE) \
+	  --gateway $(TARGET_DIR)/release/waycast-gateway --gateway-cpu 0 --load-cpu 1 --out $(TARGET_DIR)/bench.json
 
 ## lint: formatting, clippy and docs, as CI runs them
 lint:

@@ -11,6 +11,7 @@
 //! closes). Tests get a fresh namespace each.
 
 pub mod argocd;
+pub mod bench;
 pub mod cluster;
 pub mod control_plane;
 pub mod docs;

@@ -1,0 +1,227 @@
+//! `waycast-bench`: an OpenAI-compatible load generator and sink that users
+//! run on their own setup, and the suite behind `make bench`.
+//!
+//! ```text
+//! source (N workers, one connection each) ──► target (a gateway, or the sink itself = baseline) ──► sink
+//!   └─ a shared ticket counter: a fixed number of requests, as fast as
+//!      responses allow, or at a fixed arrival rate (latency from the
+//!      scheduled start, so a slow target cannot hide its queueing)
+//! ```
+//!
+//! The sink answers `/v1/chat/completions`, `/v1/responses` and
+//! `/v1/messages` (streaming and not) with canned bodies after a wait and, for
+//! streams, a number of chunks apart; the source asks for those per request
+//! with headers, which a gateway forwards, so one sink serves every scenario.
+
+pub mod server;
+pub mod sink;
+pub mod source;
+pub mod suite;
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// The model the sink advertises and the scenarios ask for.
+pub const BENCH_MODEL: &str = "benchmark-model";
+/// Per-request wait before the sink answers, in milliseconds.
+pub const WAIT_HEADER: &str = "x-bench-wait-ms";
+/// Per-request number of stream chunks.
+pub const CHUNKS_HEADER: &str = "x-bench-chunks";
+/// Per-request pause between stream chunks, in milliseconds.
+pub const INTERVAL_HEADER: &str = "x-bench-chunk-interval-ms";
+
+/// The API a scenario's requests use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub enum Workload {
+    /// `POST /v1/chat/completions`.
+    #[default]
+    Chat,
+    /// `POST /v1/responses`.
+    Responses,
+    /// `POST /v1/messages` (Anthropic-style).
+    Messages,
+}
+
+impl Workload {
+    /// The request path.
+    pub fn path(self) -> &'static str {
+        match self {
+            Self::Chat => "/v1/chat/completions",
+            Self::Responses => "/v1/responses",
+            Self::Messages => "/v1/messages",
+        }
+    }
+}
+
+/// One run: where to send what, how much, how fast.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Scenario {
+    /// Base URL of the target, e.g. `http://127.0.0.1:8080` (a gateway or a sink).
+    pub target: String,
+    /// Bearer key sent with every request (none when absent).
+    #[serde(default)]
+    pub key: Option<String>,
+    /// Which API.
+    #[serde(default)]
+    pub workload: Workload,
+    /// Ask for a stream.
+    #[serde(default)]
+    pub stream: bool,
+    /// Requests in the run.
+    pub requests: u64,
+    /// Workers, each with its own connection.
+    pub concurrency: u32,
+    /// Fixed arrival rate in requests per second; absent: as fast as responses allow.
+    #[serde(default)]
+    pub rate: Option<f64>,
+    /// Size of each request body in bytes (padded prompt).
+    #[serde(default = "default_body_bytes")]
+    pub body_bytes: usize,
+    /// The sink's wait before answering, in milliseconds.
+    #[serde(default)]
+    pub wait_ms: u64,
+    /// Chunks per stream.
+    #[serde(default = "default_chunks")]
+    pub chunks: u32,
+    /// Pause between stream chunks, in milliseconds.
+    #[serde(default)]
+    pub chunk_interval_ms: u64,
+    /// Per-request timeout, in milliseconds.
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+}
+
+fn default_body_bytes() -> usize {
+    1024
+}
+fn default_chunks() -> u32 {
+    20
+}
+fn default_timeout_ms() -> u64 {
+    30_000
+}
+
+impl Scenario {
+    /// Checks the numbers before a run starts.
+    ///
+    /// # Errors
+    /// A message naming the field that is out of range.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.target.starts_with("http://")) {
+            return Err("target must be an http:// URL".into());
+        }
+        if self.requests == 0 || self.requests > 100_000_000 {
+            return Err("requests must be between 1 and 100000000".into());
+        }
+        if self.concurrency == 0 || self.concurrency > 10_000 {
+            return Err("concurrency must be between 1 and 10000".into());
+        }
+        if self.rate.is_some_and(|r| !(r > 0.0 && r <= 10_000_000.0)) {
+            return Err("rate must be positive (requests per second)".into());
+        }
+        if self.body_bytes > 64 * 1024 * 1024 {
+            return Err("bodyBytes must be at most 64 MiB".into());
+        }
+        if self.chunks == 0 || self.chunks > 100_000 {
+            return Err("chunks must be between 1 and 100000".into());
+        }
+        if self.timeout_ms == 0 {
+            return Err("timeoutMs must be positive".into());
+        }
+        Ok(())
+    }
+}
+
+/// Latency figures in milliseconds.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Summary {
+    /// Mean.
+    pub avg: f64,
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// 99.9th percentile.
+    pub p999: f64,
+    /// Largest.
+    pub max: f64,
+}
+
+impl Summary {
+    /// Figures of `sorted` (nanoseconds, ascending).
+    pub fn of_sorted(sorted: &[u64]) -> Option<Self> {
+        if sorted.is_empty() {
+            return None;
+        }
+        let sum: u128 = sorted.iter().map(|&n| u128::from(n)).sum();
+        Some(Self {
+            avg: nanos_to_ms_f(sum as f64 / sorted.len() as f64),
+            p50: nanos_to_ms(percentile(sorted, 50.0)),
+            p90: nanos_to_ms(percentile(sorted, 90.0)),
+            p99: nanos_to_ms(percentile(sorted, 99.0)),
+            p999: nanos_to_ms(percentile(sorted, 99.9)),
+            max: nanos_to_ms(sorted[sorted.len() - 1]),
+        })
+    }
+}
+
+/// The nearest-rank percentile of `sorted` (ascending, not empty).
+pub fn percentile(sorted: &[u64], pct: f64) -> u64 {
+    let rank = ((pct / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+#[allow(clippy::cast_precision_loss, reason = "milliseconds for display")]
+fn nanos_to_ms(nanos: u64) -> f64 {
+    nanos as f64 / 1e6
+}
+
+fn nanos_to_ms_f(nanos: f64) -> f64 {
+    nanos / 1e6
+}
+
+/// What a run measured.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunResult {
+    /// Requests sent.
+    pub requests: u64,
+    /// Answered 200 with a complete body.
+    pub ok: u64,
+    /// Failed: a status other than 200, a transport error or a timeout.
+    pub errors: u64,
+    /// A few error descriptions, for the reader.
+    pub error_samples: Vec<String>,
+    /// Wall time of the run, in seconds.
+    pub duration_seconds: f64,
+    /// Successful requests per second.
+    pub requests_per_second: f64,
+    /// Latency of successful requests (request start, or its scheduled start
+    /// at a fixed rate, to the last body byte).
+    pub latency: Option<Summary>,
+    /// Time to the first body byte, for streams.
+    pub time_to_first_byte: Option<Summary>,
+    /// (percentile, milliseconds) points for a latency plot.
+    pub percentiles: Vec<(f64, f64)>,
+}
+
+/// Points for a latency-by-percentile plot, denser toward the tail.
+pub fn plot_points(sorted: &[u64]) -> Vec<(f64, f64)> {
+    if sorted.is_empty() {
+        return Vec::new();
+    }
+    let mut points: Vec<f64> = (0..=90).step_by(5).map(f64::from).collect();
+    points.extend([92.5, 95.0, 97.5, 99.0, 99.5, 99.9, 99.99, 100.0]);
+    points.into_iter().map(|p| (p, nanos_to_ms(percentile(sorted, p.max(0.0001))))).collect()
+}
+
+/// `Duration` from milliseconds.
+pub fn millis(ms: u64) -> Duration {
+    Duration::from_millis(ms)
+}

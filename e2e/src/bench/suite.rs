@@ -1,0 +1,397 @@
+//! The suite behind `make bench`: each scenario against the sink directly
+//! (the baseline) and through a gateway process in front of the same sink,
+//! in one run, with the gateway on one core and source and sink on the
+//! other. Prints a table and writes JSON.
+
+use std::fmt::Write as _;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use serde::Serialize;
+use serde_json::json;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+
+use super::{BENCH_MODEL, RunResult, Scenario, Workload, source};
+use crate::control_plane::free_port;
+
+/// The bearer key the suite's gateway accepts.
+pub const SUITE_KEY: &str = "wc_benchmark_key_0123456789abcdefghijklmnop";
+
+/// How the suite runs.
+#[derive(Debug, Clone)]
+pub struct SuiteOptions {
+    /// The gateway binary (a release build).
+    pub gateway: PathBuf,
+    /// The `waycast-bench` binary, to run the sink as its own process.
+    pub bench: PathBuf,
+    /// Where the JSON goes.
+    pub out: PathBuf,
+    /// Multiplies every scenario's request count (0.1 for a quick look).
+    pub scale: f64,
+    /// CPU the gateway is pinned to (taskset), if any.
+    pub gateway_cpu: Option<usize>,
+    /// CPU the sink is pinned to; the suite itself should run there too.
+    pub load_cpu: Option<usize>,
+    /// The gateway's log filter (`info` keeps the access log on).
+    pub gateway_log: String,
+}
+
+/// One scenario's two sides.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Comparison {
+    /// S1, S2, ...
+    pub id: String,
+    /// What it is.
+    pub title: String,
+    /// The scenario (target differs per side).
+    pub scenario: Scenario,
+    /// Straight to the sink.
+    pub baseline: RunResult,
+    /// Through the gateway.
+    pub gateway: RunResult,
+}
+
+/// Everything the suite measured.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SuiteReport {
+    /// CPUs the gateway and the load ran on.
+    pub pinning: serde_json::Value,
+    /// Request-response scenarios.
+    pub comparisons: Vec<Comparison>,
+    /// S5: process start → first authorized 200, in milliseconds, per attempt.
+    pub cold_start_ms: Vec<f64>,
+    /// S6: the gateway's peak RSS (VmHWM) in MiB after S1 and after S2.
+    pub peak_rss_mib: serde_json::Value,
+    /// Mean time spent inside the gateway per request during S2, from its
+    /// own `waycast_gateway_overhead_seconds` histogram, in microseconds.
+    pub s2_gateway_overhead_us: Option<f64>,
+    /// S2 requests per second of gateway CPU time (user + system, from
+    /// /proc): what one fully busy gateway core would serve, whether or not
+    /// the load generator could push it that far.
+    pub s2_requests_per_gateway_cpu_second: Option<f64>,
+    /// Size of the gateway binary, in MiB.
+    pub gateway_binary_mib: f64,
+}
+
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn pinned(cpu: Option<usize>, program: &Path) -> Command {
+    match cpu {
+        Some(cpu) => {
+            let mut command = Command::new("taskset");
+            command.arg("-c").arg(cpu.to_string()).arg(program);
+            command
+        }
+        None => Command::new(program),
+    }
+}
+
+/// A minimal HTTP/1.1 exchange on a fresh connection: (status, body).
+async fn raw_request(address: SocketAddr, request: &[u8]) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect(address).await.ok()?;
+    stream.write_all(request).await.ok()?;
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await.ok()?;
+    let text = String::from_utf8_lossy(&answer);
+    let status = text.split(' ').nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    Some((status, body))
+}
+
+fn get(path: &str) -> Vec<u8> {
+    format!("GET {path} HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n").into_bytes()
+}
+
+fn authorized_chat() -> Vec<u8> {
+    let body = format!(r#"{{"model":"{BENCH_MODEL}","messages":[{{"role":"user","content":"hi"}}]}}"#);
+    format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer {SUITE_KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+async fn wait_for(address: SocketAddr, request: &[u8], deadline: Duration) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    loop {
+        if raw_request(address, request).await.is_some_and(|(status, _)| status == 200) {
+            return Ok(started.elapsed());
+        }
+        if started.elapsed() > deadline {
+            bail!("{address} did not answer 200 within {deadline:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// The gateway config: one model to the sink, one key, access log on.
+pub fn gateway_config(sink: SocketAddr) -> anyhow::Result<Vec<u8>> {
+    let config = json!({
+        "apiVersion": "waycast.dev/config-v1",
+        "models": [{
+            "name": BENCH_MODEL,
+            "backends": [{"url": format!("http://{sink}/v1"), "weight": 1}],
+            "timeouts": {"connect": "5s", "firstByte": "300s", "idle": "60s"},
+        }],
+        "keys": [{"id": "bench/load", "sha256": crate::fixture::sha256_hex(SUITE_KEY)}],
+        "settings": {"maxRequestBodyBytes": 10_485_760, "accessLog": true},
+    });
+    let bytes = serde_json::to_vec_pretty(&config)?;
+    waycast_crds::GatewayConfig::from_slice(&bytes).context("the suite's gateway config is invalid")?;
+    Ok(bytes)
+}
+
+fn start_gateway(
+    options: &SuiteOptions,
+    config: &Path,
+    dir: &Path,
+) -> anyhow::Result<(Process, SocketAddr, SocketAddr)> {
+    let public = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port(Ipv4Addr::LOCALHOST.into())?));
+    let admin = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port(Ipv4Addr::LOCALHOST.into())?));
+    // The access log goes to a file, as it would to a container log.
+    let log = std::fs::File::create(dir.join(format!("gateway-{}.log", public.port())))?;
+    let child = pinned(options.gateway_cpu, &options.gateway)
+        .arg("--config-file")
+        .arg(config)
+        .args(["--listen", &public.to_string(), "--admin-listen", &admin.to_string(), "--log", &options.gateway_log])
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .stdin(Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {}", options.gateway.display()))?;
+    Ok((Process(child), public, admin))
+}
+
+/// User + system CPU seconds a process has used (/proc reports USER_HZ = 100 ticks per second).
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces) start at ") ".
+    let fields: Vec<&str> = stat.rsplit_once(") ")?.1.split(' ').collect();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
+}
+
+fn peak_rss_mib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: f64 =
+        status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kib / 1024.0)
+}
+
+async fn overhead_totals(admin: SocketAddr) -> Option<(f64, f64)> {
+    let (_, text) = raw_request(admin, &get("/metrics")).await?;
+    let value = |name: &str| text.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.trim().parse::<f64>().ok());
+    Some((value("waycast_gateway_overhead_seconds_sum ")?, value("waycast_gateway_overhead_seconds_count ")?))
+}
+
+/// The request-response scenarios, with request counts scaled by `scale`.
+pub fn scenarios(scale: f64) -> Vec<(String, String, Scenario)> {
+    let count = |n: f64| ((n * scale).round() as u64).max(100);
+    let base = |requests: u64, concurrency: u32| Scenario {
+        target: String::new(),
+        key: Some(SUITE_KEY.to_owned()),
+        workload: Workload::Chat,
+        stream: false,
+        requests,
+        concurrency,
+        rate: None,
+        body_bytes: 1024,
+        wait_ms: 0,
+        chunks: 20,
+        chunk_interval_ms: 0,
+        timeout_ms: 30_000,
+    };
+    let mut list = vec![
+        (
+            "S1".to_owned(),
+            "100 concurrent, 1 KB body, wait 100 ms".to_owned(),
+            Scenario { wait_ms: 100, ..base(count(10_000.0), 100) },
+        ),
+        ("S2".to_owned(), "saturation: 64 concurrent, wait 0".to_owned(), base(count(100_000.0), 64)),
+        (
+            "S3".to_owned(),
+            "streaming: 100 concurrent, 20 chunks 10 ms apart".to_owned(),
+            Scenario { stream: true, chunk_interval_ms: 10, ..base(count(5_000.0), 100) },
+        ),
+        (
+            "S4".to_owned(),
+            "large bodies: 100 KB, 32 concurrent".to_owned(),
+            Scenario { body_bytes: 100 * 1024, ..base(count(10_000.0), 32) },
+        ),
+    ];
+    for workload in [Workload::Chat, Workload::Responses, Workload::Messages] {
+        for stream in [false, true] {
+            let name = format!("{workload:?}{}", if stream { " stream" } else { "" }).to_lowercase();
+            list.push((
+                "S7".to_owned(),
+                format!("{name}: 32 concurrent"),
+                Scenario { workload, stream, chunks: 5, ..base(count(10_000.0), 32) },
+            ));
+        }
+    }
+    list
+}
+
+/// Runs the suite.
+///
+/// # Errors
+/// A process cannot start or answer.
+pub async fn run(options: SuiteOptions) -> anyhow::Result<SuiteReport> {
+    let dir = crate::fixture::temp_dir("bench");
+    let sink = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port(Ipv4Addr::LOCALHOST.into())?));
+    let sink_process = Process(
+        pinned(options.load_cpu, &options.bench)
+            .args(["sink", "--listen", &sink.to_string()])
+            .stdin(Stdio::null())
+            .spawn()
+            .context("starting the sink")?,
+    );
+    wait_for(sink, &get("/v1/models"), Duration::from_secs(10)).await?;
+    let config = dir.join("gateway.json");
+    std::fs::write(&config, gateway_config(sink)?)?;
+    let (gateway, public, admin) = start_gateway(&options, &config, &dir)?;
+    wait_for(public, &authorized_chat(), Duration::from_secs(10)).await?;
+    let gateway_pid = gateway.0.id();
+
+    // Warm both paths (connections, allocator, caches) before measuring.
+    for target in [sink, public] {
+        let warm = Scenario { target: format!("http://{target}"), ..scenarios(0.1)[1].2.clone() };
+        source::run(warm).await.map_err(anyhow::Error::msg)?;
+    }
+
+    let mut comparisons = Vec::new();
+    let mut rss = serde_json::Map::new();
+    let mut s2_overhead = None;
+    let mut s2_per_cpu_second = None;
+    for (id, title, scenario) in scenarios(options.scale) {
+        eprintln!("bench: {id} {title}");
+        let baseline = source::run(Scenario { target: format!("http://{sink}"), ..scenario.clone() })
+            .await
+            .map_err(anyhow::Error::msg)?;
+        let before = overhead_totals(admin).await;
+        let cpu_before = cpu_seconds(gateway_pid);
+        let through = source::run(Scenario { target: format!("http://{public}"), ..scenario.clone() })
+            .await
+            .map_err(anyhow::Error::msg)?;
+        if id == "S2"
+            && let (Some((sum0, n0)), Some((sum1, n1))) = (before, overhead_totals(admin).await)
+            && n1 > n0
+        {
+            s2_overhead = Some((sum1 - sum0) / (n1 - n0) * 1e6);
+        }
+        if id == "S2"
+            && let (Some(cpu0), Some(cpu1)) = (cpu_before, cpu_seconds(gateway_pid))
+            && cpu1 > cpu0
+        {
+            s2_per_cpu_second = Some(through.ok as f64 / (cpu1 - cpu0));
+        }
+        if id == "S1" || id == "S2" {
+            rss.insert(format!("after{id}"), json!(peak_rss_mib(gateway_pid)));
+        }
+        comparisons.push(Comparison { id, title, scenario, baseline, gateway: through });
+    }
+
+    // S5: a fresh process each time, from spawn to the first authorized 200.
+    let mut cold_start_ms = Vec::new();
+    for _ in 0..5 {
+        let started = Instant::now();
+        let (process, fresh, _) = start_gateway(&options, &config, &dir)?;
+        wait_for(fresh, &authorized_chat(), Duration::from_secs(10)).await?;
+        cold_start_ms.push(started.elapsed().as_secs_f64() * 1e3);
+        drop(process);
+    }
+    drop(gateway);
+    drop(sink_process);
+    let _ = std::fs::remove_dir_all(&dir);
+    let binary_bytes = std::fs::metadata(&options.gateway).map(|m| m.len()).unwrap_or_default();
+    Ok(SuiteReport {
+        pinning: json!({"gatewayCpu": options.gateway_cpu, "loadCpu": options.load_cpu}),
+        comparisons,
+        cold_start_ms,
+        peak_rss_mib: serde_json::Value::Object(rss),
+        s2_gateway_overhead_us: s2_overhead,
+        s2_requests_per_gateway_cpu_second: s2_per_cpu_second,
+        gateway_binary_mib: binary_bytes as f64 / (1024.0 * 1024.0),
+    })
+}
+
+/// The report as a table, with the targets of the benchmark issue.
+pub fn table(report: &SuiteReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<4} {:<46} {:<9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>6}",
+        "", "scenario", "side", "req/s", "avg ms", "p50", "p90", "p99", "p99.9", "TTFB p99", "errors"
+    );
+    for c in &report.comparisons {
+        for (side, r) in [("baseline", &c.baseline), ("gateway", &c.gateway)] {
+            let l = r.latency.clone().unwrap_or_default();
+            let ttfb = r.time_to_first_byte.as_ref().map_or_else(|| "-".to_owned(), |t| format!("{:.2}", t.p99));
+            let _ = writeln!(
+                out,
+                "{:<4} {:<46} {:<9} {:>9.0} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>9} {:>6}",
+                if side == "baseline" { c.id.as_str() } else { "" },
+                if side == "baseline" { c.title.as_str() } else { "" },
+                side,
+                r.requests_per_second,
+                l.avg,
+                l.p50,
+                l.p90,
+                l.p99,
+                l.p999,
+                ttfb,
+                r.errors
+            );
+        }
+        let (b, g) = (c.baseline.latency.clone().unwrap_or_default(), c.gateway.latency.clone().unwrap_or_default());
+        let ttfb_added = match (&c.baseline.time_to_first_byte, &c.gateway.time_to_first_byte) {
+            (Some(b), Some(g)) => format!("{:+.2}", g.p99 - b.p99),
+            _ => "-".to_owned(),
+        };
+        let ratio = if c.baseline.requests_per_second > 0.0 {
+            c.gateway.requests_per_second / c.baseline.requests_per_second * 100.0
+        } else {
+            0.0
+        };
+        let _ = writeln!(
+            out,
+            "{:<4} {:<46} {:<9} {:>8.1}% {:>+8.2} {:>+8.2} {:>+8.2} {:>+8.2} {:>+8.2} {:>9}",
+            "",
+            "",
+            "gw - base",
+            ratio,
+            g.avg - b.avg,
+            g.p50 - b.p50,
+            g.p90 - b.p90,
+            g.p99 - b.p99,
+            g.p999 - b.p999,
+            ttfb_added
+        );
+    }
+    let mut cold = report.cold_start_ms.clone();
+    cold.sort_by(f64::total_cmp);
+    let median = cold.get(cold.len() / 2).copied().unwrap_or_default();
+    let _ = writeln!(out, "\nS5 cold start (spawn → first authorized 200): median {median:.1} ms, all {cold:.1?}");
+    let _ = writeln!(out, "S6 gateway peak RSS (MiB): {}", report.peak_rss_mib);
+    if let Some(us) = report.s2_gateway_overhead_us {
+        let _ = writeln!(out, "S2 time inside the gateway per request (its overhead histogram): {us:.1} µs");
+    }
+    if let Some(rate) = report.s2_requests_per_gateway_cpu_second {
+        let _ = writeln!(out, "S2 requests per second of gateway CPU time: {rate:.0}");
+    }
+    let _ = writeln!(out, "gateway binary: {:.1} MiB", report.gateway_binary_mib);
+    out
+}

@@ -1,0 +1,241 @@
+//! `waycast-bench`: how fast is waycast on your setup?
+//!
+//! ```text
+//! waycast-bench sink  --listen 127.0.0.1:8000                    # the OpenAI-compatible sink alone
+//! waycast-bench run   --target http://GATEWAY --key KEY [...]     # one run from the command line
+//! waycast-bench serve --listen 0.0.0.0:8090                       # REST API + web page + sink
+//! waycast-bench suite --gateway target/release/waycast-gateway    # what `make bench` runs
+//! ```
+//!
+//! Bad arguments exit 64.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use waycast_e2e::bench::sink::SinkOptions;
+use waycast_e2e::bench::{Scenario, Workload, millis, server, sink, source, suite};
+
+#[derive(Parser, Debug)]
+#[command(name = "waycast-bench", version, about = "Benchmark an OpenAI-compatible gateway against a sink")]
+struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Serve only the sink.
+    Sink {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8000")]
+        listen: SocketAddr,
+        #[command(flatten)]
+        answers: Answers,
+    },
+    /// Start runs over a REST API (POST /runs, GET /runs/ID), with a web page at / and the sink at /v1.
+    Serve {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8090")]
+        listen: SocketAddr,
+        #[command(flatten)]
+        answers: Answers,
+    },
+    /// One run; prints its result as JSON.
+    Run {
+        /// Base URL of the gateway (or sink).
+        #[arg(long)]
+        target: String,
+        /// Bearer key.
+        #[arg(long, env = "WAYCAST_BENCH_KEY")]
+        key: Option<String>,
+        /// chat, responses or messages.
+        #[arg(long, default_value = "chat", value_parser = parse_workload)]
+        workload: Workload,
+        /// Ask for streams.
+        #[arg(long)]
+        stream: bool,
+        /// Requests in the run.
+        #[arg(long, default_value_t = 10_000)]
+        requests: u64,
+        /// Workers, each with its own connection.
+        #[arg(long, default_value_t = 64)]
+        concurrency: u32,
+        /// Fixed arrival rate (requests per second); default: as fast as responses allow.
+        #[arg(long)]
+        rate: Option<f64>,
+        /// Request body size in bytes.
+        #[arg(long, default_value_t = 1024)]
+        body_bytes: usize,
+        /// The sink's wait before answering, in ms.
+        #[arg(long, default_value_t = 0)]
+        wait_ms: u64,
+        /// Chunks per stream.
+        #[arg(long, default_value_t = 20)]
+        chunks: u32,
+        /// Pause between stream chunks, in ms.
+        #[arg(long, default_value_t = 0)]
+        chunk_interval_ms: u64,
+        /// Per-request timeout, in ms.
+        #[arg(long, default_value_t = 30_000)]
+        timeout_ms: u64,
+    },
+    /// The `make bench` suite: every scenario against the sink and through a gateway process.
+    Suite {
+        /// The gateway binary (use a release build).
+        #[arg(long)]
+        gateway: PathBuf,
+        /// Where to write the JSON report.
+        #[arg(long, default_value = "bench.json")]
+        out: PathBuf,
+        /// Multiplies request counts (e.g. 0.1 for a quick look).
+        #[arg(long, default_value_t = 1.0)]
+        scale: f64,
+        /// CPU to pin the gateway to.
+        #[arg(long)]
+        gateway_cpu: Option<usize>,
+        /// CPU to pin the sink to (run the suite itself there with taskset).
+        #[arg(long)]
+        load_cpu: Option<usize>,
+    },
+}
+
+/// Defaults of the sink's answers (requests override them with x-bench-* headers).
+#[derive(clap::Args, Debug)]
+struct Answers {
+    /// Wait before answering, in ms.
+    #[arg(long, default_value_t = 0)]
+    wait_ms: u64,
+    /// Chunks per stream.
+    #[arg(long, default_value_t = 20)]
+    chunks: u32,
+    /// Pause between stream chunks, in ms.
+    #[arg(long, default_value_t = 0)]
+    chunk_interval_ms: u64,
+}
+
+impl Answers {
+    fn options(&self) -> SinkOptions {
+        SinkOptions { wait: millis(self.wait_ms), chunks: self.chunks.max(1), interval: millis(self.chunk_interval_ms) }
+    }
+}
+
+fn parse_workload(text: &str) -> Result<Workload, String> {
+    serde_json::from_value(serde_json::Value::String(text.to_owned()))
+        .map_err(|_| format!("unknown workload {text:?}: chat, responses or messages"))
+}
+
+fn main() -> ExitCode {
+    let args = match Args::try_parse() {
+        Ok(args) => args,
+        Err(error) => {
+            let code = if error.use_stderr() { 64 } else { 0 };
+            let _ = error.print();
+            return ExitCode::from(code);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("waycast-bench: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        match args.command {
+            Command::Sink { listen, answers } => match sink::start(listen, answers.options()).await {
+                Ok(address) => {
+                    eprintln!("waycast-bench: sink on http://{address}");
+                    wait_for_signal().await
+                }
+                Err(error) => fail(&format!("cannot listen on {listen}: {error}")),
+            },
+            Command::Serve { listen, answers } => match server::start(listen, answers.options()).await {
+                Ok(address) => {
+                    eprintln!("waycast-bench: http://{address}/ (REST API at /runs, sink at /v1)");
+                    wait_for_signal().await
+                }
+                Err(error) => fail(&format!("cannot listen on {listen}: {error}")),
+            },
+            Command::Run {
+                target,
+                key,
+                workload,
+                stream,
+                requests,
+                concurrency,
+                rate,
+                body_bytes,
+                wait_ms,
+                chunks,
+                chunk_interval_ms,
+                timeout_ms,
+            } => {
+                let scenario = Scenario {
+                    target,
+                    key,
+                    workload,
+                    stream,
+                    requests,
+                    concurrency,
+                    rate,
+                    body_bytes,
+                    wait_ms,
+                    chunks,
+                    chunk_interval_ms,
+                    timeout_ms,
+                };
+                if let Err(problem) = scenario.validate() {
+                    eprintln!("waycast-bench: {problem}");
+                    return ExitCode::from(64);
+                }
+                match source::run(scenario).await {
+                    Ok(result) => {
+                        println!("{}", serde_json::to_string_pretty(&result).unwrap_or_default());
+                        if result.errors > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS }
+                    }
+                    Err(problem) => fail(&problem),
+                }
+            }
+            Command::Suite { gateway, out, scale, gateway_cpu, load_cpu } => {
+                let bench = match std::env::current_exe() {
+                    Ok(path) => path,
+                    Err(error) => return fail(&format!("cannot find myself: {error}")),
+                };
+                let options = suite::SuiteOptions {
+                    gateway,
+                    bench,
+                    out: out.clone(),
+                    scale,
+                    gateway_cpu,
+                    load_cpu,
+                    gateway_log: "info".into(),
+                };
+                match suite::run(options).await {
+                    Ok(report) => {
+                        print!("{}", suite::table(&report));
+                        match serde_json::to_vec_pretty(&report).map(|json| std::fs::write(&out, json)) {
+                            Ok(Ok(())) => {
+                                println!("written to {}", out.display());
+                                ExitCode::SUCCESS
+                            }
+                            _ => fail(&format!("cannot write {}", out.display())),
+                        }
+                    }
+                    Err(error) => fail(&format!("{error:#}")),
+                }
+            }
+        }
+    })
+}
+
+fn fail(message: &str) -> ExitCode {
+    eprintln!("waycast-bench: {message}");
+    ExitCode::FAILURE
+}
+
+async fn wait_for_signal() -> ExitCode {
+    waycast_gateway::termination_signal().await;
+    ExitCode::SUCCESS
+}
