@@ -92,6 +92,9 @@ pub struct Changes {
     pub key_secrets: broadcast::Sender<()>,
     /// A pod reported a different config hash (renewals alone do not fire).
     pub leases: broadcast::Sender<()>,
+    /// A Gateway's compile decided differently about some object than
+    /// before: ApiKey and ModelEndpoint statuses read those decisions.
+    pub compiled: broadcast::Sender<()>,
 }
 
 /// A stream that yields once per signal (a lagging receiver still yields).
@@ -190,7 +193,7 @@ async fn emit_transitions<K: Resource<DynamicType = ()>>(
 /// of every object it took a decision on. An object is `Programmed` once
 /// every selecting Gateway compiled its current generation and every pod
 /// of that Gateway reports that config.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct CompiledFrom {
     /// The config hash.
     pub hash: String,
@@ -198,6 +201,11 @@ pub struct CompiledFrom {
     pub keys: BTreeMap<ObjectKey, Decision>,
     /// ModelEndpoint → what was compiled.
     pub models: BTreeMap<ObjectKey, Decision>,
+    /// ApiKey → its verdict. ApiKey statuses read this instead of compiling
+    /// again: one compile per Gateway change, not one per key.
+    pub key_verdicts: BTreeMap<ObjectKey, compile::keys::KeyVerdict>,
+    /// ModelEndpoint → its verdict.
+    pub model_verdicts: BTreeMap<ObjectKey, compile::Verdict>,
 }
 
 /// When a Gateway's current config was written, until every pod reports it.
@@ -301,6 +309,7 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
             services: services_changed,
             key_secrets: key_secrets_changed,
             leases: leases_changed,
+            compiled: broadcast::channel(64).0,
         },
     };
     for ready in [
@@ -481,12 +490,24 @@ async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Context>) -> Resu
     snapshot.fetch_credentials(client, &gateway).await?;
     let compiled = snapshot.with_inputs(&gateway, |inputs| compile::gateway(inputs, jiff::Timestamp::now()));
 
-    let (config_secret, hash) = render::config_secret::config_secret(&gateway, &compiled.config)?;
+    let (config_secret, rendered_hash) = render::config_secret::config_secret(&gateway, &compiled.config)?;
     let config_bytes = config_secret.data.as_ref().and_then(|d| d.values().next()).map_or(0, |b| b.0.len());
+    // A config that does not fit in a Secret is not written: the pods keep
+    // serving the last one, and the Gateway says why.
+    let config_fits = config_bytes <= render::config_secret::MAX_CONFIG_BYTES;
+    let hash = if config_fits {
+        rendered_hash
+    } else {
+        tracing::warn!(gateway = %ObjectKey::of(&gateway.metadata), config_bytes, "compiled config too large for a Secret; keeping the last one");
+        let written = context.written.read().await;
+        written.get(&ObjectKey::of(&gateway.metadata)).map(|w| w.hash.clone()).unwrap_or_default()
+    };
     apply(client, &render::rbac::service_account(&gateway)).await?;
     apply(client, &render::rbac::role(&gateway)).await?;
     apply(client, &render::rbac::role_binding(&gateway)).await?;
-    apply(client, &config_secret).await?;
+    if config_fits {
+        apply(client, &config_secret).await?;
+    }
     let deployment = apply(client, &render::deployment::deployment(&gateway, &context.settings)).await?;
     let service = apply(client, &render::service::service(&gateway)).await?;
     match render::scaling::hpa(&gateway) {
@@ -498,12 +519,12 @@ async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Context>) -> Resu
         None => prune::<PodDisruptionBudget>(client, &namespace, &name).await?,
     }
 
-    let key_generation = |id: &ObjectKey| {
-        snapshot.keys.iter().find(|k| ObjectKey::of(&k.metadata) == *id).and_then(|k| k.metadata.generation)
-    };
-    let model_generation = |id: &ObjectKey| {
-        snapshot.models.iter().find(|m| ObjectKey::of(&m.metadata) == *id).and_then(|m| m.metadata.generation)
-    };
+    let key_generations: std::collections::HashMap<ObjectKey, Option<i64>> =
+        snapshot.keys.iter().map(|k| (ObjectKey::of(&k.metadata), k.metadata.generation)).collect();
+    let model_generations: std::collections::HashMap<ObjectKey, Option<i64>> =
+        snapshot.models.iter().map(|m| (ObjectKey::of(&m.metadata), m.metadata.generation)).collect();
+    let key_generation = |id: &ObjectKey| key_generations.get(id).copied().flatten();
+    let model_generation = |id: &ObjectKey| model_generations.get(id).copied().flatten();
     let turned_off = |reason: &str| reason == reasons::DISABLED || reason == reasons::EXPIRED;
     let compiled_from = CompiledFrom {
         hash: hash.clone(),
@@ -520,8 +541,18 @@ async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Context>) -> Resu
             .iter()
             .map(|(id, v)| (id.clone(), Decision { generation: model_generation(id), as_intended: v.accepted }))
             .collect(),
+        key_verdicts: compiled.keys.clone(),
+        model_verdicts: compiled.models.clone(),
     };
-    context.compiled.write().await.insert(ObjectKey::of(&gateway.metadata), compiled_from);
+    let decided_differently = {
+        let mut all = context.compiled.write().await;
+        let previous = all.insert(ObjectKey::of(&gateway.metadata), compiled_from.clone());
+        previous.as_ref() != Some(&compiled_from)
+    };
+    if decided_differently {
+        // Nobody listening is fine: the controllers subscribe when they start.
+        let _ = context.stores.changed.compiled.send(());
+    }
     let reporting = pods_reporting(&context.stores, &gateway);
     let up_to_date = reporting.iter().filter(|h| **h == hash).count();
     {
@@ -557,15 +588,32 @@ async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Context>) -> Resu
     let previous = gateway.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
     let conditions = vec![
         status::condition(&previous, types::ACCEPTED, true, reasons::ACCEPTED, "the spec is valid", generation, now),
-        status::condition(
-            &previous,
-            types::PROGRAMMED,
-            true,
-            reasons::CONFIG_WRITTEN,
-            format!("config {} written", &hash[..12]),
-            generation,
-            now,
-        ),
+        if config_fits {
+            status::condition(
+                &previous,
+                types::PROGRAMMED,
+                true,
+                reasons::CONFIG_WRITTEN,
+                format!("config {} written", hash.get(..12).unwrap_or(&hash)),
+                generation,
+                now,
+            )
+        } else {
+            status::condition(
+                &previous,
+                types::PROGRAMMED,
+                false,
+                reasons::CONFIG_ERROR,
+                format!(
+                    "the compiled config is {config_bytes} bytes gzipped ({} keys, {} models); a Secret holds at most {}: the pods keep the last config",
+                    compiled.config.keys.len(),
+                    compiled.config.models.len(),
+                    render::config_secret::MAX_CONFIG_BYTES
+                ),
+                generation,
+                now,
+            )
+        },
         status::condition(
             &previous,
             types::READY,
@@ -599,7 +647,17 @@ async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Context>) -> Resu
     context.metrics.reconciles.with_label_values(&["gateway"]).inc();
     context.metrics.reconcile_duration.with_label_values(&["gateway"]).observe(started.elapsed().as_secs_f64());
     succeeded(&context, gateway.as_ref());
-    Ok(Action::requeue(RESYNC))
+    // Compile again when the next key expires, so its status says Expired
+    // on time (the pods already refuse it by its expiresAt).
+    let next_expiry = compiled
+        .config
+        .keys
+        .iter()
+        .filter_map(|k| k.expires_at)
+        .filter_map(|at| u64::try_from(at.as_second() - now.as_second()).ok())
+        .filter(|seconds| *seconds > 0)
+        .min();
+    Ok(Action::requeue(next_expiry.map_or(RESYNC, |s| Duration::from_secs(s + 1).min(RESYNC))))
 }
 
 /// The config hash each of `gateway`'s pods reports.
@@ -650,7 +708,9 @@ fn gateway_status_changed(old: Option<&GatewayStatus>, new: &GatewayStatus) -> b
 async fn api_key_controller(context: Arc<Context>) {
     let client = context.client.clone();
     let changed = &context.stores.changed;
-    let inputs_changed = signals(&[&changed.gateways, &changed.namespaces, &changed.key_secrets, &changed.leases]);
+    // Verdicts come from the Gateways' compiles (`compiled`); selection
+    // from Gateways and namespaces; Programmed from the pods' heartbeats.
+    let inputs_changed = signals(&[&changed.gateways, &changed.namespaces, &changed.compiled, &changed.leases]);
     Controller::new(Api::<ApiKey>::all(client.clone()), watcher::Config::default())
         .owns(
             Api::<Secret>::all(client.clone()),
@@ -703,9 +763,9 @@ async fn reconcile_api_key(api_key: Arc<ApiKey>, context: Arc<Context>) -> Resul
     let client = &context.client;
     ensure_generated_secret(client, &api_key, &context.stores).await?;
     let id = ObjectKey::of(&api_key.metadata);
-    let snapshot = Snapshot::take(&context.stores);
     let now = jiff::Timestamp::now();
-    let namespaces: Vec<&Namespace> = snapshot.namespaces.iter().map(AsRef::as_ref).collect();
+    let namespaces: Vec<Arc<Namespace>> = context.stores.namespaces.state();
+    let namespaces: Vec<&Namespace> = namespaces.iter().map(AsRef::as_ref).collect();
     let mut served_by = Vec::new();
     let mut verdict = None;
     let mut programmed = (0, true);
@@ -715,14 +775,21 @@ async fn reconcile_api_key(api_key: Arc<ApiKey>, context: Arc<Context>) -> Resul
         }
         programmed.0 += 1;
         programmed.1 &= programmed_on(&context, &gateway, &id, api_key.metadata.generation, false).await;
-        let compiled = snapshot.with_inputs(&gateway, |inputs| keys::compile(inputs, now).1);
-        if let Some(found) = compiled.get(&id) {
-            if found.verdict.accepted {
-                served_by.push(format!("{}/{}", gateway.namespace().unwrap_or_default(), gateway.name_any()));
-            }
-            if verdict.is_none() || found.verdict.accepted {
-                verdict = Some(found.clone());
-            }
+        let Some(found) = decided(&context, &gateway, |from| {
+            from.keys.get(&id).filter(|d| d.generation == api_key.metadata.generation)?;
+            from.key_verdicts.get(&id).cloned()
+        })
+        .await
+        else {
+            // This Gateway has not compiled this generation yet; its compile
+            // signals when it has, and this key is looked at again then.
+            return Ok(Action::requeue(RESYNC));
+        };
+        if found.verdict.accepted {
+            served_by.push(format!("{}/{}", gateway.namespace().unwrap_or_default(), gateway.name_any()));
+        }
+        if verdict.is_none() || found.verdict.accepted {
+            verdict = Some(found);
         }
     }
     let (secret_name, _) = keys::key_source(&api_key);
@@ -772,6 +839,12 @@ async fn reconcile_api_key(api_key: Arc<ApiKey>, context: Arc<Context>) -> Resul
     })
 }
 
+/// What `gateway`'s latest compile decided, through `pick`.
+async fn decided<T>(context: &Context, gateway: &Gateway, pick: impl FnOnce(&CompiledFrom) -> Option<T>) -> Option<T> {
+    let compiled = context.compiled.read().await;
+    compiled.get(&ObjectKey::of(&gateway.metadata)).and_then(pick)
+}
+
 /// `Programmed`: every selecting Gateway serves the object's current
 /// generation on every pod (`(selecting gateways, all programmed)`).
 fn programmed_condition(
@@ -796,8 +869,9 @@ async fn model_endpoint_controller(context: Arc<Context>) {
     let client = context.client.clone();
     let changed = &context.stores.changed;
     // Other ModelEndpoints matter too: a conflict is decided among them.
-    let inputs_changed =
-        signals(&[&changed.gateways, &changed.namespaces, &changed.services, &changed.models, &changed.leases]);
+    // Verdicts (conflicts are decided among all of a Gateway's ModelEndpoints)
+    // come from the Gateways' compiles.
+    let inputs_changed = signals(&[&changed.gateways, &changed.namespaces, &changed.compiled, &changed.leases]);
     Controller::new(Api::<ModelEndpoint>::all(client.clone()), watcher::Config::default())
         .reconcile_all_on(inputs_changed)
         .with_config(ControllerConfig::default().debounce(DEBOUNCE))
@@ -809,10 +883,9 @@ async fn model_endpoint_controller(context: Arc<Context>) {
 async fn reconcile_model_endpoint(endpoint: Arc<ModelEndpoint>, context: Arc<Context>) -> Result<Action, Error> {
     let client = &context.client;
     let id = ObjectKey::of(&endpoint.metadata);
-    let mut snapshot = Snapshot::take(&context.stores);
     let now = jiff::Timestamp::now();
-    let namespaces_owned = snapshot.namespaces.clone();
-    let namespaces: Vec<&Namespace> = namespaces_owned.iter().map(AsRef::as_ref).collect();
+    let namespaces: Vec<Arc<Namespace>> = context.stores.namespaces.state();
+    let namespaces: Vec<&Namespace> = namespaces.iter().map(AsRef::as_ref).collect();
     let mut entries = Vec::new();
     let mut programmed = (0, true);
     for gateway in context.stores.gateways.state() {
@@ -821,16 +894,21 @@ async fn reconcile_model_endpoint(endpoint: Arc<ModelEndpoint>, context: Arc<Con
         }
         programmed.0 += 1;
         programmed.1 &= programmed_on(&context, &gateway, &id, endpoint.metadata.generation, true).await;
-        snapshot.fetch_credentials(client, &gateway).await?;
-        let verdicts = snapshot.with_inputs(&gateway, |inputs| compile::models::compile(inputs).1);
-        if let Some(verdict) = verdicts.get(&id) {
-            entries.push(waycast_crds::model_endpoint::GatewayAcceptance {
-                gateway: format!("{}/{}", gateway.namespace().unwrap_or_default(), gateway.name_any()),
-                accepted: verdict.accepted,
-                reason: verdict.reason.to_owned(),
-                message: verdict.message.clone(),
-            });
-        }
+        let Some(verdict) = decided(&context, &gateway, |from| {
+            from.models.get(&id).filter(|d| d.generation == endpoint.metadata.generation)?;
+            from.model_verdicts.get(&id).cloned()
+        })
+        .await
+        else {
+            // Not compiled at this generation yet: looked at again when it is.
+            return Ok(Action::requeue(RESYNC));
+        };
+        entries.push(waycast_crds::model_endpoint::GatewayAcceptance {
+            gateway: format!("{}/{}", gateway.namespace().unwrap_or_default(), gateway.name_any()),
+            accepted: verdict.accepted,
+            reason: verdict.reason.to_owned(),
+            message: verdict.message.clone(),
+        });
     }
     entries.sort_by(|a, b| a.gateway.cmp(&b.gateway));
     let generation = endpoint.metadata.generation;

@@ -13,6 +13,7 @@
 //! streams, a number of chunks apart; the source asks for those per request
 //! with headers, which a gateway forwards, so one sink serves every scenario.
 
+pub mod scale;
 pub mod server;
 pub mod sink;
 pub mod source;

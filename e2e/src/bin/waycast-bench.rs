@@ -5,6 +5,7 @@
 //! waycast-bench run   --target http://GATEWAY --key KEY [...]     # one run from the command line
 //! waycast-bench serve --listen 0.0.0.0:8090                       # REST API + web page + sink
 //! waycast-bench suite --gateway target/release/waycast-gateway    # what `make bench` runs
+//! waycast-bench compile --keys 10000 --models 500                 # the operator's compile at scale
 //! ```
 //!
 //! Bad arguments exit 64.
@@ -80,6 +81,18 @@ enum Command {
         /// Per-request timeout, in ms.
         #[arg(long, default_value_t = 30_000)]
         timeout_ms: u64,
+    },
+    /// Time the operator's compile and render of one Gateway with many keys and models (in memory).
+    Compile {
+        /// ApiKeys.
+        #[arg(long, default_value_t = 10_000)]
+        keys: usize,
+        /// ModelEndpoints.
+        #[arg(long, default_value_t = 500)]
+        models: usize,
+        /// Runs to take the median of.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
     },
     /// The `make bench` suite: every scenario against the sink and through a gateway process.
     Suite {
@@ -196,6 +209,16 @@ fn main() -> ExitCode {
                         if result.errors > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS }
                     }
                     Err(problem) => fail(&problem),
+                }
+            }
+            Command::Compile { keys, models, runs } => {
+                let fleet = waycast_e2e::bench::scale::fleet("bench", keys, models, "http://127.0.0.1:8000/v1");
+                match waycast_e2e::bench::scale::compile_figures(&fleet, runs) {
+                    Ok(figures) => {
+                        println!("{}", serde_json::to_string_pretty(&figures).unwrap_or_default());
+                        ExitCode::SUCCESS
+                    }
+                    Err(error) => fail(&format!("{error:#}")),
                 }
             }
             Command::Suite { gateway, out, scale, gateway_cpu, load_cpu } => {

@@ -11,7 +11,7 @@ use waycast_crds::api_key::SHOWN_PREFIX_LEN;
 use waycast_crds::condition::{MIN_KEY_LENGTH, reasons};
 use waycast_crds::config::KeyConfig;
 
-use super::models::{find, limits};
+use super::models::{index, limits};
 use super::{Inputs, ObjectKey, Verdict, select};
 
 /// The data key of a generated key Secret.
@@ -65,10 +65,12 @@ pub fn compile(inputs: &Inputs<'_>, now: jiff::Timestamp) -> (Vec<KeyConfig>, BT
     let mut entries = Vec::new();
     let mut verdicts = BTreeMap::new();
     let mut hashes: BTreeMap<String, ObjectKey> = BTreeMap::new();
+    let secrets = index::<Secret>(inputs.secrets);
     for api_key in selected {
         let id = ObjectKey::of(&api_key.metadata);
         let (secret_name, data_key) = key_source(api_key);
-        let text = find::<Secret>(inputs.secrets, &id.namespace, &secret_name)
+        let text = secrets
+            .get(&(id.namespace.as_str(), secret_name.as_str()))
             .and_then(|secret| secret.data.as_ref()?.get(&data_key))
             .map(|bytes| String::from_utf8_lossy(&bytes.0).trim().to_owned())
             .filter(|text| !text.is_empty());
@@ -116,6 +118,12 @@ pub fn compile(inputs: &Inputs<'_>, now: jiff::Timestamp) -> (Vec<KeyConfig>, BT
 
 /// Lowercase hex SHA-256.
 pub fn sha256_hex(bytes: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
-    digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+    let mut text = String::with_capacity(64);
+    for byte in digest.as_ref() {
+        text.push(char::from(HEX[usize::from(byte >> 4)]));
+        text.push(char::from(HEX[usize::from(byte & 0xf)]));
+    }
+    text
 }

@@ -184,6 +184,16 @@ fn credential(
     if header == "authorization" { Ok((header, format!("Bearer {value}"))) } else { Ok((header, value)) }
 }
 
+/// `objects` by `(namespace, name)`, for lookups that would otherwise scan
+/// the whole list once per ApiKey (quadratic at thousands of keys).
+pub fn index<'a, K: kube::Resource>(objects: &[&'a K]) -> std::collections::HashMap<(&'a str, &'a str), &'a K> {
+    objects
+        .iter()
+        .copied()
+        .filter_map(|o| Some(((o.meta().namespace.as_deref()?, o.meta().name.as_deref()?), o)))
+        .collect()
+}
+
 /// The object named `name` in `namespace`.
 pub fn find<'a, K: kube::Resource>(objects: &[&'a K], namespace: &str, name: &str) -> Option<&'a K> {
     objects

@@ -10,6 +10,10 @@ use waycast_crds::{Gateway, GatewayConfig};
 
 use super::{CONFIG_HASH_ANNOTATION, config_secret_name, owned_meta};
 
+/// The largest gzipped config written to a Secret. The API server refuses
+/// Secrets whose data exceeds 1 MiB; the rest is headroom for metadata.
+pub const MAX_CONFIG_BYTES: usize = 1024 * 1024 - 16 * 1024;
+
 /// The Secret and the config hash (SHA-256 of the uncompressed JSON, as the
 /// gateway computes it).
 ///
@@ -20,7 +24,7 @@ pub fn config_secret(gateway: &Gateway, config: &GatewayConfig) -> std::io::Resu
     let hash = crate::compile::keys::sha256_hex(&json);
     // NB: flate2 writes a zero mtime in the gzip header, so equal configs
     // give equal bytes and an unchanged config is a no-op apply.
-    let mut encoder = flate2::write::GzEncoder::new(Vec::with_capacity(json.len() / 4), flate2::Compression::best());
+    let mut encoder = flate2::write::GzEncoder::new(Vec::with_capacity(json.len() / 4), flate2::Compression::default());
     encoder.write_all(&json)?;
     let compressed = encoder.finish()?;
     let mut metadata = owned_meta(gateway, config_secret_name(gateway));

@@ -1,0 +1,154 @@
+//! The control plane at scale: many ApiKeys and ModelEndpoints on one
+//! Gateway. [`fleet`] builds the objects (used in memory by
+//! `waycast-bench compile` and applied to a real API server by the scale
+//! benchmark); [`compile_figures`] times the operator's pure compile and
+//! render on them.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::api::ObjectMeta;
+use serde::Serialize;
+use waycast_crds::{ApiKey, ApiKeySpec, Gateway, GatewaySpec, ModelEndpoint};
+use waycast_operator::compile::{self, Inputs};
+
+/// The objects of one Gateway's fleet.
+pub struct Fleet {
+    /// The Gateway.
+    pub gateway: Gateway,
+    /// Its ModelEndpoints (external URL backends: no Services needed).
+    pub models: Vec<ModelEndpoint>,
+    /// Its ApiKeys, each with a generated-style key Secret.
+    pub keys: Vec<ApiKey>,
+    /// The key Secrets `<key>-key`, as the operator would have generated them.
+    pub secrets: Vec<Secret>,
+}
+
+fn meta(namespace: &str, name: &str) -> ObjectMeta {
+    ObjectMeta {
+        namespace: Some(namespace.to_owned()),
+        name: Some(name.to_owned()),
+        generation: Some(1),
+        ..ObjectMeta::default()
+    }
+}
+
+/// The key text of key number `index` (deterministic, so a benchmark can
+/// use it without reading Secrets back).
+pub fn key_text(index: usize) -> String {
+    let mut bytes = [0_u8; 32];
+    bytes[..8].copy_from_slice(&(index as u64).to_le_bytes());
+    bytes[8..16].copy_from_slice(b"waycast!");
+    waycast_crds::api_key::key_text_from_bytes(&bytes)
+}
+
+/// A key Secret for `key_name` holding `text`, labelled for the operator.
+pub fn key_secret(namespace: &str, key_name: &str, text: &str) -> Secret {
+    let mut metadata = meta(namespace, &compile::keys::generated_secret_name(key_name));
+    metadata.labels = Some(BTreeMap::from([("waycast.dev/api-key".to_owned(), "true".to_owned())]));
+    Secret {
+        metadata,
+        data: Some(BTreeMap::from([(
+            compile::keys::GENERATED_DATA_KEY.to_owned(),
+            ByteString(text.as_bytes().to_vec()),
+        )])),
+        ..Secret::default()
+    }
+}
+
+/// `keys` ApiKeys and `models` ModelEndpoints in `namespace`, served by one
+/// Gateway named `gateway`. Model `model-N` goes to `upstream` (a base URL).
+pub fn fleet(namespace: &str, keys: usize, models: usize, upstream: &str) -> Fleet {
+    let gateway = Gateway::new("gateway", GatewaySpec::default());
+    let gateway = Gateway { metadata: meta(namespace, "gateway"), ..gateway };
+    let models = (0..models)
+        .map(|i| {
+            let spec = serde_json::json!({
+                "model": format!("model-{i}"),
+                "backends": [{"url": upstream}],
+            });
+            let spec = serde_json::from_value(spec).unwrap_or_else(|_| unreachable!("a valid ModelEndpoint spec"));
+            ModelEndpoint { metadata: meta(namespace, &format!("model-{i}")), spec, status: None }
+        })
+        .collect();
+    let key_objects = (0..keys)
+        .map(|i| ApiKey { metadata: meta(namespace, &format!("key-{i}")), spec: ApiKeySpec::default(), status: None })
+        .collect();
+    let secrets = (0..keys).map(|i| key_secret(namespace, &format!("key-{i}"), &key_text(i))).collect();
+    Fleet { gateway, models, keys: key_objects, secrets }
+}
+
+/// What compiling one Gateway's fleet costs.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CompileFigures {
+    /// ApiKeys.
+    pub keys: usize,
+    /// ModelEndpoints.
+    pub models: usize,
+    /// `compile::gateway`, median of the runs, in milliseconds.
+    pub compile_ms: f64,
+    /// Rendering the config Secret (canonical JSON, SHA-256, gzip), median, in milliseconds.
+    pub render_ms: f64,
+    /// The config as canonical JSON, in bytes.
+    pub json_bytes: usize,
+    /// The config Secret's gzipped payload, in bytes (a Secret holds at most 1 MiB).
+    pub secret_bytes: usize,
+}
+
+/// Times compile and render of `fleet`, `runs` times each (median).
+///
+/// # Errors
+/// Render failing.
+pub fn compile_figures(fleet: &Fleet, runs: usize) -> anyhow::Result<CompileFigures> {
+    let namespace = Namespace {
+        metadata: meta(fleet.gateway.metadata.namespace.as_deref().unwrap_or("default"), ""),
+        ..Namespace::default()
+    };
+    let namespaces = [&namespace];
+    let models: Vec<&ModelEndpoint> = fleet.models.iter().collect();
+    let keys: Vec<&ApiKey> = fleet.keys.iter().collect();
+    let secrets: Vec<&Secret> = fleet.secrets.iter().collect();
+    let inputs = Inputs {
+        gateway: &fleet.gateway,
+        namespaces: &namespaces,
+        model_endpoints: &models,
+        api_keys: &keys,
+        services: &[],
+        secrets: &secrets,
+    };
+    let now = jiff::Timestamp::now();
+    let mut compile_times = Vec::new();
+    let mut render_times = Vec::new();
+    let mut sizes = (0, 0);
+    for _ in 0..runs.max(1) {
+        let started = Instant::now();
+        let compiled = compile::gateway(&inputs, now);
+        compile_times.push(started.elapsed().as_secs_f64() * 1e3);
+        anyhow::ensure!(
+            compiled.config.keys.len() == fleet.keys.len(),
+            "not every key compiled: {:?}",
+            compiled.keys.values().find(|v| !v.verdict.accepted)
+        );
+        let started = Instant::now();
+        let (secret, _) = waycast_operator::render::config_secret::config_secret(&fleet.gateway, &compiled.config)?;
+        render_times.push(started.elapsed().as_secs_f64() * 1e3);
+        let json = compiled.config.to_canonical_json()?;
+        let gzipped = secret.data.as_ref().and_then(|d| d.values().next()).map_or(0, |b| b.0.len());
+        sizes = (json.len(), gzipped);
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    Ok(CompileFigures {
+        keys: fleet.keys.len(),
+        models: fleet.models.len(),
+        compile_ms: median(compile_times),
+        render_ms: median(render_times),
+        json_bytes: sizes.0,
+        secret_bytes: sizes.1,
+    })
+}
