@@ -10,6 +10,7 @@
 //! runtime; the binary (`main.rs`) adds argument parsing, logging and
 //! signals. Tests start gateways in-process the same way.
 
+pub mod access_log;
 pub mod admin;
 pub mod config;
 pub mod error;
@@ -85,9 +86,15 @@ impl RequestIds {
         {
             return given.clone();
         }
+        const HEX: &[u8; 16] = b"0123456789abcdef";
         let count = self.counter.fetch_add(1, Ordering::Relaxed);
-        let text = format!("{:016x}{count:08x}", self.prefix);
-        HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from_static("-"))
+        // 16 hex digits of the per-process prefix, then 8 of the counter.
+        let mut text = [0_u8; 24];
+        for (at, digit) in text.iter_mut().enumerate() {
+            let nibble = if at < 16 { self.prefix >> (60 - 4 * at) } else { count >> (28 - 4 * (at - 16)) };
+            *digit = HEX[(nibble & 0xf) as usize];
+        }
+        HeaderValue::from_bytes(&text).unwrap_or_else(|_| HeaderValue::from_static("-"))
     }
 }
 
@@ -264,6 +271,30 @@ impl RunningGateway {
             }
             Drained::TimedOut => tracing::warn!(inflight, "drain timeout reached; closing remaining connections"),
         }
+        // The access log is written in batches; nothing queued is lost on a graceful stop.
+        tokio::task::spawn_blocking(access_log::flush).await.ok();
         drained
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_ids_are_hex_unique_and_a_clients_id_is_kept() {
+        let ids = RequestIds::new();
+        let (first, second) = (ids.for_request(&HeaderMap::new()), ids.for_request(&HeaderMap::new()));
+        for id in [&first, &second] {
+            let text = id.to_str().unwrap();
+            assert_eq!(text.len(), 24, "{text}");
+            assert!(text.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()), "{text}");
+        }
+        assert_ne!(first, second);
+        assert_eq!(&first.to_str().unwrap()[..16], &second.to_str().unwrap()[..16], "one prefix per process");
+        assert!(second.to_str().unwrap().ends_with("00000001"));
+        let mut given = HeaderMap::new();
+        given.insert(proxy::forward::REQUEST_ID.clone(), HeaderValue::from_static("trace-42"));
+        assert_eq!(ids.for_request(&given), "trace-42");
     }
 }

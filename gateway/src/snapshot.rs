@@ -83,6 +83,11 @@ pub struct Backend {
     pub authority: Authority,
     /// Path prefix without a trailing slash (`/v1`, or empty).
     pub base_path: String,
+    /// The upstream path of each proxied endpoint (`base_path` + the part
+    /// after `/v1`), parsed once here instead of once per request.
+    pub paths: Vec<http::uri::PathAndQuery>,
+    /// The `Host` header, set here so the client need not format it per request.
+    pub host: HeaderValue,
     /// The rewritten model as a JSON string literal, quotes included.
     pub model_json: Option<bytes::Bytes>,
     /// Headers added upstream.
@@ -230,7 +235,27 @@ fn build_route(model_index: usize, model: &ModelConfig, client: UpstreamClient) 
         }
         let model_json =
             backend.model.as_ref().map(|name| bytes::Bytes::from(serde_json::Value::from(name.as_str()).to_string()));
-        backends.push(Backend { scheme, authority, base_path, model_json, headers, weight: backend.weight });
+        let paths = crate::proxy::PROXIED_PATHS
+            .iter()
+            .map(|path| http::uri::PathAndQuery::try_from(format!("{base_path}{}", &path["/v1".len()..])))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|_| bad_url("the path does not form valid request paths"))?;
+        let default_port = if scheme == Scheme::HTTPS { 443 } else { 80 };
+        let host = match authority.port_u16() {
+            Some(port) if port != default_port => HeaderValue::from_str(authority.as_str()),
+            _ => HeaderValue::from_str(authority.host()),
+        }
+        .map_err(|_| bad_url("the host is not a valid header value"))?;
+        backends.push(Backend {
+            scheme,
+            authority,
+            base_path,
+            paths,
+            host,
+            model_json,
+            headers,
+            weight: backend.weight,
+        });
     }
     let total_weight = backends.iter().map(|b| u64::from(b.weight)).sum();
     let mut names = vec![model.name.clone()];

@@ -266,18 +266,19 @@ pub async fn run(options: SuiteOptions) -> anyhow::Result<SuiteReport> {
     wait_for(public, &authorized_chat(), Duration::from_secs(10)).await?;
     let gateway_pid = gateway.0.id();
 
-    // Warm both paths (connections, allocator, caches) before measuring.
-    for target in [sink, public] {
-        let warm = Scenario { target: format!("http://{target}"), ..scenarios(0.1)[1].2.clone() };
-        source::run(warm).await.map_err(anyhow::Error::msg)?;
-    }
-
     let mut comparisons = Vec::new();
     let mut rss = serde_json::Map::new();
     let mut s2_overhead = None;
     let mut s2_per_cpu_second = None;
     for (id, title, scenario) in scenarios(options.scale) {
         eprintln!("bench: {id} {title}");
+        // Each side first runs a tenth of the scenario (at least five rounds
+        // of its concurrency), so connections and pools match its shape.
+        let warm_up = scenario.requests.div_ceil(10).max(u64::from(scenario.concurrency) * 5);
+        for target in [sink, public] {
+            let warm = Scenario { target: format!("http://{target}"), requests: warm_up, ..scenario.clone() };
+            source::run(warm).await.map_err(anyhow::Error::msg)?;
+        }
         let baseline = source::run(Scenario { target: format!("http://{sink}"), ..scenario.clone() })
             .await
             .map_err(anyhow::Error::msg)?;

@@ -65,8 +65,10 @@ pub struct Forwarded {
 pub struct Outgoing<'a> {
     /// Method.
     pub method: &'a Method,
-    /// The path after `/v1` (e.g. `/chat/completions`) plus any query.
-    pub suffix: &'a str,
+    /// Which of [`super::PROXIED_PATHS`] was asked for.
+    pub endpoint: usize,
+    /// The client's query string, if any.
+    pub query: Option<&'a str>,
     /// The client's headers.
     pub headers: &'a HeaderMap,
     /// The whole request body.
@@ -87,7 +89,7 @@ pub async fn send(route: &Route, outgoing: &Outgoing<'_>) -> Result<Forwarded, G
     for index in route.backend_order() {
         let backend = &route.backends[index];
         let request =
-            build_request(backend, outgoing).map_err(|_| GatewayError::UpstreamFailed(route.name.to_string()))?;
+            build_request(backend, outgoing).ok_or_else(|| GatewayError::UpstreamFailed(route.name.to_string()))?;
         let sent_at = Instant::now();
         match tokio::time::timeout(route.timeouts.first_byte, route.client.request(request)).await {
             Ok(Ok(response)) => {
@@ -107,15 +109,20 @@ pub async fn send(route: &Route, outgoing: &Outgoing<'_>) -> Result<Forwarded, G
     Err(last_error.unwrap_or_else(|| GatewayError::UpstreamUnreachable(route.name.to_string())))
 }
 
-fn build_request(backend: &Backend, outgoing: &Outgoing<'_>) -> Result<Request<Full<Bytes>>, http::Error> {
-    let mut path = String::with_capacity(backend.base_path.len() + outgoing.suffix.len());
-    path.push_str(&backend.base_path);
-    path.push_str(outgoing.suffix);
+/// The upstream request; `None` only if the client's query string does not
+/// form a valid URI with the backend's path.
+fn build_request(backend: &Backend, outgoing: &Outgoing<'_>) -> Option<Request<Full<Bytes>>> {
+    let path = backend.paths.get(outgoing.endpoint)?;
+    let path = match outgoing.query {
+        None => path.clone(),
+        Some(query) => PathAndQuery::try_from(format!("{}?{query}", path.path())).ok()?,
+    };
     let uri = Uri::builder()
         .scheme(backend.scheme.clone())
         .authority(backend.authority.clone())
-        .path_and_query(PathAndQuery::try_from(path)?)
-        .build()?;
+        .path_and_query(path)
+        .build()
+        .ok()?;
     let body = match &backend.model_json {
         Some(model) => rewrite(outgoing.body, outgoing.model_span.clone(), model),
         None => outgoing.body.clone(),
@@ -129,13 +136,14 @@ fn build_request(backend: &Backend, outgoing: &Outgoing<'_>) -> Result<Request<F
     for (name, value) in &backend.headers {
         headers.insert(name.clone(), value.clone());
     }
+    headers.insert(header::HOST, backend.host.clone());
     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
     headers.insert(REQUEST_ID.clone(), outgoing.request_id.clone());
     let mut request = Request::new(Full::new(body));
     *request.method_mut() = outgoing.method.clone();
     *request.uri_mut() = uri;
     *request.headers_mut() = headers;
-    Ok(request)
+    Some(request)
 }
 
 /// `X-Request-Id`.

@@ -41,25 +41,25 @@ use stream::{Exchange, Outcome, ProxyBody, RelayBody};
 /// Largest total size of request headers accepted.
 pub const MAX_HEADER_BYTES: usize = 32 * 1024;
 
+/// The inference endpoints forwarded to a model's backends; a backend's
+/// upstream paths are built for each, in this order, when a config loads.
+pub const PROXIED_PATHS: [&str; 5] =
+    ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/messages"];
+
 /// What a path asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Endpoint {
-    /// An inference call forwarded to the model's backend.
-    Proxy(&'static str),
+    /// An inference call forwarded to the model's backend (an index into [`PROXIED_PATHS`]).
+    Proxy(usize),
     /// `GET /v1/models`.
     Models,
 }
 
 fn endpoint(path: &str) -> Option<Endpoint> {
-    Some(match path {
-        "/v1/chat/completions" => Endpoint::Proxy("/v1/chat/completions"),
-        "/v1/completions" => Endpoint::Proxy("/v1/completions"),
-        "/v1/embeddings" => Endpoint::Proxy("/v1/embeddings"),
-        "/v1/responses" => Endpoint::Proxy("/v1/responses"),
-        "/v1/messages" => Endpoint::Proxy("/v1/messages"),
-        "/v1/models" => Endpoint::Models,
-        _ => return None,
-    })
+    match path {
+        "/v1/models" => Some(Endpoint::Models),
+        _ => PROXIED_PATHS.iter().position(|known| *known == path).map(Endpoint::Proxy),
+    }
 }
 
 /// Serves one request. Never fails: errors become OpenAI-shaped responses.
@@ -68,7 +68,7 @@ pub async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Result<R
     let request_id = shared.request_ids.for_request(request.headers());
     let target = endpoint(request.uri().path());
     let path = match target {
-        Some(Endpoint::Proxy(path)) => path,
+        Some(Endpoint::Proxy(index)) => PROXIED_PATHS[index],
         Some(Endpoint::Models) => "/v1/models",
         None => "other",
     };
@@ -112,7 +112,7 @@ async fn serve(
     if let Some(exchange) = exchange.as_mut() {
         exchange.key = Some(key.id.clone());
     }
-    let Endpoint::Proxy(path) = target else {
+    let Endpoint::Proxy(endpoint_index) = target else {
         let body = models_list(&snapshot, key);
         if let Some(exchange) = exchange.take() {
             finish_without_body(exchange, 200, None);
@@ -135,16 +135,10 @@ async fn serve(
         exchange.stream = fields.stream;
     }
 
-    let suffix_start = "/v1".len();
-    let mut suffix = String::with_capacity(path.len() + parts.uri.query().map_or(0, |q| q.len() + 1));
-    suffix.push_str(&path[suffix_start..]);
-    if let Some(query) = parts.uri.query() {
-        suffix.push('?');
-        suffix.push_str(query);
-    }
     let outgoing = Outgoing {
         method: &parts.method,
-        suffix: &suffix,
+        endpoint: endpoint_index,
+        query: parts.uri.query(),
         headers: &parts.headers,
         body: &body,
         model_span: fields.model_span.clone(),
@@ -263,8 +257,8 @@ mod tests {
 
     #[test]
     fn endpoints() {
-        assert_eq!(endpoint("/v1/chat/completions"), Some(Endpoint::Proxy("/v1/chat/completions")));
-        assert_eq!(endpoint("/v1/messages"), Some(Endpoint::Proxy("/v1/messages")));
+        assert_eq!(endpoint("/v1/chat/completions"), Some(Endpoint::Proxy(0)));
+        assert_eq!(endpoint("/v1/messages"), Some(Endpoint::Proxy(4)));
         assert_eq!(endpoint("/v1/models"), Some(Endpoint::Models));
         assert_eq!(endpoint("/v1/chat/completions/"), None);
         assert_eq!(endpoint("/admin"), None);

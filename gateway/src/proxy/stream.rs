@@ -170,24 +170,25 @@ impl Exchange {
             metrics.tokens.with_label_values(&[model, key, "prompt"]).inc_by(usage.prompt);
             metrics.tokens.with_label_values(&[model, key, "completion"]).inc_by(usage.completion);
         }
-        if self.access_log {
+        if self.access_log && crate::access_log::enabled() {
             let usage = outcome.usage.unwrap_or_default();
-            tracing::info!(
-                target: "waycast::access",
-                request_id = self.request_id.to_str().unwrap_or("-"),
-                method = %self.method,
-                path = self.path,
+            let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+            crate::access_log::record(&crate::access_log::AccessLine {
+                at: std::time::SystemTime::now(),
+                request_id: self.request_id.to_str().unwrap_or("-"),
+                method: self.method.as_str(),
+                path: self.path,
                 model,
                 key,
-                stream = self.stream,
-                status = outcome.status,
-                bytes = outcome.bytes,
-                duration_ms = %format_args!("{:.3}", elapsed.as_secs_f64() * 1000.0),
-                upstream_ms = %format_args!("{:.3}", outcome.upstream.map_or(0.0, |d| d.as_secs_f64() * 1000.0)),
-                prompt_tokens = usage.prompt,
-                completion_tokens = usage.completion,
-                error = outcome.error.unwrap_or("-"),
-            );
+                stream: self.stream,
+                status: outcome.status,
+                bytes: outcome.bytes,
+                duration_us: micros(elapsed),
+                upstream_us: outcome.upstream.map_or(0, micros),
+                prompt_tokens: usage.prompt,
+                completion_tokens: usage.completion,
+                error: outcome.error,
+            });
         }
     }
 }
@@ -227,6 +228,10 @@ pub struct RelayBody {
     inner: Incoming,
     idle_timeout: Duration,
     idle: Pin<Box<Sleep>>,
+    /// When the upstream last sent a frame. The idle timer is moved to
+    /// `last_frame + idle_timeout` only when it fires, not on every chunk:
+    /// re-arming a timer per chunk was a measurable share of a stream's cost.
+    last_frame: tokio::time::Instant,
     tap: Option<UsageTap>,
     exchange: Option<Exchange>,
     status: u16,
@@ -252,6 +257,7 @@ impl RelayBody {
             inner,
             idle_timeout,
             idle: Box::pin(tokio::time::sleep(idle_timeout)),
+            last_frame: tokio::time::Instant::now(),
             tap: tap_usage.then(UsageTap::default),
             exchange: Some(exchange),
             status,
@@ -311,8 +317,7 @@ impl Body for RelayBody {
                     // ended, so the last frame is also the finish line.
                     this.finish(this.status, None);
                 } else {
-                    let deadline = tokio::time::Instant::now() + this.idle_timeout;
-                    this.idle.as_mut().reset(deadline);
+                    this.last_frame = tokio::time::Instant::now();
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
@@ -326,7 +331,15 @@ impl Body for RelayBody {
                 Poll::Ready(None)
             }
             Poll::Pending => {
-                ready!(this.idle.as_mut().poll(cx));
+                loop {
+                    ready!(this.idle.as_mut().poll(cx));
+                    let deadline = this.last_frame + this.idle_timeout;
+                    if deadline <= tokio::time::Instant::now() {
+                        break;
+                    }
+                    // Frames came since the timer was set: wait out the rest.
+                    this.idle.as_mut().reset(deadline);
+                }
                 this.count_upstream_error("idle_timeout");
                 this.finish(this.status, Some("upstream_idle_timeout"));
                 Poll::Ready(Some(Err(Box::new(IdleTimeout(this.idle_timeout)))))

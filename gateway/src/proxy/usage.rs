@@ -57,7 +57,10 @@ impl UsageTap {
         }
         let head = self.head.as_deref().unwrap_or_default();
         let last = if end.is_empty() { last_usage(head) } else { last_usage(&end).or_else(|| last_usage(head)) };
-        let first = first_usage(head);
+        // The first event matters only when the last lacks a count (Anthropic
+        // streams put input tokens in message_start, output in message_delta).
+        let complete = last.is_some_and(|l| l.prompt().is_some() && l.completion().is_some());
+        let first = if complete { None } else { first_usage(head) };
         match (first, last) {
             (None, None) => None,
             (first, last) => {

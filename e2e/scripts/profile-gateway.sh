@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Counts the gateway's instructions per request with valgrind's callgrind:
+# repeatable whatever else the machine is doing, unlike timings. Serves a
+# warm-up, zeroes the counters, serves N requests of the S2 shape (1 KB chat,
+# no stream) from waycast-bench's sink, and prints Ir per request and the
+# top functions.
+#
+#   e2e/scripts/profile-gateway.sh [REQUESTS] [access-log: on|off] [stream: no|yes]
+#
+# Needs the profiling build (symbols) of the gateway and the bench tool:
+#   cargo build --profile profiling -p waycast-gateway
+#   cargo build --profile bench-tool -p waycast-e2e --bin waycast-bench
+set -euo pipefail
+requests="${1:-2000}"
+access_log="${2:-on}"
+stream="${3:-no}"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+target="${CARGO_TARGET_DIR:-$root/target}"
+gateway="$target/profiling/waycast-gateway"
+bench="$target/bench-tool/waycast-bench"
+work="$(mktemp -d)"
+trap 'kill $(jobs -p) 2>/dev/null || true; [[ -n "${KEEP:-}" ]] || rm -rf "$work"' EXIT
+key=wc_benchmark_key_0123456789abcdefghijklmnop
+sink_port=$((20000 + RANDOM % 10000)); gw_port=$((sink_port + 1)); admin_port=$((sink_port + 2))
+"$bench" sink --listen "127.0.0.1:$sink_port" 2>/dev/null &
+cat >"$work/config.json" <<JSON
+{"apiVersion":"waycast.dev/config-v1",
+ "models":[{"name":"benchmark-model","backends":[{"url":"http://127.0.0.1:$sink_port/v1","weight":1}],
+            "timeouts":{"connect":"5s","firstByte":"300s","idle":"60s"}}],
+ "keys":[{"id":"bench/load","sha256":"$(printf %s "$key" | sha256sum | cut -d' ' -f1)"}],
+ "settings":{"maxRequestBodyBytes":10485760,"accessLog":$([[ $access_log == on ]] && echo true || echo false)}}
+JSON
+valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$work/callgrind.out" \
+  "$gateway" --config-file "$work/config.json" --listen "127.0.0.1:$gw_port" \
+  --admin-listen "127.0.0.1:$admin_port" --log info >"$work/gateway.log" 2>"$work/valgrind.log" &
+run() {
+  local extra=()
+  [[ $stream == yes ]] && extra=(--stream --chunks 5)
+  "$bench" run --target "http://127.0.0.1:$gw_port" --key "$key" --requests "$1" --concurrency 8 "${extra[@]}" >/dev/null
+}
+for _ in $(seq 1 200); do run 1 2>/dev/null && break; sleep 0.1; done
+run 500
+callgrind_control -i on >/dev/null
+run "$requests"
+callgrind_control -i off >/dev/null
+callgrind_control -d >/dev/null
+sleep 1
+annotated="$(callgrind_annotate --inclusive=no "$work"/callgrind.out.1 2>/dev/null || true)"
+total="$(awk '/PROGRAM TOTALS/ {gsub(",","",$1); print $1}' <<<"$annotated")"
+echo "requests: $requests  access log: $access_log  stream: $stream"
+echo "instructions per request: $((total / requests))"
+sed -n '/^Ir  *file:function/,$p' <<<"$annotated" | head -28
