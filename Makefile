@@ -3,7 +3,7 @@ CARGO ?= cargo
 CARGO_FLAGS ?= -j2
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 
-.PHONY: demo test bench lint images crds generate k8s-bins helm-bin node-deps clean-e2e
+.PHONY: demo test bench bench-scale lint images crds generate k8s-bins helm-bin node-deps clean-e2e
 
 ## demo: waycast on a local cluster (control plane + node), ending with a working curl; Ctrl-C stops it
 demo: k8s-bins node-deps
@@ -25,6 +25,13 @@ bench:
 	@# The gateway gets CPU 0; the load generator and the sink share CPU 1.
 	taskset -c 1 $(TARGET_DIR)/bench-tool/waycast-bench suite --scale $(BENCH_SCALE) \
 	  --gateway $(TARGET_DIR)/release/waycast-gateway --gateway-cpu 0 --load-cpu 1 --out $(TARGET_DIR)/bench.json
+
+## bench-scale: 10,000 ApiKeys and 500 ModelEndpoints on one Gateway against the real API server (release operator and gateway)
+bench-scale: k8s-bins
+	$(CARGO) build $(CARGO_FLAGS) --release -p waycast-operator -p waycast-gateway
+	$(CARGO) build $(CARGO_FLAGS) -p waycast-e2e --bins
+	WAYCAST_OPERATOR_BIN=$(TARGET_DIR)/release/waycast-operator WAYCAST_GATEWAY_BIN=$(TARGET_DIR)/release/waycast-gateway \
+	  $(CARGO) test $(CARGO_FLAGS) -p waycast-e2e --test scale -- --ignored --nocapture
 
 ## lint: formatting, clippy and docs, as CI runs them
 lint:

@@ -1,0 +1,201 @@
+//! The control-plane scale benchmark (`make bench-scale`; ignored by `make
+//! test`): 10,000 ApiKeys and 500 ModelEndpoints on one Gateway against the
+//! real API server, with the operator and a gateway as processes (release
+//! builds when `WAYCAST_OPERATOR_BIN` / `WAYCAST_GATEWAY_BIN` name them).
+//! Prints: time until all are served, the config Secret's size, the
+//! operator's peak RSS and reconcile times, and apply → served latency for
+//! one more key while the 10,000 exist. Sizes: `WAYCAST_SCALE_KEYS`,
+//! `WAYCAST_SCALE_MODELS`.
+
+#![allow(clippy::unwrap_used, reason = "a benchmark fails loudly on any unexpected error")]
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt as _;
+use k8s_openapi::api::core::v1::Secret;
+use kube::Api;
+use kube::api::PostParams;
+use waycast_crds::{ApiKey, Gateway, ModelEndpoint};
+use waycast_e2e::bench::scale;
+use waycast_e2e::bench::sink::{self, SinkOptions};
+use waycast_e2e::control_plane::free_port;
+use waycast_e2e::fixture;
+use waycast_e2e::harness::{shared_cluster, test_namespace};
+
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn binary(variable: &str, name: &str) -> PathBuf {
+    std::env::var_os(variable)
+        .map_or_else(|| std::path::Path::new(env!("CARGO_BIN_EXE_waycast-cluster")).with_file_name(name), PathBuf::from)
+}
+
+fn env_number(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn status_of(pid: u32, field: &str) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0.0);
+    kib / 1024.0
+}
+
+async fn chat(gateway: SocketAddr, key: &str, model: &str) -> Option<u16> {
+    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+    let request = fixture::post_request(
+        &format!("http://{gateway}/v1/chat/completions"),
+        Some(key),
+        &format!(r#"{{"model":"{model}","messages":[]}}"#),
+    );
+    let response = tokio::time::timeout(Duration::from_secs(2), http.request(request)).await.ok()?.ok()?;
+    Some(response.status().as_u16())
+}
+
+async fn metric_text(admin: SocketAddr) -> String {
+    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Full<bytes::Bytes>>();
+    let Ok(response) = http.get(format!("http://{admin}/metrics").parse().unwrap()).await else { return String::new() };
+    let body = http_body_util::BodyExt::collect(response.into_body()).await.unwrap().to_bytes();
+    String::from_utf8_lossy(&body).into_owned()
+}
+
+async fn key_text(secrets: &Api<Secret>, name: &str, deadline: Instant) -> String {
+    loop {
+        if let Some(data) = secrets.get_opt(&format!("{name}-key")).await.unwrap().and_then(|s| s.data) {
+            return String::from_utf8(data["api-key"].0.clone()).unwrap();
+        }
+        assert!(Instant::now() < deadline, "the operator never generated {name}-key");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+#[ignore = "a benchmark: make bench-scale"]
+async fn ten_thousand_keys_and_five_hundred_models_on_one_gateway() {
+    let keys = env_number("WAYCAST_SCALE_KEYS", 10_000);
+    let models = env_number("WAYCAST_SCALE_MODELS", 500);
+    let cluster = shared_cluster(env!("CARGO_BIN_EXE_waycast-cluster"));
+    let client = cluster.client().await;
+    let namespace = test_namespace(&client, "scale").await.unwrap();
+    let upstream = sink::start("127.0.0.1:0".parse().unwrap(), SinkOptions::default()).await.unwrap();
+
+    // The objects, as the in-memory compile benchmark builds them.
+    let fleet = scale::fleet(&namespace, keys, models, &format!("http://{upstream}/v1"));
+    let figures = scale::compile_figures(&fleet, 3).unwrap();
+    println!("in-memory compile: {}", serde_json::to_string(&figures).unwrap());
+
+    let gateway_port = free_port(Ipv4Addr::LOCALHOST.into()).unwrap();
+    let gateway_addr = SocketAddr::from((Ipv4Addr::LOCALHOST, gateway_port));
+    let operator_admin = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port(Ipv4Addr::LOCALHOST.into()).unwrap()));
+    let log_dir = std::env::temp_dir();
+    let operator = Process(
+        Command::new(binary("WAYCAST_OPERATOR_BIN", "waycast-operator"))
+            .args(["--admin-listen", &operator_admin.to_string(), "--log", "warn"])
+            .env("KUBECONFIG", &cluster.kubeconfig)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log_dir.join("waycast-scale-operator.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let gateway = Process(
+        Command::new(binary("WAYCAST_GATEWAY_BIN", "waycast-gateway"))
+            .args(["--config-secret", &format!("{namespace}/gateway-config")])
+            .args(["--listen", &gateway_addr.to_string()])
+            .args(["--admin-listen", &format!("127.0.0.1:{}", free_port(Ipv4Addr::LOCALHOST.into()).unwrap())])
+            .args(["--log", "warn"])
+            .env("KUBECONFIG", &cluster.kubeconfig)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log_dir.join("waycast-scale-gateway.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+
+    let started = Instant::now();
+    let post = PostParams::default();
+    let gateways: Api<Gateway> = Api::namespaced(client.clone(), &namespace);
+    gateways.create(&post, &fleet.gateway).await.unwrap();
+    let model_api: Api<ModelEndpoint> = Api::namespaced(client.clone(), &namespace);
+    futures_util::stream::iter(fleet.models.iter())
+        .for_each_concurrent(32, |model| {
+            let (api, post) = (model_api.clone(), post.clone());
+            async move { drop(api.create(&post, model).await.unwrap()) }
+        })
+        .await;
+    let key_api: Api<ApiKey> = Api::namespaced(client.clone(), &namespace);
+    futures_util::stream::iter(fleet.keys.iter())
+        .for_each_concurrent(32, |key| {
+            let (api, post) = (key_api.clone(), post.clone());
+            async move { drop(api.create(&post, key).await.unwrap()) }
+        })
+        .await;
+    let created = started.elapsed();
+    println!("created {models} ModelEndpoints and {keys} ApiKeys in {:.1}s", created.as_secs_f64());
+
+    // All served: the last key's generated text works on the last model.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    let deadline = Instant::now() + Duration::from_secs(900);
+    let last_key = key_text(&secrets, &format!("key-{}", keys - 1), deadline).await;
+    let last_model = format!("model-{}", models - 1);
+    while chat(gateway_addr, &last_key, &last_model).await != Some(200) {
+        assert!(Instant::now() < deadline, "the gateway never served the last key");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!("all served {:.1}s after the first create", started.elapsed().as_secs_f64());
+    let config = secrets.get("gateway-config").await.unwrap();
+    let config_bytes = config.data.as_ref().and_then(|d| d.values().next()).map_or(0, |b| b.0.len());
+    println!("config Secret: {config_bytes} bytes gzipped (a Secret holds at most 1 MiB)");
+
+    // Apply → served for one more key at a time, while the others exist.
+    let mut latencies = Vec::new();
+    for trial in 0..20 {
+        let name = format!("extra-{trial}");
+        let extra: ApiKey = serde_json::from_value(serde_json::json!({
+            "apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey",
+            "metadata": {"name": name, "namespace": namespace}, "spec": {}
+        }))
+        .unwrap();
+        let applied = Instant::now();
+        key_api.create(&post, &extra).await.unwrap();
+        let deadline = applied + Duration::from_secs(30);
+        let text = key_text(&secrets, &name, deadline).await;
+        while chat(gateway_addr, &text, "model-0").await != Some(200) {
+            assert!(Instant::now() < deadline, "{name} was not served within 30 s");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        latencies.push(applied.elapsed().as_secs_f64());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    latencies.sort_by(f64::total_cmp);
+    let p50 = latencies[latencies.len() / 2];
+    let p99 = latencies[((latencies.len() as f64 * 0.99).ceil() as usize).min(latencies.len()) - 1];
+    println!("apply → served, one more key among {keys}: p50 {p50:.3}s p99 {p99:.3}s over {} trials", latencies.len());
+
+    let metrics = metric_text(operator_admin).await;
+    let series = |name: &str| {
+        metrics.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.trim().parse::<f64>().ok()).unwrap_or(0.0)
+    };
+    let (sum, count) = (
+        series("waycast_operator_reconcile_duration_seconds_sum{kind=\"gateway\"} "),
+        series("waycast_operator_reconcile_duration_seconds_count{kind=\"gateway\"} "),
+    );
+    println!(
+        "operator: peak RSS {:.1} MiB, {count} Gateway reconciles averaging {:.1} ms (compile, render, 8 applies, status)",
+        status_of(operator.0.id(), "VmHWM:"),
+        if count > 0.0 { sum / count * 1e3 } else { 0.0 }
+    );
+    println!("gateway: peak RSS {:.1} MiB with {keys} keys", status_of(gateway.0.id(), "VmHWM:"));
+    assert!(config_bytes > 0);
+}
