@@ -30,7 +30,7 @@ bench:
 bench-scale: k8s-bins
 	$(CARGO) build $(CARGO_FLAGS) --release -p waycast-operator -p waycast-gateway
 	$(CARGO) build $(CARGO_FLAGS) -p waycast-e2e --bins
-	WAYCAST_OPERATOR_BIN=$(TARGET_DIR)/release/waycast-operator WAYCAST_GATEWAY_BIN=$(TARGET_DIR)/release/waycast-gateway \
+	WAYCAST_OPERATOR_BIN=$(abspath $(TARGET_DIR))/release/waycast-operator WAYCAST_GATEWAY_BIN=$(abspath $(TARGET_DIR))/release/waycast-gateway \
 	  $(CARGO) test $(CARGO_FLAGS) -p waycast-e2e --test scale -- --ignored --nocapture
 
 ## lint: formatting, clippy and docs, as CI runs them

@@ -95,7 +95,8 @@ async fn ten_thousand_keys_and_five_hundred_models_on_one_gateway() {
     // The objects, as the in-memory compile benchmark builds them.
     let fleet = scale::fleet(&namespace, keys, models, &format!("http://{upstream}/v1"));
     let figures = scale::compile_figures(&fleet, 3).unwrap();
-    println!("in-memory compile: {}", serde_json::to_string(&figures).unwrap());
+    // NB: this test binary is a debug build; `waycast-bench compile` gives release figures.
+    println!("in-memory compile (debug build): {}", serde_json::to_string(&figures).unwrap());
 
     let gateway_port = free_port(Ipv4Addr::LOCALHOST.into()).unwrap();
     let gateway_addr = SocketAddr::from((Ipv4Addr::LOCALHOST, gateway_port));
@@ -103,10 +104,15 @@ async fn ten_thousand_keys_and_five_hundred_models_on_one_gateway() {
     let log_dir = std::env::temp_dir();
     let operator = Process(
         Command::new(binary("WAYCAST_OPERATOR_BIN", "waycast-operator"))
-            .args(["--admin-listen", &operator_admin.to_string(), "--log", "warn"])
+            .args([
+                "--admin-listen",
+                &operator_admin.to_string(),
+                "--log",
+                &std::env::var("WAYCAST_SCALE_LOG").unwrap_or_else(|_| "warn".into()),
+            ])
             .env("KUBECONFIG", &cluster.kubeconfig)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(log_dir.join("waycast-scale-operator.log")).unwrap())
+            .stdout(std::fs::File::create(log_dir.join("waycast-scale-operator.log")).unwrap())
+            .stderr(Stdio::null())
             .spawn()
             .unwrap(),
     );
@@ -117,8 +123,8 @@ async fn ten_thousand_keys_and_five_hundred_models_on_one_gateway() {
             .args(["--admin-listen", &format!("127.0.0.1:{}", free_port(Ipv4Addr::LOCALHOST.into()).unwrap())])
             .args(["--log", "warn"])
             .env("KUBECONFIG", &cluster.kubeconfig)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(log_dir.join("waycast-scale-gateway.log")).unwrap())
+            .stdout(std::fs::File::create(log_dir.join("waycast-scale-gateway.log")).unwrap())
+            .stderr(Stdio::null())
             .spawn()
             .unwrap(),
     );
@@ -144,9 +150,18 @@ async fn ten_thousand_keys_and_five_hundred_models_on_one_gateway() {
     let created = started.elapsed();
     println!("created {models} ModelEndpoints and {keys} ApiKeys in {:.1}s", created.as_secs_f64());
 
-    // All served: the last key's generated text works on the last model.
+    // All served: the Gateway compiled every key, and the last key's
+    // generated text works on the last model.
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
     let deadline = Instant::now() + Duration::from_secs(900);
+    loop {
+        let status = gateways.get("gateway").await.unwrap().status.unwrap_or_default();
+        if status.api_key_count == Some(i32::try_from(keys).unwrap()) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the Gateway never compiled every key: {:?}", status.api_key_count);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let last_key = key_text(&secrets, &format!("key-{}", keys - 1), deadline).await;
     let last_model = format!("model-{}", models - 1);
     while chat(gateway_addr, &last_key, &last_model).await != Some(200) {

@@ -4,14 +4,18 @@
 //! ```text
 //! reflectors (Gateway, ModelEndpoint, ApiKey, Namespace, Service, key Secrets) ─► Stores
 //! Gateway controller:       stores ─► compile ─► render ─► apply (SSA, prune HPA/PDB) ─► Gateway status
-//! ApiKey controller:        generate <name>-key if needed ─► verdict per selecting Gateway ─► ApiKey status
-//! ModelEndpoint controller: verdict per selecting Gateway ─► ModelEndpoint status
+//!                           └─ stores every verdict in `compiled`, signals when one changed
+//! key Secret controller:    generate <name>-key if needed (its own queue: never behind status work)
+//! ApiKey controller:        verdict from `compiled` per selecting Gateway ─► ApiKey status
+//! ModelEndpoint controller: verdict from `compiled` per selecting Gateway ─► ModelEndpoint status
 //! ```
 //!
 //! Each kind's status is written only by its own controller, with one field
-//! manager. A change to any input store re-triggers the controllers that
-//! read it (after the store has it); bursts are coalesced by the debounce,
-//! and a request for an object already queued is merged.
+//! manager. A change the operator reads (spec, labels, Secret data — not
+//! status) re-triggers the controllers that read it, after the store has it;
+//! bursts are coalesced by the debounce, a request for an object already
+//! queued is merged, and at most [`CONCURRENCY`] reconciles of a kind run at
+//! once. One compile per Gateway change serves every object's status.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -44,7 +48,11 @@ use crate::status;
 /// The label key Secrets carry (generated ones and user-supplied ones).
 pub const KEY_SECRET_LABEL: &str = "waycast.dev/api-key";
 /// How long bursts of changes are coalesced before a reconcile.
-pub const DEBOUNCE: Duration = Duration::from_millis(300);
+pub const DEBOUNCE: Duration = Duration::from_millis(100);
+/// Reconciles of one kind in flight at once. Unbounded, a re-check of
+/// 10,000 ApiKeys opened thousands of API connections at once, and a new
+/// key's reconcile waited behind them for tens of seconds.
+pub const CONCURRENCY: u16 = 16;
 /// Periodic re-reconcile (picks up rotated upstream credentials).
 pub const RESYNC: Duration = Duration::from_secs(300);
 
@@ -229,19 +237,69 @@ pub struct Decision {
     pub as_intended: bool,
 }
 
-fn store_of<K>(client: &Client, config: watcher::Config) -> (Store<K>, broadcast::Sender<()>)
+/// What of an object the operator reads: a change signal fires only when
+/// this changes, so the operator's own status writes do not re-trigger
+/// compiles (a stream of 10,000 ApiKey status patches kept postponing the
+/// debounced Gateway reconcile for seconds).
+#[derive(Debug, Clone, Copy)]
+enum Relevant {
+    /// Spec (by generation), labels and deletion.
+    SpecAndLabels,
+    /// Labels and deletion (Namespaces).
+    Labels,
+    /// Any change (Services, Secrets: no status the operator writes).
+    Everything,
+}
+
+fn fingerprint<K: Resource>(object: &K, relevant: Relevant) -> u64 {
+    use std::hash::{Hash as _, Hasher as _};
+    let meta = object.meta();
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    match relevant {
+        Relevant::SpecAndLabels => {
+            meta.generation.hash(&mut hasher);
+            meta.labels.hash(&mut hasher);
+        }
+        Relevant::Labels => meta.labels.hash(&mut hasher),
+        Relevant::Everything => meta.resource_version.hash(&mut hasher),
+    }
+    meta.deletion_timestamp.is_some().hash(&mut hasher);
+    hasher.finish()
+}
+
+fn store_of<K>(client: &Client, config: watcher::Config, relevant: Relevant) -> (Store<K>, broadcast::Sender<()>)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
 {
     let (reader, writer) = reflector::store();
     let (changed, _) = broadcast::channel(64);
     let sender = changed.clone();
-    let stream = reflector::reflector(writer, watcher::watcher(Api::<K>::all(client.clone()), config))
-        .default_backoff()
-        .touched_objects();
+    let view = reader.clone();
+    // NB: managedFields are dropped before objects reach the store: the
+    // operator never reads them, and at 10,000 objects they were a large
+    // share of its memory.
+    let watch = watcher::watcher(Api::<K>::all(client.clone()), config)
+        .modify(|object: &mut K| object.managed_fields_mut().clear());
+    let stream = reflector::reflector(writer, watch).default_backoff().touched_objects();
+    let mut seen: std::collections::HashMap<reflector::ObjectRef<K>, u64> = std::collections::HashMap::new();
     // The reflector has applied each event to the store before it reaches here.
-    tokio::spawn(stream.for_each(move |_| {
-        let _ = sender.send(());
+    tokio::spawn(stream.for_each(move |touched| {
+        if let Ok(object) = touched {
+            let reference = reflector::ObjectRef::from_obj(&object);
+            let now = view.get(&reference).map(|current| fingerprint(current.as_ref(), relevant));
+            let differs = match now {
+                Some(print) => seen.insert(reference, print) != Some(print),
+                None => {
+                    seen.remove(&reference);
+                    true
+                }
+            };
+            if differs {
+                let _ = sender.send(());
+            }
+        } else {
+            let _ = sender.send(());
+        }
         futures_util::future::ready(())
     }));
     (reader, changed)
@@ -285,13 +343,13 @@ fn holder(lease: &Lease) -> &str {
 /// # Errors
 /// A reflector stopped before it was ready.
 pub async fn stores(client: &Client) -> Result<Stores, Error> {
-    let (gateways, gateways_changed) = store_of(client, watcher::Config::default());
-    let (models, models_changed) = store_of(client, watcher::Config::default());
-    let (keys, keys_changed) = store_of(client, watcher::Config::default());
-    let (namespaces, namespaces_changed) = store_of(client, watcher::Config::default());
-    let (services, services_changed) = store_of(client, watcher::Config::default());
-    let (key_secrets, key_secrets_changed) =
-        store_of(client, watcher::Config::default().labels(&format!("{KEY_SECRET_LABEL}=true")));
+    let (gateways, gateways_changed) = store_of(client, watcher::Config::default(), Relevant::SpecAndLabels);
+    let (models, models_changed) = store_of(client, watcher::Config::default(), Relevant::SpecAndLabels);
+    let (keys, keys_changed) = store_of(client, watcher::Config::default(), Relevant::SpecAndLabels);
+    let (namespaces, namespaces_changed) = store_of(client, watcher::Config::default(), Relevant::Labels);
+    let (services, services_changed) = store_of(client, watcher::Config::default(), Relevant::Everything);
+    let secrets = watcher::Config::default().labels(&format!("{KEY_SECRET_LABEL}=true"));
+    let (key_secrets, key_secrets_changed) = store_of(client, secrets, Relevant::Everything);
     let (leases, leases_changed) = lease_store(client);
     let stores = Stores {
         gateways,
@@ -330,8 +388,9 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
 pub async fn run(context: Arc<Context>) {
     let gateway_controller = gateway_controller(context.clone());
     let key_controller = api_key_controller(context.clone());
+    let key_secrets = key_secret_controller(context.clone());
     let model_controller = model_endpoint_controller(context.clone());
-    tokio::join!(gateway_controller, key_controller, model_controller);
+    tokio::join!(gateway_controller, key_controller, key_secrets, model_controller);
 }
 
 // === inputs ===
@@ -475,7 +534,7 @@ async fn gateway_controller(context: Arc<Context>) {
     Controller::new(Api::<Gateway>::all(client.clone()), watcher::Config::default())
         .owns(Api::<Deployment>::all(client.clone()), managed)
         .reconcile_all_on(inputs_changed)
-        .with_config(ControllerConfig::default().debounce(DEBOUNCE))
+        .with_config(ControllerConfig::default().debounce(DEBOUNCE).concurrency(CONCURRENCY))
         .run(reconcile_gateway, error_policy, context)
         .for_each(|_| futures_util::future::ready(()))
         .await;
@@ -712,15 +771,32 @@ async fn api_key_controller(context: Arc<Context>) {
     // from Gateways and namespaces; Programmed from the pods' heartbeats.
     let inputs_changed = signals(&[&changed.gateways, &changed.namespaces, &changed.compiled, &changed.leases]);
     Controller::new(Api::<ApiKey>::all(client.clone()), watcher::Config::default())
+        .reconcile_all_on(inputs_changed)
+        .with_config(ControllerConfig::default().debounce(DEBOUNCE).concurrency(CONCURRENCY))
+        .run(reconcile_api_key, error_policy, context)
+        .for_each(|_| futures_util::future::ready(()))
+        .await;
+}
+
+/// Generates key Secrets, apart from the status controller: a new ApiKey's
+/// key is created at once instead of after a re-check of every other key's
+/// status (10,000 of them took tens of seconds).
+async fn key_secret_controller(context: Arc<Context>) {
+    let client = context.client.clone();
+    Controller::new(Api::<ApiKey>::all(client.clone()), watcher::Config::default())
         .owns(
             Api::<Secret>::all(client.clone()),
             watcher::Config::default().labels(&format!("{KEY_SECRET_LABEL}=true")),
         )
-        .reconcile_all_on(inputs_changed)
-        .with_config(ControllerConfig::default().debounce(DEBOUNCE))
-        .run(reconcile_api_key, error_policy, context)
+        .with_config(ControllerConfig::default().concurrency(CONCURRENCY))
+        .run(reconcile_key_secret, error_policy, context)
         .for_each(|_| futures_util::future::ready(()))
         .await;
+}
+
+async fn reconcile_key_secret(api_key: Arc<ApiKey>, context: Arc<Context>) -> Result<Action, Error> {
+    ensure_generated_secret(&context.client, &api_key, &context.stores).await?;
+    Ok(Action::await_change())
 }
 
 /// Creates `<name>-key` with a fresh key when the ApiKey has no `secretRef`
@@ -761,7 +837,6 @@ async fn ensure_generated_secret(client: &Client, api_key: &ApiKey, stores: &Sto
 
 async fn reconcile_api_key(api_key: Arc<ApiKey>, context: Arc<Context>) -> Result<Action, Error> {
     let client = &context.client;
-    ensure_generated_secret(client, &api_key, &context.stores).await?;
     let id = ObjectKey::of(&api_key.metadata);
     let now = jiff::Timestamp::now();
     let namespaces: Vec<Arc<Namespace>> = context.stores.namespaces.state();
@@ -874,7 +949,7 @@ async fn model_endpoint_controller(context: Arc<Context>) {
     let inputs_changed = signals(&[&changed.gateways, &changed.namespaces, &changed.compiled, &changed.leases]);
     Controller::new(Api::<ModelEndpoint>::all(client.clone()), watcher::Config::default())
         .reconcile_all_on(inputs_changed)
-        .with_config(ControllerConfig::default().debounce(DEBOUNCE))
+        .with_config(ControllerConfig::default().debounce(DEBOUNCE).concurrency(CONCURRENCY))
         .run(reconcile_model_endpoint, error_policy, context)
         .for_each(|_| futures_util::future::ready(()))
         .await;
