@@ -2,6 +2,7 @@
 # waycast's images for users who build with Docker:
 #   docker build --target gateway  -t waycast/gateway:0.1.0 .
 #   docker build --target operator -t waycast/operator:0.1.0 .
+#   docker build --target bench    -t waycast/bench:0.1.0 .     (the load generator)
 # The final images hold one static-ish binary on distroless/cc (glibc and
 # libgcc only, no shell, no package manager) and run as the non-root user
 # 65532. The project's own packer (`make images`, e2e/src/image.rs) builds
@@ -16,8 +17,10 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked -p waycast-gateway -p waycast-operator \
+    && cargo build --profile bench-tool --locked -p waycast-e2e --bin waycast-bench \
     && install -D target/release/waycast-gateway /out/waycast-gateway \
-    && install -D target/release/waycast-operator /out/waycast-operator
+    && install -D target/release/waycast-operator /out/waycast-operator \
+    && install -D target/bench-tool/waycast-bench /out/waycast-bench
 
 FROM gcr.io/distroless/cc-debian12:nonroot AS gateway
 COPY --from=build /out/waycast-gateway /waycast-gateway
@@ -32,3 +35,10 @@ USER 65532:65532
 # 8080 serves /metrics, /healthz and /readyz.
 EXPOSE 8080
 ENTRYPOINT ["/waycast-operator"]
+
+FROM gcr.io/distroless/cc-debian12:nonroot AS bench
+COPY --from=build /out/waycast-bench /waycast-bench
+USER 65532:65532
+# 8090: the page, the REST API (/runs) and the sink (/v1).
+EXPOSE 8090
+ENTRYPOINT ["/waycast-bench"]

@@ -25,7 +25,7 @@ fn stage(dockerfile: &str, target: &str) -> Vec<String> {
 #[test]
 fn dockerfile_targets_match_the_packed_images() {
     let dockerfile = std::fs::read_to_string(repository_root().join("Dockerfile")).unwrap();
-    for binary in ["waycast-gateway", "waycast-operator"] {
+    for binary in ["waycast-gateway", "waycast-operator", "waycast-bench"] {
         let target = binary.trim_start_matches("waycast-");
         let instructions = stage(&dockerfile, target);
         assert!(!instructions.is_empty(), "no `AS {target}` stage in the Dockerfile");
