@@ -547,7 +547,7 @@ async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Context>) -> Resu
     let name = gateway.name_any();
     let mut snapshot = Snapshot::take(&context.stores);
     snapshot.fetch_credentials(client, &gateway).await?;
-    let compiled = snapshot.with_inputs(&gateway, |inputs| compile::gateway(inputs, jiff::Timestamp::now()));
+    let mut compiled = snapshot.with_inputs(&gateway, |inputs| compile::gateway(inputs, jiff::Timestamp::now()));
 
     let (config_secret, rendered_hash) = render::config_secret::config_secret(&gateway, &compiled.config)?;
     let config_bytes = config_secret.data.as_ref().and_then(|d| d.values().next()).map_or(0, |b| b.0.len());
@@ -600,13 +600,18 @@ async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Context>) -> Resu
             .iter()
             .map(|(id, v)| (id.clone(), Decision { generation: model_generation(id), as_intended: v.accepted }))
             .collect(),
-        key_verdicts: compiled.keys.clone(),
+        // Moved, not copied: at 10,000 keys these maps are the bulk of the work.
+        key_verdicts: std::mem::take(&mut compiled.keys),
         model_verdicts: compiled.models.clone(),
     };
     let decided_differently = {
         let mut all = context.compiled.write().await;
-        let previous = all.insert(ObjectKey::of(&gateway.metadata), compiled_from.clone());
-        previous.as_ref() != Some(&compiled_from)
+        let gateway_key = ObjectKey::of(&gateway.metadata);
+        let differs = all.get(&gateway_key) != Some(&compiled_from);
+        if differs {
+            all.insert(gateway_key, compiled_from);
+        }
+        differs
     };
     if decided_differently {
         // Nobody listening is fine: the controllers subscribe when they start.
