@@ -2,7 +2,8 @@
 //! render steps, server-side apply the result, and write status.
 //!
 //! ```text
-//! reflectors (Gateway, ModelEndpoint, ApiKey, Namespace, Service, key Secrets) ─► Stores
+//! reflectors (Gateway, ModelEndpoint, ApiKey, Namespace, Service, key Secrets,
+//!             config Secret metadata, heartbeat Leases) ─► Stores ─► Feeds + change signals
 //! Gateway controller:       stores ─► compile ─► render ─► apply (SSA, prune HPA/PDB) ─► Gateway status
 //!                           └─ stores every verdict in `compiled`, signals when one changed
 //! key Secret controller:    generate <name>-key if needed (its own queue: never behind status work)
@@ -10,7 +11,8 @@
 //! ModelEndpoint controller: verdict from `compiled` per selecting Gateway ─► ModelEndpoint status
 //! ```
 //!
-//! Each kind's status is written only by its own controller, with one field
+//! The controllers read the shared stores and are fed by them (one cache of
+//! each kind). Each kind's status is written only by its own controller, with one field
 //! manager. A change the operator reads (spec, labels, Secret data — not
 //! status) re-triggers the controllers that read it, after the store has it;
 //! bursts are coalesced by the debounce, a request for an object already
@@ -30,12 +32,13 @@ use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
-use kube::runtime::reflector::{self, Store};
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Api, Client, Resource, ResourceExt as _};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, mpsc};
 use waycast_crds::condition::{reasons, types};
 use waycast_crds::{ApiKey, ApiKeyStatus, Gateway, GatewayStatus, ModelEndpoint, ModelEndpointStatus};
 
@@ -79,6 +82,10 @@ pub struct Stores {
     pub key_secrets: Store<Secret>,
     /// Gateway pods' heartbeat Leases.
     pub leases: Store<Lease>,
+    /// The metadata of Secrets the operator owns (config Secrets).
+    pub config_secrets: Store<PartialObjectMeta<Secret>>,
+    /// What each controller is to reconcile.
+    pub feeds: Feeds,
     /// Fires after any change to the store of the same name.
     pub changed: Changes,
 }
@@ -117,6 +124,11 @@ fn signals(senders: &[&broadcast::Sender<()>]) -> impl futures_util::Stream<Item
         .boxed()
     });
     futures_util::stream::select_all(streams)
+}
+
+/// One signal at once: every object is looked at when a controller starts.
+fn once() -> impl futures_util::Stream<Item = ()> + Send + 'static {
+    futures_util::stream::once(futures_util::future::ready(()))
 }
 
 /// Shared by every reconcile.
@@ -267,9 +279,16 @@ fn fingerprint<K: Resource>(object: &K, relevant: Relevant) -> u64 {
     hasher.finish()
 }
 
-fn store_of<K>(client: &Client, config: watcher::Config, relevant: Relevant) -> (Store<K>, broadcast::Sender<()>)
+/// Called with each object whose relevant fields changed, and whether it
+/// was deleted.
+type Listener<K> = Box<dyn FnMut(&K, bool) + Send>;
+
+/// Fills a store from `watch` and signals relevant changes; `listener`
+/// hears of each changed object.
+fn store_of<K, W>(watch: W, relevant: Relevant, mut listener: Listener<K>) -> (Store<K>, broadcast::Sender<()>)
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
+    W: futures_util::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
 {
     let (reader, writer) = reflector::store();
     let (changed, _) = broadcast::channel(64);
@@ -278,24 +297,21 @@ where
     // NB: managedFields are dropped before objects reach the store: the
     // operator never reads them, and at 10,000 objects they were a large
     // share of its memory.
-    let watch = watcher::watcher(Api::<K>::all(client.clone()), config)
-        .modify(|object: &mut K| object.managed_fields_mut().clear());
+    let watch = watch.modify(|object: &mut K| object.managed_fields_mut().clear());
     let stream = reflector::reflector(writer, watch).default_backoff().touched_objects();
-    let mut seen: std::collections::HashMap<reflector::ObjectRef<K>, u64> = std::collections::HashMap::new();
+    let mut seen: std::collections::HashMap<ObjectRef<K>, u64> = std::collections::HashMap::new();
     // The reflector has applied each event to the store before it reaches here.
     tokio::spawn(stream.for_each(move |touched| {
         if let Ok(object) = touched {
-            let reference = reflector::ObjectRef::from_obj(&object);
+            let reference = ObjectRef::from_obj(&object);
             let now = view.get(&reference).map(|current| fingerprint(current.as_ref(), relevant));
-            let differs = match now {
-                Some(print) => seen.insert(reference, print) != Some(print),
-                None => {
-                    seen.remove(&reference);
-                    true
-                }
+            let (differs, deleted) = match now {
+                Some(print) => (seen.insert(reference, print) != Some(print), false),
+                None => (seen.remove(&reference).is_some(), true),
             };
             if differs {
                 let _ = sender.send(());
+                listener(&object, deleted);
             }
         } else {
             let _ = sender.send(());
@@ -305,9 +321,84 @@ where
     (reader, changed)
 }
 
+fn all<K>(client: &Client, config: watcher::Config) -> impl futures_util::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    watcher::watcher(Api::<K>::all(client.clone()), config)
+}
+
+/// Where a store announces the objects whose relevant fields changed, to
+/// the controller that reconciles them once it runs. Nothing is queued
+/// before: a standby replica waiting for the leader Lease would otherwise
+/// buffer every change it sees.
+pub struct Feed<K: Resource<DynamicType = ()>>(Arc<arc_swap::ArcSwapOption<mpsc::UnboundedSender<ObjectRef<K>>>>);
+
+impl<K: Resource<DynamicType = ()>> Clone for Feed<K> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+impl<K: Resource<DynamicType = ()>> Default for Feed<K> {
+    fn default() -> Self {
+        Self(Arc::new(arc_swap::ArcSwapOption::empty()))
+    }
+}
+
+impl<K: Resource<DynamicType = ()> + Send + Sync + 'static> Feed<K> {
+    fn announce(&self, reference: ObjectRef<K>) {
+        if let Some(sender) = self.0.load().as_ref() {
+            let _ = sender.send(reference);
+        }
+    }
+
+    /// The announcements from now on (replacing an earlier subscriber).
+    fn subscribe(&self) -> impl futures_util::Stream<Item = ObjectRef<K>> + Send + 'static {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        self.0.store(Some(Arc::new(sender)));
+        futures_util::stream::unfold(receiver, |mut receiver| async move {
+            receiver.recv().await.map(|reference| (reference, receiver))
+        })
+    }
+}
+
+/// The objects each controller reconciles, as their stores see them change.
+/// Controllers share the stores instead of caching every object again in
+/// watches of their own (ApiKeys were held three times, key Secrets twice).
+#[derive(Clone, Default)]
+pub struct Feeds {
+    /// Gateways whose spec or labels changed, or whose config Secret was deleted.
+    pub gateways: Feed<Gateway>,
+    /// ModelEndpoints whose spec or labels changed.
+    pub models: Feed<ModelEndpoint>,
+    /// ApiKeys whose spec or labels changed.
+    pub keys: Feed<ApiKey>,
+    /// ApiKeys whose spec changed or whose key Secret changed.
+    pub key_secrets: Feed<ApiKey>,
+}
+
+fn announce_self<K: Resource<DynamicType = ()> + Send + Sync + 'static>(feeds: Vec<Feed<K>>) -> Listener<K> {
+    Box::new(move |object, _| {
+        for feed in &feeds {
+            feed.announce(ObjectRef::from_obj(object));
+        }
+    })
+}
+
+fn ignore<K>() -> Listener<K> {
+    Box::new(|_, _| {})
+}
+
+/// The owner of `object` of kind `K`, by its ownerReferences.
+fn owner_of<K: Resource<DynamicType = ()>>(object: &impl Resource) -> Option<ObjectRef<K>> {
+    let owner = object.meta().owner_references.as_ref()?.iter().find(|o| o.kind == K::kind(&()))?;
+    Some(ObjectRef::new(&owner.name).within(object.meta().namespace.as_deref()?))
+}
+
 /// The heartbeat Leases of gateway pods; signals only when the set of
 /// (pod, config hash) pairs changes, not on every renewal.
-fn lease_store(client: &Client) -> (Store<Lease>, broadcast::Sender<()>) {
+fn lease_store(client: &Client, gateways: Feed<Gateway>) -> (Store<Lease>, broadcast::Sender<()>) {
     let (reader, writer) = reflector::store();
     let (changed, _) = broadcast::channel(64);
     let sender = changed.clone();
@@ -316,16 +407,24 @@ fn lease_store(client: &Client) -> (Store<Lease>, broadcast::Sender<()>) {
     let stream = reflector::reflector(writer, watcher::watcher(Api::<Lease>::all(client.clone()), config))
         .default_backoff()
         .touched_objects();
-    let mut last: BTreeMap<String, String> = BTreeMap::new();
+    // (namespace, lease name) → (Gateway, config hash)
+    let mut last: BTreeMap<(String, String), (String, String)> = BTreeMap::new();
     tokio::spawn(stream.for_each(move |_| {
-        let now: BTreeMap<String, String> = view
+        let now: BTreeMap<(String, String), (String, String)> = view
             .state()
             .iter()
             .map(|lease| {
-                (format!("{}/{}", lease.namespace().unwrap_or_default(), lease.name_any()), holder(lease).to_owned())
+                let gateway = lease.labels().get(render::GATEWAY_LABEL).cloned().unwrap_or_default();
+                ((lease.namespace().unwrap_or_default(), lease.name_any()), (gateway, holder(lease).to_owned()))
             })
             .collect();
         if now != last {
+            // The Gateways whose pods changed, for their status (upToDateReplicas).
+            let moved = now.iter().filter(|(id, pod)| last.get(id) != Some(pod));
+            let gone = last.iter().filter(|(id, _)| !now.contains_key(id));
+            for ((namespace, _), (gateway, _)) in moved.chain(gone) {
+                gateways.announce(ObjectRef::new(gateway).within(namespace));
+            }
             last = now;
             let _ = sender.send(());
         }
@@ -343,14 +442,43 @@ fn holder(lease: &Lease) -> &str {
 /// # Errors
 /// A reflector stopped before it was ready.
 pub async fn stores(client: &Client) -> Result<Stores, Error> {
-    let (gateways, gateways_changed) = store_of(client, watcher::Config::default(), Relevant::SpecAndLabels);
-    let (models, models_changed) = store_of(client, watcher::Config::default(), Relevant::SpecAndLabels);
-    let (keys, keys_changed) = store_of(client, watcher::Config::default(), Relevant::SpecAndLabels);
-    let (namespaces, namespaces_changed) = store_of(client, watcher::Config::default(), Relevant::Labels);
-    let (services, services_changed) = store_of(client, watcher::Config::default(), Relevant::Everything);
+    let feeds = Feeds::default();
+    let (gateways, gateways_changed) =
+        store_of(all(client, watcher::Config::default()), Relevant::SpecAndLabels, announce_self(vec![feeds.gateways.clone()]));
+    let (models, models_changed) =
+        store_of(all(client, watcher::Config::default()), Relevant::SpecAndLabels, announce_self(vec![feeds.models.clone()]));
+    let (keys, keys_changed) = store_of(
+        all(client, watcher::Config::default()),
+        Relevant::SpecAndLabels,
+        announce_self(vec![feeds.keys.clone(), feeds.key_secrets.clone()]),
+    );
+    let (namespaces, namespaces_changed) = store_of(all(client, watcher::Config::default()), Relevant::Labels, ignore());
+    let (services, services_changed) = store_of(all(client, watcher::Config::default()), Relevant::Everything, ignore());
     let secrets = watcher::Config::default().labels(&format!("{KEY_SECRET_LABEL}=true"));
-    let (key_secrets, key_secrets_changed) = store_of(client, secrets, Relevant::Everything);
-    let (leases, leases_changed) = lease_store(client);
+    let owners = feeds.key_secrets.clone();
+    let (key_secrets, key_secrets_changed) = store_of(
+        all(client, secrets),
+        Relevant::Everything,
+        Box::new(move |secret: &Secret, _| {
+            if let Some(owner) = owner_of::<ApiKey>(secret) {
+                owners.announce(owner);
+            }
+        }),
+    );
+    // Metadata only: the operator needs to know which config each Secret
+    // holds (its hash annotation), not the up-to-1-MiB data.
+    let managed = watcher::Config::default().labels(&format!("app.kubernetes.io/managed-by={FIELD_MANAGER}"));
+    let gateway_feed = feeds.gateways.clone();
+    let (config_secrets, _) = store_of(
+        all::<PartialObjectMeta<Secret>>(client, managed),
+        Relevant::Everything,
+        Box::new(move |secret: &PartialObjectMeta<Secret>, deleted| {
+            if deleted && let Some(owner) = owner_of::<Gateway>(secret) {
+                gateway_feed.announce(owner);
+            }
+        }),
+    );
+    let (leases, leases_changed) = lease_store(client, feeds.gateways.clone());
     let stores = Stores {
         gateways,
         models,
@@ -359,6 +487,8 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
         services,
         key_secrets,
         leases,
+        config_secrets,
+        feeds,
         changed: Changes {
             gateways: gateways_changed,
             models: models_changed,
@@ -378,6 +508,7 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
         stores.services.wait_until_ready().await,
         stores.key_secrets.wait_until_ready().await,
         stores.leases.wait_until_ready().await,
+        stores.config_secrets.wait_until_ready().await,
     ] {
         ready.map_err(|_| Error::Incomplete("a ready store"))?;
     }
@@ -531,9 +662,10 @@ async fn gateway_controller(context: Arc<Context>) {
     let changed = &context.stores.changed;
     let inputs_changed =
         signals(&[&changed.models, &changed.keys, &changed.namespaces, &changed.services, &changed.key_secrets]);
-    Controller::new(Api::<Gateway>::all(client.clone()), watcher::Config::default())
+    Controller::for_stream(futures_util::stream::pending(), context.stores.gateways.clone())
         .owns(Api::<Deployment>::all(client.clone()), managed)
-        .reconcile_all_on(inputs_changed)
+        .reconcile_on(context.stores.feeds.gateways.subscribe())
+        .reconcile_all_on(once().chain(inputs_changed))
         .with_config(ControllerConfig::default().debounce(DEBOUNCE).concurrency(CONCURRENCY))
         .run(reconcile_gateway, error_policy, context)
         .for_each(|_| futures_util::future::ready(()))
@@ -548,6 +680,7 @@ async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Context>) -> Resu
     let mut snapshot = Snapshot::take(&context.stores);
     snapshot.fetch_credentials(client, &gateway).await?;
     let mut compiled = snapshot.with_inputs(&gateway, |inputs| compile::gateway(inputs, jiff::Timestamp::now()));
+    let compiled_at = started.elapsed();
 
     let (config_secret, rendered_hash) = render::config_secret::config_secret(&gateway, &compiled.config)?;
     let config_bytes = config_secret.data.as_ref().and_then(|d| d.values().next()).map_or(0, |b| b.0.len());
@@ -561,22 +694,45 @@ async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Context>) -> Resu
         let written = context.written.read().await;
         written.get(&ObjectKey::of(&gateway.metadata)).map(|w| w.hash.clone()).unwrap_or_default()
     };
-    apply(client, &render::rbac::service_account(&gateway)).await?;
-    apply(client, &render::rbac::role(&gateway)).await?;
-    apply(client, &render::rbac::role_binding(&gateway)).await?;
-    if config_fits {
-        apply(client, &config_secret).await?;
-    }
-    let deployment = apply(client, &render::deployment::deployment(&gateway, &context.settings)).await?;
-    let service = apply(client, &render::service::service(&gateway)).await?;
-    match render::scaling::hpa(&gateway) {
-        Some(hpa) => drop(apply(client, &hpa).await?),
-        None => prune::<HorizontalPodAutoscaler>(client, &namespace, &name).await?,
-    }
-    match render::scaling::pdb(&gateway) {
-        Some(pdb) => drop(apply(client, &pdb).await?),
-        None => prune::<PodDisruptionBudget>(client, &namespace, &name).await?,
-    }
+    let rendered_at = started.elapsed();
+    // The unchanged config Secret is not sent again: at 10,000 keys it is
+    // 433 KB, and applying it was the largest part of a reconcile.
+    let config_current = context
+        .stores
+        .config_secrets
+        .get(&ObjectRef::new(&render::config_secret_name(&gateway)).within(&namespace))
+        .is_some_and(|secret| {
+            secret.annotations().get(render::CONFIG_HASH_ANNOTATION) == Some(&hash)
+                && secret.owner_references().iter().any(|owner| Some(&owner.uid) == gateway.metadata.uid.as_ref())
+        });
+    let config = async {
+        if config_fits && !config_current {
+            apply(client, &config_secret).await?;
+        }
+        Ok::<_, Error>(())
+    };
+    // Independent objects go together; what the pods need (their
+    // ServiceAccount, RBAC, config) before the Deployment that starts them.
+    let (account, role, binding) =
+        (render::rbac::service_account(&gateway), render::rbac::role(&gateway), render::rbac::role_binding(&gateway));
+    tokio::try_join!(apply(client, &account), apply(client, &role), apply(client, &binding), config)?;
+    let hpa = async {
+        match render::scaling::hpa(&gateway) {
+            Some(hpa) => apply(client, &hpa).await.map(drop),
+            None => prune::<HorizontalPodAutoscaler>(client, &namespace, &name).await,
+        }
+    };
+    let pdb = async {
+        match render::scaling::pdb(&gateway) {
+            Some(pdb) => apply(client, &pdb).await.map(drop),
+            None => prune::<PodDisruptionBudget>(client, &namespace, &name).await,
+        }
+    };
+    let (deployment, service) =
+        (render::deployment::deployment(&gateway, &context.settings), render::service::service(&gateway));
+    let (deployment, service, (), ()) =
+        tokio::try_join!(apply(client, &deployment), apply(client, &service), hpa, pdb)?;
+    let applied_at = started.elapsed();
 
     let key_generations: std::collections::HashMap<ObjectKey, Option<i64>> =
         snapshot.keys.iter().map(|k| (ObjectKey::of(&k.metadata), k.metadata.generation)).collect();
@@ -707,6 +863,14 @@ async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Context>) -> Resu
         patch_status(client, gateway.as_ref(), serde_json::to_value(&new_status)?).await?;
         emit_transitions(&context, gateway.as_ref(), &previous, &new_status.conditions).await;
     }
+    tracing::debug!(
+        gateway = %ObjectKey::of(&gateway.metadata),
+        compile_ms = compiled_at.as_secs_f64() * 1e3,
+        render_ms = (rendered_at - compiled_at).as_secs_f64() * 1e3,
+        apply_ms = (applied_at - rendered_at).as_secs_f64() * 1e3,
+        status_ms = (started.elapsed() - applied_at).as_secs_f64() * 1e3,
+        "gateway reconciled"
+    );
     context.metrics.config_bytes.with_label_values(&[&format!("{namespace}/{name}")]).set(config_bytes as i64);
     context.metrics.reconciles.with_label_values(&["gateway"]).inc();
     context.metrics.reconcile_duration.with_label_values(&["gateway"]).observe(started.elapsed().as_secs_f64());
@@ -770,13 +934,13 @@ fn gateway_status_changed(old: Option<&GatewayStatus>, new: &GatewayStatus) -> b
 // === ApiKey ===
 
 async fn api_key_controller(context: Arc<Context>) {
-    let client = context.client.clone();
     let changed = &context.stores.changed;
     // Verdicts come from the Gateways' compiles (`compiled`); selection
     // from Gateways and namespaces; Programmed from the pods' heartbeats.
     let inputs_changed = signals(&[&changed.gateways, &changed.namespaces, &changed.compiled, &changed.leases]);
-    Controller::new(Api::<ApiKey>::all(client.clone()), watcher::Config::default())
-        .reconcile_all_on(inputs_changed)
+    Controller::for_stream(futures_util::stream::pending(), context.stores.keys.clone())
+        .reconcile_on(context.stores.feeds.keys.subscribe())
+        .reconcile_all_on(once().chain(inputs_changed))
         .with_config(ControllerConfig::default().debounce(DEBOUNCE).concurrency(CONCURRENCY))
         .run(reconcile_api_key, error_policy, context)
         .for_each(|_| futures_util::future::ready(()))
@@ -787,12 +951,9 @@ async fn api_key_controller(context: Arc<Context>) {
 /// key is created at once instead of after a re-check of every other key's
 /// status (10,000 of them took tens of seconds).
 async fn key_secret_controller(context: Arc<Context>) {
-    let client = context.client.clone();
-    Controller::new(Api::<ApiKey>::all(client.clone()), watcher::Config::default())
-        .owns(
-            Api::<Secret>::all(client.clone()),
-            watcher::Config::default().labels(&format!("{KEY_SECRET_LABEL}=true")),
-        )
+    Controller::for_stream(futures_util::stream::pending(), context.stores.keys.clone())
+        .reconcile_on(context.stores.feeds.key_secrets.subscribe())
+        .reconcile_all_on(once())
         .with_config(ControllerConfig::default().concurrency(CONCURRENCY))
         .run(reconcile_key_secret, error_policy, context)
         .for_each(|_| futures_util::future::ready(()))
@@ -946,14 +1107,14 @@ fn programmed_condition(
 // === ModelEndpoint ===
 
 async fn model_endpoint_controller(context: Arc<Context>) {
-    let client = context.client.clone();
     let changed = &context.stores.changed;
     // Other ModelEndpoints matter too: a conflict is decided among them.
     // Verdicts (conflicts are decided among all of a Gateway's ModelEndpoints)
     // come from the Gateways' compiles.
     let inputs_changed = signals(&[&changed.gateways, &changed.namespaces, &changed.compiled, &changed.leases]);
-    Controller::new(Api::<ModelEndpoint>::all(client.clone()), watcher::Config::default())
-        .reconcile_all_on(inputs_changed)
+    Controller::for_stream(futures_util::stream::pending(), context.stores.models.clone())
+        .reconcile_on(context.stores.feeds.models.subscribe())
+        .reconcile_all_on(once().chain(inputs_changed))
         .with_config(ControllerConfig::default().debounce(DEBOUNCE).concurrency(CONCURRENCY))
         .run(reconcile_model_endpoint, error_policy, context)
         .for_each(|_| futures_util::future::ready(()))
