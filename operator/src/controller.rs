@@ -294,10 +294,14 @@ where
     let (changed, _) = broadcast::channel(64);
     let sender = changed.clone();
     let view = reader.clone();
-    // NB: managedFields are dropped before objects reach the store: the
-    // operator never reads them, and at 10,000 objects they were a large
-    // share of its memory.
-    let watch = watch.modify(|object: &mut K| object.managed_fields_mut().clear());
+    // NB: managedFields (and kubectl's last-applied copy) are dropped
+    // before objects reach the store: the operator never reads them, and at
+    // 10,000 objects they were a large share of its memory.
+    let watch = watch.modify(|object: &mut K| {
+        object.managed_fields_mut().clear();
+        // A copy of the whole object as kubectl last applied it: never read.
+        object.annotations_mut().remove("kubectl.kubernetes.io/last-applied-configuration");
+    });
     let stream = reflector::reflector(writer, watch).default_backoff().touched_objects();
     let mut seen: std::collections::HashMap<ObjectRef<K>, u64> = std::collections::HashMap::new();
     // The reflector has applied each event to the store before it reaches here.
