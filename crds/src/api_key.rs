@@ -25,6 +25,8 @@ use crate::common::{Limits, SecretKeyRef};
     printcolumn = r#"{"name": "Expires", "type": "date", "jsonPath": ".spec.expiresAt", "description": "When the key stops working"}"#,
     printcolumn = r#"{"name": "Ready", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Ready\")].status", "description": "The key is valid and served"}"#,
     printcolumn = r#"{"name": "Programmed", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Programmed\")].status", "description": "Every ready gateway pod accepts it"}"#,
+    printcolumn = r#"{"name": "RPM", "type": "integer", "priority": 1, "jsonPath": ".status.limits.requestsPerMinute", "description": "Requests per minute the Gateways enforce for this key"}"#,
+    printcolumn = r#"{"name": "TPM", "type": "integer", "priority": 1, "jsonPath": ".status.limits.tokensPerMinute", "description": "Tokens per minute the Gateways enforce for this key"}"#,
     printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -76,6 +78,11 @@ pub struct ApiKeyStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Set)]
     pub gateways: Vec<String>,
+    /// The rate limits the Gateways enforce for this key, across all their
+    /// pods (each pod enforces its share; see docs/rate-limits.md). Absent
+    /// when the key is not served or has no limits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<Limits>,
     /// The `metadata.generation` this status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,

@@ -87,6 +87,16 @@ pub enum GatewayError {
     /// No config has been loaded yet.
     #[error("gateway is starting: no configuration loaded yet")]
     NotReady,
+    /// A rate limit refused the request (429 with `Retry-After`).
+    #[error("rate limit reached: the {} limit of {} {} per minute; try again in {}", owner_text(.0.owner), .0.limit, .0.unit.as_str(), crate::limit::duration_text(.0.retry_after_nanos))]
+    RateLimited(crate::limit::Refusal),
+}
+
+fn owner_text(owner: crate::limit::Owner) -> &'static str {
+    match owner {
+        crate::limit::Owner::Key => "API key's",
+        crate::limit::Owner::Model => "model's",
+    }
 }
 
 impl GatewayError {
@@ -106,6 +116,7 @@ impl GatewayError {
             UpstreamUnreachable(_) | UpstreamFailed(_) => StatusCode::BAD_GATEWAY,
             UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             NotReady => StatusCode::SERVICE_UNAVAILABLE,
+            RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 
@@ -116,6 +127,8 @@ impl GatewayError {
             MissingKey | InvalidKey | ExpiredKey | DisabledKey => "authentication_error",
             ModelNotAllowed(_) => "permission_error",
             UpstreamUnreachable(_) | UpstreamFailed(_) | UpstreamTimeout(_) | NotReady => "server_error",
+            // As OpenAI's own 429s: the type names what ran out.
+            RateLimited(refusal) => refusal.unit.as_str(),
             _ => "invalid_request_error",
         }
     }
@@ -146,6 +159,7 @@ impl GatewayError {
             UpstreamFailed(_) => "upstream_failed",
             UpstreamTimeout(_) => "upstream_timeout",
             NotReady => "not_ready",
+            RateLimited(_) => "rate_limit_exceeded",
         }
     }
 
@@ -187,6 +201,9 @@ impl GatewayError {
             GatewayError::MissingKey | GatewayError::InvalidKey | GatewayError::ExpiredKey | GatewayError::DisabledKey
         ) {
             headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if let GatewayError::RateLimited(refusal) = self {
+            refusal.apply(headers);
         }
         response
     }

@@ -15,6 +15,7 @@ pub mod admin;
 pub mod config;
 pub mod error;
 pub mod heartbeat;
+pub mod limit;
 pub mod metrics;
 pub mod proxy;
 pub mod server;
@@ -47,6 +48,8 @@ pub struct Shared {
     pub body_timeout: Duration,
     /// Longest a client may take to send its request headers.
     pub header_read_timeout: Duration,
+    /// How many pods share each rate limit.
+    pub fleet: Arc<limit::fleet::Fleet>,
     draining: AtomicBool,
 }
 
@@ -203,6 +206,7 @@ pub async fn start(options: GatewayOptions) -> Result<RunningGateway, StartError
         request_ids: RequestIds::new(),
         body_timeout: options.body_timeout,
         header_read_timeout: options.header_read_timeout,
+        fleet: Arc::default(),
         draining: AtomicBool::new(false),
     });
     let bind = |address| async move {
@@ -228,6 +232,7 @@ pub async fn start(options: GatewayOptions) -> Result<RunningGateway, StartError
         background.push(tokio::spawn(tls.clone().watch(Duration::from_secs(1))));
     }
     if let Some((client, identity)) = options.heartbeat {
+        background.push(tokio::spawn(limit::fleet::watch(client.clone(), identity.clone(), shared.clone())));
         background.push(tokio::spawn(heartbeat::run(client, identity, shared.clone())));
     }
     background.push(tokio::spawn(server::serve_admin(admin, shared.clone())));

@@ -44,6 +44,14 @@ pub struct Metrics {
     pub config_info: IntGaugeVec,
     /// Unix time of the last applied config.
     pub config_last_reload: IntGauge,
+    /// Requests under a rate limit by model, key and decision (`admitted`,
+    /// or the limit that refused: `key_requests`, `key_tokens`,
+    /// `model_requests`, `model_tokens`).
+    pub rate_limit_requests: IntCounterVec,
+    /// Tokens charged to rate limits, by model and key.
+    pub rate_limit_tokens: IntCounterVec,
+    /// Pods sharing each rate limit (live pods of this Gateway).
+    pub rate_limit_pods: IntGauge,
 }
 
 impl Metrics {
@@ -102,6 +110,25 @@ impl Metrics {
             "waycast_gateway_config_last_reload_timestamp_seconds",
             "Unix time the current config was applied.",
         )?;
+        let rate_limit_requests = IntCounterVec::new(
+            Opts::new(
+                "waycast_gateway_rate_limit_requests_total",
+                "Requests under a rate limit, by model, key id and decision (admitted, or the limit that refused: key_requests, key_tokens, model_requests, model_tokens).",
+            ),
+            &["model", "key", "decision"],
+        )?;
+        let rate_limit_tokens = IntCounterVec::new(
+            Opts::new(
+                "waycast_gateway_rate_limit_tokens_total",
+                "Tokens charged to token rate limits, by model and key id.",
+            ),
+            &["model", "key"],
+        )?;
+        let rate_limit_pods = IntGauge::new(
+            "waycast_gateway_rate_limit_pods",
+            "Pods sharing each rate limit: the live pods of this Gateway (each enforces its share).",
+        )?;
+        rate_limit_pods.set(1);
         let metrics = Self {
             registry,
             requests,
@@ -115,6 +142,9 @@ impl Metrics {
             config_reload_errors,
             config_info,
             config_last_reload,
+            rate_limit_requests,
+            rate_limit_tokens,
+            rate_limit_pods,
         };
         for collector in metrics.collectors() {
             metrics.registry.register(collector)?;
@@ -137,6 +167,9 @@ impl Metrics {
             Box::new(self.config_reload_errors.clone()),
             Box::new(self.config_info.clone()),
             Box::new(self.config_last_reload.clone()),
+            Box::new(self.rate_limit_requests.clone()),
+            Box::new(self.rate_limit_tokens.clone()),
+            Box::new(self.rate_limit_pods.clone()),
         ]
     }
 

@@ -22,6 +22,7 @@ use http::uri::{Authority, Scheme};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use waycast_crds::config::{GatewayConfig, KeyConfig, ModelConfig, Settings, TimeoutsConfig, glob_matches};
 
+use crate::limit::LimitSet;
 use crate::proxy::forward::{UpstreamClient, upstream_client};
 
 /// A built config.
@@ -47,6 +48,8 @@ pub struct KeyEntry {
     pub expires_at: Option<jiff::Timestamp>,
     /// Refused with 401.
     pub disabled: bool,
+    /// Its rate limits, if any.
+    pub limits: Option<Arc<LimitSet>>,
 }
 
 impl KeyEntry {
@@ -71,6 +74,8 @@ pub struct Route {
     pub timeouts: TimeoutsConfig,
     /// The pooled client whose connect timeout matches.
     pub client: UpstreamClient,
+    /// Its rate limits over all keys, if any.
+    pub limits: Option<Arc<LimitSet>>,
     total_weight: u64,
     next: AtomicU64,
 }
@@ -151,16 +156,32 @@ impl Snapshot {
                     client
                 }
             };
-            let route = build_route(model_index, model, client)?;
+            let mut route = build_route(model_index, model, client)?;
+            // Limiter state continues from the same model in the last snapshot.
+            route.limits = model.limits.as_ref().map(|limits| {
+                let before = previous
+                    .and_then(|p| p.route_index(&model.name))
+                    .and_then(|i| previous?.routes[i].limits.as_deref());
+                Arc::new(LimitSet::new(limits, before))
+            });
             for name in &route.names {
                 by_name.insert(name.clone().into_boxed_str(), model_index);
             }
             routes.push(route);
         }
         let mut keys = HashMap::with_capacity_and_hasher(config.keys.len(), BuildHasherDefault::default());
+        // Limiter state continues by key id (a rotated key keeps its count).
+        let limited_before: HashMap<&str, &LimitSet> = previous
+            .map(|p| p.keys.values().filter_map(|k| Some((k.id.as_ref(), k.limits.as_deref()?))).collect())
+            .unwrap_or_default();
         for (index, key) in config.keys.iter().enumerate() {
             let digest = parse_hex_digest(&key.sha256).ok_or(BuildError::BadHash(index))?;
-            keys.insert(digest, build_key(key, &routes));
+            let mut entry = build_key(key, &routes);
+            entry.limits = key
+                .limits
+                .as_ref()
+                .map(|limits| Arc::new(LimitSet::new(limits, limited_before.get(key.id.as_str()).copied())));
+            keys.insert(digest, entry);
         }
         Ok(Self { hash, settings: config.settings.clone(), keys, routes, by_name, clients })
     }
@@ -266,6 +287,7 @@ fn build_route(model_index: usize, model: &ModelConfig, client: UpstreamClient) 
         backends,
         timeouts: model.timeouts,
         client,
+        limits: None,
         total_weight,
         next: AtomicU64::new(0),
     })
@@ -283,7 +305,13 @@ fn build_key(key: &KeyConfig, routes: &[Route]) -> KeyEntry {
         }
         bits
     });
-    KeyEntry { id: Arc::from(key.id.as_str()), allowed_routes, expires_at: key.expires_at, disabled: key.disabled }
+    KeyEntry {
+        id: Arc::from(key.id.as_str()),
+        allowed_routes,
+        expires_at: key.expires_at,
+        disabled: key.disabled,
+        limits: None,
+    }
 }
 
 /// Parses 64 hex characters into a digest.

@@ -31,8 +31,8 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::core::PartialObjectMeta;
+use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Api, Client, Resource, ResourceExt as _};
@@ -325,7 +325,10 @@ where
     (reader, changed)
 }
 
-fn all<K>(client: &Client, config: watcher::Config) -> impl futures_util::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static
+fn all<K>(
+    client: &Client,
+    config: watcher::Config,
+) -> impl futures_util::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
@@ -447,17 +450,25 @@ fn holder(lease: &Lease) -> &str {
 /// A reflector stopped before it was ready.
 pub async fn stores(client: &Client) -> Result<Stores, Error> {
     let feeds = Feeds::default();
-    let (gateways, gateways_changed) =
-        store_of(all(client, watcher::Config::default()), Relevant::SpecAndLabels, announce_self(vec![feeds.gateways.clone()]));
-    let (models, models_changed) =
-        store_of(all(client, watcher::Config::default()), Relevant::SpecAndLabels, announce_self(vec![feeds.models.clone()]));
+    let (gateways, gateways_changed) = store_of(
+        all(client, watcher::Config::default()),
+        Relevant::SpecAndLabels,
+        announce_self(vec![feeds.gateways.clone()]),
+    );
+    let (models, models_changed) = store_of(
+        all(client, watcher::Config::default()),
+        Relevant::SpecAndLabels,
+        announce_self(vec![feeds.models.clone()]),
+    );
     let (keys, keys_changed) = store_of(
         all(client, watcher::Config::default()),
         Relevant::SpecAndLabels,
         announce_self(vec![feeds.keys.clone(), feeds.key_secrets.clone()]),
     );
-    let (namespaces, namespaces_changed) = store_of(all(client, watcher::Config::default()), Relevant::Labels, ignore());
-    let (services, services_changed) = store_of(all(client, watcher::Config::default()), Relevant::Everything, ignore());
+    let (namespaces, namespaces_changed) =
+        store_of(all(client, watcher::Config::default()), Relevant::Labels, ignore());
+    let (services, services_changed) =
+        store_of(all(client, watcher::Config::default()), Relevant::Everything, ignore());
     let secrets = watcher::Config::default().labels(&format!("{KEY_SECRET_LABEL}=true"));
     let owners = feeds.key_secrets.clone();
     let (key_secrets, key_secrets_changed) = store_of(
@@ -1055,16 +1066,18 @@ async fn reconcile_api_key(api_key: Arc<ApiKey>, context: Arc<Context>) -> Resul
         ],
         secret_name: Some(secret_name),
         key_prefix: prefix,
+        limits: if ready { api_key.spec.limits.clone() } else { None },
         gateways: served_by,
         observed_generation: generation,
     };
     let old = api_key.status.clone().unwrap_or_default();
     let changed = status::changed(&old.conditions, &new_status.conditions)
-        || (old.secret_name, old.key_prefix, old.gateways, old.observed_generation)
+        || (old.secret_name, old.key_prefix, old.gateways, old.limits, old.observed_generation)
             != (
                 new_status.secret_name.clone(),
                 new_status.key_prefix.clone(),
                 new_status.gateways.clone(),
+                new_status.limits.clone(),
                 new_status.observed_generation,
             );
     if changed {

@@ -29,6 +29,8 @@ pub struct RequestFields<'a> {
     pub model_span: Range<usize>,
     /// `"stream": true` at the top level.
     pub stream: bool,
+    /// Byte range of the top-level `stream_options` value, if present.
+    pub stream_options: Option<Range<usize>>,
 }
 
 /// Scans `body`.
@@ -48,6 +50,7 @@ pub fn scan(body: &[u8]) -> Result<RequestFields<'_>, GatewayError> {
     scanner.at += 1;
     let mut model: Option<(Cow<'_, str>, Range<usize>)> = None;
     let mut stream = false;
+    let mut stream_options = None;
     scanner.skip_whitespace();
     if scanner.peek() == Some(b'}') {
         scanner.at += 1;
@@ -79,6 +82,11 @@ pub fn scan(body: &[u8]) -> Result<RequestFields<'_>, GatewayError> {
                     scanner.value(1)?;
                     stream = &body[start..scanner.at] == b"true";
                 }
+                "stream_options" => {
+                    let start = scanner.at;
+                    scanner.value(1)?;
+                    stream_options = Some(start..scanner.at);
+                }
                 _ => scanner.value(1)?,
             }
             scanner.skip_whitespace();
@@ -91,7 +99,7 @@ pub fn scan(body: &[u8]) -> Result<RequestFields<'_>, GatewayError> {
     }
     scanner.end()?;
     let (model, model_span) = model.ok_or(GatewayError::MissingModel)?;
-    Ok(RequestFields { model, model_span, stream })
+    Ok(RequestFields { model, model_span, stream, stream_options })
 }
 
 struct StringSpan {

@@ -19,6 +19,7 @@
 pub mod auth;
 pub mod body;
 pub mod forward;
+pub mod sse;
 pub mod stream;
 pub mod usage;
 
@@ -36,7 +37,7 @@ use crate::Shared;
 use crate::error::GatewayError;
 use crate::snapshot::Snapshot;
 use forward::{Outgoing, REQUEST_ID};
-use stream::{Exchange, Outcome, ProxyBody, RelayBody};
+use stream::{Exchange, Outcome, ProxyBody, RelayBody, UsageWatch};
 
 /// Largest total size of request headers accepted.
 pub const MAX_HEADER_BYTES: usize = 32 * 1024;
@@ -135,13 +136,35 @@ async fn serve(
         exchange.stream = fields.stream;
     }
 
+    let admitted = match (&key.limits, &route.limits) {
+        (None, None) => None,
+        (key_limits, model_limits) => {
+            let decision = crate::limit::admit(key_limits.as_ref(), model_limits.as_ref(), shared.fleet.shares());
+            let label = decision.as_ref().map_or_else(crate::limit::Refusal::label, |_| "admitted");
+            shared.metrics.rate_limit_requests.with_label_values(&[&route.name, &key.id, label]).inc();
+            Some(decision.map_err(GatewayError::RateLimited)?)
+        }
+    };
+    // Token limits need the usage of streams too: ask for it, and take the
+    // extra chunk out again if the client did not ask for it.
+    let charge = admitted.as_ref().and_then(|a| a.charge.clone());
+    let (body, model_span, strip_usage) = match &charge {
+        Some(_) if fields.stream && usage::STREAM_OPTIONS_PATHS.contains(&endpoint_index) => {
+            usage::with_stream_usage(&body, fields.stream_options.clone(), fields.model_span.clone())
+        }
+        _ => (body.clone(), fields.model_span.clone(), false),
+    };
+    if let Some(exchange) = exchange.as_mut() {
+        exchange.charge = charge;
+    }
+
     let outgoing = Outgoing {
         method: &parts.method,
         endpoint: endpoint_index,
         query: parts.uri.query(),
         headers: &parts.headers,
         body: &body,
-        model_span: fields.model_span.clone(),
+        model_span,
         request_id,
     };
     let forwarded = forward::send(route, &outgoing).await.inspect_err(|error| {
@@ -155,14 +178,21 @@ async fn serve(
     exchange.overhead_before = forwarded.sent_at.saturating_duration_since(body_done);
     let (mut head, upstream_body) = forwarded.response.into_parts();
     head.headers.retain_returnable();
+    if let Some(admitted) = &admitted {
+        admitted.headers.apply(&mut head.headers);
+    }
     let status = head.status.as_u16();
-    let tap_usage = head.status.is_success();
+    let usage_watch = match (head.status.is_success(), strip_usage) {
+        (false, _) => UsageWatch::Off,
+        (true, false) => UsageWatch::Tap,
+        (true, true) => UsageWatch::TapAndStripChunk,
+    };
     let relay = RelayBody::new(
         upstream_body,
         exchange,
         status,
         route.timeouts.idle,
-        tap_usage,
+        usage_watch,
         forwarded.headers_at - forwarded.sent_at,
         forwarded.headers_at,
     );

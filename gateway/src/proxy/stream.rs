@@ -18,6 +18,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::time::Sleep;
 
+use super::sse::UsageChunkFilter;
 use super::usage::{Usage, UsageTap};
 use crate::Shared;
 
@@ -95,6 +96,8 @@ pub struct Exchange {
     pub access_log: bool,
     /// Gateway time before the upstream was asked.
     pub overhead_before: Duration,
+    /// Token limits to charge with the response's usage.
+    pub charge: Option<crate::limit::Charge>,
     finished: bool,
 }
 
@@ -135,6 +138,7 @@ impl Exchange {
             stream: false,
             access_log: true,
             overhead_before: Duration::ZERO,
+            charge: None,
             finished: false,
         }
     }
@@ -169,6 +173,11 @@ impl Exchange {
         if let Some(usage) = outcome.usage {
             metrics.tokens.with_label_values(&[model, key, "prompt"]).inc_by(usage.prompt);
             metrics.tokens.with_label_values(&[model, key, "completion"]).inc_by(usage.completion);
+            if let Some(charge) = &self.charge {
+                let total = usage.prompt.saturating_add(usage.completion);
+                charge.tokens(total);
+                metrics.rate_limit_tokens.with_label_values(&[model, key]).inc_by(total);
+            }
         }
         if self.access_log && crate::access_log::enabled() {
             let usage = outcome.usage.unwrap_or_default();
@@ -223,6 +232,18 @@ fn format_status(buffer: &mut [u8; 3], status: u16) -> &str {
     std::str::from_utf8(buffer).unwrap_or("000")
 }
 
+/// What the relay does about the response's token usage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UsageWatch {
+    /// Nothing (error responses).
+    Off,
+    /// Reads it as it goes by.
+    Tap,
+    /// Reads it and takes the usage-only chunk out of the stream (the
+    /// gateway asked for it; the client did not).
+    TapAndStripChunk,
+}
+
 /// Relays an upstream body.
 pub struct RelayBody {
     inner: Incoming,
@@ -233,6 +254,8 @@ pub struct RelayBody {
     /// re-arming a timer per chunk was a measurable share of a stream's cost.
     last_frame: tokio::time::Instant,
     tap: Option<UsageTap>,
+    /// Takes out the usage chunk the gateway asked for on the client's behalf.
+    strip: Option<UsageChunkFilter>,
     exchange: Option<Exchange>,
     status: u16,
     bytes: u64,
@@ -249,7 +272,7 @@ impl RelayBody {
         exchange: Exchange,
         status: u16,
         idle_timeout: Duration,
-        tap_usage: bool,
+        usage: UsageWatch,
         upstream: Duration,
         headers_at: Instant,
     ) -> Self {
@@ -258,7 +281,8 @@ impl RelayBody {
             idle_timeout,
             idle: Box::pin(tokio::time::sleep(idle_timeout)),
             last_frame: tokio::time::Instant::now(),
-            tap: tap_usage.then(UsageTap::default),
+            tap: (usage != UsageWatch::Off).then(UsageTap::default),
+            strip: (usage == UsageWatch::TapAndStripChunk).then(UsageChunkFilter::default),
             exchange: Some(exchange),
             status,
             bytes: 0,
@@ -301,6 +325,47 @@ impl Body for RelayBody {
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
+        loop {
+            let polled = this.poll_upstream(cx);
+            let Some(filter) = &mut this.strip else { return polled };
+            return match polled {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => {
+                        let mut passed = filter.pass(&data);
+                        if this.inner.is_end_stream() {
+                            let rest = filter.finish();
+                            if !rest.is_empty() {
+                                passed = [passed, rest].concat().into();
+                            }
+                        } else if passed.is_empty() {
+                            // Only part of an event, or the dropped chunk: wait for more.
+                            continue;
+                        }
+                        Poll::Ready(Some(Ok(Frame::data(passed))))
+                    }
+                    Err(frame) => Poll::Ready(Some(Ok(frame))),
+                },
+                Poll::Ready(None) => {
+                    let rest = filter.finish();
+                    if rest.is_empty() { Poll::Ready(None) } else { Poll::Ready(Some(Ok(Frame::data(rest)))) }
+                }
+                other => other,
+            };
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream() && self.strip.as_ref().is_none_or(UsageChunkFilter::is_empty)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        if self.strip.is_some() { SizeHint::default() } else { self.inner.size_hint() }
+    }
+}
+
+impl RelayBody {
+    fn poll_upstream(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self;
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
@@ -345,14 +410,6 @@ impl Body for RelayBody {
                 Poll::Ready(Some(Err(Box::new(IdleTimeout(this.idle_timeout)))))
             }
         }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }
 

@@ -9,6 +9,7 @@
 //! first event (`message_start`) and output tokens in the last.
 
 use std::collections::VecDeque;
+use std::ops::Range;
 
 use bytes::Bytes;
 use serde::Deserialize;
@@ -73,6 +74,64 @@ impl UsageTap {
             }
         }
     }
+}
+
+/// Endpoints (indices into `PROXIED_PATHS`) whose streams carry usage only
+/// when asked with `stream_options.include_usage`: chat/completions and
+/// completions.
+pub const STREAM_OPTIONS_PATHS: [usize; 2] = [0, 1];
+
+/// `body` asking for usage in the stream (`stream_options.include_usage`),
+/// the model's span in it, and whether the gateway added the request (so
+/// the usage chunk is the gateway's to take out again). `options` is the
+/// span of the client's own `stream_options` value, if any.
+pub fn with_stream_usage(
+    body: &Bytes,
+    options: Option<Range<usize>>,
+    model_span: Range<usize>,
+) -> (Bytes, Range<usize>, bool) {
+    const FIELD: &[u8] = br#""stream_options":{"include_usage":true},"#;
+    match options {
+        None => {
+            // The body is a JSON object with at least "model": a field and a
+            // comma fit right after its opening brace.
+            let Some(open) = body.iter().position(|byte| *byte == b'{') else {
+                return (body.clone(), model_span, false);
+            };
+            let (body, model_span) = splice(body, open + 1..open + 1, FIELD, model_span);
+            (body, model_span, true)
+        }
+        Some(span) => {
+            let Ok(mut options) =
+                serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&body[span.clone()])
+            else {
+                // Not an object: the upstream refuses it as it would without us.
+                return (body.clone(), model_span, false);
+            };
+            if options.get("include_usage") == Some(&serde_json::Value::Bool(true)) {
+                return (body.clone(), model_span, false);
+            }
+            options.insert("include_usage".to_owned(), serde_json::Value::Bool(true));
+            let Ok(text) = serde_json::to_vec(&options) else { return (body.clone(), model_span, false) };
+            let (body, model_span) = splice(body, span, &text, model_span);
+            (body, model_span, true)
+        }
+    }
+}
+
+/// `body` with `replaced` swapped for `with`, and where `model_span` moved to.
+fn splice(body: &Bytes, replaced: Range<usize>, with: &[u8], model_span: Range<usize>) -> (Bytes, Range<usize>) {
+    let mut out = Vec::with_capacity(body.len() + with.len());
+    out.extend_from_slice(&body[..replaced.start]);
+    out.extend_from_slice(with);
+    out.extend_from_slice(&body[replaced.end..]);
+    let model_span = if replaced.end <= model_span.start {
+        let moved = |at: usize| at + with.len() - replaced.len();
+        moved(model_span.start)..moved(model_span.end)
+    } else {
+        model_span
+    };
+    (Bytes::from(out), model_span)
 }
 
 #[derive(Debug, Default, Clone, Copy, Deserialize)]
@@ -188,5 +247,33 @@ mod tests {
         assert!(tap.tail_len <= TAIL_BYTES + 1000, "{}", tap.tail_len);
         tap.observe(&Bytes::from_static(b"\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}"));
         assert_eq!(tap.usage(), Some(Usage { prompt: 1, completion: 2 }));
+    }
+
+    fn injected(body: &str) -> (String, String, bool) {
+        let bytes = Bytes::copy_from_slice(body.as_bytes());
+        let fields = crate::proxy::body::scan(&bytes).unwrap();
+        let (out, span, strip) = with_stream_usage(&bytes, fields.stream_options.clone(), fields.model_span.clone());
+        (String::from_utf8(out[span].to_vec()).unwrap(), String::from_utf8(out.to_vec()).unwrap(), strip)
+    }
+
+    #[test]
+    fn stream_usage_is_asked_for_and_the_model_still_found() {
+        let (model, body, strip) = injected(r#"{"model":"m","stream":true,"messages":[]}"#);
+        assert_eq!(model, r#""m""#);
+        assert!(strip);
+        let value: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(value["stream_options"]["include_usage"], true);
+        assert_eq!(value["model"], "m");
+
+        let (model, body, strip) =
+            injected(r#"{"stream_options":{"include_usage":false,"x":1},"stream":true,"model":"m"}"#);
+        assert_eq!(model, r#""m""#);
+        assert!(strip, "the client said no: its stream must not show usage");
+        let value: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(value["stream_options"], serde_json::json!({"include_usage": true, "x": 1}));
+
+        let original = r#"{"model":"m","stream":true,"stream_options":{"include_usage":true}}"#;
+        let (_, body, strip) = injected(original);
+        assert_eq!((body.as_str(), strip), (original, false), "the client asked: untouched, chunk kept");
     }
 }

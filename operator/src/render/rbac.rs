@@ -33,7 +33,9 @@ pub fn role(gateway: &Gateway) -> Role {
             PolicyRule {
                 api_groups: Some(vec!["coordination.k8s.io".into()]),
                 resources: Some(vec!["leases".into()]),
-                verbs: verbs(&["create", "get", "update", "patch"]),
+                // list/watch: each pod counts its Gateway's live pods to
+                // enforce its share of the rate limits.
+                verbs: verbs(&["create", "get", "list", "watch", "update", "patch"]),
                 ..PolicyRule::default()
             },
         ]),

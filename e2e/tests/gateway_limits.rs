@@ -1,0 +1,128 @@
+//! Rate limits through a real gateway in-process, in front of the mock
+//! upstream: the admitted rate, the 429's shape and headers, and token
+//! limits charged from streamed usage.
+
+#![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
+
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+use serde_json::Value;
+use waycast_crds::config::LimitsConfig;
+use waycast_e2e::fixture::{ALICE_KEY, BOB_KEY, Fixture, FixtureOptions};
+
+const CHAT: &str = r#"{"model":"llama3","messages":[{"role":"user","content":"hi"}]}"#;
+
+fn limits(requests: Option<u64>, tokens: Option<u64>) -> Option<LimitsConfig> {
+    Some(LimitsConfig { requests_per_minute: requests, tokens_per_minute: tokens })
+}
+
+#[tokio::test]
+async fn a_key_limited_to_60_a_minute_gets_60_a_minute() {
+    let fixture = Fixture::start(FixtureOptions::default(), |config, _| {
+        config.keys[0].limits = limits(Some(60), None);
+    })
+    .await;
+    // Five requests a second, well over the limit, for 45 s: the first
+    // minute's worth goes at once (a full bucket), then one a second.
+    let started = Instant::now();
+    let (mut burst, mut steady, mut refused) = (0, 0, 0);
+    let mut next = started;
+    while started.elapsed() < Duration::from_secs(45) {
+        let (status, _, body) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), CHAT).await;
+        match status {
+            StatusCode::OK if started.elapsed() < Duration::from_secs(15) => burst += 1,
+            StatusCode::OK => steady += 1,
+            StatusCode::TOO_MANY_REQUESTS => refused += 1,
+            other => panic!("unexpected {other}: {}", String::from_utf8_lossy(&body)),
+        }
+        next += Duration::from_millis(200);
+        tokio::time::sleep_until(next.into()).await;
+    }
+    println!("60/min key: {burst} admitted in the first 15 s, {steady} in the next 30 s, {refused} refused");
+    // The bucket (60) plus 15 s of refill in the first 15 s; the rate after.
+    assert!((70..=76).contains(&burst), "first 15 s: {burst}");
+    assert!((27..=33).contains(&steady), "30 s at 60/min: {steady} (±10 %)");
+    assert!(refused > 100);
+    // Another key is not limited by it.
+    let mistral = r#"{"model":"mistral-7b","messages":[]}"#;
+    assert_eq!(fixture.post("/v1/chat/completions", Some(BOB_KEY), mistral).await.0, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn refusals_are_openai_429s_with_the_headers_sdks_read() {
+    let fixture = Fixture::start(FixtureOptions::default(), |config, _| {
+        config.keys[0].limits = limits(Some(2), None);
+    })
+    .await;
+    let (status, headers, _) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), CHAT).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["x-ratelimit-limit-requests"], "2");
+    assert_eq!(headers["x-ratelimit-remaining-requests"], "1");
+    assert_eq!(headers["x-ratelimit-reset-requests"], "30s");
+    assert_eq!(fixture.post("/v1/chat/completions", Some(ALICE_KEY), CHAT).await.0, StatusCode::OK);
+
+    let (status, headers, body) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), CHAT).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    let error: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(error["error"]["code"], "rate_limit_exceeded");
+    assert_eq!(error["error"]["type"], "requests");
+    assert!(error["error"]["message"].as_str().unwrap().contains("2 requests per minute"), "{error}");
+    assert_eq!(headers["content-type"], "application/json");
+    let retry_after: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((29..=30).contains(&retry_after), "one request frees up in 30 s: {retry_after}");
+    let retry_after_ms: u64 = headers["retry-after-ms"].to_str().unwrap().parse().unwrap();
+    assert!(retry_after_ms.div_ceil(1000) == retry_after);
+    assert_eq!(headers["x-ratelimit-remaining-requests"], "0");
+    assert_eq!(headers["x-ratelimit-limit-requests"], "2");
+
+    let metric = "waycast_gateway_rate_limit_requests_total{decision=\"key_requests\",key=\"team-a/alice\",model=\"llama-3.1-8b\"}";
+    assert_eq!(fixture.metric(metric).await, Some(1.0));
+    let admitted =
+        "waycast_gateway_rate_limit_requests_total{decision=\"admitted\",key=\"team-a/alice\",model=\"llama-3.1-8b\"}";
+    assert_eq!(fixture.metric(admitted).await, Some(2.0));
+}
+
+#[tokio::test]
+async fn a_token_limit_is_charged_from_streamed_usage_the_client_did_not_ask_for() {
+    let fixture = Fixture::start(FixtureOptions::default(), |config, _| {
+        // The mock reports prompt = body length / 4 and one completion
+        // token per chunk: a bit over 40 tokens for this request.
+        config.keys[0].limits = limits(None, Some(60));
+    })
+    .await;
+    let stream = r#"{"model":"llama3","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let request = fixture.request("/v1/chat/completions", Some(ALICE_KEY), stream, &[("x-mock-chunks", "20")]);
+    let (status, headers, body) = fixture.send(request).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["x-ratelimit-limit-tokens"], "60");
+    let text = String::from_utf8(body.to_vec()).unwrap();
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    assert!(!text.contains("\"usage\":{"), "the client did not ask for usage: {text}");
+    assert_eq!(text.matches("data: ").count(), 21, "20 chunks and [DONE], the usage chunk taken out");
+    let upstream = fixture.mock.recorder.last().await.unwrap();
+    assert_eq!(upstream.json()["stream_options"]["include_usage"], true, "the gateway asked the upstream for usage");
+    let charged = "waycast_gateway_rate_limit_tokens_total{key=\"team-a/alice\",model=\"llama-3.1-8b\"}";
+    let tokens = fixture.metric(charged).await.unwrap();
+    assert!(tokens > 20.0, "charged {tokens} tokens from the stream's usage");
+
+    // Over 60 tokens a minute after a second one: refused for tokens.
+    let (status, _, _) = fixture
+        .send(fixture.request("/v1/chat/completions", Some(ALICE_KEY), stream, &[("x-mock-chunks", "20")]))
+        .await;
+    assert_eq!(status, StatusCode::OK, "budget left after the first");
+    let (status, headers, body) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), CHAT).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{}", String::from_utf8_lossy(&body));
+    let error: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(error["error"]["type"], "tokens");
+    assert_eq!(headers["x-ratelimit-remaining-tokens"], "0");
+
+    // A client that asks for usage keeps its usage chunk.
+    let fixture = Fixture::start(FixtureOptions::default(), |config, _| {
+        config.keys[0].limits = limits(None, Some(100_000));
+    })
+    .await;
+    let asked = r#"{"model":"llama3","stream":true,"stream_options":{"include_usage":true},"messages":[]}"#;
+    let (_, _, body) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), asked).await;
+    assert!(String::from_utf8_lossy(&body).contains("\"usage\":{"), "asked for: kept");
+}

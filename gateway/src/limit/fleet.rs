@@ -1,0 +1,119 @@
+//! How many pods share the limits: the live heartbeat Leases of this pod's
+//! Gateway (each pod renews its own every few seconds; see `heartbeat.rs`).
+//!
+//! Chosen over a replica count written into the config by the operator:
+//! the Leases change within a second of a pod starting to serve, without a
+//! config write per scale event, and a pod that dies stops counting when
+//! its Lease expires (or at once, when its Pod is deleted and the Lease
+//! with it).
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use futures_util::StreamExt as _;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::{Api, Client};
+
+use crate::heartbeat::{GATEWAY_LABEL, PodIdentity};
+
+/// The number of pods sharing each limit (1 until known).
+#[derive(Debug)]
+pub struct Fleet {
+    pods: AtomicU32,
+}
+
+impl Default for Fleet {
+    fn default() -> Self {
+        Self { pods: AtomicU32::new(1) }
+    }
+}
+
+impl Fleet {
+    /// Pods sharing each limit, at least 1.
+    pub fn shares(&self) -> u32 {
+        self.pods.load(Ordering::Relaxed).max(1)
+    }
+
+    /// Sets the count (tests and the Lease watch).
+    pub fn set(&self, pods: u32) {
+        self.pods.store(pods.max(1), Ordering::Relaxed);
+    }
+}
+
+/// How often the live count is recomputed (Leases expire without an event).
+const RECOUNT: Duration = Duration::from_secs(1);
+
+/// Whether `lease` was renewed within its duration at `now`.
+pub fn is_live(lease: &Lease, now: jiff::Timestamp) -> bool {
+    let Some(spec) = &lease.spec else { return false };
+    let (Some(renewed), Some(duration)) = (&spec.renew_time, spec.lease_duration_seconds) else { return false };
+    let expires = renewed.0.as_second().saturating_add(i64::from(duration));
+    expires >= now.as_second()
+}
+
+/// Keeps `fleet` at the number of live pods of `identity`'s Gateway until
+/// the process ends. This pod counts itself even before its own Lease is
+/// seen.
+pub async fn watch(client: Client, identity: PodIdentity, shared: std::sync::Arc<crate::Shared>) {
+    let api: Api<Lease> = Api::namespaced(client, &identity.namespace);
+    let config = watcher::Config::default().labels(&format!("{GATEWAY_LABEL}={}", identity.gateway));
+    let (reader, writer) = reflector::store();
+    let events = reflector::reflector(writer, watcher::watcher(api, config)).default_backoff().touched_objects();
+    tokio::spawn(events.for_each(|_| futures_util::future::ready(())));
+    loop {
+        recount(&reader, &identity, &shared.fleet);
+        shared.metrics.rate_limit_pods.set(i64::from(shared.fleet.shares()));
+        tokio::time::sleep(RECOUNT).await;
+    }
+}
+
+fn recount(reader: &Store<Lease>, identity: &PodIdentity, fleet: &Fleet) {
+    let now = jiff::Timestamp::now();
+    let leases = reader.state();
+    let others =
+        leases.iter().filter(|lease| lease.metadata.name.as_deref() != Some(&identity.pod)).filter(|l| is_live(l, now));
+    let pods = u32::try_from(others.count()).unwrap_or(u32::MAX).saturating_add(1);
+    if pods != fleet.shares() {
+        tracing::info!(pods, gateway = %identity.gateway, "pods sharing the rate limits changed");
+    }
+    fleet.set(pods);
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+
+    use super::*;
+
+    fn lease(renewed_seconds_ago: i64, duration: i32) -> Lease {
+        let now = jiff::Timestamp::now().as_second();
+        Lease {
+            spec: Some(LeaseSpec {
+                renew_time: jiff::Timestamp::from_second(now - renewed_seconds_ago).ok().map(MicroTime),
+                lease_duration_seconds: Some(duration),
+                ..LeaseSpec::default()
+            }),
+            ..Lease::default()
+        }
+    }
+
+    #[test]
+    fn a_lease_counts_while_renewed_within_its_duration() {
+        let now = jiff::Timestamp::now();
+        assert!(is_live(&lease(3, 15), now));
+        assert!(!is_live(&lease(20, 15), now));
+        assert!(!is_live(&Lease::default(), now));
+    }
+
+    #[test]
+    fn shares_are_never_zero() {
+        let fleet = Fleet::default();
+        fleet.set(0);
+        assert_eq!(fleet.shares(), 1);
+        fleet.set(3);
+        assert_eq!(fleet.shares(), 3);
+    }
+}
