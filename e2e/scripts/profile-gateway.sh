@@ -5,7 +5,10 @@
 # no stream) from waycast-bench's sink, and prints Ir per request and the
 # top functions.
 #
-#   e2e/scripts/profile-gateway.sh [REQUESTS] [access-log: on|off] [stream: no|yes]
+#   e2e/scripts/profile-gateway.sh [REQUESTS] [access-log: on|off] [stream: no|yes] [limits: off|on]
+#
+# With limits on, the key has generous request and token limits (never
+# reached): the difference is the cost of the limit check.
 #
 # Needs the profiling build (symbols) of the gateway and the bench tool:
 #   cargo build --profile profiling -p waycast-gateway
@@ -14,6 +17,7 @@ set -euo pipefail
 requests="${1:-2000}"
 access_log="${2:-on}"
 stream="${3:-no}"
+limits="${4:-off}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 target="${CARGO_TARGET_DIR:-$root/target}"
 gateway="$target/profiling/waycast-gateway"
@@ -27,7 +31,7 @@ cat >"$work/config.json" <<JSON
 {"apiVersion":"waycast.dev/config-v1",
  "models":[{"name":"benchmark-model","backends":[{"url":"http://127.0.0.1:$sink_port/v1","weight":1}],
             "timeouts":{"connect":"5s","firstByte":"300s","idle":"60s"}}],
- "keys":[{"id":"bench/load","sha256":"$(printf %s "$key" | sha256sum | cut -d' ' -f1)"}],
+ "keys":[{"id":"bench/load","sha256":"$(printf %s "$key" | sha256sum | cut -d' ' -f1)"$([[ $limits == on ]] && echo ',"limits":{"requestsPerMinute":1000000000,"tokensPerMinute":1000000000000}')}],
  "settings":{"maxRequestBodyBytes":10485760,"accessLog":$([[ $access_log == on ]] && echo true || echo false)}}
 JSON
 valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$work/callgrind.out" \
@@ -47,6 +51,6 @@ callgrind_control -d >/dev/null
 sleep 1
 annotated="$(callgrind_annotate --inclusive=no "$work"/callgrind.out.1 2>/dev/null || true)"
 total="$(awk '/PROGRAM TOTALS/ {gsub(",","",$1); print $1}' <<<"$annotated")"
-echo "requests: $requests  access log: $access_log  stream: $stream"
+echo "requests: $requests  access log: $access_log  stream: $stream  limits: $limits"
 echo "instructions per request: $((total / requests))"
 sed -n '/^Ir  *file:function/,$p' <<<"$annotated" | head -28
