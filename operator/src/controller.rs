@@ -726,11 +726,18 @@ async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Context>) -> Resu
         }
         Ok::<_, Error>(())
     };
-    // Independent objects go together; what the pods need (their
-    // ServiceAccount, RBAC, config) before the Deployment that starts them.
+    // Independent objects go together, in two rounds: what others refer to
+    // (the ServiceAccount, the Role a RoleBinding names — the API server
+    // checks a binding against its Role — and the config) before what refers
+    // to them. Every apply of a round runs to its end (join, not try_join):
+    // cancelling the Role's apply when the binding failed kept the Role from
+    // ever being created.
     let (account, role, binding) =
         (render::rbac::service_account(&gateway), render::rbac::role(&gateway), render::rbac::role_binding(&gateway));
-    tokio::try_join!(apply(client, &account), apply(client, &role), apply(client, &binding), config)?;
+    let (account, role, config) = tokio::join!(apply(client, &account), apply(client, &role), config);
+    account?;
+    role?;
+    config?;
     let hpa = async {
         match render::scaling::hpa(&gateway) {
             Some(hpa) => apply(client, &hpa).await.map(drop),
@@ -745,8 +752,9 @@ async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Context>) -> Resu
     };
     let (deployment, service) =
         (render::deployment::deployment(&gateway, &context.settings), render::service::service(&gateway));
-    let (deployment, service, (), ()) =
-        tokio::try_join!(apply(client, &deployment), apply(client, &service), hpa, pdb)?;
+    let (binding, deployment, service, hpa, pdb) =
+        tokio::join!(apply(client, &binding), apply(client, &deployment), apply(client, &service), hpa, pdb);
+    let (_, deployment, service, (), ()) = (binding?, deployment?, service?, hpa?, pdb?);
     let applied_at = started.elapsed();
 
     let key_generations: std::collections::HashMap<ObjectKey, Option<i64>> =
