@@ -160,8 +160,8 @@ impl Snapshot {
             // Limiter state continues from the same model in the last snapshot.
             route.limits = model.limits.as_ref().map(|limits| {
                 let before = previous
-                    .and_then(|p| p.route_index(&model.name))
-                    .and_then(|i| previous?.routes[i].limits.as_deref());
+                    .and_then(|p| p.route_index(&model.name).map(|index| p.route(index)))
+                    .and_then(|route| route.limits.as_deref());
                 Arc::new(LimitSet::new(limits, before))
             });
             for name in &route.names {

@@ -249,34 +249,38 @@ pub struct Decision {
     pub as_intended: bool,
 }
 
-/// What of an object the operator reads: a change signal fires only when
-/// this changes, so the operator's own status writes do not re-trigger
-/// compiles (a stream of 10,000 ApiKey status patches kept postponing the
-/// debounced Gateway reconcile for seconds).
-#[derive(Debug, Clone, Copy)]
-enum Relevant {
-    /// Spec (by generation), labels and deletion.
-    SpecAndLabels,
-    /// Labels and deletion (Namespaces).
-    Labels,
-    /// Any change (Services, Secrets: no status the operator writes).
-    Everything,
-}
+// What of an object the operator reads (`store_of`'s `relevant`): a change
+// signal fires only when this changes, so the operator's own status writes
+// do not re-trigger compiles (a stream of 10,000 ApiKey status patches kept
+// postponing the debounced Gateway reconcile for seconds), and Lease
+// renewals do not either.
 
-fn fingerprint<K: Resource>(object: &K, relevant: Relevant) -> u64 {
+fn fingerprint(meta: &ObjectMeta, relevant: impl std::hash::Hash) -> u64 {
     use std::hash::{Hash as _, Hasher as _};
-    let meta = object.meta();
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    match relevant {
-        Relevant::SpecAndLabels => {
-            meta.generation.hash(&mut hasher);
-            meta.labels.hash(&mut hasher);
-        }
-        Relevant::Labels => meta.labels.hash(&mut hasher),
-        Relevant::Everything => meta.resource_version.hash(&mut hasher),
-    }
+    relevant.hash(&mut hasher);
     meta.deletion_timestamp.is_some().hash(&mut hasher);
     hasher.finish()
+}
+
+/// Spec (by generation), labels and deletion.
+fn spec_and_labels<K: Resource>(object: &K) -> u64 {
+    fingerprint(object.meta(), (object.meta().generation, &object.meta().labels))
+}
+
+/// Labels and deletion (Namespaces).
+fn labels<K: Resource>(object: &K) -> u64 {
+    fingerprint(object.meta(), &object.meta().labels)
+}
+
+/// Any change (Services, Secrets: no status the operator writes).
+fn any_change<K: Resource>(object: &K) -> u64 {
+    fingerprint(object.meta(), &object.meta().resource_version)
+}
+
+/// A heartbeat's Gateway and the config hash its pod reports, not its renewals.
+fn heartbeat(lease: &Lease) -> u64 {
+    fingerprint(&lease.metadata, (&lease.metadata.labels, holder(lease)))
 }
 
 /// Called with each object whose relevant fields changed, and whether it
@@ -285,7 +289,7 @@ type Listener<K> = Box<dyn FnMut(&K, bool) + Send>;
 
 /// Fills a store from `watch` and signals relevant changes; `listener`
 /// hears of each changed object.
-fn store_of<K, W>(watch: W, relevant: Relevant, mut listener: Listener<K>) -> (Store<K>, broadcast::Sender<()>)
+fn store_of<K, W>(watch: W, relevant: fn(&K) -> u64, mut listener: Listener<K>) -> (Store<K>, broadcast::Sender<()>)
 where
     K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
     W: futures_util::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
@@ -308,7 +312,7 @@ where
     tokio::spawn(stream.for_each(move |touched| {
         if let Ok(object) = touched {
             let reference = ObjectRef::from_obj(&object);
-            let now = view.get(&reference).map(|current| fingerprint(current.as_ref(), relevant));
+            let now = view.get(&reference).map(|current| relevant(current.as_ref()));
             let (differs, deleted) = match now {
                 Some(print) => (seen.insert(reference, print) != Some(print), false),
                 None => (seen.remove(&reference).is_some(), true),
@@ -403,43 +407,6 @@ fn owner_of<K: Resource<DynamicType = ()>>(object: &impl Resource) -> Option<Obj
     Some(ObjectRef::new(&owner.name).within(object.meta().namespace.as_deref()?))
 }
 
-/// The heartbeat Leases of gateway pods; signals only when the set of
-/// (pod, config hash) pairs changes, not on every renewal.
-fn lease_store(client: &Client, gateways: Feed<Gateway>) -> (Store<Lease>, broadcast::Sender<()>) {
-    let (reader, writer) = reflector::store();
-    let (changed, _) = broadcast::channel(64);
-    let sender = changed.clone();
-    let view = reader.clone();
-    let config = watcher::Config::default().labels(render::GATEWAY_LABEL);
-    let stream = reflector::reflector(writer, watcher::watcher(Api::<Lease>::all(client.clone()), config))
-        .default_backoff()
-        .touched_objects();
-    // (namespace, lease name) → (Gateway, config hash)
-    let mut last: BTreeMap<(String, String), (String, String)> = BTreeMap::new();
-    tokio::spawn(stream.for_each(move |_| {
-        let now: BTreeMap<(String, String), (String, String)> = view
-            .state()
-            .iter()
-            .map(|lease| {
-                let gateway = lease.labels().get(render::GATEWAY_LABEL).cloned().unwrap_or_default();
-                ((lease.namespace().unwrap_or_default(), lease.name_any()), (gateway, holder(lease).to_owned()))
-            })
-            .collect();
-        if now != last {
-            // The Gateways whose pods changed, for their status (upToDateReplicas).
-            let moved = now.iter().filter(|(id, pod)| last.get(id) != Some(pod));
-            let gone = last.iter().filter(|(id, _)| !now.contains_key(id));
-            for ((namespace, _), (gateway, _)) in moved.chain(gone) {
-                gateways.announce(ObjectRef::new(gateway).within(namespace));
-            }
-            last = now;
-            let _ = sender.send(());
-        }
-        futures_util::future::ready(())
-    }));
-    (reader, changed)
-}
-
 fn holder(lease: &Lease) -> &str {
     lease.spec.as_ref().and_then(|s| s.holder_identity.as_deref()).unwrap_or_default()
 }
@@ -450,30 +417,22 @@ fn holder(lease: &Lease) -> &str {
 /// A reflector stopped before it was ready.
 pub async fn stores(client: &Client) -> Result<Stores, Error> {
     let feeds = Feeds::default();
-    let (gateways, gateways_changed) = store_of(
-        all(client, watcher::Config::default()),
-        Relevant::SpecAndLabels,
-        announce_self(vec![feeds.gateways.clone()]),
-    );
-    let (models, models_changed) = store_of(
-        all(client, watcher::Config::default()),
-        Relevant::SpecAndLabels,
-        announce_self(vec![feeds.models.clone()]),
-    );
+    let (gateways, gateways_changed) =
+        store_of(all(client, watcher::Config::default()), spec_and_labels, announce_self(vec![feeds.gateways.clone()]));
+    let (models, models_changed) =
+        store_of(all(client, watcher::Config::default()), spec_and_labels, announce_self(vec![feeds.models.clone()]));
     let (keys, keys_changed) = store_of(
         all(client, watcher::Config::default()),
-        Relevant::SpecAndLabels,
+        spec_and_labels,
         announce_self(vec![feeds.keys.clone(), feeds.key_secrets.clone()]),
     );
-    let (namespaces, namespaces_changed) =
-        store_of(all(client, watcher::Config::default()), Relevant::Labels, ignore());
-    let (services, services_changed) =
-        store_of(all(client, watcher::Config::default()), Relevant::Everything, ignore());
+    let (namespaces, namespaces_changed) = store_of(all(client, watcher::Config::default()), labels, ignore());
+    let (services, services_changed) = store_of(all(client, watcher::Config::default()), any_change, ignore());
     let secrets = watcher::Config::default().labels(&format!("{KEY_SECRET_LABEL}=true"));
     let owners = feeds.key_secrets.clone();
     let (key_secrets, key_secrets_changed) = store_of(
         all(client, secrets),
-        Relevant::Everything,
+        any_change,
         Box::new(move |secret: &Secret, _| {
             if let Some(owner) = owner_of::<ApiKey>(secret) {
                 owners.announce(owner);
@@ -486,14 +445,25 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
     let gateway_feed = feeds.gateways.clone();
     let (config_secrets, _) = store_of(
         all::<PartialObjectMeta<Secret>>(client, managed),
-        Relevant::Everything,
+        any_change,
         Box::new(move |secret: &PartialObjectMeta<Secret>, deleted| {
             if deleted && let Some(owner) = owner_of::<Gateway>(secret) {
                 gateway_feed.announce(owner);
             }
         }),
     );
-    let (leases, leases_changed) = lease_store(client, feeds.gateways.clone());
+    // Pods' heartbeats: a pod reporting another config moves its Gateway's status.
+    let heartbeats = watcher::Config::default().labels(render::GATEWAY_LABEL);
+    let gateway_feed = feeds.gateways.clone();
+    let (leases, leases_changed) = store_of(
+        all(client, heartbeats),
+        heartbeat,
+        Box::new(move |lease: &Lease, _| {
+            if let (Some(gateway), Some(namespace)) = (lease.labels().get(render::GATEWAY_LABEL), lease.namespace()) {
+                gateway_feed.announce(ObjectRef::new(gateway).within(&namespace));
+            }
+        }),
+    );
     let stores = Stores {
         gateways,
         models,

@@ -136,7 +136,7 @@ async fn serve(
         exchange.stream = fields.stream;
     }
 
-    let admitted = match (&key.limits, &route.limits) {
+    let mut admitted = match (&key.limits, &route.limits) {
         (None, None) => None,
         (key_limits, model_limits) => {
             let decision = crate::limit::admit(key_limits.as_ref(), model_limits.as_ref(), shared.fleet.shares());
@@ -147,7 +147,7 @@ async fn serve(
     };
     // Token limits need the usage of streams too: ask for it, and take the
     // extra chunk out again if the client did not ask for it.
-    let charge = admitted.as_ref().and_then(|a| a.charge.clone());
+    let charge = admitted.as_mut().and_then(|a| a.charge.take());
     let (body, model_span, strip_usage) = match &charge {
         Some(_) if fields.stream && usage::STREAM_OPTIONS_PATHS.contains(&endpoint_index) => {
             usage::with_stream_usage(&body, fields.stream_options.clone(), fields.model_span.clone())
