@@ -180,6 +180,45 @@ pub struct Settings {
     /// One info-level log line per request.
     #[serde(default = "Settings::default_access_log")]
     pub access_log: bool,
+    /// Counting rate limits in Redis. Absent: each pod counts its share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redis: Option<RedisConfig>,
+}
+
+/// Rate limits counted in Redis.
+#[derive(Serialize, Deserialize, Clone, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RedisConfig {
+    /// `host:port`.
+    pub address: String,
+    /// `AUTH` password, if the server wants one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password: Option<String>,
+    /// Longest a request waits for Redis.
+    #[serde(with = "crate::duration::serde_text", default = "RedisConfig::default_timeout")]
+    pub timeout: Duration,
+    /// Admit (`open`) or refuse with 503 (`closed`) while Redis is unreachable.
+    #[serde(default)]
+    pub fail_closed: bool,
+}
+
+impl RedisConfig {
+    /// 100 ms.
+    pub fn default_timeout() -> Duration {
+        Duration::from_millis(100)
+    }
+}
+
+impl std::fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The password never reaches a log line.
+        f.debug_struct("RedisConfig")
+            .field("address", &self.address)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("timeout", &self.timeout)
+            .field("fail_closed", &self.fail_closed)
+            .finish()
+    }
 }
 
 impl Settings {
@@ -193,7 +232,11 @@ impl Settings {
 
 impl Default for Settings {
     fn default() -> Self {
-        Self { max_request_body_bytes: Self::default_max_request_body_bytes(), access_log: Self::default_access_log() }
+        Self {
+            max_request_body_bytes: Self::default_max_request_body_bytes(),
+            access_log: Self::default_access_log(),
+            redis: None,
+        }
     }
 }
 

@@ -66,6 +66,12 @@ pub struct GatewaySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<GatewayLimits>,
 
+    /// How the rate limits of ApiKeys and ModelEndpoints are counted.
+    /// Absent: each pod counts its share of every limit (the limit divided
+    /// by the live pods of this Gateway).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<GatewayRateLimit>,
+
     /// Log level and access log of the gateway pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logging: Option<GatewayLogging>,
@@ -198,6 +204,48 @@ pub struct GatewayLimits {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1_073_741_824))]
     pub max_request_body_bytes: Option<i64>,
+}
+
+/// How rate limits are counted.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayRateLimit {
+    /// Count in Redis instead: exact limits across all pods (and all
+    /// Gateways sharing the Redis), at one round trip per limited request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redis: Option<RedisRateLimit>,
+    /// What a pod does while Redis cannot be reached: `Open` admits
+    /// requests unlimited, `Closed` refuses them with 503. Default Open.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_mode: Option<FailureMode>,
+}
+
+/// A Redis server that counts the limits.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RedisRateLimit {
+    /// `host:port` of the Redis server (e.g. `redis.infra:6379`).
+    #[schemars(length(min = 3, max = 512), pattern(r"^[^\s/:]+:[0-9]{1,5}$"))]
+    pub address: String,
+    /// A Secret in the Gateway's namespace holding the Redis password
+    /// (`AUTH`). Absent: no password.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_secret_ref: Option<crate::common::SecretKeyRef>,
+    /// Longest a request waits for Redis before the failure mode applies
+    /// (e.g. `50ms`). Default 100ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32), pattern(r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"))]
+    pub timeout: Option<String>,
+}
+
+/// What to do while the rate-limit store is unreachable.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum FailureMode {
+    /// Admit requests without limits (and count the failures).
+    #[default]
+    Open,
+    /// Refuse requests with 503 until the store is back.
+    Closed,
 }
 
 /// Logging of the gateway pods.

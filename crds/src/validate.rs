@@ -83,6 +83,15 @@ impl GatewayConfig {
         if body_limit == 0 || body_limit > MAX_REQUEST_BODY_LIMIT {
             problems.add("settings.maxRequestBodyBytes", format!("must be between 1 and {MAX_REQUEST_BODY_LIMIT}"));
         }
+        if let Some(redis) = &self.settings.redis {
+            let port = redis.address.rsplit_once(':').and_then(|(host, port)| (!host.is_empty()).then_some(port));
+            if port.and_then(|p| p.parse::<u16>().ok()).is_none_or(|p| p == 0) {
+                problems.add("settings.redis.address", "must be host:port");
+            }
+            if redis.timeout.is_zero() {
+                problems.add("settings.redis.timeout", "must be more than 0");
+            }
+        }
         if problems.0.is_empty() { Ok(()) } else { Err(Problems(problems.0)) }
     }
 }
@@ -268,7 +277,16 @@ mod tests {
             api_version: "waycast.dev/v0".into(),
             models: vec![model("llama", &["llama3"]), broken_backend, model("", &[]), model("a b", &[])],
             keys: vec![key("", "ABC"), key("team-a/alice", HASH_A), key("team-a/alice", HASH_A)],
-            settings: Settings { max_request_body_bytes: 0, access_log: true },
+            settings: Settings {
+                max_request_body_bytes: 0,
+                access_log: true,
+                redis: Some(crate::config::RedisConfig {
+                    address: "redis".into(),
+                    password: None,
+                    timeout: Duration::ZERO,
+                    fail_closed: false,
+                }),
+            },
         };
         let problems = config.validate().unwrap_err();
         let paths: Vec<&str> = problems.0.iter().map(|p| p.path.as_str()).collect();
@@ -288,6 +306,8 @@ mod tests {
             "keys[2].id",
             "keys[2].sha256",
             "settings.maxRequestBodyBytes",
+            "settings.redis.address",
+            "settings.redis.timeout",
         ] {
             assert!(paths.contains(&expected), "missing {expected} in {paths:?}");
         }

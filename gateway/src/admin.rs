@@ -11,7 +11,12 @@ use crate::Shared;
 /// Answers one admin request.
 pub fn respond<B>(shared: &Shared, request: &Request<B>) -> Response<Full<Bytes>> {
     let (status, content_type, body) = match request.uri().path() {
-        "/metrics" => (StatusCode::OK, "text/plain; version=0.0.4", shared.metrics.render()),
+        "/metrics" => {
+            // Read at scrape time: the connection task has no metrics of its own.
+            let redis_up = shared.config.current().and_then(|s| s.redis.as_ref().map(|r| r.is_connected()));
+            shared.metrics.rate_limit_store_up.set(i64::from(redis_up == Some(true)));
+            (StatusCode::OK, "text/plain; version=0.0.4", shared.metrics.render())
+        }
         "/healthz" => (StatusCode::OK, "text/plain", "ok\n".to_owned()),
         "/readyz" => {
             if shared.is_ready() {

@@ -90,6 +90,9 @@ pub enum GatewayError {
     /// A rate limit refused the request (429 with `Retry-After`).
     #[error("rate limit reached: the {} limit of {} {} per minute; try again in {}", owner_text(.0.owner), .0.limit, .0.unit.as_str(), crate::limit::duration_text(.0.retry_after_nanos))]
     RateLimited(crate::limit::Refusal),
+    /// The rate-limit store did not answer and the Gateway fails closed.
+    #[error("rate limits cannot be checked right now ({0}); try again shortly")]
+    RateLimitUnavailable(crate::limit::redis::StoreError),
 }
 
 fn owner_text(owner: crate::limit::Owner) -> &'static str {
@@ -117,6 +120,7 @@ impl GatewayError {
             UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             NotReady => StatusCode::SERVICE_UNAVAILABLE,
             RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
+            RateLimitUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -126,7 +130,9 @@ impl GatewayError {
         match self {
             MissingKey | InvalidKey | ExpiredKey | DisabledKey => "authentication_error",
             ModelNotAllowed(_) => "permission_error",
-            UpstreamUnreachable(_) | UpstreamFailed(_) | UpstreamTimeout(_) | NotReady => "server_error",
+            UpstreamUnreachable(_) | UpstreamFailed(_) | UpstreamTimeout(_) | NotReady | RateLimitUnavailable(_) => {
+                "server_error"
+            }
             // As OpenAI's own 429s: the type names what ran out.
             RateLimited(refusal) => refusal.unit.as_str(),
             _ => "invalid_request_error",
@@ -160,6 +166,7 @@ impl GatewayError {
             UpstreamTimeout(_) => "upstream_timeout",
             NotReady => "not_ready",
             RateLimited(_) => "rate_limit_exceeded",
+            RateLimitUnavailable(_) => "rate_limit_unavailable",
         }
     }
 
@@ -168,7 +175,7 @@ impl GatewayError {
         use GatewayError::*;
         match self {
             UpstreamUnreachable(_) | UpstreamFailed(_) | UpstreamTimeout(_) => ErrorSource::Upstream,
-            NotReady => ErrorSource::Gateway,
+            NotReady | RateLimitUnavailable(_) => ErrorSource::Gateway,
             _ => ErrorSource::Client,
         }
     }
@@ -202,8 +209,10 @@ impl GatewayError {
         ) {
             headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
-        if let GatewayError::RateLimited(refusal) = self {
-            refusal.apply(headers);
+        match self {
+            GatewayError::RateLimited(refusal) => refusal.apply(headers),
+            GatewayError::RateLimitUnavailable(_) => drop(headers.insert(header::RETRY_AFTER, HeaderValue::from(1))),
+            _ => {}
         }
         response
     }

@@ -52,6 +52,10 @@ pub struct Metrics {
     pub rate_limit_tokens: IntCounterVec,
     /// Pods sharing each rate limit (live pods of this Gateway).
     pub rate_limit_pods: IntGauge,
+    /// Rate-limit checks Redis did not answer, by reason.
+    pub rate_limit_store_errors: IntCounterVec,
+    /// 1 while the connection to Redis is up (0 when down or not used).
+    pub rate_limit_store_up: IntGauge,
 }
 
 impl Metrics {
@@ -129,6 +133,17 @@ impl Metrics {
             "Pods sharing each rate limit: the live pods of this Gateway (each enforces its share).",
         )?;
         rate_limit_pods.set(1);
+        let rate_limit_store_errors = IntCounterVec::new(
+            Opts::new(
+                "waycast_gateway_rate_limit_store_errors_total",
+                "Rate-limit checks Redis did not answer (unreachable, timeout, error_reply); the request was admitted or refused as the Gateway's failureMode says.",
+            ),
+            &["reason"],
+        )?;
+        let rate_limit_store_up = IntGauge::new(
+            "waycast_gateway_rate_limit_store_up",
+            "1 while the connection to the rate-limit Redis is up.",
+        )?;
         let metrics = Self {
             registry,
             requests,
@@ -145,6 +160,8 @@ impl Metrics {
             rate_limit_requests,
             rate_limit_tokens,
             rate_limit_pods,
+            rate_limit_store_errors,
+            rate_limit_store_up,
         };
         for collector in metrics.collectors() {
             metrics.registry.register(collector)?;
@@ -170,6 +187,8 @@ impl Metrics {
             Box::new(self.rate_limit_requests.clone()),
             Box::new(self.rate_limit_tokens.clone()),
             Box::new(self.rate_limit_pods.clone()),
+            Box::new(self.rate_limit_store_errors.clone()),
+            Box::new(self.rate_limit_store_up.clone()),
         ]
     }
 

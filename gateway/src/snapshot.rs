@@ -23,6 +23,7 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use waycast_crds::config::{GatewayConfig, KeyConfig, ModelConfig, Settings, TimeoutsConfig, glob_matches};
 
 use crate::limit::LimitSet;
+use crate::limit::redis::RedisCounter;
 use crate::proxy::forward::{UpstreamClient, upstream_client};
 
 /// A built config.
@@ -35,6 +36,8 @@ pub struct Snapshot {
     routes: Vec<Route>,
     by_name: HashMap<Box<str>, usize>,
     clients: Vec<(Duration, UpstreamClient)>,
+    /// Counts the rate limits for the whole fleet, when the config says Redis.
+    pub redis: Option<Arc<RedisCounter>>,
 }
 
 /// An accepted key.
@@ -183,7 +186,15 @@ impl Snapshot {
                 .map(|limits| Arc::new(LimitSet::new(limits, limited_before.get(key.id.as_str()).copied())));
             keys.insert(digest, entry);
         }
-        Ok(Self { hash, settings: config.settings.clone(), keys, routes, by_name, clients })
+        // The connection (and its task) is kept while the Redis settings stay.
+        let redis = config.settings.redis.as_ref().map(|wanted| {
+            previous
+                .and_then(|p| p.redis.as_ref())
+                .filter(|counter| counter.config == *wanted)
+                .cloned()
+                .unwrap_or_else(|| Arc::new(RedisCounter::start(wanted.clone())))
+        });
+        Ok(Self { hash, settings: config.settings.clone(), keys, routes, by_name, clients, redis })
     }
 
     /// The key with this SHA-256 digest.

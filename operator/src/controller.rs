@@ -800,7 +800,26 @@ async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Context>) -> Resu
     let generation = gateway.metadata.generation;
     let previous = gateway.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
     let conditions = vec![
-        status::condition(&previous, types::ACCEPTED, true, reasons::ACCEPTED, "the spec is valid", generation, now),
+        match &compiled.gateway {
+            None => status::condition(
+                &previous,
+                types::ACCEPTED,
+                true,
+                reasons::ACCEPTED,
+                "the spec is valid",
+                generation,
+                now,
+            ),
+            Some(refused) => status::condition(
+                &previous,
+                types::ACCEPTED,
+                false,
+                refused.reason,
+                refused.message.clone(),
+                generation,
+                now,
+            ),
+        },
         if config_fits {
             status::condition(
                 &previous,

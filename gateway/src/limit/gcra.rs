@@ -93,7 +93,7 @@ pub fn refund(tat: u64, cost: u64) -> u64 {
 }
 
 /// Units of the whole limit that fit in the unused part of the window.
-fn remaining(used: u64, per_minute: u64) -> u64 {
+pub fn remaining(used: u64, per_minute: u64) -> u64 {
     let free = u128::from(WINDOW_NANOS.saturating_sub(used));
     u64::try_from(free * u128::from(per_minute) / u128::from(WINDOW_NANOS)).unwrap_or(u64::MAX)
 }

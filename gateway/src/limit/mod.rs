@@ -15,6 +15,8 @@
 
 pub mod fleet;
 pub mod gcra;
+pub mod redis;
+pub mod resp;
 
 use std::sync::Arc;
 use std::sync::OnceLock;
@@ -26,6 +28,7 @@ use http::header::{HeaderName, HeaderValue};
 use waycast_crds::config::LimitsConfig;
 
 pub use gcra::Verdict;
+use redis::{RedisCounter, ScriptLimiter, StoreError};
 
 /// Nanoseconds on the limiters' clock (monotonic, from the first call).
 pub fn now_nanos() -> u64 {
@@ -221,16 +224,27 @@ pub struct Charge {
     key: Option<Arc<LimitSet>>,
     model: Option<Arc<LimitSet>>,
     shares: u32,
+    /// Counted in Redis: the counter and the token limiters' Redis keys
+    /// with their limits.
+    redis: Option<RedisCharge>,
 }
+
+/// The counter and the token limiters (Redis key, limit) to charge in it.
+type RedisCharge = (Arc<RedisCounter>, Vec<(String, u64)>);
 
 impl Charge {
     /// Whether any token limit applies (the response's usage is needed).
     pub fn wants_tokens(&self) -> bool {
-        [&self.key, &self.model].into_iter().flatten().any(|set| set.tokens.is_some())
+        self.redis.is_some() || [&self.key, &self.model].into_iter().flatten().any(|set| set.tokens.is_some())
     }
 
     /// Charges `tokens` to every token limiter of the request.
     pub fn tokens(&self, tokens: u64) {
+        if let Some((counter, limiters)) = &self.redis {
+            let limiters: Vec<(&str, u64)> = limiters.iter().map(|(key, limit)| (key.as_str(), *limit)).collect();
+            counter.charge(&limiters, tokens);
+            return;
+        }
         let now = now_nanos();
         for set in [&self.key, &self.model].into_iter().flatten() {
             if let Some(limiter) = &set.tokens {
@@ -287,8 +301,70 @@ pub fn admit(key: Option<&Arc<LimitSet>>, model: Option<&Arc<LimitSet>>, shares:
         }
         return Err(Refusal { owner, unit, limit, retry_after_nanos, headers });
     }
-    let charge = Charge { key: key.cloned(), model: model.cloned(), shares };
+    let charge = Charge { key: key.cloned(), model: model.cloned(), shares, redis: None };
     Ok(Admitted { headers, charge: charge.wants_tokens().then_some(charge) })
+}
+
+/// Whose limits a request is under, for counting in Redis.
+pub struct Subject<'a> {
+    /// The key's id and limits.
+    pub key: (&'a str, Option<&'a Arc<LimitSet>>),
+    /// The model's name and limits.
+    pub model: (&'a str, Option<&'a Arc<LimitSet>>),
+}
+
+/// [`admit`], counted in Redis for the whole fleet (no shares).
+///
+/// # Errors
+/// `Ok(Err(refusal))` when a limit refused; `Err` when Redis did not answer.
+pub async fn admit_in_redis(
+    counter: &Arc<RedisCounter>,
+    subject: &Subject<'_>,
+) -> Result<Result<Admitted, Refusal>, StoreError> {
+    // (owner, unit, Redis key, limit): token limits first, as `admit` checks them.
+    let mut limiters: Vec<(Owner, Unit, String, u64)> = Vec::with_capacity(4);
+    for (owner, (id, set)) in [(Owner::Key, subject.key), (Owner::Model, subject.model)] {
+        let Some(set) = set else { continue };
+        let scope = if owner == Owner::Key { "key" } else { "model" };
+        if let Some(limiter) = &set.tokens {
+            limiters.push((owner, Unit::Tokens, format!("waycast:{scope}:{id}:tokens"), limiter.per_minute));
+        }
+        if let Some(limiter) = &set.requests {
+            limiters.push((owner, Unit::Requests, format!("waycast:{scope}:{id}:requests"), limiter.per_minute));
+        }
+    }
+    let script: Vec<ScriptLimiter<'_>> = limiters
+        .iter()
+        .map(|(_, unit, key, per_minute)| ScriptLimiter {
+            key,
+            charged_now: *unit == Unit::Requests,
+            per_minute: *per_minute,
+        })
+        .collect();
+    let verdicts = counter.admit(&script).await?;
+    let mut headers = RateHeaders::default();
+    let mut refusal = None;
+    for ((owner, unit, _, limit), verdict) in limiters.iter().zip(&verdicts) {
+        headers.note(*unit, *limit, *verdict);
+        if !verdict.allowed && refusal.is_none() {
+            refusal = Some((*owner, *unit, *limit, verdict.retry_after_nanos));
+        }
+    }
+    if let Some((owner, unit, limit, retry_after_nanos)) = refusal {
+        return Ok(Err(Refusal { owner, unit, limit, retry_after_nanos, headers }));
+    }
+    let tokens: Vec<(String, u64)> = limiters
+        .into_iter()
+        .filter(|(_, unit, _, _)| *unit == Unit::Tokens)
+        .map(|(_, _, key, limit)| (key, limit))
+        .collect();
+    let charge = (!tokens.is_empty()).then(|| Charge {
+        key: None,
+        model: None,
+        shares: 1,
+        redis: Some((counter.clone(), tokens)),
+    });
+    Ok(Ok(Admitted { headers, charge }))
 }
 
 /// A duration as OpenAI writes it in `x-ratelimit-reset-*`: `20ms`, `1s`,

@@ -139,7 +139,26 @@ async fn serve(
     let mut admitted = match (&key.limits, &route.limits) {
         (None, None) => None,
         (key_limits, model_limits) => {
-            let decision = crate::limit::admit(key_limits.as_ref(), model_limits.as_ref(), shared.fleet.shares());
+            let decision = match &snapshot.redis {
+                None => crate::limit::admit(key_limits.as_ref(), model_limits.as_ref(), shared.fleet.shares()),
+                Some(counter) => {
+                    let subject = crate::limit::Subject {
+                        key: (&key.id, key_limits.as_ref()),
+                        model: (&route.name, model_limits.as_ref()),
+                    };
+                    match crate::limit::admit_in_redis(counter, &subject).await {
+                        Ok(decision) => decision,
+                        Err(error) => {
+                            shared.metrics.rate_limit_store_errors.with_label_values(&[error.label()]).inc();
+                            if counter.config.fail_closed {
+                                return Err(GatewayError::RateLimitUnavailable(error));
+                            }
+                            // Failing open: admitted, uncounted.
+                            Ok(crate::limit::Admitted { headers: Default::default(), charge: None })
+                        }
+                    }
+                }
+            };
             let label = decision.as_ref().map_or_else(crate::limit::Refusal::label, |_| "admitted");
             shared.metrics.rate_limit_requests.with_label_values(&[&route.name, &key.id, label]).inc();
             Some(decision.map_err(GatewayError::RateLimited)?)

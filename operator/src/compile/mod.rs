@@ -21,7 +21,8 @@ pub mod select;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
-use waycast_crds::config::{GatewayConfig, Settings};
+use waycast_crds::condition::reasons;
+use waycast_crds::config::{GatewayConfig, RedisConfig, Settings};
 use waycast_crds::{ApiKey, Gateway, ModelEndpoint};
 
 /// What compile reads.
@@ -94,6 +95,9 @@ pub struct Compiled {
     pub models: BTreeMap<ObjectKey, Verdict>,
     /// Every selected ApiKey.
     pub keys: BTreeMap<ObjectKey, keys::KeyVerdict>,
+    /// Why the Gateway's own spec is not served as written (its `Accepted`
+    /// condition), if it is not.
+    pub gateway: Option<Verdict>,
 }
 
 /// Compiles one Gateway.
@@ -109,8 +113,47 @@ pub fn gateway(inputs: &Inputs<'_>, now: jiff::Timestamp) -> Compiled {
     if let Some(access_log) = spec.logging.as_ref().and_then(|l| l.access_log) {
         settings.access_log = access_log;
     }
+    let mut gateway = None;
+    match redis(inputs) {
+        Ok(redis) => settings.redis = redis,
+        // The pods keep counting each their share; the Gateway says why.
+        Err(refused) => gateway = Some(refused),
+    }
     let config = GatewayConfig { models, keys, settings, ..GatewayConfig::empty() };
-    Compiled { config, models: model_verdicts, keys: key_verdicts }
+    Compiled { config, models: model_verdicts, keys: key_verdicts, gateway }
+}
+
+/// Redis counting as the Gateway asks for it, with its password.
+fn redis(inputs: &Inputs<'_>) -> Result<Option<RedisConfig>, Verdict> {
+    let Some(rate_limit) = &inputs.gateway.spec.rate_limit else { return Ok(None) };
+    let Some(redis) = &rate_limit.redis else { return Ok(None) };
+    let timeout = match &redis.timeout {
+        Some(text) => waycast_crds::duration::parse(text).map_err(|_| {
+            Verdict::refused(reasons::INVALID, format!("spec.rateLimit.redis.timeout: {text:?} is not a duration"))
+        })?,
+        None => RedisConfig::default_timeout(),
+    };
+    let password = match &redis.password_secret_ref {
+        None => None,
+        Some(reference) => {
+            let namespace = inputs.gateway.metadata.namespace.as_deref().unwrap_or_default();
+            let text = models::find::<Secret>(inputs.secrets, namespace, &reference.name)
+                .and_then(|secret| secret.data.as_ref()?.get(&reference.key))
+                .and_then(|bytes| std::str::from_utf8(&bytes.0).ok())
+                .ok_or_else(|| {
+                    Verdict::refused(
+                        reasons::AUTH_SECRET_MISSING,
+                        format!(
+                            "spec.rateLimit.redis.passwordSecretRef: no text at key {:?} of Secret {namespace}/{}; each pod counts its share of the limits meanwhile",
+                            reference.key, reference.name
+                        ),
+                    )
+                })?;
+            Some(text.trim_end().to_owned())
+        }
+    };
+    let fail_closed = rate_limit.failure_mode == Some(waycast_crds::gateway::FailureMode::Closed);
+    Ok(Some(RedisConfig { address: redis.address.clone(), password, timeout, fail_closed }))
 }
 
 #[cfg(test)]

@@ -202,9 +202,17 @@ pub fn find<'a, K: kube::Resource>(objects: &[&'a K], namespace: &str, name: &st
         .find(|o| o.meta().namespace.as_deref() == Some(namespace) && o.meta().name.as_deref() == Some(name))
 }
 
-/// The credential Secrets the selected ModelEndpoints name, as
+/// The credential Secrets the selected ModelEndpoints name (and the Redis
+/// password the Gateway names), as
 /// `(namespace, name)`: the shell fetches these before compiling.
 pub fn credential_secrets(inputs: &Inputs<'_>) -> std::collections::BTreeSet<(String, String)> {
+    let redis_password = inputs
+        .gateway
+        .spec
+        .rate_limit
+        .as_ref()
+        .and_then(|r| r.redis.as_ref()?.password_secret_ref.as_ref())
+        .map(|reference| (inputs.gateway.namespace().unwrap_or_default(), reference.name.clone()));
     selected(inputs)
         .iter()
         .flat_map(|endpoint| {
@@ -215,5 +223,6 @@ pub fn credential_secrets(inputs: &Inputs<'_>) -> std::collections::BTreeSet<(St
                 .iter()
                 .filter_map(move |b| b.auth.as_ref().map(|a| (namespace.clone(), a.secret_ref.name.clone())))
         })
+        .chain(redis_password)
         .collect()
 }

@@ -328,3 +328,43 @@ fn gateway_settings_reach_the_config() {
     let settings = world.compile().config.settings;
     assert_eq!((settings.max_request_body_bytes, settings.access_log), (1024, false));
 }
+
+#[test]
+fn redis_counting_reaches_the_config_with_its_password_or_the_gateway_says_why_not() {
+    use waycast_crds::gateway::{FailureMode, GatewayRateLimit, RedisRateLimit};
+    let mut world = World::quickstart();
+    world.gateway.spec.rate_limit = Some(GatewayRateLimit {
+        redis: Some(RedisRateLimit {
+            address: "redis.infra:6379".into(),
+            password_secret_ref: Some(SecretKeyRef { name: "redis".into(), key: "password".into() }),
+            timeout: Some("50ms".into()),
+        }),
+        failure_mode: Some(FailureMode::Closed),
+    });
+    let fetched = {
+        let gateway = &world.gateway;
+        let inputs =
+            Inputs { gateway, namespaces: &[], model_endpoints: &[], api_keys: &[], services: &[], secrets: &[] };
+        models::credential_secrets(&inputs)
+    };
+    assert!(fetched.contains(&("demo".to_owned(), "redis".to_owned())), "the shell fetches the password Secret");
+
+    let missing = world.compile();
+    assert_eq!(missing.config.settings.redis, None, "no password: the pods keep counting their shares");
+    let refused = missing.gateway.expect("the Gateway says why");
+    assert_eq!(refused.reason, reasons::AUTH_SECRET_MISSING);
+    assert!(refused.message.contains("demo/redis"), "{}", refused.message);
+
+    world.secrets.push(secret("demo", "redis", "password", "s3cret\n"));
+    let compiled = world.compile();
+    assert_eq!(compiled.gateway, None);
+    assert_eq!(
+        compiled.config.settings.redis,
+        Some(RedisConfig {
+            address: "redis.infra:6379".into(),
+            password: Some("s3cret".into()),
+            timeout: std::time::Duration::from_millis(50),
+            fail_closed: true,
+        })
+    );
+}

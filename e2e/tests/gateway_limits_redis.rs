@@ -1,0 +1,191 @@
+//! Rate limits counted in a real Redis (Debian's `redis-server`, started
+//! here on loopback) by several real gateways in-process: exact across
+//! gateways, and what happens when Redis dies, stalls and comes back.
+
+#![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+use serde_json::Value;
+use waycast_crds::config::{LimitsConfig, RedisConfig};
+use waycast_e2e::control_plane::free_port;
+use waycast_e2e::fixture::{ALICE_KEY, Fixture, FixtureOptions};
+
+const CHAT: &str = r#"{"model":"llama3","messages":[{"role":"user","content":"hi"}]}"#;
+const PASSWORD: &str = "redis-test-password";
+
+/// A `redis-server` on a loopback port, with a password and no persistence.
+struct Redis {
+    port: u16,
+    process: Option<Child>,
+}
+
+impl Redis {
+    fn start() -> Self {
+        let port = free_port(Ipv4Addr::LOCALHOST.into()).unwrap();
+        let mut redis = Self { port, process: None };
+        redis.restart();
+        redis
+    }
+
+    fn restart(&mut self) {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(["--requirepass", PASSWORD])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server (make node-deps installs it)");
+        self.process = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not listen");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.process.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.process.as_ref().unwrap().id().to_string();
+        assert!(Command::new("kill").args([signal, &pid]).status().unwrap().success());
+    }
+
+    fn config(&self, fail_closed: bool) -> RedisConfig {
+        RedisConfig {
+            address: format!("127.0.0.1:{}", self.port),
+            password: Some(PASSWORD.into()),
+            timeout: Duration::from_millis(100),
+            fail_closed,
+        }
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+async fn gateway(redis: &Redis, fail_closed: bool, requests_per_minute: u64) -> Fixture {
+    let config = redis.config(fail_closed);
+    Fixture::start(FixtureOptions::default(), move |gateway, _| {
+        gateway.settings.redis = Some(config);
+        gateway.keys[0].limits =
+            Some(LimitsConfig { requests_per_minute: Some(requests_per_minute), tokens_per_minute: None });
+    })
+    .await
+}
+
+/// One chat request, and how long it took.
+async fn timed(fixture: &Fixture) -> (StatusCode, http::HeaderMap, bytes::Bytes, Duration) {
+    let started = Instant::now();
+    let (status, headers, body) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), CHAT).await;
+    (status, headers, body, started.elapsed())
+}
+
+/// Waits until the gateway's Redis connection is up (it connects in the background).
+async fn connected(fixture: &Fixture) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fixture.metric("waycast_gateway_rate_limit_store_up").await != Some(1.0) {
+        assert!(Instant::now() < deadline, "the gateway never connected to Redis");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn three_gateways_sharing_redis_admit_exactly_the_limit() {
+    let redis = Redis::start();
+    let gateways =
+        [gateway(&redis, false, 60).await, gateway(&redis, false, 60).await, gateway(&redis, false, 60).await];
+    for fixture in &gateways {
+        connected(fixture).await;
+    }
+    let started = Instant::now();
+    let mut admitted = [0; 3];
+    let mut last_refusal = None;
+    for round in 0..50 {
+        for (index, fixture) in gateways.iter().enumerate() {
+            let (status, headers, body) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), CHAT).await;
+            match status {
+                StatusCode::OK => admitted[index] += 1,
+                StatusCode::TOO_MANY_REQUESTS => last_refusal = Some((headers, body)),
+                other => panic!("round {round}: {other} {}", String::from_utf8_lossy(&body)),
+            }
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let total: u32 = admitted.iter().sum();
+    println!("60/min over 3 gateways counting in Redis: {admitted:?} = {total} of 150 in {elapsed:.2} s");
+    // The bucket holds 60; it refills one a second while the test runs.
+    let refilled = elapsed.floor() as u32;
+    assert!((60..=60 + refilled + 1).contains(&total), "{total} admitted in {elapsed:.2} s");
+    assert!(admitted.iter().all(|a| *a > 0), "every gateway admitted some: {admitted:?}");
+    let (headers, body) = last_refusal.expect("refusals after the limit");
+    let error: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(error["error"]["code"], "rate_limit_exceeded");
+    assert_eq!(headers["x-ratelimit-limit-requests"], "60");
+    assert_eq!(headers["x-ratelimit-remaining-requests"], "0");
+    assert!(headers.contains_key("retry-after"));
+}
+
+#[tokio::test]
+async fn redis_lost_fails_open_or_closed_never_hangs_and_counting_resumes() {
+    let mut redis = Redis::start();
+    let open = gateway(&redis, false, 2).await;
+    let closed = gateway(&redis, true, 1_000_000).await;
+    connected(&open).await;
+    connected(&closed).await;
+    assert_eq!(timed(&open).await.0, StatusCode::OK);
+    assert_eq!(timed(&open).await.0, StatusCode::OK);
+    assert_eq!(timed(&open).await.0, StatusCode::TOO_MANY_REQUESTS, "2/min counted in Redis");
+
+    // Stalled (SIGSTOP): connected but silent; each request waits at most the 100 ms timeout.
+    redis.signal("-STOP");
+    let (status, _, _, took) = timed(&open).await;
+    assert_eq!(status, StatusCode::OK, "fails open");
+    assert!(took < Duration::from_secs(1), "waited {took:?}");
+    let (status, headers, body, took) = timed(&closed).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "fails closed");
+    assert!(took < Duration::from_secs(1), "waited {took:?}");
+    assert_eq!(serde_json::from_slice::<Value>(&body).unwrap()["error"]["code"], "rate_limit_unavailable");
+    assert_eq!(headers["retry-after"], "1");
+    redis.signal("-CONT");
+
+    // Killed: refused or admitted at once, no waiting on a dead server.
+    redis.kill();
+    for _ in 0..5 {
+        let (status, _, _, took) = timed(&open).await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(took < Duration::from_secs(1), "waited {took:?}");
+        let (status, _, _, took) = timed(&closed).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(took < Duration::from_secs(1), "waited {took:?}");
+    }
+    let errors = open.metric("waycast_gateway_rate_limit_store_errors_total{reason=\"timeout\"}").await.unwrap_or(0.0)
+        + open.metric("waycast_gateway_rate_limit_store_errors_total{reason=\"unreachable\"}").await.unwrap_or(0.0);
+    assert!(errors >= 6.0, "store errors counted: {errors}");
+    assert_eq!(open.metric("waycast_gateway_rate_limit_store_up").await, Some(0.0));
+
+    // Back (empty: a restarted Redis without persistence forgot the counts):
+    // counting resumes once the gateways have reconnected.
+    redis.restart();
+    connected(&open).await;
+    connected(&closed).await;
+    assert_eq!(timed(&closed).await.0, StatusCode::OK);
+    let statuses: Vec<StatusCode> = {
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            seen.push(timed(&open).await.0);
+        }
+        seen
+    };
+    assert_eq!(statuses, [StatusCode::OK, StatusCode::OK, StatusCode::TOO_MANY_REQUESTS], "counting again");
+}

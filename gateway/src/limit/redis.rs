@@ -1,0 +1,391 @@
+//! Exact fleet-wide counting in Redis: the same GCRA as `gcra.rs`, run by
+//! a Lua script on the server's clock, one round trip per limited request.
+//!
+//! ```text
+//! requests ─► unbounded queue ─► connection task ─► one socket, pipelined:
+//!                                 every queued command written at once,
+//!                                 replies matched to callers in order
+//! ```
+//!
+//! The connection task reconnects with backoff (loading the scripts again
+//! on each connection); while it is down, calls fail at once, so no request
+//! waits on a dead server. A call that gets no reply within the timeout
+//! fails too. What a failure means for the request is the caller's
+//! `fail_closed`.
+//!
+//! NB: the client is ours (about 200 lines with `resp.rs`) rather than the
+//! `redis` crate: the gateway needs two scripts over one pipelined
+//! connection with strict timeouts, and the crate's dependency tree (url,
+//! idna, combine …) is several times the gateway's own.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use bytes::{Buf as _, BytesMut};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+use waycast_crds::config::RedisConfig;
+
+use super::gcra::{self, Verdict};
+use super::resp::{self, Reply};
+
+/// Checks every limiter of a request and, only if all admit, charges the
+/// request limiters. KEYS: one per limiter. ARGV[1]: the window (µs); then
+/// per limiter a kind (`r` charged now, `t` admitted while budget is left)
+/// and a unit cost (µs). Returns per limiter: admitted (1/0), window used
+/// (µs, after the charge when admitted), and the wait until it would admit
+/// (µs). The TAT is kept in µs since 2023-11 (small enough for Lua's
+/// doubles to count fractions of a µs) and expires when the limiter is full.
+const ADMIT: &str = r"
+local t = redis.call('TIME')
+local now = (tonumber(t[1]) - 1700000000) * 1000000 + tonumber(t[2])
+local window = tonumber(ARGV[1])
+local out, tats, all = {}, {}, true
+for i = 1, #KEYS do
+  local kind, cost = ARGV[2 * i], tonumber(ARGV[2 * i + 1])
+  local tat = tonumber(redis.call('GET', KEYS[i]) or '0')
+  if tat < now then tat = now end
+  tats[i] = tat
+  local used, admit, retry
+  if kind == 'r' then
+    used = tat + cost - now
+    admit = used <= window
+    if admit then retry = 0 else retry = used - window; used = tat - now end
+  else
+    used = tat - now
+    admit = used < window
+    if admit then retry = 0 else retry = used - window + cost end
+  end
+  if not admit then all = false end
+  out[#out + 1] = admit and 1 or 0
+  out[#out + 1] = math.floor(used)
+  out[#out + 1] = math.ceil(retry)
+end
+if all then
+  for i = 1, #KEYS do
+    if ARGV[2 * i] == 'r' then
+      local tat = tats[i] + tonumber(ARGV[2 * i + 1])
+      redis.call('SET', KEYS[i], string.format('%.3f', tat), 'PX', math.ceil((tat - now) / 1000) + 1000)
+    end
+  end
+end
+return out
+";
+
+/// Charges tokens after a response. KEYS: token limiters; ARGV[i]: the
+/// amount (µs of window) for KEYS[i].
+const CHARGE: &str = r"
+local t = redis.call('TIME')
+local now = (tonumber(t[1]) - 1700000000) * 1000000 + tonumber(t[2])
+for i = 1, #KEYS do
+  local tat = tonumber(redis.call('GET', KEYS[i]) or '0')
+  if tat < now then tat = now end
+  tat = tat + tonumber(ARGV[i])
+  redis.call('SET', KEYS[i], string.format('%.3f', tat), 'PX', math.ceil((tat - now) / 1000) + 1000)
+end
+return 1
+";
+
+/// Why Redis did not answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// No connection (being re-established).
+    #[error("Redis is unreachable")]
+    Unreachable,
+    /// No reply within the timeout.
+    #[error("Redis did not answer in time")]
+    Timeout,
+    /// An error reply or a reply of the wrong shape.
+    #[error("Redis answered with an error")]
+    Reply,
+}
+
+impl StoreError {
+    /// The metric's `reason` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            StoreError::Unreachable => "unreachable",
+            StoreError::Timeout => "timeout",
+            StoreError::Reply => "error_reply",
+        }
+    }
+}
+
+struct Call {
+    command: BytesMut,
+    reply: Option<oneshot::Sender<Result<Reply, StoreError>>>,
+}
+
+/// One limiter of a request, as the script sees it.
+pub struct ScriptLimiter<'a> {
+    /// The Redis key.
+    pub key: &'a str,
+    /// Charged now (requests) or admitted while budget is left (tokens).
+    pub charged_now: bool,
+    /// The limit per minute.
+    pub per_minute: u64,
+}
+
+/// A connection to the Redis that counts, shared by every request.
+pub struct RedisCounter {
+    /// What it was built from (a config reload keeps it when unchanged).
+    pub config: RedisConfig,
+    calls: mpsc::UnboundedSender<Call>,
+    connected: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for RedisCounter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisCounter").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+impl RedisCounter {
+    /// Starts the connection task on the current runtime. It ends when the
+    /// counter is dropped.
+    pub fn start(config: RedisConfig) -> Self {
+        let (calls, queue) = mpsc::unbounded_channel();
+        let connected = Arc::new(AtomicBool::new(false));
+        tokio::spawn(run(config.clone(), queue, connected.clone()));
+        Self { config, calls, connected }
+    }
+
+    /// Whether the connection is up.
+    pub fn is_connected(&self) -> bool {
+        self.connected.load(Ordering::Relaxed)
+    }
+
+    /// Runs the admission script over `limiters`: a verdict per limiter.
+    ///
+    /// # Errors
+    /// Redis unreachable, slow or answering an error.
+    pub async fn admit(&self, limiters: &[ScriptLimiter<'_>]) -> Result<Vec<Verdict>, StoreError> {
+        let window = (gcra::WINDOW_NANOS / 1000).to_string();
+        let mut args: Vec<Vec<u8>> = Vec::with_capacity(3 + limiters.len() * 3);
+        args.push(b"EVALSHA".to_vec());
+        args.push(script_sha(ADMIT).into_bytes());
+        args.push(limiters.len().to_string().into_bytes());
+        args.extend(limiters.iter().map(|l| l.key.as_bytes().to_vec()));
+        args.push(window.into_bytes());
+        for limiter in limiters {
+            args.push(if limiter.charged_now { b"r".to_vec() } else { b"t".to_vec() });
+            args.push(micros(gcra::unit_cost(limiter.per_minute, 1)).into_bytes());
+        }
+        let reply = self.call(&args).await?;
+        let Reply::Array(Some(items)) = reply else { return Err(StoreError::Reply) };
+        let numbers: Vec<i64> = items
+            .iter()
+            .map(|i| if let Reply::Integer(n) = i { Ok(*n) } else { Err(StoreError::Reply) })
+            .collect::<Result<_, _>>()?;
+        if numbers.len() != limiters.len() * 3 {
+            return Err(StoreError::Reply);
+        }
+        let nanos = |micros: i64| u64::try_from(micros).unwrap_or(0).saturating_mul(1000);
+        Ok(numbers
+            .chunks_exact(3)
+            .zip(limiters)
+            .map(|(n, limiter)| {
+                let used = nanos(n[1]);
+                Verdict {
+                    allowed: n[0] == 1,
+                    remaining: gcra::remaining(used, limiter.per_minute),
+                    reset_nanos: used,
+                    retry_after_nanos: nanos(n[2]),
+                }
+            })
+            .collect())
+    }
+
+    /// Charges `tokens` to each token limiter `(key, per minute)`, without
+    /// waiting for the reply.
+    pub fn charge(&self, limiters: &[(&str, u64)], tokens: u64) {
+        let mut args: Vec<Vec<u8>> =
+            vec![b"EVALSHA".to_vec(), script_sha(CHARGE).into_bytes(), limiters.len().to_string().into_bytes()];
+        args.extend(limiters.iter().map(|(key, _)| key.as_bytes().to_vec()));
+        for (_, per_minute) in limiters {
+            let nanos = u128::from(gcra::WINDOW_NANOS) * u128::from(tokens) / u128::from((*per_minute).max(1));
+            args.push(format!("{:.3}", nanos as f64 / 1000.0).into_bytes());
+        }
+        let _ = self.calls.send(Call { command: command(&args), reply: None });
+    }
+
+    async fn call(&self, args: &[Vec<u8>]) -> Result<Reply, StoreError> {
+        if !self.is_connected() {
+            return Err(StoreError::Unreachable);
+        }
+        let (reply, answer) = oneshot::channel();
+        self.calls.send(Call { command: command(args), reply: Some(reply) }).map_err(|_| StoreError::Unreachable)?;
+        match tokio::time::timeout(self.config.timeout, answer).await {
+            Ok(Ok(Ok(Reply::Error(error)))) => {
+                if error.starts_with("NOSCRIPT") {
+                    // The scripts were flushed (SCRIPT FLUSH): load them again.
+                    for script in [ADMIT, CHARGE] {
+                        let load = command(&[b"SCRIPT".to_vec(), b"LOAD".to_vec(), script.as_bytes().to_vec()]);
+                        let _ = self.calls.send(Call { command: load, reply: None });
+                    }
+                }
+                Err(StoreError::Reply)
+            }
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(StoreError::Unreachable),
+            Err(_) => Err(StoreError::Timeout),
+        }
+    }
+}
+
+/// The SHA-1 Redis names a script by (EVALSHA), in hex.
+fn script_sha(script: &str) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY, script.as_bytes());
+    digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn micros(nanos: u64) -> String {
+    format!("{:.3}", nanos as f64 / 1000.0)
+}
+
+fn command(args: &[Vec<u8>]) -> BytesMut {
+    let parts: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+    let mut out = BytesMut::with_capacity(args.iter().map(|a| a.len() + 16).sum());
+    resp::encode(&mut out, &parts);
+    out
+}
+
+/// Connects, authenticates and serves calls until the connection breaks;
+/// again after a backoff; until the counter is dropped.
+async fn run(config: RedisConfig, mut queue: mpsc::UnboundedReceiver<Call>, connected: Arc<AtomicBool>) {
+    let mut backoff = Duration::from_millis(50);
+    let mut was_up = true;
+    loop {
+        match connect(&config).await {
+            Ok(stream) => {
+                tracing::info!(address = %config.address, "rate limits: connected to Redis");
+                connected.store(true, Ordering::Relaxed);
+                backoff = Duration::from_millis(50);
+                was_up = true;
+                let ended = serve(stream, &mut queue).await;
+                connected.store(false, Ordering::Relaxed);
+                match ended {
+                    None => return,
+                    Some(error) => {
+                        tracing::warn!(address = %config.address, %error, "rate limits: lost Redis; reconnecting")
+                    }
+                }
+            }
+            Err(error) if was_up => {
+                tracing::warn!(address = %config.address, %error, "rate limits: cannot reach Redis; retrying");
+                was_up = false;
+            }
+            Err(_) => {}
+        }
+        // Calls made meanwhile fail at once rather than wait.
+        let pause = tokio::time::sleep(backoff);
+        tokio::pin!(pause);
+        loop {
+            tokio::select! {
+                () = &mut pause => break,
+                call = queue.recv() => match call {
+                    None => return,
+                    Some(call) => {
+                        if let Some(reply) = call.reply {
+                            let _ = reply.send(Err(StoreError::Unreachable));
+                        }
+                    }
+                },
+            }
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(1));
+    }
+}
+
+async fn connect(config: &RedisConfig) -> std::io::Result<TcpStream> {
+    let connecting = TcpStream::connect(&config.address);
+    let mut stream = tokio::time::timeout(Duration::from_secs(1), connecting)
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))??;
+    stream.set_nodelay(true)?;
+    if let Some(password) = &config.password {
+        let reply = roundtrip(&mut stream, &[b"AUTH".to_vec(), password.as_bytes().to_vec()]).await?;
+        if reply != Reply::Status("OK".into()) {
+            return Err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, "AUTH refused"));
+        }
+    }
+    // Loaded on every connection: a restarted Redis has forgotten them.
+    for script in [ADMIT, CHARGE] {
+        let reply = roundtrip(&mut stream, &[b"SCRIPT".to_vec(), b"LOAD".to_vec(), script.as_bytes().to_vec()]).await?;
+        if reply != Reply::Bulk(Some(script_sha(script).into_bytes())) {
+            return Err(std::io::Error::other(format!("SCRIPT LOAD answered {reply:?}")));
+        }
+    }
+    Ok(stream)
+}
+
+/// One command and its reply, before the connection is shared.
+async fn roundtrip(stream: &mut TcpStream, args: &[Vec<u8>]) -> std::io::Result<Reply> {
+    stream.write_all(&command(args)).await?;
+    let mut buffer = BytesMut::with_capacity(256);
+    tokio::time::timeout(Duration::from_secs(1), async {
+        loop {
+            if stream.read_buf(&mut buffer).await? == 0 {
+                return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "closed"));
+            }
+            if let Some((reply, _)) = resp::parse(&buffer).map_err(std::io::Error::other)? {
+                return Ok(reply);
+            }
+        }
+    })
+    .await
+    .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no reply"))?
+}
+
+/// Pipelines calls over `stream` until it breaks (`Some(error)`) or the
+/// counter is dropped (`None`).
+async fn serve(stream: TcpStream, queue: &mut mpsc::UnboundedReceiver<Call>) -> Option<std::io::Error> {
+    let (mut reader, mut writer) = stream.into_split();
+    let mut waiting: VecDeque<Option<oneshot::Sender<Result<Reply, StoreError>>>> = VecDeque::new();
+    let mut incoming = BytesMut::with_capacity(4096);
+    let mut outgoing = BytesMut::with_capacity(4096);
+    let error = loop {
+        tokio::select! {
+            call = queue.recv() => {
+                let call = call?;
+                outgoing.extend_from_slice(&call.command);
+                waiting.push_back(call.reply);
+                // Everything queued meanwhile goes in the same write.
+                while let Ok(call) = queue.try_recv() {
+                    outgoing.extend_from_slice(&call.command);
+                    waiting.push_back(call.reply);
+                }
+                if let Err(error) = writer.write_all(&outgoing).await {
+                    break error;
+                }
+                outgoing.clear();
+            }
+            read = reader.read_buf(&mut incoming) => {
+                match read {
+                    Ok(0) => break std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "Redis closed the connection"),
+                    Err(error) => break error,
+                    Ok(_) => {}
+                }
+                loop {
+                    match resp::parse(&incoming) {
+                        Ok(Some((reply, used))) => {
+                            incoming.advance(used);
+                            if let Some(Some(caller)) = waiting.pop_front() {
+                                let _ = caller.send(Ok(reply));
+                            }
+                        }
+                        Ok(None) => break,
+                        Err(error) => return Some(std::io::Error::other(error)),
+                    }
+                }
+            }
+        }
+    };
+    for caller in waiting.into_iter().flatten() {
+        let _ = caller.send(Err(StoreError::Unreachable));
+    }
+    Some(error)
+}
