@@ -115,7 +115,11 @@ async fn gateways_serve_through_an_api_server_restart_and_the_operator_converges
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     while !programmed(&keys, "bob").await {
-        assert!(Instant::now() < deadline, "the operator did not converge after the restart");
+        assert!(
+            Instant::now() < deadline,
+            "the operator did not converge after the restart: bob's status {:?}",
+            keys.get_opt("bob").await.ok().flatten().and_then(|k| k.status)
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let bob_key = key_text(&client, &namespace, "bob").await;

@@ -536,7 +536,7 @@ impl Snapshot {
     async fn fetch_credentials(&mut self, client: &Client, gateway: &Gateway) -> Result<(), Error> {
         let wanted = self.with_inputs(gateway, compile::models::credential_secrets);
         for (namespace, name) in wanted {
-            if let Some(secret) = Api::<Secret>::namespaced(client.clone(), &namespace).get_opt(&name).await? {
+            if let Some(secret) = bounded(Api::<Secret>::namespaced(client.clone(), &namespace).get_opt(&name)).await? {
                 self.secrets.push(Arc::new(secret));
             }
         }
@@ -571,7 +571,16 @@ where
     let namespace = object.meta().namespace.clone().ok_or(Error::Incomplete("namespace"))?;
     let name = object.meta().name.clone().ok_or(Error::Incomplete("name"))?;
     let api: Api<K> = Api::namespaced(client.clone(), &namespace);
-    Ok(api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(object)).await?)
+    bounded(api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(object))).await
+}
+
+/// Longest one API call may take. A request caught in an API server
+/// restart can hang with no reply; the reconcile fails instead and is
+/// retried (a hung reconcile holds its object: nothing else runs for it).
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+async fn bounded<T>(call: impl std::future::Future<Output = Result<T, kube::Error>>) -> Result<T, Error> {
+    tokio::time::timeout(CALL_TIMEOUT, call).await.map_err(|_| Error::Timeout(CALL_TIMEOUT))?.map_err(Error::from)
 }
 
 async fn prune<K>(client: &Client, namespace: &str, name: &str) -> Result<(), Error>
@@ -580,10 +589,10 @@ where
     K: Resource<Scope = kube::core::NamespaceResourceScope>,
 {
     let api: Api<K> = Api::namespaced(client.clone(), namespace);
-    match api.delete(name, &DeleteParams::background()).await {
+    match bounded(api.delete(name, &DeleteParams::background())).await {
         Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-        Err(error) => Err(error.into()),
+        Err(Error::Kube(kube::Error::Api(status))) if status.code == 404 => Ok(()),
+        Err(error) => Err(error),
     }
 }
 
@@ -599,7 +608,8 @@ where
         "kind": K::kind(&()),
         "status": status,
     });
-    api.patch_status(&object.name_any(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(body)).await?;
+    bounded(api.patch_status(&object.name_any(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(body)))
+        .await?;
     Ok(())
 }
 
@@ -1005,11 +1015,11 @@ async fn ensure_generated_secret(client: &Client, api_key: &ApiKey, stores: &Sto
         data: Some(BTreeMap::from([(keys::GENERATED_DATA_KEY.to_owned(), ByteString(key.into_bytes()))])),
         ..Secret::default()
     };
-    match Api::<Secret>::namespaced(client.clone(), &namespace).create(&PostParams::default(), &secret).await {
+    match bounded(Api::<Secret>::namespaced(client.clone(), &namespace).create(&PostParams::default(), &secret)).await {
         Ok(_) => Ok(()),
         // Created meanwhile (the store lags): keep the existing key.
-        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
-        Err(error) => Err(error.into()),
+        Err(Error::Kube(kube::Error::Api(status))) if status.code == 409 => Ok(()),
+        Err(error) => Err(error),
     }
 }
 

@@ -7,6 +7,9 @@ pub enum Error {
     /// The API server refused or failed a request.
     #[error("Kubernetes API: {0}")]
     Kube(#[from] kube::Error),
+    /// The API server did not answer a request in time.
+    #[error("Kubernetes API: no answer within {0:?}")]
+    Timeout(std::time::Duration),
     /// An object could not be serialized (a bug, not user input).
     #[error("serialization: {0}")]
     Serialize(#[from] serde_json::Error),
@@ -28,6 +31,7 @@ impl Error {
             Error::Kube(kube::Error::Api(status)) if status.code == 409 => "conflict",
             Error::Kube(kube::Error::Api(status)) if status.code == 422 => "invalid",
             Error::Kube(_) => "api",
+            Error::Timeout(_) => "timeout",
             Error::Serialize(_) => "serialize",
             Error::Io(_) => "io",
             Error::Random => "random",
@@ -37,6 +41,6 @@ impl Error {
 
     /// Whether a retry may succeed.
     pub fn is_transient(&self) -> bool {
-        matches!(self, Error::Kube(_) | Error::Random)
+        matches!(self, Error::Kube(_) | Error::Timeout(_) | Error::Random)
     }
 }
