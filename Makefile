@@ -17,13 +17,13 @@ test: k8s-bins helm-bin node-deps
 	@# The last e2e node tears down after its test binary exits; wait for it.
 	flock /run/waycast-e2e.lock true
 
-## bench: waycast-bench's suite — every scenario against the sink (baseline) and through the gateway, in one run; table + JSON
+## bench: waycast-bench's suite — every scenario against the sink (baseline) and through the gateway, in one run; table + JSON (BENCH_LIMITS=1: the key has generous rate limits)
 BENCH_SCALE ?= 1
 bench:
 	$(CARGO) build $(CARGO_FLAGS) --release -p waycast-gateway
 	$(CARGO) build $(CARGO_FLAGS) --profile bench-tool -p waycast-e2e --bin waycast-bench
 	@# The gateway gets CPU 0; the load generator and the sink share CPU 1.
-	taskset -c 1 $(TARGET_DIR)/bench-tool/waycast-bench suite --scale $(BENCH_SCALE) \
+	taskset -c 1 $(TARGET_DIR)/bench-tool/waycast-bench suite --scale $(BENCH_SCALE) $(if $(BENCH_LIMITS),--limits) \
 	  --gateway $(TARGET_DIR)/release/waycast-gateway --gateway-cpu 0 --load-cpu 1 --out $(TARGET_DIR)/bench.json
 
 ## bench-scale: 10,000 ApiKeys and 500 ModelEndpoints on one Gateway against the real API server (release operator and gateway)

@@ -144,6 +144,8 @@ async fn the_suite_compares_a_gateway_process_with_the_baseline() {
         gateway_cpu: None,
         load_cpu: None,
         gateway_log: "info".into(),
+        // Generous limits: the suite must run through the limit check without a refusal.
+        limits: true,
     };
     let report = waycast_e2e::bench::suite::run(options).await.unwrap();
     assert_eq!(report.comparisons.len(), 4 + 6);

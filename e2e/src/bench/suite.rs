@@ -38,6 +38,9 @@ pub struct SuiteOptions {
     pub load_cpu: Option<usize>,
     /// The gateway's log filter (`info` keeps the access log on).
     pub gateway_log: String,
+    /// Give the suite's key generous request and token limits (never
+    /// reached), so every request pays for the limit check and its headers.
+    pub limits: bool,
 }
 
 /// One scenario's two sides.
@@ -138,7 +141,11 @@ async fn wait_for(address: SocketAddr, request: &[u8], deadline: Duration) -> an
 }
 
 /// The gateway config: one model to the sink, one key, access log on.
-pub fn gateway_config(sink: SocketAddr) -> anyhow::Result<Vec<u8>> {
+pub fn gateway_config(sink: SocketAddr, limits: bool) -> anyhow::Result<Vec<u8>> {
+    let mut key = json!({"id": "bench/load", "sha256": crate::fixture::sha256_hex(SUITE_KEY)});
+    if limits {
+        key["limits"] = json!({"requestsPerMinute": 1_000_000_000_u64, "tokensPerMinute": 1_000_000_000_000_u64});
+    }
     let config = json!({
         "apiVersion": "waycast.dev/config-v1",
         "models": [{
@@ -146,7 +153,7 @@ pub fn gateway_config(sink: SocketAddr) -> anyhow::Result<Vec<u8>> {
             "backends": [{"url": format!("http://{sink}/v1"), "weight": 1}],
             "timeouts": {"connect": "5s", "firstByte": "300s", "idle": "60s"},
         }],
-        "keys": [{"id": "bench/load", "sha256": crate::fixture::sha256_hex(SUITE_KEY)}],
+        "keys": [key],
         "settings": {"maxRequestBodyBytes": 10_485_760, "accessLog": true},
     });
     let bytes = serde_json::to_vec_pretty(&config)?;
@@ -261,7 +268,7 @@ pub async fn run(options: SuiteOptions) -> anyhow::Result<SuiteReport> {
     );
     wait_for(sink, &get("/v1/models"), Duration::from_secs(10)).await?;
     let config = dir.join("gateway.json");
-    std::fs::write(&config, gateway_config(sink)?)?;
+    std::fs::write(&config, gateway_config(sink, options.limits)?)?;
     let (gateway, public, admin) = start_gateway(&options, &config, &dir)?;
     wait_for(public, &authorized_chat(), Duration::from_secs(10)).await?;
     let gateway_pid = gateway.0.id();
@@ -333,7 +340,7 @@ pub async fn run(options: SuiteOptions) -> anyhow::Result<SuiteReport> {
     let _ = std::fs::remove_dir_all(&dir);
     let binary_bytes = std::fs::metadata(&options.gateway).map(|m| m.len()).unwrap_or_default();
     Ok(SuiteReport {
-        pinning: json!({"gatewayCpu": options.gateway_cpu, "loadCpu": options.load_cpu}),
+        pinning: json!({"gatewayCpu": options.gateway_cpu, "loadCpu": options.load_cpu, "limits": options.limits}),
         comparisons,
         cold_start_ms,
         peak_rss_mib: serde_json::Value::Object(rss),

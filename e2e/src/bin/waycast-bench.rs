@@ -111,6 +111,10 @@ enum Command {
         /// CPU to pin the sink to (run the suite itself there with taskset).
         #[arg(long)]
         load_cpu: Option<usize>,
+        /// Give the key generous rate limits (never reached): every request
+        /// pays for the limit check.
+        #[arg(long)]
+        limits: bool,
     },
 }
 
@@ -221,7 +225,7 @@ fn main() -> ExitCode {
                     Err(error) => fail(&format!("{error:#}")),
                 }
             }
-            Command::Suite { gateway, out, scale, gateway_cpu, load_cpu } => {
+            Command::Suite { gateway, out, scale, gateway_cpu, load_cpu, limits } => {
                 let bench = match std::env::current_exe() {
                     Ok(path) => path,
                     Err(error) => return fail(&format!("cannot find myself: {error}")),
@@ -234,6 +238,7 @@ fn main() -> ExitCode {
                     gateway_cpu,
                     load_cpu,
                     gateway_log: "info".into(),
+                    limits,
                 };
                 match suite::run(options).await {
                     Ok(report) => {
