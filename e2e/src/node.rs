@@ -140,6 +140,31 @@ pub struct Node {
     pub state_dir: PathBuf,
 }
 
+/// Free disk the node wants beyond the kubelet's eviction threshold (1 %
+/// of the filesystem): pods' logs, images and emptyDirs.
+const DISK_HEADROOM_BYTES: u64 = 3 << 30;
+
+/// Refuses to start on a nearly full disk: the kubelet would evict the
+/// test pods (ephemeral-storage pressure), and tests would fail far from
+/// the cause.
+fn check_free_disk() -> anyhow::Result<()> {
+    std::fs::create_dir_all(NODE_ROOT)?;
+    let output = std::process::Command::new("df").args(["-B1", "--output=avail,size", NODE_ROOT]).output()?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let numbers: Vec<u64> =
+        text.lines().nth(1).unwrap_or_default().split_whitespace().filter_map(|n| n.parse().ok()).collect();
+    let [available, size] = numbers[..] else { anyhow::bail!("cannot read free disk space from df: {text}") };
+    let needed = size / 100 + DISK_HEADROOM_BYTES;
+    anyhow::ensure!(
+        available >= needed,
+        "the e2e node needs {:.1} GiB free on {NODE_ROOT}'s filesystem and has {:.1} GiB: the kubelet evicts pods below 1 % free. \
+         Free some space (Rust target directories are the usual culprit: `cargo clean`, or delete target/debug/incremental).",
+        needed as f64 / f64::from(1 << 30),
+        available as f64 / f64::from(1 << 30)
+    );
+    Ok(())
+}
+
 impl Node {
     /// Starts containerd, imports `images`, starts the kubelet and
     /// kube-proxy, waits for the node to be Ready, and installs
@@ -150,6 +175,7 @@ impl Node {
     pub async fn start(plane: &ControlPlane, images: &[PathBuf]) -> anyhow::Result<Self> {
         let state_dir = plane.state_dir.join("node");
         std::fs::create_dir_all(&state_dir)?;
+        check_free_disk()?;
         let mut node = Self { processes: Processes::new(state_dir.clone()), state_dir: state_dir.clone() };
         node.start_containerd().await?;
         for image in images {

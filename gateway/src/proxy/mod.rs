@@ -35,7 +35,8 @@ use hyper::body::Incoming;
 
 use crate::Shared;
 use crate::error::GatewayError;
-use crate::snapshot::Snapshot;
+use crate::limit::{self, Admitted, RateHeaders, Refusal};
+use crate::snapshot::{KeyEntry, Route, Snapshot};
 use forward::{Outgoing, REQUEST_ID};
 use stream::{Exchange, Outcome, ProxyBody, RelayBody, UsageWatch};
 
@@ -136,34 +137,7 @@ async fn serve(
         exchange.stream = fields.stream;
     }
 
-    let mut admitted = match (&key.limits, &route.limits) {
-        (None, None) => None,
-        (key_limits, model_limits) => {
-            let decision = match &snapshot.redis {
-                None => crate::limit::admit(key_limits.as_ref(), model_limits.as_ref(), shared.fleet.shares()),
-                Some(counter) => {
-                    let subject = crate::limit::Subject {
-                        key: (&key.id, key_limits.as_ref()),
-                        model: (&route.name, model_limits.as_ref()),
-                    };
-                    match crate::limit::admit_in_redis(counter, &subject).await {
-                        Ok(decision) => decision,
-                        Err(error) => {
-                            shared.metrics.rate_limit_store_errors.with_label_values(&[error.label()]).inc();
-                            if counter.config.fail_closed {
-                                return Err(GatewayError::RateLimitUnavailable(error));
-                            }
-                            // Failing open: admitted, uncounted.
-                            Ok(crate::limit::Admitted { headers: Default::default(), charge: None })
-                        }
-                    }
-                }
-            };
-            let label = decision.as_ref().map_or_else(crate::limit::Refusal::label, |_| "admitted");
-            shared.metrics.rate_limit_requests.with_label_values(&[&route.name, &key.id, label]).inc();
-            Some(decision.map_err(GatewayError::RateLimited)?)
-        }
-    };
+    let mut admitted = rate_limit(shared, &snapshot, key, route).await?;
     // Token limits need the usage of streams too: ask for it, and take the
     // extra chunk out again if the client did not ask for it.
     let charge = admitted.as_mut().and_then(|a| a.charge.take());
@@ -216,6 +190,41 @@ async fn serve(
         forwarded.headers_at,
     );
     Ok(Response::from_parts(head, ProxyBody::Relay(relay)))
+}
+
+/// The key's and the model's rate limits for this request: `None` when
+/// neither has any, else the admission (headers, token charge) or a 429.
+/// Counted locally (this pod's share) or in Redis, as the config says.
+async fn rate_limit(
+    shared: &Shared,
+    snapshot: &Snapshot,
+    key: &KeyEntry,
+    route: &Route,
+) -> Result<Option<Admitted>, GatewayError> {
+    if key.limits.is_none() && route.limits.is_none() {
+        return Ok(None);
+    }
+    let (key_limits, model_limits) = (key.limits.as_ref(), route.limits.as_ref());
+    let decision = match &snapshot.redis {
+        None => limit::admit(key_limits, model_limits, shared.fleet.shares()),
+        Some(counter) => {
+            let subject = limit::Subject { key: (&key.id, key_limits), model: (&route.name, model_limits) };
+            match limit::admit_in_redis(counter, &subject).await {
+                Ok(decision) => decision,
+                Err(error) => {
+                    shared.metrics.rate_limit_store_errors.with_label_values(&[error.label()]).inc();
+                    if counter.config.fail_closed {
+                        return Err(GatewayError::RateLimitUnavailable(error));
+                    }
+                    // Failing open: admitted, uncounted.
+                    Ok(Admitted { headers: RateHeaders::default(), charge: None })
+                }
+            }
+        }
+    };
+    let label = decision.as_ref().map_or_else(Refusal::label, |_| "admitted");
+    shared.metrics.rate_limit_requests.with_label_values(&[&route.name, &key.id, label]).inc();
+    decision.map(Some).map_err(GatewayError::RateLimited)
 }
 
 trait RetainReturnable {
