@@ -155,7 +155,15 @@ pub fn operator_in_process(cluster: &SharedCluster) {
         // The operator's log goes to a file next to the cluster's state.
         let log = std::env::temp_dir().join(format!("waycast-operator-{}.log", std::process::id()));
         if let Ok(file) = std::fs::File::create(&log) {
-            let _ = tracing_subscriber::fmt().with_writer(std::sync::Arc::new(file)).with_ansi(false).try_init();
+            // WAYCAST_E2E_OPERATOR_LOG (a tracing filter) turns up the detail.
+            let filter = std::env::var("WAYCAST_E2E_OPERATOR_LOG").unwrap_or_else(|_| "info".into());
+            let filter = tracing_subscriber::EnvFilter::try_new(filter)
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+            let _ = tracing_subscriber::fmt()
+                .with_writer(std::sync::Arc::new(file))
+                .with_ansi(false)
+                .with_env_filter(filter)
+                .try_init();
         }
         std::thread::spawn(move || {
             let runtime =

@@ -306,23 +306,62 @@ where
         // A copy of the whole object as kubectl last applied it: never read.
         object.annotations_mut().remove("kubectl.kubernetes.io/last-applied-configuration");
     });
-    let stream = reflector::reflector(writer, watch).default_backoff().touched_objects();
-    let mut seen: std::collections::HashMap<ObjectRef<K>, u64> = std::collections::HashMap::new();
-    // The reflector has applied each event to the store before it reaches here.
-    tokio::spawn(stream.for_each(move |touched| {
-        if let Ok(object) = touched {
-            let reference = ObjectRef::from_obj(&object);
-            let now = view.get(&reference).map(|current| relevant(current.as_ref()));
-            let (differs, deleted) = match now {
-                Some(print) => (seen.insert(reference, print) != Some(print), false),
-                None => (seen.remove(&reference).is_some(), true),
-            };
-            if differs {
-                let _ = sender.send(());
-                listener(&object, deleted);
+    let stream = reflector::reflector(writer, watch).default_backoff();
+    // What each object's relevant fields were when last announced (with the
+    // object, so that one gone after a re-list can still be announced).
+    let mut seen: std::collections::HashMap<ObjectRef<K>, (u64, Arc<K>)> = std::collections::HashMap::new();
+    // The reflector has applied each event to the store before it reaches
+    // here — except during a re-list, whose objects it buffers until
+    // `InitDone`: the whole new state is compared then. (Comparing each
+    // `InitApply` object against the store missed every object created or
+    // changed while a watch was being re-established.)
+    tokio::spawn(stream.for_each(move |event| {
+        let mut changed = Vec::new();
+        match event {
+            Ok(watcher::Event::Apply(object) | watcher::Event::Delete(object)) => {
+                let reference = ObjectRef::from_obj(&object);
+                match view.get(&reference) {
+                    Some(current) => {
+                        let print = relevant(current.as_ref());
+                        if seen.insert(reference, (print, current.clone())).is_none_or(|(old, _)| old != print) {
+                            changed.push((current, false));
+                        }
+                    }
+                    None => {
+                        if seen.remove(&reference).is_some() {
+                            changed.push((Arc::new(object), true));
+                        }
+                    }
+                }
             }
-        } else {
+            Ok(watcher::Event::InitDone) => {
+                let mut now: std::collections::HashMap<ObjectRef<K>, (u64, Arc<K>)> = view
+                    .state()
+                    .into_iter()
+                    .map(|object| (ObjectRef::from_obj(object.as_ref()), (relevant(object.as_ref()), object)))
+                    .collect();
+                for (reference, (print, object)) in &now {
+                    if seen.get(reference).is_none_or(|(old, _)| old != print) {
+                        changed.push((object.clone(), false));
+                    }
+                }
+                for (reference, (_, object)) in seen.drain() {
+                    if !now.contains_key(&reference) {
+                        changed.push((object, true));
+                    }
+                }
+                std::mem::swap(&mut seen, &mut now);
+            }
+            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
+            Err(_) => {
+                let _ = sender.send(());
+            }
+        }
+        if !changed.is_empty() {
             let _ = sender.send(());
+            for (object, deleted) in changed {
+                listener(object.as_ref(), deleted);
+            }
         }
         futures_util::future::ready(())
     }));
