@@ -46,7 +46,7 @@ pub struct GatewayConfig {
 }
 
 /// One model and where it is served.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ModelConfig {
     /// Name clients send in `"model"`.
@@ -69,7 +69,7 @@ pub struct ModelConfig {
 }
 
 /// One upstream.
-#[derive(Serialize, Deserialize, Clone, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, Clone, PartialEq, Eq, Hash)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct BackendConfig {
     /// OpenAI-style base URL: a request for `/v1/X` goes to `<url>/X`.
@@ -103,7 +103,7 @@ impl fmt::Debug for BackendConfig {
 }
 
 /// Upstream timeouts. There is deliberately no total-duration timeout.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct TimeoutsConfig {
     /// Establishing the TCP (and TLS) connection.
@@ -136,7 +136,7 @@ impl Default for TimeoutsConfig {
 }
 
 /// One accepted key.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct KeyConfig {
     /// Who the key belongs to, e.g. `namespace/name` of its ApiKey. Appears in
@@ -159,7 +159,7 @@ pub struct KeyConfig {
 }
 
 /// Requests and tokens per minute.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct LimitsConfig {
     /// Requests admitted per minute.

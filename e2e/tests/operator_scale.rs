@@ -1,5 +1,6 @@
 //! The operator under a burst: 300 ApiKeys applied at once are coalesced
-//! into a handful of config writes. Its own test binary (and cluster), so
+//! into a handful of config writes, and one more key afterwards does not
+//! rewrite the others' statuses. Its own test binary (and cluster), so
 //! the burst's load does not skew the propagation timings measured in
 //! `operator.rs`.
 
@@ -9,8 +10,9 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
+use kube::api::{ListParams, PostParams};
 use serde_json::json;
-use waycast_crds::Gateway;
+use waycast_crds::{ApiKey, Gateway};
 use waycast_e2e::harness::{operator_in_process, shared_cluster_with_node, test_namespace};
 use waycast_e2e::manifest;
 
@@ -80,4 +82,48 @@ async fn a_burst_of_keys_is_coalesced_into_a_handful_of_config_writes() {
         started.elapsed()
     );
     assert!(config_writes <= 20, "{config_writes} config writes for a burst of {count} keys");
+
+    // One more key once all are Programmed: the new config carries the
+    // others unchanged, so their statuses are not written again (they were
+    // all flipped to Programmed=False and back on every config change).
+    let keys: Api<ApiKey> = Api::namespaced(client.clone(), &namespace);
+    let programmed = |key: &ApiKey| {
+        key.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "Programmed" && c.status == "True"))
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let versions = loop {
+        let listed = keys.list(&ListParams::default()).await.unwrap().items;
+        if listed.len() == count as usize + 1 && listed.iter().all(programmed) {
+            break listed
+                .into_iter()
+                .map(|k| (k.metadata.name.unwrap_or_default(), k.metadata.resource_version))
+                .collect::<std::collections::BTreeMap<_, _>>();
+        }
+        let waiting = listed.iter().filter(|k| !programmed(k)).count();
+        assert!(Instant::now() < deadline, "{waiting} ApiKeys never became Programmed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let extra: ApiKey =
+        serde_json::from_value(json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey", "metadata": {"name": "one-more", "namespace": &namespace}, "spec": {}}))
+            .unwrap();
+    keys.create(&PostParams::default(), &extra).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !keys.get_opt("one-more").await.unwrap().is_some_and(|k| programmed(&k)) {
+        assert!(Instant::now() < deadline, "one-more never became Programmed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rewritten: Vec<String> = keys
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|k| {
+            let name = k.metadata.name?;
+            let before = versions.get(&name)?;
+            (*before != k.metadata.resource_version).then_some(name)
+        })
+        .collect();
+    assert!(rewritten.is_empty(), "adding one key rewrote {} other ApiKeys: {rewritten:?}", rewritten.len());
 }

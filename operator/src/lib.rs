@@ -9,8 +9,10 @@
 pub mod compile;
 pub mod controller;
 pub mod error;
+pub mod events;
 pub mod leader;
 pub mod metrics;
+pub mod programmed;
 pub mod render;
 pub mod status;
 
@@ -41,12 +43,9 @@ pub async fn run(client: kube::Client, options: OperatorOptions) -> Result<(), e
     let ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stores = controller::stores(&client).await?;
     let instance = options.leader_election.as_ref().map(|(_, identity)| identity.clone());
-    let recorder = kube::runtime::events::Recorder::new(
-        client.clone(),
-        kube::runtime::events::Reporter { controller: "waycast-operator".into(), instance },
-    );
+    let events = events::Publisher::new(client.clone(), "waycast-operator", instance);
     let context = Arc::new(Context {
-        recorder,
+        events,
         client,
         stores,
         settings: render::RenderSettings { gateway_image: options.gateway_image },

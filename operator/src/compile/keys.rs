@@ -60,7 +60,7 @@ pub fn compile(inputs: &Inputs<'_>, now: jiff::Timestamp) -> (Vec<KeyConfig>, BT
             )
         })
         .collect();
-    selected.sort_by_key(|key| ObjectKey::of(&key.metadata));
+    selected.sort_by(|a, b| ObjectKey::sort_key(&a.metadata).cmp(&ObjectKey::sort_key(&b.metadata)));
 
     let mut entries = Vec::new();
     let mut verdicts = BTreeMap::new();

@@ -55,6 +55,13 @@ impl ObjectKey {
     pub fn of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Self {
         Self { namespace: meta.namespace.clone().unwrap_or_default(), name: meta.name.clone().unwrap_or_default() }
     }
+
+    /// `(namespace, name)`, borrowed: sorts objects in `ObjectKey` order
+    /// without allocating (sorting 10,000 keys by owned keys made over half
+    /// a million small allocations).
+    pub fn sort_key(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> (&str, &str) {
+        (meta.namespace.as_deref().unwrap_or_default(), meta.name.as_deref().unwrap_or_default())
+    }
 }
 
 impl std::fmt::Display for ObjectKey {

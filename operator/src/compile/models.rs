@@ -38,7 +38,9 @@ fn selected<'a>(inputs: &Inputs<'a>) -> Vec<&'a ModelEndpoint> {
         .collect();
     selected.sort_by(|a, b| {
         let created = |e: &ModelEndpoint| e.metadata.creation_timestamp.as_ref().map(|t| t.0);
-        created(a).cmp(&created(b)).then_with(|| ObjectKey::of(&a.metadata).cmp(&ObjectKey::of(&b.metadata)))
+        created(a)
+            .cmp(&created(b))
+            .then_with(|| ObjectKey::sort_key(&a.metadata).cmp(&ObjectKey::sort_key(&b.metadata)))
     });
     selected
 }
