@@ -291,7 +291,9 @@ impl ControlPlane {
             format!("--service-account-signing-key-file={}", path(&service_account.key)),
             format!("--service-cluster-ip-range={SERVICE_CIDR}"),
             "--allow-privileged=false".into(),
-            "--profiling=false".into(),
+            // `/debug/pprof` on request, to see where the API server's time
+            // goes under the scale benchmark (docs/performance.md).
+            format!("--profiling={}", std::env::var_os("WAYCAST_E2E_APISERVER_PROFILING").is_some()),
             format!("--cert-dir={}", path(&pki_dir)),
         ];
         if node_flags.is_empty() {

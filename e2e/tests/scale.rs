@@ -43,6 +43,41 @@ fn env_number(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
+/// Samples a process's resident memory every 20 ms, so each phase of the
+/// benchmark can report its own peak (VmHWM only gives the whole run's).
+struct RssSampler {
+    samples: std::sync::Arc<std::sync::Mutex<Vec<(Instant, f64)>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl RssSampler {
+    fn start(pid: u32) -> Self {
+        let samples = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (into, stopped) = (samples.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                into.lock().unwrap().push((Instant::now(), status_of(pid, "VmRSS:")));
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        Self { samples, stop }
+    }
+
+    /// The highest resident memory seen between `from` and `to`, and the last.
+    fn peak_and_last(&self, from: Instant, to: Instant) -> (f64, f64) {
+        let samples = self.samples.lock().unwrap();
+        let phase: Vec<f64> = samples.iter().filter(|(at, _)| *at >= from && *at <= to).map(|(_, rss)| *rss).collect();
+        (phase.iter().copied().fold(0.0, f64::max), phase.last().copied().unwrap_or(0.0))
+    }
+}
+
+impl Drop for RssSampler {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 fn status_of(pid: u32, field: &str) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let kib: f64 = status
@@ -129,6 +164,7 @@ async fn ten_thousand_keys_and_five_hundred_models_on_one_gateway() {
             .unwrap(),
     );
 
+    let operator_rss = RssSampler::start(operator.0.id());
     let started = Instant::now();
     let post = PostParams::default();
     let gateways: Api<Gateway> = Api::namespaced(client.clone(), &namespace);
@@ -147,6 +183,7 @@ async fn ten_thousand_keys_and_five_hundred_models_on_one_gateway() {
             async move { drop(api.create(&post, key).await.unwrap()) }
         })
         .await;
+    let created_at = Instant::now();
     let created = started.elapsed();
     println!("created {models} ModelEndpoints and {keys} ApiKeys in {:.1}s", created.as_secs_f64());
 
@@ -168,7 +205,28 @@ async fn ten_thousand_keys_and_five_hundred_models_on_one_gateway() {
         assert!(Instant::now() < deadline, "the gateway never served the last key");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let served_at = Instant::now();
     println!("all served {:.1}s after the first create", started.elapsed().as_secs_f64());
+
+    // The operator is still writing 10,000 statuses (and their Events); the
+    // trials below measure the steady state once it is done.
+    loop {
+        // From the API server's watch cache (resourceVersion 0), not etcd.
+        let listed = key_api.list(&kube::api::ListParams::default().match_any()).await.unwrap().items;
+        let ready = listed
+            .iter()
+            .filter(|k| {
+                k.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            })
+            .count();
+        if ready >= keys {
+            break;
+        }
+        assert!(Instant::now() < deadline, "only {ready} of {keys} ApiKeys say Ready");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    let settled_at = Instant::now();
+    println!("every ApiKey's status says Ready {:.1}s after the first create", started.elapsed().as_secs_f64());
     let config = secrets.get("gateway-config").await.unwrap();
     let config_bytes = config.data.as_ref().and_then(|d| d.values().next()).map_or(0, |b| b.0.len());
     println!("config Secret: {config_bytes} bytes gzipped (a Secret holds at most 1 MiB)");
@@ -193,6 +251,7 @@ async fn ten_thousand_keys_and_five_hundred_models_on_one_gateway() {
         latencies.push(applied.elapsed().as_secs_f64());
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+    let trials_done = Instant::now();
     latencies.sort_by(f64::total_cmp);
     let p50 = latencies[latencies.len() / 2];
     let p99 = latencies[((latencies.len() as f64 * 0.99).ceil() as usize).min(latencies.len()) - 1];
@@ -211,6 +270,15 @@ async fn ten_thousand_keys_and_five_hundred_models_on_one_gateway() {
         status_of(operator.0.id(), "VmHWM:"),
         if count > 0.0 { sum / count * 1e3 } else { 0.0 }
     );
+    for (phase, from, to) in [
+        ("creating the objects", started, created_at),
+        ("until all were served", created_at, served_at),
+        ("until every status was written", served_at, settled_at),
+        ("one more key at a time", settled_at, trials_done),
+    ] {
+        let (peak, last) = operator_rss.peak_and_last(from, to);
+        println!("operator RSS while {phase}: peak {peak:.1} MiB, at its end {last:.1} MiB");
+    }
     println!("gateway: peak RSS {:.1} MiB with {keys} keys", status_of(gateway.0.id(), "VmHWM:"));
     assert!(config_bytes > 0);
 }

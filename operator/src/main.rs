@@ -14,7 +14,10 @@ use clap::Parser;
 
 /// mimalloc instead of glibc's malloc: with 10,000 objects churning through
 /// the stores, glibc's per-thread arenas held on to freed memory (operator
-/// peak RSS at 10,000 ApiKeys: docs/performance.md).
+/// peak RSS at 10,000 ApiKeys: docs/performance.md). The
+/// `system-allocator` feature leaves malloc in place for heap profilers
+/// (heaptrack), which see only malloc's allocations.
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
