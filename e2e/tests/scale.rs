@@ -5,7 +5,7 @@
 //! Prints: time until all are served, the config Secret's size, the
 //! operator's peak RSS and reconcile times, and apply → served latency for
 //! one more key while the 10,000 exist. Sizes: `WAYCAST_SCALE_KEYS`,
-//! `WAYCAST_SCALE_MODELS`.
+//! `WAYCAST_SCALE_MODELS`, `WAYCAST_SCALE_TRIALS`.
 
 #![allow(clippy::unwrap_used, reason = "a benchmark fails loudly on any unexpected error")]
 
@@ -46,35 +46,38 @@ fn env_number(name: &str, default: usize) -> usize {
 /// Samples a process's resident memory every 20 ms, so each phase of the
 /// benchmark can report its own peak (VmHWM only gives the whole run's).
 struct RssSampler {
-    samples: std::sync::Arc<std::sync::Mutex<Vec<(Instant, f64)>>>,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    sampler: std::thread::JoinHandle<Vec<(Instant, f64)>>,
 }
 
 impl RssSampler {
     fn start(pid: u32) -> Self {
-        let samples = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (into, stopped) = (samples.clone(), stop.clone());
-        std::thread::spawn(move || {
+        let stopped = stop.clone();
+        let sampler = std::thread::spawn(move || {
+            let mut samples = Vec::new();
             while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
-                into.lock().unwrap().push((Instant::now(), status_of(pid, "VmRSS:")));
+                samples.push((Instant::now(), status_of(pid, "VmRSS:")));
                 std::thread::sleep(Duration::from_millis(20));
             }
+            samples
         });
-        Self { samples, stop }
+        Self { stop, sampler }
     }
 
-    /// The highest resident memory seen between `from` and `to`, and the last.
-    fn peak_and_last(&self, from: Instant, to: Instant) -> (f64, f64) {
-        let samples = self.samples.lock().unwrap();
-        let phase: Vec<f64> = samples.iter().filter(|(at, _)| *at >= from && *at <= to).map(|(_, rss)| *rss).collect();
-        (phase.iter().copied().fold(0.0, f64::max), phase.last().copied().unwrap_or(0.0))
+    fn finish(self) -> RssSamples {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        RssSamples(self.sampler.join().unwrap())
     }
 }
 
-impl Drop for RssSampler {
-    fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+struct RssSamples(Vec<(Instant, f64)>);
+
+impl RssSamples {
+    /// The highest resident memory seen between `from` and `to`, and the last.
+    fn peak_and_last(&self, from: Instant, to: Instant) -> (f64, f64) {
+        let phase: Vec<f64> = self.0.iter().filter(|(at, _)| *at >= from && *at <= to).map(|(_, rss)| *rss).collect();
+        (phase.iter().copied().fold(0.0, f64::max), phase.last().copied().unwrap_or(0.0))
     }
 }
 
@@ -233,7 +236,8 @@ async fn ten_thousand_keys_and_five_hundred_models_on_one_gateway() {
 
     // Apply → served for one more key at a time, while the others exist.
     let mut latencies = Vec::new();
-    for trial in 0..20 {
+    let mut trial_ends = Vec::new();
+    for trial in 0..env_number("WAYCAST_SCALE_TRIALS", 20) {
         let name = format!("extra-{trial}");
         let extra: ApiKey = serde_json::from_value(serde_json::json!({
             "apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey",
@@ -250,6 +254,7 @@ async fn ten_thousand_keys_and_five_hundred_models_on_one_gateway() {
         }
         latencies.push(applied.elapsed().as_secs_f64());
         tokio::time::sleep(Duration::from_millis(300)).await;
+        trial_ends.push(Instant::now());
     }
     let trials_done = Instant::now();
     latencies.sort_by(f64::total_cmp);
@@ -270,6 +275,7 @@ async fn ten_thousand_keys_and_five_hundred_models_on_one_gateway() {
         status_of(operator.0.id(), "VmHWM:"),
         if count > 0.0 { sum / count * 1e3 } else { 0.0 }
     );
+    let operator_rss = operator_rss.finish();
     for (phase, from, to) in [
         ("creating the objects", started, created_at),
         ("until all were served", created_at, served_at),
@@ -279,6 +285,10 @@ async fn ten_thousand_keys_and_five_hundred_models_on_one_gateway() {
         let (peak, last) = operator_rss.peak_and_last(from, to);
         println!("operator RSS while {phase}: peak {peak:.1} MiB, at its end {last:.1} MiB");
     }
+    // Whether the trials' memory levels off or keeps growing.
+    let after_each: Vec<String> =
+        trial_ends.iter().map(|end| format!("{:.0}", operator_rss.peak_and_last(settled_at, *end).1)).collect();
+    println!("operator RSS after each trial (MiB): {}", after_each.join(" "));
     println!("gateway: peak RSS {:.1} MiB with {keys} keys", status_of(gateway.0.id(), "VmHWM:"));
     assert!(config_bytes > 0);
 }

@@ -56,7 +56,10 @@ fn main() -> ExitCode {
     let filter = tracing_subscriber::EnvFilter::try_new(&args.log)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt().with_env_filter(filter).with_target(false).init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    // One thread: the operator waits on the API server far more than it
+    // computes, and one allocator heap instead of one per worker kept its
+    // memory lower at 10,000 ApiKeys (docs/performance.md).
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("waycast-operator: {error}");

@@ -216,11 +216,7 @@ mod tests {
     }
 
     fn served() -> KeyVerdict {
-        KeyVerdict {
-            verdict: Verdict::accepted("KeyReady", "the key is served"),
-            secret_name: "s".into(),
-            key_prefix: None,
-        }
+        KeyVerdict { verdict: Verdict::accepted("KeyReady", "the key is served"), key_prefix: None }
     }
 
     /// A compile of `hash` serving each named key at generation 1.

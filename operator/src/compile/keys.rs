@@ -27,8 +27,6 @@ pub fn generated_secret_name(api_key: &str) -> String {
 pub struct KeyVerdict {
     /// Served or not, and why.
     pub verdict: Verdict,
-    /// The Secret that holds (or should hold) the key.
-    pub secret_name: String,
     /// The key's first characters, when it was found.
     pub key_prefix: Option<String>,
 }
@@ -78,11 +76,7 @@ pub fn compile(inputs: &Inputs<'_>, now: jiff::Timestamp) -> (Vec<KeyConfig>, BT
             let message = format!("Secret {}/{secret_name} has no key {data_key:?}", id.namespace);
             verdicts.insert(
                 id,
-                KeyVerdict {
-                    verdict: Verdict::refused(reasons::SECRET_MISSING, message),
-                    secret_name,
-                    key_prefix: None,
-                },
+                KeyVerdict { verdict: Verdict::refused(reasons::SECRET_MISSING, message), key_prefix: None },
             );
             continue;
         };
@@ -111,7 +105,7 @@ pub fn compile(inputs: &Inputs<'_>, now: jiff::Timestamp) -> (Vec<KeyConfig>, BT
                 }
             }
         };
-        verdicts.insert(id, KeyVerdict { verdict, secret_name, key_prefix });
+        verdicts.insert(id, KeyVerdict { verdict, key_prefix });
     }
     (entries, verdicts)
 }

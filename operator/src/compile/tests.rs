@@ -145,7 +145,8 @@ fn the_quickstart_compiles_to_a_served_route_and_key() {
     assert!(compiled.models[&key("demo", "llama")].accepted);
     let verdict = &compiled.keys[&key("demo", "alice")];
     assert_eq!((verdict.verdict.reason, verdict.key_prefix.as_deref()), (reasons::KEY_READY, Some("wc_aaa")));
-    assert_eq!(verdict.secret_name, "alice-key");
+    // Its status names the Secret it reads (generated: `<name>-key`).
+    assert_eq!(keys::generated_secret_name("alice"), "alice-key");
 }
 
 #[test]
