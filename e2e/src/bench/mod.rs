@@ -46,6 +46,15 @@ pub enum Workload {
 }
 
 impl Workload {
+    /// `chat`, `responses` or `messages`, as in JSON.
+    ///
+    /// # Errors
+    /// Any other text.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        serde_json::from_value(serde_json::Value::String(text.to_owned()))
+            .map_err(|_| format!("unknown workload {text:?}: chat, responses or messages"))
+    }
+
     /// The request path.
     pub fn path(self) -> &'static str {
         match self {
@@ -57,41 +66,56 @@ impl Workload {
 }
 
 /// One run: where to send what, how much, how fast.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+///
+/// The one definition of a run's options: the REST API reads it as JSON and
+/// `waycast-bench run` as flags.
+#[derive(Debug, Clone, Serialize, Deserialize, clap::Args)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Scenario {
     /// Base URL of the target, e.g. `http://127.0.0.1:8080` (a gateway or a sink).
+    #[arg(long)]
     pub target: String,
     /// Bearer key sent with every request (none when absent).
     #[serde(default)]
+    #[arg(long, env = "WAYCAST_BENCH_KEY")]
     pub key: Option<String>,
-    /// Which API.
+    /// Which API: chat, responses or messages.
     #[serde(default)]
+    #[arg(long, default_value = "chat", value_parser = Workload::parse)]
     pub workload: Workload,
     /// Ask for a stream.
     #[serde(default)]
+    #[arg(long)]
     pub stream: bool,
     /// Requests in the run.
+    #[arg(long, default_value_t = 10_000)]
     pub requests: u64,
     /// Workers, each with its own connection.
+    #[arg(long, default_value_t = 64)]
     pub concurrency: u32,
     /// Fixed arrival rate in requests per second; absent: as fast as responses allow.
     #[serde(default)]
+    #[arg(long)]
     pub rate: Option<f64>,
     /// Size of each request body in bytes (padded prompt).
     #[serde(default = "default_body_bytes")]
+    #[arg(long, default_value_t = default_body_bytes())]
     pub body_bytes: usize,
     /// The sink's wait before answering, in milliseconds.
     #[serde(default)]
+    #[arg(long, default_value_t = 0)]
     pub wait_ms: u64,
     /// Chunks per stream.
     #[serde(default = "default_chunks")]
+    #[arg(long, default_value_t = default_chunks())]
     pub chunks: u32,
     /// Pause between stream chunks, in milliseconds.
     #[serde(default)]
+    #[arg(long, default_value_t = 0)]
     pub chunk_interval_ms: u64,
     /// Per-request timeout, in milliseconds.
     #[serde(default = "default_timeout_ms")]
+    #[arg(long, default_value_t = default_timeout_ms())]
     pub timeout_ms: u64,
 }
 

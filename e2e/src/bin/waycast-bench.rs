@@ -16,7 +16,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use waycast_e2e::bench::sink::SinkOptions;
-use waycast_e2e::bench::{Scenario, Workload, millis, server, sink, source, suite};
+use waycast_e2e::bench::{Scenario, millis, server, sink, source, suite};
 
 #[derive(Parser, Debug)]
 #[command(name = "waycast-bench", version, about = "Benchmark an OpenAI-compatible gateway against a sink")]
@@ -44,44 +44,7 @@ enum Command {
         answers: Answers,
     },
     /// One run; prints its result as JSON.
-    Run {
-        /// Base URL of the gateway (or sink).
-        #[arg(long)]
-        target: String,
-        /// Bearer key.
-        #[arg(long, env = "WAYCAST_BENCH_KEY")]
-        key: Option<String>,
-        /// chat, responses or messages.
-        #[arg(long, default_value = "chat", value_parser = parse_workload)]
-        workload: Workload,
-        /// Ask for streams.
-        #[arg(long)]
-        stream: bool,
-        /// Requests in the run.
-        #[arg(long, default_value_t = 10_000)]
-        requests: u64,
-        /// Workers, each with its own connection.
-        #[arg(long, default_value_t = 64)]
-        concurrency: u32,
-        /// Fixed arrival rate (requests per second); default: as fast as responses allow.
-        #[arg(long)]
-        rate: Option<f64>,
-        /// Request body size in bytes.
-        #[arg(long, default_value_t = 1024)]
-        body_bytes: usize,
-        /// The sink's wait before answering, in ms.
-        #[arg(long, default_value_t = 0)]
-        wait_ms: u64,
-        /// Chunks per stream.
-        #[arg(long, default_value_t = 20)]
-        chunks: u32,
-        /// Pause between stream chunks, in ms.
-        #[arg(long, default_value_t = 0)]
-        chunk_interval_ms: u64,
-        /// Per-request timeout, in ms.
-        #[arg(long, default_value_t = 30_000)]
-        timeout_ms: u64,
-    },
+    Run(Scenario),
     /// Time the operator's compile and render of one Gateway with many keys and models (in memory).
     Compile {
         /// ApiKeys.
@@ -138,11 +101,6 @@ impl Answers {
     }
 }
 
-fn parse_workload(text: &str) -> Result<Workload, String> {
-    serde_json::from_value(serde_json::Value::String(text.to_owned()))
-        .map_err(|_| format!("unknown workload {text:?}: chat, responses or messages"))
-}
-
 fn main() -> ExitCode {
     let args = match Args::try_parse() {
         Ok(args) => args,
@@ -175,34 +133,7 @@ fn main() -> ExitCode {
                 }
                 Err(error) => fail(&format!("cannot listen on {listen}: {error}")),
             },
-            Command::Run {
-                target,
-                key,
-                workload,
-                stream,
-                requests,
-                concurrency,
-                rate,
-                body_bytes,
-                wait_ms,
-                chunks,
-                chunk_interval_ms,
-                timeout_ms,
-            } => {
-                let scenario = Scenario {
-                    target,
-                    key,
-                    workload,
-                    stream,
-                    requests,
-                    concurrency,
-                    rate,
-                    body_bytes,
-                    wait_ms,
-                    chunks,
-                    chunk_interval_ms,
-                    timeout_ms,
-                };
+            Command::Run(scenario) => {
                 if let Err(problem) = scenario.validate() {
                     eprintln!("waycast-bench: {problem}");
                     return ExitCode::from(64);
