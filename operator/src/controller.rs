@@ -761,6 +761,9 @@ async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Context>) -> Resu
         let decisions = decisions(&snapshot, &mut compiled, hash.clone(), config_fits);
         let pods = programmed::Pods { reporting: &reporting, ready };
         let mut all = context.compiled.write().await;
+        // A deleted Gateway is never reconciled again: its bookkeeping
+        // (megabytes at 10,000 keys) goes when another Gateway compiles.
+        all.retain(|key, _| gateway_exists(&context.stores, key));
         let gateway_key = ObjectKey::of(&gateway.metadata);
         let (next, moved) = programmed::next(all.get(&gateway_key), decisions, &pods);
         all.insert(gateway_key, next);
@@ -776,6 +779,7 @@ async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Context>) -> Resu
     {
         let gateway_key = ObjectKey::of(&gateway.metadata);
         let mut written = context.written.write().await;
+        written.retain(|key, _| gateway_exists(&context.stores, key));
         let entry = written.entry(gateway_key.clone()).or_insert_with(|| Written {
             hash: String::new(),
             at: started,
@@ -954,6 +958,10 @@ fn decisions(
         key_verdicts: std::mem::take(&mut compiled.keys),
         model_verdicts: compiled.models.clone(),
     }
+}
+
+fn gateway_exists(stores: &Stores, key: &ObjectKey) -> bool {
+    stores.gateways.get(&ObjectRef::new(&key.name).within(&key.namespace)).is_some()
 }
 
 /// The config hash each of `gateway`'s pods reports.
