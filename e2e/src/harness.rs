@@ -182,3 +182,9 @@ pub fn operator_in_process(cluster: &SharedCluster) {
         });
     });
 }
+
+/// Whether `conditions` hold `type_` with status `True` (waycast's statuses
+/// carry meta/v1 conditions).
+pub fn condition_true(conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition], type_: &str) -> bool {
+    conditions.iter().any(|c| c.type_ == type_ && c.status == "True")
+}

@@ -17,7 +17,7 @@ use kube::api::ListParams;
 use serde_json::json;
 use waycast_crds::{ApiKey, Gateway};
 use waycast_e2e::fixture;
-use waycast_e2e::harness::{operator_in_process, shared_cluster_with_node, test_namespace};
+use waycast_e2e::harness::{condition_true, operator_in_process, shared_cluster_with_node, test_namespace};
 use waycast_e2e::manifest;
 
 #[tokio::test]
@@ -44,12 +44,8 @@ async fn the_hpa_scales_gateway_pods_and_the_operator_does_not_fight_it() {
     let gateways: Api<Gateway> = Api::namespaced(client.clone(), &namespace);
     let deadline = Instant::now() + Duration::from_secs(120);
     let (key, address) = loop {
-        let programmed = keys
-            .get("alice")
-            .await
-            .unwrap()
-            .status
-            .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "Programmed" && c.status == "True"));
+        let programmed =
+            keys.get("alice").await.unwrap().status.is_some_and(|s| condition_true(&s.conditions, "Programmed"));
         let address = gateways.get("gateway").await.unwrap().status.and_then(|s| s.address);
         if let (true, Some(address)) = (programmed, address) {
             let secret = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), &namespace)

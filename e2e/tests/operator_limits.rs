@@ -10,7 +10,7 @@ use kube::Api;
 use kube::api::{Patch, PatchParams};
 use waycast_crds::{ApiKey, Gateway};
 use waycast_e2e::fixture;
-use waycast_e2e::harness::{operator_in_process, shared_cluster_with_node, test_namespace};
+use waycast_e2e::harness::{condition_true, operator_in_process, shared_cluster_with_node, test_namespace};
 use waycast_e2e::manifest;
 use waycast_e2e::workloads::wait_pods_ready;
 
@@ -58,7 +58,7 @@ async fn three_pods_together_admit_a_keys_60_a_minute() {
     let deadline = Instant::now() + Duration::from_secs(180);
     loop {
         let status = keys.get("limited").await.unwrap().status.unwrap_or_default();
-        let programmed = status.conditions.iter().any(|c| c.type_ == "Programmed" && c.status == "True");
+        let programmed = condition_true(&status.conditions, "Programmed");
         if programmed && status.limits.as_ref().and_then(|l| l.requests_per_minute) == Some(60) {
             break;
         }

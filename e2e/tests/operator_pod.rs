@@ -13,7 +13,7 @@ use kube::Api;
 use kube::api::{DeleteParams, ListParams};
 use waycast_crds::ApiKey;
 use waycast_e2e::fixture;
-use waycast_e2e::harness::shared_cluster_with_node;
+use waycast_e2e::harness::{condition_true, shared_cluster_with_node};
 use waycast_e2e::manifest;
 use waycast_e2e::workloads::{DEMO_NAMESPACE, deploy_demo, wait_pods_ready};
 
@@ -54,12 +54,8 @@ async fn the_operator_pods_serve_the_quickstart_with_their_own_rbac_and_survive_
     let keys: Api<ApiKey> = Api::namespaced(client.clone(), DEMO_NAMESPACE);
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
-        let programmed = keys
-            .get("carol")
-            .await
-            .unwrap()
-            .status
-            .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "Programmed" && c.status == "True"));
+        let programmed =
+            keys.get("carol").await.unwrap().status.is_some_and(|s| condition_true(&s.conditions, "Programmed"));
         if programmed {
             break;
         }

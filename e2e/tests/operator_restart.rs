@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use kube::Api;
 use waycast_crds::{ApiKey, Gateway};
 use waycast_e2e::fixture;
-use waycast_e2e::harness::{operator_in_process, shared_cluster_with_node, test_namespace};
+use waycast_e2e::harness::{condition_true, operator_in_process, shared_cluster_with_node, test_namespace};
 use waycast_e2e::manifest;
 use waycast_e2e::workloads::wait_pods_ready;
 
@@ -32,7 +32,7 @@ async fn programmed(keys: &Api<ApiKey>, name: &str) -> bool {
         .ok()
         .flatten()
         .and_then(|k| k.status)
-        .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "Programmed" && c.status == "True"))
+        .is_some_and(|s| condition_true(&s.conditions, "Programmed"))
 }
 
 async fn key_text(client: &kube::Client, namespace: &str, name: &str) -> String {

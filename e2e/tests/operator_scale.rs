@@ -13,7 +13,7 @@ use kube::Api;
 use kube::api::{ListParams, PostParams};
 use serde_json::json;
 use waycast_crds::{ApiKey, Gateway};
-use waycast_e2e::harness::{operator_in_process, shared_cluster_with_node, test_namespace};
+use waycast_e2e::harness::{condition_true, operator_in_process, shared_cluster_with_node, test_namespace};
 use waycast_e2e::manifest;
 
 #[tokio::test]
@@ -87,9 +87,7 @@ async fn a_burst_of_keys_is_coalesced_into_a_handful_of_config_writes() {
     // others unchanged, so their statuses are not written again (they were
     // all flipped to Programmed=False and back on every config change).
     let keys: Api<ApiKey> = Api::namespaced(client.clone(), &namespace);
-    let programmed = |key: &ApiKey| {
-        key.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "Programmed" && c.status == "True"))
-    };
+    let programmed = |key: &ApiKey| key.status.as_ref().is_some_and(|s| condition_true(&s.conditions, "Programmed"));
     let deadline = Instant::now() + Duration::from_secs(120);
     let versions = loop {
         let listed = keys.list(&ListParams::default()).await.unwrap().items;

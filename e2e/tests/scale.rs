@@ -23,7 +23,7 @@ use waycast_e2e::bench::scale;
 use waycast_e2e::bench::sink::{self, SinkOptions};
 use waycast_e2e::control_plane::free_port;
 use waycast_e2e::fixture;
-use waycast_e2e::harness::{shared_cluster, test_namespace};
+use waycast_e2e::harness::{condition_true, shared_cluster, test_namespace};
 
 struct Process(Child);
 
@@ -216,12 +216,8 @@ async fn ten_thousand_keys_and_five_hundred_models_on_one_gateway() {
     loop {
         // From the API server's watch cache (resourceVersion 0), not etcd.
         let listed = key_api.list(&kube::api::ListParams::default().match_any()).await.unwrap().items;
-        let ready = listed
-            .iter()
-            .filter(|k| {
-                k.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-            })
-            .count();
+        let ready =
+            listed.iter().filter(|k| k.status.as_ref().is_some_and(|s| condition_true(&s.conditions, "Ready"))).count();
         if ready >= keys {
             break;
         }

@@ -521,9 +521,17 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
 /// Runs the three controllers until the process ends.
 pub async fn run(context: Arc<Context>) {
     let gateway_controller = gateway_controller(context.clone());
-    let key_controller = api_key_controller(context.clone());
+    let key_controller =
+        status_controller(context.clone(), context.stores.keys.clone(), &context.stores.feeds.keys, reconcile_api_key);
     let key_secrets = key_secret_controller(context.clone());
-    let model_controller = model_endpoint_controller(context.clone());
+    // Conflicts are decided among all of a Gateway's ModelEndpoints: that
+    // too comes from its compile.
+    let model_controller = status_controller(
+        context.clone(),
+        context.stores.models.clone(),
+        &context.stores.feeds.models,
+        reconcile_model_endpoint,
+    );
     tokio::join!(gateway_controller, key_controller, key_secrets, model_controller);
 }
 
@@ -1001,17 +1009,27 @@ fn gateway_status_changed(old: Option<&GatewayStatus>, new: &GatewayStatus) -> b
 
 // === ApiKey ===
 
-async fn api_key_controller(context: Arc<Context>) {
+/// ApiKey and ModelEndpoint statuses. Selection moves with Gateways and
+/// namespaces: then every object is looked at. Verdicts and Programmed come
+/// from the Gateways' compiles, which announce just the objects whose state
+/// moved (`programmed::next`) on `feed`.
+async fn status_controller<K, Reconcile, Reconciled>(
+    context: Arc<Context>,
+    store: Store<K>,
+    feed: &Feed<K>,
+    reconcile: Reconcile,
+) where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    Reconcile: FnMut(Arc<K>, Arc<Context>) -> Reconciled,
+    Reconciled: std::future::Future<Output = Result<Action, Error>> + Send + 'static,
+{
     let changed = &context.stores.changed;
-    // Selection moves with Gateways and namespaces: every key is looked at.
-    // Verdicts and Programmed come from the Gateways' compiles, which
-    // announce just the keys whose state moved (`programmed::next`).
     let inputs_changed = signals(&[&changed.gateways, &changed.namespaces]);
-    Controller::for_stream(futures_util::stream::pending(), context.stores.keys.clone())
-        .reconcile_on(context.stores.feeds.keys.subscribe())
+    Controller::for_stream(futures_util::stream::pending(), store)
+        .reconcile_on(feed.subscribe())
         .reconcile_all_on(once().chain(futures_util::stream::select(inputs_changed, every(RESYNC))))
         .with_config(ControllerConfig::default().debounce(DEBOUNCE).concurrency(CONCURRENCY))
-        .run(reconcile_api_key, error_policy, context)
+        .run(reconcile, error_policy, context)
         .for_each(|_| futures_util::future::ready(()))
         .await;
 }
@@ -1177,21 +1195,6 @@ fn programmed_condition(
 }
 
 // === ModelEndpoint ===
-
-async fn model_endpoint_controller(context: Arc<Context>) {
-    let changed = &context.stores.changed;
-    // As for ApiKeys: selection from Gateways and namespaces; verdicts
-    // (conflicts are decided among all of a Gateway's ModelEndpoints) and
-    // Programmed announced by the Gateways' compiles.
-    let inputs_changed = signals(&[&changed.gateways, &changed.namespaces]);
-    Controller::for_stream(futures_util::stream::pending(), context.stores.models.clone())
-        .reconcile_on(context.stores.feeds.models.subscribe())
-        .reconcile_all_on(once().chain(futures_util::stream::select(inputs_changed, every(RESYNC))))
-        .with_config(ControllerConfig::default().debounce(DEBOUNCE).concurrency(CONCURRENCY))
-        .run(reconcile_model_endpoint, error_policy, context)
-        .for_each(|_| futures_util::future::ready(()))
-        .await;
-}
 
 async fn reconcile_model_endpoint(endpoint: Arc<ModelEndpoint>, context: Arc<Context>) -> Result<Action, Error> {
     let client = &context.client;
