@@ -4,7 +4,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::CustomResource;
 use serde::{Deserialize, Serialize};
 
-use crate::common::{Limits, SecretKeyRef};
+use crate::common::{GatewayAcceptance, Limits, ParentReference, SecretKeyRef};
 
 /// A bearer key for one consumer of the gateway.
 ///
@@ -25,6 +25,7 @@ use crate::common::{Limits, SecretKeyRef};
     printcolumn = r#"{"name": "Expires", "type": "date", "jsonPath": ".spec.expiresAt", "description": "When the key stops working"}"#,
     printcolumn = r#"{"name": "Ready", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Ready\")].status", "description": "The key is valid and served"}"#,
     printcolumn = r#"{"name": "Programmed", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Programmed\")].status", "description": "Every ready gateway pod accepts it"}"#,
+    printcolumn = r#"{"name": "Gateways", "type": "string", "jsonPath": ".status.gateways", "description": "Gateways that accept it"}"#,
     printcolumn = r#"{"name": "RPM", "type": "integer", "priority": 1, "jsonPath": ".status.limits.requestsPerMinute", "description": "Requests per minute the Gateways enforce for this key"}"#,
     printcolumn = r#"{"name": "TPM", "type": "integer", "priority": 1, "jsonPath": ".status.limits.tokensPerMinute", "description": "Tokens per minute the Gateways enforce for this key"}"#,
     printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#
@@ -39,9 +40,11 @@ pub struct ApiKeySpec {
     pub secret_ref: Option<SecretKeyRef>,
 
     /// Model names this key may use; `*` matches any run of characters
-    /// (`llama-*`). Absent: every model the gateway serves.
+    /// (`llama-*`). Absent: every model the Gateway serves that is shared
+    /// with this namespace (`ModelEndpoint.spec.apiKeys`). This list only
+    /// narrows what the models' owners share.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 256), inner(length(min = 1, max = 256), pattern(r"^[^\s]+$")))]
+    #[schemars(length(max = 256), inner(length(min = 1, max = 256), pattern(r"^[^\s\p{Z}\p{Cc}]+$")))]
     #[x_kube(merge_strategy = ListMerge::Set)]
     pub models: Option<Vec<String>>,
 
@@ -56,6 +59,13 @@ pub struct ApiKeySpec {
     /// Turn the key off without deleting it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub disabled: bool,
+
+    /// The Gateways that may accept this key. A Gateway accepts it only
+    /// when its `apiKeys` rules admit this namespace AND this list names it;
+    /// an empty list means the Gateways of this namespace.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub parent_refs: Vec<ParentReference>,
 }
 
 /// What the operator last saw and did for an ApiKey.
@@ -78,6 +88,11 @@ pub struct ApiKeyStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Set)]
     pub gateways: Vec<String>,
+    /// Per Gateway this key names (or, without `parentRefs`, per Gateway of
+    /// its namespace that admits it): whether that Gateway accepts it, and why not.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["gateway".into()]))]
+    pub parents: Vec<GatewayAcceptance>,
     /// The rate limits the Gateways enforce for this key, across all their
     /// pods (each pod enforces its share; see docs/rate-limits.md). Absent
     /// when the key is not served or has no limits.

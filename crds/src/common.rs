@@ -10,14 +10,74 @@ pub const DNS_SUBDOMAIN_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0
 pub const DNS_LABEL_PATTERN: &str = r"^[a-z]([-a-z0-9]*[a-z0-9])?$";
 /// A key inside a Secret's `data`.
 pub const SECRET_KEY_PATTERN: &str = r"^[-._a-zA-Z0-9]+$";
-/// A model name as clients send it: no whitespace, no `*` (reserved for globs).
-pub const MODEL_NAME_PATTERN: &str = r"^[^\s*]+$";
+/// A model name as clients send it: no whitespace (ASCII or Unicode, e.g. a
+/// non-breaking space), no control character, no `*` (reserved for globs).
+///
+/// NB: the API server's regexes are RE2, where `\s` is ASCII only; `\p{Z}`
+/// adds the Unicode separators and `\p{Cc}` the control characters, so this
+/// refuses exactly what [`is_forbidden_in_name`] refuses.
+pub const MODEL_NAME_PATTERN: &str = r"^[^\s\p{Z}\p{Cc}*]+$";
 /// A model name or a glob over model names (`*` matches any run of characters).
-pub const MODEL_GLOB_PATTERN: &str = r"^[^\s]+$";
+pub const MODEL_GLOB_PATTERN: &str = r"^[^\s\p{Z}\p{Cc}]+$";
 /// A duration such as `500ms`, `5s`, `1m30s` or `2h`.
 pub const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$";
 /// An HTTP header field name (RFC 9110 token).
 pub const HEADER_NAME_PATTERN: &str = r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$";
+
+/// Whether `c` may not appear in a model name, alias or glob: whitespace of
+/// any kind and control characters. The schemas' [`MODEL_NAME_PATTERN`]
+/// says the same to the API server.
+pub fn is_forbidden_in_name(c: char) -> bool {
+    c.is_whitespace() || c.is_control()
+}
+
+/// Header names a configured upstream credential may not use: the gateway
+/// sets them itself or they are hop-by-hop (RFC 9110 section 7.6.1).
+pub const RESERVED_HEADERS: &[&str] = &[
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "upgrade",
+    "te",
+    "trailer",
+    "keep-alive",
+    "proxy-connection",
+];
+
+/// A Gateway an object asks to be served by (after Gateway API's
+/// `parentRefs`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ParentReference {
+    /// Name of the Gateway.
+    #[schemars(
+        length(min = 1, max = 253),
+        pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub name: String,
+    /// Namespace of the Gateway. Default: the object's own namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63), pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    pub namespace: Option<String>,
+}
+
+/// Whether one Gateway serves the object, like Gateway API's
+/// `RouteParentStatus`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayAcceptance {
+    /// The Gateway, as `namespace/name`.
+    pub gateway: String,
+    /// Whether that Gateway serves the object.
+    pub accepted: bool,
+    /// CamelCase reason, e.g. `Accepted`, `ModelNameConflict`,
+    /// `NotAllowedByGateway`, `GatewayNotFound`.
+    pub reason: String,
+    /// What a person needs to know, e.g. which ModelEndpoint won a conflict.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
 
 /// A reference to one key of a Secret in the referring object's namespace.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]

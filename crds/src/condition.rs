@@ -55,6 +55,17 @@ pub mod reasons {
     pub const DISABLED: &str = "Disabled";
     /// Another, older ApiKey on the same Gateway holds the same key text.
     pub const DUPLICATE_KEY: &str = "DuplicateKey";
+    /// The key Secret `<name>-key` exists but is not owned by this ApiKey.
+    pub const SECRET_NOT_OWNED: &str = "SecretNotOwned";
+
+    // === ModelEndpoint and ApiKey parents ===
+    /// The object names the Gateway, but the Gateway's namespace rules (or
+    /// egress rules) do not admit it.
+    pub const NOT_ALLOWED_BY_GATEWAY: &str = "NotAllowedByGateway";
+    /// `parentRefs` names a Gateway that does not exist.
+    pub const GATEWAY_NOT_FOUND: &str = "GatewayNotFound";
+    /// A credential Secret lacks the label `waycast.dev/credential: "true"`.
+    pub const SECRET_NOT_LABELLED: &str = "SecretNotLabelled";
 
     // === Gateway ===
     /// The gateway Deployment has enough ready replicas.
@@ -67,6 +78,12 @@ pub mod reasons {
     pub const CONFIG_ERROR: &str = "ConfigError";
     /// The TLS Secret is missing or not a kubernetes.io/tls Secret.
     pub const TLS_SECRET_INVALID: &str = "TLSSecretInvalid";
+    /// An object the Gateway would own already exists and belongs to
+    /// someone else; it is left untouched.
+    pub const NAME_CONFLICT: &str = "NameConflict";
+    /// Gateway pods refused the config the operator wrote; they keep
+    /// serving their last good one.
+    pub const CONFIG_REFUSED: &str = "ConfigRefused";
 }
 
 /// The minimum length of a user-supplied key (see `ApiKey.spec.secretRef`).

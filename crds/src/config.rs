@@ -66,6 +66,11 @@ pub struct ModelConfig {
     /// logs and metrics. Absent in hand-written configs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
+    /// The namespaces whose keys may call this model: a key's namespace is
+    /// the part of its `id` before the first `/`. Absent: every key. A key
+    /// that may not call a model gets the same 404 as for an unknown model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_namespaces: Option<Vec<String>>,
 }
 
 /// One upstream.
@@ -183,6 +188,10 @@ pub struct Settings {
     /// Counting rate limits in Redis. Absent: each pod counts its share.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redis: Option<RedisConfig>,
+    /// Address ranges no backend host name may resolve to, on top of the
+    /// fixed link-local/metadata guard (e.g. `["10.0.0.0/8"]`).
+    #[serde(default, rename = "deniedCIDRs", skip_serializing_if = "Vec::is_empty")]
+    pub denied_cidrs: Vec<String>,
 }
 
 /// Rate limits counted in Redis.
@@ -236,6 +245,7 @@ impl Default for Settings {
             max_request_body_bytes: Self::default_max_request_body_bytes(),
             access_log: Self::default_access_log(),
             redis: None,
+            denied_cidrs: Vec::new(),
         }
     }
 }

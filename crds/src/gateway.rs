@@ -44,13 +44,15 @@ pub struct GatewaySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscaling: Option<Autoscaling>,
 
-    /// Which ModelEndpoints this Gateway serves. Default: those in the
-    /// Gateway's own namespace.
+    /// Which namespaces (and labels) this Gateway takes ModelEndpoints from.
+    /// Default: the Gateway's own namespace. An admitted ModelEndpoint in
+    /// another namespace must still name this Gateway in its `parentRefs`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model_endpoints: Option<RouteSelector>,
 
-    /// Which ApiKeys this Gateway accepts. Default: those in the Gateway's own
-    /// namespace.
+    /// Which namespaces (and labels) this Gateway takes ApiKeys from.
+    /// Default: the Gateway's own namespace. An admitted ApiKey in another
+    /// namespace must still name this Gateway in its `parentRefs`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_keys: Option<RouteSelector>,
 
@@ -72,6 +74,10 @@ pub struct GatewaySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_limit: Option<GatewayRateLimit>,
 
+    /// Extra egress rules for `url` backends (external providers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<GatewayEgress>,
+
     /// Log level and access log of the gateway pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logging: Option<GatewayLogging>,
@@ -89,6 +95,33 @@ pub struct GatewaySpec {
     /// Scheduling and metadata of the gateway pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_template: Option<GatewayPodTemplate>,
+}
+
+/// Egress rules for `url` backends, on top of the fixed guard that no
+/// backend reaches link-local or cloud metadata addresses.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, kube::KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayEgress {
+    /// Address ranges `url` backends may not reach (e.g. `10.0.0.0/8` to
+    /// keep external-provider routes off the cluster network). Checked on
+    /// IP addresses in URLs when compiling, and on every address a host
+    /// name resolves to when the gateway connects.
+    #[serde(default, rename = "deniedCIDRs", skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 64)))]
+    #[x_kube(validation = Rule::new("self.all(c, isCIDR(c))").message("every deniedCIDRs entry must be a CIDR such as 10.0.0.0/8"))]
+    pub denied_cidrs: Vec<String>,
+    /// When set, `url` backends may only name these hosts: exact names or
+    /// `*.example.com` for any subdomain. A ModelEndpoint naming another
+    /// host is not served (`NotAllowedByGateway`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = 256),
+        inner(
+            length(min = 1, max = 253),
+            pattern(r"^(\*\.)?[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)*$")
+        )
+    )]
+    pub allowed_hosts: Vec<String>,
 }
 
 /// Horizontal autoscaling of the gateway pods (an autoscaling/v2 HPA).

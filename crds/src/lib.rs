@@ -17,7 +17,9 @@ pub mod condition;
 pub mod config;
 pub mod docs;
 pub mod duration;
+pub mod egress;
 pub mod gateway;
+pub mod heartbeat;
 pub mod model_endpoint;
 pub mod validate;
 

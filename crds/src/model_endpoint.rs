@@ -5,14 +5,18 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::common::{Limits, SecretKeyRef};
+pub use crate::common::GatewayAcceptance;
+use crate::common::{Limits, ParentReference, SecretKeyRef};
+use crate::gateway::NamespacePolicy;
 
 /// A model that clients can ask for by name, and the backends that serve it.
 ///
-/// Published by the team that runs the model, in its own namespace; every
-/// Gateway whose selectors match it serves it. When two ModelEndpoints on one
-/// Gateway claim the same name, the older one wins and the other reports
-/// `ModelNameConflict`.
+/// Published by the team that runs the model, in its own namespace. A
+/// Gateway serves it when both sides agree: the Gateway's `modelEndpoints`
+/// rules admit the namespace, and `parentRefs` names the Gateway (or is
+/// empty and the Gateway is in the same namespace). When two ModelEndpoints
+/// on one Gateway claim the same name, one in the Gateway's namespace wins,
+/// else the older one; the other reports `ModelNameConflict`.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, kube::KubeSchema)]
 #[kube(
     group = "waycast.dev",
@@ -27,6 +31,7 @@ use crate::common::{Limits, SecretKeyRef};
     printcolumn = r#"{"name": "Backends", "type": "integer", "jsonPath": ".status.backendCount", "description": "Backends configured"}"#,
     printcolumn = r#"{"name": "Accepted", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Accepted\")].status", "description": "Served by every selecting Gateway"}"#,
     printcolumn = r#"{"name": "Programmed", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Programmed\")].status", "description": "Every ready gateway pod serves it"}"#,
+    printcolumn = r#"{"name": "Gateways", "type": "string", "jsonPath": ".status.gateways[?(@.accepted==true)].gateway", "description": "Gateways that serve it"}"#,
     printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#
 )]
 #[x_kube(validation = Rule::new("!has(self.aliases) || !(self.model in self.aliases)").message("aliases must not repeat the model name"))]
@@ -34,12 +39,12 @@ use crate::common::{Limits, SecretKeyRef};
 #[serde(rename_all = "camelCase")]
 pub struct ModelEndpointSpec {
     /// The model name clients send in the request's `"model"` field.
-    #[schemars(length(min = 1, max = 256), pattern(r"^[^\s*]+$"))]
+    #[schemars(length(min = 1, max = 256), pattern(r"^[^\s\p{Z}\p{Cc}*]+$"))]
     pub model: String,
 
     /// More names clients may use for the same model.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 32), inner(length(min = 1, max = 256), pattern(r"^[^\s*]+$")))]
+    #[schemars(length(max = 32), inner(length(min = 1, max = 256), pattern(r"^[^\s\p{Z}\p{Cc}*]+$")))]
     #[x_kube(merge_strategy = ListMerge::Set)]
     pub aliases: Vec<String>,
 
@@ -55,6 +60,30 @@ pub struct ModelEndpointSpec {
     /// Rate limits for this model, over all keys.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<Limits>,
+
+    /// The Gateways that may serve this model. A Gateway serves it only
+    /// when its `modelEndpoints` rules admit this namespace AND this list
+    /// names it; an empty list means the Gateways of this namespace.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub parent_refs: Vec<ParentReference>,
+
+    /// Whose ApiKeys may call this model. Default: keys in this
+    /// ModelEndpoint's namespace only. A key's own `models` list narrows
+    /// this further; a key that may not call the model gets the same 404 as
+    /// for a model that does not exist.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_keys: Option<ModelVisibility>,
+}
+
+/// Which ApiKeys may call a model.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelVisibility {
+    /// The namespaces whose keys may call it: `Same` (this namespace, the
+    /// default), `All`, or `Selector` (namespaces whose labels match).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespaces: Option<NamespacePolicy>,
 }
 
 /// One upstream that serves the model: an in-cluster Service or an
@@ -69,10 +98,14 @@ pub struct Backend {
     pub service: Option<ServiceBackend>,
 
     /// An OpenAI-style base URL such as `https://api.openai.com/v1`, for
-    /// external providers: a request for `/v1/X` goes to `<url>/X`.
+    /// external providers: a request for `/v1/X` goes to `<url>/X`. A query
+    /// (Azure OpenAI's `?api-version=...`) is sent with every request.
+    /// Link-local and cloud metadata addresses are refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 2048))]
     #[x_kube(validation = Rule::new("isURL(self) && url(self).getScheme() in ['http', 'https'] && url(self).getHostname() != ''").message("url must be an absolute http:// or https:// URL"))]
+    #[x_kube(validation = Rule::new("!isURL(self) || !isIP(url(self).getHostname()) || !(ip(url(self).getHostname()).isLinkLocalUnicast() || ip(url(self).getHostname()) == ip('fd00:ec2::254'))").message("url must not point at a link-local or cloud metadata address (169.254.0.0/16, fe80::/10, fd00:ec2::254)"))]
+    #[x_kube(validation = Rule::new("!self.contains('#')").message("url must not have a fragment"))]
     pub url: Option<String>,
 
     /// Model name sent upstream instead of the one the client asked for.
@@ -108,8 +141,10 @@ pub struct ServiceBackend {
     pub base_path: Option<String>,
 }
 
-/// An upstream credential injected by the gateway.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+/// An upstream credential injected by the gateway. The Secret must carry
+/// the label `waycast.dev/credential: "true"`: the operator reads no other
+/// Secret of a team.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, kube::KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BackendAuth {
     /// The Secret key holding the credential.
@@ -119,26 +154,30 @@ pub struct BackendAuth {
     /// carries the credential as it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 256), pattern(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$"))]
+    #[x_kube(validation = Rule::new("!(self.lowerAscii() in ['host', 'content-length', 'transfer-encoding', 'connection', 'upgrade', 'te', 'trailer', 'keep-alive', 'proxy-connection'])").message("header must not be Host, Content-Length or a hop-by-hop header: the gateway sets those itself"))]
     pub header: Option<String>,
 }
 
 /// Timeouts towards the backends. There is no total-duration timeout: a long
 /// stream is never cut while chunks keep coming.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, kube::KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Timeouts {
     /// Establishing the connection (e.g. `5s`). Default 5s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 32), pattern(r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"))]
+    #[x_kube(validation = Rule::new("duration(self) > duration('0s')").message("must be longer than 0"))]
     pub connect: Option<String>,
     /// From sending the request to the first response byte (e.g. `300s`).
     /// Default 300s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 32), pattern(r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"))]
+    #[x_kube(validation = Rule::new("duration(self) > duration('0s')").message("must be longer than 0"))]
     pub first_byte: Option<String>,
     /// Longest pause between two response chunks (e.g. `60s`). Default 60s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 32), pattern(r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"))]
+    #[x_kube(validation = Rule::new("duration(self) > duration('0s')").message("must be longer than 0"))]
     pub idle: Option<String>,
 }
 
@@ -152,7 +191,9 @@ pub struct ModelEndpointStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,
-    /// Per Gateway that selects this ModelEndpoint: whether it serves it.
+    /// Per Gateway this ModelEndpoint names (or, without `parentRefs`, per
+    /// Gateway of its namespace that admits it): whether it serves it, and
+    /// why not (`NotAllowedByGateway`, `GatewayNotFound`, `ModelNameConflict`, ...).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["gateway".into()]))]
     pub gateways: Vec<GatewayAcceptance>,
@@ -162,19 +203,4 @@ pub struct ModelEndpointStatus {
     /// The `metadata.generation` this status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-}
-
-/// Whether one Gateway serves the object.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct GatewayAcceptance {
-    /// The Gateway, as `namespace/name`.
-    pub gateway: String,
-    /// Whether that Gateway serves the object.
-    pub accepted: bool,
-    /// CamelCase reason, e.g. `Accepted`, `ModelNameConflict`, `BackendNotFound`.
-    pub reason: String,
-    /// What a person needs to know, e.g. which ModelEndpoint won a conflict.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub message: String,
 }

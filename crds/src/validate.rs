@@ -1,12 +1,25 @@
 //! Checks on a [`GatewayConfig`] that its types cannot express. Every problem
 //! is reported with the path to it, not just the first, so one edit fixes a
 //! hand-written config.
+//!
+//! ```text
+//! ModelConfig::validate ─┐   (one object: the operator runs these on every
+//! KeyConfig::validate ───┤    ModelEndpoint and ApiKey before it enters a config)
+//!                        └─► GatewayConfig::validate (+ names claimed twice,
+//!                            duplicate ids and hashes, settings): the gateway
+//! ```
+//!
+//! NB: the operator leaves out each object these refuse, so a config it
+//! writes passes `GatewayConfig::validate` as long as every check on one
+//! object lives in the per-object functions.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
+use crate::common::{RESERVED_HEADERS, is_forbidden_in_name};
 use crate::config::{BackendConfig, CONFIG_API_VERSION, GatewayConfig, KeyConfig, LimitsConfig, ModelConfig};
+use crate::egress::{self, Cidr};
 
 /// Largest request body a config may allow: 1 GiB.
 pub const MAX_REQUEST_BODY_LIMIT: u64 = 1024 * 1024 * 1024;
@@ -51,6 +64,10 @@ impl Collector {
     fn add(&mut self, path: impl Into<String>, message: impl Into<String>) {
         self.0.push(Problem { path: path.into(), message: message.into() });
     }
+
+    fn into_result(self) -> Result<(), Problems> {
+        if self.0.is_empty() { Ok(()) } else { Err(Problems(self.0)) }
+    }
 }
 
 impl GatewayConfig {
@@ -65,7 +82,17 @@ impl GatewayConfig {
         }
         let mut claimed: BTreeMap<&str, String> = BTreeMap::new();
         for (index, model) in self.models.iter().enumerate() {
-            check_model(&format!("models[{index}]"), model, &mut claimed, &mut problems);
+            let path = format!("models[{index}]");
+            check_model(&path, model, &mut problems);
+            let names = std::iter::once((format!("{path}.name"), &model.name))
+                .chain(model.aliases.iter().enumerate().map(|(i, alias)| (format!("{path}.aliases[{i}]"), alias)));
+            for (name_path, name) in names {
+                if let Some(owner) = claimed.get(name.as_str()) {
+                    problems.add(&name_path, format!("{name:?} is already claimed by {owner}"));
+                } else {
+                    claimed.insert(name, name_path);
+                }
+            }
         }
         let mut ids: BTreeMap<&str, usize> = BTreeMap::new();
         let mut hashes: BTreeMap<&str, usize> = BTreeMap::new();
@@ -92,44 +119,76 @@ impl GatewayConfig {
                 problems.add("settings.redis.timeout", "must be more than 0");
             }
         }
+        for (index, range) in self.settings.denied_cidrs.iter().enumerate() {
+            if let Err(error) = range.parse::<Cidr>() {
+                problems.add(format!("settings.deniedCIDRs[{index}]"), error.to_string());
+            }
+        }
         if problems.0.is_empty() { Ok(()) } else { Err(Problems(problems.0)) }
     }
 }
 
-fn check_model<'a>(
-    path: &str,
-    model: &'a ModelConfig,
-    claimed: &mut BTreeMap<&'a str, String>,
-    problems: &mut Collector,
-) {
-    let names = std::iter::once((format!("{path}.name"), &model.name))
-        .chain(model.aliases.iter().enumerate().map(|(i, alias)| (format!("{path}.aliases[{i}]"), alias)));
+impl ModelConfig {
+    /// Checks one model entry on its own (everything but names claimed by
+    /// another entry); paths are relative to the entry (`backends[0].url`).
+    ///
+    /// # Errors
+    /// [`Problems`] listing every invalid value with its path.
+    pub fn validate(&self) -> Result<(), Problems> {
+        let mut problems = Collector::default();
+        check_model("", self, &mut problems);
+        problems.into_result()
+    }
+}
+
+impl KeyConfig {
+    /// Checks one key entry on its own (everything but duplicates); paths
+    /// are relative to the entry (`models[0]`).
+    ///
+    /// # Errors
+    /// [`Problems`] listing every invalid value with its path.
+    pub fn validate(&self) -> Result<(), Problems> {
+        let mut problems = Collector::default();
+        check_key("", self, &mut problems);
+        problems.into_result()
+    }
+}
+
+/// `parent.child`, or `child` at the top.
+fn join(parent: &str, child: &str) -> String {
+    if parent.is_empty() { child.to_owned() } else { format!("{parent}.{child}") }
+}
+
+fn check_model(path: &str, model: &ModelConfig, problems: &mut Collector) {
+    let names = std::iter::once((join(path, "name"), &model.name))
+        .chain(model.aliases.iter().enumerate().map(|(i, alias)| (join(path, &format!("aliases[{i}]")), alias)));
     for (name_path, name) in names {
         if let Some(message) = model_name_problem(name) {
             problems.add(&name_path, message);
-        } else if let Some(owner) = claimed.get(name.as_str()) {
-            problems.add(&name_path, format!("{name:?} is already claimed by {owner}"));
-        } else {
-            claimed.insert(name, name_path);
         }
     }
     if model.backends.is_empty() {
-        problems.add(format!("{path}.backends"), "needs at least one backend");
+        problems.add(join(path, "backends"), "needs at least one backend");
     } else if model.backends.iter().all(|backend| backend.weight == 0) {
-        problems.add(format!("{path}.backends"), "at least one backend needs a weight above 0");
+        problems.add(join(path, "backends"), "at least one backend needs a weight above 0");
     }
     for (index, backend) in model.backends.iter().enumerate() {
-        check_backend(&format!("{path}.backends[{index}]"), backend, problems);
+        check_backend(&join(path, &format!("backends[{index}]")), backend, problems);
     }
     let timeouts =
         [("connect", model.timeouts.connect), ("firstByte", model.timeouts.first_byte), ("idle", model.timeouts.idle)];
     for (name, value) in timeouts {
         if value == Duration::ZERO {
-            problems.add(format!("{path}.timeouts.{name}"), "must be longer than 0");
+            problems.add(join(path, &format!("timeouts.{name}")), "must be longer than 0");
         }
     }
     if let Some(limits) = &model.limits {
-        check_limits(&format!("{path}.limits"), limits, problems);
+        check_limits(&join(path, "limits"), limits, problems);
+    }
+    for (index, namespace) in model.key_namespaces.iter().flatten().enumerate() {
+        if namespace.is_empty() || namespace.contains('/') {
+            problems.add(join(path, &format!("keyNamespaces[{index}]")), "must be a namespace name");
+        }
     }
 }
 
@@ -138,8 +197,8 @@ fn model_name_problem(name: &str) -> Option<&'static str> {
         Some("must not be empty")
     } else if name.len() > 256 {
         Some("must be at most 256 characters")
-    } else if name.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        Some("must not contain whitespace")
+    } else if name.chars().any(is_forbidden_in_name) {
+        Some("must not contain whitespace or control characters")
     } else if name.contains('*') {
         Some("must not contain '*' (globs belong in key allow-lists)")
     } else {
@@ -149,16 +208,16 @@ fn model_name_problem(name: &str) -> Option<&'static str> {
 
 fn check_backend(path: &str, backend: &BackendConfig, problems: &mut Collector) {
     if let Some(message) = base_url_problem(&backend.url) {
-        problems.add(format!("{path}.url"), message);
+        problems.add(join(path, "url"), message);
     }
     if backend.model.as_deref() == Some("") {
-        problems.add(format!("{path}.model"), "must not be empty when set");
+        problems.add(join(path, "model"), "must not be empty when set");
     }
     for (name, value) in &backend.headers {
-        let header_path = format!("{path}.headers.{name}");
+        let header_path = join(path, &format!("headers.{name}"));
         match http::HeaderName::from_bytes(name.as_bytes()) {
             Err(_) => problems.add(&header_path, "is not a valid header name"),
-            Ok(header) if is_connection_managed(&header) => {
+            Ok(header) if RESERVED_HEADERS.contains(&header.as_str()) => {
                 problems.add(&header_path, "is set by the gateway itself and cannot be configured")
             }
             Ok(_) => {}
@@ -170,45 +229,47 @@ fn check_backend(path: &str, backend: &BackendConfig, problems: &mut Collector) 
     }
 }
 
-fn is_connection_managed(header: &http::HeaderName) -> bool {
-    use http::header;
-    [header::HOST, header::CONTENT_LENGTH, header::TRANSFER_ENCODING, header::CONNECTION, header::UPGRADE, header::TE]
-        .contains(header)
-}
-
-/// Why `url` is not an absolute http(s) base URL, if it is not.
-pub fn base_url_problem(url: &str) -> Option<&'static str> {
+/// Why `url` is not an absolute http(s) base URL a backend may use, if it
+/// is not. A query is allowed (it is sent with every request); a host that
+/// is a link-local or metadata IP address is not.
+pub fn base_url_problem(url: &str) -> Option<String> {
     let Ok(uri) = url.parse::<http::Uri>() else {
-        return Some("is not a valid URL");
+        return Some("is not a valid URL".into());
     };
     match uri.scheme_str() {
         Some("http" | "https") => {}
-        _ => return Some("must start with http:// or https://"),
+        _ => return Some("must start with http:// or https://".into()),
     }
-    if uri.host().is_none_or(str::is_empty) {
-        return Some("must name a host");
+    let Some(host) = uri.host().filter(|h| !h.is_empty()) else {
+        return Some("must name a host".into());
+    };
+    if url.contains('#') {
+        return Some("must not have a fragment".into());
     }
-    if uri.query().is_some() {
-        return Some("must not have a query string");
+    if let Some(address) = egress::ip_literal(host) {
+        return egress::forbidden(address, &[]).map(|why| format!("must not point here: {why}"));
     }
     None
 }
 
 fn check_key(path: &str, key: &KeyConfig, problems: &mut Collector) {
     if key.id.is_empty() {
-        problems.add(format!("{path}.id"), "must not be empty");
+        problems.add(join(path, "id"), "must not be empty");
     }
     let is_hex_sha256 = key.sha256.len() == 64 && key.sha256.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
     if !is_hex_sha256 {
-        problems.add(format!("{path}.sha256"), "must be 64 lowercase hex characters (the SHA-256 of the key)");
+        problems.add(join(path, "sha256"), "must be 64 lowercase hex characters (the SHA-256 of the key)");
     }
     for (index, pattern) in key.models.iter().flatten().enumerate() {
-        if pattern.is_empty() || pattern.chars().any(|c| c.is_whitespace() || c.is_control()) {
-            problems.add(format!("{path}.models[{index}]"), "must be a model name or a glob without whitespace");
+        if pattern.is_empty() || pattern.chars().any(is_forbidden_in_name) {
+            problems.add(
+                join(path, &format!("models[{index}]")),
+                "must be a model name or a glob without whitespace or control characters",
+            );
         }
     }
     if let Some(limits) = &key.limits {
-        check_limits(&format!("{path}.limits"), limits, problems);
+        check_limits(&join(path, "limits"), limits, problems);
     }
 }
 
@@ -217,10 +278,10 @@ fn check_limits(path: &str, limits: &LimitsConfig, problems: &mut Collector) {
         problems.add(path, "must set requestsPerMinute, tokensPerMinute or both");
     }
     if limits.requests_per_minute == Some(0) {
-        problems.add(format!("{path}.requestsPerMinute"), "must be at least 1");
+        problems.add(join(path, "requestsPerMinute"), "must be at least 1");
     }
     if limits.tokens_per_minute == Some(0) {
-        problems.add(format!("{path}.tokensPerMinute"), "must be at least 1");
+        problems.add(join(path, "tokensPerMinute"), "must be at least 1");
     }
 }
 
@@ -241,6 +302,7 @@ mod tests {
             timeouts: TimeoutsConfig::default(),
             limits: None,
             source: None,
+            key_namespaces: None,
         }
     }
 
@@ -269,7 +331,7 @@ mod tests {
     fn reports_every_problem_with_its_path() {
         let mut broken_backend = model("mistral", &["llama3"]);
         broken_backend.backends =
-            vec![backend("ftp://example.com/v1"), backend("http:///v1"), backend("http://ok/v1?x=1")];
+            vec![backend("ftp://example.com/v1"), backend("http:///v1"), backend("http://169.254.169.254/v1")];
         broken_backend.backends[0].headers.insert("bad header".into(), "secret-value\n".into());
         broken_backend.timeouts.idle = Duration::ZERO;
         broken_backend.limits = Some(LimitsConfig { requests_per_minute: Some(0), tokens_per_minute: None });
@@ -286,6 +348,7 @@ mod tests {
                     timeout: Duration::ZERO,
                     fail_closed: false,
                 }),
+                denied_cidrs: vec!["10.0.0.0/8".into(), "10.0.0.0".into()],
             },
         };
         let problems = config.validate().unwrap_err();
@@ -308,6 +371,7 @@ mod tests {
             "settings.maxRequestBodyBytes",
             "settings.redis.address",
             "settings.redis.timeout",
+            "settings.deniedCIDRs[1]",
         ] {
             assert!(paths.contains(&expected), "missing {expected} in {paths:?}");
         }
@@ -330,7 +394,41 @@ mod tests {
     fn base_urls() {
         assert_eq!(base_url_problem("https://api.openai.com/v1"), None);
         assert_eq!(base_url_problem("http://10.96.0.12:8000"), None);
+        let azure = "https://res.openai.azure.com/openai/deployments/gpt4o?api-version=2024-06-01";
+        assert_eq!(base_url_problem(azure), None);
         assert!(base_url_problem("api.openai.com/v1").is_some());
         assert!(base_url_problem("not a url").is_some());
+        assert!(base_url_problem("http://169.254.169.254/latest").is_some());
+        assert!(base_url_problem("http://[fe80::1]:80/v1").is_some());
+        assert!(base_url_problem("http://[fd00:ec2::254]/v1").is_some());
+        assert!(base_url_problem("http://example.com/v1#x").is_some());
+    }
+
+    /// Each case the issue tracker saw freeze a shared Gateway is refused
+    /// by the one-object check, with a path naming the field.
+    #[test]
+    fn one_object_checks_name_the_field() {
+        type Breaks = fn(&mut ModelConfig);
+        let cases: [(&str, Breaks); 5] = [
+            ("timeouts.idle", |m| m.timeouts.idle = Duration::ZERO),
+            ("name", |m| m.name = "llama\u{a0}3".into()),
+            ("aliases[0]", |m| m.aliases = vec!["a\u{2003}b".into()]),
+            ("backends[0].headers.host", |m| {
+                m.backends[0].headers.insert("host".into(), "x".into());
+            }),
+            ("backends[0].headers.authorization", |m| {
+                m.backends[0].headers.insert("authorization".into(), "Bearer a\u{7}b".into());
+            }),
+        ];
+        for (path, break_it) in cases {
+            let mut entry = model("llama", &[]);
+            assert_eq!(entry.validate(), Ok(()));
+            break_it(&mut entry);
+            let problems = entry.validate().unwrap_err();
+            assert_eq!(problems.0[0].path, path, "{problems}");
+        }
+        let mut glob = key("team-a/alice", HASH_A);
+        glob.models = Some(vec!["llama-*\u{85}".into()]);
+        assert_eq!(glob.validate().unwrap_err().0[0].path, "models[0]");
     }
 }

@@ -46,6 +46,7 @@ fn model(name: &str, aliases: &[&str], url: &str) -> ModelConfig {
         timeouts: TimeoutsConfig::default(),
         limits: None,
         source: None,
+        key_namespaces: None,
     }
 }
 

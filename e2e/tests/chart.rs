@@ -122,6 +122,41 @@ fn rbac_names_every_resource_and_verb_without_wildcards() {
     }
 }
 
+/// Tenancy: teams' `edit` users manage ApiKeys and ModelEndpoints but not
+/// Gateways (whose authors choose images and pod templates); only `admin`
+/// gets Gateways; `view` only reads.
+#[test]
+fn aggregated_roles_split_teams_from_gateway_authors() {
+    let (ok, text) = template(&[]);
+    assert!(ok, "{text}");
+    let objects = manifest::parse_documents(&text).unwrap();
+    let roles: Vec<_> = objects.iter().filter(|o| o.types.as_ref().is_some_and(|t| t.kind == "ClusterRole")).collect();
+    let aggregated_to = |role: &&kube::api::DynamicObject, to: &str| {
+        role.metadata.labels.as_ref().and_then(|l| l.get(&format!("rbac.authorization.k8s.io/aggregate-to-{to}")))
+            == Some(&"true".to_owned())
+    };
+    // Which writes each built-in role gains, over all roles aggregated into it.
+    let writes = |to: &str| {
+        let mut granted = std::collections::BTreeSet::new();
+        for role in roles.iter().filter(|r| aggregated_to(r, to)) {
+            for rule in role.data["rules"].as_array().unwrap() {
+                let verbs = rule["verbs"].as_array().unwrap();
+                if verbs.iter().any(|v| v == "create" || v == "patch" || v == "delete" || v == "update") {
+                    for resource in rule["resources"].as_array().unwrap() {
+                        granted.insert(resource.as_str().unwrap().to_owned());
+                    }
+                }
+            }
+        }
+        granted
+    };
+    let set = |items: &[&str]| items.iter().map(|s| (*s).to_owned()).collect::<std::collections::BTreeSet<_>>();
+    assert_eq!(writes("edit"), set(&["apikeys", "modelendpoints"]));
+    assert_eq!(writes("admin"), set(&["apikeys", "gateways", "modelendpoints"]));
+    assert_eq!(writes("view"), set(&[]));
+    assert!(roles.iter().any(|r| aggregated_to(r, "view")), "a view role is shipped");
+}
+
 #[test]
 fn deploy_manifest_is_rendered_from_the_chart() {
     let output = Command::new("bash")

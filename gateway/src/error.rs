@@ -78,6 +78,10 @@ pub enum GatewayError {
     /// No backend could be connected to.
     #[error("upstream for model '{0}' is unreachable")]
     UpstreamUnreachable(String),
+    /// Every address the backend's host name resolved to is refused by the
+    /// egress guard (link-local/metadata, or the Gateway's denied ranges).
+    #[error("upstream for model '{0}' resolves only to addresses the gateway may not reach")]
+    EgressDenied(String),
     /// The upstream failed after connecting (reset, bad response).
     #[error("upstream for model '{0}' failed")]
     UpstreamFailed(String),
@@ -116,7 +120,7 @@ impl GatewayError {
             HeadersTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            UpstreamUnreachable(_) | UpstreamFailed(_) => StatusCode::BAD_GATEWAY,
+            UpstreamUnreachable(_) | UpstreamFailed(_) | EgressDenied(_) => StatusCode::BAD_GATEWAY,
             UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             NotReady => StatusCode::SERVICE_UNAVAILABLE,
             RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -130,9 +134,12 @@ impl GatewayError {
         match self {
             MissingKey | InvalidKey | ExpiredKey | DisabledKey => "authentication_error",
             ModelNotAllowed(_) => "permission_error",
-            UpstreamUnreachable(_) | UpstreamFailed(_) | UpstreamTimeout(_) | NotReady | RateLimitUnavailable(_) => {
-                "server_error"
-            }
+            UpstreamUnreachable(_)
+            | UpstreamFailed(_)
+            | UpstreamTimeout(_)
+            | EgressDenied(_)
+            | NotReady
+            | RateLimitUnavailable(_) => "server_error",
             // As OpenAI's own 429s: the type names what ran out.
             RateLimited(refusal) => refusal.unit.as_str(),
             _ => "invalid_request_error",
@@ -162,6 +169,7 @@ impl GatewayError {
             NotFound(_) => "unknown_url",
             MethodNotAllowed => "method_not_allowed",
             UpstreamUnreachable(_) => "upstream_unreachable",
+            EgressDenied(_) => "egress_denied",
             UpstreamFailed(_) => "upstream_failed",
             UpstreamTimeout(_) => "upstream_timeout",
             NotReady => "not_ready",
@@ -174,7 +182,7 @@ impl GatewayError {
     pub fn source(&self) -> ErrorSource {
         use GatewayError::*;
         match self {
-            UpstreamUnreachable(_) | UpstreamFailed(_) | UpstreamTimeout(_) => ErrorSource::Upstream,
+            UpstreamUnreachable(_) | UpstreamFailed(_) | UpstreamTimeout(_) | EgressDenied(_) => ErrorSource::Upstream,
             NotReady | RateLimitUnavailable(_) => ErrorSource::Gateway,
             _ => ErrorSource::Client,
         }
@@ -243,6 +251,7 @@ mod tests {
             (GatewayError::InvalidJson("x"), 400),
             (GatewayError::HeadersTooLarge(1), 431),
             (GatewayError::UpstreamUnreachable("m".into()), 502),
+            (GatewayError::EgressDenied("m".into()), 502),
             (GatewayError::UpstreamTimeout("m".into()), 504),
         ];
         for (error, status) in cases {

@@ -16,8 +16,10 @@ use kube::{Api, Client};
 
 use crate::Shared;
 
-/// The label carrying the Gateway's name on heartbeat Leases.
-pub const GATEWAY_LABEL: &str = "waycast.dev/gateway";
+pub use waycast_crds::heartbeat::GATEWAY_LABEL;
+use waycast_crds::heartbeat::{REFUSED_HASH_ANNOTATION, REFUSED_REASON_ANNOTATION};
+
+use crate::config::Refused;
 /// Renewal interval when nothing changes.
 pub const RENEW: Duration = Duration::from_secs(5);
 /// How often the served config is checked for a change.
@@ -50,10 +52,18 @@ impl PodIdentity {
     }
 }
 
-fn lease(identity: &PodIdentity, hash: &str) -> Lease {
+fn lease(identity: &PodIdentity, hash: &str, refused: Option<&Refused>) -> Lease {
+    let annotations = refused.map(|refused| {
+        [
+            (REFUSED_HASH_ANNOTATION.to_owned(), refused.hash.clone()),
+            (REFUSED_REASON_ANNOTATION.to_owned(), refused.reason.clone()),
+        ]
+        .into()
+    });
     Lease {
         metadata: ObjectMeta {
             name: Some(identity.pod.clone()),
+            annotations,
             namespace: Some(identity.namespace.clone()),
             labels: Some([(GATEWAY_LABEL.to_owned(), identity.gateway.clone())].into()),
             owner_references: Some(vec![OwnerReference {
@@ -78,15 +88,18 @@ fn lease(identity: &PodIdentity, hash: &str) -> Lease {
 pub async fn run(client: Client, identity: PodIdentity, shared: Arc<Shared>) {
     let api: Api<Lease> = Api::namespaced(client, &identity.namespace);
     let params = PatchParams::apply("waycast-gateway").force();
-    let mut reported: Option<String> = None;
+    let mut reported: (Option<String>, Option<String>) = (None, None);
     let mut last = Instant::now();
     loop {
         let serving = shared.config.current().map(|snapshot| snapshot.hash.clone());
-        let due = reported != serving || last.elapsed() >= RENEW;
-        if let (true, Some(hash)) = (due, serving.as_ref()) {
-            match api.patch(&identity.pod, &params, &Patch::Apply(lease(&identity, hash))).await {
+        let refused = shared.config.refused();
+        let state = (serving, refused.as_ref().map(|r| r.hash.clone()));
+        let due = reported != state || last.elapsed() >= RENEW;
+        if let (true, Some(hash)) = (due, state.0.as_ref()) {
+            let lease = lease(&identity, hash, refused.as_deref());
+            match api.patch(&identity.pod, &params, &Patch::Apply(lease)).await {
                 Ok(_) => {
-                    reported = serving;
+                    reported = state;
                     last = Instant::now();
                 }
                 Err(error) => {

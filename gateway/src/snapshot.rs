@@ -21,6 +21,7 @@ use std::time::Duration;
 use http::uri::{Authority, Scheme};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use waycast_crds::config::{GatewayConfig, KeyConfig, ModelConfig, Settings, TimeoutsConfig, glob_matches};
+use waycast_crds::egress::Cidr;
 
 use crate::limit::LimitSet;
 use crate::limit::redis::RedisCounter;
@@ -36,6 +37,8 @@ pub struct Snapshot {
     routes: Vec<Route>,
     by_name: HashMap<Box<str>, usize>,
     clients: Vec<(Duration, UpstreamClient)>,
+    /// The egress ranges the clients were built with.
+    denied: Arc<[Cidr]>,
     /// Counts the rate limits for the whole fleet, when the config says Redis.
     pub redis: Option<Arc<RedisCounter>>,
 }
@@ -47,6 +50,9 @@ pub struct KeyEntry {
     pub id: Arc<str>,
     /// Bit `i` set: route `i` allowed. `None`: every route.
     allowed_routes: Option<Vec<u64>>,
+    /// Bit `i` set: route `i` is shared with the key's namespace
+    /// (`keyNamespaces`). `None`: every route. Shared by the keys of a namespace.
+    visible_routes: Option<Arc<[u64]>>,
     /// When it stops working.
     pub expires_at: Option<jiff::Timestamp>,
     /// Refused with 401.
@@ -56,13 +62,41 @@ pub struct KeyEntry {
 }
 
 impl KeyEntry {
-    /// Whether the key may use route `index`.
+    /// Whether the key's own allow-list (`models`) lets it use route `index`.
     pub fn allows(&self, index: usize) -> bool {
-        match &self.allowed_routes {
-            None => true,
-            Some(bits) => bits.get(index / 64).is_some_and(|word| word & (1 << (index % 64)) != 0),
+        self.allowed_routes.as_deref().is_none_or(|bits| bit_set(bits, index))
+    }
+
+    /// Whether route `index` is shared with the key's namespace at all. A
+    /// route it cannot see is, to the key, a model that does not exist.
+    pub fn sees(&self, index: usize) -> bool {
+        self.visible_routes.as_deref().is_none_or(|bits| bit_set(bits, index))
+    }
+}
+
+fn bit_set(bits: &[u64], index: usize) -> bool {
+    bits.get(index / 64).is_some_and(|word| word & (1 << (index % 64)) != 0)
+}
+
+/// The namespace of a key: its id up to the first `/` (ids are
+/// `namespace/name` in operator-written configs). A bare id has none.
+fn key_namespace(id: &str) -> &str {
+    id.split_once('/').map_or("", |(namespace, _)| namespace)
+}
+
+/// The routes `namespace`'s keys may see; `None` when every route is open
+/// to every key (no model restricts by namespace).
+fn visible_routes(models: &[ModelConfig], namespace: &str) -> Option<Arc<[u64]>> {
+    if models.iter().all(|m| m.key_namespaces.is_none()) {
+        return None;
+    }
+    let mut bits = vec![0_u64; models.len().div_ceil(64)];
+    for (index, model) in models.iter().enumerate() {
+        if model.key_namespaces.as_ref().is_none_or(|allowed| allowed.iter().any(|n| n == namespace)) {
+            bits[index / 64] |= 1 << (index % 64);
         }
     }
+    Some(bits.into())
 }
 
 /// A model and its backends.
@@ -143,6 +177,11 @@ impl Snapshot {
     /// [`BuildError`] for what validation cannot catch.
     pub fn build(config: &GatewayConfig, hash: String, previous: Option<&Snapshot>) -> Result<Self, BuildError> {
         let mut clients: Vec<(Duration, UpstreamClient)> = Vec::new();
+        // Validation parsed these already; an entry that fails here is skipped.
+        let denied: Arc<[Cidr]> = config.settings.denied_cidrs.iter().filter_map(|c| c.parse().ok()).collect();
+        // Pools are reused only while the egress rules they enforce stay.
+        let previous_clients =
+            previous.filter(|p| p.denied == denied).map(|p| p.clients.as_slice()).unwrap_or_default();
         let mut routes = Vec::with_capacity(config.models.len());
         let mut by_name = HashMap::new();
         for (model_index, model) in config.models.iter().enumerate() {
@@ -150,10 +189,10 @@ impl Snapshot {
             let client = match clients.iter().find(|(timeout, _)| *timeout == connect) {
                 Some((_, client)) => client.clone(),
                 None => {
-                    let reused = previous.and_then(|p| p.clients.iter().find(|(t, _)| *t == connect));
+                    let reused = previous_clients.iter().find(|(t, _)| *t == connect);
                     let client = match reused {
                         Some((_, client)) => client.clone(),
-                        None => upstream_client(connect).map_err(|e| BuildError::Tls(e.to_string()))?,
+                        None => upstream_client(connect, denied.clone()).map_err(|e| BuildError::Tls(e.to_string()))?,
                     };
                     clients.push((connect, client.clone()));
                     client
@@ -177,9 +216,14 @@ impl Snapshot {
         let limited_before: HashMap<&str, &LimitSet> = previous
             .map(|p| p.keys.values().filter_map(|k| Some((k.id.as_ref(), k.limits.as_deref()?))).collect())
             .unwrap_or_default();
+        // What each namespace's keys may see, computed once per namespace.
+        let mut visible: HashMap<&str, Option<Arc<[u64]>>> = HashMap::new();
         for (index, key) in config.keys.iter().enumerate() {
             let digest = parse_hex_digest(&key.sha256).ok_or(BuildError::BadHash(index))?;
             let mut entry = build_key(key, &routes);
+            let namespace = key_namespace(&key.id);
+            entry.visible_routes =
+                visible.entry(namespace).or_insert_with(|| visible_routes(&config.models, namespace)).clone();
             entry.limits = key
                 .limits
                 .as_ref()
@@ -194,7 +238,7 @@ impl Snapshot {
                 .cloned()
                 .unwrap_or_else(|| Arc::new(RedisCounter::start(wanted.clone())))
         });
-        Ok(Self { hash, settings: config.settings.clone(), keys, routes, by_name, clients, redis })
+        Ok(Self { hash, settings: config.settings.clone(), keys, routes, by_name, clients, denied, redis })
     }
 
     /// The key with this SHA-256 digest.
@@ -267,9 +311,11 @@ fn build_route(model_index: usize, model: &ModelConfig, client: UpstreamClient) 
         }
         let model_json =
             backend.model.as_ref().map(|name| bytes::Bytes::from(serde_json::Value::from(name.as_str()).to_string()));
+        // A query in the base URL (Azure's `?api-version=`) goes with every request.
+        let query = uri.query().map(|q| format!("?{q}")).unwrap_or_default();
         let paths = crate::proxy::PROXIED_PATHS
             .iter()
-            .map(|path| http::uri::PathAndQuery::try_from(format!("{base_path}{}", &path["/v1".len()..])))
+            .map(|path| http::uri::PathAndQuery::try_from(format!("{base_path}{}{query}", &path["/v1".len()..])))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|_| bad_url("the path does not form valid request paths"))?;
         let default_port = if scheme == Scheme::HTTPS { 443 } else { 80 };
@@ -319,6 +365,7 @@ fn build_key(key: &KeyConfig, routes: &[Route]) -> KeyEntry {
     KeyEntry {
         id: Arc::from(key.id.as_str()),
         allowed_routes,
+        visible_routes: None,
         expires_at: key.expires_at,
         disabled: key.disabled,
         limits: None,
@@ -387,6 +434,7 @@ mod tests {
             timeouts: TimeoutsConfig::default(),
             limits: None,
             source: None,
+            key_namespaces: None,
         }
     }
 

@@ -82,6 +82,8 @@ pub struct Stores {
     pub services: Store<Service>,
     /// Secrets labelled as key Secrets.
     pub key_secrets: Store<Secret>,
+    /// Secrets opted in as upstream credentials (`waycast.dev/credential`).
+    pub credentials: Store<Secret>,
     /// Gateway pods' heartbeat Leases.
     pub leases: Store<Lease>,
     /// The metadata of Secrets the operator owns (config Secrets).
@@ -107,6 +109,8 @@ pub struct Changes {
     pub services: broadcast::Sender<()>,
     /// Key Secrets changed.
     pub key_secrets: broadcast::Sender<()>,
+    /// Credential Secrets changed (a rotated provider key is picked up by watch).
+    pub credentials: broadcast::Sender<()>,
 }
 
 /// A stream that yields once per signal (a lagging receiver still yields).
@@ -252,9 +256,14 @@ fn any_change<K: Resource>(object: &K) -> u64 {
     fingerprint(object.meta(), &object.meta().resource_version)
 }
 
-/// A heartbeat's Gateway and the config hash its pod reports, not its renewals.
+/// A heartbeat's Gateway, the config hash its pod reports and the config
+/// it refused, not its renewals.
 fn heartbeat(lease: &Lease) -> u64 {
-    fingerprint(&lease.metadata, (&lease.metadata.labels, holder(lease)))
+    fingerprint(&lease.metadata, (&lease.metadata.labels, holder(lease), refused_hash(lease)))
+}
+
+fn refused_hash(lease: &Lease) -> Option<&String> {
+    lease.annotations().get(waycast_crds::heartbeat::REFUSED_HASH_ANNOTATION)
 }
 
 /// Called with each object whose relevant fields changed, and whether it
@@ -459,6 +468,10 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
             }
         }),
     );
+    // Upstream credentials: only the Secrets their teams opted in, so the
+    // operator neither caches nor reads any other Secret of a team.
+    let credentials = watcher::Config::default().labels(&format!("{}=true", compile::models::CREDENTIAL_LABEL));
+    let (credentials, credentials_changed) = store_of(all(client, credentials), any_change, ignore());
     // Metadata only: the operator needs to know which config each Secret
     // holds (its hash annotation), not the up-to-1-MiB data.
     let managed = watcher::Config::default().labels(&format!("app.kubernetes.io/managed-by={FIELD_MANAGER}"));
@@ -491,6 +504,7 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
         namespaces,
         services,
         key_secrets,
+        credentials,
         leases,
         config_secrets,
         feeds,
@@ -501,6 +515,7 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
             namespaces: namespaces_changed,
             services: services_changed,
             key_secrets: key_secrets_changed,
+            credentials: credentials_changed,
         },
     };
     for ready in [
@@ -510,6 +525,7 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
         stores.namespaces.wait_until_ready().await,
         stores.services.wait_until_ready().await,
         stores.key_secrets.wait_until_ready().await,
+        stores.credentials.wait_until_ready().await,
         stores.leases.wait_until_ready().await,
         stores.config_secrets.wait_until_ready().await,
     ] {
@@ -553,17 +569,33 @@ impl Snapshot {
             models: stores.models.state(),
             keys: stores.keys.state(),
             services: stores.services.state(),
-            secrets: stores.key_secrets.state(),
+            secrets: stores.key_secrets.state().into_iter().chain(stores.credentials.state()).collect(),
         }
     }
 
-    /// Adds the credential Secrets `gateway`'s routes name (not in any store:
-    /// only key Secrets are watched).
-    async fn fetch_credentials(&mut self, client: &Client, gateway: &Gateway) -> Result<(), Error> {
+    /// Adds what compile needs beyond the stores: the Gateway's Redis
+    /// password Secret (the platform team's own), and the metadata of
+    /// credential Secrets the routes name that are not opted in, so their
+    /// status can say "not labelled" rather than "missing". A failed look-up
+    /// counts as missing: it never holds up the rest of the Gateway.
+    async fn fetch_credentials(&mut self, client: &Client, stores: &Stores, gateway: &Gateway) -> Result<(), Error> {
+        if let Some((namespace, name)) = compile::models::redis_password_secret(gateway)
+            && let Some(secret) = bounded(Api::<Secret>::namespaced(client.clone(), &namespace).get_opt(&name)).await?
+        {
+            self.secrets.push(Arc::new(secret));
+        }
         let wanted = self.with_inputs(gateway, compile::models::credential_secrets);
         for (namespace, name) in wanted {
-            if let Some(secret) = bounded(Api::<Secret>::namespaced(client.clone(), &namespace).get_opt(&name)).await? {
-                self.secrets.push(Arc::new(secret));
+            if stores.credentials.get(&ObjectRef::new(&name).within(&namespace)).is_some() {
+                continue;
+            }
+            let api = Api::<Secret>::namespaced(client.clone(), &namespace);
+            match bounded(api.get_metadata_opt(&name)).await {
+                Ok(Some(meta)) => self.secrets.push(Arc::new(Secret { metadata: meta.metadata, ..Secret::default() })),
+                Ok(None) => {}
+                Err(error) => {
+                    tracing::debug!(%error, secret = %format!("{namespace}/{name}"), "credential Secret look-up failed")
+                }
             }
         }
         Ok(())
@@ -605,7 +637,7 @@ where
 /// retried (a hung reconcile holds its object: nothing else runs for it).
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
-async fn bounded<T>(call: impl std::future::Future<Output = Result<T, kube::Error>>) -> Result<T, Error> {
+pub(crate) async fn bounded<T>(call: impl std::future::Future<Output = Result<T, kube::Error>>) -> Result<T, Error> {
     tokio::time::timeout(CALL_TIMEOUT, call).await.map_err(|_| Error::Timeout(CALL_TIMEOUT))?.map_err(Error::from)
 }
 
@@ -665,24 +697,18 @@ fn succeeded<K: Resource<DynamicType = ()>>(context: &Context, object: &K) {
 
 // === Gateway ===
 
-fn selects_namespace_of<K: Resource>(gateway: &Gateway, object: &K, models: bool, namespaces: &[&Namespace]) -> bool {
-    let policy = if models { gateway.spec.model_endpoints.as_ref() } else { gateway.spec.api_keys.as_ref() };
-    let labels = object.meta().labels.clone().unwrap_or_default();
-    select::selects(
-        policy,
-        &gateway.namespace().unwrap_or_default(),
-        &object.meta().namespace.clone().unwrap_or_default(),
-        &labels,
-        namespaces,
-    )
-}
-
 async fn gateway_controller(context: Arc<Context>) {
     let client = context.client.clone();
     let managed = watcher::Config::default().labels(&format!("app.kubernetes.io/managed-by={FIELD_MANAGER}"));
     let changed = &context.stores.changed;
-    let inputs_changed =
-        signals(&[&changed.models, &changed.keys, &changed.namespaces, &changed.services, &changed.key_secrets]);
+    let inputs_changed = signals(&[
+        &changed.models,
+        &changed.keys,
+        &changed.namespaces,
+        &changed.services,
+        &changed.key_secrets,
+        &changed.credentials,
+    ]);
     Controller::for_stream(futures_util::stream::pending(), context.stores.gateways.clone())
         .owns(Api::<Deployment>::all(client.clone()), managed)
         .reconcile_on(context.stores.feeds.gateways.subscribe())
@@ -698,8 +724,11 @@ async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Context>) -> Resu
     let client = &context.client;
     let namespace = gateway.namespace().ok_or(Error::Incomplete("namespace"))?;
     let name = gateway.name_any();
+    if let Some(conflict) = crate::ownership::first_conflict(client, &gateway).await? {
+        return refuse_name_conflict(&context, &gateway, &conflict).await;
+    }
     let mut snapshot = Snapshot::take(&context.stores);
-    snapshot.fetch_credentials(client, &gateway).await?;
+    snapshot.fetch_credentials(client, &context.stores, &gateway).await?;
     let mut compiled = snapshot.with_inputs(&gateway, |inputs| compile::gateway(inputs, jiff::Timestamp::now()));
     let compiled_at = started.elapsed();
 
@@ -764,6 +793,7 @@ async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Context>) -> Resu
     let applied_at = started.elapsed();
 
     let reporting = pods_reporting(&context.stores, &gateway);
+    let refusing = pods_refusing(&context.stores, &gateway, &hash);
     let ready = deployment.status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0);
     let moved = {
         let decisions = decisions(&snapshot, &mut compiled, hash.clone(), config_fits);
@@ -836,13 +866,29 @@ async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Context>) -> Resu
                 now,
             ),
         },
-        if config_fits {
+        if config_fits && refusing.is_empty() {
             status::condition(
                 &previous,
                 types::PROGRAMMED,
                 true,
                 reasons::CONFIG_WRITTEN,
                 format!("config {} written", hash.get(..12).unwrap_or(&hash)),
+                generation,
+                now,
+            )
+        } else if config_fits {
+            let (pod, reason, serving) = &refusing[0];
+            status::condition(
+                &previous,
+                types::PROGRAMMED,
+                false,
+                reasons::CONFIG_REFUSED,
+                format!(
+                    "{} pod(s) refused config {}; {pod} keeps serving {}: {reason}",
+                    refusing.len(),
+                    hash.get(..12).unwrap_or(&hash),
+                    serving.get(..12).filter(|s| !s.is_empty()).unwrap_or("no config"),
+                ),
                 generation,
                 now,
             )
@@ -985,6 +1031,50 @@ fn pods_reporting(stores: &Stores, gateway: &Gateway) -> Vec<String> {
         .collect()
 }
 
+/// The pods of `gateway` that refused the config `hash`: `(pod, why, the
+/// hash they serve instead)`, from their heartbeats.
+fn pods_refusing(stores: &Stores, gateway: &Gateway, hash: &str) -> Vec<(String, String, String)> {
+    let namespace = gateway.namespace();
+    let name = gateway.name_any();
+    let mut refusing: Vec<(String, String, String)> = stores
+        .leases
+        .state()
+        .iter()
+        .filter(|lease| lease.namespace() == namespace && lease.labels().get(render::GATEWAY_LABEL) == Some(&name))
+        .filter(|lease| refused_hash(lease).is_some_and(|refused| refused == hash))
+        .map(|lease| {
+            let reason = lease.annotations().get(waycast_crds::heartbeat::REFUSED_REASON_ANNOTATION);
+            (lease.name_any(), reason.cloned().unwrap_or_default(), holder(lease).to_owned())
+        })
+        .collect();
+    refusing.sort();
+    refusing
+}
+
+/// The Gateway's status when an object it would own belongs to someone
+/// else: nothing is applied, and the status names the object. Looked at
+/// again when owned objects change, and every 30 s.
+async fn refuse_name_conflict(context: &Context, gateway: &Gateway, conflict: &str) -> Result<Action, Error> {
+    tracing::warn!(gateway = %ObjectKey::of(&gateway.metadata), conflict, "an object the Gateway would own exists and is not its own; nothing applied");
+    let now = jiff::Timestamp::now();
+    let generation = gateway.metadata.generation;
+    let previous = gateway.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
+    let message = format!(
+        "{conflict} already exists and is not controlled by this Gateway; it is left untouched. Rename the Gateway or remove that object"
+    );
+    let mut new_status = gateway.status.clone().unwrap_or_default();
+    new_status.conditions = [types::ACCEPTED, types::PROGRAMMED, types::READY]
+        .into_iter()
+        .map(|kind| status::condition(&previous, kind, false, reasons::NAME_CONFLICT, message.clone(), generation, now))
+        .collect();
+    new_status.observed_generation = generation;
+    if gateway_status_changed(gateway.status.as_ref(), &new_status) {
+        patch_status(&context.client, gateway, serde_json::to_value(&new_status)?).await?;
+        emit_transitions(context, gateway, &previous, &new_status.conditions).await;
+    }
+    Ok(Action::requeue(Duration::from_secs(30)))
+}
+
 /// Whether `gateway` serves `object` at `generation` on every pod.
 async fn programmed_on(
     context: &Context,
@@ -1097,13 +1187,21 @@ async fn reconcile_api_key(api_key: Arc<ApiKey>, context: Arc<Context>) -> Resul
     let mut served_by = Vec::new();
     let mut verdict = None;
     let mut programmed = (0, true);
-    for gateway in context.stores.gateways.state() {
-        if !selects_namespace_of(gateway.as_ref(), api_key.as_ref(), false, &namespaces) {
-            continue;
-        }
+    let gateways = context.stores.gateways.state();
+    let gateways: Vec<&Gateway> = gateways.iter().map(AsRef::as_ref).collect();
+    let parents = select::parents(
+        &gateways,
+        select::Kind::ApiKeys,
+        api_key.metadata.namespace.as_deref().unwrap_or_default(),
+        api_key.labels(),
+        &api_key.spec.parent_refs,
+        &namespaces,
+    );
+    let mut entries = parents.refused;
+    for gateway in parents.admitted {
         programmed.0 += 1;
-        programmed.1 &= programmed_on(&context, &gateway, &id, api_key.metadata.generation, false).await;
-        let Some(found) = decided(&context, &gateway, |from| {
+        programmed.1 &= programmed_on(&context, gateway, &id, api_key.metadata.generation, false).await;
+        let Some(found) = decided(&context, gateway, |from| {
             from.keys.get(&id).filter(|d| d.generation == api_key.metadata.generation)?;
             from.key_verdicts.get(&id).cloned()
         })
@@ -1113,19 +1211,28 @@ async fn reconcile_api_key(api_key: Arc<ApiKey>, context: Arc<Context>) -> Resul
             // announces this key when it has.
             return Ok(Action::await_change());
         };
+        let gateway_id = format!("{}/{}", gateway.namespace().unwrap_or_default(), gateway.name_any());
         if found.verdict.accepted {
-            served_by.push(format!("{}/{}", gateway.namespace().unwrap_or_default(), gateway.name_any()));
+            served_by.push(gateway_id.clone());
         }
+        entries.push(waycast_crds::common::GatewayAcceptance {
+            gateway: gateway_id,
+            accepted: found.verdict.accepted,
+            reason: found.verdict.reason.to_owned(),
+            message: found.verdict.message.to_string(),
+        });
         if verdict.is_none() || found.verdict.accepted {
             verdict = Some(found);
         }
     }
+    entries.sort_by(|a, b| a.gateway.cmp(&b.gateway));
     let (secret_name, _) = keys::key_source(&api_key);
-    let (ready, reason, message, prefix) = match &verdict {
-        Some(found) => {
+    let (ready, reason, message, prefix) = match (&verdict, entries.first()) {
+        (Some(found), _) => {
             (found.verdict.accepted, found.verdict.reason, found.verdict.message.to_string(), found.key_prefix.clone())
         }
-        None => (false, reasons::NO_GATEWAY, "no Gateway selects this key".to_owned(), None),
+        (None, Some(entry)) => (false, reason_of(&entry.reason), format!("{}: {}", entry.gateway, entry.message), None),
+        (None, None) => (false, reasons::NO_GATEWAY, "no Gateway selects this key".to_owned(), None),
     };
     let generation = api_key.metadata.generation;
     let previous = api_key.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
@@ -1140,15 +1247,17 @@ async fn reconcile_api_key(api_key: Arc<ApiKey>, context: Arc<Context>) -> Resul
         key_prefix: prefix,
         limits: if ready { api_key.spec.limits.clone() } else { None },
         gateways: served_by,
+        parents: entries,
         observed_generation: generation,
     };
     let old = api_key.status.clone().unwrap_or_default();
     let changed = status::changed(&old.conditions, &new_status.conditions)
-        || (old.secret_name, old.key_prefix, old.gateways, old.limits, old.observed_generation)
+        || (old.secret_name, old.key_prefix, old.gateways, old.parents, old.limits, old.observed_generation)
             != (
                 new_status.secret_name.clone(),
                 new_status.key_prefix.clone(),
                 new_status.gateways.clone(),
+                new_status.parents.clone(),
                 new_status.limits.clone(),
                 new_status.observed_generation,
             );
@@ -1168,6 +1277,15 @@ async fn reconcile_api_key(api_key: Arc<ApiKey>, context: Arc<Context>) -> Resul
         // The periodic look at every key (`every`) comes first.
         _ => Action::await_change(),
     })
+}
+
+/// The reason constant equal to `text` (status entries carry owned text;
+/// conditions want the constant).
+fn reason_of(text: &str) -> &'static str {
+    [reasons::NOT_ALLOWED_BY_GATEWAY, reasons::GATEWAY_NOT_FOUND]
+        .into_iter()
+        .find(|r| *r == text)
+        .unwrap_or(reasons::INVALID)
 }
 
 /// What `gateway`'s latest compile decided, through `pick`.
@@ -1202,15 +1320,22 @@ async fn reconcile_model_endpoint(endpoint: Arc<ModelEndpoint>, context: Arc<Con
     let now = jiff::Timestamp::now();
     let namespaces: Vec<Arc<Namespace>> = context.stores.namespaces.state();
     let namespaces: Vec<&Namespace> = namespaces.iter().map(AsRef::as_ref).collect();
-    let mut entries = Vec::new();
     let mut programmed = (0, true);
-    for gateway in context.stores.gateways.state() {
-        if !selects_namespace_of(gateway.as_ref(), endpoint.as_ref(), true, &namespaces) {
-            continue;
-        }
+    let gateways = context.stores.gateways.state();
+    let gateways: Vec<&Gateway> = gateways.iter().map(AsRef::as_ref).collect();
+    let parents = select::parents(
+        &gateways,
+        select::Kind::ModelEndpoints,
+        endpoint.metadata.namespace.as_deref().unwrap_or_default(),
+        endpoint.labels(),
+        &endpoint.spec.parent_refs,
+        &namespaces,
+    );
+    let mut entries = parents.refused;
+    for gateway in parents.admitted {
         programmed.0 += 1;
-        programmed.1 &= programmed_on(&context, &gateway, &id, endpoint.metadata.generation, true).await;
-        let Some(verdict) = decided(&context, &gateway, |from| {
+        programmed.1 &= programmed_on(&context, gateway, &id, endpoint.metadata.generation, true).await;
+        let Some(verdict) = decided(&context, gateway, |from| {
             from.models.get(&id).filter(|d| d.generation == endpoint.metadata.generation)?;
             from.model_verdicts.get(&id).cloned()
         })
@@ -1235,8 +1360,10 @@ async fn reconcile_model_endpoint(endpoint: Arc<ModelEndpoint>, context: Arc<Con
         (false, Some(entry)) => (false, entry.reason.as_str(), format!("{}: {}", entry.gateway, entry.message)),
         (false, None) => (true, reasons::ACCEPTED, format!("served by {} Gateway(s)", entries.len())),
     };
-    let unresolved =
-        entries.iter().find(|e| e.reason == reasons::BACKEND_NOT_FOUND || e.reason == reasons::AUTH_SECRET_MISSING);
+    let unresolved = entries.iter().find(|e| {
+        [reasons::BACKEND_NOT_FOUND, reasons::AUTH_SECRET_MISSING, reasons::SECRET_NOT_LABELLED]
+            .contains(&e.reason.as_str())
+    });
     let resolved = status::condition(
         &previous,
         types::RESOLVED_REFS,

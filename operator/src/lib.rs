@@ -12,6 +12,7 @@ pub mod error;
 pub mod events;
 pub mod leader;
 pub mod metrics;
+pub mod ownership;
 pub mod programmed;
 pub mod render;
 pub mod status;

@@ -23,10 +23,21 @@ use crate::metrics::Metrics;
 use crate::snapshot::Snapshot;
 use load::LoadError;
 
-/// The config being served.
+/// The config being served, and the newest one refused.
 #[derive(Default)]
 pub struct ConfigStore {
     current: ArcSwapOption<Snapshot>,
+    refused: ArcSwapOption<Refused>,
+}
+
+/// A config this pod refused; reported in its heartbeat so the Gateway
+/// shows `Programmed=False` instead of "written".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    /// SHA-256 of the refused bytes (the operator's config hash).
+    pub hash: String,
+    /// Why, cut to `waycast_crds::heartbeat::MAX_REASON_BYTES`.
+    pub reason: String,
 }
 
 /// What applying new bytes did.
@@ -42,6 +53,11 @@ impl ConfigStore {
     /// The config being served, if one was loaded.
     pub fn current(&self) -> Option<Arc<Snapshot>> {
         self.current.load_full()
+    }
+
+    /// The newest config refused since the last one applied, if any.
+    pub fn refused(&self) -> Option<Arc<Refused>> {
+        self.refused.load_full()
     }
 
     /// Parses, validates and swaps in `bytes` from `source`; on failure the
@@ -67,12 +83,17 @@ impl ConfigStore {
                 metrics.config_info.with_label_values(&[&hash]).set(1);
                 metrics.config_last_reload.set(jiff::Timestamp::now().as_second());
                 self.current.store(Some(Arc::new(snapshot)));
+                self.refused.store(None);
                 Ok(Applied::Changed(hash))
             }
             Err(error) => {
                 metrics.config_reload_errors.inc();
                 let keeping = previous.map_or_else(|| "none yet".to_owned(), |p| p.hash.clone());
                 tracing::error!(source, %error, config.kept = %keeping, "config rejected; keeping the last good config");
+                let reason = error.to_string();
+                let reason = waycast_crds::heartbeat::truncate(&reason, waycast_crds::heartbeat::MAX_REASON_BYTES);
+                self.refused
+                    .store(Some(Arc::new(Refused { hash: load::sha256_hex(bytes), reason: reason.to_owned() })));
                 Err(error)
             }
         }

@@ -16,21 +16,26 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
+pub use super::egress::GuardedResolver;
+use super::egress::egress_denied;
 use crate::error::GatewayError;
 use crate::snapshot::{Backend, Route};
+use waycast_crds::egress::Cidr;
 
-/// The pooled upstream client (HTTP/1.1 and HTTP/2, TLS via rustls).
-pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+/// The pooled upstream client (HTTP/1.1 and HTTP/2, TLS via rustls), whose
+/// host names resolve through the egress guard.
+pub type UpstreamClient = Client<HttpsConnector<HttpConnector<GuardedResolver>>, Full<Bytes>>;
 
 /// How long an idle upstream connection stays pooled.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
-/// A client whose TCP connects give up after `connect_timeout`.
+/// A client whose TCP connects give up after `connect_timeout` and never
+/// reach a link-local/metadata address or one in `denied`.
 ///
 /// # Errors
 /// The TLS configuration failing to build.
-pub fn upstream_client(connect_timeout: Duration) -> Result<UpstreamClient, rustls::Error> {
-    let mut http = HttpConnector::new();
+pub fn upstream_client(connect_timeout: Duration, denied: Arc<[Cidr]>) -> Result<UpstreamClient, rustls::Error> {
+    let mut http = HttpConnector::new_with_resolver(GuardedResolver { denied });
     http.enforce_http(false);
     // NB: without TCP_NODELAY a small request written after its headers
     // waits for a delayed ACK: 40 ms per request on reused connections.
@@ -96,6 +101,11 @@ pub async fn send(route: &Route, outgoing: &Outgoing<'_>) -> Result<Forwarded, G
                 return Ok(Forwarded { response, sent_at, headers_at: Instant::now() });
             }
             Ok(Err(error)) if error.is_connect() => {
+                if egress_denied(&error) {
+                    tracing::warn!(model = %route.name, backend = index, %error, "upstream refused by the egress guard");
+                    last_error = Some(GatewayError::EgressDenied(route.name.to_string()));
+                    continue;
+                }
                 tracing::debug!(model = %route.name, backend = index, %error, "upstream connect failed; trying the next backend");
                 last_error = Some(GatewayError::UpstreamUnreachable(route.name.to_string()));
             }
@@ -113,9 +123,12 @@ pub async fn send(route: &Route, outgoing: &Outgoing<'_>) -> Result<Forwarded, G
 /// form a valid URI with the backend's path.
 fn build_request(backend: &Backend, outgoing: &Outgoing<'_>) -> Option<Request<Full<Bytes>>> {
     let path = backend.paths.get(outgoing.endpoint)?;
-    let path = match outgoing.query {
-        None => path.clone(),
-        Some(query) => PathAndQuery::try_from(format!("{}?{query}", path.path())).ok()?,
+    // The backend's own query (Azure's `api-version`) comes first, then the
+    // client's.
+    let path = match (outgoing.query, path.query()) {
+        (None, _) => path.clone(),
+        (Some(query), None) => PathAndQuery::try_from(format!("{}?{query}", path.path())).ok()?,
+        (Some(query), Some(own)) => PathAndQuery::try_from(format!("{}?{own}&{query}", path.path())).ok()?,
     };
     let uri = Uri::builder()
         .scheme(backend.scheme.clone())

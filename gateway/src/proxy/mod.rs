@@ -18,6 +18,7 @@
 
 pub mod auth;
 pub mod body;
+pub mod egress;
 pub mod forward;
 pub mod sse;
 pub mod stream;
@@ -126,8 +127,12 @@ async fn serve(
     let body = read_body(shared, &snapshot, &parts.headers, body).await?;
     let body_done = Instant::now();
     let fields = body::scan(&body)?;
-    let index =
-        snapshot.route_index(&fields.model).ok_or_else(|| GatewayError::UnknownModel(truncated(&fields.model)))?;
+    // NB: a model the key's namespace may not see answers exactly like one
+    // that does not exist, so keys cannot probe other teams' model names.
+    let index = snapshot
+        .route_index(&fields.model)
+        .filter(|index| key.sees(*index))
+        .ok_or_else(|| GatewayError::UnknownModel(truncated(&fields.model)))?;
     if !key.allows(index) {
         return Err(GatewayError::ModelNotAllowed(truncated(&fields.model)));
     }
@@ -281,7 +286,7 @@ fn models_list(snapshot: &Snapshot, key: &crate::snapshot::KeyEntry) -> Bytes {
         .routes()
         .iter()
         .enumerate()
-        .filter(|(index, _)| key.allows(*index))
+        .filter(|(index, _)| key.sees(*index) && key.allows(*index))
         .flat_map(|(_, route)| route.names.iter())
         .map(|name| serde_json::json!({"id": name, "object": "model", "created": 0, "owned_by": "waycast"}))
         .collect();

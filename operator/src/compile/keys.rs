@@ -43,19 +43,18 @@ pub fn key_source(api_key: &ApiKey) -> (String, String) {
 pub fn compile(inputs: &Inputs<'_>, now: jiff::Timestamp) -> (Vec<KeyConfig>, BTreeMap<ObjectKey, KeyVerdict>) {
     let gateway = inputs.gateway;
     let gateway_namespace = gateway.namespace().unwrap_or_default();
+    let name = gateway.name_any();
+    let gateway_ref =
+        select::GatewayRef { namespace: &gateway_namespace, name: &name, policy: gateway.spec.api_keys.as_ref() };
     let mut selected: Vec<&ApiKey> = inputs
         .api_keys
         .iter()
         .copied()
         .filter(|key| key.metadata.deletion_timestamp.is_none())
         .filter(|key| {
-            select::selects(
-                gateway.spec.api_keys.as_ref(),
-                &gateway_namespace,
-                &key.namespace().unwrap_or_default(),
-                key.labels(),
-                inputs.namespaces,
-            )
+            let namespace = key.metadata.namespace.as_deref().unwrap_or_default();
+            select::parent(&gateway_ref, namespace, key.labels(), &key.spec.parent_refs, inputs.namespaces)
+                == select::Parent::Admitted
         })
         .collect();
     selected.sort_by(|a, b| ObjectKey::sort_key(&a.metadata).cmp(&ObjectKey::sort_key(&b.metadata)));
@@ -67,8 +66,28 @@ pub fn compile(inputs: &Inputs<'_>, now: jiff::Timestamp) -> (Vec<KeyConfig>, BT
     for api_key in selected {
         let id = ObjectKey::of(&api_key.metadata);
         let (secret_name, data_key) = key_source(api_key);
-        let text = secrets
-            .get(&(id.namespace.as_str(), secret_name.as_str()))
+        let secret = secrets.get(&(id.namespace.as_str(), secret_name.as_str()));
+        // NB: a generated key's Secret must be this ApiKey's own: an ApiKey
+        // named after someone else's `<name>-key` Secret must not serve it.
+        let foreign = api_key.spec.secret_ref.is_none()
+            && secret.is_some_and(|secret| {
+                !secret
+                    .owner_references()
+                    .iter()
+                    .any(|owner| owner.controller == Some(true) && Some(&owner.uid) == api_key.metadata.uid.as_ref())
+            });
+        if foreign {
+            let message = format!(
+                "Secret {}/{secret_name} exists and is not owned by this ApiKey: it is left untouched and not used; rename the ApiKey or remove the Secret",
+                id.namespace
+            );
+            verdicts.insert(
+                id,
+                KeyVerdict { verdict: Verdict::refused(reasons::SECRET_NOT_OWNED, message), key_prefix: None },
+            );
+            continue;
+        }
+        let text = secret
             .and_then(|secret| secret.data.as_ref()?.get(&data_key))
             .map(|bytes| String::from_utf8_lossy(&bytes.0).trim().to_owned())
             .filter(|text| !text.is_empty());
@@ -92,16 +111,27 @@ pub fn compile(inputs: &Inputs<'_>, now: jiff::Timestamp) -> (Vec<KeyConfig>, BT
             match hashes.get(&sha256) {
                 Some(owner) => Verdict::refused(reasons::DUPLICATE_KEY, format!("{owner} already uses the same key")),
                 None => {
-                    hashes.insert(sha256.clone(), id.clone());
-                    entries.push(KeyConfig {
+                    let entry = KeyConfig {
                         id: id.to_string(),
                         sha256,
                         models: api_key.spec.models.clone(),
                         expires_at: api_key.spec.expires_at.as_ref().map(|t| t.0),
                         disabled: false,
                         limits: api_key.spec.limits.as_ref().map(limits),
-                    });
-                    Verdict::accepted(reasons::KEY_READY, "the key is served")
+                    };
+                    // The gateway's own check on this entry alone.
+                    match entry.validate() {
+                        Ok(()) => {
+                            hashes.insert(entry.sha256.clone(), id.clone());
+                            entries.push(entry);
+                            Verdict::accepted(reasons::KEY_READY, "the key is served")
+                        }
+                        Err(problems) => {
+                            let fields: Vec<String> =
+                                problems.0.iter().map(|p| format!("spec.{}: {}", p.path, p.message)).collect();
+                            Verdict::refused(reasons::INVALID, format!("not servable: {}", fields.join("; ")))
+                        }
+                    }
                 }
             }
         };

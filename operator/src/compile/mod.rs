@@ -4,9 +4,11 @@
 //!
 //! ```text
 //! Inputs { gateway, namespaces, model endpoints, api keys, services, secrets }, now
-//!   ─► select.rs  which objects the Gateway takes
-//!   ─► models.rs  backends resolved (Service → ClusterIP), credentials, conflicts oldest-first
-//!   ─► keys.rs    key Secrets → SHA-256, length, expiry, disabled, duplicates
+//!   ─► select.rs  which objects the Gateway takes (two-way consent: parentRefs + namespace rules)
+//!   ─► models.rs  backends resolved (Service → ClusterIP), egress rules, opted-in credentials,
+//!                 key visibility, per-entry validation, conflicts (own namespace, then oldest)
+//!   ─► keys.rs    key Secrets (owned, when generated) → SHA-256, length, expiry, disabled,
+//!                 per-entry validation, duplicates
 //!   ─► Compiled { config, verdicts }
 //! ```
 //!
@@ -37,7 +39,9 @@ pub struct Inputs<'a> {
     pub api_keys: &'a [&'a ApiKey],
     /// Services that backends may name.
     pub services: &'a [&'a Service],
-    /// Key Secrets and upstream credential Secrets.
+    /// Key Secrets (labels stripped), upstream credential Secrets (with
+    /// their labels: only those with `waycast.dev/credential: "true"` are
+    /// used), and referenced Secrets known only by their metadata.
     pub secrets: &'a [&'a Secret],
 }
 
@@ -122,6 +126,14 @@ pub fn gateway(inputs: &Inputs<'_>, now: jiff::Timestamp) -> Compiled {
         settings.access_log = access_log;
     }
     let mut gateway = None;
+    for range in spec.egress.iter().flat_map(|e| e.denied_cidrs.iter()) {
+        match range.parse::<waycast_crds::egress::Cidr>() {
+            Ok(_) => settings.denied_cidrs.push(range.clone()),
+            Err(error) => {
+                gateway = Some(Verdict::refused(reasons::INVALID, format!("spec.egress.deniedCIDRs: {error}")));
+            }
+        }
+    }
     match redis(inputs) {
         Ok(redis) => settings.redis = redis,
         // The pods keep counting each their share; the Gateway says why.

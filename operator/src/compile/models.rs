@@ -1,6 +1,12 @@
 //! ModelEndpoints → model routes: backends resolved (a Service to its
-//! ClusterIP and port, a URL as it is), upstream credentials read from their
-//! Secrets, and name conflicts settled oldest-first.
+//! ClusterIP and port, a URL as it is, within the Gateway's egress rules),
+//! upstream credentials read from their opted-in Secrets, whose keys may
+//! call each model (`spec.apiKeys`), every entry checked on its own by the
+//! gateway's validation, and name conflicts settled (the Gateway's own
+//! namespace first, then oldest-first).
+//!
+//! NB: an object that fails here is left out with its verdict; it never
+//! makes the whole config invalid, so one team's mistake stays its own.
 
 use std::collections::BTreeMap;
 
@@ -9,6 +15,7 @@ use kube::ResourceExt as _;
 use waycast_crds::ModelEndpoint;
 use waycast_crds::condition::reasons;
 use waycast_crds::config::{BackendConfig, LimitsConfig, ModelConfig, TimeoutsConfig};
+use waycast_crds::egress::{self, Cidr};
 use waycast_crds::model_endpoint::{Backend, BackendAuth};
 
 use super::{Inputs, ObjectKey, Verdict, select};
@@ -16,30 +23,44 @@ use super::{Inputs, ObjectKey, Verdict, select};
 /// The base path of a Service backend without `basePath`.
 pub const DEFAULT_BASE_PATH: &str = "/v1";
 
-/// The selected ModelEndpoints, oldest first (creation time, then
-/// namespace/name): the order conflicts are settled in.
+/// The label a Secret needs before its value may be sent upstream.
+pub const CREDENTIAL_LABEL: &str = "waycast.dev/credential";
+
+/// The ModelEndpoints the Gateway serves (both sides consent), in the order
+/// name conflicts are settled: the Gateway's own namespace first, then
+/// oldest (creation time, then namespace/name).
 fn selected<'a>(inputs: &Inputs<'a>) -> Vec<&'a ModelEndpoint> {
     let gateway = inputs.gateway;
     let gateway_namespace = gateway.namespace().unwrap_or_default();
+    let name = gateway.name_any();
+    let gateway_ref = select::GatewayRef {
+        namespace: &gateway_namespace,
+        name: &name,
+        policy: gateway.spec.model_endpoints.as_ref(),
+    };
     let mut selected: Vec<&ModelEndpoint> = inputs
         .model_endpoints
         .iter()
         .copied()
         .filter(|endpoint| endpoint.metadata.deletion_timestamp.is_none())
         .filter(|endpoint| {
-            select::selects(
-                gateway.spec.model_endpoints.as_ref(),
-                &gateway_namespace,
-                &endpoint.namespace().unwrap_or_default(),
+            let namespace = endpoint.metadata.namespace.as_deref().unwrap_or_default();
+            let parent = select::parent(
+                &gateway_ref,
+                namespace,
                 endpoint.labels(),
+                &endpoint.spec.parent_refs,
                 inputs.namespaces,
-            )
+            );
+            parent == select::Parent::Admitted
         })
         .collect();
     selected.sort_by(|a, b| {
+        let foreign = |e: &ModelEndpoint| e.metadata.namespace.as_deref() != Some(gateway_namespace.as_str());
         let created = |e: &ModelEndpoint| e.metadata.creation_timestamp.as_ref().map(|t| t.0);
-        created(a)
-            .cmp(&created(b))
+        foreign(a)
+            .cmp(&foreign(b))
+            .then_with(|| created(a).cmp(&created(b)))
             .then_with(|| ObjectKey::sort_key(&a.metadata).cmp(&ObjectKey::sort_key(&b.metadata)))
     });
     selected
@@ -55,7 +76,11 @@ pub fn compile(inputs: &Inputs<'_>) -> (Vec<ModelConfig>, BTreeMap<ObjectKey, Ve
         let names: Vec<&String> = std::iter::once(&endpoint.spec.model).chain(endpoint.spec.aliases.iter()).collect();
         if let Some((name, owner)) = names.iter().find_map(|name| claimed.get(name.as_str()).map(|owner| (name, owner)))
         {
-            let message = format!("model name {name:?} is already served by {owner}, which is older");
+            let message = if owner.namespace == inputs.gateway.namespace().unwrap_or_default() {
+                format!("model name {name:?} is already served by {owner}, in the Gateway's own namespace")
+            } else {
+                format!("model name {name:?} is already served by {owner}, which is older")
+            };
             verdicts.insert(key, Verdict::refused(reasons::MODEL_NAME_CONFLICT, message));
             continue;
         }
@@ -89,14 +114,53 @@ fn route(endpoint: &ModelEndpoint, key: &ObjectKey, inputs: &Inputs<'_>) -> Resu
         first_byte: duration(t.first_byte.as_ref(), defaults.first_byte),
         idle: duration(t.idle.as_ref(), defaults.idle),
     });
-    Ok(ModelConfig {
+    let visibility = spec.api_keys.as_ref().and_then(|v| v.namespaces.as_ref());
+    let key_namespaces = match visibility.map(|p| p.from).unwrap_or_default() {
+        waycast_crds::gateway::NamespaceFrom::All => None,
+        _ => Some(
+            inputs
+                .namespaces
+                .iter()
+                .filter_map(|n| n.metadata.name.as_deref())
+                .chain(std::iter::once(key.namespace.as_str()))
+                .filter(|namespace| {
+                    select::namespace_admitted(visibility, &key.namespace, namespace, inputs.namespaces)
+                })
+                .map(str::to_owned)
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect(),
+        ),
+    };
+    let model = ModelConfig {
         name: spec.model.clone(),
         aliases: spec.aliases.clone(),
         backends,
         timeouts,
         limits: spec.limits.as_ref().map(limits),
         source: Some(key.to_string()),
-    })
+        key_namespaces,
+    };
+    // The gateway's own check, on this entry alone: what it would refuse is
+    // left out here, with the field named, instead of freezing everyone's config.
+    model.validate().map_err(|problems| {
+        let fields: Vec<String> = problems.0.iter().map(|p| format!("{}: {}", spec_path(&p.path), p.message)).collect();
+        Verdict::refused(reasons::INVALID, format!("not servable: {}", fields.join("; ")))
+    })?;
+    Ok(model)
+}
+
+/// A path in a compiled model entry as the field of the ModelEndpoint it
+/// came from (`backends[0].headers.x` is that backend's `auth`).
+fn spec_path(config_path: &str) -> String {
+    let (head, rest) = config_path.split_once('.').unwrap_or((config_path, ""));
+    match (head, rest) {
+        ("name", _) => "spec.model".to_owned(),
+        (backend, rest) if backend.starts_with("backends[") && rest.starts_with("headers.") => {
+            format!("spec.{backend}.auth")
+        }
+        _ => format!("spec.{config_path}"),
+    }
 }
 
 /// CRD limits → config limits (the schema keeps them positive).
@@ -118,7 +182,7 @@ fn resolve_backend(
             let found = find::<Service>(inputs.services, namespace, &service.name).ok_or_else(|| {
                 Verdict::refused(
                     reasons::BACKEND_NOT_FOUND,
-                    format!("backends[{index}]: Service {namespace}/{} not found", service.name),
+                    format!("spec.backends[{index}]: Service {namespace}/{} not found", service.name),
                 )
             })?;
             let spec = found.spec.as_ref();
@@ -128,21 +192,28 @@ fn resolve_backend(
                 .ok_or_else(|| {
                     Verdict::refused(
                         reasons::BACKEND_NOT_FOUND,
-                        format!("backends[{index}]: Service {namespace}/{} has no ClusterIP", service.name),
+                        format!("spec.backends[{index}]: Service {namespace}/{} has no ClusterIP", service.name),
                     )
                 })?;
             let has_port =
                 spec.and_then(|s| s.ports.as_ref()).is_some_and(|ports| ports.iter().any(|p| p.port == service.port));
             if !has_port {
-                let message =
-                    format!("backends[{index}]: Service {namespace}/{} has no port {}", service.name, service.port);
+                let message = format!(
+                    "spec.backends[{index}]: Service {namespace}/{} has no port {}",
+                    service.name, service.port
+                );
                 return Err(Verdict::refused(reasons::BACKEND_NOT_FOUND, message));
             }
             let host = if cluster_ip.contains(':') { format!("[{cluster_ip}]") } else { cluster_ip.to_owned() };
             let base_path = service.base_path.as_deref().unwrap_or(DEFAULT_BASE_PATH);
             format!("http://{host}:{}{base_path}", service.port)
         }
-        (None, Some(url)) => url.clone(),
+        (None, Some(url)) => {
+            egress_check(url, inputs).map_err(|why| {
+                Verdict::refused(reasons::NOT_ALLOWED_BY_GATEWAY, format!("spec.backends[{index}].url: {why}"))
+            })?;
+            url.clone()
+        }
         (None, None) => {
             return Err(Verdict::refused(reasons::INVALID, format!("backends[{index}]: needs a service or a url")));
         }
@@ -160,6 +231,21 @@ fn resolve_backend(
     })
 }
 
+/// The Gateway's egress rules for one `url` backend (the fixed link-local
+/// guard is part of the gateway's own validation).
+fn egress_check(url: &str, inputs: &Inputs<'_>) -> Result<(), String> {
+    let Some(rules) = &inputs.gateway.spec.egress else { return Ok(()) };
+    let Some(host) = url.parse::<http::Uri>().ok().and_then(|u| u.host().map(str::to_owned)) else { return Ok(()) };
+    if !rules.allowed_hosts.is_empty() && !egress::host_allowed(&host, &rules.allowed_hosts) {
+        return Err(format!("host {host} is not in the Gateway's spec.egress.allowedHosts"));
+    }
+    let denied: Vec<Cidr> = rules.denied_cidrs.iter().filter_map(|c| c.parse().ok()).collect();
+    match egress::ip_literal(&host).and_then(|address| egress::forbidden(address, &denied)) {
+        Some(why) => Err(format!("{why} (the Gateway's spec.egress.deniedCIDRs)")),
+        None => Ok(()),
+    }
+}
+
 /// The header an upstream credential is sent in: `Authorization: Bearer
 /// <value>` by default, the value as it is in any other header.
 fn credential(
@@ -172,10 +258,27 @@ fn credential(
     let missing = |what: &str| {
         Verdict::refused(
             reasons::AUTH_SECRET_MISSING,
-            format!("backends[{index}].auth: {what} in Secret {namespace}/{}", reference.name),
+            format!("spec.backends[{index}].auth: {what} in Secret {namespace}/{}", reference.name),
         )
     };
-    let secret = find::<Secret>(secrets, namespace, &reference.name).ok_or_else(|| missing("no such Secret"))?;
+    // NB: a team's Secret is sent upstream only when the team opted it in
+    // with the label; the key Secrets' copies in `secrets` carry no labels,
+    // so a key can never be named as a credential.
+    let mut matches = secrets.iter().copied().filter(|o| {
+        o.metadata.namespace.as_deref() == Some(namespace) && o.metadata.name.as_deref() == Some(&reference.name)
+    });
+    let first = matches.next().ok_or_else(|| missing("no such Secret"))?;
+    let opted_in =
+        |s: &Secret| s.metadata.labels.as_ref().and_then(|l| l.get(CREDENTIAL_LABEL)).is_some_and(|v| v == "true");
+    let secret = std::iter::once(first).chain(matches).find(|s| opted_in(s)).ok_or_else(|| {
+        Verdict::refused(
+            reasons::SECRET_NOT_LABELLED,
+            format!(
+                "spec.backends[{index}].auth: Secret {namespace}/{} lacks the label {CREDENTIAL_LABEL}: \"true\"; only Secrets with it are sent upstream",
+                reference.name
+            ),
+        )
+    })?;
     let bytes = secret
         .data
         .as_ref()
@@ -204,17 +307,10 @@ pub fn find<'a, K: kube::Resource>(objects: &[&'a K], namespace: &str, name: &st
         .find(|o| o.meta().namespace.as_deref() == Some(namespace) && o.meta().name.as_deref() == Some(name))
 }
 
-/// The credential Secrets the selected ModelEndpoints name (and the Redis
-/// password the Gateway names), as
-/// `(namespace, name)`: the shell fetches these before compiling.
+/// The upstream credential Secrets the served ModelEndpoints name, as
+/// `(namespace, name)`: the shell looks up those its store lacks (a
+/// metadata-only read, to tell "not labelled" from "missing").
 pub fn credential_secrets(inputs: &Inputs<'_>) -> std::collections::BTreeSet<(String, String)> {
-    let redis_password = inputs
-        .gateway
-        .spec
-        .rate_limit
-        .as_ref()
-        .and_then(|r| r.redis.as_ref()?.password_secret_ref.as_ref())
-        .map(|reference| (inputs.gateway.namespace().unwrap_or_default(), reference.name.clone()));
     selected(inputs)
         .iter()
         .flat_map(|endpoint| {
@@ -225,6 +321,12 @@ pub fn credential_secrets(inputs: &Inputs<'_>) -> std::collections::BTreeSet<(St
                 .iter()
                 .filter_map(move |b| b.auth.as_ref().map(|a| (namespace.clone(), a.secret_ref.name.clone())))
         })
-        .chain(redis_password)
         .collect()
+}
+
+/// The Redis password Secret a Gateway names (the platform team's own: no
+/// label needed), as `(namespace, name)`.
+pub fn redis_password_secret(gateway: &waycast_crds::Gateway) -> Option<(String, String)> {
+    let reference = gateway.spec.rate_limit.as_ref()?.redis.as_ref()?.password_secret_ref.as_ref()?;
+    Some((gateway.namespace().unwrap_or_default(), reference.name.clone()))
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service, ServicePort, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, Time};
-use waycast_crds::common::{Limits, SecretKeyRef};
+use waycast_crds::common::{Limits, ParentReference, SecretKeyRef};
 use waycast_crds::condition::reasons;
 use waycast_crds::gateway::{NamespaceFrom, NamespacePolicy, RouteSelector};
 use waycast_crds::model_endpoint::{Backend, BackendAuth, ServiceBackend};
@@ -67,7 +67,31 @@ fn secret(namespace: &str, name: &str, key: &str, value: &str) -> Secret {
 }
 
 fn api_key(namespace: &str, name: &str, spec: ApiKeySpec) -> ApiKey {
-    ApiKey { metadata: meta(namespace, name), spec, status: None }
+    let mut metadata = meta(namespace, name);
+    metadata.uid = Some(format!("uid-{name}"));
+    ApiKey { metadata, spec, status: None }
+}
+
+/// The generated key Secret of ApiKey `api_key`, owned by it.
+fn key_secret(namespace: &str, api_key: &str, value: &str) -> Secret {
+    let mut secret = secret(namespace, &format!("{api_key}-key"), "api-key", value);
+    secret.metadata.owner_references = Some(vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+        uid: format!("uid-{api_key}"),
+        controller: Some(true),
+        ..Default::default()
+    }]);
+    secret
+}
+
+/// A Secret its team opted in as an upstream credential.
+fn credential(namespace: &str, name: &str, key: &str, value: &str) -> Secret {
+    let mut secret = secret(namespace, name, key, value);
+    secret.metadata.labels = Some([(models::CREDENTIAL_LABEL.to_owned(), "true".to_owned())].into());
+    secret
+}
+
+fn parent(namespace: &str, name: &str) -> Vec<ParentReference> {
+    vec![ParentReference { name: name.into(), namespace: Some(namespace.into()) }]
 }
 
 fn namespace(name: &str, labels: &[(&str, &str)]) -> Namespace {
@@ -100,7 +124,7 @@ impl World {
                 ApiKeySpec { models: Some(vec!["llama-*".into()]), ..ApiKeySpec::default() },
             )],
             services: vec![service("demo", "vllm", "10.96.0.50", 8000)],
-            secrets: vec![secret("demo", "alice-key", "api-key", KEY_A)],
+            secrets: vec![key_secret("demo", "alice", KEY_A)],
         }
     }
 
@@ -180,6 +204,7 @@ fn the_oldest_claim_to_a_model_name_wins_and_the_next_takes_over_when_it_goes() 
     world.services.push(service("team-b", "ollama", "10.96.0.60", 11434));
     let mut copy = model_endpoint("team-b", "llama-copy", 200, "llama3", vec![service_backend("ollama", 11434)]);
     copy.spec.aliases = vec!["other".into()];
+    copy.spec.parent_refs = parent("demo", "gw");
     world.models.push(copy);
     let compiled = world.compile();
     let loser = &compiled.models[&key("team-b", "llama-copy")];
@@ -229,7 +254,7 @@ fn bad_backend_references_fail_only_their_own_route() {
 #[test]
 fn upstream_credentials_go_into_headers() {
     let mut world = World::quickstart();
-    world.secrets.push(secret("demo", "openai", "api-key", "sk-upstream\n"));
+    world.secrets.push(credential("demo", "openai", "api-key", "sk-upstream\n"));
     let auth = |header: Option<&str>| BackendAuth {
         secret_ref: SecretKeyRef { name: "openai".into(), key: "api-key".into() },
         header: header.map(Into::into),
@@ -268,8 +293,8 @@ fn key_verdicts() {
     world.secrets.push(secret("demo", "short", "key", "too-short"));
     world.secrets.push(secret("demo", "partner", "key", KEY_B));
     world.secrets.push(secret("demo", "same-as-alice", "key", KEY_A));
-    world.secrets.push(secret("demo", "off-key", "api-key", KEY_B));
-    world.secrets.push(secret("demo", "old-key", "api-key", "wc_cccccccccccccccccccccccccccccccccccccccccccc"));
+    world.secrets.push(key_secret("demo", "off", KEY_B));
+    world.secrets.push(key_secret("demo", "old", "wc_cccccccccccccccccccccccccccccccccccccccccccc"));
     world.keys.extend([
         api_key("demo", "missing", ApiKeySpec::default()),
         api_key("demo", "short", user_key("short")),
@@ -314,6 +339,12 @@ fn namespace_selectors_pick_team_namespaces() {
     };
     world.gateway.spec.model_endpoints = Some(teams.clone());
     world.gateway.spec.api_keys = Some(teams);
+    for model in &mut world.models {
+        model.spec.parent_refs = parent("platform", "gw");
+    }
+    for key in &mut world.keys {
+        key.spec.parent_refs = parent("platform", "gw");
+    }
     let compiled = world.compile();
     assert!(compiled.config.models.is_empty() && compiled.config.keys.is_empty(), "demo is not a team namespace");
     world.namespaces = vec![namespace("demo", &[("waycast.dev/team", "enabled")])];
@@ -342,13 +373,11 @@ fn redis_counting_reaches_the_config_with_its_password_or_the_gateway_says_why_n
         }),
         failure_mode: Some(FailureMode::Closed),
     });
-    let fetched = {
-        let gateway = &world.gateway;
-        let inputs =
-            Inputs { gateway, namespaces: &[], model_endpoints: &[], api_keys: &[], services: &[], secrets: &[] };
-        models::credential_secrets(&inputs)
-    };
-    assert!(fetched.contains(&("demo".to_owned(), "redis".to_owned())), "the shell fetches the password Secret");
+    assert_eq!(
+        models::redis_password_secret(&world.gateway),
+        Some(("demo".to_owned(), "redis".to_owned())),
+        "the shell fetches the password Secret"
+    );
 
     let missing = world.compile();
     assert_eq!(missing.config.settings.redis, None, "no password: the pods keep counting their shares");
@@ -368,4 +397,193 @@ fn redis_counting_reaches_the_config_with_its_password_or_the_gateway_says_why_n
             fail_closed: true,
         })
     );
+}
+
+/// Two-way consent: a Gateway in any namespace with `from: All` takes only
+/// what names it; what names it from a namespace it does not admit is not
+/// served either.
+#[test]
+fn a_gateway_takes_only_objects_that_name_it_from_namespaces_it_admits() {
+    let mut world = World::quickstart();
+    world.gateway = gateway("rogue", GatewaySpec::default());
+    let all = RouteSelector {
+        namespaces: Some(NamespacePolicy { from: NamespaceFrom::All, selector: None }),
+        selector: None,
+    };
+    world.gateway.spec.model_endpoints = Some(all.clone());
+    world.gateway.spec.api_keys = Some(all);
+    let compiled = world.compile();
+    assert!(compiled.config.models.is_empty() && compiled.config.keys.is_empty());
+    assert!(compiled.models.is_empty() && compiled.keys.is_empty(), "no verdicts: it is no one's parent");
+    world.models[0].spec.parent_refs = parent("rogue", "gw");
+    world.keys[0].spec.parent_refs = parent("rogue", "gw");
+    let compiled = world.compile();
+    assert_eq!((compiled.config.models.len(), compiled.config.keys.len()), (1, 1), "named: served");
+    world.gateway.spec.model_endpoints = None;
+    world.gateway.spec.api_keys = None;
+    let compiled = world.compile();
+    assert!(compiled.config.models.is_empty() && compiled.config.keys.is_empty(), "named, but not admitted");
+}
+
+/// Whose keys may call a model: the model's namespace by default, every
+/// namespace with `All`, labelled namespaces with `Selector`.
+#[test]
+fn model_visibility_becomes_key_namespaces() {
+    use waycast_crds::model_endpoint::ModelVisibility;
+    let mut world = World::quickstart();
+    world.namespaces.extend([namespace("team-a", &[("share", "yes")]), namespace("team-b", &[])]);
+    let visible = |world: &World| world.compile().config.models[0].key_namespaces.clone();
+    assert_eq!(visible(&world), Some(vec!["demo".to_owned()]));
+    let policy = |from, selector: Option<&str>| {
+        Some(ModelVisibility {
+            namespaces: Some(NamespacePolicy {
+                from,
+                selector: selector.map(|value| LabelSelector {
+                    match_labels: Some([("share".to_owned(), value.to_owned())].into()),
+                    ..LabelSelector::default()
+                }),
+            }),
+        })
+    };
+    world.models[0].spec.api_keys = policy(NamespaceFrom::All, None);
+    assert_eq!(visible(&world), None);
+    world.models[0].spec.api_keys = policy(NamespaceFrom::Selector, Some("yes"));
+    assert_eq!(visible(&world), Some(vec!["team-a".to_owned()]));
+}
+
+/// A model name claimed in the Gateway's own namespace wins over an older
+/// claim from a team namespace.
+#[test]
+fn the_gateways_own_namespace_wins_a_name_conflict() {
+    let mut world = World::quickstart();
+    world.namespaces.push(namespace("team-b", &[]));
+    world.gateway.spec.model_endpoints = Some(RouteSelector {
+        namespaces: Some(NamespacePolicy { from: NamespaceFrom::All, selector: None }),
+        selector: None,
+    });
+    world.services.push(service("team-b", "ollama", "10.96.0.60", 11434));
+    let mut squatter = model_endpoint("team-b", "squat", 1, "llama3", vec![service_backend("ollama", 11434)]);
+    squatter.spec.parent_refs = parent("demo", "gw");
+    world.models.push(squatter);
+    let compiled = world.compile();
+    assert!(compiled.models[&key("demo", "llama")].accepted);
+    let loser = &compiled.models[&key("team-b", "squat")];
+    assert_eq!(loser.reason, reasons::MODEL_NAME_CONFLICT);
+    assert!(loser.message.contains("Gateway's own namespace"), "{}", loser.message);
+}
+
+/// Every case seen to freeze a shared Gateway is left out on its own, with
+/// the field named, while the rest of the config keeps being served.
+#[test]
+fn an_object_the_gateway_would_refuse_is_left_out_alone() {
+    let mut world = World::quickstart();
+    world.secrets.push(credential("demo", "bad-cred", "k", "sk-\u{7}bell"));
+    let url = |u: &str| Backend { url: Some(u.into()), ..Backend::default() };
+    let mut idle = model_endpoint("demo", "idle", 1, "idle", vec![url("https://a.example/v1")]);
+    idle.spec.timeouts = Some(waycast_crds::model_endpoint::Timeouts { idle: Some("0s".into()), ..Default::default() });
+    let nbsp = model_endpoint("demo", "nbsp", 2, "llama\u{a0}4", vec![url("https://a.example/v1")]);
+    let mut host = model_endpoint("demo", "host", 3, "host", vec![url("https://a.example/v1")]);
+    host.spec.backends[0].auth = Some(BackendAuth {
+        secret_ref: SecretKeyRef { name: "bad-cred".into(), key: "k".into() },
+        header: Some("Host".into()),
+    });
+    let mut control = model_endpoint("demo", "control", 4, "control", vec![url("https://a.example/v1")]);
+    control.spec.backends[0].auth =
+        Some(BackendAuth { secret_ref: SecretKeyRef { name: "bad-cred".into(), key: "k".into() }, header: None });
+    let metadata = model_endpoint("demo", "metadata", 5, "metadata", vec![url("http://169.254.169.254/latest")]);
+    let azure = model_endpoint(
+        "demo",
+        "azure",
+        6,
+        "gpt-4o",
+        vec![url("https://res.openai.azure.com/openai/deployments/gpt4o?api-version=2024-06-01")],
+    );
+    let mut glob =
+        api_key("demo", "glob", ApiKeySpec { models: Some(vec!["llama\u{2003}*".into()]), ..ApiKeySpec::default() });
+    glob.spec.secret_ref = Some(SecretKeyRef { name: "glob".into(), key: "k".into() });
+    world.secrets.push(secret("demo", "glob", "k", KEY_B));
+    world.keys.push(glob);
+    world.models.extend([idle, nbsp, host, control, metadata, azure]);
+    // World::compile also checks that the whole config passes the gateway's validation.
+    let compiled = world.compile();
+    for (name, field) in [
+        ("idle", "spec.timeouts.idle"),
+        ("nbsp", "spec.model"),
+        ("host", "spec.backends[0].auth"),
+        ("control", "spec.backends[0].auth"),
+        ("metadata", "spec.backends[0].url"),
+    ] {
+        let verdict = &compiled.models[&key("demo", name)];
+        assert_eq!((verdict.accepted, verdict.reason), (false, reasons::INVALID), "{name}");
+        assert!(verdict.message.contains(field), "{name}: {}", verdict.message);
+        assert!(!verdict.message.contains("bell"), "a credential leaked: {}", verdict.message);
+    }
+    assert_eq!(compiled.keys[&key("demo", "glob")].verdict.reason, reasons::INVALID);
+    let served: Vec<&str> = compiled.config.models.iter().map(|m| m.name.as_str()).collect();
+    assert_eq!(
+        served,
+        ["gpt-4o", "llama-3.1-8b"],
+        "the good routes (oldest first), the Azure URL with its query among them"
+    );
+    assert_eq!(compiled.config.keys.len(), 1);
+}
+
+/// Only opted-in Secrets are sent upstream; a key Secret can never be.
+#[test]
+fn credentials_need_the_opt_in_label() {
+    let mut world = World::quickstart();
+    world.secrets.push(secret("demo", "plain", "k", "sk-plain"));
+    let with_auth = |name: &str, secret: &str, key: &str| {
+        let mut endpoint = model_endpoint(
+            "demo",
+            name,
+            10,
+            name,
+            vec![Backend { url: Some("https://api.example.com/v1".into()), ..Backend::default() }],
+        );
+        endpoint.spec.backends[0].auth =
+            Some(BackendAuth { secret_ref: SecretKeyRef { name: secret.into(), key: key.into() }, header: None });
+        endpoint
+    };
+    world.models.push(with_auth("plain", "plain", "k"));
+    world.models.push(with_auth("steal", "alice-key", "api-key"));
+    let compiled = world.compile();
+    for name in ["plain", "steal"] {
+        let verdict = &compiled.models[&key("demo", name)];
+        assert_eq!((verdict.accepted, verdict.reason), (false, reasons::SECRET_NOT_LABELLED), "{name}");
+    }
+    assert!(!String::from_utf8_lossy(&compiled.config.to_canonical_json().unwrap()).contains("sk-plain"));
+}
+
+#[test]
+fn egress_rules_of_the_gateway_apply_to_url_backends() {
+    let mut world = World::quickstart();
+    world.gateway.spec.egress = Some(waycast_crds::gateway::GatewayEgress {
+        denied_cidrs: vec!["10.0.0.0/8".into()],
+        allowed_hosts: vec!["*.openai.azure.com".into(), "10.1.2.3".into()],
+    });
+    let url = |name: &str, u: &str| {
+        model_endpoint("demo", name, 10, name, vec![Backend { url: Some(u.into()), ..Backend::default() }])
+    };
+    world.models.extend([
+        url("azure", "https://res.openai.azure.com/v1"),
+        url("elsewhere", "https://api.example.com/v1"),
+        url("internal", "http://10.1.2.3/v1"),
+    ]);
+    let compiled = world.compile();
+    assert!(compiled.models[&key("demo", "azure")].accepted);
+    for name in ["elsewhere", "internal"] {
+        assert_eq!(compiled.models[&key("demo", name)].reason, reasons::NOT_ALLOWED_BY_GATEWAY, "{name}");
+    }
+    assert!(compiled.models[&key("demo", "llama")].accepted, "Service backends are not url backends");
+    assert_eq!(compiled.config.settings.denied_cidrs, ["10.0.0.0/8"]);
+}
+
+#[test]
+fn a_key_secret_the_api_key_does_not_own_is_not_used() {
+    let mut world = World::quickstart();
+    world.secrets = vec![secret("demo", "alice-key", "api-key", KEY_A)];
+    let compiled = world.compile();
+    assert_eq!(compiled.keys[&key("demo", "alice")].verdict.reason, reasons::SECRET_NOT_OWNED);
+    assert!(compiled.config.keys.is_empty());
 }

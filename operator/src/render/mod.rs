@@ -22,8 +22,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use kube::{Resource as _, ResourceExt as _};
 use waycast_crds::Gateway;
 
-/// The label every gateway pod and owned object carries with its Gateway's name.
-pub const GATEWAY_LABEL: &str = "waycast.dev/gateway";
+/// The label every gateway pod, owned object and heartbeat Lease carries
+/// with its Gateway's name (one contract, in `waycast_crds::heartbeat`).
+pub use waycast_crds::heartbeat::GATEWAY_LABEL;
 /// The annotation carrying the config hash on the config Secret.
 pub const CONFIG_HASH_ANNOTATION: &str = "waycast.dev/config-hash";
 /// The field manager of everything the operator applies.

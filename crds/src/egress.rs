@@ -1,0 +1,180 @@
+//! Which addresses a backend may reach. Pure; shared by the operator (IP
+//! addresses written in URLs, checked when compiling) and the gateway (every
+//! address a host name resolves to, checked when connecting).
+//!
+//! ```text
+//! url host ──► IP literal? ──yes──► forbidden()  (operator compile + config validation)
+//!                └──no──► DNS ──► every address ──► forbidden()  (gateway, at connect)
+//! ```
+//!
+//! The fixed guard ([`is_metadata_address`]) holds for every backend and
+//! cannot be configured away; a Gateway's `deniedCIDRs` add to it.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::str::FromStr;
+
+/// An address range such as `10.0.0.0/8` or `fd00::/8`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Cidr {
+    network: IpAddr,
+    prefix: u8,
+}
+
+/// Why a text is not a CIDR.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a CIDR such as 10.0.0.0/8 or fd00::/8")]
+pub struct BadCidr(pub String);
+
+impl FromStr for Cidr {
+    type Err = BadCidr;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let bad = || BadCidr(text.to_owned());
+        let (address, prefix) = text.split_once('/').ok_or_else(bad)?;
+        let network: IpAddr = address.parse().map_err(|_| bad())?;
+        let prefix: u8 = prefix.parse().map_err(|_| bad())?;
+        let bits = if network.is_ipv4() { 32 } else { 128 };
+        if prefix > bits {
+            return Err(bad());
+        }
+        Ok(Self { network, prefix })
+    }
+}
+
+impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.network, self.prefix)
+    }
+}
+
+impl Cidr {
+    /// Whether `address` is in this range. An IPv4-mapped IPv6 address
+    /// (`::ffff:10.1.2.3`) counts as the IPv4 address it carries.
+    pub fn contains(&self, address: IpAddr) -> bool {
+        match (self.network, canonical(address)) {
+            (IpAddr::V4(network), IpAddr::V4(address)) => {
+                let mask = u32::MAX.checked_shl(32 - u32::from(self.prefix)).unwrap_or(0);
+                u32::from(network) & mask == u32::from(address) & mask
+            }
+            (IpAddr::V6(network), IpAddr::V6(address)) => {
+                let mask = u128::MAX.checked_shl(128 - u32::from(self.prefix)).unwrap_or(0);
+                u128::from(network) & mask == u128::from(address) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+/// `::ffff:a.b.c.d` as `a.b.c.d`; everything else as it is.
+fn canonical(address: IpAddr) -> IpAddr {
+    match address {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(address, IpAddr::V4),
+        IpAddr::V4(_) => address,
+    }
+}
+
+/// The AWS IMDS address over IPv6.
+const AWS_METADATA_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x0ec2, 0, 0, 0, 0, 0, 0x0254);
+
+/// Link-local addresses (169.254.0.0/16, where every cloud's metadata
+/// service lives, and fe80::/10) and AWS's IPv6 metadata address: never a
+/// backend, whatever the config says.
+pub fn is_metadata_address(address: IpAddr) -> bool {
+    match canonical(address) {
+        IpAddr::V4(v4) => v4.is_link_local() || v4 == Ipv4Addr::UNSPECIFIED,
+        IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) == 0xfe80 || v6 == AWS_METADATA_V6 || v6.is_unspecified(),
+    }
+}
+
+/// Why a backend may not connect to `address`, if it may not.
+pub fn forbidden(address: IpAddr, denied: &[Cidr]) -> Option<String> {
+    if is_metadata_address(address) {
+        return Some(format!("{address} is a link-local or cloud metadata address"));
+    }
+    denied.iter().find(|range| range.contains(address)).map(|range| format!("{address} is in the denied range {range}"))
+}
+
+/// The IP address a URL host names, if it is an IP literal (`10.0.0.1`,
+/// `[fd00::1]`).
+pub fn ip_literal(host: &str) -> Option<IpAddr> {
+    let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+    host.parse().ok()
+}
+
+/// Whether `host` is allowed by `patterns`: each is a host name, matched
+/// without regard to case, or `*.suffix` for any subdomain of `suffix`.
+pub fn host_allowed(host: &str, patterns: &[String]) -> bool {
+    let host = host.trim_end_matches('.');
+    patterns.iter().any(|pattern| match pattern.strip_prefix("*.") {
+        Some(suffix) => {
+            host.len() > suffix.len() + 1
+                && host[host.len() - suffix.len()..].eq_ignore_ascii_case(suffix)
+                && host.as_bytes()[host.len() - suffix.len() - 1] == b'.'
+        }
+        None => host.eq_ignore_ascii_case(pattern),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().unwrap()
+    }
+
+    #[test]
+    fn metadata_addresses() {
+        for address in [
+            "169.254.169.254",
+            "169.254.0.1",
+            "fe80::1",
+            "febf::1",
+            "fd00:ec2::254",
+            "::ffff:169.254.169.254",
+            "0.0.0.0",
+        ] {
+            assert!(is_metadata_address(ip(address)), "{address}");
+        }
+        for address in ["10.0.0.1", "8.8.8.8", "fec0::1", "fd00:ec2::253", "::1", "127.0.0.1"] {
+            assert!(!is_metadata_address(ip(address)), "{address}");
+        }
+    }
+
+    #[test]
+    fn cidr_ranges() {
+        let ten: Cidr = "10.0.0.0/8".parse().unwrap();
+        assert!(ten.contains(ip("10.200.1.1")));
+        assert!(ten.contains(ip("::ffff:10.1.1.1")));
+        assert!(!ten.contains(ip("11.0.0.1")));
+        assert!(!ten.contains(ip("fd00::1")));
+        let all: Cidr = "0.0.0.0/0".parse().unwrap();
+        assert!(all.contains(ip("1.2.3.4")));
+        let ula: Cidr = "fd00::/8".parse().unwrap();
+        assert!(ula.contains(ip("fd12::1")));
+        assert!(!ula.contains(ip("fe80::1")));
+        let host: Cidr = "192.168.1.7/32".parse().unwrap();
+        assert!(host.contains(ip("192.168.1.7")) && !host.contains(ip("192.168.1.8")));
+        for bad in ["10.0.0.0", "10.0.0.0/33", "x/8", "fd00::/129", "10.0.0.0/-1"] {
+            assert!(bad.parse::<Cidr>().is_err(), "{bad}");
+        }
+        assert_eq!(forbidden(ip("10.1.2.3"), &[ten]).as_deref(), Some("10.1.2.3 is in the denied range 10.0.0.0/8"));
+        assert!(forbidden(ip("169.254.169.254"), &[]).is_some());
+        assert_eq!(forbidden(ip("1.1.1.1"), &[ten]), None);
+    }
+
+    #[test]
+    fn literals_and_hosts() {
+        assert_eq!(ip_literal("[fe80::1]"), Some(ip("fe80::1")));
+        assert_eq!(ip_literal("10.0.0.1"), Some(ip("10.0.0.1")));
+        assert_eq!(ip_literal("api.openai.com"), None);
+        let allowed = vec!["api.openai.com".to_owned(), "*.openai.azure.com".to_owned()];
+        assert!(host_allowed("api.openai.com", &allowed));
+        assert!(host_allowed("API.OpenAI.com.", &allowed));
+        assert!(host_allowed("res.openai.azure.com", &allowed));
+        assert!(!host_allowed("openai.azure.com", &allowed));
+        assert!(!host_allowed("evilopenai.azure.com", &allowed));
+        assert!(!host_allowed("api.openai.com.evil.io", &allowed));
+    }
+}
