@@ -104,7 +104,7 @@ pub struct Backend {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 2048))]
     #[x_kube(validation = Rule::new("isURL(self) && url(self).getScheme() in ['http', 'https'] && url(self).getHostname() != ''").message("url must be an absolute http:// or https:// URL"))]
-    #[x_kube(validation = Rule::new("!isURL(self) || !isIP(url(self).getHostname()) || !(ip(url(self).getHostname()).isLinkLocalUnicast() || ip(url(self).getHostname()) == ip('fd00:ec2::254'))").message("url must not point at a link-local or cloud metadata address (169.254.0.0/16, fe80::/10, fd00:ec2::254)"))]
+    #[x_kube(validation = Rule::new("!self.matches('^(?i)https?://([^/?#@]*@)?(169[.]254[.][0-9]+[.][0-9]+|\\\\[(fe[89ab][0-9a-f]:[^\\\\]]*|fd00:ec2::254)\\\\])([:/?]|$)')").message("url must not point at a link-local or cloud metadata address (169.254.0.0/16, fe80::/10, fd00:ec2::254)"))]
     #[x_kube(validation = Rule::new("!self.contains('#')").message("url must not have a fragment"))]
     pub url: Option<String>,
 

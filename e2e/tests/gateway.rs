@@ -17,6 +17,14 @@ async fn fixture() -> Fixture {
     Fixture::start(FixtureOptions::default(), |_, _| {}).await
 }
 
+async fn list_models(fixture: &Fixture, key: &str) -> (StatusCode, http::HeaderMap, Bytes) {
+    let request = Request::get(fixture.url("/v1/models"))
+        .header("authorization", format!("Bearer {key}"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    fixture.send(request).await
+}
+
 fn json_of(body: &Bytes) -> Value {
     serde_json::from_slice(body).unwrap_or_else(|_| panic!("not JSON: {}", String::from_utf8_lossy(body)))
 }
@@ -98,13 +106,7 @@ async fn the_six_workloads_and_the_other_endpoints_work() {
 #[tokio::test]
 async fn models_lists_only_what_the_key_may_use() {
     let fixture = fixture().await;
-    let list = |key: &'static str| {
-        let request = Request::get(fixture.url("/v1/models"))
-            .header("authorization", format!("Bearer {key}"))
-            .body(Full::new(Bytes::new()))
-            .unwrap();
-        fixture.send(request)
-    };
+    let list = |key: &'static str| list_models(&fixture, key);
     let (status, _, body) = list(ALICE_KEY).await;
     assert_eq!(status, StatusCode::OK);
     let value = json_of(&body);
@@ -231,4 +233,49 @@ async fn a_client_that_disconnects_cancels_the_upstream() {
         assert!(Instant::now() < deadline, "inflight {inflight:?}, 499s {closed:?}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// The data plane's share of tenancy: a model shared only with team-a's
+/// keys is, to team-b's key, a model that does not exist (in `/v1/models`
+/// too); a base URL's query goes with every request; a backend host name
+/// that resolves into a denied range gets a 502 `egress_denied`.
+#[tokio::test]
+async fn key_visibility_base_url_queries_and_the_egress_guard() {
+    let fixture = Fixture::start(FixtureOptions::default(), |config, upstream| {
+        config.models[0].key_namespaces = Some(vec!["team-a".into()]);
+        config.models[1].backends[0].url = format!("{upstream}?api-version=2024-06-01");
+        config.models[2].backends[0].url = upstream.replace("127.0.0.1", "localhost");
+        config.settings.denied_cidrs = vec!["127.0.0.0/8".into(), "::1/128".into()];
+        config.keys[1].models = None;
+    })
+    .await;
+    // bob (team-b) may not see llama: 404, exactly as for an unknown model.
+    let (status, _, body) = fixture.post("/v1/chat/completions", Some(BOB_KEY), CHAT).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (_, _, unknown) = fixture.post("/v1/chat/completions", Some(BOB_KEY), r#"{"model":"llama-9"}"#).await;
+    assert_eq!(json_of(&body)["error"]["code"], json_of(&unknown)["error"]["code"]);
+    assert_eq!(json_of(&body)["error"]["type"], json_of(&unknown)["error"]["type"]);
+    let (_, _, models) = list_models(&fixture, BOB_KEY).await;
+    let ids: Vec<String> = json_of(&models)["data"].as_array().unwrap().iter().map(|m| m["id"].to_string()).collect();
+    assert_eq!(ids, ["\"mistral-7b\"", "\"embed-small\""]);
+    let (status, _, _) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), CHAT).await;
+    assert_eq!(status, StatusCode::OK, "team-a's own key sees it");
+
+    // The base URL's query, then the client's, reach the upstream.
+    let request =
+        fixture.request("/v1/chat/completions?trace=1", Some(BOB_KEY), r#"{"model":"mistral-7b","messages":[]}"#, &[]);
+    let (status, _, _) = fixture.send(request).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(fixture.mock.recorder.last().await.unwrap().path, "/v1/chat/completions?api-version=2024-06-01&trace=1");
+
+    // localhost resolves only into the denied ranges: refused at connect.
+    let before = fixture.mock.recorder.requests().await.len();
+    let (status, _, body) =
+        fixture.post("/v1/embeddings", Some(BOB_KEY), r#"{"model":"embed-small","input":"hi"}"#).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(json_of(&body)["error"]["code"], "egress_denied");
+    assert_eq!(fixture.mock.recorder.requests().await.len(), before, "nothing reached the upstream");
+    let denied =
+        fixture.metric(r#"waycast_gateway_upstream_errors_total{model="embed-small",reason="egress_denied"}"#).await;
+    assert_eq!(denied, Some(1.0));
 }

@@ -428,6 +428,12 @@ async fn a_platform_gateway_serves_team_namespaces_by_label_and_scale_down_drain
     .unwrap();
     let mut objects = manifest::parse_documents(&quickstart).unwrap();
     objects.retain(|o| o.types.as_ref().is_none_or(|t| t.kind != "Gateway"));
+    // Two-way consent: the team's objects name the platform's Gateway.
+    for object in &mut objects {
+        if object.types.as_ref().is_some_and(|t| t.kind == "ApiKey" || t.kind == "ModelEndpoint") {
+            object.data["spec"]["parentRefs"] = json!([{"name": "gateway", "namespace": platform}]);
+        }
+    }
     manifest::apply_all(&client, &objects, &team).await.unwrap();
     // ... and the platform's Gateway selects team namespaces by label.
     let selector = json!({"namespaces": {"from": "Selector", "selector": {"matchLabels": {label.clone(): "enabled"}}}});
@@ -465,4 +471,193 @@ async fn a_platform_gateway_serves_team_namespaces_by_label_and_scale_down_drain
     }
     let deployment = Api::<Deployment>::namespaced(client.clone(), &platform).get("gateway").await.unwrap();
     assert_eq!(deployment.spec.unwrap().replicas, Some(1), "the scale-down happened");
+}
+
+async fn status_for(url: &str, key: &str, model: &str) -> Option<StatusCode> {
+    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+    let request = fixture::post_request(url, Some(key), &format!(r#"{{"model":"{model}","messages":[]}}"#));
+    tokio::time::timeout(Duration::from_secs(2), http.request(request)).await.ok()?.ok().map(|r| r.status())
+}
+
+async fn wait_model_status(urls: &[String], key: &str, model: &str, wanted: StatusCode) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for url in urls {
+        loop {
+            let got = status_for(url, key, model).await;
+            if got == Some(wanted) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{url}: {model} answered {got:?}, wanted {wanted}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+fn object(value: serde_json::Value) -> kube::api::DynamicObject {
+    serde_json::from_value(value).unwrap()
+}
+
+/// The tenancy promise on a real cluster: what one team writes cannot
+/// freeze, read or redirect what another team gets from a shared Gateway.
+#[tokio::test]
+async fn tenants_cannot_break_read_or_redirect_each_other() {
+    let client = cluster().client().await;
+    let home = test_namespace(&client, "home").await.unwrap();
+    let team = test_namespace(&client, "tenant").await.unwrap();
+    let rogue = test_namespace(&client, "rogue").await.unwrap();
+    apply_file(&client, &home, "examples/quickstart/quickstart.yaml").await;
+    // The Gateway also takes keys from other namespaces (that name it).
+    let gateway = json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "Gateway", "metadata": {"name": "gateway"},
+        "spec": {"replicas": 2, "apiKeys": {"namespaces": {"from": "All"}}}});
+    manifest::apply_all(&client, &[object(gateway)], &home).await.unwrap();
+    wait_condition(&client, &home, "ApiKey", "alice", ("Programmed", "True", "Programmed")).await;
+    let alice = generated_key(&client, &home, "alice").await;
+    let urls = pod_urls(&client, &home).await;
+    wait_all(&urls, &alice, StatusCode::OK, Duration::from_secs(30)).await;
+
+    // What the schema can refuse, the API server refuses with the field named.
+    let refused = [
+        ("zero idle", json!({"timeouts": {"idle": "0s"}}), "must be longer than 0"),
+        ("a non-breaking space", json!({"model": "llama\u{a0}4"}), "spec.model"),
+        (
+            "a Host credential header",
+            json!({"backends": [{"url": "https://a.example/v1",
+            "auth": {"secretRef": {"name": "x", "key": "k"}, "header": "Host"}}]}),
+            "must not be Host",
+        ),
+        ("a metadata URL", json!({"backends": [{"url": "http://169.254.169.254/latest"}]}), "link-local"),
+    ];
+    for (what, overrides, expected) in refused {
+        let mut spec = json!({"model": "bad", "backends": [{"url": "https://a.example/v1"}]});
+        for (field, value) in overrides.as_object().unwrap() {
+            spec[field] = value.clone();
+        }
+        let bad = object(json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ModelEndpoint",
+            "metadata": {"name": "bad"}, "spec": spec}));
+        let error = manifest::apply_all(&client, &[bad], &home).await.expect_err(what);
+        assert!(format!("{error:#}").contains(expected), "{what}: {error:#}");
+    }
+
+    // What only the gateway's own check sees (a control character in a
+    // credential) is left out on its own, with the field named...
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &home);
+    let credential = |name: &str, value: &str, labelled: bool| {
+        let labels = if labelled { json!({"waycast.dev/credential": "true"}) } else { json!({}) };
+        object(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "labels": labels},
+            "stringData": {"k": value}}))
+    };
+    manifest::apply_all(
+        &client,
+        &[credential("bell", "sk-\u{7}", true), credential("unlabelled", "sk-never-sent", false)],
+        &home,
+    )
+    .await
+    .unwrap();
+    let vllm = Api::<Service>::namespaced(client.clone(), &home).get("vllm").await.unwrap();
+    let vllm_ip = vllm.spec.unwrap().cluster_ip.unwrap();
+    let endpoints = [
+        json!({"metadata": {"name": "control"}, "spec": {"model": "control", "backends": [{"url": "https://a.example/v1",
+            "auth": {"secretRef": {"name": "bell", "key": "k"}}}]}}),
+        json!({"metadata": {"name": "unlabelled"}, "spec": {"model": "unlabelled", "backends": [{"url": "https://a.example/v1",
+            "auth": {"secretRef": {"name": "unlabelled", "key": "k"}}}]}}),
+        // An Azure-style URL with a query: served, the query sent upstream.
+        json!({"metadata": {"name": "azure"}, "spec": {"model": "azure-style",
+            "backends": [{"url": format!("http://{vllm_ip}:8000/v1?api-version=2024-06-01")}]}}),
+    ];
+    let endpoints: Vec<_> = endpoints
+        .into_iter()
+        .map(|mut e| {
+            e["apiVersion"] = json!("waycast.dev/v1alpha1");
+            e["kind"] = json!("ModelEndpoint");
+            object(e)
+        })
+        .collect();
+    manifest::apply_all(&client, &endpoints, &home).await.unwrap();
+    wait_condition(&client, &home, "ModelEndpoint", "control", ("Accepted", "False", "Invalid")).await;
+    wait_condition(&client, &home, "ModelEndpoint", "unlabelled", ("ResolvedRefs", "False", "SecretNotLabelled")).await;
+    wait_condition(&client, &home, "ModelEndpoint", "azure", ("Programmed", "True", "Programmed")).await;
+    // ... while everyone else's changes keep propagating: a disabled key
+    // answers 401 and a new key 200 on every pod.
+    let bob = json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey", "metadata": {"name": "bob"}, "spec": {}});
+    manifest::apply_all(&client, &[object(bob)], &home).await.unwrap();
+    Api::<ApiKey>::namespaced(client.clone(), &home)
+        .patch("alice", &PatchParams::default(), &Patch::Merge(json!({"spec": {"disabled": true}})))
+        .await
+        .unwrap();
+    wait_condition(&client, &home, "ApiKey", "bob", ("Programmed", "True", "Programmed")).await;
+    let bob = generated_key(&client, &home, "bob").await;
+    wait_all(&urls, &bob, StatusCode::OK, Duration::from_secs(5)).await;
+    wait_all(&urls, &alice, StatusCode::UNAUTHORIZED, Duration::from_secs(5)).await;
+    // (alice's allow-list is llama-*; bob may call any model of his namespace.)
+    wait_model_status(&urls, &bob, "azure-style", StatusCode::OK).await;
+    wait_condition(&client, &home, "Gateway", "gateway", ("Programmed", "True", "ConfigWritten")).await;
+    // An unlabelled Secret's value never reaches the config Secret.
+    let config = secrets.get("gateway-config").await.unwrap();
+    let compressed = &config.data.unwrap()["config.json.gz"].0;
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&compressed[..]), &mut text).unwrap();
+    assert!(!text.contains("sk-never-sent") && text.contains("api-version=2024-06-01"), "{text}");
+
+    // A Gateway in another namespace with from: All gets nothing that did
+    // not name it, and shows in no one's status.
+    let all = json!({"namespaces": {"from": "All"}});
+    let grab = json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "Gateway", "metadata": {"name": "grab"},
+        "spec": {"replicas": 1, "modelEndpoints": all, "apiKeys": all}});
+    manifest::apply_all(&client, &[object(grab)], &rogue).await.unwrap();
+    wait_condition(&client, &rogue, "Gateway", "grab", ("Programmed", "True", "ConfigWritten")).await;
+    let grabbed = Api::<Gateway>::namespaced(client.clone(), &rogue).get("grab").await.unwrap().status.unwrap();
+    assert_eq!((grabbed.model_count, grabbed.api_key_count), (Some(0), Some(0)));
+    let bob_status = Api::<ApiKey>::namespaced(client.clone(), &home).get("bob").await.unwrap().status.unwrap();
+    assert_eq!(bob_status.gateways, [format!("{home}/gateway")]);
+    assert!(bob_status.parents.iter().all(|p| !p.gateway.starts_with(&rogue)), "{:?}", bob_status.parents);
+
+    // Another team's key sees only what is shared with it: 404 (as for a
+    // model that does not exist), then 200 once the model is shared.
+    let carol = json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey", "metadata": {"name": "carol"},
+        "spec": {"parentRefs": [{"name": "gateway", "namespace": home}]}});
+    manifest::apply_all(&client, &[object(carol)], &team).await.unwrap();
+    wait_condition(&client, &team, "ApiKey", "carol", ("Programmed", "True", "Programmed")).await;
+    let carol = generated_key(&client, &team, "carol").await;
+    wait_model_status(&urls, &carol, "llama3", StatusCode::NOT_FOUND).await;
+    Api::<ModelEndpoint>::namespaced(client.clone(), &home)
+        .patch(
+            "llama-3-1-8b",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"apiKeys": {"namespaces": {"from": "All"}}}})),
+        )
+        .await
+        .unwrap();
+    wait_model_status(&urls, &carol, "llama3", StatusCode::OK).await;
+
+    // A pod that refuses the written config says so in its heartbeat, and
+    // the Gateway stops claiming "written": Programmed=False, ConfigRefused.
+    // (The config Secret holds the newest config: carol's 200 above shows it reached the pods.)
+    let written = secrets.get("gateway-config").await.unwrap();
+    let hash = written.metadata.annotations.unwrap()["waycast.dev/config-hash"].clone();
+    let refusing = object(json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "refusing-pod", "labels": {"waycast.dev/gateway": "gateway"},
+            "annotations": {"waycast.dev/refused-config-hash": hash, "waycast.dev/refused-config-reason": "models[0].name: test"}},
+        "spec": {"holderIdentity": "0123456789abcdef"}}));
+    manifest::apply_all(&client, &[refusing], &home).await.unwrap();
+    wait_condition(&client, &home, "Gateway", "gateway", ("Programmed", "False", "ConfigRefused")).await;
+    Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client.clone(), &home)
+        .delete("refusing-pod", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_condition(&client, &home, "Gateway", "gateway", ("Programmed", "True", "ConfigWritten")).await;
+
+    // No takeover: a Gateway named like an existing ServiceAccount leaves it
+    // alone and says so; deleting the Gateway does not collect it.
+    let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client.clone(), &home);
+    let account = object(json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "taken"}}));
+    manifest::apply_all(&client, &[account], &home).await.unwrap();
+    let taken =
+        json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "Gateway", "metadata": {"name": "taken"}, "spec": {}});
+    manifest::apply_all(&client, &[object(taken)], &home).await.unwrap();
+    wait_condition(&client, &home, "Gateway", "taken", ("Accepted", "False", "NameConflict")).await;
+    assert!(accounts.get("taken").await.unwrap().metadata.owner_references.is_none());
+    assert!(Api::<Deployment>::namespaced(client.clone(), &home).get_opt("taken").await.unwrap().is_none());
+    Api::<Gateway>::namespaced(client.clone(), &home).delete("taken", &DeleteParams::default()).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(accounts.get_opt("taken").await.unwrap().is_some(), "the ServiceAccount survived its namesake");
 }

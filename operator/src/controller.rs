@@ -1188,15 +1188,8 @@ async fn reconcile_api_key(api_key: Arc<ApiKey>, context: Arc<Context>) -> Resul
     let mut verdict = None;
     let mut programmed = (0, true);
     let gateways = context.stores.gateways.state();
-    let gateways: Vec<&Gateway> = gateways.iter().map(AsRef::as_ref).collect();
-    let parents = select::parents(
-        &gateways,
-        select::Kind::ApiKeys,
-        api_key.metadata.namespace.as_deref().unwrap_or_default(),
-        api_key.labels(),
-        &api_key.spec.parent_refs,
-        &namespaces,
-    );
+    let parents =
+        parents_of(&gateways, select::Kind::ApiKeys, api_key.as_ref(), &api_key.spec.parent_refs, &namespaces);
     let mut entries = parents.refused;
     for gateway in parents.admitted {
         programmed.0 += 1;
@@ -1279,6 +1272,21 @@ async fn reconcile_api_key(api_key: Arc<ApiKey>, context: Arc<Context>) -> Resul
     })
 }
 
+/// `object`'s parents among the stored Gateways.
+fn parents_of<'g, K: Resource>(
+    gateways: &'g [Arc<Gateway>],
+    kind: select::Kind,
+    object: &K,
+    parent_refs: &[waycast_crds::common::ParentReference],
+    namespaces: &[&Namespace],
+) -> select::Parents<'g> {
+    let gateways: Vec<&Gateway> = gateways.iter().map(AsRef::as_ref).collect();
+    let meta = object.meta();
+    let empty = BTreeMap::new();
+    let labels = meta.labels.as_ref().unwrap_or(&empty);
+    select::parents(&gateways, kind, meta.namespace.as_deref().unwrap_or_default(), labels, parent_refs, namespaces)
+}
+
 /// The reason constant equal to `text` (status entries carry owned text;
 /// conditions want the constant).
 fn reason_of(text: &str) -> &'static str {
@@ -1322,15 +1330,8 @@ async fn reconcile_model_endpoint(endpoint: Arc<ModelEndpoint>, context: Arc<Con
     let namespaces: Vec<&Namespace> = namespaces.iter().map(AsRef::as_ref).collect();
     let mut programmed = (0, true);
     let gateways = context.stores.gateways.state();
-    let gateways: Vec<&Gateway> = gateways.iter().map(AsRef::as_ref).collect();
-    let parents = select::parents(
-        &gateways,
-        select::Kind::ModelEndpoints,
-        endpoint.metadata.namespace.as_deref().unwrap_or_default(),
-        endpoint.labels(),
-        &endpoint.spec.parent_refs,
-        &namespaces,
-    );
+    let parents =
+        parents_of(&gateways, select::Kind::ModelEndpoints, endpoint.as_ref(), &endpoint.spec.parent_refs, &namespaces);
     let mut entries = parents.refused;
     for gateway in parents.admitted {
         programmed.0 += 1;

@@ -1,5 +1,5 @@
-//! Golden test: the quickstart's inputs compiled and rendered, compared with
-//! the committed `golden/<case>/output.yaml`. `UPDATE_GOLDEN=1 cargo test
+//! Golden test: each case's inputs compiled and rendered (and every
+//! object's verdict), compared with the committed `golden/<case>/output.yaml`. `UPDATE_GOLDEN=1 cargo test
 //! -p waycast-operator --test golden` rewrites the files after an intended
 //! change; review the diff.
 
@@ -15,6 +15,7 @@ use waycast_operator::render::{self, RenderSettings};
 
 fn render_case(input: &str) -> String {
     let (mut gateways, mut models, mut keys, mut services, mut secrets) = (vec![], vec![], vec![], vec![], vec![]);
+    let mut namespaces = vec![];
     for document in serde_yaml::Deserializer::from_str(input) {
         let value = serde_yaml::Value::deserialize(document).unwrap();
         match value["kind"].as_str().unwrap() {
@@ -23,11 +24,12 @@ fn render_case(input: &str) -> String {
             "ApiKey" => keys.push(serde_yaml::from_value::<ApiKey>(value).unwrap()),
             "Service" => services.push(serde_yaml::from_value::<Service>(value).unwrap()),
             "Secret" => secrets.push(serde_yaml::from_value::<Secret>(value).unwrap()),
+            "Namespace" => namespaces.push(serde_yaml::from_value::<Namespace>(value).unwrap()),
             other => panic!("unexpected kind {other}"),
         }
     }
     let gateway = &gateways[0];
-    let namespaces: Vec<&Namespace> = Vec::new();
+    let namespaces: Vec<&Namespace> = namespaces.iter().collect();
     let (models, keys, services, secrets): (Vec<_>, Vec<_>, Vec<_>, Vec<_>) =
         (models.iter().collect(), keys.iter().collect(), services.iter().collect(), secrets.iter().collect());
     let inputs = Inputs {
@@ -51,6 +53,17 @@ fn render_case(input: &str) -> String {
         serde_yaml::to_string(&render::deployment::deployment(gateway, &settings)).unwrap(),
         serde_yaml::to_string(&render::service::service(gateway)).unwrap(),
     ];
+    // Each object's verdict, as its status will show it.
+    let mut verdicts = String::from("# verdicts\n");
+    for (id, verdict) in &compiled.models {
+        verdicts
+            .push_str(&format!("ModelEndpoint {id}: {} {} {}\n", verdict.accepted, verdict.reason, verdict.message));
+    }
+    for (id, verdict) in &compiled.keys {
+        let v = &verdict.verdict;
+        verdicts.push_str(&format!("ApiKey {id}: {} {} {}\n", v.accepted, v.reason, v.message));
+    }
+    documents.push(verdicts);
     documents.extend(render::scaling::hpa(gateway).map(|hpa| serde_yaml::to_string(&hpa).unwrap()));
     documents.extend(render::scaling::pdb(gateway).map(|pdb| serde_yaml::to_string(&pdb).unwrap()));
     documents.join("---\n")

@@ -9,8 +9,10 @@ use std::time::Instant;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::ObjectMeta;
 use serde::Serialize;
+use waycast_crds::common::ParentReference;
 use waycast_crds::{ApiKey, ApiKeySpec, Gateway, GatewaySpec, ModelEndpoint};
 use waycast_operator::compile::{self, Inputs};
 
@@ -44,6 +46,10 @@ pub fn key_text(index: usize) -> String {
     waycast_crds::api_key::key_text_from_bytes(&bytes)
 }
 
+fn key_uid(index: usize) -> String {
+    format!("00000000-0000-4000-8000-{index:012}")
+}
+
 /// A key Secret for `key_name` holding `text`, labelled for the operator.
 pub fn key_secret(namespace: &str, key_name: &str, text: &str) -> Secret {
     let mut metadata = meta(namespace, &compile::keys::generated_secret_name(key_name));
@@ -68,15 +74,38 @@ pub fn fleet(namespace: &str, keys: usize, models: usize, upstream: &str) -> Fle
             let spec = serde_json::json!({
                 "model": format!("model-{i}"),
                 "backends": [{"url": upstream}],
+                "parentRefs": [{"name": "gateway", "namespace": namespace}],
             });
             let spec = serde_json::from_value(spec).unwrap_or_else(|_| unreachable!("a valid ModelEndpoint spec"));
             ModelEndpoint { metadata: meta(namespace, &format!("model-{i}")), spec, status: None }
         })
         .collect();
+    // Each names the Gateway, as teams' objects do on a shared Gateway. The
+    // uid stands in for the API server's (which sets its own on create):
+    // a generated key's Secret must be owned by its ApiKey.
+    let parent = vec![ParentReference { name: "gateway".into(), namespace: Some(namespace.to_owned()) }];
     let key_objects = (0..keys)
-        .map(|i| ApiKey { metadata: meta(namespace, &format!("key-{i}")), spec: ApiKeySpec::default(), status: None })
+        .map(|i| {
+            let mut metadata = meta(namespace, &format!("key-{i}"));
+            metadata.uid = Some(key_uid(i));
+            let spec = ApiKeySpec { parent_refs: parent.clone(), ..ApiKeySpec::default() };
+            ApiKey { metadata, spec, status: None }
+        })
         .collect();
-    let secrets = (0..keys).map(|i| key_secret(namespace, &format!("key-{i}"), &key_text(i))).collect();
+    let secrets = (0..keys)
+        .map(|i| {
+            let mut secret = key_secret(namespace, &format!("key-{i}"), &key_text(i));
+            secret.metadata.owner_references = Some(vec![OwnerReference {
+                api_version: "waycast.dev/v1alpha1".into(),
+                kind: "ApiKey".into(),
+                name: format!("key-{i}"),
+                uid: key_uid(i),
+                controller: Some(true),
+                ..OwnerReference::default()
+            }]);
+            secret
+        })
+        .collect();
     Fleet { gateway, models, keys: key_objects, secrets }
 }
 

@@ -99,3 +99,22 @@ impl ConfigStore {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_config_is_remembered_until_one_applies() {
+        let store = ConfigStore::default();
+        let metrics = Metrics::new().unwrap();
+        let bad = br#"{"apiVersion":"waycast.dev/config-v1","settings":{"maxRequestBodyBytes":0}}"#;
+        assert!(store.apply(bad, "test", &metrics).is_err());
+        let refused = store.refused().expect("the refusal is kept for the heartbeat");
+        assert_eq!(refused.hash, load::sha256_hex(bad));
+        assert!(refused.reason.contains("settings.maxRequestBodyBytes"), "{}", refused.reason);
+        let good = br#"{"apiVersion":"waycast.dev/config-v1"}"#;
+        assert!(matches!(store.apply(good, "test", &metrics), Ok(Applied::Changed(_))));
+        assert_eq!(store.refused(), None, "a config that applies clears it");
+    }
+}
