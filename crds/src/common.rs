@@ -45,6 +45,29 @@ pub const RESERVED_HEADERS: &[&str] = &[
     "proxy-connection",
 ];
 
+/// Client headers that never go upstream, whatever a model forwards: the
+/// client's own credentials and cookies.
+pub const CLIENT_CREDENTIAL_HEADERS: &[&str] =
+    &["authorization", "proxy-authorization", "x-api-key", "api-key", "cookie"];
+
+/// Why `pattern` cannot be a forwarded-header pattern (a lowercase header
+/// name, or a prefix of one followed by `*`), if it cannot.
+pub fn forward_header_problem(pattern: &str) -> Option<&'static str> {
+    let name = pattern.strip_suffix('*').unwrap_or(pattern);
+    if name.is_empty() {
+        return Some("must name a header or a prefix of one before '*'");
+    }
+    let token = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || b"!#$%&'+-.^_`|~".contains(&b);
+    if !name.bytes().all(token) {
+        return Some("must be a lowercase header name, optionally ending in '*'");
+    }
+    let covers = |reserved: &&str| if pattern.ends_with('*') { reserved.starts_with(name) } else { *reserved == name };
+    if RESERVED_HEADERS.iter().chain(CLIENT_CREDENTIAL_HEADERS).any(covers) {
+        return Some("must not cover a client credential, Host or a hop-by-hop header");
+    }
+    None
+}
+
 /// A Gateway an object asks to be served by (after Gateway API's
 /// `parentRefs`).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, JsonSchema)]

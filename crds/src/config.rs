@@ -71,6 +71,15 @@ pub struct ModelConfig {
     /// that may not call a model gets the same 404 as for an unknown model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_namespaces: Option<Vec<String>>,
+    /// Client headers forwarded to this model's backends besides the
+    /// gateway's own allow-list: lowercase names, or a prefix ending in `*`
+    /// (`x-session-*`). Client credentials and hop-by-hop headers never are.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub forward_headers: Vec<String>,
+    /// Output tokens reserved against token limits for a request that sets
+    /// no `max_tokens` (default 1024); settled on the usage afterwards.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_token_reservation: Option<u64>,
 }
 
 /// One upstream.

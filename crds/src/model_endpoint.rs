@@ -68,6 +68,22 @@ pub struct ModelEndpointSpec {
     #[schemars(length(max = 16))]
     pub parent_refs: Vec<ParentReference>,
 
+    /// Client headers sent on to this model's backends besides the ones an
+    /// inference API needs (content type, accept, user agent, `openai-*`,
+    /// `anthropic-*`, `x-stainless-*`, trace context): lowercase names, or a
+    /// prefix ending in `*` (e.g. `x-session-*`). Client credentials,
+    /// cookies and hop-by-hop headers are never forwarded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), inner(length(min = 1, max = 128), pattern(r"^[a-z0-9!#$%&'+.^_`|~-]+\*?$")))]
+    pub forward_headers: Vec<String>,
+
+    /// Output tokens a request that sets no `max_tokens` (nor
+    /// `max_completion_tokens`, `max_output_tokens`) reserves against token
+    /// limits until its usage is known. Default 1024. Not sent upstream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 10_000_000))]
+    pub output_token_reservation: Option<i64>,
+
     /// Whose ApiKeys may call this model. Default: keys in this
     /// ModelEndpoint's namespace only. A key's own `models` list narrows
     /// this further; a key that may not call the model gets the same 404 as

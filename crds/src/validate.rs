@@ -185,6 +185,11 @@ fn check_model(path: &str, model: &ModelConfig, problems: &mut Collector) {
     if let Some(limits) = &model.limits {
         check_limits(&join(path, "limits"), limits, problems);
     }
+    for (index, pattern) in model.forward_headers.iter().enumerate() {
+        if let Some(message) = crate::common::forward_header_problem(pattern) {
+            problems.add(join(path, &format!("forwardHeaders[{index}]")), message);
+        }
+    }
     for (index, namespace) in model.key_namespaces.iter().flatten().enumerate() {
         if namespace.is_empty() || namespace.contains('/') {
             problems.add(join(path, &format!("keyNamespaces[{index}]")), "must be a namespace name");
@@ -303,6 +308,8 @@ mod tests {
             limits: None,
             source: None,
             key_namespaces: None,
+            forward_headers: Vec::new(),
+            output_token_reservation: None,
         }
     }
 
@@ -426,6 +433,13 @@ mod tests {
             break_it(&mut entry);
             let problems = entry.validate().unwrap_err();
             assert_eq!(problems.0[0].path, path, "{problems}");
+        }
+        let mut forwarding = model("llama", &[]);
+        forwarding.forward_headers = vec!["x-session-id".into(), "x-trace-*".into()];
+        assert_eq!(forwarding.validate(), Ok(()));
+        for bad in ["*", "x-*", "authorization", "Cookie", "a*"] {
+            forwarding.forward_headers = vec![bad.into()];
+            assert_eq!(forwarding.validate().unwrap_err().0[0].path, "forwardHeaders[0]", "{bad}");
         }
         let mut glob = key("team-a/alice", HASH_A);
         glob.models = Some(vec!["llama-*\u{85}".into()]);

@@ -47,6 +47,9 @@ fn model(name: &str, aliases: &[&str], url: &str) -> ModelConfig {
         limits: None,
         source: None,
         key_namespaces: None,
+        // The mock upstream is driven by x-mock-* request headers.
+        forward_headers: vec!["x-mock-*".into()],
+        output_token_reservation: None,
     }
 }
 

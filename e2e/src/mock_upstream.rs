@@ -13,6 +13,7 @@
 //! | `x-mock-chunks: N` | N content chunks in a stream (default from options) |
 //! | `x-mock-interval-ms: N` | N ms between stream chunks |
 //! | `x-mock-status: S` | answer with status S and an OpenAI error body |
+//! | `x-mock-html: true` | with `x-mock-status`: an HTML error page instead (as a proxy sends) |
 //! | `x-mock-stall: headers` / `body` | never answer / stop after the first chunk |
 //! | `x-mock-chunked: true` | send a non-streaming body with chunked encoding |
 //! | `x-mock-burn-ms: N` | spin the CPU for N ms first (autoscaling tests) |
@@ -204,6 +205,13 @@ async fn respond(
     }
     if let Some(status) = header_number(headers, "x-mock-status").and_then(|s| u16::try_from(s).ok()) {
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        if headers.contains_key("x-mock-html") {
+            let page = Bytes::from_static(b"<html><body>502 Bad Gateway</body></html>");
+            let mut page = Response::new(MockBody::Full(Some(page)));
+            *page.status_mut() = status;
+            page.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/html"));
+            return Ok(page);
+        }
         let error = json!({"error": {"message": "injected by x-mock-status", "type": "mock_error", "param": null, "code": "mock"}});
         return Ok(json_response(status, &error));
     }

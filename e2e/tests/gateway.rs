@@ -134,6 +134,16 @@ async fn bad_requests_get_openai_errors() {
         ("/v1/chat/completions", Some(ALICE_KEY), "[1,2,3]".into(), 400, "invalid_body"),
         ("/v1/chat/completions", Some(ALICE_KEY), r#"{"messages":[]}"#.into(), 400, "missing_model"),
         ("/v1/chat/completions", Some(ALICE_KEY), r#"{"model":7}"#.into(), 400, "invalid_model"),
+        ("/v1/chat/completions", Some(ALICE_KEY), r#"{"model":""}"#.into(), 400, "invalid_model"),
+        ("/v1/chat/completions", Some(ALICE_KEY), r#"{"model":"llama3","stream":1}"#.into(), 400, "invalid_type"),
+        ("/v1/chat/completions", Some(ALICE_KEY), r#"{"model":"llama3","stream":"true"}"#.into(), 400, "invalid_type"),
+        (
+            "/v1/chat/completions",
+            Some(ALICE_KEY),
+            r#"{"model":"llama3","stream":true,"stream_options":"x"}"#.into(),
+            400,
+            "invalid_type",
+        ),
         (
             "/v1/chat/completions",
             Some(ALICE_KEY),
@@ -167,12 +177,57 @@ async fn bad_requests_get_openai_errors() {
 }
 
 #[tokio::test]
-async fn upstream_errors_pass_through_unchanged() {
+async fn upstream_errors_pass_through_unchanged_when_json() {
     let fixture = fixture().await;
     let request = fixture.request("/v1/chat/completions", Some(ALICE_KEY), CHAT, &[("x-mock-status", "429")]);
     let (status, _, body) = fixture.send(request).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(json_of(&body)["error"]["message"], "injected by x-mock-status", "the upstream's own body");
+    // An HTML error page (a proxy in front of the upstream) becomes an
+    // OpenAI-shaped error with the same status.
+    let headers = [("x-mock-status", "502"), ("x-mock-html", "true")];
+    let (status, headers, body) =
+        fixture.send(fixture.request("/v1/chat/completions", Some(ALICE_KEY), CHAT, &headers)).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY);
+    assert_eq!(headers.get("content-type").unwrap(), "application/json");
+    let error = json_of(&body);
+    assert_eq!(
+        (error["error"]["code"].as_str(), error["error"]["type"].as_str()),
+        (Some("upstream_error"), Some("server_error"))
+    );
+    assert!(!String::from_utf8_lossy(&body).contains("<html>"));
+}
+
+/// Only what an inference API reads goes upstream, plus what the model
+/// forwards; the gateway sets X-Forwarded-For and -Proto itself.
+#[tokio::test]
+async fn headers_go_upstream_by_allow_list() {
+    let fixture = fixture().await;
+    let sent = [
+        ("cookie", "session=secret"),
+        ("x-forwarded-for", "6.6.6.6"),
+        ("x-forwarded-proto", "https"),
+        ("api-key", "azure-key"),
+        ("connection", "x-hop"),
+        ("x-hop", "1"),
+        ("accept-encoding", "gzip"),
+        ("x-internal", "1"),
+        ("openai-beta", "assistants=v2"),
+        ("x-stainless-lang", "python"),
+        ("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+        ("x-mock-chunks", "1"),
+    ];
+    let (status, _, _) = fixture.send(fixture.request("/v1/chat/completions", Some(ALICE_KEY), CHAT, &sent)).await;
+    assert_eq!(status, StatusCode::OK);
+    let seen = fixture.mock.recorder.last().await.unwrap().headers;
+    for gone in ["cookie", "api-key", "x-hop", "accept-encoding", "x-internal"] {
+        assert!(seen.get(gone).is_none(), "{gone} reached the upstream");
+    }
+    for kept in ["openai-beta", "x-stainless-lang", "traceparent", "x-mock-chunks", "content-type"] {
+        assert!(seen.get(kept).is_some(), "{kept} did not reach the upstream");
+    }
+    assert_eq!(seen.get("x-forwarded-for").unwrap(), "127.0.0.1", "the gateway's own, not the client's");
+    assert_eq!(seen.get("x-forwarded-proto").unwrap(), "http");
 }
 
 #[tokio::test]

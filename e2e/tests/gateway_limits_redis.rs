@@ -189,3 +189,46 @@ async fn redis_lost_fails_open_or_closed_never_hangs_and_counting_resumes() {
     };
     assert_eq!(statuses, [StatusCode::OK, StatusCode::OK, StatusCode::TOO_MANY_REQUESTS], "counting again");
 }
+
+/// Token limits in Redis reserve at admission (one script) and settle at
+/// the end (another): parallel requests on two gateways sharing a
+/// 1,000-tokens-per-minute key are admitted only as far as their
+/// reservations fit, and what they used then shows in what is left.
+#[tokio::test]
+async fn token_reservations_in_redis_hold_across_gateways() {
+    let redis = Redis::start();
+    let config = redis.config(false);
+    let start = || {
+        let config = config.clone();
+        Fixture::start(FixtureOptions::default(), move |gateway, _| {
+            gateway.settings.redis = Some(config);
+            gateway.keys[0].limits = Some(LimitsConfig { requests_per_minute: None, tokens_per_minute: Some(1000) });
+        })
+    };
+    let (first, second) = (start().await, start().await);
+    let body = r#"{"model":"llama3","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#;
+    let reservation = body.len().div_ceil(4) + 100;
+    // Each answers after 300 ms: all twenty are in flight at once.
+    async fn send(fixture: &Fixture, body: &str) -> (StatusCode, http::HeaderMap, bytes::Bytes) {
+        let headers = [("x-mock-chunks", "10"), ("x-mock-delay-ms", "300")];
+        fixture.send(fixture.request("/v1/chat/completions", Some(ALICE_KEY), body, &headers)).await
+    }
+    let requests = (0..10).map(|_| send(&first, body)).chain((0..10).map(|_| send(&second, body)));
+    let statuses: Vec<StatusCode> =
+        futures_util::future::join_all(requests).await.into_iter().map(|(status, _, _)| status).collect();
+    let admitted = statuses.iter().filter(|s| **s == StatusCode::OK).count();
+    assert_eq!(admitted, 1000 / reservation, "as many as the reservations fit: {statuses:?}");
+    // Each used far less than it reserved (10 completion tokens of 100):
+    // the rest was given back, so a new request fits again.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (status, headers, _) = send(&first, body).await;
+        if status == StatusCode::OK {
+            let left: u64 = headers["x-ratelimit-remaining-tokens"].to_str().unwrap().parse().unwrap();
+            assert!(left < 1000, "{left}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "reservations were never settled: {status}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

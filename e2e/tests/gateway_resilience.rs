@@ -364,3 +364,24 @@ async fn http2_cleartext_works() {
     let body = response.into_body().collect().await.unwrap().to_bytes();
     assert!(String::from_utf8_lossy(&body).contains("chat.completion"));
 }
+
+/// A connection that sends nothing, or stalls inside the HTTP/2 preface,
+/// is closed within the header timeout (+1 s): before protocol detection
+/// had no timer at all.
+#[tokio::test]
+async fn silent_and_half_preface_connections_are_closed_within_the_header_timeout() {
+    let options = FixtureOptions { header_read_timeout: Duration::from_secs(1), ..FixtureOptions::default() };
+    let fixture = Fixture::start(options, |_, _| {}).await;
+    for sent in [&b""[..], b"PRI * HTTP/2.0\r\n"] {
+        let mut stream = TcpStream::connect(fixture.addr).await.unwrap();
+        stream.write_all(sent).await.unwrap();
+        let started = Instant::now();
+        let mut buffer = [0_u8; 64];
+        let read = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buffer)).await;
+        assert!(matches!(read, Ok(Ok(0) | Err(_))), "{sent:?}: the connection is still open: {read:?}");
+        assert!(started.elapsed() < Duration::from_secs(2), "{sent:?}: closed after {:?}", started.elapsed());
+    }
+    // A client that speaks in time is served as before.
+    let (status, _, _) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), CHAT).await;
+    assert_eq!(status, StatusCode::OK);
+}

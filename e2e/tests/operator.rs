@@ -433,6 +433,10 @@ async fn a_platform_gateway_serves_team_namespaces_by_label_and_scale_down_drain
         if object.types.as_ref().is_some_and(|t| t.kind == "ApiKey" || t.kind == "ModelEndpoint") {
             object.data["spec"]["parentRefs"] = json!([{"name": "gateway", "namespace": platform}]);
         }
+        // The streams below are paced by x-mock-* headers the mock reads.
+        if object.types.as_ref().is_some_and(|t| t.kind == "ModelEndpoint") {
+            object.data["spec"]["forwardHeaders"] = json!(["x-mock-*"]);
+        }
     }
     manifest::apply_all(&client, &objects, &team).await.unwrap();
     // ... and the platform's Gateway selects team namespaces by label.

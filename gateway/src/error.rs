@@ -54,6 +54,10 @@ pub enum GatewayError {
     /// `"model"` is not a string.
     #[error("'model' must be a string")]
     ModelNotString,
+    /// A top-level field has the wrong type or value (`"stream": 1`,
+    /// `"model": ""`).
+    #[error("'{0}' {1}")]
+    InvalidField(&'static str, &'static str),
     /// `"model"` appears more than once.
     #[error("'model' appears more than once")]
     DuplicateModel,
@@ -85,6 +89,11 @@ pub enum GatewayError {
     /// The upstream failed after connecting (reset, bad response).
     #[error("upstream for model '{0}' failed")]
     UpstreamFailed(String),
+    /// The upstream answered an error whose body is not JSON (an HTML page
+    /// from a proxy, a plain-text 502): replaced by an OpenAI-shaped error
+    /// with the upstream's status, so SDKs can parse it.
+    #[error("the upstream for model '{0}' answered HTTP {1} without a JSON error body")]
+    UpstreamNotJson(String, u16),
     /// The upstream did not answer in time.
     #[error("upstream for model '{0}' did not respond in time")]
     UpstreamTimeout(String),
@@ -115,13 +124,14 @@ impl GatewayError {
             ModelNotAllowed(_) => StatusCode::FORBIDDEN,
             UnknownModel(_) | NotFound(_) => StatusCode::NOT_FOUND,
             BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            InvalidJson(_) | NotAnObject | MissingModel | ModelNotString | DuplicateModel | AmbiguousLength
-            | BodyRead => StatusCode::BAD_REQUEST,
+            InvalidJson(_) | NotAnObject | MissingModel | ModelNotString | InvalidField(..) | DuplicateModel
+            | AmbiguousLength | BodyRead => StatusCode::BAD_REQUEST,
             HeadersTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             UpstreamUnreachable(_) | UpstreamFailed(_) | EgressDenied(_) => StatusCode::BAD_GATEWAY,
             UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            UpstreamNotJson(_, status) => StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_GATEWAY),
             NotReady => StatusCode::SERVICE_UNAVAILABLE,
             RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             RateLimitUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -140,6 +150,7 @@ impl GatewayError {
             | EgressDenied(_)
             | NotReady
             | RateLimitUnavailable(_) => "server_error",
+            UpstreamNotJson(_, status) if *status >= 500 => "server_error",
             // As OpenAI's own 429s: the type names what ran out.
             RateLimited(refusal) => refusal.unit.as_str(),
             _ => "invalid_request_error",
@@ -161,6 +172,8 @@ impl GatewayError {
             NotAnObject => "invalid_body",
             MissingModel => "missing_model",
             ModelNotString => "invalid_model",
+            InvalidField("model", _) => "invalid_model",
+            InvalidField(..) => "invalid_type",
             DuplicateModel => "duplicate_model",
             HeadersTooLarge(_) => "headers_too_large",
             AmbiguousLength => "ambiguous_length",
@@ -170,6 +183,7 @@ impl GatewayError {
             MethodNotAllowed => "method_not_allowed",
             UpstreamUnreachable(_) => "upstream_unreachable",
             EgressDenied(_) => "egress_denied",
+            UpstreamNotJson(..) => "upstream_error",
             UpstreamFailed(_) => "upstream_failed",
             UpstreamTimeout(_) => "upstream_timeout",
             NotReady => "not_ready",
@@ -182,7 +196,9 @@ impl GatewayError {
     pub fn source(&self) -> ErrorSource {
         use GatewayError::*;
         match self {
-            UpstreamUnreachable(_) | UpstreamFailed(_) | UpstreamTimeout(_) | EgressDenied(_) => ErrorSource::Upstream,
+            UpstreamUnreachable(_) | UpstreamFailed(_) | UpstreamTimeout(_) | EgressDenied(_) | UpstreamNotJson(..) => {
+                ErrorSource::Upstream
+            }
             NotReady | RateLimitUnavailable(_) => ErrorSource::Gateway,
             _ => ErrorSource::Client,
         }

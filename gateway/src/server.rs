@@ -37,8 +37,50 @@ fn builder(header_read_timeout: Duration) -> auto::Builder<TokioExecutor> {
         .header_read_timeout(header_read_timeout)
         .max_buf_size(MAX_BUF_SIZE)
         .keep_alive(true);
-    builder.http2().timer(TokioTimer::new()).max_concurrent_streams(1024);
     builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+        .keep_alive_interval(Some(H2_KEEP_ALIVE_INTERVAL))
+        .keep_alive_timeout(H2_KEEP_ALIVE_TIMEOUT);
+    builder
+}
+
+/// Streams one HTTP/2 connection may have open at once.
+pub const MAX_CONCURRENT_STREAMS: u32 = 256;
+/// How often an HTTP/2 connection is pinged; a peer that does not answer
+/// within [`H2_KEEP_ALIVE_TIMEOUT`] is gone and the connection is closed.
+pub const H2_KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(20);
+/// See [`H2_KEEP_ALIVE_INTERVAL`].
+pub const H2_KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The HTTP/2 connection preface; protocol detection waits for all of it.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Waits, at most `timeout`, until the client has sent enough to tell its
+/// protocol: a first byte that does not start the HTTP/2 preface (HTTP/1,
+/// whose header timeout hyper enforces), or the whole preface. False when
+/// the client sent nothing, or stalled inside the preface, in time — hyper's
+/// own timers start only after that.
+async fn first_bytes_in_time(stream: &tokio::net::TcpStream, timeout: Duration) -> bool {
+    let waited = tokio::time::timeout(timeout, async {
+        let mut seen = [0_u8; 24];
+        loop {
+            let n = stream.peek(&mut seen).await.unwrap_or(0);
+            if n == 0 {
+                return false;
+            }
+            if seen[..n] != H2_PREFACE[..n] || n == H2_PREFACE.len() {
+                return true;
+            }
+            // A partial preface: wait for more of it.
+            if stream.readable().await.is_err() {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+    waited.await.unwrap_or(false)
 }
 
 /// Accepts public connections until `drain` turns true, then returns. Each
@@ -51,7 +93,8 @@ pub async fn serve_public(
     drain: watch::Receiver<bool>,
     alive: mpsc::Sender<()>,
 ) {
-    let builder = Arc::new(builder(shared.header_read_timeout));
+    let header_read_timeout = shared.header_read_timeout;
+    let builder = Arc::new(builder(header_read_timeout));
     loop {
         let mut stop = drain.clone();
         let accepted = tokio::select! {
@@ -74,10 +117,18 @@ pub async fn serve_public(
         let drain = drain.clone();
         let alive = alive.clone();
         let tls = tls.as_ref().map(|files| files.acceptor());
+        // Formatted once per connection, sent upstream with each request.
+        let client = crate::proxy::Client::new(peer.ip(), tls.is_some());
         tokio::spawn(async move {
-            let service = service_fn(move |request| crate::proxy::handle(shared.clone(), request));
+            let service = service_fn(move |request| crate::proxy::handle(shared.clone(), client.clone(), request));
             match tls {
-                None => serve_until_drained(&builder, TokioIo::new(stream), service, drain).await,
+                None => {
+                    if !first_bytes_in_time(&stream, header_read_timeout).await {
+                        tracing::debug!(%peer, "no request in time; closing the connection");
+                        return;
+                    }
+                    serve_until_drained(&builder, TokioIo::new(stream), service, drain).await;
+                }
                 Some(acceptor) => {
                     let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await;
                     let Ok(Ok(stream)) = handshake else {

@@ -113,8 +113,39 @@ pub struct Route {
     pub client: UpstreamClient,
     /// Its rate limits over all keys, if any.
     pub limits: Option<Arc<LimitSet>>,
+    /// Client headers forwarded besides the gateway's allow-list: exact
+    /// names, and prefixes (from patterns ending in `*`).
+    pub forward_headers: ForwardHeaders,
+    /// Output tokens reserved when a request names no bound.
+    pub output_token_reservation: Option<u64>,
     total_weight: u64,
     next: AtomicU64,
+}
+
+/// The extra client headers a model forwards.
+#[derive(Debug, Default, Clone)]
+pub struct ForwardHeaders {
+    names: Vec<String>,
+    prefixes: Vec<String>,
+}
+
+impl ForwardHeaders {
+    fn from_patterns(patterns: &[String]) -> Self {
+        let mut headers = Self::default();
+        for pattern in patterns {
+            match pattern.strip_suffix('*') {
+                Some(prefix) => headers.prefixes.push(prefix.to_owned()),
+                None => headers.names.push(pattern.clone()),
+            }
+        }
+        headers
+    }
+
+    /// Whether the model forwards `name` (the gateway's own allow-list and
+    /// its credential guard are checked separately).
+    pub fn allows(&self, name: &str) -> bool {
+        self.names.iter().any(|n| n == name) || self.prefixes.iter().any(|p| name.starts_with(p.as_str()))
+    }
 }
 
 /// One upstream, pre-parsed.
@@ -345,6 +376,8 @@ fn build_route(model_index: usize, model: &ModelConfig, client: UpstreamClient) 
         timeouts: model.timeouts,
         client,
         limits: None,
+        forward_headers: ForwardHeaders::from_patterns(&model.forward_headers),
+        output_token_reservation: model.output_token_reservation,
         total_weight,
         next: AtomicU64::new(0),
     })
@@ -435,6 +468,8 @@ mod tests {
             limits: None,
             source: None,
             key_namespaces: None,
+            forward_headers: Vec::new(),
+            output_token_reservation: None,
         }
     }
 

@@ -152,6 +152,8 @@ pub fn gateway_config(sink: SocketAddr, limits: bool) -> anyhow::Result<Vec<u8>>
             "name": BENCH_MODEL,
             "backends": [{"url": format!("http://{sink}/v1"), "weight": 1}],
             "timeouts": {"connect": "5s", "firstByte": "300s", "idle": "60s"},
+            // The sink's knobs are request headers.
+            "forwardHeaders": ["x-bench-*"],
         }],
         "keys": [key],
         "settings": {"maxRequestBodyBytes": 10_485_760, "accessLog": true},

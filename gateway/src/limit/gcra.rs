@@ -9,11 +9,11 @@
 //! `TAT − now` of its window otherwise.
 //!
 //! Requests are charged before they are admitted (admitted only if the cost
-//! fits). Tokens are known only after the response, so they are charged
-//! afterwards, without a cap — the TAT may run past the window — and a
-//! request is admitted while any of the window is left (usage-based, as
-//! Envoy AI Gateway does): one large response can overdraw a key, which
-//! then waits until it is paid back.
+//! fits). Tokens are reserved the same way (an estimate of the request's
+//! tokens must fit), then settled after the response: what it used beyond
+//! the reservation is charged without a cap — the TAT may run past the
+//! window, and the key waits until that is paid back — and what it did not
+//! use is given back.
 //!
 //! NB: the same arithmetic runs in Redis (`redis.rs`) for fleet-exact limits.
 
@@ -66,19 +66,6 @@ pub fn admit(tat: u64, now: u64, cost: u64, per_minute: u64) -> (Option<u64>, Ve
             retry_after_nanos: used_after - WINDOW_NANOS,
         };
         (None, verdict)
-    }
-}
-
-/// Whether a usage-charged limiter (tokens) admits a request at `now`:
-/// while any of its window is left. Charges nothing.
-pub fn has_budget(tat: u64, now: u64, per_minute: u64, unit: u64) -> Verdict {
-    let used = tat.max(now) - now;
-    if used < WINDOW_NANOS {
-        Verdict { allowed: true, remaining: remaining(used, per_minute), reset_nanos: used, retry_after_nanos: 0 }
-    } else {
-        // Admitted again once one unit's worth of window is free.
-        let retry = used - WINDOW_NANOS + unit;
-        Verdict { allowed: false, remaining: 0, reset_nanos: used, retry_after_nanos: retry }
     }
 }
 
@@ -170,16 +157,16 @@ mod tests {
     #[test]
     fn tokens_overdraw_and_block_until_paid_back() {
         let unit = unit_cost(1000, 1);
-        assert!(has_budget(0, 0, 1000, unit).allowed);
         // One response used 1,500 tokens of a 1,000/min limit.
         let tat = charge(0, 0, 1500, unit);
         let now = 10 * SECOND;
-        let verdict = has_budget(tat, now, 1000, unit);
-        assert!(!verdict.allowed);
+        let (next, verdict) = admit(tat, now, 100 * unit, 1000);
+        assert!(next.is_none() && !verdict.allowed);
         assert_eq!(verdict.remaining, 0);
-        // 90 s of window used at t=0; free again once below 60 s: at t=30 s.
-        assert_eq!(verdict.retry_after_nanos, 20 * SECOND + unit);
-        assert!(has_budget(tat, 31 * SECOND, 1000, unit).allowed);
+        // 90 s of window used at t=0; a 100-token reservation fits once
+        // below 54 s: at t=36 s.
+        assert_eq!(verdict.retry_after_nanos, 26 * SECOND);
+        assert!(admit(tat, 36 * SECOND, 100 * unit, 1000).1.allowed);
     }
 
     #[test]

@@ -1,11 +1,20 @@
 //! Rate limits: requests and tokens per minute, per key and per model.
 //!
 //! ```text
-//! request ─► admit(key limits, model limits, shares) ──refused──► 429 + Retry-After + x-ratelimit-*
-//!                │ admitted: x-ratelimit-* on the response
+//! request ─► admit(key limits, model limits, shares, reservation) ──refused──► 429 + Retry-After + x-ratelimit-*
+//!                │ admitted: the request counted, its tokens reserved; x-ratelimit-* on the response
 //!                ▼
-//! response ends ─► Charge::tokens(usage) ─► the token limiters
+//! response ends ─► Charge::settle(usage, capped | estimate) ─► the token limiters: + more used, − reserved back
 //! ```
+//!
+//! Tokens are reserved at admission — a prompt estimate (body bytes / 4)
+//! plus the output bound (`max_tokens`, `max_completion_tokens`,
+//! `max_output_tokens`, else the model's `outputTokenReservation`, else
+//! [`DEFAULT_OUTPUT_RESERVATION`]) — so parallel requests cannot all pass
+//! one remaining budget; at the end the reservation is settled against what
+//! was used: the reported usage, capped at what is plausible for the bytes
+//! that went each way, or, when none was reported (a client that left, a
+//! stream without usage), an estimate from the bytes relayed.
 //!
 //! Each pod enforces `1 / shares` of every limit, `shares` being the number
 //! of live pods of its Gateway (their heartbeat Leases, see [`fleet`]), so
@@ -53,7 +62,17 @@ impl Limiter {
 
     /// Admits one request if its cost fits (charging it), else refuses.
     fn admit(&self, now: u64, shares: u32) -> (Verdict, u64) {
-        let cost = gcra::unit_cost(self.per_minute, shares);
+        self.take(now, gcra::unit_cost(self.per_minute, shares))
+    }
+
+    /// Reserves `units` (tokens) if they fit, else refuses. A reservation
+    /// larger than the whole window is cut to it (it would never fit).
+    fn reserve(&self, now: u64, units: u64, shares: u32) -> (Verdict, u64) {
+        self.take(now, gcra::unit_cost(self.per_minute, shares).saturating_mul(units).min(gcra::WINDOW_NANOS))
+    }
+
+    /// Charges `cost` (ns of window) if it fits: one compare-and-swap loop.
+    fn take(&self, now: u64, cost: u64) -> (Verdict, u64) {
         let mut current = self.tat.load(Ordering::Relaxed);
         loop {
             let (next, verdict) = gcra::admit(current, now, cost, self.per_minute);
@@ -67,11 +86,6 @@ impl Limiter {
 
     fn refund(&self, cost: u64) {
         let _ = self.tat.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tat| Some(gcra::refund(tat, cost)));
-    }
-
-    fn budget(&self, now: u64, shares: u32) -> Verdict {
-        let unit = gcra::unit_cost(self.per_minute, shares);
-        gcra::has_budget(self.tat.load(Ordering::Relaxed), now, self.per_minute, unit)
     }
 
     fn charge(&self, now: u64, units: u64, shares: u32) {
@@ -217,15 +231,60 @@ impl Refusal {
     }
 }
 
-/// The token limiters an admitted request is charged to once its usage is
-/// known.
+/// The output reserved for a request that names no bound and whose model
+/// sets no `outputTokenReservation`.
+pub const DEFAULT_OUTPUT_RESERVATION: u64 = 1024;
+
+/// Prompt tokens a response may report beyond one per request byte (images
+/// and tool definitions count more tokens than their bytes).
+pub const PROMPT_ALLOWANCE: u64 = 8192;
+
+/// What a request reserves against token limits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reservation {
+    /// Tokens reserved: prompt estimate + output bound.
+    pub tokens: u64,
+    /// The request body's size.
+    pub request_bytes: u64,
+    /// The output bound in it.
+    pub output: u64,
+}
+
+impl Reservation {
+    /// For a body of `request_bytes` asking for at most `max_tokens` (or,
+    /// without, the model's `default_output`).
+    pub fn for_request(request_bytes: usize, max_tokens: Option<u64>, default_output: Option<u64>) -> Self {
+        let request_bytes = u64::try_from(request_bytes).unwrap_or(u64::MAX);
+        let output = max_tokens.or(default_output).unwrap_or(DEFAULT_OUTPUT_RESERVATION);
+        Self { tokens: request_bytes.div_ceil(4).saturating_add(output), request_bytes, output }
+    }
+
+    /// The tokens a finished response is charged: its reported `usage`
+    /// (prompt, completion) capped at what is plausible — a prompt token per
+    /// request byte plus [`PROMPT_ALLOWANCE`], a completion token per byte
+    /// relayed — or, without usage, an estimate: the prompt estimate plus a
+    /// token per four bytes relayed, at most the output reserved.
+    pub fn used(&self, usage: Option<(u64, u64)>, relayed_bytes: u64) -> u64 {
+        match usage {
+            Some((prompt, completion)) => prompt
+                .min(self.request_bytes.saturating_add(PROMPT_ALLOWANCE))
+                .saturating_add(completion.min(relayed_bytes)),
+            None => self.request_bytes.div_ceil(4).saturating_add(relayed_bytes.div_ceil(4).min(self.output)),
+        }
+    }
+}
+
+/// The token limiters an admitted request reserved its tokens with, to
+/// settle once the response has ended.
 #[derive(Debug, Clone)]
 pub struct Charge {
-    key: Option<Arc<LimitSet>>,
-    model: Option<Arc<LimitSet>>,
+    /// Each local token limiter and the window (ns) reserved in it.
+    reserved: Vec<(Arc<LimitSet>, u64)>,
     shares: u32,
+    /// What was reserved, in tokens.
+    pub reservation: Reservation,
     /// Counted in Redis: the counter and the token limiters' Redis keys
-    /// with their limits.
+    /// with their limits (the reservation is the same in each).
     redis: Option<RedisCharge>,
 }
 
@@ -233,24 +292,28 @@ pub struct Charge {
 type RedisCharge = (Arc<RedisCounter>, Vec<(String, u64)>);
 
 impl Charge {
-    /// Whether any token limit applies (the response's usage is needed).
-    pub fn wants_tokens(&self) -> bool {
-        self.redis.is_some() || [&self.key, &self.model].into_iter().flatten().any(|set| set.tokens.is_some())
-    }
-
-    /// Charges `tokens` to every token limiter of the request.
-    pub fn tokens(&self, tokens: u64) {
+    /// Settles the reservation: charges what `used` (tokens) exceeds it
+    /// by, or gives back what was not used. Returns the tokens charged in all.
+    pub fn settle(&self, used: u64) -> u64 {
         if let Some((counter, limiters)) = &self.redis {
             let limiters: Vec<(&str, u64)> = limiters.iter().map(|(key, limit)| (key.as_str(), *limit)).collect();
-            counter.charge(&limiters, tokens);
-            return;
+            let delta = i128::from(used) - i128::from(self.reservation.tokens);
+            counter.settle(&limiters, delta);
+            return used;
         }
         let now = now_nanos();
-        for set in [&self.key, &self.model].into_iter().flatten() {
-            if let Some(limiter) = &set.tokens {
-                limiter.charge(now, tokens, self.shares);
+        for (set, reserved_cost) in &self.reserved {
+            let Some(limiter) = &set.tokens else { continue };
+            let unit = gcra::unit_cost(limiter.per_minute, self.shares);
+            let used_cost = unit.saturating_mul(used);
+            if used_cost >= *reserved_cost {
+                let more = (used_cost - reserved_cost) / unit;
+                limiter.charge(now, more, self.shares);
+            } else {
+                limiter.refund(reserved_cost - used_cost);
             }
         }
+        used
     }
 }
 
@@ -264,26 +327,36 @@ pub struct Admitted {
 }
 
 /// Admits a request under the key's and the model's limits, each pod
-/// enforcing `1 / shares` of them. A request refused by one limit is not
-/// charged to another.
+/// enforcing `1 / shares` of them: counts it against request limits and
+/// reserves `reservation` against token limits. A request refused by one
+/// limit is charged to none.
 ///
 /// # Errors
 /// The first limit that refused, with its retry time.
-pub fn admit(key: Option<&Arc<LimitSet>>, model: Option<&Arc<LimitSet>>, shares: u32) -> Result<Admitted, Refusal> {
+pub fn admit(
+    key: Option<&Arc<LimitSet>>,
+    model: Option<&Arc<LimitSet>>,
+    shares: u32,
+    reservation: Reservation,
+) -> Result<Admitted, Refusal> {
     let now = now_nanos();
     let mut headers = RateHeaders::default();
-    let mut charged: [Option<(&Limiter, u64)>; 2] = [None, None];
+    // At most four limiters: (limiter, cost charged), to give back on a refusal.
+    let mut charged: [Option<(&Limiter, u64)>; 4] = [None; 4];
+    let mut reserved = Vec::new();
     let sets = [(Owner::Key, key), (Owner::Model, model)];
     let mut refusal = None;
     'check: for (slot, (owner, set)) in sets.iter().enumerate() {
         let Some(set) = set else { continue };
         if let Some(limiter) = &set.tokens {
-            let verdict = limiter.budget(now, shares);
+            let (verdict, cost) = limiter.reserve(now, reservation.tokens, shares);
             headers.note(Unit::Tokens, limiter.per_minute, verdict);
             if !verdict.allowed {
                 refusal = Some((*owner, Unit::Tokens, limiter.per_minute, verdict.retry_after_nanos));
                 break 'check;
             }
+            charged[slot * 2] = Some((limiter, cost));
+            reserved.push(((*set).clone(), cost));
         }
         if let Some(limiter) = &set.requests {
             let (verdict, cost) = limiter.admit(now, shares);
@@ -292,7 +365,7 @@ pub fn admit(key: Option<&Arc<LimitSet>>, model: Option<&Arc<LimitSet>>, shares:
                 refusal = Some((*owner, Unit::Requests, limiter.per_minute, verdict.retry_after_nanos));
                 break 'check;
             }
-            charged[slot] = Some((limiter, cost));
+            charged[slot * 2 + 1] = Some((limiter, cost));
         }
     }
     if let Some((owner, unit, limit, retry_after_nanos)) = refusal {
@@ -301,8 +374,8 @@ pub fn admit(key: Option<&Arc<LimitSet>>, model: Option<&Arc<LimitSet>>, shares:
         }
         return Err(Refusal { owner, unit, limit, retry_after_nanos, headers });
     }
-    let charge = Charge { key: key.cloned(), model: model.cloned(), shares, redis: None };
-    Ok(Admitted { headers, charge: charge.wants_tokens().then_some(charge) })
+    let charge = (!reserved.is_empty()).then_some(Charge { reserved, shares, reservation, redis: None });
+    Ok(Admitted { headers, charge })
 }
 
 /// Whose limits a request is under, for counting in Redis.
@@ -320,6 +393,7 @@ pub struct Subject<'a> {
 pub async fn admit_in_redis(
     counter: &Arc<RedisCounter>,
     subject: &Subject<'_>,
+    reservation: Reservation,
 ) -> Result<Result<Admitted, Refusal>, StoreError> {
     // (owner, unit, Redis key, limit): token limits first, as `admit` checks them.
     let mut limiters: Vec<(Owner, Unit, String, u64)> = Vec::with_capacity(4);
@@ -337,7 +411,7 @@ pub async fn admit_in_redis(
         .iter()
         .map(|(_, unit, key, per_minute)| ScriptLimiter {
             key,
-            charged_now: *unit == Unit::Requests,
+            units: if *unit == Unit::Requests { 1 } else { reservation.tokens },
             per_minute: *per_minute,
         })
         .collect();
@@ -359,9 +433,9 @@ pub async fn admit_in_redis(
         .map(|(_, _, key, limit)| (key, limit))
         .collect();
     let charge = (!tokens.is_empty()).then(|| Charge {
-        key: None,
-        model: None,
+        reserved: Vec::new(),
         shares: 1,
+        reservation,
         redis: Some((counter.clone(), tokens)),
     });
     Ok(Ok(Admitted { headers, charge }))
@@ -390,11 +464,11 @@ mod tests {
     fn a_key_gets_its_limit_and_then_a_refusal_with_headers() {
         let key = set(Some(3), None);
         for left in [2, 1, 0] {
-            let admitted = admit(Some(&key), None, 1).unwrap();
+            let admitted = admit(Some(&key), None, 1, Reservation::default()).unwrap();
             assert_eq!(admitted.headers.requests.map(|(l, v)| (l, v.remaining)), Some((3, left)));
             assert!(admitted.charge.is_none(), "no token limit: nothing to charge");
         }
-        let refusal = admit(Some(&key), None, 1).unwrap_err();
+        let refusal = admit(Some(&key), None, 1, Reservation::default()).unwrap_err();
         assert_eq!((refusal.owner, refusal.unit, refusal.limit), (Owner::Key, Unit::Requests, 3));
         assert!(refusal.retry_after_nanos > 19_000_000_000 && refusal.retry_after_nanos <= 20_000_000_000);
         let mut headers = HeaderMap::new();
@@ -409,40 +483,88 @@ mod tests {
     fn a_refusal_by_the_model_does_not_use_up_the_key() {
         let key = set(Some(2), None);
         let model = set(Some(1), None);
-        admit(Some(&key), Some(&model), 1).unwrap();
-        let refusal = admit(Some(&key), Some(&model), 1).unwrap_err();
+        let none = Reservation::default();
+        admit(Some(&key), Some(&model), 1, none).unwrap();
+        let refusal = admit(Some(&key), Some(&model), 1, none).unwrap_err();
         assert_eq!(refusal.owner, Owner::Model);
         // The key still has its second request.
-        assert_eq!(admit(Some(&key), None, 1).unwrap().headers.requests.map(|(_, v)| v.remaining), Some(0));
+        assert_eq!(admit(Some(&key), None, 1, none).unwrap().headers.requests.map(|(_, v)| v.remaining), Some(0));
+    }
+
+    fn reserve(tokens: u64) -> Reservation {
+        Reservation { tokens, request_bytes: 0, output: tokens }
     }
 
     #[test]
-    fn tokens_are_charged_after_and_refuse_once_spent() {
+    fn tokens_are_reserved_then_settled() {
         let key = set(None, Some(100));
-        let admitted = admit(Some(&key), None, 1).unwrap();
+        let admitted = admit(Some(&key), None, 1, reserve(40)).unwrap();
+        assert_eq!(admitted.headers.tokens.map(|(_, v)| v.remaining), Some(60), "reserved at admission");
         let charge = admitted.charge.expect("a token limit wants the usage");
-        charge.tokens(150);
-        let refusal = admit(Some(&key), None, 1).unwrap_err();
+        charge.settle(10);
+        let after = admit(Some(&key), None, 1, reserve(0)).unwrap();
+        assert_eq!(after.headers.tokens.map(|(_, v)| v.remaining), Some(90), "30 of the 40 given back");
+        after.charge.unwrap().settle(150);
+        let refusal = admit(Some(&key), None, 1, reserve(1)).unwrap_err();
         assert_eq!(refusal.unit, Unit::Tokens);
         assert_eq!(refusal.headers.tokens.map(|(l, v)| (l, v.remaining)), Some((100, 0)));
+    }
+
+    /// Twenty parallel requests on a 1,000-tokens-per-minute key, each
+    /// reserving 100 and using 500: only what fits is admitted, so the
+    /// overshoot is bounded by what the admitted ones use beyond their
+    /// reservations, not by the number of requests.
+    #[test]
+    fn parallel_requests_cannot_all_pass_one_budget() {
+        let key = set(None, Some(1000));
+        let admitted: Vec<Charge> =
+            (0..20).filter_map(|_| admit(Some(&key), None, 1, reserve(100)).ok()?.charge).collect();
+        assert_eq!(admitted.len(), 10, "1,000 tokens hold ten reservations of 100");
+        let with_max_tokens: Vec<_> = (0..20).filter_map(|_| admit(Some(&key), None, 1, reserve(100)).ok()).collect();
+        assert!(with_max_tokens.is_empty(), "nothing left until they settle");
+        for charge in &admitted {
+            charge.settle(100);
+        }
+        assert!(admit(Some(&key), None, 1, reserve(1)).is_err(), "used as reserved: still full");
+    }
+
+    #[test]
+    fn a_reservation_larger_than_the_limit_is_admitted_on_a_full_bucket() {
+        let key = set(None, Some(100));
+        assert!(admit(Some(&key), None, 1, reserve(10_000)).is_ok());
+        assert!(admit(Some(&key), None, 1, reserve(1)).is_err());
+    }
+
+    #[test]
+    fn usage_is_capped_and_estimated() {
+        let reservation = Reservation::for_request(400, Some(50), None);
+        assert_eq!(reservation.tokens, 150);
+        assert_eq!(Reservation::for_request(400, None, Some(7)).output, 7);
+        assert_eq!(Reservation::for_request(400, None, None).output, DEFAULT_OUTPUT_RESERVATION);
+        // Reported: taken as it is when plausible, capped when not.
+        assert_eq!(reservation.used(Some((90, 40)), 2000), 130);
+        assert_eq!(reservation.used(Some((u64::MAX, u64::MAX)), 2000), 400 + PROMPT_ALLOWANCE + 2000);
+        // Not reported: the prompt estimate and a token per 4 bytes relayed, at most the output bound.
+        assert_eq!(reservation.used(None, 80), 100 + 20);
+        assert_eq!(reservation.used(None, 1_000_000), 100 + 50);
     }
 
     #[test]
     fn a_pods_share_is_its_part_of_the_limit() {
         let key = set(Some(30), None);
-        let admitted = (0..30).filter(|_| admit(Some(&key), None, 3).is_ok()).count();
+        let admitted = (0..30).filter(|_| admit(Some(&key), None, 3, Reservation::default()).is_ok()).count();
         assert_eq!(admitted, 10);
     }
 
     #[test]
     fn state_carries_over_to_the_next_snapshot() {
         let key = set(Some(1), None);
-        admit(Some(&key), None, 1).unwrap();
+        admit(Some(&key), None, 1, Reservation::default()).unwrap();
         let next = Arc::new(LimitSet::new(
             &LimitsConfig { requests_per_minute: Some(1), tokens_per_minute: None },
             Some(&key),
         ));
-        assert!(admit(Some(&next), None, 1).is_err());
+        assert!(admit(Some(&next), None, 1, Reservation::default()).is_err());
     }
 
     #[test]

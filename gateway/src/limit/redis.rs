@@ -32,59 +32,60 @@ use waycast_crds::config::RedisConfig;
 use super::gcra::{self, Verdict};
 use super::resp::{self, Reply};
 
-/// Checks every limiter of a request and, only if all admit, charges the
-/// request limiters. KEYS: one per limiter. ARGV[1]: the window (µs); then
-/// per limiter a kind (`r` charged now, `t` admitted while budget is left)
-/// and a unit cost (µs). Returns per limiter: admitted (1/0), window used
-/// (µs, after the charge when admitted), and the wait until it would admit
-/// (µs). The TAT is kept in µs since 2023-11 (small enough for Lua's
-/// doubles to count fractions of a µs) and expires when the limiter is full.
+/// Checks every limiter of a request and, only if all admit, charges each
+/// its cost: one request, or the tokens a request reserves. KEYS: one per
+/// limiter. ARGV[1]: the window (µs); then per limiter its cost (µs).
+/// Returns per limiter: admitted (1/0), window used (µs, after the charge
+/// when admitted), and the wait until it would admit (µs). The TAT is kept
+/// in µs since 2023-11 (small enough for Lua's doubles to count fractions
+/// of a µs) and expires when the limiter is full.
 const ADMIT: &str = r"
 local t = redis.call('TIME')
 local now = (tonumber(t[1]) - 1700000000) * 1000000 + tonumber(t[2])
 local window = tonumber(ARGV[1])
 local out, tats, all = {}, {}, true
 for i = 1, #KEYS do
-  local kind, cost = ARGV[2 * i], tonumber(ARGV[2 * i + 1])
+  local cost = tonumber(ARGV[i + 1])
   local tat = tonumber(redis.call('GET', KEYS[i]) or '0')
   if tat < now then tat = now end
   tats[i] = tat
-  local used, admit, retry
-  if kind == 'r' then
-    used = tat + cost - now
-    admit = used <= window
-    if admit then retry = 0 else retry = used - window; used = tat - now end
-  else
+  local used = tat + cost - now
+  local retry = 0
+  if used > window then
+    all = false
+    retry = used - window
     used = tat - now
-    admit = used < window
-    if admit then retry = 0 else retry = used - window + cost end
+    out[#out + 1] = 0
+  else
+    out[#out + 1] = 1
   end
-  if not admit then all = false end
-  out[#out + 1] = admit and 1 or 0
   out[#out + 1] = math.floor(used)
   out[#out + 1] = math.ceil(retry)
 end
 if all then
   for i = 1, #KEYS do
-    if ARGV[2 * i] == 'r' then
-      local tat = tats[i] + tonumber(ARGV[2 * i + 1])
-      redis.call('SET', KEYS[i], string.format('%.3f', tat), 'PX', math.ceil((tat - now) / 1000) + 1000)
-    end
+    local tat = tats[i] + tonumber(ARGV[i + 1])
+    redis.call('SET', KEYS[i], string.format('%.3f', tat), 'PX', math.ceil((tat - now) / 1000) + 1000)
   end
 end
 return out
 ";
 
-/// Charges tokens after a response. KEYS: token limiters; ARGV[i]: the
-/// amount (µs of window) for KEYS[i].
-const CHARGE: &str = r"
+/// Settles token reservations after a response. KEYS: token limiters;
+/// ARGV[i]: the change (µs of window, negative to give back) for KEYS[i].
+/// A limiter is never given back more than makes it full.
+const SETTLE: &str = r"
 local t = redis.call('TIME')
 local now = (tonumber(t[1]) - 1700000000) * 1000000 + tonumber(t[2])
 for i = 1, #KEYS do
   local tat = tonumber(redis.call('GET', KEYS[i]) or '0')
   if tat < now then tat = now end
   tat = tat + tonumber(ARGV[i])
-  redis.call('SET', KEYS[i], string.format('%.3f', tat), 'PX', math.ceil((tat - now) / 1000) + 1000)
+  if tat > now then
+    redis.call('SET', KEYS[i], string.format('%.3f', tat), 'PX', math.ceil((tat - now) / 1000) + 1000)
+  else
+    redis.call('DEL', KEYS[i])
+  end
 end
 return 1
 ";
@@ -123,8 +124,8 @@ struct Call {
 pub struct ScriptLimiter<'a> {
     /// The Redis key.
     pub key: &'a str,
-    /// Charged now (requests) or admitted while budget is left (tokens).
-    pub charged_now: bool,
+    /// What the request costs in it: 1 (a request) or the tokens it reserves.
+    pub units: u64,
     /// The limit per minute.
     pub per_minute: u64,
 }
@@ -171,8 +172,8 @@ impl RedisCounter {
         args.extend(limiters.iter().map(|l| l.key.as_bytes().to_vec()));
         args.push(window.into_bytes());
         for limiter in limiters {
-            args.push(if limiter.charged_now { b"r".to_vec() } else { b"t".to_vec() });
-            args.push(micros(gcra::unit_cost(limiter.per_minute, 1)).into_bytes());
+            let cost = gcra::unit_cost(limiter.per_minute, 1).saturating_mul(limiter.units).min(gcra::WINDOW_NANOS);
+            args.push(micros(cost).into_bytes());
         }
         let reply = self.call(&args).await?;
         let Reply::Array(Some(items)) = reply else { return Err(StoreError::Reply) };
@@ -199,14 +200,18 @@ impl RedisCounter {
             .collect())
     }
 
-    /// Charges `tokens` to each token limiter `(key, per minute)`, without
+    /// Settles a reservation: `tokens` more (positive) or fewer (negative)
+    /// than reserved, for each token limiter `(key, per minute)`, without
     /// waiting for the reply.
-    pub fn charge(&self, limiters: &[(&str, u64)], tokens: u64) {
+    pub fn settle(&self, limiters: &[(&str, u64)], tokens: i128) {
+        if tokens == 0 {
+            return;
+        }
         let mut args: Vec<Vec<u8>> =
-            vec![b"EVALSHA".to_vec(), script_sha(CHARGE).into_bytes(), limiters.len().to_string().into_bytes()];
+            vec![b"EVALSHA".to_vec(), script_sha(SETTLE).into_bytes(), limiters.len().to_string().into_bytes()];
         args.extend(limiters.iter().map(|(key, _)| key.as_bytes().to_vec()));
         for (_, per_minute) in limiters {
-            let nanos = u128::from(gcra::WINDOW_NANOS) * u128::from(tokens) / u128::from((*per_minute).max(1));
+            let nanos = i128::from(gcra::WINDOW_NANOS) * tokens / i128::from((*per_minute).max(1));
             args.push(format!("{:.3}", nanos as f64 / 1000.0).into_bytes());
         }
         let _ = self.calls.send(Call { command: command(&args), reply: None });
@@ -222,7 +227,7 @@ impl RedisCounter {
             Ok(Ok(Ok(Reply::Error(error)))) => {
                 if error.starts_with("NOSCRIPT") {
                     // The scripts were flushed (SCRIPT FLUSH): load them again.
-                    for script in [ADMIT, CHARGE] {
+                    for script in [ADMIT, SETTLE] {
                         let load = command(&[b"SCRIPT".to_vec(), b"LOAD".to_vec(), script.as_bytes().to_vec()]);
                         let _ = self.calls.send(Call { command: load, reply: None });
                     }
@@ -313,7 +318,7 @@ async fn connect(config: &RedisConfig) -> std::io::Result<TcpStream> {
         }
     }
     // Loaded on every connection: a restarted Redis has forgotten them.
-    for script in [ADMIT, CHARGE] {
+    for script in [ADMIT, SETTLE] {
         let reply = roundtrip(&mut stream, &[b"SCRIPT".to_vec(), b"LOAD".to_vec(), script.as_bytes().to_vec()]).await?;
         if reply != Reply::Bulk(Some(script_sha(script).into_bytes())) {
             return Err(std::io::Error::other(format!("SCRIPT LOAD answered {reply:?}")));

@@ -29,8 +29,12 @@ pub struct RequestFields<'a> {
     pub model_span: Range<usize>,
     /// `"stream": true` at the top level.
     pub stream: bool,
-    /// Byte range of the top-level `stream_options` value, if present.
+    /// Byte range of the top-level `stream_options` value (an object or
+    /// `null`), if present.
     pub stream_options: Option<Range<usize>>,
+    /// The largest output the client asked for: `max_completion_tokens`,
+    /// `max_tokens` or `max_output_tokens` (a non-negative integer), if any.
+    pub max_tokens: Option<u64>,
 }
 
 /// Scans `body`.
@@ -51,6 +55,7 @@ pub fn scan(body: &[u8]) -> Result<RequestFields<'_>, GatewayError> {
     let mut model: Option<(Cow<'_, str>, Range<usize>)> = None;
     let mut stream = false;
     let mut stream_options = None;
+    let mut max_tokens = None;
     scanner.skip_whitespace();
     if scanner.peek() == Some(b'}') {
         scanner.at += 1;
@@ -77,15 +82,38 @@ pub fn scan(body: &[u8]) -> Result<RequestFields<'_>, GatewayError> {
                     let text = key_text(body, &span)?;
                     model = Some((text, span.range));
                 }
+                // NB: typed strictly, as OpenAI does: a `"stream": 1` that
+                // the upstream reads as true must not pass as "not a stream"
+                // here, where token charging depends on it.
                 "stream" => {
                     let start = scanner.at;
                     scanner.value(1)?;
-                    stream = &body[start..scanner.at] == b"true";
+                    stream = match &body[start..scanner.at] {
+                        b"true" => true,
+                        b"false" | b"null" => false,
+                        _ => return Err(GatewayError::InvalidField("stream", "must be a boolean")),
+                    };
                 }
                 "stream_options" => {
                     let start = scanner.at;
+                    let is_object = scanner.peek() == Some(b'{');
                     scanner.value(1)?;
+                    if !is_object && &body[start..scanner.at] != b"null" {
+                        return Err(GatewayError::InvalidField("stream_options", "must be an object"));
+                    }
                     stream_options = Some(start..scanner.at);
+                }
+                "max_tokens" | "max_completion_tokens" | "max_output_tokens" => {
+                    let start = scanner.at;
+                    scanner.value(1)?;
+                    let text = &body[start..scanner.at];
+                    if text != b"null" {
+                        let value = std::str::from_utf8(text).ok().and_then(|t| t.parse::<u64>().ok());
+                        let value =
+                            value.ok_or(GatewayError::InvalidField("max_tokens", "must be a non-negative integer"))?;
+                        // The largest of them bounds the output.
+                        max_tokens = Some(max_tokens.map_or(value, |m: u64| m.max(value)));
+                    }
                 }
                 _ => scanner.value(1)?,
             }
@@ -99,7 +127,10 @@ pub fn scan(body: &[u8]) -> Result<RequestFields<'_>, GatewayError> {
     }
     scanner.end()?;
     let (model, model_span) = model.ok_or(GatewayError::MissingModel)?;
-    Ok(RequestFields { model, model_span, stream, stream_options })
+    if model.is_empty() {
+        return Err(GatewayError::InvalidField("model", "must not be empty"));
+    }
+    Ok(RequestFields { model, model_span, stream, stream_options, max_tokens })
 }
 
 struct StringSpan {
@@ -333,7 +364,31 @@ mod tests {
         assert_eq!(&body[fields.model_span.clone()], "\"llama3\"");
         assert_eq!(model_of(" {\n\"model\" : \"a/b:c\" } ").unwrap(), "a/b:c");
         assert!(!scan(br#"{"model":"m","stream":false}"#).unwrap().stream);
-        assert!(!scan(br#"{"model":"m","stream":"true"}"#).unwrap().stream);
+        assert!(!scan(br#"{"model":"m","stream":null}"#).unwrap().stream);
+    }
+
+    /// Fields whose type decides what is charged are typed strictly: a
+    /// stream the upstream would run must never pass as "no stream" here.
+    #[test]
+    fn stream_fields_and_output_bounds_are_typed() {
+        let invalid = |body: &str| scan(body.as_bytes()).err();
+        for stream in ["1", "\"true\"", "{}", "[true]"] {
+            let body = format!(r#"{{"model":"m","stream":{stream}}}"#);
+            assert_eq!(invalid(&body), Some(GatewayError::InvalidField("stream", "must be a boolean")), "{body}");
+        }
+        assert_eq!(
+            invalid(r#"{"model":"m","stream_options":"x"}"#),
+            Some(GatewayError::InvalidField("stream_options", "must be an object"))
+        );
+        assert_eq!(invalid(r#"{"model":""}"#), Some(GatewayError::InvalidField("model", "must not be empty")));
+        let fields =
+            scan(br#"{"model":"m","stream":true,"stream_options":null,"max_tokens":64,"max_completion_tokens":128}"#)
+                .unwrap();
+        assert_eq!((fields.stream, fields.max_tokens), (true, Some(128)));
+        assert_eq!(fields.stream_options.map(|span| span.len()), Some(4), "null is kept: the gateway replaces it");
+        assert_eq!(scan(br#"{"model":"m","max_tokens":null}"#).unwrap().max_tokens, None);
+        assert!(invalid(r#"{"model":"m","max_tokens":-1}"#).is_some());
+        assert!(invalid(r#"{"model":"m","max_output_tokens":"9"}"#).is_some());
     }
 
     #[test]

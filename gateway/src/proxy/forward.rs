@@ -82,6 +82,8 @@ pub struct Outgoing<'a> {
     pub model_span: std::ops::Range<usize>,
     /// The request id to send upstream.
     pub request_id: &'a HeaderValue,
+    /// Who asked (`X-Forwarded-For`, `X-Forwarded-Proto`).
+    pub client: &'a super::Client,
 }
 
 /// Sends the request to the route's backends in failover order.
@@ -93,8 +95,8 @@ pub async fn send(route: &Route, outgoing: &Outgoing<'_>) -> Result<Forwarded, G
     let mut last_error = None;
     for index in route.backend_order() {
         let backend = &route.backends[index];
-        let request =
-            build_request(backend, outgoing).ok_or_else(|| GatewayError::UpstreamFailed(route.name.to_string()))?;
+        let request = build_request(backend, &route.forward_headers, outgoing)
+            .ok_or_else(|| GatewayError::UpstreamFailed(route.name.to_string()))?;
         let sent_at = Instant::now();
         match tokio::time::timeout(route.timeouts.first_byte, route.client.request(request)).await {
             Ok(Ok(response)) => {
@@ -121,7 +123,11 @@ pub async fn send(route: &Route, outgoing: &Outgoing<'_>) -> Result<Forwarded, G
 
 /// The upstream request; `None` only if the client's query string does not
 /// form a valid URI with the backend's path.
-fn build_request(backend: &Backend, outgoing: &Outgoing<'_>) -> Option<Request<Full<Bytes>>> {
+fn build_request(
+    backend: &Backend,
+    extra: &crate::snapshot::ForwardHeaders,
+    outgoing: &Outgoing<'_>,
+) -> Option<Request<Full<Bytes>>> {
     let path = backend.paths.get(outgoing.endpoint)?;
     // The backend's own query (Azure's `api-version`) comes first, then the
     // client's.
@@ -142,7 +148,7 @@ fn build_request(backend: &Backend, outgoing: &Outgoing<'_>) -> Option<Request<F
     };
     let mut headers = HeaderMap::with_capacity(outgoing.headers.len() + backend.headers.len() + 2);
     for (name, value) in outgoing.headers {
-        if forwardable(name) {
+        if forwardable(name) || (extra.allows(name.as_str()) && !is_client_credential(name)) {
             headers.append(name.clone(), value.clone());
         }
     }
@@ -152,6 +158,10 @@ fn build_request(backend: &Backend, outgoing: &Outgoing<'_>) -> Option<Request<F
     headers.insert(header::HOST, backend.host.clone());
     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
     headers.insert(REQUEST_ID.clone(), outgoing.request_id.clone());
+    // Set by the gateway, never taken from the client: a client's own
+    // X-Forwarded-For would let it pose as another address upstream.
+    headers.insert(FORWARDED_FOR.clone(), outgoing.client.forwarded_for.clone());
+    headers.insert(FORWARDED_PROTO.clone(), outgoing.client.forwarded_proto.clone());
     let mut request = Request::new(Full::new(body));
     *request.method_mut() = outgoing.method.clone();
     *request.uri_mut() = uri;
@@ -162,22 +172,28 @@ fn build_request(backend: &Backend, outgoing: &Outgoing<'_>) -> Option<Request<F
 /// `X-Request-Id`.
 pub static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
-/// Whether a client header may go upstream: not hop-by-hop, not the client's
-/// credential, not one the client library sets itself.
+static FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+
+/// Whether a client header may go upstream: an allow-list of what an
+/// inference API reads (content negotiation, the SDKs' own `openai-*`,
+/// `anthropic-*` and `x-stainless-*` headers, trace context). Everything
+/// else stays behind — the client's credentials (`Authorization`,
+/// `x-api-key`, Azure's `api-key`), cookies, its own `X-Forwarded-*`,
+/// hop-by-hop headers and whatever `Connection` names — and
+/// `Accept-Encoding` too: a compressed response would hide its usage.
 fn forwardable(name: &HeaderName) -> bool {
-    !(name == header::AUTHORIZATION
-        || name == "x-api-key"
-        || name == header::HOST
-        || name == header::CONTENT_LENGTH
-        || name == header::TRANSFER_ENCODING
-        || name == header::CONNECTION
-        || name == "keep-alive"
-        || name == "proxy-connection"
-        || name == header::PROXY_AUTHORIZATION
-        || name == header::TE
-        || name == header::TRAILER
-        || name == header::UPGRADE
-        || name == REQUEST_ID)
+    let name = name.as_str();
+    matches!(name, "content-type" | "accept" | "user-agent" | "traceparent" | "tracestate" | "baggage")
+        || name.starts_with("openai-")
+        || name.starts_with("anthropic-")
+        || name.starts_with("x-stainless-")
+}
+
+/// The client's own credentials: never forwarded, whatever a model allows
+/// (its validation refuses such patterns too).
+fn is_client_credential(name: &HeaderName) -> bool {
+    waycast_crds::common::CLIENT_CREDENTIAL_HEADERS.contains(&name.as_str())
 }
 
 /// Whether an upstream response header may go back to the client.
@@ -212,11 +228,36 @@ mod tests {
     }
 
     #[test]
-    fn client_credentials_and_hop_headers_stay_behind() {
-        for name in ["authorization", "x-api-key", "connection", "transfer-encoding", "host", "te", "upgrade"] {
+    fn only_what_an_inference_api_reads_goes_upstream() {
+        for name in [
+            "authorization",
+            "x-api-key",
+            "api-key",
+            "cookie",
+            "x-forwarded-for",
+            "forwarded",
+            "connection",
+            "keep-alive",
+            "transfer-encoding",
+            "host",
+            "te",
+            "upgrade",
+            "accept-encoding",
+            "x-request-id",
+            "x-custom-hop",
+        ] {
             assert!(!forwardable(&HeaderName::from_static(name)), "{name}");
         }
-        for name in ["content-type", "accept", "anthropic-version", "openai-beta", "user-agent"] {
+        for name in [
+            "content-type",
+            "accept",
+            "anthropic-version",
+            "openai-beta",
+            "openai-organization",
+            "user-agent",
+            "x-stainless-lang",
+            "traceparent",
+        ] {
             assert!(forwardable(&HeaderName::from_static(name)), "{name}");
         }
     }

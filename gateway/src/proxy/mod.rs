@@ -65,8 +65,31 @@ fn endpoint(path: &str) -> Option<Endpoint> {
     }
 }
 
+/// The client end of a connection, as the upstream is told of it
+/// (`X-Forwarded-For`, `X-Forwarded-Proto`).
+#[derive(Debug, Clone)]
+pub struct Client {
+    /// The peer's address.
+    pub forwarded_for: HeaderValue,
+    /// `http` or `https`.
+    pub forwarded_proto: HeaderValue,
+}
+
+impl Client {
+    /// For a connection from `address`, over TLS or not.
+    pub fn new(address: std::net::IpAddr, tls: bool) -> Self {
+        let forwarded_for = HeaderValue::try_from(address.to_string()).unwrap_or(HeaderValue::from_static("unknown"));
+        let forwarded_proto = HeaderValue::from_static(if tls { "https" } else { "http" });
+        Self { forwarded_for, forwarded_proto }
+    }
+}
+
 /// Serves one request. Never fails: errors become OpenAI-shaped responses.
-pub async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Result<Response<ProxyBody>, Infallible> {
+pub async fn handle(
+    shared: Arc<Shared>,
+    client: Client,
+    request: Request<Incoming>,
+) -> Result<Response<ProxyBody>, Infallible> {
     let started = Instant::now();
     let request_id = shared.request_ids.for_request(request.headers());
     let target = endpoint(request.uri().path());
@@ -76,7 +99,7 @@ pub async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Result<R
         None => "other",
     };
     let mut exchange = Some(Exchange::new(shared.clone(), started, request.method().clone(), path, request_id.clone()));
-    let result = serve(&shared, request, target, &mut exchange, &request_id).await;
+    let result = serve(&shared, &client, request, target, &mut exchange, &request_id).await;
     let mut response = match result {
         Ok(response) => response,
         Err(error) => {
@@ -96,6 +119,7 @@ fn finish_without_body(exchange: Exchange, status: u16, error: Option<&'static s
 
 async fn serve(
     shared: &Shared,
+    client: &Client,
     request: Request<Incoming>,
     target: Option<Endpoint>,
     exchange: &mut Option<Exchange>,
@@ -142,7 +166,8 @@ async fn serve(
         exchange.stream = fields.stream;
     }
 
-    let mut admitted = rate_limit(shared, &snapshot, key, route).await?;
+    let reservation = limit::Reservation::for_request(body.len(), fields.max_tokens, route.output_token_reservation);
+    let mut admitted = rate_limit(shared, &snapshot, key, route, reservation).await?;
     // Token limits need the usage of streams too: ask for it, and take the
     // extra chunk out again if the client did not ask for it.
     let charge = admitted.as_mut().and_then(|a| a.charge.take());
@@ -164,12 +189,20 @@ async fn serve(
         body: &body,
         model_span,
         request_id,
+        client,
     };
     let forwarded = forward::send(route, &outgoing).await.inspect_err(|error| {
         let reason = error.code();
         shared.metrics.upstream_errors.with_label_values(&[&route.name, reason]).inc();
     })?;
 
+    // An error page that is not JSON (a proxy's HTML 502) would break the
+    // client's SDK: it becomes an OpenAI-shaped error with the same status.
+    let upstream_status = forwarded.response.status();
+    if !upstream_status.is_success() && !is_json(forwarded.response.headers()) {
+        shared.metrics.upstream_errors.with_label_values(&[&route.name, "not_json"]).inc();
+        return Err(GatewayError::UpstreamNotJson(route.name.to_string(), upstream_status.as_u16()));
+    }
     let Some(mut exchange) = exchange.take() else {
         return Err(GatewayError::NotReady);
     };
@@ -205,16 +238,17 @@ async fn rate_limit(
     snapshot: &Snapshot,
     key: &KeyEntry,
     route: &Route,
+    reservation: limit::Reservation,
 ) -> Result<Option<Admitted>, GatewayError> {
     if key.limits.is_none() && route.limits.is_none() {
         return Ok(None);
     }
     let (key_limits, model_limits) = (key.limits.as_ref(), route.limits.as_ref());
     let decision = match &snapshot.redis {
-        None => limit::admit(key_limits, model_limits, shared.fleet.shares()),
+        None => limit::admit(key_limits, model_limits, shared.fleet.shares(), reservation),
         Some(counter) => {
             let subject = limit::Subject { key: (&key.id, key_limits), model: (&route.name, model_limits) };
-            match limit::admit_in_redis(counter, &subject).await {
+            match limit::admit_in_redis(counter, &subject, reservation).await {
                 Ok(decision) => decision,
                 Err(error) => {
                     shared.metrics.rate_limit_store_errors.with_label_values(&[error.label()]).inc();
@@ -291,6 +325,15 @@ fn models_list(snapshot: &Snapshot, key: &crate::snapshot::KeyEntry) -> Bytes {
         .map(|name| serde_json::json!({"id": name, "object": "model", "created": 0, "owned_by": "waycast"}))
         .collect();
     Bytes::from(serde_json::json!({"object": "list", "data": data}).to_string())
+}
+
+/// Whether a response says its body is JSON (`application/json`, or a
+/// `+json` type such as `application/problem+json`).
+fn is_json(headers: &http::HeaderMap) -> bool {
+    headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|value| {
+        let essence = value.split(';').next().unwrap_or_default().trim().to_ascii_lowercase();
+        essence == "application/json" || essence.ends_with("+json")
+    })
 }
 
 fn json_response(body: Bytes) -> Response<ProxyBody> {

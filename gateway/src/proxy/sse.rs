@@ -6,13 +6,24 @@
 //! or end inside an event. An incomplete event is held until its end
 //! arrives — an SSE client cannot use half an event, so nothing it could
 //! read is delayed.
+//!
+//! Bounded: at most [`MAX_HELD`] bytes of one event are held, and each byte
+//! is searched for an event end once. An upstream that never ends an event
+//! makes the filter give up on that stream: what it held and everything
+//! after passes through unfiltered (the usage chunk may reach the client),
+//! and the charge falls back to an estimate.
 
 use bytes::{Bytes, BytesMut};
+
+/// The most of one incomplete event the filter holds (64 KiB; a chat
+/// chunk is a few hundred bytes).
+pub const MAX_HELD: usize = 64 * 1024;
 
 /// The filter's state between frames.
 #[derive(Debug, Default)]
 pub struct UsageChunkFilter {
     held: BytesMut,
+    gave_up: bool,
 }
 
 const USAGE_OBJECT: &[u8] = br#""usage":{"#;
@@ -21,11 +32,24 @@ const NO_CHOICES: &[u8] = br#""choices":[]"#;
 impl UsageChunkFilter {
     /// The part of `data` the client gets now.
     pub fn pass(&mut self, data: &Bytes) -> Bytes {
-        if self.held.is_empty() && data.ends_with(b"\n\n") && memchr::memmem::find(data, USAGE_OBJECT).is_none() {
+        if self.gave_up
+            || (self.held.is_empty() && data.ends_with(b"\n\n") && memchr::memmem::find(data, USAGE_OBJECT).is_none())
+        {
             return data.clone();
         }
+        // What is held ends inside an event: only the new bytes (and the
+        // three before them, for a blank line split across frames) can
+        // hold an event end. Rescanning all of it made an endless line
+        // quadratic.
+        let searched_from = self.held.len().saturating_sub(3);
         self.held.extend_from_slice(data);
-        let Some(end) = last_event_end(&self.held) else { return Bytes::new() };
+        let Some(end) = last_event_end(&self.held[searched_from..]).map(|end| end + searched_from) else {
+            if self.held.len() > MAX_HELD {
+                self.gave_up = true;
+                return self.held.split().freeze();
+            }
+            return Bytes::new();
+        };
         let complete = self.held.split_to(end).freeze();
         if memchr::memmem::find(&complete, USAGE_OBJECT).is_none() {
             return complete;
@@ -42,6 +66,11 @@ impl UsageChunkFilter {
     /// Nothing is held.
     pub fn is_empty(&self) -> bool {
         self.held.is_empty()
+    }
+
+    /// The filter gave up on this stream (an event longer than [`MAX_HELD`]).
+    pub fn gave_up(&self) -> bool {
+        self.gave_up
     }
 
     /// What is held when the stream ends (an unterminated last event).
@@ -137,6 +166,29 @@ mod tests {
             "data: {\"choices\":[{\"delta\":{\"content\":\"\\\"usage\\\":{\"}}],\"usage\":{\"total_tokens\":1}}\n\n";
         let (out, _) = run(&[content, DONE]);
         assert_eq!(out, format!("{content}{DONE}"));
+    }
+
+    #[test]
+    fn an_endless_event_is_bounded_and_then_passed_through() {
+        let mut filter = UsageChunkFilter::default();
+        let line = Bytes::from(vec![b'x'; 1024]);
+        let mut passed = 0;
+        for _ in 0..(MAX_HELD / 1024) {
+            passed += filter.pass(&line).len();
+        }
+        assert_eq!(passed, 0, "held while it might still end");
+        passed += filter.pass(&line).len();
+        assert!(filter.gave_up());
+        assert_eq!(passed, MAX_HELD + 1024, "everything held goes out at once");
+        assert_eq!(filter.pass(&Bytes::from_static(USAGE.as_bytes())), USAGE.as_bytes(), "unfiltered from then on");
+    }
+
+    #[test]
+    fn an_event_end_split_across_frames_is_found() {
+        let (out, _) = run(&["data: {\"choices\":[]}\n", "\ndata: [DONE]\n\n"]);
+        assert_eq!(out, "data: {\"choices\":[]}\n\ndata: [DONE]\n\n");
+        let (out, _) = run(&["data: x\r\n\r", "\ndata: [DONE]\r\n\r\n"]);
+        assert_eq!(out, "data: x\r\n\r\ndata: [DONE]\r\n\r\n");
     }
 
     #[test]

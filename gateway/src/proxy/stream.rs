@@ -173,11 +173,19 @@ impl Exchange {
         if let Some(usage) = outcome.usage {
             metrics.tokens.with_label_values(&[model, key, "prompt"]).inc_by(usage.prompt);
             metrics.tokens.with_label_values(&[model, key, "completion"]).inc_by(usage.completion);
-            if let Some(charge) = &self.charge {
-                let total = usage.prompt.saturating_add(usage.completion);
-                charge.tokens(total);
-                metrics.rate_limit_tokens.with_label_values(&[model, key]).inc_by(total);
-            }
+        }
+        if let Some(charge) = &self.charge {
+            // What was served is charged: a response that went out (whole,
+            // or until the client left) by its usage or an estimate; one the
+            // upstream refused or never sent, nothing.
+            let served = (200..300).contains(&outcome.status) || outcome.status == CLIENT_CLOSED_REQUEST;
+            let used = if served {
+                charge.reservation.used(outcome.usage.map(|u| (u.prompt, u.completion)), outcome.bytes)
+            } else {
+                0
+            };
+            charge.settle(used);
+            metrics.rate_limit_tokens.with_label_values(&[model, key]).inc_by(used);
         }
         if self.access_log && crate::access_log::enabled() {
             let usage = outcome.usage.unwrap_or_default();
@@ -331,7 +339,17 @@ impl Body for RelayBody {
             return match polled {
                 Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
                     Ok(data) => {
+                        let held_on = !filter.gave_up();
                         let mut passed = filter.pass(&data);
+                        if held_on
+                            && filter.gave_up()
+                            && let Some(exchange) = &this.exchange
+                        {
+                            // The upstream sent an event longer than the filter holds.
+                            let model = exchange.model.as_deref().unwrap_or("unknown");
+                            let reason = "sse_event_too_long";
+                            exchange.shared.metrics.upstream_errors.with_label_values(&[model, reason]).inc();
+                        }
                         if this.inner.is_end_stream() {
                             let rest = filter.finish();
                             if !rest.is_empty() {

@@ -101,6 +101,12 @@ pub fn with_stream_usage(
             let (body, model_span) = splice(body, open + 1..open + 1, FIELD, model_span);
             (body, model_span, true)
         }
+        // NB: `null` is replaced in place: a second `stream_options` key
+        // would leave the upstream to pick one (most keep the last, `null`).
+        Some(span) if &body[span.clone()] == b"null" => {
+            let (body, model_span) = splice(body, span, br#"{"include_usage":true}"#, model_span);
+            (body, model_span, true)
+        }
         Some(span) => {
             let Ok(mut options) =
                 serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&body[span.clone()])
@@ -271,6 +277,11 @@ mod tests {
         assert!(strip, "the client said no: its stream must not show usage");
         let value: serde_json::Value = serde_json::from_str(&body).unwrap();
         assert_eq!(value["stream_options"], serde_json::json!({"include_usage": true, "x": 1}));
+
+        let (model, body, strip) = injected(r#"{"stream_options":null,"model":"m","stream":true}"#);
+        assert_eq!(model, r#""m""#);
+        assert!(strip);
+        assert_eq!(body, r#"{"stream_options":{"include_usage":true},"model":"m","stream":true}"#);
 
         let original = r#"{"model":"m","stream":true,"stream_options":{"include_usage":true}}"#;
         let (_, body, strip) = injected(original);

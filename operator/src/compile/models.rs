@@ -140,6 +140,8 @@ fn route(endpoint: &ModelEndpoint, key: &ObjectKey, inputs: &Inputs<'_>) -> Resu
         limits: spec.limits.as_ref().map(limits),
         source: Some(key.to_string()),
         key_namespaces,
+        forward_headers: spec.forward_headers.clone(),
+        output_token_reservation: spec.output_token_reservation.and_then(|n| u64::try_from(n).ok()),
     };
     // The gateway's own check, on this entry alone: what it would refuse is
     // left out here, with the field named, instead of freezing everyone's config.

@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, Lifecycle, LifecycleHandler,
-    ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile, SecretVolumeSource,
-    SecurityContext, SleepAction, Volume, VolumeMount,
+    ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile,
+    SecretVolumeSource, SecurityContext, SleepAction, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -26,6 +26,22 @@ use super::{
 pub const GATEWAY_USER: i64 = 65532;
 /// Where a TLS Secret is mounted.
 pub const TLS_MOUNT: &str = "/etc/waycast/tls";
+
+/// Resources of a gateway container whose Gateway sets none: a request the
+/// scheduler and a CPU-based HPA can count on, and a memory limit so one
+/// pod's trouble stays its own (the data plane bounds its buffers well
+/// under it). `spec.resources` replaces all of it.
+pub fn default_resources() -> ResourceRequirements {
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    let quantities = |pairs: &[(&str, &str)]| {
+        Some(pairs.iter().map(|(name, value)| ((*name).to_owned(), Quantity((*value).to_owned()))).collect())
+    };
+    ResourceRequirements {
+        requests: quantities(&[("cpu", "100m"), ("memory", "64Mi")]),
+        limits: quantities(&[("memory", "1Gi")]),
+        ..ResourceRequirements::default()
+    }
+}
 
 /// The Deployment.
 pub fn deployment(gateway: &Gateway, settings: &RenderSettings) -> Deployment {
@@ -135,7 +151,7 @@ pub fn deployment(gateway: &Gateway, settings: &RenderSettings) -> Deployment {
             }),
             ..Lifecycle::default()
         }),
-        resources: spec.resources.clone(),
+        resources: Some(spec.resources.clone().unwrap_or_else(default_resources)),
         security_context: Some(SecurityContext {
             run_as_non_root: Some(true),
             run_as_user: Some(GATEWAY_USER),
@@ -217,6 +233,9 @@ mod tests {
         assert_eq!(container.image.as_deref(), Some("docker.io/waycast/gateway:dev"));
         let args = container.args.clone().unwrap();
         assert!(args.windows(2).any(|w| w == ["--config-secret", "platform/shared-config"]), "{args:?}");
+        let resources = container.resources.as_ref().unwrap();
+        assert_eq!(resources.limits.as_ref().unwrap()["memory"].0, "1Gi", "bounded by default");
+        assert_eq!(resources.requests.as_ref().unwrap()["cpu"].0, "100m");
         let security = container.security_context.as_ref().unwrap();
         assert_eq!(
             (security.run_as_non_root, security.read_only_root_filesystem, security.allow_privilege_escalation),
