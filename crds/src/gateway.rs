@@ -237,6 +237,13 @@ pub struct GatewayLimits {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1_073_741_824))]
     pub max_request_body_bytes: Option<i64>,
+    /// Most client connections one gateway pod keeps open; more are closed
+    /// as they arrive and counted in
+    /// `waycast_gateway_connections_refused_total`. Default 10,000.
+    /// Changing it rolls the pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1_000_000))]
+    pub max_connections: Option<i32>,
 }
 
 /// How rate limits are counted.

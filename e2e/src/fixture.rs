@@ -100,6 +100,8 @@ pub struct FixtureOptions {
     pub drain_timeout: Duration,
     /// TLS certificate and key files.
     pub tls: Option<(PathBuf, PathBuf)>,
+    /// Most client connections open at once.
+    pub max_connections: usize,
 }
 
 impl Default for FixtureOptions {
@@ -108,6 +110,7 @@ impl Default for FixtureOptions {
             mock: MockOptions::default(),
             body_timeout: Duration::from_secs(5),
             header_read_timeout: Duration::from_secs(5),
+            max_connections: waycast_gateway::DEFAULT_MAX_CONNECTIONS,
             drain_timeout: Duration::from_secs(10),
             tls: None,
         }
@@ -149,6 +152,7 @@ impl Fixture {
             drain_timeout: options.drain_timeout,
             body_timeout: options.body_timeout,
             header_read_timeout: options.header_read_timeout,
+            max_connections: options.max_connections,
             heartbeat: None,
         })
         .await

@@ -17,6 +17,7 @@ pub mod control_plane;
 pub mod docs;
 pub mod fixture;
 pub mod harness;
+pub mod hostile_upstream;
 pub mod image;
 pub mod manifest;
 pub mod mock_upstream;

@@ -385,3 +385,38 @@ async fn silent_and_half_preface_connections_are_closed_within_the_header_timeou
     let (status, _, _) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), CHAT).await;
     assert_eq!(status, StatusCode::OK);
 }
+
+/// Past `--max-connections` a new connection is closed at once and
+/// counted; the open ones are served, and once they close there is room.
+#[tokio::test]
+async fn connections_past_the_cap_are_closed_and_counted() {
+    let options = FixtureOptions { max_connections: 3, ..FixtureOptions::default() };
+    let fixture = Fixture::start(options, |_, _| {}).await;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut stream = TcpStream::connect(fixture.addr).await.unwrap();
+        stream.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+        held.push(stream);
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while fixture.metric("waycast_gateway_connections_open").await != Some(3.0) {
+        assert!(Instant::now() < deadline, "three connections never counted open");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut refused = TcpStream::connect(fixture.addr).await.unwrap();
+    let _ = refused.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    let mut buffer = [0_u8; 16];
+    let read = tokio::time::timeout(Duration::from_secs(2), refused.read(&mut buffer)).await;
+    assert!(matches!(read, Ok(Ok(0) | Err(_))), "a fourth connection was served: {read:?}");
+    assert_eq!(fixture.metric("waycast_gateway_connections_refused_total").await, Some(1.0));
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (status, _, _) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), CHAT).await;
+        if status == StatusCode::OK {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no room after the held connections closed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -133,6 +133,7 @@ async fn follows_its_secret_with_a_token_that_can_read_only_that_secret() {
         drain_timeout: Duration::from_secs(5),
         body_timeout: Duration::from_secs(5),
         header_read_timeout: Duration::from_secs(5),
+        max_connections: waycast_gateway::DEFAULT_MAX_CONNECTIONS,
         heartbeat: None,
     })
     .await

@@ -36,6 +36,11 @@ use tokio::task::JoinHandle;
 use config::ConfigStore;
 use metrics::Metrics;
 
+/// Client connections open at once by default (`--max-connections`): far
+/// above what one pod serves well, low enough that descriptors and memory
+/// hold.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+
 /// State every request shares.
 pub struct Shared {
     /// The config being served.
@@ -48,6 +53,8 @@ pub struct Shared {
     pub body_timeout: Duration,
     /// Longest a client may take to send its request headers.
     pub header_read_timeout: Duration,
+    /// Most client connections open at once.
+    pub max_connections: usize,
     /// How many pods share each rate limit.
     pub fleet: Arc<limit::fleet::Fleet>,
     draining: AtomicBool,
@@ -132,6 +139,8 @@ pub struct GatewayOptions {
     pub body_timeout: Duration,
     /// Longest a client may take to send its request headers.
     pub header_read_timeout: Duration,
+    /// Most client connections open at once.
+    pub max_connections: usize,
     /// In a cluster: heartbeat the served config hash as this pod.
     pub heartbeat: Option<(kube::Client, heartbeat::PodIdentity)>,
 }
@@ -206,6 +215,7 @@ pub async fn start(options: GatewayOptions) -> Result<RunningGateway, StartError
         request_ids: RequestIds::new(),
         body_timeout: options.body_timeout,
         header_read_timeout: options.header_read_timeout,
+        max_connections: options.max_connections,
         fleet: Arc::default(),
         draining: AtomicBool::new(false),
     });

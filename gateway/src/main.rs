@@ -55,6 +55,10 @@ struct Args {
     /// How long a client may take to send its request headers.
     #[arg(long, env = "WAYCAST_HEADER_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     header_timeout: Duration,
+    /// Most client connections open at once; more are closed as they
+    /// arrive (and counted).
+    #[arg(long, env = "WAYCAST_MAX_CONNECTIONS", default_value_t = waycast_gateway::DEFAULT_MAX_CONNECTIONS)]
+    max_connections: usize,
     /// Log filter (error, warn, info, debug, trace, or a tracing directive).
     #[arg(long, env = "WAYCAST_LOG", default_value = "info")]
     log: String,
@@ -131,6 +135,7 @@ async fn run(args: Args) -> ExitCode {
         drain_timeout: args.drain_timeout,
         body_timeout: args.body_timeout,
         header_read_timeout: args.header_timeout,
+        max_connections: args.max_connections,
         heartbeat,
     };
     let gateway = match waycast_gateway::start(options).await {

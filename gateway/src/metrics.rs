@@ -36,6 +36,10 @@ pub struct Metrics {
     pub inflight: IntGauge,
     /// Upstream failures by model and reason.
     pub upstream_errors: IntCounterVec,
+    /// Client connections open now.
+    pub connections_open: IntGauge,
+    /// Client connections closed on arrival because `--max-connections` were open.
+    pub connections_refused: IntCounter,
     /// Configs applied.
     pub config_reloads: IntCounter,
     /// Configs rejected (the previous one kept serving).
@@ -101,6 +105,11 @@ impl Metrics {
             Opts::new("waycast_gateway_upstream_errors_total", "Upstream failures by model and reason."),
             &["model", "reason"],
         )?;
+        let connections_open = IntGauge::new("waycast_gateway_connections_open", "Client connections open now.")?;
+        let connections_refused = IntCounter::new(
+            "waycast_gateway_connections_refused_total",
+            "Client connections closed on arrival because --max-connections were open.",
+        )?;
         let config_reloads = IntCounter::new("waycast_gateway_config_reloads_total", "Configs applied.")?;
         let config_reload_errors = IntCounter::new(
             "waycast_gateway_config_reload_errors_total",
@@ -153,6 +162,8 @@ impl Metrics {
             tokens,
             inflight,
             upstream_errors,
+            connections_open,
+            connections_refused,
             config_reloads,
             config_reload_errors,
             config_info,
@@ -180,6 +191,8 @@ impl Metrics {
             Box::new(self.tokens.clone()),
             Box::new(self.inflight.clone()),
             Box::new(self.upstream_errors.clone()),
+            Box::new(self.connections_open.clone()),
+            Box::new(self.connections_refused.clone()),
             Box::new(self.config_reloads.clone()),
             Box::new(self.config_reload_errors.clone()),
             Box::new(self.config_info.clone()),

@@ -111,6 +111,14 @@ pub async fn serve_public(
                 continue;
             }
         };
+        // Past the cap a new connection is closed at once (and counted):
+        // the ones already open keep their share of the pod.
+        if shared.metrics.connections_open.get() >= i64::try_from(shared.max_connections).unwrap_or(i64::MAX) {
+            shared.metrics.connections_refused.inc();
+            drop(stream);
+            continue;
+        }
+        let open = OpenConnection::count(&shared);
         let _ = stream.set_nodelay(true);
         let shared = shared.clone();
         let builder = builder.clone();
@@ -139,7 +147,25 @@ pub async fn serve_public(
                 }
             }
             drop(alive);
+            drop(open);
         });
+    }
+}
+
+/// One open client connection, counted in `waycast_gateway_connections_open`
+/// from accept until its task ends (whichever way it ends).
+struct OpenConnection(Arc<Shared>);
+
+impl OpenConnection {
+    fn count(shared: &Arc<Shared>) -> Self {
+        shared.metrics.connections_open.inc();
+        Self(shared.clone())
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.metrics.connections_open.dec();
     }
 }
 

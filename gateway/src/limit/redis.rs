@@ -2,10 +2,15 @@
 //! a Lua script on the server's clock, one round trip per limited request.
 //!
 //! ```text
-//! requests ─► unbounded queue ─► connection task ─► one socket, pipelined:
-//!                                 every queued command written at once,
-//!                                 replies matched to callers in order
+//! requests ─► bounded queue ─► connection task ─► one socket, pipelined:
+//!                               every queued command written at once,
+//!                               replies matched to callers in order
 //! ```
+//!
+//! Bounded: at most [`MAX_QUEUED`] calls wait to be written and
+//! [`MAX_IN_FLIGHT`] await replies; past that a call fails at once
+//! (`queue_full`) and the Gateway's failure mode applies, so a Redis that
+//! stalls costs neither memory nor time without end.
 //!
 //! The connection task reconnects with backoff (loading the scripts again
 //! on each connection); while it is down, calls fail at once, so no request
@@ -102,7 +107,15 @@ pub enum StoreError {
     /// An error reply or a reply of the wrong shape.
     #[error("Redis answered with an error")]
     Reply,
+    /// Too many calls already wait for Redis.
+    #[error("too many calls wait for Redis")]
+    Busy,
 }
+
+/// Calls that may wait to be written to Redis.
+pub const MAX_QUEUED: usize = 4096;
+/// Calls that may await their replies at once.
+pub const MAX_IN_FLIGHT: usize = 4096;
 
 impl StoreError {
     /// The metric's `reason` label.
@@ -111,6 +124,7 @@ impl StoreError {
             StoreError::Unreachable => "unreachable",
             StoreError::Timeout => "timeout",
             StoreError::Reply => "error_reply",
+            StoreError::Busy => "queue_full",
         }
     }
 }
@@ -134,7 +148,7 @@ pub struct ScriptLimiter<'a> {
 pub struct RedisCounter {
     /// What it was built from (a config reload keeps it when unchanged).
     pub config: RedisConfig,
-    calls: mpsc::UnboundedSender<Call>,
+    calls: mpsc::Sender<Call>,
     connected: Arc<AtomicBool>,
 }
 
@@ -148,7 +162,7 @@ impl RedisCounter {
     /// Starts the connection task on the current runtime. It ends when the
     /// counter is dropped.
     pub fn start(config: RedisConfig) -> Self {
-        let (calls, queue) = mpsc::unbounded_channel();
+        let (calls, queue) = mpsc::channel(MAX_QUEUED);
         let connected = Arc::new(AtomicBool::new(false));
         tokio::spawn(run(config.clone(), queue, connected.clone()));
         Self { config, calls, connected }
@@ -214,7 +228,8 @@ impl RedisCounter {
             let nanos = i128::from(gcra::WINDOW_NANOS) * tokens / i128::from((*per_minute).max(1));
             args.push(format!("{:.3}", nanos as f64 / 1000.0).into_bytes());
         }
-        let _ = self.calls.send(Call { command: command(&args), reply: None });
+        // Best effort: a full queue drops the settlement, as a lost Redis does.
+        let _ = self.calls.try_send(Call { command: command(&args), reply: None });
     }
 
     async fn call(&self, args: &[Vec<u8>]) -> Result<Reply, StoreError> {
@@ -222,14 +237,17 @@ impl RedisCounter {
             return Err(StoreError::Unreachable);
         }
         let (reply, answer) = oneshot::channel();
-        self.calls.send(Call { command: command(args), reply: Some(reply) }).map_err(|_| StoreError::Unreachable)?;
+        self.calls.try_send(Call { command: command(args), reply: Some(reply) }).map_err(|error| match error {
+            mpsc::error::TrySendError::Full(_) => StoreError::Busy,
+            mpsc::error::TrySendError::Closed(_) => StoreError::Unreachable,
+        })?;
         match tokio::time::timeout(self.config.timeout, answer).await {
             Ok(Ok(Ok(Reply::Error(error)))) => {
                 if error.starts_with("NOSCRIPT") {
                     // The scripts were flushed (SCRIPT FLUSH): load them again.
                     for script in [ADMIT, SETTLE] {
                         let load = command(&[b"SCRIPT".to_vec(), b"LOAD".to_vec(), script.as_bytes().to_vec()]);
-                        let _ = self.calls.send(Call { command: load, reply: None });
+                        let _ = self.calls.try_send(Call { command: load, reply: None });
                     }
                 }
                 Err(StoreError::Reply)
@@ -260,7 +278,7 @@ fn command(args: &[Vec<u8>]) -> BytesMut {
 
 /// Connects, authenticates and serves calls until the connection breaks;
 /// again after a backoff; until the counter is dropped.
-async fn run(config: RedisConfig, mut queue: mpsc::UnboundedReceiver<Call>, connected: Arc<AtomicBool>) {
+async fn run(config: RedisConfig, mut queue: mpsc::Receiver<Call>, connected: Arc<AtomicBool>) {
     let mut backoff = Duration::from_millis(50);
     let mut was_up = true;
     loop {
@@ -347,19 +365,21 @@ async fn roundtrip(stream: &mut TcpStream, args: &[Vec<u8>]) -> std::io::Result<
 
 /// Pipelines calls over `stream` until it breaks (`Some(error)`) or the
 /// counter is dropped (`None`).
-async fn serve(stream: TcpStream, queue: &mut mpsc::UnboundedReceiver<Call>) -> Option<std::io::Error> {
+async fn serve(stream: TcpStream, queue: &mut mpsc::Receiver<Call>) -> Option<std::io::Error> {
     let (mut reader, mut writer) = stream.into_split();
     let mut waiting: VecDeque<Option<oneshot::Sender<Result<Reply, StoreError>>>> = VecDeque::new();
     let mut incoming = BytesMut::with_capacity(4096);
     let mut outgoing = BytesMut::with_capacity(4096);
     let error = loop {
         tokio::select! {
-            call = queue.recv() => {
+            // NB: while MAX_IN_FLIGHT replies are owed, nothing more is sent;
+            // the queue fills and callers fail fast instead.
+            call = queue.recv(), if waiting.len() < MAX_IN_FLIGHT => {
                 let call = call?;
                 outgoing.extend_from_slice(&call.command);
                 waiting.push_back(call.reply);
                 // Everything queued meanwhile goes in the same write.
-                while let Ok(call) = queue.try_recv() {
+                while waiting.len() < MAX_IN_FLIGHT && let Ok(call) = queue.try_recv() {
                     outgoing.extend_from_slice(&call.command);
                     waiting.push_back(call.reply);
                 }

@@ -37,13 +37,29 @@ pub fn encode(out: &mut BytesMut, args: &[&[u8]]) {
     }
 }
 
+/// Deepest nesting of arrays accepted (the scripts reply one level deep).
+pub const MAX_DEPTH: usize = 4;
+/// Largest bulk string accepted: a reply the limiter waits for is never
+/// larger, so a server (or anyone in its place) cannot make it buffer more.
+pub const MAX_BULK: usize = 64 * 1024;
+/// Most items in one array.
+pub const MAX_ITEMS: usize = 1024;
+
 /// The first complete reply in `bytes` and its length, or `None` if more
 /// bytes are needed.
 ///
 /// # Errors
-/// Bytes that cannot be RESP2.
+/// Bytes that cannot be RESP2, or a reply deeper, longer or larger than
+/// [`MAX_DEPTH`], [`MAX_ITEMS`] and [`MAX_BULK`] allow.
 pub fn parse(bytes: &[u8]) -> Result<Option<(Reply, usize)>, ProtocolError> {
-    let Some(line_end) = memchr::memmem::find(bytes, b"\r\n") else { return Ok(None) };
+    parse_at(bytes, 0)
+}
+
+fn parse_at(bytes: &[u8], depth: usize) -> Result<Option<(Reply, usize)>, ProtocolError> {
+    let Some(line_end) = memchr::memmem::find(bytes, b"\r\n") else {
+        // A line longer than any reply we expect is not going to end well.
+        return if bytes.len() > MAX_BULK { Err(ProtocolError("line too long")) } else { Ok(None) };
+    };
     let Some((&kind, line)) = bytes[..line_end].split_first() else { return Err(ProtocolError("empty line")) };
     let text = std::str::from_utf8(line).map_err(|_| ProtocolError("line is not text"))?;
     let after = line_end + 2;
@@ -54,6 +70,9 @@ pub fn parse(bytes: &[u8]) -> Result<Option<(Reply, usize)>, ProtocolError> {
         b':' => Ok(Some((Reply::Integer(number()?), after))),
         b'$' => {
             let Ok(length) = usize::try_from(number()?) else { return Ok(Some((Reply::Bulk(None), after))) };
+            if length > MAX_BULK {
+                return Err(ProtocolError("bulk string too large"));
+            }
             let end = after + length;
             if bytes.len() < end + 2 {
                 return Ok(None);
@@ -65,10 +84,16 @@ pub fn parse(bytes: &[u8]) -> Result<Option<(Reply, usize)>, ProtocolError> {
         }
         b'*' => {
             let Ok(count) = usize::try_from(number()?) else { return Ok(Some((Reply::Array(None), after))) };
+            if count > MAX_ITEMS {
+                return Err(ProtocolError("array too long"));
+            }
+            if depth >= MAX_DEPTH {
+                return Err(ProtocolError("arrays nested too deeply"));
+            }
             let mut items = Vec::with_capacity(count.min(64));
             let mut at = after;
             for _ in 0..count {
-                let Some((item, used)) = parse(&bytes[at..])? else { return Ok(None) };
+                let Some((item, used)) = parse_at(&bytes[at..], depth + 1)? else { return Ok(None) };
                 items.push(item);
                 at += used;
             }
@@ -117,5 +142,37 @@ mod tests {
         }
         assert!(parse(b"?what\r\n").is_err());
         assert!(parse(b"$1\r\nxy\r\n").is_err());
+    }
+
+    #[test]
+    fn hostile_replies_are_bounded() {
+        let deep = "*1\r\n".repeat(100_000);
+        assert_eq!(parse(deep.as_bytes()), Err(ProtocolError("arrays nested too deeply")));
+        assert!(parse(b"$18446744073709551615\r\n").is_err(), "not even an i64");
+        assert_eq!(parse(b"$9223372036854775807\r\n"), Err(ProtocolError("bulk string too large")));
+        assert_eq!(parse(b"*99999999\r\n"), Err(ProtocolError("array too long")));
+        assert!(parse(&vec![b'+'; MAX_BULK + 1]).is_err(), "an endless line");
+    }
+
+    /// Whatever bytes arrive, the parser answers without panicking, and a
+    /// reply it accepts re-parses to the same value from its own length.
+    #[test]
+    fn never_panics_on_any_input() {
+        let alphabet: &[u8] = b"*$:+-\r\n0123456789-1abc";
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        for _ in 0..20_000 {
+            let mut input = Vec::new();
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let length = (seed % 40) as usize;
+            for step in 0..length {
+                let mixed = seed.rotate_left(step as u32 * 7);
+                input.push(alphabet[(mixed % alphabet.len() as u64) as usize]);
+            }
+            if let Ok(Some((reply, used))) = parse(&input) {
+                assert_eq!(parse(&input[..used]).unwrap().map(|(r, _)| r), Some(reply));
+            }
+        }
     }
 }

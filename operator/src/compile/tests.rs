@@ -355,7 +355,8 @@ fn namespace_selectors_pick_team_namespaces() {
 #[test]
 fn gateway_settings_reach_the_config() {
     let mut world = World::quickstart();
-    world.gateway.spec.limits = Some(waycast_crds::gateway::GatewayLimits { max_request_body_bytes: Some(1024) });
+    world.gateway.spec.limits =
+        Some(waycast_crds::gateway::GatewayLimits { max_request_body_bytes: Some(1024), max_connections: None });
     world.gateway.spec.logging = Some(waycast_crds::gateway::GatewayLogging { level: None, access_log: Some(false) });
     let settings = world.compile().config.settings;
     assert_eq!((settings.max_request_body_bytes, settings.access_log), (1024, false));

@@ -76,6 +76,9 @@ pub fn deployment(gateway: &Gateway, settings: &RenderSettings) -> Deployment {
         "--log".to_owned(),
         level.to_owned(),
     ];
+    if let Some(max) = spec.limits.as_ref().and_then(|l| l.max_connections) {
+        args.extend(["--max-connections".to_owned(), max.to_string()]);
+    }
     let mut volumes = Vec::new();
     let mut mounts = Vec::new();
     if let Some(tls) = &spec.tls {
@@ -280,6 +283,12 @@ mod tests {
         let pod = template.spec.unwrap();
         assert_eq!(pod.containers[0].image.as_deref(), Some("registry.example/gateway:1.2"));
         assert!(pod.containers[0].args.as_ref().unwrap().contains(&"--tls-cert".to_owned()));
+        let mut capped = fixtures::gateway(GatewaySpec::default());
+        capped.spec.limits =
+            Some(waycast_crds::gateway::GatewayLimits { max_request_body_bytes: None, max_connections: Some(500) });
+        let args =
+            super::deployment(&capped, &settings()).spec.unwrap().template.spec.unwrap().containers[0].args.clone();
+        assert!(args.unwrap().windows(2).any(|w| w == ["--max-connections", "500"]));
         assert_eq!(pod.volumes.unwrap()[0].secret.as_ref().unwrap().secret_name.as_deref(), Some("gateway-tls"));
         assert_eq!(pod.node_selector.unwrap()["pool"], "gateways");
         assert_eq!(pod.priority_class_name.as_deref(), Some("high"));
