@@ -393,6 +393,30 @@ settings:
         assert!(!format!("{config:?}").contains("upstream-secret"));
     }
 
+    /// Any bytes — a valid config cut short or with bytes flipped — give a
+    /// config or an error, never a panic.
+    #[test]
+    fn property_parsing_never_panics() {
+        let yaml = "apiVersion: waycast.dev/config-v1\nmodels:\n  - name: m\n    backends: [{url: http://10.0.0.1/v1, headers: {x-k: v}}]\n    timeouts: {idle: 1m30s}\n    keyNamespaces: [a]\nkeys:\n  - {id: a/k, sha256: 2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae, models: [\"m*\"]}\nsettings: {deniedCIDRs: [10.0.0.0/8]}\n";
+        let json = GatewayConfig::from_slice(yaml.as_bytes()).unwrap().to_canonical_json().unwrap();
+        let mut seed = 0x1234_5678_9abc_def1_u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed as usize
+        };
+        for document in [yaml.as_bytes(), &json[..]] {
+            for _ in 0..3_000 {
+                let _ = GatewayConfig::from_slice(&document[..next() % (document.len() + 1)]);
+                let mut flipped = document.to_vec();
+                let at = next() % flipped.len();
+                flipped[at] ^= 1 << (next() % 8);
+                let _ = GatewayConfig::from_slice(&flipped);
+            }
+        }
+    }
+
     #[test]
     fn refuses_unknown_fields() {
         let yaml = "apiVersion: waycast.dev/config-v1\nmodels: []\nkeyz: []\n";

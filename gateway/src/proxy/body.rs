@@ -351,6 +351,76 @@ impl Scanner<'_> {
 mod tests {
     use super::*;
 
+    /// A small deterministic generator (xorshift), so property runs repeat.
+    struct Random(u64);
+
+    impl Random {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+
+        /// A JSON value (valid), nested at most `depth`.
+        fn value(&mut self, depth: usize) -> String {
+            let strings = ["\"model\"", "\"m\\u006f\"", "\"a\\\"b\"", "\"caf\u{e9}\"", "\"\""];
+            match self.below(if depth == 0 { 4 } else { 6 }) {
+                0 => strings[self.below(strings.len())].to_owned(),
+                1 => ["0", "-1.5e3", "12", "0.25"][self.below(4)].to_owned(),
+                2 => ["true", "false"][self.below(2)].to_owned(),
+                3 => "null".to_owned(),
+                4 => {
+                    let items: Vec<String> = (0..self.below(4)).map(|_| self.value(depth - 1)).collect();
+                    format!("[{}]", items.join(","))
+                }
+                _ => {
+                    let keys = ["\"model\"", "\"stream\"", "\"x\"", "\"messages\""];
+                    let fields: Vec<String> = (0..self.below(4))
+                        .map(|_| format!("{}:{}", keys[self.below(keys.len())], self.value(depth - 1)))
+                        .collect();
+                    format!("{{{}}}", fields.join(","))
+                }
+            }
+        }
+    }
+
+    /// On any input the scanner answers without panicking; on valid JSON it
+    /// agrees with serde_json about the top-level model (or refuses a
+    /// duplicate, which serde_json's last-wins reading would hide).
+    #[test]
+    fn property_agrees_with_serde_json_and_never_panics() {
+        let mut random = Random(0x2545_f491_4f6c_dd1d);
+        for _ in 0..5_000 {
+            let mut document = random.value(4);
+            if random.below(2) == 0 {
+                document = format!("{{\"model\":\"top\",\"body\":{document}}}");
+            }
+            let scanned = scan(document.as_bytes());
+            let parsed: Result<serde_json::Value, _> = serde_json::from_str(&document);
+            match (&scanned, parsed.as_ref().ok().and_then(|v| v.as_object())) {
+                (Ok(fields), Some(object)) => {
+                    assert_eq!(Some(fields.model.as_ref()), object.get("model").and_then(|m| m.as_str()), "{document}")
+                }
+                (Ok(_), None) => panic!("scanned a body serde_json refuses: {document}"),
+                (Err(_), _) => {}
+            }
+            // Cut anywhere, or with a byte flipped: an answer, never a panic.
+            let bytes = document.as_bytes();
+            let cut = random.below(bytes.len() + 1);
+            let _ = scan(&bytes[..cut]);
+            let mut flipped = bytes.to_vec();
+            if let Some(byte) = flipped.get_mut(random.below(bytes.len().max(1))) {
+                *byte ^= 1 << random.below(8);
+            }
+            let _ = scan(&flipped);
+        }
+    }
+
     fn model_of(body: &str) -> Result<String, GatewayError> {
         scan(body.as_bytes()).map(|fields| fields.model.into_owned())
     }

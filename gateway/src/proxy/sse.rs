@@ -168,6 +168,38 @@ mod tests {
         assert_eq!(out, format!("{content}{DONE}"));
     }
 
+    /// Any stream of events, cut into frames anywhere: the client gets every
+    /// event but the usage-only ones, in order, and the filter never holds
+    /// more than one event (and never over [`MAX_HELD`]).
+    #[test]
+    fn property_only_usage_chunks_go_whatever_the_framing() {
+        let mut seed = 0x853c_49e6_748f_ea9b_u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let crlf_content = CONTENT.replace("\n\n", "\r\n\r\n");
+        let kinds = [CONTENT, USAGE, DONE, crlf_content.as_str()];
+        for _ in 0..2_000 {
+            let events: Vec<&str> = (0..(next() % 8)).map(|_| kinds[(next() % 4) as usize]).collect();
+            let whole: String = events.concat();
+            let expected: String = events.iter().filter(|e| **e != USAGE).copied().collect();
+            let mut filter = UsageChunkFilter::default();
+            let mut out = Vec::new();
+            let mut at = 0;
+            while at < whole.len() {
+                let end = (at + 1 + (next() % 300) as usize).min(whole.len());
+                out.extend_from_slice(&filter.pass(&Bytes::copy_from_slice(&whole.as_bytes()[at..end])));
+                assert!(filter.held.len() <= CONTENT.len().max(USAGE.len()) + 4, "held {}", filter.held.len());
+                at = end;
+            }
+            out.extend_from_slice(&filter.finish());
+            assert_eq!(String::from_utf8(out).unwrap(), expected);
+        }
+    }
+
     #[test]
     fn an_endless_event_is_bounded_and_then_passed_through() {
         let mut filter = UsageChunkFilter::default();
