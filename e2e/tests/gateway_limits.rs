@@ -76,7 +76,9 @@ async fn refusals_are_openai_429s_with_the_headers_sdks_read() {
     assert_eq!(headers["x-ratelimit-remaining-requests"], "0");
     assert_eq!(headers["x-ratelimit-limit-requests"], "2");
 
-    let metric = "waycast_gateway_rate_limit_requests_total{decision=\"key_requests\",key=\"team-a/alice\",model=\"llama-3.1-8b\"}";
+    // Refused before the body was read: the model is not known yet.
+    let metric =
+        "waycast_gateway_rate_limit_requests_total{decision=\"key_requests\",key=\"team-a/alice\",model=\"unknown\"}";
     assert_eq!(fixture.metric(metric).await, Some(1.0));
     let admitted =
         "waycast_gateway_rate_limit_requests_total{decision=\"admitted\",key=\"team-a/alice\",model=\"llama-3.1-8b\"}";
@@ -188,4 +190,27 @@ async fn a_client_that_leaves_early_is_charged_an_estimate() {
     // The prompt estimate plus a token per four bytes relayed: more than
     // nothing, less than the whole stream's 50 tokens and the reserved 1,024.
     assert!(charged >= body.len().div_ceil(4) as f64 && charged < 1024.0, "charged {charged}");
+}
+
+/// A key over its request limit is refused before its body is read: the
+/// 429 comes while a declared 5 MB body has not been sent at all.
+#[tokio::test]
+async fn a_key_over_its_request_limit_is_refused_before_its_body_is_read() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let fixture = Fixture::start(FixtureOptions::default(), |config, _| {
+        config.keys[0].limits = limits(Some(1), None);
+    })
+    .await;
+    assert_eq!(fixture.post("/v1/chat/completions", Some(ALICE_KEY), CHAT).await.0, StatusCode::OK);
+    let mut stream = tokio::net::TcpStream::connect(fixture.addr).await.unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ALICE_KEY}\r\nContent-Type: application/json\r\nContent-Length: 5000000\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut response = vec![0_u8; 4096];
+    let read = tokio::time::timeout(Duration::from_secs(3), stream.read(&mut response)).await;
+    let n = read.expect("answered without waiting for the body").unwrap();
+    let text = String::from_utf8_lossy(&response[..n]);
+    assert!(text.starts_with("HTTP/1.1 429"), "{text}");
+    assert!(text.contains("rate_limit_exceeded"), "{text}");
 }

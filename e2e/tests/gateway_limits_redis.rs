@@ -206,6 +206,8 @@ async fn token_reservations_in_redis_hold_across_gateways() {
         })
     };
     let (first, second) = (start().await, start().await);
+    connected(&first).await;
+    connected(&second).await;
     let body = r#"{"model":"llama3","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#;
     let reservation = body.len().div_ceil(4) + 100;
     // Each answers after 300 ms: all twenty are in flight at once.

@@ -326,6 +326,81 @@ pub struct Admitted {
     pub charge: Option<Charge>,
 }
 
+/// A key's request, counted before its body was read (so a key over its
+/// request limit costs no body read), to be merged into [`admit`] once the
+/// model is known — or given back if another limit refuses.
+#[derive(Debug, Clone)]
+pub struct Counted {
+    /// Its limit and the verdict, for the headers.
+    limit: u64,
+    verdict: Verdict,
+    /// Where it was counted: locally (the limiter's set and the cost) or in
+    /// Redis (the counter and the limiter's key).
+    place: CountedIn,
+}
+
+#[derive(Debug, Clone)]
+enum CountedIn {
+    Local(Arc<LimitSet>, u64),
+    Redis(Arc<RedisCounter>, String),
+}
+
+impl Counted {
+    /// Gives the request back (a later limit refused it).
+    fn refund(&self) {
+        match &self.place {
+            CountedIn::Local(set, cost) => {
+                if let Some(limiter) = &set.requests {
+                    limiter.refund(*cost);
+                }
+            }
+            CountedIn::Redis(counter, key) => counter.settle(&[(key.as_str(), self.limit)], -1),
+        }
+    }
+}
+
+/// Counts a request against the key's request limit, before its body is
+/// read. `None` when the key has no request limit.
+///
+/// # Errors
+/// The key's limit refused.
+pub fn count_key_request(key: Option<&Arc<LimitSet>>, shares: u32) -> Result<Option<Counted>, Refusal> {
+    let Some((set, limiter)) = key.and_then(|set| Some((set, set.requests.as_ref()?))) else { return Ok(None) };
+    let (verdict, cost) = limiter.admit(now_nanos(), shares);
+    counted_or_refused(limiter.per_minute, verdict, CountedIn::Local(set.clone(), cost))
+}
+
+/// [`count_key_request`] in Redis.
+///
+/// # Errors
+/// `Ok(Err(refusal))` when the limit refused; `Err` when Redis did not answer.
+pub async fn count_key_request_in_redis(
+    counter: &Arc<RedisCounter>,
+    key_id: &str,
+    key: Option<&Arc<LimitSet>>,
+) -> Result<Result<Option<Counted>, Refusal>, StoreError> {
+    let Some(limiter) = key.and_then(|set| set.requests.as_ref()) else { return Ok(Ok(None)) };
+    let redis_key = format!("waycast:key:{key_id}:requests");
+    let script = [ScriptLimiter { key: &redis_key, units: 1, per_minute: limiter.per_minute }];
+    let verdict = counter.admit(&script).await?.first().copied().ok_or(StoreError::Reply)?;
+    Ok(counted_or_refused(limiter.per_minute, verdict, CountedIn::Redis(counter.clone(), redis_key)))
+}
+
+fn counted_or_refused(limit: u64, verdict: Verdict, place: CountedIn) -> Result<Option<Counted>, Refusal> {
+    if verdict.allowed {
+        return Ok(Some(Counted { limit, verdict, place }));
+    }
+    let mut headers = RateHeaders::default();
+    headers.note(Unit::Requests, limit, verdict);
+    Err(Refusal {
+        owner: Owner::Key,
+        unit: Unit::Requests,
+        limit,
+        retry_after_nanos: verdict.retry_after_nanos,
+        headers,
+    })
+}
+
 /// Admits a request under the key's and the model's limits, each pod
 /// enforcing `1 / shares` of them: counts it against request limits and
 /// reserves `reservation` against token limits. A request refused by one
@@ -338,9 +413,13 @@ pub fn admit(
     model: Option<&Arc<LimitSet>>,
     shares: u32,
     reservation: Reservation,
+    counted: Option<&Counted>,
 ) -> Result<Admitted, Refusal> {
     let now = now_nanos();
     let mut headers = RateHeaders::default();
+    if let Some(counted) = counted {
+        headers.note(Unit::Requests, counted.limit, counted.verdict);
+    }
     // At most four limiters: (limiter, cost charged), to give back on a refusal.
     let mut charged: [Option<(&Limiter, u64)>; 4] = [None; 4];
     let mut reserved = Vec::new();
@@ -358,7 +437,7 @@ pub fn admit(
             charged[slot * 2] = Some((limiter, cost));
             reserved.push(((*set).clone(), cost));
         }
-        if let Some(limiter) = &set.requests {
+        if let Some(limiter) = set.requests.as_ref().filter(|_| *owner != Owner::Key || counted.is_none()) {
             let (verdict, cost) = limiter.admit(now, shares);
             headers.note(Unit::Requests, limiter.per_minute, verdict);
             if !verdict.allowed {
@@ -371,6 +450,9 @@ pub fn admit(
     if let Some((owner, unit, limit, retry_after_nanos)) = refusal {
         for (limiter, cost) in charged.into_iter().flatten() {
             limiter.refund(cost);
+        }
+        if let Some(counted) = counted {
+            counted.refund();
         }
         return Err(Refusal { owner, unit, limit, retry_after_nanos, headers });
     }
@@ -394,6 +476,7 @@ pub async fn admit_in_redis(
     counter: &Arc<RedisCounter>,
     subject: &Subject<'_>,
     reservation: Reservation,
+    counted: Option<&Counted>,
 ) -> Result<Result<Admitted, Refusal>, StoreError> {
     // (owner, unit, Redis key, limit): token limits first, as `admit` checks them.
     let mut limiters: Vec<(Owner, Unit, String, u64)> = Vec::with_capacity(4);
@@ -403,7 +486,7 @@ pub async fn admit_in_redis(
         if let Some(limiter) = &set.tokens {
             limiters.push((owner, Unit::Tokens, format!("waycast:{scope}:{id}:tokens"), limiter.per_minute));
         }
-        if let Some(limiter) = &set.requests {
+        if let Some(limiter) = set.requests.as_ref().filter(|_| owner != Owner::Key || counted.is_none()) {
             limiters.push((owner, Unit::Requests, format!("waycast:{scope}:{id}:requests"), limiter.per_minute));
         }
     }
@@ -415,8 +498,11 @@ pub async fn admit_in_redis(
             per_minute: *per_minute,
         })
         .collect();
-    let verdicts = counter.admit(&script).await?;
+    let verdicts = if script.is_empty() { Vec::new() } else { counter.admit(&script).await? };
     let mut headers = RateHeaders::default();
+    if let Some(counted) = counted {
+        headers.note(Unit::Requests, counted.limit, counted.verdict);
+    }
     let mut refusal = None;
     for ((owner, unit, _, limit), verdict) in limiters.iter().zip(&verdicts) {
         headers.note(*unit, *limit, *verdict);
@@ -425,6 +511,9 @@ pub async fn admit_in_redis(
         }
     }
     if let Some((owner, unit, limit, retry_after_nanos)) = refusal {
+        if let Some(counted) = counted {
+            counted.refund();
+        }
         return Ok(Err(Refusal { owner, unit, limit, retry_after_nanos, headers }));
     }
     let tokens: Vec<(String, u64)> = limiters
@@ -464,11 +553,11 @@ mod tests {
     fn a_key_gets_its_limit_and_then_a_refusal_with_headers() {
         let key = set(Some(3), None);
         for left in [2, 1, 0] {
-            let admitted = admit(Some(&key), None, 1, Reservation::default()).unwrap();
+            let admitted = admit(Some(&key), None, 1, Reservation::default(), None).unwrap();
             assert_eq!(admitted.headers.requests.map(|(l, v)| (l, v.remaining)), Some((3, left)));
             assert!(admitted.charge.is_none(), "no token limit: nothing to charge");
         }
-        let refusal = admit(Some(&key), None, 1, Reservation::default()).unwrap_err();
+        let refusal = admit(Some(&key), None, 1, Reservation::default(), None).unwrap_err();
         assert_eq!((refusal.owner, refusal.unit, refusal.limit), (Owner::Key, Unit::Requests, 3));
         assert!(refusal.retry_after_nanos > 19_000_000_000 && refusal.retry_after_nanos <= 20_000_000_000);
         let mut headers = HeaderMap::new();
@@ -484,11 +573,11 @@ mod tests {
         let key = set(Some(2), None);
         let model = set(Some(1), None);
         let none = Reservation::default();
-        admit(Some(&key), Some(&model), 1, none).unwrap();
-        let refusal = admit(Some(&key), Some(&model), 1, none).unwrap_err();
+        admit(Some(&key), Some(&model), 1, none, None).unwrap();
+        let refusal = admit(Some(&key), Some(&model), 1, none, None).unwrap_err();
         assert_eq!(refusal.owner, Owner::Model);
         // The key still has its second request.
-        assert_eq!(admit(Some(&key), None, 1, none).unwrap().headers.requests.map(|(_, v)| v.remaining), Some(0));
+        assert_eq!(admit(Some(&key), None, 1, none, None).unwrap().headers.requests.map(|(_, v)| v.remaining), Some(0));
     }
 
     fn reserve(tokens: u64) -> Reservation {
@@ -498,14 +587,14 @@ mod tests {
     #[test]
     fn tokens_are_reserved_then_settled() {
         let key = set(None, Some(100));
-        let admitted = admit(Some(&key), None, 1, reserve(40)).unwrap();
+        let admitted = admit(Some(&key), None, 1, reserve(40), None).unwrap();
         assert_eq!(admitted.headers.tokens.map(|(_, v)| v.remaining), Some(60), "reserved at admission");
         let charge = admitted.charge.expect("a token limit wants the usage");
         charge.settle(10);
-        let after = admit(Some(&key), None, 1, reserve(0)).unwrap();
+        let after = admit(Some(&key), None, 1, reserve(0), None).unwrap();
         assert_eq!(after.headers.tokens.map(|(_, v)| v.remaining), Some(90), "30 of the 40 given back");
         after.charge.unwrap().settle(150);
-        let refusal = admit(Some(&key), None, 1, reserve(1)).unwrap_err();
+        let refusal = admit(Some(&key), None, 1, reserve(1), None).unwrap_err();
         assert_eq!(refusal.unit, Unit::Tokens);
         assert_eq!(refusal.headers.tokens.map(|(l, v)| (l, v.remaining)), Some((100, 0)));
     }
@@ -518,21 +607,39 @@ mod tests {
     fn parallel_requests_cannot_all_pass_one_budget() {
         let key = set(None, Some(1000));
         let admitted: Vec<Charge> =
-            (0..20).filter_map(|_| admit(Some(&key), None, 1, reserve(100)).ok()?.charge).collect();
+            (0..20).filter_map(|_| admit(Some(&key), None, 1, reserve(100), None).ok()?.charge).collect();
         assert_eq!(admitted.len(), 10, "1,000 tokens hold ten reservations of 100");
-        let with_max_tokens: Vec<_> = (0..20).filter_map(|_| admit(Some(&key), None, 1, reserve(100)).ok()).collect();
+        let with_max_tokens: Vec<_> =
+            (0..20).filter_map(|_| admit(Some(&key), None, 1, reserve(100), None).ok()).collect();
         assert!(with_max_tokens.is_empty(), "nothing left until they settle");
         for charge in &admitted {
             charge.settle(100);
         }
-        assert!(admit(Some(&key), None, 1, reserve(1)).is_err(), "used as reserved: still full");
+        assert!(admit(Some(&key), None, 1, reserve(1), None).is_err(), "used as reserved: still full");
+    }
+
+    /// The key's request is counted before the body is read; a later
+    /// refusal (here the model's) gives it back.
+    #[test]
+    fn a_request_counted_early_is_merged_or_given_back() {
+        let key = set(Some(2), None);
+        let model = set(Some(1), None);
+        let counted = count_key_request(Some(&key), 1).unwrap().expect("a request limit");
+        let admitted = admit(Some(&key), Some(&model), 1, Reservation::default(), Some(&counted)).unwrap();
+        assert_eq!(admitted.headers.requests.map(|(_, v)| v.remaining), Some(0), "the model's, the tighter");
+        let counted = count_key_request(Some(&key), 1).unwrap().expect("the key's second request");
+        let refusal = admit(Some(&key), Some(&model), 1, Reservation::default(), Some(&counted)).unwrap_err();
+        assert_eq!(refusal.owner, Owner::Model);
+        assert!(count_key_request(Some(&key), 1).is_ok(), "the key's second request was given back");
+        assert_eq!(count_key_request(Some(&key), 1).unwrap_err().owner, Owner::Key);
+        assert!(count_key_request(None, 1).unwrap().is_none());
     }
 
     #[test]
     fn a_reservation_larger_than_the_limit_is_admitted_on_a_full_bucket() {
         let key = set(None, Some(100));
-        assert!(admit(Some(&key), None, 1, reserve(10_000)).is_ok());
-        assert!(admit(Some(&key), None, 1, reserve(1)).is_err());
+        assert!(admit(Some(&key), None, 1, reserve(10_000), None).is_ok());
+        assert!(admit(Some(&key), None, 1, reserve(1), None).is_err());
     }
 
     #[test]
@@ -552,19 +659,19 @@ mod tests {
     #[test]
     fn a_pods_share_is_its_part_of_the_limit() {
         let key = set(Some(30), None);
-        let admitted = (0..30).filter(|_| admit(Some(&key), None, 3, Reservation::default()).is_ok()).count();
+        let admitted = (0..30).filter(|_| admit(Some(&key), None, 3, Reservation::default(), None).is_ok()).count();
         assert_eq!(admitted, 10);
     }
 
     #[test]
     fn state_carries_over_to_the_next_snapshot() {
         let key = set(Some(1), None);
-        admit(Some(&key), None, 1, Reservation::default()).unwrap();
+        admit(Some(&key), None, 1, Reservation::default(), None).unwrap();
         let next = Arc::new(LimitSet::new(
             &LimitsConfig { requests_per_minute: Some(1), tokens_per_minute: None },
             Some(&key),
         ));
-        assert!(admit(Some(&next), None, 1, Reservation::default()).is_err());
+        assert!(admit(Some(&next), None, 1, Reservation::default(), None).is_err());
     }
 
     #[test]

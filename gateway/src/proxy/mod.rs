@@ -147,6 +147,9 @@ async fn serve(
         return Ok(json_response(body));
     };
 
+    // The key's request limit is checked before its body is read: a key
+    // over its limit costs no body read.
+    let counted = count_key_request(shared, &snapshot, key).await?;
     let (parts, body) = request.into_parts();
     let body = read_body(shared, &snapshot, &parts.headers, body).await?;
     let body_done = Instant::now();
@@ -167,7 +170,7 @@ async fn serve(
     }
 
     let reservation = limit::Reservation::for_request(body.len(), fields.max_tokens, route.output_token_reservation);
-    let mut admitted = rate_limit(shared, &snapshot, key, route, reservation).await?;
+    let mut admitted = rate_limit(shared, &snapshot, key, route, reservation, counted).await?;
     // Token limits need the usage of streams too: ask for it, and take the
     // extra chunk out again if the client did not ask for it.
     let charge = admitted.as_mut().and_then(|a| a.charge.take());
@@ -230,6 +233,36 @@ async fn serve(
     Ok(Response::from_parts(head, ProxyBody::Relay(relay)))
 }
 
+/// The key's request limit, before the body is read (`None` when it has
+/// none, or Redis failed open). Refused or failed closed: the error.
+async fn count_key_request(
+    shared: &Shared,
+    snapshot: &Snapshot,
+    key: &KeyEntry,
+) -> Result<Option<limit::Counted>, GatewayError> {
+    let limits = key.limits.as_ref();
+    if limits.is_none_or(|set| set.requests.is_none()) {
+        return Ok(None);
+    }
+    let counted = match &snapshot.redis {
+        None => limit::count_key_request(limits, shared.fleet.shares()),
+        Some(counter) => match limit::count_key_request_in_redis(counter, &key.id, limits).await {
+            Ok(decision) => decision,
+            Err(error) => {
+                shared.metrics.rate_limit_store_errors.with_label_values(&[error.label()]).inc();
+                if counter.config.fail_closed {
+                    return Err(GatewayError::RateLimitUnavailable(error));
+                }
+                Ok(None)
+            }
+        },
+    };
+    counted.map_err(|refusal| {
+        shared.metrics.rate_limit_requests.with_label_values(&["unknown", &key.id, refusal.label()]).inc();
+        GatewayError::RateLimited(refusal)
+    })
+}
+
 /// The key's and the model's rate limits for this request: `None` when
 /// neither has any, else the admission (headers, token charge) or a 429.
 /// Counted locally (this pod's share) or in Redis, as the config says.
@@ -239,16 +272,18 @@ async fn rate_limit(
     key: &KeyEntry,
     route: &Route,
     reservation: limit::Reservation,
+    counted: Option<limit::Counted>,
 ) -> Result<Option<Admitted>, GatewayError> {
     if key.limits.is_none() && route.limits.is_none() {
         return Ok(None);
     }
+    let counted = counted.as_ref();
     let (key_limits, model_limits) = (key.limits.as_ref(), route.limits.as_ref());
     let decision = match &snapshot.redis {
-        None => limit::admit(key_limits, model_limits, shared.fleet.shares(), reservation),
+        None => limit::admit(key_limits, model_limits, shared.fleet.shares(), reservation, counted),
         Some(counter) => {
             let subject = limit::Subject { key: (&key.id, key_limits), model: (&route.name, model_limits) };
-            match limit::admit_in_redis(counter, &subject, reservation).await {
+            match limit::admit_in_redis(counter, &subject, reservation, counted).await {
                 Ok(decision) => decision,
                 Err(error) => {
                     shared.metrics.rate_limit_store_errors.with_label_values(&[error.label()]).inc();
