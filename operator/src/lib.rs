@@ -53,6 +53,7 @@ pub async fn run(client: kube::Client, options: OperatorOptions) -> Result<(), e
         metrics,
         compiled: tokio::sync::RwLock::default(),
         written: tokio::sync::RwLock::default(),
+        verified: tokio::sync::RwLock::default(),
         failures: arc_swap::ArcSwap::from_pointee(std::collections::BTreeMap::new()),
     });
     tokio::spawn(admin(listener, context.clone(), ready.clone()));
