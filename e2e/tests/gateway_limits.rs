@@ -17,12 +17,14 @@ fn limits(requests: Option<u64>, tokens: Option<u64>) -> Option<LimitsConfig> {
     Some(LimitsConfig { requests_per_minute: requests, tokens_per_minute: tokens })
 }
 
+/// A gateway whose key `team-a/alice` has these limits.
+async fn alice_limited(requests: Option<u64>, tokens: Option<u64>) -> Fixture {
+    Fixture::start(FixtureOptions::default(), |config, _| config.keys[0].limits = limits(requests, tokens)).await
+}
+
 #[tokio::test]
 async fn a_key_limited_to_60_a_minute_gets_60_a_minute() {
-    let fixture = Fixture::start(FixtureOptions::default(), |config, _| {
-        config.keys[0].limits = limits(Some(60), None);
-    })
-    .await;
+    let fixture = alice_limited(Some(60), None).await;
     // Five requests a second, well over the limit, for 45 s: the first
     // minute's worth goes at once (a full bucket), then one a second.
     let started = Instant::now();
@@ -51,10 +53,7 @@ async fn a_key_limited_to_60_a_minute_gets_60_a_minute() {
 
 #[tokio::test]
 async fn refusals_are_openai_429s_with_the_headers_sdks_read() {
-    let fixture = Fixture::start(FixtureOptions::default(), |config, _| {
-        config.keys[0].limits = limits(Some(2), None);
-    })
-    .await;
+    let fixture = alice_limited(Some(2), None).await;
     let (status, headers, _) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), CHAT).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(headers["x-ratelimit-limit-requests"], "2");
@@ -87,12 +86,9 @@ async fn refusals_are_openai_429s_with_the_headers_sdks_read() {
 
 #[tokio::test]
 async fn a_token_limit_is_charged_from_streamed_usage_the_client_did_not_ask_for() {
-    let fixture = Fixture::start(FixtureOptions::default(), |config, _| {
-        // The mock reports prompt = body length / 4 and one completion
-        // token per chunk: a bit over 40 tokens for this request.
-        config.keys[0].limits = limits(None, Some(60));
-    })
-    .await;
+    // The mock reports prompt = body length / 4 and one completion token
+    // per chunk: a bit over 40 tokens for this request.
+    let fixture = alice_limited(None, Some(60)).await;
     // It reserves its prompt estimate and max_tokens: under 60.
     let stream = r#"{"model":"llama3","stream":true,"max_tokens":20,"messages":[{"role":"user","content":"hi"}]}"#;
     let request = fixture.request("/v1/chat/completions", Some(ALICE_KEY), stream, &[("x-mock-chunks", "20")]);
@@ -118,10 +114,7 @@ async fn a_token_limit_is_charged_from_streamed_usage_the_client_did_not_ask_for
     assert!(headers["x-ratelimit-remaining-tokens"].to_str().unwrap().parse::<u64>().unwrap() < 20);
 
     // A client that asks for usage keeps its usage chunk.
-    let fixture = Fixture::start(FixtureOptions::default(), |config, _| {
-        config.keys[0].limits = limits(None, Some(100_000));
-    })
-    .await;
+    let fixture = alice_limited(None, Some(100_000)).await;
     let asked = r#"{"model":"llama3","stream":true,"stream_options":{"include_usage":true},"messages":[]}"#;
     let (_, _, body) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), asked).await;
     assert!(String::from_utf8_lossy(&body).contains("\"usage\":{"), "asked for: kept");
@@ -137,10 +130,7 @@ fn charged_tokens_metric() -> &'static str {
 /// most one request's reservation.
 #[tokio::test]
 async fn parallel_requests_overshoot_a_token_limit_by_at_most_one_reservation() {
-    let fixture = Fixture::start(FixtureOptions::default(), |config, _| {
-        config.keys[0].limits = limits(None, Some(1000));
-    })
-    .await;
+    let fixture = alice_limited(None, Some(1000)).await;
     let body = r#"{"model":"llama3","stream":true,"max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#;
     let reservation = body.len().div_ceil(4) as f64 + 100.0;
     let requests = (0..20).map(|_| {
@@ -163,10 +153,7 @@ async fn parallel_requests_overshoot_a_token_limit_by_at_most_one_reservation() 
 /// estimate of what it was sent.
 #[tokio::test]
 async fn a_client_that_leaves_early_is_charged_an_estimate() {
-    let fixture = Fixture::start(FixtureOptions::default(), |config, _| {
-        config.keys[0].limits = limits(None, Some(100_000));
-    })
-    .await;
+    let fixture = alice_limited(None, Some(100_000)).await;
     let body = r#"{"model":"llama3","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
     let request = fixture.request(
         "/v1/chat/completions",
@@ -197,10 +184,7 @@ async fn a_client_that_leaves_early_is_charged_an_estimate() {
 #[tokio::test]
 async fn a_key_over_its_request_limit_is_refused_before_its_body_is_read() {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let fixture = Fixture::start(FixtureOptions::default(), |config, _| {
-        config.keys[0].limits = limits(Some(1), None);
-    })
-    .await;
+    let fixture = alice_limited(Some(1), None).await;
     assert_eq!(fixture.post("/v1/chat/completions", Some(ALICE_KEY), CHAT).await.0, StatusCode::OK);
     let mut stream = tokio::net::TcpStream::connect(fixture.addr).await.unwrap();
     let head = format!(

@@ -128,6 +128,18 @@ impl World {
         }
     }
 
+    /// The Gateway takes ModelEndpoints from every namespace, and team-b
+    /// runs an Ollama Service.
+    fn with_team_b(mut self) -> Self {
+        self.namespaces.push(namespace("team-b", &[]));
+        self.gateway.spec.model_endpoints = Some(RouteSelector {
+            namespaces: Some(NamespacePolicy { from: NamespaceFrom::All, selector: None }),
+            selector: None,
+        });
+        self.services.push(service("team-b", "ollama", "10.96.0.60", 11434));
+        self
+    }
+
     fn compile(&self) -> Compiled {
         let namespaces: Vec<&Namespace> = self.namespaces.iter().collect();
         let models: Vec<&ModelEndpoint> = self.models.iter().collect();
@@ -195,13 +207,7 @@ fn output_is_deterministic_and_carries_no_plaintext_key() {
 
 #[test]
 fn the_oldest_claim_to_a_model_name_wins_and_the_next_takes_over_when_it_goes() {
-    let mut world = World::quickstart();
-    world.namespaces.push(namespace("team-b", &[]));
-    world.gateway.spec.model_endpoints = Some(RouteSelector {
-        namespaces: Some(NamespacePolicy { from: NamespaceFrom::All, selector: None }),
-        selector: None,
-    });
-    world.services.push(service("team-b", "ollama", "10.96.0.60", 11434));
+    let mut world = World::quickstart().with_team_b();
     let mut copy = model_endpoint("team-b", "llama-copy", 200, "llama3", vec![service_backend("ollama", 11434)]);
     copy.spec.aliases = vec!["other".into()];
     copy.spec.parent_refs = parent("demo", "gw");
@@ -456,13 +462,7 @@ fn model_visibility_becomes_key_namespaces() {
 /// claim from a team namespace.
 #[test]
 fn the_gateways_own_namespace_wins_a_name_conflict() {
-    let mut world = World::quickstart();
-    world.namespaces.push(namespace("team-b", &[]));
-    world.gateway.spec.model_endpoints = Some(RouteSelector {
-        namespaces: Some(NamespacePolicy { from: NamespaceFrom::All, selector: None }),
-        selector: None,
-    });
-    world.services.push(service("team-b", "ollama", "10.96.0.60", 11434));
+    let mut world = World::quickstart().with_team_b();
     let mut squatter = model_endpoint("team-b", "squat", 1, "llama3", vec![service_backend("ollama", 11434)]);
     squatter.spec.parent_refs = parent("demo", "gw");
     world.models.push(squatter);
