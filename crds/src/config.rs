@@ -212,6 +212,9 @@ pub struct RedisConfig {
     /// `AUTH` password, if the server wants one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub password: Option<String>,
+    /// The ACL user for `AUTH` (Redis 6+); absent: the default user.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
     /// Longest a request waits for Redis.
     #[serde(with = "crate::duration::serde_text", default = "RedisConfig::default_timeout")]
     pub timeout: Duration,
@@ -233,6 +236,7 @@ impl std::fmt::Debug for RedisConfig {
         f.debug_struct("RedisConfig")
             .field("address", &self.address)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("username", &self.username)
             .field("timeout", &self.timeout)
             .field("fail_closed", &self.fail_closed)
             .finish()

@@ -261,12 +261,18 @@ pub struct GatewayRateLimit {
 }
 
 /// A Redis server that counts the limits.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, kube::KubeSchema)]
+#[x_kube(validation = Rule::new("!has(self.username) || has(self.passwordSecretRef)").message("username needs passwordSecretRef"))]
 #[serde(rename_all = "camelCase")]
 pub struct RedisRateLimit {
     /// `host:port` of the Redis server (e.g. `redis.infra:6379`).
     #[schemars(length(min = 3, max = 512), pattern(r"^[^\s/:]+:[0-9]{1,5}$"))]
     pub address: String,
+    /// The ACL user to authenticate as (`AUTH <username> <password>`, Redis
+    /// 6+). Absent: the default user. Needs `passwordSecretRef`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 128), pattern(r"^[^\s\p{Cc}]+$"))]
+    pub username: Option<String>,
     /// A Secret in the Gateway's namespace holding the Redis password
     /// (`AUTH`). Absent: no password.
     #[serde(default, skip_serializing_if = "Option::is_none")]

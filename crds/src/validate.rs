@@ -118,6 +118,9 @@ impl GatewayConfig {
             if redis.timeout.is_zero() {
                 problems.add("settings.redis.timeout", "must be more than 0");
             }
+            if redis.username.is_some() && redis.password.is_none() {
+                problems.add("settings.redis.username", "needs a password");
+            }
         }
         for (index, range) in self.settings.denied_cidrs.iter().enumerate() {
             if let Err(error) = range.parse::<Cidr>() {
@@ -352,6 +355,7 @@ mod tests {
                 redis: Some(crate::config::RedisConfig {
                     address: "redis".into(),
                     password: None,
+                    username: None,
                     timeout: Duration::ZERO,
                     fail_closed: false,
                 }),

@@ -16,6 +16,8 @@ use waycast_e2e::fixture::{ALICE_KEY, Fixture, FixtureOptions};
 
 const CHAT: &str = r#"{"model":"llama3","messages":[{"role":"user","content":"hi"}]}"#;
 const PASSWORD: &str = "redis-test-password";
+const ACL_USER: &str = "limiter";
+const ACL_PASSWORD: &str = "limiter-test-password";
 
 /// A `redis-server` on a loopback port, with a password and no persistence.
 struct Redis {
@@ -35,6 +37,8 @@ impl Redis {
         let child = Command::new("redis-server")
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .args(["--requirepass", PASSWORD])
+            // An ACL user that may run the limiter's scripts on its keys only.
+            .args(["--user", ACL_USER, "on", &format!(">{ACL_PASSWORD}"), "~waycast:*", "+@all"])
             .stdout(Stdio::null())
             .spawn()
             .expect("redis-server (make node-deps installs it)");
@@ -62,6 +66,7 @@ impl Redis {
         RedisConfig {
             address: format!("127.0.0.1:{}", self.port),
             password: Some(PASSWORD.into()),
+            username: None,
             timeout: Duration::from_millis(100),
             fail_closed,
         }
@@ -233,4 +238,28 @@ async fn token_reservations_in_redis_hold_across_gateways() {
         assert!(Instant::now() < deadline, "reservations were never settled: {status}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// An ACL user (Redis 6+) authenticates with `AUTH <user> <password>`; a
+/// wrong user never connects, and the failure mode applies.
+#[tokio::test]
+async fn an_acl_user_authenticates_and_a_wrong_one_does_not() {
+    let redis = Redis::start();
+    let as_user = |username: &str| {
+        let mut config = redis.config(true);
+        config.username = Some(username.into());
+        config.password = Some(ACL_PASSWORD.into());
+        Fixture::start(FixtureOptions::default(), move |gateway, _| {
+            gateway.settings.redis = Some(config);
+            gateway.keys[0].limits = Some(LimitsConfig { requests_per_minute: Some(1), tokens_per_minute: None });
+        })
+    };
+    let limiter = as_user(ACL_USER).await;
+    connected(&limiter).await;
+    assert_eq!(timed(&limiter).await.0, StatusCode::OK);
+    assert_eq!(timed(&limiter).await.0, StatusCode::TOO_MANY_REQUESTS, "counted in Redis as that user");
+    let stranger = as_user("stranger").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(stranger.metric("waycast_gateway_rate_limit_store_up").await, Some(0.0));
+    assert_eq!(timed(&stranger).await.0, StatusCode::SERVICE_UNAVAILABLE, "fails closed");
 }

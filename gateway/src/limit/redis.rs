@@ -330,7 +330,10 @@ async fn connect(config: &RedisConfig) -> std::io::Result<TcpStream> {
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))??;
     stream.set_nodelay(true)?;
     if let Some(password) = &config.password {
-        let reply = roundtrip(&mut stream, &[b"AUTH".to_vec(), password.as_bytes().to_vec()]).await?;
+        let mut auth = vec![b"AUTH".to_vec()];
+        auth.extend(config.username.as_ref().map(|user| user.as_bytes().to_vec()));
+        auth.push(password.as_bytes().to_vec());
+        let reply = roundtrip(&mut stream, &auth).await?;
         if reply != Reply::Status("OK".into()) {
             return Err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, "AUTH refused"));
         }

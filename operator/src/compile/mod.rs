@@ -173,7 +173,8 @@ fn redis(inputs: &Inputs<'_>) -> Result<Option<RedisConfig>, Verdict> {
         }
     };
     let fail_closed = rate_limit.failure_mode == Some(waycast_crds::gateway::FailureMode::Closed);
-    Ok(Some(RedisConfig { address: redis.address.clone(), password, timeout, fail_closed }))
+    let username = redis.username.clone();
+    Ok(Some(RedisConfig { address: redis.address.clone(), password, username, timeout, fail_closed }))
 }
 
 #[cfg(test)]

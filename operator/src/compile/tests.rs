@@ -376,6 +376,7 @@ fn redis_counting_reaches_the_config_with_its_password_or_the_gateway_says_why_n
         redis: Some(RedisRateLimit {
             address: "redis.infra:6379".into(),
             password_secret_ref: Some(SecretKeyRef { name: "redis".into(), key: "password".into() }),
+            username: Some("limiter".into()),
             timeout: Some("50ms".into()),
         }),
         failure_mode: Some(FailureMode::Closed),
@@ -400,6 +401,7 @@ fn redis_counting_reaches_the_config_with_its_password_or_the_gateway_says_why_n
         Some(RedisConfig {
             address: "redis.infra:6379".into(),
             password: Some("s3cret".into()),
+            username: Some("limiter".into()),
             timeout: std::time::Duration::from_millis(50),
             fail_closed: true,
         })
