@@ -92,3 +92,38 @@ async fn serves_tls_with_alpn_and_picks_up_a_rotated_certificate() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A client silent after its TLS handshake is closed within the header
+/// timeout (+1 s): bytes cannot be peeked under TLS, so the first request
+/// has a deadline of its own.
+#[tokio::test]
+async fn a_client_silent_after_its_handshake_is_closed_within_the_header_timeout() {
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::{CertificateDer, ServerName};
+    use tokio::io::AsyncReadExt as _;
+    let dir = fixture::temp_dir("tls-silent");
+    let (_, cert, key) = issue(&dir, "silent-ca");
+    let options = FixtureOptions {
+        tls: Some((cert, key)),
+        header_read_timeout: Duration::from_secs(1),
+        ..FixtureOptions::default()
+    };
+    let fixture = Fixture::start(options, |_, _| {}).await;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(dir.join("silent-ca.crt")).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(fixture.addr).await.unwrap();
+    let mut tls = connector.connect(ServerName::try_from("localhost").unwrap(), tcp).await.unwrap();
+    let started = Instant::now();
+    let mut buffer = [0_u8; 16];
+    let read = tokio::time::timeout(Duration::from_secs(5), tls.read(&mut buffer)).await;
+    assert!(matches!(read, Ok(Ok(0) | Err(_))), "the silent TLS connection is still open: {read:?}");
+    assert!(started.elapsed() < Duration::from_secs(2), "closed after {:?}", started.elapsed());
+}

@@ -9,6 +9,7 @@
 //! ```
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use hyper::service::service_fn;
@@ -128,14 +129,21 @@ pub async fn serve_public(
         // Formatted once per connection, sent upstream with each request.
         let client = crate::proxy::Client::new(peer.ip(), tls.is_some());
         tokio::spawn(async move {
-            let service = service_fn(move |request| crate::proxy::handle(shared.clone(), client.clone(), request));
+            // Set by the first request: until then the header timeout also
+            // bounds the wait (over TLS, where the bytes cannot be peeked).
+            let requested = Arc::new(AtomicBool::new(false));
+            let marker = requested.clone();
+            let service = service_fn(move |request| {
+                marker.store(true, Ordering::Relaxed);
+                crate::proxy::handle(shared.clone(), client.clone(), request)
+            });
             match tls {
                 None => {
                     if !first_bytes_in_time(&stream, header_read_timeout).await {
                         tracing::debug!(%peer, "no request in time; closing the connection");
                         return;
                     }
-                    serve_until_drained(&builder, TokioIo::new(stream), service, drain).await;
+                    serve_until_drained(&builder, TokioIo::new(stream), service, drain, None).await;
                 }
                 Some(acceptor) => {
                     let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await;
@@ -143,7 +151,8 @@ pub async fn serve_public(
                         tracing::debug!(%peer, "TLS handshake failed or timed out");
                         return;
                     };
-                    serve_until_drained(&builder, TokioIo::new(stream), service, drain).await;
+                    let first = FirstRequest { requested, within: header_read_timeout };
+                    serve_until_drained(&builder, TokioIo::new(stream), service, drain, Some(first)).await;
                 }
             }
             drop(alive);
@@ -169,6 +178,22 @@ impl Drop for OpenConnection {
     }
 }
 
+/// A connection's first request must arrive `within` this long.
+struct FirstRequest {
+    requested: Arc<AtomicBool>,
+    within: Duration,
+}
+
+impl FirstRequest {
+    /// Resolves when the deadline passed without a request; never otherwise.
+    async fn missed(&self) {
+        tokio::time::sleep(self.within).await;
+        if self.requested.load(Ordering::Relaxed) {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
 /// Runs one connection; when draining starts, lets its in-flight requests
 /// finish and then closes it (HTTP/1: no more keep-alive; HTTP/2: GOAWAY).
 async fn serve_until_drained<I, S>(
@@ -176,6 +201,7 @@ async fn serve_until_drained<I, S>(
     io: I,
     service: S,
     mut drain: watch::Receiver<bool>,
+    first: Option<FirstRequest>,
 ) where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     S: hyper::service::Service<
@@ -189,8 +215,17 @@ async fn serve_until_drained<I, S>(
 {
     let connection = builder.serve_connection(io, service);
     tokio::pin!(connection);
+    let missed = async {
+        match &first {
+            Some(first) => first.missed().await,
+            None => std::future::pending().await,
+        }
+    };
     tokio::select! {
         _ = connection.as_mut() => {}
+        // Nothing asked in time (a TLS client silent after its handshake,
+        // or stalled in the HTTP/2 preface): the connection is dropped.
+        () = missed => {}
         () = async { let _ = drain.wait_for(|&draining| draining).await; } => {
             connection.as_mut().graceful_shutdown();
             let _ = connection.await;
