@@ -102,6 +102,8 @@ pub struct FixtureOptions {
     pub tls: Option<(PathBuf, PathBuf)>,
     /// Most client connections open at once.
     pub max_connections: usize,
+    /// Longest a connection stays open with no request in flight.
+    pub idle_timeout: Duration,
 }
 
 impl Default for FixtureOptions {
@@ -111,6 +113,7 @@ impl Default for FixtureOptions {
             body_timeout: Duration::from_secs(5),
             header_read_timeout: Duration::from_secs(5),
             max_connections: waycast_gateway::DEFAULT_MAX_CONNECTIONS,
+            idle_timeout: waycast_gateway::DEFAULT_IDLE_TIMEOUT,
             drain_timeout: Duration::from_secs(10),
             tls: None,
         }
@@ -153,6 +156,7 @@ impl Fixture {
             body_timeout: options.body_timeout,
             header_read_timeout: options.header_read_timeout,
             max_connections: options.max_connections,
+            idle_timeout: options.idle_timeout,
             heartbeat: None,
         })
         .await

@@ -18,6 +18,7 @@ use waycast_e2e::fixture::{self, ALICE_KEY, Fixture, FixtureOptions};
 use waycast_gateway::Drained;
 
 const CHAT: &str = r#"{"model":"mistral-7b","messages":[{"role":"user","content":"hi"}]}"#;
+const STREAM_CHAT: &str = r#"{"model":"mistral-7b","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
 
 fn code_of(body: &Bytes) -> String {
     let value: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
@@ -419,4 +420,33 @@ async fn connections_past_the_cap_are_closed_and_counted() {
         assert!(Instant::now() < deadline, "no room after the held connections closed");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// An HTTP/2 connection with no request in flight for `--idle-timeout` is
+/// closed (GOAWAY), so idle connections cannot pile up; one with a request
+/// in flight is not.
+#[tokio::test]
+async fn an_idle_http2_connection_is_closed_after_the_idle_timeout() {
+    let options = FixtureOptions { idle_timeout: Duration::from_secs(1), ..FixtureOptions::default() };
+    let fixture = Fixture::start(options, |_, _| {}).await;
+    let stream = TcpStream::connect(fixture.addr).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    let connection = tokio::spawn(connection);
+    // A stream longer than the idle timeout keeps the connection open.
+    let mut request = fixture::post_request(&fixture.url("/v1/chat/completions"), Some(ALICE_KEY), STREAM_CHAT);
+    request.headers_mut().insert("x-mock-chunks", "15".parse().unwrap());
+    request.headers_mut().insert("x-mock-interval-ms", "100".parse().unwrap());
+    let response = sender.send_request(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert!(String::from_utf8_lossy(&body).ends_with("data: [DONE]\n\n"), "the stream was cut");
+    let idle_since = Instant::now();
+    let ended = tokio::time::timeout(Duration::from_secs(5), connection).await;
+    assert!(ended.is_ok(), "the idle HTTP/2 connection is still open after 5 s");
+    assert!(idle_since.elapsed() < Duration::from_secs(3), "closed after {:?}", idle_since.elapsed());
 }

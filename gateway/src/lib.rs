@@ -41,6 +41,10 @@ use metrics::Metrics;
 /// hold.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 
+/// How long a client connection may stay open with no request in flight, by
+/// default (`--idle-timeout`).
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+
 /// State every request shares.
 pub struct Shared {
     /// The config being served.
@@ -55,6 +59,8 @@ pub struct Shared {
     pub header_read_timeout: Duration,
     /// Most client connections open at once.
     pub max_connections: usize,
+    /// Longest a client connection stays open with no request in flight.
+    pub idle_timeout: Duration,
     /// How many pods share each rate limit.
     pub fleet: Arc<limit::fleet::Fleet>,
     draining: AtomicBool,
@@ -141,6 +147,8 @@ pub struct GatewayOptions {
     pub header_read_timeout: Duration,
     /// Most client connections open at once.
     pub max_connections: usize,
+    /// Longest a client connection stays open with no request in flight.
+    pub idle_timeout: Duration,
     /// In a cluster: heartbeat the served config hash as this pod.
     pub heartbeat: Option<(kube::Client, heartbeat::PodIdentity)>,
 }
@@ -216,6 +224,7 @@ pub async fn start(options: GatewayOptions) -> Result<RunningGateway, StartError
         body_timeout: options.body_timeout,
         header_read_timeout: options.header_read_timeout,
         max_connections: options.max_connections,
+        idle_timeout: options.idle_timeout,
         fleet: Arc::default(),
         draining: AtomicBool::new(false),
     });

@@ -59,6 +59,10 @@ struct Args {
     /// arrive (and counted).
     #[arg(long, env = "WAYCAST_MAX_CONNECTIONS", default_value_t = waycast_gateway::DEFAULT_MAX_CONNECTIONS)]
     max_connections: usize,
+    /// How long a client connection may stay open with no request in
+    /// flight (HTTP/2 above all: HTTP/1 keep-alive ends at the header timeout).
+    #[arg(long, env = "WAYCAST_IDLE_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
+    idle_timeout: Duration,
     /// Log filter (error, warn, info, debug, trace, or a tracing directive).
     #[arg(long, env = "WAYCAST_LOG", default_value = "info")]
     log: String,
@@ -136,6 +140,7 @@ async fn run(args: Args) -> ExitCode {
         body_timeout: args.body_timeout,
         header_read_timeout: args.header_timeout,
         max_connections: args.max_connections,
+        idle_timeout: args.idle_timeout,
         heartbeat,
     };
     let gateway = match waycast_gateway::start(options).await {

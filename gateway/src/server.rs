@@ -128,6 +128,7 @@ pub async fn serve_public(
         let tls = tls.as_ref().map(|files| files.acceptor());
         // Formatted once per connection, sent upstream with each request.
         let client = crate::proxy::Client::new(peer.ip(), tls.is_some());
+        let watch = Watch { activity: client.activity.clone(), idle_timeout: shared.idle_timeout, first: None };
         tokio::spawn(async move {
             // Set by the first request: until then the header timeout also
             // bounds the wait (over TLS, where the bytes cannot be peeked).
@@ -143,7 +144,7 @@ pub async fn serve_public(
                         tracing::debug!(%peer, "no request in time; closing the connection");
                         return;
                     }
-                    serve_until_drained(&builder, TokioIo::new(stream), service, drain, None).await;
+                    serve_until_drained(&builder, TokioIo::new(stream), service, drain, watch).await;
                 }
                 Some(acceptor) => {
                     let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await;
@@ -151,8 +152,8 @@ pub async fn serve_public(
                         tracing::debug!(%peer, "TLS handshake failed or timed out");
                         return;
                     };
-                    let first = FirstRequest { requested, within: header_read_timeout };
-                    serve_until_drained(&builder, TokioIo::new(stream), service, drain, Some(first)).await;
+                    let first = Some(FirstRequest { requested, within: header_read_timeout });
+                    serve_until_drained(&builder, TokioIo::new(stream), service, drain, Watch { first, ..watch }).await;
                 }
             }
             drop(alive);
@@ -175,6 +176,27 @@ impl OpenConnection {
 impl Drop for OpenConnection {
     fn drop(&mut self) {
         self.0.metrics.connections_open.dec();
+    }
+}
+
+/// What ends a connection besides its client and the drain: no first
+/// request in time, or no request in flight for `idle_timeout`.
+struct Watch {
+    activity: Arc<crate::proxy::stream::ConnectionActivity>,
+    idle_timeout: Duration,
+    first: Option<FirstRequest>,
+}
+
+impl Watch {
+    /// Resolves once the connection has been idle for `idle_timeout`.
+    async fn idle(&self) {
+        loop {
+            let idle = self.activity.idle_for();
+            if idle >= self.idle_timeout {
+                return;
+            }
+            tokio::time::sleep(self.idle_timeout - idle).await;
+        }
     }
 }
 
@@ -201,7 +223,7 @@ async fn serve_until_drained<I, S>(
     io: I,
     service: S,
     mut drain: watch::Receiver<bool>,
-    first: Option<FirstRequest>,
+    watch: Watch,
 ) where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     S: hyper::service::Service<
@@ -216,7 +238,7 @@ async fn serve_until_drained<I, S>(
     let connection = builder.serve_connection(io, service);
     tokio::pin!(connection);
     let missed = async {
-        match &first {
+        match &watch.first {
             Some(first) => first.missed().await,
             None => std::future::pending().await,
         }
@@ -227,6 +249,12 @@ async fn serve_until_drained<I, S>(
         // or stalled in the HTTP/2 preface): the connection is dropped.
         () = missed => {}
         () = async { let _ = drain.wait_for(|&draining| draining).await; } => {
+            connection.as_mut().graceful_shutdown();
+            let _ = connection.await;
+        }
+        // Nothing in flight for the idle timeout: closed gracefully (HTTP/2
+        // GOAWAY), so a client with many idle connections cannot hold them.
+        () = watch.idle() => {
             connection.as_mut().graceful_shutdown();
             let _ = connection.await;
         }

@@ -73,6 +73,8 @@ pub struct Client {
     pub forwarded_for: HeaderValue,
     /// `http` or `https`.
     pub forwarded_proto: HeaderValue,
+    /// The connection's requests in flight and when the last one ended.
+    pub activity: Arc<stream::ConnectionActivity>,
 }
 
 impl Client {
@@ -80,7 +82,7 @@ impl Client {
     pub fn new(address: std::net::IpAddr, tls: bool) -> Self {
         let forwarded_for = HeaderValue::try_from(address.to_string()).unwrap_or(HeaderValue::from_static("unknown"));
         let forwarded_proto = HeaderValue::from_static(if tls { "https" } else { "http" });
-        Self { forwarded_for, forwarded_proto }
+        Self { forwarded_for, forwarded_proto, activity: Arc::default() }
     }
 }
 
@@ -98,7 +100,14 @@ pub async fn handle(
         Some(Endpoint::Models) => "/v1/models",
         None => "other",
     };
-    let mut exchange = Some(Exchange::new(shared.clone(), started, request.method().clone(), path, request_id.clone()));
+    let mut exchange = Some(Exchange::new(
+        shared.clone(),
+        client.activity.clone(),
+        started,
+        request.method().clone(),
+        path,
+        request_id.clone(),
+    ));
     let result = serve(&shared, &client, request, target, &mut exchange, &request_id).await;
     let mut response = match result {
         Ok(response) => response,

@@ -9,6 +9,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
@@ -98,7 +99,38 @@ pub struct Exchange {
     pub overhead_before: Duration,
     /// Token limits to charge with the response's usage.
     pub charge: Option<crate::limit::Charge>,
+    activity: Arc<ConnectionActivity>,
     finished: bool,
+}
+
+/// One client connection's requests: how many are in flight (until their
+/// response has ended) and when the last one ended, for the idle timeout.
+#[derive(Debug)]
+pub struct ConnectionActivity {
+    active: AtomicUsize,
+    /// Nanoseconds on [`crate::limit::now_nanos`]'s clock.
+    last_end: AtomicU64,
+}
+
+impl Default for ConnectionActivity {
+    fn default() -> Self {
+        Self { active: AtomicUsize::new(0), last_end: AtomicU64::new(crate::limit::now_nanos()) }
+    }
+}
+
+impl ConnectionActivity {
+    fn ended(&self) {
+        self.last_end.store(crate::limit::now_nanos(), Ordering::Relaxed);
+        self.active.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// How long the connection has had no request in flight (zero while it has one).
+    pub fn idle_for(&self) -> Duration {
+        if self.active.load(Ordering::Relaxed) > 0 {
+            return Duration::ZERO;
+        }
+        Duration::from_nanos(crate::limit::now_nanos().saturating_sub(self.last_end.load(Ordering::Relaxed)))
+    }
 }
 
 /// How a request ended.
@@ -121,14 +153,17 @@ impl Exchange {
     /// Starts the bookkeeping of a request (counts it in flight).
     pub fn new(
         shared: Arc<Shared>,
+        activity: Arc<ConnectionActivity>,
         started: Instant,
         method: Method,
         path: &'static str,
         request_id: HeaderValue,
     ) -> Self {
         shared.metrics.inflight.inc();
+        activity.active.fetch_add(1, Ordering::Relaxed);
         Self {
             shared,
+            activity,
             started,
             method,
             path,
@@ -153,6 +188,7 @@ impl Exchange {
             return;
         }
         self.finished = true;
+        self.activity.ended();
         let metrics = &self.shared.metrics;
         metrics.inflight.dec();
         let model = self.model.as_deref().unwrap_or("unknown");
