@@ -32,22 +32,26 @@ fn issue(dir: &Path, ca_name: &str) -> (Authority, std::path::PathBuf, std::path
     (ca, leaf.cert, leaf.key)
 }
 
-fn client(
-    ca: &Path,
-    http2: bool,
-) -> Client<hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>, Full<Bytes>> {
+/// A rustls client trusting only the CA in `ca`.
+fn tls_config(ca: &Path) -> rustls::ClientConfig {
     use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject as _;
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_file_iter(ca).unwrap() {
         roots.add(cert.unwrap()).unwrap();
     }
-    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
         .with_safe_default_protocol_versions()
         .unwrap()
         .with_root_certificates(roots)
-        .with_no_client_auth();
-    let builder = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls).https_only();
+        .with_no_client_auth()
+}
+
+fn client(
+    ca: &Path,
+    http2: bool,
+) -> Client<hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>, Full<Bytes>> {
+    let builder = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls_config(ca)).https_only();
     let connector = if http2 { builder.enable_http2().build() } else { builder.enable_http1().build() };
     let mut client = Client::builder(TokioExecutor::new());
     client.http2_only(http2);
@@ -98,8 +102,7 @@ async fn serves_tls_with_alpn_and_picks_up_a_rotated_certificate() {
 /// has a deadline of its own.
 #[tokio::test]
 async fn a_client_silent_after_its_handshake_is_closed_within_the_header_timeout() {
-    use rustls::pki_types::pem::PemObject as _;
-    use rustls::pki_types::{CertificateDer, ServerName};
+    use rustls::pki_types::ServerName;
     use tokio::io::AsyncReadExt as _;
     let dir = fixture::temp_dir("tls-silent");
     let (_, cert, key) = issue(&dir, "silent-ca");
@@ -109,16 +112,7 @@ async fn a_client_silent_after_its_handshake_is_closed_within_the_header_timeout
         ..FixtureOptions::default()
     };
     let fixture = Fixture::start(options, |_, _| {}).await;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_file_iter(dir.join("silent-ca.crt")).unwrap() {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(tls_config(&dir.join("silent-ca.crt"))));
     let tcp = tokio::net::TcpStream::connect(fixture.addr).await.unwrap();
     let mut tls = connector.connect(ServerName::try_from("localhost").unwrap(), tcp).await.unwrap();
     let started = Instant::now();

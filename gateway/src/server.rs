@@ -9,7 +9,6 @@
 //! ```
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use hyper::service::service_fn;
@@ -55,35 +54,6 @@ pub const H2_KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(20);
 /// See [`H2_KEEP_ALIVE_INTERVAL`].
 pub const H2_KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The HTTP/2 connection preface; protocol detection waits for all of it.
-const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-
-/// Waits, at most `timeout`, until the client has sent enough to tell its
-/// protocol: a first byte that does not start the HTTP/2 preface (HTTP/1,
-/// whose header timeout hyper enforces), or the whole preface. False when
-/// the client sent nothing, or stalled inside the preface, in time — hyper's
-/// own timers start only after that.
-async fn first_bytes_in_time(stream: &tokio::net::TcpStream, timeout: Duration) -> bool {
-    let waited = tokio::time::timeout(timeout, async {
-        let mut seen = [0_u8; 24];
-        loop {
-            let n = stream.peek(&mut seen).await.unwrap_or(0);
-            if n == 0 {
-                return false;
-            }
-            if seen[..n] != H2_PREFACE[..n] || n == H2_PREFACE.len() {
-                return true;
-            }
-            // A partial preface: wait for more of it.
-            if stream.readable().await.is_err() {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    });
-    waited.await.unwrap_or(false)
-}
-
 /// Accepts public connections until `drain` turns true, then returns. Each
 /// connection holds a clone of `alive` until it has closed, so the caller
 /// learns when the last one is gone.
@@ -128,32 +98,26 @@ pub async fn serve_public(
         let tls = tls.as_ref().map(|files| files.acceptor());
         // Formatted once per connection, sent upstream with each request.
         let client = crate::proxy::Client::new(peer.ip(), tls.is_some());
-        let watch = Watch { activity: client.activity.clone(), idle_timeout: shared.idle_timeout, first: None };
+        // Ends the connection if no request comes within the header timeout
+        // (a client silent from the start, stalled in the HTTP/2 preface, or
+        // silent after its TLS handshake: hyper's own timers start only once
+        // the protocol is known) or none is in flight for the idle timeout.
+        let watch = Watch {
+            activity: client.activity.clone(),
+            first_request_within: header_read_timeout,
+            idle_timeout: shared.idle_timeout,
+        };
         tokio::spawn(async move {
-            // Set by the first request: until then the header timeout also
-            // bounds the wait (over TLS, where the bytes cannot be peeked).
-            let requested = Arc::new(AtomicBool::new(false));
-            let marker = requested.clone();
-            let service = service_fn(move |request| {
-                marker.store(true, Ordering::Relaxed);
-                crate::proxy::handle(shared.clone(), client.clone(), request)
-            });
+            let service = service_fn(move |request| crate::proxy::handle(shared.clone(), client.clone(), request));
             match tls {
-                None => {
-                    if !first_bytes_in_time(&stream, header_read_timeout).await {
-                        tracing::debug!(%peer, "no request in time; closing the connection");
-                        return;
-                    }
-                    serve_until_drained(&builder, TokioIo::new(stream), service, drain, watch).await;
-                }
+                None => serve_until_drained(&builder, TokioIo::new(stream), service, drain, watch).await,
                 Some(acceptor) => {
                     let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await;
                     let Ok(Ok(stream)) = handshake else {
                         tracing::debug!(%peer, "TLS handshake failed or timed out");
                         return;
                     };
-                    let first = Some(FirstRequest { requested, within: header_read_timeout });
-                    serve_until_drained(&builder, TokioIo::new(stream), service, drain, Watch { first, ..watch }).await;
+                    serve_until_drained(&builder, TokioIo::new(stream), service, drain, watch).await;
                 }
             }
             drop(alive);
@@ -183,11 +147,19 @@ impl Drop for OpenConnection {
 /// request in time, or no request in flight for `idle_timeout`.
 struct Watch {
     activity: Arc<crate::proxy::stream::ConnectionActivity>,
+    first_request_within: Duration,
     idle_timeout: Duration,
-    first: Option<FirstRequest>,
 }
 
 impl Watch {
+    /// Resolves when the first request did not come in time; never otherwise.
+    async fn no_first_request(&self) {
+        tokio::time::sleep(self.first_request_within).await;
+        if self.activity.has_started() {
+            std::future::pending::<()>().await;
+        }
+    }
+
     /// Resolves once the connection has been idle for `idle_timeout`.
     async fn idle(&self) {
         loop {
@@ -196,22 +168,6 @@ impl Watch {
                 return;
             }
             tokio::time::sleep(self.idle_timeout - idle).await;
-        }
-    }
-}
-
-/// A connection's first request must arrive `within` this long.
-struct FirstRequest {
-    requested: Arc<AtomicBool>,
-    within: Duration,
-}
-
-impl FirstRequest {
-    /// Resolves when the deadline passed without a request; never otherwise.
-    async fn missed(&self) {
-        tokio::time::sleep(self.within).await;
-        if self.requested.load(Ordering::Relaxed) {
-            std::future::pending::<()>().await;
         }
     }
 }
@@ -237,17 +193,11 @@ async fn serve_until_drained<I, S>(
 {
     let connection = builder.serve_connection(io, service);
     tokio::pin!(connection);
-    let missed = async {
-        match &watch.first {
-            Some(first) => first.missed().await,
-            None => std::future::pending().await,
-        }
-    };
     tokio::select! {
         _ = connection.as_mut() => {}
         // Nothing asked in time (a TLS client silent after its handshake,
         // or stalled in the HTTP/2 preface): the connection is dropped.
-        () = missed => {}
+        () = watch.no_first_request() => {}
         () = async { let _ = drain.wait_for(|&draining| draining).await; } => {
             connection.as_mut().graceful_shutdown();
             let _ = connection.await;

@@ -9,7 +9,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
@@ -107,6 +107,7 @@ pub struct Exchange {
 /// response has ended) and when the last one ended, for the idle timeout.
 #[derive(Debug)]
 pub struct ConnectionActivity {
+    started: AtomicBool,
     active: AtomicUsize,
     /// Nanoseconds on [`crate::limit::now_nanos`]'s clock.
     last_end: AtomicU64,
@@ -114,11 +115,25 @@ pub struct ConnectionActivity {
 
 impl Default for ConnectionActivity {
     fn default() -> Self {
-        Self { active: AtomicUsize::new(0), last_end: AtomicU64::new(crate::limit::now_nanos()) }
+        Self {
+            started: AtomicBool::new(false),
+            active: AtomicUsize::new(0),
+            last_end: AtomicU64::new(crate::limit::now_nanos()),
+        }
     }
 }
 
 impl ConnectionActivity {
+    fn began(&self) {
+        self.started.store(true, Ordering::Relaxed);
+        self.active.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether a request has begun on the connection.
+    pub fn has_started(&self) -> bool {
+        self.started.load(Ordering::Relaxed)
+    }
+
     fn ended(&self) {
         self.last_end.store(crate::limit::now_nanos(), Ordering::Relaxed);
         self.active.fetch_sub(1, Ordering::Relaxed);
@@ -160,7 +175,7 @@ impl Exchange {
         request_id: HeaderValue,
     ) -> Self {
         shared.metrics.inflight.inc();
-        activity.active.fetch_add(1, Ordering::Relaxed);
+        activity.began();
         Self {
             shared,
             activity,
