@@ -271,7 +271,7 @@ pub enum ConfigError {
     Json(#[from] serde_json::Error),
     /// Not valid YAML.
     #[error("config is not valid YAML: {0}")]
-    Yaml(#[from] serde_yaml::Error),
+    Yaml(#[from] serde_yaml_ng::Error),
     /// Parsed, but some values are wrong.
     #[error("config is invalid: {0}")]
     Invalid(Problems),
@@ -296,7 +296,7 @@ impl GatewayConfig {
     pub fn from_slice(bytes: &[u8]) -> Result<Self, ConfigError> {
         let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
         let config: Self =
-            if first == Some(&b'{') { serde_json::from_slice(bytes)? } else { serde_yaml::from_slice(bytes)? };
+            if first == Some(&b'{') { serde_json::from_slice(bytes)? } else { serde_yaml_ng::from_slice(bytes)? };
         config.validate().map_err(ConfigError::Invalid)?;
         Ok(config)
     }

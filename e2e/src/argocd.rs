@@ -32,7 +32,7 @@ pub struct Health {
 pub fn health_scripts(repository: &Path) -> anyhow::Result<BTreeMap<String, String>> {
     let path = repository.join(HEALTH_CHECKS);
     let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let config_map: Value = serde_yaml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let config_map: Value = serde_yaml_ng::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
     let data = config_map.get("data").and_then(Value::as_object).context("the ConfigMap has no data")?;
     let mut scripts = BTreeMap::new();
     for (key, script) in data {

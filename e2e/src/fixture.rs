@@ -146,7 +146,7 @@ impl Fixture {
         adjust(&mut config, &mock.base_url());
         let dir = temp_dir("gateway");
         let config_path = dir.join("gateway.yaml");
-        write_atomically(&config_path, serde_yaml::to_string(&config).expect("yaml").as_bytes());
+        write_atomically(&config_path, serde_yaml_ng::to_string(&config).expect("yaml").as_bytes());
         let gateway = waycast_gateway::start(GatewayOptions {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 0)),

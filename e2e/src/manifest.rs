@@ -19,7 +19,7 @@ pub const FIELD_MANAGER: &str = "waycast-e2e";
 /// A document that is not a Kubernetes object.
 pub fn parse_documents(yaml: &str) -> anyhow::Result<Vec<DynamicObject>> {
     let mut objects = Vec::new();
-    for document in serde_yaml::Deserializer::from_str(yaml) {
+    for document in serde_yaml_ng::Deserializer::from_str(yaml) {
         let value = serde_json::Value::deserialize(document).context("parsing a YAML document")?;
         if value.is_null() {
             continue;

@@ -25,7 +25,7 @@ fn one_health_check_serves_all_three_kinds() {
 fn health_follows_the_conditions_of_every_fixture() {
     let scripts = health_scripts(&repo_root()).unwrap();
     let fixtures_path = repo_root().join("charts/waycast/argocd/health-fixtures.yaml");
-    let fixtures: Vec<Value> = serde_yaml::from_str(&std::fs::read_to_string(fixtures_path).unwrap()).unwrap();
+    let fixtures: Vec<Value> = serde_yaml_ng::from_str(&std::fs::read_to_string(fixtures_path).unwrap()).unwrap();
     assert!(fixtures.len() >= 12, "too few fixtures: {}", fixtures.len());
     let mut seen_statuses = std::collections::BTreeSet::new();
     let mut failures = Vec::new();

@@ -34,7 +34,7 @@ async fn sigterm_drains_and_sighup_reloads() {
     let config_path = dir.join("gateway.yaml");
     let mut config = fixture::default_config(&mock.base_url());
     config.keys.retain(|k| k.id == "team-a/alice");
-    std::fs::write(&config_path, serde_yaml::to_string(&config).unwrap()).unwrap();
+    std::fs::write(&config_path, serde_yaml_ng::to_string(&config).unwrap()).unwrap();
     let loopback = "127.0.0.1".parse().unwrap();
     let (public, admin) = (free_port(loopback).unwrap(), free_port(loopback).unwrap());
     let mut child = tokio::process::Command::new(gateway_binary())
@@ -70,7 +70,7 @@ async fn sigterm_drains_and_sighup_reloads() {
     let mut with_bob = fixture::default_config(&mock.base_url());
     with_bob.keys.retain(|k| k.id == "team-b/bob");
     with_bob.keys[0].models = None;
-    let text = serde_yaml::to_string(&with_bob).unwrap();
+    let text = serde_yaml_ng::to_string(&with_bob).unwrap();
     let original = std::fs::read_to_string(&config_path).unwrap();
     let padded = format!("{text}{}", "#".repeat(original.len().saturating_sub(text.len() + 1)));
     std::fs::write(&config_path, format!("{padded}\n")).unwrap();

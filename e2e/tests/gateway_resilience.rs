@@ -104,7 +104,7 @@ async fn a_config_swap_under_load_fails_no_request() {
             weight: round + 1,
             headers: Default::default(),
         });
-        fixture.write_config(serde_yaml::to_string(&config).unwrap().as_bytes());
+        fixture.write_config(serde_yaml_ng::to_string(&config).unwrap().as_bytes());
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     stop.store(true, Ordering::Relaxed);

@@ -16,15 +16,15 @@ use waycast_operator::render::{self, RenderSettings};
 fn render_case(input: &str) -> String {
     let (mut gateways, mut models, mut keys, mut services, mut secrets) = (vec![], vec![], vec![], vec![], vec![]);
     let mut namespaces = vec![];
-    for document in serde_yaml::Deserializer::from_str(input) {
-        let value = serde_yaml::Value::deserialize(document).unwrap();
+    for document in serde_yaml_ng::Deserializer::from_str(input) {
+        let value = serde_yaml_ng::Value::deserialize(document).unwrap();
         match value["kind"].as_str().unwrap() {
-            "Gateway" => gateways.push(serde_yaml::from_value::<Gateway>(value).unwrap()),
-            "ModelEndpoint" => models.push(serde_yaml::from_value::<ModelEndpoint>(value).unwrap()),
-            "ApiKey" => keys.push(serde_yaml::from_value::<ApiKey>(value).unwrap()),
-            "Service" => services.push(serde_yaml::from_value::<Service>(value).unwrap()),
-            "Secret" => secrets.push(serde_yaml::from_value::<Secret>(value).unwrap()),
-            "Namespace" => namespaces.push(serde_yaml::from_value::<Namespace>(value).unwrap()),
+            "Gateway" => gateways.push(serde_yaml_ng::from_value::<Gateway>(value).unwrap()),
+            "ModelEndpoint" => models.push(serde_yaml_ng::from_value::<ModelEndpoint>(value).unwrap()),
+            "ApiKey" => keys.push(serde_yaml_ng::from_value::<ApiKey>(value).unwrap()),
+            "Service" => services.push(serde_yaml_ng::from_value::<Service>(value).unwrap()),
+            "Secret" => secrets.push(serde_yaml_ng::from_value::<Secret>(value).unwrap()),
+            "Namespace" => namespaces.push(serde_yaml_ng::from_value::<Namespace>(value).unwrap()),
             other => panic!("unexpected kind {other}"),
         }
     }
@@ -45,13 +45,13 @@ fn render_case(input: &str) -> String {
     let settings = RenderSettings { gateway_image: "docker.io/waycast/gateway:dev".into() };
     let (config_secret, hash) = render::config_secret::config_secret(gateway, &compiled.config).unwrap();
     let mut documents = vec![
-        format!("# config hash {hash}\n{}", serde_yaml::to_string(&compiled.config).unwrap()),
-        serde_yaml::to_string(&render::rbac::service_account(gateway)).unwrap(),
-        serde_yaml::to_string(&render::rbac::role(gateway)).unwrap(),
-        serde_yaml::to_string(&render::rbac::role_binding(gateway)).unwrap(),
-        serde_yaml::to_string(&config_secret.metadata).unwrap(),
-        serde_yaml::to_string(&render::deployment::deployment(gateway, &settings)).unwrap(),
-        serde_yaml::to_string(&render::service::service(gateway)).unwrap(),
+        format!("# config hash {hash}\n{}", serde_yaml_ng::to_string(&compiled.config).unwrap()),
+        serde_yaml_ng::to_string(&render::rbac::service_account(gateway)).unwrap(),
+        serde_yaml_ng::to_string(&render::rbac::role(gateway)).unwrap(),
+        serde_yaml_ng::to_string(&render::rbac::role_binding(gateway)).unwrap(),
+        serde_yaml_ng::to_string(&config_secret.metadata).unwrap(),
+        serde_yaml_ng::to_string(&render::deployment::deployment(gateway, &settings)).unwrap(),
+        serde_yaml_ng::to_string(&render::service::service(gateway)).unwrap(),
     ];
     // Each object's verdict, as its status will show it.
     let mut verdicts = String::from("# verdicts\n");
@@ -64,8 +64,8 @@ fn render_case(input: &str) -> String {
         verdicts.push_str(&format!("ApiKey {id}: {} {} {}\n", v.accepted, v.reason, v.message));
     }
     documents.push(verdicts);
-    documents.extend(render::scaling::hpa(gateway).map(|hpa| serde_yaml::to_string(&hpa).unwrap()));
-    documents.extend(render::scaling::pdb(gateway).map(|pdb| serde_yaml::to_string(&pdb).unwrap()));
+    documents.extend(render::scaling::hpa(gateway).map(|hpa| serde_yaml_ng::to_string(&hpa).unwrap()));
+    documents.extend(render::scaling::pdb(gateway).map(|pdb| serde_yaml_ng::to_string(&pdb).unwrap()));
     documents.join("---\n")
 }
 
