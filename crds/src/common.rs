@@ -117,6 +117,41 @@ pub struct SecretKeyRef {
     pub key: String,
 }
 
+/// A Secret in the referring object's namespace, as a whole (e.g. a
+/// `kubernetes.io/tls` Secret with `tls.crt` and `tls.key`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretRef {
+    /// Name of the Secret, in the same namespace as the object that refers to it.
+    #[schemars(
+        length(min = 1, max = 253),
+        pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub name: String,
+}
+
+/// TLS from the gateway to a server it calls: which CA to trust, which
+/// client certificate to present, which name to expect. Every Secret is
+/// read from the referring object's namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClientTls {
+    /// A key of a Secret holding the PEM CA certificates that sign the
+    /// server's certificate (a private CA, cert-manager's `ca.crt`).
+    /// Absent: the public web PKI roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_secret_ref: Option<SecretKeyRef>,
+    /// A `kubernetes.io/tls` Secret (`tls.crt`, `tls.key`) presented as the
+    /// client certificate (mutual TLS). Absent: no client certificate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_cert_secret_ref: Option<SecretRef>,
+    /// The DNS name (or IP address) the server's certificate must carry.
+    /// Absent: the host the gateway connects to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253), pattern(r"^[^\s/:]+$"))]
+    pub server_name: Option<String>,
+}
+
 /// Rate limits. Each pod of a Gateway enforces its share of the limit, so the
 /// fleet as a whole admits the configured rate.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, kube::KubeSchema)]

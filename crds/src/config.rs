@@ -221,6 +221,41 @@ pub struct RedisConfig {
     /// Admit (`open`) or refuse with 503 (`closed`) while Redis is unreachable.
     #[serde(default)]
     pub fail_closed: bool,
+    /// TLS to Redis (`rediss://`); absent: plain TCP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<ClientTlsConfig>,
+}
+
+/// TLS from the gateway to a server it calls, with the PEM material inline.
+#[derive(Serialize, Deserialize, Clone, Default, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ClientTlsConfig {
+    /// PEM CA certificates trusted to sign the server's certificate;
+    /// absent: the public web PKI roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_pem: Option<String>,
+    /// PEM certificate chain presented to the server (mutual TLS).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_cert_pem: Option<String>,
+    /// PEM private key of `client_cert_pem`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_key_pem: Option<String>,
+    /// The name the server's certificate must carry; absent: the host the
+    /// gateway connects to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_name: Option<String>,
+}
+
+impl std::fmt::Debug for ClientTlsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The private key never reaches a log line.
+        f.debug_struct("ClientTlsConfig")
+            .field("ca_pem", &self.ca_pem.as_ref().map(|pem| pem.len()))
+            .field("client_cert_pem", &self.client_cert_pem.as_ref().map(|pem| pem.len()))
+            .field("client_key_pem", &self.client_key_pem.as_ref().map(|_| "<redacted>"))
+            .field("server_name", &self.server_name)
+            .finish()
+    }
 }
 
 impl RedisConfig {
@@ -239,6 +274,7 @@ impl std::fmt::Debug for RedisConfig {
             .field("username", &self.username)
             .field("timeout", &self.timeout)
             .field("fail_closed", &self.fail_closed)
+            .field("tls", &self.tls)
             .finish()
     }
 }

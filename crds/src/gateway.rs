@@ -282,6 +282,11 @@ pub struct RedisRateLimit {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 32), pattern(r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"))]
     pub timeout: Option<String>,
+    /// Talk to Redis over TLS (what `rediss://` means to other clients):
+    /// the CA to trust, a client certificate for `tls-auth-clients`, the
+    /// name to verify. Absent: plain TCP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<crate::common::ClientTls>,
 }
 
 /// What to do while the rate-limit store is unreachable.

@@ -121,6 +121,11 @@ impl GatewayConfig {
             if redis.username.is_some() && redis.password.is_none() {
                 problems.add("settings.redis.username", "needs a password");
             }
+            if let Some(tls) = &redis.tls
+                && tls.client_cert_pem.is_some() != tls.client_key_pem.is_some()
+            {
+                problems.add("settings.redis.tls", "clientCertPem and clientKeyPem go together");
+            }
         }
         for (index, range) in self.settings.denied_cidrs.iter().enumerate() {
             if let Err(error) = range.parse::<Cidr>() {
@@ -358,6 +363,10 @@ mod tests {
                     username: None,
                     timeout: Duration::ZERO,
                     fail_closed: false,
+                    tls: Some(crate::config::ClientTlsConfig {
+                        client_cert_pem: Some("-----BEGIN CERTIFICATE-----".into()),
+                        ..Default::default()
+                    }),
                 }),
                 denied_cidrs: vec!["10.0.0.0/8".into(), "10.0.0.0".into()],
             },
@@ -382,6 +391,7 @@ mod tests {
             "settings.maxRequestBodyBytes",
             "settings.redis.address",
             "settings.redis.timeout",
+            "settings.redis.tls",
             "settings.deniedCIDRs[1]",
         ] {
             assert!(paths.contains(&expected), "missing {expected} in {paths:?}");

@@ -5,37 +5,64 @@
 #![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
 
 use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
 use serde_json::Value;
-use waycast_crds::config::{LimitsConfig, RedisConfig};
+use waycast_crds::config::{ClientTlsConfig, LimitsConfig, RedisConfig};
 use waycast_e2e::control_plane::free_port;
-use waycast_e2e::fixture::{ALICE_KEY, Fixture, FixtureOptions};
+use waycast_e2e::fixture::{ALICE_KEY, Fixture, FixtureOptions, temp_dir};
+use waycast_e2e::pki::{Authority, PemFiles, Usage};
 
 const CHAT: &str = r#"{"model":"llama3","messages":[{"role":"user","content":"hi"}]}"#;
 const PASSWORD: &str = "redis-test-password";
 const ACL_USER: &str = "limiter";
 const ACL_PASSWORD: &str = "limiter-test-password";
 
-/// A `redis-server` on a loopback port, with a password and no persistence.
+/// A `redis-server` on a loopback port, with a password and no persistence;
+/// with `tls`, it speaks only TLS and wants a client certificate.
 struct Redis {
     port: u16,
     process: Option<Child>,
+    tls: Option<PemFiles>,
+    ca: Option<PathBuf>,
 }
 
 impl Redis {
     fn start() -> Self {
         let port = free_port(Ipv4Addr::LOCALHOST.into()).unwrap();
-        let mut redis = Self { port, process: None };
+        let mut redis = Self { port, process: None, tls: None, ca: None };
+        redis.restart();
+        redis
+    }
+
+    /// A TLS-only server whose certificate (for 127.0.0.1) `authority` signs,
+    /// and which admits clients whose certificates it signs too.
+    fn start_tls(authority: &Authority, dir: &Path) -> Self {
+        let server = authority.issue(dir, "redis", "redis", &[], &["127.0.0.1".into()], Usage::Server).unwrap();
+        let port = free_port(Ipv4Addr::LOCALHOST.into()).unwrap();
+        let mut redis = Self { port, process: None, tls: Some(server), ca: Some(authority.files.cert.clone()) };
         redis.restart();
         redis
     }
 
     fn restart(&mut self) {
-        let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        let mut command = Command::new("redis-server");
+        match (&self.tls, &self.ca) {
+            (Some(server), Some(ca)) => command
+                .args(["--port", "0", "--tls-port", &self.port.to_string(), "--tls-auth-clients", "yes"])
+                .arg("--tls-cert-file")
+                .arg(&server.cert)
+                .arg("--tls-key-file")
+                .arg(&server.key)
+                .arg("--tls-ca-cert-file")
+                .arg(ca),
+            _ => command.args(["--port", &self.port.to_string()]),
+        };
+        let child = command
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .args(["--requirepass", PASSWORD])
             // An ACL user that may run the limiter's scripts on its keys only.
             .args(["--user", ACL_USER, "on", &format!(">{ACL_PASSWORD}"), "~waycast:*", "+@all"])
@@ -69,6 +96,7 @@ impl Redis {
             username: None,
             timeout: Duration::from_millis(100),
             fail_closed,
+            tls: None,
         }
     }
 }
@@ -262,4 +290,50 @@ async fn an_acl_user_authenticates_and_a_wrong_one_does_not() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(stranger.metric("waycast_gateway_rate_limit_store_up").await, Some(0.0));
     assert_eq!(timed(&stranger).await.0, StatusCode::SERVICE_UNAVAILABLE, "fails closed");
+}
+
+/// `rediss://`: a TLS-only Redis that wants client certificates counts for
+/// a gateway that trusts its CA and presents a certificate it signed; a
+/// gateway that trusts another CA, or has no client certificate, never
+/// connects, and the failure mode applies.
+#[tokio::test]
+async fn tls_to_redis_with_a_private_ca_and_a_client_certificate() {
+    let dir = temp_dir("redis-tls");
+    let authority = Authority::generate(&dir, "redis-ca").unwrap();
+    let redis = Redis::start_tls(&authority, &dir);
+    let client = authority.issue(&dir, "gateway", "gateway", &[], &[], Usage::Client).unwrap();
+    let read = |path: &Path| std::fs::read_to_string(path).unwrap();
+    let trusted = ClientTlsConfig {
+        ca_pem: Some(read(&authority.files.cert)),
+        client_cert_pem: Some(read(&client.cert)),
+        client_key_pem: Some(read(&client.key)),
+        server_name: None,
+    };
+    let with_tls = |tls: ClientTlsConfig| {
+        let mut config = redis.config(true);
+        config.tls = Some(tls);
+        Fixture::start(FixtureOptions::default(), move |gateway, _| {
+            gateway.settings.redis = Some(config);
+            gateway.keys[0].limits = Some(LimitsConfig { requests_per_minute: Some(1), tokens_per_minute: None });
+        })
+    };
+
+    let gateway = with_tls(trusted.clone()).await;
+    connected(&gateway).await;
+    assert_eq!(timed(&gateway).await.0, StatusCode::OK);
+    assert_eq!(timed(&gateway).await.0, StatusCode::TOO_MANY_REQUESTS, "counted in Redis over TLS");
+
+    let other_dir = temp_dir("redis-tls-other");
+    let other = Authority::generate(&other_dir, "other-ca").unwrap();
+    let wrong_ca = with_tls(ClientTlsConfig { ca_pem: Some(read(&other.files.cert)), ..trusted.clone() }).await;
+    let no_client_cert =
+        with_tls(ClientTlsConfig { client_cert_pem: None, client_key_pem: None, ..trusted.clone() }).await;
+    let wrong_name = with_tls(ClientTlsConfig { server_name: Some("redis.elsewhere".into()), ..trusted }).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for (what, fixture) in
+        [("another CA", &wrong_ca), ("no client certificate", &no_client_cert), ("another name", &wrong_name)]
+    {
+        assert_eq!(fixture.metric("waycast_gateway_rate_limit_store_up").await, Some(0.0), "{what}: never connected");
+        assert_eq!(timed(fixture).await.0, StatusCode::SERVICE_UNAVAILABLE, "{what}: fails closed");
+    }
 }

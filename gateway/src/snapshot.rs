@@ -195,8 +195,8 @@ pub enum BuildError {
     /// A key's hash was not hex.
     #[error("keys[{0}].sha256: not a hex SHA-256")]
     BadHash(usize),
-    /// The upstream TLS setup failed.
-    #[error("cannot set up upstream TLS: {0}")]
+    /// A TLS setup (upstreams, Redis) failed.
+    #[error("cannot set up TLS: {0}")]
     Tls(String),
 }
 
@@ -262,13 +262,16 @@ impl Snapshot {
             keys.insert(digest, entry);
         }
         // The connection (and its task) is kept while the Redis settings stay.
-        let redis = config.settings.redis.as_ref().map(|wanted| {
-            previous
-                .and_then(|p| p.redis.as_ref())
-                .filter(|counter| counter.config == *wanted)
-                .cloned()
-                .unwrap_or_else(|| Arc::new(RedisCounter::start(wanted.clone())))
-        });
+        let redis = match config.settings.redis.as_ref() {
+            None => None,
+            Some(wanted) => match previous.and_then(|p| p.redis.as_ref()).filter(|counter| counter.config == *wanted) {
+                Some(kept) => Some(kept.clone()),
+                None => Some(Arc::new(
+                    RedisCounter::start(wanted.clone())
+                        .map_err(|e| BuildError::Tls(format!("settings.redis.tls: {e}")))?,
+                )),
+            },
+        };
         Ok(Self { hash, settings: config.settings.clone(), keys, routes, by_name, clients, denied, redis })
     }
 

@@ -580,15 +580,15 @@ impl Snapshot {
     }
 
     /// Adds what compile needs beyond the stores: the Gateway's Redis
-    /// password Secret (the platform team's own), and the metadata of
+    /// Secrets (the platform team's own), and the metadata of
     /// credential Secrets the routes name that are not opted in, so their
     /// status can say "not labelled" rather than "missing". A failed look-up
     /// counts as missing: it never holds up the rest of the Gateway.
     async fn fetch_credentials(&mut self, client: &Client, stores: &Stores, gateway: &Gateway) -> Result<(), Error> {
-        if let Some((namespace, name)) = compile::models::redis_password_secret(gateway)
-            && let Some(secret) = bounded(Api::<Secret>::namespaced(client.clone(), &namespace).get_opt(&name)).await?
-        {
-            self.secrets.push(Arc::new(secret));
+        for (namespace, name) in compile::models::redis_secrets(gateway) {
+            if let Some(secret) = bounded(Api::<Secret>::namespaced(client.clone(), &namespace).get_opt(&name)).await? {
+                self.secrets.push(Arc::new(secret));
+            }
         }
         let wanted = self.with_inputs(gateway, compile::models::credential_secrets);
         for (namespace, name) in wanted {

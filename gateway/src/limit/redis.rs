@@ -12,6 +12,10 @@
 //! (`queue_full`) and the Gateway's failure mode applies, so a Redis that
 //! stalls costs neither memory nor time without end.
 //!
+//! Over TLS when the config says so (`rediss://` to other clients): the
+//! rustls client config is built once with the counter, so a bad CA or
+//! client pair refuses the config rather than failing every connect.
+//!
 //! The connection task reconnects with backoff (loading the scripts again
 //! on each connection); while it is down, calls fail at once, so no request
 //! waits on a dead server. A call that gets no reply within the timeout
@@ -29,10 +33,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::{Buf as _, BytesMut};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
+use tokio_rustls::TlsConnector;
 use waycast_crds::config::RedisConfig;
+
+use crate::tls::{TlsError, client_config};
 
 use super::gcra::{self, Verdict};
 use super::resp::{self, Reply};
@@ -161,11 +169,15 @@ impl std::fmt::Debug for RedisCounter {
 impl RedisCounter {
     /// Starts the connection task on the current runtime. It ends when the
     /// counter is dropped.
-    pub fn start(config: RedisConfig) -> Self {
+    ///
+    /// # Errors
+    /// The TLS settings being unusable (a bad PEM, a bad server name).
+    pub fn start(config: RedisConfig) -> Result<Self, TlsError> {
+        let transport = Transport::new(&config)?;
         let (calls, queue) = mpsc::channel(MAX_QUEUED);
         let connected = Arc::new(AtomicBool::new(false));
-        tokio::spawn(run(config.clone(), queue, connected.clone()));
-        Self { config, calls, connected }
+        tokio::spawn(run(config.clone(), transport, queue, connected.clone()));
+        Ok(Self { config, calls, connected })
     }
 
     /// Whether the connection is up.
@@ -278,11 +290,11 @@ fn command(args: &[Vec<u8>]) -> BytesMut {
 
 /// Connects, authenticates and serves calls until the connection breaks;
 /// again after a backoff; until the counter is dropped.
-async fn run(config: RedisConfig, mut queue: mpsc::Receiver<Call>, connected: Arc<AtomicBool>) {
+async fn run(config: RedisConfig, transport: Transport, mut queue: mpsc::Receiver<Call>, connected: Arc<AtomicBool>) {
     let mut backoff = Duration::from_millis(50);
     let mut was_up = true;
     loop {
-        match connect(&config).await {
+        match connect(&config, &transport).await {
             Ok(stream) => {
                 tracing::info!(address = %config.address, "rate limits: connected to Redis");
                 connected.store(true, Ordering::Relaxed);
@@ -323,12 +335,44 @@ async fn run(config: RedisConfig, mut queue: mpsc::Receiver<Call>, connected: Ar
     }
 }
 
-async fn connect(config: &RedisConfig) -> std::io::Result<TcpStream> {
+/// How the connection task reaches Redis.
+enum Transport {
+    Plain,
+    Tls { connector: TlsConnector, server_name: ServerName<'static> },
+}
+
+impl Transport {
+    fn new(config: &RedisConfig) -> Result<Self, TlsError> {
+        let Some(tls) = &config.tls else { return Ok(Self::Plain) };
+        let host = config.address.rsplit_once(':').map_or(config.address.as_str(), |(host, _)| host);
+        let name = tls.server_name.as_deref().unwrap_or(host);
+        let server_name = ServerName::try_from(name.to_owned())
+            .map_err(|e| TlsError::Field { what: "serverName", reason: format!("{name:?}: {e}") })?;
+        let connector = TlsConnector::from(Arc::new(client_config(Some(tls))?));
+        Ok(Self::Tls { connector, server_name })
+    }
+}
+
+/// A connection to Redis, plain or TLS.
+trait Connection: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Connection for T {}
+
+async fn connect(config: &RedisConfig, transport: &Transport) -> std::io::Result<Box<dyn Connection>> {
+    let timed_out = |what: &str| std::io::Error::new(std::io::ErrorKind::TimedOut, format!("{what} timed out"));
     let connecting = TcpStream::connect(&config.address);
-    let mut stream = tokio::time::timeout(Duration::from_secs(1), connecting)
-        .await
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))??;
-    stream.set_nodelay(true)?;
+    let tcp = tokio::time::timeout(Duration::from_secs(1), connecting).await.map_err(|_| timed_out("connect"))??;
+    tcp.set_nodelay(true)?;
+    let mut stream: Box<dyn Connection> = match transport {
+        Transport::Plain => Box::new(tcp),
+        Transport::Tls { connector, server_name } => {
+            let handshake = connector.connect(server_name.clone(), tcp);
+            Box::new(
+                tokio::time::timeout(Duration::from_secs(1), handshake)
+                    .await
+                    .map_err(|_| timed_out("TLS handshake"))??,
+            )
+        }
+    };
     if let Some(password) = &config.password {
         let mut auth = vec![b"AUTH".to_vec()];
         auth.extend(config.username.as_ref().map(|user| user.as_bytes().to_vec()));
@@ -349,7 +393,7 @@ async fn connect(config: &RedisConfig) -> std::io::Result<TcpStream> {
 }
 
 /// One command and its reply, before the connection is shared.
-async fn roundtrip(stream: &mut TcpStream, args: &[Vec<u8>]) -> std::io::Result<Reply> {
+async fn roundtrip(stream: &mut Box<dyn Connection>, args: &[Vec<u8>]) -> std::io::Result<Reply> {
     stream.write_all(&command(args)).await?;
     let mut buffer = BytesMut::with_capacity(256);
     tokio::time::timeout(Duration::from_secs(1), async {
@@ -368,8 +412,8 @@ async fn roundtrip(stream: &mut TcpStream, args: &[Vec<u8>]) -> std::io::Result<
 
 /// Pipelines calls over `stream` until it breaks (`Some(error)`) or the
 /// counter is dropped (`None`).
-async fn serve(stream: TcpStream, queue: &mut mpsc::Receiver<Call>) -> Option<std::io::Error> {
-    let (mut reader, mut writer) = stream.into_split();
+async fn serve(stream: Box<dyn Connection>, queue: &mut mpsc::Receiver<Call>) -> Option<std::io::Error> {
+    let (mut reader, mut writer) = tokio::io::split(stream);
     let mut waiting: VecDeque<Option<oneshot::Sender<Result<Reply, StoreError>>>> = VecDeque::new();
     let mut incoming = BytesMut::with_capacity(4096);
     let mut outgoing = BytesMut::with_capacity(4096);

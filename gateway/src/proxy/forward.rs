@@ -34,19 +34,14 @@ const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 ///
 /// # Errors
 /// The TLS configuration failing to build.
-pub fn upstream_client(connect_timeout: Duration, denied: Arc<[Cidr]>) -> Result<UpstreamClient, rustls::Error> {
+pub fn upstream_client(connect_timeout: Duration, denied: Arc<[Cidr]>) -> Result<UpstreamClient, crate::tls::TlsError> {
     let mut http = HttpConnector::new_with_resolver(GuardedResolver { denied });
     http.enforce_http(false);
     // NB: without TCP_NODELAY a small request written after its headers
     // waits for a delayed ACK: 40 ms per request on reused connections.
     http.set_nodelay(true);
     http.set_connect_timeout(Some(connect_timeout));
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let roots = rustls::RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.to_vec() };
-    let tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+    let tls = crate::tls::client_config(None)?;
     let https = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
         .https_or_http()

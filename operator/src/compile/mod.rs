@@ -23,8 +23,9 @@ pub mod select;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use waycast_crds::common::SecretKeyRef;
 use waycast_crds::condition::reasons;
-use waycast_crds::config::{GatewayConfig, RedisConfig, Settings};
+use waycast_crds::config::{ClientTlsConfig, GatewayConfig, RedisConfig, Settings};
 use waycast_crds::{ApiKey, Gateway, ModelEndpoint};
 
 /// What compile reads.
@@ -153,28 +154,47 @@ fn redis(inputs: &Inputs<'_>) -> Result<Option<RedisConfig>, Verdict> {
         })?,
         None => RedisConfig::default_timeout(),
     };
+    let namespace = inputs.gateway.metadata.namespace.as_deref().unwrap_or_default();
+    let secret_text = |reference: &SecretKeyRef, field: &str| {
+        models::find::<Secret>(inputs.secrets, namespace, &reference.name)
+            .and_then(|secret| secret.data.as_ref()?.get(&reference.key))
+            .and_then(|bytes| std::str::from_utf8(&bytes.0).ok())
+            .map(str::to_owned)
+            .ok_or_else(|| {
+                Verdict::refused(
+                    reasons::AUTH_SECRET_MISSING,
+                    format!(
+                        "spec.rateLimit.redis.{field}: no text at key {:?} of Secret {namespace}/{}; each pod counts its share of the limits meanwhile",
+                        reference.key, reference.name
+                    ),
+                )
+            })
+    };
     let password = match &redis.password_secret_ref {
         None => None,
-        Some(reference) => {
-            let namespace = inputs.gateway.metadata.namespace.as_deref().unwrap_or_default();
-            let text = models::find::<Secret>(inputs.secrets, namespace, &reference.name)
-                .and_then(|secret| secret.data.as_ref()?.get(&reference.key))
-                .and_then(|bytes| std::str::from_utf8(&bytes.0).ok())
-                .ok_or_else(|| {
-                    Verdict::refused(
-                        reasons::AUTH_SECRET_MISSING,
-                        format!(
-                            "spec.rateLimit.redis.passwordSecretRef: no text at key {:?} of Secret {namespace}/{}; each pod counts its share of the limits meanwhile",
-                            reference.key, reference.name
-                        ),
+        Some(reference) => Some(secret_text(reference, "passwordSecretRef")?.trim_end().to_owned()),
+    };
+    let tls = match &redis.tls {
+        None => None,
+        Some(tls) => {
+            let ca_pem =
+                tls.ca_secret_ref.as_ref().map(|reference| secret_text(reference, "tls.caSecretRef")).transpose()?;
+            let (client_cert_pem, client_key_pem) = match &tls.client_cert_secret_ref {
+                None => (None, None),
+                Some(reference) => {
+                    let part = |key: &str| SecretKeyRef { name: reference.name.clone(), key: key.into() };
+                    (
+                        Some(secret_text(&part("tls.crt"), "tls.clientCertSecretRef")?),
+                        Some(secret_text(&part("tls.key"), "tls.clientCertSecretRef")?),
                     )
-                })?;
-            Some(text.trim_end().to_owned())
+                }
+            };
+            Some(ClientTlsConfig { ca_pem, client_cert_pem, client_key_pem, server_name: tls.server_name.clone() })
         }
     };
     let fail_closed = rate_limit.failure_mode == Some(waycast_crds::gateway::FailureMode::Closed);
     let username = redis.username.clone();
-    Ok(Some(RedisConfig { address: redis.address.clone(), password, username, timeout, fail_closed }))
+    Ok(Some(RedisConfig { address: redis.address.clone(), password, username, timeout, fail_closed, tls }))
 }
 
 #[cfg(test)]

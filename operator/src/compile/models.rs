@@ -326,9 +326,24 @@ pub fn credential_secrets(inputs: &Inputs<'_>) -> std::collections::BTreeSet<(St
         .collect()
 }
 
-/// The Redis password Secret a Gateway names (the platform team's own: no
-/// label needed), as `(namespace, name)`.
-pub fn redis_password_secret(gateway: &waycast_crds::Gateway) -> Option<(String, String)> {
-    let reference = gateway.spec.rate_limit.as_ref()?.redis.as_ref()?.password_secret_ref.as_ref()?;
-    Some((gateway.namespace().unwrap_or_default(), reference.name.clone()))
+/// The Secrets a Gateway's Redis settings name (password, CA, client
+/// certificate; the platform team's own: no label needed), as
+/// `(namespace, name)`.
+pub fn redis_secrets(gateway: &waycast_crds::Gateway) -> Vec<(String, String)> {
+    let Some(redis) = gateway.spec.rate_limit.as_ref().and_then(|limits| limits.redis.as_ref()) else {
+        return Vec::new();
+    };
+    let tls = redis.tls.as_ref();
+    let mut names: Vec<&str> = [
+        redis.password_secret_ref.as_ref().map(|r| r.name.as_str()),
+        tls.and_then(|tls| tls.ca_secret_ref.as_ref()).map(|r| r.name.as_str()),
+        tls.and_then(|tls| tls.client_cert_secret_ref.as_ref()).map(|r| r.name.as_str()),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    names.sort_unstable();
+    names.dedup();
+    let namespace = gateway.namespace().unwrap_or_default();
+    names.into_iter().map(|name| (namespace.clone(), name.to_owned())).collect()
 }

@@ -378,12 +378,13 @@ fn redis_counting_reaches_the_config_with_its_password_or_the_gateway_says_why_n
             password_secret_ref: Some(SecretKeyRef { name: "redis".into(), key: "password".into() }),
             username: Some("limiter".into()),
             timeout: Some("50ms".into()),
+            tls: None,
         }),
         failure_mode: Some(FailureMode::Closed),
     });
     assert_eq!(
-        models::redis_password_secret(&world.gateway),
-        Some(("demo".to_owned(), "redis".to_owned())),
+        models::redis_secrets(&world.gateway),
+        vec![("demo".to_owned(), "redis".to_owned())],
         "the shell fetches the password Secret"
     );
 
@@ -404,8 +405,41 @@ fn redis_counting_reaches_the_config_with_its_password_or_the_gateway_says_why_n
             username: Some("limiter".into()),
             timeout: std::time::Duration::from_millis(50),
             fail_closed: true,
+            tls: None,
         })
     );
+
+    // TLS: the CA and the client pair come from the Gateway's namespace,
+    // each named in the refusal while missing.
+    let redis = world.gateway.spec.rate_limit.as_mut().and_then(|limits| limits.redis.as_mut()).unwrap();
+    redis.tls = Some(waycast_crds::common::ClientTls {
+        ca_secret_ref: Some(SecretKeyRef { name: "redis-ca".into(), key: "ca.crt".into() }),
+        client_cert_secret_ref: Some(waycast_crds::common::SecretRef { name: "redis-client".into() }),
+        server_name: Some("redis.infra.svc".into()),
+    });
+    assert_eq!(
+        models::redis_secrets(&world.gateway),
+        ["redis", "redis-ca", "redis-client"].map(|name| ("demo".to_owned(), name.to_owned())).to_vec()
+    );
+    let refused = world.compile().gateway.expect("the CA is missing");
+    assert!(
+        refused.message.contains("tls.caSecretRef") && refused.message.contains("demo/redis-ca"),
+        "{}",
+        refused.message
+    );
+    world.secrets.push(secret("demo", "redis-ca", "ca.crt", "CA PEM"));
+    let refused = world.compile().gateway.expect("the client pair is missing");
+    assert!(refused.message.contains("tls.clientCertSecretRef"), "{}", refused.message);
+    let mut pair = secret("demo", "redis-client", "tls.crt", "CERT PEM");
+    pair.data.as_mut().unwrap().insert("tls.key".into(), k8s_openapi::ByteString(b"KEY PEM".to_vec()));
+    world.secrets.push(pair);
+    let compiled = world.compile();
+    assert_eq!(compiled.gateway, None);
+    let tls = compiled.config.settings.redis.and_then(|redis| redis.tls).unwrap();
+    assert_eq!(tls.ca_pem.as_deref(), Some("CA PEM"));
+    assert_eq!(tls.client_cert_pem.as_deref(), Some("CERT PEM"));
+    assert_eq!(tls.client_key_pem.as_deref(), Some("KEY PEM"));
+    assert_eq!(tls.server_name.as_deref(), Some("redis.infra.svc"));
 }
 
 /// Two-way consent: a Gateway in any namespace with `from: All` takes only
