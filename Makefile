@@ -3,7 +3,7 @@ CARGO ?= cargo
 CARGO_FLAGS ?= -j2
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 
-.PHONY: demo test bench bench-scale lint images crds generate k8s-bins helm-bin node-deps clean-e2e
+.PHONY: demo test bench bench-scale lint deny images crds generate k8s-bins helm-bin node-deps clean-e2e
 
 ## demo: waycast on a local cluster (control plane + node), ending with a working curl; Ctrl-C stops it
 demo: k8s-bins node-deps
@@ -33,11 +33,15 @@ bench-scale: k8s-bins
 	WAYCAST_OPERATOR_BIN=$(abspath $(TARGET_DIR))/release/waycast-operator WAYCAST_GATEWAY_BIN=$(abspath $(TARGET_DIR))/release/waycast-gateway \
 	  $(CARGO) test $(CARGO_FLAGS) -p waycast-e2e --test scale -- --ignored --nocapture
 
-## lint: formatting, clippy and docs, as CI runs them
-lint:
+## lint: formatting, clippy, docs and the dependency policy, as CI runs them
+lint: deny
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy $(CARGO_FLAGS) --workspace --all-targets -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc $(CARGO_FLAGS) --workspace --no-deps
+
+## deny: cargo-deny (deny.toml): banned crates, licenses, sources, and RustSec advisories when the database can be had
+deny:
+	bash e2e/scripts/deny.sh
 
 ## images: release builds of the gateway and operator packed as OCI archives in target/images/ (no Docker needed)
 images:
