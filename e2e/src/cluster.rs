@@ -33,14 +33,6 @@ pub struct Cluster {
     _node_lock: Option<std::fs::File>,
 }
 
-/// The directory holding this build's binaries (next to the running one).
-fn sibling_binary(name: &str) -> anyhow::Result<PathBuf> {
-    let exe = std::env::current_exe().context("locating the running binary")?;
-    let path = exe.with_file_name(name);
-    anyhow::ensure!(path.is_file(), "{} is missing: build the workspace's binaries first", path.display());
-    Ok(path)
-}
-
 /// Packs the images a node needs into `dir`.
 ///
 /// # Errors
@@ -50,25 +42,25 @@ pub fn pack_images(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     let specs = [
         ImageSpec {
             name: node::PAUSE_IMAGE.into(),
-            binary: sibling_binary("waycast-pause")?,
+            binary: crate::process::workspace_binary("waycast-pause")?,
             args: vec![],
             user: NONROOT,
         },
         ImageSpec {
             name: images::GATEWAY.into(),
-            binary: sibling_binary("waycast-gateway")?,
+            binary: crate::process::workspace_binary("waycast-gateway")?,
             args: vec![],
             user: NONROOT,
         },
         ImageSpec {
             name: images::OPERATOR.into(),
-            binary: sibling_binary("waycast-operator")?,
+            binary: crate::process::workspace_binary("waycast-operator")?,
             args: vec![],
             user: NONROOT,
         },
         ImageSpec {
             name: images::MOCK_UPSTREAM.into(),
-            binary: sibling_binary("waycast-mock-upstream")?,
+            binary: crate::process::workspace_binary("waycast-mock-upstream")?,
             args: vec!["--listen".into(), "0.0.0.0:8000".into()],
             user: NONROOT,
         },

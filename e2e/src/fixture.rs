@@ -259,7 +259,7 @@ impl Fixture {
     /// The value of one metric line (`name{labels}` exactly as rendered).
     pub async fn metric(&self, series: &str) -> Option<f64> {
         let (_, text) = self.admin_get("/metrics").await;
-        text.lines().find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+        metric_value(&text, series)
     }
 }
 
@@ -267,6 +267,127 @@ impl Drop for Fixture {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// The gateway binary as a child process on loopback ports, for what only a
+/// process shows: signals, exit codes, its own memory and CPU time.
+pub struct GatewayProcess {
+    /// The running gateway (killed on drop).
+    pub child: tokio::process::Child,
+    /// The public listener.
+    pub public: SocketAddr,
+    /// The admin listener (`/metrics`, `/readyz`).
+    pub admin: SocketAddr,
+    /// The config file it reads.
+    pub config_path: PathBuf,
+    dir: PathBuf,
+}
+
+impl GatewayProcess {
+    /// Writes `config`, starts the binary with `args` added, and waits until
+    /// `/readyz` answers 200.
+    ///
+    /// # Panics
+    /// When it cannot start or is not ready within 10 s.
+    pub async fn start(config: &GatewayConfig, args: &[&str]) -> Self {
+        let dir = temp_dir("process");
+        let config_path = dir.join("gateway.yaml");
+        write_atomically(&config_path, serde_yaml_ng::to_string(config).expect("yaml").as_bytes());
+        let loopback = std::net::IpAddr::from([127, 0, 0, 1]);
+        let port = || crate::control_plane::free_port(loopback).expect("a free port");
+        let (public, admin) = (SocketAddr::new(loopback, port()), SocketAddr::new(loopback, port()));
+        let binary = crate::process::workspace_binary("waycast-gateway").expect("the gateway binary");
+        let child = tokio::process::Command::new(binary)
+            .args(["--config-file", &config_path.display().to_string()])
+            .args(["--listen", &public.to_string(), "--admin-listen", &admin.to_string()])
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("the gateway starts");
+        let process = Self { child, public, admin, config_path, dir };
+        let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+        for _ in 0..1000 {
+            let request =
+                Request::get(format!("http://{admin}/readyz")).body(Full::new(Bytes::new())).expect("request");
+            if client.request(request).await.is_ok_and(|r| r.status() == StatusCode::OK) {
+                return process;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the gateway process was not ready within 10 s");
+    }
+
+    /// `http://<public listener><path>`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.public)
+    }
+
+    /// Sends `name` (e.g. `TERM`) to the process.
+    ///
+    /// # Panics
+    /// When `kill` fails.
+    pub fn signal(&self, name: &str) {
+        let pid = self.pid().to_string();
+        let sent = std::process::Command::new("kill").args(["-s", name, &pid]).status().expect("kill runs");
+        assert!(sent.success(), "kill -s {name} {pid}");
+    }
+
+    /// Its process id.
+    ///
+    /// # Panics
+    /// After it exited.
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("the gateway is running")
+    }
+
+    /// Resident memory now and at its peak (`VmRSS`, `VmHWM`), in bytes.
+    ///
+    /// # Panics
+    /// When /proc cannot be read (the process is gone).
+    pub fn memory(&self) -> (u64, u64) {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).expect("/proc/<pid>/status");
+        let field = |name: &str| -> u64 {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix(name))
+                .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                .expect("a kB field")
+                * 1024
+        };
+        (field("VmRSS:"), field("VmHWM:"))
+    }
+
+    /// CPU time used so far (user + system), in clock ticks (1/100 s on Linux).
+    ///
+    /// # Panics
+    /// When /proc cannot be read (the process is gone).
+    pub fn cpu_ticks(&self) -> u64 {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).expect("/proc/<pid>/stat");
+        // Fields after the command name, which is in parentheses and may hold spaces.
+        let fields: Vec<&str> = stat.rsplit_once(')').expect("stat format").1.split_whitespace().collect();
+        // utime and stime are fields 14 and 15 of stat(5); here 11 and 12 from 0.
+        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime")
+    }
+
+    /// The value of one metric line (`name{labels}` exactly as rendered).
+    pub async fn metric(&self, series: &str) -> Option<f64> {
+        let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+        let request = Request::get(format!("http://{}/metrics", self.admin)).body(Full::new(Bytes::new())).ok()?;
+        let body = client.request(request).await.ok()?.into_body().collect().await.ok()?.to_bytes();
+        metric_value(&String::from_utf8_lossy(&body), series)
+    }
+}
+
+impl Drop for GatewayProcess {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The value of one series in a Prometheus text exposition.
+fn metric_value(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
 }
 
 /// A POST with JSON and an optional bearer key.

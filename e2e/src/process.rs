@@ -7,6 +7,26 @@ use std::process::Stdio;
 
 use anyhow::{Context as _, bail};
 
+/// A binary of this build: next to the running one, or one directory up
+/// when the running one is a test in `target/<profile>/deps/`.
+///
+/// # Errors
+/// The binary is missing (the workspace's binaries were not built).
+pub fn workspace_binary(name: &str) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating the running binary")?;
+    let mut dir = exe.parent().context("the running binary has no directory")?;
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir = dir.parent().context("deps/ has no parent")?;
+    }
+    let path = dir.join(name);
+    anyhow::ensure!(
+        path.is_file(),
+        "{} is missing: build the workspace's binaries first (make test does)",
+        path.display()
+    );
+    Ok(path)
+}
+
 /// One supervised process.
 struct Supervised {
     name: String,
