@@ -6,7 +6,9 @@
 //!            (controller.rs)      pure          pure        SSA       SSA
 //! ```
 
+pub mod apply;
 pub mod compile;
+pub mod context;
 pub mod controller;
 pub mod error;
 pub mod events;
@@ -16,11 +18,12 @@ pub mod ownership;
 pub mod programmed;
 pub mod render;
 pub mod status;
+pub mod stores;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use controller::Context;
+use context::Context;
 
 /// How to run the operator.
 pub struct OperatorOptions {
@@ -42,7 +45,7 @@ pub async fn run(client: kube::Client, options: OperatorOptions) -> Result<(), e
     let metrics = metrics::Metrics::new().map_err(|_| error::Error::Incomplete("metrics registry"))?;
     let listener = tokio::net::TcpListener::bind(options.admin_listen).await?;
     let ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let stores = controller::stores(&client).await?;
+    let stores = stores::stores(&client).await?;
     let instance = options.leader_election.as_ref().map(|(_, identity)| identity.clone());
     let events = events::Publisher::new(client.clone(), "waycast-operator", instance);
     let context = Arc::new(Context {

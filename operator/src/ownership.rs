@@ -63,7 +63,7 @@ where
         + std::fmt::Debug,
 {
     let api: Api<K> = Api::namespaced(client.clone(), namespace);
-    let found = crate::controller::bounded(api.get_metadata_opt(name)).await?;
+    let found = crate::apply::bounded(api.get_metadata_opt(name)).await?;
     Ok(found.filter(|object| foreign(&object.metadata, uid)).map(|_| format!("{} {namespace}/{name}", K::kind(&()))))
 }
 

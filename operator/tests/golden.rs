@@ -43,15 +43,15 @@ fn render_case(input: &str) -> String {
     let now = jiff::Timestamp::from_second(1_800_000_000).unwrap();
     let compiled = compile::gateway(&inputs, now);
     let settings = RenderSettings { gateway_image: "docker.io/waycast/gateway:dev".into() };
-    let (config_secret, hash) = render::config_secret::config_secret(gateway, &compiled.config).unwrap();
+    let desired = render::desired(gateway, &compiled.config, &settings).unwrap();
     let mut documents = vec![
-        format!("# config hash {hash}\n{}", serde_yaml_ng::to_string(&compiled.config).unwrap()),
-        serde_yaml_ng::to_string(&render::rbac::service_account(gateway)).unwrap(),
-        serde_yaml_ng::to_string(&render::rbac::role(gateway)).unwrap(),
-        serde_yaml_ng::to_string(&render::rbac::role_binding(gateway)).unwrap(),
-        serde_yaml_ng::to_string(&config_secret.metadata).unwrap(),
-        serde_yaml_ng::to_string(&render::deployment::deployment(gateway, &settings)).unwrap(),
-        serde_yaml_ng::to_string(&render::service::service(gateway)).unwrap(),
+        format!("# config hash {}\n{}", desired.config_hash, serde_yaml_ng::to_string(&compiled.config).unwrap()),
+        serde_yaml_ng::to_string(&desired.service_account).unwrap(),
+        serde_yaml_ng::to_string(&desired.role).unwrap(),
+        serde_yaml_ng::to_string(&desired.role_binding).unwrap(),
+        serde_yaml_ng::to_string(&desired.config_secret.metadata).unwrap(),
+        serde_yaml_ng::to_string(&desired.deployment).unwrap(),
+        serde_yaml_ng::to_string(&desired.service).unwrap(),
     ];
     // Each object's verdict, as its status will show it.
     let mut verdicts = String::from("# verdicts\n");
@@ -64,8 +64,8 @@ fn render_case(input: &str) -> String {
         verdicts.push_str(&format!("ApiKey {id}: {} {} {}\n", v.accepted, v.reason, v.message));
     }
     documents.push(verdicts);
-    documents.extend(render::scaling::hpa(gateway).map(|hpa| serde_yaml_ng::to_string(&hpa).unwrap()));
-    documents.extend(render::scaling::pdb(gateway).map(|pdb| serde_yaml_ng::to_string(&pdb).unwrap()));
+    documents.extend(desired.hpa.map(|hpa| serde_yaml_ng::to_string(&hpa).unwrap()));
+    documents.extend(desired.pdb.map(|pdb| serde_yaml_ng::to_string(&pdb).unwrap()));
     documents.join("---\n")
 }
 

@@ -12,6 +12,7 @@
 
 pub mod config_secret;
 pub mod deployment;
+pub mod desired;
 pub mod rbac;
 pub mod scaling;
 pub mod service;
@@ -24,6 +25,7 @@ use waycast_crds::Gateway;
 
 /// The label every gateway pod, owned object and heartbeat Lease carries
 /// with its Gateway's name (one contract, in `waycast_crds::heartbeat`).
+pub use desired::{Desired, desired};
 pub use waycast_crds::heartbeat::GATEWAY_LABEL;
 /// The annotation carrying the config hash on the config Secret.
 pub const CONFIG_HASH_ANNOTATION: &str = "waycast.dev/config-hash";

@@ -1,0 +1,346 @@
+//! The Gateway reconciler: stores → compile → render → apply → status.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt as _;
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Api, ResourceExt as _};
+use waycast_crds::condition::reasons;
+use waycast_crds::{Gateway, GatewayStatus};
+
+use super::{CONCURRENCY, DEBOUNCE, RESYNC, Snapshot, error_policy, succeeded};
+use crate::apply::patch_status;
+use crate::compile::{self, ObjectKey};
+use crate::context::{Context, Written, emit_transitions};
+use crate::error::Error;
+use crate::programmed::{self, Decision};
+use crate::render::{self, FIELD_MANAGER};
+use crate::status;
+use crate::stores::{Stores, holder, once, refused_hash, signals};
+
+pub(crate) async fn gateway_controller(context: Arc<Context>) {
+    let client = context.client.clone();
+    let managed = watcher::Config::default().labels(&format!("app.kubernetes.io/managed-by={FIELD_MANAGER}"));
+    let changed = &context.stores.changed;
+    let inputs_changed = signals(&[
+        &changed.models,
+        &changed.keys,
+        &changed.namespaces,
+        &changed.services,
+        &changed.key_secrets,
+        &changed.credentials,
+    ]);
+    Controller::for_stream(futures_util::stream::pending(), context.stores.gateways.clone())
+        .owns(Api::<Deployment>::all(client.clone()), managed)
+        .reconcile_on(context.stores.feeds.gateways.subscribe())
+        .reconcile_all_on(once().chain(inputs_changed))
+        .with_config(ControllerConfig::default().debounce(DEBOUNCE).concurrency(CONCURRENCY))
+        .run(reconcile_gateway, error_policy, context)
+        .for_each(|_| futures_util::future::ready(()))
+        .await;
+}
+
+/// Stores → compile → desired objects → apply → status, and the
+/// bookkeeping that tells ApiKeys and ModelEndpoints where they stand.
+pub(crate) async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Context>) -> Result<Action, Error> {
+    let started = std::time::Instant::now();
+    let key = ObjectKey::of(&gateway.metadata);
+    if let Some(conflict) = owned_by_another(&context, &gateway).await? {
+        return refuse_name_conflict(&context, &gateway, &conflict).await;
+    }
+    let mut catalog = Snapshot::take(&context.stores);
+    catalog.fetch_credentials(&context.client, &context.stores, &gateway).await?;
+    let mut compiled = catalog.with_inputs(&gateway, |inputs| compile::gateway(inputs, jiff::Timestamp::now()));
+    let compiled_at = started.elapsed();
+
+    let desired = render::desired(&gateway, &compiled.config, &context.settings)?;
+    let hash = served_hash(&context, &key, &desired).await;
+    let write_config = desired.config_fits() && !config_secret_current(&context.stores, &gateway, &hash);
+    let rendered_at = started.elapsed();
+    let observed = crate::apply::apply_all(&context.client, &desired, write_config).await?;
+    let applied_at = started.elapsed();
+    mark_verified(&context, &gateway).await;
+
+    let reporting = pods_reporting(&context.stores, &gateway);
+    let refusing = pods_refusing(&context.stores, &gateway, &hash);
+    let deployment_status = observed.deployment.status.as_ref();
+    let ready = deployment_status.and_then(|s| s.ready_replicas).unwrap_or(0);
+    let decisions = decisions(&catalog, &mut compiled, hash.clone(), desired.config_fits());
+    announce_moved(&context, &key, decisions, &programmed::Pods { reporting: &reporting, ready }).await;
+    let up_to_date = reporting.iter().filter(|h| **h == hash).count();
+    record_written(&context, &key, &hash, &compiled, &reporting, started).await;
+
+    let now = jiff::Timestamp::now();
+    let facts = status::GatewayFacts {
+        refused: compiled.gateway.as_ref(),
+        hash: &hash,
+        config_bytes: desired.config_bytes,
+        config_fits: desired.config_fits(),
+        models: compiled.config.models.len(),
+        keys: compiled.config.keys.len(),
+        refusing: &refusing,
+        up_to_date,
+        replicas: deployment_status.and_then(|s| s.replicas).unwrap_or(0),
+        ready,
+        wanted: render::scaling::minimum_replicas(&gateway),
+        address: observed.service.spec.as_ref().and_then(|s| {
+            let port = s.ports.as_ref()?.first()?.port;
+            Some(format!("{}:{port}", s.cluster_ip.as_deref()?))
+        }),
+    };
+    write_status(&context, &gateway, status::gateway_status(&gateway, &facts, now)).await?;
+    tracing::debug!(
+        gateway = %key,
+        compile_ms = compiled_at.as_secs_f64() * 1e3,
+        render_ms = (rendered_at - compiled_at).as_secs_f64() * 1e3,
+        apply_ms = (applied_at - rendered_at).as_secs_f64() * 1e3,
+        status_ms = (started.elapsed() - applied_at).as_secs_f64() * 1e3,
+        "gateway reconciled"
+    );
+    let metrics = &context.metrics;
+    metrics.config_bytes.with_label_values(&[&key.to_string()]).set(desired.config_bytes as i64);
+    metrics.reconciles.with_label_values(&["gateway"]).inc();
+    metrics.reconcile_duration.with_label_values(&["gateway"]).observe(started.elapsed().as_secs_f64());
+    succeeded(&context, gateway.as_ref());
+    Ok(Action::requeue(until_next_expiry(&compiled.config, now)))
+}
+
+/// An object the Gateway would own that another controller owns, if any:
+/// looked up once per Gateway generation (`Context::verified`).
+async fn owned_by_another(context: &Context, gateway: &Gateway) -> Result<Option<String>, Error> {
+    if context.verified.read().await.contains(&verified_as(gateway)) {
+        return Ok(None);
+    }
+    crate::ownership::first_conflict(&context.client, gateway).await
+}
+
+fn verified_as(gateway: &Gateway) -> (String, i64) {
+    (gateway.metadata.uid.clone().unwrap_or_default(), gateway.metadata.generation.unwrap_or(0))
+}
+
+/// After a successful apply: this generation owns what it applied.
+async fn mark_verified(context: &Context, gateway: &Gateway) {
+    let verified_as = verified_as(gateway);
+    let mut verified = context.verified.write().await;
+    // One entry per live Gateway: its current generation.
+    let live: std::collections::BTreeSet<String> =
+        context.stores.gateways.state().iter().filter_map(|g| g.metadata.uid.clone()).collect();
+    verified.retain(|(uid, _)| *uid != verified_as.0 && live.contains(uid));
+    verified.insert(verified_as);
+}
+
+/// The hash the pods are to serve: the new config's, or — when it does not
+/// fit in a Secret and is not written — the last one written.
+async fn served_hash(context: &Context, key: &ObjectKey, desired: &render::Desired) -> String {
+    if desired.config_fits() {
+        return desired.config_hash.clone();
+    }
+    tracing::warn!(gateway = %key, config_bytes = desired.config_bytes, "compiled config too large for a Secret; keeping the last one");
+    context.written.read().await.get(key).map(|w| w.hash.clone()).unwrap_or_default()
+}
+
+/// Whether the config Secret already holds `hash` for this Gateway. The
+/// unchanged config Secret is not sent again: at 10,000 keys it is 433 KB,
+/// and applying it was the largest part of a reconcile.
+fn config_secret_current(stores: &Stores, gateway: &Gateway, hash: &str) -> bool {
+    let namespace = gateway.namespace().unwrap_or_default();
+    stores.config_secrets.get(&ObjectRef::new(&render::config_secret_name(gateway)).within(&namespace)).is_some_and(
+        |secret| {
+            secret.annotations().get(render::CONFIG_HASH_ANNOTATION).map(String::as_str) == Some(hash)
+                && secret.owner_references().iter().any(|owner| Some(&owner.uid) == gateway.metadata.uid.as_ref())
+        },
+    )
+}
+
+/// Keeps this compile's decisions and announces the ApiKeys and
+/// ModelEndpoints whose verdict or Programmed state moved.
+async fn announce_moved(
+    context: &Context,
+    key: &ObjectKey,
+    decisions: programmed::Compile,
+    pods: &programmed::Pods<'_>,
+) {
+    let moved = {
+        let mut all = context.compiled.write().await;
+        // A deleted Gateway is never reconciled again: its bookkeeping
+        // (megabytes at 10,000 keys) goes when another Gateway compiles.
+        all.retain(|key, _| gateway_exists(&context.stores, key));
+        let (next, moved) = programmed::next(all.get(key), decisions, pods);
+        all.insert(key.clone(), next);
+        moved
+    };
+    for id in moved.keys {
+        context.stores.feeds.keys.announce(ObjectRef::new(&id.name).within(&id.namespace));
+    }
+    for id in moved.models {
+        context.stores.feeds.models.announce(ObjectRef::new(&id.name).within(&id.namespace));
+    }
+}
+
+/// Remembers when a new config was written, and observes how long it took
+/// to reach every pod once they all report it.
+async fn record_written(
+    context: &Context,
+    key: &ObjectKey,
+    hash: &str,
+    compiled: &compile::Compiled,
+    reporting: &[String],
+    started: std::time::Instant,
+) {
+    let up_to_date = reporting.iter().filter(|h| *h == hash).count();
+    let mut written = context.written.write().await;
+    written.retain(|key, _| gateway_exists(&context.stores, key));
+    let entry =
+        written.entry(key.clone()).or_insert_with(|| Written { hash: String::new(), at: started, measured: true });
+    if entry.hash != hash {
+        tracing::info!(
+            gateway = %key,
+            config.hash = %hash,
+            models = compiled.config.models.len(),
+            keys = compiled.config.keys.len(),
+            refused_models = ?compiled.models.iter().filter(|(_, v)| !v.accepted).map(|(k, v)| format!("{k}: {}", v.reason)).collect::<Vec<_>>(),
+            "new config written"
+        );
+        *entry = Written { hash: hash.to_owned(), at: started, measured: false };
+        context.metrics.config_writes.with_label_values(&[&key.to_string()]).inc();
+    } else if !entry.measured && !reporting.is_empty() && up_to_date == reporting.len() {
+        entry.measured = true;
+        context.metrics.propagation.observe(entry.at.elapsed().as_secs_f64());
+    }
+}
+
+/// Patches the Gateway's status when it changed, with an Event per
+/// condition that flipped.
+async fn write_status(context: &Context, gateway: &Gateway, new_status: GatewayStatus) -> Result<(), Error> {
+    if status::gateway_changed(gateway.status.as_ref(), &new_status) {
+        patch_status(&context.client, gateway, serde_json::to_value(&new_status)?).await?;
+        let previous = gateway.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
+        emit_transitions(context, gateway, previous, &new_status.conditions).await;
+    }
+    Ok(())
+}
+
+/// Compile again when the next key expires, so its status says Expired on
+/// time (the pods already refuse it by its expiresAt); else at the resync.
+fn until_next_expiry(config: &waycast_crds::GatewayConfig, now: jiff::Timestamp) -> Duration {
+    let next_expiry = config
+        .keys
+        .iter()
+        .filter_map(|k| k.expires_at)
+        .filter_map(|at| u64::try_from(at.as_second() - now.as_second()).ok())
+        .filter(|seconds| *seconds > 0)
+        .min();
+    next_expiry.map_or(RESYNC, |s| Duration::from_secs(s + 1).min(RESYNC))
+}
+
+/// What `compiled` decided about each object, for the `Programmed`
+/// bookkeeping (the verdict maps are moved out of `compiled`: at 10,000
+/// keys they are the bulk of it).
+pub(crate) fn decisions(
+    snapshot: &Snapshot,
+    compiled: &mut compile::Compiled,
+    hash: String,
+    written: bool,
+) -> programmed::Compile {
+    use std::collections::HashMap;
+    use std::fmt::Write as _;
+    // Borrowed keys throughout: this runs over every key on every compile.
+    let key_generations: HashMap<(&str, &str), Option<i64>> =
+        snapshot.keys.iter().map(|k| (ObjectKey::sort_key(&k.metadata), k.metadata.generation)).collect();
+    let model_generations: HashMap<(&str, &str), Option<i64>> =
+        snapshot.models.iter().map(|m| (ObjectKey::sort_key(&m.metadata), m.metadata.generation)).collect();
+    let key_entries: HashMap<&str, u64> =
+        compiled.config.keys.iter().map(|k| (k.id.as_str(), programmed::entry_print(k))).collect();
+    let model_entries: HashMap<&str, u64> = compiled
+        .config
+        .models
+        .iter()
+        .filter_map(|m| Some((m.source.as_deref()?, programmed::entry_print(m))))
+        .collect();
+    let mut id_text = String::new();
+    let mut entry_of = |entries: &HashMap<&str, u64>, id: &ObjectKey| {
+        id_text.clear();
+        let _ = write!(id_text, "{id}");
+        entries.get(id_text.as_str()).copied().unwrap_or(0)
+    };
+    let turned_off = |reason: &str| reason == reasons::DISABLED || reason == reasons::EXPIRED;
+    let mut keys = BTreeMap::new();
+    for (id, v) in &compiled.keys {
+        let as_intended = v.verdict.accepted || turned_off(v.verdict.reason);
+        let generation = key_generations.get(&(id.namespace.as_str(), id.name.as_str())).copied().flatten();
+        keys.insert(id.clone(), Decision::new(generation, as_intended, entry_of(&key_entries, id)));
+    }
+    let mut models = BTreeMap::new();
+    for (id, v) in &compiled.models {
+        let generation = model_generations.get(&(id.namespace.as_str(), id.name.as_str())).copied().flatten();
+        models.insert(id.clone(), Decision::new(generation, v.accepted, entry_of(&model_entries, id)));
+    }
+    programmed::Compile {
+        hash,
+        written,
+        keys,
+        models,
+        key_verdicts: std::mem::take(&mut compiled.keys),
+        model_verdicts: compiled.models.clone(),
+    }
+}
+
+pub(crate) fn gateway_exists(stores: &Stores, key: &ObjectKey) -> bool {
+    stores.gateways.get(&ObjectRef::new(&key.name).within(&key.namespace)).is_some()
+}
+
+/// The config hash each of `gateway`'s pods reports.
+pub(crate) fn pods_reporting(stores: &Stores, gateway: &Gateway) -> Vec<String> {
+    let namespace = gateway.namespace();
+    let name = gateway.name_any();
+    stores
+        .leases
+        .state()
+        .iter()
+        .filter(|lease| lease.namespace() == namespace && lease.labels().get(render::GATEWAY_LABEL) == Some(&name))
+        .map(|lease| holder(lease).to_owned())
+        .collect()
+}
+
+/// The pods of `gateway` that refused the config `hash`, from their
+/// heartbeats, sorted.
+pub(crate) fn pods_refusing(stores: &Stores, gateway: &Gateway, hash: &str) -> Vec<status::RefusingPod> {
+    let namespace = gateway.namespace();
+    let name = gateway.name_any();
+    let mut refusing: Vec<status::RefusingPod> = stores
+        .leases
+        .state()
+        .iter()
+        .filter(|lease| lease.namespace() == namespace && lease.labels().get(render::GATEWAY_LABEL) == Some(&name))
+        .filter(|lease| refused_hash(lease).is_some_and(|refused| refused == hash))
+        .map(|lease| status::RefusingPod {
+            pod: lease.name_any(),
+            reason: lease
+                .annotations()
+                .get(waycast_crds::heartbeat::REFUSED_REASON_ANNOTATION)
+                .cloned()
+                .unwrap_or_default(),
+            serving: holder(lease).to_owned(),
+        })
+        .collect();
+    refusing.sort();
+    refusing
+}
+
+/// The Gateway's status when an object it would own belongs to someone
+/// else: nothing is applied, and the status names the object. Looked at
+/// again when owned objects change, and every 30 s.
+pub(crate) async fn refuse_name_conflict(
+    context: &Context,
+    gateway: &Gateway,
+    conflict: &str,
+) -> Result<Action, Error> {
+    tracing::warn!(gateway = %ObjectKey::of(&gateway.metadata), conflict, "an object the Gateway would own exists and is not its own; nothing applied");
+    write_status(context, gateway, status::gateway_name_conflict(gateway, conflict, jiff::Timestamp::now())).await?;
+    Ok(Action::requeue(Duration::from_secs(30)))
+}

@@ -1,0 +1,262 @@
+//! The reconcile shells: read from the stores, call the pure compile and
+//! render steps, server-side apply the result, and write status.
+//!
+//! ```text
+//! reflectors (Gateway, ModelEndpoint, ApiKey, Namespace, Service, key Secrets,
+//!             config Secret metadata, heartbeat Leases) ─► Stores ─► Feeds + change signals
+//! Gateway controller:       stores ─► compile ─► render ─► apply (SSA, prune HPA/PDB) ─► Gateway status
+//!                           └─ stores every verdict in `compiled`, announces the objects whose
+//!                              verdict or Programmed state moved (programmed.rs)
+//! key Secret controller:    generate <name>-key if needed (its own queue: never behind status work)
+//! ApiKey controller:        verdict from `compiled` per selecting Gateway ─► ApiKey status
+//! ModelEndpoint controller: verdict from `compiled` per selecting Gateway ─► ModelEndpoint status
+//! ```
+//!
+//! The controllers read the shared stores and are fed by them (one cache of
+//! each kind). Each kind's status is written only by its own controller, with one field
+//! manager. A change the operator reads (spec, labels, Secret data — not
+//! status) re-triggers the controllers that read it, after the store has it;
+//! bursts are coalesced by the debounce, a request for an object already
+//! queued is merged, and at most [`CONCURRENCY`] reconciles of a kind run at
+//! once. One compile per Gateway change serves every object's status.
+
+mod api_key;
+mod gateway;
+mod model_endpoint;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt as _;
+use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
+use waycast_crds::condition::{reasons, types};
+use waycast_crds::{ApiKey, Gateway, ModelEndpoint};
+
+use crate::apply::bounded;
+use crate::compile::{self, Inputs, ObjectKey, select};
+use crate::context::{Context, backoff};
+use crate::error::Error;
+use crate::programmed::CompiledFrom;
+use crate::status;
+use crate::stores::{Feed, Stores, every, once, signals};
+
+/// How long bursts of changes are coalesced before a reconcile.
+pub const DEBOUNCE: Duration = Duration::from_millis(100);
+/// Reconciles of one kind in flight at once. Unbounded, a re-check of
+/// 10,000 ApiKeys opened thousands of API connections at once, and a new
+/// key's reconcile waited behind them for tens of seconds.
+pub const CONCURRENCY: u16 = 16;
+/// Periodic re-reconcile (picks up rotated upstream credentials).
+pub const RESYNC: Duration = Duration::from_secs(300);
+
+/// Runs the three controllers until the process ends.
+pub async fn run(context: Arc<Context>) {
+    let gateway_controller = gateway::gateway_controller(context.clone());
+    let key_controller = status_controller(
+        context.clone(),
+        context.stores.keys.clone(),
+        &context.stores.feeds.keys,
+        api_key::reconcile_api_key,
+    );
+    let key_secrets = api_key::key_secret_controller(context.clone());
+    // Conflicts are decided among all of a Gateway's ModelEndpoints: that
+    // too comes from its compile.
+    let model_controller = status_controller(
+        context.clone(),
+        context.stores.models.clone(),
+        &context.stores.feeds.models,
+        model_endpoint::reconcile_model_endpoint,
+    );
+    tokio::join!(gateway_controller, key_controller, key_secrets, model_controller);
+}
+
+// === inputs ===
+
+/// Owned snapshots of the stores, borrowed by [`Inputs`].
+pub(crate) struct Snapshot {
+    namespaces: Vec<Arc<Namespace>>,
+    models: Vec<Arc<ModelEndpoint>>,
+    keys: Vec<Arc<ApiKey>>,
+    services: Vec<Arc<Service>>,
+    secrets: Vec<Arc<Secret>>,
+}
+
+impl Snapshot {
+    fn take(stores: &Stores) -> Self {
+        Self {
+            namespaces: stores.namespaces.state(),
+            models: stores.models.state(),
+            keys: stores.keys.state(),
+            services: stores.services.state(),
+            secrets: stores.key_secrets.state().into_iter().chain(stores.credentials.state()).collect(),
+        }
+    }
+
+    /// Adds what compile needs beyond the stores: the Gateway's Redis
+    /// Secrets (the platform team's own), and the metadata of
+    /// credential Secrets the routes name that are not opted in, so their
+    /// status can say "not labelled" rather than "missing". A failed look-up
+    /// counts as missing: it never holds up the rest of the Gateway.
+    async fn fetch_credentials(&mut self, client: &Client, stores: &Stores, gateway: &Gateway) -> Result<(), Error> {
+        for (namespace, name) in compile::models::redis_secrets(gateway) {
+            if let Some(secret) = bounded(Api::<Secret>::namespaced(client.clone(), &namespace).get_opt(&name)).await? {
+                self.secrets.push(Arc::new(secret));
+            }
+        }
+        let wanted = self.with_inputs(gateway, compile::models::credential_secrets);
+        for (namespace, name) in wanted {
+            if stores.credentials.get(&ObjectRef::new(&name).within(&namespace)).is_some() {
+                continue;
+            }
+            let api = Api::<Secret>::namespaced(client.clone(), &namespace);
+            match bounded(api.get_metadata_opt(&name)).await {
+                Ok(Some(meta)) => self.secrets.push(Arc::new(Secret { metadata: meta.metadata, ..Secret::default() })),
+                Ok(None) => {}
+                Err(error) => {
+                    tracing::debug!(%error, secret = %format!("{namespace}/{name}"), "credential Secret look-up failed")
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn with_inputs<T>(&self, gateway: &Gateway, f: impl FnOnce(&Inputs<'_>) -> T) -> T {
+        let namespaces: Vec<&Namespace> = self.namespaces.iter().map(AsRef::as_ref).collect();
+        let models: Vec<&ModelEndpoint> = self.models.iter().map(AsRef::as_ref).collect();
+        let keys: Vec<&ApiKey> = self.keys.iter().map(AsRef::as_ref).collect();
+        let services: Vec<&Service> = self.services.iter().map(AsRef::as_ref).collect();
+        let secrets: Vec<&Secret> = self.secrets.iter().map(AsRef::as_ref).collect();
+        let inputs = Inputs {
+            gateway,
+            namespaces: &namespaces,
+            model_endpoints: &models,
+            api_keys: &keys,
+            services: &services,
+            secrets: &secrets,
+        };
+        f(&inputs)
+    }
+}
+
+pub(crate) fn error_policy<K: Resource<DynamicType = ()>>(
+    object: Arc<K>,
+    error: &Error,
+    context: Arc<Context>,
+) -> Action {
+    context.metrics.reconcile_errors.with_label_values(&[error.metric_label()]).inc();
+    let id = object_id(object.as_ref());
+    let failures = context.record_failure(&id);
+    tracing::warn!(%error, object = %id, failures, "reconcile failed");
+    if error.is_transient() { Action::requeue(backoff(failures)) } else { Action::await_change() }
+}
+
+/// `Kind/namespace/name`, the key of an object's failure count.
+pub(crate) fn object_id<K: Resource<DynamicType = ()>>(object: &K) -> String {
+    let meta = object.meta();
+    format!(
+        "{}/{}/{}",
+        K::kind(&()),
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default()
+    )
+}
+
+pub(crate) fn succeeded<K: Resource<DynamicType = ()>>(context: &Context, object: &K) {
+    let id = object_id(object);
+    context.record_success(&id);
+}
+
+/// Whether `gateway` serves `object` at `generation` on every pod.
+pub(crate) async fn programmed_on(
+    context: &Context,
+    gateway: &Gateway,
+    object: &ObjectKey,
+    generation: Option<i64>,
+    models: bool,
+) -> bool {
+    let compiled = context.compiled.read().await;
+    let Some(from) = compiled.get(&ObjectKey::of(&gateway.metadata)) else { return false };
+    from.programmed(if models { from.models.get(object) } else { from.keys.get(object) }, generation)
+}
+
+/// ApiKey and ModelEndpoint statuses. Selection moves with Gateways and
+/// namespaces: then every object is looked at. Verdicts and Programmed come
+/// from the Gateways' compiles, which announce just the objects whose state
+/// moved (`programmed::next`) on `feed`.
+pub(crate) async fn status_controller<K, Reconcile, Reconciled>(
+    context: Arc<Context>,
+    store: Store<K>,
+    feed: &Feed<K>,
+    reconcile: Reconcile,
+) where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    Reconcile: FnMut(Arc<K>, Arc<Context>) -> Reconciled,
+    Reconciled: std::future::Future<Output = Result<Action, Error>> + Send + 'static,
+{
+    let changed = &context.stores.changed;
+    let inputs_changed = signals(&[&changed.gateways, &changed.namespaces]);
+    Controller::for_stream(futures_util::stream::pending(), store)
+        .reconcile_on(feed.subscribe())
+        .reconcile_all_on(once().chain(futures_util::stream::select(inputs_changed, every(RESYNC))))
+        .with_config(ControllerConfig::default().debounce(DEBOUNCE).concurrency(CONCURRENCY))
+        .run(reconcile, error_policy, context)
+        .for_each(|_| futures_util::future::ready(()))
+        .await;
+}
+
+/// `object`'s parents among the stored Gateways.
+pub(crate) fn parents_of<'g, K: Resource>(
+    gateways: &'g [Arc<Gateway>],
+    kind: select::Kind,
+    object: &K,
+    parent_refs: &[waycast_crds::common::ParentReference],
+    namespaces: &[&Namespace],
+) -> select::Parents<'g> {
+    let gateways: Vec<&Gateway> = gateways.iter().map(AsRef::as_ref).collect();
+    let meta = object.meta();
+    let empty = BTreeMap::new();
+    let labels = meta.labels.as_ref().unwrap_or(&empty);
+    select::parents(&gateways, kind, meta.namespace.as_deref().unwrap_or_default(), labels, parent_refs, namespaces)
+}
+
+/// The reason constant equal to `text` (status entries carry owned text;
+/// conditions want the constant).
+pub(crate) fn reason_of(text: &str) -> &'static str {
+    [reasons::NOT_ALLOWED_BY_GATEWAY, reasons::GATEWAY_NOT_FOUND]
+        .into_iter()
+        .find(|r| *r == text)
+        .unwrap_or(reasons::INVALID)
+}
+
+/// What `gateway`'s latest compile decided, through `pick`.
+pub(crate) async fn decided<T>(
+    context: &Context,
+    gateway: &Gateway,
+    pick: impl FnOnce(&CompiledFrom) -> Option<T>,
+) -> Option<T> {
+    let compiled = context.compiled.read().await;
+    compiled.get(&ObjectKey::of(&gateway.metadata)).and_then(pick)
+}
+
+/// `Programmed`: every selecting Gateway serves the object's current
+/// generation on every pod (`(selecting gateways, all programmed)`).
+pub(crate) fn programmed_condition(
+    previous: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    (gateways, all): (usize, bool),
+    generation: Option<i64>,
+    now: jiff::Timestamp,
+) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    let (ok, reason, message) = match (gateways, all) {
+        (0, _) => (false, reasons::NO_GATEWAY, "no Gateway selects it".to_owned()),
+        (n, true) => (true, reasons::PROGRAMMED, format!("every pod of {n} Gateway(s) serves its current version")),
+        (n, false) => {
+            (false, reasons::PENDING, format!("waiting for the pods of {n} Gateway(s) to apply the new config"))
+        }
+    };
+    status::condition(previous, types::PROGRAMMED, ok, reason, message, generation, now)
+}

@@ -1,0 +1,65 @@
+//! Everything a Gateway owns, rendered in one call: what the reconciler
+//! applies and what the goldens compare.
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+use k8s_openapi::api::core::v1::{Secret, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use waycast_crds::{Gateway, GatewayConfig};
+
+use super::{RenderSettings, config_secret, deployment, rbac, scaling, service};
+
+/// Every object a Gateway owns, as it should be.
+#[derive(Debug, Clone)]
+pub struct Desired {
+    /// The compiled config, gzipped.
+    pub config_secret: Secret,
+    /// The hash of the config in `config_secret`.
+    pub config_hash: String,
+    /// Its gzipped size.
+    pub config_bytes: usize,
+    /// The pods' identity.
+    pub service_account: ServiceAccount,
+    /// What the pods may read and write (their config Secret, their Leases).
+    pub role: Role,
+    /// `role` bound to `service_account`.
+    pub role_binding: RoleBinding,
+    /// The pods.
+    pub deployment: Deployment,
+    /// Their address.
+    pub service: Service,
+    /// With autoscaling; absent: any existing one is pruned.
+    pub hpa: Option<HorizontalPodAutoscaler>,
+    /// With more than one replica; absent: any existing one is pruned.
+    pub pdb: Option<PodDisruptionBudget>,
+}
+
+impl Desired {
+    /// Whether the config fits in a Secret. When it does not, it is not
+    /// written: the pods keep the last one, and the Gateway says why.
+    pub fn config_fits(&self) -> bool {
+        self.config_bytes <= config_secret::MAX_CONFIG_BYTES
+    }
+}
+
+/// Renders every object `gateway` owns, serving `config`.
+///
+/// # Errors
+/// Only if compressing the config fails.
+pub fn desired(gateway: &Gateway, config: &GatewayConfig, settings: &RenderSettings) -> std::io::Result<Desired> {
+    let (config_secret, config_hash) = config_secret::config_secret(gateway, config)?;
+    let config_bytes = config_secret.data.as_ref().and_then(|d| d.values().next()).map_or(0, |b| b.0.len());
+    Ok(Desired {
+        config_secret,
+        config_hash,
+        config_bytes,
+        service_account: rbac::service_account(gateway),
+        role: rbac::role(gateway),
+        role_binding: rbac::role_binding(gateway),
+        deployment: deployment::deployment(gateway, settings),
+        service: service::service(gateway),
+        hpa: scaling::hpa(gateway),
+        pdb: scaling::pdb(gateway),
+    })
+}

@@ -1,0 +1,421 @@
+//! The shared caches every controller reads: one reflector per kind, a
+//! change signal per store that fires only after the store has the change
+//! and only when what the operator reads changed (`relevant`), and the
+//! feeds that tell each controller which objects to look at.
+//!
+//! NB: hand-built rather than kube's shared reflectors: see
+//! docs/operator.md ("Stores").
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt as _;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use kube::api::ObjectMeta;
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::{Api, Client, Resource, ResourceExt as _};
+use serde::de::DeserializeOwned;
+use tokio::sync::{broadcast, mpsc};
+use waycast_crds::{ApiKey, Gateway, ModelEndpoint};
+
+use crate::compile::{self};
+use crate::error::Error;
+use crate::render::{self, FIELD_MANAGER};
+
+/// The label key Secrets carry (generated ones and user-supplied ones).
+pub const KEY_SECRET_LABEL: &str = "waycast.dev/api-key";
+
+/// The reflector stores every controller reads, and a signal per store
+/// that fires after each change has been applied to it.
+///
+/// NB: controllers are triggered by these signals rather than by watches
+/// of their own: a separate watch can deliver an event before the store has
+/// it, and a reconcile would then compile stale inputs with nothing left to
+/// trigger a correct one.
+#[derive(Clone)]
+pub struct Stores {
+    /// Gateways.
+    pub gateways: Store<Gateway>,
+    /// ModelEndpoints.
+    pub models: Store<ModelEndpoint>,
+    /// ApiKeys.
+    pub keys: Store<ApiKey>,
+    /// Namespaces (labels for `Selector` policies).
+    pub namespaces: Store<Namespace>,
+    /// Services (backend resolution).
+    pub services: Store<Service>,
+    /// Secrets labelled as key Secrets.
+    pub key_secrets: Store<Secret>,
+    /// Secrets opted in as upstream credentials (`waycast.dev/credential`).
+    pub credentials: Store<Secret>,
+    /// Gateway pods' heartbeat Leases.
+    pub leases: Store<Lease>,
+    /// The metadata of Secrets the operator owns (config Secrets).
+    pub config_secrets: Store<PartialObjectMeta<Secret>>,
+    /// What each controller is to reconcile.
+    pub feeds: Feeds,
+    /// Fires after any change to the store of the same name.
+    pub changed: Changes,
+}
+
+/// One change signal per store.
+#[derive(Clone)]
+pub struct Changes {
+    /// Gateways changed.
+    pub gateways: broadcast::Sender<()>,
+    /// ModelEndpoints changed.
+    pub models: broadcast::Sender<()>,
+    /// ApiKeys changed.
+    pub keys: broadcast::Sender<()>,
+    /// Namespaces changed.
+    pub namespaces: broadcast::Sender<()>,
+    /// Services changed.
+    pub services: broadcast::Sender<()>,
+    /// Key Secrets changed.
+    pub key_secrets: broadcast::Sender<()>,
+    /// Credential Secrets changed (a rotated provider key is picked up by watch).
+    pub credentials: broadcast::Sender<()>,
+}
+
+/// A stream that yields once per signal (a lagging receiver still yields).
+pub(crate) fn signals(senders: &[&broadcast::Sender<()>]) -> impl futures_util::Stream<Item = ()> + Send + 'static {
+    let streams = senders.iter().map(|sender| {
+        futures_util::stream::unfold(sender.subscribe(), |mut receiver| async move {
+            match receiver.recv().await {
+                Ok(()) | Err(broadcast::error::RecvError::Lagged(_)) => Some(((), receiver)),
+                Err(broadcast::error::RecvError::Closed) => None,
+            }
+        })
+        .boxed()
+    });
+    futures_util::stream::select_all(streams)
+}
+
+/// A signal every `period`: every object is looked at again. One timer
+/// instead of a requeue per object, which at 10,000 ApiKeys held 9 MB of
+/// scheduler entries.
+pub(crate) fn every(period: Duration) -> impl futures_util::Stream<Item = ()> + Send + 'static {
+    futures_util::stream::unfold((), move |()| async move {
+        tokio::time::sleep(period).await;
+        Some(((), ()))
+    })
+}
+
+/// One signal at once: every object is looked at when a controller starts.
+pub(crate) fn once() -> impl futures_util::Stream<Item = ()> + Send + 'static {
+    futures_util::stream::once(futures_util::future::ready(()))
+}
+
+// What of an object the operator reads (`store_of`'s `relevant`): a change
+// signal fires only when this changes, so the operator's own status writes
+// do not re-trigger compiles (a stream of 10,000 ApiKey status patches kept
+// postponing the debounced Gateway reconcile for seconds), and Lease
+// renewals do not either.
+
+pub(crate) fn fingerprint(meta: &ObjectMeta, relevant: impl std::hash::Hash) -> u64 {
+    use std::hash::{Hash as _, Hasher as _};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    relevant.hash(&mut hasher);
+    meta.deletion_timestamp.is_some().hash(&mut hasher);
+    hasher.finish()
+}
+
+/// Spec (by generation), labels and deletion.
+pub(crate) fn spec_and_labels<K: Resource>(object: &K) -> u64 {
+    fingerprint(object.meta(), (object.meta().generation, &object.meta().labels))
+}
+
+/// Labels and deletion (Namespaces).
+pub(crate) fn labels<K: Resource>(object: &K) -> u64 {
+    fingerprint(object.meta(), &object.meta().labels)
+}
+
+/// Any change (Services, Secrets: no status the operator writes).
+pub(crate) fn any_change<K: Resource>(object: &K) -> u64 {
+    fingerprint(object.meta(), &object.meta().resource_version)
+}
+
+/// A heartbeat's Gateway, the config hash its pod reports and the config
+/// it refused, not its renewals.
+pub(crate) fn heartbeat(lease: &Lease) -> u64 {
+    fingerprint(&lease.metadata, (&lease.metadata.labels, holder(lease), refused_hash(lease)))
+}
+
+pub(crate) fn refused_hash(lease: &Lease) -> Option<&String> {
+    lease.annotations().get(waycast_crds::heartbeat::REFUSED_HASH_ANNOTATION)
+}
+
+/// Called with each object whose relevant fields changed, and whether it
+/// was deleted.
+pub(crate) type Listener<K> = Box<dyn FnMut(&K, bool) + Send>;
+
+/// Fills a store from `watch` and signals relevant changes; `listener`
+/// hears of each changed object.
+pub(crate) fn store_of<K, W>(
+    watch: W,
+    relevant: fn(&K) -> u64,
+    mut listener: Listener<K>,
+) -> (Store<K>, broadcast::Sender<()>)
+where
+    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
+    W: futures_util::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let (changed, _) = broadcast::channel(64);
+    let sender = changed.clone();
+    let view = reader.clone();
+    // NB: managedFields (and kubectl's last-applied copy) are dropped
+    // before objects reach the store: the operator never reads them, and at
+    // 10,000 objects they were a large share of its memory.
+    let watch = watch.modify(|object: &mut K| {
+        object.managed_fields_mut().clear();
+        // A copy of the whole object as kubectl last applied it: never read.
+        object.annotations_mut().remove("kubectl.kubernetes.io/last-applied-configuration");
+    });
+    let stream = reflector::reflector(writer, watch).default_backoff();
+    // What each object's relevant fields were when last announced (with the
+    // object, so that one gone after a re-list can still be announced).
+    let mut seen: std::collections::HashMap<ObjectRef<K>, (u64, Arc<K>)> = std::collections::HashMap::new();
+    // The reflector has applied each event to the store before it reaches
+    // here — except during a re-list, whose objects it buffers until
+    // `InitDone`: the whole new state is compared then. (Comparing each
+    // `InitApply` object against the store missed every object created or
+    // changed while a watch was being re-established.)
+    tokio::spawn(stream.for_each(move |event| {
+        let mut changed = Vec::new();
+        match event {
+            Ok(watcher::Event::Apply(object) | watcher::Event::Delete(object)) => {
+                let reference = ObjectRef::from_obj(&object);
+                match view.get(&reference) {
+                    Some(current) => {
+                        let print = relevant(current.as_ref());
+                        if seen.insert(reference, (print, current.clone())).is_none_or(|(old, _)| old != print) {
+                            changed.push((current, false));
+                        }
+                    }
+                    None => {
+                        if seen.remove(&reference).is_some() {
+                            changed.push((Arc::new(object), true));
+                        }
+                    }
+                }
+            }
+            Ok(watcher::Event::InitDone) => {
+                let mut now: std::collections::HashMap<ObjectRef<K>, (u64, Arc<K>)> = view
+                    .state()
+                    .into_iter()
+                    .map(|object| (ObjectRef::from_obj(object.as_ref()), (relevant(object.as_ref()), object)))
+                    .collect();
+                for (reference, (print, object)) in &now {
+                    if seen.get(reference).is_none_or(|(old, _)| old != print) {
+                        changed.push((object.clone(), false));
+                    }
+                }
+                for (reference, (_, object)) in seen.drain() {
+                    if !now.contains_key(&reference) {
+                        changed.push((object, true));
+                    }
+                }
+                std::mem::swap(&mut seen, &mut now);
+            }
+            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
+            Err(_) => {
+                let _ = sender.send(());
+            }
+        }
+        if !changed.is_empty() {
+            let _ = sender.send(());
+            for (object, deleted) in changed {
+                listener(object.as_ref(), deleted);
+            }
+        }
+        futures_util::future::ready(())
+    }));
+    (reader, changed)
+}
+
+pub(crate) fn all<K>(
+    client: &Client,
+    config: watcher::Config,
+) -> impl futures_util::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    watcher::watcher(Api::<K>::all(client.clone()), config)
+}
+
+/// Where a store announces the objects whose relevant fields changed, to
+/// the controller that reconciles them once it runs. Nothing is queued
+/// before: a standby replica waiting for the leader Lease would otherwise
+/// buffer every change it sees.
+pub struct Feed<K: Resource<DynamicType = ()>>(Arc<arc_swap::ArcSwapOption<mpsc::UnboundedSender<ObjectRef<K>>>>);
+
+impl<K: Resource<DynamicType = ()>> Clone for Feed<K> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+impl<K: Resource<DynamicType = ()>> Default for Feed<K> {
+    fn default() -> Self {
+        Self(Arc::new(arc_swap::ArcSwapOption::empty()))
+    }
+}
+
+impl<K: Resource<DynamicType = ()> + Send + Sync + 'static> Feed<K> {
+    pub(crate) fn announce(&self, reference: ObjectRef<K>) {
+        if let Some(sender) = self.0.load().as_ref() {
+            let _ = sender.send(reference);
+        }
+    }
+
+    /// The announcements from now on (replacing an earlier subscriber).
+    pub(crate) fn subscribe(&self) -> impl futures_util::Stream<Item = ObjectRef<K>> + Send + 'static {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        self.0.store(Some(Arc::new(sender)));
+        futures_util::stream::unfold(receiver, |mut receiver| async move {
+            receiver.recv().await.map(|reference| (reference, receiver))
+        })
+    }
+}
+
+/// The objects each controller reconciles, as their stores see them change.
+/// Controllers share the stores instead of caching every object again in
+/// watches of their own (ApiKeys were held three times, key Secrets twice).
+#[derive(Clone, Default)]
+pub struct Feeds {
+    /// Gateways whose spec or labels changed, or whose config Secret was deleted.
+    pub gateways: Feed<Gateway>,
+    /// ModelEndpoints whose spec or labels changed.
+    pub models: Feed<ModelEndpoint>,
+    /// ApiKeys whose spec or labels changed.
+    pub keys: Feed<ApiKey>,
+    /// ApiKeys whose spec changed or whose key Secret changed.
+    pub key_secrets: Feed<ApiKey>,
+}
+
+pub(crate) fn announce_self<K: Resource<DynamicType = ()> + Send + Sync + 'static>(feeds: Vec<Feed<K>>) -> Listener<K> {
+    Box::new(move |object, _| {
+        for feed in &feeds {
+            feed.announce(ObjectRef::from_obj(object));
+        }
+    })
+}
+
+pub(crate) fn ignore<K>() -> Listener<K> {
+    Box::new(|_, _| {})
+}
+
+/// The owner of `object` of kind `K`, by its ownerReferences.
+pub(crate) fn owner_of<K: Resource<DynamicType = ()>>(object: &impl Resource) -> Option<ObjectRef<K>> {
+    let owner = object.meta().owner_references.as_ref()?.iter().find(|o| o.kind == K::kind(&()))?;
+    Some(ObjectRef::new(&owner.name).within(object.meta().namespace.as_deref()?))
+}
+
+pub(crate) fn holder(lease: &Lease) -> &str {
+    lease.spec.as_ref().and_then(|s| s.holder_identity.as_deref()).unwrap_or_default()
+}
+
+/// Starts the reflectors and waits until they have listed everything.
+///
+/// # Errors
+/// A reflector stopped before it was ready.
+pub async fn stores(client: &Client) -> Result<Stores, Error> {
+    let feeds = Feeds::default();
+    let (gateways, gateways_changed) =
+        store_of(all(client, watcher::Config::default()), spec_and_labels, announce_self(vec![feeds.gateways.clone()]));
+    let (models, models_changed) =
+        store_of(all(client, watcher::Config::default()), spec_and_labels, announce_self(vec![feeds.models.clone()]));
+    let (keys, keys_changed) = store_of(
+        all(client, watcher::Config::default()),
+        spec_and_labels,
+        announce_self(vec![feeds.keys.clone(), feeds.key_secrets.clone()]),
+    );
+    let (namespaces, namespaces_changed) = store_of(all(client, watcher::Config::default()), labels, ignore());
+    let (services, services_changed) = store_of(all(client, watcher::Config::default()), any_change, ignore());
+    let secrets = watcher::Config::default().labels(&format!("{KEY_SECRET_LABEL}=true"));
+    let owners = feeds.key_secrets.clone();
+    // Only the data, the owner and what identifies a key Secret are kept:
+    // at 10,000 of them their label maps alone were 5 MB (a B-tree node
+    // each), and the operator selects them by that label in the watch.
+    let key_secret_view = |secret: &mut Secret| {
+        let meta = &mut secret.metadata;
+        (meta.labels, meta.annotations, meta.uid, meta.creation_timestamp) = (None, None, None, None);
+    };
+    let (key_secrets, key_secrets_changed) = store_of(
+        all(client, secrets).modify(key_secret_view),
+        any_change,
+        Box::new(move |secret: &Secret, _| {
+            if let Some(owner) = owner_of::<ApiKey>(secret) {
+                owners.announce(owner);
+            }
+        }),
+    );
+    // Upstream credentials: only the Secrets their teams opted in, so the
+    // operator neither caches nor reads any other Secret of a team.
+    let credentials = watcher::Config::default().labels(&format!("{}=true", compile::models::CREDENTIAL_LABEL));
+    let (credentials, credentials_changed) = store_of(all(client, credentials), any_change, ignore());
+    // Metadata only: the operator needs to know which config each Secret
+    // holds (its hash annotation), not the up-to-1-MiB data.
+    let managed = watcher::Config::default().labels(&format!("app.kubernetes.io/managed-by={FIELD_MANAGER}"));
+    let gateway_feed = feeds.gateways.clone();
+    let (config_secrets, _) = store_of(
+        all::<PartialObjectMeta<Secret>>(client, managed),
+        any_change,
+        Box::new(move |secret: &PartialObjectMeta<Secret>, deleted| {
+            if deleted && let Some(owner) = owner_of::<Gateway>(secret) {
+                gateway_feed.announce(owner);
+            }
+        }),
+    );
+    // Pods' heartbeats: a pod reporting another config moves its Gateway's status.
+    let heartbeats = watcher::Config::default().labels(render::GATEWAY_LABEL);
+    let gateway_feed = feeds.gateways.clone();
+    let (leases, _) = store_of(
+        all(client, heartbeats),
+        heartbeat,
+        Box::new(move |lease: &Lease, _| {
+            if let (Some(gateway), Some(namespace)) = (lease.labels().get(render::GATEWAY_LABEL), lease.namespace()) {
+                gateway_feed.announce(ObjectRef::new(gateway).within(&namespace));
+            }
+        }),
+    );
+    let stores = Stores {
+        gateways,
+        models,
+        keys,
+        namespaces,
+        services,
+        key_secrets,
+        credentials,
+        leases,
+        config_secrets,
+        feeds,
+        changed: Changes {
+            gateways: gateways_changed,
+            models: models_changed,
+            keys: keys_changed,
+            namespaces: namespaces_changed,
+            services: services_changed,
+            key_secrets: key_secrets_changed,
+            credentials: credentials_changed,
+        },
+    };
+    for ready in [
+        stores.gateways.wait_until_ready().await,
+        stores.models.wait_until_ready().await,
+        stores.keys.wait_until_ready().await,
+        stores.namespaces.wait_until_ready().await,
+        stores.services.wait_until_ready().await,
+        stores.key_secrets.wait_until_ready().await,
+        stores.credentials.wait_until_ready().await,
+        stores.leases.wait_until_ready().await,
+        stores.config_secrets.wait_until_ready().await,
+    ] {
+        ready.map_err(|_| Error::Incomplete("a ready store"))?;
+    }
+    Ok(stores)
+}
