@@ -7,6 +7,7 @@
 //! ```
 
 pub mod apply;
+pub mod catalog;
 pub mod compile;
 pub mod context;
 pub mod controller;

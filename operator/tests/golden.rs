@@ -10,7 +10,7 @@ use std::path::Path;
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use serde::Deserialize as _;
 use waycast_crds::{ApiKey, Gateway, ModelEndpoint};
-use waycast_operator::compile::{self, Inputs};
+use waycast_operator::catalog::Catalog;
 use waycast_operator::render::{self, RenderSettings};
 
 fn render_case(input: &str) -> String {
@@ -29,19 +29,8 @@ fn render_case(input: &str) -> String {
         }
     }
     let gateway = &gateways[0];
-    let namespaces: Vec<&Namespace> = namespaces.iter().collect();
-    let (models, keys, services, secrets): (Vec<_>, Vec<_>, Vec<_>, Vec<_>) =
-        (models.iter().collect(), keys.iter().collect(), services.iter().collect(), secrets.iter().collect());
-    let inputs = Inputs {
-        gateway,
-        namespaces: &namespaces,
-        model_endpoints: &models,
-        api_keys: &keys,
-        services: &services,
-        secrets: &secrets,
-    };
     let now = jiff::Timestamp::from_second(1_800_000_000).unwrap();
-    let compiled = compile::gateway(&inputs, now);
+    let compiled = Catalog::from_objects(&namespaces, &models, &keys, &services, &secrets).compile(gateway, now);
     let settings = RenderSettings { gateway_image: "docker.io/waycast/gateway:dev".into() };
     let desired = render::desired(gateway, &compiled.config, &settings).unwrap();
     let mut documents = vec![

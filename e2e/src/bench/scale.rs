@@ -14,7 +14,8 @@ use kube::api::ObjectMeta;
 use serde::Serialize;
 use waycast_crds::common::ParentReference;
 use waycast_crds::{ApiKey, ApiKeySpec, Gateway, GatewaySpec, ModelEndpoint};
-use waycast_operator::compile::{self, Inputs};
+use waycast_operator::catalog::Catalog;
+use waycast_operator::compile;
 
 /// The objects of one Gateway's fleet.
 pub struct Fleet {
@@ -136,25 +137,14 @@ pub fn compile_figures(fleet: &Fleet, runs: usize) -> anyhow::Result<CompileFigu
         metadata: meta(fleet.gateway.metadata.namespace.as_deref().unwrap_or("default"), ""),
         ..Namespace::default()
     };
-    let namespaces = [&namespace];
-    let models: Vec<&ModelEndpoint> = fleet.models.iter().collect();
-    let keys: Vec<&ApiKey> = fleet.keys.iter().collect();
-    let secrets: Vec<&Secret> = fleet.secrets.iter().collect();
-    let inputs = Inputs {
-        gateway: &fleet.gateway,
-        namespaces: &namespaces,
-        model_endpoints: &models,
-        api_keys: &keys,
-        services: &[],
-        secrets: &secrets,
-    };
+    let catalog = Catalog::from_objects(&[namespace], &fleet.models, &fleet.keys, &[], &fleet.secrets);
     let now = jiff::Timestamp::now();
     let mut compile_times = Vec::new();
     let mut render_times = Vec::new();
     let mut sizes = (0, 0);
     for _ in 0..runs.max(1) {
         let started = Instant::now();
-        let compiled = compile::gateway(&inputs, now);
+        let compiled = catalog.compile(&fleet.gateway, now);
         compile_times.push(started.elapsed().as_secs_f64() * 1e3);
         anyhow::ensure!(
             compiled.config.keys.len() == fleet.keys.len(),

@@ -12,6 +12,7 @@ use waycast_crds::model_endpoint::{Backend, BackendAuth, ServiceBackend};
 use waycast_crds::{ApiKey, ApiKeySpec, Gateway, GatewaySpec, ModelEndpoint, ModelEndpointSpec};
 
 use super::*;
+use crate::catalog::Catalog;
 
 const KEY_A: &str = "wc_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 const KEY_B: &str = "wc_bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
@@ -141,20 +142,8 @@ impl World {
     }
 
     fn compile(&self) -> Compiled {
-        let namespaces: Vec<&Namespace> = self.namespaces.iter().collect();
-        let models: Vec<&ModelEndpoint> = self.models.iter().collect();
-        let keys: Vec<&ApiKey> = self.keys.iter().collect();
-        let services: Vec<&Service> = self.services.iter().collect();
-        let secrets: Vec<&Secret> = self.secrets.iter().collect();
-        let inputs = Inputs {
-            gateway: &self.gateway,
-            namespaces: &namespaces,
-            model_endpoints: &models,
-            api_keys: &keys,
-            services: &services,
-            secrets: &secrets,
-        };
-        let compiled = super::gateway(&inputs, now());
+        let catalog = Catalog::from_objects(&self.namespaces, &self.models, &self.keys, &self.services, &self.secrets);
+        let compiled = catalog.compile(&self.gateway, now());
         compiled.config.validate().unwrap_or_else(|problems| panic!("compile produced an invalid config: {problems}"));
         compiled
     }

@@ -13,8 +13,9 @@ use kube::{Api, ResourceExt as _};
 use waycast_crds::condition::reasons;
 use waycast_crds::{Gateway, GatewayStatus};
 
-use super::{CONCURRENCY, DEBOUNCE, RESYNC, Snapshot, error_policy, succeeded};
+use super::{CONCURRENCY, DEBOUNCE, RESYNC, error_policy, succeeded};
 use crate::apply::patch_status;
+use crate::catalog::Catalog;
 use crate::compile::{self, ObjectKey};
 use crate::context::{Context, Written, emit_transitions};
 use crate::error::Error;
@@ -53,9 +54,9 @@ pub(crate) async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Contex
     if let Some(conflict) = owned_by_another(&context, &gateway).await? {
         return refuse_name_conflict(&context, &gateway, &conflict).await;
     }
-    let mut catalog = Snapshot::take(&context.stores);
+    let mut catalog = Catalog::from_stores(&context.stores);
     catalog.fetch_credentials(&context.client, &context.stores, &gateway).await?;
-    let mut compiled = catalog.with_inputs(&gateway, |inputs| compile::gateway(inputs, jiff::Timestamp::now()));
+    let mut compiled = catalog.compile(&gateway, jiff::Timestamp::now());
     let compiled_at = started.elapsed();
 
     let desired = render::desired(&gateway, &compiled.config, &context.settings)?;
@@ -242,7 +243,7 @@ fn until_next_expiry(config: &waycast_crds::GatewayConfig, now: jiff::Timestamp)
 /// bookkeeping (the verdict maps are moved out of `compiled`: at 10,000
 /// keys they are the bulk of it).
 pub(crate) fn decisions(
-    snapshot: &Snapshot,
+    catalog: &Catalog,
     compiled: &mut compile::Compiled,
     hash: String,
     written: bool,
@@ -251,9 +252,9 @@ pub(crate) fn decisions(
     use std::fmt::Write as _;
     // Borrowed keys throughout: this runs over every key on every compile.
     let key_generations: HashMap<(&str, &str), Option<i64>> =
-        snapshot.keys.iter().map(|k| (ObjectKey::sort_key(&k.metadata), k.metadata.generation)).collect();
+        catalog.keys.iter().map(|k| (ObjectKey::sort_key(&k.metadata), k.metadata.generation)).collect();
     let model_generations: HashMap<(&str, &str), Option<i64>> =
-        snapshot.models.iter().map(|m| (ObjectKey::sort_key(&m.metadata), m.metadata.generation)).collect();
+        catalog.models.iter().map(|m| (ObjectKey::sort_key(&m.metadata), m.metadata.generation)).collect();
     let key_entries: HashMap<&str, u64> =
         compiled.config.keys.iter().map(|k| (k.id.as_str(), programmed::entry_print(k))).collect();
     let model_entries: HashMap<&str, u64> = compiled

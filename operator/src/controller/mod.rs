@@ -29,21 +29,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
-use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::Resource;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Api, Client, Resource};
+use kube::runtime::reflector::Store;
 use serde::de::DeserializeOwned;
+use waycast_crds::Gateway;
 use waycast_crds::condition::{reasons, types};
-use waycast_crds::{ApiKey, Gateway, ModelEndpoint};
 
-use crate::apply::bounded;
-use crate::compile::{self, Inputs, ObjectKey, select};
+use crate::compile::{ObjectKey, select};
 use crate::context::{Context, backoff};
 use crate::error::Error;
 use crate::programmed::CompiledFrom;
 use crate::status;
-use crate::stores::{Feed, Stores, every, once, signals};
+use crate::stores::{Feed, every, once, signals};
 
 /// How long bursts of changes are coalesced before a reconcile.
 pub const DEBOUNCE: Duration = Duration::from_millis(100);
@@ -73,74 +72,6 @@ pub async fn run(context: Arc<Context>) {
         model_endpoint::reconcile_model_endpoint,
     );
     tokio::join!(gateway_controller, key_controller, key_secrets, model_controller);
-}
-
-// === inputs ===
-
-/// Owned snapshots of the stores, borrowed by [`Inputs`].
-pub(crate) struct Snapshot {
-    namespaces: Vec<Arc<Namespace>>,
-    models: Vec<Arc<ModelEndpoint>>,
-    keys: Vec<Arc<ApiKey>>,
-    services: Vec<Arc<Service>>,
-    secrets: Vec<Arc<Secret>>,
-}
-
-impl Snapshot {
-    fn take(stores: &Stores) -> Self {
-        Self {
-            namespaces: stores.namespaces.state(),
-            models: stores.models.state(),
-            keys: stores.keys.state(),
-            services: stores.services.state(),
-            secrets: stores.key_secrets.state().into_iter().chain(stores.credentials.state()).collect(),
-        }
-    }
-
-    /// Adds what compile needs beyond the stores: the Gateway's Redis
-    /// Secrets (the platform team's own), and the metadata of
-    /// credential Secrets the routes name that are not opted in, so their
-    /// status can say "not labelled" rather than "missing". A failed look-up
-    /// counts as missing: it never holds up the rest of the Gateway.
-    async fn fetch_credentials(&mut self, client: &Client, stores: &Stores, gateway: &Gateway) -> Result<(), Error> {
-        for (namespace, name) in compile::models::redis_secrets(gateway) {
-            if let Some(secret) = bounded(Api::<Secret>::namespaced(client.clone(), &namespace).get_opt(&name)).await? {
-                self.secrets.push(Arc::new(secret));
-            }
-        }
-        let wanted = self.with_inputs(gateway, compile::models::credential_secrets);
-        for (namespace, name) in wanted {
-            if stores.credentials.get(&ObjectRef::new(&name).within(&namespace)).is_some() {
-                continue;
-            }
-            let api = Api::<Secret>::namespaced(client.clone(), &namespace);
-            match bounded(api.get_metadata_opt(&name)).await {
-                Ok(Some(meta)) => self.secrets.push(Arc::new(Secret { metadata: meta.metadata, ..Secret::default() })),
-                Ok(None) => {}
-                Err(error) => {
-                    tracing::debug!(%error, secret = %format!("{namespace}/{name}"), "credential Secret look-up failed")
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn with_inputs<T>(&self, gateway: &Gateway, f: impl FnOnce(&Inputs<'_>) -> T) -> T {
-        let namespaces: Vec<&Namespace> = self.namespaces.iter().map(AsRef::as_ref).collect();
-        let models: Vec<&ModelEndpoint> = self.models.iter().map(AsRef::as_ref).collect();
-        let keys: Vec<&ApiKey> = self.keys.iter().map(AsRef::as_ref).collect();
-        let services: Vec<&Service> = self.services.iter().map(AsRef::as_ref).collect();
-        let secrets: Vec<&Secret> = self.secrets.iter().map(AsRef::as_ref).collect();
-        let inputs = Inputs {
-            gateway,
-            namespaces: &namespaces,
-            model_endpoints: &models,
-            api_keys: &keys,
-            services: &services,
-            secrets: &secrets,
-        };
-        f(&inputs)
-    }
 }
 
 pub(crate) fn error_policy<K: Resource<DynamicType = ()>>(

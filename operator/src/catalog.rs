@@ -1,0 +1,122 @@
+//! Everything compile reads besides the Gateway, owned: taken from the
+//! stores by the operator, built from plain objects by tests and
+//! benchmarks. The one place [`Inputs`] is assembled.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use kube::Client;
+use kube::api::Api;
+use kube::runtime::reflector::ObjectRef;
+use waycast_crds::{ApiKey, Gateway, ModelEndpoint};
+
+use crate::apply::bounded;
+use crate::compile::{self, Compiled, Inputs};
+use crate::error::Error;
+use crate::stores::Stores;
+
+/// The objects compile reads, shared with the stores they came from.
+#[derive(Debug, Clone, Default)]
+pub struct Catalog {
+    /// Every namespace (for `Selector` namespace policies).
+    pub namespaces: Vec<Arc<Namespace>>,
+    /// Every ModelEndpoint.
+    pub models: Vec<Arc<ModelEndpoint>>,
+    /// Every ApiKey.
+    pub keys: Vec<Arc<ApiKey>>,
+    /// Services that backends may name.
+    pub services: Vec<Arc<Service>>,
+    /// Key Secrets, opted-in credentials and what the shell fetched.
+    pub secrets: Vec<Arc<Secret>>,
+}
+
+impl Catalog {
+    /// What the stores hold now.
+    pub fn from_stores(stores: &Stores) -> Self {
+        Self {
+            namespaces: stores.namespaces.state(),
+            models: stores.models.state(),
+            keys: stores.keys.state(),
+            services: stores.services.state(),
+            secrets: stores.key_secrets.state().into_iter().chain(stores.credentials.state()).collect(),
+        }
+    }
+
+    /// Plain objects (tests, benchmarks), copied.
+    pub fn from_objects(
+        namespaces: &[Namespace],
+        models: &[ModelEndpoint],
+        keys: &[ApiKey],
+        services: &[Service],
+        secrets: &[Secret],
+    ) -> Self {
+        fn shared<K: Clone>(objects: &[K]) -> Vec<Arc<K>> {
+            objects.iter().cloned().map(Arc::new).collect()
+        }
+        Self {
+            namespaces: shared(namespaces),
+            models: shared(models),
+            keys: shared(keys),
+            services: shared(services),
+            secrets: shared(secrets),
+        }
+    }
+
+    /// Calls `f` with the [`Inputs`] of `gateway` over this catalog.
+    pub fn with_inputs<T>(&self, gateway: &Gateway, f: impl FnOnce(&Inputs<'_>) -> T) -> T {
+        fn borrowed<K>(objects: &[Arc<K>]) -> Vec<&K> {
+            objects.iter().map(AsRef::as_ref).collect()
+        }
+        let (namespaces, models, keys) = (borrowed(&self.namespaces), borrowed(&self.models), borrowed(&self.keys));
+        let (services, secrets) = (borrowed(&self.services), borrowed(&self.secrets));
+        f(&Inputs {
+            gateway,
+            namespaces: &namespaces,
+            model_endpoints: &models,
+            api_keys: &keys,
+            services: &services,
+            secrets: &secrets,
+        })
+    }
+
+    /// Compiles `gateway` over this catalog at `now`.
+    pub fn compile(&self, gateway: &Gateway, now: jiff::Timestamp) -> Compiled {
+        self.with_inputs(gateway, |inputs| compile::gateway(inputs, now))
+    }
+
+    /// Adds what compile needs beyond the stores: the Gateway's Redis
+    /// Secrets (the platform team's own), and the metadata of credential
+    /// Secrets the routes name that are not opted in, so their status can
+    /// say "not labelled" rather than "missing". A failed look-up of the
+    /// latter counts as missing: it never holds up the rest of the Gateway.
+    ///
+    /// # Errors
+    /// A failed read of a Redis Secret.
+    pub async fn fetch_credentials(
+        &mut self,
+        client: &Client,
+        stores: &Stores,
+        gateway: &Gateway,
+    ) -> Result<(), Error> {
+        for (namespace, name) in compile::models::redis_secrets(gateway) {
+            if let Some(secret) = bounded(Api::<Secret>::namespaced(client.clone(), &namespace).get_opt(&name)).await? {
+                self.secrets.push(Arc::new(secret));
+            }
+        }
+        let wanted = self.with_inputs(gateway, compile::models::credential_secrets);
+        for (namespace, name) in wanted {
+            if stores.credentials.get(&ObjectRef::new(&name).within(&namespace)).is_some() {
+                continue;
+            }
+            let api = Api::<Secret>::namespaced(client.clone(), &namespace);
+            match bounded(api.get_metadata_opt(&name)).await {
+                Ok(Some(meta)) => self.secrets.push(Arc::new(Secret { metadata: meta.metadata, ..Secret::default() })),
+                Ok(None) => {}
+                Err(error) => {
+                    tracing::debug!(%error, secret = %format!("{namespace}/{name}"), "credential Secret look-up failed")
+                }
+            }
+        }
+        Ok(())
+    }
+}
