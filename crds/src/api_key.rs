@@ -105,6 +105,11 @@ pub struct ApiKeyStatus {
 
 /// The prefix of every generated key.
 pub const KEY_PREFIX: &str = "wc_";
+/// The label a key Secret carries (`"true"`), generated or supplied: the
+/// operator watches only Secrets with it.
+pub const KEY_SECRET_LABEL: &str = "waycast.dev/api-key";
+/// The data key of a generated key Secret (`<apikey>-key`).
+pub const GENERATED_DATA_KEY: &str = "api-key";
 /// How many leading characters of a key are safe to show (`status.keyPrefix`).
 pub const SHOWN_PREFIX_LEN: usize = 6;
 

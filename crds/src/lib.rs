@@ -15,6 +15,7 @@ pub mod api_key;
 pub mod common;
 pub mod condition;
 pub mod config;
+pub mod digest;
 pub mod docs;
 pub mod duration;
 pub mod egress;

@@ -31,7 +31,7 @@ pub const UPSTREAM_SECRET: &str = "upstream-secret-value";
 
 /// Lowercase hex SHA-256.
 pub fn sha256_hex(text: &str) -> String {
-    waycast_gateway::config::load::sha256_hex(text.as_bytes())
+    waycast_crds::digest::sha256_hex(text.as_bytes())
 }
 
 fn key(id: &str, text: &str) -> KeyConfig {

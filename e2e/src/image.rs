@@ -59,10 +59,6 @@ pub fn shared_libraries(binary: &Path) -> anyhow::Result<Vec<PathBuf>> {
     Ok(libraries)
 }
 
-fn sha256_hex(bytes: &[u8]) -> String {
-    waycast_gateway::config::load::sha256_hex(bytes)
-}
-
 fn append_file(builder: &mut tar::Builder<Vec<u8>>, path: &str, data: &[u8], mode: u32) -> anyhow::Result<()> {
     let mut header = tar::Header::new_gnu();
     header.set_size(data.len() as u64);
@@ -140,7 +136,7 @@ fn layer(spec: &ImageSpec) -> anyhow::Result<Vec<u8>> {
 /// Reading the binary or its libraries, or writing the archive.
 pub fn pack(spec: &ImageSpec, out: &Path) -> anyhow::Result<String> {
     let layer = layer(spec)?;
-    let layer_digest = format!("sha256:{}", sha256_hex(&layer));
+    let layer_digest = format!("sha256:{}", waycast_crds::digest::sha256_hex(&layer));
     let entrypoint = format!("/{}", spec.binary.file_name().context("binary name")?.to_string_lossy());
     let config = json!({
         "architecture": "amd64",
@@ -158,7 +154,7 @@ pub fn pack(spec: &ImageSpec, out: &Path) -> anyhow::Result<String> {
     })
     .to_string()
     .into_bytes();
-    let config_digest = format!("sha256:{}", sha256_hex(&config));
+    let config_digest = format!("sha256:{}", waycast_crds::digest::sha256_hex(&config));
     let manifest = json!({
         "schemaVersion": 2,
         "mediaType": "application/vnd.oci.image.manifest.v1+json",
@@ -167,7 +163,7 @@ pub fn pack(spec: &ImageSpec, out: &Path) -> anyhow::Result<String> {
     })
     .to_string()
     .into_bytes();
-    let manifest_digest = format!("sha256:{}", sha256_hex(&manifest));
+    let manifest_digest = format!("sha256:{}", waycast_crds::digest::sha256_hex(&manifest));
     let tag = spec.name.rsplit_once(':').map_or("latest", |(_, tag)| tag);
     let index = json!({
         "schemaVersion": 2,

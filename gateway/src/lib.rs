@@ -102,15 +102,14 @@ impl RequestIds {
         {
             return given.clone();
         }
-        const HEX: &[u8; 16] = b"0123456789abcdef";
-        let count = self.counter.fetch_add(1, Ordering::Relaxed);
-        // 16 hex digits of the per-process prefix, then 8 of the counter.
+        // 16 hex digits of the per-process prefix, then 8 of the counter
+        // (its low 32 bits: it wraps after 4 billion requests).
+        let count = self.counter.fetch_add(1, Ordering::Relaxed) as u32;
         let mut text = [0_u8; 24];
-        for (at, digit) in text.iter_mut().enumerate() {
-            let nibble = if at < 16 { self.prefix >> (60 - 4 * at) } else { count >> (28 - 4 * (at - 16)) };
-            *digit = HEX[(nibble & 0xf) as usize];
-        }
-        HeaderValue::from_bytes(&text).unwrap_or_else(|_| HeaderValue::from_static("-"))
+        let (prefix, counter) = text.split_at_mut(16);
+        let encoded = hex::encode_to_slice(self.prefix.to_be_bytes(), prefix)
+            .and_then(|()| hex::encode_to_slice(count.to_be_bytes(), counter));
+        encoded.ok().and_then(|()| HeaderValue::from_bytes(&text).ok()).unwrap_or_else(|| HeaderValue::from_static("-"))
     }
 }
 

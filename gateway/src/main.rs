@@ -173,7 +173,7 @@ fn keygen() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let key = waycast_crds::api_key::key_text_from_bytes(&random);
-    let hash = waycast_gateway::config::load::sha256_hex(key.as_bytes());
+    let hash = waycast_crds::digest::sha256_hex(key.as_bytes());
     println!("key:    {key}");
     println!("sha256: {hash}");
     println!();

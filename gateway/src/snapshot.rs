@@ -250,7 +250,7 @@ impl Snapshot {
         // What each namespace's keys may see, computed once per namespace.
         let mut visible: HashMap<&str, Option<Arc<[u64]>>> = HashMap::new();
         for (index, key) in config.keys.iter().enumerate() {
-            let digest = parse_hex_digest(&key.sha256).ok_or(BuildError::BadHash(index))?;
+            let digest = waycast_crds::digest::parse_sha256_hex(&key.sha256).ok_or(BuildError::BadHash(index))?;
             let mut entry = build_key(key, &routes);
             let namespace = key_namespace(&key.id);
             entry.visible_routes =
@@ -408,21 +408,6 @@ fn build_key(key: &KeyConfig, routes: &[Route]) -> KeyEntry {
     }
 }
 
-/// Parses 64 hex characters into a digest.
-pub fn parse_hex_digest(hex: &str) -> Option<[u8; 32]> {
-    let bytes = hex.as_bytes();
-    if bytes.len() != 64 {
-        return None;
-    }
-    let mut digest = [0_u8; 32];
-    for (index, pair) in bytes.chunks_exact(2).enumerate() {
-        let high = (pair[0] as char).to_digit(16)?;
-        let low = (pair[1] as char).to_digit(16)?;
-        digest[index] = u8::try_from(high * 16 + low).ok()?;
-    }
-    Some(digest)
-}
-
 /// Hashes SHA-256 digests by their first 8 bytes: they are already uniformly
 /// distributed, so running SipHash over them again buys nothing.
 #[derive(Default)]
@@ -501,10 +486,11 @@ mod tests {
         assert_eq!(snapshot.route_index("llama"), Some(0));
         assert_eq!(snapshot.route_index("mistral"), Some(1));
         assert_eq!(snapshot.route_index("gpt"), None);
-        let restricted = snapshot.key(&parse_hex_digest(&format!("{:0>64}", 1)).unwrap()).unwrap();
+        let restricted =
+            snapshot.key(&waycast_crds::digest::parse_sha256_hex(&format!("{:0>64}", 1)).unwrap()).unwrap();
         assert!(restricted.allows(0), "an alias in the allow-list allows the model");
         assert!(!restricted.allows(1));
-        let open = snapshot.key(&parse_hex_digest(&format!("{:0>64}", 2)).unwrap()).unwrap();
+        let open = snapshot.key(&waycast_crds::digest::parse_sha256_hex(&format!("{:0>64}", 2)).unwrap()).unwrap();
         assert!(open.allows(0) && open.allows(1));
         assert_eq!(snapshot.route(0).backends[0].base_path, "/v1");
     }
@@ -525,8 +511,8 @@ mod tests {
 
     #[test]
     fn hex_digests() {
-        assert!(parse_hex_digest(&"ab".repeat(32)).is_some());
-        assert!(parse_hex_digest("abc").is_none());
-        assert!(parse_hex_digest(&"zz".repeat(32)).is_none());
+        assert!(waycast_crds::digest::parse_sha256_hex(&"ab".repeat(32)).is_some());
+        assert!(waycast_crds::digest::parse_sha256_hex("abc").is_none());
+        assert!(waycast_crds::digest::parse_sha256_hex(&"zz".repeat(32)).is_none());
     }
 }

@@ -17,7 +17,7 @@ fn keygen_prints_a_key_and_its_hash() {
     let hash = text.lines().find_map(|l| l.strip_prefix("sha256: ")).unwrap();
     assert!(key.starts_with("wc_") && key.len() == 46, "{key}");
     assert!(key[3..].bytes().all(|b| b.is_ascii_alphanumeric()));
-    assert_eq!(hash, waycast_gateway::config::load::sha256_hex(key.as_bytes()));
+    assert_eq!(hash, waycast_crds::digest::sha256_hex(key.as_bytes()));
     assert!(text.contains(&format!("    sha256: {hash}")), "a line to paste into a config");
     let again = gateway().arg("keygen").output().unwrap();
     assert_ne!(String::from_utf8(again.stdout).unwrap(), text, "keys are random");

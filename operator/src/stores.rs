@@ -25,8 +25,7 @@ use crate::compile::{self};
 use crate::error::Error;
 use crate::render::{self, FIELD_MANAGER};
 
-/// The label key Secrets carry (generated ones and user-supplied ones).
-pub const KEY_SECRET_LABEL: &str = "waycast.dev/api-key";
+pub use waycast_crds::api_key::KEY_SECRET_LABEL;
 
 /// The reflector stores every controller reads, and a signal per store
 /// that fires after each change has been applied to it.

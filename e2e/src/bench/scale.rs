@@ -54,7 +54,7 @@ fn key_uid(index: usize) -> String {
 /// A key Secret for `key_name` holding `text`, labelled for the operator.
 pub fn key_secret(namespace: &str, key_name: &str, text: &str) -> Secret {
     let mut metadata = meta(namespace, &compile::keys::generated_secret_name(key_name));
-    metadata.labels = Some(BTreeMap::from([("waycast.dev/api-key".to_owned(), "true".to_owned())]));
+    metadata.labels = Some(BTreeMap::from([(waycast_crds::api_key::KEY_SECRET_LABEL.to_owned(), "true".to_owned())]));
     Secret {
         metadata,
         data: Some(BTreeMap::from([(

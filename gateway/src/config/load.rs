@@ -33,7 +33,7 @@ pub enum LoadError {
 /// # Errors
 /// [`LoadError`] when the bytes are not a valid config.
 pub fn load(bytes: &[u8], previous: Option<&Snapshot>) -> Result<Option<Snapshot>, LoadError> {
-    let hash = sha256_hex(bytes);
+    let hash = waycast_crds::digest::config_hash(bytes);
     if previous.is_some_and(|p| p.hash == hash) {
         return Ok(None);
     }
@@ -55,10 +55,4 @@ pub fn gunzip(compressed: &[u8]) -> Result<Vec<u8>, LoadError> {
         return Err(LoadError::Gzip("too large".into()));
     }
     Ok(out)
-}
-
-/// Lowercase hex SHA-256.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
-    digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -92,8 +92,10 @@ impl ConfigStore {
                 tracing::error!(source, %error, config.kept = %keeping, "config rejected; keeping the last good config");
                 let reason = error.to_string();
                 let reason = waycast_crds::heartbeat::truncate(&reason, waycast_crds::heartbeat::MAX_REASON_BYTES);
-                self.refused
-                    .store(Some(Arc::new(Refused { hash: load::sha256_hex(bytes), reason: reason.to_owned() })));
+                self.refused.store(Some(Arc::new(Refused {
+                    hash: waycast_crds::digest::config_hash(bytes),
+                    reason: reason.to_owned(),
+                })));
                 Err(error)
             }
         }
@@ -111,7 +113,7 @@ mod tests {
         let bad = br#"{"apiVersion":"waycast.dev/config-v1","settings":{"maxRequestBodyBytes":0}}"#;
         assert!(store.apply(bad, "test", &metrics).is_err());
         let refused = store.refused().expect("the refusal is kept for the heartbeat");
-        assert_eq!(refused.hash, load::sha256_hex(bad));
+        assert_eq!(refused.hash, waycast_crds::digest::config_hash(bad));
         assert!(refused.reason.contains("settings.maxRequestBodyBytes"), "{}", refused.reason);
         let good = br#"{"apiVersion":"waycast.dev/config-v1"}"#;
         assert!(matches!(store.apply(good, "test", &metrics), Ok(Applied::Changed(_))));

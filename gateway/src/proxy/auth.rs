@@ -22,14 +22,6 @@ pub fn presented_key(headers: &HeaderMap) -> Option<&[u8]> {
     headers.get("x-api-key").map(|v| v.as_bytes().trim_ascii()).filter(|k| !k.is_empty())
 }
 
-/// SHA-256 of a key.
-pub fn digest(key: &[u8]) -> [u8; 32] {
-    let digest = ring::digest::digest(&ring::digest::SHA256, key);
-    let mut out = [0_u8; 32];
-    out.copy_from_slice(digest.as_ref());
-    out
-}
-
 /// Finds the key entry for the request.
 ///
 /// # Errors
@@ -40,7 +32,7 @@ pub fn authenticate<'s>(
     now: impl FnOnce() -> jiff::Timestamp,
 ) -> Result<&'s KeyEntry, GatewayError> {
     let key = presented_key(headers).ok_or(GatewayError::MissingKey)?;
-    let entry = snapshot.key(&digest(key)).ok_or(GatewayError::InvalidKey)?;
+    let entry = snapshot.key(&waycast_crds::digest::sha256(key)).ok_or(GatewayError::InvalidKey)?;
     if entry.disabled {
         return Err(GatewayError::DisabledKey);
     }
@@ -56,14 +48,10 @@ mod tests {
     use http::HeaderValue;
     use waycast_crds::config::{GatewayConfig, KeyConfig};
 
-    fn hex(digest: [u8; 32]) -> String {
-        digest.iter().map(|b| format!("{b:02x}")).collect()
-    }
-
     fn snapshot() -> Snapshot {
         let key = |id: &str, text: &str| KeyConfig {
             id: id.into(),
-            sha256: hex(digest(text.as_bytes())),
+            sha256: waycast_crds::digest::sha256_hex(text.as_bytes()),
             models: None,
             expires_at: None,
             disabled: false,

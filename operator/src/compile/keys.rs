@@ -14,8 +14,7 @@ use waycast_crds::config::KeyConfig;
 use super::models::{index, limits};
 use super::{Inputs, ObjectKey, Verdict, select};
 
-/// The data key of a generated key Secret.
-pub const GENERATED_DATA_KEY: &str = "api-key";
+pub use waycast_crds::api_key::GENERATED_DATA_KEY;
 
 /// The Secret holding a generated key: `<apikey>-key`.
 pub fn generated_secret_name(api_key: &str) -> String {
@@ -107,7 +106,7 @@ pub fn compile(inputs: &Inputs<'_>, now: jiff::Timestamp) -> (Vec<KeyConfig>, BT
         } else if api_key.spec.expires_at.as_ref().is_some_and(|expires| expires.0 <= now) {
             Verdict::refused(reasons::EXPIRED, "spec.expiresAt has passed")
         } else {
-            let sha256 = sha256_hex(text.as_bytes());
+            let sha256 = waycast_crds::digest::sha256_hex(text.as_bytes());
             match hashes.get(&sha256) {
                 Some(owner) => Verdict::refused(reasons::DUPLICATE_KEY, format!("{owner} already uses the same key")),
                 None => {
@@ -138,16 +137,4 @@ pub fn compile(inputs: &Inputs<'_>, now: jiff::Timestamp) -> (Vec<KeyConfig>, BT
         verdicts.insert(id, KeyVerdict { verdict, key_prefix });
     }
     (entries, verdicts)
-}
-
-/// Lowercase hex SHA-256.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
-    let mut text = String::with_capacity(64);
-    for byte in digest.as_ref() {
-        text.push(char::from(HEX[usize::from(byte >> 4)]));
-        text.push(char::from(HEX[usize::from(byte & 0xf)]));
-    }
-    text
 }

@@ -165,7 +165,7 @@ fn the_quickstart_compiles_to_a_served_route_and_key() {
     assert_eq!(route.source.as_deref(), Some("demo/llama"));
     let entry = &compiled.config.keys[0];
     assert_eq!(entry.id, "demo/alice");
-    assert_eq!(entry.sha256, keys::sha256_hex(KEY_A.as_bytes()));
+    assert_eq!(entry.sha256, waycast_crds::digest::sha256_hex(KEY_A.as_bytes()));
     assert_eq!(entry.models.as_deref(), Some(&["llama-*".to_owned()][..]));
     assert!(compiled.models[&key("demo", "llama")].accepted);
     let verdict = &compiled.keys[&key("demo", "alice")];

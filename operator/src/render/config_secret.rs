@@ -21,7 +21,7 @@ pub const MAX_CONFIG_BYTES: usize = 1024 * 1024 - 16 * 1024;
 /// Only if serialization or compression into memory fails.
 pub fn config_secret(gateway: &Gateway, config: &GatewayConfig) -> std::io::Result<(Secret, String)> {
     let json = config.to_canonical_json().map_err(std::io::Error::other)?;
-    let hash = crate::compile::keys::sha256_hex(&json);
+    let hash = waycast_crds::digest::config_hash(&json);
     // NB: flate2 writes a zero mtime in the gzip header, so equal configs
     // give equal bytes and an unchanged config is a no-op apply.
     let mut encoder = flate2::write::GzEncoder::new(Vec::with_capacity(json.len() / 4), flate2::Compression::default());
@@ -59,6 +59,6 @@ mod tests {
         let mut json = Vec::new();
         flate2::read::GzDecoder::new(&compressed[..]).read_to_end(&mut json).unwrap();
         assert_eq!(GatewayConfig::from_slice(&json).unwrap(), config);
-        assert_eq!(crate::compile::keys::sha256_hex(&json), hash);
+        assert_eq!(waycast_crds::digest::config_hash(&json), hash);
     }
 }
