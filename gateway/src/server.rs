@@ -25,7 +25,7 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest a TLS handshake may take.
 pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// hyper's read buffer, which bounds the request head; requests whose
-/// headers exceed [`crate::proxy::MAX_HEADER_BYTES`] but fit here get an
+/// headers exceed [`crate::proxy::route::MAX_HEADER_BYTES`] but fit here get an
 /// OpenAI-shaped 431, larger ones hyper's own 431.
 pub const MAX_BUF_SIZE: usize = 64 * 1024;
 
@@ -146,7 +146,7 @@ impl Drop for OpenConnection {
 /// What ends a connection besides its client and the drain: no first
 /// request in time, or no request in flight for `idle_timeout`.
 struct Watch {
-    activity: Arc<crate::proxy::stream::ConnectionActivity>,
+    activity: Arc<crate::proxy::exchange::ConnectionActivity>,
     first_request_within: Duration,
     idle_timeout: Duration,
 }

@@ -347,7 +347,7 @@ fn build_route(model_index: usize, model: &ModelConfig, client: UpstreamClient) 
             backend.model.as_ref().map(|name| bytes::Bytes::from(serde_json::Value::from(name.as_str()).to_string()));
         // A query in the base URL (Azure's `?api-version=`) goes with every request.
         let query = uri.query().map(|q| format!("?{q}")).unwrap_or_default();
-        let paths = crate::proxy::PROXIED_PATHS
+        let paths = crate::proxy::route::PROXIED_PATHS
             .iter()
             .map(|path| http::uri::PathAndQuery::try_from(format!("{base_path}{}{query}", &path["/v1".len()..])))
             .collect::<Result<Vec<_>, _>>()

@@ -6,6 +6,8 @@
 //! NB: hand-built rather than kube's shared reflectors: see
 //! docs/operator.md ("Stores").
 
+use std::collections::HashMap;
+use std::hash::Hash;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -177,54 +179,33 @@ where
     let stream = reflector::reflector(writer, watch).default_backoff();
     // What each object's relevant fields were when last announced (with the
     // object, so that one gone after a re-list can still be announced).
-    let mut seen: std::collections::HashMap<ObjectRef<K>, (u64, Arc<K>)> = std::collections::HashMap::new();
+    let mut seen: Announced<ObjectRef<K>, Arc<K>> = HashMap::new();
     // The reflector has applied each event to the store before it reaches
     // here — except during a re-list, whose objects it buffers until
     // `InitDone`: the whole new state is compared then. (Comparing each
     // `InitApply` object against the store missed every object created or
     // changed while a watch was being re-established.)
     tokio::spawn(stream.for_each(move |event| {
-        let mut changed = Vec::new();
-        match event {
+        let changed = match event {
             Ok(watcher::Event::Apply(object) | watcher::Event::Delete(object)) => {
                 let reference = ObjectRef::from_obj(&object);
-                match view.get(&reference) {
-                    Some(current) => {
-                        let print = relevant(current.as_ref());
-                        if seen.insert(reference, (print, current.clone())).is_none_or(|(old, _)| old != print) {
-                            changed.push((current, false));
-                        }
-                    }
-                    None => {
-                        if seen.remove(&reference).is_some() {
-                            changed.push((Arc::new(object), true));
-                        }
-                    }
-                }
+                let current = view.get(&reference).map(|current| (relevant(current.as_ref()), current));
+                event_change(&mut seen, reference, current, || Arc::new(object)).into_iter().collect()
             }
             Ok(watcher::Event::InitDone) => {
-                let mut now: std::collections::HashMap<ObjectRef<K>, (u64, Arc<K>)> = view
+                let now = view
                     .state()
                     .into_iter()
                     .map(|object| (ObjectRef::from_obj(object.as_ref()), (relevant(object.as_ref()), object)))
                     .collect();
-                for (reference, (print, object)) in &now {
-                    if seen.get(reference).is_none_or(|(old, _)| old != print) {
-                        changed.push((object.clone(), false));
-                    }
-                }
-                for (reference, (_, object)) in seen.drain() {
-                    if !now.contains_key(&reference) {
-                        changed.push((object, true));
-                    }
-                }
-                std::mem::swap(&mut seen, &mut now);
+                relist_changes(&mut seen, now)
             }
-            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
+            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => Vec::new(),
             Err(_) => {
                 let _ = sender.send(());
+                Vec::new()
             }
-        }
+        };
         if !changed.is_empty() {
             let _ = sender.send(());
             for (object, deleted) in changed {
@@ -234,6 +215,43 @@ where
         futures_util::future::ready(())
     }));
     (reader, changed)
+}
+
+/// What was last announced per object: its fingerprint and the object.
+type Announced<R, O> = HashMap<R, (u64, O)>;
+
+/// After one watch event for `reference`: the object to announce (with
+/// whether it was deleted), if its fingerprint moved. `current` is what the
+/// store holds now (`None`: deleted); `gone` gives the deleted object.
+fn event_change<R: Hash + Eq, O: Clone>(
+    seen: &mut Announced<R, O>,
+    reference: R,
+    current: Option<(u64, O)>,
+    gone: impl FnOnce() -> O,
+) -> Option<(O, bool)> {
+    match current {
+        Some((print, object)) => {
+            let moved = seen.insert(reference, (print, object.clone())).is_none_or(|(old, _)| old != print);
+            moved.then_some((object, false))
+        }
+        None => seen.remove(&reference).map(|_| (gone(), true)),
+    }
+}
+
+/// After a re-list: every object whose fingerprint moved or that is new,
+/// then every object that is gone (deleted while the watch was down).
+/// `seen` becomes `now`.
+fn relist_changes<R: Hash + Eq, O: Clone>(seen: &mut Announced<R, O>, mut now: Announced<R, O>) -> Vec<(O, bool)> {
+    let mut changed: Vec<(O, bool)> = now
+        .iter()
+        .filter(|(reference, (print, _))| seen.get(*reference).is_none_or(|(old, _)| old != print))
+        .map(|(_, (_, object))| (object.clone(), false))
+        .collect();
+    changed.extend(
+        seen.drain().filter(|(reference, _)| !now.contains_key(reference)).map(|(_, (_, object))| (object, true)),
+    );
+    std::mem::swap(seen, &mut now);
+    changed
 }
 
 pub(crate) fn all<K>(
@@ -417,4 +435,38 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
         ready.map_err(|_| Error::Incomplete("a ready store"))?;
     }
     Ok(stores)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn announced(entries: &[(&'static str, u64)]) -> Announced<&'static str, &'static str> {
+        entries.iter().map(|(name, print)| (*name, (*print, *name))).collect()
+    }
+
+    fn sorted(mut changes: Vec<(&'static str, bool)>) -> Vec<(&'static str, bool)> {
+        changes.sort();
+        changes
+    }
+
+    #[test]
+    fn a_relist_announces_what_moved_appeared_or_went_and_nothing_else() {
+        let mut seen = announced(&[("kept", 1), ("edited", 1), ("deleted-while-down", 1)]);
+        let now = announced(&[("kept", 1), ("edited", 2), ("created-while-down", 1)]);
+        let changes = sorted(relist_changes(&mut seen, now.clone()));
+        assert_eq!(changes, [("created-while-down", false), ("deleted-while-down", true), ("edited", false)]);
+        assert_eq!(seen, now, "the new state is what was announced");
+        assert!(relist_changes(&mut seen, now).is_empty(), "a second identical re-list announces nothing");
+    }
+
+    #[test]
+    fn an_event_announces_only_a_moved_fingerprint() {
+        let mut seen = announced(&[]);
+        assert_eq!(event_change(&mut seen, "a", Some((1, "a")), || "a"), Some(("a", false)), "new");
+        assert_eq!(event_change(&mut seen, "a", Some((1, "a")), || "a"), None, "a status write: same print");
+        assert_eq!(event_change(&mut seen, "a", Some((2, "a")), || "a"), Some(("a", false)), "spec changed");
+        assert_eq!(event_change(&mut seen, "a", None, || "a-gone"), Some(("a-gone", true)), "deleted");
+        assert_eq!(event_change(&mut seen, "a", None, || "a-gone"), None, "deleted twice");
+    }
 }

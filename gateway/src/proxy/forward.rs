@@ -65,7 +65,7 @@ pub struct Forwarded {
 pub struct Outgoing<'a> {
     /// Method.
     pub method: &'a Method,
-    /// Which of [`super::PROXIED_PATHS`] was asked for.
+    /// Which of [`super::route::PROXIED_PATHS`] was asked for.
     pub endpoint: usize,
     /// The client's query string, if any.
     pub query: Option<&'a str>,

@@ -1,25 +1,30 @@
 //! The request pipeline. Stages run in this order, each a plain function
-//! returning `Result<_, GatewayError>`:
+//! returning `Result<_, GatewayError>`; the decisions are pure (`route.rs`),
+//! the rest is I/O:
 //!
 //! ```text
-//! endpoint  path + method → what to do                       (404, 405)
-//! snapshot  one Arc<Snapshot> load, kept for the whole request (503 before the first config)
-//! framing   header size, Content-Length + Transfer-Encoding    (431, 400)
-//! auth      SHA-256(key) → KeyEntry                            (401)
-//! body      read within maxRequestBodyBytes and a deadline     (413, 408)
-//! scan      top-level "model"/"stream" from the JSON           (400)
-//! route     model → Route; key allow-list                      (404, 403)
+//! endpoint  path + method → what to do                          (404, 405)    route::endpoint
+//! snapshot  one Arc<Snapshot> load, kept for the whole request   (503 before the first config)
+//! admit     framing, then SHA-256(key) → KeyEntry               (431, 400, 401) route::admit
+//! count     the key's request limit, before the body            (429, 503)
+//! body      read within maxRequestBodyBytes and a deadline       (413, 408)
+//! scan      top-level "model"/"stream"/… from the JSON          (400)         body::scan
+//! route     model → Route; visibility and allow-list            (404, 403)    route::route
+//! limits    key and model limits, token reservation             (429, 503)
 //! forward   pick backend, rewrite, failover, first-byte timeout (502, 504)
 //! stream    relay frames as they come; idle timeout; usage tap
 //! ```
 //!
-//! Errors are answered in one place (`GatewayError::response`); every
-//! request, answered or not, is counted and logged once by its `Exchange`.
+//! Errors are answered in one place (`GatewayError::response`). Every
+//! request has one `Exchange` (counted and logged once): `handle` finishes
+//! it for an error or the gateway's own answer, the relay for a relayed one.
 
 pub mod auth;
 pub mod body;
 pub mod egress;
+pub mod exchange;
 pub mod forward;
+pub mod route;
 pub mod sse;
 pub mod stream;
 pub mod usage;
@@ -30,7 +35,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
-use http::{Method, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt as _, Limited};
 use hyper::body::Incoming;
 
@@ -38,32 +43,10 @@ use crate::Shared;
 use crate::error::GatewayError;
 use crate::limit::{self, Admitted, RateHeaders, Refusal};
 use crate::snapshot::{KeyEntry, Route, Snapshot};
+use exchange::{Exchange, Outcome};
 use forward::{Outgoing, REQUEST_ID};
-use stream::{Exchange, Outcome, ProxyBody, RelayBody, UsageWatch};
-
-/// Largest total size of request headers accepted.
-pub const MAX_HEADER_BYTES: usize = 32 * 1024;
-
-/// The inference endpoints forwarded to a model's backends; a backend's
-/// upstream paths are built for each, in this order, when a config loads.
-pub const PROXIED_PATHS: [&str; 5] =
-    ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/messages"];
-
-/// What a path asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Endpoint {
-    /// An inference call forwarded to the model's backend (an index into [`PROXIED_PATHS`]).
-    Proxy(usize),
-    /// `GET /v1/models`.
-    Models,
-}
-
-fn endpoint(path: &str) -> Option<Endpoint> {
-    match path {
-        "/v1/models" => Some(Endpoint::Models),
-        _ => PROXIED_PATHS.iter().position(|known| *known == path).map(Endpoint::Proxy),
-    }
-}
+use route::Endpoint;
+use stream::{ProxyBody, RelayBody, UsageWatch};
 
 /// The client end of a connection, as the upstream is told of it
 /// (`X-Forwarded-For`, `X-Forwarded-Proto`).
@@ -74,7 +57,7 @@ pub struct Client {
     /// `http` or `https`.
     pub forwarded_proto: HeaderValue,
     /// The connection's requests in flight and when the last one ended.
-    pub activity: Arc<stream::ConnectionActivity>,
+    pub activity: Arc<exchange::ConnectionActivity>,
 }
 
 impl Client {
@@ -94,32 +77,56 @@ pub async fn handle(
 ) -> Result<Response<ProxyBody>, Infallible> {
     let started = Instant::now();
     let request_id = shared.request_ids.for_request(request.headers());
-    let target = endpoint(request.uri().path());
-    let path = match target {
-        Some(Endpoint::Proxy(index)) => PROXIED_PATHS[index],
-        Some(Endpoint::Models) => "/v1/models",
-        None => "other",
-    };
-    let mut exchange = Some(Exchange::new(
-        shared.clone(),
-        client.activity.clone(),
-        started,
-        request.method().clone(),
-        path,
-        request_id.clone(),
-    ));
-    let result = serve(&shared, &client, request, target, &mut exchange, &request_id).await;
-    let mut response = match result {
-        Ok(response) => response,
+    let path = Endpoint::of(request.uri().path()).map_or("other", Endpoint::path);
+    let method = request.method().clone();
+    let mut exchange =
+        Exchange::new(shared.clone(), client.activity.clone(), started, method, path, request_id.clone());
+    let mut response = match serve(&shared, &client, request, &mut exchange, &request_id).await {
+        Ok(Answer::Own(body)) => {
+            finish_without_body(exchange, 200, None);
+            json_response(body)
+        }
+        Ok(Answer::Relay(relayed)) => {
+            exchange.overhead_before = relayed.overhead_before;
+            let relay = RelayBody::new(
+                relayed.body,
+                exchange,
+                relayed.head.status.as_u16(),
+                relayed.idle_timeout,
+                relayed.usage_watch,
+                relayed.upstream_took,
+                relayed.headers_at,
+            );
+            Response::from_parts(relayed.head, ProxyBody::Relay(relay))
+        }
         Err(error) => {
-            if let Some(exchange) = exchange.take() {
-                finish_without_body(exchange, error.status().as_u16(), Some(error.code()));
-            }
+            finish_without_body(exchange, error.status().as_u16(), Some(error.code()));
             error.response()
         }
     };
     response.headers_mut().insert(REQUEST_ID.clone(), request_id);
     Ok(response)
+}
+
+/// How a request is answered when it is not an error.
+enum Answer {
+    /// By the gateway itself (`/v1/models`).
+    Own(Bytes),
+    /// By relaying an upstream response.
+    Relay(Relayed),
+}
+
+/// An upstream response ready to relay, and what the relay needs.
+struct Relayed {
+    head: http::response::Parts,
+    body: Incoming,
+    idle_timeout: std::time::Duration,
+    usage_watch: UsageWatch,
+    /// Request sent → response headers.
+    upstream_took: std::time::Duration,
+    headers_at: Instant,
+    /// Gateway time before the upstream was asked.
+    overhead_before: std::time::Duration,
 }
 
 fn finish_without_body(exchange: Exchange, status: u16, error: Option<&'static str>) {
@@ -130,30 +137,16 @@ async fn serve(
     shared: &Shared,
     client: &Client,
     request: Request<Incoming>,
-    target: Option<Endpoint>,
-    exchange: &mut Option<Exchange>,
+    exchange: &mut Exchange,
     request_id: &HeaderValue,
-) -> Result<Response<ProxyBody>, GatewayError> {
-    let target = target.ok_or_else(|| GatewayError::NotFound(truncated(request.uri().path())))?;
-    let expected_method = if target == Endpoint::Models { Method::GET } else { Method::POST };
-    if request.method() != expected_method {
-        return Err(GatewayError::MethodNotAllowed);
-    }
+) -> Result<Answer, GatewayError> {
+    let endpoint = route::endpoint(request.method(), request.uri().path())?;
     let snapshot = shared.config.current().ok_or(GatewayError::NotReady)?;
-    if let Some(exchange) = exchange.as_mut() {
-        exchange.access_log = snapshot.settings.access_log;
-    }
-    check_framing(request.headers())?;
-    let key = auth::authenticate(&snapshot, request.headers(), jiff::Timestamp::now)?;
-    if let Some(exchange) = exchange.as_mut() {
-        exchange.key = Some(key.id.clone());
-    }
-    let Endpoint::Proxy(endpoint_index) = target else {
-        let body = models_list(&snapshot, key);
-        if let Some(exchange) = exchange.take() {
-            finish_without_body(exchange, 200, None);
-        }
-        return Ok(json_response(body));
+    exchange.access_log = snapshot.settings.access_log;
+    let key = route::admit(&snapshot, request.headers(), jiff::Timestamp::now)?;
+    exchange.key = Some(key.id.clone());
+    let Endpoint::Proxy(endpoint_index) = endpoint else {
+        return Ok(Answer::Own(models_list(&snapshot, key)));
     };
 
     // The key's request limit is checked before its body is read: a key
@@ -163,20 +156,9 @@ async fn serve(
     let body = read_body(shared, &snapshot, &parts.headers, body).await?;
     let body_done = Instant::now();
     let fields = body::scan(&body)?;
-    // NB: a model the key's namespace may not see answers exactly like one
-    // that does not exist, so keys cannot probe other teams' model names.
-    let index = snapshot
-        .route_index(&fields.model)
-        .filter(|index| key.sees(*index))
-        .ok_or_else(|| GatewayError::UnknownModel(truncated(&fields.model)))?;
-    if !key.allows(index) {
-        return Err(GatewayError::ModelNotAllowed(truncated(&fields.model)));
-    }
-    let route = snapshot.route(index);
-    if let Some(exchange) = exchange.as_mut() {
-        exchange.model = Some(route.name.clone());
-        exchange.stream = fields.stream;
-    }
+    let route = route::route(&snapshot, key, &fields.model)?.route;
+    exchange.model = Some(route.name.clone());
+    exchange.stream = fields.stream;
 
     let reservation = limit::Reservation::for_request(body.len(), fields.max_tokens, route.output_token_reservation);
     let mut admitted = rate_limit(shared, &snapshot, key, route, reservation, counted).await?;
@@ -189,9 +171,7 @@ async fn serve(
         }
         _ => (body.clone(), fields.model_span.clone(), false),
     };
-    if let Some(exchange) = exchange.as_mut() {
-        exchange.charge = charge;
-    }
+    exchange.charge = charge;
 
     let outgoing = Outgoing {
         method: &parts.method,
@@ -215,31 +195,25 @@ async fn serve(
         shared.metrics.upstream_errors.with_label_values(&[&route.name, "not_json"]).inc();
         return Err(GatewayError::UpstreamNotJson(route.name.to_string(), upstream_status.as_u16()));
     }
-    let Some(mut exchange) = exchange.take() else {
-        return Err(GatewayError::NotReady);
-    };
-    exchange.overhead_before = forwarded.sent_at.saturating_duration_since(body_done);
-    let (mut head, upstream_body) = forwarded.response.into_parts();
+    let (mut head, body) = forwarded.response.into_parts();
     head.headers.retain_returnable();
     if let Some(admitted) = &admitted {
         admitted.headers.apply(&mut head.headers);
     }
-    let status = head.status.as_u16();
     let usage_watch = match (head.status.is_success(), strip_usage) {
         (false, _) => UsageWatch::Off,
         (true, false) => UsageWatch::Tap,
         (true, true) => UsageWatch::TapAndStripChunk,
     };
-    let relay = RelayBody::new(
-        upstream_body,
-        exchange,
-        status,
-        route.timeouts.idle,
+    Ok(Answer::Relay(Relayed {
+        head,
+        body,
+        idle_timeout: route.timeouts.idle,
         usage_watch,
-        forwarded.headers_at - forwarded.sent_at,
-        forwarded.headers_at,
-    );
-    Ok(Response::from_parts(head, ProxyBody::Relay(relay)))
+        upstream_took: forwarded.headers_at - forwarded.sent_at,
+        headers_at: forwarded.headers_at,
+        overhead_before: forwarded.sent_at.saturating_duration_since(body_done),
+    }))
 }
 
 /// The key's request limit, before the body is read (`None` when it has
@@ -323,18 +297,6 @@ impl RetainReturnable for HeaderMap {
     }
 }
 
-/// Refuses header blocks that are too large and request-smuggling shapes.
-fn check_framing(headers: &HeaderMap) -> Result<(), GatewayError> {
-    if headers.contains_key(header::TRANSFER_ENCODING) && headers.contains_key(header::CONTENT_LENGTH) {
-        return Err(GatewayError::AmbiguousLength);
-    }
-    let size: usize = headers.iter().map(|(name, value)| name.as_str().len() + value.len() + 4).sum();
-    if size > MAX_HEADER_BYTES {
-        return Err(GatewayError::HeadersTooLarge(MAX_HEADER_BYTES));
-    }
-    Ok(())
-}
-
 /// Reads the whole body, refusing it early when Content-Length already says
 /// it is too large, and giving up when the client is too slow.
 async fn read_body(
@@ -385,52 +347,4 @@ fn json_response(body: Bytes) -> Response<ProxyBody> {
     *response.status_mut() = StatusCode::OK;
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     response
-}
-
-/// User text in error messages is capped, so a 1 MB model name does not
-/// come back as a 1 MB error.
-fn truncated(text: &str) -> String {
-    const MAX: usize = 128;
-    if text.len() <= MAX {
-        return text.to_owned();
-    }
-    let mut end = MAX;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end])
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn endpoints() {
-        assert_eq!(endpoint("/v1/chat/completions"), Some(Endpoint::Proxy(0)));
-        assert_eq!(endpoint("/v1/messages"), Some(Endpoint::Proxy(4)));
-        assert_eq!(endpoint("/v1/models"), Some(Endpoint::Models));
-        assert_eq!(endpoint("/v1/chat/completions/"), None);
-        assert_eq!(endpoint("/admin"), None);
-    }
-
-    #[test]
-    fn framing_checks() {
-        let mut headers = HeaderMap::new();
-        headers.insert(header::CONTENT_LENGTH, HeaderValue::from_static("5"));
-        assert!(check_framing(&headers).is_ok());
-        headers.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
-        assert_eq!(check_framing(&headers), Err(GatewayError::AmbiguousLength));
-        let mut big = HeaderMap::new();
-        big.insert("x-big", HeaderValue::from_str(&"a".repeat(MAX_HEADER_BYTES)).unwrap());
-        assert_eq!(check_framing(&big), Err(GatewayError::HeadersTooLarge(MAX_HEADER_BYTES)));
-    }
-
-    #[test]
-    fn long_user_text_is_truncated_on_a_char_boundary() {
-        let long = "é".repeat(200);
-        let short = truncated(&long);
-        assert!(short.len() <= 128 + "…".len());
-        assert!(short.ends_with('…'));
-    }
 }
