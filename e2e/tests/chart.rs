@@ -300,37 +300,27 @@ async fn helm_install_upgrade_and_uninstall_on_a_real_node() {
     }
 
     // ArgoCD's view of the live objects, with the shipped health checks.
+    // `Programmed` follows the pods' heartbeats, so each may take a moment.
     let scripts = health_scripts(&repository_root()).unwrap();
-    let live = [
-        (
-            "Gateway",
-            serde_json::to_value(
-                Api::<Gateway>::namespaced(client.clone(), DEMO_NAMESPACE).get("gateway").await.unwrap(),
-            )
-            .unwrap(),
-        ),
-        (
-            "ModelEndpoint",
-            serde_json::to_value(
-                Api::<ModelEndpoint>::namespaced(client.clone(), DEMO_NAMESPACE).get("llama-3-1-8b").await.unwrap(),
-            )
-            .unwrap(),
-        ),
-    ];
-    for (kind, object) in live {
-        let health = run_health_check(&scripts[kind], &object).unwrap();
-        assert_eq!(health.status, "Healthy", "{kind}: {health:?}\n{object:#}");
-    }
+    let gateways: Api<Gateway> = Api::namespaced(client.clone(), DEMO_NAMESPACE);
+    let models: Api<ModelEndpoint> = Api::namespaced(client.clone(), DEMO_NAMESPACE);
     let keys: Api<ApiKey> = Api::namespaced(client.clone(), DEMO_NAMESPACE);
     let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let key = serde_json::to_value(keys.get("alice").await.unwrap()).unwrap();
-        let health = run_health_check(&scripts["ApiKey"], &key).unwrap();
-        if health.status == "Healthy" {
-            break;
+    for kind in ["Gateway", "ModelEndpoint", "ApiKey"] {
+        loop {
+            let object = match kind {
+                "Gateway" => serde_json::to_value(gateways.get("gateway").await.unwrap()),
+                "ModelEndpoint" => serde_json::to_value(models.get("llama-3-1-8b").await.unwrap()),
+                _ => serde_json::to_value(keys.get("alice").await.unwrap()),
+            }
+            .unwrap();
+            let health = run_health_check(&scripts[kind], &object).unwrap();
+            if health.status == "Healthy" {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the {kind} never turned Healthy: {health:?}\n{object:#}");
+            tokio::time::sleep(Duration::from_millis(250)).await;
         }
-        assert!(Instant::now() < deadline, "the ApiKey never turned Healthy: {health:?}\n{key:#}");
-        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 
     // helm upgrade rolls the operator; gateway pods and traffic are untouched.

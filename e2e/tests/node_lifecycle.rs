@@ -96,8 +96,12 @@ fn wait_exit(child: &mut std::process::Child, timeout: Duration) {
     }
 }
 
+/// The tests of this file each bring nodes up and down: one at a time.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn bring_up_and_tear_down_leave_the_machine_as_found_even_after_a_kill_9() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let supervisor = env!("CARGO_BIN_EXE_waycast-cluster");
     // A node from an earlier test binary may still be tearing down.
     drop(waycast_e2e::node::lock().unwrap());
@@ -145,4 +149,31 @@ fn bring_up_and_tear_down_leave_the_machine_as_found_even_after_a_kill_9() {
     // Every process of a run names its state directory on its command line.
     let leftovers = output("pgrep", &["-f", "waycast-e2e/run-|/var/lib/waycast-e2e|/run/waycast-e2e"]);
     assert!(leftovers.trim().is_empty(), "processes left running: {leftovers}");
+}
+
+/// Another node's state on the machine (here a kube-proxy-style chain with
+/// a jump to it, as k3s or kind leave): the harness refuses to start,
+/// naming it, and leaves it exactly as it was.
+#[test]
+fn another_nodes_state_is_refused_and_left_alone() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let supervisor = env!("CARGO_BIN_EXE_waycast-cluster");
+    drop(waycast_e2e::node::lock().unwrap());
+    let chain = "KUBE-SOMEONE-ELSE";
+    let iptables = |args: &[&str]| Command::new("iptables").args(args).status().unwrap().success();
+    assert!(iptables(&["-N", chain]));
+    assert!(iptables(&["-A", "FORWARD", "-j", chain]));
+    let before = machine_state();
+
+    let refused = start_supervisor(supervisor, true).map(drop);
+    drop(waycast_e2e::node::lock().unwrap());
+    let after = machine_state();
+    // Removed before asserting, so a failure does not leave it behind.
+    let _ = iptables(&["-D", "FORWARD", "-j", chain]);
+    let _ = iptables(&["-X", chain]);
+
+    let message = format!("{:#}", refused.expect_err("the harness started beside another node's state"));
+    assert!(message.contains("did not start") && message.contains(chain), "{message}");
+    assert_eq!(after.iptables, before.iptables, "the other node's rules were touched");
+    assert!(!std::path::Path::new(NODE_ROOT).exists(), "the refused run left its state directory");
 }

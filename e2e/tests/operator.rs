@@ -451,11 +451,13 @@ async fn a_platform_gateway_serves_team_namespaces_by_label_and_scale_down_drain
     wait_all(&urls, &key, StatusCode::OK, Duration::from_secs(30)).await;
 
     // A stream on every pod, then scale down: the pod that goes drains its
-    // stream to the end.
+    // stream to the end. The streams (100 chunks, 10 s) outlast the pod's
+    // preStop pause (PRE_STOP_SECONDS, 5 s), so SIGTERM reaches the pod
+    // mid-stream and only the drain can let the stream finish.
     let mut streams = Vec::new();
     for url in &urls {
         let mut request = fixture::post_request(url, Some(&key), r#"{"model":"llama3","stream":true,"messages":[]}"#);
-        request.headers_mut().insert("x-mock-chunks", "40".parse().unwrap());
+        request.headers_mut().insert("x-mock-chunks", "100".parse().unwrap());
         request.headers_mut().insert("x-mock-interval-ms", "100".parse().unwrap());
         let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
         streams.push(tokio::spawn(async move {
@@ -471,7 +473,7 @@ async fn a_platform_gateway_serves_team_namespaces_by_label_and_scale_down_drain
     manifest::apply_all(&client, &[serde_json::from_value(one).unwrap()], &platform).await.unwrap();
     for stream in streams {
         let text = stream.await.unwrap().expect("the stream completed without an error");
-        assert!(text.contains("token39") && text.ends_with("data: [DONE]\n\n"), "a stream was cut during scale-down");
+        assert!(text.contains("token99") && text.ends_with("data: [DONE]\n\n"), "a stream was cut during scale-down");
     }
     let deployment = Api::<Deployment>::namespaced(client.clone(), &platform).get("gateway").await.unwrap();
     assert_eq!(deployment.spec.unwrap().replicas, Some(1), "the scale-down happened");

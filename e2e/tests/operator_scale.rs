@@ -43,16 +43,26 @@ async fn a_burst_of_keys_is_coalesced_into_a_handful_of_config_writes() {
         kube::runtime::watcher::Config::default().fields("metadata.name=gateway-config"),
     );
     let writes = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    // A watch error could hide writes (a re-list reports state, not each
+    // write): counted, and the test fails on any.
+    let watch_errors = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
     let counter = {
-        let writes = writes.clone();
+        let (writes, watch_errors) = (writes.clone(), watch_errors.clone());
         tokio::spawn(async move {
             let mut seen = std::collections::BTreeSet::new();
             let mut events = watch.boxed();
-            while let Some(Ok(event)) = events.next().await {
-                if let kube::runtime::watcher::Event::Apply(secret) = event
-                    && seen.insert(secret.metadata.resource_version.clone())
-                {
-                    writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(kube::runtime::watcher::Event::Apply(secret))
+                        if seen.insert(secret.metadata.resource_version.clone()) =>
+                    {
+                        writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    Ok(_) => {}
+                    Err(error) => {
+                        eprintln!("config Secret watch: {error}");
+                        watch_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
                 }
             }
         })
@@ -81,6 +91,8 @@ async fn a_burst_of_keys_is_coalesced_into_a_handful_of_config_writes() {
         "{count} ApiKeys applied → all served in {:?} with {config_writes} config Secret writes",
         started.elapsed()
     );
+    assert_eq!(watch_errors.load(std::sync::atomic::Ordering::Relaxed), 0, "the write count may be short");
+    assert!(config_writes >= 1, "the burst was served without a config write: the counter saw nothing");
     assert!(config_writes <= 20, "{config_writes} config writes for a burst of {count} keys");
 
     // One more key once all are Programmed: the new config carries the
