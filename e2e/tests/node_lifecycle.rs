@@ -1,7 +1,8 @@
 //! The node leaves the machine as it found it: iptables rules, mounts,
 //! network links, network namespaces and the sysctls it touches are the
 //! same after tear-down as before bring-up — also when the first run was
-//! killed with SIGKILL and a second bring-up had to clean up after it.
+//! killed with SIGKILL and a second bring-up had to clean up after it. And
+//! beside another node's state it refuses to start and touches nothing.
 
 #![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
 
@@ -96,12 +97,8 @@ fn wait_exit(child: &mut std::process::Child, timeout: Duration) {
     }
 }
 
-/// The tests of this file each bring nodes up and down: one at a time.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 #[test]
 fn bring_up_and_tear_down_leave_the_machine_as_found_even_after_a_kill_9() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let supervisor = env!("CARGO_BIN_EXE_waycast-cluster");
     // A node from an earlier test binary may still be tearing down.
     drop(waycast_e2e::node::lock().unwrap());
@@ -149,16 +146,16 @@ fn bring_up_and_tear_down_leave_the_machine_as_found_even_after_a_kill_9() {
     // Every process of a run names its state directory on its command line.
     let leftovers = output("pgrep", &["-f", "waycast-e2e/run-|/var/lib/waycast-e2e|/run/waycast-e2e"]);
     assert!(leftovers.trim().is_empty(), "processes left running: {leftovers}");
+
+    // Then (in the same test: node bring-ups run one at a time) beside
+    // another node's state.
+    another_nodes_state_is_refused_and_left_alone(supervisor);
 }
 
 /// Another node's state on the machine (here a kube-proxy-style chain with
 /// a jump to it, as k3s or kind leave): the harness refuses to start,
 /// naming it, and leaves it exactly as it was.
-#[test]
-fn another_nodes_state_is_refused_and_left_alone() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let supervisor = env!("CARGO_BIN_EXE_waycast-cluster");
-    drop(waycast_e2e::node::lock().unwrap());
+fn another_nodes_state_is_refused_and_left_alone(supervisor: &str) {
     let chain = "KUBE-SOMEONE-ELSE";
     let iptables = |args: &[&str]| Command::new("iptables").args(args).status().unwrap().success();
     assert!(iptables(&["-N", chain]));
