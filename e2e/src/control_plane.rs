@@ -16,7 +16,7 @@
 //! Processes die with the [`ControlPlane`] (`kill_on_drop`); a crashed run's
 //! leftovers are removed by [`clean_stale_runs`].
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
@@ -27,7 +27,7 @@ use anyhow::{Context as _, bail};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::Api;
 
-use crate::pki::{self, Authority, Usage};
+use waycast_mock::pki::{self, Authority, Usage};
 
 /// The Service CIDR of every e2e cluster.
 pub const SERVICE_CIDR: &str = "10.96.0.0/16";
@@ -145,14 +145,7 @@ fn k8s_bin_dir() -> anyhow::Result<PathBuf> {
     Ok(DIR.get_or_init(|| dir).clone())
 }
 
-/// A free TCP port on `address` (bound, then released).
-///
-/// # Errors
-/// Binding failing.
-pub fn free_port(address: IpAddr) -> anyhow::Result<u16> {
-    let listener = TcpListener::bind(SocketAddr::new(address, 0)).context("finding a free port")?;
-    Ok(listener.local_addr()?.port())
-}
+pub use waycast_mock::fixtures::free_port;
 
 impl ControlPlane {
     /// Starts etcd, the API server and the controller-manager, and returns

@@ -31,8 +31,8 @@ use k8s_openapi::api::core::v1::Node as NodeObject;
 use kube::Api;
 
 use crate::control_plane::{ControlPlane, SERVICE_CIDR, k8s_binary, write_kubeconfig};
-use crate::pki::Usage;
 use crate::process::{Processes, run};
+use waycast_mock::pki::Usage;
 
 /// The node's name.
 pub const NODE_NAME: &str = "waycast-node";

@@ -248,7 +248,7 @@ async fn wait_serving(ip: &str, key: &str, deadline: Instant) -> anyhow::Result<
     let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
     let url = format!("http://{ip}/v1/chat/completions");
     loop {
-        let request = crate::fixture::post_request(&url, Some(key), r#"{"model":"llama3","messages":[]}"#);
+        let request = waycast_mock::fixtures::post_request(&url, Some(key), r#"{"model":"llama3","messages":[]}"#);
         if let Ok(Ok(response)) = tokio::time::timeout(Duration::from_secs(2), http.request(request)).await
             && response.status() == http::StatusCode::OK
         {

@@ -23,10 +23,10 @@ use kube::api::{DeleteParams, ListParams};
 use kube::{Api, Client};
 use waycast_crds::{ApiKey, Gateway, ModelEndpoint};
 use waycast_e2e::argocd::{health_scripts, run_health_check};
-use waycast_e2e::fixture;
 use waycast_e2e::harness::{SharedCluster, shared_cluster_with_node};
 use waycast_e2e::manifest;
 use waycast_e2e::workloads::{DEMO_NAMESPACE, repository_root, serve_quickstart, wait_pods_ready};
+use waycast_mock::fixtures as fixture;
 
 const RELEASE_NAMESPACE: &str = "waycast-system";
 const OPERATOR_PODS: &str = "app.kubernetes.io/name=waycast-operator";

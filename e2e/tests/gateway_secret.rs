@@ -18,10 +18,10 @@ use kube::{Api, Client};
 use waycast_crds::GatewayConfig;
 use waycast_crds::config::KeyConfig;
 use waycast_e2e::control_plane::client_from_kubeconfig;
-use waycast_e2e::fixture::{self, ALICE_KEY, BOB_KEY};
 use waycast_e2e::harness::{shared_cluster, test_namespace};
-use waycast_e2e::mock_upstream::{self, MockOptions};
 use waycast_gateway::{ConfigSource, GatewayOptions};
+use waycast_mock::fixtures::{self as fixture, ALICE_KEY, BOB_KEY};
+use waycast_mock::upstream::{self as mock_upstream, MockOptions};
 
 const CHAT: &str = r#"{"model":"mistral-7b","messages":[]}"#;
 

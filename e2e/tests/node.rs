@@ -13,11 +13,11 @@ use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use kube::Api;
 use serde_json::{Value, json};
 use waycast_e2e::cluster::images;
-use waycast_e2e::fixture::{self, ALICE_KEY};
 use waycast_e2e::harness::{SharedCluster, shared_cluster_with_node, test_namespace};
 use waycast_e2e::workloads::{
     apply_values, cluster_ip, deploy_gateway, deploy_mock, deployment, service, wait_pods_ready,
 };
+use waycast_mock::fixtures::{self as fixture, ALICE_KEY};
 
 fn cluster() -> &'static SharedCluster {
     shared_cluster_with_node(env!("CARGO_BIN_EXE_waycast-cluster"))

@@ -16,10 +16,10 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::json;
 use waycast_crds::{ApiKey, Gateway, ModelEndpoint};
-use waycast_e2e::fixture;
 use waycast_e2e::harness::{SharedCluster, shared_cluster_with_node, test_namespace};
 use waycast_e2e::manifest;
 use waycast_e2e::workloads::wait_pods_ready;
+use waycast_mock::fixtures as fixture;
 
 fn cluster() -> &'static SharedCluster {
     let cluster = shared_cluster_with_node(env!("CARGO_BIN_EXE_waycast-cluster"));

@@ -16,9 +16,9 @@ use kube::Api;
 use kube::api::ListParams;
 use serde_json::json;
 use waycast_crds::{ApiKey, Gateway};
-use waycast_e2e::fixture;
 use waycast_e2e::harness::{condition_true, operator_in_process, shared_cluster_with_node, test_namespace};
 use waycast_e2e::manifest;
+use waycast_mock::fixtures as fixture;
 
 #[tokio::test]
 async fn the_hpa_scales_gateway_pods_and_the_operator_does_not_fight_it() {

@@ -12,10 +12,10 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams};
 use waycast_crds::ApiKey;
-use waycast_e2e::fixture;
 use waycast_e2e::harness::{condition_true, shared_cluster_with_node};
 use waycast_e2e::manifest;
 use waycast_e2e::workloads::{DEMO_NAMESPACE, deploy_demo, wait_pods_ready};
+use waycast_mock::fixtures as fixture;
 
 async fn answers(ip: &str, key: &str) -> Option<http::StatusCode> {
     let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();

@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use kube::Api;
 use waycast_crds::{ApiKey, Gateway};
-use waycast_e2e::fixture;
 use waycast_e2e::harness::{condition_true, operator_in_process, shared_cluster_with_node, test_namespace};
 use waycast_e2e::manifest;
 use waycast_e2e::workloads::wait_pods_ready;
+use waycast_mock::fixtures as fixture;
 
 async fn answers(url: &str, key: &str) -> Option<http::StatusCode> {
     use http_body_util::BodyExt as _;

@@ -21,7 +21,8 @@ fn the_standalone_quickstart_works_as_printed() {
     let script: String =
         block.lines().filter(|l| !l.starts_with("```") && !l.starts_with("cargo build")).collect::<Vec<_>>().join("\n");
 
-    let bin_dir = Path::new(env!("CARGO_BIN_EXE_waycast-mock-upstream")).parent().unwrap().to_path_buf();
+    let bin_dir =
+        waycast_e2e::process::workspace_binary("waycast-mock-upstream").unwrap().parent().unwrap().to_path_buf();
     let gateway = bin_dir.join("waycast-gateway");
     assert!(
         gateway.is_file(),
@@ -31,7 +32,7 @@ fn the_standalone_quickstart_works_as_printed() {
     let loopback = "127.0.0.1".parse().unwrap();
     let (upstream, public, admin) =
         (free_port(loopback).unwrap(), free_port(loopback).unwrap(), free_port(loopback).unwrap());
-    let dir = waycast_e2e::fixture::temp_dir("readme");
+    let dir = waycast_mock::fixtures::temp_dir("readme");
     let example = std::fs::read_to_string(repo().join("examples/standalone/gateway.yaml")).unwrap();
     let config = dir.join("gateway.yaml");
     std::fs::write(&config, example.replace("127.0.0.1:8000", &format!("127.0.0.1:{upstream}"))).unwrap();

@@ -22,8 +22,8 @@ use waycast_crds::{ApiKey, Gateway, ModelEndpoint};
 use waycast_e2e::bench::scale;
 use waycast_e2e::bench::sink::{self, SinkOptions};
 use waycast_e2e::control_plane::free_port;
-use waycast_e2e::fixture;
 use waycast_e2e::harness::{condition_true, shared_cluster, test_namespace};
+use waycast_mock::fixtures as fixture;
 
 struct Process(Child);
 

@@ -142,7 +142,7 @@ async fn wait_for(address: SocketAddr, request: &[u8], deadline: Duration) -> an
 
 /// The gateway config: one model to the sink, one key, access log on.
 pub fn gateway_config(sink: SocketAddr, limits: bool) -> anyhow::Result<Vec<u8>> {
-    let mut key = json!({"id": "bench/load", "sha256": crate::fixture::sha256_hex(SUITE_KEY)});
+    let mut key = json!({"id": "bench/load", "sha256": waycast_mock::fixtures::sha256_hex(SUITE_KEY)});
     if limits {
         key["limits"] = json!({"requestsPerMinute": 1_000_000_000_u64, "tokensPerMinute": 1_000_000_000_000_u64});
     }
@@ -259,7 +259,7 @@ pub fn scenarios(scale: f64) -> Vec<(String, String, Scenario)> {
 /// # Errors
 /// A process cannot start or answer.
 pub async fn run(options: SuiteOptions) -> anyhow::Result<SuiteReport> {
-    let dir = crate::fixture::temp_dir("bench");
+    let dir = waycast_mock::fixtures::temp_dir("bench");
     let sink = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port(Ipv4Addr::LOCALHOST.into())?));
     let sink_process = Process(
         pinned(options.load_cpu, &options.bench)

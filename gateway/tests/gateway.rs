@@ -3,13 +3,16 @@
 
 #![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
 
+mod support;
+
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt as _, Full};
 use serde_json::Value;
-use waycast_e2e::fixture::{ALICE_KEY, BOB_KEY, DISABLED_KEY, EXPIRED_KEY, Fixture, FixtureOptions, UPSTREAM_SECRET};
+use support::{Fixture, FixtureOptions};
+use waycast_mock::fixtures::{ALICE_KEY, BOB_KEY, DISABLED_KEY, EXPIRED_KEY, UPSTREAM_SECRET};
 
 const CHAT: &str = r#"{"model":"llama3","messages":[{"role":"user","content":"hi"}]}"#;
 

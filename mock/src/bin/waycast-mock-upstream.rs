@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use waycast_e2e::mock_upstream::{self, MockOptions, Recorder};
+use waycast_mock::upstream::{self as mock_upstream, MockOptions, Recorder};
 
 fn main() -> ExitCode {
     let mut listen: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 8000));

@@ -4,12 +4,15 @@
 
 #![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
 
+mod support;
+
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
 use serde_json::Value;
+use support::{Fixture, FixtureOptions};
 use waycast_crds::config::LimitsConfig;
-use waycast_e2e::fixture::{ALICE_KEY, BOB_KEY, Fixture, FixtureOptions};
+use waycast_mock::fixtures::{ALICE_KEY, BOB_KEY};
 
 const CHAT: &str = r#"{"model":"llama3","messages":[{"role":"user","content":"hi"}]}"#;
 

@@ -3,6 +3,8 @@
 
 #![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
 
+mod support;
+
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -10,8 +12,9 @@ use http::StatusCode;
 use http_body_util::BodyExt as _;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use waycast_e2e::fixture::{self, ALICE_KEY, BOB_KEY, GatewayProcess};
-use waycast_e2e::mock_upstream::{self, MockOptions};
+use support::GatewayProcess;
+use waycast_mock::fixtures::{self as fixture, ALICE_KEY, BOB_KEY};
+use waycast_mock::upstream::{self as mock_upstream, MockOptions};
 
 #[tokio::test]
 async fn sigterm_drains_and_sighup_reloads() {

@@ -3,6 +3,8 @@
 
 #![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
 
+mod support;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,8 +14,9 @@ use http::{StatusCode, Version};
 use http_body_util::{BodyExt as _, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use waycast_e2e::fixture::{self, ALICE_KEY, Fixture, FixtureOptions};
-use waycast_e2e::pki::{Authority, Usage};
+use support::{Fixture, FixtureOptions};
+use waycast_mock::fixtures::{self as fixture, ALICE_KEY};
+use waycast_mock::pki::{Authority, Usage};
 
 const CHAT: &str = r#"{"model":"mistral-7b","messages":[]}"#;
 

@@ -1,9 +1,11 @@
-//! A gateway and a mock upstream on ephemeral loopback ports, in-process,
-//! with a config file the test can rewrite — the setup of every gateway test.
+//! The gateway in-process (or as its own binary) in front of the mock
+//! upstream, on ephemeral loopback ports, with a config file the test can
+//! rewrite — the setup of every gateway test.
+
+#![allow(dead_code, reason = "each test binary uses part of the support module")]
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -13,64 +15,9 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use waycast_crds::GatewayConfig;
-use waycast_crds::config::{BackendConfig, KeyConfig, ModelConfig, TimeoutsConfig};
 use waycast_gateway::{ConfigSource, GatewayOptions, RunningGateway};
-
-use crate::mock_upstream::{self, MockOptions, MockUpstream};
-
-/// Alice may use every model.
-pub const ALICE_KEY: &str = "wc_alice_test_key_0123456789abcdefghijklmnop";
-/// Bob may use `mistral-*` only.
-pub const BOB_KEY: &str = "wc_bob_test_key_0123456789abcdefghijklmnopqr";
-/// Expired in 2020.
-pub const EXPIRED_KEY: &str = "wc_expired_test_key_0123456789abcdefghijklm";
-/// Disabled.
-pub const DISABLED_KEY: &str = "wc_disabled_test_key_0123456789abcdefghijkl";
-/// The upstream credential the gateway injects.
-pub const UPSTREAM_SECRET: &str = "upstream-secret-value";
-
-/// Lowercase hex SHA-256.
-pub fn sha256_hex(text: &str) -> String {
-    waycast_crds::digest::sha256_hex(text.as_bytes())
-}
-
-fn key(id: &str, text: &str) -> KeyConfig {
-    KeyConfig { id: id.into(), sha256: sha256_hex(text), models: None, expires_at: None, disabled: false, limits: None }
-}
-
-fn model(name: &str, aliases: &[&str], url: &str) -> ModelConfig {
-    ModelConfig {
-        name: name.into(),
-        aliases: aliases.iter().map(|a| (*a).to_owned()).collect(),
-        backends: vec![BackendConfig { url: url.into(), model: None, weight: 1, headers: Default::default() }],
-        timeouts: TimeoutsConfig::default(),
-        limits: None,
-        source: None,
-        key_namespaces: None,
-        // The mock upstream is driven by x-mock-* request headers.
-        forward_headers: vec!["x-mock-*".into()],
-        output_token_reservation: None,
-    }
-}
-
-/// The config every gateway test starts from: three models on the mock
-/// (one with a model rewrite and an injected credential) and four keys.
-pub fn default_config(upstream: &str) -> GatewayConfig {
-    let mut llama = model("llama-3.1-8b", &["llama3"], upstream);
-    llama.backends[0].model = Some("meta-llama/Llama-3.1-8B-Instruct".into());
-    llama.backends[0].headers.insert("authorization".into(), format!("Bearer {UPSTREAM_SECRET}"));
-    let mut bob = key("team-b/bob", BOB_KEY);
-    bob.models = Some(vec!["mistral-*".into()]);
-    let mut expired = key("team-a/expired", EXPIRED_KEY);
-    expired.expires_at = "2020-01-01T00:00:00Z".parse().ok();
-    let mut disabled = key("team-a/disabled", DISABLED_KEY);
-    disabled.disabled = true;
-    GatewayConfig {
-        models: vec![llama, model("mistral-7b", &[], upstream), model("embed-small", &[], upstream)],
-        keys: vec![key("team-a/alice", ALICE_KEY), bob, expired, disabled],
-        ..GatewayConfig::empty()
-    }
-}
+use waycast_mock::fixtures::{default_config, post_request, temp_dir};
+use waycast_mock::upstream::{self as mock_upstream, MockOptions, MockUpstream};
 
 /// A running gateway in front of a running mock.
 pub struct Fixture {
@@ -118,19 +65,6 @@ impl Default for FixtureOptions {
             tls: None,
         }
     }
-}
-
-/// A fresh temporary directory for one test.
-pub fn temp_dir(prefix: &str) -> PathBuf {
-    static COUNTER: AtomicU32 = AtomicU32::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "waycast-{prefix}-{}-{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
 }
 
 impl Fixture {
@@ -294,10 +228,9 @@ impl GatewayProcess {
         let config_path = dir.join("gateway.yaml");
         write_atomically(&config_path, serde_yaml_ng::to_string(config).expect("yaml").as_bytes());
         let loopback = std::net::IpAddr::from([127, 0, 0, 1]);
-        let port = || crate::control_plane::free_port(loopback).expect("a free port");
+        let port = || waycast_mock::fixtures::free_port(loopback).expect("a free port");
         let (public, admin) = (SocketAddr::new(loopback, port()), SocketAddr::new(loopback, port()));
-        let binary = crate::process::workspace_binary("waycast-gateway").expect("the gateway binary");
-        let child = tokio::process::Command::new(binary)
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_waycast-gateway"))
             .args(["--config-file", &config_path.display().to_string()])
             .args(["--listen", &public.to_string(), "--admin-listen", &admin.to_string()])
             .args(args)
@@ -388,18 +321,6 @@ impl Drop for GatewayProcess {
 /// The value of one series in a Prometheus text exposition.
 fn metric_value(text: &str, series: &str) -> Option<f64> {
     text.lines().find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
-}
-
-/// A POST with JSON and an optional bearer key.
-///
-/// # Panics
-/// On an invalid URL.
-pub fn post_request(url: &str, key: Option<&str>, body: &str) -> Request<Full<Bytes>> {
-    let mut builder = Request::post(url).header("content-type", "application/json");
-    if let Some(key) = key {
-        builder = builder.header("authorization", format!("Bearer {key}"));
-    }
-    builder.body(Full::new(Bytes::from(body.to_owned()))).expect("request")
 }
 
 fn write_atomically(path: &PathBuf, bytes: &[u8]) {

@@ -4,6 +4,8 @@
 
 #![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
 
+mod support;
+
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -11,10 +13,11 @@ use std::time::{Duration, Instant};
 
 use http::StatusCode;
 use serde_json::Value;
+use support::{Fixture, FixtureOptions};
 use waycast_crds::config::{ClientTlsConfig, LimitsConfig, RedisConfig};
-use waycast_e2e::control_plane::free_port;
-use waycast_e2e::fixture::{ALICE_KEY, Fixture, FixtureOptions, temp_dir};
-use waycast_e2e::pki::{Authority, PemFiles, Usage};
+use waycast_mock::fixtures::free_port;
+use waycast_mock::fixtures::{ALICE_KEY, temp_dir};
+use waycast_mock::pki::{Authority, PemFiles, Usage};
 
 const CHAT: &str = r#"{"model":"llama3","messages":[{"role":"user","content":"hi"}]}"#;
 const PASSWORD: &str = "redis-test-password";

@@ -4,22 +4,26 @@
 
 #![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
 
+mod support;
+
 use std::path::Path;
 use std::process::Command;
 
-use waycast_e2e::fixture::{ALICE_KEY, Fixture, FixtureOptions};
+use support::{Fixture, FixtureOptions};
+use waycast_mock::fixtures::ALICE_KEY;
 
 #[tokio::test]
 async fn the_official_python_sdk_works_unchanged() {
-    let scripts = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let setup = Command::new("bash").arg(scripts.join("scripts/python-env.sh")).output().unwrap();
+    let tests = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let scripts = Path::new(env!("CARGO_MANIFEST_DIR")).join("../e2e/scripts");
+    let setup = Command::new("bash").arg(scripts.join("python-env.sh")).output().unwrap();
     assert!(setup.status.success(), "python env setup failed: {}", String::from_utf8_lossy(&setup.stderr));
     let python = String::from_utf8(setup.stdout).unwrap().trim().to_owned();
 
     let fixture = Fixture::start(FixtureOptions::default(), |_, _| {}).await;
     let base_url = fixture.url("/v1");
     let output = tokio::task::spawn_blocking(move || {
-        Command::new(python).arg(scripts.join("tests/openai_sdk.py")).args([&base_url, ALICE_KEY]).output().unwrap()
+        Command::new(python).arg(tests.join("openai_sdk.py")).args([&base_url, ALICE_KEY]).output().unwrap()
     })
     .await
     .unwrap();

@@ -3,6 +3,8 @@
 
 #![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
 
+mod support;
+
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -11,11 +13,12 @@ use bytes::Bytes;
 use http::StatusCode;
 use http_body_util::BodyExt as _;
 use serde_json::Value;
+use support::{Fixture, FixtureOptions};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use waycast_crds::config::BackendConfig;
-use waycast_e2e::fixture::{self, ALICE_KEY, Fixture, FixtureOptions};
 use waycast_gateway::Drained;
+use waycast_mock::fixtures::{self as fixture, ALICE_KEY};
 
 const CHAT: &str = r#"{"model":"mistral-7b","messages":[{"role":"user","content":"hi"}]}"#;
 const STREAM_CHAT: &str = r#"{"model":"mistral-7b","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;

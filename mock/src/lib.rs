@@ -1,0 +1,12 @@
+//! waycast's test doubles and the test material that talks to them: the
+//! mock OpenAI-compatible inference upstream (`upstream`, also the
+//! `waycast-mock-upstream` binary the e2e node runs as a pod), an upstream
+//! that misbehaves on purpose (`hostile`), the keys and config every gateway
+//! test starts from (`fixtures`) and throwaway certificates (`pki`).
+//!
+//! Mocks only the inference upstream: everything else in the tests is real.
+
+pub mod fixtures;
+pub mod hostile;
+pub mod pki;
+pub mod upstream;
