@@ -20,6 +20,7 @@ pub mod docs;
 pub mod duration;
 pub mod egress;
 pub mod gateway;
+pub mod gateway_pod;
 pub mod heartbeat;
 pub mod model_endpoint;
 pub mod validate;

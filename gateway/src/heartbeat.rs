@@ -16,10 +16,12 @@ use kube::{Api, Client};
 
 use crate::Shared;
 
+use waycast_crds::gateway_pod::env;
 pub use waycast_crds::heartbeat::GATEWAY_LABEL;
 use waycast_crds::heartbeat::{REFUSED_HASH_ANNOTATION, REFUSED_REASON_ANNOTATION};
 
 use crate::config::Refused;
+
 /// Renewal interval when nothing changes.
 pub const RENEW: Duration = Duration::from_secs(5);
 /// How often the served config is checked for a change.
@@ -44,10 +46,10 @@ impl PodIdentity {
     pub fn from_env() -> Option<Self> {
         let get = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
         Some(Self {
-            namespace: get("POD_NAMESPACE")?,
-            pod: get("POD_NAME")?,
-            uid: get("POD_UID")?,
-            gateway: get("WAYCAST_GATEWAY")?,
+            namespace: get(env::POD_NAMESPACE)?,
+            pod: get(env::POD_NAME)?,
+            uid: get(env::POD_UID)?,
+            gateway: get(env::GATEWAY)?,
         })
     }
 }

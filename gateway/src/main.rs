@@ -21,6 +21,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use waycast_crds::gateway_pod::flag;
 use waycast_gateway::{ConfigSource, Drained, GatewayOptions};
 
 #[derive(Parser, Debug)]
@@ -29,25 +30,25 @@ struct Args {
     #[command(subcommand)]
     command: Option<Command>,
     /// Public listener.
-    #[arg(long, env = "WAYCAST_LISTEN", default_value = "0.0.0.0:8080")]
+    #[arg(long = flag::LISTEN, env = "WAYCAST_LISTEN", default_value = "0.0.0.0:8080")]
     listen: SocketAddr,
     /// Admin listener: /metrics, /healthz, /readyz.
-    #[arg(long, env = "WAYCAST_ADMIN_LISTEN", default_value = "0.0.0.0:9090")]
+    #[arg(long = flag::ADMIN_LISTEN, env = "WAYCAST_ADMIN_LISTEN", default_value = "0.0.0.0:9090")]
     admin_listen: SocketAddr,
     /// A YAML or JSON GatewayConfig file, reloaded when it changes and on SIGHUP.
     #[arg(long, env = "WAYCAST_CONFIG_FILE", conflicts_with = "config_secret")]
     config_file: Option<PathBuf>,
     /// A Secret NAMESPACE/NAME holding the config, followed through the Kubernetes API.
-    #[arg(long, env = "WAYCAST_CONFIG_SECRET", value_parser = parse_secret_ref)]
+    #[arg(long = flag::CONFIG_SECRET, env = "WAYCAST_CONFIG_SECRET", value_parser = parse_secret_ref)]
     config_secret: Option<(String, String)>,
     /// PEM certificate chain for TLS (re-read when it changes).
-    #[arg(long, env = "WAYCAST_TLS_CERT", requires = "tls_key")]
+    #[arg(long = flag::TLS_CERT, env = "WAYCAST_TLS_CERT", requires = "tls_key")]
     tls_cert: Option<PathBuf>,
     /// PEM private key for TLS.
-    #[arg(long, env = "WAYCAST_TLS_KEY", requires = "tls_cert")]
+    #[arg(long = flag::TLS_KEY, env = "WAYCAST_TLS_KEY", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
     /// How long in-flight requests and streams may run after SIGTERM.
-    #[arg(long, env = "WAYCAST_DRAIN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    #[arg(long = flag::DRAIN_TIMEOUT, env = "WAYCAST_DRAIN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     drain_timeout: Duration,
     /// How long a client may take to send its request body.
     #[arg(long, env = "WAYCAST_BODY_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
@@ -57,14 +58,14 @@ struct Args {
     header_timeout: Duration,
     /// Most client connections open at once; more are closed as they
     /// arrive (and counted).
-    #[arg(long, env = "WAYCAST_MAX_CONNECTIONS", default_value_t = waycast_gateway::DEFAULT_MAX_CONNECTIONS)]
+    #[arg(long = flag::MAX_CONNECTIONS, env = "WAYCAST_MAX_CONNECTIONS", default_value_t = waycast_gateway::DEFAULT_MAX_CONNECTIONS)]
     max_connections: usize,
     /// How long a client connection may stay open with no request in
     /// flight (HTTP/2 above all: HTTP/1 keep-alive ends at the header timeout).
     #[arg(long, env = "WAYCAST_IDLE_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
     idle_timeout: Duration,
     /// Log filter (error, warn, info, debug, trace, or a tracing directive).
-    #[arg(long, env = "WAYCAST_LOG", default_value = "info")]
+    #[arg(long = flag::LOG, env = "WAYCAST_LOG", default_value = "info")]
     log: String,
 }
 

@@ -16,6 +16,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt as _;
 use waycast_crds::Gateway;
 use waycast_crds::gateway::LogLevel;
+use waycast_crds::gateway_pod::{arg, env, flag};
 
 use super::{
     ADMIN_PORT, DRAIN_SECONDS, PRE_STOP_SECONDS, PUBLIC_PORT, RenderSettings, config_secret_name, owned_meta,
@@ -65,27 +66,27 @@ pub fn deployment(gateway: &Gateway, settings: &RenderSettings) -> Deployment {
     };
     let namespace = gateway.namespace().unwrap_or_default();
     let mut args = vec![
-        "--config-secret".to_owned(),
+        arg(flag::CONFIG_SECRET),
         format!("{namespace}/{}", config_secret_name(gateway)),
-        "--listen".to_owned(),
+        arg(flag::LISTEN),
         format!("0.0.0.0:{PUBLIC_PORT}"),
-        "--admin-listen".to_owned(),
+        arg(flag::ADMIN_LISTEN),
         format!("0.0.0.0:{ADMIN_PORT}"),
-        "--drain-timeout".to_owned(),
+        arg(flag::DRAIN_TIMEOUT),
         format!("{DRAIN_SECONDS}s"),
-        "--log".to_owned(),
+        arg(flag::LOG),
         level.to_owned(),
     ];
     if let Some(max) = spec.limits.as_ref().and_then(|l| l.max_connections) {
-        args.extend(["--max-connections".to_owned(), max.to_string()]);
+        args.extend([arg(flag::MAX_CONNECTIONS), max.to_string()]);
     }
     let mut volumes = Vec::new();
     let mut mounts = Vec::new();
     if let Some(tls) = &spec.tls {
         args.extend([
-            "--tls-cert".to_owned(),
+            arg(flag::TLS_CERT),
             format!("{TLS_MOUNT}/tls.crt"),
-            "--tls-key".to_owned(),
+            arg(flag::TLS_KEY),
             format!("{TLS_MOUNT}/tls.key"),
         ]);
         volumes.push(Volume {
@@ -108,12 +109,12 @@ pub fn deployment(gateway: &Gateway, settings: &RenderSettings) -> Deployment {
         ..EnvVarSource::default()
     };
     // Who the pod is, for its heartbeat Lease.
-    let mut env: Vec<EnvVar> = ["POD_NAME:metadata.name", "POD_NAMESPACE:metadata.namespace", "POD_UID:metadata.uid"]
-        .iter()
-        .filter_map(|pair| pair.split_once(':'))
-        .map(|(name, path)| EnvVar { name: name.into(), value_from: Some(field(path)), ..EnvVar::default() })
-        .collect();
-    env.push(EnvVar { name: "WAYCAST_GATEWAY".into(), value: Some(gateway.name_any()), ..EnvVar::default() });
+    let mut env: Vec<EnvVar> =
+        [(env::POD_NAME, "metadata.name"), (env::POD_NAMESPACE, "metadata.namespace"), (env::POD_UID, "metadata.uid")]
+            .into_iter()
+            .map(|(name, path)| EnvVar { name: name.into(), value_from: Some(field(path)), ..EnvVar::default() })
+            .collect();
+    env.push(EnvVar { name: env::GATEWAY.into(), value: Some(gateway.name_any()), ..EnvVar::default() });
     let probe = |path: &str, period: i32| Probe {
         http_get: Some(HTTPGetAction {
             path: Some(path.into()),
