@@ -22,6 +22,7 @@
 //! config snapshot and is carried from one snapshot to the next by key and
 //! model id, so a config change does not reset a limit.
 
+mod charge;
 pub mod fleet;
 pub mod gcra;
 pub mod redis;
@@ -36,6 +37,7 @@ use http::HeaderMap;
 use http::header::{HeaderName, HeaderValue};
 use waycast_crds::config::LimitsConfig;
 
+pub use charge::{Charge, DEFAULT_OUTPUT_RESERVATION, PROMPT_ALLOWANCE, Reservation};
 pub use gcra::Verdict;
 use redis::{RedisCounter, ScriptLimiter, StoreError};
 
@@ -228,92 +230,6 @@ impl Refusal {
             (Owner::Model, Unit::Requests) => "model_requests",
             (Owner::Model, Unit::Tokens) => "model_tokens",
         }
-    }
-}
-
-/// The output reserved for a request that names no bound and whose model
-/// sets no `outputTokenReservation`.
-pub const DEFAULT_OUTPUT_RESERVATION: u64 = 1024;
-
-/// Prompt tokens a response may report beyond one per request byte (images
-/// and tool definitions count more tokens than their bytes).
-pub const PROMPT_ALLOWANCE: u64 = 8192;
-
-/// What a request reserves against token limits.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Reservation {
-    /// Tokens reserved: prompt estimate + output bound.
-    pub tokens: u64,
-    /// The request body's size.
-    pub request_bytes: u64,
-    /// The output bound in it.
-    pub output: u64,
-}
-
-impl Reservation {
-    /// For a body of `request_bytes` asking for at most `max_tokens` (or,
-    /// without, the model's `default_output`).
-    pub fn for_request(request_bytes: usize, max_tokens: Option<u64>, default_output: Option<u64>) -> Self {
-        let request_bytes = u64::try_from(request_bytes).unwrap_or(u64::MAX);
-        let output = max_tokens.or(default_output).unwrap_or(DEFAULT_OUTPUT_RESERVATION);
-        Self { tokens: request_bytes.div_ceil(4).saturating_add(output), request_bytes, output }
-    }
-
-    /// The tokens a finished response is charged: its reported `usage`
-    /// (prompt, completion) capped at what is plausible — a prompt token per
-    /// request byte plus [`PROMPT_ALLOWANCE`], a completion token per byte
-    /// relayed — or, without usage, an estimate: the prompt estimate plus a
-    /// token per four bytes relayed, at most the output reserved.
-    pub fn used(&self, usage: Option<(u64, u64)>, relayed_bytes: u64) -> u64 {
-        match usage {
-            Some((prompt, completion)) => prompt
-                .min(self.request_bytes.saturating_add(PROMPT_ALLOWANCE))
-                .saturating_add(completion.min(relayed_bytes)),
-            None => self.request_bytes.div_ceil(4).saturating_add(relayed_bytes.div_ceil(4).min(self.output)),
-        }
-    }
-}
-
-/// The token limiters an admitted request reserved its tokens with, to
-/// settle once the response has ended.
-#[derive(Debug, Clone)]
-pub struct Charge {
-    /// Each local token limiter and the window (ns) reserved in it.
-    reserved: Vec<(Arc<LimitSet>, u64)>,
-    shares: u32,
-    /// What was reserved, in tokens.
-    pub reservation: Reservation,
-    /// Counted in Redis: the counter and the token limiters' Redis keys
-    /// with their limits (the reservation is the same in each).
-    redis: Option<RedisCharge>,
-}
-
-/// The counter and the token limiters (Redis key, limit) to charge in it.
-type RedisCharge = (Arc<RedisCounter>, Vec<(String, u64)>);
-
-impl Charge {
-    /// Settles the reservation: charges what `used` (tokens) exceeds it
-    /// by, or gives back what was not used. Returns the tokens charged in all.
-    pub fn settle(&self, used: u64) -> u64 {
-        if let Some((counter, limiters)) = &self.redis {
-            let limiters: Vec<(&str, u64)> = limiters.iter().map(|(key, limit)| (key.as_str(), *limit)).collect();
-            let delta = i128::from(used) - i128::from(self.reservation.tokens);
-            counter.settle(&limiters, delta);
-            return used;
-        }
-        let now = now_nanos();
-        for (set, reserved_cost) in &self.reserved {
-            let Some(limiter) = &set.tokens else { continue };
-            let unit = gcra::unit_cost(limiter.per_minute, self.shares);
-            let used_cost = unit.saturating_mul(used);
-            if used_cost >= *reserved_cost {
-                let more = (used_cost - reserved_cost) / unit;
-                limiter.charge(now, more, self.shares);
-            } else {
-                limiter.refund(reserved_cost - used_cost);
-            }
-        }
-        used
     }
 }
 
@@ -542,143 +458,4 @@ pub fn duration_text(nanos: u64) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn set(requests: Option<u64>, tokens: Option<u64>) -> Arc<LimitSet> {
-        Arc::new(LimitSet::new(&LimitsConfig { requests_per_minute: requests, tokens_per_minute: tokens }, None))
-    }
-
-    #[test]
-    fn a_key_gets_its_limit_and_then_a_refusal_with_headers() {
-        let key = set(Some(3), None);
-        for left in [2, 1, 0] {
-            let admitted = admit(Some(&key), None, 1, Reservation::default(), None).unwrap();
-            assert_eq!(admitted.headers.requests.map(|(l, v)| (l, v.remaining)), Some((3, left)));
-            assert!(admitted.charge.is_none(), "no token limit: nothing to charge");
-        }
-        let refusal = admit(Some(&key), None, 1, Reservation::default(), None).unwrap_err();
-        assert_eq!((refusal.owner, refusal.unit, refusal.limit), (Owner::Key, Unit::Requests, 3));
-        assert!(refusal.retry_after_nanos > 19_000_000_000 && refusal.retry_after_nanos <= 20_000_000_000);
-        let mut headers = HeaderMap::new();
-        refusal.apply(&mut headers);
-        assert_eq!(headers["retry-after"], "20");
-        assert_eq!(headers["x-ratelimit-limit-requests"], "3");
-        assert_eq!(headers["x-ratelimit-remaining-requests"], "0");
-        assert!(headers["x-ratelimit-reset-requests"].to_str().unwrap().ends_with('s'));
-    }
-
-    #[test]
-    fn a_refusal_by_the_model_does_not_use_up_the_key() {
-        let key = set(Some(2), None);
-        let model = set(Some(1), None);
-        let none = Reservation::default();
-        admit(Some(&key), Some(&model), 1, none, None).unwrap();
-        let refusal = admit(Some(&key), Some(&model), 1, none, None).unwrap_err();
-        assert_eq!(refusal.owner, Owner::Model);
-        // The key still has its second request.
-        assert_eq!(admit(Some(&key), None, 1, none, None).unwrap().headers.requests.map(|(_, v)| v.remaining), Some(0));
-    }
-
-    fn reserve(tokens: u64) -> Reservation {
-        Reservation { tokens, request_bytes: 0, output: tokens }
-    }
-
-    #[test]
-    fn tokens_are_reserved_then_settled() {
-        let key = set(None, Some(100));
-        let admitted = admit(Some(&key), None, 1, reserve(40), None).unwrap();
-        assert_eq!(admitted.headers.tokens.map(|(_, v)| v.remaining), Some(60), "reserved at admission");
-        let charge = admitted.charge.expect("a token limit wants the usage");
-        charge.settle(10);
-        let after = admit(Some(&key), None, 1, reserve(0), None).unwrap();
-        assert_eq!(after.headers.tokens.map(|(_, v)| v.remaining), Some(90), "30 of the 40 given back");
-        after.charge.unwrap().settle(150);
-        let refusal = admit(Some(&key), None, 1, reserve(1), None).unwrap_err();
-        assert_eq!(refusal.unit, Unit::Tokens);
-        assert_eq!(refusal.headers.tokens.map(|(l, v)| (l, v.remaining)), Some((100, 0)));
-    }
-
-    /// Twenty parallel requests on a 1,000-tokens-per-minute key, each
-    /// reserving 100 and using 500: only what fits is admitted, so the
-    /// overshoot is bounded by what the admitted ones use beyond their
-    /// reservations, not by the number of requests.
-    #[test]
-    fn parallel_requests_cannot_all_pass_one_budget() {
-        let key = set(None, Some(1000));
-        let admitted: Vec<Charge> =
-            (0..20).filter_map(|_| admit(Some(&key), None, 1, reserve(100), None).ok()?.charge).collect();
-        assert_eq!(admitted.len(), 10, "1,000 tokens hold ten reservations of 100");
-        let with_max_tokens: Vec<_> =
-            (0..20).filter_map(|_| admit(Some(&key), None, 1, reserve(100), None).ok()).collect();
-        assert!(with_max_tokens.is_empty(), "nothing left until they settle");
-        for charge in &admitted {
-            charge.settle(100);
-        }
-        assert!(admit(Some(&key), None, 1, reserve(1), None).is_err(), "used as reserved: still full");
-    }
-
-    /// The key's request is counted before the body is read; a later
-    /// refusal (here the model's) gives it back.
-    #[test]
-    fn a_request_counted_early_is_merged_or_given_back() {
-        let key = set(Some(2), None);
-        let model = set(Some(1), None);
-        let counted = count_key_request(Some(&key), 1).unwrap().expect("a request limit");
-        let admitted = admit(Some(&key), Some(&model), 1, Reservation::default(), Some(&counted)).unwrap();
-        assert_eq!(admitted.headers.requests.map(|(_, v)| v.remaining), Some(0), "the model's, the tighter");
-        let counted = count_key_request(Some(&key), 1).unwrap().expect("the key's second request");
-        let refusal = admit(Some(&key), Some(&model), 1, Reservation::default(), Some(&counted)).unwrap_err();
-        assert_eq!(refusal.owner, Owner::Model);
-        assert!(count_key_request(Some(&key), 1).is_ok(), "the key's second request was given back");
-        assert_eq!(count_key_request(Some(&key), 1).unwrap_err().owner, Owner::Key);
-        assert!(count_key_request(None, 1).unwrap().is_none());
-    }
-
-    #[test]
-    fn a_reservation_larger_than_the_limit_is_admitted_on_a_full_bucket() {
-        let key = set(None, Some(100));
-        assert!(admit(Some(&key), None, 1, reserve(10_000), None).is_ok());
-        assert!(admit(Some(&key), None, 1, reserve(1), None).is_err());
-    }
-
-    #[test]
-    fn usage_is_capped_and_estimated() {
-        let reservation = Reservation::for_request(400, Some(50), None);
-        assert_eq!(reservation.tokens, 150);
-        assert_eq!(Reservation::for_request(400, None, Some(7)).output, 7);
-        assert_eq!(Reservation::for_request(400, None, None).output, DEFAULT_OUTPUT_RESERVATION);
-        // Reported: taken as it is when plausible, capped when not.
-        assert_eq!(reservation.used(Some((90, 40)), 2000), 130);
-        assert_eq!(reservation.used(Some((u64::MAX, u64::MAX)), 2000), 400 + PROMPT_ALLOWANCE + 2000);
-        // Not reported: the prompt estimate and a token per 4 bytes relayed, at most the output bound.
-        assert_eq!(reservation.used(None, 80), 100 + 20);
-        assert_eq!(reservation.used(None, 1_000_000), 100 + 50);
-    }
-
-    #[test]
-    fn a_pods_share_is_its_part_of_the_limit() {
-        let key = set(Some(30), None);
-        let admitted = (0..30).filter(|_| admit(Some(&key), None, 3, Reservation::default(), None).is_ok()).count();
-        assert_eq!(admitted, 10);
-    }
-
-    #[test]
-    fn state_carries_over_to_the_next_snapshot() {
-        let key = set(Some(1), None);
-        admit(Some(&key), None, 1, Reservation::default(), None).unwrap();
-        let next = Arc::new(LimitSet::new(
-            &LimitsConfig { requests_per_minute: Some(1), tokens_per_minute: None },
-            Some(&key),
-        ));
-        assert!(admit(Some(&next), None, 1, Reservation::default(), None).is_err());
-    }
-
-    #[test]
-    fn durations_read_like_openais() {
-        assert_eq!(duration_text(20_000_000), "20ms");
-        assert_eq!(duration_text(1_000_000_000), "1s");
-        assert_eq!(duration_text(1_000_000_001), "2s");
-        assert_eq!(duration_text(360_000_000_000), "6m0s");
-    }
-}
+mod tests;

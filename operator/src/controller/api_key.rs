@@ -12,12 +12,9 @@ use kube::api::{ObjectMeta, PostParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, Resource, ResourceExt as _};
-use waycast_crds::condition::{reasons, types};
-use waycast_crds::{ApiKey, ApiKeyStatus};
+use waycast_crds::ApiKey;
 
-use super::{
-    CONCURRENCY, RESYNC, decided, error_policy, parents_of, programmed_condition, programmed_on, reason_of, succeeded,
-};
+use super::{CONCURRENCY, RESYNC, decided, error_policy, parents_of, programmed_on, succeeded};
 use crate::apply::{bounded, patch_status};
 use crate::compile::{ObjectKey, keys, select};
 use crate::context::{Context, emit_transitions};
@@ -80,18 +77,15 @@ pub(crate) async fn ensure_generated_secret(client: &Client, api_key: &ApiKey, s
 }
 
 pub(crate) async fn reconcile_api_key(api_key: Arc<ApiKey>, context: Arc<Context>) -> Result<Action, Error> {
-    let client = &context.client;
     let id = ObjectKey::of(&api_key.metadata);
     let now = jiff::Timestamp::now();
     let namespaces: Vec<Arc<Namespace>> = context.stores.namespaces.state();
     let namespaces: Vec<&Namespace> = namespaces.iter().map(AsRef::as_ref).collect();
-    let mut served_by = Vec::new();
-    let mut verdict = None;
-    let mut programmed = (0, true);
     let gateways = context.stores.gateways.state();
     let parents =
         parents_of(&gateways, select::Kind::ApiKeys, api_key.as_ref(), &api_key.spec.parent_refs, &namespaces);
-    let mut entries = parents.refused;
+    let mut programmed = (0, true);
+    let mut decided_by = Vec::new();
     for gateway in parents.admitted {
         programmed.0 += 1;
         programmed.1 &= programmed_on(&context, gateway, &id, api_key.metadata.generation, false).await;
@@ -105,59 +99,13 @@ pub(crate) async fn reconcile_api_key(api_key: Arc<ApiKey>, context: Arc<Context
             // announces this key when it has.
             return Ok(Action::await_change());
         };
-        let gateway_id = format!("{}/{}", gateway.namespace().unwrap_or_default(), gateway.name_any());
-        if found.verdict.accepted {
-            served_by.push(gateway_id.clone());
-        }
-        entries.push(waycast_crds::common::GatewayAcceptance {
-            gateway: gateway_id,
-            accepted: found.verdict.accepted,
-            reason: found.verdict.reason.to_owned(),
-            message: found.verdict.message.to_string(),
-        });
-        if verdict.is_none() || found.verdict.accepted {
-            verdict = Some(found);
-        }
+        decided_by.push((format!("{}/{}", gateway.namespace().unwrap_or_default(), gateway.name_any()), found));
     }
-    entries.sort_by(|a, b| a.gateway.cmp(&b.gateway));
-    let (secret_name, _) = keys::key_source(&api_key);
-    let (ready, reason, message, prefix) = match (&verdict, entries.first()) {
-        (Some(found), _) => {
-            (found.verdict.accepted, found.verdict.reason, found.verdict.message.to_string(), found.key_prefix.clone())
-        }
-        (None, Some(entry)) => (false, reason_of(&entry.reason), format!("{}: {}", entry.gateway, entry.message), None),
-        (None, None) => (false, reasons::NO_GATEWAY, "no Gateway selects this key".to_owned(), None),
-    };
-    let generation = api_key.metadata.generation;
-    let previous = api_key.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
-    served_by.sort();
-    let programmed_condition = programmed_condition(&previous, programmed, generation, now);
-    let new_status = ApiKeyStatus {
-        conditions: vec![
-            status::condition(&previous, types::READY, ready, reason, message, generation, now),
-            programmed_condition,
-        ],
-        secret_name: Some(secret_name),
-        key_prefix: prefix,
-        limits: if ready { api_key.spec.limits.clone() } else { None },
-        gateways: served_by,
-        parents: entries,
-        observed_generation: generation,
-    };
-    let old = api_key.status.clone().unwrap_or_default();
-    let changed = status::changed(&old.conditions, &new_status.conditions)
-        || (old.secret_name, old.key_prefix, old.gateways, old.parents, old.limits, old.observed_generation)
-            != (
-                new_status.secret_name.clone(),
-                new_status.key_prefix.clone(),
-                new_status.gateways.clone(),
-                new_status.parents.clone(),
-                new_status.limits.clone(),
-                new_status.observed_generation,
-            );
-    if changed {
-        patch_status(client, api_key.as_ref(), serde_json::to_value(&new_status)?).await?;
-        emit_transitions(&context, api_key.as_ref(), &previous, &new_status.conditions).await;
+    let new_status = status::api_key_status(&api_key, parents.refused, &decided_by, programmed, now);
+    if status::api_key_changed(api_key.status.as_ref(), &new_status) {
+        patch_status(&context.client, api_key.as_ref(), serde_json::to_value(&new_status)?).await?;
+        let previous = api_key.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
+        emit_transitions(&context, api_key.as_ref(), previous, &new_status.conditions).await;
     }
     context.metrics.reconciles.with_label_values(&["apikey"]).inc();
     succeeded(&context, api_key.as_ref());

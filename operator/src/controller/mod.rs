@@ -35,13 +35,11 @@ use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::reflector::Store;
 use serde::de::DeserializeOwned;
 use waycast_crds::Gateway;
-use waycast_crds::condition::{reasons, types};
 
 use crate::compile::{ObjectKey, select};
 use crate::context::{Context, backoff};
 use crate::error::Error;
 use crate::programmed::CompiledFrom;
-use crate::status;
 use crate::stores::{Feed, every, once, signals};
 
 /// How long bursts of changes are coalesced before a reconcile.
@@ -155,15 +153,6 @@ pub(crate) fn parents_of<'g, K: Resource>(
     select::parents(&gateways, kind, meta.namespace.as_deref().unwrap_or_default(), labels, parent_refs, namespaces)
 }
 
-/// The reason constant equal to `text` (status entries carry owned text;
-/// conditions want the constant).
-pub(crate) fn reason_of(text: &str) -> &'static str {
-    [reasons::NOT_ALLOWED_BY_GATEWAY, reasons::GATEWAY_NOT_FOUND]
-        .into_iter()
-        .find(|r| *r == text)
-        .unwrap_or(reasons::INVALID)
-}
-
 /// What `gateway`'s latest compile decided, through `pick`.
 pub(crate) async fn decided<T>(
     context: &Context,
@@ -172,22 +161,4 @@ pub(crate) async fn decided<T>(
 ) -> Option<T> {
     let compiled = context.compiled.read().await;
     compiled.get(&ObjectKey::of(&gateway.metadata)).and_then(pick)
-}
-
-/// `Programmed`: every selecting Gateway serves the object's current
-/// generation on every pod (`(selecting gateways, all programmed)`).
-pub(crate) fn programmed_condition(
-    previous: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
-    (gateways, all): (usize, bool),
-    generation: Option<i64>,
-    now: jiff::Timestamp,
-) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
-    let (ok, reason, message) = match (gateways, all) {
-        (0, _) => (false, reasons::NO_GATEWAY, "no Gateway selects it".to_owned()),
-        (n, true) => (true, reasons::PROGRAMMED, format!("every pod of {n} Gateway(s) serves its current version")),
-        (n, false) => {
-            (false, reasons::PENDING, format!("waiting for the pods of {n} Gateway(s) to apply the new config"))
-        }
-    };
-    status::condition(previous, types::PROGRAMMED, ok, reason, message, generation, now)
 }

@@ -5,10 +5,9 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::ResourceExt as _;
 use kube::runtime::controller::Action;
-use waycast_crds::condition::{reasons, types};
-use waycast_crds::{ModelEndpoint, ModelEndpointStatus};
+use waycast_crds::ModelEndpoint;
 
-use super::{decided, parents_of, programmed_condition, programmed_on, succeeded};
+use super::{decided, parents_of, programmed_on, succeeded};
 use crate::apply::patch_status;
 use crate::compile::{ObjectKey, select};
 use crate::context::{Context, emit_transitions};
@@ -19,7 +18,6 @@ pub(crate) async fn reconcile_model_endpoint(
     endpoint: Arc<ModelEndpoint>,
     context: Arc<Context>,
 ) -> Result<Action, Error> {
-    let client = &context.client;
     let id = ObjectKey::of(&endpoint.metadata);
     let now = jiff::Timestamp::now();
     let namespaces: Vec<Arc<Namespace>> = context.stores.namespaces.state();
@@ -48,45 +46,11 @@ pub(crate) async fn reconcile_model_endpoint(
             message: verdict.message.to_string(),
         });
     }
-    entries.sort_by(|a, b| a.gateway.cmp(&b.gateway));
-    let generation = endpoint.metadata.generation;
-    let previous = endpoint.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
-    let refused = entries.iter().find(|e| !e.accepted);
-    let (accepted, reason, message) = match (entries.is_empty(), refused) {
-        (true, _) => (false, reasons::NO_GATEWAY, "no Gateway selects this ModelEndpoint".to_owned()),
-        (false, Some(entry)) => (false, entry.reason.as_str(), format!("{}: {}", entry.gateway, entry.message)),
-        (false, None) => (true, reasons::ACCEPTED, format!("served by {} Gateway(s)", entries.len())),
-    };
-    let unresolved = entries.iter().find(|e| {
-        [reasons::BACKEND_NOT_FOUND, reasons::AUTH_SECRET_MISSING, reasons::SECRET_NOT_LABELLED]
-            .contains(&e.reason.as_str())
-    });
-    let resolved = status::condition(
-        &previous,
-        types::RESOLVED_REFS,
-        unresolved.is_none(),
-        unresolved.map_or(reasons::RESOLVED, |e| e.reason.as_str()),
-        unresolved.map_or_else(|| "every reference resolved".to_owned(), |e| e.message.clone()),
-        generation,
-        now,
-    );
-    let new_status = ModelEndpointStatus {
-        conditions: vec![
-            status::condition(&previous, types::ACCEPTED, accepted, reason, message, generation, now),
-            resolved,
-            programmed_condition(&previous, programmed, generation, now),
-        ],
-        gateways: entries,
-        backend_count: Some(i32::try_from(endpoint.spec.backends.len()).unwrap_or(i32::MAX)),
-        observed_generation: generation,
-    };
-    let old = endpoint.status.clone().unwrap_or_default();
-    let changed = status::changed(&old.conditions, &new_status.conditions)
-        || (old.gateways, old.backend_count, old.observed_generation)
-            != (new_status.gateways.clone(), new_status.backend_count, new_status.observed_generation);
-    if changed {
-        patch_status(client, endpoint.as_ref(), serde_json::to_value(&new_status)?).await?;
-        emit_transitions(&context, endpoint.as_ref(), &previous, &new_status.conditions).await;
+    let new_status = status::model_endpoint_status(&endpoint, entries, programmed, now);
+    if status::model_endpoint_changed(endpoint.status.as_ref(), &new_status) {
+        patch_status(&context.client, endpoint.as_ref(), serde_json::to_value(&new_status)?).await?;
+        let previous = endpoint.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
+        emit_transitions(&context, endpoint.as_ref(), previous, &new_status.conditions).await;
     }
     context.metrics.reconciles.with_label_values(&["modelendpoint"]).inc();
     succeeded(&context, endpoint.as_ref());

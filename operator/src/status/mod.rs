@@ -3,8 +3,11 @@
 //! Gateway's whole status from the facts a reconcile gathered.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use waycast_crds::common::GatewayAcceptance;
 use waycast_crds::condition::{reasons, types};
-use waycast_crds::{Gateway, GatewayStatus};
+use waycast_crds::{ApiKey, ApiKeyStatus, Gateway, GatewayStatus, ModelEndpoint, ModelEndpointStatus};
+
+use crate::compile::keys::KeyVerdict;
 
 /// A condition of `kind`, carrying over the transition time from `previous`
 /// when the status did not change.
@@ -186,129 +189,148 @@ pub fn gateway_changed(old: Option<&GatewayStatus>, new: &GatewayStatus) -> bool
     old_without != new_without || changed(&old.conditions, &new.conditions)
 }
 
+/// `Programmed`: every selecting Gateway serves the object's current
+/// generation on every pod (`(selecting gateways, all programmed)`).
+pub fn programmed_condition(
+    previous: &[Condition],
+    (gateways, all): (usize, bool),
+    generation: Option<i64>,
+    now: jiff::Timestamp,
+) -> Condition {
+    let (ok, reason, message) = match (gateways, all) {
+        (0, _) => (false, reasons::NO_GATEWAY, "no Gateway selects it".to_owned()),
+        (n, true) => (true, reasons::PROGRAMMED, format!("every pod of {n} Gateway(s) serves its current version")),
+        (n, false) => {
+            (false, reasons::PENDING, format!("waiting for the pods of {n} Gateway(s) to apply the new config"))
+        }
+    };
+    condition(previous, types::PROGRAMMED, ok, reason, message, generation, now)
+}
+
+/// The reason constant equal to `text` (status entries carry owned text;
+/// conditions want the constant).
+fn reason_of(text: &str) -> &'static str {
+    [reasons::NOT_ALLOWED_BY_GATEWAY, reasons::GATEWAY_NOT_FOUND]
+        .into_iter()
+        .find(|r| *r == text)
+        .unwrap_or(reasons::INVALID)
+}
+
+/// The status of `api_key` from its parents: `refused` (Gateways it names
+/// that do not take it), `decided` (each admitting Gateway's id and
+/// verdict, in the order they were looked at) and `programmed`.
+pub fn api_key_status(
+    api_key: &ApiKey,
+    mut entries: Vec<GatewayAcceptance>,
+    decided: &[(String, KeyVerdict)],
+    programmed: (usize, bool),
+    now: jiff::Timestamp,
+) -> ApiKeyStatus {
+    let mut served_by = Vec::new();
+    let mut verdict: Option<&KeyVerdict> = None;
+    for (gateway, found) in decided {
+        if found.verdict.accepted {
+            served_by.push(gateway.clone());
+        }
+        entries.push(GatewayAcceptance {
+            gateway: gateway.clone(),
+            accepted: found.verdict.accepted,
+            reason: found.verdict.reason.to_owned(),
+            message: found.verdict.message.to_string(),
+        });
+        // The first verdict, unless a later Gateway serves the key.
+        if verdict.is_none() || found.verdict.accepted {
+            verdict = Some(found);
+        }
+    }
+    entries.sort_by(|a, b| a.gateway.cmp(&b.gateway));
+    served_by.sort();
+    let (secret_name, _) = crate::compile::keys::key_source(api_key);
+    let (ready, reason, message, prefix) = match (verdict, entries.first()) {
+        (Some(found), _) => {
+            (found.verdict.accepted, found.verdict.reason, found.verdict.message.to_string(), found.key_prefix.clone())
+        }
+        (None, Some(entry)) => (false, reason_of(&entry.reason), format!("{}: {}", entry.gateway, entry.message), None),
+        (None, None) => (false, reasons::NO_GATEWAY, "no Gateway selects this key".to_owned(), None),
+    };
+    let generation = api_key.metadata.generation;
+    let previous = api_key.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
+    ApiKeyStatus {
+        conditions: vec![
+            condition(previous, types::READY, ready, reason, message, generation, now),
+            programmed_condition(previous, programmed, generation, now),
+        ],
+        secret_name: Some(secret_name),
+        key_prefix: prefix,
+        limits: if ready { api_key.spec.limits.clone() } else { None },
+        gateways: served_by,
+        parents: entries,
+        observed_generation: generation,
+    }
+}
+
+/// Whether writing `new` over `old` changes anything a reader sees.
+pub fn api_key_changed(old: Option<&ApiKeyStatus>, new: &ApiKeyStatus) -> bool {
+    let Some(old) = old else { return true };
+    let without_conditions = |status: &ApiKeyStatus| ApiKeyStatus { conditions: Vec::new(), ..status.clone() };
+    changed(&old.conditions, &new.conditions) || without_conditions(old) != without_conditions(new)
+}
+
+/// The status of `endpoint` from one entry per parent Gateway (refused or
+/// decided) and `programmed`.
+pub fn model_endpoint_status(
+    endpoint: &ModelEndpoint,
+    mut entries: Vec<GatewayAcceptance>,
+    programmed: (usize, bool),
+    now: jiff::Timestamp,
+) -> ModelEndpointStatus {
+    entries.sort_by(|a, b| a.gateway.cmp(&b.gateway));
+    let generation = endpoint.metadata.generation;
+    let previous = endpoint.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
+    let refused = entries.iter().find(|e| !e.accepted);
+    let (accepted, reason, message) = match (entries.is_empty(), refused) {
+        (true, _) => (false, reasons::NO_GATEWAY, "no Gateway selects this ModelEndpoint".to_owned()),
+        (false, Some(entry)) => (false, entry.reason.as_str(), format!("{}: {}", entry.gateway, entry.message)),
+        (false, None) => (true, reasons::ACCEPTED, format!("served by {} Gateway(s)", entries.len())),
+    };
+    let unresolved = entries.iter().find(|e| {
+        [reasons::BACKEND_NOT_FOUND, reasons::AUTH_SECRET_MISSING, reasons::SECRET_NOT_LABELLED]
+            .contains(&e.reason.as_str())
+    });
+    let resolved = condition(
+        previous,
+        types::RESOLVED_REFS,
+        unresolved.is_none(),
+        unresolved.map_or(reasons::RESOLVED, |e| e.reason.as_str()),
+        unresolved.map_or_else(|| "every reference resolved".to_owned(), |e| e.message.clone()),
+        generation,
+        now,
+    );
+    let conditions = vec![
+        condition(previous, types::ACCEPTED, accepted, reason, message, generation, now),
+        resolved,
+        programmed_condition(previous, programmed, generation, now),
+    ];
+    ModelEndpointStatus {
+        conditions,
+        gateways: entries,
+        backend_count: Some(i32::try_from(endpoint.spec.backends.len()).unwrap_or(i32::MAX)),
+        observed_generation: generation,
+    }
+}
+
+/// Whether writing `new` over `old` changes anything a reader sees.
+pub fn model_endpoint_changed(old: Option<&ModelEndpointStatus>, new: &ModelEndpointStatus) -> bool {
+    let Some(old) = old else { return true };
+    let without_conditions =
+        |status: &ModelEndpointStatus| ModelEndpointStatus { conditions: Vec::new(), ..status.clone() };
+    changed(&old.conditions, &new.conditions) || without_conditions(old) != without_conditions(new)
+}
+
 /// The first 12 characters of a config hash, as statuses show it.
 fn abbreviated(hash: &str) -> &str {
     hash.get(..12).unwrap_or(hash)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn transition_time_moves_only_with_the_status() {
-        let t1 = jiff::Timestamp::from_second(1_000).unwrap();
-        let t2 = jiff::Timestamp::from_second(2_000).unwrap();
-        let first = condition(&[], "Ready", true, "KeyReady", "ok", Some(1), t1);
-        let same = condition(std::slice::from_ref(&first), "Ready", true, "KeyReady", "still ok", Some(2), t2);
-        assert_eq!(same.last_transition_time, Time(t1));
-        let flipped = condition(&[first], "Ready", false, "Expired", "gone", Some(2), t2);
-        assert_eq!(flipped.last_transition_time, Time(t2));
-        assert!(changed(std::slice::from_ref(&same), &[flipped]));
-        assert!(!changed(std::slice::from_ref(&same), std::slice::from_ref(&same)));
-    }
-
-    /// One row: the facts that differ from an accepted, written, ready
-    /// Gateway, and the three conditions expected.
-    #[test]
-    fn gateway_status_table() {
-        use crate::compile::Verdict;
-        let now = jiff::Timestamp::from_second(1_800_000_000).unwrap();
-        let mut gateway = crate::render::fixtures::gateway(Default::default());
-        gateway.metadata.generation = Some(3);
-        let refusal = Verdict { accepted: false, reason: reasons::AUTH_SECRET_MISSING, message: "no password".into() };
-        let refusing = [RefusingPod { pod: "gw-1".into(), reason: "bad CIDR".into(), serving: "f".repeat(64) }];
-        let base = GatewayFacts {
-            refused: None,
-            hash: "0123456789abcdef",
-            config_bytes: 1_000,
-            config_fits: true,
-            models: 2,
-            keys: 3,
-            refusing: &[],
-            up_to_date: 2,
-            replicas: 2,
-            ready: 2,
-            wanted: 2,
-            address: Some("10.96.0.10:80".into()),
-        };
-        type Row<'a> = (&'a str, GatewayFacts<'a>, [(bool, &'a str, &'a str); 3]);
-        let rows: [Row<'_>; 5] = [
-            (
-                "accepted, written, ready",
-                base.clone(),
-                [
-                    (true, reasons::ACCEPTED, "the spec is valid"),
-                    (true, reasons::CONFIG_WRITTEN, "config 0123456789ab written"),
-                    (true, reasons::REPLICAS_READY, "2 of 2 replicas ready"),
-                ],
-            ),
-            (
-                "refused spec",
-                GatewayFacts { refused: Some(&refusal), ..base.clone() },
-                [
-                    (false, reasons::AUTH_SECRET_MISSING, "no password"),
-                    (true, reasons::CONFIG_WRITTEN, "config 0123456789ab written"),
-                    (true, reasons::REPLICAS_READY, "2 of 2 replicas ready"),
-                ],
-            ),
-            (
-                "config too large",
-                GatewayFacts { config_fits: false, config_bytes: 2_000_000, ..base.clone() },
-                [
-                    (true, reasons::ACCEPTED, "the spec is valid"),
-                    (false, reasons::CONFIG_ERROR, "the compiled config is 2000000 bytes gzipped (3 keys, 2 models)"),
-                    (true, reasons::REPLICAS_READY, "2 of 2 replicas ready"),
-                ],
-            ),
-            (
-                "a pod refuses",
-                GatewayFacts { refusing: &refusing, ..base.clone() },
-                [
-                    (true, reasons::ACCEPTED, "the spec is valid"),
-                    (
-                        false,
-                        reasons::CONFIG_REFUSED,
-                        "1 pod(s) refused config 0123456789ab; gw-1 keeps serving ffffffffffff: bad CIDR",
-                    ),
-                    (true, reasons::REPLICAS_READY, "2 of 2 replicas ready"),
-                ],
-            ),
-            (
-                "not enough replicas",
-                GatewayFacts { ready: 1, wanted: 3, ..base.clone() },
-                [
-                    (true, reasons::ACCEPTED, "the spec is valid"),
-                    (true, reasons::CONFIG_WRITTEN, "config 0123456789ab written"),
-                    (false, reasons::REPLICAS_NOT_READY, "1 of 3 replicas ready"),
-                ],
-            ),
-        ];
-        for (name, facts, expected) in rows {
-            let status = gateway_status(&gateway, &facts, now);
-            for (condition, (ok, reason, message)) in status.conditions.iter().zip(expected) {
-                assert_eq!(condition.status, if ok { "True" } else { "False" }, "{name}: {condition:?}");
-                assert_eq!(condition.reason, reason, "{name}");
-                assert!(condition.message.starts_with(message), "{name}: {}", condition.message);
-                assert_eq!(condition.observed_generation, Some(3), "{name}");
-            }
-            assert_eq!(status.config_hash.as_deref(), Some(facts.hash), "{name}");
-            assert_eq!((status.model_count, status.api_key_count), (Some(2), Some(3)), "{name}");
-            assert_eq!(status.address, facts.address, "{name}");
-        }
-    }
-
-    #[test]
-    fn a_name_conflict_sets_every_condition_false_and_keeps_the_rest() {
-        let now = jiff::Timestamp::from_second(1_800_000_000).unwrap();
-        let mut gateway = crate::render::fixtures::gateway(Default::default());
-        gateway.status = Some(GatewayStatus { config_hash: Some("kept".into()), ..GatewayStatus::default() });
-        let status = gateway_name_conflict(&gateway, "ServiceAccount team/gw", now);
-        assert_eq!(status.conditions.len(), 3);
-        assert!(status.conditions.iter().all(|c| c.status == "False" && c.reason == reasons::NAME_CONFLICT));
-        assert!(status.conditions[0].message.starts_with("ServiceAccount team/gw already exists"));
-        assert_eq!(status.config_hash.as_deref(), Some("kept"));
-        assert!(gateway_changed(gateway.status.as_ref(), &status));
-        assert!(!gateway_changed(Some(&status), &status.clone()));
-    }
-}
+mod tests;

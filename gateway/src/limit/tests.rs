@@ -1,0 +1,138 @@
+//! The limiters' arithmetic: GCRA shares, reservations and settlement,
+//! refusals and their headers.
+
+use super::*;
+
+fn set(requests: Option<u64>, tokens: Option<u64>) -> Arc<LimitSet> {
+    Arc::new(LimitSet::new(&LimitsConfig { requests_per_minute: requests, tokens_per_minute: tokens }, None))
+}
+
+#[test]
+fn a_key_gets_its_limit_and_then_a_refusal_with_headers() {
+    let key = set(Some(3), None);
+    for left in [2, 1, 0] {
+        let admitted = admit(Some(&key), None, 1, Reservation::default(), None).unwrap();
+        assert_eq!(admitted.headers.requests.map(|(l, v)| (l, v.remaining)), Some((3, left)));
+        assert!(admitted.charge.is_none(), "no token limit: nothing to charge");
+    }
+    let refusal = admit(Some(&key), None, 1, Reservation::default(), None).unwrap_err();
+    assert_eq!((refusal.owner, refusal.unit, refusal.limit), (Owner::Key, Unit::Requests, 3));
+    assert!(refusal.retry_after_nanos > 19_000_000_000 && refusal.retry_after_nanos <= 20_000_000_000);
+    let mut headers = HeaderMap::new();
+    refusal.apply(&mut headers);
+    assert_eq!(headers["retry-after"], "20");
+    assert_eq!(headers["x-ratelimit-limit-requests"], "3");
+    assert_eq!(headers["x-ratelimit-remaining-requests"], "0");
+    assert!(headers["x-ratelimit-reset-requests"].to_str().unwrap().ends_with('s'));
+}
+
+#[test]
+fn a_refusal_by_the_model_does_not_use_up_the_key() {
+    let key = set(Some(2), None);
+    let model = set(Some(1), None);
+    let none = Reservation::default();
+    admit(Some(&key), Some(&model), 1, none, None).unwrap();
+    let refusal = admit(Some(&key), Some(&model), 1, none, None).unwrap_err();
+    assert_eq!(refusal.owner, Owner::Model);
+    // The key still has its second request.
+    assert_eq!(admit(Some(&key), None, 1, none, None).unwrap().headers.requests.map(|(_, v)| v.remaining), Some(0));
+}
+
+fn reserve(tokens: u64) -> Reservation {
+    Reservation { tokens, request_bytes: 0, output: tokens }
+}
+
+#[test]
+fn tokens_are_reserved_then_settled() {
+    let key = set(None, Some(100));
+    let admitted = admit(Some(&key), None, 1, reserve(40), None).unwrap();
+    assert_eq!(admitted.headers.tokens.map(|(_, v)| v.remaining), Some(60), "reserved at admission");
+    let charge = admitted.charge.expect("a token limit wants the usage");
+    charge.settle(10);
+    let after = admit(Some(&key), None, 1, reserve(0), None).unwrap();
+    assert_eq!(after.headers.tokens.map(|(_, v)| v.remaining), Some(90), "30 of the 40 given back");
+    after.charge.unwrap().settle(150);
+    let refusal = admit(Some(&key), None, 1, reserve(1), None).unwrap_err();
+    assert_eq!(refusal.unit, Unit::Tokens);
+    assert_eq!(refusal.headers.tokens.map(|(l, v)| (l, v.remaining)), Some((100, 0)));
+}
+
+/// Twenty parallel requests on a 1,000-tokens-per-minute key, each
+/// reserving 100 and using 500: only what fits is admitted, so the
+/// overshoot is bounded by what the admitted ones use beyond their
+/// reservations, not by the number of requests.
+#[test]
+fn parallel_requests_cannot_all_pass_one_budget() {
+    let key = set(None, Some(1000));
+    let admitted: Vec<Charge> =
+        (0..20).filter_map(|_| admit(Some(&key), None, 1, reserve(100), None).ok()?.charge).collect();
+    assert_eq!(admitted.len(), 10, "1,000 tokens hold ten reservations of 100");
+    let with_max_tokens: Vec<_> = (0..20).filter_map(|_| admit(Some(&key), None, 1, reserve(100), None).ok()).collect();
+    assert!(with_max_tokens.is_empty(), "nothing left until they settle");
+    for charge in &admitted {
+        charge.settle(100);
+    }
+    assert!(admit(Some(&key), None, 1, reserve(1), None).is_err(), "used as reserved: still full");
+}
+
+/// The key's request is counted before the body is read; a later
+/// refusal (here the model's) gives it back.
+#[test]
+fn a_request_counted_early_is_merged_or_given_back() {
+    let key = set(Some(2), None);
+    let model = set(Some(1), None);
+    let counted = count_key_request(Some(&key), 1).unwrap().expect("a request limit");
+    let admitted = admit(Some(&key), Some(&model), 1, Reservation::default(), Some(&counted)).unwrap();
+    assert_eq!(admitted.headers.requests.map(|(_, v)| v.remaining), Some(0), "the model's, the tighter");
+    let counted = count_key_request(Some(&key), 1).unwrap().expect("the key's second request");
+    let refusal = admit(Some(&key), Some(&model), 1, Reservation::default(), Some(&counted)).unwrap_err();
+    assert_eq!(refusal.owner, Owner::Model);
+    assert!(count_key_request(Some(&key), 1).is_ok(), "the key's second request was given back");
+    assert_eq!(count_key_request(Some(&key), 1).unwrap_err().owner, Owner::Key);
+    assert!(count_key_request(None, 1).unwrap().is_none());
+}
+
+#[test]
+fn a_reservation_larger_than_the_limit_is_admitted_on_a_full_bucket() {
+    let key = set(None, Some(100));
+    assert!(admit(Some(&key), None, 1, reserve(10_000), None).is_ok());
+    assert!(admit(Some(&key), None, 1, reserve(1), None).is_err());
+}
+
+#[test]
+fn usage_is_capped_and_estimated() {
+    let reservation = Reservation::for_request(400, Some(50), None);
+    assert_eq!(reservation.tokens, 150);
+    assert_eq!(Reservation::for_request(400, None, Some(7)).output, 7);
+    assert_eq!(Reservation::for_request(400, None, None).output, DEFAULT_OUTPUT_RESERVATION);
+    // Reported: taken as it is when plausible, capped when not.
+    assert_eq!(reservation.used(Some((90, 40)), 2000), 130);
+    assert_eq!(reservation.used(Some((u64::MAX, u64::MAX)), 2000), 400 + PROMPT_ALLOWANCE + 2000);
+    // Not reported: the prompt estimate and a token per 4 bytes relayed, at most the output bound.
+    assert_eq!(reservation.used(None, 80), 100 + 20);
+    assert_eq!(reservation.used(None, 1_000_000), 100 + 50);
+}
+
+#[test]
+fn a_pods_share_is_its_part_of_the_limit() {
+    let key = set(Some(30), None);
+    let admitted = (0..30).filter(|_| admit(Some(&key), None, 3, Reservation::default(), None).is_ok()).count();
+    assert_eq!(admitted, 10);
+}
+
+#[test]
+fn state_carries_over_to_the_next_snapshot() {
+    let key = set(Some(1), None);
+    admit(Some(&key), None, 1, Reservation::default(), None).unwrap();
+    let next =
+        Arc::new(LimitSet::new(&LimitsConfig { requests_per_minute: Some(1), tokens_per_minute: None }, Some(&key)));
+    assert!(admit(Some(&next), None, 1, Reservation::default(), None).is_err());
+}
+
+#[test]
+fn durations_read_like_openais() {
+    assert_eq!(duration_text(20_000_000), "20ms");
+    assert_eq!(duration_text(1_000_000_000), "1s");
+    assert_eq!(duration_text(1_000_000_001), "2s");
+    assert_eq!(duration_text(360_000_000_000), "6m0s");
+}

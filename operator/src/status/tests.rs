@@ -1,0 +1,264 @@
+//! Table tests of the status builders.
+
+use super::*;
+
+#[test]
+fn transition_time_moves_only_with_the_status() {
+    let t1 = jiff::Timestamp::from_second(1_000).unwrap();
+    let t2 = jiff::Timestamp::from_second(2_000).unwrap();
+    let first = condition(&[], "Ready", true, "KeyReady", "ok", Some(1), t1);
+    let same = condition(std::slice::from_ref(&first), "Ready", true, "KeyReady", "still ok", Some(2), t2);
+    assert_eq!(same.last_transition_time, Time(t1));
+    let flipped = condition(&[first], "Ready", false, "Expired", "gone", Some(2), t2);
+    assert_eq!(flipped.last_transition_time, Time(t2));
+    assert!(changed(std::slice::from_ref(&same), &[flipped]));
+    assert!(!changed(std::slice::from_ref(&same), std::slice::from_ref(&same)));
+}
+
+/// One row: the facts that differ from an accepted, written, ready
+/// Gateway, and the three conditions expected.
+#[test]
+fn gateway_status_table() {
+    use crate::compile::Verdict;
+    let now = jiff::Timestamp::from_second(1_800_000_000).unwrap();
+    let mut gateway = crate::render::fixtures::gateway(Default::default());
+    gateway.metadata.generation = Some(3);
+    let refusal = Verdict { accepted: false, reason: reasons::AUTH_SECRET_MISSING, message: "no password".into() };
+    let refusing = [RefusingPod { pod: "gw-1".into(), reason: "bad CIDR".into(), serving: "f".repeat(64) }];
+    let base = GatewayFacts {
+        refused: None,
+        hash: "0123456789abcdef",
+        config_bytes: 1_000,
+        config_fits: true,
+        models: 2,
+        keys: 3,
+        refusing: &[],
+        up_to_date: 2,
+        replicas: 2,
+        ready: 2,
+        wanted: 2,
+        address: Some("10.96.0.10:80".into()),
+    };
+    type Row<'a> = (&'a str, GatewayFacts<'a>, [(bool, &'a str, &'a str); 3]);
+    let rows: [Row<'_>; 5] = [
+        (
+            "accepted, written, ready",
+            base.clone(),
+            [
+                (true, reasons::ACCEPTED, "the spec is valid"),
+                (true, reasons::CONFIG_WRITTEN, "config 0123456789ab written"),
+                (true, reasons::REPLICAS_READY, "2 of 2 replicas ready"),
+            ],
+        ),
+        (
+            "refused spec",
+            GatewayFacts { refused: Some(&refusal), ..base.clone() },
+            [
+                (false, reasons::AUTH_SECRET_MISSING, "no password"),
+                (true, reasons::CONFIG_WRITTEN, "config 0123456789ab written"),
+                (true, reasons::REPLICAS_READY, "2 of 2 replicas ready"),
+            ],
+        ),
+        (
+            "config too large",
+            GatewayFacts { config_fits: false, config_bytes: 2_000_000, ..base.clone() },
+            [
+                (true, reasons::ACCEPTED, "the spec is valid"),
+                (false, reasons::CONFIG_ERROR, "the compiled config is 2000000 bytes gzipped (3 keys, 2 models)"),
+                (true, reasons::REPLICAS_READY, "2 of 2 replicas ready"),
+            ],
+        ),
+        (
+            "a pod refuses",
+            GatewayFacts { refusing: &refusing, ..base.clone() },
+            [
+                (true, reasons::ACCEPTED, "the spec is valid"),
+                (
+                    false,
+                    reasons::CONFIG_REFUSED,
+                    "1 pod(s) refused config 0123456789ab; gw-1 keeps serving ffffffffffff: bad CIDR",
+                ),
+                (true, reasons::REPLICAS_READY, "2 of 2 replicas ready"),
+            ],
+        ),
+        (
+            "not enough replicas",
+            GatewayFacts { ready: 1, wanted: 3, ..base.clone() },
+            [
+                (true, reasons::ACCEPTED, "the spec is valid"),
+                (true, reasons::CONFIG_WRITTEN, "config 0123456789ab written"),
+                (false, reasons::REPLICAS_NOT_READY, "1 of 3 replicas ready"),
+            ],
+        ),
+    ];
+    for (name, facts, expected) in rows {
+        let status = gateway_status(&gateway, &facts, now);
+        for (condition, (ok, reason, message)) in status.conditions.iter().zip(expected) {
+            assert_eq!(condition.status, if ok { "True" } else { "False" }, "{name}: {condition:?}");
+            assert_eq!(condition.reason, reason, "{name}");
+            assert!(condition.message.starts_with(message), "{name}: {}", condition.message);
+            assert_eq!(condition.observed_generation, Some(3), "{name}");
+        }
+        assert_eq!(status.config_hash.as_deref(), Some(facts.hash), "{name}");
+        assert_eq!((status.model_count, status.api_key_count), (Some(2), Some(3)), "{name}");
+        assert_eq!(status.address, facts.address, "{name}");
+    }
+}
+
+#[test]
+fn a_name_conflict_sets_every_condition_false_and_keeps_the_rest() {
+    let now = jiff::Timestamp::from_second(1_800_000_000).unwrap();
+    let mut gateway = crate::render::fixtures::gateway(Default::default());
+    gateway.status = Some(GatewayStatus { config_hash: Some("kept".into()), ..GatewayStatus::default() });
+    let status = gateway_name_conflict(&gateway, "ServiceAccount team/gw", now);
+    assert_eq!(status.conditions.len(), 3);
+    assert!(status.conditions.iter().all(|c| c.status == "False" && c.reason == reasons::NAME_CONFLICT));
+    assert!(status.conditions[0].message.starts_with("ServiceAccount team/gw already exists"));
+    assert_eq!(status.config_hash.as_deref(), Some("kept"));
+    assert!(gateway_changed(gateway.status.as_ref(), &status));
+    assert!(!gateway_changed(Some(&status), &status.clone()));
+}
+
+fn acceptance(gateway: &str, accepted: bool, reason: &str, message: &str) -> GatewayAcceptance {
+    GatewayAcceptance { gateway: gateway.into(), accepted, reason: reason.into(), message: message.into() }
+}
+
+fn key_verdict(accepted: bool, reason: &'static str, message: &'static str) -> KeyVerdict {
+    KeyVerdict {
+        verdict: crate::compile::Verdict { accepted, reason, message: message.into() },
+        key_prefix: accepted.then(|| "wc_abc".to_owned()),
+    }
+}
+
+/// One row: the parents' answers, and the Ready and Programmed
+/// conditions and served-by list expected.
+#[test]
+fn api_key_status_table() {
+    let now = jiff::Timestamp::from_second(1_800_000_000).unwrap();
+    let mut api_key = ApiKey::new("alice", waycast_crds::ApiKeySpec::default());
+    api_key.metadata.namespace = Some("team".into());
+    api_key.metadata.generation = Some(2);
+    api_key.spec.limits = Some(waycast_crds::common::Limits { requests_per_minute: Some(60), tokens_per_minute: None });
+    let served = key_verdict(true, reasons::ACCEPTED, "the key is served");
+    let expired = key_verdict(false, reasons::EXPIRED, "expired at 2020-01-01");
+    let refused = acceptance("ops/gw", false, reasons::NOT_ALLOWED_BY_GATEWAY, "team is not allowed");
+    type Row<'a> = (
+        &'a str,
+        Vec<GatewayAcceptance>,
+        Vec<(String, KeyVerdict)>,
+        (usize, bool),
+        (bool, &'a str),
+        (bool, &'a str),
+        Vec<&'a str>,
+    );
+    let rows: Vec<Row<'_>> = vec![
+        ("no Gateway", vec![], vec![], (0, true), (false, reasons::NO_GATEWAY), (false, reasons::NO_GATEWAY), vec![]),
+        (
+            "served and programmed",
+            vec![],
+            vec![("team/gw".into(), served.clone())],
+            (1, true),
+            (true, reasons::ACCEPTED),
+            (true, reasons::PROGRAMMED),
+            vec!["team/gw"],
+        ),
+        (
+            "served, pods not there yet",
+            vec![],
+            vec![("team/gw".into(), served.clone())],
+            (1, false),
+            (true, reasons::ACCEPTED),
+            (false, reasons::PENDING),
+            vec!["team/gw"],
+        ),
+        (
+            "refused by its verdict",
+            vec![],
+            vec![("team/gw".into(), expired.clone())],
+            (1, true),
+            (false, reasons::EXPIRED),
+            (true, reasons::PROGRAMMED),
+            vec![],
+        ),
+        (
+            "one Gateway serves it, another's verdict refuses: the serving one wins",
+            vec![],
+            vec![("a/gw".into(), expired), ("b/gw".into(), served)],
+            (2, true),
+            (true, reasons::ACCEPTED),
+            (true, reasons::PROGRAMMED),
+            vec!["b/gw"],
+        ),
+        (
+            "only named by a Gateway that does not take it",
+            vec![refused],
+            vec![],
+            (0, true),
+            (false, reasons::NOT_ALLOWED_BY_GATEWAY),
+            (false, reasons::NO_GATEWAY),
+            vec![],
+        ),
+    ];
+    for (name, refused, decided, programmed, ready, programmed_expected, served_by) in rows {
+        let parents = refused.len() + decided.len();
+        let status = api_key_status(&api_key, refused, &decided, programmed, now);
+        let [ready_condition, programmed_condition] = status.conditions.as_slice() else { panic!("{name}") };
+        assert_eq!((ready_condition.status == "True", ready_condition.reason.as_str()), ready, "{name}");
+        assert_eq!(
+            (programmed_condition.status == "True", programmed_condition.reason.as_str()),
+            programmed_expected,
+            "{name}"
+        );
+        assert_eq!(status.gateways, served_by, "{name}");
+        assert_eq!(status.parents.len(), parents, "{name}: one entry per parent");
+        assert_eq!(status.limits.is_some(), ready.0, "{name}: limits shown only when served");
+        assert_eq!(status.key_prefix.is_some(), ready.0, "{name}");
+        assert_eq!(status.secret_name.as_deref(), Some("alice-key"), "{name}");
+        assert_eq!(status.observed_generation, Some(2), "{name}");
+    }
+}
+
+#[test]
+fn model_endpoint_status_table() {
+    let now = jiff::Timestamp::from_second(1_800_000_000).unwrap();
+    let mut endpoint = ModelEndpoint::new("llama", waycast_crds::ModelEndpointSpec::default());
+    endpoint.metadata.generation = Some(4);
+    type Row<'a> = (&'a str, Vec<GatewayAcceptance>, (bool, &'a str), (bool, &'a str));
+    let rows: Vec<Row<'_>> = vec![
+        ("no Gateway", vec![], (false, reasons::NO_GATEWAY), (true, reasons::RESOLVED)),
+        (
+            "served by two",
+            vec![acceptance("b/gw", true, reasons::ACCEPTED, ""), acceptance("a/gw", true, reasons::ACCEPTED, "")],
+            (true, reasons::ACCEPTED),
+            (true, reasons::RESOLVED),
+        ),
+        (
+            "a name conflict on one Gateway",
+            vec![
+                acceptance("a/gw", true, reasons::ACCEPTED, ""),
+                acceptance("b/gw", false, reasons::MODEL_NAME_CONFLICT, "llama is taken"),
+            ],
+            (false, reasons::MODEL_NAME_CONFLICT),
+            (true, reasons::RESOLVED),
+        ),
+        (
+            "an unlabelled credential",
+            vec![acceptance("a/gw", false, reasons::SECRET_NOT_LABELLED, "label the Secret")],
+            (false, reasons::SECRET_NOT_LABELLED),
+            (false, reasons::SECRET_NOT_LABELLED),
+        ),
+    ];
+    for (name, entries, accepted, resolved) in rows {
+        let count = entries.len();
+        let status = model_endpoint_status(&endpoint, entries, (count, true), now);
+        let [accepted_condition, resolved_condition, _] = status.conditions.as_slice() else { panic!("{name}") };
+        assert_eq!((accepted_condition.status == "True", accepted_condition.reason.as_str()), accepted, "{name}");
+        assert_eq!((resolved_condition.status == "True", resolved_condition.reason.as_str()), resolved, "{name}");
+        let order: Vec<&str> = status.gateways.iter().map(|g| g.gateway.as_str()).collect();
+        let mut sorted = order.clone();
+        sorted.sort_unstable();
+        assert_eq!(order, sorted, "{name}: entries sorted by Gateway");
+        assert_eq!(status.observed_generation, Some(4), "{name}");
+        assert!(!model_endpoint_changed(Some(&status), &status.clone()), "{name}");
+    }
+}
