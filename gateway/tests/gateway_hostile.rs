@@ -33,19 +33,25 @@ fn rss_bytes() -> u64 {
     kib * 1024
 }
 
+/// Adds the model `hostile` (the hostile upstream at `address`, driven by
+/// `x-hostile`, 2 s idle timeout) and gives Alice a token limit, so the
+/// usage tap and the usage-chunk filter run.
+fn with_hostile_model(config: &mut waycast_crds::GatewayConfig, address: SocketAddr, tokens_per_minute: u64) {
+    let mut model = config.models[1].clone();
+    model.name = "hostile".into();
+    model.backends[0].url = format!("http://{address}/v1");
+    model.forward_headers = vec!["x-hostile".into()];
+    model.timeouts.idle = Duration::from_secs(2);
+    config.models.push(model);
+    config.keys[0].limits =
+        Some(LimitsConfig { requests_per_minute: None, tokens_per_minute: Some(tokens_per_minute) });
+}
+
 #[tokio::test]
 async fn a_hostile_upstream_costs_only_its_own_requests() {
     let hostile = hostile_upstream::start(SocketAddr::from(([127, 0, 0, 1], 0))).await.unwrap();
-    let fixture = Fixture::start(FixtureOptions::default(), |config, _| {
-        let mut model = config.models[1].clone();
-        model.name = "hostile".into();
-        model.backends[0].url = format!("http://{hostile}/v1");
-        model.forward_headers = vec!["x-hostile".into()];
-        model.timeouts.idle = Duration::from_secs(2);
-        config.models.push(model);
-        config.keys[0].limits = Some(LimitsConfig { requests_per_minute: None, tokens_per_minute: Some(100_000) });
-    })
-    .await;
+    let fixture =
+        Fixture::start(FixtureOptions::default(), |config, _| with_hostile_model(config, hostile, 100_000)).await;
     let before = rss_bytes();
     let stream = r#"{"model":"hostile","stream":true,"messages":[]}"#;
     let plain = r#"{"model":"hostile","messages":[]}"#;
@@ -107,13 +113,7 @@ async fn the_gateway_process_stays_bounded_and_returns_to_idle() {
     let hostile = hostile_upstream::start(loopback).await.unwrap();
     let mock = mock_upstream::start(loopback, MockOptions::default()).await.unwrap();
     let mut config = fixture::default_config(&mock.base_url());
-    let mut model = config.models[1].clone();
-    model.name = "hostile".into();
-    model.backends[0].url = format!("http://{hostile}/v1");
-    model.forward_headers = vec!["x-hostile".into()];
-    model.timeouts.idle = Duration::from_secs(2);
-    config.models.push(model);
-    config.keys[0].limits = Some(LimitsConfig { requests_per_minute: None, tokens_per_minute: Some(100_000_000) });
+    with_hostile_model(&mut config, hostile, 100_000_000);
     let header_timeout = Duration::from_secs(1);
     let gateway =
         GatewayProcess::start(&config, &["--header-timeout", "1s", "--body-timeout", "2s", "--log", "warn"]).await;

@@ -7,16 +7,16 @@ use std::time::Duration;
 
 use futures_util::StreamExt as _;
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::Secret;
 use kube::api::{ObjectMeta, PostParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, Resource, ResourceExt as _};
 use waycast_crds::ApiKey;
 
-use super::{CONCURRENCY, RESYNC, decided, error_policy, parents_of, programmed_on, succeeded};
+use super::{CONCURRENCY, RESYNC, error_policy, parent_decisions, succeeded};
 use crate::apply::{bounded, patch_status};
-use crate::compile::{ObjectKey, keys, select};
+use crate::compile::{keys, select};
 use crate::context::{Context, emit_transitions};
 use crate::error::Error;
 use crate::status;
@@ -77,31 +77,13 @@ pub(crate) async fn ensure_generated_secret(client: &Client, api_key: &ApiKey, s
 }
 
 pub(crate) async fn reconcile_api_key(api_key: Arc<ApiKey>, context: Arc<Context>) -> Result<Action, Error> {
-    let id = ObjectKey::of(&api_key.metadata);
     let now = jiff::Timestamp::now();
-    let namespaces: Vec<Arc<Namespace>> = context.stores.namespaces.state();
-    let namespaces: Vec<&Namespace> = namespaces.iter().map(AsRef::as_ref).collect();
-    let gateways = context.stores.gateways.state();
-    let parents =
-        parents_of(&gateways, select::Kind::ApiKeys, api_key.as_ref(), &api_key.spec.parent_refs, &namespaces);
-    let mut programmed = (0, true);
-    let mut decided_by = Vec::new();
-    for gateway in parents.admitted {
-        programmed.0 += 1;
-        programmed.1 &= programmed_on(&context, gateway, &id, api_key.metadata.generation, false).await;
-        let Some(found) = decided(&context, gateway, |from| {
-            from.keys.get(&id).filter(|d| d.generation == api_key.metadata.generation)?;
-            from.key_verdicts.get(&id).cloned()
-        })
-        .await
-        else {
-            // This Gateway has not compiled this generation yet; its compile
-            // announces this key when it has.
-            return Ok(Action::await_change());
-        };
-        decided_by.push((format!("{}/{}", gateway.namespace().unwrap_or_default(), gateway.name_any()), found));
-    }
-    let new_status = status::api_key_status(&api_key, parents.refused, &decided_by, programmed, now);
+    let decisions =
+        parent_decisions(&context, select::Kind::ApiKeys, api_key.as_ref(), &api_key.spec.parent_refs, |from, id| {
+            from.key_verdicts.get(id).cloned()
+        });
+    let Some(decisions) = decisions.await else { return Ok(Action::await_change()) };
+    let new_status = status::api_key_status(&api_key, decisions.refused, &decisions.decided, decisions.programmed, now);
     if status::api_key_changed(api_key.status.as_ref(), &new_status) {
         patch_status(&context.client, api_key.as_ref(), serde_json::to_value(&new_status)?).await?;
         let previous = api_key.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();

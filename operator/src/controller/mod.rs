@@ -100,19 +100,6 @@ pub(crate) fn succeeded<K: Resource<DynamicType = ()>>(context: &Context, object
     context.record_success(&id);
 }
 
-/// Whether `gateway` serves `object` at `generation` on every pod.
-pub(crate) async fn programmed_on(
-    context: &Context,
-    gateway: &Gateway,
-    object: &ObjectKey,
-    generation: Option<i64>,
-    models: bool,
-) -> bool {
-    let compiled = context.compiled.read().await;
-    let Some(from) = compiled.get(&ObjectKey::of(&gateway.metadata)) else { return false };
-    from.programmed(if models { from.models.get(object) } else { from.keys.get(object) }, generation)
-}
-
 /// ApiKey and ModelEndpoint statuses. Selection moves with Gateways and
 /// namespaces: then every object is looked at. Verdicts and Programmed come
 /// from the Gateways' compiles, which announce just the objects whose state
@@ -138,27 +125,57 @@ pub(crate) async fn status_controller<K, Reconcile, Reconciled>(
         .await;
 }
 
-/// `object`'s parents among the stored Gateways.
-pub(crate) fn parents_of<'g, K: Resource>(
-    gateways: &'g [Arc<Gateway>],
+/// What every Gateway that takes `object` decided about its current
+/// generation.
+pub(crate) struct ParentDecisions<T> {
+    /// Gateways it names that do not take it.
+    pub(crate) refused: Vec<waycast_crds::common::GatewayAcceptance>,
+    /// Each taking Gateway's `namespace/name` and decision.
+    pub(crate) decided: Vec<(String, T)>,
+    /// (taking Gateways, whether every pod of each serves the generation).
+    pub(crate) programmed: (usize, bool),
+}
+
+/// The decisions of `object`'s parent Gateways (`kind` says whose), each
+/// read through `pick` from that Gateway's latest compile at the object's
+/// generation; `None` while one has not compiled that generation yet (its
+/// compile announces the object when it has).
+pub(crate) async fn parent_decisions<K: Resource, T>(
+    context: &Context,
     kind: select::Kind,
     object: &K,
     parent_refs: &[waycast_crds::common::ParentReference],
-    namespaces: &[&Namespace],
-) -> select::Parents<'g> {
+    pick: impl Fn(&CompiledFrom, &ObjectKey) -> Option<T>,
+) -> Option<ParentDecisions<T>> {
+    let id = ObjectKey::of(object.meta());
+    let generation = object.meta().generation;
+    let namespaces: Vec<Arc<Namespace>> = context.stores.namespaces.state();
+    let namespaces: Vec<&Namespace> = namespaces.iter().map(AsRef::as_ref).collect();
+    let gateways: Vec<Arc<Gateway>> = context.stores.gateways.state();
     let gateways: Vec<&Gateway> = gateways.iter().map(AsRef::as_ref).collect();
     let meta = object.meta();
     let empty = BTreeMap::new();
     let labels = meta.labels.as_ref().unwrap_or(&empty);
-    select::parents(&gateways, kind, meta.namespace.as_deref().unwrap_or_default(), labels, parent_refs, namespaces)
-}
-
-/// What `gateway`'s latest compile decided, through `pick`.
-pub(crate) async fn decided<T>(
-    context: &Context,
-    gateway: &Gateway,
-    pick: impl FnOnce(&CompiledFrom) -> Option<T>,
-) -> Option<T> {
+    let namespace = meta.namespace.as_deref().unwrap_or_default();
+    let parents = select::parents(&gateways, kind, namespace, labels, parent_refs, &namespaces);
     let compiled = context.compiled.read().await;
-    compiled.get(&ObjectKey::of(&gateway.metadata)).and_then(pick)
+    let mut decisions = ParentDecisions { refused: parents.refused, decided: Vec::new(), programmed: (0, true) };
+    for gateway in parents.admitted {
+        let from = compiled.get(&ObjectKey::of(&gateway.metadata));
+        let entry = from.and_then(|from| match kind {
+            select::Kind::ModelEndpoints => from.models.get(&id),
+            select::Kind::ApiKeys => from.keys.get(&id),
+        });
+        decisions.programmed.0 += 1;
+        decisions.programmed.1 &= from.is_some_and(|from| from.programmed(entry, generation));
+        entry.filter(|decision| decision.generation == generation)?;
+        let decision = pick(from?, &id)?;
+        let gateway_id = format!(
+            "{}/{}",
+            gateway.metadata.namespace.as_deref().unwrap_or_default(),
+            gateway.metadata.name.as_deref().unwrap_or_default()
+        );
+        decisions.decided.push((gateway_id, decision));
+    }
+    Some(decisions)
 }

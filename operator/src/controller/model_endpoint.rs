@@ -2,14 +2,12 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Namespace;
-use kube::ResourceExt as _;
 use kube::runtime::controller::Action;
 use waycast_crds::ModelEndpoint;
 
-use super::{decided, parents_of, programmed_on, succeeded};
+use super::{parent_decisions, succeeded};
 use crate::apply::patch_status;
-use crate::compile::{ObjectKey, select};
+use crate::compile::select;
 use crate::context::{Context, emit_transitions};
 use crate::error::Error;
 use crate::status;
@@ -18,34 +16,20 @@ pub(crate) async fn reconcile_model_endpoint(
     endpoint: Arc<ModelEndpoint>,
     context: Arc<Context>,
 ) -> Result<Action, Error> {
-    let id = ObjectKey::of(&endpoint.metadata);
     let now = jiff::Timestamp::now();
-    let namespaces: Vec<Arc<Namespace>> = context.stores.namespaces.state();
-    let namespaces: Vec<&Namespace> = namespaces.iter().map(AsRef::as_ref).collect();
-    let mut programmed = (0, true);
-    let gateways = context.stores.gateways.state();
-    let parents =
-        parents_of(&gateways, select::Kind::ModelEndpoints, endpoint.as_ref(), &endpoint.spec.parent_refs, &namespaces);
-    let mut entries = parents.refused;
-    for gateway in parents.admitted {
-        programmed.0 += 1;
-        programmed.1 &= programmed_on(&context, gateway, &id, endpoint.metadata.generation, true).await;
-        let Some(verdict) = decided(&context, gateway, |from| {
-            from.models.get(&id).filter(|d| d.generation == endpoint.metadata.generation)?;
-            from.model_verdicts.get(&id).cloned()
-        })
-        .await
-        else {
-            // Not compiled at this generation yet: announced when it is.
-            return Ok(Action::await_change());
-        };
-        entries.push(waycast_crds::model_endpoint::GatewayAcceptance {
-            gateway: format!("{}/{}", gateway.namespace().unwrap_or_default(), gateway.name_any()),
-            accepted: verdict.accepted,
-            reason: verdict.reason.to_owned(),
-            message: verdict.message.to_string(),
-        });
-    }
+    let kind = select::Kind::ModelEndpoints;
+    let decisions = parent_decisions(&context, kind, endpoint.as_ref(), &endpoint.spec.parent_refs, |from, id| {
+        from.model_verdicts.get(id).cloned()
+    });
+    let Some(decisions) = decisions.await else { return Ok(Action::await_change()) };
+    let mut entries = decisions.refused;
+    entries.extend(decisions.decided.into_iter().map(|(gateway, verdict)| waycast_crds::common::GatewayAcceptance {
+        gateway,
+        accepted: verdict.accepted,
+        reason: verdict.reason.to_owned(),
+        message: verdict.message.to_string(),
+    }));
+    let programmed = decisions.programmed;
     let new_status = status::model_endpoint_status(&endpoint, entries, programmed, now);
     if status::model_endpoint_changed(endpoint.status.as_ref(), &new_status) {
         patch_status(&context.client, endpoint.as_ref(), serde_json::to_value(&new_status)?).await?;
