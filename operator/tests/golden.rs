@@ -1,5 +1,6 @@
-//! Golden test: each case's inputs compiled and rendered (and every
-//! object's verdict), compared with the committed `golden/<case>/output.yaml`. `UPDATE_GOLDEN=1 cargo test
+//! Golden test: each case's inputs compiled and rendered — every owned
+//! object, every object's verdict and the Gateway's status — compared with
+//! the committed `golden/<case>/output.yaml`. `UPDATE_GOLDEN=1 cargo test
 //! -p waycast-operator --test golden` rewrites the files after an intended
 //! change; review the diff.
 
@@ -12,6 +13,7 @@ use serde::Deserialize as _;
 use waycast_crds::{ApiKey, Gateway, ModelEndpoint};
 use waycast_operator::catalog::Catalog;
 use waycast_operator::render::{self, RenderSettings};
+use waycast_operator::status;
 
 fn render_case(input: &str) -> String {
     let (mut gateways, mut models, mut keys, mut services, mut secrets) = (vec![], vec![], vec![], vec![], vec![]);
@@ -53,8 +55,28 @@ fn render_case(input: &str) -> String {
         verdicts.push_str(&format!("ApiKey {id}: {} {} {}\n", v.accepted, v.reason, v.message));
     }
     documents.push(verdicts);
-    documents.extend(desired.hpa.map(|hpa| serde_yaml_ng::to_string(&hpa).unwrap()));
-    documents.extend(desired.pdb.map(|pdb| serde_yaml_ng::to_string(&pdb).unwrap()));
+    documents.extend(desired.hpa.as_ref().map(|hpa| serde_yaml_ng::to_string(hpa).unwrap()));
+    documents.extend(desired.pdb.as_ref().map(|pdb| serde_yaml_ng::to_string(pdb).unwrap()));
+    // The Gateway's status once its Deployment is ready and every pod
+    // serves the config.
+    let wanted = render::scaling::minimum_replicas(gateway);
+    let facts = status::GatewayFacts {
+        refused: compiled.gateway.as_ref(),
+        hash: &desired.config_hash,
+        config_bytes: desired.config_bytes,
+        config_fits: desired.config_fits(),
+        models: compiled.config.models.len(),
+        keys: compiled.config.keys.len(),
+        refusing: &[],
+        up_to_date: usize::try_from(wanted).unwrap(),
+        replicas: wanted,
+        ready: wanted,
+        wanted,
+        address: Some("10.96.0.10:80".into()),
+    };
+    let gateway_status = status::gateway_status(gateway, &facts, now);
+    documents
+        .push(format!("# Gateway status, every pod serving\n{}", serde_yaml_ng::to_string(&gateway_status).unwrap()));
     documents.join("---\n")
 }
 
