@@ -231,13 +231,7 @@ async fn count_key_request(
         None => limit::count_key_request(limits, shared.fleet.shares()),
         Some(counter) => match limit::count_key_request_in_redis(counter, &key.id, limits).await {
             Ok(decision) => decision,
-            Err(error) => {
-                shared.metrics.rate_limit_store_errors.with_label_values(&[error.label()]).inc();
-                if counter.config.fail_closed {
-                    return Err(GatewayError::RateLimitUnavailable(error));
-                }
-                Ok(None)
-            }
+            Err(error) => Ok(on_store_error(shared, counter, error, None)?),
         },
     };
     counted.map_err(|refusal| {
@@ -268,20 +262,31 @@ async fn rate_limit(
             let subject = limit::Subject { key: (&key.id, key_limits), model: (&route.name, model_limits) };
             match limit::admit_in_redis(counter, &subject, reservation, counted).await {
                 Ok(decision) => decision,
-                Err(error) => {
-                    shared.metrics.rate_limit_store_errors.with_label_values(&[error.label()]).inc();
-                    if counter.config.fail_closed {
-                        return Err(GatewayError::RateLimitUnavailable(error));
-                    }
-                    // Failing open: admitted, uncounted.
-                    Ok(Admitted { headers: RateHeaders::default(), charge: None })
-                }
+                // Failing open: admitted, uncounted.
+                Err(error) => Ok(on_store_error(
+                    shared,
+                    counter,
+                    error,
+                    Admitted { headers: RateHeaders::default(), charge: None },
+                )?),
             }
         }
     };
     let label = decision.as_ref().map_or_else(Refusal::label, |_| "admitted");
     shared.metrics.rate_limit_requests.with_label_values(&[&route.name, &key.id, label]).inc();
     decision.map(Some).map_err(GatewayError::RateLimited)
+}
+
+/// A Redis call that failed: counted, then the Gateway's failure mode —
+/// closed: the request is refused (503); open: it gets `when_open`.
+fn on_store_error<T>(
+    shared: &Shared,
+    counter: &limit::redis::RedisCounter,
+    error: limit::redis::StoreError,
+    when_open: T,
+) -> Result<T, GatewayError> {
+    shared.metrics.rate_limit_store_errors.with_label_values(&[error.label()]).inc();
+    if counter.config.fail_closed { Err(GatewayError::RateLimitUnavailable(error)) } else { Ok(when_open) }
 }
 
 trait RetainReturnable {

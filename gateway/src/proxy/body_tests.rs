@@ -1,0 +1,164 @@
+//! The body scanner on well-formed, hostile and generated inputs.
+
+use super::*;
+
+/// A small deterministic generator (xorshift), so property runs repeat.
+struct Random(u64);
+
+impl Random {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    /// A JSON value (valid), nested at most `depth`.
+    fn value(&mut self, depth: usize) -> String {
+        let strings = ["\"model\"", "\"m\\u006f\"", "\"a\\\"b\"", "\"caf\u{e9}\"", "\"\""];
+        match self.below(if depth == 0 { 4 } else { 6 }) {
+            0 => strings[self.below(strings.len())].to_owned(),
+            1 => ["0", "-1.5e3", "12", "0.25"][self.below(4)].to_owned(),
+            2 => ["true", "false"][self.below(2)].to_owned(),
+            3 => "null".to_owned(),
+            4 => {
+                let items: Vec<String> = (0..self.below(4)).map(|_| self.value(depth - 1)).collect();
+                format!("[{}]", items.join(","))
+            }
+            _ => {
+                let keys = ["\"model\"", "\"stream\"", "\"x\"", "\"messages\""];
+                let fields: Vec<String> = (0..self.below(4))
+                    .map(|_| format!("{}:{}", keys[self.below(keys.len())], self.value(depth - 1)))
+                    .collect();
+                format!("{{{}}}", fields.join(","))
+            }
+        }
+    }
+}
+
+/// On any input the scanner answers without panicking; on valid JSON it
+/// agrees with serde_json about the top-level model (or refuses a
+/// duplicate, which serde_json's last-wins reading would hide).
+#[test]
+fn property_agrees_with_serde_json_and_never_panics() {
+    let mut random = Random(0x2545_f491_4f6c_dd1d);
+    for _ in 0..5_000 {
+        let mut document = random.value(4);
+        if random.below(2) == 0 {
+            document = format!("{{\"model\":\"top\",\"body\":{document}}}");
+        }
+        let scanned = scan(document.as_bytes());
+        let parsed: Result<serde_json::Value, _> = serde_json::from_str(&document);
+        match (&scanned, parsed.as_ref().ok().and_then(|v| v.as_object())) {
+            (Ok(fields), Some(object)) => {
+                assert_eq!(Some(fields.model.as_ref()), object.get("model").and_then(|m| m.as_str()), "{document}")
+            }
+            (Ok(_), None) => panic!("scanned a body serde_json refuses: {document}"),
+            (Err(_), _) => {}
+        }
+        // Cut anywhere, or with a byte flipped: an answer, never a panic.
+        let bytes = document.as_bytes();
+        let cut = random.below(bytes.len() + 1);
+        let _ = scan(&bytes[..cut]);
+        let mut flipped = bytes.to_vec();
+        if let Some(byte) = flipped.get_mut(random.below(bytes.len().max(1))) {
+            *byte ^= 1 << random.below(8);
+        }
+        let _ = scan(&flipped);
+    }
+}
+
+fn model_of(body: &str) -> Result<String, GatewayError> {
+    scan(body.as_bytes()).map(|fields| fields.model.into_owned())
+}
+
+#[test]
+fn finds_the_top_level_model() {
+    let body = r#"{"messages":[{"role":"user","content":"say \"model\": 1","model":"nested"}],"model":"llama3","stream":true}"#;
+    let fields = scan(body.as_bytes()).unwrap();
+    assert_eq!(fields.model, "llama3");
+    assert!(fields.stream);
+    assert_eq!(&body[fields.model_span.clone()], "\"llama3\"");
+    assert_eq!(model_of(" {\n\"model\" : \"a/b:c\" } ").unwrap(), "a/b:c");
+    assert!(!scan(br#"{"model":"m","stream":false}"#).unwrap().stream);
+    assert!(!scan(br#"{"model":"m","stream":null}"#).unwrap().stream);
+}
+
+/// Fields whose type decides what is charged are typed strictly: a
+/// stream the upstream would run must never pass as "no stream" here.
+#[test]
+fn stream_fields_and_output_bounds_are_typed() {
+    let invalid = |body: &str| scan(body.as_bytes()).err();
+    for stream in ["1", "\"true\"", "{}", "[true]"] {
+        let body = format!(r#"{{"model":"m","stream":{stream}}}"#);
+        assert_eq!(invalid(&body), Some(GatewayError::InvalidField("stream", "must be a boolean")), "{body}");
+    }
+    assert_eq!(
+        invalid(r#"{"model":"m","stream_options":"x"}"#),
+        Some(GatewayError::InvalidField("stream_options", "must be an object"))
+    );
+    assert_eq!(invalid(r#"{"model":""}"#), Some(GatewayError::InvalidField("model", "must not be empty")));
+    let fields =
+        scan(br#"{"model":"m","stream":true,"stream_options":null,"max_tokens":64,"max_completion_tokens":128}"#)
+            .unwrap();
+    assert_eq!((fields.stream, fields.max_tokens), (true, Some(128)));
+    assert_eq!(fields.stream_options.map(|span| span.len()), Some(4), "null is kept: the gateway replaces it");
+    assert_eq!(scan(br#"{"model":"m","max_tokens":null}"#).unwrap().max_tokens, None);
+    assert!(invalid(r#"{"model":"m","max_tokens":-1}"#).is_some());
+    assert!(invalid(r#"{"model":"m","max_output_tokens":"9"}"#).is_some());
+}
+
+#[test]
+fn unescapes_keys_and_values() {
+    assert_eq!(model_of(r#"{"\u006dodel":"x\u0041"}"#).unwrap(), "xA");
+    assert_eq!(model_of(r#"{"\u006dodel":"a","model":"b"}"#), Err(GatewayError::DuplicateModel));
+}
+
+#[test]
+fn refuses_what_routing_cannot_trust() {
+    let cases: &[(&str, GatewayError)] = &[
+        ("", GatewayError::InvalidJson("unexpected end of input")),
+        ("not json", GatewayError::InvalidJson("invalid literal")),
+        ("[1,2]", GatewayError::NotAnObject),
+        ("\"text\"", GatewayError::NotAnObject),
+        ("{}", GatewayError::MissingModel),
+        (r#"{"messages":[]}"#, GatewayError::MissingModel),
+        (r#"{"model":42}"#, GatewayError::ModelNotString),
+        (r#"{"model":null,"x":1}"#, GatewayError::ModelNotString),
+        (r#"{"model":"a","model":"b"}"#, GatewayError::DuplicateModel),
+        (r#"{"model":"a""#, GatewayError::InvalidJson("expected ',' or '}' in object")),
+        (r#"{"model":"a"} x"#, GatewayError::InvalidJson("trailing characters after the JSON value")),
+        (r#"{"model":"a","n":01}"#, GatewayError::InvalidJson("expected ',' or '}' in object")),
+        (r#"{"model":"a","n":1.}"#, GatewayError::InvalidJson("invalid number")),
+        (r#"{"model":"a","s":"\x"}"#, GatewayError::InvalidJson("invalid escape in string")),
+        (r#"{"model":"unterminated}"#, GatewayError::InvalidJson("unterminated string")),
+        (r#"{"model":42,"#, GatewayError::InvalidJson("expected a string")),
+    ];
+    for (body, expected) in cases {
+        assert_eq!(scan(body.as_bytes()).map(|f| f.model.into_owned()).as_ref(), Err(expected), "{body}");
+    }
+}
+
+#[test]
+fn deep_nesting_is_refused_without_recursing_forever() {
+    let deep = format!("{{\"model\":\"m\",\"x\":{}{}}}", "[".repeat(100_000), "]".repeat(100_000));
+    assert_eq!(scan(deep.as_bytes()), Err(GatewayError::InvalidJson("nested too deeply")));
+    let fine = format!("{{\"model\":\"m\",\"x\":{}{}}}", "[".repeat(100), "]".repeat(100));
+    assert_eq!(model_of(&fine).unwrap(), "m");
+}
+
+#[test]
+fn agrees_with_serde_json_on_valid_documents() {
+    let documents = [
+        r#"{"model":"m","temperature":-0.5e-3,"n":0,"stop":null,"logit_bias":{"1":-100},"tools":[true,false,[],{}]}"#,
+        r#"{"input":"caf\u00e9 ☕","model":"embed-1"}"#,
+    ];
+    for document in documents {
+        let value: serde_json::Value = serde_json::from_str(document).unwrap();
+        assert_eq!(model_of(document).unwrap(), value["model"].as_str().unwrap());
+    }
+}
