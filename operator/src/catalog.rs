@@ -1,18 +1,14 @@
 //! Everything compile reads besides the Gateway, owned: taken from the
 //! stores by the operator, built from plain objects by tests and
-//! benchmarks. The one place [`Inputs`] is assembled.
+//! benchmarks. The one place [`Inputs`] is assembled. No I/O: what the
+//! stores lack is fetched by the Gateway reconciler.
 
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
-use kube::Client;
-use kube::api::Api;
-use kube::runtime::reflector::ObjectRef;
 use waycast_crds::{ApiKey, Gateway, ModelEndpoint};
 
-use crate::apply::bounded;
 use crate::compile::{self, Compiled, Inputs};
-use crate::error::Error;
 use crate::stores::Stores;
 
 /// The objects compile reads, shared with the stores they came from.
@@ -82,41 +78,5 @@ impl Catalog {
     /// Compiles `gateway` over this catalog at `now`.
     pub fn compile(&self, gateway: &Gateway, now: jiff::Timestamp) -> Compiled {
         self.with_inputs(gateway, |inputs| compile::gateway(inputs, now))
-    }
-
-    /// Adds what compile needs beyond the stores: the Gateway's Redis
-    /// Secrets (the platform team's own), and the metadata of credential
-    /// Secrets the routes name that are not opted in, so their status can
-    /// say "not labelled" rather than "missing". A failed look-up of the
-    /// latter counts as missing: it never holds up the rest of the Gateway.
-    ///
-    /// # Errors
-    /// A failed read of a Redis Secret.
-    pub async fn fetch_credentials(
-        &mut self,
-        client: &Client,
-        stores: &Stores,
-        gateway: &Gateway,
-    ) -> Result<(), Error> {
-        for (namespace, name) in compile::models::redis_secrets(gateway) {
-            if let Some(secret) = bounded(Api::<Secret>::namespaced(client.clone(), &namespace).get_opt(&name)).await? {
-                self.secrets.push(Arc::new(secret));
-            }
-        }
-        let wanted = self.with_inputs(gateway, compile::models::credential_secrets);
-        for (namespace, name) in wanted {
-            if stores.credentials.get(&ObjectRef::new(&name).within(&namespace)).is_some() {
-                continue;
-            }
-            let api = Api::<Secret>::namespaced(client.clone(), &namespace);
-            match bounded(api.get_metadata_opt(&name)).await {
-                Ok(Some(meta)) => self.secrets.push(Arc::new(Secret { metadata: meta.metadata, ..Secret::default() })),
-                Ok(None) => {}
-                Err(error) => {
-                    tracing::debug!(%error, secret = %format!("{namespace}/{name}"), "credential Secret look-up failed")
-                }
-            }
-        }
-        Ok(())
     }
 }

@@ -14,7 +14,7 @@ use waycast_crds::condition::reasons;
 use waycast_crds::{Gateway, GatewayStatus};
 
 use super::{CONCURRENCY, DEBOUNCE, RESYNC, error_policy, succeeded};
-use crate::apply::patch_status;
+use crate::apply::{bounded, patch_status};
 use crate::catalog::Catalog;
 use crate::compile::{self, ObjectKey};
 use crate::context::{Context, Written, emit_transitions};
@@ -55,7 +55,7 @@ pub(crate) async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Contex
         return refuse_name_conflict(&context, &gateway, &conflict).await;
     }
     let mut catalog = Catalog::from_stores(&context.stores);
-    catalog.fetch_credentials(&context.client, &context.stores, &gateway).await?;
+    fetch_credentials(&mut catalog, &context.client, &context.stores, &gateway).await?;
     let mut compiled = catalog.compile(&gateway, jiff::Timestamp::now());
     let compiled_at = started.elapsed();
 
@@ -109,6 +109,47 @@ pub(crate) async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Contex
     metrics.reconcile_duration.with_label_values(&["gateway"]).observe(started.elapsed().as_secs_f64());
     succeeded(&context, gateway.as_ref());
     Ok(Action::requeue(until_next_expiry(&compiled.config, now)))
+}
+
+/// Adds what compile needs beyond the stores: the Gateway's Redis
+/// Secrets (the platform team's own), and the metadata of credential
+/// Secrets the routes name that are not opted in, so their status can
+/// say "not labelled" rather than "missing". A failed look-up of the
+/// latter counts as missing: it never holds up the rest of the Gateway.
+///
+/// # Errors
+/// A failed read of a Redis Secret.
+async fn fetch_credentials(
+    catalog: &mut Catalog,
+    client: &kube::Client,
+    stores: &Stores,
+    gateway: &Gateway,
+) -> Result<(), Error> {
+    for (namespace, name) in compile::models::redis_secrets(gateway) {
+        if let Some(secret) =
+            bounded(Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), &namespace).get_opt(&name))
+                .await?
+        {
+            catalog.secrets.push(Arc::new(secret));
+        }
+    }
+    let wanted = catalog.with_inputs(gateway, compile::models::credential_secrets);
+    for (namespace, name) in wanted {
+        if stores.credentials.get(&ObjectRef::new(&name).within(&namespace)).is_some() {
+            continue;
+        }
+        let api = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), &namespace);
+        match bounded(api.get_metadata_opt(&name)).await {
+            Ok(Some(meta)) => catalog
+                .secrets
+                .push(Arc::new(k8s_openapi::api::core::v1::Secret { metadata: meta.metadata, ..Default::default() })),
+            Ok(None) => {}
+            Err(error) => {
+                tracing::debug!(%error, secret = %format!("{namespace}/{name}"), "credential Secret look-up failed")
+            }
+        }
+    }
+    Ok(())
 }
 
 /// An object the Gateway would own that another controller owns, if any:
