@@ -29,7 +29,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use http::{HeaderMap, HeaderValue};
-use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
@@ -227,11 +226,9 @@ pub async fn start(options: GatewayOptions) -> Result<RunningGateway, StartError
         fleet: Arc::default(),
         draining: AtomicBool::new(false),
     });
-    let bind = |address| async move {
-        TcpListener::bind(address).await.map_err(|source| StartError::Bind { address, source })
-    };
-    let public = bind(options.listen).await?;
-    let admin = bind(options.admin_listen).await?;
+    let bind = |address| server::bind(address).map_err(|source| StartError::Bind { address, source });
+    let public = bind(options.listen)?;
+    let admin = bind(options.admin_listen)?;
     let public_addr = public.local_addr().map_err(|source| StartError::Bind { address: options.listen, source })?;
     let admin_addr = admin.local_addr().map_err(|source| StartError::Bind { address: options.admin_listen, source })?;
     let tls = match options.tls {

@@ -46,6 +46,27 @@ fn builder(header_read_timeout: Duration) -> auto::Builder<TokioExecutor> {
     builder
 }
 
+/// Connections the kernel may hold, handshake done, until the gateway
+/// accepts them (clamped by `net.core.somaxconn`, 4096 by default on Linux
+/// 5.4 and later). The usual 128 is far too few: a burst past it while every
+/// core is busy has its SYNs dropped (the client retries after 1 s, 3 s, …)
+/// or its handshake's last ACK dropped, which leaves a client that waits to
+/// be spoken to holding a connection the gateway never sees.
+pub const LISTEN_BACKLOG: u32 = 4096;
+
+/// Binds `address` with a listen queue of [`LISTEN_BACKLOG`].
+///
+/// # Errors
+/// When the socket cannot be created, bound or put in listening state.
+pub fn bind(address: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if address.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    // As std and tokio do: a restarted gateway can bind while connections
+    // of the previous one linger in TIME_WAIT.
+    socket.set_reuseaddr(true)?;
+    socket.bind(address)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 /// Streams one HTTP/2 connection may have open at once.
 pub const MAX_CONCURRENT_STREAMS: u32 = 256;
 /// How often an HTTP/2 connection is pinged; a peer that does not answer

@@ -129,8 +129,8 @@ async fn the_gateway_process_stays_bounded_and_returns_to_idle() {
 
     // Twice: memory the allocator keeps after the first storm is reused by
     // the second, so a leak shows as growth from one to the next.
-    let first = storm(&gateway, header_timeout).await;
-    let second = storm(&gateway, header_timeout).await;
+    let first = storm(&gateway).await;
+    let second = storm(&gateway).await;
     println!(
         "RSS idle {:.1} MiB; after the first storm {:.1} MiB, after the second {:.1} MiB",
         mib(idle_rss),
@@ -143,7 +143,11 @@ async fn the_gateway_process_stays_bounded_and_returns_to_idle() {
             round.slowest_close, round.h2_complete, round.h2_took, round.served
         );
         assert!(round.peak_rss < 64 << 20, "peak RSS {:.1} MiB", mib(round.peak_rss));
-        assert!(round.slowest_close < Duration::from_secs(30), "an idle connection lived {:?}", round.slowest_close);
+        assert!(
+            round.slowest_close <= header_timeout + Duration::from_secs(1),
+            "an idle connection lived {:?}",
+            round.slowest_close
+        );
         assert_eq!(round.h2_complete, 1_000, "every HTTP/2 stream ran to [DONE]");
         for (took, status_line) in &round.slow_answers {
             assert!(*took < Duration::from_secs(4), "a slow body was held {took:?}");
@@ -175,7 +179,7 @@ struct Storm {
 
 /// Runs every hostile case at once against `gateway`, then waits for it to
 /// go idle and measures it.
-async fn storm(gateway: &support::GatewayProcess, header_timeout: Duration) -> Storm {
+async fn storm(gateway: &support::GatewayProcess) -> Storm {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     use tokio::net::TcpStream;
     use waycast_mock::fixtures as fixture;
@@ -213,15 +217,12 @@ async fn storm(gateway: &support::GatewayProcess, header_timeout: Duration) -> S
         }
     });
 
-    // Connections that send nothing, or stop inside the HTTP/2 preface: none
-    // may be held. NB: measured from the client, a close includes the time
-    // the connection waited in the listen queue; with this test and the
-    // gateway saturating both cores of the development machine, accepts now
-    // and then lagged (mostly 1 s, a TCP handshake retransmit; once a
-    // connection was still open after 30 s). So here each must close within
-    // 30 s and the count within the bound is printed. The strict bound —
-    // header timeout + 1 s — is asserted without the CPU storm, for a silent
-    // and a half-preface connection, in gateway_resilience.rs.
+    // Connections that send nothing, or stop inside the HTTP/2 preface: each
+    // is closed within the header timeout (+ 1 s of slack for two saturated
+    // cores). This once failed with one still open after 30 s: the listen
+    // queue was the default 128, so of 300 connects at once some had their
+    // SYN dropped (1 s late) or their handshake's last ACK (never accepted
+    // at all); gateway_process.rs now checks the queue on its own.
     let silent = (0..300).map(|index| {
         tokio::spawn(async move {
             let mut stream = TcpStream::connect(public).await.unwrap();
@@ -230,7 +231,7 @@ async fn storm(gateway: &support::GatewayProcess, header_timeout: Duration) -> S
             }
             let opened = Instant::now();
             let mut byte = [0_u8; 1];
-            let closed = tokio::time::timeout(Duration::from_secs(30), stream.read(&mut byte)).await;
+            let closed = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut byte)).await;
             assert!(matches!(closed, Ok(Ok(0) | Err(_))), "connection {index}: {closed:?}");
             opened.elapsed()
         })
@@ -323,8 +324,6 @@ async fn storm(gateway: &support::GatewayProcess, header_timeout: Duration) -> S
     }
     closed_after.sort();
     let slowest_close = closed_after.last().copied().unwrap();
-    let within_bound = closed_after.iter().filter(|d| **d <= header_timeout + Duration::from_secs(1)).count();
-    println!("silent connections: {within_bound} of {} closed within the header timeout + 1 s", closed_after.len());
     let mut slow_answers = Vec::new();
     for connection in slow {
         slow_answers.push(connection.await.unwrap());

@@ -1,5 +1,7 @@
 //! The gateway binary as a process: SIGTERM during a stream lets the stream
-//! finish, refuses new connections, and exits 0; SIGHUP re-reads the config.
+//! finish, refuses new connections, and exits 0; SIGHUP re-reads the config;
+//! a burst of connections that arrives while it is not accepting waits in
+//! the listen queue instead of being dropped.
 
 #![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
 
@@ -83,4 +85,63 @@ async fn sigterm_drains_and_sighup_reloads() {
     assert!(text.contains("token7") && text.ends_with("data: [DONE]\n\n"), "the stream was cut: {text}");
     let status = tokio::time::timeout(Duration::from_secs(5), gateway.child.wait()).await.unwrap().unwrap();
     assert_eq!(status.code(), Some(0));
+}
+
+/// A gateway that cannot accept for a moment (here: stopped; in production:
+/// every core busy) must not lose a burst of new connections. With too short
+/// a listen queue the kernel drops the SYNs past it (the client retries after
+/// 1 s, 3 s, …) or, worse, the handshake's last ACK, so a client that speaks
+/// only after being greeted sees an open connection the gateway never gets.
+#[tokio::test]
+async fn a_burst_of_connections_while_busy_waits_in_the_listen_queue() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    const BURST: usize = 1_000;
+    let mock = mock_upstream::start(SocketAddr::from(([127, 0, 0, 1], 0)), MockOptions::default()).await.unwrap();
+    let config = fixture::default_config(&mock.base_url());
+    let gateway = GatewayProcess::start(&config, &["--header-timeout", "1s"]).await;
+    gateway.signal("STOP");
+    let connects = (0..BURST).map(|_| {
+        let public = gateway.public;
+        tokio::spawn(async move {
+            tokio::time::timeout(Duration::from_millis(900), tokio::net::TcpStream::connect(public)).await
+        })
+    });
+    let mut streams = Vec::new();
+    for connect in connects.collect::<Vec<_>>() {
+        match connect.await.unwrap() {
+            Ok(Ok(stream)) => streams.push(stream),
+            other => {
+                gateway.signal("CONT");
+                panic!("connection {} of a burst of {BURST} was not queued: {other:?}", streams.len() + 1);
+            }
+        }
+    }
+    // Every tenth asks something while the gateway is still stopped.
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\nauthorization: Bearer {ALICE_KEY}\r\n\
+         content-type: application/json\r\ncontent-length: 22\r\nconnection: close\r\n\r\n{{\"model\":\"mistral-7b\"}}"
+    );
+    for stream in streams.iter_mut().step_by(10) {
+        stream.write_all(request.as_bytes()).await.unwrap();
+    }
+    gateway.signal("CONT");
+    let resumed = Instant::now();
+    let answers = streams.into_iter().enumerate().map(|(index, mut stream)| {
+        tokio::spawn(async move {
+            let mut answer = Vec::new();
+            let read = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer)).await;
+            (index, read.map(|r| r.is_ok()), String::from_utf8_lossy(&answer).lines().next().map(str::to_owned))
+        })
+    });
+    for answer in answers.collect::<Vec<_>>() {
+        let (index, ended, status_line) = answer.await.unwrap();
+        assert_eq!(ended, Ok(true), "connection {index} was still open 10 s after the gateway resumed");
+        if index % 10 == 0 {
+            assert_eq!(status_line.as_deref(), Some("HTTP/1.1 200 OK"), "connection {index}");
+        } else {
+            assert_eq!(status_line, None, "connection {index} sent nothing and gets nothing");
+        }
+    }
+    println!("{BURST} queued connections answered or closed {:?} after the gateway resumed", resumed.elapsed());
 }
