@@ -6,7 +6,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::Full;
 
-use crate::Shared;
+use crate::shared::Shared;
 
 /// Answers one admin request.
 pub fn respond<B>(shared: &Shared, request: &Request<B>) -> Response<Full<Bytes>> {

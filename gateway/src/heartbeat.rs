@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Owne
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 
-use crate::Shared;
+use crate::shared::Shared;
 
 use waycast_crds::gateway_pod::env;
 pub use waycast_crds::heartbeat::GATEWAY_LABEL;

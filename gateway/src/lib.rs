@@ -18,22 +18,23 @@ pub mod heartbeat;
 pub mod limit;
 pub mod metrics;
 pub mod proxy;
+pub mod registry;
 pub mod server;
+pub mod shared;
 pub mod snapshot;
 pub mod tls;
+pub mod upstream;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use http::{HeaderMap, HeaderValue};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use config::ConfigStore;
 use metrics::Metrics;
+use shared::{ConnectionLimits, Shared};
 
 /// Client connections open at once by default (`--max-connections`): far
 /// above what one pod serves well, low enough that descriptors and memory
@@ -43,74 +44,6 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 /// How long a client connection may stay open with no request in flight, by
 /// default (`--idle-timeout`).
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
-
-/// State every request shares.
-pub struct Shared {
-    /// The config being served.
-    pub config: ConfigStore,
-    /// Prometheus metrics.
-    pub metrics: Metrics,
-    /// Request id generator.
-    pub request_ids: RequestIds,
-    /// Longest a client may take to send its body.
-    pub body_timeout: Duration,
-    /// Longest a client may take to send its request headers.
-    pub header_read_timeout: Duration,
-    /// Most client connections open at once.
-    pub max_connections: usize,
-    /// Longest a client connection stays open with no request in flight.
-    pub idle_timeout: Duration,
-    /// How many pods share each rate limit.
-    pub fleet: Arc<limit::fleet::Fleet>,
-    draining: AtomicBool,
-}
-
-impl Shared {
-    /// A config is loaded and the gateway is not draining.
-    pub fn is_ready(&self) -> bool {
-        !self.is_draining() && self.config.current().is_some()
-    }
-
-    /// SIGTERM (or [`RunningGateway::shutdown`]) was received.
-    pub fn is_draining(&self) -> bool {
-        self.draining.load(Ordering::Relaxed)
-    }
-}
-
-/// `X-Request-Id`s: the client's when it sent a sane one, else a
-/// process-unique `<random prefix><counter>` (no syscall per request).
-pub struct RequestIds {
-    prefix: u64,
-    counter: AtomicU64,
-}
-
-impl RequestIds {
-    fn new() -> Self {
-        let mut seed = [0_u8; 8];
-        // A failing OS RNG only costs uniqueness across restarts.
-        let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut seed);
-        Self { prefix: u64::from_le_bytes(seed), counter: AtomicU64::new(0) }
-    }
-
-    /// The id for a request with these headers.
-    pub fn for_request(&self, headers: &HeaderMap) -> HeaderValue {
-        if let Some(given) = headers.get(&proxy::forward::REQUEST_ID)
-            && !given.is_empty()
-            && given.len() <= 128
-            && given.as_bytes().iter().all(|b| b.is_ascii_graphic())
-        {
-            return given.clone();
-        }
-        // 16 hex digits of the per-process prefix, then 8 of the counter
-        // (its low 32 bits: it wraps after 4 billion requests).
-        let count = self.counter.fetch_add(1, Ordering::Relaxed) as u32;
-        let mut text = [0_u8; 24];
-        let (prefix, counter) = text.split_at_mut(16);
-        let encoded = hex::encode_to_slice(self.prefix.to_be_bytes(), prefix)
-            .and_then(|()| hex::encode_to_slice(count.to_be_bytes(), counter));
-        encoded.ok().and_then(|()| HeaderValue::from_bytes(&text).ok()).unwrap_or_else(|| HeaderValue::from_static("-"))
-    }
-}
 
 /// Where the config comes from.
 pub enum ConfigSource {
@@ -215,17 +148,12 @@ pub async fn termination_signal() {
 /// # Errors
 /// [`StartError`] when a listener cannot bind or TLS files are unusable.
 pub async fn start(options: GatewayOptions) -> Result<RunningGateway, StartError> {
-    let shared = Arc::new(Shared {
-        config: ConfigStore::default(),
-        metrics: Metrics::new()?,
-        request_ids: RequestIds::new(),
-        body_timeout: options.body_timeout,
+    let connections = ConnectionLimits {
         header_read_timeout: options.header_read_timeout,
         max_connections: options.max_connections,
         idle_timeout: options.idle_timeout,
-        fleet: Arc::default(),
-        draining: AtomicBool::new(false),
-    });
+    };
+    let shared = Arc::new(Shared::new(Metrics::new()?, connections, options.body_timeout));
     let bind = |address| server::bind(address).map_err(|source| StartError::Bind { address, source });
     let public = bind(options.listen)?;
     let admin = bind(options.admin_listen)?;
@@ -237,10 +165,12 @@ pub async fn start(options: GatewayOptions) -> Result<RunningGateway, StartError
     };
 
     let mut background = Vec::new();
+    let (updates, updated) = mpsc::channel(config::UPDATE_QUEUE);
+    background.push(tokio::spawn(config::apply_updates(updated, shared.clone())));
     background.push(match options.config {
-        ConfigSource::File(path) => tokio::spawn(config::file::watch(path, shared.clone())),
+        ConfigSource::File(path) => tokio::spawn(config::file::watch(path, updates)),
         ConfigSource::Secret { client, namespace, name } => {
-            tokio::spawn(config::secret::watch(client, namespace, name, shared.clone()))
+            tokio::spawn(config::secret::watch(client, namespace, name, updates))
         }
     });
     if let Some(tls) = &tls {
@@ -272,7 +202,7 @@ impl RunningGateway {
     /// streams finish (up to the drain timeout), then stop everything.
     pub async fn shutdown(mut self) -> Drained {
         let started = Instant::now();
-        self.shared.draining.store(true, Ordering::Relaxed);
+        self.shared.start_draining();
         let _ = self.drain.send(true);
         let _ = self.accept.await;
         // Every connection holds an `alive` sender; `recv` returns None once
@@ -294,27 +224,5 @@ impl RunningGateway {
         // The access log is written in batches; nothing queued is lost on a graceful stop.
         tokio::task::spawn_blocking(access_log::flush).await.ok();
         drained
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn request_ids_are_hex_unique_and_a_clients_id_is_kept() {
-        let ids = RequestIds::new();
-        let (first, second) = (ids.for_request(&HeaderMap::new()), ids.for_request(&HeaderMap::new()));
-        for id in [&first, &second] {
-            let text = id.to_str().unwrap();
-            assert_eq!(text.len(), 24, "{text}");
-            assert!(text.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()), "{text}");
-        }
-        assert_ne!(first, second);
-        assert_eq!(&first.to_str().unwrap()[..16], &second.to_str().unwrap()[..16], "one prefix per process");
-        assert!(second.to_str().unwrap().ends_with("00000001"));
-        let mut given = HeaderMap::new();
-        given.insert(proxy::forward::REQUEST_ID.clone(), HeaderValue::from_static("trace-42"));
-        assert_eq!(ids.for_request(&given), "trace-42");
     }
 }

@@ -17,7 +17,7 @@ use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
-use crate::Shared;
+use crate::shared::Shared;
 use crate::tls::TlsFiles;
 
 /// Default longest time a client may take to send its request headers (slowloris guard).
@@ -85,7 +85,7 @@ pub async fn serve_public(
     drain: watch::Receiver<bool>,
     alive: mpsc::Sender<()>,
 ) {
-    let header_read_timeout = shared.header_read_timeout;
+    let header_read_timeout = shared.connections.header_read_timeout;
     let builder = Arc::new(builder(header_read_timeout));
     loop {
         let mut stop = drain.clone();
@@ -105,7 +105,9 @@ pub async fn serve_public(
         };
         // Past the cap a new connection is closed at once (and counted):
         // the ones already open keep their share of the pod.
-        if shared.metrics.connections_open.get() >= i64::try_from(shared.max_connections).unwrap_or(i64::MAX) {
+        if shared.metrics.connections_open.get()
+            >= i64::try_from(shared.connections.max_connections).unwrap_or(i64::MAX)
+        {
             shared.metrics.connections_refused.inc();
             drop(stream);
             continue;
@@ -126,7 +128,7 @@ pub async fn serve_public(
         let watch = Watch {
             activity: client.activity.clone(),
             first_request_within: header_read_timeout,
-            idle_timeout: shared.idle_timeout,
+            idle_timeout: shared.connections.idle_timeout,
         };
         tokio::spawn(async move {
             let service = service_fn(move |request| crate::proxy::handle(shared.clone(), client.clone(), request));

@@ -8,24 +8,28 @@
 //!
 //! Built once per config, published with one `ArcSwap::store`, read by each
 //! request with one atomic load. Nothing here is mutated after build except
-//! the per-route round-robin counter. Upstream connection pools are carried
-//! over from the previous snapshot, so a reload does not drop warm
-//! connections.
+//! the per-route round-robin counter. What must outlive one config (pools,
+//! limiter state, the Redis connection) is lent by [`crate::registry`];
+//! building is pure.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use http::uri::{Authority, Scheme};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use waycast_crds::config::{GatewayConfig, KeyConfig, ModelConfig, Settings, TimeoutsConfig, glob_matches};
-use waycast_crds::egress::Cidr;
 
 use crate::limit::LimitSet;
 use crate::limit::redis::RedisCounter;
-use crate::proxy::forward::{UpstreamClient, upstream_client};
+use crate::registry::{Registry, Resources};
+use crate::upstream::UpstreamClient;
+
+/// The inference endpoints forwarded to a model's backends; a backend's
+/// upstream paths are built for each, in this order, when a config loads.
+pub const PROXIED_PATHS: [&str; 5] =
+    ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/messages"];
 
 /// A built config.
 pub struct Snapshot {
@@ -36,9 +40,6 @@ pub struct Snapshot {
     keys: HashMap<[u8; 32], KeyEntry, BuildHasherDefault<DigestHasher>>,
     routes: Vec<Route>,
     by_name: HashMap<Box<str>, usize>,
-    clients: Vec<(Duration, UpstreamClient)>,
-    /// The egress ranges the clients were built with.
-    denied: Arc<[Cidr]>,
     /// Counts the rate limits for the whole fleet, when the config says Redis.
     pub redis: Option<Arc<RedisCounter>>,
 }
@@ -198,55 +199,33 @@ pub enum BuildError {
     /// A TLS setup (upstreams, Redis) failed.
     #[error("cannot set up TLS: {0}")]
     Tls(String),
+    /// The resources lent were not made for this config (a bug).
+    #[error("internal: {0} was not lent for this config")]
+    NotLent(&'static str),
 }
 
 impl Snapshot {
-    /// Builds a snapshot from a validated config. `previous` lends its
-    /// connection pools.
+    /// Builds a snapshot from a validated config and the resources the
+    /// registry lent for it.
     ///
     /// # Errors
     /// [`BuildError`] for what validation cannot catch.
-    pub fn build(config: &GatewayConfig, hash: String, previous: Option<&Snapshot>) -> Result<Self, BuildError> {
-        let mut clients: Vec<(Duration, UpstreamClient)> = Vec::new();
-        // Validation parsed these already; an entry that fails here is skipped.
-        let denied: Arc<[Cidr]> = config.settings.denied_cidrs.iter().filter_map(|c| c.parse().ok()).collect();
-        // Pools are reused only while the egress rules they enforce stay.
-        let previous_clients =
-            previous.filter(|p| p.denied == denied).map(|p| p.clients.as_slice()).unwrap_or_default();
+    pub fn build(config: &GatewayConfig, hash: String, lent: &Resources) -> Result<Self, BuildError> {
         let mut routes = Vec::with_capacity(config.models.len());
         let mut by_name = HashMap::new();
         for (model_index, model) in config.models.iter().enumerate() {
             let connect = model.timeouts.connect;
-            let client = match clients.iter().find(|(timeout, _)| *timeout == connect) {
-                Some((_, client)) => client.clone(),
-                None => {
-                    let reused = previous_clients.iter().find(|(t, _)| *t == connect);
-                    let client = match reused {
-                        Some((_, client)) => client.clone(),
-                        None => upstream_client(connect, denied.clone()).map_err(|e| BuildError::Tls(e.to_string()))?,
-                    };
-                    clients.push((connect, client.clone()));
-                    client
-                }
-            };
-            let mut route = build_route(model_index, model, client)?;
-            // Limiter state continues from the same model in the last snapshot.
-            route.limits = model.limits.as_ref().map(|limits| {
-                let before = previous
-                    .and_then(|p| p.route_index(&model.name).map(|index| p.route(index)))
-                    .and_then(|route| route.limits.as_deref());
-                Arc::new(LimitSet::new(limits, before))
-            });
+            let client = lent.client(connect).ok_or(BuildError::NotLent("an upstream client"))?;
+            let mut route = build_route(model_index, model, client.clone())?;
+            if model.limits.is_some() {
+                route.limits = Some(lent.model_limits(&model.name).ok_or(BuildError::NotLent("model limits"))?);
+            }
             for name in &route.names {
                 by_name.insert(name.clone().into_boxed_str(), model_index);
             }
             routes.push(route);
         }
         let mut keys = HashMap::with_capacity_and_hasher(config.keys.len(), BuildHasherDefault::default());
-        // Limiter state continues by key id (a rotated key keeps its count).
-        let limited_before: HashMap<&str, &LimitSet> = previous
-            .map(|p| p.keys.values().filter_map(|k| Some((k.id.as_ref(), k.limits.as_deref()?))).collect())
-            .unwrap_or_default();
         // What each namespace's keys may see, computed once per namespace.
         let mut visible: HashMap<&str, Option<Arc<[u64]>>> = HashMap::new();
         for (index, key) in config.keys.iter().enumerate() {
@@ -255,24 +234,24 @@ impl Snapshot {
             let namespace = key_namespace(&key.id);
             entry.visible_routes =
                 visible.entry(namespace).or_insert_with(|| visible_routes(&config.models, namespace)).clone();
-            entry.limits = key
-                .limits
-                .as_ref()
-                .map(|limits| Arc::new(LimitSet::new(limits, limited_before.get(key.id.as_str()).copied())));
+            if key.limits.is_some() {
+                entry.limits = Some(lent.key_limits(&key.id).ok_or(BuildError::NotLent("key limits"))?);
+            }
             keys.insert(digest, entry);
         }
-        // The connection (and its task) is kept while the Redis settings stay.
-        let redis = match config.settings.redis.as_ref() {
+        let redis = match config.settings.redis {
+            Some(_) => Some(lent.redis().ok_or(BuildError::NotLent("a Redis counter"))?),
             None => None,
-            Some(wanted) => match previous.and_then(|p| p.redis.as_ref()).filter(|counter| counter.config == *wanted) {
-                Some(kept) => Some(kept.clone()),
-                None => Some(Arc::new(
-                    RedisCounter::start(wanted.clone())
-                        .map_err(|e| BuildError::Tls(format!("settings.redis.tls: {e}")))?,
-                )),
-            },
         };
-        Ok(Self { hash, settings: config.settings.clone(), keys, routes, by_name, clients, denied, redis })
+        Ok(Self { hash, settings: config.settings.clone(), keys, routes, by_name, redis })
+    }
+
+    /// A snapshot of `config` with resources of its own (tests, tools).
+    ///
+    /// # Errors
+    /// As [`Snapshot::build`] and [`Registry::lend`].
+    pub fn standalone(config: &GatewayConfig, hash: String) -> Result<Self, BuildError> {
+        Self::build(config, hash, &Registry::default().lend(config)?)
     }
 
     /// The key with this SHA-256 digest.
@@ -347,7 +326,7 @@ fn build_route(model_index: usize, model: &ModelConfig, client: UpstreamClient) 
             backend.model.as_ref().map(|name| bytes::Bytes::from(serde_json::Value::from(name.as_str()).to_string()));
         // A query in the base URL (Azure's `?api-version=`) goes with every request.
         let query = uri.query().map(|q| format!("?{q}")).unwrap_or_default();
-        let paths = crate::proxy::route::PROXIED_PATHS
+        let paths = PROXIED_PATHS
             .iter()
             .map(|path| http::uri::PathAndQuery::try_from(format!("{base_path}{}{query}", &path["/v1".len()..])))
             .collect::<Result<Vec<_>, _>>()

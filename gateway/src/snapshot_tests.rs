@@ -44,13 +44,12 @@ fn key(id: &str, models: Option<&[&str]>) -> KeyConfig {
 
 #[test]
 fn resolves_names_aliases_and_allow_lists() {
-    let snapshot = Snapshot::build(
+    let snapshot = Snapshot::standalone(
         &config(
             vec![model("llama-3", &["llama"], &[1]), model("mistral", &[], &[1])],
             vec![key("a", Some(&["llama"])), key("bb", None)],
         ),
         "h".into(),
-        None,
     )
     .unwrap();
     assert_eq!(snapshot.route_index("llama"), Some(0));
@@ -66,7 +65,7 @@ fn resolves_names_aliases_and_allow_lists() {
 
 #[test]
 fn spreads_by_weight_and_fails_over_to_fallbacks_last() {
-    let snapshot = Snapshot::build(&config(vec![model("m", &[], &[3, 1, 0])], vec![]), "h".into(), None).unwrap();
+    let snapshot = Snapshot::standalone(&config(vec![model("m", &[], &[3, 1, 0])], vec![]), "h".into()).unwrap();
     let route = snapshot.route(0);
     let mut first_picks = [0; 3];
     for _ in 0..400 {

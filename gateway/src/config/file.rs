@@ -7,8 +7,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::mpsc;
 
-use crate::Shared;
+use super::Update;
+use super::load::LoadError;
 
 /// How often the file's metadata is checked.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
@@ -26,11 +28,14 @@ fn stamp(path: &PathBuf) -> Option<Stamp> {
     Some(Stamp { modified: metadata.modified().ok(), len: metadata.len(), inode: metadata.ino() })
 }
 
-/// Loads `path` now, then keeps it applied until the process ends.
-pub async fn watch(path: PathBuf, shared: Arc<Shared>) {
-    let source = format!("file:{}", path.display());
+/// Reads `path` now, then again whenever it changes or SIGHUP comes, until
+/// the applier is gone.
+pub async fn watch(path: PathBuf, updates: mpsc::Sender<Update>) {
+    let source: Arc<str> = Arc::from(format!("file:{}", path.display()));
     let mut last = stamp(&path);
-    read_and_apply(&path, &source, &shared);
+    if updates.send(read(&path, &source)).await.is_err() {
+        return;
+    }
     let mut hangups = signal(SignalKind::hangup()).ok();
     let mut ticker = tokio::time::interval(POLL_INTERVAL);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -42,20 +47,14 @@ pub async fn watch(path: PathBuf, shared: Arc<Shared>) {
         let now = stamp(&path);
         if forced || now != last {
             last = now;
-            read_and_apply(&path, &source, &shared);
+            if updates.send(read(&path, &source)).await.is_err() {
+                return;
+            }
         }
     }
 }
 
-fn read_and_apply(path: &PathBuf, source: &str, shared: &Shared) {
-    match std::fs::read(path) {
-        Ok(bytes) => {
-            // Errors are logged and counted by the store.
-            let _ = shared.config.apply(&bytes, source, &shared.metrics);
-        }
-        Err(error) => {
-            shared.metrics.config_reload_errors.inc();
-            tracing::error!(source, %error, "cannot read config file; keeping the last good config");
-        }
-    }
+fn read(path: &PathBuf, source: &Arc<str>) -> Update {
+    let bytes = std::fs::read(path).map_err(|error| LoadError::Unreadable(error.to_string()));
+    Update { source: source.clone(), bytes }
 }

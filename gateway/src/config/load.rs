@@ -1,10 +1,11 @@
-//! Bytes → validated `Snapshot`. Pure apart from building connection pools.
+//! Bytes → validated `Snapshot`, with what the registry lends it.
 
 use std::io::Read as _;
 
 use waycast_crds::GatewayConfig;
 use waycast_crds::config::ConfigError;
 
+use crate::registry::Registry;
 use crate::snapshot::{BuildError, Snapshot};
 
 /// Largest config accepted after decompression: a bound against gzip bombs.
@@ -25,20 +26,27 @@ pub enum LoadError {
     /// The source had no config in it.
     #[error("{0}")]
     Missing(String),
+    /// The source could not be read.
+    #[error("cannot read: {0}")]
+    Unreadable(String),
 }
 
 /// Builds a snapshot from `bytes`, or `None` when they are what `previous`
-/// was built from.
+/// was built from. The registry keeps what the new snapshot was built with
+/// only once it is built.
 ///
 /// # Errors
 /// [`LoadError`] when the bytes are not a valid config.
-pub fn load(bytes: &[u8], previous: Option<&Snapshot>) -> Result<Option<Snapshot>, LoadError> {
+pub fn load(bytes: &[u8], previous: Option<&Snapshot>, registry: &mut Registry) -> Result<Option<Snapshot>, LoadError> {
     let hash = waycast_crds::digest::config_hash(bytes);
     if previous.is_some_and(|p| p.hash == hash) {
         return Ok(None);
     }
     let config = GatewayConfig::from_slice(bytes)?;
-    Ok(Some(Snapshot::build(&config, hash, previous)?))
+    let lent = registry.lend(&config)?;
+    let snapshot = Snapshot::build(&config, hash, &lent)?;
+    registry.keep(lent);
+    Ok(Some(snapshot))
 }
 
 /// Decompresses gzip, refusing output over [`MAX_CONFIG_BYTES`].

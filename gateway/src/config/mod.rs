@@ -2,11 +2,11 @@
 //!
 //! ```text
 //! file.rs   (--config-file: poll + SIGHUP) ─┐
-//! secret.rs (--config-secret: kube watch)  ─┴─► bytes ─► load.rs (parse, validate, build)
-//!                                                          └─► ConfigStore::store (one ArcSwap)
+//! secret.rs (--config-secret: kube watch)  ─┴─► Update (bytes) ─► apply_updates (one task, owns the Registry)
+//!                                                 ─► load.rs (parse, validate, lend, build) ─► ConfigStore (one ArcSwap)
 //! ```
 //!
-//! Sources only produce bytes. A bad config is logged, counted in
+//! Sources only produce bytes, sent as [`Update`]s. A bad config is logged, counted in
 //! `waycast_gateway_config_reload_errors_total`, and never reaches the store:
 //! the last good one keeps serving. Requests hold the `Arc<Snapshot>` they
 //! started with, so a swap never changes a request mid-flight.
@@ -18,10 +18,42 @@ pub mod secret;
 use std::sync::Arc;
 
 use arc_swap::ArcSwapOption;
+use tokio::sync::mpsc;
 
 use crate::metrics::Metrics;
+use crate::registry::Registry;
+use crate::shared::Shared;
 use crate::snapshot::Snapshot;
 use load::LoadError;
+
+/// What a source read: the config bytes, or why it has none.
+pub struct Update {
+    /// Where from (`file:PATH`, `secret:NS/NAME`), for logs.
+    pub source: Arc<str>,
+    /// The bytes, or why the source could not give them.
+    pub bytes: Result<Vec<u8>, LoadError>,
+}
+
+/// How many updates may wait for the applier; a source waits beyond.
+pub const UPDATE_QUEUE: usize = 4;
+
+/// Applies each update in turn until every source has ended; the only
+/// owner of the [`Registry`].
+pub async fn apply_updates(mut updates: mpsc::Receiver<Update>, shared: Arc<Shared>) {
+    let mut registry = Registry::default();
+    while let Some(Update { source, bytes }) = updates.recv().await {
+        match bytes {
+            // Errors are logged and counted by the store.
+            Ok(bytes) => {
+                let _ = shared.config.apply(&mut registry, &bytes, &source, &shared.metrics);
+            }
+            Err(error) => {
+                shared.metrics.config_reload_errors.inc();
+                tracing::error!(%source, %error, "config source gave no usable config; keeping the last good config");
+            }
+        }
+    }
+}
 
 /// The config being served, and the newest one refused.
 #[derive(Default)]
@@ -65,9 +97,15 @@ impl ConfigStore {
     ///
     /// # Errors
     /// [`LoadError`] when the bytes are not a valid config.
-    pub fn apply(&self, bytes: &[u8], source: &str, metrics: &Metrics) -> Result<Applied, LoadError> {
+    pub fn apply(
+        &self,
+        registry: &mut Registry,
+        bytes: &[u8],
+        source: &str,
+        metrics: &Metrics,
+    ) -> Result<Applied, LoadError> {
         let previous = self.current.load_full();
-        match load::load(bytes, previous.as_deref()) {
+        match load::load(bytes, previous.as_deref(), registry) {
             Ok(None) => Ok(Applied::Unchanged),
             Ok(Some(snapshot)) => {
                 let hash = snapshot.hash.clone();
@@ -110,13 +148,14 @@ mod tests {
     fn a_refused_config_is_remembered_until_one_applies() {
         let store = ConfigStore::default();
         let metrics = Metrics::new().unwrap();
+        let mut registry = Registry::default();
         let bad = br#"{"apiVersion":"waycast.dev/config-v1","settings":{"maxRequestBodyBytes":0}}"#;
-        assert!(store.apply(bad, "test", &metrics).is_err());
+        assert!(store.apply(&mut registry, bad, "test", &metrics).is_err());
         let refused = store.refused().expect("the refusal is kept for the heartbeat");
         assert_eq!(refused.hash, waycast_crds::digest::config_hash(bad));
         assert!(refused.reason.contains("settings.maxRequestBodyBytes"), "{}", refused.reason);
         let good = br#"{"apiVersion":"waycast.dev/config-v1"}"#;
-        assert!(matches!(store.apply(good, "test", &metrics), Ok(Applied::Changed(_))));
+        assert!(matches!(store.apply(&mut registry, good, "test", &metrics), Ok(Applied::Changed(_))));
         assert_eq!(store.refused(), None, "a config that applies clears it");
     }
 }

@@ -10,31 +10,30 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use waycast_crds::config::{SECRET_KEY_GZIP, SECRET_KEYS_PLAIN};
 
-use super::load::{LoadError, gunzip};
-use crate::Shared;
+use tokio::sync::mpsc;
 
-/// Follows the Secret until the process ends.
-pub async fn watch(client: Client, namespace: String, name: String, shared: Arc<Shared>) {
+use super::Update;
+use super::load::{LoadError, gunzip};
+
+/// Follows the Secret until the applier is gone.
+pub async fn watch(client: Client, namespace: String, name: String, updates: mpsc::Sender<Update>) {
     let api: Api<Secret> = Api::namespaced(client, &namespace);
-    let source = format!("secret:{namespace}/{name}");
+    let source: Arc<str> = Arc::from(format!("secret:{namespace}/{name}"));
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut events = watcher::watcher(api, config).default_backoff().boxed();
     while let Some(event) = events.next().await {
         match event {
-            Ok(Event::Apply(secret) | Event::InitApply(secret)) => match config_bytes(&secret) {
-                Ok(bytes) => {
-                    let _ = shared.config.apply(&bytes, &source, &shared.metrics);
+            Ok(Event::Apply(secret) | Event::InitApply(secret)) => {
+                let update = Update { source: source.clone(), bytes: config_bytes(&secret) };
+                if updates.send(update).await.is_err() {
+                    return;
                 }
-                Err(error) => {
-                    shared.metrics.config_reload_errors.inc();
-                    tracing::error!(source, %error, "config Secret has no usable config; keeping the last good config");
-                }
-            },
+            }
             Ok(Event::Delete(_)) => {
-                tracing::warn!(source, "config Secret deleted; keeping the last good config");
+                tracing::warn!(%source, "config Secret deleted; keeping the last good config");
             }
             Ok(Event::Init | Event::InitDone) => {}
-            Err(error) => tracing::warn!(source, %error, "config Secret watch failed; retrying"),
+            Err(error) => tracing::warn!(%source, %error, "config Secret watch failed; retrying"),
         }
     }
 }

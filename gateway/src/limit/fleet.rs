@@ -56,7 +56,7 @@ pub fn is_live(lease: &Lease, now: jiff::Timestamp) -> bool {
 /// Keeps `fleet` at the number of live pods of `identity`'s Gateway until
 /// the process ends. This pod counts itself even before its own Lease is
 /// seen.
-pub async fn watch(client: Client, identity: PodIdentity, shared: std::sync::Arc<crate::Shared>) {
+pub async fn watch(client: Client, identity: PodIdentity, shared: std::sync::Arc<crate::shared::Shared>) {
     let api: Api<Lease> = Api::namespaced(client, &identity.namespace);
     let config = watcher::Config::default().labels(&format!("{GATEWAY_LABEL}={}", identity.gateway));
     let (reader, writer) = reflector::store();

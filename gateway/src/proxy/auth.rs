@@ -63,7 +63,7 @@ mod tests {
         disabled.disabled = true;
         let config =
             GatewayConfig { keys: vec![key("t/alice", "alice-key"), expired, disabled], ..GatewayConfig::empty() };
-        Snapshot::build(&config, "h".into(), None).unwrap()
+        Snapshot::standalone(&config, "h".into()).unwrap()
     }
 
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use http::{HeaderValue, Method};
 
 use super::usage::Usage;
-use crate::Shared;
+use crate::shared::Shared;
 
 /// Status logged when the client left before the response was complete
 /// (as nginx does).

@@ -2,8 +2,7 @@
 //! rewrite, failover to the next backend on connect failure, and the
 //! first-byte timeout. No total-duration timeout exists anywhere.
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -11,45 +10,10 @@ use http::uri::PathAndQuery;
 use http::{Method, Request, Response, Uri};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 
-pub use super::egress::GuardedResolver;
-use super::egress::egress_denied;
 use crate::error::GatewayError;
 use crate::snapshot::{Backend, Route};
-use waycast_crds::egress::Cidr;
-
-/// The pooled upstream client (HTTP/1.1 and HTTP/2, TLS via rustls), whose
-/// host names resolve through the egress guard.
-pub type UpstreamClient = Client<HttpsConnector<HttpConnector<GuardedResolver>>, Full<Bytes>>;
-
-/// How long an idle upstream connection stays pooled.
-const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
-
-/// A client whose TCP connects give up after `connect_timeout` and never
-/// reach a link-local/metadata address or one in `denied`.
-///
-/// # Errors
-/// The TLS configuration failing to build.
-pub fn upstream_client(connect_timeout: Duration, denied: Arc<[Cidr]>) -> Result<UpstreamClient, crate::tls::TlsError> {
-    let mut http = HttpConnector::new_with_resolver(GuardedResolver { denied });
-    http.enforce_http(false);
-    // NB: without TCP_NODELAY a small request written after its headers
-    // waits for a delayed ACK: 40 ms per request on reused connections.
-    http.set_nodelay(true);
-    http.set_connect_timeout(Some(connect_timeout));
-    let tls = crate::tls::client_config(None)?;
-    let https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .enable_http2()
-        .wrap_connector(http);
-    Ok(Client::builder(TokioExecutor::new()).pool_idle_timeout(POOL_IDLE_TIMEOUT).build(https))
-}
+use crate::upstream::egress::egress_denied;
 
 /// What the upstream answered.
 pub struct Forwarded {
@@ -65,7 +29,7 @@ pub struct Forwarded {
 pub struct Outgoing<'a> {
     /// Method.
     pub method: &'a Method,
-    /// Which of [`super::route::PROXIED_PATHS`] was asked for.
+    /// Which of [`crate::snapshot::PROXIED_PATHS`] was asked for.
     pub endpoint: usize,
     /// The client's query string, if any.
     pub query: Option<&'a str>,

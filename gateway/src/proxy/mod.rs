@@ -21,7 +21,6 @@
 
 pub mod auth;
 pub mod body;
-pub mod egress;
 pub mod exchange;
 pub mod forward;
 pub mod route;
@@ -39,9 +38,9 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt as _, Limited};
 use hyper::body::Incoming;
 
-use crate::Shared;
 use crate::error::GatewayError;
 use crate::limit::{self, Admitted, RateHeaders, Refusal};
+use crate::shared::Shared;
 use crate::snapshot::{KeyEntry, Route, Snapshot};
 use exchange::{Exchange, Outcome};
 use forward::{Outgoing, REQUEST_ID};

@@ -14,15 +14,10 @@ use http::header::{self, HeaderMap};
 
 use super::auth;
 use crate::error::GatewayError;
-use crate::snapshot::{KeyEntry, Route, Snapshot};
+use crate::snapshot::{KeyEntry, PROXIED_PATHS, Route, Snapshot};
 
 /// Largest total size of request headers accepted.
 pub const MAX_HEADER_BYTES: usize = 32 * 1024;
-
-/// The inference endpoints forwarded to a model's backends; a backend's
-/// upstream paths are built for each, in this order, when a config loads.
-pub const PROXIED_PATHS: [&str; 5] =
-    ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/messages"];
 
 /// What a path asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -199,7 +194,7 @@ mod tests {
             ],
             ..GatewayConfig::empty()
         };
-        Snapshot::build(&config, "test".into(), None).unwrap()
+        Snapshot::standalone(&config, "test".into()).unwrap()
     }
 
     fn headers(key: Option<&str>) -> HeaderMap {

@@ -2,7 +2,7 @@
 //! (getaddrinfo on the blocking pool, like hyper's own resolver), then every
 //! address that is link-local, a cloud metadata address or in the config's
 //! `deniedCIDRs` is dropped. A name left with no address fails the connect
-//! with [`EgressDenied`], which `forward::send` turns into a 502
+//! with [`EgressDenied`], which `proxy::forward::send` turns into a 502
 //! `egress_denied` (counted in `waycast_gateway_upstream_errors_total`).
 //!
 //! IP literals in backend URLs never reach a resolver: config validation

@@ -1,0 +1,191 @@
+//! What outlives one config: upstream connection pools, rate-limit state
+//! and the Redis connection. A [`crate::snapshot::Snapshot`] is a plain
+//! value built from a config and the [`Resources`] lent to it here; the
+//! registry decides what each new config keeps from the last one.
+//!
+//! ```text
+//! config ─► Registry::lend ─► Resources ─► Snapshot::build (pure) ─► stored ─► Registry::keep
+//!             keeps: a pool per connect timeout (while the egress rules stay),
+//!                    a key's / model's limiter state (by id / name),
+//!                    the Redis connection and its task (while its settings stay)
+//! ```
+//!
+//! `lend` changes nothing, so a config that then fails to build leaves the
+//! registry as the serving config left it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use waycast_crds::config::{GatewayConfig, LimitsConfig};
+use waycast_crds::egress::Cidr;
+
+use crate::limit::LimitSet;
+use crate::limit::redis::RedisCounter;
+use crate::snapshot::BuildError;
+use crate::upstream::{UpstreamClient, upstream_client};
+
+/// The resources a config is built with. Cloning shares them.
+#[derive(Clone, Default)]
+pub struct Resources {
+    denied: Arc<[Cidr]>,
+    clients: Vec<(Duration, UpstreamClient)>,
+    redis: Option<Arc<RedisCounter>>,
+    key_limits: HashMap<Arc<str>, Limits>,
+    model_limits: HashMap<Arc<str>, Limits>,
+}
+
+/// A limiter set and the limits it was made for.
+#[derive(Clone)]
+struct Limits {
+    config: LimitsConfig,
+    state: Arc<LimitSet>,
+}
+
+impl Resources {
+    /// The pooled client whose connects give up after `connect`.
+    pub fn client(&self, connect: Duration) -> Option<&UpstreamClient> {
+        self.clients.iter().find(|(timeout, _)| *timeout == connect).map(|(_, client)| client)
+    }
+
+    /// The limiter state of the key with this id.
+    pub fn key_limits(&self, id: &str) -> Option<Arc<LimitSet>> {
+        self.key_limits.get(id).map(|limits| limits.state.clone())
+    }
+
+    /// The limiter state of the model with this name (over all keys).
+    pub fn model_limits(&self, name: &str) -> Option<Arc<LimitSet>> {
+        self.model_limits.get(name).map(|limits| limits.state.clone())
+    }
+
+    /// The fleet-wide counter, when the config says Redis.
+    pub fn redis(&self) -> Option<Arc<RedisCounter>> {
+        self.redis.clone()
+    }
+}
+
+/// What the serving config was built with.
+#[derive(Default)]
+pub struct Registry {
+    held: Resources,
+}
+
+impl Registry {
+    /// The resources for `config`: what it shares with the serving config is
+    /// reused, the rest is made (a limit that changed continues from the
+    /// old state). Starts a Redis connection task when the settings ask for
+    /// a new one.
+    ///
+    /// # Errors
+    /// [`BuildError::Tls`] when a TLS setup (upstreams, Redis) fails.
+    pub fn lend(&self, config: &GatewayConfig) -> Result<Resources, BuildError> {
+        let held = &self.held;
+        // Validation parsed these already; an entry that fails here is skipped.
+        let denied: Arc<[Cidr]> = config.settings.denied_cidrs.iter().filter_map(|c| c.parse().ok()).collect();
+        // Pools are reused only while the egress rules they enforce stay.
+        let reusable = if held.denied == denied { held.clients.as_slice() } else { &[] };
+        let mut clients: Vec<(Duration, UpstreamClient)> = Vec::new();
+        for connect in config.models.iter().map(|model| model.timeouts.connect) {
+            if clients.iter().any(|(timeout, _)| *timeout == connect) {
+                continue;
+            }
+            let client = match reusable.iter().find(|(timeout, _)| *timeout == connect) {
+                Some((_, client)) => client.clone(),
+                None => upstream_client(connect, denied.clone()).map_err(|e| BuildError::Tls(e.to_string()))?,
+            };
+            clients.push((connect, client));
+        }
+        let key_limits = config
+            .keys
+            .iter()
+            .filter_map(|key| Some((key.id.as_str(), key.limits?)))
+            .map(|(id, wanted)| (Arc::from(id), continued(held.key_limits.get(id), wanted)))
+            .collect();
+        let model_limits = config
+            .models
+            .iter()
+            .filter_map(|model| Some((model.name.as_str(), model.limits?)))
+            .map(|(name, wanted)| (Arc::from(name), continued(held.model_limits.get(name), wanted)))
+            .collect();
+        // The connection (and its task) is kept while the Redis settings stay.
+        let redis = match config.settings.redis.as_ref() {
+            None => None,
+            Some(wanted) => match held.redis.as_ref().filter(|counter| counter.config == *wanted) {
+                Some(kept) => Some(kept.clone()),
+                None => Some(Arc::new(
+                    RedisCounter::start(wanted.clone())
+                        .map_err(|e| BuildError::Tls(format!("settings.redis.tls: {e}")))?,
+                )),
+            },
+        };
+        Ok(Resources { denied, clients, redis, key_limits, model_limits })
+    }
+
+    /// Records what the config now serving was built with; what it does not
+    /// use is dropped (pools close, a Redis task ends).
+    pub fn keep(&mut self, resources: Resources) {
+        self.held = resources;
+    }
+}
+
+/// The same limits keep their state as is; changed ones continue from it.
+fn continued(before: Option<&Limits>, wanted: LimitsConfig) -> Limits {
+    match before {
+        Some(same) if same.config == wanted => same.clone(),
+        other => Limits { config: wanted, state: Arc::new(LimitSet::new(&wanted, other.map(|l| l.state.as_ref()))) },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use waycast_crds::config::Settings;
+
+    fn config(connects: &[u64], key_limit: Option<u64>, denied: &[&str]) -> GatewayConfig {
+        let mut config: GatewayConfig = serde_json::from_str(r#"{"apiVersion":"waycast.dev/config-v1"}"#).unwrap();
+        config.settings = Settings { denied_cidrs: denied.iter().map(|&c| c.to_owned()).collect(), ..config.settings };
+        for (index, seconds) in connects.iter().enumerate() {
+            let mut model: waycast_crds::config::ModelConfig = serde_json::from_value(serde_json::json!({
+                "name": format!("m{index}"), "backends": [{"url": "http://upstream:8000/v1"}]
+            }))
+            .unwrap();
+            model.timeouts.connect = Duration::from_secs(*seconds);
+            config.models.push(model);
+        }
+        let key: waycast_crds::config::KeyConfig =
+            serde_json::from_value(serde_json::json!({"id": "team/key", "sha256": "00".repeat(32)})).unwrap();
+        config.keys.push(waycast_crds::config::KeyConfig {
+            limits: key_limit.map(|n| LimitsConfig { requests_per_minute: Some(n), tokens_per_minute: None }),
+            ..key
+        });
+        config
+    }
+
+    #[tokio::test]
+    async fn one_pool_per_connect_timeout_kept_while_the_egress_rules_stay() {
+        let mut registry = Registry::default();
+        let first = registry.lend(&config(&[5, 5, 10], None, &[])).unwrap();
+        assert_eq!(first.clients.len(), 2, "one pool per distinct connect timeout");
+        registry.keep(first.clone());
+        let fewer = registry.lend(&config(&[5], None, &[])).unwrap();
+        assert_eq!(fewer.clients.len(), 1, "a pool no model uses is not lent");
+        let denied = registry.lend(&config(&[5], None, &["10.0.0.0/8"])).unwrap();
+        assert_eq!(&*denied.denied, &["10.0.0.0/8".parse::<Cidr>().unwrap()]);
+        assert_eq!(registry.held.denied.len(), 0, "lend changes nothing");
+    }
+
+    #[tokio::test]
+    async fn limiter_state_is_kept_when_unchanged_and_continued_when_changed() {
+        let mut registry = Registry::default();
+        let first = registry.lend(&config(&[5], Some(60), &[])).unwrap();
+        registry.keep(first.clone());
+        let same = registry.lend(&config(&[5], Some(60), &[])).unwrap();
+        assert!(Arc::ptr_eq(&first.key_limits("team/key").unwrap(), &same.key_limits("team/key").unwrap()));
+        let changed = registry.lend(&config(&[5], Some(120), &[])).unwrap();
+        let changed = changed.key_limits("team/key").unwrap();
+        assert!(!Arc::ptr_eq(&first.key_limits("team/key").unwrap(), &changed));
+        assert_eq!(changed.requests.as_ref().map(|l| l.per_minute), Some(120));
+        let removed = registry.lend(&config(&[5], None, &[])).unwrap();
+        assert!(removed.key_limits("team/key").is_none());
+    }
+}

@@ -1,0 +1,131 @@
+//! State every request and background task shares, one instance per
+//! process: the served config, metrics, request ids, the connection limits,
+//! the fleet size and the drain flag.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderValue};
+
+use crate::config::ConfigStore;
+use crate::limit;
+use crate::metrics::Metrics;
+use crate::proxy;
+
+/// State every request shares.
+pub struct Shared {
+    /// The config being served.
+    pub config: ConfigStore,
+    /// Prometheus metrics.
+    pub metrics: Metrics,
+    /// Request id generator.
+    pub request_ids: RequestIds,
+    /// Longest a client may take to send its body.
+    pub body_timeout: Duration,
+    /// What bounds a client connection.
+    pub connections: ConnectionLimits,
+    /// How many pods share each rate limit.
+    pub fleet: Arc<limit::fleet::Fleet>,
+    draining: AtomicBool,
+}
+
+/// What bounds each client connection (`--header-timeout`,
+/// `--max-connections`, `--idle-timeout`).
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectionLimits {
+    /// Longest a client may take to send its request headers, and its first
+    /// request on a new connection.
+    pub header_read_timeout: Duration,
+    /// Most client connections open at once.
+    pub max_connections: usize,
+    /// Longest a client connection stays open with no request in flight.
+    pub idle_timeout: Duration,
+}
+
+impl Shared {
+    /// Fresh state: no config yet, not draining.
+    pub fn new(metrics: Metrics, connections: ConnectionLimits, body_timeout: Duration) -> Self {
+        Self {
+            config: ConfigStore::default(),
+            metrics,
+            request_ids: RequestIds::new(),
+            body_timeout,
+            connections,
+            fleet: Arc::default(),
+            draining: AtomicBool::new(false),
+        }
+    }
+
+    /// From now on the gateway reports not-ready and stops accepting.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// A config is loaded and the gateway is not draining.
+    pub fn is_ready(&self) -> bool {
+        !self.is_draining() && self.config.current().is_some()
+    }
+
+    /// SIGTERM (or [`crate::RunningGateway::shutdown`]) was received.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+}
+
+/// `X-Request-Id`s: the client's when it sent a sane one, else a
+/// process-unique `<random prefix><counter>` (no syscall per request).
+pub struct RequestIds {
+    prefix: u64,
+    counter: AtomicU64,
+}
+
+impl RequestIds {
+    fn new() -> Self {
+        let mut seed = [0_u8; 8];
+        // A failing OS RNG only costs uniqueness across restarts.
+        let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut seed);
+        Self { prefix: u64::from_le_bytes(seed), counter: AtomicU64::new(0) }
+    }
+
+    /// The id for a request with these headers.
+    pub fn for_request(&self, headers: &HeaderMap) -> HeaderValue {
+        if let Some(given) = headers.get(&proxy::forward::REQUEST_ID)
+            && !given.is_empty()
+            && given.len() <= 128
+            && given.as_bytes().iter().all(|b| b.is_ascii_graphic())
+        {
+            return given.clone();
+        }
+        // 16 hex digits of the per-process prefix, then 8 of the counter
+        // (its low 32 bits: it wraps after 4 billion requests).
+        let count = self.counter.fetch_add(1, Ordering::Relaxed) as u32;
+        let mut text = [0_u8; 24];
+        let (prefix, counter) = text.split_at_mut(16);
+        let encoded = hex::encode_to_slice(self.prefix.to_be_bytes(), prefix)
+            .and_then(|()| hex::encode_to_slice(count.to_be_bytes(), counter));
+        encoded.ok().and_then(|()| HeaderValue::from_bytes(&text).ok()).unwrap_or_else(|| HeaderValue::from_static("-"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_ids_are_hex_unique_and_a_clients_id_is_kept() {
+        let ids = RequestIds::new();
+        let (first, second) = (ids.for_request(&HeaderMap::new()), ids.for_request(&HeaderMap::new()));
+        for id in [&first, &second] {
+            let text = id.to_str().unwrap();
+            assert_eq!(text.len(), 24, "{text}");
+            assert!(text.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()), "{text}");
+        }
+        assert_ne!(first, second);
+        assert_eq!(&first.to_str().unwrap()[..16], &second.to_str().unwrap()[..16], "one prefix per process");
+        assert!(second.to_str().unwrap().ends_with("00000001"));
+        let mut given = HeaderMap::new();
+        given.insert(proxy::forward::REQUEST_ID.clone(), HeaderValue::from_static("trace-42"));
+        assert_eq!(ids.for_request(&given), "trace-42");
+    }
+}
