@@ -23,18 +23,11 @@ pub struct Context {
     pub settings: RenderSettings,
     /// Metrics.
     pub metrics: Metrics,
-    /// What each Gateway's current config was compiled from.
-    pub compiled: tokio::sync::RwLock<BTreeMap<ObjectKey, CompiledFrom>>,
     /// Publishes Events.
     pub events: crate::events::Publisher,
-    /// The last config each Gateway wrote, for the propagation metric.
-    pub written: tokio::sync::RwLock<BTreeMap<ObjectKey, Written>>,
-    /// Gateways (uid, generation) whose owned objects were found to be
-    /// their own or absent, and then applied: not looked up again until the
-    /// spec changes. NB: the check guards against objects that existed
-    /// before the Gateway; at 10,000 keys its eight reads per reconcile
-    /// doubled the reconcile time.
-    pub verified: tokio::sync::RwLock<std::collections::BTreeSet<(String, i64)>>,
+    /// What the operator remembers of each Gateway between reconciles; an
+    /// entry goes when its Gateway is gone.
+    pub gateways: tokio::sync::RwLock<BTreeMap<ObjectKey, GatewayMemory>>,
     /// Consecutive failed reconciles per object, for exponential backoff.
     pub failures: arc_swap::ArcSwap<BTreeMap<String, u32>>,
 }
@@ -91,6 +84,22 @@ pub(crate) async fn emit_transitions<K: Resource<DynamicType = ()>>(
             tracing::debug!(%error, "could not publish an Event");
         }
     }
+}
+
+/// What the operator remembers of one Gateway between its reconciles.
+#[derive(Debug, Default)]
+pub struct GatewayMemory {
+    /// What its current config was compiled from (the ApiKeys' and
+    /// ModelEndpoints' statuses are read from it).
+    pub compiled: Option<CompiledFrom>,
+    /// Its last config written, for the propagation metric.
+    pub written: Option<Written>,
+    /// The (uid, generation) whose owned objects were found to be its own
+    /// or absent, and then applied: not looked up again until the spec
+    /// changes. NB: the check guards against objects that existed before
+    /// the Gateway; at 10,000 keys its eight reads per reconcile doubled the
+    /// reconcile time.
+    pub verified: Option<(String, i64)>,
 }
 
 /// When a Gateway's current config was written, until every pod reports it.

@@ -13,6 +13,7 @@ pub mod context;
 pub mod controller;
 pub mod error;
 pub mod events;
+pub mod fleet;
 pub mod leader;
 pub mod metrics;
 pub mod ownership;
@@ -55,9 +56,7 @@ pub async fn run(client: kube::Client, options: OperatorOptions) -> Result<(), e
         stores,
         settings: render::RenderSettings { gateway_image: options.gateway_image },
         metrics,
-        compiled: tokio::sync::RwLock::default(),
-        written: tokio::sync::RwLock::default(),
-        verified: tokio::sync::RwLock::default(),
+        gateways: tokio::sync::RwLock::default(),
         failures: arc_swap::ArcSwap::from_pointee(std::collections::BTreeMap::new()),
     });
     tokio::spawn(admin(listener, context.clone(), ready.clone()));

@@ -80,6 +80,58 @@ fn render_case(input: &str) -> String {
     documents.join("---\n")
 }
 
+/// A Gateway whose config outgrows a Secret: 30,000 keys (random hashes, so
+/// gzip cannot shrink them much) make more than 1 MiB gzipped. Its config is
+/// not written, the pods keep the last one, and the status says why. The
+/// golden holds the sizes and the status, not the megabytes of config.
+#[test]
+fn an_oversized_config_is_not_written_and_the_status_says_why() {
+    let fleet = waycast_operator::fleet::fleet("ai", 30_000, 2, "http://upstream.ai:8000/v1");
+    let namespace = Namespace {
+        metadata: kube::api::ObjectMeta { name: Some("ai".into()), ..Default::default() },
+        ..Namespace::default()
+    };
+    let now = jiff::Timestamp::from_second(1_800_000_000).unwrap();
+    let catalog = Catalog::from_objects(&[namespace], &fleet.models, &fleet.keys, &[], &fleet.secrets);
+    let compiled = catalog.compile(&fleet.gateway, now);
+    assert_eq!(compiled.config.keys.len(), 30_000);
+    let settings = RenderSettings { gateway_image: "docker.io/waycast/gateway:dev".into() };
+    let desired = render::desired(&fleet.gateway, &compiled.config, &settings).unwrap();
+    assert!(!desired.config_fits(), "{} bytes fit in a Secret: make the case larger", desired.config_bytes);
+    let wanted = render::scaling::minimum_replicas(&fleet.gateway);
+    // The hash the pods are told to serve is the last one written (the
+    // reconciler's `served_hash`), and they all serve it.
+    let last_written = "5e1ec7ed".repeat(8);
+    let facts = status::GatewayFacts {
+        refused: compiled.gateway.as_ref(),
+        hash: &last_written,
+        config_bytes: desired.config_bytes,
+        config_fits: desired.config_fits(),
+        models: compiled.config.models.len(),
+        keys: compiled.config.keys.len(),
+        refusing: &[],
+        up_to_date: usize::try_from(wanted).unwrap(),
+        replicas: wanted,
+        ready: wanted,
+        wanted,
+        address: Some("10.96.0.10:80".into()),
+    };
+    let gateway_status = status::gateway_status(&fleet.gateway, &facts, now);
+    let rendered = format!(
+        "# compiled config {}: {} bytes gzipped, fits in a Secret: {}\n# Gateway status, every pod serving the last config written\n{}",
+        desired.config_hash,
+        desired.config_bytes,
+        desired.config_fits(),
+        serde_yaml_ng::to_string(&gateway_status).unwrap()
+    );
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden-oversized.yaml");
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(&golden, &rendered).unwrap();
+    }
+    let expected = std::fs::read_to_string(&golden).unwrap_or_default();
+    assert!(expected == rendered, "{} differs; rerun with UPDATE_GOLDEN=1 and review", golden.display());
+}
+
 #[test]
 fn compile_and_render_match_the_goldens() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");

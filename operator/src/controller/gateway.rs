@@ -17,7 +17,7 @@ use super::{CONCURRENCY, DEBOUNCE, RESYNC, error_policy, succeeded};
 use crate::apply::{bounded, patch_status};
 use crate::catalog::Catalog;
 use crate::compile::{self, ObjectKey};
-use crate::context::{Context, Written, emit_transitions};
+use crate::context::{Context, GatewayMemory, Written, emit_transitions};
 use crate::error::Error;
 use crate::programmed::{self, Decision};
 use crate::render::{self, FIELD_MANAGER};
@@ -153,9 +153,11 @@ async fn fetch_credentials(
 }
 
 /// An object the Gateway would own that another controller owns, if any:
-/// looked up once per Gateway generation (`Context::verified`).
+/// looked up once per Gateway generation (`GatewayMemory::verified`).
 async fn owned_by_another(context: &Context, gateway: &Gateway) -> Result<Option<String>, Error> {
-    if context.verified.read().await.contains(&verified_as(gateway)) {
+    let key = ObjectKey::of(&gateway.metadata);
+    let verified = context.gateways.read().await.get(&key).and_then(|memory| memory.verified.clone());
+    if verified == Some(verified_as(gateway)) {
         return Ok(None);
     }
     crate::ownership::first_conflict(&context.client, gateway).await
@@ -167,13 +169,16 @@ fn verified_as(gateway: &Gateway) -> (String, i64) {
 
 /// After a successful apply: this generation owns what it applied.
 async fn mark_verified(context: &Context, gateway: &Gateway) {
-    let verified_as = verified_as(gateway);
-    let mut verified = context.verified.write().await;
-    // One entry per live Gateway: its current generation.
-    let live: std::collections::BTreeSet<String> =
-        context.stores.gateways.state().iter().filter_map(|g| g.metadata.uid.clone()).collect();
-    verified.retain(|(uid, _)| *uid != verified_as.0 && live.contains(uid));
-    verified.insert(verified_as);
+    remember(context, &ObjectKey::of(&gateway.metadata), |memory| memory.verified = Some(verified_as(gateway))).await;
+}
+
+/// Changes what is remembered of the Gateway `key`. A deleted Gateway is
+/// never reconciled again: its memory (megabytes at 10,000 keys) goes here,
+/// when another one changes.
+async fn remember<T>(context: &Context, key: &ObjectKey, change: impl FnOnce(&mut GatewayMemory) -> T) -> T {
+    let mut gateways = context.gateways.write().await;
+    gateways.retain(|key, _| gateway_exists(&context.stores, key));
+    change(gateways.entry(key.clone()).or_default())
 }
 
 /// The hash the pods are to serve: the new config's, or — when it does not
@@ -183,7 +188,8 @@ async fn served_hash(context: &Context, key: &ObjectKey, desired: &render::Desir
         return desired.config_hash.clone();
     }
     tracing::warn!(gateway = %key, config_bytes = desired.config_bytes, "compiled config too large for a Secret; keeping the last one");
-    context.written.read().await.get(key).map(|w| w.hash.clone()).unwrap_or_default()
+    let gateways = context.gateways.read().await;
+    gateways.get(key).and_then(|memory| memory.written.as_ref()).map(|w| w.hash.clone()).unwrap_or_default()
 }
 
 /// Whether the config Secret already holds `hash` for this Gateway. The
@@ -207,15 +213,12 @@ async fn announce_moved(
     decisions: programmed::Compile,
     pods: &programmed::Pods<'_>,
 ) {
-    let moved = {
-        let mut all = context.compiled.write().await;
-        // A deleted Gateway is never reconciled again: its bookkeeping
-        // (megabytes at 10,000 keys) goes when another Gateway compiles.
-        all.retain(|key, _| gateway_exists(&context.stores, key));
-        let (next, moved) = programmed::next(all.get(key), decisions, pods);
-        all.insert(key.clone(), next);
+    let moved = remember(context, key, |memory| {
+        let (next, moved) = programmed::next(memory.compiled.as_ref(), decisions, pods);
+        memory.compiled = Some(next);
         moved
-    };
+    })
+    .await;
     for id in moved.keys {
         context.stores.feeds.keys.announce(ObjectRef::new(&id.name).within(&id.namespace));
     }
@@ -235,10 +238,10 @@ async fn record_written(
     started: std::time::Instant,
 ) {
     let up_to_date = reporting.iter().filter(|h| *h == hash).count();
-    let mut written = context.written.write().await;
-    written.retain(|key, _| gateway_exists(&context.stores, key));
-    let entry =
-        written.entry(key.clone()).or_insert_with(|| Written { hash: String::new(), at: started, measured: true });
+    let mut gateways = context.gateways.write().await;
+    gateways.retain(|key, _| gateway_exists(&context.stores, key));
+    let memory = gateways.entry(key.clone()).or_default();
+    let entry = memory.written.get_or_insert_with(|| Written { hash: String::new(), at: started, measured: true });
     if entry.hash != hash {
         tracing::info!(
             gateway = %key,

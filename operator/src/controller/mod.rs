@@ -158,10 +158,10 @@ pub(crate) async fn parent_decisions<K: Resource, T>(
     let labels = meta.labels.as_ref().unwrap_or(&empty);
     let namespace = meta.namespace.as_deref().unwrap_or_default();
     let parents = select::parents(&gateways, kind, namespace, labels, parent_refs, &namespaces);
-    let compiled = context.compiled.read().await;
+    let memory = context.gateways.read().await;
     let mut decisions = ParentDecisions { refused: parents.refused, decided: Vec::new(), programmed: (0, true) };
     for gateway in parents.admitted {
-        let from = compiled.get(&ObjectKey::of(&gateway.metadata));
+        let from = memory.get(&ObjectKey::of(&gateway.metadata)).and_then(|m| m.compiled.as_ref());
         let entry = from.and_then(|from| match kind {
             select::Kind::ModelEndpoints => from.models.get(&id),
             select::Kind::ApiKeys => from.keys.get(&id),
