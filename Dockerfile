@@ -17,7 +17,7 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked -p waycast-gateway -p waycast-operator \
-    && cargo build --profile bench-tool --locked -p waycast-e2e --bin waycast-bench \
+    && cargo build --profile bench-tool --locked -p waycast-bench \
     && install -D target/release/waycast-gateway /out/waycast-gateway \
     && install -D target/release/waycast-operator /out/waycast-operator \
     && install -D target/bench-tool/waycast-bench /out/waycast-bench

@@ -21,7 +21,7 @@ test: k8s-bins helm-bin node-deps
 BENCH_SCALE ?= 1
 bench:
 	$(CARGO) build $(CARGO_FLAGS) --release -p waycast-gateway
-	$(CARGO) build $(CARGO_FLAGS) --profile bench-tool -p waycast-e2e --bin waycast-bench
+	$(CARGO) build $(CARGO_FLAGS) --profile bench-tool -p waycast-bench
 	@# The gateway gets CPU 0; the load generator and the sink share CPU 1.
 	taskset -c 1 $(TARGET_DIR)/bench-tool/waycast-bench suite --scale $(BENCH_SCALE) $(if $(BENCH_LIMITS),--limits) \
 	  --gateway $(TARGET_DIR)/release/waycast-gateway --gateway-cpu 0 --load-cpu 1 --out $(TARGET_DIR)/bench.json
@@ -45,19 +45,20 @@ deny:
 
 ## images: release builds of the gateway and operator packed as OCI archives in target/images/ (no Docker needed)
 images:
-	$(CARGO) build $(CARGO_FLAGS) --release -p waycast-gateway -p waycast-operator -p waycast-e2e --bin waycast-image
+	$(CARGO) build $(CARGO_FLAGS) --release -p waycast-gateway -p waycast-operator
+	$(CARGO) build $(CARGO_FLAGS) -p waycast-xtask
 	mkdir -p $(TARGET_DIR)/images
-	$(TARGET_DIR)/release/waycast-image $(TARGET_DIR)/release/waycast-gateway docker.io/waycast/gateway:dev $(TARGET_DIR)/images/gateway.tar
-	$(TARGET_DIR)/release/waycast-image $(TARGET_DIR)/release/waycast-operator docker.io/waycast/operator:dev $(TARGET_DIR)/images/operator.tar
+	$(TARGET_DIR)/debug/xtask image $(TARGET_DIR)/release/waycast-gateway docker.io/waycast/gateway:dev $(TARGET_DIR)/images/gateway.tar
+	$(TARGET_DIR)/debug/xtask image $(TARGET_DIR)/release/waycast-operator docker.io/waycast/operator:dev $(TARGET_DIR)/images/operator.tar
 
 ## crds: regenerate crds/yaml, the chart's copy and docs/api.md after changing the API types
 crds:
-	$(CARGO) run $(CARGO_FLAGS) -q -p waycast-crds --bin crdgen crds/yaml docs/api.md
+	$(CARGO) run $(CARGO_FLAGS) -q -p waycast-xtask -- crds crds/yaml docs/api.md
 	cp crds/yaml/*.yaml charts/waycast/crds/
 
 ## generate: every generated file (CRDs, docs/api.md, docs/metrics.md, deploy/operator.yaml); tests fail when one is stale
 generate: crds helm-bin
-	$(CARGO) run $(CARGO_FLAGS) -q -p waycast-e2e --bin docgen docs/metrics.md
+	$(CARGO) run $(CARGO_FLAGS) -q -p waycast-xtask -- metrics-doc docs/metrics.md
 	bash e2e/scripts/render-operator-manifest.sh
 
 ## k8s-bins: build etcd and the Kubernetes binaries from the Go module proxy (cached)

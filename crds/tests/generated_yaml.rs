@@ -1,4 +1,4 @@
-//! The committed CRD YAML must be what `crdgen` renders now.
+//! The committed CRD YAML must be what `make crds` renders now.
 
 use std::path::Path;
 
@@ -15,7 +15,7 @@ fn committed_crd_yaml_is_current() {
     }
     assert!(stale.is_empty(), "stale CRD YAML {stale:?}: run `make crds` and commit the result");
     let on_disk = std::fs::read_dir(&dir).expect("crds/yaml exists").count();
-    assert_eq!(on_disk, documents.len(), "crds/yaml holds files crdgen no longer renders");
+    assert_eq!(on_disk, documents.len(), "crds/yaml holds files `make crds` no longer renders");
 }
 
 #[test]
@@ -44,5 +44,5 @@ fn chart_crds_are_the_generated_ones() {
         "charts/waycast/crds differs in {differing:?}: run `make crds` and commit the result"
     );
     let in_chart = std::fs::read_dir(&chart_dir).expect("charts/waycast/crds exists").count();
-    assert_eq!(in_chart, documents.len(), "charts/waycast/crds holds files crdgen does not render");
+    assert_eq!(in_chart, documents.len(), "charts/waycast/crds holds files `make crds` does not render");
 }

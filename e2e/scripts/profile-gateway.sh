@@ -12,7 +12,7 @@
 #
 # Needs the profiling build (symbols) of the gateway and the bench tool:
 #   cargo build --profile profiling -p waycast-gateway
-#   cargo build --profile bench-tool -p waycast-e2e --bin waycast-bench
+#   cargo build --profile bench-tool -p waycast-bench
 set -euo pipefail
 requests="${1:-2000}"
 access_log="${2:-on}"

@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 
 use crate::control_plane::{self, ControlPlane, ControlPlaneOptions};
-use crate::image::{self, ImageSpec, NONROOT};
 use crate::manifest;
 use crate::node::{self, Node};
+use waycast_xtask::image::{self, ImageSpec, NONROOT};
 
 /// The image names pods use (with `imagePullPolicy: Never`).
 pub mod images {

@@ -1,5 +1,6 @@
 //! waycast's end-to-end harness: a real control plane on this machine, the
-//! helpers tests use on it, and (later) the mock upstream and benchmarks.
+//! helpers tests use on it (the image packer and the scale fleet are in
+//! `waycast-xtask`).
 //!
 //! ```text
 //! tests ──► harness::shared_cluster() ──► waycast-cluster (supervisor process)
@@ -11,12 +12,9 @@
 //! closes). Tests get a fresh namespace each.
 
 pub mod argocd;
-pub mod bench;
 pub mod cluster;
 pub mod control_plane;
-pub mod docs;
 pub mod harness;
-pub mod image;
 pub mod manifest;
 pub mod node;
 pub mod process;

@@ -19,11 +19,11 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::PostParams;
 use waycast_crds::{ApiKey, Gateway, ModelEndpoint};
-use waycast_e2e::bench::scale;
-use waycast_e2e::bench::sink::{self, SinkOptions};
 use waycast_e2e::control_plane::free_port;
 use waycast_e2e::harness::{condition_true, shared_cluster, test_namespace};
 use waycast_mock::fixtures as fixture;
+use waycast_mock::sink::{self, SinkOptions};
+use waycast_xtask::scale;
 
 struct Process(Child);
 
@@ -133,7 +133,7 @@ async fn ten_thousand_keys_and_five_hundred_models_on_one_gateway() {
     // The objects, as the in-memory compile benchmark builds them.
     let fleet = scale::fleet(&namespace, keys, models, &format!("http://{upstream}/v1"));
     let figures = scale::compile_figures(&fleet, 3).unwrap();
-    // NB: this test binary is a debug build; `waycast-bench compile` gives release figures.
+    // NB: this test binary is a debug build; `compile-figures` in a release build gives the real figures.
     println!("in-memory compile (debug build): {}", serde_json::to_string(&figures).unwrap());
 
     let gateway_port = free_port(Ipv4Addr::LOCALHOST.into()).unwrap();

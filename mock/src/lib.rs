@@ -1,7 +1,8 @@
 //! waycast's test doubles and the test material that talks to them: the
 //! mock OpenAI-compatible inference upstream (`upstream`, also the
 //! `waycast-mock-upstream` binary the e2e node runs as a pod), an upstream
-//! that misbehaves on purpose (`hostile`), the keys and config every gateway
+//! that misbehaves on purpose (`hostile`), the benchmark sink with canned
+//! answers (`sink`), the keys and config every gateway
 //! test starts from (`fixtures`) and throwaway certificates (`pki`).
 //!
 //! Mocks only the inference upstream: everything else in the tests is real.
@@ -9,4 +10,5 @@
 pub mod fixtures;
 pub mod hostile;
 pub mod pki;
+pub mod sink;
 pub mod upstream;

@@ -5,7 +5,6 @@
 //! waycast-bench run   --target http://GATEWAY --key KEY [...]     # one run from the command line
 //! waycast-bench serve --listen 0.0.0.0:8090                       # REST API + web page + sink
 //! waycast-bench suite --gateway target/release/waycast-gateway    # what `make bench` runs
-//! waycast-bench compile --keys 10000 --models 500                 # the operator's compile at scale
 //! ```
 //!
 //! Bad arguments exit 64.
@@ -15,8 +14,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use waycast_e2e::bench::sink::SinkOptions;
-use waycast_e2e::bench::{Scenario, millis, server, sink, source, suite};
+use waycast_bench::sink::SinkOptions;
+use waycast_bench::{Scenario, millis, server, sink, source, suite};
 
 #[derive(Parser, Debug)]
 #[command(name = "waycast-bench", version, about = "Benchmark an OpenAI-compatible gateway against a sink")]
@@ -45,18 +44,6 @@ enum Command {
     },
     /// One run; prints its result as JSON.
     Run(Scenario),
-    /// Time the operator's compile and render of one Gateway with many keys and models (in memory).
-    Compile {
-        /// ApiKeys.
-        #[arg(long, default_value_t = 10_000)]
-        keys: usize,
-        /// ModelEndpoints.
-        #[arg(long, default_value_t = 500)]
-        models: usize,
-        /// Runs to take the median of.
-        #[arg(long, default_value_t = 5)]
-        runs: usize,
-    },
     /// The `make bench` suite: every scenario against the sink and through a gateway process.
     Suite {
         /// The gateway binary (use a release build).
@@ -146,16 +133,6 @@ fn main() -> ExitCode {
                     Err(problem) => fail(&problem),
                 }
             }
-            Command::Compile { keys, models, runs } => {
-                let fleet = waycast_e2e::bench::scale::fleet("bench", keys, models, "http://127.0.0.1:8000/v1");
-                match waycast_e2e::bench::scale::compile_figures(&fleet, runs) {
-                    Ok(figures) => {
-                        println!("{}", serde_json::to_string_pretty(&figures).unwrap_or_default());
-                        ExitCode::SUCCESS
-                    }
-                    Err(error) => fail(&format!("{error:#}")),
-                }
-            }
             Command::Suite { gateway, out, scale, gateway_cpu, load_cpu, limits } => {
                 let bench = match std::env::current_exe() {
                     Ok(path) => path,
@@ -194,7 +171,19 @@ fn fail(message: &str) -> ExitCode {
     ExitCode::FAILURE
 }
 
+/// Resolves on SIGTERM or SIGINT.
 async fn wait_for_signal() -> ExitCode {
-    waycast_gateway::termination_signal().await;
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut terminate) => {
+            tokio::select! {
+                _ = terminate.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
     ExitCode::SUCCESS
 }

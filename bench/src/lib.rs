@@ -1,5 +1,7 @@
-//! `waycast-bench`: an OpenAI-compatible load generator and sink that users
-//! run on their own setup, and the suite behind `make bench`.
+//! `waycast-bench`: an OpenAI-compatible load generator that users run on
+//! their own setup (with the sink from `waycast_mock::sink`), and the suite
+//! behind `make bench`. It knows nothing of the operator or the gateway's
+//! code: it measures any OpenAI-compatible target from the outside.
 //!
 //! ```text
 //! source (N workers, one connection each) ──► target (a gateway, or the sink itself = baseline) ──► sink
@@ -13,9 +15,7 @@
 //! streams, a number of chunks apart; the source asks for those per request
 //! with headers, which a gateway forwards, so one sink serves every scenario.
 
-pub mod scale;
 pub mod server;
-pub mod sink;
 pub mod source;
 pub mod suite;
 
@@ -23,47 +23,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-/// The model the sink advertises and the scenarios ask for.
-pub const BENCH_MODEL: &str = "benchmark-model";
-/// Per-request wait before the sink answers, in milliseconds.
-pub const WAIT_HEADER: &str = "x-bench-wait-ms";
-/// Per-request number of stream chunks.
-pub const CHUNKS_HEADER: &str = "x-bench-chunks";
-/// Per-request pause between stream chunks, in milliseconds.
-pub const INTERVAL_HEADER: &str = "x-bench-chunk-interval-ms";
-
-/// The API a scenario's requests use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "camelCase")]
-pub enum Workload {
-    /// `POST /v1/chat/completions`.
-    #[default]
-    Chat,
-    /// `POST /v1/responses`.
-    Responses,
-    /// `POST /v1/messages` (Anthropic-style).
-    Messages,
-}
-
-impl Workload {
-    /// `chat`, `responses` or `messages`, as in JSON.
-    ///
-    /// # Errors
-    /// Any other text.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        serde_json::from_value(serde_json::Value::String(text.to_owned()))
-            .map_err(|_| format!("unknown workload {text:?}: chat, responses or messages"))
-    }
-
-    /// The request path.
-    pub fn path(self) -> &'static str {
-        match self {
-            Self::Chat => "/v1/chat/completions",
-            Self::Responses => "/v1/responses",
-            Self::Messages => "/v1/messages",
-        }
-    }
-}
+pub use waycast_mock::sink::{self, BENCH_MODEL, CHUNKS_HEADER, INTERVAL_HEADER, WAIT_HEADER, Workload};
 
 /// One run: where to send what, how much, how fast.
 ///

@@ -9,8 +9,8 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use http_body_util::{BodyExt as _, Full};
-use waycast_e2e::bench::sink::SinkOptions;
-use waycast_e2e::bench::{Scenario, Workload, server, sink, source};
+use waycast_bench::sink::SinkOptions;
+use waycast_bench::{Scenario, Workload, server, sink, source};
 
 fn scenario(target: SocketAddr) -> Scenario {
     serde_json::from_value(serde_json::json!({"target": format!("http://{target}"), "requests": 300, "concurrency": 8}))
@@ -136,7 +136,7 @@ async fn the_rest_api_runs_scenarios_and_the_page_drives_it() {
 async fn the_suite_compares_a_gateway_process_with_the_baseline() {
     let dir = std::path::Path::new(env!("CARGO_BIN_EXE_waycast-bench")).parent().unwrap();
     let out = std::env::temp_dir().join(format!("waycast-bench-suite-{}.json", std::process::id()));
-    let options = waycast_e2e::bench::suite::SuiteOptions {
+    let options = waycast_bench::suite::SuiteOptions {
         gateway: dir.join("waycast-gateway"),
         bench: env!("CARGO_BIN_EXE_waycast-bench").into(),
         out: out.clone(),
@@ -147,7 +147,7 @@ async fn the_suite_compares_a_gateway_process_with_the_baseline() {
         // Generous limits: the suite must run through the limit check without a refusal.
         limits: true,
     };
-    let report = waycast_e2e::bench::suite::run(options).await.unwrap();
+    let report = waycast_bench::suite::run(options).await.unwrap();
     assert_eq!(report.comparisons.len(), 4 + 6);
     for comparison in &report.comparisons {
         for side in [&comparison.baseline, &comparison.gateway] {
@@ -159,6 +159,6 @@ async fn the_suite_compares_a_gateway_process_with_the_baseline() {
     assert!(report.cold_start_ms.iter().all(|ms| *ms > 0.0 && *ms < 10_000.0), "{:?}", report.cold_start_ms);
     assert!(report.peak_rss_mib["afterS1"].as_f64().is_some_and(|mib| mib > 1.0), "{}", report.peak_rss_mib);
     assert!(report.s2_gateway_overhead_us.is_some_and(|us| us > 0.0));
-    let table = waycast_e2e::bench::suite::table(&report);
+    let table = waycast_bench::suite::table(&report);
     assert!(table.contains("S1") && table.contains("gw - base") && table.contains("S5 cold start"), "{table}");
 }

@@ -3,8 +3,11 @@
 
 #![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
 
-use waycast_e2e::image::NONROOT;
-use waycast_e2e::workloads::repository_root;
+use waycast_xtask::image::NONROOT;
+
+fn repository_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
 
 /// The instructions of the Dockerfile stage named `target`.
 fn stage(dockerfile: &str, target: &str) -> Vec<String> {
@@ -44,10 +47,10 @@ fn dockerfile_targets_match_the_packed_images() {
 
 #[test]
 fn the_packer_builds_a_runnable_image_with_the_dockerfiles_layout() {
-    let binary = std::path::Path::new(env!("CARGO_BIN_EXE_waycast-image"));
+    let binary = std::path::Path::new(env!("CARGO_BIN_EXE_xtask"));
     let out = std::env::temp_dir().join(format!("waycast-image-test-{}.tar", std::process::id()));
     let output = std::process::Command::new(binary)
-        .args([binary.to_str().unwrap(), "docker.io/waycast/image-test:dev", out.to_str().unwrap()])
+        .args(["image", binary.to_str().unwrap(), "docker.io/waycast/image-test:dev", out.to_str().unwrap()])
         .output()
         .unwrap();
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
@@ -65,11 +68,11 @@ fn the_packer_builds_a_runnable_image_with_the_dockerfiles_layout() {
         {
             config = Some(value);
         } else if bytes.len() > 1024 {
-            // The layer: a tar holding /waycast-image, executable.
+            // The layer: a tar holding /xtask, executable.
             let mut layer = tar::Archive::new(bytes.as_slice());
             has_binary |= layer.entries().unwrap().any(|e| {
                 let e = e.unwrap();
-                e.path().unwrap().to_string_lossy().trim_start_matches("./") == "waycast-image"
+                e.path().unwrap().to_string_lossy().trim_start_matches("./") == "xtask"
                     && e.header().mode().unwrap() & 0o111 != 0
             });
         }
@@ -77,6 +80,6 @@ fn the_packer_builds_a_runnable_image_with_the_dockerfiles_layout() {
     std::fs::remove_file(&out).unwrap();
     let config = config.expect("an image config blob");
     assert_eq!(config["config"]["User"], format!("{NONROOT}:{NONROOT}"));
-    assert_eq!(config["config"]["Entrypoint"], serde_json::json!(["/waycast-image"]));
-    assert!(has_binary, "the layer does not hold an executable /waycast-image");
+    assert_eq!(config["config"]["Entrypoint"], serde_json::json!(["/xtask"]));
+    assert!(has_binary, "the layer does not hold an executable /xtask");
 }

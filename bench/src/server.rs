@@ -21,8 +21,8 @@ use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio::sync::Mutex;
 
-use super::sink::{Sink, SinkBody, SinkOptions, json, not_found, serve_with};
-use super::{RunResult, Scenario, source};
+use crate::sink::{Sink, SinkBody, SinkOptions, json, not_found, serve_with};
+use crate::{RunResult, Scenario, source};
 
 const PAGE: &str = include_str!("page.html");
 

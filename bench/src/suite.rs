@@ -15,8 +15,9 @@ use serde_json::json;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
-use super::{BENCH_MODEL, RunResult, Scenario, Workload, source};
-use crate::control_plane::free_port;
+use waycast_mock::fixtures::free_port;
+
+use crate::{BENCH_MODEL, RunResult, Scenario, Workload, source};
 
 /// The bearer key the suite's gateway accepts.
 pub const SUITE_KEY: &str = "wc_benchmark_key_0123456789abcdefghijklmnop";

@@ -1,5 +1,7 @@
 //! The sink: a lean OpenAI-compatible upstream with canned answers, so that
-//! a benchmark measures the gateway, not the upstream.
+//! a benchmark measures the gateway, not the upstream (`waycast-bench sink`
+//! serves it alone; the functional mock with its test behaviours is
+//! `upstream.rs`).
 //!
 //! `GET /v1/models` advertises [`BENCH_MODEL`]; `POST /v1/chat/completions`,
 //! `/v1/responses` and `/v1/messages` answer after a wait, as one JSON body
@@ -22,7 +24,49 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 
-use super::{BENCH_MODEL, CHUNKS_HEADER, INTERVAL_HEADER, WAIT_HEADER, Workload};
+use serde::{Deserialize, Serialize};
+
+/// The model the sink advertises and the scenarios ask for.
+pub const BENCH_MODEL: &str = "benchmark-model";
+/// Per-request wait before the sink answers, in milliseconds.
+pub const WAIT_HEADER: &str = "x-bench-wait-ms";
+/// Per-request number of stream chunks.
+pub const CHUNKS_HEADER: &str = "x-bench-chunks";
+/// Per-request pause between stream chunks, in milliseconds.
+pub const INTERVAL_HEADER: &str = "x-bench-chunk-interval-ms";
+
+/// The API a scenario's requests use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub enum Workload {
+    /// `POST /v1/chat/completions`.
+    #[default]
+    Chat,
+    /// `POST /v1/responses`.
+    Responses,
+    /// `POST /v1/messages` (Anthropic-style).
+    Messages,
+}
+
+impl Workload {
+    /// `chat`, `responses` or `messages`, as in JSON.
+    ///
+    /// # Errors
+    /// Any other text.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        serde_json::from_value(serde_json::Value::String(text.to_owned()))
+            .map_err(|_| format!("unknown workload {text:?}: chat, responses or messages"))
+    }
+
+    /// The request path.
+    pub fn path(self) -> &'static str {
+        match self {
+            Self::Chat => "/v1/chat/completions",
+            Self::Responses => "/v1/responses",
+            Self::Messages => "/v1/messages",
+        }
+    }
+}
 
 /// Answers for requests that do not say otherwise.
 #[derive(Debug, Clone, Copy)]

@@ -1,0 +1,90 @@
+//! `xtask`: the project's developer tasks, in Rust so they run wherever
+//! cargo does (the Makefile calls them):
+//!
+//! ```text
+//! xtask crds DIR API_MD            # CRD YAML, one file per kind, and docs/api.md   (make crds)
+//! xtask metrics-doc METRICS_MD     # docs/metrics.md from both binaries' registries (make generate)
+//! xtask image BINARY NAME OUT.tar  # an OCI image archive without Docker           (make images)
+//! xtask compile-figures [KEYS] [MODELS] [RUNS]  # the operator's compile at scale, in memory
+//! ```
+//!
+//! Tests fail when a generated file is stale. Bad arguments exit 64.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use waycast_xtask::image::{ImageSpec, NONROOT, pack, shared_libraries};
+
+const USAGE: &str = "usage: xtask crds DIR API_MD | metrics-doc METRICS_MD | image BINARY NAME OUT.tar | compile-figures [KEYS] [MODELS] [RUNS]";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let arguments: Vec<&str> = args.iter().map(String::as_str).collect();
+    let result = match arguments.as_slice() {
+        ["crds", dir, api_doc] => crds(Path::new(dir), Path::new(api_doc)),
+        ["metrics-doc", path] => waycast_xtask::docs::metrics_reference()
+            .and_then(|text| std::fs::write(path, text).with_context(|| format!("writing {path}"))),
+        ["image", binary, name, out] => image(binary, name, Path::new(out)),
+        ["compile-figures", numbers @ ..] if numbers.len() <= 3 => {
+            let parsed: Result<Vec<usize>, _> = numbers.iter().map(|n| n.parse::<usize>()).collect();
+            let Ok(parsed) = parsed else {
+                eprintln!("{USAGE}");
+                return ExitCode::from(64);
+            };
+            let pick = |index: usize, default: usize| parsed.get(index).copied().unwrap_or(default);
+            compile_figures(pick(0, 10_000), pick(1, 500), pick(2, 5).max(1))
+        }
+        _ => {
+            eprintln!("{USAGE}");
+            return ExitCode::from(64);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("xtask: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn crds(dir: &Path, api_doc: &Path) -> anyhow::Result<()> {
+    for (file_name, yaml) in waycast_crds::crd_yaml_documents().context("rendering the CRDs")? {
+        let path = dir.join(file_name);
+        std::fs::write(&path, yaml).with_context(|| format!("writing {}", path.display()))?;
+    }
+    let reference = waycast_crds::docs::api_reference(&waycast_crds::crds());
+    std::fs::write(api_doc, reference).with_context(|| format!("writing {}", api_doc.display()))
+}
+
+fn image(binary: &str, name: &str, out: &Path) -> anyhow::Result<()> {
+    let spec = ImageSpec { name: name.to_owned(), binary: PathBuf::from(binary), args: vec![], user: NONROOT };
+    let digest = pack(&spec, out)?;
+    let size = |path: &Path| std::fs::metadata(path).map(|m| m.len()).unwrap_or_default();
+    let libraries: u64 = shared_libraries(&spec.binary)?.iter().map(|l| size(l)).sum();
+    println!(
+        "{name}: {} {digest}\n  image {:.1} MiB = binary {:.1} MiB + shared libraries {:.1} MiB + metadata",
+        out.display(),
+        mib(size(out)),
+        mib(size(&spec.binary)),
+        mib(libraries)
+    );
+    Ok(())
+}
+
+/// Times the operator's pure compile and render of one Gateway with many
+/// ApiKeys and ModelEndpoints (no API server) and prints JSON. Kept here, not
+/// in `waycast-bench`, so the user-facing load generator does not build the
+/// operator.
+fn compile_figures(keys: usize, models: usize, runs: usize) -> anyhow::Result<()> {
+    let fleet = waycast_xtask::scale::fleet("bench", keys, models, "http://127.0.0.1:8000/v1");
+    let figures = waycast_xtask::scale::compile_figures(&fleet, runs)?;
+    println!("{}", serde_json::to_string_pretty(&figures)?);
+    Ok(())
+}
+
+#[allow(clippy::cast_precision_loss, reason = "sizes for display")]
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
