@@ -58,8 +58,8 @@ pub struct AccessLine<'a> {
 }
 
 impl AccessLine<'_> {
-    /// The line as JSON, with a trailing newline.
-    pub fn to_json(&self, out: &mut Vec<u8>) {
+    /// Appends the line as JSON, with a trailing newline, to `out`.
+    pub fn write_json(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(b"{\"ts\":\"");
         rfc3339_micros(self.at, out);
         out.extend_from_slice(b"\",\"level\":\"INFO\",\"log\":\"access\",\"request_id\":");
@@ -118,7 +118,7 @@ pub fn enabled() -> bool {
 /// Queues one line for the writer.
 pub fn record(line: &AccessLine<'_>) {
     let mut bytes = Vec::with_capacity(320);
-    line.to_json(&mut bytes);
+    line.write_json(&mut bytes);
     if let Some(sender) = sender() {
         // The writer only stops with the process.
         let _ = sender.send(Message::Line(bytes));
@@ -293,7 +293,7 @@ mod tests {
             error,
         };
         let mut out = Vec::new();
-        line.to_json(&mut out);
+        line.write_json(&mut out);
         String::from_utf8(out).unwrap()
     }
 

@@ -7,17 +7,6 @@
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 
-/// Who caused an error: for metrics, logs and alerting.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorSource {
-    /// The client sent something we refuse.
-    Client,
-    /// The upstream failed or was too slow.
-    Upstream,
-    /// The gateway cannot serve (no config yet, shutting down).
-    Gateway,
-}
-
 /// An error the gateway answers itself.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum GatewayError {
@@ -189,18 +178,6 @@ impl GatewayError {
             NotReady => "not_ready",
             RateLimited(_) => "rate_limit_exceeded",
             RateLimitUnavailable(_) => "rate_limit_unavailable",
-        }
-    }
-
-    /// Who caused it.
-    pub fn source(&self) -> ErrorSource {
-        use GatewayError::*;
-        match self {
-            UpstreamUnreachable(_) | UpstreamFailed(_) | UpstreamTimeout(_) | EgressDenied(_) | UpstreamNotJson(..) => {
-                ErrorSource::Upstream
-            }
-            NotReady | RateLimitUnavailable(_) => ErrorSource::Gateway,
-            _ => ErrorSource::Client,
         }
     }
 

@@ -10,20 +10,21 @@
 //! runtime; the binary (`main.rs`) adds argument parsing, logging and
 //! signals. Tests start gateways in-process the same way.
 
-pub mod access_log;
-pub mod admin;
-pub mod config;
-pub mod error;
-pub mod heartbeat;
-pub mod limit;
+pub(crate) mod access_log;
+pub(crate) mod admin;
+pub(crate) mod config;
+pub(crate) mod error;
+pub(crate) mod heartbeat;
+pub use heartbeat::PodIdentity;
+pub(crate) mod limit;
 pub mod metrics;
-pub mod proxy;
-pub mod registry;
-pub mod server;
-pub mod shared;
-pub mod snapshot;
-pub mod tls;
-pub mod upstream;
+pub(crate) mod proxy;
+pub(crate) mod registry;
+pub(crate) mod server;
+pub(crate) mod shared;
+pub(crate) mod snapshot;
+pub(crate) mod tls;
+pub(crate) mod upstream;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -121,8 +121,7 @@ async fn run(args: Args) -> ExitCode {
         (Some(path), _) => ConfigSource::File(path),
         (None, Some((namespace, name))) => match kube::Client::try_default().await {
             Ok(client) => {
-                heartbeat =
-                    waycast_gateway::heartbeat::PodIdentity::from_env().map(|identity| (client.clone(), identity));
+                heartbeat = waycast_gateway::PodIdentity::from_env().map(|identity| (client.clone(), identity));
                 ConfigSource::Secret { client, namespace, name }
             }
             Err(error) => {

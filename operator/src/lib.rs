@@ -6,21 +6,21 @@
 //!            (controller.rs)      pure          pure        SSA       SSA
 //! ```
 
-pub mod apply;
+pub(crate) mod apply;
 pub mod catalog;
 pub mod compile;
-pub mod context;
-pub mod controller;
+pub(crate) mod context;
+pub(crate) mod controller;
 pub mod error;
-pub mod events;
+pub(crate) mod events;
 pub mod fleet;
-pub mod leader;
+pub(crate) mod leader;
 pub mod metrics;
-pub mod ownership;
-pub mod programmed;
+pub(crate) mod ownership;
+pub(crate) mod programmed;
 pub mod render;
 pub mod status;
-pub mod stores;
+pub(crate) mod stores;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -10,7 +10,7 @@
 //! Tokens are reserved at admission — a prompt estimate (body bytes / 4)
 //! plus the output bound (`max_tokens`, `max_completion_tokens`,
 //! `max_output_tokens`, else the model's `outputTokenReservation`, else
-//! [`DEFAULT_OUTPUT_RESERVATION`]) — so parallel requests cannot all pass
+//! [`charge::DEFAULT_OUTPUT_RESERVATION`]) — so parallel requests cannot all pass
 //! one remaining budget; at the end the reservation is settled against what
 //! was used: the reported usage, capped at what is plausible for the bytes
 //! that went each way, or, when none was reported (a client that left, a
@@ -37,7 +37,7 @@ use http::HeaderMap;
 use http::header::{HeaderName, HeaderValue};
 use waycast_crds::config::LimitsConfig;
 
-pub use charge::{Charge, DEFAULT_OUTPUT_RESERVATION, PROMPT_ALLOWANCE, Reservation};
+pub use charge::{Charge, Reservation};
 pub use gcra::Verdict;
 use redis::{RedisCounter, ScriptLimiter, StoreError};
 

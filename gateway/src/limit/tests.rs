@@ -1,6 +1,7 @@
 //! The limiters' arithmetic: GCRA shares, reservations and settlement,
 //! refusals and their headers.
 
+use super::charge::{DEFAULT_OUTPUT_RESERVATION, PROMPT_ALLOWANCE};
 use super::*;
 
 fn set(requests: Option<u64>, tokens: Option<u64>) -> Arc<LimitSet> {

@@ -79,8 +79,6 @@ pub fn admit<'s>(
 /// Where a request goes.
 #[derive(Clone, Copy)]
 pub struct Target<'s> {
-    /// The route's index (for the key's visibility and allow-list bits).
-    pub index: usize,
     /// The route.
     pub route: &'s Route,
 }
@@ -99,7 +97,7 @@ pub fn route<'s>(snapshot: &'s Snapshot, key: &KeyEntry, model: &str) -> Result<
     if !key.allows(index) {
         return Err(GatewayError::ModelNotAllowed(truncated(model)));
     }
-    Ok(Target { index, route: snapshot.route(index) })
+    Ok(Target { route: snapshot.route(index) })
 }
 
 /// Refuses header blocks that are too large and request-smuggling shapes.
