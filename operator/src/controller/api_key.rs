@@ -84,7 +84,7 @@ pub(crate) async fn reconcile_api_key(api_key: Arc<ApiKey>, context: Arc<Context
         });
     let Some(decisions) = decisions.await else { return Ok(Action::await_change()) };
     let new_status = status::api_key_status(&api_key, decisions.refused, &decisions.decided, decisions.programmed, now);
-    if status::api_key_changed(api_key.status.as_ref(), &new_status) {
+    if status::status_changed(api_key.status.as_ref(), &new_status) {
         patch_status(&context.client, api_key.as_ref(), serde_json::to_value(&new_status)?).await?;
         let previous = api_key.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
         emit_transitions(&context, api_key.as_ref(), previous, &new_status.conditions).await;

@@ -262,7 +262,7 @@ async fn record_written(
 /// Patches the Gateway's status when it changed, with an Event per
 /// condition that flipped.
 async fn write_status(context: &Context, gateway: &Gateway, new_status: GatewayStatus) -> Result<(), Error> {
-    if status::gateway_changed(gateway.status.as_ref(), &new_status) {
+    if status::status_changed(gateway.status.as_ref(), &new_status) {
         patch_status(&context.client, gateway, serde_json::to_value(&new_status)?).await?;
         let previous = gateway.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
         emit_transitions(context, gateway, previous, &new_status.conditions).await;

@@ -31,7 +31,7 @@ pub(crate) async fn reconcile_model_endpoint(
     }));
     let programmed = decisions.programmed;
     let new_status = status::model_endpoint_status(&endpoint, entries, programmed, now);
-    if status::model_endpoint_changed(endpoint.status.as_ref(), &new_status) {
+    if status::status_changed(endpoint.status.as_ref(), &new_status) {
         patch_status(&context.client, endpoint.as_ref(), serde_json::to_value(&new_status)?).await?;
         let previous = endpoint.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
         emit_transitions(&context, endpoint.as_ref(), previous, &new_status.conditions).await;

@@ -179,16 +179,6 @@ pub fn gateway_name_conflict(gateway: &Gateway, conflict: &str, now: jiff::Times
     status
 }
 
-/// Whether writing `new` over `old` changes anything a reader sees.
-pub fn gateway_changed(old: Option<&GatewayStatus>, new: &GatewayStatus) -> bool {
-    let Some(old) = old else { return true };
-    let mut old_without = old.clone();
-    let mut new_without = new.clone();
-    old_without.conditions.clear();
-    new_without.conditions.clear();
-    old_without != new_without || changed(&old.conditions, &new.conditions)
-}
-
 /// `Programmed`: every selecting Gateway serves the object's current
 /// generation on every pod (`(selecting gateways, all programmed)`).
 pub fn programmed_condition(
@@ -269,13 +259,6 @@ pub fn api_key_status(
     }
 }
 
-/// Whether writing `new` over `old` changes anything a reader sees.
-pub fn api_key_changed(old: Option<&ApiKeyStatus>, new: &ApiKeyStatus) -> bool {
-    let Some(old) = old else { return true };
-    let without_conditions = |status: &ApiKeyStatus| ApiKeyStatus { conditions: Vec::new(), ..status.clone() };
-    changed(&old.conditions, &new.conditions) || without_conditions(old) != without_conditions(new)
-}
-
 /// The status of `endpoint` from one entry per parent Gateway (refused or
 /// decided) and `programmed`.
 pub fn model_endpoint_status(
@@ -319,12 +302,35 @@ pub fn model_endpoint_status(
     }
 }
 
-/// Whether writing `new` over `old` changes anything a reader sees.
-pub fn model_endpoint_changed(old: Option<&ModelEndpointStatus>, new: &ModelEndpointStatus) -> bool {
+/// A status with conditions: the three kinds' statuses.
+pub trait WithConditions: Clone + PartialEq {
+    /// Its conditions, to compare without their transition times.
+    fn conditions(&self) -> &[Condition];
+    /// The same status without conditions, to compare the rest exactly.
+    fn without_conditions(&self) -> Self;
+}
+
+macro_rules! with_conditions {
+    ($($status:ty),*) => {$(
+        impl WithConditions for $status {
+            fn conditions(&self) -> &[Condition] {
+                &self.conditions
+            }
+
+            fn without_conditions(&self) -> Self {
+                Self { conditions: Vec::new(), ..self.clone() }
+            }
+        }
+    )*};
+}
+
+with_conditions!(GatewayStatus, ApiKeyStatus, ModelEndpointStatus);
+
+/// Whether writing `new` over `old` changes anything a reader sees: the
+/// conditions apart from their times, or anything else.
+pub fn status_changed<S: WithConditions>(old: Option<&S>, new: &S) -> bool {
     let Some(old) = old else { return true };
-    let without_conditions =
-        |status: &ModelEndpointStatus| ModelEndpointStatus { conditions: Vec::new(), ..status.clone() };
-    changed(&old.conditions, &new.conditions) || without_conditions(old) != without_conditions(new)
+    changed(old.conditions(), new.conditions()) || old.without_conditions() != new.without_conditions()
 }
 
 /// The first 12 characters of a config hash, as statuses show it.

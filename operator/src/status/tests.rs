@@ -115,8 +115,8 @@ fn a_name_conflict_sets_every_condition_false_and_keeps_the_rest() {
     assert!(status.conditions.iter().all(|c| c.status == "False" && c.reason == reasons::NAME_CONFLICT));
     assert!(status.conditions[0].message.starts_with("ServiceAccount team/gw already exists"));
     assert_eq!(status.config_hash.as_deref(), Some("kept"));
-    assert!(gateway_changed(gateway.status.as_ref(), &status));
-    assert!(!gateway_changed(Some(&status), &status.clone()));
+    assert!(status_changed(gateway.status.as_ref(), &status));
+    assert!(!status_changed(Some(&status), &status.clone()));
 }
 
 fn acceptance(gateway: &str, accepted: bool, reason: &str, message: &str) -> GatewayAcceptance {
@@ -259,6 +259,6 @@ fn model_endpoint_status_table() {
         sorted.sort_unstable();
         assert_eq!(order, sorted, "{name}: entries sorted by Gateway");
         assert_eq!(status.observed_generation, Some(4), "{name}");
-        assert!(!model_endpoint_changed(Some(&status), &status.clone()), "{name}");
+        assert!(!status_changed(Some(&status), &status.clone()), "{name}");
     }
 }
