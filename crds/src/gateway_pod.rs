@@ -6,6 +6,8 @@
 pub mod flag {
     /// `NAMESPACE/NAME` of the Secret holding the config.
     pub const CONFIG_SECRET: &str = "config-secret";
+    /// `NAMESPACE/NAME` of the ConfigMap holding the endpoints document.
+    pub const ENDPOINTS_CONFIGMAP: &str = "endpoints-configmap";
     /// The public listener's address.
     pub const LISTEN: &str = "listen";
     /// The admin listener's address.

@@ -19,6 +19,7 @@ pub mod digest;
 pub mod docs;
 pub mod duration;
 pub mod egress;
+pub mod endpoints;
 pub mod gateway;
 pub mod gateway_pod;
 pub mod heartbeat;

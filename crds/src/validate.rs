@@ -203,6 +203,19 @@ fn check_model(path: &str, model: &ModelConfig, problems: &mut Collector) {
             problems.add(join(path, &format!("keyNamespaces[{index}]")), "must be a namespace name");
         }
     }
+    let balancing = &model.load_balancing;
+    if !(1..=65_536).contains(&balancing.prefix_bytes) {
+        problems.add(join(path, "loadBalancing.prefixBytes"), "must be from 1 to 65536");
+    }
+    if !(100..=1_000).contains(&balancing.load_factor_percent) {
+        problems.add(join(path, "loadBalancing.loadFactorPercent"), "must be from 100 to 1000");
+    }
+    if let Some(header) = &balancing.session_header {
+        let valid = http::HeaderName::from_bytes(header.as_bytes()).is_ok_and(|h| h.as_str() == header);
+        if !valid {
+            problems.add(join(path, "loadBalancing.sessionHeader"), "must be a lowercase header name");
+        }
+    }
 }
 
 fn model_name_problem(name: &str) -> Option<&'static str> {
@@ -225,6 +238,11 @@ fn check_backend(path: &str, backend: &BackendConfig, problems: &mut Collector) 
     }
     if backend.model.as_deref() == Some("") {
         problems.add(join(path, "model"), "must not be empty when set");
+    }
+    if let Some(key) = &backend.endpoints
+        && crate::endpoints::parse_service_key(key).is_none()
+    {
+        problems.add(join(path, "endpoints"), "must be namespace/name:port");
     }
     for (name, value) in &backend.headers {
         let header_path = join(path, &format!("headers.{name}"));
@@ -304,7 +322,7 @@ mod tests {
     use crate::config::{Settings, TimeoutsConfig};
 
     fn backend(url: &str) -> BackendConfig {
-        BackendConfig { url: url.into(), model: None, weight: 1, headers: BTreeMap::new() }
+        BackendConfig { url: url.into(), model: None, weight: 1, headers: BTreeMap::new(), endpoints: None }
     }
 
     fn model(name: &str, aliases: &[&str]) -> ModelConfig {
@@ -318,6 +336,7 @@ mod tests {
             key_namespaces: None,
             forward_headers: Vec::new(),
             output_token_reservation: None,
+            load_balancing: Default::default(),
         }
     }
 

@@ -39,6 +39,9 @@ pub struct AccessLine<'a> {
     pub model: &'a str,
     /// Key id (never key material), or `none`.
     pub key: &'a str,
+    /// The endpoint (pod address) that answered, for backends that name
+    /// `endpoints`.
+    pub endpoint: Option<std::net::SocketAddr>,
     /// Whether the client asked for a stream.
     pub stream: bool,
     /// Status sent.
@@ -72,6 +75,14 @@ impl AccessLine<'_> {
         json_string(self.model, out);
         out.extend_from_slice(b",\"key\":");
         json_string(self.key, out);
+        out.extend_from_slice(b",\"endpoint\":");
+        match self.endpoint {
+            // An address has nothing to escape.
+            Some(address) => {
+                let _ = write!(out, "\"{address}\"");
+            }
+            None => out.extend_from_slice(b"null"),
+        }
         out.extend_from_slice(if self.stream { b",\"stream\":true" } else { b",\"stream\":false" });
         out.extend_from_slice(b",\"status\":");
         decimal(u64::from(self.status), out);
@@ -283,6 +294,7 @@ mod tests {
             path: "/v1/chat/completions",
             model: "llama-3.1-8b",
             key: "team-a/alice",
+            endpoint: Some(std::net::SocketAddr::from(([10, 1, 0, 7], 8000))),
             stream: true,
             status: 200,
             bytes: 1234,

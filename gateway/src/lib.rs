@@ -61,6 +61,21 @@ pub enum ConfigSource {
     },
 }
 
+/// Where the endpoints document comes from (`waycast_crds::endpoints`).
+pub enum EndpointsSource {
+    /// A JSON file, re-read when it changes.
+    File(PathBuf),
+    /// One ConfigMap (the operator writes one per Gateway), watched.
+    ConfigMap {
+        /// Client (in-cluster config or KUBECONFIG).
+        client: kube::Client,
+        /// ConfigMap namespace.
+        namespace: String,
+        /// ConfigMap name.
+        name: String,
+    },
+}
+
 /// How to run a gateway.
 pub struct GatewayOptions {
     /// Public listener address.
@@ -69,6 +84,8 @@ pub struct GatewayOptions {
     pub admin_listen: SocketAddr,
     /// Config source.
     pub config: ConfigSource,
+    /// Where the endpoints of `endpoints` backends come from, if anywhere.
+    pub endpoints: Option<EndpointsSource>,
     /// TLS certificate and key files.
     pub tls: Option<(PathBuf, PathBuf)>,
     /// Longest wait for in-flight requests on shutdown.
@@ -174,6 +191,16 @@ pub async fn start(options: GatewayOptions) -> Result<RunningGateway, StartError
             tokio::spawn(config::secret::watch(client, namespace, name, updates))
         }
     });
+    if let Some(source) = options.endpoints {
+        let (updates, updated) = mpsc::channel(config::UPDATE_QUEUE);
+        background.push(tokio::spawn(upstream::endpoints::apply_updates(updated, shared.clone())));
+        background.push(match source {
+            EndpointsSource::File(path) => tokio::spawn(config::file::watch(path, updates)),
+            EndpointsSource::ConfigMap { client, namespace, name } => {
+                tokio::spawn(upstream::endpoints::watch_config_map(client, namespace, name, updates))
+            }
+        });
+    }
     if let Some(tls) = &tls {
         background.push(tokio::spawn(tls.clone().watch(Duration::from_secs(1))));
     }

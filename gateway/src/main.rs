@@ -3,6 +3,7 @@
 //! ```text
 //! waycast-gateway [--listen 0.0.0.0:8080] [--admin-listen 0.0.0.0:9090]
 //!                 (--config-file PATH | --config-secret NS/NAME)
+//!                 [--endpoints-file PATH | --endpoints-configmap NS/NAME]
 //!                 [--tls-cert F --tls-key F] [--drain-timeout 30s]
 //! waycast-gateway keygen
 //! ```
@@ -22,7 +23,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use waycast_crds::gateway_pod::flag;
-use waycast_gateway::{ConfigSource, Drained, GatewayOptions};
+use waycast_gateway::{ConfigSource, Drained, EndpointsSource, GatewayOptions};
 
 #[derive(Parser, Debug)]
 #[command(name = "waycast-gateway", version, about = "waycast's OpenAI-compatible AI gateway")]
@@ -41,6 +42,13 @@ struct Args {
     /// A Secret NAMESPACE/NAME holding the config, followed through the Kubernetes API.
     #[arg(long = flag::CONFIG_SECRET, env = "WAYCAST_CONFIG_SECRET", value_parser = parse_secret_ref)]
     config_secret: Option<(String, String)>,
+    /// A JSON endpoints document (the ready addresses of the Services that
+    /// backends name in `endpoints`), reloaded when it changes and on SIGHUP.
+    #[arg(long, env = "WAYCAST_ENDPOINTS_FILE", conflicts_with = "endpoints_configmap")]
+    endpoints_file: Option<PathBuf>,
+    /// A ConfigMap NAMESPACE/NAME holding the endpoints document, followed through the Kubernetes API.
+    #[arg(long = flag::ENDPOINTS_CONFIGMAP, env = "WAYCAST_ENDPOINTS_CONFIGMAP", value_parser = parse_secret_ref)]
+    endpoints_configmap: Option<(String, String)>,
     /// PEM certificate chain for TLS (re-read when it changes).
     #[arg(long = flag::TLS_CERT, env = "WAYCAST_TLS_CERT", requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -131,10 +139,22 @@ async fn run(args: Args) -> ExitCode {
         },
         (None, None) => return ExitCode::from(64),
     };
+    let endpoints = match (args.endpoints_file, args.endpoints_configmap) {
+        (Some(path), _) => Some(EndpointsSource::File(path)),
+        (None, Some((namespace, name))) => match kube::Client::try_default().await {
+            Ok(client) => Some(EndpointsSource::ConfigMap { client, namespace, name }),
+            Err(error) => {
+                tracing::error!(%error, "cannot reach the Kubernetes API (in-cluster config or KUBECONFIG)");
+                return ExitCode::FAILURE;
+            }
+        },
+        (None, None) => None,
+    };
     let options = GatewayOptions {
         listen: args.listen,
         admin_listen: args.admin_listen,
         config,
+        endpoints,
         tls: args.tls_cert.zip(args.tls_key),
         drain_timeout: args.drain_timeout,
         body_timeout: args.body_timeout,

@@ -36,6 +36,15 @@ pub struct Metrics {
     pub inflight: IntGauge,
     /// Upstream failures by model and reason.
     pub upstream_errors: IntCounterVec,
+    /// Requests sent again to another endpoint before any byte reached the
+    /// client, by model and reason.
+    pub upstream_retries: IntCounterVec,
+    /// Endpoints taken out after failures in a row, by model.
+    pub endpoint_ejections: IntCounterVec,
+    /// Endpoints known, over every Service the config routes to.
+    pub endpoints_known: IntGauge,
+    /// Endpoints documents refused (the previous one kept).
+    pub endpoints_update_errors: IntCounter,
     /// Client connections open now.
     pub connections_open: IntGauge,
     /// Client connections closed on arrival because `--max-connections` were open.
@@ -105,6 +114,26 @@ impl Metrics {
             Opts::new("waycast_gateway_upstream_errors_total", "Upstream failures by model and reason."),
             &["model", "reason"],
         )?;
+        let upstream_retries = IntCounterVec::new(
+            Opts::new(
+                "waycast_gateway_upstream_retries_total",
+                "Requests sent again to another endpoint before any byte reached the client, by model and reason.",
+            ),
+            &["model", "reason"],
+        )?;
+        let endpoint_ejections = IntCounterVec::new(
+            Opts::new(
+                "waycast_gateway_endpoint_ejections_total",
+                "Endpoints taken out after failures in a row, by model.",
+            ),
+            &["model"],
+        )?;
+        let endpoints_known =
+            IntGauge::new("waycast_gateway_endpoints", "Endpoints known, over every Service the config routes to.")?;
+        let endpoints_update_errors = IntCounter::new(
+            "waycast_gateway_endpoints_update_errors_total",
+            "Endpoints documents refused (the previous one kept).",
+        )?;
         let connections_open = IntGauge::new("waycast_gateway_connections_open", "Client connections open now.")?;
         let connections_refused = IntCounter::new(
             "waycast_gateway_connections_refused_total",
@@ -162,6 +191,10 @@ impl Metrics {
             tokens,
             inflight,
             upstream_errors,
+            upstream_retries,
+            endpoint_ejections,
+            endpoints_known,
+            endpoints_update_errors,
             connections_open,
             connections_refused,
             config_reloads,
@@ -191,6 +224,10 @@ impl Metrics {
             Box::new(self.tokens.clone()),
             Box::new(self.inflight.clone()),
             Box::new(self.upstream_errors.clone()),
+            Box::new(self.upstream_retries.clone()),
+            Box::new(self.endpoint_ejections.clone()),
+            Box::new(self.endpoints_known.clone()),
+            Box::new(self.endpoints_update_errors.clone()),
             Box::new(self.connections_open.clone()),
             Box::new(self.connections_refused.clone()),
             Box::new(self.config_reloads.clone()),

@@ -25,6 +25,8 @@ pub struct Shared {
     pub body_timeout: Duration,
     /// What bounds a client connection.
     pub connections: ConnectionLimits,
+    /// The endpoints of the Services the config routes to.
+    pub endpoints: crate::upstream::endpoints::EndpointTable,
     /// How many pods share each rate limit.
     pub fleet: Arc<limit::fleet::Fleet>,
     draining: AtomicBool,
@@ -52,6 +54,7 @@ impl Shared {
             request_ids: RequestIds::new(),
             body_timeout,
             connections,
+            endpoints: Default::default(),
             fleet: Arc::default(),
             draining: AtomicBool::new(false),
         }

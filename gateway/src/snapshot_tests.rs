@@ -20,6 +20,7 @@ fn model(name: &str, aliases: &[&str], weights: &[u32]) -> ModelConfig {
                 model: None,
                 weight: *w,
                 headers: Default::default(),
+                endpoints: None,
             })
             .collect(),
         timeouts: TimeoutsConfig::default(),
@@ -28,6 +29,7 @@ fn model(name: &str, aliases: &[&str], weights: &[u32]) -> ModelConfig {
         key_namespaces: None,
         forward_headers: Vec::new(),
         output_token_reservation: None,
+        load_balancing: Default::default(),
     }
 }
 

@@ -106,6 +106,7 @@ async fn a_config_swap_under_load_fails_no_request() {
             model: None,
             weight: round + 1,
             headers: Default::default(),
+            endpoints: None,
         });
         fixture.write_config(serde_yaml_ng::to_string(&config).unwrap().as_bytes());
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -154,9 +155,10 @@ async fn timeouts_failover_and_unreachable_backends() {
     let fixture = Fixture::start(FixtureOptions::default(), |config, base| {
         let dead = format!("http://127.0.0.1:{closed_port}/v1");
         // Two backends, the first refusing connections: requests fail over.
-        config.models[1]
-            .backends
-            .insert(0, BackendConfig { url: dead.clone(), model: None, weight: 1, headers: Default::default() });
+        config.models[1].backends.insert(
+            0,
+            BackendConfig { url: dead.clone(), model: None, weight: 1, headers: Default::default(), endpoints: None },
+        );
         config.models[1].timeouts.first_byte = Duration::from_millis(500);
         config.models[1].timeouts.idle = Duration::from_millis(500);
         // Only a dead backend: 502.

@@ -37,7 +37,13 @@ fn model(name: &str, aliases: &[&str], url: &str) -> ModelConfig {
     ModelConfig {
         name: name.into(),
         aliases: aliases.iter().map(|a| (*a).to_owned()).collect(),
-        backends: vec![BackendConfig { url: url.into(), model: None, weight: 1, headers: Default::default() }],
+        backends: vec![BackendConfig {
+            url: url.into(),
+            model: None,
+            weight: 1,
+            headers: Default::default(),
+            endpoints: None,
+        }],
         timeouts: TimeoutsConfig::default(),
         limits: None,
         source: None,
@@ -45,6 +51,7 @@ fn model(name: &str, aliases: &[&str], url: &str) -> ModelConfig {
         // The mock upstream is driven by x-mock-* request headers.
         forward_headers: vec!["x-mock-*".into()],
         output_token_reservation: None,
+        load_balancing: Default::default(),
     }
 }
 

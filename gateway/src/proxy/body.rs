@@ -35,6 +35,9 @@ pub struct RequestFields<'a> {
     /// The largest output the client asked for: `max_completion_tokens`,
     /// `max_tokens` or `max_output_tokens` (a non-negative integer), if any.
     pub max_tokens: Option<u64>,
+    /// Where the prompt's value starts: the first top-level `messages`,
+    /// `input` or `prompt` (prefix affinity hashes from there).
+    pub prompt_start: Option<usize>,
 }
 
 /// Scans `body`.
@@ -56,6 +59,7 @@ pub fn scan(body: &[u8]) -> Result<RequestFields<'_>, GatewayError> {
     let mut stream = false;
     let mut stream_options = None;
     let mut max_tokens = None;
+    let mut prompt_start = None;
     scanner.skip_whitespace();
     if scanner.peek() == Some(b'}') {
         scanner.at += 1;
@@ -115,6 +119,10 @@ pub fn scan(body: &[u8]) -> Result<RequestFields<'_>, GatewayError> {
                         max_tokens = Some(max_tokens.map_or(value, |m: u64| m.max(value)));
                     }
                 }
+                "messages" | "input" | "prompt" => {
+                    prompt_start = prompt_start.or(Some(scanner.at));
+                    scanner.value(1)?;
+                }
                 _ => scanner.value(1)?,
             }
             scanner.skip_whitespace();
@@ -130,7 +138,7 @@ pub fn scan(body: &[u8]) -> Result<RequestFields<'_>, GatewayError> {
     if model.is_empty() {
         return Err(GatewayError::InvalidField("model", "must not be empty"));
     }
-    Ok(RequestFields { model, model_span, stream, stream_options, max_tokens })
+    Ok(RequestFields { model, model_span, stream, stream_options, max_tokens, prompt_start })
 }
 
 struct StringSpan {

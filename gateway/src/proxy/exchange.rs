@@ -36,6 +36,8 @@ pub struct Exchange {
     pub overhead_before: Duration,
     /// Token limits to charge with the response's usage.
     pub charge: Option<crate::limit::Charge>,
+    /// The endpoint answering, counted in flight until the exchange ends.
+    pub endpoint: Option<crate::upstream::pick::InFlight>,
     activity: Arc<ConnectionActivity>,
     finished: bool,
 }
@@ -126,6 +128,7 @@ impl Exchange {
             access_log: true,
             overhead_before: Duration::ZERO,
             charge: None,
+            endpoint: None,
             finished: false,
         }
     }
@@ -185,6 +188,7 @@ impl Exchange {
                 path: self.path,
                 model,
                 key,
+                endpoint: self.endpoint.as_ref().map(|e| e.endpoint().address),
                 stream: self.stream,
                 status: outcome.status,
                 bytes: outcome.bytes,

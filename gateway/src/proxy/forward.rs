@@ -14,6 +14,8 @@ use hyper::body::Incoming;
 use crate::error::GatewayError;
 use crate::snapshot::{Backend, Route};
 use crate::upstream::egress::egress_denied;
+use crate::upstream::endpoints::EndpointTable;
+use crate::upstream::pick::{EndpointSet, InFlight};
 
 /// What the upstream answered.
 pub struct Forwarded {
@@ -23,6 +25,8 @@ pub struct Forwarded {
     pub sent_at: Instant,
     /// When the response headers arrived.
     pub headers_at: Instant,
+    /// The endpoint it came from, counted in flight until this is dropped.
+    pub in_flight: Option<InFlight>,
 }
 
 /// What `send` needs from the client's request.
@@ -43,47 +47,152 @@ pub struct Outgoing<'a> {
     pub request_id: &'a HeaderValue,
     /// Who asked (`X-Forwarded-For`, `X-Forwarded-Proto`).
     pub client: &'a super::Client,
+    /// The prefix-affinity key, under `PrefixAffinity`.
+    pub affinity: Option<u64>,
+    /// Where retries and ejections are counted.
+    pub metrics: &'a crate::metrics::Metrics,
 }
 
-/// Sends the request to the route's backends in failover order.
+/// How many endpoints of one backend a request may try.
+pub const MAX_ENDPOINT_ATTEMPTS: usize = 3;
+
+/// Sends the request to the route's backends in failover order; within a
+/// backend that names `endpoints`, to a picked endpoint, and on a connect
+/// failure, a reset before the response headers or a 503 to another one
+/// (within the route's retry budget). Nothing is retried once a byte of the
+/// response may have reached the client, nor after the first-byte timeout.
 ///
 /// # Errors
 /// 502 when no backend accepts a connection or one fails after connecting;
 /// 504 when none answers within the first-byte timeout.
-pub async fn send(route: &Route, outgoing: &Outgoing<'_>) -> Result<Forwarded, GatewayError> {
+pub async fn send(route: &Route, outgoing: &Outgoing<'_>, table: &EndpointTable) -> Result<Forwarded, GatewayError> {
+    route.retry_budget.request();
     let mut last_error = None;
     for index in route.backend_order() {
         let backend = &route.backends[index];
-        let request = build_request(backend, &route.forward_headers, outgoing)
-            .ok_or_else(|| GatewayError::UpstreamFailed(route.name.to_string()))?;
-        let sent_at = Instant::now();
-        match tokio::time::timeout(route.timeouts.first_byte, route.client.request(request)).await {
-            Ok(Ok(response)) => {
-                return Ok(Forwarded { response, sent_at, headers_at: Instant::now() });
-            }
-            Ok(Err(error)) if error.is_connect() => {
-                if egress_denied(&error) {
-                    tracing::warn!(model = %route.name, backend = index, %error, "upstream refused by the egress guard");
-                    last_error = Some(GatewayError::EgressDenied(route.name.to_string()));
-                    continue;
-                }
-                tracing::debug!(model = %route.name, backend = index, %error, "upstream connect failed; trying the next backend");
-                last_error = Some(GatewayError::UpstreamUnreachable(route.name.to_string()));
-            }
-            Ok(Err(error)) => {
-                tracing::warn!(model = %route.name, backend = index, %error, "upstream request failed");
-                return Err(GatewayError::UpstreamFailed(route.name.to_string()));
-            }
-            Err(_) => return Err(GatewayError::UpstreamTimeout(route.name.to_string())),
+        let endpoints = backend.endpoints.as_deref().and_then(|key| table.get(key)).filter(|set| !set.is_empty());
+        let outcome = match endpoints {
+            None => send_to(route, backend, backend.authority.clone(), outgoing, None).await,
+            Some(set) => send_to_endpoints(route, backend, &set, outgoing).await,
+        };
+        match outcome {
+            Ok(forwarded) => return Ok(forwarded),
+            Err(Failure::TryNextBackend(error)) => last_error = Some(error),
+            Err(Failure::Final(error)) => return Err(error),
         }
     }
     Err(last_error.unwrap_or_else(|| GatewayError::UpstreamUnreachable(route.name.to_string())))
+}
+
+/// How one attempt failed.
+enum Failure {
+    /// Nothing reached the upstream's application: another backend may try.
+    TryNextBackend(GatewayError),
+    /// The request may be in progress upstream, or the answer is final.
+    Final(GatewayError),
+}
+
+/// Up to [`MAX_ENDPOINT_ATTEMPTS`] endpoints of `set`, each picked by the
+/// route's policy among those not tried yet. A failure counts against the
+/// endpoint (enough in a row eject it); a retry needs the route's budget,
+/// and without it the failure stands (a connect failure still lets the next
+/// backend try, as for URL backends).
+async fn send_to_endpoints(
+    route: &Route,
+    backend: &Backend,
+    set: &EndpointSet,
+    outgoing: &Outgoing<'_>,
+) -> Result<Forwarded, Failure> {
+    let attempts = set.endpoints().len().min(MAX_ENDPOINT_ATTEMPTS);
+    let mut tried = Vec::with_capacity(attempts);
+    let mut last = GatewayError::UpstreamUnreachable(route.name.to_string());
+    while tried.len() < attempts {
+        let now = crate::limit::now_nanos();
+        let Some(pick) = set.pick(route.balancing.policy, outgoing.affinity, &tried, now) else { break };
+        tried.push(pick);
+        let endpoint = &set.endpoints()[pick];
+        let Some(authority) = endpoint.authority.clone() else { continue };
+        let reason = match send_to(route, backend, authority, outgoing, Some(endpoint.start())).await {
+            Ok(forwarded) if forwarded.response.status() == http::StatusCode::SERVICE_UNAVAILABLE => {
+                count_failure(route, endpoint, now, outgoing.metrics);
+                // Overloaded or draining: another endpoint may serve it;
+                // else this answer is the answer.
+                if tried.len() >= attempts || !route.retry_budget.take_retry() {
+                    return Ok(forwarded);
+                }
+                "status_503"
+            }
+            Ok(forwarded) => {
+                endpoint.record_success();
+                return Ok(forwarded);
+            }
+            Err(Failure::Final(error)) => return Err(Failure::Final(error)),
+            Err(Failure::TryNextBackend(error)) => {
+                count_failure(route, endpoint, now, outgoing.metrics);
+                last = error;
+                if tried.len() >= attempts || !route.retry_budget.take_retry() {
+                    break;
+                }
+                "connect_or_reset"
+            }
+        };
+        outgoing.metrics.upstream_retries.with_label_values(&[&route.name, reason]).inc();
+    }
+    Err(Failure::TryNextBackend(last))
+}
+
+fn count_failure(
+    route: &Route,
+    endpoint: &crate::upstream::pick::Endpoint,
+    now: u64,
+    metrics: &crate::metrics::Metrics,
+) {
+    if endpoint.record_failure(now) {
+        tracing::warn!(model = %route.name, endpoint = %endpoint.address, "endpoint ejected after failures in a row");
+        metrics.endpoint_ejections.with_label_values(&[&route.name]).inc();
+    }
+}
+
+/// One attempt at `authority`.
+async fn send_to(
+    route: &Route,
+    backend: &Backend,
+    authority: http::uri::Authority,
+    outgoing: &Outgoing<'_>,
+    in_flight: Option<InFlight>,
+) -> Result<Forwarded, Failure> {
+    let request = build_request(backend, authority, &route.forward_headers, outgoing)
+        .ok_or_else(|| Failure::Final(GatewayError::UpstreamFailed(route.name.to_string())))?;
+    let sent_at = Instant::now();
+    match tokio::time::timeout(route.timeouts.first_byte, route.client.request(request)).await {
+        Ok(Ok(response)) => Ok(Forwarded { response, sent_at, headers_at: Instant::now(), in_flight }),
+        Ok(Err(error)) if error.is_connect() => {
+            if egress_denied(&error) {
+                tracing::warn!(model = %route.name, %error, "upstream refused by the egress guard");
+                return Err(Failure::TryNextBackend(GatewayError::EgressDenied(route.name.to_string())));
+            }
+            tracing::debug!(model = %route.name, %error, "upstream connect failed; trying the next");
+            Err(Failure::TryNextBackend(GatewayError::UpstreamUnreachable(route.name.to_string())))
+        }
+        Ok(Err(error)) if in_flight.is_some() => {
+            // Reset or closed before the response headers: with endpoints
+            // another pod may answer (an URL backend keeps its old rule).
+            tracing::debug!(model = %route.name, %error, "upstream failed before answering; trying another endpoint");
+            Err(Failure::TryNextBackend(GatewayError::UpstreamFailed(route.name.to_string())))
+        }
+        Ok(Err(error)) => {
+            tracing::warn!(model = %route.name, %error, "upstream request failed");
+            Err(Failure::Final(GatewayError::UpstreamFailed(route.name.to_string())))
+        }
+        Err(_) => Err(Failure::Final(GatewayError::UpstreamTimeout(route.name.to_string()))),
+    }
 }
 
 /// The upstream request; `None` only if the client's query string does not
 /// form a valid URI with the backend's path.
 fn build_request(
     backend: &Backend,
+    authority: http::uri::Authority,
     extra: &crate::snapshot::ForwardHeaders,
     outgoing: &Outgoing<'_>,
 ) -> Option<Request<Full<Bytes>>> {
@@ -95,12 +204,7 @@ fn build_request(
         (Some(query), None) => PathAndQuery::try_from(format!("{}?{query}", path.path())).ok()?,
         (Some(query), Some(own)) => PathAndQuery::try_from(format!("{}?{own}&{query}", path.path())).ok()?,
     };
-    let uri = Uri::builder()
-        .scheme(backend.scheme.clone())
-        .authority(backend.authority.clone())
-        .path_and_query(path)
-        .build()
-        .ok()?;
+    let uri = Uri::builder().scheme(backend.scheme.clone()).authority(authority).path_and_query(path).build().ok()?;
     let body = match &backend.model_json {
         Some(model) => rewrite(outgoing.body, outgoing.model_span.clone(), model),
         None => outgoing.body.clone(),

@@ -181,8 +181,10 @@ async fn serve(
         model_span,
         request_id,
         client,
+        affinity: route.balancing.affinity(&parts.headers, &body, fields.prompt_start),
+        metrics: &shared.metrics,
     };
-    let forwarded = forward::send(route, &outgoing).await.inspect_err(|error| {
+    let forwarded = forward::send(route, &outgoing, &shared.endpoints).await.inspect_err(|error| {
         let reason = error.code();
         shared.metrics.upstream_errors.with_label_values(&[&route.name, reason]).inc();
     })?;
@@ -194,6 +196,7 @@ async fn serve(
         shared.metrics.upstream_errors.with_label_values(&[&route.name, "not_json"]).inc();
         return Err(GatewayError::UpstreamNotJson(route.name.to_string(), upstream_status.as_u16()));
     }
+    exchange.endpoint = forwarded.in_flight;
     let (mut head, body) = forwarded.response.into_parts();
     head.headers.retain_returnable();
     if let Some(admitted) = &admitted {

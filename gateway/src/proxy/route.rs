@@ -168,6 +168,7 @@ mod tests {
                 model: None,
                 weight: 1,
                 headers: Default::default(),
+                endpoints: None,
             }],
             timeouts: Default::default(),
             limits: None,
@@ -175,6 +176,7 @@ mod tests {
             key_namespaces: namespaces,
             forward_headers: vec![],
             output_token_reservation: None,
+            load_balancing: Default::default(),
         };
         let key = |id: &str, text: &str, models: Option<Vec<String>>| KeyConfig {
             id: id.into(),

@@ -5,6 +5,8 @@
 //! connections.
 
 pub mod egress;
+pub mod endpoints;
+pub mod pick;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -15,7 +15,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use waycast_crds::GatewayConfig;
-use waycast_gateway::{ConfigSource, GatewayOptions, RunningGateway};
+use waycast_gateway::{ConfigSource, EndpointsSource, GatewayOptions, RunningGateway};
 use waycast_mock::fixtures::{default_config, post_request, temp_dir};
 use waycast_mock::upstream::{self as mock_upstream, MockOptions, MockUpstream};
 
@@ -51,6 +51,9 @@ pub struct FixtureOptions {
     pub max_connections: usize,
     /// Longest a connection stays open with no request in flight.
     pub idle_timeout: Duration,
+    /// Read endpoints from `endpoints.json` in the fixture's directory
+    /// (write it with [`Fixture::write_endpoints`]).
+    pub endpoints_file: bool,
 }
 
 impl Default for FixtureOptions {
@@ -63,6 +66,7 @@ impl Default for FixtureOptions {
             idle_timeout: waycast_gateway::DEFAULT_IDLE_TIMEOUT,
             drain_timeout: Duration::from_secs(10),
             tls: None,
+            endpoints_file: false,
         }
     }
 }
@@ -85,6 +89,7 @@ impl Fixture {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             config: ConfigSource::File(config_path.clone()),
+            endpoints: options.endpoints_file.then(|| EndpointsSource::File(dir.join("endpoints.json"))),
             tls: options.tls,
             drain_timeout: options.drain_timeout,
             body_timeout: options.body_timeout,
@@ -125,6 +130,11 @@ impl Fixture {
     /// Replaces the config file (atomically, as a ConfigMap mount does).
     pub fn write_config(&self, bytes: &[u8]) {
         write_atomically(&self.config_path, bytes);
+    }
+
+    /// Replaces the endpoints file (with `endpoints_file` set).
+    pub fn write_endpoints(&self, bytes: &[u8]) {
+        write_atomically(&self.dir.join("endpoints.json"), bytes);
     }
 
     /// `http://<gateway><path>`.

@@ -142,6 +142,7 @@ fn route(endpoint: &ModelEndpoint, key: &ObjectKey, inputs: &Inputs<'_>) -> Resu
         key_namespaces,
         forward_headers: spec.forward_headers.clone(),
         output_token_reservation: spec.output_token_reservation.and_then(|n| u64::try_from(n).ok()),
+        load_balancing: Default::default(),
     };
     // The gateway's own check, on this entry alone: what it would refuse is
     // left out here, with the field named, instead of freezing everyone's config.
@@ -230,6 +231,7 @@ fn resolve_backend(
         model: backend.model.clone(),
         weight: backend.weight.and_then(|w| u32::try_from(w).ok()).unwrap_or(1),
         headers,
+        endpoints: None,
     })
 }
 

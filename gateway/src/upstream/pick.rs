@@ -1,0 +1,282 @@
+//! Picking the endpoint (an inference pod) a request goes to, in the hop
+//! that already checks the key — no extra endpoint-picker service.
+//!
+//! ```text
+//! LeastRequest    two endpoints at random, the one with fewer requests in flight (streams count
+//!                 until they end): close to the least-loaded at O(1), without herding
+//! RoundRobin      each in turn
+//! PrefixAffinity  a hash of the prompt's first bytes (or a session header) on a ring of virtual
+//!                 nodes: the same prefix goes to the same pod — its KV cache hits — unless that
+//!                 pod carries more than `load_factor` × the mean load (consistent hashing with
+//!                 bounded loads), then the next on the ring
+//! ```
+//!
+//! Passive outlier ejection: `CONSECUTIVE_FAILURES` failures in a row take
+//! an endpoint out for a backoff that doubles with each ejection (capped);
+//! a success brings its count back to zero. Ejection never empties a set:
+//! when every endpoint is out, all are eligible again (a fleet that is all
+//! failing is better tried than refused).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Failures in a row that eject an endpoint.
+pub const CONSECUTIVE_FAILURES: u32 = 5;
+/// The first ejection's length; each further one doubles it.
+pub const BASE_EJECTION: Duration = Duration::from_secs(5);
+/// The longest ejection.
+pub const MAX_EJECTION: Duration = Duration::from_secs(300);
+/// Virtual nodes per endpoint on the prefix-affinity ring.
+const RING_POINTS_PER_ENDPOINT: usize = 64;
+
+/// How a backend's endpoints share its requests.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Policy {
+    /// Power of two choices over requests in flight.
+    LeastRequest,
+    /// Each endpoint in turn.
+    RoundRobin,
+    /// Same prefix, same endpoint, while its load stays within
+    /// `load_factor` × the mean.
+    PrefixAffinity {
+        /// At least 1.0; 1.25 leaves a pod 25 % above the mean before its
+        /// prefixes spill to the next one.
+        load_factor: f64,
+    },
+}
+
+/// One endpoint and what the gateway knows of it.
+#[derive(Debug)]
+pub struct Endpoint {
+    /// `ip:port`.
+    pub address: std::net::SocketAddr,
+    /// The same, as a URI authority (formatted once, not per request).
+    pub authority: Option<http::uri::Authority>,
+    inflight: AtomicU32,
+    consecutive_failures: AtomicU32,
+    ejections: AtomicU32,
+    /// Nanoseconds on [`crate::limit::now_nanos`]'s clock; 0: not ejected.
+    ejected_until: AtomicU64,
+}
+
+impl Endpoint {
+    /// A fresh endpoint: nothing in flight, never failed.
+    pub fn new(address: std::net::SocketAddr) -> Self {
+        Self {
+            address,
+            authority: http::uri::Authority::try_from(address.to_string()).ok(),
+            inflight: AtomicU32::new(0),
+            consecutive_failures: AtomicU32::new(0),
+            ejections: AtomicU32::new(0),
+            ejected_until: AtomicU64::new(0),
+        }
+    }
+
+    /// Requests in flight to it now.
+    pub fn inflight(&self) -> u32 {
+        self.inflight.load(Ordering::Relaxed)
+    }
+
+    /// Whether it is ejected at `now`.
+    pub fn is_ejected(&self, now: u64) -> bool {
+        self.ejected_until.load(Ordering::Relaxed) > now
+    }
+
+    /// A request to it went well: its failure count starts over.
+    pub fn record_success(&self) {
+        if self.consecutive_failures.load(Ordering::Relaxed) != 0 {
+            self.consecutive_failures.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// A request to it failed (connect error, reset or 5xx before the first
+    /// byte). Returns true when this failure ejected it.
+    pub fn record_failure(&self, now: u64) -> bool {
+        let failures = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if failures < CONSECUTIVE_FAILURES || self.is_ejected(now) {
+            return false;
+        }
+        let ejections = self.ejections.fetch_add(1, Ordering::Relaxed);
+        let length = BASE_EJECTION.saturating_mul(1 << ejections.min(16)).min(MAX_EJECTION);
+        let length = u64::try_from(length.as_nanos()).unwrap_or(u64::MAX);
+        self.ejected_until.store(now.saturating_add(length), Ordering::Relaxed);
+        self.consecutive_failures.store(0, Ordering::Relaxed);
+        true
+    }
+
+    /// Counts a request in flight until the guard drops.
+    pub fn start(self: &Arc<Self>) -> InFlight {
+        self.inflight.fetch_add(1, Ordering::Relaxed);
+        InFlight(self.clone())
+    }
+}
+
+/// One request in flight to an endpoint; dropping it (when the response,
+/// stream included, has ended however it ended) ends the count.
+#[derive(Debug)]
+pub struct InFlight(Arc<Endpoint>);
+
+impl InFlight {
+    /// The endpoint.
+    pub fn endpoint(&self) -> &Arc<Endpoint> {
+        &self.0
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.inflight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The endpoints of one backend, as last resolved.
+#[derive(Debug, Default)]
+pub struct EndpointSet {
+    endpoints: Vec<Arc<Endpoint>>,
+    /// (hash, endpoint index), sorted by hash.
+    ring: Vec<(u64, usize)>,
+    turn: AtomicU64,
+}
+
+impl EndpointSet {
+    /// A set of `endpoints`; an endpoint of `previous` at the same address
+    /// is kept as it is (its requests in flight, failures and ejection).
+    pub fn new(addresses: &[std::net::SocketAddr], previous: Option<&EndpointSet>) -> Self {
+        let mut endpoints: Vec<Arc<Endpoint>> = addresses
+            .iter()
+            .map(|address| {
+                previous
+                    .and_then(|p| p.endpoints.iter().find(|e| e.address == *address))
+                    .cloned()
+                    .unwrap_or_else(|| Arc::new(Endpoint::new(*address)))
+            })
+            .collect();
+        endpoints.sort_by_key(|e| e.address);
+        endpoints.dedup_by_key(|e| e.address);
+        let mut ring = Vec::with_capacity(endpoints.len() * RING_POINTS_PER_ENDPOINT);
+        for (index, endpoint) in endpoints.iter().enumerate() {
+            let seed = address_hash(&endpoint.address);
+            for point in 0..RING_POINTS_PER_ENDPOINT as u64 {
+                ring.push((mix(seed ^ mix(point)), index));
+            }
+        }
+        ring.sort_unstable();
+        Self { endpoints, ring, turn: AtomicU64::new(0) }
+    }
+
+    /// The endpoints, sorted by address.
+    pub fn endpoints(&self) -> &[Arc<Endpoint>] {
+        &self.endpoints
+    }
+
+    /// Whether there is none.
+    pub fn is_empty(&self) -> bool {
+        self.endpoints.is_empty()
+    }
+
+    /// The endpoint for the next request under `policy`, skipping those in
+    /// `tried` (a retry goes elsewhere) and ejected ones (unless every
+    /// untried one is ejected). `affinity` is the request's prefix hash.
+    pub fn pick(&self, policy: Policy, affinity: Option<u64>, tried: &[usize], now: u64) -> Option<usize> {
+        let untried = |index: &usize| !tried.contains(index);
+        let healthy = |index: &usize| untried(index) && !self.endpoints[*index].is_ejected(now);
+        let any_healthy = (0..self.endpoints.len()).any(|i| healthy(&i));
+        let eligible = |index: usize| if any_healthy { healthy(&index) } else { untried(&index) };
+        let count = (0..self.endpoints.len()).filter(|i| eligible(*i)).count();
+        if count == 0 {
+            return None;
+        }
+        // A retry does not take a turn: under round-robin it goes to the
+        // next endpoint, and the next request still gets its own turn (else
+        // with two endpoints every request would meet a failing one first).
+        let ticket = if tried.is_empty() {
+            self.turn.fetch_add(1, Ordering::Relaxed)
+        } else {
+            self.turn.load(Ordering::Relaxed)
+        };
+        match policy {
+            Policy::RoundRobin => nth_eligible(self.endpoints.len(), ticket, &eligible),
+            Policy::LeastRequest => {
+                let random = mix(ticket ^ 0x9e37_79b9_7f4a_7c15);
+                let first = nth_eligible(self.endpoints.len(), random, &eligible)?;
+                if count == 1 {
+                    return Some(first);
+                }
+                // A second, distinct, eligible endpoint.
+                let offset = 1 + (random >> 32) % (count as u64 - 1);
+                let second = nth_eligible(self.endpoints.len(), position(first, &eligible) + offset, &eligible)?;
+                let load = |index: usize| self.endpoints[index].inflight();
+                Some(if load(second) < load(first) { second } else { first })
+            }
+            Policy::PrefixAffinity { load_factor } => match affinity {
+                None => self.pick(Policy::LeastRequest, None, tried, now),
+                Some(hash) => self.bounded_ring_pick(hash, load_factor, count, &eligible),
+            },
+        }
+    }
+
+    /// The first eligible endpoint clockwise from `hash` whose load stays
+    /// within `load_factor` × the mean after this request; if none does,
+    /// the least loaded eligible one.
+    fn bounded_ring_pick(
+        &self,
+        hash: u64,
+        load_factor: f64,
+        count: usize,
+        eligible: &impl Fn(usize) -> bool,
+    ) -> Option<usize> {
+        let total: u64 = self.endpoints.iter().map(|e| u64::from(e.inflight())).sum();
+        #[allow(clippy::cast_precision_loss, reason = "in-flight counts are far below 2^52")]
+        let bound = (load_factor.max(1.0) * (total + 1) as f64 / count as f64).ceil();
+        let start = self.ring.partition_point(|(point, _)| *point < hash);
+        let walk = self.ring[start..].iter().chain(&self.ring[..start]);
+        for &(_, index) in walk {
+            if eligible(index) && f64::from(self.endpoints[index].inflight() + 1) <= bound {
+                return Some(index);
+            }
+        }
+        (0..self.endpoints.len()).filter(|i| eligible(*i)).min_by_key(|i| self.endpoints[*i].inflight())
+    }
+}
+
+/// The index of the `n`-th (mod their count) endpoint that is eligible.
+fn nth_eligible(len: usize, n: u64, eligible: &impl Fn(usize) -> bool) -> Option<usize> {
+    let count = (0..len).filter(|i| eligible(*i)).count() as u64;
+    if count == 0 {
+        return None;
+    }
+    let wanted = usize::try_from(n % count).ok()?;
+    (0..len).filter(|i| eligible(*i)).nth(wanted)
+}
+
+/// How many eligible endpoints come before `index`.
+fn position(index: usize, eligible: &impl Fn(usize) -> bool) -> u64 {
+    (0..index).filter(|i| eligible(*i)).count() as u64
+}
+
+/// SplitMix64's finalizer: a cheap, well-spread 64-bit mix.
+pub fn mix(mut value: u64) -> u64 {
+    value = value.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    value = (value ^ (value >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    value = (value ^ (value >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    value ^ (value >> 31)
+}
+
+/// FNV-1a over `bytes`, then mixed: the affinity hash of a prompt prefix.
+pub fn affinity_hash(bytes: &[u8]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in bytes {
+        hash ^= u64::from(*byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    mix(hash)
+}
+
+fn address_hash(address: &std::net::SocketAddr) -> u64 {
+    affinity_hash(address.to_string().as_bytes())
+}
+
+#[cfg(test)]
+#[path = "pick_tests.rs"]
+mod tests;

@@ -1,0 +1,145 @@
+//! The picker: each policy's spread, the bound on prefix affinity,
+//! ejection and its backoff, and endpoint state kept across updates.
+
+use std::net::SocketAddr;
+
+use super::*;
+
+fn addresses(count: u16) -> Vec<SocketAddr> {
+    (0..count).map(|i| SocketAddr::from(([10, 0, 0, 1 + i as u8], 8000))).collect()
+}
+
+const SECOND: u64 = 1_000_000_000;
+
+#[test]
+fn round_robin_takes_each_in_turn() {
+    let set = EndpointSet::new(&addresses(3), None);
+    let picks: Vec<usize> = (0..6).map(|_| set.pick(Policy::RoundRobin, None, &[], 0).unwrap()).collect();
+    assert_eq!(picks, [0, 1, 2, 0, 1, 2]);
+}
+
+#[test]
+fn least_request_never_picks_the_busiest_of_several() {
+    let set = EndpointSet::new(&addresses(3), None);
+    let _busy: Vec<InFlight> = (0..10).map(|_| set.endpoints()[1].start()).collect();
+    let mut counts = [0; 3];
+    for _ in 0..3_000 {
+        counts[set.pick(Policy::LeastRequest, None, &[], 0).unwrap()] += 1;
+    }
+    assert_eq!(counts[1], 0, "two distinct choices: the busy one always loses: {counts:?}");
+    assert!(counts[0] > 1_000 && counts[2] > 1_000, "the others share evenly: {counts:?}");
+}
+
+/// Requests of mixed lengths (1 to 400 ticks, as LLM requests run from
+/// milliseconds to minutes), one arriving per tick, over 4 endpoints (about
+/// 50 in flight each): least-request keeps the busiest endpoint near the
+/// mean on average over time, where round-robin lets a queue build behind
+/// the long requests.
+#[test]
+fn least_request_keeps_the_busiest_endpoint_near_the_mean() {
+    let mean_ratio = |policy: Policy| {
+        let set = EndpointSet::new(&addresses(4), None);
+        let mut running: Vec<(u64, InFlight)> = Vec::new();
+        let (mut sum, mut samples) = (0.0, 0_u32);
+        for tick in 0..40_000_u64 {
+            running.retain(|(ends, _)| *ends > tick);
+            let length = 1 + mix(tick) % 400;
+            let index = set.pick(policy, None, &[], 0).unwrap();
+            running.push((tick + length, set.endpoints()[index].start()));
+            if tick > 2_000 {
+                let loads: Vec<u32> = set.endpoints().iter().map(|e| e.inflight()).collect();
+                let mean = f64::from(loads.iter().sum::<u32>()) / 4.0;
+                sum += f64::from(*loads.iter().max().unwrap()) / mean;
+                samples += 1;
+            }
+        }
+        sum / f64::from(samples)
+    };
+    let least = mean_ratio(Policy::LeastRequest);
+    let round_robin = mean_ratio(Policy::RoundRobin);
+    println!("max/mean in flight, averaged over time: least-request {least:.3}, round-robin {round_robin:.3}");
+    assert!(least <= 1.3, "least-request max/mean in flight {least:.2}");
+    assert!(least < round_robin, "least-request {least:.2} vs round-robin {round_robin:.2}");
+}
+
+#[test]
+fn a_prefix_sticks_to_one_endpoint_until_it_carries_more_than_its_bound() {
+    let set = EndpointSet::new(&addresses(4), None);
+    let policy = Policy::PrefixAffinity { load_factor: 1.25 };
+    let hash = affinity_hash(b"You are a helpful assistant. Answer briefly.");
+    let home = set.pick(policy, Some(hash), &[], 0).unwrap();
+    for _ in 0..20 {
+        assert_eq!(set.pick(policy, Some(hash), &[], 0), Some(home), "same prefix, same pod while idle");
+    }
+    // The home pod busy above 1.25 × the mean: the prefix spills over.
+    let _load: Vec<InFlight> = (0..4).map(|_| set.endpoints()[home].start()).collect();
+    let spilled = set.pick(policy, Some(hash), &[], 0).unwrap();
+    assert_ne!(spilled, home);
+    // Distinct prefixes spread over every pod.
+    let mut counts = [0; 4];
+    drop(_load);
+    for prefix in 0..4_000_u64 {
+        counts[set.pick(policy, Some(mix(prefix)), &[], 0).unwrap()] += 1;
+    }
+    assert!(counts.iter().all(|c| *c > 500), "{counts:?}");
+}
+
+#[test]
+fn prefix_affinity_without_a_prefix_balances_by_load() {
+    let set = EndpointSet::new(&addresses(2), None);
+    let _busy = set.endpoints()[0].start();
+    let policy = Policy::PrefixAffinity { load_factor: 1.25 };
+    assert_eq!(set.pick(policy, None, &[], 0), Some(1));
+}
+
+#[test]
+fn five_failures_in_a_row_eject_for_a_backoff_that_doubles() {
+    let set = EndpointSet::new(&addresses(2), None);
+    let flaky = &set.endpoints()[0];
+    for _ in 0..CONSECUTIVE_FAILURES - 1 {
+        assert!(!flaky.record_failure(0));
+    }
+    flaky.record_success();
+    for _ in 0..CONSECUTIVE_FAILURES - 1 {
+        assert!(!flaky.record_failure(0), "a success started the count over");
+    }
+    assert!(flaky.record_failure(0), "the fifth failure in a row ejects");
+    assert!(flaky.is_ejected(4 * SECOND) && !flaky.is_ejected(5 * SECOND));
+    for _ in 0..100 {
+        assert_eq!(set.pick(Policy::RoundRobin, None, &[], SECOND), Some(1), "an ejected endpoint is skipped");
+    }
+    // Back after 5 s; failing again ejects it for 10 s.
+    let back = 5 * SECOND;
+    for _ in 0..CONSECUTIVE_FAILURES {
+        flaky.record_failure(back);
+    }
+    assert!(flaky.is_ejected(back + 9 * SECOND) && !flaky.is_ejected(back + 10 * SECOND));
+}
+
+#[test]
+fn ejection_never_empties_the_set_and_retries_go_elsewhere() {
+    let set = EndpointSet::new(&addresses(2), None);
+    for endpoint in set.endpoints() {
+        for _ in 0..CONSECUTIVE_FAILURES {
+            endpoint.record_failure(0);
+        }
+    }
+    assert!(set.pick(Policy::LeastRequest, None, &[], SECOND).is_some(), "all ejected: all eligible again");
+    assert_eq!(set.pick(Policy::LeastRequest, None, &[0], 0), Some(1), "a retry skips what it tried");
+    assert_eq!(set.pick(Policy::LeastRequest, None, &[0, 1], 0), None, "nothing left to try");
+    assert_eq!(EndpointSet::default().pick(Policy::RoundRobin, None, &[], 0), None);
+}
+
+#[test]
+fn an_update_keeps_the_state_of_endpoints_that_stay() {
+    let before = EndpointSet::new(&addresses(2), None);
+    let streaming = before.endpoints()[1].start();
+    let mut next = addresses(3);
+    next.remove(0);
+    let after = EndpointSet::new(&next, Some(&before));
+    assert_eq!(after.endpoints().len(), 2);
+    assert!(Arc::ptr_eq(&after.endpoints()[0], streaming.endpoint()), "same address, same state");
+    assert_eq!(after.endpoints()[0].inflight(), 1);
+    drop(streaming);
+    assert_eq!(after.endpoints()[0].inflight(), 0, "a stream that ends is counted off the kept endpoint");
+}

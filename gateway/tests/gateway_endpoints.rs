@@ -1,0 +1,206 @@
+//! A backend served by a Service's endpoints (an endpoints document, here a
+//! file): requests spread by load over the pods, follow the document as it
+//! changes, go elsewhere when a pod refuses connections or answers 503
+//! before any byte reached the client, and stick to one pod per prompt
+//! prefix under `PrefixAffinity`.
+
+#![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+use support::{Fixture, FixtureOptions};
+use waycast_crds::config::{GatewayConfig, LoadBalancingPolicy};
+use waycast_mock::fixtures::{ALICE_KEY, free_port};
+use waycast_mock::upstream::{self as mock_upstream, MockOptions, MockUpstream};
+
+const SERVICE: &str = "models/vllm:8000";
+const MODEL: &str = "mistral-7b";
+
+/// `mistral-7b` served by the endpoints of [`SERVICE`], under `policy`; its
+/// URL (the fixture's own mock) is only the fallback.
+fn on_endpoints(config: &mut GatewayConfig, policy: LoadBalancingPolicy) {
+    let model = config.models.iter_mut().find(|m| m.name == MODEL).unwrap();
+    model.backends[0].endpoints = Some(SERVICE.into());
+    model.load_balancing.policy = policy;
+}
+
+async fn pods(count: usize) -> Vec<MockUpstream> {
+    let mut pods = Vec::new();
+    for _ in 0..count {
+        pods.push(mock_upstream::start(SocketAddr::from(([127, 0, 0, 1], 0)), MockOptions::default()).await.unwrap());
+    }
+    pods
+}
+
+/// Writes an endpoints document listing `addresses` and waits until the
+/// gateway knows exactly that many endpoints.
+async fn set_endpoints(fixture: &Fixture, addresses: &[SocketAddr]) {
+    let document = serde_json::json!({
+        "apiVersion": "waycast.dev/endpoints-v1",
+        "services": {SERVICE: addresses.iter().map(ToString::to_string).collect::<Vec<_>>()},
+    });
+    fixture.write_endpoints(document.to_string().as_bytes());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while fixture.metric("waycast_gateway_endpoints").await != Some(addresses.len() as f64) {
+        assert!(Instant::now() < deadline, "the gateway did not take the endpoints document");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn served(pod: &MockUpstream) -> usize {
+    pod.recorder.requests().await.len()
+}
+
+/// `count` requests at once, each held `delay_ms` by the pod that serves it.
+async fn concurrent(fixture: &Fixture, count: usize, delay_ms: u64, body: &str) -> Vec<StatusCode> {
+    let requests = (0..count).map(|_| {
+        let request = fixture.request(
+            "/v1/chat/completions",
+            Some(ALICE_KEY),
+            body,
+            &[("x-mock-delay-ms", &delay_ms.to_string())],
+        );
+        let open = fixture.open(request);
+        async move { open.await.status() }
+    });
+    futures_util::future::join_all(requests).await
+}
+
+#[tokio::test]
+async fn requests_spread_over_the_endpoints_and_follow_the_document() {
+    let options = FixtureOptions { endpoints_file: true, ..FixtureOptions::default() };
+    let fixture = Fixture::start(options, |config, _| on_endpoints(config, LoadBalancingPolicy::LeastRequest)).await;
+    let body = format!(r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":"hi"}}]}}"#);
+
+    // No endpoints known yet: the URL serves.
+    let (status, _, _) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), &body).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(served(&fixture.mock).await, 1);
+
+    let pods = pods(3).await;
+    set_endpoints(&fixture, &pods.iter().map(|p| p.addr).collect::<Vec<_>>()).await;
+    let statuses = concurrent(&fixture, 90, 300, &body).await;
+    assert!(statuses.iter().all(|s| *s == StatusCode::OK), "{statuses:?}");
+    let counts = [served(&pods[0]).await, served(&pods[1]).await, served(&pods[2]).await];
+    println!("90 concurrent requests over 3 endpoints: {counts:?}");
+    // Least-request over in-flight counts: each pod holds about a third.
+    assert!(counts.iter().all(|c| (20..=40).contains(c)), "{counts:?}");
+    assert_eq!(served(&fixture.mock).await, 1, "the URL is not used while endpoints are known");
+
+    // A pod leaves the document: it gets nothing more.
+    set_endpoints(&fixture, &[pods[1].addr, pods[2].addr]).await;
+    let before = served(&pods[0]).await;
+    concurrent(&fixture, 20, 0, &body).await;
+    assert_eq!(served(&pods[0]).await, before, "a removed endpoint was still used");
+
+    // A bad document is refused and the last good one keeps serving.
+    fixture.write_endpoints(br#"{"apiVersion":"waycast.dev/endpoints-v1","services":{"not a key":[]}}"#);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while fixture.metric("waycast_gateway_endpoints_update_errors_total").await != Some(1.0) {
+        assert!(Instant::now() < deadline, "the bad document was not counted");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let statuses = concurrent(&fixture, 10, 0, &body).await;
+    assert!(statuses.iter().all(|s| *s == StatusCode::OK), "{statuses:?}");
+    assert_eq!(fixture.metric("waycast_gateway_endpoints").await, Some(2.0));
+}
+
+#[tokio::test]
+async fn a_dead_endpoint_is_retried_elsewhere_then_ejected() {
+    let options = FixtureOptions { endpoints_file: true, ..FixtureOptions::default() };
+    let fixture = Fixture::start(options, |config, _| on_endpoints(config, LoadBalancingPolicy::RoundRobin)).await;
+    let body = format!(r#"{{"model":"{MODEL}","messages":[]}}"#);
+    let live = pods(1).await;
+    // Nothing listens there: every connect is refused.
+    let dead = SocketAddr::from(([127, 0, 0, 1], free_port([127, 0, 0, 1].into()).unwrap()));
+    set_endpoints(&fixture, &[dead, live[0].addr]).await;
+    for _ in 0..20 {
+        let (status, _, _) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), &body).await;
+        assert_eq!(status, StatusCode::OK, "a refused connect is retried on the live endpoint");
+    }
+    let retries = format!(r#"waycast_gateway_upstream_retries_total{{model="{MODEL}",reason="connect_or_reset"}}"#);
+    let ejections = format!(r#"waycast_gateway_endpoint_ejections_total{{model="{MODEL}"}}"#);
+    // Round-robin sends every other request to the dead one until its fifth
+    // failure in a row ejects it; then no more retries.
+    assert_eq!(fixture.metric(&retries).await, Some(5.0));
+    assert_eq!(fixture.metric(&ejections).await, Some(1.0));
+    assert_eq!(served(&live[0]).await, 20);
+}
+
+/// A pod that answers every request 503 (overloaded, or draining).
+async fn overloaded_pod() -> SocketAddr {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buffer = vec![0_u8; 64 * 1024];
+                while let Ok(read) = stream.read(&mut buffer).await {
+                    if read == 0 {
+                        return;
+                    }
+                    let body = r#"{"error":{"message":"overloaded","type":"server_error","param":null,"code":null}}"#;
+                    let answer = format!(
+                        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    if stream.write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    address
+}
+
+#[tokio::test]
+async fn a_503_before_any_byte_goes_to_another_endpoint() {
+    let options = FixtureOptions { endpoints_file: true, ..FixtureOptions::default() };
+    let fixture = Fixture::start(options, |config, _| on_endpoints(config, LoadBalancingPolicy::RoundRobin)).await;
+    let body = format!(r#"{{"model":"{MODEL}","messages":[]}}"#);
+    let live = pods(1).await;
+    set_endpoints(&fixture, &[overloaded_pod().await, live[0].addr]).await;
+    for _ in 0..4 {
+        let (status, _, _) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), &body).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    let retries = format!(r#"waycast_gateway_upstream_retries_total{{model="{MODEL}",reason="status_503"}}"#);
+    assert_eq!(fixture.metric(&retries).await, Some(2.0), "every other request met the overloaded pod first");
+    // With only the overloaded pod left, its 503 is the answer.
+    set_endpoints(&fixture, &[overloaded_pod().await]).await;
+    let (status, _, _) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), &body).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+}
+
+#[tokio::test]
+async fn prefix_affinity_keeps_a_prompt_on_one_pod_and_spreads_different_ones() {
+    let options = FixtureOptions { endpoints_file: true, ..FixtureOptions::default() };
+    let fixture = Fixture::start(options, |config, _| on_endpoints(config, LoadBalancingPolicy::PrefixAffinity)).await;
+    let pods = pods(3).await;
+    set_endpoints(&fixture, &pods.iter().map(|p| p.addr).collect::<Vec<_>>()).await;
+    let system = "You are a careful assistant for the billing team. ".repeat(8);
+    for question in 0..30 {
+        let body = format!(
+            r#"{{"model":"{MODEL}","messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"question {question}"}}]}}"#
+        );
+        let (status, _, _) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), &body).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    let counts = [served(&pods[0]).await, served(&pods[1]).await, served(&pods[2]).await];
+    assert!(counts.contains(&30), "one shared prefix, one pod: {counts:?}");
+    for prompt in 0..60 {
+        let body = format!(
+            r#"{{"model":"{MODEL}","messages":[{{"role":"system","content":"prompt number {prompt} {system}"}}]}}"#
+        );
+        fixture.post("/v1/chat/completions", Some(ALICE_KEY), &body).await;
+    }
+    let after = [served(&pods[0]).await, served(&pods[1]).await, served(&pods[2]).await];
+    let new: Vec<usize> = after.iter().zip(counts).map(|(a, b)| a - b).collect();
+    assert!(new.iter().all(|n| *n >= 5), "different prefixes spread over the pods: {new:?}");
+}
