@@ -90,6 +90,52 @@ pub struct ModelEndpointSpec {
     /// for a model that does not exist.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_keys: Option<ModelVisibility>,
+
+    /// How requests are spread over the pods behind `service` backends: the
+    /// gateway sends each request to one ready endpoint of the Service (not
+    /// through its ClusterIP) and picks it by this policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_balancing: Option<LoadBalancing>,
+}
+
+/// How requests are spread over a Service's endpoints.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LoadBalancing {
+    /// `LeastRequest` (default): two endpoints at random, the one with fewer
+    /// requests in flight (streams count until they end). `RoundRobin`: each
+    /// in turn. `PrefixAffinity`: requests sharing a prompt prefix (or a
+    /// session header) go to the same pod while its load stays within
+    /// `loadFactorPercent` of the mean, so inference servers' prefix caches hit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<LoadBalancingPolicy>,
+    /// `PrefixAffinity`: bytes of the prompt (`messages`, `input` or
+    /// `prompt`) hashed. Default 256.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65536))]
+    pub prefix_bytes: Option<i32>,
+    /// `PrefixAffinity`: a pod keeps its prefixes while it carries at most
+    /// this percentage of the mean load. Default 125.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 100, max = 1000))]
+    pub load_factor_percent: Option<i32>,
+    /// `PrefixAffinity`: a client header (lowercase) whose value, when
+    /// present, is the affinity key instead of the prompt, e.g. a session id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 128), pattern(r"^[a-z0-9!#$%&'+.^_`|~-]+$"))]
+    pub session_header: Option<String>,
+}
+
+/// How one request's endpoint is chosen.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum LoadBalancingPolicy {
+    /// Fewer requests in flight, of two picked at random.
+    #[default]
+    LeastRequest,
+    /// Each endpoint in turn.
+    RoundRobin,
+    /// The same prompt prefix to the same pod, within a load bound.
+    PrefixAffinity,
 }
 
 /// Which ApiKeys may call a model.

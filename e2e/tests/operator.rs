@@ -667,3 +667,102 @@ async fn tenants_cannot_break_read_or_redirect_each_other() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(accounts.get_opt("taken").await.unwrap().is_some(), "the ServiceAccount survived its namesake");
 }
+
+/// The gateway picks the inference pod itself (issue 17): a Service
+/// backend resolves to its ready endpoints, relayed by the operator in the
+/// Gateway's endpoints ConfigMap; requests spread over every pod (not per
+/// kube-proxy connection), a headless Service works, and a pod that goes
+/// away leaves the ConfigMap and gets nothing more, with no request lost.
+#[tokio::test]
+async fn the_gateway_spreads_requests_over_the_services_pods_and_follows_them() {
+    let client = cluster().client().await;
+    let namespace = test_namespace(&client, "endpoints").await.unwrap();
+    let quickstart = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/quickstart/quickstart.yaml"),
+    )
+    .unwrap();
+    let mut objects = manifest::parse_documents(&quickstart).unwrap();
+    for object in &mut objects {
+        if object.types.as_ref().is_some_and(|t| t.kind == "Deployment") {
+            object.data["spec"]["replicas"] = json!(3);
+        }
+    }
+    // The same pods behind a headless Service, as a second model.
+    let headless = [
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "vllm-headless"},
+               "spec": {"clusterIP": "None", "selector": {"app.kubernetes.io/name": "vllm"},
+                        "ports": [{"name": "http", "port": 8000, "targetPort": "http"}]}}),
+        json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ModelEndpoint", "metadata": {"name": "llama-headless"},
+               "spec": {"model": "llama-headless", "backends": [{"service": {"name": "vllm-headless", "port": 8000}}]}}),
+    ];
+    objects.extend(headless.into_iter().map(|value| serde_json::from_value(value).unwrap()));
+    manifest::apply_all(&client, &objects, &namespace).await.unwrap();
+    wait_condition(&client, &namespace, "ApiKey", "alice", ("Programmed", "True", "Programmed")).await;
+    wait_condition(&client, &namespace, "ModelEndpoint", "llama-headless", ("Programmed", "True", "Programmed")).await;
+    wait_pods_ready(&client, &namespace, "app.kubernetes.io/name=vllm", 3, Duration::from_secs(90)).await.unwrap();
+    let key = generated_key(&client, &namespace, "alice").await;
+    let service_key = format!("{namespace}/vllm:8000");
+    wait_endpoints(&client, &namespace, &service_key, 3, Duration::from_secs(30)).await;
+
+    // Through the gateway's Service, on kept-alive connections.
+    let gateway_ip = Api::<Service>::namespaced(client.clone(), &namespace)
+        .get("gateway")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .cluster_ip
+        .unwrap();
+    let url = format!("http://{gateway_ip}/v1/chat/completions");
+    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+    let served_by = |model: &'static str, count: usize| {
+        let (http, url, key) = (http.clone(), url.clone(), key.clone());
+        async move {
+            let mut pods = std::collections::BTreeMap::<String, usize>::new();
+            for _ in 0..count {
+                let body = format!(r#"{{"model":"{model}","messages":[]}}"#);
+                let response = http.request(fixture::post_request(&url, Some(&key), &body)).await.unwrap();
+                assert_eq!(response.status(), StatusCode::OK, "{model}");
+                let pod = response.headers()[waycast_mock::upstream::POD_HEADER].to_str().unwrap().to_owned();
+                *pods.entry(pod).or_default() += 1;
+            }
+            pods
+        }
+    };
+    let spread = served_by("llama3", 300).await;
+    println!("300 requests over 3 pods: {spread:?}");
+    assert_eq!(spread.len(), 3, "every pod served: {spread:?}");
+    assert!(spread.values().all(|n| *n >= 60), "each pod near a third: {spread:?}");
+    let headless = served_by("llama-headless", 30).await;
+    assert!(headless.len() >= 2, "the headless Service's pods share its requests: {headless:?}");
+
+    // A pod goes away: the ConfigMap follows, no request fails, and the pod
+    // gets nothing once it is out.
+    let scaled = Instant::now();
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &namespace);
+    deployments.patch("vllm", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 2}}))).await.unwrap();
+    let during = served_by("llama3", 60).await;
+    wait_endpoints(&client, &namespace, &service_key, 2, Duration::from_secs(30)).await;
+    println!("scale 3 → 2: the endpoints ConfigMap listed 2 after {:?}; meanwhile {during:?}", scaled.elapsed());
+    let after = served_by("llama3", 60).await;
+    assert_eq!(after.len(), 2, "only the remaining pods serve: {after:?}");
+}
+
+/// Waits until the Gateway's endpoints ConfigMap lists `count` addresses
+/// for `service`.
+async fn wait_endpoints(client: &Client, namespace: &str, service: &str, count: usize, timeout: Duration) {
+    let maps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), namespace);
+    let deadline = Instant::now() + timeout;
+    loop {
+        let listed = maps.get_opt("gateway-endpoints").await.unwrap().and_then(|map| {
+            let text = map.data?.get(waycast_crds::endpoints::ENDPOINTS_DATA_KEY)?.clone();
+            let document = waycast_crds::endpoints::EndpointsDocument::from_slice(text.as_bytes()).ok()?;
+            Some(document.services.get(service).map_or(0, Vec::len))
+        });
+        if listed == Some(count) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{service} listed {listed:?} endpoints, not {count}, after {timeout:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

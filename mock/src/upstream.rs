@@ -18,6 +18,8 @@
 //! | `x-mock-chunked: true` | send a non-streaming body with chunked encoding |
 //! | `x-mock-burn-ms: N` | spin the CPU for N ms first (autoscaling tests) |
 //!
+//! Every answer carries `x-mock-pod: <host name>:<port>` (which pod served).
+//!
 //! Usage is reported as OpenAI (`prompt_tokens`/`completion_tokens`, in the
 //! last chunk when `stream_options.include_usage` is set), the Responses API
 //! and Anthropic (`input_tokens`/`output_tokens`) do: prompt tokens are the
@@ -140,8 +142,16 @@ pub async fn start(listen: SocketAddr, options: MockOptions) -> std::io::Result<
     Ok(MockUpstream { addr, recorder, task })
 }
 
+/// The header every answer carries with the mock's identity (host name —
+/// a pod's name — and port), so a test sees which pod served.
+pub const POD_HEADER: &str = "x-mock-pod";
+
 /// Serves until the task is dropped.
 pub async fn serve(listener: TcpListener, options: Arc<MockOptions>, recorder: Arc<Recorder>) {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let port = listener.local_addr().map(|address| address.port()).unwrap_or_default();
+    let identity = header::HeaderValue::from_str(&format!("{}:{port}", host.trim()))
+        .unwrap_or_else(|_| header::HeaderValue::from_static("mock"));
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
@@ -150,8 +160,17 @@ pub async fn serve(listener: TcpListener, options: Arc<MockOptions>, recorder: A
         recorder.connections.fetch_add(1, Ordering::Relaxed);
         let options = options.clone();
         let recorder = recorder.clone();
+        let identity = identity.clone();
         tokio::spawn(async move {
-            let service = service_fn(move |request| respond(request, options.clone(), recorder.clone()));
+            let service = service_fn(move |request| {
+                let answer = respond(request, options.clone(), recorder.clone());
+                let identity = identity.clone();
+                async move {
+                    let mut response = answer.await?;
+                    response.headers_mut().insert(POD_HEADER, identity);
+                    Ok::<_, Infallible>(response)
+                }
+            });
             let _ = auto::Builder::new(TokioExecutor::new()).serve_connection(TokioIo::new(stream), service).await;
         });
     }

@@ -100,6 +100,11 @@ pub struct GatewayMemory {
     /// the Gateway; at 10,000 keys its eight reads per reconcile doubled the
     /// reconcile time.
     pub verified: Option<(String, i64)>,
+    /// The Services (`namespace/name:port`) its config routes to through
+    /// their endpoints.
+    pub services: std::collections::BTreeSet<String>,
+    /// The hash of the endpoints document last written for it.
+    pub endpoints_written: Option<String>,
 }
 
 /// When a Gateway's current config was written, until every pod reports it.

@@ -10,7 +10,7 @@
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::{Secret, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::ObjectMeta;
@@ -37,17 +37,19 @@ pub async fn first_conflict(client: &Client, gateway: &Gateway) -> Result<Option
     let uid = gateway.metadata.uid.clone().ok_or(Error::Incomplete("uid"))?;
     let name = gateway.name_any();
     let config = render::config_secret_name(gateway);
-    let (account, role, binding, secret, deployment, service, hpa, pdb) = tokio::join!(
+    let endpoints = render::endpoints::config_map_name(gateway);
+    let (account, role, binding, secret, endpoints, deployment, service, hpa, pdb) = tokio::join!(
         check::<ServiceAccount>(client, &namespace, &name, &uid),
         check::<Role>(client, &namespace, &name, &uid),
         check::<RoleBinding>(client, &namespace, &name, &uid),
         check::<Secret>(client, &namespace, &config, &uid),
+        check::<ConfigMap>(client, &namespace, &endpoints, &uid),
         check::<Deployment>(client, &namespace, &name, &uid),
         check::<Service>(client, &namespace, &name, &uid),
         check::<HorizontalPodAutoscaler>(client, &namespace, &name, &uid),
         check::<PodDisruptionBudget>(client, &namespace, &name, &uid),
     );
-    for found in [account, role, binding, secret, deployment, service, hpa, pdb] {
+    for found in [account, role, binding, secret, endpoints, deployment, service, hpa, pdb] {
         if let Some(conflict) = found? {
             return Ok(Some(conflict));
         }

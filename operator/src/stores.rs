@@ -14,6 +14,7 @@ use std::time::Duration;
 use futures_util::StreamExt as _;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::ObjectMeta;
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -56,6 +57,9 @@ pub struct Stores {
     pub leases: Store<Lease>,
     /// The metadata of Secrets the operator owns (config Secrets).
     pub config_secrets: Store<PartialObjectMeta<Secret>>,
+    /// EndpointSlices, trimmed to their Service, ports and endpoints'
+    /// addresses and conditions (gateway pods pick among them).
+    pub endpoint_slices: Store<EndpointSlice>,
     /// What each controller is to reconcile.
     pub feeds: Feeds,
     /// Fires after any change to the store of the same name.
@@ -79,6 +83,8 @@ pub struct Changes {
     pub key_secrets: broadcast::Sender<()>,
     /// Credential Secrets changed (a rotated provider key is picked up by watch).
     pub credentials: broadcast::Sender<()>,
+    /// EndpointSlices changed (pods became ready, or went away).
+    pub endpoint_slices: broadcast::Sender<()>,
 }
 
 /// A stream that yields once per signal (a lagging receiver still yields).
@@ -137,6 +143,18 @@ pub(crate) fn labels<K: Resource>(object: &K) -> u64 {
 /// Any change (Services, Secrets: no status the operator writes).
 pub(crate) fn any_change<K: Resource>(object: &K) -> u64 {
     fingerprint(object.meta(), &object.meta().resource_version)
+}
+
+/// What picking reads of an EndpointSlice: its ports and its endpoints'
+/// addresses and readiness.
+pub(crate) fn endpoint_content(slice: &EndpointSlice) -> u64 {
+    let endpoints: Vec<_> = slice
+        .endpoints
+        .iter()
+        .map(|e| (&e.addresses, e.conditions.as_ref().map(|c| (c.ready, c.serving, c.terminating))))
+        .collect();
+    let ports: Vec<_> = slice.ports.iter().flatten().map(|p| (&p.name, p.port)).collect();
+    fingerprint(&slice.metadata, (&slice.metadata.labels, endpoints, ports))
 }
 
 /// A heartbeat's Gateway, the config hash its pod reports and the config
@@ -388,6 +406,22 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
             }
         }),
     );
+    // Every Service's endpoints, but only what picking reads: at a pod's
+    // churn the slice's other fields (topology, hints, target refs) change
+    // too and would only cost memory.
+    let slice_view = |slice: &mut EndpointSlice| {
+        let service = slice.labels().get(render::endpoints::SERVICE_NAME_LABEL).cloned();
+        let meta = &mut slice.metadata;
+        (meta.annotations, meta.owner_references, meta.generate_name) = (None, None, None);
+        meta.labels = service.map(|name| [(render::endpoints::SERVICE_NAME_LABEL.to_owned(), name)].into());
+        for endpoint in &mut slice.endpoints {
+            (endpoint.target_ref, endpoint.node_name, endpoint.zone, endpoint.hints, endpoint.hostname) =
+                (None, None, None, None, None);
+            endpoint.deprecated_topology = None;
+        }
+    };
+    let (endpoint_slices, endpoint_slices_changed) =
+        store_of(all(client, watcher::Config::default()).modify(slice_view), endpoint_content, ignore());
     // Pods' heartbeats: a pod reporting another config moves its Gateway's status.
     let heartbeats = watcher::Config::default().labels(render::GATEWAY_LABEL);
     let gateway_feed = feeds.gateways.clone();
@@ -410,6 +444,7 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
         credentials,
         leases,
         config_secrets,
+        endpoint_slices,
         feeds,
         changed: Changes {
             gateways: gateways_changed,
@@ -419,6 +454,7 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
             services: services_changed,
             key_secrets: key_secrets_changed,
             credentials: credentials_changed,
+            endpoint_slices: endpoint_slices_changed,
         },
     };
     for ready in [
@@ -431,6 +467,7 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
         stores.credentials.wait_until_ready().await,
         stores.leases.wait_until_ready().await,
         stores.config_secrets.wait_until_ready().await,
+        stores.endpoint_slices.wait_until_ready().await,
     ] {
         ready.map_err(|_| Error::Incomplete("a ready store"))?;
     }

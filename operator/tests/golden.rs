@@ -9,6 +9,7 @@
 use std::path::Path;
 
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde::Deserialize as _;
 use waycast_crds::{ApiKey, Gateway, ModelEndpoint};
 use waycast_operator::catalog::Catalog;
@@ -18,6 +19,7 @@ use waycast_operator::status;
 fn render_case(input: &str) -> String {
     let (mut gateways, mut models, mut keys, mut services, mut secrets) = (vec![], vec![], vec![], vec![], vec![]);
     let mut namespaces = vec![];
+    let mut slices: Vec<EndpointSlice> = vec![];
     for document in serde_yaml_ng::Deserializer::from_str(input) {
         let value = serde_yaml_ng::Value::deserialize(document).unwrap();
         match value["kind"].as_str().unwrap() {
@@ -27,6 +29,7 @@ fn render_case(input: &str) -> String {
             "Service" => services.push(serde_yaml_ng::from_value::<Service>(value).unwrap()),
             "Secret" => secrets.push(serde_yaml_ng::from_value::<Secret>(value).unwrap()),
             "Namespace" => namespaces.push(serde_yaml_ng::from_value::<Namespace>(value).unwrap()),
+            "EndpointSlice" => slices.push(serde_yaml_ng::from_value::<EndpointSlice>(value).unwrap()),
             other => panic!("unexpected kind {other}"),
         }
     }
@@ -44,6 +47,31 @@ fn render_case(input: &str) -> String {
         serde_yaml_ng::to_string(&desired.deployment).unwrap(),
         serde_yaml_ng::to_string(&desired.service).unwrap(),
     ];
+    // The endpoints ConfigMap, from the Services' EndpointSlices.
+    let endpoints = render::endpoints::document(
+        &render::endpoints::service_keys(&compiled.config),
+        |namespace, name| {
+            services.iter().find(|s| {
+                s.metadata.namespace.as_deref() == Some(namespace) && s.metadata.name.as_deref() == Some(name)
+            })
+        },
+        |namespace, name| {
+            slices
+                .iter()
+                .filter(|s| {
+                    s.metadata.namespace.as_deref() == Some(namespace)
+                        && s.metadata
+                            .labels
+                            .as_ref()
+                            .and_then(|l| l.get("kubernetes.io/service-name"))
+                            .map(String::as_str)
+                            == Some(name)
+                })
+                .collect::<Vec<_>>()
+        },
+    );
+    let (endpoints_map, _) = render::endpoints::config_map(gateway, &endpoints).unwrap();
+    documents.push(serde_yaml_ng::to_string(&endpoints_map).unwrap());
     // Each object's verdict, as its status will show it.
     let mut verdicts = String::from("# verdicts\n");
     for (id, verdict) in &compiled.models {

@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::ResourceExt as _;
 use waycast_crds::ModelEndpoint;
 use waycast_crds::condition::reasons;
-use waycast_crds::config::{BackendConfig, LimitsConfig, ModelConfig, TimeoutsConfig};
+use waycast_crds::config::{BackendConfig, LimitsConfig, LoadBalancingConfig, ModelConfig, TimeoutsConfig};
 use waycast_crds::egress::{self, Cidr};
 use waycast_crds::model_endpoint::{Backend, BackendAuth};
 
@@ -142,7 +142,7 @@ fn route(endpoint: &ModelEndpoint, key: &ObjectKey, inputs: &Inputs<'_>) -> Resu
         key_namespaces,
         forward_headers: spec.forward_headers.clone(),
         output_token_reservation: spec.output_token_reservation.and_then(|n| u64::try_from(n).ok()),
-        load_balancing: Default::default(),
+        load_balancing: load_balancing(spec.load_balancing.as_ref()),
     };
     // The gateway's own check, on this entry alone: what it would refuse is
     // left out here, with the field named, instead of freezing everyone's config.
@@ -166,6 +166,25 @@ fn spec_path(config_path: &str) -> String {
     }
 }
 
+/// CRD load balancing → config (the schema keeps the numbers in range).
+fn load_balancing(wanted: Option<&waycast_crds::model_endpoint::LoadBalancing>) -> LoadBalancingConfig {
+    use waycast_crds::config::LoadBalancingPolicy as Config;
+    use waycast_crds::model_endpoint::LoadBalancingPolicy as Crd;
+    let defaults = LoadBalancingConfig::default();
+    let Some(wanted) = wanted else { return defaults };
+    let number = |value: Option<i32>, default: u32| value.and_then(|v| u32::try_from(v).ok()).unwrap_or(default);
+    LoadBalancingConfig {
+        policy: match wanted.policy.unwrap_or_default() {
+            Crd::LeastRequest => Config::LeastRequest,
+            Crd::RoundRobin => Config::RoundRobin,
+            Crd::PrefixAffinity => Config::PrefixAffinity,
+        },
+        prefix_bytes: number(wanted.prefix_bytes, defaults.prefix_bytes),
+        load_factor_percent: number(wanted.load_factor_percent, defaults.load_factor_percent),
+        session_header: wanted.session_header.clone(),
+    }
+}
+
 /// CRD limits → config limits (the schema keeps them positive).
 pub fn limits(limits: &waycast_crds::common::Limits) -> LimitsConfig {
     LimitsConfig {
@@ -180,6 +199,7 @@ fn resolve_backend(
     namespace: &str,
     inputs: &Inputs<'_>,
 ) -> Result<BackendConfig, Verdict> {
+    let mut endpoints = None;
     let url = match (&backend.service, &backend.url) {
         (Some(service), _) => {
             let found = find::<Service>(inputs.services, namespace, &service.name).ok_or_else(|| {
@@ -189,15 +209,9 @@ fn resolve_backend(
                 )
             })?;
             let spec = found.spec.as_ref();
-            let cluster_ip = spec
-                .and_then(|s| s.cluster_ip.as_deref())
-                .filter(|ip| !ip.is_empty() && *ip != "None")
-                .ok_or_else(|| {
-                    Verdict::refused(
-                        reasons::BACKEND_NOT_FOUND,
-                        format!("spec.backends[{index}]: Service {namespace}/{} has no ClusterIP", service.name),
-                    )
-                })?;
+            // A headless Service (clusterIP None) is served through its
+            // endpoints; its DNS name is only the fallback and the Host.
+            let cluster_ip = spec.and_then(|s| s.cluster_ip.as_deref()).filter(|ip| !ip.is_empty() && *ip != "None");
             let has_port =
                 spec.and_then(|s| s.ports.as_ref()).is_some_and(|ports| ports.iter().any(|p| p.port == service.port));
             if !has_port {
@@ -207,8 +221,14 @@ fn resolve_backend(
                 );
                 return Err(Verdict::refused(reasons::BACKEND_NOT_FOUND, message));
             }
-            let host = if cluster_ip.contains(':') { format!("[{cluster_ip}]") } else { cluster_ip.to_owned() };
+            let host = match cluster_ip {
+                Some(ip) if ip.contains(':') => format!("[{ip}]"),
+                Some(ip) => ip.to_owned(),
+                None => format!("{}.{namespace}.svc", service.name),
+            };
             let base_path = service.base_path.as_deref().unwrap_or(DEFAULT_BASE_PATH);
+            let port = u16::try_from(service.port).unwrap_or_default();
+            endpoints = Some(waycast_crds::endpoints::service_key(namespace, &service.name, port));
             format!("http://{host}:{}{base_path}", service.port)
         }
         (None, Some(url)) => {
@@ -231,7 +251,7 @@ fn resolve_backend(
         model: backend.model.clone(),
         weight: backend.weight.and_then(|w| u32::try_from(w).ok()).unwrap_or(1),
         headers,
-        endpoints: None,
+        endpoints,
     })
 }
 

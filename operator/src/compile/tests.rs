@@ -236,14 +236,18 @@ fn bad_backend_references_fail_only_their_own_route() {
     for (name, reason) in [
         ("no-service", reasons::BACKEND_NOT_FOUND),
         ("no-port", reasons::BACKEND_NOT_FOUND),
-        ("headless", reasons::BACKEND_NOT_FOUND),
         ("no-secret", reasons::AUTH_SECRET_MISSING),
     ] {
         let verdict = &compiled.models[&key("demo", name)];
         assert_eq!((verdict.accepted, verdict.reason), (false, reason), "{name}: {}", verdict.message);
     }
     assert!(compiled.models[&key("demo", "llama")].accepted, "the good route is untouched");
-    assert_eq!(compiled.config.models.len(), 1);
+    // A headless Service is served through its endpoints, its DNS name the fallback.
+    assert!(compiled.models[&key("demo", "headless")].accepted);
+    let headless = compiled.config.models.iter().find(|m| m.name == "c").unwrap();
+    assert_eq!(headless.backends[0].url, "http://headless.demo.svc:80/v1");
+    assert_eq!(headless.backends[0].endpoints.as_deref(), Some("demo/headless:80"));
+    assert_eq!(compiled.config.models.len(), 2);
 }
 
 #[test]

@@ -21,6 +21,7 @@
 //! once. One compile per Gateway change serves every object's status.
 
 mod api_key;
+mod endpoints;
 mod gateway;
 mod model_endpoint;
 
@@ -69,7 +70,8 @@ pub async fn run(context: Arc<Context>) {
         &context.stores.feeds.models,
         model_endpoint::reconcile_model_endpoint,
     );
-    tokio::join!(gateway_controller, key_controller, key_secrets, model_controller);
+    let endpoints = endpoints::follow_endpoints(context.clone());
+    tokio::join!(gateway_controller, key_controller, key_secrets, model_controller, endpoints);
 }
 
 pub(crate) fn error_policy<K: Resource<DynamicType = ()>>(

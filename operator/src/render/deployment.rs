@@ -68,6 +68,8 @@ pub fn deployment(gateway: &Gateway, settings: &RenderSettings) -> Deployment {
     let mut args = vec![
         arg(flag::CONFIG_SECRET),
         format!("{namespace}/{}", config_secret_name(gateway)),
+        arg(flag::ENDPOINTS_CONFIGMAP),
+        format!("{namespace}/{}", super::endpoints::config_map_name(gateway)),
         arg(flag::LISTEN),
         format!("0.0.0.0:{PUBLIC_PORT}"),
         arg(flag::ADMIN_LISTEN),

@@ -5,6 +5,7 @@
 //! ```text
 //! Gateway ─► labels ─┬─► service_account, role, role_binding   (RBAC: its config Secret + heartbeat Leases)
 //!                    ├─► config_secret                         (gzipped canonical JSON + hash annotation)
+//!                    ├─► endpoints::config_map                 (ready addresses of the Services it routes to)
 //!                    ├─► deployment                            (never the config hash: config changes don't roll pods)
 //!                    ├─► service
 //!                    └─► hpa (with autoscaling), pdb (with more than one replica)
@@ -13,6 +14,7 @@
 pub mod config_secret;
 pub mod deployment;
 pub mod desired;
+pub mod endpoints;
 pub mod rbac;
 pub mod scaling;
 pub mod service;

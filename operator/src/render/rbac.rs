@@ -1,6 +1,6 @@
 //! The gateway pods' identity: a ServiceAccount, and a Role that lets them
-//! read their own config Secret (by name) and keep their heartbeat Leases —
-//! nothing else.
+//! read their own config Secret and endpoints ConfigMap (by name) and keep
+//! their heartbeat Leases — nothing else.
 
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
@@ -27,6 +27,13 @@ pub fn role(gateway: &Gateway) -> Role {
                 api_groups: Some(vec![String::new()]),
                 resources: Some(vec!["secrets".into()]),
                 resource_names: Some(vec![config_secret_name(gateway)]),
+                verbs: verbs(&["get", "list", "watch"]),
+                ..PolicyRule::default()
+            },
+            PolicyRule {
+                api_groups: Some(vec![String::new()]),
+                resources: Some(vec!["configmaps".into()]),
+                resource_names: Some(vec![super::endpoints::config_map_name(gateway)]),
                 verbs: verbs(&["get", "list", "watch"]),
                 ..PolicyRule::default()
             },
@@ -66,13 +73,16 @@ mod tests {
     use crate::render::fixtures;
 
     #[test]
-    fn the_role_grants_one_secret_and_leases_only() {
+    fn the_role_grants_one_secret_one_config_map_and_leases_only() {
         let role = role(&fixtures::gateway(Default::default()));
         let rules = role.rules.unwrap();
-        assert_eq!(rules.len(), 2);
+        assert_eq!(rules.len(), 3);
         assert_eq!(rules[0].resource_names.as_deref(), Some(&["shared-config".to_owned()][..]));
         assert!(!rules[0].verbs.iter().any(|v| v == "update" || v == "*"));
-        assert_eq!(rules[1].resources.as_deref(), Some(&["leases".to_owned()][..]));
+        assert_eq!(rules[1].resources.as_deref(), Some(&["configmaps".to_owned()][..]));
+        assert_eq!(rules[1].resource_names.as_deref(), Some(&["shared-endpoints".to_owned()][..]));
+        assert!(!rules[1].verbs.iter().any(|v| v == "update" || v == "patch" || v == "*"));
+        assert_eq!(rules[2].resources.as_deref(), Some(&["leases".to_owned()][..]));
         assert!(
             rules.iter().all(|r| !r.verbs.iter().any(|v| v == "*") && !r.resources.iter().flatten().any(|x| x == "*"))
         );

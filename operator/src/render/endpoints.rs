@@ -1,0 +1,162 @@
+//! The endpoints ConfigMap a Gateway owns: the ready addresses of every
+//! Service its config routes to (`waycast_crds::endpoints`), from the
+//! Services' EndpointSlices. Kept apart from the config Secret so that pod
+//! churn never rewrites the config; the gateway pods watch it by name.
+//!
+//! ```text
+//! config backends' `endpoints` keys ─┐
+//! Services (port name of each key)  ─┼─► document() ─► config_map() ─► <gateway>-endpoints
+//! EndpointSlices (ready addresses)  ─┘
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
+
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::ResourceExt as _;
+use waycast_crds::Gateway;
+use waycast_crds::config::GatewayConfig;
+use waycast_crds::endpoints::{ENDPOINTS_DATA_KEY, EndpointsDocument, MAX_ADDRESSES_PER_SERVICE, parse_service_key};
+
+use super::owned_meta;
+
+/// The label an EndpointSlice carries with its Service's name.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// `<gateway>-endpoints`.
+pub fn config_map_name(gateway: &Gateway) -> String {
+    format!("{}-endpoints", gateway.name_any())
+}
+
+/// The Service keys (`namespace/name:port`) a config routes to.
+pub fn service_keys(config: &GatewayConfig) -> BTreeSet<String> {
+    config.models.iter().flat_map(|m| &m.backends).filter_map(|b| b.endpoints.clone()).collect()
+}
+
+/// The ready addresses of each Service in `keys`. `service` finds a
+/// Service by namespace and name; `slices` gives a Service's EndpointSlices.
+/// An endpoint counts unless it is reported not ready or terminating; a
+/// Service that is gone, or has no such port, lists none.
+pub fn document<'a, S>(
+    keys: &BTreeSet<String>,
+    service: impl Fn(&str, &str) -> Option<&'a Service>,
+    slices: impl Fn(&str, &str) -> S,
+) -> EndpointsDocument
+where
+    S: IntoIterator<Item = &'a EndpointSlice>,
+{
+    let mut services = BTreeMap::new();
+    for key in keys {
+        let Some((namespace, name, port)) = parse_service_key(key) else { continue };
+        let port_name = service(namespace, name)
+            .and_then(|s| s.spec.as_ref()?.ports.as_ref()?.iter().find(|p| p.port == i32::from(port)).cloned())
+            .map(|p| p.name.unwrap_or_default());
+        let mut addresses = BTreeSet::new();
+        if let Some(port_name) = port_name {
+            for slice in slices(namespace, name) {
+                let target = slice.ports.iter().flatten().find(|p| p.name.clone().unwrap_or_default() == port_name);
+                let Some(target) = target.and_then(|p| p.port).and_then(|p| u16::try_from(p).ok()) else { continue };
+                for endpoint in &slice.endpoints {
+                    let conditions = endpoint.conditions.as_ref();
+                    let ready = conditions.and_then(|c| c.ready).unwrap_or(true);
+                    let terminating = conditions.and_then(|c| c.terminating).unwrap_or(false);
+                    if !ready || terminating {
+                        continue;
+                    }
+                    let parsed = endpoint.addresses.iter().filter_map(|a| a.parse::<IpAddr>().ok());
+                    addresses.extend(parsed.map(|ip| SocketAddr::new(ip, target)));
+                }
+            }
+        }
+        services.insert(key.clone(), addresses.into_iter().take(MAX_ADDRESSES_PER_SERVICE).collect());
+    }
+    EndpointsDocument { services, ..EndpointsDocument::new() }
+}
+
+/// The ConfigMap holding `document`, and the document's hash (to skip
+/// writing an unchanged one).
+///
+/// # Errors
+/// Serialization failing (not expected for this type).
+pub fn config_map(gateway: &Gateway, document: &EndpointsDocument) -> serde_json::Result<(ConfigMap, String)> {
+    let json = serde_json::to_string(document)?;
+    let hash = waycast_crds::digest::config_hash(json.as_bytes());
+    let map = ConfigMap {
+        metadata: owned_meta(gateway, config_map_name(gateway)),
+        data: Some(BTreeMap::from([(ENDPOINTS_DATA_KEY.to_owned(), json)])),
+        ..ConfigMap::default()
+    };
+    Ok((map, hash))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{ServicePort, ServiceSpec};
+    use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort};
+
+    fn service(ports: &[(&str, i32)]) -> Service {
+        Service {
+            spec: Some(ServiceSpec {
+                ports: Some(
+                    ports
+                        .iter()
+                        .map(|(name, port)| ServicePort {
+                            name: (!name.is_empty()).then(|| (*name).to_owned()),
+                            port: *port,
+                            ..ServicePort::default()
+                        })
+                        .collect(),
+                ),
+                ..ServiceSpec::default()
+            }),
+            ..Service::default()
+        }
+    }
+
+    fn slice(port: (&str, i32), endpoints: &[(&str, Option<bool>, Option<bool>)]) -> EndpointSlice {
+        EndpointSlice {
+            address_type: "IPv4".into(),
+            ports: Some(vec![EndpointPort {
+                name: Some(port.0.to_owned()),
+                port: Some(port.1),
+                ..EndpointPort::default()
+            }]),
+            endpoints: endpoints
+                .iter()
+                .map(|(address, ready, terminating)| Endpoint {
+                    addresses: vec![(*address).to_owned()],
+                    conditions: Some(EndpointConditions { ready: *ready, terminating: *terminating, serving: None }),
+                    ..Endpoint::default()
+                })
+                .collect(),
+            ..EndpointSlice::default()
+        }
+    }
+
+    #[test]
+    fn ready_addresses_on_the_target_port_of_the_named_service_port() {
+        let vllm = service(&[("http", 8000), ("metrics", 9000)]);
+        let slices = [
+            slice(("http", 8080), &[("10.1.0.7", Some(true), None), ("10.1.0.8", None, None)]),
+            slice(("http", 8080), &[("10.1.0.9", Some(false), None), ("10.1.0.10", Some(true), Some(true))]),
+            slice(("metrics", 9100), &[("10.1.0.7", Some(true), None)]),
+        ];
+        let keys = BTreeSet::from(["models/vllm:8000".to_owned(), "models/gone:80".to_owned()]);
+        let document = document(
+            &keys,
+            |namespace, name| (namespace == "models" && name == "vllm").then_some(&vllm),
+            |_, name| if name == "vllm" { slices.iter().collect::<Vec<_>>() } else { Vec::new() },
+        );
+        let addresses: Vec<String> = document.services["models/vllm:8000"].iter().map(ToString::to_string).collect();
+        // Not ready and terminating endpoints are left out; the metrics
+        // port's slice is not this port's.
+        assert_eq!(addresses, ["10.1.0.7:8080", "10.1.0.8:8080"]);
+        assert!(document.services["models/gone:80"].is_empty(), "a Service that is gone lists none");
+        let (map, hash) = config_map(&crate::render::fixtures::gateway(Default::default()), &document).unwrap();
+        let parsed = EndpointsDocument::from_slice(map.data.unwrap()[ENDPOINTS_DATA_KEY].as_bytes()).unwrap();
+        assert_eq!(parsed, document, "what the gateway reads back");
+        assert_eq!(hash.len(), 64);
+    }
+}
