@@ -167,6 +167,19 @@ pub struct BackendConfig {
     /// and `Host`, and is used while no endpoint is known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoints: Option<String>,
+    /// Failover tier (lowest first): a tier serves only when every backend
+    /// of the tiers before it refused the request.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub priority: u32,
+    /// TLS to an `https` backend: a private CA, a client certificate, the
+    /// name its certificate carries. Absent: the public web PKI, no client
+    /// certificate, the URL's host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<ClientTlsConfig>,
+}
+
+fn is_zero(value: &u32) -> bool {
+    *value == 0
 }
 
 fn default_weight() -> u32 {
@@ -183,6 +196,8 @@ impl fmt::Debug for BackendConfig {
             .field("weight", &self.weight)
             .field("headers", &headers)
             .field("endpoints", &self.endpoints)
+            .field("priority", &self.priority)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -298,7 +313,7 @@ pub struct RedisConfig {
 }
 
 /// TLS from the gateway to a server it calls, with the PEM material inline.
-#[derive(Serialize, Deserialize, Clone, Default, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, Clone, Default, PartialEq, Eq, Hash)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ClientTlsConfig {
     /// PEM CA certificates trusted to sign the server's certificate;

@@ -185,6 +185,23 @@ pub struct Backend {
     /// Authorization header is never forwarded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<BackendAuth>,
+
+    /// Failover tier: backends of the lowest priority serve; the next tier
+    /// takes a request only when every backend of the tiers before it
+    /// refused it (no pod reachable, or every pod tried answered 503). E.g.
+    /// in-cluster pods at 0 and an external provider at 1. Default 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100))]
+    pub priority: Option<i32>,
+
+    /// TLS to an `https` backend: a private CA (`caSecretRef`), a client
+    /// certificate (`clientCertSecretRef`, a `kubernetes.io/tls` Secret) and
+    /// the name the server's certificate carries (`serverName`; with it, a
+    /// `service` backend on `https` is served through its endpoints too).
+    /// Both Secrets are in this namespace and need the label
+    /// `waycast.dev/credential: "true"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<crate::common::ClientTls>,
 }
 
 /// A Service backend.

@@ -322,7 +322,15 @@ mod tests {
     use crate::config::{Settings, TimeoutsConfig};
 
     fn backend(url: &str) -> BackendConfig {
-        BackendConfig { url: url.into(), model: None, weight: 1, headers: BTreeMap::new(), endpoints: None }
+        BackendConfig {
+            url: url.into(),
+            model: None,
+            weight: 1,
+            headers: BTreeMap::new(),
+            endpoints: None,
+            priority: 0,
+            tls: None,
+        }
     }
 
     fn model(name: &str, aliases: &[&str]) -> ModelConfig {

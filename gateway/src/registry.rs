@@ -17,23 +17,27 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use waycast_crds::config::{GatewayConfig, LimitsConfig};
+use waycast_crds::config::{ClientTlsConfig, GatewayConfig, LimitsConfig};
 use waycast_crds::egress::Cidr;
 
 use crate::limit::LimitSet;
 use crate::limit::redis::RedisCounter;
 use crate::snapshot::BuildError;
-use crate::upstream::{UpstreamClient, upstream_client};
+use crate::upstream::{UpstreamClient, effective_tls, upstream_client};
 
 /// The resources a config is built with. Cloning shares them.
 #[derive(Clone, Default)]
 pub struct Resources {
     denied: Arc<[Cidr]>,
-    clients: Vec<(Duration, UpstreamClient)>,
+    clients: Vec<(ClientKey, UpstreamClient)>,
     redis: Option<Arc<RedisCounter>>,
     key_limits: HashMap<Arc<str>, Limits>,
     model_limits: HashMap<Arc<str>, Limits>,
 }
+
+/// What tells two upstream clients apart: the connect timeout and the TLS
+/// settings.
+type ClientKey = (Duration, Option<ClientTlsConfig>);
 
 /// A limiter set and the limits it was made for.
 #[derive(Clone)]
@@ -43,9 +47,9 @@ struct Limits {
 }
 
 impl Resources {
-    /// The pooled client whose connects give up after `connect`.
-    pub fn client(&self, connect: Duration) -> Option<&UpstreamClient> {
-        self.clients.iter().find(|(timeout, _)| *timeout == connect).map(|(_, client)| client)
+    /// The pooled client whose connects give up after `connect` and use `tls`.
+    pub fn client(&self, connect: Duration, tls: Option<&ClientTlsConfig>) -> Option<&UpstreamClient> {
+        self.clients.iter().find(|((timeout, with), _)| *timeout == connect && with.as_ref() == tls).map(|(_, c)| c)
     }
 
     /// The limiter state of the key with this id.
@@ -84,16 +88,23 @@ impl Registry {
         let denied: Arc<[Cidr]> = config.settings.denied_cidrs.iter().filter_map(|c| c.parse().ok()).collect();
         // Pools are reused only while the egress rules they enforce stay.
         let reusable = if held.denied == denied { held.clients.as_slice() } else { &[] };
-        let mut clients: Vec<(Duration, UpstreamClient)> = Vec::new();
-        for connect in config.models.iter().map(|model| model.timeouts.connect) {
-            if clients.iter().any(|(timeout, _)| *timeout == connect) {
+        let mut clients: Vec<(ClientKey, UpstreamClient)> = Vec::new();
+        let wanted = config.models.iter().enumerate().flat_map(|(model, m)| {
+            m.backends
+                .iter()
+                .enumerate()
+                .map(move |(backend, b)| ((model, backend), (m.timeouts.connect, effective_tls(b))))
+        });
+        for ((model, backend), key) in wanted {
+            if clients.iter().any(|(held, _)| *held == key) {
                 continue;
             }
-            let client = match reusable.iter().find(|(timeout, _)| *timeout == connect) {
+            let client = match reusable.iter().find(|(held, _)| *held == key) {
                 Some((_, client)) => client.clone(),
-                None => upstream_client(connect, denied.clone()).map_err(|e| BuildError::Tls(e.to_string()))?,
+                None => upstream_client(key.0, denied.clone(), key.1.as_ref())
+                    .map_err(|e| BuildError::Tls(format!("models[{model}].backends[{backend}].tls: {e}")))?,
             };
-            clients.push((connect, client));
+            clients.push((key, client));
         }
         let key_limits = config
             .keys
@@ -165,7 +176,7 @@ mod tests {
     async fn one_pool_per_connect_timeout_kept_while_the_egress_rules_stay() {
         let mut registry = Registry::default();
         let first = registry.lend(&config(&[5, 5, 10], None, &[])).unwrap();
-        assert_eq!(first.clients.len(), 2, "one pool per distinct connect timeout");
+        assert_eq!(first.clients.len(), 2, "one pool per distinct connect timeout (and TLS settings)");
         registry.keep(first.clone());
         let fewer = registry.lend(&config(&[5], None, &[])).unwrap();
         assert_eq!(fewer.clients.len(), 1, "a pool no model uses is not lent");

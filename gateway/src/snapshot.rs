@@ -110,8 +110,6 @@ pub struct Route {
     pub backends: Vec<Backend>,
     /// Timeouts towards the upstreams.
     pub timeouts: TimeoutsConfig,
-    /// The pooled client whose connect timeout matches.
-    pub client: UpstreamClient,
     /// Its rate limits over all keys, if any.
     pub limits: Option<Arc<LimitSet>>,
     /// Client headers forwarded besides the gateway's allow-list: exact
@@ -124,7 +122,8 @@ pub struct Route {
     /// Retries to other endpoints against requests, so retries stay a
     /// small share of the load when a fleet is failing.
     pub retry_budget: RetryBudget,
-    total_weight: u64,
+    /// Index ranges of `backends` (sorted by priority) with one priority each.
+    tiers: Vec<std::ops::Range<usize>>,
     next: AtomicU64,
 }
 
@@ -240,6 +239,11 @@ pub struct Backend {
     pub headers: HeaderMap,
     /// Share of requests.
     pub weight: u32,
+    /// The pooled client with the model's connect timeout and this
+    /// backend's TLS settings.
+    pub client: UpstreamClient,
+    /// Failover tier (lowest first).
+    pub priority: u32,
     /// The Service (`namespace/name:port`) whose endpoints serve it, for
     /// `http` backends; `None`: the URL's host.
     pub endpoints: Option<Arc<str>>,
@@ -289,9 +293,7 @@ impl Snapshot {
         let mut routes = Vec::with_capacity(config.models.len());
         let mut by_name = HashMap::new();
         for (model_index, model) in config.models.iter().enumerate() {
-            let connect = model.timeouts.connect;
-            let client = lent.client(connect).ok_or(BuildError::NotLent("an upstream client"))?;
-            let mut route = build_route(model_index, model, client.clone())?;
+            let mut route = build_route(model_index, model, lent)?;
             if model.limits.is_some() {
                 route.limits = Some(lent.model_limits(&model.name).ok_or(BuildError::NotLent("model limits"))?);
             }
@@ -356,31 +358,38 @@ impl Snapshot {
 }
 
 impl Route {
-    /// Backend indices in the order to try them: a weighted round-robin pick
-    /// first, then the others (weight-0 fallbacks last) for failover.
+    /// Backend indices in the order to try them, tier by tier (lowest
+    /// `priority` first): within a tier a weighted round-robin pick first,
+    /// then the tier's others (weight-0 fallbacks last).
     pub fn backend_order(&self) -> impl Iterator<Item = usize> + '_ {
-        let count = self.backends.len();
-        let first = if self.total_weight == 0 || count == 1 {
+        self.tiers.iter().flat_map(move |tier| self.tier_order(tier.clone()))
+    }
+
+    fn tier_order(&self, tier: std::ops::Range<usize>) -> impl Iterator<Item = usize> + '_ {
+        let (start, count) = (tier.start, tier.len());
+        let total_weight: u64 = self.backends[tier.clone()].iter().map(|b| u64::from(b.weight)).sum();
+        let first = if total_weight == 0 || count == 1 {
             0
         } else {
-            let mut ticket = self.next.fetch_add(1, Ordering::Relaxed) % self.total_weight;
+            let mut ticket = self.next.fetch_add(1, Ordering::Relaxed) % total_weight;
             let mut chosen = 0;
-            for (index, backend) in self.backends.iter().enumerate() {
+            for (offset, backend) in self.backends[tier].iter().enumerate() {
                 if ticket < u64::from(backend.weight) {
-                    chosen = index;
+                    chosen = offset;
                     break;
                 }
                 ticket -= u64::from(backend.weight);
             }
             chosen
         };
-        let weighted = (1..count).map(move |step| (first + step) % count).filter(|&i| self.backends[i].weight > 0);
-        let fallbacks = (0..count).filter(move |&i| self.backends[i].weight == 0 && i != first);
-        std::iter::once(first).chain(weighted).chain(fallbacks)
+        let weighted =
+            (1..count).map(move |step| (first + step) % count).filter(move |&i| self.backends[start + i].weight > 0);
+        let fallbacks = (0..count).filter(move |&i| self.backends[start + i].weight == 0 && i != first);
+        std::iter::once(first).chain(weighted).chain(fallbacks).map(move |offset| start + offset)
     }
 }
 
-fn build_route(model_index: usize, model: &ModelConfig, client: UpstreamClient) -> Result<Route, BuildError> {
+fn build_route(model_index: usize, model: &ModelConfig, lent: &Resources) -> Result<Route, BuildError> {
     let mut backends = Vec::with_capacity(model.backends.len());
     for (backend_index, backend) in model.backends.iter().enumerate() {
         let bad_url =
@@ -412,9 +421,13 @@ fn build_route(model_index: usize, model: &ModelConfig, client: UpstreamClient) 
             _ => HeaderValue::from_str(authority.host()),
         }
         .map_err(|_| bad_url("the host is not a valid header value"))?;
-        // NB: https backends keep the URL's host: the certificate names the
-        // Service, not a pod address.
-        let endpoints = backend.endpoints.as_deref().filter(|_| scheme == Scheme::HTTP).map(Arc::from);
+        let tls = crate::upstream::effective_tls(backend);
+        let client =
+            lent.client(model.timeouts.connect, tls.as_ref()).ok_or(BuildError::NotLent("an upstream client"))?.clone();
+        // NB: an https backend goes to its endpoints only with a name to
+        // check their certificates against (`effective_tls`).
+        let https_named = tls.as_ref().is_some_and(|tls| tls.server_name.is_some());
+        let endpoints = backend.endpoints.as_deref().filter(|_| scheme == Scheme::HTTP || https_named).map(Arc::from);
         backends.push(Backend {
             scheme,
             authority,
@@ -424,10 +437,20 @@ fn build_route(model_index: usize, model: &ModelConfig, client: UpstreamClient) 
             model_json,
             headers,
             weight: backend.weight,
+            client,
+            priority: backend.priority,
             endpoints,
         });
     }
-    let total_weight = backends.iter().map(|b| u64::from(b.weight)).sum();
+    // Sorted (stably) by priority, so each tier is one range.
+    backends.sort_by_key(|b| b.priority);
+    let mut tiers: Vec<std::ops::Range<usize>> = Vec::new();
+    for (index, backend) in backends.iter().enumerate() {
+        match tiers.last_mut() {
+            Some(tier) if backends[tier.start].priority == backend.priority => tier.end = index + 1,
+            _ => tiers.push(index..index + 1),
+        }
+    }
     let mut names = vec![model.name.clone()];
     names.extend(model.aliases.iter().cloned());
     Ok(Route {
@@ -435,13 +458,12 @@ fn build_route(model_index: usize, model: &ModelConfig, client: UpstreamClient) 
         names,
         backends,
         timeouts: model.timeouts,
-        client,
         limits: None,
         forward_headers: ForwardHeaders::from_patterns(&model.forward_headers),
         output_token_reservation: model.output_token_reservation,
         balancing: Balancing::from_config(&model.load_balancing),
         retry_budget: RetryBudget::default(),
-        total_weight,
+        tiers,
         next: AtomicU64::new(0),
     })
 }

@@ -21,6 +21,8 @@ fn model(name: &str, aliases: &[&str], weights: &[u32]) -> ModelConfig {
                 weight: *w,
                 headers: Default::default(),
                 endpoints: None,
+                priority: 0,
+                tls: None,
             })
             .collect(),
         timeouts: TimeoutsConfig::default(),
@@ -84,4 +86,22 @@ fn hex_digests() {
     assert!(waycast_crds::digest::parse_sha256_hex(&"ab".repeat(32)).is_some());
     assert!(waycast_crds::digest::parse_sha256_hex("abc").is_none());
     assert!(waycast_crds::digest::parse_sha256_hex(&"zz".repeat(32)).is_none());
+}
+
+#[test]
+fn a_lower_priority_tier_comes_only_after_every_backend_of_the_tier_before() {
+    let mut config = config(vec![model("m", &[], &[1, 1, 1])], vec![]);
+    // The external provider first in the list, but in tier 1.
+    config.models[0].backends[0].priority = 1;
+    let snapshot = Snapshot::standalone(&config, "h".into()).unwrap();
+    let route = snapshot.route(0);
+    let tier_of = |index: usize| route.backends[index].priority;
+    let mut firsts = [0; 3];
+    for _ in 0..100 {
+        let order: Vec<usize> = route.backend_order().collect();
+        assert_eq!(order.len(), 3);
+        assert_eq!(order.iter().map(|i| tier_of(*i)).collect::<Vec<_>>(), [0, 0, 1], "{order:?}");
+        firsts[order[0]] += 1;
+    }
+    assert!(firsts[0] == 50 && firsts[1] == 50, "tier 0 shares its requests by weight: {firsts:?}");
 }

@@ -204,3 +204,31 @@ async fn prefix_affinity_keeps_a_prompt_on_one_pod_and_spreads_different_ones() 
     let new: Vec<usize> = after.iter().zip(counts).map(|(a, b)| a - b).collect();
     assert!(new.iter().all(|n| *n >= 5), "different prefixes spread over the pods: {new:?}");
 }
+
+#[tokio::test]
+async fn a_lower_priority_backend_serves_when_every_pod_is_down_or_overloaded() {
+    let options = FixtureOptions { endpoints_file: true, ..FixtureOptions::default() };
+    // Tier 0: the Service's pods; tier 1: the fixture's own mock, standing in
+    // for an external provider.
+    let fixture = Fixture::start(options, |config, base| {
+        on_endpoints(config, LoadBalancingPolicy::LeastRequest);
+        let model = config.models.iter_mut().find(|m| m.name == MODEL).unwrap();
+        let mut provider = model.backends[0].clone();
+        (provider.url, provider.endpoints, provider.priority) = (base.to_owned(), None, 1);
+        // The in-cluster backend's own URL leads nowhere either.
+        let nowhere = free_port([127, 0, 0, 1].into()).unwrap();
+        model.backends[0].url = format!("http://127.0.0.1:{nowhere}/v1");
+        model.backends.push(provider);
+    })
+    .await;
+    let body = format!(r#"{{"model":"{MODEL}","messages":[]}}"#);
+    let dead = SocketAddr::from(([127, 0, 0, 1], free_port([127, 0, 0, 1].into()).unwrap()));
+    set_endpoints(&fixture, &[dead]).await;
+    let (status, _, _) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), &body).await;
+    assert_eq!(status, StatusCode::OK, "no pod reachable: the next tier serves");
+    assert_eq!(served(&fixture.mock).await, 1);
+    set_endpoints(&fixture, &[overloaded_pod().await, overloaded_pod().await]).await;
+    let (status, _, _) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), &body).await;
+    assert_eq!(status, StatusCode::OK, "every pod overloaded: the next tier serves");
+    assert_eq!(served(&fixture.mock).await, 2);
+}

@@ -107,6 +107,8 @@ async fn a_config_swap_under_load_fails_no_request() {
             weight: round + 1,
             headers: Default::default(),
             endpoints: None,
+            priority: 0,
+            tls: None,
         });
         fixture.write_config(serde_yaml_ng::to_string(&config).unwrap().as_bytes());
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -157,7 +159,15 @@ async fn timeouts_failover_and_unreachable_backends() {
         // Two backends, the first refusing connections: requests fail over.
         config.models[1].backends.insert(
             0,
-            BackendConfig { url: dead.clone(), model: None, weight: 1, headers: Default::default(), endpoints: None },
+            BackendConfig {
+                url: dead.clone(),
+                model: None,
+                weight: 1,
+                headers: Default::default(),
+                endpoints: None,
+                priority: 0,
+                tls: None,
+            },
         );
         config.models[1].timeouts.first_byte = Duration::from_millis(500);
         config.models[1].timeouts.idle = Duration::from_millis(500);

@@ -43,6 +43,8 @@ fn model(name: &str, aliases: &[&str], url: &str) -> ModelConfig {
             weight: 1,
             headers: Default::default(),
             endpoints: None,
+            priority: 0,
+            tls: None,
         }],
         timeouts: TimeoutsConfig::default(),
         limits: None,

@@ -68,6 +68,9 @@ pub const MAX_ENDPOINT_ATTEMPTS: usize = 3;
 pub async fn send(route: &Route, outgoing: &Outgoing<'_>, table: &EndpointTable) -> Result<Forwarded, GatewayError> {
     route.retry_budget.request();
     let mut last_error = None;
+    // A 503 every endpoint of a backend gave: the answer, unless a later
+    // backend (a failover tier) serves the request.
+    let mut overloaded = None;
     for index in route.backend_order() {
         let backend = &route.backends[index];
         let endpoints = backend.endpoints.as_deref().and_then(|key| table.get(key)).filter(|set| !set.is_empty());
@@ -78,16 +81,23 @@ pub async fn send(route: &Route, outgoing: &Outgoing<'_>, table: &EndpointTable)
         match outcome {
             Ok(forwarded) => return Ok(forwarded),
             Err(Failure::TryNextBackend(error)) => last_error = Some(error),
+            Err(Failure::Overloaded(forwarded)) => overloaded = Some(*forwarded),
             Err(Failure::Final(error)) => return Err(error),
         }
     }
-    Err(last_error.unwrap_or_else(|| GatewayError::UpstreamUnreachable(route.name.to_string())))
+    match overloaded {
+        Some(forwarded) => Ok(forwarded),
+        None => Err(last_error.unwrap_or_else(|| GatewayError::UpstreamUnreachable(route.name.to_string()))),
+    }
 }
 
 /// How one attempt failed.
 enum Failure {
     /// Nothing reached the upstream's application: another backend may try.
     TryNextBackend(GatewayError),
+    /// Every endpoint tried answered 503 (this is the last answer): a
+    /// later backend may serve it.
+    Overloaded(Box<Forwarded>),
     /// The request may be in progress upstream, or the answer is final.
     Final(GatewayError),
 }
@@ -115,10 +125,10 @@ async fn send_to_endpoints(
         let reason = match send_to(route, backend, authority, outgoing, Some(endpoint.start())).await {
             Ok(forwarded) if forwarded.response.status() == http::StatusCode::SERVICE_UNAVAILABLE => {
                 count_failure(route, endpoint, now, outgoing.metrics);
-                // Overloaded or draining: another endpoint may serve it;
-                // else this answer is the answer.
+                // Overloaded or draining: another endpoint may serve it,
+                // else another backend; else this answer is the answer.
                 if tried.len() >= attempts || !route.retry_budget.take_retry() {
-                    return Ok(forwarded);
+                    return Err(Failure::Overloaded(Box::new(forwarded)));
                 }
                 "status_503"
             }
@@ -126,7 +136,8 @@ async fn send_to_endpoints(
                 endpoint.record_success();
                 return Ok(forwarded);
             }
-            Err(Failure::Final(error)) => return Err(Failure::Final(error)),
+            // `send_to` never answers Overloaded: that is decided here.
+            Err(failure @ (Failure::Final(_) | Failure::Overloaded(_))) => return Err(failure),
             Err(Failure::TryNextBackend(error)) => {
                 count_failure(route, endpoint, now, outgoing.metrics);
                 last = error;
@@ -164,7 +175,7 @@ async fn send_to(
     let request = build_request(backend, authority, &route.forward_headers, outgoing)
         .ok_or_else(|| Failure::Final(GatewayError::UpstreamFailed(route.name.to_string())))?;
     let sent_at = Instant::now();
-    match tokio::time::timeout(route.timeouts.first_byte, route.client.request(request)).await {
+    match tokio::time::timeout(route.timeouts.first_byte, backend.client.request(request)).await {
         Ok(Ok(response)) => Ok(Forwarded { response, sent_at, headers_at: Instant::now(), in_flight }),
         Ok(Err(error)) if error.is_connect() => {
             if egress_denied(&error) {

@@ -169,6 +169,8 @@ mod tests {
                 weight: 1,
                 headers: Default::default(),
                 endpoints: None,
+                priority: 0,
+                tls: None,
             }],
             timeouts: Default::default(),
             limits: None,

@@ -17,6 +17,7 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use waycast_crds::config::{BackendConfig, ClientTlsConfig};
 use waycast_crds::egress::Cidr;
 
 use egress::GuardedResolver;
@@ -29,23 +30,50 @@ pub type UpstreamClient = Client<HttpsConnector<HttpConnector<GuardedResolver>>,
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// A client whose TCP connects give up after `connect_timeout` and never
-/// reach a link-local/metadata address or one in `denied`.
+/// reach a link-local/metadata address or one in `denied`; `https`
+/// connections trust `tls`'s CA (else the web PKI), present its client
+/// certificate, and check its `server_name` (else the URL's host).
 ///
 /// # Errors
-/// The TLS configuration failing to build.
-pub fn upstream_client(connect_timeout: Duration, denied: Arc<[Cidr]>) -> Result<UpstreamClient, crate::tls::TlsError> {
+/// The TLS configuration failing to build (a bad PEM, a bad server name).
+pub fn upstream_client(
+    connect_timeout: Duration,
+    denied: Arc<[Cidr]>,
+    tls: Option<&ClientTlsConfig>,
+) -> Result<UpstreamClient, crate::tls::TlsError> {
     let mut http = HttpConnector::new_with_resolver(GuardedResolver { denied });
     http.enforce_http(false);
     // NB: without TCP_NODELAY a small request written after its headers
     // waits for a delayed ACK: 40 ms per request on reused connections.
     http.set_nodelay(true);
     http.set_connect_timeout(Some(connect_timeout));
-    let tls = crate::tls::client_config(None)?;
-    let https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .enable_http2()
-        .wrap_connector(http);
+    let config = crate::tls::client_config(tls)?;
+    let builder = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(config).https_or_http();
+    let builder = match tls.and_then(|tls| tls.server_name.as_deref()) {
+        None => builder,
+        Some(name) => {
+            let name = rustls::pki_types::ServerName::try_from(name.to_owned())
+                .map_err(|e| crate::tls::TlsError::Field { what: "serverName", reason: e.to_string() })?;
+            builder.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name))
+        }
+    };
+    let https = builder.enable_http1().enable_http2().wrap_connector(http);
     Ok(Client::builder(TokioExecutor::new()).pool_idle_timeout(POOL_IDLE_TIMEOUT).build(https))
+}
+
+/// The TLS a backend's connections use: its own settings, and for an
+/// `https` backend served through its endpoints (pod addresses), the name
+/// its certificate must carry — its `serverName`, else the URL's host — as
+/// the connection's address no longer names it.
+pub fn effective_tls(backend: &BackendConfig) -> Option<ClientTlsConfig> {
+    let https = backend.url.starts_with("https://");
+    match (&backend.tls, https && backend.endpoints.is_some()) {
+        (tls, false) => tls.clone(),
+        (tls, true) => {
+            let host = backend.url.parse::<http::Uri>().ok().and_then(|uri| uri.host().map(str::to_owned));
+            let mut tls = tls.clone().unwrap_or_default();
+            tls.server_name = tls.server_name.or(host);
+            Some(tls)
+        }
+    }
 }

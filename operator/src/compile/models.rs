@@ -14,7 +14,9 @@ use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::ResourceExt as _;
 use waycast_crds::ModelEndpoint;
 use waycast_crds::condition::reasons;
-use waycast_crds::config::{BackendConfig, LimitsConfig, LoadBalancingConfig, ModelConfig, TimeoutsConfig};
+use waycast_crds::config::{
+    BackendConfig, ClientTlsConfig, LimitsConfig, LoadBalancingConfig, ModelConfig, TimeoutsConfig,
+};
 use waycast_crds::egress::{self, Cidr};
 use waycast_crds::model_endpoint::{Backend, BackendAuth};
 
@@ -221,15 +223,18 @@ fn resolve_backend(
                 );
                 return Err(Verdict::refused(reasons::BACKEND_NOT_FOUND, message));
             }
+            // With TLS, the Service's DNS name: what its certificate names
+            // (unless `serverName` says otherwise).
             let host = match cluster_ip {
-                Some(ip) if ip.contains(':') => format!("[{ip}]"),
-                Some(ip) => ip.to_owned(),
-                None => format!("{}.{namespace}.svc", service.name),
+                Some(ip) if backend.tls.is_none() && ip.contains(':') => format!("[{ip}]"),
+                Some(ip) if backend.tls.is_none() => ip.to_owned(),
+                _ => format!("{}.{namespace}.svc", service.name),
             };
+            let scheme = if backend.tls.is_some() { "https" } else { "http" };
             let base_path = service.base_path.as_deref().unwrap_or(DEFAULT_BASE_PATH);
             let port = u16::try_from(service.port).unwrap_or_default();
             endpoints = Some(waycast_crds::endpoints::service_key(namespace, &service.name, port));
-            format!("http://{host}:{}{base_path}", service.port)
+            format!("{scheme}://{host}:{}{base_path}", service.port)
         }
         (None, Some(url)) => {
             egress_check(url, inputs).map_err(|why| {
@@ -252,6 +257,8 @@ fn resolve_backend(
         weight: backend.weight.and_then(|w| u32::try_from(w).ok()).unwrap_or(1),
         headers,
         endpoints,
+        priority: backend.priority.and_then(|p| u32::try_from(p).ok()).unwrap_or(0),
+        tls: backend.tls.as_ref().map(|tls| backend_tls(index, tls, namespace, inputs.secrets)).transpose()?,
     })
 }
 
@@ -278,39 +285,81 @@ fn credential(
     namespace: &str,
     secrets: &[&Secret],
 ) -> Result<(String, String), Verdict> {
+    let field = format!("spec.backends[{index}].auth");
     let reference = &auth.secret_ref;
-    let missing = |what: &str| {
-        Verdict::refused(
-            reasons::AUTH_SECRET_MISSING,
-            format!("spec.backends[{index}].auth: {what} in Secret {namespace}/{}", reference.name),
-        )
+    let secret = opted_in_secret(&field, namespace, &reference.name, secrets)?;
+    let value = secret_text(&field, namespace, secret, &reference.key)?.trim().to_owned();
+    let header = auth.header.as_deref().unwrap_or("authorization").to_ascii_lowercase();
+    if header == "authorization" { Ok((header, format!("Bearer {value}"))) } else { Ok((header, value)) }
+}
+
+/// A backend's TLS settings with the PEM material read from the
+/// ModelEndpoint's namespace (opted-in Secrets only, as for credentials).
+fn backend_tls(
+    index: usize,
+    tls: &waycast_crds::common::ClientTls,
+    namespace: &str,
+    secrets: &[&Secret],
+) -> Result<ClientTlsConfig, Verdict> {
+    let field = format!("spec.backends[{index}].tls");
+    let ca_pem = match &tls.ca_secret_ref {
+        None => None,
+        Some(reference) => {
+            let secret = opted_in_secret(&format!("{field}.caSecretRef"), namespace, &reference.name, secrets)?;
+            Some(secret_text(&format!("{field}.caSecretRef"), namespace, secret, &reference.key)?.to_owned())
+        }
     };
-    // NB: a team's Secret is sent upstream only when the team opted it in
-    // with the label; the key Secrets' copies in `secrets` carry no labels,
-    // so a key can never be named as a credential.
-    let mut matches = secrets.iter().copied().filter(|o| {
-        o.metadata.namespace.as_deref() == Some(namespace) && o.metadata.name.as_deref() == Some(&reference.name)
-    });
-    let first = matches.next().ok_or_else(|| missing("no such Secret"))?;
+    let (client_cert_pem, client_key_pem) = match &tls.client_cert_secret_ref {
+        None => (None, None),
+        Some(reference) => {
+            let path = format!("{field}.clientCertSecretRef");
+            let secret = opted_in_secret(&path, namespace, &reference.name, secrets)?;
+            let certificate = secret_text(&path, namespace, secret, "tls.crt")?.to_owned();
+            (Some(certificate), Some(secret_text(&path, namespace, secret, "tls.key")?.to_owned()))
+        }
+    };
+    Ok(ClientTlsConfig { ca_pem, client_cert_pem, client_key_pem, server_name: tls.server_name.clone() })
+}
+
+/// The Secret `name` of `namespace`, if its team opted it in with the
+/// credential label.
+///
+/// NB: a team's Secret is read only when the team opted it in with the
+/// label; the key Secrets' copies in `secrets` carry no labels, so a key
+/// can never be named here.
+fn opted_in_secret<'a>(
+    field: &str,
+    namespace: &str,
+    name: &str,
+    secrets: &[&'a Secret],
+) -> Result<&'a Secret, Verdict> {
+    let mut matches = secrets
+        .iter()
+        .copied()
+        .filter(|o| o.metadata.namespace.as_deref() == Some(namespace) && o.metadata.name.as_deref() == Some(name));
+    let first = matches.next().ok_or_else(|| {
+        Verdict::refused(reasons::AUTH_SECRET_MISSING, format!("{field}: no such Secret in Secret {namespace}/{name}"))
+    })?;
     let opted_in =
         |s: &Secret| s.metadata.labels.as_ref().and_then(|l| l.get(CREDENTIAL_LABEL)).is_some_and(|v| v == "true");
-    let secret = std::iter::once(first).chain(matches).find(|s| opted_in(s)).ok_or_else(|| {
+    std::iter::once(first).chain(matches).find(|s| opted_in(s)).ok_or_else(|| {
         Verdict::refused(
             reasons::SECRET_NOT_LABELLED,
             format!(
-                "spec.backends[{index}].auth: Secret {namespace}/{} lacks the label {CREDENTIAL_LABEL}: \"true\"; only Secrets with it are sent upstream",
-                reference.name
+                "{field}: Secret {namespace}/{name} lacks the label {CREDENTIAL_LABEL}: \"true\"; only Secrets with it are sent upstream"
             ),
         )
-    })?;
-    let bytes = secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(&reference.key))
-        .ok_or_else(|| missing(&format!("no key {:?}", reference.key)))?;
-    let value = std::str::from_utf8(&bytes.0).map_err(|_| missing("a value that is not text"))?.trim().to_owned();
-    let header = auth.header.as_deref().unwrap_or("authorization").to_ascii_lowercase();
-    if header == "authorization" { Ok((header, format!("Bearer {value}"))) } else { Ok((header, value)) }
+    })
+}
+
+/// The text under `key` of `secret`.
+fn secret_text<'a>(field: &str, namespace: &str, secret: &'a Secret, key: &str) -> Result<&'a str, Verdict> {
+    let name = secret.metadata.name.as_deref().unwrap_or_default();
+    let missing = |what: &str| {
+        Verdict::refused(reasons::AUTH_SECRET_MISSING, format!("{field}: {what} in Secret {namespace}/{name}"))
+    };
+    let bytes = secret.data.as_ref().and_then(|d| d.get(key)).ok_or_else(|| missing(&format!("no key {key:?}")))?;
+    std::str::from_utf8(&bytes.0).map_err(|_| missing("a value that is not text"))
 }
 
 /// `objects` by `(namespace, name)`, for lookups that would otherwise scan

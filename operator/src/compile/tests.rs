@@ -585,6 +585,42 @@ fn credentials_need_the_opt_in_label() {
     assert!(!String::from_utf8_lossy(&compiled.config.to_canonical_json().unwrap()).contains("sk-plain"));
 }
 
+/// TLS to a Service backend: https to the Service's DNS name, through its
+/// endpoints, with PEMs from opted-in Secrets only; priority carried over.
+#[test]
+fn backend_tls_reads_opted_in_secrets_and_serves_the_service_over_https() {
+    let mut world = World::quickstart();
+    world.secrets.push(credential("demo", "models-ca", "ca.crt", "CA PEM"));
+    let mut pair = credential("demo", "gateway-client", "tls.crt", "CERT PEM");
+    pair.data.get_or_insert_with(BTreeMap::new).insert("tls.key".into(), ByteString(b"KEY PEM".to_vec()));
+    world.secrets.push(pair);
+    world.secrets.push(secret("demo", "unlabelled-ca", "ca.crt", "OTHER CA"));
+    let tls = |ca: &str| waycast_crds::common::ClientTls {
+        ca_secret_ref: Some(SecretKeyRef { name: ca.into(), key: "ca.crt".into() }),
+        client_cert_secret_ref: Some(waycast_crds::common::SecretRef { name: "gateway-client".into() }),
+        server_name: None,
+    };
+    world.models[0].spec.backends[0].tls = Some(tls("models-ca"));
+    world.models[0].spec.backends[0].priority = Some(2);
+    let mut refused = model_endpoint("demo", "unlabelled", 20, "u", vec![service_backend("vllm", 8000)]);
+    refused.spec.backends[0].tls = Some(tls("unlabelled-ca"));
+    world.models.push(refused);
+    let compiled = world.compile();
+    let backend = &compiled.config.models[0].backends[0];
+    assert_eq!(backend.url, "https://vllm.demo.svc:8000/v1");
+    assert_eq!(backend.endpoints.as_deref(), Some("demo/vllm:8000"));
+    assert_eq!(backend.priority, 2);
+    let pems = backend.tls.as_ref().unwrap();
+    assert_eq!(
+        (pems.ca_pem.as_deref(), pems.client_cert_pem.as_deref(), pems.client_key_pem.as_deref()),
+        (Some("CA PEM"), Some("CERT PEM"), Some("KEY PEM"))
+    );
+    let verdict = &compiled.models[&key("demo", "unlabelled")];
+    assert_eq!((verdict.accepted, verdict.reason), (false, reasons::SECRET_NOT_LABELLED));
+    assert!(verdict.message.contains("spec.backends[0].tls.caSecretRef"), "{}", verdict.message);
+    assert!(!format!("{:?}", compiled.config).contains("KEY PEM"), "the key never reaches Debug output");
+}
+
 #[test]
 fn egress_rules_of_the_gateway_apply_to_url_backends() {
     let mut world = World::quickstart();

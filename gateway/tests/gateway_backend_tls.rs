@@ -1,0 +1,128 @@
+//! TLS to a backend served through its endpoints: a private CA, a client
+//! certificate (mutual TLS) and the name the certificate carries — the
+//! Service's DNS name, not the pod address the gateway connects to. A
+//! gateway without the client certificate, or trusting another CA, is
+//! refused by the pod and answers 502; the pod never sees the request.
+
+#![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
+
+mod support;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use support::{Fixture, FixtureOptions};
+use waycast_crds::config::ClientTlsConfig;
+use waycast_mock::fixtures::{ALICE_KEY, temp_dir};
+use waycast_mock::pki::{Authority, Usage};
+
+const SERVICE: &str = "models/vllm:8443";
+const MODEL: &str = "mistral-7b";
+
+/// A pod serving TLS for `vllm.models.svc` that requires a client
+/// certificate signed by `ca`, in front of `upstream` (plain HTTP).
+async fn tls_pod(dir: &Path, authority: &Authority, upstream: SocketAddr) -> SocketAddr {
+    let server = authority.issue(dir, "vllm", "vllm", &[], &["vllm.models.svc".into()], Usage::Server).unwrap();
+    let chain: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_file_iter(&server.cert).unwrap().collect::<Result<_, _>>().unwrap();
+    let key = PrivateKeyDer::from_pem_file(&server.key).unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from_pem_file(&authority.files.cert).unwrap()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier =
+        rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone()).build().unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(stream).await else { return };
+                let Ok(mut plain) = tokio::net::TcpStream::connect(upstream).await else { return };
+                let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
+            });
+        }
+    });
+    address
+}
+
+#[tokio::test]
+async fn mutual_tls_to_the_pods_of_a_service_with_a_private_ca() {
+    let dir = temp_dir("backend-tls");
+    let authority = Authority::generate(&dir, "models-ca").unwrap();
+    let client = authority.issue(&dir, "gateway", "gateway", &[], &[], Usage::Client).unwrap();
+    let read = |path: &Path| std::fs::read_to_string(path).unwrap();
+    let trusted = ClientTlsConfig {
+        ca_pem: Some(read(&authority.files.cert)),
+        client_cert_pem: Some(read(&client.cert)),
+        client_key_pem: Some(read(&client.key)),
+        server_name: None,
+    };
+    let options = FixtureOptions { endpoints_file: true, ..FixtureOptions::default() };
+    let with_tls = |tls: ClientTlsConfig| {
+        move |config: &mut waycast_crds::GatewayConfig, _: &str| {
+            let model = config.models.iter_mut().find(|m| m.name == MODEL).unwrap();
+            // Not resolvable: only the endpoints lead to the pod.
+            model.backends[0].url = "https://vllm.models.svc:8443/v1".into();
+            model.backends[0].endpoints = Some(SERVICE.into());
+            model.backends[0].tls = Some(tls);
+        }
+    };
+    let fixture = Fixture::start(options, with_tls(trusted.clone())).await;
+    let pod = tls_pod(&dir, &authority, fixture.mock.addr).await;
+    let document =
+        serde_json::json!({"apiVersion": "waycast.dev/endpoints-v1", "services": {SERVICE: [pod.to_string()]}});
+    fixture.write_endpoints(document.to_string().as_bytes());
+    let body = format!(r#"{{"model":"{MODEL}","messages":[]}}"#);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (status, _, _) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), &body).await;
+        if status == StatusCode::OK {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no 200 over mutual TLS to the pod: {status}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let served = fixture.mock.recorder.requests().await.len();
+    assert!(served >= 1);
+
+    // Without the client certificate, trusting another CA, or expecting
+    // another name: refused at the handshake, never reaching the pod.
+    let other_dir = temp_dir("backend-tls-other");
+    let other = Authority::generate(&other_dir, "other-ca").unwrap();
+    let refused = [
+        ClientTlsConfig { client_cert_pem: None, client_key_pem: None, ..trusted.clone() },
+        ClientTlsConfig { ca_pem: Some(read(&other.files.cert)), ..trusted.clone() },
+        ClientTlsConfig { server_name: Some("vllm.elsewhere.svc".into()), ..trusted.clone() },
+    ];
+    for (case, tls) in refused.into_iter().enumerate() {
+        let mut config = waycast_mock::fixtures::default_config(&fixture.mock.base_url());
+        with_tls(tls)(&mut config, "");
+        // A different config each time (and different from the first).
+        config.models[0].aliases.push(format!("case-{case}"));
+        let reloads = fixture.metric("waycast_gateway_config_reloads_total").await.unwrap();
+        fixture.write_config(serde_yaml_ng::to_string(&config).unwrap().as_bytes());
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while fixture.metric("waycast_gateway_config_reloads_total").await.unwrap() <= reloads {
+            assert!(Instant::now() < deadline, "case {case}: the config was not applied");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let (status, _, _) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), &body).await;
+        assert_eq!(status, StatusCode::BAD_GATEWAY, "case {case}");
+        assert_eq!(fixture.mock.recorder.requests().await.len(), served, "case {case} reached the pod");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&other_dir);
+}
