@@ -3,7 +3,7 @@ CARGO ?= cargo
 CARGO_FLAGS ?= -j2
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 
-.PHONY: demo test bench bench-scale lint deny images crds generate k8s-bins helm-bin node-deps clean-e2e
+.PHONY: demo test bench bench-scale bench-routing lint deny images crds generate k8s-bins helm-bin node-deps clean-e2e
 
 ## demo: waycast on a local cluster (control plane + node), ending with a working curl; Ctrl-C stops it
 demo: k8s-bins node-deps
@@ -32,6 +32,11 @@ bench-scale: k8s-bins
 	$(CARGO) build $(CARGO_FLAGS) -p waycast-e2e --bins
 	WAYCAST_OPERATOR_BIN=$(abspath $(TARGET_DIR))/release/waycast-operator WAYCAST_GATEWAY_BIN=$(abspath $(TARGET_DIR))/release/waycast-gateway \
 	  $(CARGO) test $(CARGO_FLAGS) -p waycast-e2e --test scale -- --ignored --nocapture
+
+## bench-routing: 4 vLLM-like mock pods behind one Service under ~80 % load: kube-proxy vs the gateway's picking (TTFT, load spread, prefix-cache hits)
+bench-routing: k8s-bins node-deps
+	$(CARGO) build $(CARGO_FLAGS) --workspace --bins
+	$(CARGO) test $(CARGO_FLAGS) -p waycast-e2e --test routing_bench -- --ignored --nocapture
 
 ## lint: formatting, clippy, docs and the dependency policy, as CI runs them
 lint: deny

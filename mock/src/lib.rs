@@ -2,7 +2,8 @@
 //! mock OpenAI-compatible inference upstream (`upstream`, also the
 //! `waycast-mock-upstream` binary the e2e node runs as a pod), an upstream
 //! that misbehaves on purpose (`hostile`), the benchmark sink with canned
-//! answers (`sink`), the keys and config every gateway
+//! answers (`sink`), a vLLM-like mode of the mock (`vllm`: slots, a queue, a
+//! prefix cache, vLLM's metrics), the keys and config every gateway
 //! test starts from (`fixtures`) and throwaway certificates (`pki`).
 //!
 //! Mocks only the inference upstream: everything else in the tests is real.
@@ -12,3 +13,4 @@ pub mod hostile;
 pub mod pki;
 pub mod sink;
 pub mod upstream;
+pub mod vllm;

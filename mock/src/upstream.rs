@@ -56,11 +56,14 @@ pub struct MockOptions {
     pub interval: Duration,
     /// CPU time to burn per request.
     pub burn: Duration,
+    /// Behave like a vLLM server (slots, a queue, prefill, a prefix cache,
+    /// `/metrics`): see `vllm.rs`.
+    pub vllm: Option<Arc<crate::vllm::Engine>>,
 }
 
 impl Default for MockOptions {
     fn default() -> Self {
-        Self { delay: Duration::ZERO, chunks: 5, interval: Duration::from_millis(1), burn: Duration::ZERO }
+        Self { delay: Duration::ZERO, chunks: 5, interval: Duration::from_millis(1), burn: Duration::ZERO, vllm: None }
     }
 }
 
@@ -127,6 +130,21 @@ impl MockUpstream {
 impl Drop for MockUpstream {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub async fn termination() {
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut terminate) => {
+            tokio::select! {
+                _ = terminate.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 
@@ -206,8 +224,24 @@ async fn respond(
             .collect();
         return Ok(json_response(StatusCode::OK, &Value::from(listed)));
     }
+    if let Some(engine) = &options.vllm
+        && parts.uri.path() == "/metrics"
+    {
+        let mut response = Response::new(MockBody::Full(Some(Bytes::from(engine.metrics()))));
+        response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/plain"));
+        return Ok(response);
+    }
     recorder.requests.lock().await.push(received.clone());
     let headers = &received.headers;
+    // vLLM-like: wait for a slot (held until the response ends), then prefill.
+    let slot = match &options.vllm {
+        Some(engine) => {
+            let slot = engine.admit().await;
+            tokio::time::sleep(engine.prefill(&received.body).await).await;
+            slot
+        }
+        None => None,
+    };
 
     let burn = header_number(headers, "x-mock-burn-ms").map_or(options.burn, Duration::from_millis);
     let burn_until = std::time::Instant::now() + burn;
@@ -236,8 +270,13 @@ async fn respond(
     }
     let request_json = received.json();
     let model = request_json["model"].as_str().unwrap_or("mock-model").to_owned();
-    let chunks = header_number(headers, "x-mock-chunks").map_or(options.chunks, |n| n as usize);
-    let interval = header_number(headers, "x-mock-interval-ms").map_or(options.interval, Duration::from_millis);
+    let mut chunks = header_number(headers, "x-mock-chunks").map_or(options.chunks, |n| n as usize);
+    let mut interval = header_number(headers, "x-mock-interval-ms").map_or(options.interval, Duration::from_millis);
+    if let Some(engine) = &options.vllm {
+        // One chunk per output token, as many as the request asked for.
+        chunks = request_json["max_tokens"].as_u64().map_or(chunks, |n| usize::try_from(n).unwrap_or(chunks));
+        interval = engine.options.token_time;
+    }
     let prompt_tokens = (received.body.len() / 4) as u64;
     let completion_tokens = chunks as u64;
     let stream = request_json["stream"].as_bool() == Some(true);
@@ -262,7 +301,12 @@ async fn respond(
     let usage = Usage { prompt: prompt_tokens, completion: completion_tokens };
     if stream && kind != Kind::Embedding {
         let events = stream_events(kind, &model, chunks, usage, include_usage);
-        return Ok(stream_response(events, interval, stall == "body", recorder));
+        return Ok(stream_response(events, interval, stall == "body", recorder, slot));
+    }
+    if slot.is_some() {
+        // The whole generation, then the answer; the slot is held meanwhile.
+        tokio::time::sleep(interval.saturating_mul(u32::try_from(chunks).unwrap_or(u32::MAX))).await;
+        drop(slot);
     }
     let body = complete_body(kind, &model, chunks, usage);
     if headers.get("x-mock-chunked").is_some_and(|v| v == "true") {
@@ -270,7 +314,7 @@ async fn respond(
         let text = body.to_string();
         let (first, second) = text.split_at(text.len() / 2);
         let events = vec![Bytes::from(first.to_owned()), Bytes::from(second.to_owned())];
-        let mut response = stream_response(events, Duration::ZERO, false, recorder);
+        let mut response = stream_response(events, Duration::ZERO, false, recorder, None);
         response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
         return Ok(response);
     }
@@ -402,9 +446,12 @@ fn stream_response(
     interval: Duration,
     stall_after_first: bool,
     recorder: Arc<Recorder>,
+    slot: Option<crate::vllm::Slot>,
 ) -> Response<MockBody> {
     let (sender, receiver) = mpsc::channel(1);
     tokio::spawn(async move {
+        // Held until the stream ends, however it ends.
+        let _slot = slot;
         for (index, event) in events.into_iter().enumerate() {
             if index > 0 {
                 if stall_after_first {

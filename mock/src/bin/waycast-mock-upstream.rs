@@ -3,7 +3,10 @@
 //!
 //! ```text
 //! waycast-mock-upstream [--listen 127.0.0.1:8000] [--delay-ms N] [--chunks N] [--interval-ms N] [--burn-ms N]
+//!                       [--vllm-slots N [--token-ms N] [--prefill-us-per-byte N] [--prefix-cache N]]
 //! ```
+//!
+//! `--vllm-slots` turns on the vLLM-like mode (`waycast_mock::vllm`).
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -11,10 +14,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use waycast_mock::upstream::{self as mock_upstream, MockOptions, Recorder};
+use waycast_mock::vllm::{Engine, VllmOptions};
 
 fn main() -> ExitCode {
     let mut listen: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 8000));
     let mut options = MockOptions::default();
+    let mut vllm: Option<VllmOptions> = None;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let value = args.next();
@@ -30,15 +35,31 @@ fn main() -> ExitCode {
             ("--interval-ms", Some(v)) => {
                 v.parse().map(|n| options.interval = Duration::from_millis(n)).map_err(|e| e.to_string())
             }
+            ("--vllm-slots", Some(v)) => {
+                v.parse().map(|n| vllm.get_or_insert_with(VllmOptions::default).slots = n).map_err(|e| e.to_string())
+            }
+            ("--token-ms", Some(v)) => v
+                .parse()
+                .map(|n| vllm.get_or_insert_with(VllmOptions::default).token_time = Duration::from_millis(n))
+                .map_err(|e| e.to_string()),
+            ("--prefill-us-per-byte", Some(v)) => v
+                .parse()
+                .map(|n| vllm.get_or_insert_with(VllmOptions::default).prefill_per_byte = Duration::from_micros(n))
+                .map_err(|e| e.to_string()),
+            ("--prefix-cache", Some(v)) => v
+                .parse()
+                .map(|n| vllm.get_or_insert_with(VllmOptions::default).cache_entries = n)
+                .map_err(|e| e.to_string()),
             _ => Err(format!("unknown or incomplete argument {flag}")),
         };
         if let Err(error) = parsed {
             eprintln!(
-                "waycast-mock-upstream: {error}\nusage: waycast-mock-upstream [--listen ADDR] [--delay-ms N] [--chunks N] [--interval-ms N]"
+                "waycast-mock-upstream: {error}\nusage: waycast-mock-upstream [--listen ADDR] [--delay-ms N] [--chunks N] [--interval-ms N] [--burn-ms N] [--vllm-slots N --token-ms N --prefill-us-per-byte N --prefix-cache N]"
             );
             return ExitCode::from(64);
         }
     }
+    options.vllm = vllm.map(|vllm| Arc::new(Engine::new(vllm)));
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
@@ -55,9 +76,21 @@ fn main() -> ExitCode {
             }
         };
         eprintln!("waycast-mock-upstream: listening on http://{listen}/v1");
-        tokio::select! {
-            () = mock_upstream::serve(listener, Arc::new(options), Arc::new(Recorder::default())) => {}
-            _ = tokio::signal::ctrl_c() => {}
+        let engine = options.vllm.clone();
+        let serving = tokio::spawn(mock_upstream::serve(listener, Arc::new(options), Arc::new(Recorder::default())));
+        waycast_mock::upstream::termination().await;
+        // As an inference server drains: stop accepting (new connections
+        // are refused, so a gateway retries them elsewhere), let what is
+        // queued and running finish, then exit.
+        serving.abort();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        match engine {
+            Some(engine) => {
+                while engine.busy() && tokio::time::Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+            None => tokio::time::sleep(Duration::from_secs(1)).await,
         }
         ExitCode::SUCCESS
     })
