@@ -43,6 +43,10 @@ pub struct Metrics {
     pub endpoint_ejections: IntCounterVec,
     /// Endpoints known, over every Service the config routes to.
     pub endpoints_known: IntGauge,
+    /// Requests in flight to each endpoint (streams until they end).
+    pub endpoint_in_flight: IntGaugeVec,
+    /// Requests sent to each endpoint.
+    pub endpoint_requests: IntCounterVec,
     /// Endpoints documents refused (the previous one kept).
     pub endpoints_update_errors: IntCounter,
     /// Client connections open now.
@@ -130,6 +134,17 @@ impl Metrics {
         )?;
         let endpoints_known =
             IntGauge::new("waycast_gateway_endpoints", "Endpoints known, over every Service the config routes to.")?;
+        let endpoint_in_flight = IntGaugeVec::new(
+            Opts::new(
+                "waycast_gateway_endpoint_requests_in_flight",
+                "Requests in flight to each endpoint of a Service (streams until they end).",
+            ),
+            &["service", "endpoint"],
+        )?;
+        let endpoint_requests = IntCounterVec::new(
+            Opts::new("waycast_gateway_endpoint_requests_total", "Requests sent to each endpoint of a Service."),
+            &["service", "endpoint"],
+        )?;
         let endpoints_update_errors = IntCounter::new(
             "waycast_gateway_endpoints_update_errors_total",
             "Endpoints documents refused (the previous one kept).",
@@ -194,6 +209,8 @@ impl Metrics {
             upstream_retries,
             endpoint_ejections,
             endpoints_known,
+            endpoint_in_flight,
+            endpoint_requests,
             endpoints_update_errors,
             connections_open,
             connections_refused,
@@ -227,6 +244,8 @@ impl Metrics {
             Box::new(self.upstream_retries.clone()),
             Box::new(self.endpoint_ejections.clone()),
             Box::new(self.endpoints_known.clone()),
+            Box::new(self.endpoint_in_flight.clone()),
+            Box::new(self.endpoint_requests.clone()),
             Box::new(self.endpoints_update_errors.clone()),
             Box::new(self.connections_open.clone()),
             Box::new(self.connections_refused.clone()),

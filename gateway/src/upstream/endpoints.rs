@@ -23,9 +23,10 @@ use kube::{Api, Client};
 use tokio::sync::mpsc;
 use waycast_crds::endpoints::{ENDPOINTS_DATA_KEY, EndpointsDocument};
 
-use super::pick::EndpointSet;
+use super::pick::{Endpoint, EndpointSet};
 use crate::config::Update;
 use crate::config::load::LoadError;
+use crate::metrics::Metrics;
 use crate::shared::Shared;
 
 /// Every known Service's endpoints, by `namespace/name:port`.
@@ -41,17 +42,36 @@ impl EndpointTable {
     }
 
     /// Replaces the table with `document`; an endpoint that stays keeps its
-    /// state. Returns how many endpoints are known now.
-    pub fn apply(&self, document: &EndpointsDocument) -> usize {
+    /// state (and its series in `metrics`; those of endpoints that left are
+    /// removed). Returns how many endpoints are known now.
+    pub fn apply(&self, document: &EndpointsDocument, metrics: &Metrics) -> usize {
         let previous = self.sets.load_full();
         let next: HashMap<Arc<str>, Arc<EndpointSet>> = document
             .services
             .iter()
             .map(|(key, addresses)| {
                 let before = previous.get(key.as_str()).map(AsRef::as_ref);
-                (Arc::from(key.as_str()), Arc::new(EndpointSet::new(addresses, before)))
+                let set = EndpointSet::with(addresses, before, |address| {
+                    let labels = [key.as_str(), &address.to_string()];
+                    Endpoint::observed(
+                        address,
+                        metrics.endpoint_in_flight.with_label_values(&labels),
+                        metrics.endpoint_requests.with_label_values(&labels),
+                    )
+                });
+                (Arc::from(key.as_str()), Arc::new(set))
             })
             .collect();
+        for (key, set) in previous.iter() {
+            for endpoint in set.endpoints() {
+                let stays = next.get(key).is_some_and(|s| s.endpoints().iter().any(|e| e.address == endpoint.address));
+                if !stays {
+                    let labels = [key.as_ref(), &endpoint.address.to_string()];
+                    let _ = metrics.endpoint_in_flight.remove_label_values(&labels);
+                    let _ = metrics.endpoint_requests.remove_label_values(&labels);
+                }
+            }
+        }
         let known = next.values().map(|set| set.endpoints().len()).sum();
         self.sets.store(Arc::new(next));
         known
@@ -71,7 +91,7 @@ pub async fn apply_updates(mut updates: mpsc::Receiver<Update>, shared: Arc<Shar
         match parsed {
             Ok((hash, _)) if last_applied.as_ref() == Some(&hash) => {}
             Ok((hash, document)) => {
-                let known = shared.endpoints.apply(&document);
+                let known = shared.endpoints.apply(&document, &shared.metrics);
                 shared.metrics.endpoints_known.set(i64::try_from(known).unwrap_or(i64::MAX));
                 tracing::info!(%source, services = document.services.len(), endpoints = known, "endpoints applied");
                 last_applied = Some(hash);
@@ -121,9 +141,14 @@ mod tests {
             services: [("models/vllm:8000".to_owned(), addresses.iter().map(|a| a.parse().unwrap()).collect())].into(),
             ..EndpointsDocument::new()
         };
-        assert_eq!(table.apply(&document(&["10.0.0.1:8000", "10.0.0.2:8000"])), 2);
+        let metrics = Metrics::new().unwrap();
+        assert_eq!(table.apply(&document(&["10.0.0.1:8000", "10.0.0.2:8000"]), &metrics), 2);
         let streaming = table.get("models/vllm:8000").unwrap().endpoints()[1].start();
-        assert_eq!(table.apply(&document(&["10.0.0.2:8000", "10.0.0.3:8000"])), 2);
+        let series =
+            r#"waycast_gateway_endpoint_requests_in_flight{endpoint="10.0.0.2:8000",service="models/vllm:8000"} 1"#;
+        assert!(metrics.render().contains(series), "{}", metrics.render());
+        assert_eq!(table.apply(&document(&["10.0.0.2:8000", "10.0.0.3:8000"]), &metrics), 2);
+        assert!(!metrics.render().contains(r#"endpoint="10.0.0.1:8000""#), "a gone endpoint's series are removed");
         let set = table.get("models/vllm:8000").unwrap();
         assert_eq!(set.endpoints()[0].inflight(), 1, "10.0.0.2 kept its stream");
         drop(streaming);

@@ -26,7 +26,7 @@ fn least_request_never_picks_the_busiest_of_several() {
     for _ in 0..3_000 {
         counts[set.pick(Policy::LeastRequest, None, &[], 0).unwrap()] += 1;
     }
-    assert_eq!(counts[1], 0, "two distinct choices: the busy one always loses: {counts:?}");
+    assert_eq!(counts[1], 0, "the busy one always loses: {counts:?}");
     assert!(counts[0] > 1_000 && counts[2] > 1_000, "the others share evenly: {counts:?}");
 }
 
@@ -142,4 +142,16 @@ fn an_update_keeps_the_state_of_endpoints_that_stay() {
     assert_eq!(after.endpoints()[0].inflight(), 1);
     drop(streaming);
     assert_eq!(after.endpoints()[0].inflight(), 0, "a stream that ends is counted off the kept endpoint");
+}
+
+#[test]
+fn two_random_choices_beyond_a_handful_of_endpoints() {
+    let set = EndpointSet::new(&addresses(12), None);
+    let _busy: Vec<InFlight> = (0..10).map(|_| set.endpoints()[3].start()).collect();
+    let mut counts = [0; 12];
+    for _ in 0..12_000 {
+        counts[set.pick(Policy::LeastRequest, None, &[], 0).unwrap()] += 1;
+    }
+    assert_eq!(counts[3], 0, "two distinct choices: the busy one always loses: {counts:?}");
+    assert!(counts.iter().enumerate().all(|(i, c)| i == 3 || *c > 600), "the rest share: {counts:?}");
 }
