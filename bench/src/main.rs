@@ -173,17 +173,6 @@ fn fail(message: &str) -> ExitCode {
 
 /// Resolves on SIGTERM or SIGINT.
 async fn wait_for_signal() -> ExitCode {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut terminate) => {
-            tokio::select! {
-                _ = terminate.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
+    waycast_mock::upstream::termination().await;
     ExitCode::SUCCESS
 }

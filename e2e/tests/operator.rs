@@ -705,14 +705,7 @@ async fn the_gateway_spreads_requests_over_the_services_pods_and_follows_them() 
     wait_endpoints(&client, &namespace, &service_key, 3, Duration::from_secs(30)).await;
 
     // Through the gateway's Service, on kept-alive connections.
-    let gateway_ip = Api::<Service>::namespaced(client.clone(), &namespace)
-        .get("gateway")
-        .await
-        .unwrap()
-        .spec
-        .unwrap()
-        .cluster_ip
-        .unwrap();
+    let gateway_ip = waycast_e2e::workloads::cluster_ip(&client, &namespace, "gateway").await.unwrap();
     let url = format!("http://{gateway_ip}/v1/chat/completions");
     let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
     let served_by = |model: &'static str, count: usize| {

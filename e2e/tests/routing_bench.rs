@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use http::StatusCode;
 use http_body_util::BodyExt as _;
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use serde_json::json;
 use waycast_e2e::cluster::images;
@@ -87,14 +87,7 @@ async fn picking_the_pod_beats_kube_proxy_on_time_to_first_token() {
     let mut pods = deployment("vllm", images::MOCK_UPSTREAM, &vllm_args, 8000, json!({}));
     pods["spec"]["replicas"] = json!(PODS);
     apply_values(&client, &namespace, vec![pods, service("vllm", 8000, 8000)]).await.unwrap();
-    let cluster_ip = Api::<Service>::namespaced(client.clone(), &namespace)
-        .get("vllm")
-        .await
-        .unwrap()
-        .spec
-        .unwrap()
-        .cluster_ip
-        .unwrap();
+    let cluster_ip = waycast_e2e::workloads::cluster_ip(&client, &namespace, "vllm").await.unwrap();
     let model = |name: &str, backend: serde_json::Value, policy: &str| {
         json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ModelEndpoint", "metadata": {"name": name},
                "spec": {"model": name, "backends": [backend], "loadBalancing": {"policy": policy},
@@ -124,14 +117,7 @@ async fn picking_the_pod_beats_kube_proxy_on_time_to_first_token() {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    let gateway_ip = Api::<Service>::namespaced(client.clone(), &namespace)
-        .get("gateway")
-        .await
-        .unwrap()
-        .spec
-        .unwrap()
-        .cluster_ip
-        .unwrap();
+    let gateway_ip = waycast_e2e::workloads::cluster_ip(&client, &namespace, "gateway").await.unwrap();
     let url = format!("http://{gateway_ip}/v1/chat/completions");
     // Every model answers before the load starts (endpoints relayed too).
     for name in ["via-service", "least", "prefix"] {

@@ -129,6 +129,19 @@ async fn a_dead_endpoint_is_retried_elsewhere_then_ejected() {
     assert_eq!(fixture.metric(&retries).await, Some(5.0));
     assert_eq!(fixture.metric(&ejections).await, Some(1.0));
     assert_eq!(served(&live[0]).await, 20);
+
+    // Recovery: the pod comes back at that address; once its ejection
+    // (5 s the first time) is over it takes its turn again.
+    let revived = tokio::net::TcpListener::bind(dead).await.unwrap();
+    let recorder = std::sync::Arc::new(waycast_mock::upstream::Recorder::default());
+    tokio::spawn(mock_upstream::serve(revived, std::sync::Arc::new(MockOptions::default()), recorder.clone()));
+    tokio::time::sleep(Duration::from_millis(5_200)).await;
+    for _ in 0..10 {
+        let (status, _, _) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), &body).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    assert_eq!(recorder.requests().await.len(), 5, "the recovered endpoint is back in the rotation");
+    assert_eq!(fixture.metric(&retries).await, Some(5.0), "no retry once it answers");
 }
 
 /// A pod that answers every request 503 (overloaded, or draining).

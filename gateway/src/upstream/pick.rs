@@ -168,7 +168,7 @@ impl EndpointSet {
     /// A set of `endpoints`; an endpoint of `previous` at the same address
     /// is kept as it is (its requests in flight, failures and ejection).
     pub fn new(addresses: &[std::net::SocketAddr], previous: Option<&EndpointSet>) -> Self {
-        Self::with(addresses, previous, |address| Endpoint::new(address))
+        Self::with(addresses, previous, Endpoint::new)
     }
 
     /// As [`EndpointSet::new`], with `make` creating the new endpoints.
