@@ -4,6 +4,7 @@
 //! [`crate::registry::Registry`] across configs, so a reload keeps warm
 //! connections.
 
+pub mod balancing;
 pub mod egress;
 pub mod endpoints;
 pub mod pick;
