@@ -130,6 +130,21 @@ fn default_weight() -> u32 {
 }
 
 // NB: header values are upstream credentials; they must never reach a log.
+impl BackendConfig {
+    /// A backend at `url` with every other field at its default (weight 1).
+    pub fn to(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            model: None,
+            weight: default_weight(),
+            headers: BTreeMap::new(),
+            endpoints: None,
+            priority: 0,
+            tls: None,
+        }
+    }
+}
+
 impl fmt::Debug for BackendConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let headers: BTreeMap<&str, &str> = self.headers.keys().map(|name| (name.as_str(), "<redacted>")).collect();

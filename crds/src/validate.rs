@@ -322,15 +322,7 @@ mod tests {
     use crate::config::{Settings, TimeoutsConfig};
 
     fn backend(url: &str) -> BackendConfig {
-        BackendConfig {
-            url: url.into(),
-            model: None,
-            weight: 1,
-            headers: BTreeMap::new(),
-            endpoints: None,
-            priority: 0,
-            tls: None,
-        }
+        BackendConfig::to(url)
     }
 
     fn model(name: &str, aliases: &[&str]) -> ModelConfig {

@@ -15,15 +15,7 @@ fn model(name: &str, aliases: &[&str], weights: &[u32]) -> ModelConfig {
         backends: weights
             .iter()
             .enumerate()
-            .map(|(i, w)| BackendConfig {
-                url: format!("http://10.0.0.{i}:8000/v1/"),
-                model: None,
-                weight: *w,
-                headers: Default::default(),
-                endpoints: None,
-                priority: 0,
-                tls: None,
-            })
+            .map(|(i, w)| BackendConfig { weight: *w, ..BackendConfig::to(format!("http://10.0.0.{i}:8000/v1/")) })
             .collect(),
         timeouts: TimeoutsConfig::default(),
         limits: None,

@@ -101,15 +101,7 @@ async fn a_config_swap_under_load_fails_no_request() {
     for round in 0..10_u32 {
         let mut config = fixture::default_config(&base);
         // Each round is a different config: a second backend with another weight.
-        config.models[1].backends.push(BackendConfig {
-            url: base.clone(),
-            model: None,
-            weight: round + 1,
-            headers: Default::default(),
-            endpoints: None,
-            priority: 0,
-            tls: None,
-        });
+        config.models[1].backends.push(BackendConfig { weight: round + 1, ..BackendConfig::to(base.clone()) });
         fixture.write_config(serde_yaml_ng::to_string(&config).unwrap().as_bytes());
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
@@ -157,18 +149,7 @@ async fn timeouts_failover_and_unreachable_backends() {
     let fixture = Fixture::start(FixtureOptions::default(), |config, base| {
         let dead = format!("http://127.0.0.1:{closed_port}/v1");
         // Two backends, the first refusing connections: requests fail over.
-        config.models[1].backends.insert(
-            0,
-            BackendConfig {
-                url: dead.clone(),
-                model: None,
-                weight: 1,
-                headers: Default::default(),
-                endpoints: None,
-                priority: 0,
-                tls: None,
-            },
-        );
+        config.models[1].backends.insert(0, BackendConfig::to(dead.clone()));
         config.models[1].timeouts.first_byte = Duration::from_millis(500);
         config.models[1].timeouts.idle = Duration::from_millis(500);
         // Only a dead backend: 502.

@@ -37,15 +37,7 @@ fn model(name: &str, aliases: &[&str], url: &str) -> ModelConfig {
     ModelConfig {
         name: name.into(),
         aliases: aliases.iter().map(|a| (*a).to_owned()).collect(),
-        backends: vec![BackendConfig {
-            url: url.into(),
-            model: None,
-            weight: 1,
-            headers: Default::default(),
-            endpoints: None,
-            priority: 0,
-            tls: None,
-        }],
+        backends: vec![BackendConfig::to(url)],
         timeouts: TimeoutsConfig::default(),
         limits: None,
         source: None,

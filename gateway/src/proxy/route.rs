@@ -163,15 +163,7 @@ mod tests {
         let model = |name: &str, namespaces: Option<Vec<String>>| ModelConfig {
             name: name.into(),
             aliases: vec![],
-            backends: vec![BackendConfig {
-                url: "http://10.0.0.1/v1".into(),
-                model: None,
-                weight: 1,
-                headers: Default::default(),
-                endpoints: None,
-                priority: 0,
-                tls: None,
-            }],
+            backends: vec![BackendConfig::to("http://10.0.0.1/v1")],
             timeouts: Default::default(),
             limits: None,
             source: None,

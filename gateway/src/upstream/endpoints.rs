@@ -64,7 +64,7 @@ impl EndpointTable {
             .collect();
         for (key, set) in previous.iter() {
             for endpoint in set.endpoints() {
-                let stays = next.get(key).is_some_and(|s| s.endpoints().iter().any(|e| e.address == endpoint.address));
+                let stays = next.get(key).is_some_and(|s| s.endpoint_at(endpoint.address).is_some());
                 if !stays {
                     let labels = [key.as_ref(), &endpoint.address.to_string()];
                     let _ = metrics.endpoint_in_flight.remove_label_values(&labels);

@@ -180,10 +180,8 @@ impl EndpointSet {
         let mut endpoints: Vec<Arc<Endpoint>> = addresses
             .iter()
             .map(|address| {
-                previous
-                    .and_then(|p| p.endpoints.iter().find(|e| e.address == *address))
-                    .cloned()
-                    .unwrap_or_else(|| Arc::new(make(*address)))
+                // `previous` is sorted by address: a lookup, not a scan.
+                previous.and_then(|p| p.endpoint_at(*address)).cloned().unwrap_or_else(|| Arc::new(make(*address)))
             })
             .collect();
         endpoints.sort_by_key(|e| e.address);
@@ -202,6 +200,11 @@ impl EndpointSet {
     /// The endpoints, sorted by address.
     pub fn endpoints(&self) -> &[Arc<Endpoint>] {
         &self.endpoints
+    }
+
+    /// The endpoint at `address`, if the set has it.
+    pub fn endpoint_at(&self, address: std::net::SocketAddr) -> Option<&Arc<Endpoint>> {
+        self.endpoints.binary_search_by_key(&address, |e| e.address).ok().map(|index| &self.endpoints[index])
     }
 
     /// Whether there is none.
