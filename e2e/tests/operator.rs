@@ -707,6 +707,9 @@ async fn the_gateway_spreads_requests_over_the_services_pods_and_follows_them() 
     // Through the gateway's Service, on kept-alive connections.
     let gateway_ip = waycast_e2e::workloads::cluster_ip(&client, &namespace, "gateway").await.unwrap();
     let url = format!("http://{gateway_ip}/v1/chat/completions");
+    // kube-proxy programs a new Service shortly after its pods are ready;
+    // until then its ClusterIP refuses connections.
+    wait_all(std::slice::from_ref(&url), &key, StatusCode::OK, Duration::from_secs(30)).await;
     let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
     let served_by = |model: &'static str, count: usize| {
         let (http, url, key) = (http.clone(), url.clone(), key.clone());
