@@ -8,54 +8,26 @@
 
 mod support;
 
-use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
-use rustls::pki_types::pem::PemObject as _;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use support::{Fixture, FixtureOptions};
 use waycast_crds::config::ClientTlsConfig;
 use waycast_mock::fixtures::{ALICE_KEY, temp_dir};
-use waycast_mock::pki::{Authority, Usage};
+use waycast_mock::pki::{Authority, Usage, server_tls};
+use waycast_mock::upstream::{MockOptions, MockUpstream};
 
 const SERVICE: &str = "models/vllm:8443";
 const MODEL: &str = "mistral-7b";
 
 /// A pod serving TLS for `vllm.models.svc` that requires a client
-/// certificate signed by `ca`, in front of `upstream` (plain HTTP).
-async fn tls_pod(dir: &Path, authority: &Authority, upstream: SocketAddr) -> SocketAddr {
+/// certificate signed by `authority`: the mock upstream's own HTTPS.
+async fn tls_pod(dir: &Path, authority: &Authority) -> MockUpstream {
     let server = authority.issue(dir, "vllm", "vllm", &[], &["vllm.models.svc".into()], Usage::Server).unwrap();
-    let chain: Vec<CertificateDer<'static>> =
-        CertificateDer::pem_file_iter(&server.cert).unwrap().collect::<Result<_, _>>().unwrap();
-    let key = PrivateKeyDer::from_pem_file(&server.key).unwrap();
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(CertificateDer::from_pem_file(&authority.files.cert).unwrap()).unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let verifier =
-        rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone()).build().unwrap();
-    let config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(chain, key)
-        .unwrap();
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let acceptor = acceptor.clone();
-            tokio::spawn(async move {
-                let Ok(mut tls) = acceptor.accept(stream).await else { return };
-                let Ok(mut plain) = tokio::net::TcpStream::connect(upstream).await else { return };
-                let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
-            });
-        }
-    });
-    address
+    let tls = server_tls(&server.cert, &server.key, Some(&authority.files.cert)).unwrap();
+    let options = MockOptions { tls: Some(tls), ..MockOptions::default() };
+    waycast_mock::upstream::start("127.0.0.1:0".parse().unwrap(), options).await.unwrap()
 }
 
 #[tokio::test]
@@ -81,9 +53,9 @@ async fn mutual_tls_to_the_pods_of_a_service_with_a_private_ca() {
         }
     };
     let fixture = Fixture::start(options, with_tls(trusted.clone())).await;
-    let pod = tls_pod(&dir, &authority, fixture.mock.addr).await;
+    let pod = tls_pod(&dir, &authority).await;
     let document =
-        serde_json::json!({"apiVersion": "waycast.dev/endpoints-v1", "services": {SERVICE: [pod.to_string()]}});
+        serde_json::json!({"apiVersion": "waycast.dev/endpoints-v1", "services": {SERVICE: [pod.addr.to_string()]}});
     fixture.write_endpoints(document.to_string().as_bytes());
     let body = format!(r#"{{"model":"{MODEL}","messages":[]}}"#);
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -95,7 +67,7 @@ async fn mutual_tls_to_the_pods_of_a_service_with_a_private_ca() {
         assert!(Instant::now() < deadline, "no 200 over mutual TLS to the pod: {status}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let served = fixture.mock.recorder.requests().await.len();
+    let served = pod.recorder.requests().await.len();
     assert!(served >= 1);
 
     // Without the client certificate, trusting another CA, or expecting
@@ -121,7 +93,7 @@ async fn mutual_tls_to_the_pods_of_a_service_with_a_private_ca() {
         }
         let (status, _, _) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), &body).await;
         assert_eq!(status, StatusCode::BAD_GATEWAY, "case {case}");
-        assert_eq!(fixture.mock.recorder.requests().await.len(), served, "case {case} reached the pod");
+        assert_eq!(pod.recorder.requests().await.len(), served, "case {case} reached the pod");
     }
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&other_dir);

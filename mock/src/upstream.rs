@@ -3,9 +3,11 @@
 //!
 //! Endpoints: `GET /v1/models`, `POST /v1/chat/completions`,
 //! `/v1/completions`, `/v1/embeddings`, `/v1/responses`, `/v1/messages`
-//! (streaming with `"stream": true`), and `GET /_mock/requests` (what it
-//! received, as JSON). Behaviour per request, through headers (which a
-//! gateway forwards):
+//! (streaming with `"stream": true`), `GET /_mock/requests` (what it
+//! received, as JSON) and `PUT /_mock/status/S` (answer every later request
+//! with status S, as a broken or overloaded server does, until
+//! `PUT /_mock/status/0`). With [`MockOptions::tls`] it serves HTTPS.
+//! Behaviour per request, through headers (which a gateway forwards):
 //!
 //! | header | effect |
 //! |---|---|
@@ -29,7 +31,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -59,11 +61,25 @@ pub struct MockOptions {
     /// Behave like a vLLM server (slots, a queue, prefill, a prefix cache,
     /// `/metrics`): see `vllm.rs`.
     pub vllm: Option<Arc<crate::vllm::Engine>>,
+    /// Serve HTTPS with this configuration (`crate::pki::server_tls`).
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Non-zero: every request is answered with this status (set over
+    /// `PUT /_mock/status/S`), so one pod of a Service can be broken and
+    /// mended from outside while it stays ready.
+    pub forced_status: Arc<AtomicU16>,
 }
 
 impl Default for MockOptions {
     fn default() -> Self {
-        Self { delay: Duration::ZERO, chunks: 5, interval: Duration::from_millis(1), burn: Duration::ZERO, vllm: None }
+        Self {
+            delay: Duration::ZERO,
+            chunks: 5,
+            interval: Duration::from_millis(1),
+            burn: Duration::ZERO,
+            vllm: None,
+            tls: None,
+            forced_status: Arc::default(),
+        }
     }
 }
 
@@ -170,6 +186,7 @@ pub async fn serve(listener: TcpListener, options: Arc<MockOptions>, recorder: A
     let port = listener.local_addr().map(|address| address.port()).unwrap_or_default();
     let identity = header::HeaderValue::from_str(&format!("{}:{port}", host.trim()))
         .unwrap_or_else(|_| header::HeaderValue::from_static("mock"));
+    let acceptor = options.tls.clone().map(tokio_rustls::TlsAcceptor::from);
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
@@ -179,6 +196,7 @@ pub async fn serve(listener: TcpListener, options: Arc<MockOptions>, recorder: A
         let options = options.clone();
         let recorder = recorder.clone();
         let identity = identity.clone();
+        let acceptor = acceptor.clone();
         tokio::spawn(async move {
             let service = service_fn(move |request| {
                 let answer = respond(request, options.clone(), recorder.clone());
@@ -189,7 +207,16 @@ pub async fn serve(listener: TcpListener, options: Arc<MockOptions>, recorder: A
                     Ok::<_, Infallible>(response)
                 }
             });
-            let _ = auto::Builder::new(TokioExecutor::new()).serve_connection(TokioIo::new(stream), service).await;
+            let server = auto::Builder::new(TokioExecutor::new());
+            match acceptor {
+                None => drop(server.serve_connection(TokioIo::new(stream), service).await),
+                Some(acceptor) => {
+                    // A failed handshake (an untrusted client) ends the connection.
+                    if let Ok(tls) = acceptor.accept(stream).await {
+                        drop(server.serve_connection(TokioIo::new(tls), service).await);
+                    }
+                }
+            }
         });
     }
 }
@@ -231,7 +258,24 @@ async fn respond(
         response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/plain"));
         return Ok(response);
     }
+    if parts.method == http::Method::PUT
+        && let Some(status) = parts.uri.path().strip_prefix("/_mock/status/")
+    {
+        return Ok(match status.parse::<u16>() {
+            Ok(status) if status == 0 || StatusCode::from_u16(status).is_ok() => {
+                options.forced_status.store(status, Ordering::Relaxed);
+                json_response(StatusCode::OK, &json!({"status": status}))
+            }
+            _ => json_response(StatusCode::BAD_REQUEST, &json!({"error": {"message": "not a status code"}})),
+        });
+    }
     recorder.requests.lock().await.push(received.clone());
+    let forced = options.forced_status.load(Ordering::Relaxed);
+    if forced != 0 {
+        let status = StatusCode::from_u16(forced).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let error = json!({"error": {"message": "set by PUT /_mock/status", "type": "mock_error", "param": null, "code": "mock"}});
+        return Ok(json_response(status, &error));
+    }
     let headers = &received.headers;
     // vLLM-like: wait for a slot (held until the response ends), then prefill.
     let slot = match &options.vllm {

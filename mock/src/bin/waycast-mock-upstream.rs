@@ -4,11 +4,15 @@
 //! ```text
 //! waycast-mock-upstream [--listen 127.0.0.1:8000] [--delay-ms N] [--chunks N] [--interval-ms N] [--burn-ms N]
 //!                       [--vllm-slots N [--token-ms N] [--prefill-us-per-byte N] [--prefix-cache N]]
+//!                       [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]]
 //! ```
 //!
-//! `--vllm-slots` turns on the vLLM-like mode (`waycast_mock::vllm`).
+//! `--vllm-slots` turns on the vLLM-like mode (`waycast_mock::vllm`);
+//! `--tls-cert` and `--tls-key` serve HTTPS, and `--tls-client-ca` requires
+//! client certificates signed by that CA.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,6 +24,7 @@ fn main() -> ExitCode {
     let mut listen: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 8000));
     let mut options = MockOptions::default();
     let mut vllm: Option<VllmOptions> = None;
+    let (mut tls_cert, mut tls_key, mut tls_client_ca) = (None, None, None);
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let value = args.next();
@@ -50,16 +55,43 @@ fn main() -> ExitCode {
                 .parse()
                 .map(|n| vllm.get_or_insert_with(VllmOptions::default).cache_entries = n)
                 .map_err(|e| e.to_string()),
+            ("--tls-cert", Some(v)) => {
+                tls_cert = Some(PathBuf::from(v));
+                Ok(())
+            }
+            ("--tls-key", Some(v)) => {
+                tls_key = Some(PathBuf::from(v));
+                Ok(())
+            }
+            ("--tls-client-ca", Some(v)) => {
+                tls_client_ca = Some(PathBuf::from(v));
+                Ok(())
+            }
             _ => Err(format!("unknown or incomplete argument {flag}")),
         };
         if let Err(error) = parsed {
             eprintln!(
-                "waycast-mock-upstream: {error}\nusage: waycast-mock-upstream [--listen ADDR] [--delay-ms N] [--chunks N] [--interval-ms N] [--burn-ms N] [--vllm-slots N --token-ms N --prefill-us-per-byte N --prefix-cache N]"
+                "waycast-mock-upstream: {error}\nusage: waycast-mock-upstream [--listen ADDR] [--delay-ms N] [--chunks N] [--interval-ms N] [--burn-ms N] [--vllm-slots N --token-ms N --prefill-us-per-byte N --prefix-cache N] [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]]"
             );
             return ExitCode::from(64);
         }
     }
     options.vllm = vllm.map(|vllm| Arc::new(Engine::new(vllm)));
+    options.tls = match (tls_cert, tls_key) {
+        (None, None) if tls_client_ca.is_none() => None,
+        (Some(cert), Some(key)) => match waycast_mock::pki::server_tls(&cert, &key, tls_client_ca.as_deref()) {
+            Ok(config) => Some(config),
+            Err(error) => {
+                eprintln!("waycast-mock-upstream: TLS: {error:#}");
+                return ExitCode::from(64);
+            }
+        },
+        _ => {
+            eprintln!("waycast-mock-upstream: --tls-cert and --tls-key go together (and --tls-client-ca needs them)");
+            return ExitCode::from(64);
+        }
+    };
+    let scheme = if options.tls.is_some() { "https" } else { "http" };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
@@ -75,7 +107,7 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        eprintln!("waycast-mock-upstream: listening on http://{listen}/v1");
+        eprintln!("waycast-mock-upstream: listening on {scheme}://{listen}/v1");
         let engine = options.vllm.clone();
         let serving = tokio::spawn(mock_upstream::serve(listener, Arc::new(options), Arc::new(Recorder::default())));
         waycast_mock::upstream::termination().await;
