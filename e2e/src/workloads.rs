@@ -166,6 +166,48 @@ pub async fn deploy_gateway(
     cluster_ip(client, namespace, "gateway").await
 }
 
+/// Waits until the `gateway-endpoints` ConfigMap (the Gateway named
+/// `gateway`) lists `count` addresses for `service` (`namespace/name:port`).
+///
+/// # Errors
+/// The API server failing, or another count after `timeout`.
+pub async fn wait_endpoints(
+    client: &Client,
+    namespace: &str,
+    service: &str,
+    count: usize,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let maps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), namespace);
+    let deadline = Instant::now() + timeout;
+    loop {
+        let listed = maps.get_opt("gateway-endpoints").await?.and_then(|map| {
+            let text = map.data?.get(waycast_crds::endpoints::ENDPOINTS_DATA_KEY)?.clone();
+            let document = waycast_crds::endpoints::EndpointsDocument::from_slice(text.as_bytes()).ok()?;
+            Some(document.services.get(service).map_or(0, Vec::len))
+        });
+        if listed == Some(count) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("{service} listed {listed:?} endpoints, not {count}, after {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The value of the first sample at `admin` (a gateway's `/metrics` URL)
+/// whose line starts with `sample` (a metric name, with labels if needed);
+/// None while it is not there or the pod does not answer.
+pub async fn metric_sample(admin: &str, sample: &str) -> Option<f64> {
+    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Empty<bytes::Bytes>>();
+    let response = http.get(admin.parse().ok()?).await.ok()?;
+    let body = http_body_util::BodyExt::collect(response.into_body()).await.ok()?.to_bytes();
+    let text = String::from_utf8_lossy(&body);
+    text.lines().find_map(|l| l.strip_prefix(sample)?.trim().rsplit(' ').next()?.parse().ok())
+}
+
 /// The namespace `make demo` deploys into.
 pub const DEMO_NAMESPACE: &str = "waycast-demo";
 

@@ -18,7 +18,7 @@ use serde_json::json;
 use waycast_crds::{ApiKey, Gateway, ModelEndpoint};
 use waycast_e2e::harness::{SharedCluster, shared_cluster_with_node, test_namespace};
 use waycast_e2e::manifest;
-use waycast_e2e::workloads::wait_pods_ready;
+use waycast_e2e::workloads::{wait_endpoints, wait_pods_ready};
 use waycast_mock::fixtures as fixture;
 
 fn cluster() -> &'static SharedCluster {
@@ -702,7 +702,7 @@ async fn the_gateway_spreads_requests_over_the_services_pods_and_follows_them() 
     wait_pods_ready(&client, &namespace, "app.kubernetes.io/name=vllm", 3, Duration::from_secs(90)).await.unwrap();
     let key = generated_key(&client, &namespace, "alice").await;
     let service_key = format!("{namespace}/vllm:8000");
-    wait_endpoints(&client, &namespace, &service_key, 3, Duration::from_secs(30)).await;
+    wait_endpoints(&client, &namespace, &service_key, 3, Duration::from_secs(30)).await.unwrap();
 
     // Through the gateway's Service, on kept-alive connections.
     let gateway_ip = waycast_e2e::workloads::cluster_ip(&client, &namespace, "gateway").await.unwrap();
@@ -738,27 +738,8 @@ async fn the_gateway_spreads_requests_over_the_services_pods_and_follows_them() 
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &namespace);
     deployments.patch("vllm", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 2}}))).await.unwrap();
     let during = served_by("llama3", 60).await;
-    wait_endpoints(&client, &namespace, &service_key, 2, Duration::from_secs(30)).await;
+    wait_endpoints(&client, &namespace, &service_key, 2, Duration::from_secs(30)).await.unwrap();
     println!("scale 3 → 2: the endpoints ConfigMap listed 2 after {:?}; meanwhile {during:?}", scaled.elapsed());
     let after = served_by("llama3", 60).await;
     assert_eq!(after.len(), 2, "only the remaining pods serve: {after:?}");
-}
-
-/// Waits until the Gateway's endpoints ConfigMap lists `count` addresses
-/// for `service`.
-async fn wait_endpoints(client: &Client, namespace: &str, service: &str, count: usize, timeout: Duration) {
-    let maps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), namespace);
-    let deadline = Instant::now() + timeout;
-    loop {
-        let listed = maps.get_opt("gateway-endpoints").await.unwrap().and_then(|map| {
-            let text = map.data?.get(waycast_crds::endpoints::ENDPOINTS_DATA_KEY)?.clone();
-            let document = waycast_crds::endpoints::EndpointsDocument::from_slice(text.as_bytes()).ok()?;
-            Some(document.services.get(service).map_or(0, Vec::len))
-        });
-        if listed == Some(count) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{service} listed {listed:?} endpoints, not {count}, after {timeout:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }

@@ -11,7 +11,7 @@ use kube::api::{Patch, PatchParams};
 use waycast_crds::{ApiKey, Gateway};
 use waycast_e2e::harness::{condition_true, operator_in_process, shared_cluster_with_node, test_namespace};
 use waycast_e2e::manifest;
-use waycast_e2e::workloads::wait_pods_ready;
+use waycast_e2e::workloads::{metric_sample, wait_pods_ready};
 use waycast_mock::fixtures as fixture;
 
 const CHAT: &str = r#"{"model":"llama3","messages":[]}"#;
@@ -24,15 +24,6 @@ async fn status_of(url: &str, key: &str) -> Option<http::StatusCode> {
             .ok()?
             .ok()?;
     Some(response.status())
-}
-
-async fn pods_counted(admin: &str) -> Option<f64> {
-    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build_http::<http_body_util::Empty<bytes::Bytes>>();
-    let response = http.get(admin.parse().ok()?).await.ok()?;
-    let body = http_body_util::BodyExt::collect(response.into_body()).await.ok()?.to_bytes();
-    let text = String::from_utf8_lossy(&body);
-    text.lines().find_map(|l| l.strip_prefix("waycast_gateway_rate_limit_pods ")).and_then(|v| v.trim().parse().ok())
 }
 
 #[tokio::test]
@@ -71,7 +62,8 @@ async fn three_pods_together_admit_a_keys_60_a_minute() {
     let ips: Vec<String> = pods.iter().map(|p| p.status.as_ref().unwrap().pod_ip.clone().unwrap()).collect();
     // Every pod counts the three (their heartbeats).
     for ip in &ips {
-        while pods_counted(&format!("http://{ip}:9090/metrics")).await != Some(3.0) {
+        while metric_sample(&format!("http://{ip}:9090/metrics"), "waycast_gateway_rate_limit_pods ").await != Some(3.0)
+        {
             assert!(Instant::now() < deadline, "pod {ip} never counted three pods");
             tokio::time::sleep(Duration::from_millis(250)).await;
         }

@@ -12,7 +12,9 @@
 //!
 //! and prints time to first token, the busiest pod against the mean (sampled
 //! from the pods' own `vllm:num_requests_running` + `waiting`), the prefix
-//! cache hit ratio and errors, with the targets.
+//! cache hit ratio and errors, with the targets. Then (d) a rolling
+//! restart under load and (e) a scale-up from three pods to four under load
+//! (how soon the new pod carries its share).
 
 #![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
 
@@ -26,7 +28,7 @@ use serde_json::json;
 use waycast_e2e::cluster::images;
 use waycast_e2e::harness::{SharedCluster, shared_cluster_with_node, test_namespace};
 use waycast_e2e::manifest;
-use waycast_e2e::workloads::{apply_values, deployment, service, wait_pods_ready};
+use waycast_e2e::workloads::{apply_values, deployment, service, wait_endpoints, wait_pods_ready};
 use waycast_mock::fixtures as fixture;
 
 fn cluster() -> &'static SharedCluster {
@@ -169,6 +171,7 @@ async fn picking_the_pod_beats_kube_proxy_on_time_to_first_token() {
         rolling.errors
     );
     results.push(("rolling", rolling));
+    let (share_after, scale_errors) = scale_up(&client, &namespace, &url, &key, rate).await;
 
     println!(
         "\nmake bench-routing: {PODS} vLLM-like pods × {SLOTS} slots, {token_ms} ms a token, {rate} requests/s for {seconds} s each, streams"
@@ -209,7 +212,75 @@ async fn picking_the_pod_beats_kube_proxy_on_time_to_first_token() {
         verdict(prefix.hit_ratio >= 1.5 * service_mode.hit_ratio),
         verdict(results.iter().all(|(_, o)| o.errors == 0)),
     );
-    assert!(results.iter().all(|(_, o)| o.errors == 0), "requests failed");
+    println!(
+        "scale-up 3 → 4 under load: the new pod carried its share {:.1} s after it was ready ({}), {scale_errors} errors",
+        share_after.as_secs_f64(),
+        verdict(share_after <= Duration::from_secs(5)),
+    );
+    assert!(results.iter().all(|(_, o)| o.errors == 0) && scale_errors == 0, "requests failed");
+}
+
+/// (e) Three pods under the least-request load at the same load per pod, a
+/// fourth added: how long after it is Ready does it carry its share (at
+/// least 70 % of the others' mean in-flight, from the pods' own metrics)?
+async fn scale_up(client: &kube::Client, namespace: &str, url: &str, key: &str, rate: f64) -> (Duration, usize) {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::Pod;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
+    let replicas = |n: usize| kube::api::Patch::Merge(json!({"spec": {"replicas": n}}));
+    deployments.patch("vllm", &kube::api::PatchParams::default(), &replicas(PODS - 1)).await.unwrap();
+    let service = format!("{namespace}/vllm:8000");
+    wait_endpoints(client, namespace, &service, PODS - 1, Duration::from_secs(90)).await.unwrap();
+    let ready_ips = || async {
+        let pods = Api::<Pod>::namespaced(client.clone(), namespace)
+            .list(&kube::api::ListParams::default().labels("app=vllm"))
+            .await
+            .unwrap();
+        pods.items
+            .into_iter()
+            .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+            .filter(|pod| {
+                let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
+                conditions.is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            })
+            .filter_map(|pod| pod.status?.pod_ip)
+            .collect::<Vec<_>>()
+    };
+    let old_ips = ready_ips().await;
+    let seconds = 45;
+    let load = tokio::spawn({
+        let (url, key) = (url.to_owned(), key.to_owned());
+        let rate = rate * (PODS - 1) as f64 / PODS as f64;
+        async move { run_load(&url, &key, "least", rate, seconds, &[]).await }
+    });
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    deployments.patch("vllm", &kube::api::PatchParams::default(), &replicas(PODS)).await.unwrap();
+    let new_ip = loop {
+        if let Some(ip) = ready_ips().await.into_iter().find(|ip| !old_ips.contains(ip)) {
+            break ip;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let ready = Instant::now();
+    let http: PlainClient =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+    let share_after = loop {
+        let new_load = pod_metrics(&http, &new_ip).await.0;
+        let mut others = 0.0;
+        for ip in &old_ips {
+            others += pod_metrics(&http, ip).await.0;
+        }
+        let mean = others / old_ips.len() as f64;
+        if mean >= 1.0 && new_load >= 0.7 * mean {
+            break ready.elapsed();
+        }
+        if ready.elapsed() > Duration::from_secs(25) {
+            break Duration::MAX;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let outcome = load.await.unwrap();
+    (share_after, outcome.errors)
 }
 
 async fn status(url: &str, key: &str, model: &str) -> Option<StatusCode> {
