@@ -39,6 +39,16 @@ pub struct Scenario {
     #[serde(default)]
     #[arg(long, env = "WAYCAST_BENCH_KEY")]
     pub key: Option<String>,
+    /// The model every request names (a real server's model name when
+    /// pointed straight at vLLM, SGLang or a provider).
+    #[serde(default = "default_model")]
+    #[arg(long, default_value = BENCH_MODEL)]
+    pub model: String,
+    /// `max_tokens` in every request (`max_output_tokens` for responses);
+    /// absent: not sent (messages always sends one: 64).
+    #[serde(default)]
+    #[arg(long)]
+    pub max_tokens: Option<u32>,
     /// Which API: chat, responses or messages.
     #[serde(default)]
     #[arg(long, default_value = "chat", value_parser = Workload::parse)]
@@ -73,12 +83,18 @@ pub struct Scenario {
     #[serde(default)]
     #[arg(long, default_value_t = 0)]
     pub chunk_interval_ms: u64,
-    /// Per-request timeout, in milliseconds.
+    /// How long a request may go without a byte, in milliseconds: for a
+    /// stream, before its first byte and between any two chunks (a long
+    /// generation that keeps streaming never times out); otherwise the
+    /// whole answer.
     #[serde(default = "default_timeout_ms")]
     #[arg(long, default_value_t = default_timeout_ms())]
     pub timeout_ms: u64,
 }
 
+fn default_model() -> String {
+    BENCH_MODEL.to_owned()
+}
 fn default_body_bytes() -> usize {
     1024
 }
@@ -112,6 +128,16 @@ impl Scenario {
         }
         if self.chunks == 0 || self.chunks > 100_000 {
             return Err("chunks must be between 1 and 100000".into());
+        }
+        if self.model.is_empty()
+            || self.model.len() > 256
+            || self.model.contains(['"', '\\'])
+            || self.model.chars().any(char::is_control)
+        {
+            return Err("model must be 1 to 256 characters, without quotes, backslashes or control characters".into());
+        }
+        if self.max_tokens == Some(0) {
+            return Err("maxTokens must be positive".into());
         }
         if self.timeout_ms == 0 {
             return Err("timeoutMs must be positive".into());

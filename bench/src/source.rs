@@ -14,26 +14,35 @@ use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use crate::{
-    BENCH_MODEL, CHUNKS_HEADER, INTERVAL_HEADER, RunResult, Scenario, Summary, WAIT_HEADER, Workload, plot_points,
-};
+use crate::{CHUNKS_HEADER, INTERVAL_HEADER, RunResult, Scenario, Summary, WAIT_HEADER, Workload, plot_points};
 
-/// A request body of about `size` bytes for `workload`: a padded prompt.
-pub fn request_body(workload: Workload, stream: bool, size: usize) -> Bytes {
-    let (head, tail) = match workload {
+/// A request body of about `scenario.body_bytes` bytes: a padded prompt for
+/// its workload, model and output length.
+pub fn request_body(scenario: &Scenario) -> Bytes {
+    let (model, stream) = (&scenario.model, scenario.stream);
+    let limit = |field: &str, default: Option<u32>| {
+        scenario.max_tokens.or(default).map(|n| format!(r#""{field}":{n},"#)).unwrap_or_default()
+    };
+    let (head, tail) = match scenario.workload {
         Workload::Chat => (
-            format!(r#"{{"model":"{BENCH_MODEL}","stream":{stream},"messages":[{{"role":"user","content":""#),
+            format!(
+                r#"{{"model":"{model}",{}"stream":{stream},"messages":[{{"role":"user","content":""#,
+                limit("max_tokens", None)
+            ),
             r#""}]}"#,
         ),
-        Workload::Responses => (format!(r#"{{"model":"{BENCH_MODEL}","stream":{stream},"input":""#), r#""}"#),
+        Workload::Responses => {
+            (format!(r#"{{"model":"{model}",{}"stream":{stream},"input":""#, limit("max_output_tokens", None)), r#""}"#)
+        }
         Workload::Messages => (
             format!(
-                r#"{{"model":"{BENCH_MODEL}","max_tokens":64,"stream":{stream},"messages":[{{"role":"user","content":""#
+                r#"{{"model":"{model}",{}"stream":{stream},"messages":[{{"role":"user","content":""#,
+                limit("max_tokens", Some(64))
             ),
             r#""}]}"#,
         ),
     };
-    let padding = size.saturating_sub(head.len() + tail.len());
+    let padding = scenario.body_bytes.saturating_sub(head.len() + tail.len());
     let mut body = String::with_capacity(head.len() + padding + tail.len());
     body.push_str(&head);
     body.extend(std::iter::repeat_n('x', padding));
@@ -90,7 +99,7 @@ pub async fn run(scenario: Scenario) -> Result<RunResult, String> {
         None => None,
     };
     let plan = Arc::new(Plan {
-        body: request_body(scenario.workload, scenario.stream, scenario.body_bytes),
+        body: request_body(&scenario),
         authority,
         authorization,
         tickets: AtomicU64::new(0),
@@ -171,19 +180,15 @@ async fn worker(plan: Arc<Plan>) -> Tally {
             }
         }
         let Some(connection) = sender.as_mut() else { continue };
-        match tokio::time::timeout(timeout, exchange(connection, &plan, scheduled)).await {
-            Ok(Ok((latency, first_byte))) => {
+        match exchange(connection, &plan, scheduled, timeout).await {
+            Ok((latency, first_byte)) => {
                 tally.latencies.push(latency);
                 if let Some(first_byte) = first_byte {
                     tally.first_bytes.push(first_byte);
                 }
             }
-            Ok(Err(error)) => {
+            Err(error) => {
                 tally.error(error);
-                sender = None;
-            }
-            Err(_) => {
-                tally.error(format!("timed out after {} ms", scenario.timeout_ms));
                 sender = None;
             }
         }
@@ -191,8 +196,25 @@ async fn worker(plan: Arc<Plan>) -> Tally {
 }
 
 /// One request; returns (latency, time to first body byte) in nanoseconds.
-async fn exchange(sender: &mut Sender, plan: &Plan, scheduled: Instant) -> Result<(u64, Option<u64>), String> {
+/// A stream may take `timeout` for its headers and for each frame; any
+/// other answer `timeout` in all.
+async fn exchange(
+    sender: &mut Sender,
+    plan: &Plan,
+    scheduled: Instant,
+    timeout: Duration,
+) -> Result<(u64, Option<u64>), String> {
     let scenario = &plan.scenario;
+    let whole = tokio::time::Instant::now() + timeout;
+    let deadline = || if scenario.stream { tokio::time::Instant::now() + timeout } else { whole };
+    let timed_out = |what: &str| {
+        let since = scheduled.elapsed().as_secs_f64();
+        if scenario.stream {
+            format!("timed out: no {what} for {} ms (--timeout-ms), {since:.1} s into the stream", scenario.timeout_ms)
+        } else {
+            format!("timed out: no whole answer within {} ms (--timeout-ms)", scenario.timeout_ms)
+        }
+    };
     sender.ready().await.map_err(|e| format!("connection: {e}"))?;
     let mut builder = Request::post(scenario.workload.path())
         .header(header::HOST, &plan.authority)
@@ -204,12 +226,15 @@ async fn exchange(sender: &mut Sender, plan: &Plan, scheduled: Instant) -> Resul
         builder = builder.header(header::AUTHORIZATION, authorization.clone());
     }
     let request = builder.body(Full::new(plan.body.clone())).map_err(|e| format!("request: {e}"))?;
-    let response = sender.send_request(request).await.map_err(|e| format!("request: {e}"))?;
+    let response = tokio::time::timeout_at(deadline(), sender.send_request(request))
+        .await
+        .map_err(|_| timed_out("response headers"))?
+        .map_err(|e| format!("request: {e}"))?;
     let status = response.status();
     let mut body = response.into_body();
     let mut first_byte = None;
     let mut received = 0_usize;
-    while let Some(frame) = body.frame().await {
+    while let Some(frame) = tokio::time::timeout_at(deadline(), body.frame()).await.map_err(|_| timed_out("byte"))? {
         let frame = frame.map_err(|e| format!("response body: {e}"))?;
         if let Some(data) = frame.data_ref()
             && !data.is_empty()

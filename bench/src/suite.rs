@@ -79,8 +79,33 @@ pub struct SuiteReport {
     /// /proc): what one fully busy gateway core would serve, whether or not
     /// the load generator could push it that far.
     pub s2_requests_per_gateway_cpu_second: Option<f64>,
+    /// S8: many streams held open at once through a fresh gateway.
+    pub held_streams: HeldStreams,
     /// Size of the gateway binary, in MiB.
     pub gateway_binary_mib: f64,
+}
+
+/// S8: what many concurrent streams cost a gateway that had served nothing
+/// before (its own process), from /proc.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HeldStreams {
+    /// Streams open at once (each from its own client connection).
+    pub streams: u64,
+    /// Chunks per stream, and the pause between them (ms).
+    pub chunks: u32,
+    /// Milliseconds between chunks.
+    pub chunk_interval_ms: u64,
+    /// Resident memory after start and one answered request, in MiB.
+    pub rss_after_start_mib: f64,
+    /// The highest resident memory (VmHWM) by the end, in MiB.
+    pub peak_rss_mib: f64,
+    /// (peak − after start) / streams, in KiB.
+    pub rss_per_stream_kib: f64,
+    /// Gateway CPU time (user + system) per stream, in milliseconds.
+    pub cpu_ms_per_stream: f64,
+    /// What the client side saw.
+    pub result: RunResult,
 }
 
 struct Process(Child);
@@ -194,11 +219,51 @@ fn cpu_seconds(pid: u32) -> Option<f64> {
     Some(ticks / 100.0)
 }
 
-fn peak_rss_mib(pid: u32) -> Option<f64> {
+/// A memory figure of /proc/PID/status (`VmHWM`: the peak, `VmRSS`: now), in MiB.
+fn memory_mib(pid: u32, field: &str) -> Option<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let kib: f64 =
-        status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+        status.lines().find_map(|l| l.strip_prefix(field))?.trim().trim_end_matches("kB").trim().parse().ok()?;
     Some(kib / 1024.0)
+}
+
+fn peak_rss_mib(pid: u32) -> Option<f64> {
+    memory_mib(pid, "VmHWM:")
+}
+
+/// S8: `streams` streams held open at once through a gateway process of
+/// its own, so its memory before and at the peak is theirs alone.
+async fn held_streams(options: &SuiteOptions, config: &Path, dir: &Path, streams: u64) -> anyhow::Result<HeldStreams> {
+    let (process, public, _) = start_gateway(options, config, dir)?;
+    wait_for(public, &authorized_chat(), Duration::from_secs(10)).await?;
+    let pid = process.0.id();
+    let rss_after_start_mib = memory_mib(pid, "VmRSS:").context("reading the gateway's memory")?;
+    let cpu_before = cpu_seconds(pid).context("reading the gateway's CPU time")?;
+    let (chunks, chunk_interval_ms) = (20, 250);
+    let concurrency = u32::try_from(streams).context("too many streams")?;
+    let scenario = Scenario {
+        target: format!("http://{public}"),
+        stream: true,
+        chunks,
+        chunk_interval_ms,
+        requests: streams,
+        concurrency,
+        ..base_scenario(streams, concurrency)
+    };
+    let result = source::run(scenario).await.map_err(anyhow::Error::msg)?;
+    let peak_rss_mib = peak_rss_mib(pid).context("reading the gateway's memory")?;
+    let cpu = cpu_seconds(pid).context("reading the gateway's CPU time")? - cpu_before;
+    drop(process);
+    Ok(HeldStreams {
+        streams,
+        chunks,
+        chunk_interval_ms,
+        rss_after_start_mib,
+        peak_rss_mib,
+        rss_per_stream_kib: (peak_rss_mib - rss_after_start_mib) * 1024.0 / streams as f64,
+        cpu_ms_per_stream: cpu * 1e3 / streams as f64,
+        result,
+    })
 }
 
 async fn overhead_totals(admin: SocketAddr) -> Option<(f64, f64)> {
@@ -207,12 +272,13 @@ async fn overhead_totals(admin: SocketAddr) -> Option<(f64, f64)> {
     Some((value("waycast_gateway_overhead_seconds_sum ")?, value("waycast_gateway_overhead_seconds_count ")?))
 }
 
-/// The request-response scenarios, with request counts scaled by `scale`.
-pub fn scenarios(scale: f64) -> Vec<(String, String, Scenario)> {
-    let count = |n: f64| ((n * scale).round() as u64).max(100);
-    let base = |requests: u64, concurrency: u32| Scenario {
+/// A chat scenario of the suite (its target still to set).
+fn base_scenario(requests: u64, concurrency: u32) -> Scenario {
+    Scenario {
         target: String::new(),
         key: Some(SUITE_KEY.to_owned()),
+        model: BENCH_MODEL.to_owned(),
+        max_tokens: None,
         workload: Workload::Chat,
         stream: false,
         requests,
@@ -223,7 +289,13 @@ pub fn scenarios(scale: f64) -> Vec<(String, String, Scenario)> {
         chunks: 20,
         chunk_interval_ms: 0,
         timeout_ms: 30_000,
-    };
+    }
+}
+
+/// The request-response scenarios, with request counts scaled by `scale`.
+pub fn scenarios(scale: f64) -> Vec<(String, String, Scenario)> {
+    let count = |n: f64| ((n * scale).round() as u64).max(100);
+    let base = base_scenario;
     let mut list = vec![
         (
             "S1".to_owned(),
@@ -339,6 +411,9 @@ pub async fn run(options: SuiteOptions) -> anyhow::Result<SuiteReport> {
         drop(process);
     }
     drop(gateway);
+    let streams = ((1_000.0 * options.scale).round() as u64).max(10);
+    eprintln!("bench: S8 {streams} concurrent streams through a fresh gateway");
+    let held_streams = held_streams(&options, &config, &dir, streams).await?;
     drop(sink_process);
     let _ = std::fs::remove_dir_all(&dir);
     let binary_bytes = std::fs::metadata(&options.gateway).map(|m| m.len()).unwrap_or_default();
@@ -349,6 +424,7 @@ pub async fn run(options: SuiteOptions) -> anyhow::Result<SuiteReport> {
         peak_rss_mib: serde_json::Value::Object(rss),
         s2_gateway_overhead_us: s2_overhead,
         s2_requests_per_gateway_cpu_second: s2_per_cpu_second,
+        held_streams,
         gateway_binary_mib: binary_bytes as f64 / (1024.0 * 1024.0),
     })
 }
@@ -427,6 +503,20 @@ pub fn table(report: &SuiteReport) -> String {
     if let Some(rate) = report.s2_requests_per_gateway_cpu_second {
         let _ = writeln!(out, "S2 requests per second of gateway CPU time: {rate:.0}");
     }
+    let held = &report.held_streams;
+    let _ = writeln!(
+        out,
+        "S8 {} concurrent streams ({} chunks {} ms apart) through a fresh gateway: RSS after start {:.1} MiB, peak {:.1} MiB → {:.1} KiB per stream; {:.3} ms gateway CPU per stream; TTFB p99 {:.2} ms; {} errors",
+        held.streams,
+        held.chunks,
+        held.chunk_interval_ms,
+        held.rss_after_start_mib,
+        held.peak_rss_mib,
+        held.rss_per_stream_kib,
+        held.cpu_ms_per_stream,
+        held.result.time_to_first_byte.as_ref().map_or(0.0, |t| t.p99),
+        held.result.errors,
+    );
     let _ = writeln!(out, "gateway binary: {:.1} MiB", report.gateway_binary_mib);
     out
 }

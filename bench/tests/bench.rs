@@ -66,6 +66,74 @@ async fn a_fixed_rate_is_held_and_an_unreachable_target_is_counted_not_fatal() {
     assert!(result.error_samples[0].contains("connect"), "{:?}", result.error_samples);
 }
 
+/// Pointed straight at an inference server (the mock in its vLLM-like mode,
+/// which generates `max_tokens` tokens): every request names the model and
+/// the length asked for, and a generation longer than `--timeout-ms` that
+/// keeps streaming is not cut off — silence is.
+#[tokio::test]
+async fn a_real_servers_model_and_length_and_a_long_stream_within_the_silence_timeout() {
+    use waycast_mock::upstream::{MockOptions, start};
+    use waycast_mock::vllm::{Engine, VllmOptions};
+    let engine = Engine::new(VllmOptions {
+        slots: 8,
+        prefill_per_byte: Duration::ZERO,
+        token_time: Duration::from_millis(20),
+        ..VllmOptions::default()
+    });
+    let server = start(
+        "127.0.0.1:0".parse().unwrap(),
+        MockOptions { vllm: Some(std::sync::Arc::new(engine)), ..MockOptions::default() },
+    )
+    .await
+    .unwrap();
+    let long = Scenario {
+        model: "meta-llama/Llama-3.1-8B-Instruct".into(),
+        max_tokens: Some(25),
+        stream: true,
+        requests: 4,
+        concurrency: 4,
+        // 25 tokens 20 ms apart: 0.5 s in all, never 0.2 s without a byte.
+        timeout_ms: 200,
+        ..scenario(server.addr)
+    };
+    let result = source::run(long.clone()).await.unwrap();
+    assert_eq!((result.ok, result.errors), (4, 0), "{:?}", result.error_samples);
+    assert!(result.latency.unwrap().p50 >= 480.0, "25 tokens at 20 ms each");
+    let sent = server.recorder.last().await.unwrap().json();
+    assert_eq!(
+        (sent["model"].as_str(), sent["max_tokens"].as_u64()),
+        (Some("meta-llama/Llama-3.1-8B-Instruct"), Some(25))
+    );
+
+    // Not streamed, the whole answer must come within the timeout.
+    let result = source::run(Scenario { stream: false, ..long }).await.unwrap();
+    assert_eq!((result.ok, result.errors), (0, 4));
+    assert!(result.error_samples[0].contains("no whole answer within 200 ms"), "{:?}", result.error_samples);
+}
+
+#[test]
+fn request_bodies_name_the_model_and_length_for_each_api_and_are_refused_when_unsendable() {
+    let base =
+        || Scenario { model: "qwen/Qwen3-8B".into(), max_tokens: Some(7), ..scenario("127.0.0.1:1".parse().unwrap()) };
+    for (workload, field) in
+        [(Workload::Chat, "max_tokens"), (Workload::Responses, "max_output_tokens"), (Workload::Messages, "max_tokens")]
+    {
+        let body = source::request_body(&Scenario { workload, ..base() });
+        assert_eq!(body.len(), 1024, "{workload:?}");
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!((json["model"].as_str(), json[field].as_u64()), (Some("qwen/Qwen3-8B"), Some(7)), "{workload:?}");
+    }
+    let unlimited = source::request_body(&Scenario { max_tokens: None, ..base() });
+    assert!(serde_json::from_slice::<serde_json::Value>(&unlimited).unwrap().get("max_tokens").is_none());
+    for bad in [
+        Scenario { model: String::new(), ..base() },
+        Scenario { model: "a\"b".into(), ..base() },
+        Scenario { max_tokens: Some(0), ..base() },
+    ] {
+        assert!(bad.validate().is_err(), "{bad:?}");
+    }
+}
+
 async fn call(address: SocketAddr, method: &str, path: &str, body: &str) -> (u16, serde_json::Value, String) {
     let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
     let request = http::Request::builder()
@@ -159,6 +227,15 @@ async fn the_suite_compares_a_gateway_process_with_the_baseline() {
     assert!(report.cold_start_ms.iter().all(|ms| *ms > 0.0 && *ms < 10_000.0), "{:?}", report.cold_start_ms);
     assert!(report.peak_rss_mib["afterS1"].as_f64().is_some_and(|mib| mib > 1.0), "{}", report.peak_rss_mib);
     assert!(report.s2_gateway_overhead_us.is_some_and(|us| us > 0.0));
+    let held = &report.held_streams;
+    assert_eq!((held.result.ok, held.result.errors), (10, 0), "{:?}", held.result.error_samples);
+    assert!(held.peak_rss_mib >= held.rss_after_start_mib && held.rss_after_start_mib > 1.0, "{held:?}");
     let table = waycast_bench::suite::table(&report);
-    assert!(table.contains("S1") && table.contains("gw - base") && table.contains("S5 cold start"), "{table}");
+    assert!(
+        table.contains("S1")
+            && table.contains("gw - base")
+            && table.contains("S5 cold start")
+            && table.contains("S8 10 concurrent streams"),
+        "{table}"
+    );
 }
