@@ -232,13 +232,20 @@ impl EndpointSet {
         } else {
             self.turn.load(Ordering::Relaxed)
         };
-        match policy {
+        let chosen = match policy {
             Policy::RoundRobin => nth_eligible(self.endpoints.len(), ticket, &eligible),
             Policy::LeastRequest if self.endpoints.len() <= FULL_SCAN_UP_TO => {
                 // Few endpoints: the least loaded of all, ties taken in turn.
-                let load = |index: usize| self.endpoints[index].inflight();
-                let least = (0..self.endpoints.len()).filter(|i| eligible(*i)).map(load).min()?;
-                nth_eligible(self.endpoints.len(), ticket, &|index| eligible(index) && load(index) == least)
+                // Each load is read once: other workers move them meanwhile,
+                // and a second reading may find none at the least any more.
+                let mut loads = [u32::MAX; FULL_SCAN_UP_TO];
+                for (index, load) in loads.iter_mut().enumerate().take(self.endpoints.len()) {
+                    if eligible(index) {
+                        *load = self.endpoints[index].inflight();
+                    }
+                }
+                let least = loads.iter().copied().min()?;
+                nth_eligible(self.endpoints.len(), ticket, &|index| loads[index] == least && eligible(index))
             }
             Policy::LeastRequest => {
                 let random = mix(ticket ^ 0x9e37_79b9_7f4a_7c15);
@@ -256,7 +263,10 @@ impl EndpointSet {
                 None => self.pick(Policy::LeastRequest, None, tried, now),
                 Some(hash) => self.bounded_ring_pick(hash, load_factor, count, &eligible),
             },
-        }
+        };
+        // An ejection that began or ended while choosing can leave the
+        // choice empty: any untried endpoint beats failing the request.
+        chosen.or_else(|| (0..self.endpoints.len()).find(untried))
     }
 
     /// The first eligible endpoint clockwise from `hash` whose load stays

@@ -155,3 +155,42 @@ fn two_random_choices_beyond_a_handful_of_endpoints() {
     assert_eq!(counts[3], 0, "two distinct choices: the busy one always loses: {counts:?}");
     assert!(counts.iter().enumerate().all(|(i, c)| i == 3 || *c > 600), "the rest share: {counts:?}");
 }
+
+/// Other threads start and end requests while one picks (the gateway's
+/// workers share the endpoint counters): a pick always finds an endpoint.
+/// Reading the loads twice, once for the least and once to find it, once
+/// found none — and failed the request with no endpoint tried.
+#[test]
+fn a_pick_always_finds_an_endpoint_while_other_threads_move_the_loads() {
+    let set = Arc::new(EndpointSet::new(&addresses(3), None));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let movers: Vec<_> = (0..2)
+        .map(|seed| {
+            let (set, stop) = (set.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut held = Vec::new();
+                let mut turn = seed;
+                while !stop.load(Ordering::Relaxed) {
+                    turn += 1;
+                    held.push(set.endpoints()[turn % 3].start());
+                    if held.len() > 4 {
+                        held.remove(turn % held.len());
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut none = 0;
+    for _ in 0..200_000 {
+        for policy in [Policy::LeastRequest, Policy::RoundRobin, Policy::PrefixAffinity { load_factor: 1.25 }] {
+            if set.pick(policy, Some(7), &[], 0).is_none() {
+                none += 1;
+            }
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for mover in movers {
+        mover.join().unwrap();
+    }
+    assert_eq!(none, 0, "picks that found no endpoint among 3 healthy ones");
+}
