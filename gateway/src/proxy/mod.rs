@@ -35,7 +35,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Request, Response, StatusCode};
-use http_body_util::{BodyExt as _, Limited};
+use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 
 use crate::error::GatewayError;
@@ -139,10 +139,14 @@ async fn serve(
     exchange: &mut Exchange,
     request_id: &HeaderValue,
 ) -> Result<Answer, GatewayError> {
-    let endpoint = route::endpoint(request.method(), request.uri().path())?;
+    let (parts, body) = request.into_parts();
+    // Answered before its body is read (a refusal), the rest of the body is
+    // read and thrown away in the background: see `UnreadBody`.
+    let mut body = UnreadBody(Some(body));
+    let endpoint = route::endpoint(&parts.method, parts.uri.path())?;
     let snapshot = shared.config.current().ok_or(GatewayError::NotReady)?;
     exchange.access_log = snapshot.settings.access_log;
-    let key = route::admit(&snapshot, request.headers(), jiff::Timestamp::now)?;
+    let key = route::admit(&snapshot, &parts.headers, jiff::Timestamp::now)?;
     exchange.key = Some(key.id.clone());
     let Endpoint::Proxy(endpoint_index) = endpoint else {
         return Ok(Answer::Own(models_list(&snapshot, key)));
@@ -151,8 +155,7 @@ async fn serve(
     // The key's request limit is checked before its body is read: a key
     // over its limit costs no body read.
     let counted = count_key_request(shared, &snapshot, key).await?;
-    let (parts, body) = request.into_parts();
-    let body = read_body(shared, &snapshot, &parts.headers, body).await?;
+    let body = read_body(shared, &snapshot, &parts.headers, &mut body).await?;
     let body_done = Instant::now();
     let fields = body::scan(&body)?;
     let route = route::route(&snapshot, key, &fields.model)?.route;
@@ -305,12 +308,14 @@ impl RetainReturnable for HeaderMap {
 }
 
 /// Reads the whole body, refusing it early when Content-Length already says
-/// it is too large, and giving up when the client is too slow.
+/// it is too large, and giving up when the client is too slow. A body
+/// refused for its size stays in `body` (to be discarded); one read, or cut
+/// off by the timeout or a read error, is taken.
 async fn read_body(
     shared: &Shared,
     snapshot: &Snapshot,
     headers: &HeaderMap,
-    body: Incoming,
+    body: &mut UnreadBody,
 ) -> Result<Bytes, GatewayError> {
     let limit = snapshot.settings.max_request_body_bytes;
     let declared =
@@ -318,12 +323,87 @@ async fn read_body(
     if declared.is_some_and(|length| length > limit) {
         return Err(GatewayError::BodyTooLarge(limit));
     }
-    let limited = Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX));
-    match tokio::time::timeout(shared.body_timeout, limited.collect()).await {
+    let Some(incoming) = body.0.as_mut() else { return Err(GatewayError::BodyRead) };
+    let read = tokio::time::timeout(shared.body_timeout, collect_at_most(incoming, limit)).await;
+    if !matches!(read, Ok(Err(BodyError::TooLarge))) {
+        // A slow or broken client's connection is not kept for it.
+        body.0 = None;
+    }
+    match read {
         Err(_) => Err(GatewayError::BodyTimeout),
-        Ok(Err(error)) if error.is::<http_body_util::LengthLimitError>() => Err(GatewayError::BodyTooLarge(limit)),
-        Ok(Err(_)) => Err(GatewayError::BodyRead),
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(BodyError::TooLarge)) => Err(GatewayError::BodyTooLarge(limit)),
+        Ok(Err(BodyError::Read)) => Err(GatewayError::BodyRead),
+        Ok(Ok(bytes)) => Ok(bytes),
+    }
+}
+
+enum BodyError {
+    TooLarge,
+    Read,
+}
+
+/// The body's data frames, joined (a one-frame body is not copied), or
+/// `TooLarge` as soon as they pass `limit` bytes.
+async fn collect_at_most(body: &mut Incoming, limit: u64) -> Result<Bytes, BodyError> {
+    let mut first: Option<Bytes> = None;
+    let mut joined = bytes::BytesMut::new();
+    let mut total = 0_u64;
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.map_err(|_| BodyError::Read)?.into_data() else { continue };
+        total += data.len() as u64;
+        if total > limit {
+            return Err(BodyError::TooLarge);
+        }
+        match first.take() {
+            None if joined.is_empty() => first = Some(data),
+            earlier => {
+                if let Some(earlier) = earlier {
+                    joined.extend_from_slice(&earlier);
+                }
+                joined.extend_from_slice(&data);
+            }
+        }
+    }
+    Ok(first.unwrap_or_else(|| joined.freeze()))
+}
+
+/// How much of a refused request's body is still read and thrown away, and
+/// for how long: enough that a client still sending it can finish and read
+/// the answer (a connection closed with unread data is reset, and the
+/// client loses the answer with it), bounded so a client cannot make the
+/// gateway read forever.
+const DISCARD_AFTER_REFUSAL_BYTES: u64 = 16 * 1024 * 1024;
+/// See [`DISCARD_AFTER_REFUSAL_BYTES`].
+const DISCARD_AFTER_REFUSAL_TIME: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// A request body not read (yet). Dropped while still held — the request
+/// was answered without it — the rest is discarded in the background within
+/// the bounds above; HTTP/1.1 keep-alive then goes on if it all came.
+struct UnreadBody(Option<Incoming>);
+
+impl Drop for UnreadBody {
+    fn drop(&mut self) {
+        let Some(mut body) = self.0.take() else { return };
+        // Nothing left, or more declared than would be read: close now.
+        if http_body::Body::is_end_stream(&body)
+            || http_body::Body::size_hint(&body).lower() > DISCARD_AFTER_REFUSAL_BYTES
+        {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        runtime.spawn(async move {
+            let discard = async {
+                let mut left = DISCARD_AFTER_REFUSAL_BYTES;
+                while let Some(Ok(frame)) = body.frame().await {
+                    let length = frame.data_ref().map_or(0, |data| data.len() as u64);
+                    if length >= left {
+                        return;
+                    }
+                    left -= length;
+                }
+            };
+            let _ = tokio::time::timeout(DISCARD_AFTER_REFUSAL_TIME, discard).await;
+        });
     }
 }
 
