@@ -8,7 +8,9 @@
 #   e2e/scripts/profile-gateway.sh [REQUESTS] [access-log: on|off] [stream: no|yes] [limits: off|on]
 #
 # With limits on, the key has generous request and token limits (never
-# reached): the difference is the cost of the limit check.
+# reached): the difference is the cost of the limit check. Streams have
+# CHUNKS chunks (default 5); two runs with different CHUNKS give the cost of
+# one relayed chunk.
 #
 # Needs the profiling build (symbols) of the gateway and the bench tool:
 #   cargo build --profile profiling -p waycast-gateway
@@ -39,7 +41,7 @@ valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$work/callgri
   --admin-listen "127.0.0.1:$admin_port" --log info >"$work/gateway.log" 2>"$work/valgrind.log" &
 run() {
   local extra=()
-  [[ $stream == yes ]] && extra=(--stream --chunks 5)
+  [[ $stream == yes ]] && extra=(--stream --chunks "${CHUNKS:-5}")
   "$bench" run --target "http://127.0.0.1:$gw_port" --key "$key" --requests "$1" --concurrency 8 "${extra[@]}" >/dev/null
 }
 for _ in $(seq 1 200); do run 1 2>/dev/null && break; sleep 0.1; done
@@ -51,6 +53,6 @@ callgrind_control -d >/dev/null
 sleep 1
 annotated="$(callgrind_annotate --inclusive=no "$work"/callgrind.out.1 2>/dev/null || true)"
 total="$(awk '/PROGRAM TOTALS/ {gsub(",","",$1); print $1}' <<<"$annotated")"
-echo "requests: $requests  access log: $access_log  stream: $stream  limits: $limits"
+echo "requests: $requests  access log: $access_log  stream: $stream$([[ $stream == yes ]] && echo " (${CHUNKS:-5} chunks)")  limits: $limits"
 echo "instructions per request: $((total / requests))"
 sed -n '/^Ir  *file:function/,$p' <<<"$annotated" | head -28

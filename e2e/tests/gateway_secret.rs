@@ -137,6 +137,7 @@ async fn follows_its_secret_with_a_token_that_can_read_only_that_secret() {
         max_connections: waycast_gateway::DEFAULT_MAX_CONNECTIONS,
         idle_timeout: waycast_gateway::DEFAULT_IDLE_TIMEOUT,
         heartbeat: None,
+        workers: None,
     })
     .await
     .unwrap();

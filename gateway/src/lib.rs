@@ -6,9 +6,12 @@
 //! request: accept ─► auth ─► body ─► model ─► allowed? ─► backend ─► forward ─► relay frames
 //! ```
 //!
-//! [`start`] binds the listeners and runs everything on the current tokio
-//! runtime; the binary (`main.rs`) adds argument parsing, logging and
-//! signals. Tests start gateways in-process the same way.
+//! [`start`] binds the listeners and runs the control plane (config and
+//! endpoint sources, admin, heartbeat) on the current tokio runtime and the
+//! data plane either there too or, with [`GatewayOptions::workers`], on
+//! worker threads of its own (`worker.rs`); the binary (`main.rs`) adds
+//! argument parsing, logging and signals. Tests start gateways in-process
+//! the same way.
 
 pub(crate) mod access_log;
 pub(crate) mod admin;
@@ -25,6 +28,7 @@ pub(crate) mod shared;
 pub(crate) mod snapshot;
 pub(crate) mod tls;
 pub(crate) mod upstream;
+pub(crate) mod worker;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -100,6 +104,9 @@ pub struct GatewayOptions {
     pub idle_timeout: Duration,
     /// In a cluster: heartbeat the served config hash as this pod.
     pub heartbeat: Option<(kube::Client, heartbeat::PodIdentity)>,
+    /// Data-plane worker threads, each with its own runtime, listener and
+    /// upstream pools (`--workers`); None: serve on the current runtime.
+    pub workers: Option<std::num::NonZeroUsize>,
 }
 
 /// Why a gateway could not start.
@@ -119,6 +126,9 @@ pub enum StartError {
     /// Metrics registration failed (a bug).
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
+    /// A worker thread or its runtime could not start.
+    #[error("cannot start the data-plane workers: {0}")]
+    Workers(std::io::Error),
 }
 
 /// A started gateway.
@@ -130,10 +140,18 @@ pub struct RunningGateway {
     /// Shared state (metrics, config).
     pub shared: Arc<Shared>,
     drain: watch::Sender<bool>,
-    accept: JoinHandle<()>,
+    accept: Acceptors,
     alive: mpsc::Receiver<()>,
     background: Vec<JoinHandle<()>>,
     drain_timeout: Duration,
+}
+
+/// Where the public listener is served.
+enum Acceptors {
+    /// A task on the runtime [`start`] was called on.
+    Task(JoinHandle<()>),
+    /// Worker threads.
+    Workers(worker::Workers),
 }
 
 /// How a drain ended.
@@ -171,11 +189,16 @@ pub async fn start(options: GatewayOptions) -> Result<RunningGateway, StartError
         max_connections: options.max_connections,
         idle_timeout: options.idle_timeout,
     };
-    let shared = Arc::new(Shared::new(Metrics::new()?, connections, options.body_timeout));
+    let workers = options.workers.map_or(1, std::num::NonZeroUsize::get);
+    let shared = Arc::new(Shared::new(Metrics::new()?, connections, options.body_timeout, workers));
     let bind = |address| server::bind(address).map_err(|source| StartError::Bind { address, source });
-    let public = bind(options.listen)?;
+    let public = match options.workers {
+        None => vec![bind(options.listen)?],
+        Some(_) => server::bind_shared(options.listen, workers)
+            .map_err(|source| StartError::Bind { address: options.listen, source })?,
+    };
     let admin = bind(options.admin_listen)?;
-    let public_addr = public.local_addr().map_err(|source| StartError::Bind { address: options.listen, source })?;
+    let public_addr = public[0].local_addr().map_err(|source| StartError::Bind { address: options.listen, source })?;
     let admin_addr = admin.local_addr().map_err(|source| StartError::Bind { address: options.admin_listen, source })?;
     let tls = match options.tls {
         Some((cert, key)) => Some(Arc::new(tls::TlsFiles::load(cert, key)?)),
@@ -211,8 +234,19 @@ pub async fn start(options: GatewayOptions) -> Result<RunningGateway, StartError
     background.push(tokio::spawn(server::serve_admin(admin, shared.clone())));
     let (drain, draining) = watch::channel(false);
     let (alive_sender, alive) = mpsc::channel(1);
-    let accept = tokio::spawn(server::serve_public(public, shared.clone(), tls, draining, alive_sender));
-    tracing::info!(%public_addr, %admin_addr, "gateway listening");
+    let accept = match options.workers {
+        None => {
+            let listener = public.into_iter().next().ok_or_else(|| StartError::Bind {
+                address: options.listen,
+                source: std::io::Error::other("no listener"),
+            })?;
+            Acceptors::Task(tokio::spawn(server::serve_public(listener, shared.clone(), tls, draining, alive_sender)))
+        }
+        Some(_) => Acceptors::Workers(
+            worker::spawn(public, &shared, tls.as_ref(), &draining, &alive_sender).map_err(StartError::Workers)?,
+        ),
+    };
+    tracing::info!(%public_addr, %admin_addr, workers, "gateway listening");
     Ok(RunningGateway {
         public_addr,
         admin_addr,
@@ -232,13 +266,18 @@ impl RunningGateway {
         let started = Instant::now();
         self.shared.start_draining();
         let _ = self.drain.send(true);
-        let _ = self.accept.await;
-        // Every connection holds an `alive` sender; `recv` returns None once
-        // the last one has closed.
+        if let Acceptors::Task(accept) = &mut self.accept {
+            let _ = accept.await;
+        }
+        // Every acceptor and connection holds an `alive` sender; `recv`
+        // returns None once the last one has closed.
         let drained = match tokio::time::timeout(self.drain_timeout, self.alive.recv()).await {
             Ok(_) => Drained::Gracefully,
             Err(_) => Drained::TimedOut,
         };
+        if let Acceptors::Workers(workers) = self.accept {
+            workers.close().await;
+        }
         for task in self.background {
             task.abort();
         }

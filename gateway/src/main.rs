@@ -72,6 +72,11 @@ struct Args {
     /// flight (HTTP/2 above all: HTTP/1 keep-alive ends at the header timeout).
     #[arg(long, env = "WAYCAST_IDLE_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
     idle_timeout: Duration,
+    /// Data-plane worker threads, each with its own runtime, listener
+    /// (SO_REUSEPORT) and upstream pools. Default: the CPUs this process may
+    /// use (its cgroup's CPU limit, else the node's cores).
+    #[arg(long, env = "WAYCAST_WORKERS", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    workers: Option<u16>,
     /// Log filter (error, warn, info, debug, trace, or a tracing directive).
     #[arg(long = flag::LOG, env = "WAYCAST_LOG", default_value = "info")]
     log: String,
@@ -113,7 +118,9 @@ fn main() -> ExitCode {
         return ExitCode::from(64);
     }
     init_logging(&args.log);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    // The control plane (config and endpoint sources, admin, heartbeat)
+    // runs on this thread; requests on the workers' own threads.
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("waycast-gateway: cannot start the runtime: {error}");
@@ -162,6 +169,7 @@ async fn run(args: Args) -> ExitCode {
         max_connections: args.max_connections,
         idle_timeout: args.idle_timeout,
         heartbeat,
+        workers: Some(workers(args.workers)),
     };
     let gateway = match waycast_gateway::start(options).await {
         Ok(gateway) => gateway,
@@ -176,6 +184,14 @@ async fn run(args: Args) -> ExitCode {
         Drained::Gracefully => ExitCode::SUCCESS,
         // Not a failure of ours: the drain timeout is the operator's choice.
         Drained::TimedOut => ExitCode::SUCCESS,
+    }
+}
+
+fn workers(asked: Option<u16>) -> std::num::NonZeroUsize {
+    let one = std::num::NonZeroUsize::MIN;
+    match asked {
+        Some(count) => std::num::NonZeroUsize::new(usize::from(count)).unwrap_or(one),
+        None => std::thread::available_parallelism().unwrap_or(one),
     }
 }
 

@@ -59,10 +59,31 @@ pub const LISTEN_BACKLOG: u32 = 4096;
 /// # Errors
 /// When the socket cannot be created, bound or put in listening state.
 pub fn bind(address: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    listen(address, false)
+}
+
+/// `count` listeners on one address (`SO_REUSEPORT`), one per worker: the
+/// kernel hands each new connection to one of them. A port of 0 is chosen
+/// by the first and shared by the rest.
+///
+/// # Errors
+/// As [`bind`]; also when another process holds the port.
+pub fn bind_shared(address: std::net::SocketAddr, count: usize) -> std::io::Result<Vec<TcpListener>> {
+    let first = listen(address, true)?;
+    let bound = first.local_addr()?;
+    let mut listeners = vec![first];
+    for _ in 1..count {
+        listeners.push(listen(bound, true)?);
+    }
+    Ok(listeners)
+}
+
+fn listen(address: std::net::SocketAddr, shared: bool) -> std::io::Result<TcpListener> {
     let socket = if address.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
     // As std and tokio do: a restarted gateway can bind while connections
     // of the previous one linger in TIME_WAIT.
     socket.set_reuseaddr(true)?;
+    socket.set_reuseport(shared)?;
     socket.bind(address)?;
     socket.listen(LISTEN_BACKLOG)
 }

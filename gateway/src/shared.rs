@@ -29,6 +29,9 @@ pub struct Shared {
     pub endpoints: crate::upstream::endpoints::EndpointTable,
     /// How many pods share each rate limit.
     pub fleet: Arc<limit::fleet::Fleet>,
+    /// Data-plane workers (`crate::worker`): each gets its own upstream
+    /// pools. 1 when the gateway serves on its caller's runtime.
+    pub workers: usize,
     draining: AtomicBool,
 }
 
@@ -47,8 +50,9 @@ pub struct ConnectionLimits {
 
 impl Shared {
     /// Fresh state: no config yet, not draining.
-    pub fn new(metrics: Metrics, connections: ConnectionLimits, body_timeout: Duration) -> Self {
+    pub fn new(metrics: Metrics, connections: ConnectionLimits, body_timeout: Duration, workers: usize) -> Self {
         Self {
+            workers: workers.max(1),
             config: ConfigStore::default(),
             metrics,
             request_ids: RequestIds::new(),
@@ -77,10 +81,19 @@ impl Shared {
 }
 
 /// `X-Request-Id`s: the client's when it sent a sane one, else a
-/// process-unique `<random prefix><counter>` (no syscall per request).
+/// process-unique `<random prefix + thread><thread's counter>` (no syscall,
+/// nothing written that another core reads, per request).
 pub struct RequestIds {
     prefix: u64,
-    counter: AtomicU64,
+}
+
+/// Threads that have made an id so far, in this process (each gets the
+/// next number).
+static ID_THREADS: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// This thread's number (0: none yet) and its request counter.
+    static THREAD_REQUESTS: std::cell::Cell<(u64, u32)> = const { std::cell::Cell::new((0, 0)) };
 }
 
 impl RequestIds {
@@ -88,7 +101,7 @@ impl RequestIds {
         let mut seed = [0_u8; 8];
         // A failing OS RNG only costs uniqueness across restarts.
         let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut seed);
-        Self { prefix: u64::from_le_bytes(seed), counter: AtomicU64::new(0) }
+        Self { prefix: u64::from_le_bytes(seed) }
     }
 
     /// The id for a request with these headers.
@@ -100,12 +113,21 @@ impl RequestIds {
         {
             return given.clone();
         }
-        // 16 hex digits of the per-process prefix, then 8 of the counter
-        // (its low 32 bits: it wraps after 4 billion requests).
-        let count = self.counter.fetch_add(1, Ordering::Relaxed) as u32;
+        // 16 hex digits of the per-process prefix plus the thread's number,
+        // then 8 of the thread's own counter (its low 32 bits: it wraps
+        // after 4 billion requests). A counter per thread: one shared by
+        // every core would be a cache line they all write per request.
+        let (thread, count) = THREAD_REQUESTS.with(|state| {
+            let (mut thread, count) = state.get();
+            if thread == 0 {
+                thread = ID_THREADS.fetch_add(1, Ordering::Relaxed) + 1;
+            }
+            state.set((thread, count.wrapping_add(1)));
+            (thread, count)
+        });
         let mut text = [0_u8; 24];
         let (prefix, counter) = text.split_at_mut(16);
-        let encoded = hex::encode_to_slice(self.prefix.to_be_bytes(), prefix)
+        let encoded = hex::encode_to_slice(self.prefix.wrapping_add(thread << 40).to_be_bytes(), prefix)
             .and_then(|()| hex::encode_to_slice(count.to_be_bytes(), counter));
         encoded.ok().and_then(|()| HeaderValue::from_bytes(&text).ok()).unwrap_or_else(|| HeaderValue::from_static("-"))
     }
@@ -125,8 +147,12 @@ mod tests {
             assert!(text.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()), "{text}");
         }
         assert_ne!(first, second);
-        assert_eq!(&first.to_str().unwrap()[..16], &second.to_str().unwrap()[..16], "one prefix per process");
-        assert!(second.to_str().unwrap().ends_with("00000001"));
+        assert_eq!(&first.to_str().unwrap()[..16], &second.to_str().unwrap()[..16], "one prefix per thread");
+        let counter = |id: &HeaderValue| u32::from_str_radix(&id.to_str().unwrap()[16..], 16).unwrap();
+        assert_eq!(counter(&second), counter(&first) + 1);
+        // Another thread counts on its own, under another prefix.
+        let elsewhere = std::thread::scope(|scope| scope.spawn(|| ids.for_request(&HeaderMap::new())).join().unwrap());
+        assert_ne!(&elsewhere.to_str().unwrap()[..16], &first.to_str().unwrap()[..16]);
         let mut given = HeaderMap::new();
         given.insert(proxy::forward::REQUEST_ID.clone(), HeaderValue::from_static("trace-42"));
         assert_eq!(ids.for_request(&given), "trace-42");

@@ -337,3 +337,54 @@ async fn key_visibility_base_url_queries_and_the_egress_guard() {
         fixture.metric(r#"waycast_gateway_upstream_errors_total{model="embed-small",reason="egress_denied"}"#).await;
     assert_eq!(denied, Some(1.0));
 }
+
+/// The binary's layout (two workers in the fixture): new connections are
+/// spread over the workers' listeners, and each worker reaches the upstream
+/// through its own pool — sequential requests on fresh client connections
+/// open an upstream connection per worker, where one shared pool would
+/// reuse a single one.
+#[tokio::test]
+async fn each_worker_has_its_own_listener_and_upstream_pool() {
+    use std::sync::atomic::Ordering;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let fixture = fixture().await;
+    let before = fixture.mock.recorder.connections.load(Ordering::Relaxed);
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\nauthorization: Bearer {ALICE_KEY}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{CHAT}",
+        CHAT.len()
+    );
+    for turn in 0..64 {
+        let mut stream = tokio::net::TcpStream::connect(fixture.addr).await.unwrap();
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await.unwrap();
+        assert!(answer.starts_with(b"HTTP/1.1 200"), "request {turn}: {}", String::from_utf8_lossy(&answer));
+    }
+    let upstream = fixture.mock.recorder.connections.load(Ordering::Relaxed) - before;
+    // Both listeners got some of 64 connections (all on one: 2 in 2^64).
+    assert!((2..=8).contains(&upstream), "{upstream} upstream connections for 64 sequential requests");
+}
+
+/// Refused before its body is read — a bad key, a body declared too large —
+/// while the client is still sending it, the client reads the answer: the
+/// gateway reads and throws away the rest of the body (up to 16 MiB, 2 s)
+/// rather than close a connection with unread data, which resets it under
+/// the client. The keep-alive connection then serves the next request.
+#[tokio::test]
+async fn a_refusal_reaches_a_client_still_sending_its_body() {
+    let fixture = fixture().await;
+    let large = format!(r#"{{"model":"llama3","pad":"{}"}}"#, "x".repeat(4 * 1024 * 1024));
+    for turn in 0..3 {
+        let (status, _, body) = fixture.post("/v1/chat/completions", Some("wc_not_a_key"), &large).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "turn {turn}");
+        assert_eq!(json_of(&body)["error"]["code"], "invalid_api_key");
+        let (status, _, _) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), CHAT).await;
+        assert_eq!(status, StatusCode::OK, "turn {turn}");
+    }
+    let too_large = format!(r#"{{"model":"llama3","pad":"{}"}}"#, "x".repeat(12 * 1024 * 1024));
+    let (status, _, body) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), &too_large).await;
+    assert_eq!(
+        (status, json_of(&body)["error"]["code"].as_str()),
+        (StatusCode::PAYLOAD_TOO_LARGE, Some("request_too_large"))
+    );
+}

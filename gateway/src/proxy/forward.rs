@@ -175,7 +175,7 @@ async fn send_to(
     let request = build_request(backend, authority, &route.forward_headers, outgoing)
         .ok_or_else(|| Failure::Final(GatewayError::UpstreamFailed(route.name.to_string())))?;
     let sent_at = Instant::now();
-    match tokio::time::timeout(route.timeouts.first_byte, backend.client.request(request)).await {
+    match tokio::time::timeout(route.timeouts.first_byte, backend.client.local().request(request)).await {
         Ok(Ok(response)) => Ok(Forwarded { response, sent_at, headers_at: Instant::now(), in_flight }),
         Ok(Err(error)) if error.is_connect() => {
             if egress_denied(&error) {

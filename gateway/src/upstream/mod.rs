@@ -1,8 +1,8 @@
 //! Connections to upstreams: one pooled hyper client per connect timeout
-//! (HTTP/1.1 and HTTP/2, TLS through rustls), whose host names resolve
-//! through the egress guard (`egress.rs`). Clients are held by the
-//! [`crate::registry::Registry`] across configs, so a reload keeps warm
-//! connections.
+//! and TLS settings, and of each one per data-plane worker (HTTP/1.1 and
+//! HTTP/2, TLS through rustls), whose host names resolve through the egress
+//! guard (`egress.rs`). Clients are held by the [`crate::registry::Registry`]
+//! across configs, so a reload keeps warm connections.
 
 pub mod balancing;
 pub mod egress;
@@ -60,6 +60,35 @@ pub fn upstream_client(
     };
     let https = builder.enable_http1().enable_http2().wrap_connector(http);
     Ok(Client::builder(TokioExecutor::new()).pool_idle_timeout(POOL_IDLE_TIMEOUT).build(https))
+}
+
+/// One pooled client per data-plane worker (`crate::worker`), all with the
+/// same settings: a worker sends only through its own, so an upstream
+/// connection, its task and the requests on it stay on one thread.
+#[derive(Clone)]
+pub struct UpstreamClients(Arc<[UpstreamClient]>);
+
+impl UpstreamClients {
+    /// `workers` clients (at least one) as [`upstream_client`] makes them.
+    ///
+    /// # Errors
+    /// As [`upstream_client`].
+    pub fn new(
+        workers: usize,
+        connect_timeout: Duration,
+        denied: &Arc<[Cidr]>,
+        tls: Option<&ClientTlsConfig>,
+    ) -> Result<Self, crate::tls::TlsError> {
+        let clients = (0..workers.max(1))
+            .map(|_| upstream_client(connect_timeout, denied.clone(), tls))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self(clients.into()))
+    }
+
+    /// The calling worker's client.
+    pub fn local(&self) -> &UpstreamClient {
+        &self.0[crate::worker::index() % self.0.len()]
+    }
 }
 
 /// The TLS a backend's connections use: its own settings, and for an

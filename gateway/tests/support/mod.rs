@@ -54,6 +54,9 @@ pub struct FixtureOptions {
     /// Read endpoints from `endpoints.json` in the fixture's directory
     /// (write it with [`Fixture::write_endpoints`]).
     pub endpoints_file: bool,
+    /// Data-plane workers (the binary's layout, two by default); None:
+    /// served on the test's runtime.
+    pub workers: Option<std::num::NonZeroUsize>,
 }
 
 impl Default for FixtureOptions {
@@ -67,6 +70,7 @@ impl Default for FixtureOptions {
             drain_timeout: Duration::from_secs(10),
             tls: None,
             endpoints_file: false,
+            workers: std::num::NonZeroUsize::new(2),
         }
     }
 }
@@ -97,6 +101,7 @@ impl Fixture {
             max_connections: options.max_connections,
             idle_timeout: options.idle_timeout,
             heartbeat: None,
+            workers: options.workers,
         })
         .await
         .expect("gateway starts");

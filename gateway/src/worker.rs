@@ -1,0 +1,92 @@
+//! The data plane's share-nothing layout (`--workers N`): N threads, each
+//! with its own single-threaded tokio runtime, its own listener on the
+//! public address (`SO_REUSEPORT`: the kernel spreads new connections over
+//! them) and its own upstream pools ([`crate::upstream::UpstreamClients`]).
+//! A client connection, its requests, their upstream connections and the
+//! tasks and timers of all of them stay on the thread that accepted it: no
+//! work stealing moves them, no pool lock or task wake-up crosses cores.
+//!
+//! ```text
+//! control thread (config, endpoints, admin, heartbeat) ─► Arc<Shared> (ArcSwap snapshot) ◄─ read by every worker
+//! worker i: listener i ─► connections ─► requests ─► upstream pool i
+//! ```
+//!
+//! What stays shared is read-mostly (the snapshot, the endpoint table) or
+//! counted with atomics (metrics, in-flight per endpoint, rate limits).
+
+use std::cell::Cell;
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, watch};
+
+use crate::shared::Shared;
+use crate::tls::TlsFiles;
+
+thread_local! {
+    static INDEX: Cell<usize> = const { Cell::new(0) };
+}
+
+/// The calling thread's worker index: 0 on any thread that is not a worker
+/// (a gateway served on the caller's runtime uses one pool per model).
+pub fn index() -> usize {
+    INDEX.with(Cell::get)
+}
+
+/// The running workers.
+pub struct Workers {
+    threads: Vec<std::thread::JoinHandle<()>>,
+    close: watch::Sender<bool>,
+}
+
+/// Starts one worker per listener. Each serves its listener until `drain`
+/// turns true, then keeps its runtime (and so its open connections) until
+/// [`Workers::close`].
+///
+/// # Errors
+/// A runtime or thread cannot be created, or a listener cannot be moved to
+/// its runtime.
+pub fn spawn(
+    listeners: Vec<tokio::net::TcpListener>,
+    shared: &Arc<Shared>,
+    tls: Option<&Arc<TlsFiles>>,
+    drain: &watch::Receiver<bool>,
+    alive: &mpsc::Sender<()>,
+) -> std::io::Result<Workers> {
+    let (close, closing) = watch::channel(false);
+    let mut threads = Vec::with_capacity(listeners.len());
+    for (index, listener) in listeners.into_iter().enumerate() {
+        // Taken off the caller's runtime, registered again on the worker's.
+        let listener = listener.into_std()?;
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let (shared, tls, drain, alive) = (shared.clone(), tls.cloned(), drain.clone(), alive.clone());
+        let mut closing = closing.clone();
+        let thread = std::thread::Builder::new().name(format!("waycast-worker-{index}")).spawn(move || {
+            INDEX.set(index);
+            runtime.block_on(async move {
+                match tokio::net::TcpListener::from_std(listener) {
+                    Ok(listener) => crate::server::serve_public(listener, shared, tls, drain, alive).await,
+                    Err(error) => tracing::error!(%error, worker = index, "cannot serve the public listener"),
+                }
+                // Accepting has stopped; connections still open run here
+                // until the drain is over.
+                let _ = closing.wait_for(|&closed| closed).await;
+            });
+        })?;
+        threads.push(thread);
+    }
+    Ok(Workers { threads, close })
+}
+
+impl Workers {
+    /// Ends every worker: what is still open is dropped with its runtime.
+    pub async fn close(self) {
+        let _ = self.close.send(true);
+        let threads = self.threads;
+        let _ = tokio::task::spawn_blocking(move || {
+            for thread in threads {
+                let _ = thread.join();
+            }
+        })
+        .await;
+    }
+}
