@@ -9,8 +9,9 @@
 #
 # With limits on, the key has generous request and token limits (never
 # reached): the difference is the cost of the limit check. Streams have
-# CHUNKS chunks (default 5); two runs with different CHUNKS give the cost of
-# one relayed chunk.
+# CHUNKS chunks (default 5; the sink's x-bench-* headers are forwarded for
+# streams only, so the request figures stay comparable); two runs with
+# different CHUNKS give the cost of one relayed chunk.
 #
 # Needs the profiling build (symbols) of the gateway and the bench tool:
 #   cargo build --profile profiling -p waycast-gateway
@@ -32,7 +33,7 @@ sink_port=$((20000 + RANDOM % 10000)); gw_port=$((sink_port + 1)); admin_port=$(
 cat >"$work/config.json" <<JSON
 {"apiVersion":"waycast.dev/config-v1",
  "models":[{"name":"benchmark-model","backends":[{"url":"http://127.0.0.1:$sink_port/v1","weight":1}],
-            "timeouts":{"connect":"5s","firstByte":"300s","idle":"60s"}}],
+            "timeouts":{"connect":"5s","firstByte":"300s","idle":"60s"}$([[ $stream == yes ]] && echo ',"forwardHeaders":["x-bench-*"]')}],
  "keys":[{"id":"bench/load","sha256":"$(printf %s "$key" | sha256sum | cut -d' ' -f1)"$([[ $limits == on ]] && echo ',"limits":{"requestsPerMinute":1000000000,"tokensPerMinute":1000000000000}')}],
  "settings":{"maxRequestBodyBytes":10485760,"accessLog":$([[ $access_log == on ]] && echo true || echo false)}}
 JSON
