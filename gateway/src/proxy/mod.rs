@@ -342,29 +342,27 @@ enum BodyError {
     Read,
 }
 
-/// The body's data frames, joined (a one-frame body is not copied), or
-/// `TooLarge` as soon as they pass `limit` bytes.
+/// The body's data frames, joined with one copy at the end (none for a
+/// one-frame body), or `TooLarge` as soon as they pass `limit` bytes.
 async fn collect_at_most(body: &mut Incoming, limit: u64) -> Result<Bytes, BodyError> {
-    let mut first: Option<Bytes> = None;
-    let mut joined = bytes::BytesMut::new();
-    let mut total = 0_u64;
+    let mut frames: Vec<Bytes> = Vec::new();
+    let mut total = 0_usize;
     while let Some(frame) = body.frame().await {
         let Ok(data) = frame.map_err(|_| BodyError::Read)?.into_data() else { continue };
-        total += data.len() as u64;
-        if total > limit {
+        total += data.len();
+        if total as u64 > limit {
             return Err(BodyError::TooLarge);
         }
-        match first.take() {
-            None if joined.is_empty() => first = Some(data),
-            earlier => {
-                if let Some(earlier) = earlier {
-                    joined.extend_from_slice(&earlier);
-                }
-                joined.extend_from_slice(&data);
-            }
-        }
+        frames.push(data);
     }
-    Ok(first.unwrap_or_else(|| joined.freeze()))
+    if frames.len() <= 1 {
+        return Ok(frames.pop().unwrap_or_default());
+    }
+    let mut joined = bytes::BytesMut::with_capacity(total);
+    for frame in &frames {
+        joined.extend_from_slice(frame);
+    }
+    Ok(joined.freeze())
 }
 
 /// How much of a refused request's body is still read and thrown away, and
