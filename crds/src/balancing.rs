@@ -22,9 +22,22 @@ pub struct LoadBalancingConfig {
     /// affinity key instead of the prompt (a session or conversation id).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_header: Option<String>,
+    /// Upstream statuses a request is sent again for, to another endpoint of
+    /// the same Service (before any byte reached the client, within the
+    /// retry budget); a subset of [`RETRYABLE_STATUSES`].
+    #[serde(default = "LoadBalancingConfig::default_retry_on_status")]
+    pub retry_on_status: Vec<u16>,
 }
 
+/// The statuses `retryOnStatus` may name: an endpoint's overload or failure,
+/// never an answer about the request itself.
+pub const RETRYABLE_STATUSES: [u16; 5] = [429, 500, 502, 503, 504];
+
 impl LoadBalancingConfig {
+    fn default_retry_on_status() -> Vec<u16> {
+        vec![429, 503]
+    }
+
     const fn default_prefix_bytes() -> u32 {
         256
     }
@@ -45,6 +58,7 @@ impl Default for LoadBalancingConfig {
             prefix_bytes: Self::default_prefix_bytes(),
             load_factor_percent: Self::default_load_factor_percent(),
             session_header: None,
+            retry_on_status: Self::default_retry_on_status(),
         }
     }
 }
@@ -52,7 +66,8 @@ impl Default for LoadBalancingConfig {
 /// How one request's endpoint is chosen.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum LoadBalancingPolicy {
-    /// Two endpoints at random, the one with fewer requests in flight.
+    /// The endpoint with the fewest requests in flight (of all, up to 8;
+    /// of two at random, beyond).
     #[default]
     LeastRequest,
     /// Each endpoint in turn.

@@ -99,11 +99,12 @@ pub struct ModelEndpointSpec {
 }
 
 /// How requests are spread over a Service's endpoints.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, kube::KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LoadBalancing {
-    /// `LeastRequest` (default): two endpoints at random, the one with fewer
-    /// requests in flight (streams count until they end). `RoundRobin`: each
+    /// `LeastRequest` (default): the endpoint with the fewest requests in
+    /// flight (streams count until they end; of all up to 8 endpoints, of
+    /// two at random beyond). `RoundRobin`: each
     /// in turn. `PrefixAffinity`: requests sharing a prompt prefix (or a
     /// session header) go to the same pod while its load stays within
     /// `loadFactorPercent` of the mean, so inference servers' prefix caches hit.
@@ -124,12 +125,22 @@ pub struct LoadBalancing {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 128), pattern(r"^[a-z0-9!#$%&'+.^_`|~-]+$"))]
     pub session_header: Option<String>,
+    /// Upstream statuses after which a request goes to another pod of the
+    /// Service (before any byte reached the client, within a retry budget
+    /// of about a tenth of the requests): any of 429, 500, 502, 503, 504.
+    /// Default `[429, 503]`; `[]` retries only connect failures and resets.
+    /// 5xx answers also count toward ejecting the pod; 429 does not (the
+    /// pod is busy, not broken).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 5), inner(range(min = 429, max = 504)))]
+    #[x_kube(validation = kube::core::Rule::new("self.all(s, s in [429, 500, 502, 503, 504])").message("retryOnStatus may list only 429, 500, 502, 503 and 504"))]
+    pub retry_on_status: Option<Vec<i32>>,
 }
 
 /// How one request's endpoint is chosen.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub enum LoadBalancingPolicy {
-    /// Fewer requests in flight, of two picked at random.
+    /// The fewest requests in flight (of all up to 8, of two at random beyond).
     #[default]
     LeastRequest,
     /// Each endpoint in turn.

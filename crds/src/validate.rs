@@ -210,6 +210,14 @@ fn check_model(path: &str, model: &ModelConfig, problems: &mut Collector) {
     if !(100..=1_000).contains(&balancing.load_factor_percent) {
         problems.add(join(path, "loadBalancing.loadFactorPercent"), "must be from 100 to 1000");
     }
+    for (index, status) in balancing.retry_on_status.iter().enumerate() {
+        if !crate::balancing::RETRYABLE_STATUSES.contains(status) {
+            problems.add(
+                join(path, &format!("loadBalancing.retryOnStatus[{index}]")),
+                "must be one of 429, 500, 502, 503, 504",
+            );
+        }
+    }
     if let Some(header) = &balancing.session_header {
         let valid = http::HeaderName::from_bytes(header.as_bytes()).is_ok_and(|h| h.as_str() == header);
         if !valid {
@@ -369,6 +377,7 @@ mod tests {
         broken_backend.backends[0].headers.insert("bad header".into(), "secret-value\n".into());
         broken_backend.timeouts.idle = Duration::ZERO;
         broken_backend.limits = Some(LimitsConfig { requests_per_minute: Some(0), tokens_per_minute: None });
+        broken_backend.load_balancing.retry_on_status = vec![503, 404];
         let config = GatewayConfig {
             api_version: "waycast.dev/v0".into(),
             models: vec![model("llama", &["llama3"]), broken_backend, model("", &[]), model("a b", &[])],
@@ -401,6 +410,7 @@ mod tests {
             "models[1].backends[2].url",
             "models[1].timeouts.idle",
             "models[1].limits.requestsPerMinute",
+            "models[1].loadBalancing.retryOnStatus[1]",
             "models[2].name",
             "models[3].name",
             "keys[0].id",

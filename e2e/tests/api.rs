@@ -191,6 +191,12 @@ fn refusals() -> Vec<Refusal> {
             expected: &["aliases must not repeat the model name"],
         },
         Refusal {
+            what: "a status that is not an endpoint's failure in retryOnStatus",
+            kind: model.clone(),
+            spec: json!({"model": "m", "backends": [{"service": service}], "loadBalancing": {"retryOnStatus": [503, 501]}}),
+            expected: &["spec.loadBalancing.retryOnStatus", "retryOnStatus may list only 429, 500, 502, 503 and 504"],
+        },
+        Refusal {
             what: "only zero-weight backends",
             kind: model.clone(),
             spec: json!({"model": "m", "backends": [{"service": service, "weight": 0}]}),

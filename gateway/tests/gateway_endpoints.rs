@@ -1,7 +1,8 @@
 //! A backend served by a Service's endpoints (an endpoints document, here a
 //! file): requests spread by load over the pods, follow the document as it
-//! changes, go elsewhere when a pod refuses connections or answers 503
-//! before any byte reached the client, and stick to one pod per prompt
+//! changes, go elsewhere when a pod refuses connections or answers a
+//! retried status (429, 503, or what `retryOnStatus` names) before any byte
+//! reached the client, and stick to one pod per prompt
 //! prefix under `PrefixAffinity`.
 
 #![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
@@ -9,6 +10,7 @@
 mod support;
 
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
@@ -144,51 +146,59 @@ async fn a_dead_endpoint_is_retried_elsewhere_then_ejected() {
     assert_eq!(fixture.metric(&retries).await, Some(5.0), "no retry once it answers");
 }
 
-/// A pod that answers every request 503 (overloaded, or draining).
-async fn overloaded_pod() -> SocketAddr {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buffer = vec![0_u8; 64 * 1024];
-                while let Ok(read) = stream.read(&mut buffer).await {
-                    if read == 0 {
-                        return;
-                    }
-                    let body = r#"{"error":{"message":"overloaded","type":"server_error","param":null,"code":null}}"#;
-                    let answer = format!(
-                        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-                        body.len()
-                    );
-                    if stream.write_all(answer.as_bytes()).await.is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    address
-}
-
+/// A pod answering a status in `retryOnStatus` (default 429 and 503)
+/// before any byte: the request goes to the other pod; a 500 is the answer
+/// unless the list names it; with no other pod left, its answer is the
+/// answer.
 #[tokio::test]
-async fn a_503_before_any_byte_goes_to_another_endpoint() {
+async fn a_retried_status_before_any_byte_goes_to_another_endpoint() {
     let options = FixtureOptions { endpoints_file: true, ..FixtureOptions::default() };
     let fixture = Fixture::start(options, |config, _| on_endpoints(config, LoadBalancingPolicy::RoundRobin)).await;
     let body = format!(r#"{{"model":"{MODEL}","messages":[]}}"#);
     let live = pods(1).await;
-    set_endpoints(&fixture, &[overloaded_pod().await, live[0].addr]).await;
-    for _ in 0..4 {
-        let (status, _, _) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), &body).await;
-        assert_eq!(status, StatusCode::OK);
+    let forced = std::sync::Arc::new(std::sync::atomic::AtomicU16::new(0));
+    let failing_options = MockOptions { forced_status: forced.clone(), ..MockOptions::default() };
+    let failing = mock_upstream::start(SocketAddr::from(([127, 0, 0, 1], 0)), failing_options).await.unwrap();
+    set_endpoints(&fixture, &[failing.addr, live[0].addr]).await;
+    let statuses = |count: usize| {
+        let (fixture, body) = (&fixture, &body);
+        async move {
+            let mut statuses = Vec::new();
+            for _ in 0..count {
+                statuses.push(fixture.post("/v1/chat/completions", Some(ALICE_KEY), body).await.0.as_u16());
+            }
+            statuses
+        }
+    };
+    // Round robin: every other request meets the failing pod first.
+    for status in [503, 429] {
+        forced.store(status, Ordering::Relaxed);
+        assert_eq!(statuses(4).await, [200; 4], "{status}");
+        let retries = format!(r#"waycast_gateway_upstream_retries_total{{model="{MODEL}",reason="status_{status}"}}"#);
+        assert_eq!(fixture.metric(&retries).await, Some(2.0), "{status}");
     }
-    let retries = format!(r#"waycast_gateway_upstream_retries_total{{model="{MODEL}",reason="status_503"}}"#);
-    assert_eq!(fixture.metric(&retries).await, Some(2.0), "every other request met the overloaded pod first");
-    // With only the overloaded pod left, its 503 is the answer.
-    set_endpoints(&fixture, &[overloaded_pod().await]).await;
-    let (status, _, _) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), &body).await;
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    forced.store(500, Ordering::Relaxed);
+    let mut answered = statuses(4).await;
+    answered.sort_unstable();
+    assert_eq!(answered, [200, 200, 500, 500], "a 500 is not retried by default");
+
+    // Named in retryOnStatus, a 500 is retried too.
+    let mut config = waycast_mock::fixtures::default_config(&fixture.mock.base_url());
+    on_endpoints(&mut config, LoadBalancingPolicy::RoundRobin);
+    config.models.iter_mut().find(|m| m.name == MODEL).unwrap().load_balancing.retry_on_status = vec![500, 503];
+    let reloads = fixture.metric("waycast_gateway_config_reloads_total").await.unwrap();
+    fixture.write_config(serde_yaml_ng::to_string(&config).unwrap().as_bytes());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while fixture.metric("waycast_gateway_config_reloads_total").await.unwrap() <= reloads {
+        assert!(Instant::now() < deadline, "the config was not applied");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(statuses(4).await, [200; 4]);
+
+    // With only the failing pod left, its answer is the answer.
+    forced.store(503, Ordering::Relaxed);
+    set_endpoints(&fixture, &[failing.addr]).await;
+    assert_eq!(statuses(1).await, [503]);
 }
 
 #[tokio::test]
@@ -240,7 +250,12 @@ async fn a_lower_priority_backend_serves_when_every_pod_is_down_or_overloaded() 
     let (status, _, _) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), &body).await;
     assert_eq!(status, StatusCode::OK, "no pod reachable: the next tier serves");
     assert_eq!(served(&fixture.mock).await, 1);
-    set_endpoints(&fixture, &[overloaded_pod().await, overloaded_pod().await]).await;
+    let overloaded = || async {
+        let options = MockOptions { forced_status: std::sync::Arc::new(503.into()), ..MockOptions::default() };
+        mock_upstream::start(SocketAddr::from(([127, 0, 0, 1], 0)), options).await.unwrap()
+    };
+    let (first, second) = (overloaded().await, overloaded().await);
+    set_endpoints(&fixture, &[first.addr, second.addr]).await;
     let (status, _, _) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), &body).await;
     assert_eq!(status, StatusCode::OK, "every pod overloaded: the next tier serves");
     assert_eq!(served(&fixture.mock).await, 2);

@@ -58,7 +58,8 @@ pub const MAX_ENDPOINT_ATTEMPTS: usize = 3;
 
 /// Sends the request to the route's backends in failover order; within a
 /// backend that names `endpoints`, to a picked endpoint, and on a connect
-/// failure, a reset before the response headers or a 503 to another one
+/// failure, a reset before the response headers or a retried status (the
+/// model's `retryOnStatus`) to another one
 /// (within the route's retry budget). Nothing is retried once a byte of the
 /// response may have reached the client, nor after the first-byte timeout.
 ///
@@ -68,7 +69,7 @@ pub const MAX_ENDPOINT_ATTEMPTS: usize = 3;
 pub async fn send(route: &Route, outgoing: &Outgoing<'_>, table: &EndpointTable) -> Result<Forwarded, GatewayError> {
     route.retry_budget.request();
     let mut last_error = None;
-    // A 503 every endpoint of a backend gave: the answer, unless a later
+    // A retried status every endpoint of a backend gave: the answer, unless a later
     // backend (a failover tier) serves the request.
     let mut overloaded = None;
     for index in route.backend_order() {
@@ -95,7 +96,7 @@ pub async fn send(route: &Route, outgoing: &Outgoing<'_>, table: &EndpointTable)
 enum Failure {
     /// Nothing reached the upstream's application: another backend may try.
     TryNextBackend(GatewayError),
-    /// Every endpoint tried answered 503 (this is the last answer): a
+    /// Every endpoint tried answered a retried status (this is the last answer): a
     /// later backend may serve it.
     Overloaded(Box<Forwarded>),
     /// The request may be in progress upstream, or the answer is final.
@@ -122,15 +123,22 @@ async fn send_to_endpoints(
         tried.push(pick);
         let endpoint = &set.endpoints()[pick];
         let Some(authority) = endpoint.authority.clone() else { continue };
-        let reason = match send_to(route, backend, authority, outgoing, Some(endpoint.start())).await {
-            Ok(forwarded) if forwarded.response.status() == http::StatusCode::SERVICE_UNAVAILABLE => {
-                count_failure(route, endpoint, now, outgoing.metrics);
-                // Overloaded or draining: another endpoint may serve it,
-                // else another backend; else this answer is the answer.
+        let sent = send_to(route, backend, authority, outgoing, Some(endpoint.start())).await;
+        let retried = sent.as_ref().ok().and_then(|forwarded| route.balancing.retries(forwarded.response.status()));
+        let reason = match sent {
+            Ok(forwarded) if retried.is_some() => {
+                // A 5xx counts toward ejecting the endpoint; a 429 is a busy
+                // pod, not a broken one.
+                if forwarded.response.status().is_server_error() {
+                    count_failure(route, endpoint, now, outgoing.metrics);
+                }
+                // Overloaded, draining or failing: another endpoint may
+                // serve it, else another backend; else this answer is the
+                // answer.
                 if tried.len() >= attempts || !route.retry_budget.take_retry() {
                     return Err(Failure::Overloaded(Box::new(forwarded)));
                 }
-                "status_503"
+                retried.unwrap_or("status_other")
             }
             Ok(forwarded) => {
                 endpoint.record_success();

@@ -15,6 +15,8 @@ pub struct Balancing {
     pub prefix_bytes: usize,
     /// The client header that names a session, for prefix affinity.
     pub session_header: Option<HeaderName>,
+    /// Upstream statuses sent again to another endpoint.
+    pub retry_on_status: Box<[u16]>,
 }
 
 impl Balancing {
@@ -32,7 +34,24 @@ impl Balancing {
             policy,
             prefix_bytes: usize::try_from(config.prefix_bytes).unwrap_or(usize::MAX),
             session_header: config.session_header.as_deref().and_then(|h| HeaderName::from_bytes(h.as_bytes()).ok()),
+            retry_on_status: config.retry_on_status.clone().into_boxed_slice(),
         }
+    }
+
+    /// Whether an answer with `status` is sent again to another endpoint;
+    /// with the label it is counted under.
+    pub fn retries(&self, status: http::StatusCode) -> Option<&'static str> {
+        if !self.retry_on_status.contains(&status.as_u16()) {
+            return None;
+        }
+        Some(match status.as_u16() {
+            429 => "status_429",
+            500 => "status_500",
+            502 => "status_502",
+            503 => "status_503",
+            504 => "status_504",
+            _ => "status_other",
+        })
     }
 
     /// The request's affinity key under prefix affinity: its session

@@ -169,7 +169,7 @@ fn spec_path(config_path: &str) -> String {
 }
 
 /// CRD load balancing → config (the schema keeps the numbers in range).
-fn load_balancing(wanted: Option<&waycast_crds::model_endpoint::LoadBalancing>) -> LoadBalancingConfig {
+pub(super) fn load_balancing(wanted: Option<&waycast_crds::model_endpoint::LoadBalancing>) -> LoadBalancingConfig {
     use waycast_crds::config::LoadBalancingPolicy as Config;
     use waycast_crds::model_endpoint::LoadBalancingPolicy as Crd;
     let defaults = LoadBalancingConfig::default();
@@ -184,6 +184,10 @@ fn load_balancing(wanted: Option<&waycast_crds::model_endpoint::LoadBalancing>) 
         prefix_bytes: number(wanted.prefix_bytes, defaults.prefix_bytes),
         load_factor_percent: number(wanted.load_factor_percent, defaults.load_factor_percent),
         session_header: wanted.session_header.clone(),
+        retry_on_status: match &wanted.retry_on_status {
+            None => defaults.retry_on_status,
+            Some(statuses) => statuses.iter().filter_map(|s| u16::try_from(*s).ok()).collect(),
+        },
     }
 }
 

@@ -653,3 +653,23 @@ fn a_key_secret_the_api_key_does_not_own_is_not_used() {
     assert_eq!(compiled.keys[&key("demo", "alice")].verdict.reason, reasons::SECRET_NOT_OWNED);
     assert!(compiled.config.keys.is_empty());
 }
+
+#[test]
+fn load_balancing_keeps_the_defaults_and_takes_what_is_set() {
+    use waycast_crds::model_endpoint::{LoadBalancing, LoadBalancingPolicy};
+    let defaults = models::load_balancing(None);
+    assert_eq!(defaults, waycast_crds::config::LoadBalancingConfig::default());
+    assert_eq!(defaults.retry_on_status, [429, 503]);
+    let set = LoadBalancing {
+        policy: Some(LoadBalancingPolicy::PrefixAffinity),
+        prefix_bytes: Some(512),
+        retry_on_status: Some(vec![500, 502]),
+        ..LoadBalancing::default()
+    };
+    let compiled = models::load_balancing(Some(&set));
+    assert_eq!(compiled.policy, waycast_crds::config::LoadBalancingPolicy::PrefixAffinity);
+    assert_eq!((compiled.prefix_bytes, compiled.load_factor_percent), (512, defaults.load_factor_percent));
+    assert_eq!(compiled.retry_on_status, [500, 502]);
+    let none = LoadBalancing { retry_on_status: Some(Vec::new()), ..LoadBalancing::default() };
+    assert!(models::load_balancing(Some(&none)).retry_on_status.is_empty(), "[] retries no status");
+}
