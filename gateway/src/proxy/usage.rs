@@ -1,6 +1,9 @@
-//! Token usage from responses, without delaying them: the relay keeps
-//! references to the first frame and the last few KB of frames (no copies),
-//! and the usage object is parsed once, after the last byte went out.
+//! Token usage from responses, without delaying them: the relay copies the
+//! start of the response's first frame and keeps a copy of its last few KB, and the
+//! usage object is parsed once, after the last byte went out. Copies, not
+//! references: a frame's `Bytes` shares the connection's read buffer (8 KiB
+//! or more), so keeping the last few KB of small SSE chunks by reference
+//! kept one such buffer per chunk alive — 160 KiB for a 20-chunk stream.
 //!
 //! Shapes understood: OpenAI chat/completions/embeddings
 //! (`usage.prompt_tokens`, `usage.completion_tokens`), OpenAI responses and
@@ -8,14 +11,18 @@
 //! the final chunk carries usage; Anthropic streams put input tokens in the
 //! first event (`message_start`) and output tokens in the last.
 
-use std::collections::VecDeque;
 use std::ops::Range;
 
 use bytes::Bytes;
 use serde::Deserialize;
 
-/// How much of the response's end is kept for the usage search.
-const TAIL_BYTES: usize = 8 * 1024;
+/// How much of the response's first frame is kept (Anthropic streams report
+/// input tokens in their first event, `message_start`, a few hundred bytes).
+const HEAD_BYTES: usize = 2 * 1024;
+/// How much of the response's end is kept for the usage search (between
+/// this and twice this, to move bytes only now and then): the last usage
+/// object and what follows it.
+const TAIL_BYTES: usize = 4 * 1024;
 
 /// Token counts of one response.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -29,39 +36,33 @@ pub struct Usage {
 /// Watches a response body go by.
 #[derive(Debug, Default)]
 pub struct UsageTap {
-    head: Option<Bytes>,
-    tail: VecDeque<Bytes>,
-    tail_len: usize,
+    head: Vec<u8>,
+    tail: Vec<u8>,
 }
 
 impl UsageTap {
-    /// Notes a data frame (a reference-counted clone, not a copy).
-    pub fn observe(&mut self, data: &Bytes) {
-        if self.head.is_none() {
-            self.head = Some(data.clone());
-            return;
+    /// Notes a data frame: copies the first [`HEAD_BYTES`] of the first
+    /// one, and what of each may be in the last [`TAIL_BYTES`] of the
+    /// response.
+    pub fn observe(&mut self, data: &[u8]) {
+        if self.head.is_empty() && self.tail.is_empty() {
+            self.head.extend_from_slice(&data[..data.len().min(HEAD_BYTES)]);
         }
-        self.tail.push_back(data.clone());
-        self.tail_len += data.len();
-        while self.tail.len() > 1 && self.tail_len - self.tail.front().map_or(0, Bytes::len) >= TAIL_BYTES {
-            if let Some(front) = self.tail.pop_front() {
-                self.tail_len -= front.len();
-            }
+        let keep = &data[data.len().saturating_sub(TAIL_BYTES)..];
+        if self.tail.len() + keep.len() > 2 * TAIL_BYTES {
+            let surplus = (self.tail.len() + keep.len() - TAIL_BYTES).min(self.tail.len());
+            self.tail.drain(..surplus);
         }
+        self.tail.extend_from_slice(keep);
     }
 
     /// The usage the response reported, if any.
     pub fn usage(&self) -> Option<Usage> {
-        let mut end = Vec::with_capacity(self.tail_len.min(TAIL_BYTES * 2));
-        for frame in &self.tail {
-            end.extend_from_slice(frame);
-        }
-        let head = self.head.as_deref().unwrap_or_default();
-        let last = if end.is_empty() { last_usage(head) } else { last_usage(&end).or_else(|| last_usage(head)) };
+        let last = last_usage(&self.tail).or_else(|| last_usage(&self.head));
         // The first event matters only when the last lacks a count (Anthropic
         // streams put input tokens in message_start, output in message_delta).
         let complete = last.is_some_and(|l| l.prompt().is_some() && l.completion().is_some());
-        let first = if complete { None } else { first_usage(head) };
+        let first = if complete { None } else { first_usage(&self.head) };
         match (first, last) {
             (None, None) => None,
             (first, last) => {
@@ -202,7 +203,7 @@ mod tests {
     fn tap(frames: &[&str]) -> UsageTap {
         let mut tap = UsageTap::default();
         for frame in frames {
-            tap.observe(&Bytes::copy_from_slice(frame.as_bytes()));
+            tap.observe(frame.as_bytes());
         }
         tap
     }
@@ -250,9 +251,28 @@ mod tests {
         for _ in 0..1000 {
             tap.observe(&chunk);
         }
-        assert!(tap.tail_len <= TAIL_BYTES + 1000, "{}", tap.tail_len);
-        tap.observe(&Bytes::from_static(b"\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}"));
+        assert!(tap.tail.len() <= 2 * TAIL_BYTES && tap.head.len() == 1000, "{}", tap.tail.len());
+        tap.observe(b"\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}");
         assert_eq!(tap.usage(), Some(Usage { prompt: 1, completion: 2 }));
+    }
+
+    /// A frame shares its connection's read buffer; the tap must not keep
+    /// it alive (it did, one buffer per small SSE chunk).
+    #[test]
+    fn keeps_no_reference_to_the_connections_read_buffer() {
+        let mut read_buffer = bytes::BytesMut::with_capacity(8 * 1024);
+        let mut tap = UsageTap::default();
+        for _ in 0..20 {
+            read_buffer.extend_from_slice(b"data: {\"choices\":[{\"delta\":{\"content\":\"token\"}}]}\n\n");
+            let frame = read_buffer.split().freeze();
+            tap.observe(&frame);
+            drop(frame);
+            assert!(read_buffer.try_reclaim(8 * 1024), "a frame's buffer is still referenced");
+        }
+        read_buffer
+            .extend_from_slice(b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":20}}\n\n");
+        tap.observe(&read_buffer.split().freeze());
+        assert_eq!(tap.usage(), Some(Usage { prompt: 3, completion: 20 }));
     }
 
     fn injected(body: &str) -> (String, String, bool) {
