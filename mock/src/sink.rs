@@ -288,7 +288,14 @@ pub async fn serve(listener: TcpListener, sink: Arc<Sink>) {
 /// # Errors
 /// The address cannot be bound.
 pub async fn start(listen: SocketAddr, options: SinkOptions) -> std::io::Result<SocketAddr> {
-    let listener = TcpListener::bind(listen).await?;
+    // A deep listen queue (clamped by net.core.somaxconn): a benchmark opens
+    // a thousand upstream connections at once, and with the usual queue the
+    // kernel drops SYNs and the client retries after a second, which would
+    // show as the gateway's latency.
+    let socket = if listen.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    socket.set_reuseaddr(true)?;
+    socket.bind(listen)?;
+    let listener: TcpListener = socket.listen(4096)?;
     let address = listener.local_addr()?;
     tokio::spawn(serve(listener, Arc::new(Sink::new(options))));
     Ok(address)
