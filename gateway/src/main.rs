@@ -12,7 +12,10 @@
 //! Bad arguments exit with 64 (EX_USAGE).
 
 /// mimalloc instead of glibc's malloc (docs/performance.md has the
-/// measurements): more requests per core for the same work.
+/// measurements): more requests per core for the same work. The
+/// `system-allocator` feature leaves malloc in place for heap profilers
+/// (heaptrack), which see only malloc's allocations.
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
