@@ -253,9 +253,7 @@ pub async fn serve_quickstart(client: &Client) -> anyhow::Result<Demo> {
             &kube::api::Patch::Apply(&namespace),
         )
         .await?;
-    let path = repository_root().join("examples/quickstart/quickstart.yaml");
-    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    manifest::apply_all(client, &manifest::parse_documents(&text)?, DEMO_NAMESPACE).await?;
+    manifest::apply_all(client, &quickstart()?, DEMO_NAMESPACE).await?;
     let gateways: Api<waycast_crds::Gateway> = Api::namespaced(client.clone(), DEMO_NAMESPACE);
     let secrets: Api<Secret> = Api::namespaced(client.clone(), DEMO_NAMESPACE);
     let deadline = Instant::now() + Duration::from_secs(180);
@@ -278,6 +276,17 @@ pub async fn serve_quickstart(client: &Client) -> anyhow::Result<Demo> {
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// The objects of `examples/quickstart/quickstart.yaml`, for a test to
+/// change before it applies them.
+///
+/// # Errors
+/// The file unreadable or not valid YAML documents.
+pub fn quickstart() -> anyhow::Result<Vec<kube::api::DynamicObject>> {
+    let path = repository_root().join("examples/quickstart/quickstart.yaml");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    manifest::parse_documents(&text)
 }
 
 /// The repository this crate lives in.

@@ -422,11 +422,7 @@ async fn a_platform_gateway_serves_team_namespaces_by_label_and_scale_down_drain
     let labelled = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": team, "labels": {label.clone(): "enabled"}}});
     namespaces.patch(&team, &PatchParams::apply(manifest::FIELD_MANAGER), &Patch::Apply(labelled)).await.unwrap();
     // The team publishes a model and a key in its own namespace...
-    let quickstart = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/quickstart/quickstart.yaml"),
-    )
-    .unwrap();
-    let mut objects = manifest::parse_documents(&quickstart).unwrap();
+    let mut objects = waycast_e2e::workloads::quickstart().unwrap();
     objects.retain(|o| o.types.as_ref().is_none_or(|t| t.kind != "Gateway"));
     // Two-way consent: the team's objects name the platform's Gateway.
     for object in &mut objects {
@@ -677,11 +673,7 @@ async fn tenants_cannot_break_read_or_redirect_each_other() {
 async fn the_gateway_spreads_requests_over_the_services_pods_and_follows_them() {
     let client = cluster().client().await;
     let namespace = test_namespace(&client, "endpoints").await.unwrap();
-    let quickstart = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/quickstart/quickstart.yaml"),
-    )
-    .unwrap();
-    let mut objects = manifest::parse_documents(&quickstart).unwrap();
+    let mut objects = waycast_e2e::workloads::quickstart().unwrap();
     for object in &mut objects {
         if object.types.as_ref().is_some_and(|t| t.kind == "Deployment") {
             object.data["spec"]["replicas"] = json!(3);

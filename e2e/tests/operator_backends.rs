@@ -81,11 +81,7 @@ async fn a_services_pods_are_ejected_recover_fail_over_and_speak_tls() {
 
     // The quickstart with two inference pods and one gateway pod (whose
     // metrics are then the whole story), plus a fallback server and a TLS one.
-    let quickstart = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/quickstart/quickstart.yaml"),
-    )
-    .unwrap();
-    let mut objects = manifest::parse_documents(&quickstart).unwrap();
+    let mut objects = waycast_e2e::workloads::quickstart().unwrap();
     for object in &mut objects {
         match object.types.as_ref().map(|t| t.kind.as_str()) {
             Some("Deployment") => object.data["spec"]["replicas"] = json!(2),

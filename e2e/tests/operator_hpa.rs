@@ -26,11 +26,7 @@ async fn the_hpa_scales_gateway_pods_and_the_operator_does_not_fight_it() {
     operator_in_process(cluster);
     let client = cluster.client().await;
     let namespace = test_namespace(&client, "hpa").await.unwrap();
-    let text = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/quickstart/quickstart.yaml"),
-    )
-    .unwrap();
-    let mut objects = manifest::parse_documents(&text).unwrap();
+    let mut objects = waycast_e2e::workloads::quickstart().unwrap();
     // The quickstart's Gateway, autoscaled, with a small CPU request so the
     // load below is well over the target.
     let autoscaled = json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "Gateway", "metadata": {"name": "gateway"}, "spec": {

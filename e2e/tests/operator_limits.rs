@@ -32,11 +32,7 @@ async fn three_pods_together_admit_a_keys_60_a_minute() {
     operator_in_process(cluster);
     let client = cluster.client().await;
     let namespace = test_namespace(&client, "limits").await.unwrap();
-    let text = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/quickstart/quickstart.yaml"),
-    )
-    .unwrap();
-    manifest::apply_all(&client, &manifest::parse_documents(&text).unwrap(), &namespace).await.unwrap();
+    manifest::apply_all(&client, &waycast_e2e::workloads::quickstart().unwrap(), &namespace).await.unwrap();
     let limited = serde_json::json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey", "metadata": {"name": "limited"},
         "spec": {"limits": {"requestsPerMinute": 60}}});
     manifest::apply_all(&client, &[serde_json::from_value(limited).unwrap()], &namespace).await.unwrap();

@@ -49,11 +49,7 @@ async fn gateways_serve_through_an_api_server_restart_and_the_operator_converges
     operator_in_process(cluster);
     let client = cluster.client().await;
     let namespace = test_namespace(&client, "restart").await.unwrap();
-    let text = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/quickstart/quickstart.yaml"),
-    )
-    .unwrap();
-    manifest::apply_all(&client, &manifest::parse_documents(&text).unwrap(), &namespace).await.unwrap();
+    manifest::apply_all(&client, &waycast_e2e::workloads::quickstart().unwrap(), &namespace).await.unwrap();
     // NB: route to the inference pod by its IP rather than its Service:
     // while the API server restarts, kube-proxy resyncs its rules and the
     // Service path can drop connections for a moment (seen here); this test

@@ -23,11 +23,7 @@ async fn a_burst_of_keys_is_coalesced_into_a_handful_of_config_writes() {
     operator_in_process(cluster);
     let client = cluster.client().await;
     let namespace = test_namespace(&client, "operator-burst").await.unwrap();
-    let text = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/quickstart/quickstart.yaml"),
-    )
-    .unwrap();
-    manifest::apply_all(&client, &manifest::parse_documents(&text).unwrap(), &namespace).await.unwrap();
+    manifest::apply_all(&client, &waycast_e2e::workloads::quickstart().unwrap(), &namespace).await.unwrap();
     let gateways: Api<Gateway> = Api::namespaced(client.clone(), &namespace);
     let deadline = Instant::now() + Duration::from_secs(120);
     while gateways.get_opt("gateway").await.unwrap().and_then(|g| g.status).is_none_or(|s| s.ready_replicas != Some(2))

@@ -186,13 +186,7 @@ async fn a_retried_status_before_any_byte_goes_to_another_endpoint() {
     let mut config = waycast_mock::fixtures::default_config(&fixture.mock.base_url());
     on_endpoints(&mut config, LoadBalancingPolicy::RoundRobin);
     config.models.iter_mut().find(|m| m.name == MODEL).unwrap().load_balancing.retry_on_status = vec![500, 503];
-    let reloads = fixture.metric("waycast_gateway_config_reloads_total").await.unwrap();
-    fixture.write_config(serde_yaml_ng::to_string(&config).unwrap().as_bytes());
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while fixture.metric("waycast_gateway_config_reloads_total").await.unwrap() <= reloads {
-        assert!(Instant::now() < deadline, "the config was not applied");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    fixture.apply_config(&config).await;
     assert_eq!(statuses(4).await, [200; 4]);
 
     // With only the failing pod left, its answer is the answer.

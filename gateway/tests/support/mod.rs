@@ -137,6 +137,22 @@ impl Fixture {
         write_atomically(&self.config_path, bytes);
     }
 
+    /// Replaces the config with `config` and waits until the gateway has
+    /// applied it (the config must differ from the one served).
+    ///
+    /// # Panics
+    /// When it is not applied within 5 s.
+    pub async fn apply_config(&self, config: &GatewayConfig) {
+        const RELOADS: &str = "waycast_gateway_config_reloads_total";
+        let before = self.metric(RELOADS).await.unwrap_or(0.0);
+        self.write_config(serde_yaml_ng::to_string(config).expect("yaml").as_bytes());
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while self.metric(RELOADS).await.unwrap_or(0.0) <= before {
+            assert!(std::time::Instant::now() < deadline, "the config was not applied within 5 s");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Replaces the endpoints file (with `endpoints_file` set).
     pub fn write_endpoints(&self, bytes: &[u8]) {
         write_atomically(&self.dir.join("endpoints.json"), bytes);
