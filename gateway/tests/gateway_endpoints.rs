@@ -92,6 +92,17 @@ async fn requests_spread_over_the_endpoints_and_follow_the_document() {
     // Least-request over in-flight counts: each pod holds about a third.
     assert!(counts.iter().all(|c| (20..=40).contains(c)), "{counts:?}");
     assert_eq!(served(&fixture.mock).await, 1, "the URL is not used while endpoints are known");
+    // Each pod's answers are timed in its own series (300 ms of mock delay).
+    let timed = format!(
+        r#"waycast_gateway_endpoint_response_seconds_bucket{{endpoint="{}",service="{SERVICE}",le="0.25"}}"#,
+        pods[0].addr
+    );
+    let answered = format!(
+        r#"waycast_gateway_endpoint_response_seconds_count{{endpoint="{}",service="{SERVICE}"}}"#,
+        pods[0].addr
+    );
+    assert_eq!(fixture.metric(&timed).await, Some(0.0), "none answered within 0.25 s");
+    assert_eq!(fixture.metric(&answered).await, Some(counts[0] as f64));
 
     // A pod leaves the document: it gets nothing more.
     set_endpoints(&fixture, &[pods[1].addr, pods[2].addr]).await;

@@ -184,7 +184,13 @@ async fn send_to(
         .ok_or_else(|| Failure::Final(GatewayError::UpstreamFailed(route.name.to_string())))?;
     let sent_at = Instant::now();
     match tokio::time::timeout(route.timeouts.first_byte, backend.client.local().request(request)).await {
-        Ok(Ok(response)) => Ok(Forwarded { response, sent_at, headers_at: Instant::now(), in_flight }),
+        Ok(Ok(response)) => {
+            let headers_at = Instant::now();
+            if let Some(flight) = &in_flight {
+                flight.endpoint().observe_response(headers_at - sent_at);
+            }
+            Ok(Forwarded { response, sent_at, headers_at, in_flight })
+        }
         Ok(Err(error)) if error.is_connect() => {
             if egress_denied(&error) {
                 tracing::warn!(model = %route.name, %error, "upstream refused by the egress guard");

@@ -23,7 +23,7 @@ use kube::{Api, Client};
 use tokio::sync::mpsc;
 use waycast_crds::endpoints::{ENDPOINTS_DATA_KEY, EndpointsDocument};
 
-use super::pick::{Endpoint, EndpointSet};
+use super::pick::{Endpoint, EndpointSet, Observed};
 use crate::config::Update;
 use crate::config::load::LoadError;
 use crate::metrics::Metrics;
@@ -55,8 +55,11 @@ impl EndpointTable {
                     let labels = [key.as_str(), &address.to_string()];
                     Endpoint::observed(
                         address,
-                        metrics.endpoint_in_flight.with_label_values(&labels),
-                        metrics.endpoint_requests.with_label_values(&labels),
+                        Observed {
+                            in_flight: metrics.endpoint_in_flight.with_label_values(&labels),
+                            requests: metrics.endpoint_requests.with_label_values(&labels),
+                            response: metrics.endpoint_response.with_label_values(&labels),
+                        },
                     )
                 });
                 (Arc::from(key.as_str()), Arc::new(set))
@@ -69,6 +72,7 @@ impl EndpointTable {
                     let labels = [key.as_ref(), &endpoint.address.to_string()];
                     let _ = metrics.endpoint_in_flight.remove_label_values(&labels);
                     let _ = metrics.endpoint_requests.remove_label_values(&labels);
+                    let _ = metrics.endpoint_response.remove_label_values(&labels);
                 }
             }
         }
@@ -147,6 +151,9 @@ mod tests {
         let series =
             r#"waycast_gateway_endpoint_requests_in_flight{endpoint="10.0.0.2:8000",service="models/vllm:8000"} 1"#;
         assert!(metrics.render().contains(series), "{}", metrics.render());
+        table.get("models/vllm:8000").unwrap().endpoints()[1].observe_response(std::time::Duration::from_millis(40));
+        let answered = r#"waycast_gateway_endpoint_response_seconds_bucket{endpoint="10.0.0.2:8000",service="models/vllm:8000",le="0.1"} 1"#;
+        assert!(metrics.render().contains(answered), "{}", metrics.render());
         assert_eq!(table.apply(&document(&["10.0.0.2:8000", "10.0.0.3:8000"]), &metrics), 2);
         assert!(!metrics.render().contains(r#"endpoint="10.0.0.1:8000""#), "a gone endpoint's series are removed");
         let set = table.get("models/vllm:8000").unwrap();

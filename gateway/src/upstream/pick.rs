@@ -63,9 +63,20 @@ pub struct Endpoint {
     ejections: AtomicU32,
     /// Nanoseconds on [`crate::limit::now_nanos`]'s clock; 0: not ejected.
     ejected_until: AtomicU64,
-    /// Its series of `waycast_gateway_endpoint_requests_in_flight` and
-    /// `_total`, when the table is observed.
-    observed: Option<(prometheus::IntGauge, prometheus::IntCounter)>,
+    /// Its series of `waycast_gateway_endpoint_requests_in_flight`,
+    /// `_total` and `_response_seconds`, when the table is observed.
+    observed: Option<Observed>,
+}
+
+/// An endpoint's own series.
+#[derive(Debug)]
+pub struct Observed {
+    /// Requests in flight.
+    pub in_flight: prometheus::IntGauge,
+    /// Requests sent.
+    pub requests: prometheus::IntCounter,
+    /// Request sent → response headers.
+    pub response: prometheus::Histogram,
 }
 
 impl Endpoint {
@@ -83,12 +94,15 @@ impl Endpoint {
     }
 
     /// The same, counted in these series.
-    pub fn observed(
-        address: std::net::SocketAddr,
-        in_flight: prometheus::IntGauge,
-        requests: prometheus::IntCounter,
-    ) -> Self {
-        Self { observed: Some((in_flight, requests)), ..Self::new(address) }
+    pub fn observed(address: std::net::SocketAddr, series: Observed) -> Self {
+        Self { observed: Some(series), ..Self::new(address) }
+    }
+
+    /// Notes how long it took to answer with headers.
+    pub fn observe_response(&self, took: std::time::Duration) {
+        if let Some(series) = &self.observed {
+            series.response.observe(took.as_secs_f64());
+        }
     }
 
     /// Requests in flight to it now.
@@ -126,9 +140,9 @@ impl Endpoint {
     /// Counts a request in flight until the guard drops.
     pub fn start(self: &Arc<Self>) -> InFlight {
         self.inflight.fetch_add(1, Ordering::Relaxed);
-        if let Some((in_flight, requests)) = &self.observed {
-            in_flight.inc();
-            requests.inc();
+        if let Some(series) = &self.observed {
+            series.in_flight.inc();
+            series.requests.inc();
         }
         InFlight(self.clone())
     }
@@ -149,8 +163,8 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.inflight.fetch_sub(1, Ordering::Relaxed);
-        if let Some((in_flight, _)) = &self.0.observed {
-            in_flight.dec();
+        if let Some(series) = &self.0.observed {
+            series.in_flight.dec();
         }
     }
 }
