@@ -407,10 +407,13 @@ async fn connections_past_the_cap_are_closed_and_counted() {
     assert!(matches!(read, Ok(Ok(0) | Err(_))), "a fourth connection was served: {read:?}");
     assert_eq!(fixture.metric("waycast_gateway_connections_refused_total").await, Some(1.0));
     drop(held);
+    // Until the gateway has seen them close, a new connection is still
+    // refused: try again on a fresh one each time.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let (status, _, _) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), CHAT).await;
-        if status == StatusCode::OK {
+        let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+        let request = fixture.request("/v1/chat/completions", Some(ALICE_KEY), CHAT, &[]);
+        if client.request(request).await.is_ok_and(|response| response.status() == StatusCode::OK) {
             break;
         }
         assert!(Instant::now() < deadline, "no room after the held connections closed");
