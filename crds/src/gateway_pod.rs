@@ -22,6 +22,8 @@ pub mod flag {
     pub const TLS_CERT: &str = "tls-cert";
     /// PEM private key for TLS.
     pub const TLS_KEY: &str = "tls-key";
+    /// Data-plane worker threads.
+    pub const WORKERS: &str = "workers";
 }
 
 /// Environment variables the operator sets on gateway pods (from the

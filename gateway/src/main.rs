@@ -78,7 +78,7 @@ struct Args {
     /// Data-plane worker threads, each with its own runtime, listener
     /// (SO_REUSEPORT) and upstream pools. Default: the CPUs this process may
     /// use (its cgroup's CPU limit, else the node's cores).
-    #[arg(long, env = "WAYCAST_WORKERS", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    #[arg(long = flag::WORKERS, env = "WAYCAST_WORKERS", value_parser = clap::value_parser!(u16).range(1..=1024))]
     workers: Option<u16>,
     /// Log filter (error, warn, info, debug, trace, or a tracing directive).
     #[arg(long = flag::LOG, env = "WAYCAST_LOG", default_value = "info")]

@@ -44,6 +44,27 @@ pub fn default_resources() -> ResourceRequirements {
     }
 }
 
+/// The gateway's `--workers`: its container's CPU limit, else its CPU
+/// request, rounded up (at least 1) — as many data-plane threads as cores
+/// the pod is meant to use, not the node's core count (each worker keeps its
+/// own upstream connections). None when neither is set or readable: the
+/// gateway then counts the CPUs it may use.
+pub fn workers(resources: &ResourceRequirements) -> Option<u32> {
+    let cpu = |list: &Option<BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>| {
+        list.as_ref()?.get("cpu").map(|quantity| quantity.0.trim().to_owned())
+    };
+    let text = cpu(&resources.limits).or_else(|| cpu(&resources.requests))?;
+    let cores = match text.strip_suffix('m') {
+        Some(millis) => millis.parse::<f64>().ok()? / 1000.0,
+        None => text.parse::<f64>().ok()?,
+    };
+    if !cores.is_finite() || cores <= 0.0 {
+        return None;
+    }
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "clamped to 1..=1024 first")]
+    Some(cores.ceil().clamp(1.0, 1024.0) as u32)
+}
+
 /// The Deployment.
 pub fn deployment(gateway: &Gateway, settings: &RenderSettings) -> Deployment {
     let spec = &gateway.spec;
@@ -81,6 +102,10 @@ pub fn deployment(gateway: &Gateway, settings: &RenderSettings) -> Deployment {
     ];
     if let Some(max) = spec.limits.as_ref().and_then(|l| l.max_connections) {
         args.extend([arg(flag::MAX_CONNECTIONS), max.to_string()]);
+    }
+    let resources = spec.resources.clone().unwrap_or_else(default_resources);
+    if let Some(workers) = workers(&resources) {
+        args.extend([arg(flag::WORKERS), workers.to_string()]);
     }
     let mut volumes = Vec::new();
     let mut mounts = Vec::new();
@@ -157,7 +182,7 @@ pub fn deployment(gateway: &Gateway, settings: &RenderSettings) -> Deployment {
             }),
             ..Lifecycle::default()
         }),
-        resources: Some(spec.resources.clone().unwrap_or_else(default_resources)),
+        resources: Some(resources),
         security_context: Some(SecurityContext {
             run_as_non_root: Some(true),
             run_as_user: Some(GATEWAY_USER),
@@ -242,6 +267,7 @@ mod tests {
         let resources = container.resources.as_ref().unwrap();
         assert_eq!(resources.limits.as_ref().unwrap()["memory"].0, "1Gi", "bounded by default");
         assert_eq!(resources.requests.as_ref().unwrap()["cpu"].0, "100m");
+        assert!(args.windows(2).any(|w| w == ["--workers", "1"]), "one worker for 100m: {args:?}");
         let security = container.security_context.as_ref().unwrap();
         assert_eq!(
             (security.run_as_non_root, security.read_only_root_filesystem, security.allow_privilege_escalation),
@@ -257,6 +283,33 @@ mod tests {
         let annotations = spec.template.metadata.unwrap().annotations.unwrap();
         assert_eq!(annotations["prometheus.io/scrape"], "true");
         assert!(!annotations.keys().any(|k| k.contains("config-hash")), "config changes must not roll pods");
+    }
+
+    #[test]
+    fn workers_follow_the_cpu_limit_else_the_request() {
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        let resources = |limit: Option<&str>, request: Option<&str>| {
+            let cpu = |value: Option<&str>| value.map(|v| BTreeMap::from([("cpu".to_owned(), Quantity(v.to_owned()))]));
+            ResourceRequirements { limits: cpu(limit), requests: cpu(request), ..ResourceRequirements::default() }
+        };
+        for (limit, request, expected) in [
+            (Some("4"), Some("1"), Some(4)),
+            (None, Some("1500m"), Some(2)),
+            (None, Some("0.5"), Some(1)),
+            (Some("250m"), None, Some(1)),
+            (None, None, None),
+            (Some("lots"), None, None),
+            (None, Some("0"), None),
+            (Some("100000"), None, Some(1024)),
+        ] {
+            assert_eq!(workers(&resources(limit, request)), expected, "limit {limit:?}, request {request:?}");
+        }
+        let four = GatewaySpec { resources: Some(resources(Some("4"), None)), ..GatewaySpec::default() };
+        let args = deployment(&fixtures::gateway(four), &settings()).spec.unwrap().template.spec.unwrap().containers[0]
+            .args
+            .clone()
+            .unwrap();
+        assert!(args.windows(2).any(|w| w == ["--workers", "4"]), "{args:?}");
     }
 
     #[test]
