@@ -146,6 +146,13 @@ pub struct RunningGateway {
     drain_timeout: Duration,
 }
 
+/// The public listener: one served on the caller's runtime, or one per
+/// worker on the same address.
+enum Listeners {
+    One(tokio::net::TcpListener),
+    PerWorker(Vec<tokio::net::TcpListener>),
+}
+
 /// Where the public listener is served.
 enum Acceptors {
     /// A task on the runtime [`start`] was called on.
@@ -192,13 +199,19 @@ pub async fn start(options: GatewayOptions) -> Result<RunningGateway, StartError
     let workers = options.workers.map_or(1, std::num::NonZeroUsize::get);
     let shared = Arc::new(Shared::new(Metrics::new()?, connections, options.body_timeout, workers));
     let bind = |address| server::bind(address).map_err(|source| StartError::Bind { address, source });
-    let public = match options.workers {
-        None => vec![bind(options.listen)?],
-        Some(_) => server::bind_shared(options.listen, workers)
-            .map_err(|source| StartError::Bind { address: options.listen, source })?,
+    let bind_error = |source| StartError::Bind { address: options.listen, source };
+    let (public, public_addr) = match options.workers {
+        None => {
+            let listener = bind(options.listen)?;
+            let address = listener.local_addr().map_err(bind_error)?;
+            (Listeners::One(listener), address)
+        }
+        Some(_) => {
+            let (address, listeners) = server::bind_shared(options.listen, workers).map_err(bind_error)?;
+            (Listeners::PerWorker(listeners), address)
+        }
     };
     let admin = bind(options.admin_listen)?;
-    let public_addr = public[0].local_addr().map_err(|source| StartError::Bind { address: options.listen, source })?;
     let admin_addr = admin.local_addr().map_err(|source| StartError::Bind { address: options.admin_listen, source })?;
     let tls = match options.tls {
         Some((cert, key)) => Some(Arc::new(tls::TlsFiles::load(cert, key)?)),
@@ -234,16 +247,12 @@ pub async fn start(options: GatewayOptions) -> Result<RunningGateway, StartError
     background.push(tokio::spawn(server::serve_admin(admin, shared.clone())));
     let (drain, draining) = watch::channel(false);
     let (alive_sender, alive) = mpsc::channel(1);
-    let accept = match options.workers {
-        None => {
-            let listener = public.into_iter().next().ok_or_else(|| StartError::Bind {
-                address: options.listen,
-                source: std::io::Error::other("no listener"),
-            })?;
+    let accept = match public {
+        Listeners::One(listener) => {
             Acceptors::Task(tokio::spawn(server::serve_public(listener, shared.clone(), tls, draining, alive_sender)))
         }
-        Some(_) => Acceptors::Workers(
-            worker::spawn(public, &shared, tls.as_ref(), &draining, &alive_sender).map_err(StartError::Workers)?,
+        Listeners::PerWorker(listeners) => Acceptors::Workers(
+            worker::spawn(listeners, &shared, tls.as_ref(), &draining, &alive_sender).map_err(StartError::Workers)?,
         ),
     };
     tracing::info!(%public_addr, %admin_addr, workers, "gateway listening");

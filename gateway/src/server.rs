@@ -62,20 +62,23 @@ pub fn bind(address: std::net::SocketAddr) -> std::io::Result<TcpListener> {
     listen(address, false)
 }
 
-/// `count` listeners on one address (`SO_REUSEPORT`), one per worker: the
-/// kernel hands each new connection to one of them. A port of 0 is chosen
-/// by the first and shared by the rest.
+/// `count` listeners on one address (`SO_REUSEPORT`), one per worker, and
+/// that address: the kernel hands each new connection to one of them. A
+/// port of 0 is chosen by the first and shared by the rest.
 ///
 /// # Errors
 /// As [`bind`]; also when another process holds the port.
-pub fn bind_shared(address: std::net::SocketAddr, count: usize) -> std::io::Result<Vec<TcpListener>> {
+pub fn bind_shared(
+    address: std::net::SocketAddr,
+    count: usize,
+) -> std::io::Result<(std::net::SocketAddr, Vec<TcpListener>)> {
     let first = listen(address, true)?;
     let bound = first.local_addr()?;
     let mut listeners = vec![first];
     for _ in 1..count {
         listeners.push(listen(bound, true)?);
     }
-    Ok(listeners)
+    Ok((bound, listeners))
 }
 
 fn listen(address: std::net::SocketAddr, shared: bool) -> std::io::Result<TcpListener> {

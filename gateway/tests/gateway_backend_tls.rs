@@ -35,13 +35,7 @@ async fn mutual_tls_to_the_pods_of_a_service_with_a_private_ca() {
     let dir = temp_dir("backend-tls");
     let authority = Authority::generate(&dir, "models-ca").unwrap();
     let client = authority.issue(&dir, "gateway", "gateway", &[], &[], Usage::Client).unwrap();
-    let read = |path: &Path| std::fs::read_to_string(path).unwrap();
-    let trusted = ClientTlsConfig {
-        ca_pem: Some(read(&authority.files.cert)),
-        client_cert_pem: Some(read(&client.cert)),
-        client_key_pem: Some(read(&client.key)),
-        server_name: None,
-    };
+    let trusted = waycast_mock::pki::client_tls(&authority, &client).unwrap();
     let options = FixtureOptions { endpoints_file: true, ..FixtureOptions::default() };
     let with_tls = |tls: ClientTlsConfig| {
         move |config: &mut waycast_crds::GatewayConfig, _: &str| {
@@ -76,7 +70,7 @@ async fn mutual_tls_to_the_pods_of_a_service_with_a_private_ca() {
     let other = Authority::generate(&other_dir, "other-ca").unwrap();
     let refused = [
         ClientTlsConfig { client_cert_pem: None, client_key_pem: None, ..trusted.clone() },
-        ClientTlsConfig { ca_pem: Some(read(&other.files.cert)), ..trusted.clone() },
+        ClientTlsConfig { ca_pem: Some(std::fs::read_to_string(&other.files.cert).unwrap()), ..trusted.clone() },
         ClientTlsConfig { server_name: Some("vllm.elsewhere.svc".into()), ..trusted.clone() },
     ];
     for (case, tls) in refused.into_iter().enumerate() {

@@ -305,13 +305,7 @@ async fn tls_to_redis_with_a_private_ca_and_a_client_certificate() {
     let authority = Authority::generate(&dir, "redis-ca").unwrap();
     let redis = Redis::start_tls(&authority, &dir);
     let client = authority.issue(&dir, "gateway", "gateway", &[], &[], Usage::Client).unwrap();
-    let read = |path: &Path| std::fs::read_to_string(path).unwrap();
-    let trusted = ClientTlsConfig {
-        ca_pem: Some(read(&authority.files.cert)),
-        client_cert_pem: Some(read(&client.cert)),
-        client_key_pem: Some(read(&client.key)),
-        server_name: None,
-    };
+    let trusted = waycast_mock::pki::client_tls(&authority, &client).unwrap();
     let with_tls = |tls: ClientTlsConfig| {
         let mut config = redis.config(true);
         config.tls = Some(tls);
@@ -328,7 +322,11 @@ async fn tls_to_redis_with_a_private_ca_and_a_client_certificate() {
 
     let other_dir = temp_dir("redis-tls-other");
     let other = Authority::generate(&other_dir, "other-ca").unwrap();
-    let wrong_ca = with_tls(ClientTlsConfig { ca_pem: Some(read(&other.files.cert)), ..trusted.clone() }).await;
+    let wrong_ca = with_tls(ClientTlsConfig {
+        ca_pem: Some(std::fs::read_to_string(&other.files.cert).unwrap()),
+        ..trusted.clone()
+    })
+    .await;
     let no_client_cert =
         with_tls(ClientTlsConfig { client_cert_pem: None, client_key_pem: None, ..trusted.clone() }).await;
     let wrong_name = with_tls(ClientTlsConfig { server_name: Some("redis.elsewhere".into()), ..trusted }).await;

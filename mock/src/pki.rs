@@ -138,6 +138,22 @@ pub fn server_tls(cert: &Path, key: &Path, client_ca: Option<&Path>) -> anyhow::
     Ok(Arc::new(config))
 }
 
+/// What a gateway needs to speak mutual TLS to a server `authority`
+/// signed: that CA, and `client`'s certificate and key, as the config's PEM
+/// text (no server name: the host's).
+///
+/// # Errors
+/// A file unreadable.
+pub fn client_tls(authority: &Authority, client: &PemFiles) -> anyhow::Result<waycast_crds::config::ClientTlsConfig> {
+    let read = |path: &Path| std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()));
+    Ok(waycast_crds::config::ClientTlsConfig {
+        ca_pem: Some(read(&authority.files.cert)?),
+        client_cert_pem: Some(read(&client.cert)?),
+        client_key_pem: Some(read(&client.key)?),
+        server_name: None,
+    })
+}
+
 fn write_pair(dir: &Path, stem: &str, cert_pem: &str, key_pem: &str) -> anyhow::Result<PemFiles> {
     let cert = dir.join(format!("{stem}.crt"));
     let key = dir.join(format!("{stem}.key"));

@@ -125,8 +125,8 @@ async fn send_to_endpoints(
         let Some(authority) = endpoint.authority.clone() else { continue };
         let sent = send_to(route, backend, authority, outgoing, Some(endpoint.start())).await;
         let retried = sent.as_ref().ok().and_then(|forwarded| route.balancing.retries(forwarded.response.status()));
-        let reason = match sent {
-            Ok(forwarded) if retried.is_some() => {
+        let reason = match (sent, retried) {
+            (Ok(forwarded), Some(reason)) => {
                 // A 5xx counts toward ejecting the endpoint; a 429 is a busy
                 // pod, not a broken one.
                 if forwarded.response.status().is_server_error() {
@@ -138,15 +138,15 @@ async fn send_to_endpoints(
                 if tried.len() >= attempts || !route.retry_budget.take_retry() {
                     return Err(Failure::Overloaded(Box::new(forwarded)));
                 }
-                retried.unwrap_or("status_other")
+                reason
             }
-            Ok(forwarded) => {
+            (Ok(forwarded), None) => {
                 endpoint.record_success();
                 return Ok(forwarded);
             }
             // `send_to` never answers Overloaded: that is decided here.
-            Err(failure @ (Failure::Final(_) | Failure::Overloaded(_))) => return Err(failure),
-            Err(Failure::TryNextBackend(error)) => {
+            (Err(failure @ (Failure::Final(_) | Failure::Overloaded(_))), _) => return Err(failure),
+            (Err(Failure::TryNextBackend(error)), _) => {
                 count_failure(route, endpoint, now, outgoing.metrics);
                 last = error;
                 if tried.len() >= attempts || !route.retry_budget.take_retry() {

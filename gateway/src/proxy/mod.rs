@@ -324,17 +324,17 @@ async fn read_body(
         return Err(GatewayError::BodyTooLarge(limit));
     }
     let Some(incoming) = body.0.as_mut() else { return Err(GatewayError::BodyRead) };
-    let read = tokio::time::timeout(shared.body_timeout, collect_at_most(incoming, limit)).await;
-    if !matches!(read, Ok(Err(BodyError::TooLarge))) {
-        // A slow or broken client's connection is not kept for it.
-        body.0 = None;
-    }
-    match read {
+    let read = match tokio::time::timeout(shared.body_timeout, collect_at_most(incoming, limit)).await {
         Err(_) => Err(GatewayError::BodyTimeout),
-        Ok(Err(BodyError::TooLarge)) => Err(GatewayError::BodyTooLarge(limit)),
+        // Left in `body`: the rest is discarded when it drops.
+        Ok(Err(BodyError::TooLarge)) => return Err(GatewayError::BodyTooLarge(limit)),
         Ok(Err(BodyError::Read)) => Err(GatewayError::BodyRead),
         Ok(Ok(bytes)) => Ok(bytes),
-    }
+    };
+    // Read whole, or cut off: a slow or broken client's connection is not
+    // kept for it.
+    body.0 = None;
+    read
 }
 
 enum BodyError {

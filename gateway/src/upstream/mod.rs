@@ -30,38 +30,6 @@ pub type UpstreamClient = Client<HttpsConnector<HttpConnector<GuardedResolver>>,
 /// How long an idle upstream connection stays pooled.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
-/// A client whose TCP connects give up after `connect_timeout` and never
-/// reach a link-local/metadata address or one in `denied`; `https`
-/// connections trust `tls`'s CA (else the web PKI), present its client
-/// certificate, and check its `server_name` (else the URL's host).
-///
-/// # Errors
-/// The TLS configuration failing to build (a bad PEM, a bad server name).
-pub fn upstream_client(
-    connect_timeout: Duration,
-    denied: Arc<[Cidr]>,
-    tls: Option<&ClientTlsConfig>,
-) -> Result<UpstreamClient, crate::tls::TlsError> {
-    let mut http = HttpConnector::new_with_resolver(GuardedResolver { denied });
-    http.enforce_http(false);
-    // NB: without TCP_NODELAY a small request written after its headers
-    // waits for a delayed ACK: 40 ms per request on reused connections.
-    http.set_nodelay(true);
-    http.set_connect_timeout(Some(connect_timeout));
-    let config = crate::tls::client_config(tls)?;
-    let builder = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(config).https_or_http();
-    let builder = match tls.and_then(|tls| tls.server_name.as_deref()) {
-        None => builder,
-        Some(name) => {
-            let name = rustls::pki_types::ServerName::try_from(name.to_owned())
-                .map_err(|e| crate::tls::TlsError::Field { what: "serverName", reason: e.to_string() })?;
-            builder.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name))
-        }
-    };
-    let https = builder.enable_http1().enable_http2().wrap_connector(http);
-    Ok(Client::builder(TokioExecutor::new()).pool_idle_timeout(POOL_IDLE_TIMEOUT).build(https))
-}
-
 /// One pooled client per data-plane worker (`crate::worker`), all with the
 /// same settings: a worker sends only through its own, so an upstream
 /// connection, its task and the requests on it stay on one thread.
@@ -69,19 +37,31 @@ pub fn upstream_client(
 pub struct UpstreamClients(Arc<[UpstreamClient]>);
 
 impl UpstreamClients {
-    /// `workers` clients (at least one) as [`upstream_client`] makes them.
+    /// `workers` clients (at least one) whose TCP connects give up after
+    /// `connect_timeout` and never reach a link-local/metadata address or
+    /// one in `denied`; `https` connections trust `tls`'s CA (else the web
+    /// PKI), present its client certificate, and check its `server_name`
+    /// (else the URL's host). The TLS settings are parsed once for all.
     ///
     /// # Errors
-    /// As [`upstream_client`].
+    /// The TLS configuration failing to build (a bad PEM, a bad server name).
     pub fn new(
         workers: usize,
         connect_timeout: Duration,
         denied: &Arc<[Cidr]>,
         tls: Option<&ClientTlsConfig>,
     ) -> Result<Self, crate::tls::TlsError> {
-        let clients = (0..workers.max(1))
-            .map(|_| upstream_client(connect_timeout, denied.clone(), tls))
-            .collect::<Result<Vec<_>, _>>()?;
+        let config = crate::tls::client_config(tls)?;
+        let server_name = match tls.and_then(|tls| tls.server_name.as_deref()) {
+            None => None,
+            Some(name) => Some(
+                rustls::pki_types::ServerName::try_from(name.to_owned())
+                    .map_err(|e| crate::tls::TlsError::Field { what: "serverName", reason: e.to_string() })?,
+            ),
+        };
+        let clients: Vec<UpstreamClient> = (0..workers.max(1))
+            .map(|_| upstream_client(connect_timeout, denied.clone(), config.clone(), server_name.clone()))
+            .collect();
         Ok(Self(clients.into()))
     }
 
@@ -89,6 +69,27 @@ impl UpstreamClients {
     pub fn local(&self) -> &UpstreamClient {
         &self.0[crate::worker::index() % self.0.len()]
     }
+}
+
+fn upstream_client(
+    connect_timeout: Duration,
+    denied: Arc<[Cidr]>,
+    config: rustls::ClientConfig,
+    server_name: Option<rustls::pki_types::ServerName<'static>>,
+) -> UpstreamClient {
+    let mut http = HttpConnector::new_with_resolver(GuardedResolver { denied });
+    http.enforce_http(false);
+    // NB: without TCP_NODELAY a small request written after its headers
+    // waits for a delayed ACK: 40 ms per request on reused connections.
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(connect_timeout));
+    let builder = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(config).https_or_http();
+    let builder = match server_name {
+        None => builder,
+        Some(name) => builder.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name)),
+    };
+    let https = builder.enable_http1().enable_http2().wrap_connector(http);
+    Client::builder(TokioExecutor::new()).pool_idle_timeout(POOL_IDLE_TIMEOUT).build(https)
 }
 
 /// The TLS a backend's connections use: its own settings, and for an
