@@ -32,6 +32,11 @@ pub fn index() -> usize {
     INDEX.with(Cell::get)
 }
 
+/// Makes the calling thread worker `index`.
+pub(crate) fn become_worker(index: usize) {
+    INDEX.set(index);
+}
+
 /// The running workers.
 pub struct Workers {
     threads: Vec<std::thread::JoinHandle<()>>,
@@ -61,7 +66,7 @@ pub fn spawn(
         let (shared, tls, drain, alive) = (shared.clone(), tls.cloned(), drain.clone(), alive.clone());
         let mut closing = closing.clone();
         let thread = std::thread::Builder::new().name(format!("waycast-worker-{index}")).spawn(move || {
-            INDEX.set(index);
+            become_worker(index);
             runtime.block_on(async move {
                 match tokio::net::TcpListener::from_std(listener) {
                     Ok(listener) => crate::server::serve_public(listener, shared, tls, drain, alive).await,

@@ -70,24 +70,72 @@ impl Balancing {
     }
 }
 
-/// Retries allowed: a tenth of the requests plus a burst of 10.
+/// Retries allowed: a tenth of the requests plus a burst of 10, counted per
+/// worker thread. Every request counts itself, so one shared counter would
+/// be a cache line written by every core per request; each worker writes
+/// only its own shard instead (workers past [`RETRY_SHARDS`] share).
 #[derive(Debug, Default)]
 pub struct RetryBudget {
+    shards: [RetryShard; RETRY_SHARDS],
+}
+
+/// Shards per model's budget: a 4-core pod runs 4 workers; twice that
+/// keeps bigger pods mostly apart for 1 KiB per model.
+pub const RETRY_SHARDS: usize = 8;
+
+/// One worker's counts, on a cache line of its own.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct RetryShard {
     requests: AtomicU64,
     retries: AtomicU64,
 }
 
 impl RetryBudget {
+    fn shard(&self) -> &RetryShard {
+        &self.shards[crate::worker::index() % RETRY_SHARDS]
+    }
+
     /// Counts one request.
     pub fn request(&self) {
-        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.shard().requests.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Takes one retry if the budget allows it.
     pub fn take_retry(&self) -> bool {
-        let allowed = self.requests.load(Ordering::Relaxed) / 10 + 10;
-        self.retries
+        let shard = self.shard();
+        let allowed = shard.requests.load(Ordering::Relaxed) / 10 + 10;
+        shard
+            .retries
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| (used < allowed).then_some(used + 1))
             .is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn retries_granted(budget: &RetryBudget) -> usize {
+        std::iter::from_fn(|| budget.take_retry().then_some(())).take(1_000).count()
+    }
+
+    #[test]
+    fn the_retry_budget_is_a_tenth_plus_ten_and_each_worker_has_its_own() {
+        let budget = RetryBudget::default();
+        assert_eq!(retries_granted(&budget), 10, "the burst");
+        for _ in 0..100 {
+            budget.request();
+        }
+        assert_eq!(retries_granted(&budget), 10, "a tenth of 100 requests");
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                crate::worker::become_worker(1);
+                assert_eq!(retries_granted(&budget), 10, "another worker has its own burst");
+                budget.request();
+                assert!(!budget.take_retry(), "and its own count of requests");
+            });
+        });
+        assert_eq!(retries_granted(&budget), 0, "worker 0 spent its budget");
     }
 }
