@@ -3,7 +3,7 @@ CARGO ?= cargo
 CARGO_FLAGS ?= -j2
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 
-.PHONY: demo test bench bench-scale bench-routing lint deny images crds generate k8s-bins helm-bin node-deps clean-e2e
+.PHONY: demo test bench bench-peers bench-scale bench-routing lint deny images crds generate k8s-bins helm-bin node-deps clean-e2e
 
 ## demo: waycast on a local cluster (control plane + node), ending with a working curl; Ctrl-C stops it
 demo: k8s-bins node-deps
@@ -25,6 +25,21 @@ bench:
 	@# The gateway gets CPU 0; the load generator and the sink share CPU 1.
 	taskset -c 1 $(TARGET_DIR)/bench-tool/waycast-bench suite --scale $(BENCH_SCALE) $(if $(BENCH_LIMITS),--limits) \
 	  --gateway $(TARGET_DIR)/release/waycast-gateway --gateway-cpu 0 --load-cpu 1 --out $(TARGET_DIR)/bench.json
+
+## bench-peers: waycast beside nginx (Debian), onwards (crates.io) and LiteLLM (PyPI), installed by e2e/scripts/install-peers.sh,
+## each in turn on the same pinned CPUs, sinks and load; table + JSON. On a bigger machine: PEER_CPUS=0-3 LOAD_CPUS=4-15
+PEER_CPUS ?= 0
+LOAD_CPUS ?= 1
+PEER_CELL_SECONDS ?= 15
+HELD_STREAMS ?= 1000
+PEER_ROUNDS ?= 3
+bench-peers:
+	$(CARGO) build $(CARGO_FLAGS) --release -p waycast-gateway
+	$(CARGO) build $(CARGO_FLAGS) --profile bench-tool -p waycast-bench
+	bash e2e/scripts/install-peers.sh > $(TARGET_DIR)/peers.list
+	taskset -c $(LOAD_CPUS) $(TARGET_DIR)/bench-tool/waycast-bench peers --waycast $(TARGET_DIR)/release/waycast-gateway \
+	  $$(sed 's/^\([a-z]*\)=/--\1 /' $(TARGET_DIR)/peers.list) --peer-cpus $(PEER_CPUS) --load-cpus $(LOAD_CPUS) \
+	  --cell-seconds $(PEER_CELL_SECONDS) --held-streams $(HELD_STREAMS) --rounds $(PEER_ROUNDS) --out $(TARGET_DIR)/bench-peers.json
 
 ## bench-scale: 10,000 ApiKeys and 500 ModelEndpoints on one Gateway against the real API server (release operator and gateway)
 bench-scale: k8s-bins

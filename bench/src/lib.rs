@@ -15,6 +15,8 @@
 //! streams, a number of chunks apart; the source asks for those per request
 //! with headers, which a gateway forwards, so one sink serves every scenario.
 
+pub mod peers;
+pub mod process;
 pub mod server;
 pub mod source;
 pub mod suite;

@@ -5,6 +5,7 @@
 //! waycast-bench run   --target http://GATEWAY --key KEY [...]     # one run from the command line
 //! waycast-bench serve --listen 0.0.0.0:8090                       # REST API + web page + sink
 //! waycast-bench suite --gateway target/release/waycast-gateway    # what `make bench` runs
+//! waycast-bench peers --waycast ... --nginx ... --onwards ...        # what `make bench-peers` runs
 //! ```
 //!
 //! Bad arguments exit 64.
@@ -14,8 +15,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use waycast_bench::peers::{Peer, PeerKind};
 use waycast_bench::sink::SinkOptions;
-use waycast_bench::{Scenario, millis, server, sink, source, suite};
+use waycast_bench::{Scenario, millis, peers, server, sink, source, suite};
 
 #[derive(Parser, Debug)]
 #[command(name = "waycast-bench", version, about = "Benchmark an OpenAI-compatible gateway against a sink")]
@@ -65,6 +67,39 @@ enum Command {
         /// pays for the limit check.
         #[arg(long)]
         limits: bool,
+    },
+    /// The `make bench-peers` run: waycast and other proxies, in turn, on the same CPUs, sinks and load.
+    Peers {
+        /// The waycast gateway binary (a release build).
+        #[arg(long)]
+        waycast: Option<PathBuf>,
+        /// nginx (Debian's `/usr/sbin/nginx`).
+        #[arg(long)]
+        nginx: Option<PathBuf>,
+        /// onwards (from `cargo install onwards`).
+        #[arg(long)]
+        onwards: Option<PathBuf>,
+        /// LiteLLM's `litellm` command (from `pip install 'litellm[proxy]'`).
+        #[arg(long)]
+        litellm: Option<PathBuf>,
+        /// CPUs each peer is pinned to (a taskset list: 0, 0-3); each runs one worker per CPU.
+        #[arg(long, default_value = "0")]
+        peer_cpus: String,
+        /// CPUs the sinks are pinned to (run the bench itself there with taskset).
+        #[arg(long)]
+        load_cpus: Option<String>,
+        /// Seconds per timed cell, roughly.
+        #[arg(long, default_value_t = 15.0)]
+        cell_seconds: f64,
+        /// Streams held open at once.
+        #[arg(long, default_value_t = 1_000)]
+        held_streams: u64,
+        /// Rounds of the timed cells, taking the peers in turn (the table shows medians).
+        #[arg(long, default_value_t = 3)]
+        rounds: u32,
+        /// Where to write the JSON report.
+        #[arg(long, default_value = "bench-peers.json")]
+        out: PathBuf,
     },
 }
 
@@ -151,19 +186,69 @@ fn main() -> ExitCode {
                 match suite::run(options).await {
                     Ok(report) => {
                         print!("{}", suite::table(&report));
-                        match serde_json::to_vec_pretty(&report).map(|json| std::fs::write(&out, json)) {
-                            Ok(Ok(())) => {
-                                println!("written to {}", out.display());
-                                ExitCode::SUCCESS
-                            }
-                            _ => fail(&format!("cannot write {}", out.display())),
-                        }
+                        write_report(&report, &out)
+                    }
+                    Err(error) => fail(&format!("{error:#}")),
+                }
+            }
+            Command::Peers {
+                waycast,
+                nginx,
+                onwards,
+                litellm,
+                peer_cpus,
+                load_cpus,
+                cell_seconds,
+                held_streams,
+                rounds,
+                out,
+            } => {
+                let bench = match std::env::current_exe() {
+                    Ok(path) => path,
+                    Err(error) => return fail(&format!("cannot find myself: {error}")),
+                };
+                let peers: Vec<Peer> = [
+                    (PeerKind::Waycast, waycast),
+                    (PeerKind::Nginx, nginx),
+                    (PeerKind::Onwards, onwards),
+                    (PeerKind::Litellm, litellm),
+                ]
+                .into_iter()
+                .filter_map(|(kind, program)| program.map(|program| Peer { kind, program }))
+                .collect();
+                if peers.is_empty() {
+                    eprintln!("waycast-bench: name at least one peer (--waycast, --nginx, --onwards, --litellm)");
+                    return ExitCode::from(64);
+                }
+                let options = peers::PeersOptions {
+                    peers,
+                    bench,
+                    peer_cpus,
+                    load_cpus,
+                    cell_seconds,
+                    held_streams,
+                    rounds: rounds.max(1),
+                };
+                match peers::run(options).await {
+                    Ok(report) => {
+                        print!("{}", peers::table(&report));
+                        write_report(&report, &out)
                     }
                     Err(error) => fail(&format!("{error:#}")),
                 }
             }
         }
     })
+}
+
+fn write_report(report: &impl serde::Serialize, out: &std::path::Path) -> ExitCode {
+    match serde_json::to_vec_pretty(report).map(|json| std::fs::write(out, json)) {
+        Ok(Ok(())) => {
+            println!("written to {}", out.display());
+            ExitCode::SUCCESS
+        }
+        _ => fail(&format!("cannot write {}", out.display())),
+    }
 }
 
 fn fail(message: &str) -> ExitCode {

@@ -72,10 +72,26 @@ impl Tally {
 struct Plan {
     scenario: Scenario,
     authority: String,
+    /// The API path under the target's base path.
+    path: String,
     body: Bytes,
     authorization: Option<http::HeaderValue>,
     tickets: AtomicU64,
     start: Instant,
+}
+
+/// The authority and request path for `workload` at `target`: the API
+/// path goes under the target's base path (a gateway mounted at a prefix),
+/// and a base ending in `/v1`, as OpenAI base URLs do, is not doubled.
+fn request_target(target: &str, workload: Workload) -> Result<(String, String), String> {
+    let rest = target.trim_start_matches("http://");
+    let (authority, base) = rest.split_once('/').map_or((rest, ""), |(authority, base)| (authority, base));
+    if authority.is_empty() {
+        return Err("target has no host".into());
+    }
+    let base = format!("/{}", base.trim_end_matches('/'));
+    let prefix = base.strip_suffix("/v1").unwrap_or(base.trim_end_matches('/'));
+    Ok((authority.to_owned(), format!("{prefix}{}", workload.path())))
 }
 
 /// Runs `scenario` to completion.
@@ -84,14 +100,7 @@ struct Plan {
 /// The scenario is invalid; failures of requests are counted, not returned.
 pub async fn run(scenario: Scenario) -> Result<RunResult, String> {
     scenario.validate()?;
-    let authority = scenario
-        .target
-        .trim_start_matches("http://")
-        .split('/')
-        .next()
-        .filter(|a| !a.is_empty())
-        .ok_or("target has no host")?
-        .to_owned();
+    let (authority, path) = request_target(&scenario.target, scenario.workload)?;
     let authorization = match &scenario.key {
         Some(key) => {
             Some(http::HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| "key is not a valid header value")?)
@@ -101,6 +110,7 @@ pub async fn run(scenario: Scenario) -> Result<RunResult, String> {
     let plan = Arc::new(Plan {
         body: request_body(&scenario),
         authority,
+        path,
         authorization,
         tickets: AtomicU64::new(0),
         start: Instant::now(),
@@ -216,7 +226,7 @@ async fn exchange(
         }
     };
     sender.ready().await.map_err(|e| format!("connection: {e}"))?;
-    let mut builder = Request::post(scenario.workload.path())
+    let mut builder = Request::post(plan.path.as_str())
         .header(header::HOST, &plan.authority)
         .header(header::CONTENT_TYPE, "application/json")
         .header(WAIT_HEADER, scenario.wait_ms)
@@ -256,4 +266,22 @@ async fn exchange(
 
 fn nanos(duration: Duration) -> u64 {
     u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_api_path_goes_under_the_targets_base_path() {
+        let chat = |target| request_target(target, Workload::Chat);
+        let at = |authority: &str, path: &str| Ok((authority.to_owned(), path.to_owned()));
+        assert_eq!(chat("http://gw:8080"), at("gw:8080", "/v1/chat/completions"));
+        assert_eq!(chat("http://gw:8080/"), at("gw:8080", "/v1/chat/completions"));
+        assert_eq!(chat("http://gw:8080/v1"), at("gw:8080", "/v1/chat/completions"));
+        assert_eq!(chat("http://gw/team-a"), at("gw", "/team-a/v1/chat/completions"));
+        assert_eq!(chat("http://gw/team-a/v1/"), at("gw", "/team-a/v1/chat/completions"));
+        assert_eq!(chat("http://gw/apiv1"), at("gw", "/apiv1/v1/chat/completions"));
+        assert!(chat("http:///v1").is_err());
+    }
 }

@@ -6,17 +6,16 @@
 use std::fmt::Write as _;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use serde::Serialize;
 use serde_json::json;
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::TcpStream;
 
 use waycast_mock::fixtures::free_port;
 
+use crate::process::{self, Process, cpu_seconds, get, memory_mib, peak_rss_mib, pinned, raw_request, wait_for};
 use crate::{BENCH_MODEL, RunResult, Scenario, Workload, source};
 
 /// The bearer key the suite's gateway accepts.
@@ -108,62 +107,8 @@ pub struct HeldStreams {
     pub result: RunResult,
 }
 
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn pinned(cpu: Option<usize>, program: &Path) -> Command {
-    match cpu {
-        Some(cpu) => {
-            let mut command = Command::new("taskset");
-            command.arg("-c").arg(cpu.to_string()).arg(program);
-            command
-        }
-        None => Command::new(program),
-    }
-}
-
-/// A minimal HTTP/1.1 exchange on a fresh connection: (status, body).
-async fn raw_request(address: SocketAddr, request: &[u8]) -> Option<(u16, String)> {
-    let mut stream = TcpStream::connect(address).await.ok()?;
-    stream.write_all(request).await.ok()?;
-    let mut answer = Vec::new();
-    stream.read_to_end(&mut answer).await.ok()?;
-    let text = String::from_utf8_lossy(&answer);
-    let status = text.split(' ').nth(1)?.parse().ok()?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
-    Some((status, body))
-}
-
-fn get(path: &str) -> Vec<u8> {
-    format!("GET {path} HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n").into_bytes()
-}
-
 fn authorized_chat() -> Vec<u8> {
-    let body = format!(r#"{{"model":"{BENCH_MODEL}","messages":[{{"role":"user","content":"hi"}}]}}"#);
-    format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer {SUITE_KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .into_bytes()
-}
-
-async fn wait_for(address: SocketAddr, request: &[u8], deadline: Duration) -> anyhow::Result<Duration> {
-    let started = Instant::now();
-    loop {
-        if raw_request(address, request).await.is_some_and(|(status, _)| status == 200) {
-            return Ok(started.elapsed());
-        }
-        if started.elapsed() > deadline {
-            bail!("{address} did not answer 200 within {deadline:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    process::chat("", SUITE_KEY, BENCH_MODEL)
 }
 
 /// The gateway config: one model to the sink, one key, access log on.
@@ -198,7 +143,7 @@ fn start_gateway(
     let admin = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port(Ipv4Addr::LOCALHOST.into())?));
     // The access log goes to a file, as it would to a container log.
     let log = std::fs::File::create(dir.join(format!("gateway-{}.log", public.port())))?;
-    let child = pinned(options.gateway_cpu, &options.gateway)
+    let child = pinned(options.gateway_cpu.map(|cpu| cpu.to_string()).as_deref(), &options.gateway)
         .arg("--config-file")
         .arg(config)
         .args(["--listen", &public.to_string(), "--admin-listen", &admin.to_string(), "--log", &options.gateway_log])
@@ -210,33 +155,12 @@ fn start_gateway(
     Ok((Process(child), public, admin))
 }
 
-/// User + system CPU seconds a process has used (/proc reports USER_HZ = 100 ticks per second).
-fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name (which may hold spaces) start at ") ".
-    let fields: Vec<&str> = stat.rsplit_once(") ")?.1.split(' ').collect();
-    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
-    Some(ticks / 100.0)
-}
-
-/// A memory figure of /proc/PID/status (`VmHWM`: the peak, `VmRSS`: now), in MiB.
-fn memory_mib(pid: u32, field: &str) -> Option<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kib: f64 =
-        status.lines().find_map(|l| l.strip_prefix(field))?.trim().trim_end_matches("kB").trim().parse().ok()?;
-    Some(kib / 1024.0)
-}
-
-fn peak_rss_mib(pid: u32) -> Option<f64> {
-    memory_mib(pid, "VmHWM:")
-}
-
 /// S8: `streams` streams held open at once through a gateway process of
 /// its own, so its memory before and at the peak is theirs alone.
 async fn held_streams(options: &SuiteOptions, config: &Path, dir: &Path, streams: u64) -> anyhow::Result<HeldStreams> {
     let (process, public, _) = start_gateway(options, config, dir)?;
     wait_for(public, &authorized_chat(), Duration::from_secs(10)).await?;
-    let pid = process.0.id();
+    let pid = process.id();
     let rss_after_start_mib = memory_mib(pid, "VmRSS:").context("reading the gateway's memory")?;
     let cpu_before = cpu_seconds(pid).context("reading the gateway's CPU time")?;
     let (chunks, chunk_interval_ms) = (20, 250);
@@ -335,7 +259,7 @@ pub async fn run(options: SuiteOptions) -> anyhow::Result<SuiteReport> {
     let dir = waycast_mock::fixtures::temp_dir("bench");
     let sink = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port(Ipv4Addr::LOCALHOST.into())?));
     let sink_process = Process(
-        pinned(options.load_cpu, &options.bench)
+        pinned(options.load_cpu.map(|cpu| cpu.to_string()).as_deref(), &options.bench)
             .args(["sink", "--listen", &sink.to_string()])
             .stdin(Stdio::null())
             .spawn()
@@ -346,7 +270,7 @@ pub async fn run(options: SuiteOptions) -> anyhow::Result<SuiteReport> {
     std::fs::write(&config, gateway_config(sink, options.limits)?)?;
     let (gateway, public, admin) = start_gateway(&options, &config, &dir)?;
     wait_for(public, &authorized_chat(), Duration::from_secs(10)).await?;
-    let gateway_pid = gateway.0.id();
+    let gateway_pid = gateway.id();
 
     let mut comparisons = Vec::new();
     let mut rss = serde_json::Map::new();
