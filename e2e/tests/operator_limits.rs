@@ -64,16 +64,27 @@ async fn three_pods_together_admit_a_keys_60_a_minute() {
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
     }
-    let secret = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), &namespace)
-        .get("limited-key")
-        .await
-        .unwrap();
-    let key = String::from_utf8(secret.data.unwrap()["api-key"].0.clone()).unwrap();
+    let secrets = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), &namespace);
+    let key_of = async |name: &str| {
+        String::from_utf8(secrets.get(name).await.unwrap().data.unwrap()["api-key"].0.clone()).unwrap()
+    };
+    let key = key_of("limited-key").await;
+    let urls: Vec<String> = ips.iter().map(|ip| format!("http://{ip}:8080/v1/chat/completions")).collect();
+    // Every pod serves the model: the key's Programmed can come from the
+    // pods that existed when it was applied, before the new ones have
+    // their config. Asked with the quickstart's own key, so the limited
+    // key's buckets stay full.
+    let alice = key_of("alice-key").await;
+    for url in &urls {
+        while status_of(url, &alice).await != Some(http::StatusCode::OK) {
+            assert!(Instant::now() < deadline, "{url} never served the model");
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
 
     // Six requests a second spread evenly over the pods, for 50 s: each
     // pod's bucket (20) drains in ~12 s; from then on the three together
     // admit one a second.
-    let urls: Vec<String> = ips.iter().map(|ip| format!("http://{ip}:8080/v1/chat/completions")).collect();
     let started = Instant::now();
     let mut next = started;
     let (mut early, mut steady, mut refused) = (0, 0, 0);
