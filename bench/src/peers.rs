@@ -23,7 +23,7 @@
 //! not given minutes of work and a fast one is not measured for a blink.
 
 use std::fmt::Write as _;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -32,12 +32,11 @@ use anyhow::{Context as _, bail};
 use serde::Serialize;
 use serde_json::json;
 
-use waycast_mock::fixtures::free_port;
-
 use crate::process::{
-    self, Process, RssSampler, cpu_count, get, pinned, raw_request, tree_cpu_seconds, tree_rss_mib, wait_for,
+    self, Process, RssSampler, cpu_count, local_address, pinned, raw_request, start_sink, tree_cpu_seconds,
+    tree_rss_mib,
 };
-use crate::{RunResult, Scenario, Workload, source};
+use crate::{RunResult, Scenario, source};
 
 /// The bearer key every peer checks. LiteLLM wants its master key to start
 /// with `sk-`; the others take any.
@@ -162,23 +161,16 @@ pub struct Baseline {
     pub streaming: RunResult,
 }
 
-/// A cell's scenario against `target`.
-fn scenario(target: SocketAddr, cell: &Cell, stream: bool, requests: u64, concurrency: u32) -> Scenario {
+/// A cell's scenario against `target` (a base URL).
+fn scenario(target: String, cell: &Cell, stream: bool, requests: u64, concurrency: u32) -> Scenario {
     Scenario {
-        target: format!("http://{target}"),
+        target,
         key: Some(PEERS_KEY.to_owned()),
         model: cell.model.to_owned(),
-        max_tokens: None,
-        workload: Workload::Chat,
         stream,
-        requests,
-        concurrency,
-        rate: None,
-        body_bytes: 1024,
-        wait_ms: 0,
         chunks: cell.chunks,
         chunk_interval_ms: cell.chunk_interval_ms,
-        timeout_ms: 30_000,
+        ..crate::suite::base_scenario(requests, concurrency)
     }
 }
 
@@ -306,10 +298,6 @@ fn no_prefix(_: &str) -> String {
     String::new()
 }
 
-fn local_address() -> anyhow::Result<SocketAddr> {
-    Ok(SocketAddr::from((Ipv4Addr::LOCALHOST, free_port(Ipv4Addr::LOCALHOST.into())?)))
-}
-
 fn start(peer: &Peer, options: &PeersOptions, sinks: &[SocketAddr; 3], dir: &Path) -> anyhow::Result<Running> {
     let address = local_address()?;
     let workers = cpu_count(&options.peer_cpus);
@@ -394,10 +382,7 @@ async fn calibrated(
     concurrency: u32,
     seconds: f64,
 ) -> anyhow::Result<CellResult> {
-    let at = |requests| Scenario {
-        target: target(running, cell),
-        ..scenario(running.address, cell, stream, requests, concurrency)
-    };
+    let at = |requests| scenario(target(running, cell), cell, stream, requests, concurrency);
     let warm_up = u64::from(concurrency) * 10;
     let probe = source::run(at(warm_up)).await.map_err(anyhow::Error::msg)?;
     if probe.ok == 0 {
@@ -438,11 +423,7 @@ async fn held(peer: &Peer, running: &Running, streams: u64) -> anyhow::Result<Pe
     eprintln!("bench-peers: {}: {streams} held streams", peer.kind.name());
     let concurrency = u32::try_from(streams).context("too many held streams")?;
     let sampler = RssSampler::start(pid);
-    let held = timed(
-        running,
-        Scenario { target: target(running, &HELD), ..scenario(running.address, &HELD, true, streams, concurrency) },
-    )
-    .await?;
+    let held = timed(running, scenario(target(running, &HELD), &HELD, true, streams, concurrency)).await?;
     let held_peak_rss_mib = sampler.peak_mib();
     Ok(PeerReport {
         peer: peer.kind,
@@ -467,31 +448,24 @@ pub async fn run(options: PeersOptions) -> anyhow::Result<PeersReport> {
     let mut sink_processes = Vec::new();
     let mut sinks = Vec::new();
     for cell in CELLS {
-        let address = local_address()?;
-        sink_processes.push(Process(
-            pinned(options.load_cpus.as_deref(), &options.bench)
-                .args(["sink", "--listen", &address.to_string()])
-                .args([
-                    "--chunks",
-                    &cell.chunks.to_string(),
-                    "--chunk-interval-ms",
-                    &cell.chunk_interval_ms.to_string(),
-                ])
-                .stdin(Stdio::null())
-                .spawn()
-                .context("starting a sink")?,
-        ));
-        wait_for(address, &get("/v1/models"), Duration::from_secs(10)).await?;
+        let flags = [
+            "--chunks".to_owned(),
+            cell.chunks.to_string(),
+            "--chunk-interval-ms".to_owned(),
+            cell.chunk_interval_ms.to_string(),
+        ];
+        let (process, address) = start_sink(&options.bench, options.load_cpus.as_deref(), &flags).await?;
+        sink_processes.push(process);
         sinks.push(address);
     }
     let sinks: [SocketAddr; 3] = [sinks[0], sinks[1], sinks[2]];
 
     eprintln!("bench-peers: baseline (the sinks alone)");
     let baseline = Baseline {
-        saturation: source::run(scenario(sinks[0], &SATURATION, false, 64 * 200, 64))
+        saturation: source::run(scenario(format!("http://{}", sinks[0]), &SATURATION, false, 64 * 200, 64))
             .await
             .map_err(anyhow::Error::msg)?,
-        streaming: source::run(scenario(sinks[1], &STREAMING, true, 100 * 20, 100))
+        streaming: source::run(scenario(format!("http://{}", sinks[1]), &STREAMING, true, 100 * 20, 100))
             .await
             .map_err(anyhow::Error::msg)?,
     };
@@ -606,6 +580,8 @@ pub fn table(report: &PeersReport) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::net::Ipv4Addr;
+
     use super::*;
 
     fn sinks() -> [SocketAddr; 3] {

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use anyhow::bail;
+use anyhow::{Context as _, bail};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
@@ -73,6 +73,34 @@ pub fn cpu_count(cpus: &str) -> usize {
         })
         .sum();
     count.max(1)
+}
+
+/// A free port on 127.0.0.1.
+///
+/// # Errors
+/// No port can be bound.
+pub fn local_address() -> anyhow::Result<SocketAddr> {
+    let port = waycast_mock::fixtures::free_port(std::net::Ipv4Addr::LOCALHOST.into())?;
+    Ok(SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port)))
+}
+
+/// Starts `waycast-bench sink` (the `bench` binary, pinned to `cpus`) with
+/// `answers` (its default-answer flags) on a free port, once it answers.
+///
+/// # Errors
+/// It cannot start or does not answer within 10 s.
+pub async fn start_sink(bench: &Path, cpus: Option<&str>, answers: &[String]) -> anyhow::Result<(Process, SocketAddr)> {
+    let address = local_address()?;
+    let process = Process(
+        pinned(cpus, bench)
+            .args(["sink", "--listen", &address.to_string()])
+            .args(answers)
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .context("starting the sink")?,
+    );
+    wait_for(address, &get("/v1/models"), Duration::from_secs(10)).await?;
+    Ok((process, address))
 }
 
 /// A minimal HTTP/1.1 exchange on a fresh connection: (status, body).

@@ -4,7 +4,7 @@
 //! other. Prints a table and writes JSON.
 
 use std::fmt::Write as _;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -13,9 +13,9 @@ use anyhow::Context as _;
 use serde::Serialize;
 use serde_json::json;
 
-use waycast_mock::fixtures::free_port;
-
-use crate::process::{self, Process, cpu_seconds, get, memory_mib, peak_rss_mib, pinned, raw_request, wait_for};
+use crate::process::{
+    self, Process, cpu_seconds, get, local_address, memory_mib, peak_rss_mib, pinned, raw_request, start_sink, wait_for,
+};
 use crate::{BENCH_MODEL, RunResult, Scenario, Workload, source};
 
 /// The bearer key the suite's gateway accepts.
@@ -139,8 +139,7 @@ fn start_gateway(
     config: &Path,
     dir: &Path,
 ) -> anyhow::Result<(Process, SocketAddr, SocketAddr)> {
-    let public = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port(Ipv4Addr::LOCALHOST.into())?));
-    let admin = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port(Ipv4Addr::LOCALHOST.into())?));
+    let (public, admin) = (local_address()?, local_address()?);
     // The access log goes to a file, as it would to a container log.
     let log = std::fs::File::create(dir.join(format!("gateway-{}.log", public.port())))?;
     let child = pinned(options.gateway_cpu.map(|cpu| cpu.to_string()).as_deref(), &options.gateway)
@@ -197,7 +196,7 @@ async fn overhead_totals(admin: SocketAddr) -> Option<(f64, f64)> {
 }
 
 /// A chat scenario of the suite (its target still to set).
-fn base_scenario(requests: u64, concurrency: u32) -> Scenario {
+pub fn base_scenario(requests: u64, concurrency: u32) -> Scenario {
     Scenario {
         target: String::new(),
         key: Some(SUITE_KEY.to_owned()),
@@ -257,15 +256,8 @@ pub fn scenarios(scale: f64) -> Vec<(String, String, Scenario)> {
 /// A process cannot start or answer.
 pub async fn run(options: SuiteOptions) -> anyhow::Result<SuiteReport> {
     let dir = waycast_mock::fixtures::temp_dir("bench");
-    let sink = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port(Ipv4Addr::LOCALHOST.into())?));
-    let sink_process = Process(
-        pinned(options.load_cpu.map(|cpu| cpu.to_string()).as_deref(), &options.bench)
-            .args(["sink", "--listen", &sink.to_string()])
-            .stdin(Stdio::null())
-            .spawn()
-            .context("starting the sink")?,
-    );
-    wait_for(sink, &get("/v1/models"), Duration::from_secs(10)).await?;
+    let (sink_process, sink) =
+        start_sink(&options.bench, options.load_cpu.map(|cpu| cpu.to_string()).as_deref(), &[]).await?;
     let config = dir.join("gateway.json");
     std::fs::write(&config, gateway_config(sink, options.limits)?)?;
     let (gateway, public, admin) = start_gateway(&options, &config, &dir)?;
