@@ -23,13 +23,13 @@ use waycast_crds::egress::Cidr;
 use crate::limit::LimitSet;
 use crate::limit::redis::RedisCounter;
 use crate::snapshot::BuildError;
-use crate::upstream::{UpstreamClients, effective_tls};
+use crate::upstream::{UpstreamClient, effective_tls};
 
 /// The resources a config is built with. Cloning shares them.
 #[derive(Clone, Default)]
 pub struct Resources {
     denied: Arc<[Cidr]>,
-    clients: Vec<(ClientKey, UpstreamClients)>,
+    clients: Vec<(ClientKey, UpstreamClient)>,
     redis: Option<Arc<RedisCounter>>,
     key_limits: HashMap<Arc<str>, Limits>,
     model_limits: HashMap<Arc<str>, Limits>,
@@ -48,7 +48,7 @@ struct Limits {
 
 impl Resources {
     /// The pooled clients whose connects give up after `connect` and use `tls`.
-    pub fn client(&self, connect: Duration, tls: Option<&ClientTlsConfig>) -> Option<&UpstreamClients> {
+    pub fn client(&self, connect: Duration, tls: Option<&ClientTlsConfig>) -> Option<&UpstreamClient> {
         self.clients.iter().find(|((timeout, with), _)| *timeout == connect && with.as_ref() == tls).map(|(_, c)| c)
     }
 
@@ -69,24 +69,12 @@ impl Resources {
 }
 
 /// What the serving config was built with.
+#[derive(Default)]
 pub struct Registry {
     held: Resources,
-    /// One pool of each kind per data-plane worker.
-    workers: usize,
-}
-
-impl Default for Registry {
-    fn default() -> Self {
-        Self::new(1)
-    }
 }
 
 impl Registry {
-    /// Nothing held yet; pools will be made for `workers` workers.
-    pub fn new(workers: usize) -> Self {
-        Self { held: Resources::default(), workers }
-    }
-
     /// The resources for `config`: what it shares with the serving config is
     /// reused, the rest is made (a limit that changed continues from the
     /// old state). Starts a Redis connection task when the settings ask for
@@ -100,7 +88,7 @@ impl Registry {
         let denied: Arc<[Cidr]> = config.settings.denied_cidrs.iter().filter_map(|c| c.parse().ok()).collect();
         // Pools are reused only while the egress rules they enforce stay.
         let reusable = if held.denied == denied { held.clients.as_slice() } else { &[] };
-        let mut clients: Vec<(ClientKey, UpstreamClients)> = Vec::new();
+        let mut clients: Vec<(ClientKey, UpstreamClient)> = Vec::new();
         let wanted = config.models.iter().enumerate().flat_map(|(model, m)| {
             m.backends
                 .iter()
@@ -113,7 +101,7 @@ impl Registry {
             }
             let client = match reusable.iter().find(|(held, _)| *held == key) {
                 Some((_, client)) => client.clone(),
-                None => UpstreamClients::new(self.workers, key.0, &denied, key.1.as_ref())
+                None => crate::upstream::client(key.0, &denied, key.1.as_ref())
                     .map_err(|e| BuildError::Tls(format!("models[{model}].backends[{backend}].tls: {e}")))?,
             };
             clients.push((key, client));

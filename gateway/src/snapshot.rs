@@ -24,7 +24,7 @@ use waycast_crds::config::{GatewayConfig, KeyConfig, ModelConfig, Settings, Time
 use crate::limit::LimitSet;
 use crate::limit::redis::RedisCounter;
 use crate::registry::{Registry, Resources};
-use crate::upstream::UpstreamClients;
+use crate::upstream::UpstreamClient;
 
 /// The inference endpoints forwarded to a model's backends; a backend's
 /// upstream paths are built for each, in this order, when a config loads.
@@ -174,7 +174,7 @@ pub struct Backend {
     pub weight: u32,
     /// The pooled clients (one per worker) with the model's connect timeout
     /// and this backend's TLS settings.
-    pub client: UpstreamClients,
+    pub client: UpstreamClient,
     /// Failover tier (lowest first).
     pub priority: u32,
     /// The Service (`namespace/name:port`) whose endpoints serve it, for

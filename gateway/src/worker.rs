@@ -1,7 +1,7 @@
 //! The data plane's share-nothing layout (`--workers N`): N threads, each
 //! with its own single-threaded tokio runtime, its own listener on the
 //! public address (`SO_REUSEPORT`: the kernel spreads new connections over
-//! them) and its own upstream pools ([`crate::upstream::UpstreamClients`]).
+//! them) and its own upstream pools ([`crate::upstream::UpstreamClient`]).
 //! A client connection, its requests, their upstream connections and the
 //! tasks and timers of all of them stay on the thread that accepted it: no
 //! work stealing moves them, no pool lock or task wake-up crosses cores.

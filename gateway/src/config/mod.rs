@@ -40,7 +40,7 @@ pub const UPDATE_QUEUE: usize = 4;
 /// Applies each update in turn until every source has ended; the only
 /// owner of the [`Registry`].
 pub async fn apply_updates(mut updates: mpsc::Receiver<Update>, shared: Arc<Shared>) {
-    let mut registry = Registry::new(shared.workers);
+    let mut registry = Registry::default();
     while let Some(Update { source, bytes }) = updates.recv().await {
         match bytes {
             // Errors are logged and counted by the store.

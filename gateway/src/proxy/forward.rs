@@ -1,4 +1,4 @@
-//! Sending a request upstream: pooled hyper client, header hygiene, model
+//! Sending a request upstream: the pooled HTTP/1.1 client, header hygiene, model
 //! rewrite, failover to the next backend on connect failure, and the
 //! first-byte timeout. No total-duration timeout exists anywhere.
 
@@ -8,19 +8,17 @@ use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Method, Request, Response, Uri};
-use http_body_util::Full;
-use hyper::body::Incoming;
 
 use crate::error::GatewayError;
 use crate::snapshot::{Backend, Route};
-use crate::upstream::egress::egress_denied;
+use crate::upstream::UpstreamBody;
 use crate::upstream::endpoints::EndpointTable;
 use crate::upstream::pick::{EndpointSet, InFlight};
 
 /// What the upstream answered.
 pub struct Forwarded {
     /// Its response; the body is still streaming.
-    pub response: Response<Incoming>,
+    pub response: Response<UpstreamBody>,
     /// When the request was handed to the client.
     pub sent_at: Instant,
     /// When the response headers arrived.
@@ -183,7 +181,7 @@ async fn send_to(
     let request = build_request(backend, authority, &route.forward_headers, outgoing)
         .ok_or_else(|| Failure::Final(GatewayError::UpstreamFailed(route.name.to_string())))?;
     let sent_at = Instant::now();
-    match tokio::time::timeout(route.timeouts.first_byte, backend.client.local().request(request)).await {
+    match tokio::time::timeout(route.timeouts.first_byte, backend.client.request(request)).await {
         Ok(Ok(response)) => {
             let headers_at = Instant::now();
             if let Some(flight) = &in_flight {
@@ -192,7 +190,7 @@ async fn send_to(
             Ok(Forwarded { response, sent_at, headers_at, in_flight })
         }
         Ok(Err(error)) if error.is_connect() => {
-            if egress_denied(&error) {
+            if error.is_egress_denied() {
                 tracing::warn!(model = %route.name, %error, "upstream refused by the egress guard");
                 return Err(Failure::TryNextBackend(GatewayError::EgressDenied(route.name.to_string())));
             }
@@ -220,7 +218,7 @@ fn build_request(
     authority: http::uri::Authority,
     extra: &crate::snapshot::ForwardHeaders,
     outgoing: &Outgoing<'_>,
-) -> Option<Request<Full<Bytes>>> {
+) -> Option<Request<Bytes>> {
     let path = backend.paths.get(outgoing.endpoint)?;
     // The backend's own query (Azure's `api-version`) comes first, then the
     // client's.
@@ -250,7 +248,7 @@ fn build_request(
     // X-Forwarded-For would let it pose as another address upstream.
     headers.insert(FORWARDED_FOR.clone(), outgoing.client.forwarded_for.clone());
     headers.insert(FORWARDED_PROTO.clone(), outgoing.client.forwarded_proto.clone());
-    let mut request = Request::new(Full::new(body));
+    let mut request = Request::new(body);
     *request.method_mut() = outgoing.method.clone();
     *request.uri_mut() = uri;
     *request.headers_mut() = headers;

@@ -108,6 +108,10 @@ pub async fn handle(
 }
 
 /// How a request is answered when it is not an error.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "Relay is the common case and lives only until the response is made; boxing it costs an allocation per request"
+)]
 enum Answer {
     /// By the gateway itself (`/v1/models`).
     Own(Bytes),
@@ -118,7 +122,7 @@ enum Answer {
 /// An upstream response ready to relay, and what the relay needs.
 struct Relayed {
     head: http::response::Parts,
-    body: Incoming,
+    body: crate::upstream::UpstreamBody,
     idle_timeout: std::time::Duration,
     usage_watch: UsageWatch,
     /// Request sent → response headers.

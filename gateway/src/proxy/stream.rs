@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use crate::upstream::UpstreamBody;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use tokio::time::Sleep;
 
 use super::exchange::{CLIENT_CLOSED_REQUEST, Exchange, Outcome};
@@ -89,7 +89,7 @@ pub enum UsageWatch {
 
 /// Relays an upstream body.
 pub struct RelayBody {
-    inner: Incoming,
+    inner: UpstreamBody,
     idle_timeout: Duration,
     idle: Pin<Box<Sleep>>,
     /// When the upstream last sent a frame. The idle timer is moved to
@@ -111,7 +111,7 @@ pub struct RelayBody {
 impl RelayBody {
     /// Wraps `inner`; `exchange` is finished when the relay ends.
     pub fn new(
-        inner: Incoming,
+        inner: UpstreamBody,
         exchange: Exchange,
         status: u16,
         idle_timeout: Duration,

@@ -1,29 +1,17 @@
 //! The egress guard at connect time: host names resolve as usual
-//! (getaddrinfo on the blocking pool, like hyper's own resolver), then every
-//! address that is link-local, a cloud metadata address or in the config's
-//! `deniedCIDRs` is dropped. A name left with no address fails the connect
-//! with [`EgressDenied`], which `proxy::forward::send` turns into a 502
+//! (getaddrinfo on the blocking pool), then every address that is
+//! link-local, a cloud metadata address or in the config's `deniedCIDRs` is
+//! dropped. A name left with no address fails the connect with
+//! [`EgressDenied`], which `proxy::forward::send` turns into a 502
 //! `egress_denied` (counted in `waycast_gateway_upstream_errors_total`).
 //!
 //! IP literals in backend URLs never reach a resolver: config validation
 //! refuses link-local/metadata literals, and the operator checks literals
 //! in `url` backends against the Gateway's denied ranges.
 
-use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context, Poll};
 
-use hyper_util::client::legacy::connect::dns::Name;
 use waycast_crds::egress::{self, Cidr};
-
-/// A resolver that drops the addresses a backend may not reach.
-#[derive(Clone, Debug)]
-pub struct GuardedResolver {
-    /// Ranges denied on top of the fixed link-local/metadata guard.
-    pub denied: Arc<[Cidr]>,
-}
 
 /// Every address of a host name was refused by the egress guard.
 #[derive(Debug, thiserror::Error)]
@@ -33,36 +21,16 @@ pub struct EgressDenied {
     why: String,
 }
 
-type Resolving = Pin<Box<dyn Future<Output = Result<std::vec::IntoIter<SocketAddr>, std::io::Error>> + Send>>;
-
-impl tower_service::Service<Name> for GuardedResolver {
-    type Response = std::vec::IntoIter<SocketAddr>;
-    type Error = std::io::Error;
-    type Future = Resolving;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, name: Name) -> Self::Future {
-        let denied = self.denied.clone();
-        Box::pin(async move {
-            let host = name.as_str().to_owned();
-            // Port 0: the connector sets the URL's port on each address.
-            let resolved: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
-            let (allowed, why) = allowed_addresses(resolved, &denied);
-            if allowed.is_empty() {
-                let why = why.unwrap_or_else(|| "no address".to_owned());
-                return Err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, EgressDenied { host, why }));
-            }
-            Ok(allowed.into_iter())
-        })
+impl EgressDenied {
+    /// `host` had no address left; `why` the first was refused, if any was.
+    pub fn new(host: &str, why: Option<String>) -> Self {
+        Self { host: host.to_owned(), why: why.unwrap_or_else(|| "no address".to_owned()) }
     }
 }
 
 /// The addresses a backend may reach, and why the first refused one was
 /// refused.
-fn allowed_addresses(resolved: Vec<SocketAddr>, denied: &[Cidr]) -> (Vec<SocketAddr>, Option<String>) {
+pub(super) fn allowed_addresses(resolved: Vec<SocketAddr>, denied: &[Cidr]) -> (Vec<SocketAddr>, Option<String>) {
     let mut why = None;
     let allowed = resolved
         .into_iter()
@@ -75,23 +43,6 @@ fn allowed_addresses(resolved: Vec<SocketAddr>, denied: &[Cidr]) -> (Vec<SocketA
         })
         .collect();
     (allowed, why)
-}
-
-/// Whether a client error was the egress guard refusing every address.
-pub fn egress_denied(error: &hyper_util::client::legacy::Error) -> bool {
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        if cause.is::<EgressDenied>() {
-            return true;
-        }
-        if let Some(io) = cause.downcast_ref::<std::io::Error>()
-            && io.get_ref().is_some_and(|inner| inner.is::<EgressDenied>())
-        {
-            return true;
-        }
-        source = cause.source();
-    }
-    false
 }
 
 #[cfg(test)]

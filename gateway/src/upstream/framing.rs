@@ -1,0 +1,374 @@
+//! How an upstream HTTP/1.1 response body is delimited (RFC 9112 §6.3) and
+//! the decoder that takes its framing off: pure functions over bytes, so
+//! every hostile shape is unit-tested without a socket.
+//!
+//! The decoder copies the data bytes of each read into one buffer of their
+//! own size and keeps nothing between reads but a few integers: an idle
+//! stream holds no read buffer (`docs/performance.md`, memory per stream).
+
+use bytes::BytesMut;
+use http::HeaderMap;
+use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
+
+/// The longest chunk extension or trailer section accepted: an upstream
+/// that sends more is broken or hostile.
+const MAX_FRAMING_BYTES: u32 = 16 * 1024;
+
+/// How a response body ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// It has none (HEAD, 204, 304).
+    Empty,
+    /// `Content-Length` bytes.
+    Length(u64),
+    /// `Transfer-Encoding: chunked`.
+    Chunked,
+    /// Everything until the upstream closes the connection.
+    UntilClose,
+}
+
+/// A response that breaks HTTP/1.1's framing rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum FramingError {
+    /// `Content-Length` is not one non-negative integer.
+    #[error("invalid Content-Length")]
+    BadLength,
+    /// A chunk-size line is malformed or overflows.
+    #[error("malformed chunk size")]
+    BadChunkSize,
+    /// A chunk's data is not followed by CRLF.
+    #[error("chunk data not followed by CRLF")]
+    BadChunkEnd,
+    /// A chunk extension or the trailers are longer than allowed.
+    #[error("chunk extension or trailers longer than {MAX_FRAMING_BYTES} bytes")]
+    FramingTooLong,
+    /// The connection closed before the body's end.
+    #[error("connection closed before the end of the body")]
+    Truncated,
+}
+
+/// The framing of a response to a request (`head`: it was a HEAD request)
+/// with `status` and `headers`.
+///
+/// # Errors
+/// [`FramingError::BadLength`] for a `Content-Length` that is not one
+/// number (several differing values included): such a response could be
+/// read two ways, so it is read none.
+pub fn framing(head: bool, status: u16, headers: &HeaderMap) -> Result<Framing, FramingError> {
+    if head || status == 204 || status == 304 || (100..200).contains(&status) {
+        return Ok(Framing::Empty);
+    }
+    if headers.contains_key(TRANSFER_ENCODING) {
+        // The last coding decides; a body whose last coding is not chunked
+        // can only end with the connection.
+        let last = headers
+            .get_all(TRANSFER_ENCODING)
+            .iter()
+            .filter_map(|value| value.to_str().ok())
+            .flat_map(|value| value.split(','))
+            .map(str::trim)
+            .rfind(|coding| !coding.is_empty());
+        return Ok(match last {
+            Some(coding) if coding.eq_ignore_ascii_case("chunked") => Framing::Chunked,
+            _ => Framing::UntilClose,
+        });
+    }
+    let mut length = None;
+    for value in headers.get_all(CONTENT_LENGTH) {
+        for part in value.to_str().map_err(|_| FramingError::BadLength)?.split(',') {
+            let part = part.trim();
+            if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(FramingError::BadLength);
+            }
+            let parsed: u64 = part.parse().map_err(|_| FramingError::BadLength)?;
+            if length.is_some_and(|seen| seen != parsed) {
+                return Err(FramingError::BadLength);
+            }
+            length = Some(parsed);
+        }
+    }
+    Ok(length.map_or(Framing::UntilClose, Framing::Length))
+}
+
+/// Where a chunked body's decoder stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Chunk {
+    /// In the hex digits of a chunk size (`digits` read so far).
+    Size { size: u64, digits: u8 },
+    /// In a chunk extension (skipped), `seen` bytes so far.
+    Extension { size: u64, seen: u32 },
+    /// After the size line's CR.
+    SizeLf { size: u64 },
+    /// `left` data bytes of the chunk to come.
+    Data { left: u64 },
+    /// After the data, expecting CR.
+    DataCr,
+    /// After the data's CR.
+    DataLf,
+    /// At the start of a trailer line (or the final CRLF).
+    TrailerStart { seen: u32 },
+    /// Inside a trailer line (skipped).
+    Trailer { seen: u32 },
+    /// After the final CR.
+    EndLf,
+}
+
+/// Takes the framing off a response body, read by read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decoder {
+    /// `left` bytes to come.
+    Length { left: u64 },
+    /// A chunked body.
+    Chunked(ChunkState),
+    /// Until the connection closes.
+    UntilClose,
+    /// The body has ended.
+    Done,
+}
+
+/// A chunked decoder's state (opaque).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkState(Chunk);
+
+impl Decoder {
+    /// The decoder for a body framed as `framing`.
+    pub fn new(framing: Framing) -> Self {
+        match framing {
+            Framing::Empty | Framing::Length(0) => Decoder::Done,
+            Framing::Length(left) => Decoder::Length { left },
+            Framing::Chunked => Decoder::Chunked(ChunkState(Chunk::Size { size: 0, digits: 0 })),
+            Framing::UntilClose => Decoder::UntilClose,
+        }
+    }
+
+    /// Whether the body has ended.
+    pub fn is_done(&self) -> bool {
+        matches!(self, Decoder::Done)
+    }
+
+    /// The data bytes still to come, when known.
+    pub fn remaining(&self) -> Option<u64> {
+        match self {
+            Decoder::Length { left } => Some(*left),
+            Decoder::Done => Some(0),
+            _ => None,
+        }
+    }
+
+    /// Decodes `input`, appending its data bytes to `out`. Returns how many
+    /// bytes of `input` belonged to the body: fewer than `input.len()` only
+    /// when the body ended inside it (the rest is not this response's).
+    ///
+    /// # Errors
+    /// A chunked body that breaks its framing.
+    pub fn decode(&mut self, input: &[u8], out: &mut BytesMut) -> Result<usize, FramingError> {
+        match self {
+            Decoder::Done => Ok(0),
+            Decoder::UntilClose => {
+                out.extend_from_slice(input);
+                Ok(input.len())
+            }
+            Decoder::Length { left } => {
+                let take = usize::try_from(*left).map_or(input.len(), |left| left.min(input.len()));
+                out.extend_from_slice(&input[..take]);
+                *left -= take as u64;
+                if *left == 0 {
+                    *self = Decoder::Done;
+                }
+                Ok(take)
+            }
+            Decoder::Chunked(ChunkState(state)) => {
+                let used = decode_chunked(state, input, out)?;
+                if used.1 {
+                    *self = Decoder::Done;
+                }
+                Ok(used.0)
+            }
+        }
+    }
+
+    /// The connection closed: fine only for a body that ends that way.
+    ///
+    /// # Errors
+    /// [`FramingError::Truncated`] for a body that had more to come.
+    pub fn at_eof(&mut self) -> Result<(), FramingError> {
+        match self {
+            Decoder::Done | Decoder::UntilClose => {
+                *self = Decoder::Done;
+                Ok(())
+            }
+            _ => Err(FramingError::Truncated),
+        }
+    }
+}
+
+/// Runs the chunked state machine over `input`: (bytes used, body ended).
+fn decode_chunked(state: &mut Chunk, input: &[u8], out: &mut BytesMut) -> Result<(usize, bool), FramingError> {
+    let mut at = 0;
+    while at < input.len() {
+        if let Chunk::Data { left } = state {
+            let take = usize::try_from(*left).map_or(input.len() - at, |left| left.min(input.len() - at));
+            out.extend_from_slice(&input[at..at + take]);
+            at += take;
+            *left -= take as u64;
+            if *left == 0 {
+                *state = Chunk::DataCr;
+            }
+            continue;
+        }
+        let byte = input[at];
+        at += 1;
+        *state = match (*state, byte) {
+            (Chunk::Size { size, digits }, _) if byte.is_ascii_hexdigit() => {
+                let digit = u64::from((byte as char).to_digit(16).unwrap_or(0));
+                // 16 hex digits fill a u64; leading zeros are allowed.
+                let size = size.checked_mul(16).and_then(|s| s.checked_add(digit)).ok_or(FramingError::BadChunkSize)?;
+                Chunk::Size { size, digits: digits.saturating_add(1) }
+            }
+            (Chunk::Size { digits: 0, .. }, _) => return Err(FramingError::BadChunkSize),
+            (Chunk::Size { size, .. }, b';' | b' ' | b'\t') => Chunk::Extension { size, seen: 0 },
+            (Chunk::Size { size, .. } | Chunk::Extension { size, .. }, b'\r') => Chunk::SizeLf { size },
+            (Chunk::Size { .. } | Chunk::Extension { .. }, b'\n') => return Err(FramingError::BadChunkSize),
+            (Chunk::Size { .. }, _) => return Err(FramingError::BadChunkSize),
+            (Chunk::Extension { size, seen }, _) => {
+                if seen >= MAX_FRAMING_BYTES {
+                    return Err(FramingError::FramingTooLong);
+                }
+                Chunk::Extension { size, seen: seen + 1 }
+            }
+            (Chunk::SizeLf { size: 0 }, b'\n') => Chunk::TrailerStart { seen: 0 },
+            (Chunk::SizeLf { size }, b'\n') => Chunk::Data { left: size },
+            (Chunk::SizeLf { .. }, _) => return Err(FramingError::BadChunkSize),
+            (Chunk::DataCr, b'\r') => Chunk::DataLf,
+            (Chunk::DataLf, b'\n') => Chunk::Size { size: 0, digits: 0 },
+            (Chunk::DataCr | Chunk::DataLf, _) => return Err(FramingError::BadChunkEnd),
+            (Chunk::TrailerStart { .. }, b'\r') => Chunk::EndLf,
+            (Chunk::EndLf, b'\n') => return Ok((at, true)),
+            (Chunk::EndLf, _) => return Err(FramingError::BadChunkEnd),
+            (Chunk::TrailerStart { seen } | Chunk::Trailer { seen }, _) => {
+                if seen >= MAX_FRAMING_BYTES {
+                    return Err(FramingError::FramingTooLong);
+                }
+                if byte == b'\n' { Chunk::TrailerStart { seen: seen + 1 } } else { Chunk::Trailer { seen: seen + 1 } }
+            }
+            (Chunk::Data { .. }, _) => unreachable!("data is taken above"),
+        };
+    }
+    Ok((at, false))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(*name, HeaderValue::from_static(value));
+        }
+        map
+    }
+
+    /// Feeds `input` split into pieces of `step` bytes; returns the data,
+    /// the bytes used and whether the body ended.
+    fn decode_in_steps(framing: Framing, input: &[u8], step: usize) -> Result<(Vec<u8>, usize, bool), FramingError> {
+        let mut decoder = Decoder::new(framing);
+        let mut out = BytesMut::new();
+        let mut used = 0;
+        for piece in input.chunks(step) {
+            let n = decoder.decode(piece, &mut out)?;
+            used += n;
+            if n < piece.len() {
+                break;
+            }
+        }
+        Ok((out.to_vec(), used, decoder.is_done()))
+    }
+
+    #[test]
+    fn framing_follows_rfc_9112() {
+        assert_eq!(framing(true, 200, &headers(&[("content-length", "5")])), Ok(Framing::Empty));
+        assert_eq!(framing(false, 204, &HeaderMap::new()), Ok(Framing::Empty));
+        assert_eq!(framing(false, 304, &HeaderMap::new()), Ok(Framing::Empty));
+        assert_eq!(framing(false, 200, &headers(&[("content-length", "5")])), Ok(Framing::Length(5)));
+        assert_eq!(framing(false, 200, &headers(&[("content-length", "5, 5")])), Ok(Framing::Length(5)));
+        assert_eq!(
+            framing(false, 200, &headers(&[("content-length", "5"), ("content-length", "5")])),
+            Ok(Framing::Length(5))
+        );
+        assert_eq!(framing(false, 200, &HeaderMap::new()), Ok(Framing::UntilClose));
+        // Transfer-Encoding wins over Content-Length; its last coding decides.
+        let chunked = headers(&[("transfer-encoding", "gzip, Chunked"), ("content-length", "5")]);
+        assert_eq!(framing(false, 200, &chunked), Ok(Framing::Chunked));
+        assert_eq!(framing(false, 200, &headers(&[("transfer-encoding", "chunked, gzip")])), Ok(Framing::UntilClose));
+    }
+
+    #[test]
+    fn ambiguous_lengths_are_refused() {
+        for bad in ["5, 6", "-1", "+5", "", "0x10", "99999999999999999999999"] {
+            assert_eq!(
+                framing(false, 200, &headers(&[("content-length", bad)])),
+                Err(FramingError::BadLength),
+                "{bad}"
+            );
+        }
+        let two = headers(&[("content-length", "5"), ("content-length", "6")]);
+        assert_eq!(framing(false, 200, &two), Err(FramingError::BadLength));
+    }
+
+    #[test]
+    fn chunked_bodies_decode_whatever_the_reads() {
+        let body = b"5;name=value\r\nhello\r\n7\r\n, world\r\n0\r\nx-trailer: yes\r\n\r\n";
+        for step in 1..=body.len() {
+            let (data, used, done) = decode_in_steps(Framing::Chunked, body, step).unwrap();
+            assert_eq!(data, b"hello, world", "step {step}");
+            assert_eq!((used, done), (body.len(), true), "step {step}");
+        }
+    }
+
+    #[test]
+    fn bytes_after_the_end_are_not_the_body() {
+        let input = b"3\r\nabc\r\n0\r\n\r\nHTTP/1.1 200 OK\r\n";
+        let (data, used, done) = decode_in_steps(Framing::Chunked, input, input.len()).unwrap();
+        assert_eq!((data.as_slice(), used, done), (&b"abc"[..], 13, true));
+        let (data, used, done) = decode_in_steps(Framing::Length(4), b"abcdefg", 7).unwrap();
+        assert_eq!((data.as_slice(), used, done), (&b"abcd"[..], 4, true));
+    }
+
+    #[test]
+    fn hostile_chunk_framing_is_refused() {
+        let cases: [(&[u8], FramingError); 7] = [
+            (b"zz\r\n", FramingError::BadChunkSize),
+            (b"\r\n", FramingError::BadChunkSize),
+            (b"5\nhello\r\n", FramingError::BadChunkSize),
+            (b"11111111111111111\r\n", FramingError::BadChunkSize),
+            (b"3\r\nabcX", FramingError::BadChunkEnd),
+            (b"3\r\nabc\rX", FramingError::BadChunkEnd),
+            (b"0\r\n\rX", FramingError::BadChunkEnd),
+        ];
+        for (input, error) in cases {
+            assert_eq!(decode_in_steps(Framing::Chunked, input, 1), Err(error), "{:?}", String::from_utf8_lossy(input));
+        }
+        let long_extension = [b"1;".as_slice(), &[b'a'; 20_000]].concat();
+        assert_eq!(decode_in_steps(Framing::Chunked, &long_extension, 4096), Err(FramingError::FramingTooLong));
+        let endless_trailers = [b"0\r\n".as_slice(), &b"x: y\r\n".repeat(4000)].concat();
+        assert_eq!(decode_in_steps(Framing::Chunked, &endless_trailers, 4096), Err(FramingError::FramingTooLong));
+    }
+
+    #[test]
+    fn the_end_of_the_connection_ends_only_what_it_may() {
+        let mut until_close = Decoder::new(Framing::UntilClose);
+        assert_eq!(until_close.at_eof(), Ok(()));
+        assert!(until_close.is_done());
+        let mut length = Decoder::new(Framing::Length(3));
+        length.decode(b"ab", &mut BytesMut::new()).unwrap();
+        assert_eq!(length.remaining(), Some(1));
+        assert_eq!(length.at_eof(), Err(FramingError::Truncated));
+        let mut chunked = Decoder::new(Framing::Chunked);
+        chunked.decode(b"3\r\nab", &mut BytesMut::new()).unwrap();
+        assert_eq!(chunked.at_eof(), Err(FramingError::Truncated));
+        assert!(Decoder::new(Framing::Length(0)).is_done());
+        assert!(Decoder::new(Framing::Empty).is_done());
+    }
+}
