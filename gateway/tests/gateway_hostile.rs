@@ -56,9 +56,14 @@ async fn a_hostile_upstream_costs_only_its_own_requests() {
     let stream = r#"{"model":"hostile","stream":true,"messages":[]}"#;
     let plain = r#"{"model":"hostile","messages":[]}"#;
     let mut outcomes = Vec::new();
-    for (mode, body) in
-        [("endless-event", stream), ("drip", plain), ("huge-header", plain), ("reset", stream), ("absurd-usage", plain)]
-    {
+    for (mode, body) in [
+        ("endless-event", stream),
+        ("drip", plain),
+        ("huge-header", plain),
+        ("reset", stream),
+        ("absurd-usage", plain),
+        ("one-write", stream),
+    ] {
         let started = Instant::now();
         let request = fixture.request("/v1/chat/completions", Some(ALICE_KEY), body, &[("x-hostile", mode)]);
         let outcome = tokio::time::timeout(Duration::from_secs(20), async {
@@ -83,6 +88,13 @@ async fn a_hostile_upstream_costs_only_its_own_requests() {
     assert_eq!(fixture.metric(too_long).await, Some(1.0));
     // A 1 MiB response header is refused: 502.
     assert_eq!(outcomes[2].1.0, StatusCode::BAD_GATEWAY);
+    // A whole stream in one read, its usage chunk taken out (the client did
+    // not ask for it): the shorter body is framed for what is sent.
+    let (status, relayed) = &outcomes[5].1;
+    assert_eq!(*status, StatusCode::OK);
+    let content = r#"data: {"choices":[{"index":0,"delta":{"content":"a"}}]}"#;
+    let without_usage = content.len() + "\n\n".len() + "data: [DONE]\n\n".len();
+    assert_eq!(relayed.as_ref().ok(), Some(&without_usage), "{relayed:?}");
     // 10^15 reported tokens are capped at what the bytes make plausible:
     // the key is not locked out.
     let (status, headers, _) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), CHAT).await;

@@ -9,6 +9,7 @@
 //! | `huge-header` | a 200 whose one header is 1 MiB |
 //! | `reset` | a 200 SSE stream cut off after its first event |
 //! | `absurd-usage` | a 200 chat completion reporting 10¹⁵ tokens |
+//! | `one-write` | a 200 SSE stream with a usage chunk, head and body in one write |
 //!
 //! Mocks only the inference upstream, as the tests may.
 
@@ -39,6 +40,7 @@ async fn serve(mut stream: TcpStream) {
         "drip" => drip(&mut stream).await,
         "huge-header" => huge_header(&mut stream).await,
         "reset" => reset(&mut stream).await,
+        "one-write" => one_write(&mut stream).await,
         _ => absurd_usage(&mut stream).await,
     };
 }
@@ -111,6 +113,22 @@ async fn reset(stream: &mut TcpStream) -> std::io::Result<()> {
     stream.flush().await?;
     // Gone without the last chunk: the connection ends mid-body.
     stream.shutdown().await
+}
+
+async fn one_write(stream: &mut TcpStream) -> std::io::Result<()> {
+    let mut all = SSE_HEAD.to_vec();
+    for event in [
+        &br#"data: {"choices":[{"index":0,"delta":{"content":"a"}}]}"#[..],
+        br#"data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1}}"#,
+        b"data: [DONE]",
+    ] {
+        let event = [event, b"\n\n"].concat();
+        all.extend_from_slice(format!("{:x}\r\n", event.len()).as_bytes());
+        all.extend_from_slice(&event);
+        all.extend_from_slice(b"\r\n");
+    }
+    all.extend_from_slice(b"0\r\n\r\n");
+    stream.write_all(&all).await
 }
 
 async fn absurd_usage(stream: &mut TcpStream) -> std::io::Result<()> {

@@ -214,6 +214,10 @@ async fn serve(
         (true, false) => UsageWatch::Tap,
         (true, true) => UsageWatch::TapAndStripChunk,
     };
+    if usage_watch == UsageWatch::TapAndStripChunk {
+        // The relayed body is shorter than the upstream's by the chunk taken out.
+        head.headers.remove(http::header::CONTENT_LENGTH);
+    }
     Ok(Answer::Relay(Relayed {
         head,
         body,

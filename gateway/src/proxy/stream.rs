@@ -62,7 +62,7 @@ impl Body for ProxyBody {
     fn is_end_stream(&self) -> bool {
         match self {
             ProxyBody::Full(data) => data.is_none(),
-            ProxyBody::Relay(relay) => relay.inner.is_end_stream(),
+            ProxyBody::Relay(relay) => relay.is_end_stream(),
         }
     }
 
@@ -70,7 +70,7 @@ impl Body for ProxyBody {
         match self {
             ProxyBody::Full(Some(data)) => SizeHint::with_exact(data.len() as u64),
             ProxyBody::Full(None) => SizeHint::with_exact(0),
-            ProxyBody::Relay(relay) => relay.inner.size_hint(),
+            ProxyBody::Relay(relay) => relay.size_hint(),
         }
     }
 }
