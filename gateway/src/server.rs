@@ -155,16 +155,27 @@ pub async fn serve_public(
             idle_timeout: shared.connections.idle_timeout,
         };
         tokio::spawn(async move {
-            let service = service_fn(move |request| crate::proxy::handle(shared.clone(), client.clone(), request));
+            // Boxed: hyper keeps room for one request's future per HTTP/1
+            // connection for as long as the connection lives, so a stream
+            // that is only relaying would hold the whole (several KiB)
+            // request future; boxed, that is freed once the response head
+            // is out.
+            let service =
+                service_fn(move |request| Box::pin(crate::proxy::handle(shared.clone(), client.clone(), request)));
             match tls {
                 None => serve_until_drained(&builder, TokioIo::new(stream), service, drain, watch).await,
+                // Boxed so that the cleartext connections' tasks are not
+                // sized for a TLS session.
                 Some(acceptor) => {
-                    let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await;
-                    let Ok(Ok(stream)) = handshake else {
-                        tracing::debug!(%peer, "TLS handshake failed or timed out");
-                        return;
-                    };
-                    serve_until_drained(&builder, TokioIo::new(stream), service, drain, watch).await;
+                    Box::pin(async move {
+                        let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await;
+                        let Ok(Ok(stream)) = handshake else {
+                            tracing::debug!(%peer, "TLS handshake failed or timed out");
+                            return;
+                        };
+                        serve_until_drained(&builder, TokioIo::new(stream), service, drain, watch).await;
+                    })
+                    .await
                 }
             }
             drop(alive);
