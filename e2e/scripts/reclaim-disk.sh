@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Makes room for a test run on a disk that is filling up, by removing only
+# waycast's own caches, those cheapest to rebuild first, and stopping as
+# soon as there is room. Nothing else on the machine is touched.
+#
+#   e2e/scripts/reclaim-disk.sh     # uses CARGO_TARGET_DIR (or ./target)
+#
+# Room means: what the e2e node wants (the kubelet's 1 % eviction threshold
+# plus 3 GiB, as e2e/src/node checks) plus WAYCAST_BUILD_ROOM_GIB (default
+# 12) for the build itself, on the filesystem of the Cargo target directory.
+set -euo pipefail
+
+target="${CARGO_TARGET_DIR:-target}"
+cache_root="${WAYCAST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/waycast}"
+build_room_gib="${WAYCAST_BUILD_ROOM_GIB:-12}"
+log() { echo "reclaim-disk: $*" >&2; }
+
+mkdir -p "$target"
+read -r available size < <(df -B1 --output=avail,size "$target" | tail -n 1)
+needed=$((size / 100 + (3 + build_room_gib) * (1 << 30)))
+gib() { awk -v b="$1" 'BEGIN { printf "%.1f GiB", b / 2^30 }'; }
+has_room() {
+  read -r available _ < <(df -B1 --output=avail,size "$target" | tail -n 1)
+  ((available >= needed))
+}
+
+if has_room; then
+  exit 0
+fi
+log "$(gib "$available") free, $(gib "$needed") wanted; what waycast's caches hold:"
+du -sh "$target"/* "$cache_root"/* 2>/dev/null | sort -h | tail -n 12 >&2 || true
+
+# Each step: a description, then the paths it removes.
+remove() {
+  local what="$1"
+  shift
+  local present=()
+  for path in "$@"; do [[ -e "$path" ]] && present+=("$path"); done
+  ((${#present[@]})) || return 0
+  rm -rf "${present[@]}"
+  mkdir -p "$target"
+  log "removed $what: now $(gib "$(df -B1 --output=avail "$target" | tail -n 1)") free"
+}
+
+remove "incremental compilation caches" "$target"/*/incremental
+has_room && exit 0
+# Profiles `make test` does not build: benchmarks and profiling.
+remove "release, profiling and bench-tool builds" "$target/release" "$target/profiling" "$target/bench-tool"
+has_room && exit 0
+# The Kubernetes binaries are kept; only what built them goes.
+if command -v go >/dev/null; then
+  remove "Go build cache" "$(go env GOCACHE)"
+fi
+remove "Kubernetes sources" "$cache_root/src"
+has_room && exit 0
+remove "the whole Cargo target directory (a full rebuild follows)" "$target"
+has_room && exit 0
+log "still only $(gib "$available") free of $(gib "$needed") wanted, after removing every waycast cache: the rest of the disk is not ours"
+exit 1
