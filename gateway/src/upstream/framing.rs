@@ -8,7 +8,7 @@
 
 use bytes::BytesMut;
 use http::HeaderMap;
-use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::header::{CONTENT_LENGTH, HeaderName, TRANSFER_ENCODING};
 
 /// The longest chunk extension or trailer section accepted: an upstream
 /// that sends more is broken or hostile.
@@ -61,14 +61,7 @@ pub fn framing(head: bool, status: u16, headers: &HeaderMap) -> Result<Framing, 
     if headers.contains_key(TRANSFER_ENCODING) {
         // The last coding decides; a body whose last coding is not chunked
         // can only end with the connection.
-        let last = headers
-            .get_all(TRANSFER_ENCODING)
-            .iter()
-            .filter_map(|value| value.to_str().ok())
-            .flat_map(|value| value.split(','))
-            .map(str::trim)
-            .rfind(|coding| !coding.is_empty());
-        return Ok(match last {
+        return Ok(match header_tokens(headers, &TRANSFER_ENCODING).next_back() {
             Some(coding) if coding.eq_ignore_ascii_case("chunked") => Framing::Chunked,
             _ => Framing::UntilClose,
         });
@@ -93,14 +86,21 @@ pub fn framing(head: bool, status: u16, headers: &HeaderMap) -> Result<Framing, 
 /// Where a chunked body's decoder stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Chunk {
+    /// `left` data bytes of the chunk to come.
+    Data { left: u64 },
+    /// In the framing around the data, read byte by byte.
+    Framing(Line),
+}
+
+/// A place in a chunked body's framing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Line {
     /// In the hex digits of a chunk size (`digits` read so far).
     Size { size: u64, digits: u8 },
     /// In a chunk extension (skipped), `seen` bytes so far.
     Extension { size: u64, seen: u32 },
     /// After the size line's CR.
     SizeLf { size: u64 },
-    /// `left` data bytes of the chunk to come.
-    Data { left: u64 },
     /// After the data, expecting CR.
     DataCr,
     /// After the data's CR.
@@ -113,45 +113,58 @@ enum Chunk {
     EndLf,
 }
 
-/// Takes the framing off a response body, read by read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decoder {
-    /// `left` bytes to come.
-    Length { left: u64 },
-    /// A chunked body.
-    Chunked(ChunkState),
-    /// Until the connection closes.
-    UntilClose,
-    /// The body has ended.
-    Done,
+/// Where one framing byte leads.
+enum Step {
+    Chunk(Chunk),
+    /// The body's last byte.
+    End,
 }
 
-/// A chunked decoder's state (opaque).
+const SIZE_START: Chunk = Chunk::Framing(Line::Size { size: 0, digits: 0 });
+
+/// Takes the framing off a response body, read by read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ChunkState(Chunk);
+pub struct Decoder(Body);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Body {
+    /// `left` bytes to come.
+    Length {
+        left: u64,
+    },
+    Chunked(Chunk),
+    /// Until the connection closes.
+    UntilClose,
+    Done,
+}
 
 impl Decoder {
     /// The decoder for a body framed as `framing`.
     pub fn new(framing: Framing) -> Self {
-        match framing {
-            Framing::Empty | Framing::Length(0) => Decoder::Done,
-            Framing::Length(left) => Decoder::Length { left },
-            Framing::Chunked => Decoder::Chunked(ChunkState(Chunk::Size { size: 0, digits: 0 })),
-            Framing::UntilClose => Decoder::UntilClose,
-        }
+        Self(match framing {
+            Framing::Empty | Framing::Length(0) => Body::Done,
+            Framing::Length(left) => Body::Length { left },
+            Framing::Chunked => Body::Chunked(SIZE_START),
+            Framing::UntilClose => Body::UntilClose,
+        })
     }
 
     /// Whether the body has ended.
     pub fn is_done(&self) -> bool {
-        matches!(self, Decoder::Done)
+        self.0 == Body::Done
+    }
+
+    /// Ends the body here: nothing more is read into it.
+    pub fn end(&mut self) {
+        self.0 = Body::Done;
     }
 
     /// The data bytes still to come, when known.
     pub fn remaining(&self) -> Option<u64> {
-        match self {
-            Decoder::Length { left } => Some(*left),
-            Decoder::Done => Some(0),
-            _ => None,
+        match self.0 {
+            Body::Length { left } => Some(left),
+            Body::Done => Some(0),
+            Body::Chunked(_) | Body::UntilClose => None,
         }
     }
 
@@ -162,27 +175,27 @@ impl Decoder {
     /// # Errors
     /// A chunked body that breaks its framing.
     pub fn decode(&mut self, input: &[u8], out: &mut BytesMut) -> Result<usize, FramingError> {
-        match self {
-            Decoder::Done => Ok(0),
-            Decoder::UntilClose => {
+        match &mut self.0 {
+            Body::Done => Ok(0),
+            Body::UntilClose => {
                 out.extend_from_slice(input);
                 Ok(input.len())
             }
-            Decoder::Length { left } => {
+            Body::Length { left } => {
                 let take = usize::try_from(*left).map_or(input.len(), |left| left.min(input.len()));
                 out.extend_from_slice(&input[..take]);
                 *left -= take as u64;
                 if *left == 0 {
-                    *self = Decoder::Done;
+                    self.0 = Body::Done;
                 }
                 Ok(take)
             }
-            Decoder::Chunked(ChunkState(state)) => {
-                let used = decode_chunked(state, input, out)?;
-                if used.1 {
-                    *self = Decoder::Done;
+            Body::Chunked(state) => {
+                let (used, ended) = decode_chunked(state, input, out)?;
+                if ended {
+                    self.0 = Body::Done;
                 }
-                Ok(used.0)
+                Ok(used)
             }
         }
     }
@@ -192,12 +205,12 @@ impl Decoder {
     /// # Errors
     /// [`FramingError::Truncated`] for a body that had more to come.
     pub fn at_eof(&mut self) -> Result<(), FramingError> {
-        match self {
-            Decoder::Done | Decoder::UntilClose => {
-                *self = Decoder::Done;
+        match self.0 {
+            Body::Done | Body::UntilClose => {
+                self.0 = Body::Done;
                 Ok(())
             }
-            _ => Err(FramingError::Truncated),
+            Body::Length { .. } | Body::Chunked(_) => Err(FramingError::Truncated),
         }
     }
 }
@@ -206,55 +219,82 @@ impl Decoder {
 fn decode_chunked(state: &mut Chunk, input: &[u8], out: &mut BytesMut) -> Result<(usize, bool), FramingError> {
     let mut at = 0;
     while at < input.len() {
-        if let Chunk::Data { left } = state {
-            let take = usize::try_from(*left).map_or(input.len() - at, |left| left.min(input.len() - at));
-            out.extend_from_slice(&input[at..at + take]);
-            at += take;
-            *left -= take as u64;
-            if *left == 0 {
-                *state = Chunk::DataCr;
+        match state {
+            Chunk::Data { left } => {
+                let take = usize::try_from(*left).map_or(input.len() - at, |left| left.min(input.len() - at));
+                out.extend_from_slice(&input[at..at + take]);
+                at += take;
+                *left -= take as u64;
+                if *left == 0 {
+                    *state = Chunk::Framing(Line::DataCr);
+                }
             }
-            continue;
+            Chunk::Framing(line) => {
+                let byte = input[at];
+                at += 1;
+                match step(*line, byte)? {
+                    Step::Chunk(next) => *state = next,
+                    Step::End => return Ok((at, true)),
+                }
+            }
         }
-        let byte = input[at];
-        at += 1;
-        *state = match (*state, byte) {
-            (Chunk::Size { size, digits }, _) if byte.is_ascii_hexdigit() => {
-                let digit = u64::from((byte as char).to_digit(16).unwrap_or(0));
-                // 16 hex digits fill a u64; leading zeros are allowed.
-                let size = size.checked_mul(16).and_then(|s| s.checked_add(digit)).ok_or(FramingError::BadChunkSize)?;
-                Chunk::Size { size, digits: digits.saturating_add(1) }
-            }
-            (Chunk::Size { digits: 0, .. }, _) => return Err(FramingError::BadChunkSize),
-            (Chunk::Size { size, .. }, b';' | b' ' | b'\t') => Chunk::Extension { size, seen: 0 },
-            (Chunk::Size { size, .. } | Chunk::Extension { size, .. }, b'\r') => Chunk::SizeLf { size },
-            (Chunk::Size { .. } | Chunk::Extension { .. }, b'\n') => return Err(FramingError::BadChunkSize),
-            (Chunk::Size { .. }, _) => return Err(FramingError::BadChunkSize),
-            (Chunk::Extension { size, seen }, _) => {
-                if seen >= MAX_FRAMING_BYTES {
-                    return Err(FramingError::FramingTooLong);
-                }
-                Chunk::Extension { size, seen: seen + 1 }
-            }
-            (Chunk::SizeLf { size: 0 }, b'\n') => Chunk::TrailerStart { seen: 0 },
-            (Chunk::SizeLf { size }, b'\n') => Chunk::Data { left: size },
-            (Chunk::SizeLf { .. }, _) => return Err(FramingError::BadChunkSize),
-            (Chunk::DataCr, b'\r') => Chunk::DataLf,
-            (Chunk::DataLf, b'\n') => Chunk::Size { size: 0, digits: 0 },
-            (Chunk::DataCr | Chunk::DataLf, _) => return Err(FramingError::BadChunkEnd),
-            (Chunk::TrailerStart { .. }, b'\r') => Chunk::EndLf,
-            (Chunk::EndLf, b'\n') => return Ok((at, true)),
-            (Chunk::EndLf, _) => return Err(FramingError::BadChunkEnd),
-            (Chunk::TrailerStart { seen } | Chunk::Trailer { seen }, _) => {
-                if seen >= MAX_FRAMING_BYTES {
-                    return Err(FramingError::FramingTooLong);
-                }
-                if byte == b'\n' { Chunk::TrailerStart { seen: seen + 1 } } else { Chunk::Trailer { seen: seen + 1 } }
-            }
-            (Chunk::Data { .. }, _) => unreachable!("data is taken above"),
-        };
     }
     Ok((at, false))
+}
+
+/// One byte of a chunked body's framing, read at `line`.
+fn step(line: Line, byte: u8) -> Result<Step, FramingError> {
+    let framing = |line| Ok(Step::Chunk(Chunk::Framing(line)));
+    match (line, byte) {
+        (Line::Size { size, digits }, _) if byte.is_ascii_hexdigit() => {
+            let digit = u64::from((byte as char).to_digit(16).unwrap_or(0));
+            // 16 hex digits fill a u64; leading zeros are allowed.
+            let size = size.checked_mul(16).and_then(|s| s.checked_add(digit)).ok_or(FramingError::BadChunkSize)?;
+            framing(Line::Size { size, digits: digits.saturating_add(1) })
+        }
+        (Line::Size { digits: 0, .. }, _) => Err(FramingError::BadChunkSize),
+        (Line::Size { size, .. }, b';' | b' ' | b'\t') => framing(Line::Extension { size, seen: 0 }),
+        (Line::Size { size, .. } | Line::Extension { size, .. }, b'\r') => framing(Line::SizeLf { size }),
+        (Line::Size { .. } | Line::Extension { .. }, b'\n') => Err(FramingError::BadChunkSize),
+        (Line::Size { .. }, _) => Err(FramingError::BadChunkSize),
+        (Line::Extension { size, seen }, _) => {
+            if seen >= MAX_FRAMING_BYTES {
+                return Err(FramingError::FramingTooLong);
+            }
+            framing(Line::Extension { size, seen: seen + 1 })
+        }
+        (Line::SizeLf { size: 0 }, b'\n') => framing(Line::TrailerStart { seen: 0 }),
+        (Line::SizeLf { size }, b'\n') => Ok(Step::Chunk(Chunk::Data { left: size })),
+        (Line::SizeLf { .. }, _) => Err(FramingError::BadChunkSize),
+        (Line::DataCr, b'\r') => framing(Line::DataLf),
+        (Line::DataLf, b'\n') => Ok(Step::Chunk(SIZE_START)),
+        (Line::DataCr | Line::DataLf, _) => Err(FramingError::BadChunkEnd),
+        (Line::TrailerStart { .. }, b'\r') => framing(Line::EndLf),
+        (Line::EndLf, b'\n') => Ok(Step::End),
+        (Line::EndLf, _) => Err(FramingError::BadChunkEnd),
+        (Line::TrailerStart { seen } | Line::Trailer { seen }, _) => {
+            if seen >= MAX_FRAMING_BYTES {
+                return Err(FramingError::FramingTooLong);
+            }
+            framing(if byte == b'\n' {
+                Line::TrailerStart { seen: seen + 1 }
+            } else {
+                Line::Trailer { seen: seen + 1 }
+            })
+        }
+    }
+}
+
+/// The comma-separated tokens of every `name` header, trimmed, empty ones
+/// left out (`Connection: keep-alive, close`; `Transfer-Encoding: gzip, chunked`).
+pub fn header_tokens<'a>(headers: &'a HeaderMap, name: &HeaderName) -> impl DoubleEndedIterator<Item = &'a str> {
+    headers
+        .get_all(name)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .map(str::trim)
+        .filter(|token| !token.is_empty())
 }
 
 #[cfg(test)]

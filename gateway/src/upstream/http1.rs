@@ -43,7 +43,7 @@ use tokio_rustls::client::TlsStream;
 use waycast_crds::egress::Cidr;
 
 use super::egress::{EgressDenied, allowed_addresses};
-use super::framing::{Decoder, FramingError, framing};
+use super::framing::{Decoder, FramingError, framing, header_tokens};
 
 /// How long an idle upstream connection stays pooled.
 pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -538,12 +538,7 @@ fn answer(io: Io, head: http::response::Parts, rest: &[u8], head_only: bool) -> 
 
 /// Whether `Connection` says `close`.
 fn wants_close(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(CONNECTION)
-        .iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(','))
-        .any(|token| token.trim().eq_ignore_ascii_case("close"))
+    header_tokens(headers, &CONNECTION).any(|token| token.eq_ignore_ascii_case("close"))
 }
 
 /// The response head at the start of `buf` and its length; `None` while
@@ -612,7 +607,7 @@ impl UpstreamBody {
         error: UpstreamError,
         after_frame: bool,
     ) -> Poll<Option<Result<Frame<Bytes>, UpstreamError>>> {
-        self.decoder = Decoder::Done;
+        self.decoder.end();
         self.io = None;
         self.checkin = None;
         if after_frame {
