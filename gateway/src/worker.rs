@@ -68,6 +68,8 @@ pub fn spawn(
         let thread = std::thread::Builder::new().name(format!("waycast-worker-{index}")).spawn(move || {
             become_worker(index);
             runtime.block_on(async move {
+                let sweeper =
+                    tokio::spawn(crate::upstream::Pool::sweep_while_idle(crate::upstream::http1::SWEEP_EVERY));
                 match tokio::net::TcpListener::from_std(listener) {
                     Ok(listener) => crate::server::serve_public(listener, shared, tls, drain, alive).await,
                     Err(error) => tracing::error!(%error, worker = index, "cannot serve the public listener"),
@@ -75,6 +77,7 @@ pub fn spawn(
                 // Accepting has stopped; connections still open run here
                 // until the drain is over.
                 let _ = closing.wait_for(|&closed| closed).await;
+                sweeper.abort();
             });
         })?;
         threads.push(thread);

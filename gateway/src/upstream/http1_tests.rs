@@ -118,6 +118,27 @@ async fn a_pooled_connection_the_upstream_closed_is_not_used() {
 }
 
 #[tokio::test]
+async fn an_idle_thread_drops_the_connections_its_upstreams_closed() {
+    let (closing, _) = scripted(vec![LENGTH]).await;
+    let (open, _) = scripted(vec![LENGTH, LENGTH]).await;
+    let client = client();
+    for address in [closing, open] {
+        let response = client.request(post(address, b"{}")).await.unwrap();
+        assert_eq!(body_of(response).await.unwrap(), "world");
+    }
+    assert_eq!(Pool::idle_connections(), 2);
+    // One upstream closes; no request comes to notice it, the sweep does,
+    // and keeps the connection that is still open.
+    tokio::spawn(Pool::sweep_while_idle(Duration::from_millis(20)));
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while Pool::idle_connections() > 1 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    assert_eq!(Pool::idle_connections(), 1);
+}
+
+#[tokio::test]
 async fn a_request_the_upstream_drops_on_a_reused_connection_is_sent_on_a_new_one() {
     // The upstream reads the second request and closes without answering,
     // as a keep-alive timeout racing the request would; the next
@@ -238,4 +259,18 @@ fn requests_are_written_as_one_head_and_body() {
         String::from_utf8(wire).unwrap(),
         "POST /v1/chat/completions?api-version=1 HTTP/1.1\r\nhost: upstream\r\ncontent-length: 13\r\n\r\n{\"model\":\"m\"}"
     );
+}
+
+#[test]
+fn pool_keys_hash_by_client_scheme_and_exact_authority() {
+    use std::hash::BuildHasher;
+    let hasher = BuildHasherDefault::<PoolHasher>::default();
+    let key = |client, tls, authority: &str| PoolKey { client, tls, authority: authority.parse().unwrap() };
+    let base = key(1, false, "10.0.0.5:8000");
+    assert!(base == key(1, false, "10.0.0.5:8000"));
+    assert_eq!(hasher.hash_one(&base), hasher.hash_one(key(1, false, "10.0.0.5:8000")));
+    for other in [key(2, false, "10.0.0.5:8000"), key(1, true, "10.0.0.5:8000"), key(1, false, "10.0.0.5:8001")] {
+        assert!(base != other);
+        assert_ne!(hasher.hash_one(&base), hasher.hash_one(&other));
+    }
 }
