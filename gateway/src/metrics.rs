@@ -5,6 +5,8 @@
 //! status, `kind` and `reason` fixed words. Raw user input never becomes a
 //! label.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
@@ -21,6 +23,9 @@ const OVERHEAD_BUCKETS: &[f64] =
 
 /// Every metric the gateway exports.
 pub struct Metrics {
+    /// This set's own number in the process: a worker's cached series
+    /// ([`crate::proxy::series`]) belong to one set.
+    pub id: u64,
     /// The registry `/metrics` renders.
     pub registry: Registry,
     /// Requests by model, key and status code.
@@ -209,7 +214,9 @@ impl Metrics {
             "waycast_gateway_rate_limit_store_up",
             "1 while the connection to the rate-limit Redis is up.",
         )?;
+        static SETS: AtomicU64 = AtomicU64::new(0);
         let metrics = Self {
+            id: SETS.fetch_add(1, Ordering::Relaxed),
             registry,
             requests,
             request_duration,

@@ -4,12 +4,14 @@
 //! or on drop when the client left first — into the metrics, the token
 //! charge and one access log line.
 
+use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use http::{HeaderValue, Method};
 
+use super::series::PairSeries;
 use super::usage::Usage;
 use crate::shared::Shared;
 
@@ -149,21 +151,36 @@ impl Exchange {
         let model = self.model.as_deref().unwrap_or("unknown");
         let key = self.key.as_deref().unwrap_or("none");
         let elapsed = self.started.elapsed();
-        let mut code_buffer = itoa_buffer();
-        let code = format_status(&mut code_buffer, outcome.status);
-        metrics.requests.with_label_values(&[model, key, code]).inc();
-        if self.model.is_some() {
-            metrics.request_duration.with_label_values(&[model]).observe(elapsed.as_secs_f64());
+        // A request with a model has a key: auth comes first.
+        let series = self.model.as_ref().map(|model| match &self.key {
+            Some(key) => super::series::pair(metrics, model, key),
+            None => Rc::new(PairSeries::new(metrics, model.clone(), Arc::from(key))),
+        });
+        match &series {
+            Some(series) if outcome.status == 200 => series.ok(metrics).inc(),
+            _ => {
+                let mut code_buffer = itoa_buffer();
+                let code = format_status(&mut code_buffer, outcome.status);
+                metrics.requests.with_label_values(&[model, key, code]).inc();
+            }
+        }
+        if let Some(series) = &series {
+            series.duration(metrics).observe(elapsed.as_secs_f64());
             if let Some(first_byte) = outcome.first_byte {
-                metrics
-                    .time_to_first_byte
-                    .with_label_values(&[model])
-                    .observe((first_byte - self.started).as_secs_f64());
+                series.first_byte(metrics).observe((first_byte - self.started).as_secs_f64());
             }
         }
         if let Some(usage) = outcome.usage {
-            metrics.tokens.with_label_values(&[model, key, "prompt"]).inc_by(usage.prompt);
-            metrics.tokens.with_label_values(&[model, key, "completion"]).inc_by(usage.completion);
+            match &series {
+                Some(series) => {
+                    series.prompt_tokens(metrics).inc_by(usage.prompt);
+                    series.completion_tokens(metrics).inc_by(usage.completion);
+                }
+                None => {
+                    metrics.tokens.with_label_values(&[model, key, "prompt"]).inc_by(usage.prompt);
+                    metrics.tokens.with_label_values(&[model, key, "completion"]).inc_by(usage.completion);
+                }
+            }
         }
         if let Some(charge) = &self.charge {
             // What was served is charged: a response that went out (whole,
@@ -176,7 +193,10 @@ impl Exchange {
                 0
             };
             charge.settle(used);
-            metrics.rate_limit_tokens.with_label_values(&[model, key]).inc_by(used);
+            match &series {
+                Some(series) => series.rate_limit_tokens(metrics).inc_by(used),
+                None => metrics.rate_limit_tokens.with_label_values(&[model, key]).inc_by(used),
+            }
         }
         if self.access_log && crate::access_log::enabled() {
             let usage = outcome.usage.unwrap_or_default();

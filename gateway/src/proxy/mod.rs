@@ -24,6 +24,7 @@ pub mod body;
 pub mod exchange;
 pub mod forward;
 pub mod route;
+pub mod series;
 pub mod sse;
 pub mod stream;
 pub mod usage;
