@@ -311,3 +311,22 @@ async fn wait_serving(ip: &str, key: &str, deadline: Instant) -> anyhow::Result<
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// The last `lines` log lines of every pod matching `selector`, each
+/// headed by its pod's name: for a failing assertion to show what the pods
+/// said (an error reading them is shown in their place).
+pub async fn pod_logs(client: &Client, namespace: &str, selector: &str, lines: i64) -> String {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let listed = match pods.list(&ListParams::default().labels(selector)).await {
+        Ok(listed) => listed,
+        Err(error) => return format!("cannot list pods {selector}: {error}"),
+    };
+    let mut out = String::new();
+    for pod in listed {
+        let name = pod.metadata.name.unwrap_or_default();
+        let params = kube::api::LogParams { tail_lines: Some(lines), ..Default::default() };
+        let text = pods.logs(&name, &params).await.unwrap_or_else(|error| format!("cannot read its log: {error}"));
+        out.push_str(&format!("--- {name}\n{text}\n"));
+    }
+    out
+}

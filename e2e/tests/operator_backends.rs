@@ -19,7 +19,7 @@ use waycast_e2e::cluster::images;
 use waycast_e2e::harness::{condition_true, operator_in_process, shared_cluster_with_node, test_namespace};
 use waycast_e2e::manifest;
 use waycast_e2e::workloads::{
-    apply_values, cluster_ip, deployment, metric_sample, service, wait_endpoints, wait_pods_ready,
+    apply_values, cluster_ip, deployment, metric_sample, pod_logs, service, wait_endpoints, wait_pods_ready,
 };
 use waycast_mock::fixtures::{self as fixture, temp_dir};
 use waycast_mock::pki::{Authority, Usage};
@@ -242,7 +242,13 @@ async fn a_services_pods_are_ejected_recover_fail_over_and_speak_tls() {
     // TLS with a private CA and a client certificate, to the pod address
     // under the Service's DNS name; without the certificate: refused.
     let (status, pod) = chat(&http, &url, &key, "secure").await;
-    assert_eq!((status, pod.starts_with("vllm-tls-")), (StatusCode::OK, true), "served by {pod}");
+    if (status, pod.starts_with("vllm-tls-")) != (StatusCode::OK, true) {
+        // Once seen in CI (a 502 after the ejection phase), not reproduced:
+        // what the gateway and the TLS pod said is the lead.
+        let gateway = pod_logs(&client, &namespace, "app.kubernetes.io/instance=gateway", 60).await;
+        let upstream = pod_logs(&client, &namespace, "app=vllm-tls", 30).await;
+        panic!("secure: {status}, served by {pod:?}\n{gateway}\n{upstream}");
+    }
     let (status, _) = chat(&http, &url, &key, "secure-anonymous").await;
     assert_eq!(status, StatusCode::BAD_GATEWAY, "a TLS server requiring a client certificate served without one");
 
