@@ -7,8 +7,8 @@
 //! small fraction of that (docs/performance.md).
 //!
 //! ```text
-//! request ends ─► AccessLine::to_json (no fmt machinery) ─► channel ─► writer thread
-//!                                                       batches for ≤ 5 ms ─► one write(2)
+//! request ends ─► AccessLine::to_json (no fmt machinery) ─► the worker's batch (≤ 5 ms or 32 KiB)
+//!               ─► channel ─► writer thread batches for ≤ 5 ms ─► one write(2)
 //! ```
 //!
 //! Lines are written only when the `waycast::access` target is enabled at
@@ -16,10 +16,13 @@
 //! graceful shutdown [`flush`] writes what is pending; a crash can lose the
 //! last few milliseconds of lines.
 
+use std::cell::RefCell;
 use std::io::Write as _;
-use std::sync::OnceLock;
 use std::sync::mpsc::{Receiver, Sender, SyncSender, channel, sync_channel};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::Notify;
 
 /// How long the writer lets lines gather before one write.
 const BATCH_WINDOW: Duration = Duration::from_millis(5);
@@ -126,13 +129,75 @@ pub fn enabled() -> bool {
     tracing::enabled!(target: "waycast::access", tracing::Level::INFO)
 }
 
-/// Queues one line for the writer.
+/// Queues one line for the writer: into the calling worker's own batch
+/// (see [`gather_on_this_thread`]), or straight to the writer on any other
+/// thread.
 pub fn record(line: &AccessLine<'_>) {
-    let mut bytes = Vec::with_capacity(320);
-    line.write_json(&mut bytes);
+    let gathered = GATHERED.with_borrow_mut(|gathered| {
+        let Some(gathered) = gathered else { return false };
+        let was_empty = gathered.lines.is_empty();
+        line.write_json(&mut gathered.lines);
+        if gathered.lines.len() >= GATHERED_BYTES {
+            send(std::mem::take(&mut gathered.lines));
+        } else if was_empty {
+            gathered.first.notify_one();
+        }
+        true
+    });
+    if !gathered {
+        let mut bytes = Vec::with_capacity(320);
+        line.write_json(&mut bytes);
+        send(bytes);
+    }
+}
+
+fn send(lines: Vec<u8>) {
     if let Some(sender) = sender() {
         // The writer only stops with the process.
-        let _ = sender.send(Message::Line(bytes));
+        let _ = sender.send(Message::Line(lines));
+    }
+}
+
+/// A worker thread's lines not yet handed to the writer.
+struct Gathered {
+    lines: Vec<u8>,
+    /// Told when a line lands in an empty batch.
+    first: Arc<Notify>,
+}
+
+/// A worker's batch goes to the writer at this size without waiting.
+const GATHERED_BYTES: usize = 32 * 1024;
+
+thread_local! {
+    static GATHERED: RefCell<Option<Gathered>> = const { RefCell::new(None) };
+}
+
+/// Makes the calling thread gather its lines and hand them to the writer
+/// [`BATCH_WINDOW`] after the first of each batch (or at
+/// [`GATHERED_BYTES`]), for as long as the returned future is polled on
+/// this thread; [`send_gathered`] sends the rest. A data-plane worker runs
+/// it: its lines then cost no allocation and no write to the channel every
+/// worker shares, and an idle worker is never woken for it.
+pub async fn gather_on_this_thread() {
+    let first = Arc::new(Notify::new());
+    GATHERED.set(Some(Gathered { lines: Vec::new(), first: first.clone() }));
+    loop {
+        first.notified().await;
+        tokio::time::sleep(BATCH_WINDOW).await;
+        send_gathered();
+    }
+}
+
+/// Hands the calling thread's gathered lines to the writer (a worker does
+/// at its end).
+pub fn send_gathered() {
+    let lines = GATHERED.with_borrow_mut(|gathered| {
+        let gathered = gathered.as_mut()?;
+        let capacity = gathered.lines.len();
+        (capacity > 0).then(|| std::mem::replace(&mut gathered.lines, Vec::with_capacity(capacity)))
+    });
+    if let Some(lines) = lines {
+        send(lines);
     }
 }
 

@@ -70,6 +70,8 @@ pub fn spawn(
             runtime.block_on(async move {
                 let sweeper =
                     tokio::spawn(crate::upstream::Pool::sweep_while_idle(crate::upstream::http1::SWEEP_EVERY));
+                // Spawned on this thread's runtime: it gathers this thread's lines.
+                let access_lines = tokio::spawn(crate::access_log::gather_on_this_thread());
                 match tokio::net::TcpListener::from_std(listener) {
                     Ok(listener) => crate::server::serve_public(listener, shared, tls, drain, alive).await,
                     Err(error) => tracing::error!(%error, worker = index, "cannot serve the public listener"),
@@ -78,7 +80,11 @@ pub fn spawn(
                 // until the drain is over.
                 let _ = closing.wait_for(|&closed| closed).await;
                 sweeper.abort();
+                access_lines.abort();
             });
+            // Connections dropped with the runtime log their last lines.
+            drop(runtime);
+            crate::access_log::send_gathered();
         })?;
         threads.push(thread);
     }

@@ -145,3 +145,45 @@ async fn a_burst_of_connections_while_busy_waits_in_the_listen_queue() {
     }
     println!("{BURST} queued connections answered or closed {:?} after the gateway resumed", resumed.elapsed());
 }
+
+#[tokio::test]
+async fn every_workers_access_lines_are_written_soon_and_none_lost_at_shutdown() {
+    let mock = mock_upstream::start(SocketAddr::from(([127, 0, 0, 1], 0)), MockOptions::default()).await.unwrap();
+    let config = fixture::default_config(&mock.base_url());
+    let mut gateway = GatewayProcess::start(&config, &["--workers", "2", "--log", "info"]).await;
+    // A connection per request: the kernel spreads them over both workers.
+    let client = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(0).build_http();
+    let url = gateway.url("/v1/chat/completions");
+    let served = |requests: usize| {
+        let (client, url) = (client.clone(), url.clone());
+        async move {
+            for _ in 0..requests {
+                let request = fixture::post_request(&url, Some(ALICE_KEY), r#"{"model":"mistral-7b"}"#);
+                let response = client.request(request).await.unwrap();
+                assert_eq!(response.status(), StatusCode::OK);
+                response.into_body().collect().await.unwrap();
+            }
+        }
+    };
+    let logged = |text: &str| {
+        text.lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter(|line| line["path"] == "/v1/chat/completions" && line["status"] == 200)
+            .count()
+    };
+
+    // Soon: every line is out while the gateway runs on, in well under a
+    // second (each worker hands its batch over 5 ms after its first line).
+    served(40).await;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while logged(&gateway.stdout()) < 40 {
+        assert!(Instant::now() < deadline, "access lines missing:\n{}", gateway.stdout());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // At shutdown: lines still gathered in a worker are written.
+    served(20).await;
+    gateway.signal("TERM");
+    let exited = tokio::time::timeout(Duration::from_secs(10), gateway.child.wait()).await.unwrap().unwrap();
+    assert!(exited.success(), "{exited}");
+    assert_eq!(logged(&gateway.stdout()), 60, "{}", gateway.stdout());
+}

@@ -265,7 +265,8 @@ impl GatewayProcess {
             .args(["--config-file", &config_path.display().to_string()])
             .args(["--listen", &public.to_string(), "--admin-listen", &admin.to_string()])
             .args(args)
-            .stdout(std::process::Stdio::null())
+            // The access log, for `stdout()`.
+            .stdout(std::fs::File::create(dir.join("stdout.log")).expect("a stdout file"))
             .kill_on_drop(true)
             .spawn()
             .expect("the gateway starts");
@@ -280,6 +281,11 @@ impl GatewayProcess {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         panic!("the gateway process was not ready within 10 s");
+    }
+
+    /// What the process has written to stdout (its access log).
+    pub fn stdout(&self) -> String {
+        std::fs::read_to_string(self.dir.join("stdout.log")).unwrap_or_default()
     }
 
     /// `http://<public listener><path>`.
