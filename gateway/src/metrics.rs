@@ -5,11 +5,15 @@
 //! status, `kind` and `reason` fixed words. Raw user input never becomes a
 //! label.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, PullingGauge,
+    Registry,
 };
+
+use crate::worker::PerWorker;
 
 /// Latency buckets: sub-millisecond resolution for the proxy's own time,
 /// minutes for long generations.
@@ -21,10 +25,48 @@ const ENDPOINT_BUCKETS: &[f64] = &[0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
 const OVERHEAD_BUCKETS: &[f64] =
     &[0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.1];
 
+/// A gauge each data-plane worker moves on a cache line of its own
+/// (`worker::PerWorker`); `/metrics` shows the sum. For the gauges every request
+/// or connection moves twice.
+#[derive(Clone)]
+pub struct WorkerGauge {
+    counts: Arc<PerWorker<AtomicI64>>,
+    collector: PullingGauge,
+}
+
+impl WorkerGauge {
+    fn new(name: &str, help: &str) -> Result<Self, prometheus::Error> {
+        let counts = Arc::new(PerWorker::<AtomicI64>::default());
+        let read = counts.clone();
+        let collector = PullingGauge::new(name, help, Box::new(move || sum(&read) as f64))?;
+        Ok(Self { counts, collector })
+    }
+
+    /// Adds one, on the calling worker's shard.
+    pub fn inc(&self) {
+        self.counts.mine().fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Takes one off, on the calling worker's shard (which may go below
+    /// zero: a connection can end on another thread than it began).
+    pub fn dec(&self) {
+        self.counts.mine().fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// The sum over every worker.
+    pub fn get(&self) -> i64 {
+        sum(&self.counts)
+    }
+}
+
+fn sum(counts: &PerWorker<AtomicI64>) -> i64 {
+    counts.all().map(|count| count.load(Ordering::Relaxed)).sum()
+}
+
 /// Every metric the gateway exports.
 pub struct Metrics {
     /// This set's own number in the process: a worker's cached series
-    /// ([`crate::proxy::series`]) belong to one set.
+    /// (`proxy::series`) belong to one set.
     pub id: u64,
     /// The registry `/metrics` renders.
     pub registry: Registry,
@@ -40,7 +82,7 @@ pub struct Metrics {
     /// Tokens by model, key and kind (`prompt`, `completion`).
     pub tokens: IntCounterVec,
     /// Requests being served now.
-    pub inflight: IntGauge,
+    pub inflight: WorkerGauge,
     /// Upstream failures by model and reason.
     pub upstream_errors: IntCounterVec,
     /// Requests sent again to another endpoint before any byte reached the
@@ -59,7 +101,7 @@ pub struct Metrics {
     /// Endpoints documents refused (the previous one kept).
     pub endpoints_update_errors: IntCounter,
     /// Client connections open now.
-    pub connections_open: IntGauge,
+    pub connections_open: WorkerGauge,
     /// Client connections closed on arrival because `--max-connections` were open.
     pub connections_refused: IntCounter,
     /// Configs applied.
@@ -122,7 +164,7 @@ impl Metrics {
             Opts::new("waycast_gateway_tokens_total", "Tokens from responses' usage, by model, key id and kind."),
             &["model", "key", "kind"],
         )?;
-        let inflight = IntGauge::new("waycast_gateway_inflight_requests", "Requests being served now.")?;
+        let inflight = WorkerGauge::new("waycast_gateway_inflight_requests", "Requests being served now.")?;
         let upstream_errors = IntCounterVec::new(
             Opts::new("waycast_gateway_upstream_errors_total", "Upstream failures by model and reason."),
             &["model", "reason"],
@@ -166,7 +208,7 @@ impl Metrics {
             "waycast_gateway_endpoints_update_errors_total",
             "Endpoints documents refused (the previous one kept).",
         )?;
-        let connections_open = IntGauge::new("waycast_gateway_connections_open", "Client connections open now.")?;
+        let connections_open = WorkerGauge::new("waycast_gateway_connections_open", "Client connections open now.")?;
         let connections_refused = IntCounter::new(
             "waycast_gateway_connections_refused_total",
             "Client connections closed on arrival because --max-connections were open.",
@@ -259,7 +301,7 @@ impl Metrics {
             Box::new(self.time_to_first_byte.clone()),
             Box::new(self.overhead.clone()),
             Box::new(self.tokens.clone()),
-            Box::new(self.inflight.clone()),
+            Box::new(self.inflight.collector.clone()),
             Box::new(self.upstream_errors.clone()),
             Box::new(self.upstream_retries.clone()),
             Box::new(self.endpoint_ejections.clone()),
@@ -268,7 +310,7 @@ impl Metrics {
             Box::new(self.endpoint_requests.clone()),
             Box::new(self.endpoint_response.clone()),
             Box::new(self.endpoints_update_errors.clone()),
-            Box::new(self.connections_open.clone()),
+            Box::new(self.connections_open.collector.clone()),
             Box::new(self.connections_refused.clone()),
             Box::new(self.config_reloads.clone()),
             Box::new(self.config_reload_errors.clone()),
@@ -286,5 +328,37 @@ impl Metrics {
     pub fn render(&self) -> String {
         let families = self.registry.gather();
         prometheus::TextEncoder::new().encode_to_string(&families).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_worker_gauge_is_the_sum_of_every_workers_shard() {
+        let metrics = Metrics::new().unwrap();
+        let gauge = metrics.inflight.clone();
+        // Workers 0..10: past the shard count, workers share a shard.
+        let threads: Vec<_> = (0..10)
+            .map(|worker| {
+                let gauge = gauge.clone();
+                std::thread::spawn(move || {
+                    crate::worker::become_worker(worker);
+                    for _ in 0..=worker {
+                        gauge.inc();
+                    }
+                    gauge.dec();
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().unwrap();
+        }
+        // Σ (worker + 1) − 10 = 45.
+        assert_eq!(gauge.get(), 45);
+        assert!(metrics.render().contains("\nwaycast_gateway_inflight_requests 45\n"), "{}", metrics.render());
+        let distinct = gauge.counts.all().filter(|count| count.load(Ordering::Relaxed) != 0).count();
+        assert_eq!(distinct, crate::worker::SHARDS, "each worker wrote its own shard");
     }
 }

@@ -37,6 +37,35 @@ pub(crate) fn become_worker(index: usize) {
     INDEX.set(index);
 }
 
+/// Shards of a [`PerWorker`]: a 4-core pod runs 4 workers; twice that
+/// keeps bigger pods mostly apart.
+pub const SHARDS: usize = 8;
+
+/// One `T` per worker, each on a cache line of its own, for what every
+/// request writes: a value shared by every worker would be a line every
+/// core writes per request. Workers past [`SHARDS`] share; readers see
+/// [`PerWorker::all`].
+#[derive(Debug, Default)]
+pub struct PerWorker<T> {
+    shards: [Padded<T>; SHARDS],
+}
+
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Padded<T>(T);
+
+impl<T> PerWorker<T> {
+    /// The calling worker's own.
+    pub fn mine(&self) -> &T {
+        &self.shards[index() % SHARDS].0
+    }
+
+    /// Every shard.
+    pub fn all(&self) -> impl Iterator<Item = &T> {
+        self.shards.iter().map(|shard| &shard.0)
+    }
+}
+
 /// The running workers.
 pub struct Workers {
     threads: Vec<std::thread::JoinHandle<()>>,

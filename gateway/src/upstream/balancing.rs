@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use http::{HeaderMap, HeaderName};
 
+use crate::worker::PerWorker;
+
 /// A model's load-balancing settings, pre-parsed.
 #[derive(Debug, Clone)]
 pub struct Balancing {
@@ -73,19 +75,14 @@ impl Balancing {
 /// Retries allowed: a tenth of the requests plus a burst of 10, counted per
 /// worker thread. Every request counts itself, so one shared counter would
 /// be a cache line written by every core per request; each worker writes
-/// only its own shard instead (workers past [`RETRY_SHARDS`] share).
+/// only its own shard instead (1 KiB per model).
 #[derive(Debug, Default)]
 pub struct RetryBudget {
-    shards: [RetryShard; RETRY_SHARDS],
+    shards: PerWorker<RetryShard>,
 }
 
-/// Shards per model's budget: a 4-core pod runs 4 workers; twice that
-/// keeps bigger pods mostly apart for 1 KiB per model.
-pub const RETRY_SHARDS: usize = 8;
-
-/// One worker's counts, on a cache line of its own.
+/// One worker's counts.
 #[derive(Debug, Default)]
-#[repr(align(128))]
 struct RetryShard {
     requests: AtomicU64,
     retries: AtomicU64,
@@ -93,7 +90,7 @@ struct RetryShard {
 
 impl RetryBudget {
     fn shard(&self) -> &RetryShard {
-        &self.shards[crate::worker::index() % RETRY_SHARDS]
+        self.shards.mine()
     }
 
     /// Counts one request.
