@@ -17,7 +17,7 @@ use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
-use crate::shared::Shared;
+use crate::shared::{Shared, WorkerShared};
 use crate::tls::TlsFiles;
 
 /// Default longest time a client may take to send its request headers (slowloris guard).
@@ -109,6 +109,7 @@ pub async fn serve_public(
     drain: watch::Receiver<bool>,
     alive: mpsc::Sender<()>,
 ) {
+    let shared = WorkerShared::new(shared);
     let header_read_timeout = shared.connections.header_read_timeout;
     let builder = Arc::new(builder(header_read_timeout));
     loop {
@@ -186,10 +187,10 @@ pub async fn serve_public(
 
 /// One open client connection, counted in `waycast_gateway_connections_open`
 /// from accept until its task ends (whichever way it ends).
-struct OpenConnection(Arc<Shared>);
+struct OpenConnection(Arc<WorkerShared>);
 
 impl OpenConnection {
-    fn count(shared: &Arc<Shared>) -> Self {
+    fn count(shared: &Arc<WorkerShared>) -> Self {
         shared.metrics.connections_open.inc();
         Self(shared.clone())
     }

@@ -35,6 +35,26 @@ pub struct Shared {
     draining: AtomicBool,
 }
 
+/// A data-plane worker's own handle on [`Shared`]. Every request takes a
+/// clone of it: clones of the one `Arc<Shared>` would write the reference
+/// count every core shares, twice per request; this count is the worker's.
+pub struct WorkerShared(Arc<Shared>);
+
+impl WorkerShared {
+    /// A handle for one worker.
+    pub fn new(shared: Arc<Shared>) -> Arc<Self> {
+        Arc::new(Self(shared))
+    }
+}
+
+impl std::ops::Deref for WorkerShared {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
 /// What bounds each client connection (`--header-timeout`,
 /// `--max-connections`, `--idle-timeout`).
 #[derive(Debug, Clone, Copy)]

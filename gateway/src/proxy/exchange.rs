@@ -13,7 +13,7 @@ use http::{HeaderValue, Method};
 
 use super::series::PairSeries;
 use super::usage::Usage;
-use crate::shared::Shared;
+use crate::shared::WorkerShared;
 
 /// Status logged when the client left before the response was complete
 /// (as nginx does).
@@ -21,7 +21,7 @@ pub const CLIENT_CLOSED_REQUEST: u16 = 499;
 
 /// One request's bookkeeping: metrics and the access log line.
 pub struct Exchange {
-    pub(super) shared: Arc<Shared>,
+    pub(super) shared: Arc<WorkerShared>,
     started: Instant,
     method: Method,
     path: &'static str,
@@ -108,7 +108,7 @@ pub struct Outcome {
 impl Exchange {
     /// Starts the bookkeeping of a request (counts it in flight).
     pub fn new(
-        shared: Arc<Shared>,
+        shared: Arc<WorkerShared>,
         activity: Arc<ConnectionActivity>,
         started: Instant,
         method: Method,

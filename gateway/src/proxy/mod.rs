@@ -41,7 +41,7 @@ use hyper::body::Incoming;
 
 use crate::error::GatewayError;
 use crate::limit::{self, Admitted, RateHeaders, Refusal};
-use crate::shared::Shared;
+use crate::shared::{Shared, WorkerShared};
 use crate::snapshot::{KeyEntry, Route, Snapshot};
 use exchange::{Exchange, Outcome};
 use forward::{Outgoing, REQUEST_ID};
@@ -71,7 +71,7 @@ impl Client {
 
 /// Serves one request. Never fails: errors become OpenAI-shaped responses.
 pub async fn handle(
-    shared: Arc<Shared>,
+    shared: Arc<WorkerShared>,
     client: Client,
     request: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, Infallible> {
