@@ -11,8 +11,12 @@
 //! worker i: listener i ─► connections ─► requests ─► upstream pool i
 //! ```
 //!
-//! What stays shared is read-mostly (the snapshot, the endpoint table) or
-//! counted with atomics (metrics, in-flight per endpoint, rate limits).
+//! What every request writes is per worker where a global figure is only
+//! read now and then ([`PerWorker`]: the in-flight and open-connection
+//! gauges, the retry budget). What stays shared is read-mostly (the
+//! snapshot, the endpoint table) or counted with atomics where the count
+//! must be global (in-flight per endpoint, rate limits, labelled metric
+//! counters).
 
 use std::cell::Cell;
 use std::sync::Arc;
