@@ -11,7 +11,10 @@
 # reached): the difference is the cost of the limit check. Streams have
 # CHUNKS chunks (default 5; the sink's x-bench-* headers are forwarded for
 # streams only, so the request figures stay comparable); two runs with
-# different CHUNKS give the cost of one relayed chunk.
+# different CHUNKS give the cost of one relayed chunk. CHUNK_MS (default 0)
+# spaces the sink's chunks: back to back, several arrive in one read and
+# are relayed as one frame; 1 ms apart, each is read and relayed alone, as
+# tokens are.
 #
 # Needs the profiling build (symbols) of the gateway and the bench tool:
 #   cargo build --profile profiling -p waycast-gateway
@@ -42,7 +45,7 @@ valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$work/callgri
   --admin-listen "127.0.0.1:$admin_port" --log info >"$work/gateway.log" 2>"$work/valgrind.log" &
 run() {
   local extra=()
-  [[ $stream == yes ]] && extra=(--stream --chunks "${CHUNKS:-5}")
+  [[ $stream == yes ]] && extra=(--stream --chunks "${CHUNKS:-5}" --chunk-interval-ms "${CHUNK_MS:-0}")
   "$bench" run --target "http://127.0.0.1:$gw_port" --key "$key" --requests "$1" --concurrency 8 "${extra[@]}" >/dev/null
 }
 for _ in $(seq 1 200); do run 1 2>/dev/null && break; sleep 0.1; done
