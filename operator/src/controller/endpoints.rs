@@ -9,10 +9,12 @@
 //!     render::endpoints::document ─► unchanged hash? skip : apply <gateway>-endpoints
 //! ```
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use futures_util::{FutureExt as _, StreamExt as _};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::reflector::ObjectRef;
 use waycast_crds::Gateway;
 
@@ -31,32 +33,28 @@ use crate::stores::signals;
 pub(crate) async fn sync(context: &Context, gateway: &Gateway, services: BTreeSet<String>) -> Result<(), Error> {
     let key = ObjectKey::of(&gateway.metadata);
     let all_services = context.stores.services.state();
-    let slices = context.stores.endpoint_slices.state();
+    let all_slices = context.stores.endpoint_slices.state();
+    // Indexed once per sync: a Gateway routing to hundreds of Services would
+    // otherwise scan every Service and slice of the cluster for each.
+    let services_by_name: HashMap<(&str, &str), &Service> = all_services
+        .iter()
+        .filter_map(|service| {
+            let metadata = &service.metadata;
+            Some(((metadata.namespace.as_deref()?, metadata.name.as_deref()?), service.as_ref()))
+        })
+        .collect();
+    let mut slices_by_service: HashMap<(&str, &str), Vec<&EndpointSlice>> = HashMap::new();
+    for slice in &all_slices {
+        let metadata = &slice.metadata;
+        let owner = metadata.labels.as_ref().and_then(|labels| labels.get(render::endpoints::SERVICE_NAME_LABEL));
+        if let (Some(namespace), Some(service)) = (metadata.namespace.as_deref(), owner) {
+            slices_by_service.entry((namespace, service.as_str())).or_default().push(slice.as_ref());
+        }
+    }
     let document = render::endpoints::document(
         &services,
-        |namespace, name| {
-            all_services
-                .iter()
-                .find(|s| {
-                    s.metadata.namespace.as_deref() == Some(namespace) && s.metadata.name.as_deref() == Some(name)
-                })
-                .map(AsRef::as_ref)
-        },
-        |namespace, name| {
-            slices
-                .iter()
-                .filter(|slice| {
-                    slice.metadata.namespace.as_deref() == Some(namespace)
-                        && slice
-                            .metadata
-                            .labels
-                            .as_ref()
-                            .and_then(|l| l.get(render::endpoints::SERVICE_NAME_LABEL))
-                            .is_some_and(|service| service == name)
-                })
-                .map(AsRef::as_ref)
-                .collect::<Vec<_>>()
-        },
+        |namespace, name| services_by_name.get(&(namespace, name)).copied(),
+        |namespace, name| slices_by_service.get(&(namespace, name)).cloned().unwrap_or_default(),
     );
     let (map, hash) = render::endpoints::config_map(gateway, &document)?;
     let written = context.gateways.read().await.get(&key).and_then(|m| m.endpoints_written.clone());
