@@ -1,0 +1,100 @@
+//! `e2e/scripts/reclaim-disk.sh`, which `.ci/run` runs before building:
+//! with room it touches nothing; without, it removes waycast's caches in
+//! order, cheapest to rebuild first, stops once there is room, and never
+//! touches anything else. "Room" is faked with `WAYCAST_BUILD_ROOM_GIB`:
+//! the real disk's free space decides where it stops.
+
+#![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// A fake target dir, cache root and Go build cache, each with what the
+/// script knows, and a neighbour it must leave.
+struct Fixture {
+    root: PathBuf,
+}
+
+impl Fixture {
+    fn new(name: &str) -> Self {
+        let root = std::env::temp_dir().join(format!("waycast-reclaim-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        for dir in [
+            "target/debug/incremental/crate-a",
+            "target/debug/deps",
+            "target/release/incremental/crate-b",
+            "target/profiling",
+            "target/bench-tool",
+            "cache/src/kubernetes",
+            "cache/k8s/bin",
+            "go-build/00",
+            "neighbour",
+        ] {
+            std::fs::create_dir_all(root.join(dir)).unwrap();
+        }
+        Self { root }
+    }
+
+    fn run(&self, room_gib: i64) -> Output {
+        Command::new("bash")
+            .arg(repo().join("e2e/scripts/reclaim-disk.sh"))
+            .env("CARGO_TARGET_DIR", self.root.join("target"))
+            .env("WAYCAST_CACHE", self.root.join("cache"))
+            .env("GOCACHE", self.root.join("go-build"))
+            .env("WAYCAST_BUILD_ROOM_GIB", room_gib.to_string())
+            .output()
+            .unwrap()
+    }
+
+    fn exists(&self, path: &str) -> bool {
+        self.root.join(path).exists()
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+#[test]
+fn with_room_nothing_is_removed() {
+    let fixture = Fixture::new("room");
+    // Less than no room wanted: there is room whatever the disk holds.
+    let output = fixture.run(-(1 << 30));
+    assert!(output.status.success(), "{output:?}");
+    for path in ["target/debug/incremental", "target/release", "cache/src", "go-build/00", "neighbour"] {
+        assert!(fixture.exists(path), "{path} was removed");
+    }
+}
+
+#[test]
+fn without_room_only_waycasts_caches_go_in_order_and_it_says_so() {
+    let fixture = Fixture::new("full");
+    // More room than any disk has: every step runs, then it gives up.
+    let output = fixture.run(1 << 30);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    let steps = [
+        "removed incremental compilation caches",
+        "removed release, profiling and bench-tool builds",
+        "removed Go build cache",
+        "removed Kubernetes sources",
+        "removed the whole Cargo target directory",
+        "the rest of the disk is not ours",
+    ];
+    let at: Vec<usize> =
+        steps.iter().map(|step| stderr.find(step).unwrap_or_else(|| panic!("{step}: {stderr}"))).collect();
+    assert!(at.windows(2).all(|pair| pair[0] < pair[1]), "steps out of order: {stderr}");
+    assert!(stderr.contains("what waycast's caches hold"), "{stderr}");
+    for gone in ["target/debug", "target/release", "cache/src", "go-build"] {
+        assert!(!fixture.exists(gone), "{gone} is still there");
+    }
+    // The built Kubernetes binaries and anything not waycast's stay.
+    assert!(fixture.exists("cache/k8s/bin"));
+    assert!(fixture.exists("neighbour"));
+}
