@@ -193,8 +193,9 @@ pub async fn gather_on_this_thread() {
 pub fn send_gathered() {
     let lines = GATHERED.with_borrow_mut(|gathered| {
         let gathered = gathered.as_mut()?;
-        let capacity = gathered.lines.len();
-        (capacity > 0).then(|| std::mem::replace(&mut gathered.lines, Vec::with_capacity(capacity)))
+        // The next batch is likely the size of this one.
+        let size = gathered.lines.len();
+        (size > 0).then(|| std::mem::replace(&mut gathered.lines, Vec::with_capacity(size)))
     });
     if let Some(lines) = lines {
         send(lines);

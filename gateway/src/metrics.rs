@@ -47,8 +47,8 @@ impl WorkerGauge {
         self.counts.mine().fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Takes one off, on the calling worker's shard (which may go below
-    /// zero: a connection can end on another thread than it began).
+    /// Takes one off, on the calling worker's shard (a request or
+    /// connection ends on the thread it began on).
     pub fn dec(&self) {
         self.counts.mine().fetch_sub(1, Ordering::Relaxed);
     }

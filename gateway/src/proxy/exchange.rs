@@ -151,36 +151,28 @@ impl Exchange {
         let model = self.model.as_deref().unwrap_or("unknown");
         let key = self.key.as_deref().unwrap_or("none");
         let elapsed = self.started.elapsed();
-        // A request with a model has a key: auth comes first.
-        let series = self.model.as_ref().map(|model| match &self.key {
-            Some(key) => super::series::pair(metrics, model, key),
-            None => Rc::new(PairSeries::new(metrics, model.clone(), Arc::from(key))),
-        });
-        match &series {
-            Some(series) if outcome.status == 200 => series.ok(metrics).inc(),
-            _ => {
-                let mut code_buffer = itoa_buffer();
-                let code = format_status(&mut code_buffer, outcome.status);
-                metrics.requests.with_label_values(&[model, key, code]).inc();
-            }
+        // Cached for a (model, key); a request refused before either is
+        // known writes its few series through an uncached set.
+        let series = match (&self.model, &self.key) {
+            (Some(model), Some(key)) => super::series::pair(metrics, model, key),
+            _ => Rc::new(PairSeries::new(metrics, Arc::from(model), Arc::from(key))),
+        };
+        if outcome.status == 200 {
+            series.ok(metrics).inc();
+        } else {
+            let mut code_buffer = itoa_buffer();
+            let code = format_status(&mut code_buffer, outcome.status);
+            metrics.requests.with_label_values(&[model, key, code]).inc();
         }
-        if let Some(series) = &series {
+        if self.model.is_some() {
             series.duration(metrics).observe(elapsed.as_secs_f64());
             if let Some(first_byte) = outcome.first_byte {
                 series.first_byte(metrics).observe((first_byte - self.started).as_secs_f64());
             }
         }
         if let Some(usage) = outcome.usage {
-            match &series {
-                Some(series) => {
-                    series.prompt_tokens(metrics).inc_by(usage.prompt);
-                    series.completion_tokens(metrics).inc_by(usage.completion);
-                }
-                None => {
-                    metrics.tokens.with_label_values(&[model, key, "prompt"]).inc_by(usage.prompt);
-                    metrics.tokens.with_label_values(&[model, key, "completion"]).inc_by(usage.completion);
-                }
-            }
+            series.prompt_tokens(metrics).inc_by(usage.prompt);
+            series.completion_tokens(metrics).inc_by(usage.completion);
         }
         if let Some(charge) = &self.charge {
             // What was served is charged: a response that went out (whole,
@@ -193,10 +185,7 @@ impl Exchange {
                 0
             };
             charge.settle(used);
-            match &series {
-                Some(series) => series.rate_limit_tokens(metrics).inc_by(used),
-                None => metrics.rate_limit_tokens.with_label_values(&[model, key]).inc_by(used),
-            }
+            series.rate_limit_tokens(metrics).inc_by(used);
         }
         if self.access_log && crate::access_log::enabled() {
             let usage = outcome.usage.unwrap_or_default();

@@ -58,13 +58,12 @@ pub fn pair(metrics: &Metrics, model: &Arc<str>, key: &Arc<str>) -> Rc<PairSerie
 fn slot_of(model: &Arc<str>, key: &Arc<str>) -> usize {
     let model = Arc::as_ptr(model).cast::<u8>() as usize as u64;
     let key = Arc::as_ptr(key).cast::<u8>() as usize as u64;
-    // Fibonacci hashing: the top bits of the product are well mixed.
-    let mixed = (model ^ key.rotate_left(29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    (mixed >> (64 - SLOTS.trailing_zeros())) as usize
+    (crate::upstream::pick::mix(model ^ key.rotate_left(29)) % SLOTS as u64) as usize
 }
 
 impl PairSeries {
-    /// Uncached series of `model` and `key` (for a request without a key).
+    /// Uncached series of `model` and `key` (for a request refused before
+    /// its model or key was known).
     pub fn new(metrics: &Metrics, model: Arc<str>, key: Arc<str>) -> Self {
         Self {
             metrics_id: metrics.id,

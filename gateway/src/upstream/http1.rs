@@ -220,7 +220,7 @@ impl std::hash::Hash for PoolKey {
     }
 }
 
-/// A multiply-rotate hash for the pool's keys (every request looks its
+/// A SplitMix-mixed hash for the pool's keys (every request looks its
 /// authority up twice, on take and on return; SipHash, which also hashes
 /// `Authority` byte by byte, cost 4 % of a request). Keys come from the
 /// config and the endpoint table, never from a client, so flooding the
@@ -242,7 +242,7 @@ impl std::hash::Hasher for PoolHasher {
     }
 
     fn write_u64(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x517C_C1B7_2722_0A95);
+        self.0 = super::pick::mix(self.0 ^ word);
     }
 
     fn finish(&self) -> u64 {
