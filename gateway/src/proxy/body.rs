@@ -54,91 +54,121 @@ pub fn scan(body: &[u8]) -> Result<RequestFields<'_>, GatewayError> {
         scanner.end()?;
         return Err(GatewayError::NotAnObject);
     }
-    scanner.at += 1;
     let mut model: Option<(Cow<'_, str>, Range<usize>)> = None;
     let mut stream = false;
     let mut stream_options = None;
     let mut max_tokens = None;
     let mut prompt_start = None;
-    scanner.skip_whitespace();
-    if scanner.peek() == Some(b'}') {
-        scanner.at += 1;
-    } else {
-        loop {
-            scanner.skip_whitespace();
-            let key = scanner.string()?;
-            scanner.skip_whitespace();
-            scanner.expect(b':')?;
-            scanner.skip_whitespace();
-            let name = key_text(body, &key)?;
-            match name.as_ref() {
-                "model" => {
-                    if model.is_some() {
-                        return Err(GatewayError::DuplicateModel);
-                    }
-                    if scanner.peek() != Some(b'"') {
-                        scanner.value(1)?;
-                        // Keep scanning so malformed JSON still reports as such.
-                        scanner.rest_of_object()?;
-                        return Err(GatewayError::ModelNotString);
-                    }
-                    let span = scanner.string()?;
-                    let text = key_text(body, &span)?;
-                    model = Some((text, span.range));
+    members(&mut scanner, |key, scanner| {
+        match key_text(body, &key)?.as_ref() {
+            "model" => {
+                if model.is_some() {
+                    return Err(GatewayError::DuplicateModel);
                 }
-                // NB: typed strictly, as OpenAI does: a `"stream": 1` that
-                // the upstream reads as true must not pass as "not a stream"
-                // here, where token charging depends on it.
-                "stream" => {
-                    let start = scanner.at;
+                if scanner.peek() != Some(b'"') {
                     scanner.value(1)?;
-                    stream = match &body[start..scanner.at] {
-                        b"true" => true,
-                        b"false" | b"null" => false,
-                        _ => return Err(GatewayError::InvalidField("stream", "must be a boolean")),
-                    };
+                    // Keep scanning so malformed JSON still reports as such.
+                    scanner.rest_of_object()?;
+                    return Err(GatewayError::ModelNotString);
                 }
-                "stream_options" => {
-                    let start = scanner.at;
-                    let is_object = scanner.peek() == Some(b'{');
-                    scanner.value(1)?;
-                    if !is_object && &body[start..scanner.at] != b"null" {
-                        return Err(GatewayError::InvalidField("stream_options", "must be an object"));
-                    }
-                    stream_options = Some(start..scanner.at);
-                }
-                "max_tokens" | "max_completion_tokens" | "max_output_tokens" => {
-                    let start = scanner.at;
-                    scanner.value(1)?;
-                    let text = &body[start..scanner.at];
-                    if text != b"null" {
-                        let value = std::str::from_utf8(text).ok().and_then(|t| t.parse::<u64>().ok());
-                        let value =
-                            value.ok_or(GatewayError::InvalidField("max_tokens", "must be a non-negative integer"))?;
-                        // The largest of them bounds the output.
-                        max_tokens = Some(max_tokens.map_or(value, |m: u64| m.max(value)));
-                    }
-                }
-                "messages" | "input" | "prompt" => {
-                    prompt_start = prompt_start.or(Some(scanner.at));
-                    scanner.value(1)?;
-                }
-                _ => scanner.value(1)?,
+                let span = scanner.string()?;
+                let text = key_text(body, &span)?;
+                model = Some((text, span.range));
             }
-            scanner.skip_whitespace();
-            match scanner.next() {
-                Some(b',') => continue,
-                Some(b'}') => break,
-                _ => return Err(GatewayError::InvalidJson("expected ',' or '}' in object")),
+            // NB: typed strictly, as OpenAI does: a `"stream": 1` that
+            // the upstream reads as true must not pass as "not a stream"
+            // here, where token charging depends on it.
+            "stream" => {
+                let start = scanner.at;
+                scanner.value(1)?;
+                stream = match &body[start..scanner.at] {
+                    b"true" => true,
+                    b"false" | b"null" => false,
+                    _ => return Err(GatewayError::InvalidField("stream", "must be a boolean")),
+                };
             }
+            "stream_options" => {
+                let start = scanner.at;
+                let is_object = scanner.peek() == Some(b'{');
+                scanner.value(1)?;
+                if !is_object && &body[start..scanner.at] != b"null" {
+                    return Err(GatewayError::InvalidField("stream_options", "must be an object"));
+                }
+                stream_options = Some(start..scanner.at);
+            }
+            "max_tokens" | "max_completion_tokens" | "max_output_tokens" => {
+                let start = scanner.at;
+                scanner.value(1)?;
+                let text = &body[start..scanner.at];
+                if text != b"null" {
+                    let value = std::str::from_utf8(text).ok().and_then(|t| t.parse::<u64>().ok());
+                    let value =
+                        value.ok_or(GatewayError::InvalidField("max_tokens", "must be a non-negative integer"))?;
+                    // The largest of them bounds the output.
+                    max_tokens = Some(max_tokens.map_or(value, |m: u64| m.max(value)));
+                }
+            }
+            "messages" | "input" | "prompt" => {
+                prompt_start = prompt_start.or(Some(scanner.at));
+                scanner.value(1)?;
+            }
+            _ => scanner.value(1)?,
         }
-    }
+        Ok(())
+    })?;
     scanner.end()?;
     let (model, model_span) = model.ok_or(GatewayError::MissingModel)?;
     if model.is_empty() {
         return Err(GatewayError::InvalidField("model", "must not be empty"));
     }
     Ok(RequestFields { model, model_span, stream, stream_options, max_tokens, prompt_start })
+}
+
+/// Walks the JSON object at the start of `bytes` (leading whitespace
+/// allowed), handing `member` each key, unescaped, and the raw text of its
+/// value. It stops at the object's closing brace: what follows may be
+/// anything (an SSE event's rest, more JSON).
+///
+/// # Errors
+/// The 400-class [`GatewayError`]s of [`scan`] where the object is not
+/// well-formed.
+pub fn object_members<'a>(bytes: &'a [u8], mut member: impl FnMut(&str, &'a [u8])) -> Result<(), GatewayError> {
+    let mut scanner = Scanner { bytes, at: 0 };
+    scanner.skip_whitespace();
+    members(&mut scanner, |key, scanner| {
+        let start = scanner.at;
+        scanner.value(1)?;
+        member(&key_text(bytes, &key)?, &bytes[start..scanner.at]);
+        Ok(())
+    })
+}
+
+/// Scans the object whose `{` is next, calling `member` with each key's
+/// span and the scanner at that key's value, which `member` must consume.
+fn members<'a>(
+    scanner: &mut Scanner<'a>,
+    mut member: impl FnMut(StringSpan, &mut Scanner<'a>) -> Result<(), GatewayError>,
+) -> Result<(), GatewayError> {
+    scanner.expect(b'{')?;
+    scanner.skip_whitespace();
+    if scanner.peek() == Some(b'}') {
+        scanner.at += 1;
+        return Ok(());
+    }
+    loop {
+        scanner.skip_whitespace();
+        let key = scanner.string()?;
+        scanner.skip_whitespace();
+        scanner.expect(b':')?;
+        scanner.skip_whitespace();
+        member(key, scanner)?;
+        scanner.skip_whitespace();
+        match scanner.next() {
+            Some(b',') => continue,
+            Some(b'}') => return Ok(()),
+            _ => return Err(GatewayError::InvalidJson("expected ',' or '}' in object")),
+        }
+    }
 }
 
 struct StringSpan {
@@ -239,30 +269,7 @@ impl Scanner<'_> {
         }
         match self.peek() {
             Some(b'"') => self.string().map(drop),
-            Some(b'{') => {
-                self.at += 1;
-                self.skip_whitespace();
-                if self.peek() == Some(b'}') {
-                    self.at += 1;
-                    return Ok(());
-                }
-                loop {
-                    self.skip_whitespace();
-                    self.string()?;
-                    self.skip_whitespace();
-                    self.expect(b':')?;
-                    self.skip_whitespace();
-                    self.value(depth + 1)?;
-                    self.skip_whitespace();
-                    match self.next() {
-                        Some(b',') => continue,
-                        Some(b'}') => return Ok(()),
-                        _ => {
-                            return Err(GatewayError::InvalidJson("expected ',' or '}' in object"));
-                        }
-                    }
-                }
-            }
+            Some(b'{') => members(self, |_, scanner| scanner.value(depth + 1)),
             Some(b'[') => {
                 self.at += 1;
                 self.skip_whitespace();

@@ -14,7 +14,6 @@
 use std::ops::Range;
 
 use bytes::Bytes;
-use serde::Deserialize;
 
 /// How much of the response's first frame is kept (Anthropic streams report
 /// input tokens in their first event, `message_start`, a few hundred bytes).
@@ -141,7 +140,7 @@ fn splice(body: &Bytes, replaced: Range<usize>, with: &[u8], model_span: Range<u
     (Bytes::from(out), model_span)
 }
 
-#[derive(Debug, Default, Clone, Copy, Deserialize)]
+#[derive(Debug, Default, Clone, Copy)]
 struct UsageFields {
     prompt_tokens: Option<u64>,
     completion_tokens: Option<u64>,
@@ -163,9 +162,18 @@ impl UsageFields {
 
 const NEEDLE: &[u8] = b"\"usage\"";
 
+/// The needle's searchers, built once: building one per search cost more
+/// than the search.
+fn needle_finders() -> &'static (memchr::memmem::Finder<'static>, memchr::memmem::FinderRev<'static>) {
+    static FINDERS: std::sync::OnceLock<(memchr::memmem::Finder<'static>, memchr::memmem::FinderRev<'static>)> =
+        std::sync::OnceLock::new();
+    FINDERS.get_or_init(|| (memchr::memmem::Finder::new(NEEDLE), memchr::memmem::FinderRev::new(NEEDLE)))
+}
+
 fn last_usage(bytes: &[u8]) -> Option<UsageFields> {
+    let finder = &needle_finders().1;
     let mut end = bytes.len();
-    while let Some(at) = memchr::memmem::rfind(&bytes[..end], NEEDLE) {
+    while let Some(at) = finder.rfind(&bytes[..end]) {
         if let Some(fields) = parse_after(&bytes[at + NEEDLE.len()..]) {
             return Some(fields);
         }
@@ -175,8 +183,9 @@ fn last_usage(bytes: &[u8]) -> Option<UsageFields> {
 }
 
 fn first_usage(bytes: &[u8]) -> Option<UsageFields> {
+    let finder = &needle_finders().0;
     let mut start = 0;
-    while let Some(found) = memchr::memmem::find(&bytes[start..], NEEDLE) {
+    while let Some(found) = finder.find(&bytes[start..]) {
         let at = start + found;
         if let Some(fields) = parse_after(&bytes[at + NEEDLE.len()..]) {
             return Some(fields);
@@ -186,14 +195,36 @@ fn first_usage(bytes: &[u8]) -> Option<UsageFields> {
     None
 }
 
-/// Parses `: { ... }` right after a `"usage"` key.
+/// Parses `: { ... }` right after a `"usage"` key: an object whose counts
+/// are non-negative integers or `null`, each named once. Anything else
+/// (a float, a string, a repeated count) disqualifies the object, as the
+/// upstream's own report is then not one we can trust.
 fn parse_after(bytes: &[u8]) -> Option<UsageFields> {
     let rest = bytes.trim_ascii_start().strip_prefix(b":")?.trim_ascii_start();
     if !rest.starts_with(b"{") {
         return None;
     }
-    let mut values = serde_json::Deserializer::from_slice(rest).into_iter::<UsageFields>();
-    values.next()?.ok().filter(|fields| !fields.is_empty())
+    let mut fields = UsageFields::default();
+    let mut trusted = true;
+    let mut named = [false; 4];
+    super::body::object_members(rest, |key, value| {
+        let (slot, index) = match key {
+            "prompt_tokens" => (&mut fields.prompt_tokens, 0),
+            "completion_tokens" => (&mut fields.completion_tokens, 1),
+            "input_tokens" => (&mut fields.input_tokens, 2),
+            "output_tokens" => (&mut fields.output_tokens, 3),
+            _ => return,
+        };
+        trusted &= !std::mem::replace(&mut named[index], true);
+        if value != b"null" {
+            match std::str::from_utf8(value).ok().and_then(|text| text.parse::<u64>().ok()) {
+                Some(count) => *slot = Some(count),
+                None => trusted = false,
+            }
+        }
+    })
+    .ok()?;
+    (trusted && !fields.is_empty()).then_some(fields)
 }
 
 #[cfg(test)]
@@ -234,6 +265,35 @@ mod tests {
             "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
         ];
         assert_eq!(tap(&frames).usage(), Some(Usage { prompt: 25, completion: 15 }));
+    }
+
+    #[test]
+    fn usage_objects_are_read_strictly() {
+        let usage = |object: &str| tap(&[&format!("{{\"choices\":[],\"usage\":{object}}}\n\n")]).usage();
+        // Nested details and unknown members are skipped.
+        assert_eq!(
+            usage(
+                r#"{"prompt_tokens":7,"prompt_tokens_details":{"cached_tokens":2,"x":[1,{"y":null}]},"completion_tokens":9}"#
+            ),
+            Some(Usage { prompt: 7, completion: 9 })
+        );
+        // `null` is no count; escaped keys are keys.
+        assert_eq!(
+            usage(r#"{"prompt_tokens":null,"\u0063ompletion_tokens":3}"#),
+            Some(Usage { prompt: 0, completion: 3 })
+        );
+        // Not integers, negative, repeated or malformed: not a usage report.
+        for untrusted in [
+            r#"{"prompt_tokens":1.5,"completion_tokens":2}"#,
+            r#"{"prompt_tokens":-1,"completion_tokens":2}"#,
+            r#"{"prompt_tokens":"1","completion_tokens":2}"#,
+            r#"{"prompt_tokens":1,"prompt_tokens":100,"completion_tokens":2}"#,
+            r#"{"prompt_tokens":1,"completion_tokens":99999999999999999999999}"#,
+            r#"{"prompt_tokens":1,"completion_tokens":2,"#,
+            r#"{"prompt_tokens":1 "completion_tokens":2}"#,
+        ] {
+            assert_eq!(usage(untrusted), None, "{untrusted}");
+        }
     }
 
     #[test]
