@@ -248,7 +248,8 @@ fn take(message: Message, batch: &mut Vec<u8>, waiting: &mut Vec<SyncSender<()>>
     }
 }
 
-fn decimal(mut value: u64, out: &mut Vec<u8>) {
+/// `value` in decimal digits (also a request's `Content-Length` upstream).
+pub(crate) fn decimal(mut value: u64, out: &mut Vec<u8>) {
     let mut digits = [0_u8; 20];
     let mut at = digits.len();
     loop {

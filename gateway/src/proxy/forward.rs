@@ -7,13 +7,13 @@ use std::time::Instant;
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
-use http::{Method, Request, Response, Uri};
+use http::{Method, Response};
 
 use crate::error::GatewayError;
 use crate::snapshot::{Backend, Route};
-use crate::upstream::UpstreamBody;
 use crate::upstream::endpoints::EndpointTable;
 use crate::upstream::pick::{EndpointSet, InFlight};
+use crate::upstream::{UpstreamBody, UpstreamRequest};
 
 /// What the upstream answered.
 pub struct Forwarded {
@@ -213,46 +213,67 @@ async fn send_to(
 
 /// The upstream request; `None` only if the client's query string does not
 /// form a valid URI with the backend's path.
+///
+/// The gateway's own fields (`Host`, `Content-Length`, `X-Request-Id`,
+/// `X-Forwarded-*`) replace any of the same name, and the backend's
+/// configured headers replace the client's.
 fn build_request(
     backend: &Backend,
     authority: http::uri::Authority,
     extra: &crate::snapshot::ForwardHeaders,
     outgoing: &Outgoing<'_>,
-) -> Option<Request<Bytes>> {
+) -> Option<UpstreamRequest> {
     let path = backend.paths.get(outgoing.endpoint)?;
     // The backend's own query (Azure's `api-version`) comes first, then the
     // client's.
-    let path = match (outgoing.query, path.query()) {
-        (None, _) => path.clone(),
-        (Some(query), None) => PathAndQuery::try_from(format!("{}?{query}", path.path())).ok()?,
-        (Some(query), Some(own)) => PathAndQuery::try_from(format!("{}?{own}&{query}", path.path())).ok()?,
+    let joined;
+    let target = match (outgoing.query, path.query()) {
+        (None, _) => path.as_str(),
+        (Some(query), own) => {
+            let text = match own {
+                None => format!("{}?{query}", path.path()),
+                Some(own) => format!("{}?{own}&{query}", path.path()),
+            };
+            joined = PathAndQuery::try_from(text).ok()?;
+            joined.as_str()
+        }
     };
-    let uri = Uri::builder().scheme(backend.scheme.clone()).authority(authority).path_and_query(path).build().ok()?;
     let body = match &backend.model_json {
         Some(model) => rewrite(outgoing.body, outgoing.model_span.clone(), model),
         None => outgoing.body.clone(),
     };
-    let mut headers = HeaderMap::with_capacity(outgoing.headers.len() + backend.headers.len() + 2);
+    let tls = backend.scheme == http::uri::Scheme::HTTPS;
+    let mut head = UpstreamRequest::build(outgoing.method, tls, authority, target, body);
     for (name, value) in outgoing.headers {
-        if forwardable(name) || (extra.allows(name.as_str()) && !is_client_credential(name)) {
-            headers.append(name.clone(), value.clone());
+        if (forwardable(name) || (extra.allows(name.as_str()) && !is_client_credential(name)))
+            && !backend.headers.contains_key(name)
+            && !is_set_by_gateway(name)
+        {
+            head.header(name, value);
         }
     }
+    // One value per name: the snapshot inserts them.
     for (name, value) in &backend.headers {
-        headers.insert(name.clone(), value.clone());
+        if !is_set_by_gateway(name) {
+            head.header(name, value);
+        }
     }
-    headers.insert(header::HOST, backend.host.clone());
-    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
-    headers.insert(REQUEST_ID.clone(), outgoing.request_id.clone());
+    head.header(&header::HOST, &backend.host);
+    head.header(&REQUEST_ID, outgoing.request_id);
     // Set by the gateway, never taken from the client: a client's own
     // X-Forwarded-For would let it pose as another address upstream.
-    headers.insert(FORWARDED_FOR.clone(), outgoing.client.forwarded_for.clone());
-    headers.insert(FORWARDED_PROTO.clone(), outgoing.client.forwarded_proto.clone());
-    let mut request = Request::new(body);
-    *request.method_mut() = outgoing.method.clone();
-    *request.uri_mut() = uri;
-    *request.headers_mut() = headers;
-    Some(request)
+    head.header(&FORWARDED_FOR, &outgoing.client.forwarded_for);
+    head.header(&FORWARDED_PROTO, &outgoing.client.forwarded_proto);
+    Some(head.finish())
+}
+
+/// The fields [`build_request`] sets itself.
+fn is_set_by_gateway(name: &HeaderName) -> bool {
+    name == header::HOST
+        || name == header::CONTENT_LENGTH
+        || name == REQUEST_ID
+        || name == FORWARDED_FOR
+        || name == FORWARDED_PROTO
 }
 
 /// `X-Request-Id`.
@@ -311,6 +332,79 @@ mod tests {
         let body = Bytes::from_static(br#"{"model":"llama3","messages":[]}"#);
         let rewritten = rewrite(&body, 9..17, &Bytes::from_static(br#""meta/Llama-3""#));
         assert_eq!(&rewritten[..], br#"{"model":"meta/Llama-3","messages":[]}"#);
+    }
+
+    /// The client's allowed headers go up, unless the backend configures
+    /// the same name or the gateway sets it; the gateway's own fields
+    /// appear once, with its values.
+    #[test]
+    fn the_gateway_and_the_backend_have_the_last_word_on_each_header() {
+        let config: waycast_crds::config::GatewayConfig = serde_json::from_value(serde_json::json!({
+            "apiVersion": "waycast.dev/config-v1",
+            "models": [{
+                "name": "m",
+                "forwardHeaders": ["x-*"],
+                "backends": [{"url": "https://up.example:8443/v1?api-version=7", "headers": {"x-team": "from-config"}}]
+            }],
+            "keys": []
+        }))
+        .unwrap();
+        let snapshot = crate::snapshot::Snapshot::standalone(&config, "h".into()).unwrap();
+        let route = snapshot.route(0);
+        let mut headers = HeaderMap::new();
+        for (name, value) in [
+            ("content-type", "application/json"),
+            ("x-team", "from-client"),
+            ("x-request-id", "client-chosen"),
+            ("x-forwarded-for", "203.0.113.9"),
+            ("x-session", "s1"),
+            ("authorization", "Bearer wc_secret"),
+            ("cookie", "c=1"),
+        ] {
+            headers.insert(name, HeaderValue::from_static(value));
+        }
+        let body = Bytes::from_static(br#"{"model":"m"}"#);
+        let client = super::super::Client {
+            forwarded_for: HeaderValue::from_static("10.1.2.3"),
+            forwarded_proto: HeaderValue::from_static("http"),
+            activity: Default::default(),
+        };
+        let metrics = crate::metrics::Metrics::new().unwrap();
+        let request_id = HeaderValue::from_static("gw-1");
+        let outgoing = Outgoing {
+            method: &Method::POST,
+            endpoint: 0,
+            query: Some("trace=1"),
+            headers: &headers,
+            body: &body,
+            model_span: 9..12,
+            request_id: &request_id,
+            client: &client,
+            affinity: None,
+            metrics: &metrics,
+        };
+        let backend = &route.backends[0];
+        let request = build_request(backend, backend.authority.clone(), &route.forward_headers, &outgoing).unwrap();
+        let wire = String::from_utf8(request.wire().to_vec()).unwrap();
+        let (head, sent_body) = wire.split_once("\r\n\r\n").unwrap();
+        let mut lines = head.split("\r\n");
+        assert_eq!(lines.next(), Some("POST /v1/chat/completions?api-version=7&trace=1 HTTP/1.1"));
+        let mut fields: Vec<&str> = lines.collect();
+        fields.sort_unstable();
+        assert_eq!(
+            fields,
+            [
+                "content-length: 13",
+                "content-type: application/json",
+                "host: up.example:8443",
+                "x-forwarded-for: 10.1.2.3",
+                "x-forwarded-proto: http",
+                "x-request-id: gw-1",
+                "x-session: s1",
+                "x-team: from-config",
+            ]
+        );
+        assert_eq!(sent_body, r#"{"model":"m"}"#);
     }
 
     #[test]

@@ -34,8 +34,8 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use http::header::{CONNECTION, HeaderName, HeaderValue};
-use http::uri::{Authority, Scheme};
-use http::{HeaderMap, Method, Request, Response, StatusCode, Version};
+use http::uri::Authority;
+use http::{HeaderMap, Method, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
@@ -404,22 +404,17 @@ impl UpstreamClient {
         }
     }
 
-    /// Sends `request` (absolute URI; its headers as they go, `Host` and
-    /// `Content-Length` included) on a pooled connection of the calling
-    /// worker, or a new one, and reads the response head.
+    /// Sends `request` on a pooled connection of the calling worker, or a
+    /// new one, and reads the response head.
     ///
     /// # Errors
     /// See [`UpstreamError`]; [`UpstreamError::is_connect`] tells whether the
     /// request can have reached the upstream.
-    pub async fn request(&self, request: Request<Bytes>) -> Result<Response<UpstreamBody>, UpstreamError> {
-        let uri = request.uri();
-        let tls = uri.scheme() == Some(&Scheme::HTTPS);
-        let authority = uri.authority().cloned().ok_or(UpstreamError::Response("request without an authority"))?;
+    pub async fn request(&self, request: UpstreamRequest) -> Result<Response<UpstreamBody>, UpstreamError> {
+        let UpstreamRequest { tls, authority, head_only, wire, body } = request;
         let key = PoolKey { client: self.id.0, tls, authority };
-        let wire = encode(&request);
-        let head_only = request.method() == Method::HEAD;
         if let Some(io) = Pool::take(&key) {
-            match exchange(io, &wire, request.body(), head_only).await {
+            match exchange(io, &wire, &body, head_only).await {
                 Ok(answer) => return Ok(self.respond(answer, key)),
                 Err(failed) if failed.nothing_read => {
                     tracing::debug!(error = %failed.error, "pooled upstream connection was closed; sending on a new one");
@@ -428,7 +423,7 @@ impl UpstreamClient {
             }
         }
         let io = self.connect(&key).await?;
-        let answer = exchange(io, &wire, request.body(), head_only).await.map_err(|failed| failed.error)?;
+        let answer = exchange(io, &wire, &body, head_only).await.map_err(|failed| failed.error)?;
         Ok(self.respond(answer, key))
     }
 
@@ -519,31 +514,68 @@ async fn connect_any(addresses: &[SocketAddr], authority: &Authority) -> Result<
     Err(UpstreamError::Connect { authority: authority.to_string(), source: last })
 }
 
-/// The request head, and the body too when it is small: one write.
-fn encode(request: &Request<Bytes>) -> Vec<u8> {
-    let target = request.uri().path_and_query().map_or("/", |p| p.as_str());
-    let headers = request.headers();
-    let fields: usize = headers.iter().map(|(name, value)| name.as_str().len() + value.len() + 4).sum();
-    let body = request.body();
-    let with_body = body.len() <= BODY_WITH_HEAD;
-    let size =
-        request.method().as_str().len() + target.len() + 13 + fields + 2 + if with_body { body.len() } else { 0 };
-    let mut wire = Vec::with_capacity(size);
-    wire.extend_from_slice(request.method().as_str().as_bytes());
-    wire.push(b' ');
-    wire.extend_from_slice(target.as_bytes());
-    wire.extend_from_slice(b" HTTP/1.1\r\n");
-    for (name, value) in headers {
+/// A request for [`UpstreamClient::request`]: its head already in wire
+/// form, with the body too when that is small (one write).
+pub struct UpstreamRequest {
+    tls: bool,
+    authority: Authority,
+    head_only: bool,
+    wire: Vec<u8>,
+    body: Bytes,
+}
+
+impl UpstreamRequest {
+    /// Starts `method target HTTP/1.1` to `authority` (over TLS when
+    /// `tls`), carrying `body`. The head is written as it is built: no
+    /// header map stands between the client's request and the bytes sent.
+    pub fn build(method: &Method, tls: bool, authority: Authority, target: &str, body: Bytes) -> RequestHead {
+        const HEAD_ROOM: usize = 512;
+        let inline_body = if body.len() <= BODY_WITH_HEAD { body.len() } else { 0 };
+        let mut wire = Vec::with_capacity(HEAD_ROOM + target.len() + inline_body);
+        wire.extend_from_slice(method.as_str().as_bytes());
+        wire.push(b' ');
+        wire.extend_from_slice(target.as_bytes());
+        wire.extend_from_slice(b" HTTP/1.1\r\n");
+        RequestHead { request: Self { tls, authority, head_only: method == Method::HEAD, wire, body } }
+    }
+}
+
+#[cfg(test)]
+impl UpstreamRequest {
+    /// What is written first: the head, with the body when it is small.
+    pub fn wire(&self) -> &[u8] {
+        &self.wire
+    }
+}
+
+/// An [`UpstreamRequest`] whose header fields are being written.
+pub struct RequestHead {
+    request: UpstreamRequest,
+}
+
+impl RequestHead {
+    /// Adds a header field. `Content-Length` is [`RequestHead::finish`]'s
+    /// to write; `Host` is the caller's.
+    pub fn header(&mut self, name: &HeaderName, value: &HeaderValue) {
+        let wire = &mut self.request.wire;
         wire.extend_from_slice(name.as_str().as_bytes());
         wire.extend_from_slice(b": ");
         wire.extend_from_slice(value.as_bytes());
         wire.extend_from_slice(b"\r\n");
     }
-    wire.extend_from_slice(b"\r\n");
-    if with_body {
-        wire.extend_from_slice(body);
+
+    /// Ends the head with the body's `Content-Length`.
+    pub fn finish(self) -> UpstreamRequest {
+        let mut request = self.request;
+        let wire = &mut request.wire;
+        wire.extend_from_slice(b"content-length: ");
+        crate::access_log::decimal(request.body.len() as u64, wire);
+        wire.extend_from_slice(b"\r\n\r\n");
+        if request.body.len() <= BODY_WITH_HEAD {
+            wire.extend_from_slice(&request.body);
+        }
+        request
     }
-    wire
 }
 
 /// A response head read off a connection.
@@ -622,14 +654,17 @@ fn wants_close(headers: &HeaderMap) -> bool {
 /// The response head at the start of `buf` and its length; `None` while
 /// it is incomplete.
 fn parse_head(buf: &[u8]) -> Result<Option<(http::response::Parts, usize)>, UpstreamError> {
-    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut parsed = httparse::Response::new(&mut fields);
-    let head_len = match parsed.parse(buf) {
-        Ok(httparse::Status::Complete(len)) => len,
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(httparse::Error::TooManyHeaders) => return Err(UpstreamError::Response("more than 100 header fields")),
-        Err(_) => return Err(UpstreamError::Response("malformed response head")),
-    };
+    // Uninitialised: httparse writes the fields it finds, and filling 100
+    // empty ones first cost more than parsing a short head.
+    let mut fields = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+    let mut parsed = httparse::Response::new(&mut []);
+    let head_len =
+        match httparse::ParserConfig::default().parse_response_with_uninit_headers(&mut parsed, buf, &mut fields) {
+            Ok(httparse::Status::Complete(len)) => len,
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(httparse::Error::TooManyHeaders) => return Err(UpstreamError::Response("more than 100 header fields")),
+            Err(_) => return Err(UpstreamError::Response("malformed response head")),
+        };
     let code = parsed.code.ok_or(UpstreamError::Response("malformed status line"))?;
     let status = StatusCode::from_u16(code).map_err(|_| UpstreamError::Response("invalid status code"))?;
     if status == StatusCode::SWITCHING_PROTOCOLS {

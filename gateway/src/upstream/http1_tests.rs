@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::Request;
 use http_body_util::BodyExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -75,13 +74,12 @@ fn client() -> UpstreamClient {
     UpstreamClient::new(Duration::from_secs(2), Arc::from(Vec::new()), tls, None)
 }
 
-fn post(address: SocketAddr, body: &'static [u8]) -> Request<Bytes> {
-    let mut request = Request::new(Bytes::from_static(body));
-    *request.method_mut() = Method::POST;
-    *request.uri_mut() = format!("http://{address}/v1/chat/completions").parse().unwrap();
-    request.headers_mut().insert("host", HeaderValue::from_static("upstream"));
-    request.headers_mut().insert("content-length", HeaderValue::from(body.len()));
-    request
+fn post(address: SocketAddr, body: &'static [u8]) -> UpstreamRequest {
+    let authority = address.to_string().parse().unwrap();
+    let mut head =
+        UpstreamRequest::build(&Method::POST, false, authority, "/v1/chat/completions", Bytes::from_static(body));
+    head.header(&http::header::HOST, &HeaderValue::from_static("upstream"));
+    head.finish()
 }
 
 async fn body_of(response: Response<UpstreamBody>) -> Result<Bytes, UpstreamError> {
@@ -244,21 +242,25 @@ async fn refused_connections_and_denied_names_are_connect_errors() {
     let tls = crate::tls::client_config(None).unwrap();
     let everything: Cidr = "0.0.0.0/0".parse().unwrap();
     let guarded = UpstreamClient::new(Duration::from_secs(2), Arc::from(vec![everything]), tls, None);
-    let mut request = post(unused, b"{}");
-    *request.uri_mut() = format!("http://localhost:{}/v1/chat/completions", unused.port()).parse().unwrap();
+    let by_name = format!("localhost:{}", unused.port()).parse().unwrap();
+    let request = UpstreamRequest::build(&Method::POST, false, by_name, "/v1/chat/completions", Bytes::new()).finish();
     let error = guarded.request(request).await.err().expect("denied");
     assert!(error.is_connect() && error.is_egress_denied(), "{error}");
 }
 
 #[test]
 fn requests_are_written_as_one_head_and_body() {
-    let mut request = post("10.0.0.1:8000".parse().unwrap(), br#"{"model":"m"}"#);
-    *request.uri_mut() = "http://10.0.0.1:8000/v1/chat/completions?api-version=1".parse().unwrap();
-    let wire = encode(&request);
+    let body = Bytes::from_static(br#"{"model":"m"}"#);
+    let authority: Authority = "10.0.0.1:8000".parse().unwrap();
+    let mut head = UpstreamRequest::build(&Method::POST, false, authority.clone(), "/v1/c?api-version=1", body);
+    head.header(&http::header::HOST, &HeaderValue::from_static("upstream"));
     assert_eq!(
-        String::from_utf8(wire).unwrap(),
-        "POST /v1/chat/completions?api-version=1 HTTP/1.1\r\nhost: upstream\r\ncontent-length: 13\r\n\r\n{\"model\":\"m\"}"
+        String::from_utf8(head.finish().wire().to_vec()).unwrap(),
+        "POST /v1/c?api-version=1 HTTP/1.1\r\nhost: upstream\r\ncontent-length: 13\r\n\r\n{\"model\":\"m\"}"
     );
+    let large = Bytes::from(vec![b' '; BODY_WITH_HEAD + 1]);
+    let request = UpstreamRequest::build(&Method::POST, false, authority, "/", large).finish();
+    assert_eq!(request.wire(), format!("POST / HTTP/1.1\r\ncontent-length: {}\r\n\r\n", BODY_WITH_HEAD + 1).as_bytes());
 }
 
 #[test]

@@ -17,7 +17,7 @@ use std::time::Duration;
 use waycast_crds::config::{BackendConfig, ClientTlsConfig};
 use waycast_crds::egress::Cidr;
 
-pub use http1::{Pool, UpstreamBody, UpstreamClient};
+pub use http1::{Pool, UpstreamBody, UpstreamClient, UpstreamRequest};
 
 /// A client (its connections pooled per thread, so a worker's upstream
 /// connections and the requests on them stay on its thread) whose connects
