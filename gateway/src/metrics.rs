@@ -53,6 +53,12 @@ impl WorkerGauge {
         self.counts.mine().fetch_sub(1, Ordering::Relaxed);
     }
 
+    /// The calling worker's shard (its own, with up to
+    /// `worker::SHARDS` workers).
+    pub fn mine(&self) -> i64 {
+        self.counts.mine().load(Ordering::Relaxed)
+    }
+
     /// The sum over every worker.
     pub fn get(&self) -> i64 {
         sum(&self.counts)

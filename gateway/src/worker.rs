@@ -13,10 +13,11 @@
 //!
 //! What every request writes is per worker where a global figure is only
 //! read now and then ([`PerWorker`]: the in-flight and open-connection
-//! gauges, the retry budget). What stays shared is read-mostly (the
-//! snapshot, the endpoint table) or counted with atomics where the count
-//! must be global (in-flight per endpoint, rate limits, labelled metric
-//! counters).
+//! gauges, the retry budget; the per-model and per-key counters and
+//! histograms, published now and then by `proxy::series`). What stays
+//! shared is read-mostly (the snapshot, the endpoint table) or counted
+//! with atomics where the count must be global (in-flight per endpoint,
+//! rate limits).
 
 use std::cell::Cell;
 use std::sync::Arc;
@@ -105,6 +106,7 @@ pub fn spawn(
                     tokio::spawn(crate::upstream::Pool::sweep_while_idle(crate::upstream::http1::SWEEP_EVERY));
                 // Spawned on this thread's runtime: it gathers this thread's lines.
                 let access_lines = tokio::spawn(crate::access_log::gather_on_this_thread());
+                let metric_counts = tokio::spawn(crate::proxy::series::flush_on_this_thread());
                 match tokio::net::TcpListener::from_std(listener) {
                     Ok(listener) => crate::server::serve_public(listener, shared, tls, drain, alive).await,
                     Err(error) => tracing::error!(%error, worker = index, "cannot serve the public listener"),
@@ -114,10 +116,12 @@ pub fn spawn(
                 let _ = closing.wait_for(|&closed| closed).await;
                 sweeper.abort();
                 access_lines.abort();
+                metric_counts.abort();
             });
             // Connections dropped with the runtime log their last lines.
             drop(runtime);
             crate::access_log::send_gathered();
+            crate::proxy::series::flush_this_thread();
         })?;
         threads.push(thread);
     }

@@ -187,6 +187,10 @@ impl Exchange {
             charge.settle(used);
             series.rate_limit_tokens(metrics).inc_by(used);
         }
+        // Counts go out now when no other request of this worker is in
+        // flight (so a client that reads /metrics after its answer sees
+        // them), else with the worker's next flush.
+        super::series::written(&series, metrics.inflight.mine() == 0);
         if self.access_log && crate::access_log::enabled() {
             let usage = outcome.usage.unwrap_or_default();
             let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
