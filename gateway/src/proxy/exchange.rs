@@ -34,7 +34,9 @@ pub struct Exchange {
     pub stream: bool,
     /// Log this request (the config's `accessLog`).
     pub access_log: bool,
-    /// Gateway time before the upstream was asked.
+    /// Gateway time before the upstream was asked; once a relayed
+    /// response has ended, the gateway's time in all (what the overhead
+    /// histogram records).
     pub overhead_before: Duration,
     /// Token limits to charge with the response's usage.
     pub charge: Option<crate::limit::Charge>,
@@ -169,6 +171,9 @@ impl Exchange {
             if let Some(first_byte) = outcome.first_byte {
                 series.first_byte(metrics).observe((first_byte - self.started).as_secs_f64());
             }
+        }
+        if outcome.upstream.is_some() {
+            series.overhead(metrics).observe(self.overhead_before.as_secs_f64());
         }
         if let Some(usage) = outcome.usage {
             series.prompt_tokens(metrics).inc_by(usage.prompt);

@@ -40,7 +40,7 @@ use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 
 use crate::error::GatewayError;
-use crate::limit::{self, Admitted, RateHeaders, Refusal};
+use crate::limit::{self, Admitted, RateHeaders};
 use crate::shared::{Shared, WorkerShared};
 use crate::snapshot::{KeyEntry, Route, Snapshot};
 use exchange::{Exchange, Outcome};
@@ -286,8 +286,17 @@ async fn rate_limit(
             }
         }
     };
-    let label = decision.as_ref().map_or_else(Refusal::label, |_| "admitted");
-    shared.metrics.rate_limit_requests.with_label_values(&[&route.name, &key.id, label]).inc();
+    match &decision {
+        // Every admitted request: counted on the worker's own copy.
+        Ok(_) => {
+            let series = series::pair(&shared.metrics, &route.name, &key.id);
+            series.admitted(&shared.metrics).inc();
+            series::written(&series, false);
+        }
+        Err(refusal) => {
+            shared.metrics.rate_limit_requests.with_label_values(&[&route.name, &key.id, refusal.label()]).inc();
+        }
+    }
     decision.map(Some).map_err(GatewayError::RateLimited)
 }
 

@@ -48,6 +48,8 @@ pub struct PairSeries {
     prompt_tokens: OnceCell<LocalIntCounter>,
     completion_tokens: OnceCell<LocalIntCounter>,
     rate_limit_tokens: OnceCell<LocalIntCounter>,
+    admitted: OnceCell<LocalIntCounter>,
+    overhead: OnceCell<LocalHistogram>,
     /// Written since its last flush, and on the thread's list to flush.
     listed: Cell<bool>,
 }
@@ -153,17 +155,20 @@ impl PairSeries {
             prompt_tokens: OnceCell::new(),
             completion_tokens: OnceCell::new(),
             rate_limit_tokens: OnceCell::new(),
+            admitted: OnceCell::new(),
+            overhead: OnceCell::new(),
             listed: Cell::new(false),
         }
     }
 
     /// Adds this worker's counts to the shared series.
     fn flush(&self) {
-        let counters = [&self.ok, &self.prompt_tokens, &self.completion_tokens, &self.rate_limit_tokens];
+        let counters =
+            [&self.ok, &self.prompt_tokens, &self.completion_tokens, &self.rate_limit_tokens, &self.admitted];
         for counter in counters.into_iter().filter_map(OnceCell::get) {
             counter.flush();
         }
-        for histogram in [&self.duration, &self.first_byte].into_iter().filter_map(OnceCell::get) {
+        for histogram in [&self.duration, &self.first_byte, &self.overhead].into_iter().filter_map(OnceCell::get) {
             histogram.flush();
         }
     }
@@ -202,6 +207,19 @@ impl PairSeries {
     pub fn rate_limit_tokens(&self, metrics: &Metrics) -> &LocalIntCounter {
         self.rate_limit_tokens
             .get_or_init(|| metrics.rate_limit_tokens.with_label_values(&[&self.model, &self.key]).local())
+    }
+
+    /// Requests of the key admitted by the rate limits for the model.
+    pub fn admitted(&self, metrics: &Metrics) -> &LocalIntCounter {
+        self.admitted.get_or_init(|| {
+            metrics.rate_limit_requests.with_label_values(&[&self.model, &self.key, "admitted"]).local()
+        })
+    }
+
+    /// The gateway's own time on a request (unlabelled: every pair's
+    /// copy adds to the one histogram).
+    pub fn overhead(&self, metrics: &Metrics) -> &LocalHistogram {
+        self.overhead.get_or_init(|| metrics.overhead.local())
     }
 }
 

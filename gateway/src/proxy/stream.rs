@@ -147,7 +147,6 @@ impl RelayBody {
     fn finish(&mut self, status: u16, error: Option<&'static str>) {
         if let Some(mut exchange) = self.exchange.take() {
             let overhead = exchange.overhead_before + self.returned_at.saturating_duration_since(self.headers_at);
-            exchange.shared.metrics.overhead.observe(overhead.as_secs_f64());
             exchange.overhead_before = overhead;
             let usage = self.tap.as_ref().and_then(UsageTap::usage);
             exchange.finish(Outcome {
