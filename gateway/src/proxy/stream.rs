@@ -91,10 +91,14 @@ pub enum UsageWatch {
 pub struct RelayBody {
     inner: UpstreamBody,
     idle_timeout: Duration,
-    idle: Pin<Box<Sleep>>,
-    /// When the upstream last sent a frame. The idle timer is moved to
-    /// `last_frame + idle_timeout` only when it fires, not on every chunk:
-    /// re-arming a timer per chunk was a measurable share of a stream's cost.
+    /// Set the first time the upstream keeps the relay waiting: a body
+    /// read whole with its head (most non-streaming answers) never needs
+    /// one.
+    idle: Option<Pin<Box<Sleep>>>,
+    /// When the upstream last sent a frame (or the relay began). The idle
+    /// timer is moved to `last_frame + idle_timeout` only when it fires, not
+    /// on every chunk: re-arming a timer per chunk was a measurable share of
+    /// a stream's cost.
     last_frame: tokio::time::Instant,
     tap: Option<UsageTap>,
     /// Takes out the usage chunk the gateway asked for on the client's behalf.
@@ -122,7 +126,7 @@ impl RelayBody {
         Self {
             inner,
             idle_timeout,
-            idle: Box::pin(tokio::time::sleep(idle_timeout)),
+            idle: None,
             last_frame: tokio::time::Instant::now(),
             tap: (usage != UsageWatch::Off).then(UsageTap::default),
             strip: (usage == UsageWatch::TapAndStripChunk).then(UsageChunkFilter::default),
@@ -248,14 +252,17 @@ impl RelayBody {
                 Poll::Ready(None)
             }
             Poll::Pending => {
+                let (last_frame, idle_timeout) = (this.last_frame, this.idle_timeout);
+                let idle =
+                    this.idle.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(last_frame + idle_timeout)));
                 loop {
-                    ready!(this.idle.as_mut().poll(cx));
+                    ready!(idle.as_mut().poll(cx));
                     let deadline = this.last_frame + this.idle_timeout;
                     if deadline <= tokio::time::Instant::now() {
                         break;
                     }
                     // Frames came since the timer was set: wait out the rest.
-                    this.idle.as_mut().reset(deadline);
+                    idle.as_mut().reset(deadline);
                 }
                 this.count_upstream_error("idle_timeout");
                 this.finish(this.status, Some("upstream_idle_timeout"));
