@@ -71,6 +71,17 @@ impl<T> PerWorker<T> {
     }
 }
 
+/// Runs `publish` `window` after the first write since its last run, for
+/// as long as it runs: what a worker batches (access lines, metric counts)
+/// waits at most `window`, and an idle worker does nothing.
+pub async fn publish_batches(first: Arc<tokio::sync::Notify>, window: std::time::Duration, publish: fn()) {
+    loop {
+        first.notified().await;
+        tokio::time::sleep(window).await;
+        publish();
+    }
+}
+
 /// The running workers.
 pub struct Workers {
     threads: Vec<std::thread::JoinHandle<()>>,

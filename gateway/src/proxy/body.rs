@@ -147,7 +147,7 @@ pub fn object_members<'a>(bytes: &'a [u8], mut member: impl FnMut(&str, &'a [u8]
 /// span and the scanner at that key's value, which `member` must consume.
 fn members<'a>(
     scanner: &mut Scanner<'a>,
-    mut member: impl FnMut(StringSpan, &mut Scanner<'a>) -> Result<(), GatewayError>,
+    member: impl FnMut(StringSpan, &mut Scanner<'a>) -> Result<(), GatewayError>,
 ) -> Result<(), GatewayError> {
     scanner.expect(b'{')?;
     scanner.skip_whitespace();
@@ -155,6 +155,14 @@ fn members<'a>(
         scanner.at += 1;
         return Ok(());
     }
+    member_list(scanner, member)
+}
+
+/// The members of an object from its next key to its closing `}`.
+fn member_list<'a>(
+    scanner: &mut Scanner<'a>,
+    mut member: impl FnMut(StringSpan, &mut Scanner<'a>) -> Result<(), GatewayError>,
+) -> Result<(), GatewayError> {
     loop {
         scanner.skip_whitespace();
         let key = scanner.string()?;
@@ -299,21 +307,13 @@ impl Scanner<'_> {
 
     /// After a non-string `model`: validate the remaining members.
     fn rest_of_object(&mut self) -> Result<(), GatewayError> {
-        loop {
-            self.skip_whitespace();
-            match self.next() {
-                Some(b'}') => return self.end(),
-                Some(b',') => {
-                    self.skip_whitespace();
-                    self.string()?;
-                    self.skip_whitespace();
-                    self.expect(b':')?;
-                    self.skip_whitespace();
-                    self.value(1)?;
-                }
-                _ => return Err(GatewayError::InvalidJson("expected ',' or '}' in object")),
-            }
+        self.skip_whitespace();
+        match self.next() {
+            Some(b'}') => {}
+            Some(b',') => member_list(self, |_, scanner| scanner.value(1))?,
+            _ => return Err(GatewayError::InvalidJson("expected ',' or '}' in object")),
         }
+        self.end()
     }
 
     fn literal(&mut self, word: &[u8]) -> Result<(), GatewayError> {

@@ -115,11 +115,7 @@ pub fn written(series: &Rc<PairSeries>, idle: bool) {
 pub async fn flush_on_this_thread() {
     let first = Arc::new(Notify::new());
     UNFLUSHED.set(Some(Unflushed { series: Vec::new(), first: first.clone() }));
-    loop {
-        first.notified().await;
-        tokio::time::sleep(FLUSH_WINDOW).await;
-        flush_this_thread();
-    }
+    crate::worker::publish_batches(first, FLUSH_WINDOW, flush_this_thread).await;
 }
 
 /// Publishes what this thread's written series hold (also at a worker's
