@@ -320,7 +320,7 @@ fn json_string(text: &str, out: &mut Vec<u8>) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     out.push(b'"');
     let bytes = text.as_bytes();
-    if !bytes.iter().any(|&b| b < 0x20 || b == b'"' || b == b'\\' || b == 0x7f) {
+    if !needs_escape(bytes) {
         out.extend_from_slice(bytes);
         out.push(b'"');
         return;
@@ -342,6 +342,22 @@ fn json_string(text: &str, out: &mut Vec<u8>) {
     }
     out.extend_from_slice(&bytes[start..]);
     out.push(b'"');
+}
+
+/// Whether `bytes` hold a control character, `"` or `\`: eight bytes at
+/// a time, as most of what a line carries (ids, paths, names) has none.
+fn needs_escape(bytes: &[u8]) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH_BITS: u64 = 0x8080_8080_8080_8080;
+    // Some byte of `word` is below `n` (n ≤ 128); exact as to whether any is.
+    let any_below = |word: u64, n: u8| word.wrapping_sub(ONES * u64::from(n)) & !word & HIGH_BITS != 0;
+    let any_equal = |word: u64, byte: u8| any_below(word ^ (ONES * u64::from(byte)), 1);
+    let (words, rest) = bytes.as_chunks::<8>();
+    words
+        .iter()
+        .map(|word| u64::from_le_bytes(*word))
+        .any(|word| any_below(word, 0x20) || any_equal(word, b'"') || any_equal(word, b'\\') || any_equal(word, 0x7f))
+        || rest.iter().any(|&b| b < 0x20 || b == b'"' || b == b'\\' || b == 0x7f)
 }
 
 #[cfg(test)]
@@ -398,6 +414,22 @@ mod tests {
         let value: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(value["request_id"], hostile);
         assert_eq!(value["error"], "client_closed");
+    }
+
+    #[test]
+    fn escapes_are_found_at_every_position() {
+        for special in [0_u8, 0x1f, b'"', b'\\', 0x7f] {
+            for length in 1..20 {
+                for at in 0..length {
+                    let mut text = vec![b'a'; length];
+                    text[at] = special;
+                    assert!(needs_escape(&text), "{special:#x} at {at} of {length}");
+                }
+            }
+        }
+        for clean in ["", "req-1", "/v1/chat/completions", "team-a/alice", "é ~ !#$%&'()*+,-./09:;<=>?@AZ[]^_`az{|}"] {
+            assert!(!needs_escape(clean.as_bytes()), "{clean}");
+        }
     }
 
     #[test]
