@@ -252,21 +252,49 @@ async fn serve_until_drained<I, S>(
 {
     let connection = builder.serve_connection(io, service);
     tokio::pin!(connection);
+    // The watchers run as a task of their own: inside this select they
+    // were polled on every wake-up of the connection (three a request),
+    // two timers and a channel each time, to learn nothing.
+    let (stop, stopped) = tokio::sync::oneshot::channel();
+    let watchdog = AbortOnDrop(tokio::spawn(async move {
+        let why = tokio::select! {
+            () = watch.no_first_request() => Stop::NoFirstRequest,
+            () = async { let _ = drain.wait_for(|&draining| draining).await; } => Stop::Graceful,
+            () = watch.idle() => Stop::Graceful,
+        };
+        let _ = stop.send(why);
+    }));
     tokio::select! {
+        biased;
         _ = connection.as_mut() => {}
-        // Nothing asked in time (a TLS client silent after its handshake,
-        // or stalled in the HTTP/2 preface): the connection is dropped.
-        () = watch.no_first_request() => {}
-        () = async { let _ = drain.wait_for(|&draining| draining).await; } => {
-            connection.as_mut().graceful_shutdown();
-            let _ = connection.await;
-        }
-        // Nothing in flight for the idle timeout: closed gracefully (HTTP/2
-        // GOAWAY), so a client with many idle connections cannot hold them.
-        () = watch.idle() => {
-            connection.as_mut().graceful_shutdown();
-            let _ = connection.await;
-        }
+        why = stopped => match why {
+            // Nothing asked in time (a TLS client silent after its
+            // handshake, or stalled in the HTTP/2 preface): dropped.
+            Ok(Stop::NoFirstRequest) | Err(_) => {}
+            // Draining, or nothing in flight for the idle timeout (so a
+            // client with many idle connections cannot hold them): closed
+            // gracefully (HTTP/2 GOAWAY) once in-flight requests end.
+            Ok(Stop::Graceful) => {
+                connection.as_mut().graceful_shutdown();
+                let _ = connection.await;
+            }
+        },
+    }
+    drop(watchdog);
+}
+
+/// Why a connection's watchdog ends it.
+enum Stop {
+    NoFirstRequest,
+    Graceful,
+}
+
+/// A task that ends with its handle's owner.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
