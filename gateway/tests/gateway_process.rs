@@ -1,7 +1,8 @@
 //! The gateway binary as a process: SIGTERM during a stream lets the stream
 //! finish, refuses new connections, and exits 0; SIGHUP re-reads the config;
 //! a burst of connections that arrives while it is not accepting waits in
-//! the listen queue instead of being dropped.
+//! the listen queue instead of being dropped; every worker's access lines
+//! and metric counts reach their outputs.
 
 #![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
 
@@ -186,4 +187,42 @@ async fn every_workers_access_lines_are_written_soon_and_none_lost_at_shutdown()
     let exited = tokio::time::timeout(Duration::from_secs(10), gateway.child.wait()).await.unwrap().unwrap();
     assert!(exited.success(), "{exited}");
     assert_eq!(logged(&gateway.stdout()), 60, "{}", gateway.stdout());
+}
+
+/// Each worker counts on copies of its own and publishes them (when it has
+/// no request in flight, else within 5 ms: `proxy/series.rs` tests when):
+/// once every answer is in, `/metrics` holds every request of both
+/// workers, none lost or counted twice.
+#[tokio::test]
+async fn every_workers_metric_counts_are_published_once_it_is_idle() {
+    let mock = mock_upstream::start(SocketAddr::from(([127, 0, 0, 1], 0)), MockOptions::default()).await.unwrap();
+    let config = fixture::default_config(&mock.base_url());
+    let gateway = GatewayProcess::start(&config, &["--workers", "2"]).await;
+    // A connection per request: the kernel spreads them over both workers.
+    let client = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(0).build_http();
+    let url = gateway.url("/v1/chat/completions");
+    let mut clients = tokio::task::JoinSet::new();
+    for _ in 0..8 {
+        let (client, url) = (client.clone(), url.clone());
+        clients.spawn(async move {
+            for _ in 0..15 {
+                let request = fixture::post_request(&url, Some(ALICE_KEY), r#"{"model":"mistral-7b"}"#);
+                let response = client.request(request).await.unwrap();
+                assert_eq!(response.status(), StatusCode::OK);
+                response.into_body().collect().await.unwrap();
+            }
+        });
+    }
+    while let Some(done) = clients.join_next().await {
+        done.unwrap();
+    }
+    let series = [
+        r#"waycast_gateway_requests_total{code="200",key="team-a/alice",model="mistral-7b"}"#,
+        r#"waycast_gateway_request_duration_seconds_count{model="mistral-7b"}"#,
+        r#"waycast_gateway_time_to_first_byte_seconds_count{model="mistral-7b"}"#,
+        "waycast_gateway_overhead_seconds_count",
+    ];
+    for name in series {
+        assert_eq!(gateway.metric(name).await, Some(120.0), "{name}");
+    }
 }
