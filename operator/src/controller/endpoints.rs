@@ -25,36 +25,62 @@ use crate::error::Error;
 use crate::render;
 use crate::stores::signals;
 
+/// The cluster's Services and their EndpointSlices, by namespace and
+/// name: built once per Gateway reconcile or per burst of endpoint changes
+/// and shared by every Gateway synced from it, so a burst costs one pass
+/// over the cluster, not one per Gateway (nor, as first written, one per
+/// routed Service).
+pub(crate) struct ServiceIndex {
+    services: HashMap<String, HashMap<String, Arc<Service>>>,
+    slices: HashMap<String, HashMap<String, Vec<Arc<EndpointSlice>>>>,
+}
+
+impl ServiceIndex {
+    /// What the stores hold now.
+    pub(crate) fn of(context: &Context) -> Self {
+        let mut services: HashMap<String, HashMap<String, Arc<Service>>> = HashMap::new();
+        for service in context.stores.services.state() {
+            let metadata = &service.metadata;
+            if let (Some(namespace), Some(name)) = (metadata.namespace.clone(), metadata.name.clone()) {
+                services.entry(namespace).or_default().insert(name, service);
+            }
+        }
+        let mut slices: HashMap<String, HashMap<String, Vec<Arc<EndpointSlice>>>> = HashMap::new();
+        for slice in context.stores.endpoint_slices.state() {
+            let metadata = &slice.metadata;
+            let owner = metadata.labels.as_ref().and_then(|labels| labels.get(render::endpoints::SERVICE_NAME_LABEL));
+            if let (Some(namespace), Some(owner)) = (metadata.namespace.clone(), owner.cloned()) {
+                slices.entry(namespace).or_default().entry(owner).or_default().push(slice);
+            }
+        }
+        Self { services, slices }
+    }
+
+    fn service(&self, namespace: &str, name: &str) -> Option<&Service> {
+        self.services.get(namespace)?.get(name).map(AsRef::as_ref)
+    }
+
+    fn slices<'a>(&'a self, namespace: &str, name: &str) -> impl Iterator<Item = &'a EndpointSlice> + use<'a> {
+        self.slices.get(namespace).and_then(|by_service| by_service.get(name)).into_iter().flatten().map(AsRef::as_ref)
+    }
+}
+
 /// Writes the endpoints of `services` into the Gateway's ConfigMap unless
 /// it already holds them, and remembers what the Gateway routes to.
 ///
 /// # Errors
 /// The apply failing.
-pub(crate) async fn sync(context: &Context, gateway: &Gateway, services: BTreeSet<String>) -> Result<(), Error> {
+pub(crate) async fn sync(
+    context: &Context,
+    index: &ServiceIndex,
+    gateway: &Gateway,
+    services: BTreeSet<String>,
+) -> Result<(), Error> {
     let key = ObjectKey::of(&gateway.metadata);
-    let all_services = context.stores.services.state();
-    let all_slices = context.stores.endpoint_slices.state();
-    // Indexed once per sync: a Gateway routing to hundreds of Services would
-    // otherwise scan every Service and slice of the cluster for each.
-    let services_by_name: HashMap<(&str, &str), &Service> = all_services
-        .iter()
-        .filter_map(|service| {
-            let metadata = &service.metadata;
-            Some(((metadata.namespace.as_deref()?, metadata.name.as_deref()?), service.as_ref()))
-        })
-        .collect();
-    let mut slices_by_service: HashMap<(&str, &str), Vec<&EndpointSlice>> = HashMap::new();
-    for slice in &all_slices {
-        let metadata = &slice.metadata;
-        let owner = metadata.labels.as_ref().and_then(|labels| labels.get(render::endpoints::SERVICE_NAME_LABEL));
-        if let (Some(namespace), Some(service)) = (metadata.namespace.as_deref(), owner) {
-            slices_by_service.entry((namespace, service.as_str())).or_default().push(slice.as_ref());
-        }
-    }
     let document = render::endpoints::document(
         &services,
-        |namespace, name| services_by_name.get(&(namespace, name)).copied(),
-        |namespace, name| slices_by_service.get(&(namespace, name)).cloned().unwrap_or_default(),
+        |namespace, name| index.service(namespace, name),
+        |namespace, name| index.slices(namespace, name),
     );
     let (map, hash) = render::endpoints::config_map(gateway, &document)?;
     let written = context.gateways.read().await.get(&key).and_then(|m| m.endpoints_written.clone());
@@ -87,11 +113,12 @@ pub(crate) async fn follow_endpoints(context: Arc<Context>) {
             .filter(|(_, memory)| !memory.services.is_empty())
             .map(|(key, memory)| (key.clone(), memory.services.clone()))
             .collect();
+        let index = ServiceIndex::of(&context);
         for (key, services) in routed {
             let Some(gateway) = stores.gateways.get(&ObjectRef::new(&key.name).within(&key.namespace)) else {
                 continue;
             };
-            if let Err(error) = sync(&context, &gateway, services).await {
+            if let Err(error) = sync(&context, &index, &gateway, services).await {
                 tracing::warn!(gateway = %key, %error, "cannot write endpoints; retrying on the next change");
             }
         }

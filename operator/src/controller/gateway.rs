@@ -64,7 +64,8 @@ pub(crate) async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Contex
     let write_config = desired.config_fits() && !config_secret_current(&context.stores, &gateway, &hash);
     let rendered_at = started.elapsed();
     let observed = crate::apply::apply_all(&context.client, &desired, write_config).await?;
-    super::endpoints::sync(&context, &gateway, render::endpoints::service_keys(&compiled.config)).await?;
+    let index = super::endpoints::ServiceIndex::of(&context);
+    super::endpoints::sync(&context, &index, &gateway, render::endpoints::service_keys(&compiled.config)).await?;
     let applied_at = started.elapsed();
     mark_verified(&context, &gateway).await;
 
