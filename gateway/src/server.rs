@@ -29,7 +29,9 @@ pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// OpenAI-shaped 431, larger ones hyper's own 431.
 pub const MAX_BUF_SIZE: usize = 64 * 1024;
 
-fn builder(header_read_timeout: Duration) -> auto::Builder<TokioExecutor> {
+/// `header_read_timeout`: hyper's own, for a listener without a
+/// connection watchdog (the admin one).
+fn builder(header_read_timeout: Option<Duration>) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -111,7 +113,10 @@ pub async fn serve_public(
 ) {
     let shared = WorkerShared::new(shared);
     let header_read_timeout = shared.connections.header_read_timeout;
-    let builder = Arc::new(builder(header_read_timeout));
+    // NB: without hyper's header timer, a boxed timer armed and dropped
+    // for every request (about 800 instructions each): the connection's
+    // watchdog (`Watch`) enforces the same deadline once per idle spell.
+    let builder = Arc::new(builder(None));
     loop {
         let mut stop = drain.clone();
         let accepted = tokio::select! {
@@ -148,11 +153,13 @@ pub async fn serve_public(
         let client = crate::proxy::Client::new(peer.ip(), tls.is_some());
         // Ends the connection if no request comes within the header timeout
         // (a client silent from the start, stalled in the HTTP/2 preface, or
-        // silent after its TLS handshake: hyper's own timers start only once
-        // the protocol is known) or none is in flight for the idle timeout.
+        // silent after its TLS handshake), if an HTTP/1 connection's next
+        // request does not come within it (an idle keep-alive connection, or
+        // one whose next head is sent slowly), or if none is in flight for
+        // the idle timeout.
         let watch = Watch {
             activity: client.activity.clone(),
-            first_request_within: header_read_timeout,
+            header_timeout: header_read_timeout,
             idle_timeout: shared.connections.idle_timeout,
         };
         tokio::spawn(async move {
@@ -203,30 +210,43 @@ impl Drop for OpenConnection {
 }
 
 /// What ends a connection besides its client and the drain: no first
-/// request in time, or no request in flight for `idle_timeout`.
+/// request in time, on HTTP/1 no next request in time, or no request in
+/// flight for `idle_timeout`.
 struct Watch {
     activity: Arc<crate::proxy::exchange::ConnectionActivity>,
-    first_request_within: Duration,
+    header_timeout: Duration,
     idle_timeout: Duration,
 }
 
 impl Watch {
     /// Resolves when the first request did not come in time; never otherwise.
     async fn no_first_request(&self) {
-        tokio::time::sleep(self.first_request_within).await;
+        tokio::time::sleep(self.header_timeout).await;
         if self.activity.has_started() {
             std::future::pending::<()>().await;
         }
     }
 
-    /// Resolves once the connection has been idle for `idle_timeout`.
+    /// Resolves once the connection has been idle too long: for the idle
+    /// timeout, or on HTTP/1 for the header timeout if that is shorter
+    /// (an HTTP/1 client sends its next request's head within it, as it
+    /// sent the first; HTTP/2 clients keep idle connections open).
     async fn idle(&self) {
         loop {
+            // Before the first request, `no_first_request` watches.
+            let limit = if self.activity.is_http2() || !self.activity.has_started() {
+                self.idle_timeout
+            } else {
+                self.idle_timeout.min(self.header_timeout)
+            };
             let idle = self.activity.idle_for();
-            if idle >= self.idle_timeout {
+            if idle >= limit {
                 return;
             }
-            tokio::time::sleep(self.idle_timeout - idle).await;
+            // Until a request shows the protocol, look again within the
+            // header timeout: an HTTP/1 connection's limit is that one.
+            let wait = if self.activity.has_started() { limit - idle } else { (limit - idle).min(self.header_timeout) };
+            tokio::time::sleep(wait).await;
         }
     }
 }
@@ -256,11 +276,12 @@ async fn serve_until_drained<I, S>(
     // were polled on every wake-up of the connection (three a request),
     // two timers and a channel each time, to learn nothing.
     let (stop, stopped) = tokio::sync::oneshot::channel();
+    let grace = watch.header_timeout;
     let watchdog = AbortOnDrop(tokio::spawn(async move {
         let why = tokio::select! {
             () = watch.no_first_request() => Stop::NoFirstRequest,
-            () = async { let _ = drain.wait_for(|&draining| draining).await; } => Stop::Graceful,
-            () = watch.idle() => Stop::Graceful,
+            () = async { let _ = drain.wait_for(|&draining| draining).await; } => Stop::Drain,
+            () = watch.idle() => Stop::Idle,
         };
         let _ = stop.send(why);
     }));
@@ -271,12 +292,18 @@ async fn serve_until_drained<I, S>(
             // Nothing asked in time (a TLS client silent after its
             // handshake, or stalled in the HTTP/2 preface): dropped.
             Ok(Stop::NoFirstRequest) | Err(_) => {}
-            // Draining, or nothing in flight for the idle timeout (so a
-            // client with many idle connections cannot hold them): closed
-            // gracefully (HTTP/2 GOAWAY) once in-flight requests end.
-            Ok(Stop::Graceful) => {
+            // In-flight requests run to their end (HTTP/2 GOAWAY).
+            Ok(Stop::Drain) => {
                 connection.as_mut().graceful_shutdown();
                 let _ = connection.await;
+            }
+            // Nothing in flight for too long (so a client with many idle
+            // connections cannot hold them): closed gracefully, and dropped
+            // if that takes longer than the header timeout (an HTTP/1
+            // client stalled inside its next request's head).
+            Ok(Stop::Idle) => {
+                connection.as_mut().graceful_shutdown();
+                let _ = tokio::time::timeout(grace, connection).await;
             }
         },
     }
@@ -286,7 +313,8 @@ async fn serve_until_drained<I, S>(
 /// Why a connection's watchdog ends it.
 enum Stop {
     NoFirstRequest,
-    Graceful,
+    Drain,
+    Idle,
 }
 
 /// A task that ends with its handle's owner.
@@ -300,7 +328,7 @@ impl Drop for AbortOnDrop {
 
 /// Serves `/metrics`, `/healthz` and `/readyz` until the process ends.
 pub async fn serve_admin(listener: TcpListener, shared: Arc<Shared>) {
-    let builder = Arc::new(builder(HEADER_READ_TIMEOUT));
+    let builder = Arc::new(builder(Some(HEADER_READ_TIMEOUT)));
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(20)).await;

@@ -276,6 +276,59 @@ async fn protocol_abuse_is_refused_cleanly() {
     assert!(read.is_ok(), "a client that never finishes its headers must be disconnected");
 }
 
+/// Reads one response with a `Content-Length` off a kept-alive connection.
+async fn read_one_response(stream: &mut TcpStream) -> String {
+    let mut response = Vec::new();
+    let mut buffer = [0_u8; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&response).into_owned();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length = head
+                .lines()
+                .find_map(|line| {
+                    line.to_ascii_lowercase().strip_prefix("content-length: ")?.trim().parse::<usize>().ok()
+                })
+                .expect("a content-length");
+            if body.len() >= length {
+                return text;
+            }
+        }
+        let read = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buffer)).await.unwrap().unwrap();
+        assert!(read > 0, "closed before the response ended: {text}");
+        response.extend_from_slice(&buffer[..read]);
+    }
+}
+
+/// On HTTP/1 the next request's head must come within the header timeout,
+/// as the first did: a kept-alive connection that stays silent, or sends
+/// its next head slowly, is closed; one that asks again in time is served.
+#[tokio::test]
+async fn an_http1_connection_sends_its_next_head_within_the_header_timeout() {
+    let header_timeout = Duration::from_secs(1);
+    let options = FixtureOptions { header_read_timeout: header_timeout, ..FixtureOptions::default() };
+    let fixture = Fixture::start(options, |_, _| {}).await;
+    let models = format!("GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ALICE_KEY}\r\n\r\n");
+    for next in ["", "GET /v1/models HTTP/1.1\r\nHost: x\r\n"] {
+        let mut stream = TcpStream::connect(fixture.addr).await.unwrap();
+        for _ in 0..2 {
+            stream.write_all(models.as_bytes()).await.unwrap();
+            let response = read_one_response(&mut stream).await;
+            assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+            tokio::time::sleep(header_timeout / 2).await;
+        }
+        let idle_since = Instant::now();
+        stream.write_all(next.as_bytes()).await.unwrap();
+        let mut rest = Vec::new();
+        let closed = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut rest)).await;
+        let took = idle_since.elapsed();
+        assert!(closed.is_ok(), "{next:?}: still open after 5 s");
+        assert!(
+            took >= header_timeout / 4 && took <= header_timeout * 2,
+            "{next:?}: closed {took:?} after the last answer (header timeout {header_timeout:?})"
+        );
+    }
+}
+
 #[tokio::test]
 async fn two_hundred_slow_clients_do_not_delay_a_good_one() {
     let options = FixtureOptions {

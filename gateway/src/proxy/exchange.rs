@@ -51,6 +51,8 @@ pub struct Exchange {
 #[derive(Debug)]
 pub struct ConnectionActivity {
     started: AtomicBool,
+    /// The connection speaks HTTP/2 (known from its first request).
+    http2: AtomicBool,
     active: AtomicUsize,
     /// Nanoseconds on [`crate::limit::now_nanos`]'s clock.
     last_end: AtomicU64,
@@ -60,6 +62,7 @@ impl Default for ConnectionActivity {
     fn default() -> Self {
         Self {
             started: AtomicBool::new(false),
+            http2: AtomicBool::new(false),
             active: AtomicUsize::new(0),
             last_end: AtomicU64::new(crate::limit::now_nanos()),
         }
@@ -70,6 +73,18 @@ impl ConnectionActivity {
     fn began(&self) {
         self.started.store(true, Ordering::Relaxed);
         self.active.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Notes the version of a request on the connection.
+    pub fn note_version(&self, version: http::Version) {
+        if version == http::Version::HTTP_2 && !self.http2.load(Ordering::Relaxed) {
+            self.http2.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the connection speaks HTTP/2.
+    pub fn is_http2(&self) -> bool {
+        self.http2.load(Ordering::Relaxed)
     }
 
     /// Whether a request has begun on the connection.

@@ -76,6 +76,7 @@ pub async fn handle(
     request: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, Infallible> {
     let started = Instant::now();
+    client.activity.note_version(request.version());
     let request_id = shared.request_ids.for_request(request.headers());
     let path = Endpoint::of(request.uri().path()).map_or("other", Endpoint::path);
     let method = request.method().clone();
