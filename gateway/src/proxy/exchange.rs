@@ -175,24 +175,23 @@ impl Exchange {
             _ => Rc::new(PairSeries::new(metrics, Arc::from(model), Arc::from(key))),
         };
         if outcome.status == 200 {
-            series.ok(metrics).inc();
+            series.count_ok();
         } else {
             let mut code_buffer = itoa_buffer();
             let code = format_status(&mut code_buffer, outcome.status);
             metrics.requests.with_label_values(&[model, key, code]).inc();
         }
         if self.model.is_some() {
-            series.duration(metrics).observe(elapsed.as_secs_f64());
+            series.observe_duration(elapsed.as_secs_f64());
             if let Some(first_byte) = outcome.first_byte {
-                series.first_byte(metrics).observe((first_byte - self.started).as_secs_f64());
+                series.observe_first_byte((first_byte - self.started).as_secs_f64());
             }
         }
         if outcome.upstream.is_some() {
-            series.overhead(metrics).observe(self.overhead_before.as_secs_f64());
+            series.observe_overhead(self.overhead_before.as_secs_f64());
         }
         if let Some(usage) = outcome.usage {
-            series.prompt_tokens(metrics).inc_by(usage.prompt);
-            series.completion_tokens(metrics).inc_by(usage.completion);
+            series.count_tokens(usage.prompt, usage.completion);
         }
         if let Some(charge) = &self.charge {
             // What was served is charged: a response that went out (whole,
@@ -205,7 +204,7 @@ impl Exchange {
                 0
             };
             charge.settle(used);
-            series.rate_limit_tokens(metrics).inc_by(used);
+            series.count_rate_limit_tokens(used);
         }
         // Counts go out now when no other request of this worker is in
         // flight (so a client that reads /metrics after its answer sees

@@ -291,7 +291,7 @@ async fn rate_limit(
         // Every admitted request: counted on the worker's own copy.
         Ok(_) => {
             let series = series::pair(&shared.metrics, &route.name, &key.id);
-            series.admitted(&shared.metrics).inc();
+            series.count_admitted();
             series::written(&series, false);
         }
         Err(refusal) => {

@@ -25,7 +25,8 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use prometheus::local::{LocalHistogram, LocalIntCounter};
+use prometheus::local::LocalHistogram;
+use prometheus::{Histogram, IntCounter};
 use tokio::sync::Notify;
 
 use crate::metrics::Metrics;
@@ -36,22 +37,90 @@ const SLOTS: usize = 256;
 /// The longest a busy worker keeps counts to itself.
 pub const FLUSH_WINDOW: Duration = Duration::from_millis(5);
 
-/// One (model, key)'s series, each registered on first use so that a pair
-/// shows only the series it has written.
+/// One (model, key)'s series: what this worker counted since its last
+/// flush, and the shared series it is added to. A shared series is
+/// registered at its first flush, so it appears in `/metrics` with its
+/// first count, never at zero before it (a pair shows only the series it
+/// has written).
 pub struct PairSeries {
     metrics_id: u64,
     model: Arc<str>,
     key: Arc<str>,
-    ok: OnceCell<LocalIntCounter>,
-    duration: OnceCell<LocalHistogram>,
-    first_byte: OnceCell<LocalHistogram>,
-    prompt_tokens: OnceCell<LocalIntCounter>,
-    completion_tokens: OnceCell<LocalIntCounter>,
-    rate_limit_tokens: OnceCell<LocalIntCounter>,
-    admitted: OnceCell<LocalIntCounter>,
-    overhead: OnceCell<LocalHistogram>,
+    families: Families,
+    ok: PendingCounter,
+    prompt_tokens: PendingCounter,
+    completion_tokens: PendingCounter,
+    rate_limit_tokens: PendingCounter,
+    admitted: PendingCounter,
+    duration: PendingHistogram,
+    first_byte: PendingHistogram,
+    overhead: PendingHistogram,
     /// Written since its last flush, and on the thread's list to flush.
     listed: Cell<bool>,
+}
+
+/// The shared metric families a pair's series belong to (handles on the
+/// registry's own, cloned when the pair is first seen).
+struct Families {
+    requests: prometheus::IntCounterVec,
+    tokens: prometheus::IntCounterVec,
+    rate_limit_tokens: prometheus::IntCounterVec,
+    rate_limit_requests: prometheus::IntCounterVec,
+    duration: prometheus::HistogramVec,
+    first_byte: prometheus::HistogramVec,
+    overhead: Histogram,
+}
+
+/// A count not yet added to its shared counter.
+#[derive(Default)]
+struct PendingCounter {
+    /// `None`: nothing written since the last flush.
+    pending: Cell<Option<u64>>,
+    shared: OnceCell<IntCounter>,
+}
+
+impl PendingCounter {
+    fn add(&self, count: u64) {
+        self.pending.set(Some(self.pending.get().unwrap_or(0).saturating_add(count)));
+    }
+
+    fn publish(&self, register: impl FnOnce() -> IntCounter) {
+        if let Some(count) = self.pending.take() {
+            self.shared.get_or_init(register).inc_by(count);
+        }
+    }
+}
+
+/// Observations not yet added to their shared histogram.
+#[derive(Default)]
+struct PendingHistogram {
+    pending: RefCell<Vec<f64>>,
+    local: OnceCell<LocalHistogram>,
+}
+
+/// Observations a histogram holds before it publishes them itself (a
+/// worker flushes far sooner unless its timer lags).
+const MAX_PENDING: usize = 1024;
+
+impl PendingHistogram {
+    /// Notes `value`; true when enough are held to publish now.
+    fn observe(&self, value: f64) -> bool {
+        let mut pending = self.pending.borrow_mut();
+        pending.push(value);
+        pending.len() >= MAX_PENDING
+    }
+
+    fn publish(&self, register: impl FnOnce() -> Histogram) {
+        let mut pending = self.pending.borrow_mut();
+        if pending.is_empty() {
+            return;
+        }
+        let local = self.local.get_or_init(|| register().local());
+        for value in pending.drain(..) {
+            local.observe(value);
+        }
+        local.flush();
+    }
 }
 
 /// A flushing thread's written entries.
@@ -145,27 +214,24 @@ impl PairSeries {
             metrics_id: metrics.id,
             model,
             key,
-            ok: OnceCell::new(),
-            duration: OnceCell::new(),
-            first_byte: OnceCell::new(),
-            prompt_tokens: OnceCell::new(),
-            completion_tokens: OnceCell::new(),
-            rate_limit_tokens: OnceCell::new(),
-            admitted: OnceCell::new(),
-            overhead: OnceCell::new(),
+            families: Families {
+                requests: metrics.requests.clone(),
+                tokens: metrics.tokens.clone(),
+                rate_limit_tokens: metrics.rate_limit_tokens.clone(),
+                rate_limit_requests: metrics.rate_limit_requests.clone(),
+                duration: metrics.request_duration.clone(),
+                first_byte: metrics.time_to_first_byte.clone(),
+                overhead: metrics.overhead.clone(),
+            },
+            ok: PendingCounter::default(),
+            prompt_tokens: PendingCounter::default(),
+            completion_tokens: PendingCounter::default(),
+            rate_limit_tokens: PendingCounter::default(),
+            admitted: PendingCounter::default(),
+            duration: PendingHistogram::default(),
+            first_byte: PendingHistogram::default(),
+            overhead: PendingHistogram::default(),
             listed: Cell::new(false),
-        }
-    }
-
-    /// Adds this worker's counts to the shared series.
-    fn flush(&self) {
-        let counters =
-            [&self.ok, &self.prompt_tokens, &self.completion_tokens, &self.rate_limit_tokens, &self.admitted];
-        for counter in counters.into_iter().filter_map(OnceCell::get) {
-            counter.flush();
-        }
-        for histogram in [&self.duration, &self.first_byte, &self.overhead].into_iter().filter_map(OnceCell::get) {
-            histogram.flush();
         }
     }
 
@@ -174,48 +240,64 @@ impl PairSeries {
     }
 
     /// Counts a request answered 200 (other codes are rarer and looked up).
-    pub fn ok(&self, metrics: &Metrics) -> &LocalIntCounter {
-        self.ok.get_or_init(|| metrics.requests.with_label_values(&[&self.model, &self.key, "200"]).local())
+    pub fn count_ok(&self) {
+        self.ok.add(1);
     }
 
-    /// The model's request duration.
-    pub fn duration(&self, metrics: &Metrics) -> &LocalHistogram {
-        self.duration.get_or_init(|| metrics.request_duration.with_label_values(&[&self.model]).local())
-    }
-
-    /// The model's time to first byte.
-    pub fn first_byte(&self, metrics: &Metrics) -> &LocalHistogram {
-        self.first_byte.get_or_init(|| metrics.time_to_first_byte.with_label_values(&[&self.model]).local())
-    }
-
-    /// Prompt tokens of the model and key.
-    pub fn prompt_tokens(&self, metrics: &Metrics) -> &LocalIntCounter {
-        self.prompt_tokens.get_or_init(|| metrics.tokens.with_label_values(&[&self.model, &self.key, "prompt"]).local())
-    }
-
-    /// Completion tokens of the model and key.
-    pub fn completion_tokens(&self, metrics: &Metrics) -> &LocalIntCounter {
-        self.completion_tokens
-            .get_or_init(|| metrics.tokens.with_label_values(&[&self.model, &self.key, "completion"]).local())
+    /// Prompt and completion tokens of the model and key.
+    pub fn count_tokens(&self, prompt: u64, completion: u64) {
+        self.prompt_tokens.add(prompt);
+        self.completion_tokens.add(completion);
     }
 
     /// Tokens charged to the key's rate limits for the model.
-    pub fn rate_limit_tokens(&self, metrics: &Metrics) -> &LocalIntCounter {
-        self.rate_limit_tokens
-            .get_or_init(|| metrics.rate_limit_tokens.with_label_values(&[&self.model, &self.key]).local())
+    pub fn count_rate_limit_tokens(&self, tokens: u64) {
+        self.rate_limit_tokens.add(tokens);
     }
 
-    /// Requests of the key admitted by the rate limits for the model.
-    pub fn admitted(&self, metrics: &Metrics) -> &LocalIntCounter {
-        self.admitted.get_or_init(|| {
-            metrics.rate_limit_requests.with_label_values(&[&self.model, &self.key, "admitted"]).local()
-        })
+    /// A request of the key admitted by the rate limits for the model.
+    pub fn count_admitted(&self) {
+        self.admitted.add(1);
     }
 
-    /// The gateway's own time on a request (unlabelled: every pair's
-    /// copy adds to the one histogram).
-    pub fn overhead(&self, metrics: &Metrics) -> &LocalHistogram {
-        self.overhead.get_or_init(|| metrics.overhead.local())
+    /// The model's request duration, in seconds.
+    pub fn observe_duration(&self, seconds: f64) {
+        if self.duration.observe(seconds) {
+            self.publish_histograms();
+        }
+    }
+
+    /// The model's time to first byte, in seconds.
+    pub fn observe_first_byte(&self, seconds: f64) {
+        if self.first_byte.observe(seconds) {
+            self.publish_histograms();
+        }
+    }
+
+    /// The gateway's own time on a request, in seconds (unlabelled: every
+    /// pair's copy adds to the one histogram).
+    pub fn observe_overhead(&self, seconds: f64) {
+        if self.overhead.observe(seconds) {
+            self.publish_histograms();
+        }
+    }
+
+    /// Adds this worker's counts to the shared series.
+    fn flush(&self) {
+        let (model, key, families) = (&*self.model, &*self.key, &self.families);
+        self.ok.publish(|| families.requests.with_label_values(&[model, key, "200"]));
+        self.prompt_tokens.publish(|| families.tokens.with_label_values(&[model, key, "prompt"]));
+        self.completion_tokens.publish(|| families.tokens.with_label_values(&[model, key, "completion"]));
+        self.rate_limit_tokens.publish(|| families.rate_limit_tokens.with_label_values(&[model, key]));
+        self.admitted.publish(|| families.rate_limit_requests.with_label_values(&[model, key, "admitted"]));
+        self.publish_histograms();
+    }
+
+    fn publish_histograms(&self) {
+        let (model, families) = (&*self.model, &self.families);
+        self.duration.publish(|| families.duration.with_label_values(&[model]));
+        self.first_byte.publish(|| families.first_byte.with_label_values(&[model]));
+        self.overhead.publish(|| families.overhead.clone());
     }
 }
 
@@ -248,8 +330,8 @@ mod tests {
         let metrics = Metrics::new().unwrap();
         let (model, key) = (Arc::<str>::from("m"), Arc::<str>::from("team/k"));
         let series = pair(&metrics, &model, &key);
-        series.ok(&metrics).inc();
-        series.prompt_tokens(&metrics).inc_by(7);
+        series.count_ok();
+        series.prompt_tokens.add(7);
         // No flush task on this thread: out at once.
         written(&series, false);
         let text = metrics.render();
@@ -274,24 +356,41 @@ mod tests {
         let (model, key) = (Arc::<str>::from("m"), Arc::<str>::from("k"));
         let busy = pair(&metrics, &model, &key);
         for _ in 0..3 {
-            busy.ok(&metrics).inc();
-            busy.duration(&metrics).observe(0.01);
+            busy.count_ok();
+            busy.observe_duration(0.01);
             written(&busy, false);
         }
-        assert_eq!(requests(&metrics.render(), "m"), Some(0), "kept by the busy worker");
+        // Not shown at all until published: never a zero before its count.
+        let text = metrics.render();
+        assert_eq!(requests(&text, "m"), None, "kept by the busy worker: {text}");
+        assert!(!text.contains(r#"waycast_gateway_request_duration_seconds_count{model="m"}"#), "{text}");
         tokio::time::sleep(FLUSH_WINDOW * 4).await;
         let text = metrics.render();
         assert_eq!(requests(&text, "m"), Some(3), "{text}");
         assert!(text.contains(r#"waycast_gateway_request_duration_seconds_count{model="m"} 3"#), "{text}");
 
-        busy.ok(&metrics).inc();
+        busy.count_ok();
         written(&busy, true);
         assert_eq!(requests(&metrics.render(), "m"), Some(4), "out as soon as the worker is idle");
 
         let evicted = PairSeries::new(&metrics, Arc::from("gone"), key.clone());
-        evicted.ok(&metrics).inc_by(2);
+        evicted.ok.add(2);
         drop(evicted);
         assert_eq!(requests(&metrics.render(), "gone"), Some(2));
         flusher.abort();
+    }
+
+    /// A histogram whose worker does not flush in time publishes by itself
+    /// once it holds [`MAX_PENDING`] observations.
+    #[test]
+    fn held_observations_are_bounded() {
+        let metrics = Metrics::new().unwrap();
+        let series = PairSeries::new(&metrics, Arc::from("m"), Arc::from("k"));
+        for _ in 0..MAX_PENDING {
+            series.observe_overhead(0.000_01);
+        }
+        assert!(series.overhead.pending.borrow().is_empty());
+        let text = metrics.render();
+        assert!(text.contains(&format!("waycast_gateway_overhead_seconds_count {MAX_PENDING}")), "{text}");
     }
 }
