@@ -1,10 +1,10 @@
 //! The metric series a finished request writes, found once per worker
-//! thread for each (model, key) rather than per request, and written on
-//! that worker's own copies. A labelled lookup hashes every label, takes
-//! the vector's read lock and clones an `Arc`; a write to a shared counter
-//! or histogram is an atomic on a cache line every core writes. A worker's
-//! cache hit is a pointer comparison, and its writes land in memory only
-//! it touches ([`prometheus::local`]).
+//! thread for each (model, key) rather than per request, and counted in
+//! that worker's own pending sums. A labelled lookup hashes every label,
+//! takes the vector's read lock and clones an `Arc`; a write to a shared
+//! counter or histogram is an atomic on a cache line every core writes. A
+//! worker's cache hit is a pointer comparison, and its writes land in
+//! memory only it touches.
 //!
 //! The cache is direct-mapped and bounded ([`SLOTS`] per thread): a pair
 //! that loses its slot is looked up again on its next request, as it was
@@ -12,7 +12,7 @@
 //! addresses, which the slot is chosen by and compared on, cannot be
 //! reused by other names while it lives.
 //!
-//! A worker's local counts reach the shared series (what `/metrics`
+//! A worker's pending counts reach the shared series (what `/metrics`
 //! renders) when the worker has no request left in flight, and otherwise
 //! within [`FLUSH_WINDOW`] of the first unflushed request
 //! ([`flush_on_this_thread`]); a busy worker so writes the shared cache
