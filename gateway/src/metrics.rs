@@ -19,8 +19,6 @@ use crate::worker::PerWorker;
 /// minutes for long generations.
 const LATENCY_BUCKETS: &[f64] =
     &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0];
-/// Fewer buckets for the per-endpoint histogram (a series set per pod).
-const ENDPOINT_BUCKETS: &[f64] = &[0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 30.0, 120.0];
 /// Buckets for the gateway's own overhead per request.
 const OVERHEAD_BUCKETS: &[f64] =
     &[0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.1];
@@ -98,12 +96,10 @@ pub struct Metrics {
     pub endpoint_ejections: IntCounterVec,
     /// Endpoints known, over every Service the config routes to.
     pub endpoints_known: IntGauge,
-    /// Requests in flight to each endpoint (streams until they end).
-    pub endpoint_in_flight: IntGaugeVec,
-    /// Requests sent to each endpoint.
-    pub endpoint_requests: IntCounterVec,
-    /// Request sent → response headers, per endpoint.
-    pub endpoint_response: HistogramVec,
+    /// Requests in flight to each endpoint, sent to each, and the time to
+    /// their response headers: read from the endpoint table it holds
+    /// (`Shared::endpoints`) when rendered.
+    pub endpoint_series: crate::upstream::endpoints::EndpointSeries,
     /// Endpoints documents refused (the previous one kept).
     pub endpoints_update_errors: IntCounter,
     /// Client connections open now.
@@ -191,25 +187,7 @@ impl Metrics {
         )?;
         let endpoints_known =
             IntGauge::new("waycast_gateway_endpoints", "Endpoints known, over every Service the config routes to.")?;
-        let endpoint_in_flight = IntGaugeVec::new(
-            Opts::new(
-                "waycast_gateway_endpoint_requests_in_flight",
-                "Requests in flight to each endpoint of a Service (streams until they end).",
-            ),
-            &["service", "endpoint"],
-        )?;
-        let endpoint_requests = IntCounterVec::new(
-            Opts::new("waycast_gateway_endpoint_requests_total", "Requests sent to each endpoint of a Service."),
-            &["service", "endpoint"],
-        )?;
-        let endpoint_response = HistogramVec::new(
-            HistogramOpts::new(
-                "waycast_gateway_endpoint_response_seconds",
-                "Request sent to response headers, per endpoint of a Service (its queue and, for most servers, prefill).",
-            )
-            .buckets(ENDPOINT_BUCKETS.to_vec()),
-            &["service", "endpoint"],
-        )?;
+        let endpoint_series = crate::upstream::endpoints::EndpointSeries::new(Arc::default())?;
         let endpoints_update_errors = IntCounter::new(
             "waycast_gateway_endpoints_update_errors_total",
             "Endpoints documents refused (the previous one kept).",
@@ -276,9 +254,7 @@ impl Metrics {
             upstream_retries,
             endpoint_ejections,
             endpoints_known,
-            endpoint_in_flight,
-            endpoint_requests,
-            endpoint_response,
+            endpoint_series,
             endpoints_update_errors,
             connections_open,
             connections_refused,
@@ -312,9 +288,7 @@ impl Metrics {
             Box::new(self.upstream_retries.clone()),
             Box::new(self.endpoint_ejections.clone()),
             Box::new(self.endpoints_known.clone()),
-            Box::new(self.endpoint_in_flight.clone()),
-            Box::new(self.endpoint_requests.clone()),
-            Box::new(self.endpoint_response.clone()),
+            Box::new(self.endpoint_series.clone()),
             Box::new(self.endpoints_update_errors.clone()),
             Box::new(self.connections_open.collector.clone()),
             Box::new(self.connections_refused.clone()),

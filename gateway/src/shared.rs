@@ -26,7 +26,7 @@ pub struct Shared {
     /// What bounds a client connection.
     pub connections: ConnectionLimits,
     /// The endpoints of the Services the config routes to.
-    pub endpoints: crate::upstream::endpoints::EndpointTable,
+    pub endpoints: Arc<crate::upstream::endpoints::EndpointTable>,
     /// How many pods share each rate limit.
     pub fleet: Arc<limit::fleet::Fleet>,
     /// Data-plane workers (`crate::worker`): each gets its own upstream
@@ -71,6 +71,7 @@ pub struct ConnectionLimits {
 impl Shared {
     /// Fresh state: no config yet, not draining.
     pub fn new(metrics: Metrics, connections: ConnectionLimits, body_timeout: Duration, workers: usize) -> Self {
+        let endpoints = metrics.endpoint_series.table().clone();
         Self {
             workers: workers.max(1),
             config: ConfigStore::default(),
@@ -78,7 +79,7 @@ impl Shared {
             request_ids: RequestIds::new(),
             body_timeout,
             connections,
-            endpoints: Default::default(),
+            endpoints,
             fleet: Arc::default(),
             draining: AtomicBool::new(false),
         }

@@ -14,10 +14,11 @@
 //! What every request writes is per worker where a global figure is only
 //! read now and then ([`PerWorker`]: the in-flight and open-connection
 //! gauges, the retry budget; the per-model and per-key counters and
-//! histograms, published now and then by `proxy::series`). What stays
-//! shared is read-mostly (the snapshot, the endpoint table) or counted
-//! with atomics where the count must be global (in-flight per endpoint,
-//! rate limits).
+//! histograms, published now and then by `proxy::series`; each endpoint
+//! set's turn). What stays shared is read-mostly (the snapshot, the
+//! endpoint table) or counted with atomics where the count must be global
+//! (in-flight per endpoint, with that endpoint's request count and answer
+//! times beside it on the same lines; rate limits).
 
 use std::cell::Cell;
 use std::sync::Arc;

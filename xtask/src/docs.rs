@@ -26,12 +26,15 @@ pub fn metrics_reference() -> anyhow::Result<String> {
         let _ = write!(doc, "\n## {title}\n\n| Metric | Type | Labels | Meaning |\n|---|---|---|---|\n");
         let mut rows: Vec<(String, String)> = Vec::new();
         for collector in &collectors {
-            let labels: Vec<String> = collector
-                .desc()
-                .iter()
-                .flat_map(|desc| desc.variable_labels.iter().map(|l| format!("`{l}`")))
-                .collect();
             for family in collector.collect() {
+                // A collector may describe several families (the endpoint
+                // series): each takes the labels of its own description.
+                let labels: Vec<String> = collector
+                    .desc()
+                    .iter()
+                    .filter(|desc| desc.fq_name == family.name())
+                    .flat_map(|desc| desc.variable_labels.iter().map(|l| format!("`{l}`")))
+                    .collect();
                 let kind = match family.get_field_type() {
                     MetricType::COUNTER => "counter",
                     MetricType::GAUGE => "gauge",

@@ -20,19 +20,22 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::{self, MetricFamily, MetricType};
 use tokio::sync::mpsc;
 use waycast_crds::endpoints::{ENDPOINTS_DATA_KEY, EndpointsDocument};
 
-use super::pick::{Endpoint, EndpointSet, Observed};
+use super::pick::{ANSWER_BUCKETS, EndpointSet};
 use crate::config::Update;
 use crate::config::load::LoadError;
-use crate::metrics::Metrics;
 use crate::shared::Shared;
+
+type Sets = HashMap<Arc<str>, Arc<EndpointSet>>;
 
 /// Every known Service's endpoints, by `namespace/name:port`.
 #[derive(Default)]
 pub struct EndpointTable {
-    sets: ArcSwap<HashMap<Arc<str>, Arc<EndpointSet>>>,
+    sets: ArcSwap<Sets>,
 }
 
 impl EndpointTable {
@@ -42,43 +45,124 @@ impl EndpointTable {
     }
 
     /// Replaces the table with `document`; an endpoint that stays keeps its
-    /// state (and its series in `metrics`; those of endpoints that left are
-    /// removed). Returns how many endpoints are known now.
-    pub fn apply(&self, document: &EndpointsDocument, metrics: &Metrics) -> usize {
+    /// state (in flight, failures, its counts in `/metrics`); one that left
+    /// leaves `/metrics` with it. Returns how many endpoints are known now.
+    pub fn apply(&self, document: &EndpointsDocument) -> usize {
         let previous = self.sets.load_full();
-        let next: HashMap<Arc<str>, Arc<EndpointSet>> = document
+        let next: Sets = document
             .services
             .iter()
             .map(|(key, addresses)| {
-                let before = previous.get(key.as_str()).map(AsRef::as_ref);
-                let set = EndpointSet::with(addresses, before, |address| {
-                    let labels = [key.as_str(), &address.to_string()];
-                    Endpoint::observed(
-                        address,
-                        Observed {
-                            in_flight: metrics.endpoint_in_flight.with_label_values(&labels),
-                            requests: metrics.endpoint_requests.with_label_values(&labels),
-                            response: metrics.endpoint_response.with_label_values(&labels),
-                        },
-                    )
-                });
+                let set = EndpointSet::new(addresses, previous.get(key.as_str()).map(AsRef::as_ref));
                 (Arc::from(key.as_str()), Arc::new(set))
             })
             .collect();
-        for (key, set) in previous.iter() {
-            for endpoint in set.endpoints() {
-                let stays = next.get(key).is_some_and(|s| s.endpoint_at(endpoint.address).is_some());
-                if !stays {
-                    let labels = [key.as_ref(), &endpoint.address.to_string()];
-                    let _ = metrics.endpoint_in_flight.remove_label_values(&labels);
-                    let _ = metrics.endpoint_requests.remove_label_values(&labels);
-                    let _ = metrics.endpoint_response.remove_label_values(&labels);
-                }
-            }
-        }
         let known = next.values().map(|set| set.endpoints().len()).sum();
         self.sets.store(Arc::new(next));
         known
+    }
+}
+
+/// The per-endpoint series, read from the table's endpoints when `/metrics`
+/// is rendered: requests write only the endpoint's own counts
+/// (`pick::Endpoint`), never a labelled series.
+#[derive(Clone)]
+pub struct EndpointSeries {
+    table: Arc<EndpointTable>,
+    in_flight: Desc,
+    requests: Desc,
+    response: Desc,
+}
+
+impl EndpointSeries {
+    /// The series of `table`'s endpoints.
+    pub fn new(table: Arc<EndpointTable>) -> Result<Self, prometheus::Error> {
+        let desc = |name: &str, help: &str| {
+            Desc::new(
+                name.to_owned(),
+                help.to_owned(),
+                vec!["service".to_owned(), "endpoint".to_owned()],
+                HashMap::new(),
+            )
+        };
+        Ok(Self {
+            table,
+            in_flight: desc(
+                "waycast_gateway_endpoint_requests_in_flight",
+                "Requests in flight to each endpoint of a Service (streams until they end).",
+            )?,
+            requests: desc("waycast_gateway_endpoint_requests_total", "Requests sent to each endpoint of a Service.")?,
+            response: desc(
+                "waycast_gateway_endpoint_response_seconds",
+                "Request sent to response headers, per endpoint of a Service (its queue and, for most servers, prefill).",
+            )?,
+        })
+    }
+
+    /// The table whose endpoints it reads.
+    pub fn table(&self) -> &Arc<EndpointTable> {
+        &self.table
+    }
+}
+
+impl Collector for EndpointSeries {
+    fn desc(&self) -> Vec<&Desc> {
+        vec![&self.in_flight, &self.requests, &self.response]
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let family = |desc: &Desc, kind: MetricType| {
+            let mut family = MetricFamily::default();
+            family.set_name(desc.fq_name.clone());
+            family.set_help(desc.help.clone());
+            family.set_field_type(kind);
+            family
+        };
+        let mut in_flight = family(&self.in_flight, MetricType::GAUGE);
+        let mut requests = family(&self.requests, MetricType::COUNTER);
+        let mut response = family(&self.response, MetricType::HISTOGRAM);
+        for (service, set) in self.table.sets.load().iter() {
+            for endpoint in set.endpoints() {
+                let traffic = endpoint.traffic();
+                // Label pairs sorted by name, as the exposition wants them.
+                let labels = || {
+                    let pair = |name: &str, value: String| {
+                        let mut pair = proto::LabelPair::default();
+                        pair.set_name(name.to_owned());
+                        pair.set_value(value);
+                        pair
+                    };
+                    vec![pair("endpoint", endpoint.address.to_string()), pair("service", service.to_string())]
+                };
+                let mut gauge = proto::Gauge::default();
+                gauge.set_value(f64::from(traffic.inflight));
+                let mut metric = proto::Metric::from_gauge(gauge);
+                metric.set_label(labels());
+                in_flight.mut_metric().push(metric);
+
+                let mut counter = proto::Counter::default();
+                #[allow(clippy::cast_precision_loss, reason = "the exposition carries counts as f64")]
+                counter.set_value(traffic.sent as f64);
+                let mut metric = proto::Metric::from_label(labels());
+                metric.set_counter(counter);
+                requests.mut_metric().push(metric);
+
+                let mut histogram = proto::Histogram::default();
+                histogram.set_sample_count(traffic.answered);
+                histogram.set_sample_sum(traffic.answer_seconds);
+                let buckets = ANSWER_BUCKETS.iter().zip(traffic.answered_within).map(|(bound, count)| {
+                    let mut bucket = proto::Bucket::default();
+                    bucket.set_upper_bound(*bound);
+                    bucket.set_cumulative_count(count);
+                    bucket
+                });
+                histogram.set_bucket(buckets.collect());
+                let mut metric = proto::Metric::from_label(labels());
+                metric.set_histogram(histogram);
+                response.mut_metric().push(metric);
+            }
+        }
+        vec![in_flight, requests, response]
     }
 }
 
@@ -95,7 +179,7 @@ pub async fn apply_updates(mut updates: mpsc::Receiver<Update>, shared: Arc<Shar
         match parsed {
             Ok((hash, _)) if last_applied.as_ref() == Some(&hash) => {}
             Ok((hash, document)) => {
-                let known = shared.endpoints.apply(&document, &shared.metrics);
+                let known = shared.endpoints.apply(&document);
                 shared.metrics.endpoints_known.set(i64::try_from(known).unwrap_or(i64::MAX));
                 tracing::info!(%source, services = document.services.len(), endpoints = known, "endpoints applied");
                 last_applied = Some(hash);
@@ -137,25 +221,48 @@ pub async fn watch_config_map(client: Client, namespace: String, name: String, u
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::Metrics;
 
     #[test]
     fn a_new_document_keeps_the_state_of_endpoints_that_stay() {
-        let table = EndpointTable::default();
+        let metrics = Metrics::new().unwrap();
+        let table = metrics.endpoint_series.table();
         let document = |addresses: &[&str]| EndpointsDocument {
             services: [("models/vllm:8000".to_owned(), addresses.iter().map(|a| a.parse().unwrap()).collect())].into(),
             ..EndpointsDocument::new()
         };
-        let metrics = Metrics::new().unwrap();
-        assert_eq!(table.apply(&document(&["10.0.0.1:8000", "10.0.0.2:8000"]), &metrics), 2);
-        let streaming = table.get("models/vllm:8000").unwrap().endpoints()[1].start();
-        let series =
-            r#"waycast_gateway_endpoint_requests_in_flight{endpoint="10.0.0.2:8000",service="models/vllm:8000"} 1"#;
-        assert!(metrics.render().contains(series), "{}", metrics.render());
-        table.get("models/vllm:8000").unwrap().endpoints()[1].observe_response(std::time::Duration::from_millis(40));
-        let answered = r#"waycast_gateway_endpoint_response_seconds_bucket{endpoint="10.0.0.2:8000",service="models/vllm:8000",le="0.1"} 1"#;
-        assert!(metrics.render().contains(answered), "{}", metrics.render());
-        assert_eq!(table.apply(&document(&["10.0.0.2:8000", "10.0.0.3:8000"]), &metrics), 2);
-        assert!(!metrics.render().contains(r#"endpoint="10.0.0.1:8000""#), "a gone endpoint's series are removed");
+        assert_eq!(table.apply(&document(&["10.0.0.1:8000", "10.0.0.2:8000"])), 2);
+        let second = table.get("models/vllm:8000").unwrap().endpoints()[1].clone();
+        let streaming = second.start();
+        let done = second.start();
+        drop(done);
+        let series = |name: &str, value: &str| {
+            format!(r#"waycast_gateway_endpoint_{name}{{endpoint="10.0.0.2:8000",service="models/vllm:8000"}} {value}"#)
+        };
+        let text = metrics.render();
+        assert!(text.contains(&series("requests_in_flight", "1")), "{text}");
+        assert!(text.contains(&series("requests_total", "2")), "{text}");
+        assert!(text.contains(&series("response_seconds_count", "0")), "none answered yet: {text}");
+
+        second.observe_response(std::time::Duration::from_millis(40));
+        second.observe_response(std::time::Duration::from_millis(200));
+        second.observe_response(std::time::Duration::from_secs(200));
+        let text = metrics.render();
+        let bucket = |le: &str, count: u64| {
+            format!(
+                r#"waycast_gateway_endpoint_response_seconds_bucket{{endpoint="10.0.0.2:8000",service="models/vllm:8000",le="{le}"}} {count}"#
+            )
+        };
+        for (le, count) in [("0.025", 0), ("0.1", 1), ("0.25", 2), ("120", 2), ("+Inf", 3)] {
+            assert!(text.contains(&bucket(le, count)), "le={le}: {text}");
+        }
+        assert!(text.contains(&series("response_seconds_count", "3")), "{text}");
+        assert!(text.contains(&series("response_seconds_sum", "200.24")), "{text}");
+
+        assert_eq!(table.apply(&document(&["10.0.0.2:8000", "10.0.0.3:8000"])), 2);
+        let text = metrics.render();
+        assert!(!text.contains(r#"endpoint="10.0.0.1:8000""#), "a gone endpoint's series are gone: {text}");
+        assert!(text.contains(&series("requests_total", "2")), "10.0.0.2 kept its counts: {text}");
         let set = table.get("models/vllm:8000").unwrap();
         assert_eq!(set.endpoints()[0].inflight(), 1, "10.0.0.2 kept its stream");
         drop(streaming);

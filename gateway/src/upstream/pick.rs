@@ -21,6 +21,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::worker::PerWorker;
+
 /// Failures in a row that eject an endpoint.
 pub const CONSECUTIVE_FAILURES: u32 = 5;
 /// The first ejection's length; each further one doubles it.
@@ -32,6 +34,12 @@ pub const MAX_EJECTION: Duration = Duration::from_secs(300);
 /// node's routing benchmark the busiest pod carried 1.37 × the mean with two
 /// choices); beyond, two random choices.
 pub const FULL_SCAN_UP_TO: usize = 8;
+/// Spaces the workers' turns: worker `i`'s turn starts `i` × this along,
+/// which, modulo a set's size, is `i` for sizes that are powers of two
+/// and some other offset for most others (no prime below 641 divides it,
+/// where a golden-ratio constant can be a multiple of 3); its high half
+/// keeps the workers' random choices apart.
+const WORKER_STRIDE: u64 = (1 << 32) + 1;
 /// Virtual nodes per endpoint on the prefix-affinity ring.
 const RING_POINTS_PER_ENDPOINT: usize = 64;
 
@@ -58,25 +66,47 @@ pub struct Endpoint {
     pub address: std::net::SocketAddr,
     /// The same, as a URI authority (formatted once, not per request).
     pub authority: Option<http::uri::Authority>,
-    inflight: AtomicU32,
+    traffic: Traffic,
     consecutive_failures: AtomicU32,
     ejections: AtomicU32,
     /// Nanoseconds on [`crate::limit::now_nanos`]'s clock; 0: not ejected.
     ejected_until: AtomicU64,
-    /// Its series of `waycast_gateway_endpoint_requests_in_flight`,
-    /// `_total` and `_response_seconds`, when the table is observed.
-    observed: Option<Observed>,
 }
 
-/// An endpoint's own series.
-#[derive(Debug)]
-pub struct Observed {
+/// What every request to an endpoint writes, kept together: its in-flight
+/// count must be global (every worker's pick reads it), so the lines it is
+/// on move between cores anyway; the request count and the answer times
+/// ride on them rather than on shared metric series of their own.
+/// `/metrics` reads them ([`super::endpoints::EndpointSeries`]).
+#[derive(Debug, Default)]
+#[repr(align(64))]
+struct Traffic {
+    inflight: AtomicU32,
+    sent: AtomicU64,
+    /// Answers within each of [`ANSWER_BUCKETS`] and no lower one (not
+    /// cumulative: one write per answer).
+    answered_within: [AtomicU64; ANSWER_BUCKETS.len()],
+    answered: AtomicU64,
+    answer_nanos: AtomicU64,
+}
+
+/// Upper bounds, in seconds, of the answer-time histogram: fewer buckets
+/// than the per-model ones, as there is a series set per pod.
+pub const ANSWER_BUCKETS: [f64; 10] = [0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 30.0, 120.0];
+
+/// An endpoint's traffic as `/metrics` shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrafficReading {
     /// Requests in flight.
-    pub in_flight: prometheus::IntGauge,
+    pub inflight: u32,
     /// Requests sent.
-    pub requests: prometheus::IntCounter,
-    /// Request sent → response headers.
-    pub response: prometheus::Histogram,
+    pub sent: u64,
+    /// Cumulative answers within each of [`ANSWER_BUCKETS`].
+    pub answered_within: [u64; ANSWER_BUCKETS.len()],
+    /// Answers (response headers) in all.
+    pub answered: u64,
+    /// Their sum, in seconds.
+    pub answer_seconds: f64,
 }
 
 impl Endpoint {
@@ -85,29 +115,50 @@ impl Endpoint {
         Self {
             address,
             authority: http::uri::Authority::try_from(address.to_string()).ok(),
-            inflight: AtomicU32::new(0),
+            traffic: Traffic::default(),
             consecutive_failures: AtomicU32::new(0),
             ejections: AtomicU32::new(0),
             ejected_until: AtomicU64::new(0),
-            observed: None,
         }
-    }
-
-    /// The same, counted in these series.
-    pub fn observed(address: std::net::SocketAddr, series: Observed) -> Self {
-        Self { observed: Some(series), ..Self::new(address) }
     }
 
     /// Notes how long it took to answer with headers.
     pub fn observe_response(&self, took: std::time::Duration) {
-        if let Some(series) = &self.observed {
-            series.response.observe(took.as_secs_f64());
+        let traffic = &self.traffic;
+        let seconds = took.as_secs_f64();
+        if let Some(bucket) = ANSWER_BUCKETS.iter().position(|bound| seconds <= *bound) {
+            traffic.answered_within[bucket].fetch_add(1, Ordering::Relaxed);
+        }
+        traffic.answered.fetch_add(1, Ordering::Relaxed);
+        let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        traffic.answer_nanos.fetch_add(nanos, Ordering::Relaxed);
+    }
+
+    /// Its traffic so far, for `/metrics`.
+    pub fn traffic(&self) -> TrafficReading {
+        let traffic = &self.traffic;
+        let mut answered_within = [0; ANSWER_BUCKETS.len()];
+        let mut below = 0;
+        for (cumulative, within) in answered_within.iter_mut().zip(&traffic.answered_within) {
+            below += within.load(Ordering::Relaxed);
+            *cumulative = below;
+        }
+        // Read last, so the total is never below a bucket read before it.
+        let answered = traffic.answered.load(Ordering::Relaxed).max(below);
+        #[allow(clippy::cast_precision_loss, reason = "a sum in seconds; f64 is what the exposition carries")]
+        let answer_seconds = traffic.answer_nanos.load(Ordering::Relaxed) as f64 / 1e9;
+        TrafficReading {
+            inflight: self.inflight(),
+            sent: traffic.sent.load(Ordering::Relaxed),
+            answered_within,
+            answered,
+            answer_seconds,
         }
     }
 
     /// Requests in flight to it now.
     pub fn inflight(&self) -> u32 {
-        self.inflight.load(Ordering::Relaxed)
+        self.traffic.inflight.load(Ordering::Relaxed)
     }
 
     /// Whether it is ejected at `now`.
@@ -137,13 +188,10 @@ impl Endpoint {
         true
     }
 
-    /// Counts a request in flight until the guard drops.
+    /// Counts a request sent and in flight until the guard drops.
     pub fn start(self: &Arc<Self>) -> InFlight {
-        self.inflight.fetch_add(1, Ordering::Relaxed);
-        if let Some(series) = &self.observed {
-            series.in_flight.inc();
-            series.requests.inc();
-        }
+        self.traffic.inflight.fetch_add(1, Ordering::Relaxed);
+        self.traffic.sent.fetch_add(1, Ordering::Relaxed);
         InFlight(self.clone())
     }
 }
@@ -162,10 +210,7 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.inflight.fetch_sub(1, Ordering::Relaxed);
-        if let Some(series) = &self.0.observed {
-            series.in_flight.dec();
-        }
+        self.0.traffic.inflight.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -175,27 +220,24 @@ pub struct EndpointSet {
     endpoints: Vec<Arc<Endpoint>>,
     /// (hash, endpoint index), sorted by hash.
     ring: Vec<(u64, usize)>,
-    turn: AtomicU64,
+    /// Each worker's own turn (round-robin, ties, the two random choices):
+    /// one counter for all would be a line every core writes per request.
+    /// Each worker still takes the endpoints in turn, so the sum does too.
+    turns: PerWorker<AtomicU64>,
 }
 
 impl EndpointSet {
     /// A set of `endpoints`; an endpoint of `previous` at the same address
     /// is kept as it is (its requests in flight, failures and ejection).
     pub fn new(addresses: &[std::net::SocketAddr], previous: Option<&EndpointSet>) -> Self {
-        Self::with(addresses, previous, Endpoint::new)
-    }
-
-    /// As [`EndpointSet::new`], with `make` creating the new endpoints.
-    pub fn with(
-        addresses: &[std::net::SocketAddr],
-        previous: Option<&EndpointSet>,
-        make: impl Fn(std::net::SocketAddr) -> Endpoint,
-    ) -> Self {
         let mut endpoints: Vec<Arc<Endpoint>> = addresses
             .iter()
             .map(|address| {
                 // `previous` is sorted by address: a lookup, not a scan.
-                previous.and_then(|p| p.endpoint_at(*address)).cloned().unwrap_or_else(|| Arc::new(make(*address)))
+                previous
+                    .and_then(|p| p.endpoint_at(*address))
+                    .cloned()
+                    .unwrap_or_else(|| Arc::new(Endpoint::new(*address)))
             })
             .collect();
         endpoints.sort_by_key(|e| e.address);
@@ -208,7 +250,7 @@ impl EndpointSet {
             }
         }
         ring.sort_unstable();
-        Self { endpoints, ring, turn: AtomicU64::new(0) }
+        Self { endpoints, ring, turns: PerWorker::default() }
     }
 
     /// The endpoints, sorted by address.
@@ -241,11 +283,10 @@ impl EndpointSet {
         // A retry does not take a turn: under round-robin it goes to the
         // next endpoint, and the next request still gets its own turn (else
         // with two endpoints every request would meet a failing one first).
-        let ticket = if tried.is_empty() {
-            self.turn.fetch_add(1, Ordering::Relaxed)
-        } else {
-            self.turn.load(Ordering::Relaxed)
-        };
+        let turn = self.turns.mine();
+        let turn = if tried.is_empty() { turn.fetch_add(1, Ordering::Relaxed) } else { turn.load(Ordering::Relaxed) };
+        // Workers start apart: in step, they would pick alike.
+        let ticket = turn.wrapping_add(crate::worker::index() as u64 * WORKER_STRIDE);
         let chosen = match policy {
             Policy::RoundRobin => nth_eligible(self.endpoints.len(), ticket, &eligible),
             Policy::LeastRequest if self.endpoints.len() <= FULL_SCAN_UP_TO => {

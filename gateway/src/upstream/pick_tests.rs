@@ -18,6 +18,34 @@ fn round_robin_takes_each_in_turn() {
     assert_eq!(picks, [0, 1, 2, 0, 1, 2]);
 }
 
+/// Each worker keeps its own turn: every one takes the endpoints in turn
+/// (so all of them together do), starting apart, and no worker's picks
+/// move another's turn.
+#[test]
+fn each_worker_takes_the_endpoints_in_its_own_turn() {
+    let set = Arc::new(EndpointSet::new(&addresses(3), None));
+    let workers: Vec<Vec<usize>> = (1..=2)
+        .map(|worker| {
+            let set = set.clone();
+            std::thread::spawn(move || {
+                crate::worker::become_worker(worker);
+                (0..6).map(|_| set.pick(Policy::RoundRobin, None, &[], 0).unwrap()).collect()
+            })
+            .join()
+            .unwrap()
+        })
+        .collect();
+    for picks in &workers {
+        assert!(picks[..3].iter().all(|p| picks[..3].iter().filter(|q| *q == p).count() == 1), "{picks:?}");
+        assert_eq!(picks[..3], picks[3..], "{picks:?}");
+    }
+    assert_ne!(workers[0][0], workers[1][0], "workers start apart: {workers:?}");
+    let turns: Vec<u64> = set.turns.all().map(|turn| turn.load(Ordering::Relaxed)).collect();
+    assert_eq!(turns[..3], [0, 6, 6], "each worker moved only its own turn");
+    // This thread (worker 0) still starts at the first endpoint.
+    assert_eq!(set.pick(Policy::RoundRobin, None, &[], 0), Some(0));
+}
+
 #[test]
 fn least_request_never_picks_the_busiest_of_several() {
     let set = EndpointSet::new(&addresses(3), None);
