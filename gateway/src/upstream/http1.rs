@@ -61,6 +61,12 @@ const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// The most response header fields read (hyper's default too).
 const MAX_HEADERS: usize = 100;
 
+/// Room left in a response's header map for the headers the gateway adds
+/// before it goes out (its request id, up to six rate-limit headers): a
+/// map sized to the upstream's fields alone grew, moving every entry, on
+/// the gateway's first insert.
+const ADDED_HEADERS: usize = 7;
+
 /// One body read: a TLS record's worth.
 const READ_SIZE: usize = 16 * 1024;
 
@@ -670,7 +676,7 @@ fn parse_head(buf: &[u8]) -> Result<Option<(http::response::Parts, usize)>, Upst
     if status == StatusCode::SWITCHING_PROTOCOLS {
         return Err(UpstreamError::Response("unasked protocol switch"));
     }
-    let mut headers = HeaderMap::with_capacity(parsed.headers.len());
+    let mut headers = HeaderMap::with_capacity(parsed.headers.len() + ADDED_HEADERS);
     for field in parsed.headers.iter() {
         let name = HeaderName::from_bytes(field.name.as_bytes())
             .map_err(|_| UpstreamError::Response("invalid header name"))?;

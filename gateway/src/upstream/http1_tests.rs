@@ -276,3 +276,14 @@ fn pool_keys_hash_by_client_scheme_and_exact_authority() {
         assert_ne!(hasher.hash_one(&base), hasher.hash_one(&other));
     }
 }
+
+/// The gateway adds its own headers to every response: the parsed map has
+/// room for them without growing.
+#[test]
+fn a_parsed_head_leaves_room_for_the_gateways_headers() {
+    let head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\nx-upstream: 1\r\n\r\n{}";
+    let (parts, length) = parse_head(head).unwrap().unwrap();
+    assert_eq!(length, head.len() - 2);
+    assert_eq!(parts.headers.len(), 3);
+    assert!(parts.headers.capacity() >= 3 + ADDED_HEADERS, "capacity {}", parts.headers.capacity());
+}
