@@ -92,8 +92,8 @@ impl ConnectionActivity {
         self.started.load(Ordering::Relaxed)
     }
 
-    fn ended(&self) {
-        self.last_end.store(crate::limit::now_nanos(), Ordering::Relaxed);
+    fn ended(&self, at: Instant) {
+        self.last_end.store(crate::limit::nanos_at(at), Ordering::Relaxed);
         self.active.fetch_sub(1, Ordering::Relaxed);
     }
 
@@ -120,6 +120,9 @@ pub struct Outcome {
     pub usage: Option<Usage>,
     /// Why it ended, if not normally.
     pub error: Option<&'static str>,
+    /// When it ended, where the caller has read the clock already (the
+    /// relay, at the last frame); else it is read here.
+    pub ended: Option<Instant>,
 }
 
 impl Exchange {
@@ -162,12 +165,13 @@ impl Exchange {
             return;
         }
         self.finished = true;
-        self.activity.ended();
+        let ended = outcome.ended.unwrap_or_else(Instant::now);
+        self.activity.ended(ended);
         let metrics = &self.shared.metrics;
         metrics.inflight.dec();
         let model = self.model.as_deref().unwrap_or("unknown");
         let key = self.key.as_deref().unwrap_or("none");
-        let elapsed = self.started.elapsed();
+        let elapsed = ended.saturating_duration_since(self.started);
         // Cached for a (model, key); a request refused before either is
         // known writes its few series through an uncached set.
         let series = match (&self.model, &self.key) {
@@ -246,6 +250,7 @@ impl Drop for Exchange {
                 upstream: None,
                 usage: None,
                 error: Some("client_closed"),
+                ended: None,
             };
             self.record(&outcome);
         }

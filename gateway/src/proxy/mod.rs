@@ -135,7 +135,7 @@ struct Relayed {
 }
 
 fn finish_without_body(exchange: Exchange, status: u16, error: Option<&'static str>) {
-    exchange.finish(Outcome { status, bytes: 0, first_byte: None, upstream: None, usage: None, error });
+    exchange.finish(Outcome { status, bytes: 0, first_byte: None, upstream: None, usage: None, error, ended: None });
 }
 
 async fn serve(

@@ -123,11 +123,13 @@ impl RelayBody {
         upstream: Duration,
         headers_at: Instant,
     ) -> Self {
+        // One clock read for both (each is a few dozen cycles, per request).
+        let returned_at = Instant::now();
         Self {
             inner,
             idle_timeout,
             idle: None,
-            last_frame: tokio::time::Instant::now(),
+            last_frame: tokio::time::Instant::from_std(returned_at),
             tap: (usage != UsageWatch::Off).then(UsageTap::default),
             strip: (usage == UsageWatch::TapAndStripChunk).then(UsageChunkFilter::default),
             exchange: Some(exchange),
@@ -135,7 +137,7 @@ impl RelayBody {
             bytes: 0,
             first_byte: None,
             upstream,
-            returned_at: Instant::now(),
+            returned_at,
             headers_at,
         }
     }
@@ -148,7 +150,8 @@ impl RelayBody {
         }
     }
 
-    fn finish(&mut self, status: u16, error: Option<&'static str>) {
+    /// `ended`: the clock as read for the last frame, if it was.
+    fn finish(&mut self, status: u16, error: Option<&'static str>, ended: Option<Instant>) {
         if let Some(mut exchange) = self.exchange.take() {
             let overhead = exchange.overhead_before + self.returned_at.saturating_duration_since(self.headers_at);
             exchange.overhead_before = overhead;
@@ -160,6 +163,7 @@ impl RelayBody {
                 upstream: Some(self.upstream),
                 usage,
                 error,
+                ended,
             });
         }
     }
@@ -224,10 +228,13 @@ impl RelayBody {
         let this = self;
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
+                // One clock read per frame serves the first byte, the idle
+                // timer and, for the last frame, the end.
+                let now = Instant::now();
                 if let Some(data) = frame.data_ref() {
                     this.bytes += data.len() as u64;
                     if this.first_byte.is_none() {
-                        this.first_byte = Some(Instant::now());
+                        this.first_byte = Some(now);
                     }
                     if let Some(tap) = &mut this.tap {
                         tap.observe(data);
@@ -236,19 +243,19 @@ impl RelayBody {
                 if this.inner.is_end_stream() {
                     // NB: hyper stops polling once the body says it has
                     // ended, so the last frame is also the finish line.
-                    this.finish(this.status, None);
+                    this.finish(this.status, None, Some(now));
                 } else {
-                    this.last_frame = tokio::time::Instant::now();
+                    this.last_frame = tokio::time::Instant::from_std(now);
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(error))) => {
                 this.count_upstream_error("body");
-                this.finish(this.status, Some("upstream_body_error"));
+                this.finish(this.status, Some("upstream_body_error"), None);
                 Poll::Ready(Some(Err(error.into())))
             }
             Poll::Ready(None) => {
-                this.finish(this.status, None);
+                this.finish(this.status, None, None);
                 Poll::Ready(None)
             }
             Poll::Pending => {
@@ -265,7 +272,7 @@ impl RelayBody {
                     idle.as_mut().reset(deadline);
                 }
                 this.count_upstream_error("idle_timeout");
-                this.finish(this.status, Some("upstream_idle_timeout"));
+                this.finish(this.status, Some("upstream_idle_timeout"), None);
                 Poll::Ready(Some(Err(Box::new(IdleTimeout(this.idle_timeout)))))
             }
         }
@@ -278,9 +285,9 @@ impl Drop for RelayBody {
         // `inner` right after this closes the upstream connection.
         if self.exchange.is_some() {
             if self.inner.is_end_stream() {
-                self.finish(self.status, None);
+                self.finish(self.status, None, None);
             } else {
-                self.finish(CLIENT_CLOSED_REQUEST, Some("client_closed"));
+                self.finish(CLIENT_CLOSED_REQUEST, Some("client_closed"), None);
             }
         }
     }
