@@ -8,8 +8,9 @@
 //!
 //! Sources only produce bytes, sent as [`Update`]s. A bad config is logged, counted in
 //! `waycast_gateway_config_reload_errors_total`, and never reaches the store:
-//! the last good one keeps serving. Requests hold the `Arc<Snapshot>` they
-//! started with, so a swap never changes a request mid-flight.
+//! the last good one keeps serving. Requests hold the snapshot they
+//! started with (through their worker's own handle on it), so a swap never
+//! changes a request mid-flight.
 
 pub mod file;
 pub mod load;
@@ -81,10 +82,45 @@ pub enum Applied {
     Unchanged,
 }
 
+/// A worker's own handle on a snapshot: each request holds one, and a
+/// clone of the one `Arc<Snapshot>` would write its reference count, a
+/// line every core writes, twice per request.
+pub struct WorkerSnapshot(Arc<Snapshot>);
+
+impl std::ops::Deref for WorkerSnapshot {
+    type Target = Snapshot;
+
+    fn deref(&self) -> &Snapshot {
+        &self.0
+    }
+}
+
+thread_local! {
+    /// This thread's handle on the snapshot it served last.
+    static HANDLE: std::cell::RefCell<Option<Arc<WorkerSnapshot>>> = const { std::cell::RefCell::new(None) };
+}
+
 impl ConfigStore {
     /// The config being served, if one was loaded.
     pub fn current(&self) -> Option<Arc<Snapshot>> {
         self.current.load_full()
+    }
+
+    /// The same, through this thread's own handle on it (made when the
+    /// thread first serves a snapshot; the one it replaces is let go then,
+    /// so an idle worker keeps the previous snapshot alive until its next
+    /// request).
+    pub fn current_here(&self) -> Option<Arc<WorkerSnapshot>> {
+        let current = self.current.load();
+        let snapshot = current.as_ref()?;
+        HANDLE.with_borrow_mut(|handle| match handle {
+            Some(own) if Arc::ptr_eq(&own.0, snapshot) => Some(own.clone()),
+            _ => {
+                let own = Arc::new(WorkerSnapshot(snapshot.clone()));
+                *handle = Some(own.clone());
+                Some(own)
+            }
+        })
     }
 
     /// The newest config refused since the last one applied, if any.
@@ -157,5 +193,27 @@ mod tests {
         let good = br#"{"apiVersion":"waycast.dev/config-v1"}"#;
         assert!(matches!(store.apply(&mut registry, good, "test", &metrics), Ok(Applied::Changed(_))));
         assert_eq!(store.refused(), None, "a config that applies clears it");
+    }
+
+    /// A thread serves the current snapshot through one handle of its own
+    /// until the snapshot changes; another thread has another handle.
+    #[test]
+    fn each_thread_serves_through_its_own_handle() {
+        let store = ConfigStore::default();
+        let metrics = Metrics::new().unwrap();
+        let mut registry = Registry::default();
+        assert!(store.current_here().is_none(), "no config yet");
+        store.apply(&mut registry, br#"{"apiVersion":"waycast.dev/config-v1"}"#, "test", &metrics).unwrap();
+        let first = store.current_here().unwrap();
+        assert!(Arc::ptr_eq(&first, &store.current_here().unwrap()), "one handle per thread");
+        assert!(Arc::ptr_eq(&first.0, &store.current().unwrap()), "on the served snapshot");
+        let elsewhere = std::thread::scope(|scope| scope.spawn(|| store.current_here().unwrap()).join().unwrap());
+        assert!(!Arc::ptr_eq(&first, &elsewhere) && Arc::ptr_eq(&first.0, &elsewhere.0));
+
+        let changed = br#"{"apiVersion":"waycast.dev/config-v1","settings":{"accessLog":false}}"#;
+        store.apply(&mut registry, changed, "test", &metrics).unwrap();
+        let second = store.current_here().unwrap();
+        assert!(!second.settings.access_log && first.settings.access_log, "the new snapshot, not the old");
+        assert_eq!(Arc::strong_count(&first), 1, "the thread let the old handle go");
     }
 }

@@ -74,7 +74,7 @@ pub async fn send(route: &Route, outgoing: &Outgoing<'_>, table: &EndpointTable)
         let backend = &route.backends[index];
         let endpoints = backend.endpoints.as_deref().and_then(|key| table.get(key)).filter(|set| !set.is_empty());
         let outcome = match endpoints {
-            None => send_to(route, backend, backend.authority.clone(), outgoing, None).await,
+            None => send_to(route, backend, crate::worker::own_authority(&backend.authority), outgoing, None).await,
             Some(set) => send_to_endpoints(route, backend, &set, outgoing).await,
         };
         match outcome {
@@ -120,7 +120,7 @@ async fn send_to_endpoints(
         let Some(pick) = set.pick(route.balancing.policy, outgoing.affinity, &tried, now) else { break };
         tried.push(pick);
         let endpoint = &set.endpoints()[pick];
-        let Some(authority) = endpoint.authority.clone() else { continue };
+        let Some(authority) = endpoint.authority.as_ref().map(crate::worker::own_authority) else { continue };
         let sent = send_to(route, backend, authority, outgoing, Some(endpoint.start())).await;
         let retried = sent.as_ref().ok().and_then(|forwarded| route.balancing.retries(forwarded.response.status()));
         let reason = match (sent, retried) {

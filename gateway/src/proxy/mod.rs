@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! endpoint  path + method → what to do                          (404, 405)    route::endpoint
-//! snapshot  one Arc<Snapshot> load, kept for the whole request   (503 before the first config)
+//! snapshot  the worker's own handle on the served snapshot, kept for the whole request   (503 before the first config)
 //! admit     framing, then SHA-256(key) → KeyEntry               (431, 400, 401) route::admit
 //! count     the key's request limit, before the body            (429, 503)
 //! body      read within maxRequestBodyBytes and a deadline       (413, 408)
@@ -150,10 +150,10 @@ async fn serve(
     // read and thrown away in the background: see `UnreadBody`.
     let mut body = UnreadBody(Some(body));
     let endpoint = route::endpoint(&parts.method, parts.uri.path())?;
-    let snapshot = shared.config.current().ok_or(GatewayError::NotReady)?;
+    let snapshot = shared.config.current_here().ok_or(GatewayError::NotReady)?;
     exchange.access_log = snapshot.settings.access_log;
     let key = route::admit(&snapshot, &parts.headers, jiff::Timestamp::now)?;
-    exchange.key = Some(key.id.clone());
+    exchange.key = Some(crate::worker::own_name(&key.id));
     let Endpoint::Proxy(endpoint_index) = endpoint else {
         return Ok(Answer::Own(models_list(&snapshot, key)));
     };
@@ -165,7 +165,7 @@ async fn serve(
     let body_done = Instant::now();
     let fields = body::scan(&body)?;
     let route = route::route(&snapshot, key, &fields.model)?.route;
-    exchange.model = Some(route.name.clone());
+    exchange.model = Some(crate::worker::own_name(&route.name));
     exchange.stream = fields.stream;
 
     let reservation = limit::Reservation::for_request(body.len(), fields.max_tokens, route.output_token_reservation);
