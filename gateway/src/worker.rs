@@ -15,7 +15,8 @@
 //! read now and then ([`PerWorker`]: the in-flight and open-connection
 //! gauges, the retry budget; the per-model and per-key counters and
 //! histograms, published now and then by `proxy::series`; each endpoint
-//! set's turn). What stays shared is read-mostly (the snapshot, the
+//! set's turn; handles on the snapshot and the endpoint sets, and copies
+//! of the names and authorities a request holds, [`Copies`]). What stays shared is read-mostly (the snapshot, the
 //! endpoint table) or counted with atomics where the count must be global
 //! (in-flight per endpoint, with that endpoint's request count and answer
 //! times beside it on the same lines; rate limits).

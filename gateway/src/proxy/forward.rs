@@ -12,7 +12,7 @@ use http::{Method, Response};
 use crate::error::GatewayError;
 use crate::snapshot::{Backend, Route};
 use crate::upstream::endpoints::EndpointTable;
-use crate::upstream::pick::{EndpointSet, InFlight};
+use crate::upstream::pick::{InFlight, SetHandle};
 use crate::upstream::{UpstreamBody, UpstreamRequest};
 
 /// What the upstream answered.
@@ -72,7 +72,7 @@ pub async fn send(route: &Route, outgoing: &Outgoing<'_>, table: &EndpointTable)
     let mut overloaded = None;
     for index in route.backend_order() {
         let backend = &route.backends[index];
-        let endpoints = backend.endpoints.as_deref().and_then(|key| table.get(key)).filter(|set| !set.is_empty());
+        let endpoints = backend.endpoints.as_deref().and_then(|key| table.get_here(key)).filter(|set| !set.is_empty());
         let outcome = match endpoints {
             None => send_to(route, backend, crate::worker::own_authority(&backend.authority), outgoing, None).await,
             Some(set) => send_to_endpoints(route, backend, &set, outgoing).await,
@@ -109,7 +109,7 @@ enum Failure {
 async fn send_to_endpoints(
     route: &Route,
     backend: &Backend,
-    set: &EndpointSet,
+    set: &std::sync::Arc<SetHandle>,
     outgoing: &Outgoing<'_>,
 ) -> Result<Forwarded, Failure> {
     let attempts = set.endpoints().len().min(MAX_ENDPOINT_ATTEMPTS);
@@ -121,7 +121,7 @@ async fn send_to_endpoints(
         tried.push(pick);
         let endpoint = &set.endpoints()[pick];
         let Some(authority) = endpoint.authority.as_ref().map(crate::worker::own_authority) else { continue };
-        let sent = send_to(route, backend, authority, outgoing, Some(endpoint.start())).await;
+        let sent = send_to(route, backend, authority, outgoing, Some(set.start(pick))).await;
         let retried = sent.as_ref().ok().and_then(|forwarded| route.balancing.retries(forwarded.response.status()));
         let reason = match (sent, retried) {
             (Ok(forwarded), Some(reason)) => {

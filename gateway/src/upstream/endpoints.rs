@@ -25,12 +25,21 @@ use prometheus::proto::{self, MetricFamily, MetricType};
 use tokio::sync::mpsc;
 use waycast_crds::endpoints::{ENDPOINTS_DATA_KEY, EndpointsDocument};
 
-use super::pick::{ANSWER_BUCKETS, EndpointSet};
+use super::pick::{ANSWER_BUCKETS, EndpointSet, SetHandle};
 use crate::config::Update;
 use crate::config::load::LoadError;
 use crate::shared::Shared;
 
 type Sets = HashMap<Arc<str>, Arc<EndpointSet>>;
+
+/// Slots of a thread's handles on endpoint sets (a Service's slot is chosen
+/// by its key, so its successive sets take the same one).
+const HANDLE_SLOTS: usize = 64;
+
+thread_local! {
+    static HANDLES: std::cell::RefCell<Vec<Option<Arc<SetHandle>>>> =
+        std::cell::RefCell::new(vec![None; HANDLE_SLOTS]);
+}
 
 /// Every known Service's endpoints, by `namespace/name:port`.
 #[derive(Default)]
@@ -42,6 +51,27 @@ impl EndpointTable {
     /// The endpoints of the Service `key`, if any are known.
     pub fn get(&self, key: &str) -> Option<Arc<EndpointSet>> {
         self.sets.load().get(key).cloned()
+    }
+
+    /// The same, through this thread's own handle on the set (made when
+    /// the thread first routes to it; one slot per Service, so a set that
+    /// changed is let go at the thread's next request to its Service).
+    pub fn get_here(&self, key: &str) -> Option<Arc<SetHandle>> {
+        let sets = self.sets.load();
+        let set = sets.get(key)?;
+        let slot = (super::pick::affinity_hash(key.as_bytes()) % HANDLE_SLOTS as u64) as usize;
+        HANDLES.with_borrow_mut(|handles| {
+            let entry = &mut handles[slot];
+            match entry {
+                // The entry holds its set: an equal address is the same set.
+                Some(handle) if handle.is_on(set) => Some(handle.clone()),
+                _ => {
+                    let handle = SetHandle::new(set.clone());
+                    *entry = Some(handle.clone());
+                    Some(handle)
+                }
+            }
+        })
     }
 
     /// Replaces the table with `document`; an endpoint that stays keeps its
@@ -232,9 +262,10 @@ mod tests {
             ..EndpointsDocument::new()
         };
         assert_eq!(table.apply(&document(&["10.0.0.1:8000", "10.0.0.2:8000"])), 2);
-        let second = table.get("models/vllm:8000").unwrap().endpoints()[1].clone();
-        let streaming = second.start();
-        let done = second.start();
+        let set = table.get_here("models/vllm:8000").unwrap();
+        let second = set.endpoints()[1].clone();
+        let streaming = set.start(1);
+        let done = set.start(1);
         drop(done);
         let series = |name: &str, value: &str| {
             format!(r#"waycast_gateway_endpoint_{name}{{endpoint="10.0.0.2:8000",service="models/vllm:8000"}} {value}"#)
@@ -268,5 +299,32 @@ mod tests {
         drop(streaming);
         assert_eq!(set.endpoints()[0].inflight(), 0);
         assert!(table.get("models/other:80").is_none());
+    }
+
+    /// A thread routes through one handle of its own per set, until the
+    /// Service's set changes; another thread has its own.
+    #[test]
+    fn each_thread_routes_through_its_own_handle_on_a_set() {
+        let table = EndpointTable::default();
+        let document = |addresses: &[&str]| EndpointsDocument {
+            services: [("models/vllm:8000".to_owned(), addresses.iter().map(|a| a.parse().unwrap()).collect())].into(),
+            ..EndpointsDocument::new()
+        };
+        table.apply(&document(&["10.0.0.1:8000"]));
+        let first = table.get_here("models/vllm:8000").unwrap();
+        assert!(Arc::ptr_eq(&first, &table.get_here("models/vllm:8000").unwrap()));
+        assert!(first.is_on(&table.get("models/vllm:8000").unwrap()));
+        let elsewhere =
+            std::thread::scope(|scope| scope.spawn(|| table.get_here("models/vllm:8000").unwrap()).join().unwrap());
+        assert!(!Arc::ptr_eq(&first, &elsewhere));
+        let streaming = first.start(0);
+        table.apply(&document(&["10.0.0.1:8000", "10.0.0.2:8000"]));
+        let second = table.get_here("models/vllm:8000").unwrap();
+        assert_eq!(second.endpoints().len(), 2, "the new set");
+        assert_eq!(second.endpoints()[0].inflight(), 1, "whose kept endpoint still counts the stream");
+        drop(streaming);
+        assert_eq!(second.endpoints()[0].inflight(), 0);
+        assert_eq!(Arc::strong_count(&first), 1, "the thread let the old handle go");
+        assert!(table.get_here("models/other:80").is_none());
     }
 }

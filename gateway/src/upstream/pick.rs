@@ -188,29 +188,64 @@ impl Endpoint {
         true
     }
 
-    /// Counts a request sent and in flight until the guard drops.
-    pub fn start(self: &Arc<Self>) -> InFlight {
+    /// Counts a request sent and in flight.
+    fn begin(&self) {
         self.traffic.inflight.fetch_add(1, Ordering::Relaxed);
         self.traffic.sent.fetch_add(1, Ordering::Relaxed);
-        InFlight(self.clone())
+    }
+}
+
+/// A worker's own handle on an endpoint set (`endpoints::EndpointTable::get_here`):
+/// each request to an endpoint holds the set until it ends, and a clone of
+/// the one `Arc<EndpointSet>` (or of the endpoint's) would write a reference
+/// count every core writes, twice per request.
+#[derive(Debug)]
+pub struct SetHandle(Arc<EndpointSet>);
+
+impl SetHandle {
+    /// A handle on `set`.
+    pub fn new(set: Arc<EndpointSet>) -> Arc<Self> {
+        Arc::new(Self(set))
+    }
+
+    /// Whether it is a handle on `set`.
+    pub fn is_on(&self, set: &Arc<EndpointSet>) -> bool {
+        Arc::ptr_eq(&self.0, set)
+    }
+
+    /// Counts a request to endpoint `index` in flight until the guard drops.
+    pub fn start(self: &Arc<Self>, index: usize) -> InFlight {
+        self.0.endpoints[index].begin();
+        InFlight { set: self.clone(), index }
+    }
+}
+
+impl std::ops::Deref for SetHandle {
+    type Target = EndpointSet;
+
+    fn deref(&self) -> &EndpointSet {
+        &self.0
     }
 }
 
 /// One request in flight to an endpoint; dropping it (when the response,
 /// stream included, has ended however it ended) ends the count.
 #[derive(Debug)]
-pub struct InFlight(Arc<Endpoint>);
+pub struct InFlight {
+    set: Arc<SetHandle>,
+    index: usize,
+}
 
 impl InFlight {
     /// The endpoint.
     pub fn endpoint(&self) -> &Arc<Endpoint> {
-        &self.0
+        &self.set.endpoints[self.index]
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.traffic.inflight.fetch_sub(1, Ordering::Relaxed);
+        self.endpoint().traffic.inflight.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

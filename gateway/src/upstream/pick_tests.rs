@@ -11,6 +11,11 @@ fn addresses(count: u16) -> Vec<SocketAddr> {
 
 const SECOND: u64 = 1_000_000_000;
 
+/// A handle on `set`, through which requests start.
+fn handle(set: EndpointSet) -> Arc<SetHandle> {
+    SetHandle::new(Arc::new(set))
+}
+
 #[test]
 fn round_robin_takes_each_in_turn() {
     let set = EndpointSet::new(&addresses(3), None);
@@ -48,8 +53,8 @@ fn each_worker_takes_the_endpoints_in_its_own_turn() {
 
 #[test]
 fn least_request_never_picks_the_busiest_of_several() {
-    let set = EndpointSet::new(&addresses(3), None);
-    let _busy: Vec<InFlight> = (0..10).map(|_| set.endpoints()[1].start()).collect();
+    let set = handle(EndpointSet::new(&addresses(3), None));
+    let _busy: Vec<InFlight> = (0..10).map(|_| set.start(1)).collect();
     let mut counts = [0; 3];
     for _ in 0..3_000 {
         counts[set.pick(Policy::LeastRequest, None, &[], 0).unwrap()] += 1;
@@ -66,14 +71,14 @@ fn least_request_never_picks_the_busiest_of_several() {
 #[test]
 fn least_request_keeps_the_busiest_endpoint_near_the_mean() {
     let mean_ratio = |policy: Policy| {
-        let set = EndpointSet::new(&addresses(4), None);
+        let set = handle(EndpointSet::new(&addresses(4), None));
         let mut running: Vec<(u64, InFlight)> = Vec::new();
         let (mut sum, mut samples) = (0.0, 0_u32);
         for tick in 0..40_000_u64 {
             running.retain(|(ends, _)| *ends > tick);
             let length = 1 + mix(tick) % 400;
             let index = set.pick(policy, None, &[], 0).unwrap();
-            running.push((tick + length, set.endpoints()[index].start()));
+            running.push((tick + length, set.start(index)));
             if tick > 2_000 {
                 let loads: Vec<u32> = set.endpoints().iter().map(|e| e.inflight()).collect();
                 let mean = f64::from(loads.iter().sum::<u32>()) / 4.0;
@@ -92,7 +97,7 @@ fn least_request_keeps_the_busiest_endpoint_near_the_mean() {
 
 #[test]
 fn a_prefix_sticks_to_one_endpoint_until_it_carries_more_than_its_bound() {
-    let set = EndpointSet::new(&addresses(4), None);
+    let set = handle(EndpointSet::new(&addresses(4), None));
     let policy = Policy::PrefixAffinity { load_factor: 1.25 };
     let hash = affinity_hash(b"You are a helpful assistant. Answer briefly.");
     let home = set.pick(policy, Some(hash), &[], 0).unwrap();
@@ -100,7 +105,7 @@ fn a_prefix_sticks_to_one_endpoint_until_it_carries_more_than_its_bound() {
         assert_eq!(set.pick(policy, Some(hash), &[], 0), Some(home), "same prefix, same pod while idle");
     }
     // The home pod busy above 1.25 × the mean: the prefix spills over.
-    let _load: Vec<InFlight> = (0..4).map(|_| set.endpoints()[home].start()).collect();
+    let _load: Vec<InFlight> = (0..4).map(|_| set.start(home)).collect();
     let spilled = set.pick(policy, Some(hash), &[], 0).unwrap();
     assert_ne!(spilled, home);
     // Distinct prefixes spread over every pod.
@@ -114,8 +119,8 @@ fn a_prefix_sticks_to_one_endpoint_until_it_carries_more_than_its_bound() {
 
 #[test]
 fn prefix_affinity_without_a_prefix_balances_by_load() {
-    let set = EndpointSet::new(&addresses(2), None);
-    let _busy = set.endpoints()[0].start();
+    let set = handle(EndpointSet::new(&addresses(2), None));
+    let _busy = set.start(0);
     let policy = Policy::PrefixAffinity { load_factor: 1.25 };
     assert_eq!(set.pick(policy, None, &[], 0), Some(1));
 }
@@ -160,8 +165,8 @@ fn ejection_never_empties_the_set_and_retries_go_elsewhere() {
 
 #[test]
 fn an_update_keeps_the_state_of_endpoints_that_stay() {
-    let before = EndpointSet::new(&addresses(2), None);
-    let streaming = before.endpoints()[1].start();
+    let before = handle(EndpointSet::new(&addresses(2), None));
+    let streaming = before.start(1);
     let mut next = addresses(3);
     next.remove(0);
     let after = EndpointSet::new(&next, Some(&before));
@@ -174,8 +179,8 @@ fn an_update_keeps_the_state_of_endpoints_that_stay() {
 
 #[test]
 fn two_random_choices_beyond_a_handful_of_endpoints() {
-    let set = EndpointSet::new(&addresses(12), None);
-    let _busy: Vec<InFlight> = (0..10).map(|_| set.endpoints()[3].start()).collect();
+    let set = handle(EndpointSet::new(&addresses(12), None));
+    let _busy: Vec<InFlight> = (0..10).map(|_| set.start(3)).collect();
     let mut counts = [0; 12];
     for _ in 0..12_000 {
         counts[set.pick(Policy::LeastRequest, None, &[], 0).unwrap()] += 1;
@@ -190,7 +195,7 @@ fn two_random_choices_beyond_a_handful_of_endpoints() {
 /// found none — and failed the request with no endpoint tried.
 #[test]
 fn a_pick_always_finds_an_endpoint_while_other_threads_move_the_loads() {
-    let set = Arc::new(EndpointSet::new(&addresses(3), None));
+    let set = handle(EndpointSet::new(&addresses(3), None));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let movers: Vec<_> = (0..2)
         .map(|seed| {
@@ -200,7 +205,7 @@ fn a_pick_always_finds_an_endpoint_while_other_threads_move_the_loads() {
                 let mut turn = seed;
                 while !stop.load(Ordering::Relaxed) {
                     turn += 1;
-                    held.push(set.endpoints()[turn % 3].start());
+                    held.push(set.start(turn % 3));
                     if held.len() > 4 {
                         held.remove(turn % held.len());
                     }
