@@ -14,7 +14,8 @@
 # different CHUNKS give the cost of one relayed chunk. CHUNK_MS (default 0)
 # spaces the sink's chunks: back to back, several arrive in one read and
 # are relayed as one frame; 1 ms apart, each is read and relayed alone, as
-# tokens are.
+# tokens are. BAD_KEY=1 presents a key the gateway does not know: every
+# request is refused with a 401 (the cost of a flood of bad keys).
 #
 # Needs the profiling build (symbols) of the gateway and the bench tool:
 #   cargo build --profile profiling -p waycast-gateway
@@ -43,12 +44,16 @@ JSON
 valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$work/callgrind.out" \
   "$gateway" --config-file "$work/config.json" --listen "127.0.0.1:$gw_port" \
   --admin-listen "127.0.0.1:$admin_port" --log info >"$work/gateway.log" 2>"$work/valgrind.log" &
+presented="$key"
+[[ -n "${BAD_KEY:-}" ]] && presented=wc_not_a_key_of_this_gateway_0000000000000
 run() {
   local extra=()
   [[ $stream == yes ]] && extra=(--stream --chunks "${CHUNKS:-5}" --chunk-interval-ms "${CHUNK_MS:-0}")
-  "$bench" run --target "http://127.0.0.1:$gw_port" --key "$key" --requests "$1" --concurrency 8 "${extra[@]}" >/dev/null
+  # With BAD_KEY every answer is a 401, which the bench counts as an error.
+  "$bench" run --target "http://127.0.0.1:$gw_port" --key "$presented" --requests "$1" --concurrency 8 "${extra[@]}" >/dev/null ||
+    [[ -n "${BAD_KEY:-}" ]]
 }
-for _ in $(seq 1 200); do run 1 2>/dev/null && break; sleep 0.1; done
+for _ in $(seq 1 200); do (exec 3<>"/dev/tcp/127.0.0.1/$gw_port") 2>/dev/null && break; sleep 0.1; done
 run 500
 callgrind_control -i on >/dev/null
 run "$requests"

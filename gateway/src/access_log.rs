@@ -24,6 +24,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::Notify;
 
+use crate::json_text::{decimal, json_string};
+
 /// How long the writer lets lines gather before one write.
 const BATCH_WINDOW: Duration = Duration::from_millis(5);
 
@@ -244,21 +246,6 @@ fn take(message: Message, batch: &mut Vec<u8>, waiting: &mut Vec<SyncSender<()>>
     }
 }
 
-/// `value` in decimal digits (also a request's `Content-Length` upstream).
-pub(crate) fn decimal(mut value: u64, out: &mut Vec<u8>) {
-    let mut digits = [0_u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (value % 10) as u8;
-        value /= 10;
-        if value == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[at..]);
-}
-
 /// Microseconds as milliseconds with three decimals.
 fn millis(micros: u64, out: &mut Vec<u8>) {
     decimal(micros / 1000, out);
@@ -313,51 +300,6 @@ fn civil_from_days(days: u64) -> (u64, u64, u64) {
     let month = if month_index < 10 { month_index + 3 } else { month_index - 9 };
     let year = year_of_era + era * 400 + u64::from(month <= 2);
     (year, month, day)
-}
-
-/// `text` as a JSON string (quotes, backslashes and control characters escaped).
-fn json_string(text: &str, out: &mut Vec<u8>) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    out.push(b'"');
-    let bytes = text.as_bytes();
-    if !needs_escape(bytes) {
-        out.extend_from_slice(bytes);
-        out.push(b'"');
-        return;
-    }
-    let mut start = 0;
-    for (at, &byte) in bytes.iter().enumerate() {
-        let escaped: &[u8] = match byte {
-            b'"' => b"\\\"",
-            b'\\' => b"\\\\",
-            b'\n' => b"\\n",
-            b'\r' => b"\\r",
-            b'\t' => b"\\t",
-            0..=0x1f | 0x7f => &[b'\\', b'u', b'0', b'0', HEX[usize::from(byte >> 4)], HEX[usize::from(byte & 0xf)]],
-            _ => continue,
-        };
-        out.extend_from_slice(&bytes[start..at]);
-        out.extend_from_slice(escaped);
-        start = at + 1;
-    }
-    out.extend_from_slice(&bytes[start..]);
-    out.push(b'"');
-}
-
-/// Whether `bytes` hold a control character, `"` or `\`: eight bytes at
-/// a time, as most of what a line carries (ids, paths, names) has none.
-fn needs_escape(bytes: &[u8]) -> bool {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGH_BITS: u64 = 0x8080_8080_8080_8080;
-    // Some byte of `word` is below `n` (n ≤ 128); exact as to whether any is.
-    let any_below = |word: u64, n: u8| word.wrapping_sub(ONES * u64::from(n)) & !word & HIGH_BITS != 0;
-    let any_equal = |word: u64, byte: u8| any_below(word ^ (ONES * u64::from(byte)), 1);
-    let (words, rest) = bytes.as_chunks::<8>();
-    words
-        .iter()
-        .map(|word| u64::from_le_bytes(*word))
-        .any(|word| any_below(word, 0x20) || any_equal(word, b'"') || any_equal(word, b'\\') || any_equal(word, 0x7f))
-        || rest.iter().any(|&b| b < 0x20 || b == b'"' || b == b'\\' || b == 0x7f)
 }
 
 #[cfg(test)]
@@ -417,32 +359,11 @@ mod tests {
     }
 
     #[test]
-    fn escapes_are_found_at_every_position() {
-        for special in [0_u8, 0x1f, b'"', b'\\', 0x7f] {
-            for length in 1..20 {
-                for at in 0..length {
-                    let mut text = vec![b'a'; length];
-                    text[at] = special;
-                    assert!(needs_escape(&text), "{special:#x} at {at} of {length}");
-                }
-            }
-        }
-        for clean in ["", "req-1", "/v1/chat/completions", "team-a/alice", "é ~ !#$%&'()*+,-./09:;<=>?@AZ[]^_`az{|}"] {
-            assert!(!needs_escape(clean.as_bytes()), "{clean}");
-        }
-    }
-
-    #[test]
     fn dates_match_a_calendar() {
         for (days, expected) in
             [(0, (1970, 1, 1)), (59, (1970, 3, 1)), (11_016, (2000, 2, 29)), (20_414, (2025, 11, 22))]
         {
             assert_eq!(civil_from_days(days), expected, "day {days}");
         }
-        let mut out = Vec::new();
-        decimal(0, &mut out);
-        out.push(b' ');
-        decimal(u64::MAX, &mut out);
-        assert_eq!(String::from_utf8(out).unwrap(), format!("0 {}", u64::MAX));
     }
 }

@@ -182,16 +182,20 @@ impl GatewayError {
     }
 
     /// The OpenAI-shaped JSON body: `{"error":{"message","type","param","code"}}`.
+    /// Written by hand: a flood of refusals (bad keys) costs what the
+    /// checks cost, not a serde tree per answer.
     pub fn body(&self) -> Bytes {
-        let body = serde_json::json!({
-            "error": {
-                "message": self.to_string(),
-                "type": self.openai_type(),
-                "param": null,
-                "code": self.code(),
-            }
-        });
-        Bytes::from(body.to_string())
+        use crate::json_text::json_string;
+        let message = self.to_string();
+        let mut body = Vec::with_capacity(96 + message.len());
+        body.extend_from_slice(br#"{"error":{"message":"#);
+        json_string(&message, &mut body);
+        body.extend_from_slice(br#","type":"#);
+        json_string(self.openai_type(), &mut body);
+        body.extend_from_slice(br#","param":null,"code":"#);
+        json_string(self.code(), &mut body);
+        body.extend_from_slice(b"}}");
+        Bytes::from(body)
     }
 
     /// The full response, with `Connection: close` where the connection
@@ -231,6 +235,10 @@ mod tests {
         assert_eq!(value["error"]["type"], "invalid_request_error");
         assert_eq!(value["error"]["message"], "model 'evil\"model' does not exist or you do not have access to it");
         assert!(value["error"]["param"].is_null());
+        let hostile = GatewayError::ModelNotAllowed("a\n\u{1}\\b".into());
+        let value: serde_json::Value = serde_json::from_slice(&hostile.body()).unwrap();
+        assert!(value["error"]["message"].as_str().unwrap().contains("a\n\u{1}\\b"), "{value}");
+        assert_eq!(value["error"].as_object().unwrap().len(), 4, "{value}");
     }
 
     #[test]

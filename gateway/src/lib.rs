@@ -18,6 +18,7 @@ pub(crate) mod admin;
 pub(crate) mod config;
 pub(crate) mod error;
 pub(crate) mod heartbeat;
+pub(crate) mod json_text;
 pub use heartbeat::PodIdentity;
 pub(crate) mod limit;
 pub mod metrics;

@@ -4,14 +4,12 @@
 //! or on drop when the client left first — into the metrics, the token
 //! charge and one access log line.
 
-use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use http::{HeaderValue, Method};
 
-use super::series::PairSeries;
 use super::usage::Usage;
 use crate::shared::WorkerShared;
 
@@ -173,18 +171,14 @@ impl Exchange {
         let key = self.key.as_deref().unwrap_or("none");
         let elapsed = ended.saturating_duration_since(self.started);
         // Cached for a (model, key); a request refused before either is
-        // known writes its few series through an uncached set.
-        let series = match (&self.model, &self.key) {
-            (Some(model), Some(key)) => super::series::pair(metrics, model, key),
-            _ => Rc::new(PairSeries::new(metrics, Arc::from(model), Arc::from(key))),
-        };
-        if outcome.status == 200 {
-            series.count_ok();
-        } else {
-            let mut code_buffer = itoa_buffer();
-            let code = format_status(&mut code_buffer, outcome.status);
-            metrics.requests.with_label_values(&[model, key, code]).inc();
-        }
+        // known counts under `unknown` and `none` (a flood of bad keys
+        // costs a worker a cache hit, not a labelled lookup).
+        let series = super::series::pair(
+            metrics,
+            self.model.as_ref().unwrap_or_else(|| super::series::unknown_model()),
+            self.key.as_ref().unwrap_or_else(|| super::series::no_key()),
+        );
+        series.count_status(outcome.status);
         if self.model.is_some() {
             series.observe_duration(elapsed.as_secs_f64());
             if let Some(first_byte) = outcome.first_byte {
@@ -254,30 +248,5 @@ impl Drop for Exchange {
             };
             self.record(&outcome);
         }
-    }
-}
-
-fn itoa_buffer() -> [u8; 3] {
-    [b'0'; 3]
-}
-
-fn format_status(buffer: &mut [u8; 3], status: u16) -> &str {
-    let status = status.min(999);
-    buffer[0] = b'0' + u8::try_from(status / 100).unwrap_or(0);
-    buffer[1] = b'0' + u8::try_from(status / 10 % 10).unwrap_or(0);
-    buffer[2] = b'0' + u8::try_from(status % 10).unwrap_or(0);
-    std::str::from_utf8(buffer).unwrap_or("000")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn status_codes_format_without_allocating() {
-        let mut buffer = itoa_buffer();
-        assert_eq!(format_status(&mut buffer, 200), "200");
-        assert_eq!(format_status(&mut buffer, 499), "499");
-        assert_eq!(format_status(&mut buffer, 1200), "999");
     }
 }

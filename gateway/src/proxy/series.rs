@@ -1,6 +1,7 @@
 //! The metric series a finished request writes, found once per worker
-//! thread for each (model, key) rather than per request, and counted in
-//! that worker's own pending sums. A labelled lookup hashes every label,
+//! thread for each (model, key) rather than per request (a request refused
+//! before either was known counts under `unknown` and `none`), and counted
+//! in that worker's own pending sums, every status code included. A labelled lookup hashes every label,
 //! takes the vector's read lock and clones an `Arc`; a write to a shared
 //! counter or histogram is an atomic on a cache line every core writes. A
 //! worker's cache hit is a pointer comparison, and its writes land in
@@ -48,6 +49,9 @@ pub struct PairSeries {
     key: Arc<str>,
     families: Families,
     ok: PendingCounter,
+    /// Requests answered with other codes, by code (a few: the gateway's
+    /// own refusals and what upstreams answer; at most 900 of them).
+    other_codes: RefCell<Vec<(u16, PendingCounter)>>,
     prompt_tokens: PendingCounter,
     completion_tokens: PendingCounter,
     rate_limit_tokens: PendingCounter,
@@ -151,6 +155,27 @@ pub fn pair(metrics: &Metrics, model: &Arc<str>, key: &Arc<str>) -> Rc<PairSerie
     })
 }
 
+/// The model of a request refused before its model was known.
+pub fn unknown_model() -> &'static Arc<str> {
+    static UNKNOWN: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from("unknown"));
+    &UNKNOWN
+}
+
+/// The key of a request refused before its key was known.
+pub fn no_key() -> &'static Arc<str> {
+    static NONE: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from("none"));
+    &NONE
+}
+
+/// `status` (at most 999) as three digits, without allocating.
+fn status_text(digits: &mut [u8; 3], status: u16) -> &str {
+    let status = status.min(999);
+    digits[0] = b'0' + u8::try_from(status / 100).unwrap_or(0);
+    digits[1] = b'0' + u8::try_from(status / 10 % 10).unwrap_or(0);
+    digits[2] = b'0' + u8::try_from(status % 10).unwrap_or(0);
+    std::str::from_utf8(digits).unwrap_or("000")
+}
+
 fn slot_of(model: &Arc<str>, key: &Arc<str>) -> usize {
     let model = Arc::as_ptr(model).cast::<u8>() as usize as u64;
     let key = Arc::as_ptr(key).cast::<u8>() as usize as u64;
@@ -207,9 +232,8 @@ pub fn flush_this_thread() {
 }
 
 impl PairSeries {
-    /// Uncached series of `model` and `key` (for a request refused before
-    /// its model or key was known).
-    pub fn new(metrics: &Metrics, model: Arc<str>, key: Arc<str>) -> Self {
+    /// Series of `model` and `key`, outside the cache (which makes them).
+    fn new(metrics: &Metrics, model: Arc<str>, key: Arc<str>) -> Self {
         Self {
             metrics_id: metrics.id,
             model,
@@ -224,6 +248,7 @@ impl PairSeries {
                 overhead: metrics.overhead.clone(),
             },
             ok: PendingCounter::default(),
+            other_codes: RefCell::new(Vec::new()),
             prompt_tokens: PendingCounter::default(),
             completion_tokens: PendingCounter::default(),
             rate_limit_tokens: PendingCounter::default(),
@@ -239,9 +264,22 @@ impl PairSeries {
         self.metrics_id == metrics.id && Arc::ptr_eq(&self.model, model) && Arc::ptr_eq(&self.key, key)
     }
 
-    /// Counts a request answered 200 (other codes are rarer and looked up).
-    pub fn count_ok(&self) {
-        self.ok.add(1);
+    /// Counts a request answered `status`.
+    pub fn count_status(&self, status: u16) {
+        if status == 200 {
+            self.ok.add(1);
+            return;
+        }
+        let status = status.min(999);
+        let mut codes = self.other_codes.borrow_mut();
+        match codes.iter().find(|(code, _)| *code == status) {
+            Some((_, counter)) => counter.add(1),
+            None => {
+                let counter = PendingCounter::default();
+                counter.add(1);
+                codes.push((status, counter));
+            }
+        }
     }
 
     /// Prompt and completion tokens of the model and key.
@@ -286,6 +324,11 @@ impl PairSeries {
     fn flush(&self) {
         let (model, key, families) = (&*self.model, &*self.key, &self.families);
         self.ok.publish(|| families.requests.with_label_values(&[model, key, "200"]));
+        for (code, counter) in self.other_codes.borrow().iter() {
+            let mut digits = [b'0'; 3];
+            let code = status_text(&mut digits, *code);
+            counter.publish(|| families.requests.with_label_values(&[model, key, code]));
+        }
         self.prompt_tokens.publish(|| families.tokens.with_label_values(&[model, key, "prompt"]));
         self.completion_tokens.publish(|| families.tokens.with_label_values(&[model, key, "completion"]));
         self.rate_limit_tokens.publish(|| families.rate_limit_tokens.with_label_values(&[model, key]));
@@ -330,7 +373,7 @@ mod tests {
         let metrics = Metrics::new().unwrap();
         let (model, key) = (Arc::<str>::from("m"), Arc::<str>::from("team/k"));
         let series = pair(&metrics, &model, &key);
-        series.count_ok();
+        series.count_status(200);
         series.prompt_tokens.add(7);
         // No flush task on this thread: out at once.
         written(&series, false);
@@ -356,7 +399,7 @@ mod tests {
         let (model, key) = (Arc::<str>::from("m"), Arc::<str>::from("k"));
         let busy = pair(&metrics, &model, &key);
         for _ in 0..3 {
-            busy.count_ok();
+            busy.count_status(200);
             busy.observe_duration(0.01);
             written(&busy, false);
         }
@@ -369,7 +412,7 @@ mod tests {
         assert_eq!(requests(&text, "m"), Some(3), "{text}");
         assert!(text.contains(r#"waycast_gateway_request_duration_seconds_count{model="m"} 3"#), "{text}");
 
-        busy.count_ok();
+        busy.count_status(200);
         written(&busy, true);
         assert_eq!(requests(&metrics.render(), "m"), Some(4), "out as soon as the worker is idle");
 
@@ -377,6 +420,38 @@ mod tests {
         evicted.ok.add(2);
         drop(evicted);
         assert_eq!(requests(&metrics.render(), "gone"), Some(2));
+        flusher.abort();
+    }
+
+    #[test]
+    fn status_codes_format_without_allocating() {
+        let mut digits = [b'0'; 3];
+        assert_eq!(status_text(&mut digits, 200), "200");
+        assert_eq!(status_text(&mut digits, 499), "499");
+        assert_eq!(status_text(&mut digits, 1200), "999");
+    }
+
+    /// Refused requests count per worker too, under their codes, and one
+    /// refused before its key was known under `unknown` and `none`.
+    #[tokio::test]
+    async fn other_codes_are_counted_per_worker_by_code() {
+        let metrics = Metrics::new().unwrap();
+        let flusher = tokio::spawn(flush_on_this_thread());
+        tokio::task::yield_now().await;
+        let refused = pair(&metrics, unknown_model(), no_key());
+        assert!(Rc::ptr_eq(&refused, &pair(&metrics, unknown_model(), no_key())), "cached like any pair");
+        for status in [401, 401, 401, 429, 200, 1200] {
+            refused.count_status(status);
+            written(&refused, false);
+        }
+        assert!(!metrics.render().contains(r#"code="401""#), "held by the busy worker");
+        tokio::time::sleep(FLUSH_WINDOW * 4).await;
+        let text = metrics.render();
+        for (code, count) in [("401", 3), ("429", 1), ("200", 1), ("999", 1)] {
+            let line = format!(r#"waycast_gateway_requests_total{{code="{code}",key="none",model="unknown"}} {count}"#);
+            assert!(text.contains(&line), "{line}: {text}");
+        }
+        assert_eq!(refused.other_codes.borrow().len(), 3, "one pending count per code");
         flusher.abort();
     }
 

@@ -575,7 +575,7 @@ impl RequestHead {
         let mut request = self.request;
         let wire = &mut request.wire;
         wire.extend_from_slice(b"content-length: ");
-        crate::access_log::decimal(request.body.len() as u64, wire);
+        crate::json_text::decimal(request.body.len() as u64, wire);
         wire.extend_from_slice(b"\r\n\r\n");
         if request.body.len() <= BODY_WITH_HEAD {
             wire.extend_from_slice(&request.body);
