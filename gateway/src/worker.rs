@@ -83,7 +83,7 @@ const COPY_SLOTS: usize = 64;
 /// address and length of what is copied, and bounded: a value that loses
 /// its slot is copied again when next asked for. An entry holds the
 /// original, so the address it is found by is not reused while it lives
-/// (and a config that changed keeps, per worker, at most a slot's worth of
+/// (and a config that changed keeps, per worker, at most a table's worth of
 /// old names alive until they are displaced).
 pub struct Copies<T> {
     slots: Vec<Option<CopyEntry<T>>>,
