@@ -15,7 +15,9 @@
 # spaces the sink's chunks: back to back, several arrive in one read and
 # are relayed as one frame; 1 ms apart, each is read and relayed alone, as
 # tokens are. BAD_KEY=1 presents a key the gateway does not know: every
-# request is refused with a 401 (the cost of a flood of bad keys).
+# request is refused with a 401 (the cost of a flood of bad keys; the
+# bench opens a new connection after each error answer, so each request
+# also pays a connection's setup, as a flood of new clients would).
 #
 # Needs the profiling build (symbols) of the gateway and the bench tool:
 #   cargo build --profile profiling -p waycast-gateway
