@@ -73,6 +73,63 @@ impl<T> PerWorker<T> {
     }
 }
 
+/// A worker's own handle on a shared value that every request holds (the
+/// served snapshot, an endpoint set): the request clones the handle, whose
+/// count only this worker writes, not the shared `Arc`, whose count every
+/// core would write twice per request.
+#[derive(Debug)]
+pub struct Handle<T>(Arc<T>);
+
+impl<T> Handle<T> {
+    /// A handle on `shared`.
+    pub fn new(shared: Arc<T>) -> Arc<Self> {
+        Arc::new(Self(shared))
+    }
+
+    /// Whether it is a handle on `shared`.
+    pub fn is_on(&self, shared: &Arc<T>) -> bool {
+        Arc::ptr_eq(&self.0, shared)
+    }
+}
+
+impl<T> std::ops::Deref for Handle<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+/// A thread's handles, direct-mapped: a slot keeps the handle on the value
+/// last asked for in it, and lets the one before go (so a value that was
+/// replaced is let go at the thread's next request for its slot).
+pub struct Handles<T> {
+    slots: Vec<Option<Arc<Handle<T>>>>,
+}
+
+impl<T> Handles<T> {
+    /// `slots` empty slots (at least one).
+    pub fn new(slots: usize) -> Self {
+        Self { slots: (0..slots.max(1)).map(|_| None).collect() }
+    }
+
+    /// This thread's handle on `shared`, from slot `slot` (modulo the
+    /// slots). The slot's handle holds its value, so an equal address is
+    /// the same value.
+    pub fn on(&mut self, slot: usize, shared: &Arc<T>) -> Arc<Handle<T>> {
+        let count = self.slots.len();
+        let entry = &mut self.slots[slot % count];
+        match entry {
+            Some(handle) if handle.is_on(shared) => handle.clone(),
+            _ => {
+                let handle = Handle::new(shared.clone());
+                *entry = Some(handle.clone());
+                handle
+            }
+        }
+    }
+}
+
 /// Slots of a [`Copies`] table (a power of two).
 const COPY_SLOTS: usize = 64;
 

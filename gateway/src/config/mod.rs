@@ -82,22 +82,13 @@ pub enum Applied {
     Unchanged,
 }
 
-/// A worker's own handle on a snapshot: each request holds one, and a
-/// clone of the one `Arc<Snapshot>` would write its reference count, a
-/// line every core writes, twice per request.
-pub struct WorkerSnapshot(Arc<Snapshot>);
-
-impl std::ops::Deref for WorkerSnapshot {
-    type Target = Snapshot;
-
-    fn deref(&self) -> &Snapshot {
-        &self.0
-    }
-}
+/// A worker's own handle on a snapshot (`worker::Handle`).
+pub type WorkerSnapshot = crate::worker::Handle<Snapshot>;
 
 thread_local! {
     /// This thread's handle on the snapshot it served last.
-    static HANDLE: std::cell::RefCell<Option<Arc<WorkerSnapshot>>> = const { std::cell::RefCell::new(None) };
+    static HANDLE: std::cell::RefCell<crate::worker::Handles<Snapshot>> =
+        std::cell::RefCell::new(crate::worker::Handles::new(1));
 }
 
 impl ConfigStore {
@@ -113,14 +104,7 @@ impl ConfigStore {
     pub fn current_here(&self) -> Option<Arc<WorkerSnapshot>> {
         let current = self.current.load();
         let snapshot = current.as_ref()?;
-        HANDLE.with_borrow_mut(|handle| match handle {
-            Some(own) if Arc::ptr_eq(&own.0, snapshot) => Some(own.clone()),
-            _ => {
-                let own = Arc::new(WorkerSnapshot(snapshot.clone()));
-                *handle = Some(own.clone());
-                Some(own)
-            }
-        })
+        Some(HANDLE.with_borrow_mut(|handles| handles.on(0, snapshot)))
     }
 
     /// The newest config refused since the last one applied, if any.
@@ -206,9 +190,9 @@ mod tests {
         store.apply(&mut registry, br#"{"apiVersion":"waycast.dev/config-v1"}"#, "test", &metrics).unwrap();
         let first = store.current_here().unwrap();
         assert!(Arc::ptr_eq(&first, &store.current_here().unwrap()), "one handle per thread");
-        assert!(Arc::ptr_eq(&first.0, &store.current().unwrap()), "on the served snapshot");
+        assert!(first.is_on(&store.current().unwrap()), "on the served snapshot");
         let elsewhere = std::thread::scope(|scope| scope.spawn(|| store.current_here().unwrap()).join().unwrap());
-        assert!(!Arc::ptr_eq(&first, &elsewhere) && Arc::ptr_eq(&first.0, &elsewhere.0));
+        assert!(!Arc::ptr_eq(&first, &elsewhere) && elsewhere.is_on(&store.current().unwrap()));
 
         let changed = br#"{"apiVersion":"waycast.dev/config-v1","settings":{"accessLog":false}}"#;
         store.apply(&mut registry, changed, "test", &metrics).unwrap();

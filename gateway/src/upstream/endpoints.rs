@@ -37,8 +37,8 @@ type Sets = HashMap<Arc<str>, Arc<EndpointSet>>;
 const HANDLE_SLOTS: usize = 64;
 
 thread_local! {
-    static HANDLES: std::cell::RefCell<Vec<Option<Arc<SetHandle>>>> =
-        std::cell::RefCell::new(vec![None; HANDLE_SLOTS]);
+    static HANDLES: std::cell::RefCell<crate::worker::Handles<EndpointSet>> =
+        std::cell::RefCell::new(crate::worker::Handles::new(HANDLE_SLOTS));
 }
 
 /// Every known Service's endpoints, by `namespace/name:port`.
@@ -60,18 +60,7 @@ impl EndpointTable {
         let sets = self.sets.load();
         let set = sets.get(key)?;
         let slot = (super::pick::affinity_hash(key.as_bytes()) % HANDLE_SLOTS as u64) as usize;
-        HANDLES.with_borrow_mut(|handles| {
-            let entry = &mut handles[slot];
-            match entry {
-                // The entry holds its set: an equal address is the same set.
-                Some(handle) if handle.is_on(set) => Some(handle.clone()),
-                _ => {
-                    let handle = SetHandle::new(set.clone());
-                    *entry = Some(handle.clone());
-                    Some(handle)
-                }
-            }
-        })
+        Some(HANDLES.with_borrow_mut(|handles| handles.on(slot, set)))
     }
 
     /// Replaces the table with `document`; an endpoint that stays keeps its
@@ -155,15 +144,14 @@ impl Collector for EndpointSeries {
             for endpoint in set.endpoints() {
                 let traffic = endpoint.traffic();
                 // Label pairs sorted by name, as the exposition wants them.
-                let labels = || {
-                    let pair = |name: &str, value: String| {
-                        let mut pair = proto::LabelPair::default();
-                        pair.set_name(name.to_owned());
-                        pair.set_value(value);
-                        pair
-                    };
-                    vec![pair("endpoint", endpoint.address.to_string()), pair("service", service.to_string())]
+                let pair = |name: &str, value: String| {
+                    let mut pair = proto::LabelPair::default();
+                    pair.set_name(name.to_owned());
+                    pair.set_value(value);
+                    pair
                 };
+                let pairs = vec![pair("endpoint", endpoint.address.to_string()), pair("service", service.to_string())];
+                let labels = || pairs.clone();
                 let mut gauge = proto::Gauge::default();
                 gauge.set_value(f64::from(traffic.inflight));
                 let mut metric = proto::Metric::from_gauge(gauge);

@@ -195,36 +195,16 @@ impl Endpoint {
     }
 }
 
-/// A worker's own handle on an endpoint set (`endpoints::EndpointTable::get_here`):
-/// each request to an endpoint holds the set until it ends, and a clone of
-/// the one `Arc<EndpointSet>` (or of the endpoint's) would write a reference
-/// count every core writes, twice per request.
-#[derive(Debug)]
-pub struct SetHandle(Arc<EndpointSet>);
+/// A worker's own handle on an endpoint set
+/// (`endpoints::EndpointTable::get_here`, `worker::Handle`): each request
+/// to an endpoint holds the set until it ends.
+pub type SetHandle = crate::worker::Handle<EndpointSet>;
 
 impl SetHandle {
-    /// A handle on `set`.
-    pub fn new(set: Arc<EndpointSet>) -> Arc<Self> {
-        Arc::new(Self(set))
-    }
-
-    /// Whether it is a handle on `set`.
-    pub fn is_on(&self, set: &Arc<EndpointSet>) -> bool {
-        Arc::ptr_eq(&self.0, set)
-    }
-
     /// Counts a request to endpoint `index` in flight until the guard drops.
     pub fn start(self: &Arc<Self>, index: usize) -> InFlight {
-        self.0.endpoints[index].begin();
+        self.endpoints[index].begin();
         InFlight { set: self.clone(), index }
-    }
-}
-
-impl std::ops::Deref for SetHandle {
-    type Target = EndpointSet;
-
-    fn deref(&self) -> &EndpointSet {
-        &self.0
     }
 }
 
