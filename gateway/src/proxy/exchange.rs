@@ -167,17 +167,15 @@ impl Exchange {
         self.activity.ended(ended);
         let metrics = &self.shared.metrics;
         metrics.inflight.dec();
-        let model = self.model.as_deref().unwrap_or("unknown");
-        let key = self.key.as_deref().unwrap_or("none");
+        // A request refused before its model or key was known counts, and
+        // is logged, under `unknown` and `none`: its series are cached like
+        // any pair's (a flood of bad keys costs a worker a cache hit, not a
+        // labelled lookup).
+        let model_name = self.model.as_ref().unwrap_or_else(|| super::series::unknown_model());
+        let key_name = self.key.as_ref().unwrap_or_else(|| super::series::no_key());
+        let (model, key) = (&**model_name, &**key_name);
         let elapsed = ended.saturating_duration_since(self.started);
-        // Cached for a (model, key); a request refused before either is
-        // known counts under `unknown` and `none` (a flood of bad keys
-        // costs a worker a cache hit, not a labelled lookup).
-        let series = super::series::pair(
-            metrics,
-            self.model.as_ref().unwrap_or_else(|| super::series::unknown_model()),
-            self.key.as_ref().unwrap_or_else(|| super::series::no_key()),
-        );
+        let series = super::series::pair(metrics, model_name, key_name);
         series.count_status(outcome.status);
         if self.model.is_some() {
             series.observe_duration(elapsed.as_secs_f64());
