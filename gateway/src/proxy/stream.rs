@@ -150,12 +150,16 @@ impl RelayBody {
         }
     }
 
-    /// `ended`: the clock as read for the last frame, if it was.
-    fn finish(&mut self, status: u16, error: Option<&'static str>, ended: Option<Instant>) {
+    /// `ended`: the clock as read for the last frame, if it was;
+    /// `last_data`: that frame's data, which the usage tap has not seen.
+    fn finish(&mut self, status: u16, error: Option<&'static str>, ended: Option<Instant>, last_data: Option<&[u8]>) {
         if let Some(mut exchange) = self.exchange.take() {
             let overhead = exchange.overhead_before + self.returned_at.saturating_duration_since(self.headers_at);
             exchange.overhead_before = overhead;
-            let usage = self.tap.as_ref().and_then(UsageTap::usage);
+            let usage = self.tap.as_mut().and_then(|tap| match last_data {
+                Some(last) => tap.usage_ending_with(last),
+                None => tap.usage(),
+            });
             exchange.finish(Outcome {
                 status,
                 bytes: self.bytes,
@@ -231,19 +235,21 @@ impl RelayBody {
                 // One clock read per frame serves the first byte, the idle
                 // timer and, for the last frame, the end.
                 let now = Instant::now();
+                let ends = this.inner.is_end_stream();
                 if let Some(data) = frame.data_ref() {
                     this.bytes += data.len() as u64;
                     if this.first_byte.is_none() {
                         this.first_byte = Some(now);
                     }
-                    if let Some(tap) = &mut this.tap {
+                    // The last frame is read where it lies, at the finish.
+                    if !ends && let Some(tap) = &mut this.tap {
                         tap.observe(data);
                     }
                 }
-                if this.inner.is_end_stream() {
+                if ends {
                     // NB: hyper stops polling once the body says it has
                     // ended, so the last frame is also the finish line.
-                    this.finish(this.status, None, Some(now));
+                    this.finish(this.status, None, Some(now), frame.data_ref().map(|data| &data[..]));
                 } else {
                     this.last_frame = tokio::time::Instant::from_std(now);
                 }
@@ -251,11 +257,11 @@ impl RelayBody {
             }
             Poll::Ready(Some(Err(error))) => {
                 this.count_upstream_error("body");
-                this.finish(this.status, Some("upstream_body_error"), None);
+                this.finish(this.status, Some("upstream_body_error"), None, None);
                 Poll::Ready(Some(Err(error.into())))
             }
             Poll::Ready(None) => {
-                this.finish(this.status, None, None);
+                this.finish(this.status, None, None, None);
                 Poll::Ready(None)
             }
             Poll::Pending => {
@@ -272,7 +278,7 @@ impl RelayBody {
                     idle.as_mut().reset(deadline);
                 }
                 this.count_upstream_error("idle_timeout");
-                this.finish(this.status, Some("upstream_idle_timeout"), None);
+                this.finish(this.status, Some("upstream_idle_timeout"), None, None);
                 Poll::Ready(Some(Err(Box::new(IdleTimeout(this.idle_timeout)))))
             }
         }
@@ -285,9 +291,9 @@ impl Drop for RelayBody {
         // `inner` right after this closes the upstream connection.
         if self.exchange.is_some() {
             if self.inner.is_end_stream() {
-                self.finish(self.status, None, None);
+                self.finish(self.status, None, None, None);
             } else {
-                self.finish(CLIENT_CLOSED_REQUEST, Some("client_closed"), None);
+                self.finish(CLIENT_CLOSED_REQUEST, Some("client_closed"), None, None);
             }
         }
     }

@@ -1,6 +1,8 @@
 //! Token usage from responses, without delaying them: the relay copies the
 //! start of the response's first frame and keeps a copy of its last few KB, and the
-//! usage object is parsed once, after the last byte went out. Copies, not
+//! usage object is parsed once, after the last byte went out. The last
+//! frame itself is read where it lies, so a one-frame answer is copied
+//! nowhere. Copies, not
 //! references: a frame's `Bytes` shares the connection's read buffer (8 KiB
 //! or more), so keeping the last few KB of small SSE chunks by reference
 //! kept one such buffer per chunk alive — 160 KiB for a 20-chunk stream.
@@ -57,21 +59,39 @@ impl UsageTap {
 
     /// The usage the response reported, if any.
     pub fn usage(&self) -> Option<Usage> {
-        let last = last_usage(&self.tail).or_else(|| last_usage(&self.head));
-        // The first event matters only when the last lacks a count (Anthropic
-        // streams put input tokens in message_start, output in message_delta).
-        let complete = last.is_some_and(|l| l.prompt().is_some() && l.completion().is_some());
-        let first = if complete { None } else { first_usage(&self.head) };
-        match (first, last) {
-            (None, None) => None,
-            (first, last) => {
-                let first = first.unwrap_or_default();
-                let last = last.unwrap_or_default();
-                Some(Usage {
-                    prompt: last.prompt().or(first.prompt()).unwrap_or(0),
-                    completion: last.completion().or(first.completion()).unwrap_or(0),
-                })
-            }
+        usage_in(&self.head, &self.tail)
+    }
+
+    /// The usage the response reported, `last` being its final frame (not
+    /// observed). A response that came in one frame, as most answers that
+    /// are not streams do, is read where it lies: no copies.
+    pub fn usage_ending_with(&mut self, last: &[u8]) -> Option<Usage> {
+        if self.head.is_empty() && self.tail.is_empty() {
+            let head = &last[..last.len().min(HEAD_BYTES)];
+            return usage_in(head, &last[last.len().saturating_sub(TAIL_BYTES)..]);
+        }
+        self.observe(last);
+        self.usage()
+    }
+}
+
+/// The usage reported in a response whose start is `head` and whose end
+/// is `tail`.
+fn usage_in(head: &[u8], tail: &[u8]) -> Option<Usage> {
+    let last = last_usage(tail).or_else(|| last_usage(head));
+    // The first event matters only when the last lacks a count (Anthropic
+    // streams put input tokens in message_start, output in message_delta).
+    let complete = last.is_some_and(|l| l.prompt().is_some() && l.completion().is_some());
+    let first = if complete { None } else { first_usage(head) };
+    match (first, last) {
+        (None, None) => None,
+        (first, last) => {
+            let first = first.unwrap_or_default();
+            let last = last.unwrap_or_default();
+            Some(Usage {
+                prompt: last.prompt().or(first.prompt()).unwrap_or(0),
+                completion: last.completion().or(first.completion()).unwrap_or(0),
+            })
         }
     }
 }
@@ -314,6 +334,35 @@ mod tests {
         assert!(tap.tail.len() <= 2 * TAIL_BYTES && tap.head.len() == 1000, "{}", tap.tail.len());
         tap.observe(b"\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}");
         assert_eq!(tap.usage(), Some(Usage { prompt: 1, completion: 2 }));
+    }
+
+    /// The last frame read where it lies gives what observing it would,
+    /// for one-frame answers, streams and long responses alike.
+    #[test]
+    fn last_frame_read_in_place_matches_observing_it() {
+        let long_head = format!("{{\"usage\":{{\"input_tokens\":9}}}}{}", "x".repeat(3 * HEAD_BYTES));
+        let long_tail =
+            format!("{}\"usage\":{{\"prompt_tokens\":1,\"completion_tokens\":2}}}}", "y".repeat(3 * TAIL_BYTES));
+        let cases: [&[&str]; 6] = [
+            &[r#"{"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":34}}"#],
+            &[
+                "data: {\"usage\":null}\n\n",
+                "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2}}\n\n",
+            ],
+            &[
+                "data: {\"message\":{\"usage\":{\"input_tokens\":25}}}\n\n",
+                "data: {\"usage\":{\"output_tokens\":15}}\n\n",
+            ],
+            &[&long_head, "{\"usage\":{\"output_tokens\":4}}"],
+            &[&long_head],
+            &[&long_tail],
+        ];
+        for frames in cases {
+            let (last, before) = frames.split_last().unwrap();
+            let expected = tap(frames).usage();
+            assert!(expected.is_some(), "{frames:?}");
+            assert_eq!(tap(before).usage_ending_with(last.as_bytes()), expected, "{frames:?}");
+        }
     }
 
     /// A frame shares its connection's read buffer; the tap must not keep
