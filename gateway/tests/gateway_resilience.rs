@@ -223,6 +223,29 @@ async fn raw_exchange(fixture: &Fixture, request: &[u8]) -> String {
     String::from_utf8_lossy(&response).into_owned()
 }
 
+/// A body sent in several chunks, apart in time (each its own frame at
+/// the gateway), reaches the upstream whole and in order.
+#[tokio::test]
+async fn a_body_sent_in_pieces_arrives_whole() {
+    let fixture = Fixture::start(FixtureOptions::default(), |_, _| {}).await;
+    let pieces = [r#"{"model":"mistral-7b","#, r#""messages":[{"role":"user","#, r#""content":"in three pieces"}]}"#];
+    let mut stream = TcpStream::connect(fixture.addr).await.unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ALICE_KEY}\r\nTransfer-Encoding: chunked\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    for piece in pieces {
+        stream.write_all(format!("{:x}\r\n{piece}\r\n", piece.len()).as_bytes()).await.unwrap();
+        stream.flush().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stream.write_all(b"0\r\n\r\n").await.unwrap();
+    let response = read_one_response(&mut stream).await;
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    let received = fixture.mock.recorder.last().await.expect("the upstream got the request");
+    assert_eq!(received.body, pieces.concat().as_bytes());
+}
+
 #[tokio::test]
 async fn protocol_abuse_is_refused_cleanly() {
     let options = FixtureOptions {

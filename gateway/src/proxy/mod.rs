@@ -364,7 +364,10 @@ enum BodyError {
 /// The body's data frames, joined with one copy at the end (none for a
 /// one-frame body), or `TooLarge` as soon as they pass `limit` bytes.
 async fn collect_at_most(body: &mut Incoming, limit: u64) -> Result<Bytes, BodyError> {
-    let mut frames: Vec<Bytes> = Vec::new();
+    // The first frame apart: most bodies come in one, and then no list is
+    // allocated.
+    let mut first: Option<Bytes> = None;
+    let mut more: Vec<Bytes> = Vec::new();
     let mut total = 0_usize;
     while let Some(frame) = body.frame().await {
         let Ok(data) = frame.map_err(|_| BodyError::Read)?.into_data() else { continue };
@@ -372,13 +375,14 @@ async fn collect_at_most(body: &mut Incoming, limit: u64) -> Result<Bytes, BodyE
         if total as u64 > limit {
             return Err(BodyError::TooLarge);
         }
-        frames.push(data);
+        if first.is_none() { first = Some(data) } else { more.push(data) }
     }
-    if frames.len() <= 1 {
-        return Ok(frames.pop().unwrap_or_default());
+    let first = first.unwrap_or_default();
+    if more.is_empty() {
+        return Ok(first);
     }
     let mut joined = bytes::BytesMut::with_capacity(total);
-    for frame in &frames {
+    for frame in std::iter::once(&first).chain(&more) {
         joined.extend_from_slice(frame);
     }
     Ok(joined.freeze())
