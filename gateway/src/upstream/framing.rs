@@ -6,7 +6,7 @@
 //! own size and keeps nothing between reads but a few integers: an idle
 //! stream holds no read buffer (`docs/performance.md`, memory per stream).
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
 use http::header::{CONTENT_LENGTH, HeaderName, TRANSFER_ENCODING};
 
@@ -175,29 +175,55 @@ impl Decoder {
     /// # Errors
     /// A chunked body that breaks its framing.
     pub fn decode(&mut self, input: &[u8], out: &mut BytesMut) -> Result<usize, FramingError> {
-        match &mut self.0 {
-            Body::Done => Ok(0),
-            Body::UntilClose => {
-                out.extend_from_slice(input);
-                Ok(input.len())
-            }
-            Body::Length { left } => {
-                let take = usize::try_from(*left).map_or(input.len(), |left| left.min(input.len()));
+        match self.take_plain(input.len()) {
+            Some(take) => {
                 out.extend_from_slice(&input[..take]);
+                Ok(take)
+            }
+            None => self.decode_chunks(input, out),
+        }
+    }
+
+    /// As [`Decoder::decode`], for input in a buffer of its own: a body
+    /// without chunk framing is handed out as a slice of it, not copied.
+    ///
+    /// # Errors
+    /// A chunked body that breaks its framing.
+    pub fn decode_shared(&mut self, input: &Bytes) -> Result<(Bytes, usize), FramingError> {
+        if let Some(take) = self.take_plain(input.len()) {
+            return Ok((input.slice(..take), take));
+        }
+        let mut out = BytesMut::with_capacity(input.len());
+        let used = self.decode_chunks(input, &mut out)?;
+        Ok((out.freeze(), used))
+    }
+
+    /// For a body without chunk framing: how many of the `available` bytes
+    /// are its data, taken off what is still to come. `None` for a chunked
+    /// body.
+    fn take_plain(&mut self, available: usize) -> Option<usize> {
+        match &mut self.0 {
+            Body::Done => Some(0),
+            Body::UntilClose => Some(available),
+            Body::Length { left } => {
+                let take = usize::try_from(*left).map_or(available, |left| left.min(available));
                 *left -= take as u64;
                 if *left == 0 {
                     self.0 = Body::Done;
                 }
-                Ok(take)
+                Some(take)
             }
-            Body::Chunked(state) => {
-                let (used, ended) = decode_chunked(state, input, out)?;
-                if ended {
-                    self.0 = Body::Done;
-                }
-                Ok(used)
-            }
+            Body::Chunked(_) => None,
         }
+    }
+
+    fn decode_chunks(&mut self, input: &[u8], out: &mut BytesMut) -> Result<usize, FramingError> {
+        let Body::Chunked(state) = &mut self.0 else { return Ok(0) };
+        let (used, ended) = decode_chunked(state, input, out)?;
+        if ended {
+            self.0 = Body::Done;
+        }
+        Ok(used)
     }
 
     /// The connection closed: fine only for a body that ends that way.
@@ -394,6 +420,31 @@ mod tests {
         assert_eq!(decode_in_steps(Framing::Chunked, &long_extension, 4096), Err(FramingError::FramingTooLong));
         let endless_trailers = [b"0\r\n".as_slice(), &b"x: y\r\n".repeat(4000)].concat();
         assert_eq!(decode_in_steps(Framing::Chunked, &endless_trailers, 4096), Err(FramingError::FramingTooLong));
+    }
+
+    /// Decoding in place gives what copying does; a body without chunk
+    /// framing is a slice of the input, not a copy.
+    #[test]
+    fn decoding_in_place_matches_copying() {
+        let cases: [(Framing, &[u8]); 5] = [
+            (Framing::Length(4), b"abcdefg"),
+            (Framing::Length(40), b"abcdefg"),
+            (Framing::UntilClose, b"abcdefg"),
+            (Framing::Empty, b"abc"),
+            (Framing::Chunked, b"3\r\nabc\r\n0\r\n\r\nHTTP/1.1"),
+        ];
+        for (framing, input) in cases {
+            let (copied, used, done) = decode_in_steps(framing, input, input.len()).unwrap();
+            let mut decoder = Decoder::new(framing);
+            let shared = Bytes::copy_from_slice(input);
+            let (data, shared_used) = decoder.decode_shared(&shared).unwrap();
+            assert_eq!((&data[..], shared_used, decoder.is_done()), (copied.as_slice(), used, done), "{framing:?}");
+            if framing != Framing::Chunked && !data.is_empty() {
+                assert_eq!(data.as_ptr(), shared.as_ptr(), "{framing:?}: copied");
+            }
+        }
+        let mut hostile = Decoder::new(Framing::Chunked);
+        assert_eq!(hostile.decode_shared(&Bytes::from_static(b"zz\r\n")), Err(FramingError::BadChunkSize));
     }
 
     #[test]

@@ -32,7 +32,7 @@ use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf as _, Bytes, BytesMut};
 use http::header::{CONNECTION, HeaderName, HeaderValue};
 use http::uri::Authority;
 use http::{HeaderMap, Method, Response, StatusCode, Version};
@@ -438,7 +438,7 @@ impl UpstreamClient {
         let checkin = keep_alive.then(|| Checkin { client: Arc::downgrade(&self.id), key });
         let mut body = UpstreamBody {
             decoder,
-            first: (!first.is_empty()).then(|| first.freeze()),
+            first: (!first.is_empty()).then_some(first),
             io: Some(io),
             checkin,
             just_relayed: false,
@@ -589,7 +589,7 @@ struct Answer {
     head: http::response::Parts,
     decoder: Decoder,
     /// The body's first data bytes, read with the head.
-    first: BytesMut,
+    first: Bytes,
     io: Io,
     keep_alive: bool,
 }
@@ -610,7 +610,7 @@ async fn exchange(mut io: Io, wire: &[u8], body: &Bytes, head_only: bool) -> Res
     }
     io.flush().await.map_err(|e| unanswered(UpstreamError::Io(e)))?;
 
-    let mut buf: Vec<u8> = Vec::with_capacity(2048);
+    let mut buf = BytesMut::with_capacity(2048);
     loop {
         if buf.capacity() - buf.len() < 1024 {
             buf.reserve(4096);
@@ -624,26 +624,31 @@ async fn exchange(mut io: Io, wire: &[u8], body: &Bytes, head_only: bool) -> Res
             Ok(0) => return Err(failed(UpstreamError::Response("closed inside the response head"))),
             Ok(_) => {}
         }
+        // Shared while it is parsed: the header values and the body's first
+        // bytes are slices of it, not copies.
+        let mut read_so_far = std::mem::take(&mut buf).freeze();
         // Informational answers (100 Continue, 103 Early Hints) are skipped.
-        while let Some((head, head_len)) = parse_head(&buf).map_err(failed)? {
+        while let Some((head, head_len)) = parse_head(&read_so_far).map_err(failed)? {
+            read_so_far.advance(head_len);
             if head.status.is_informational() {
-                buf.drain(..head_len);
                 continue;
             }
-            return answer(io, head, &buf[head_len..], head_only).map_err(failed);
+            return answer(io, head, &read_so_far, head_only).map_err(failed);
         }
-        if buf.len() >= MAX_HEAD_BYTES {
+        if read_so_far.len() >= MAX_HEAD_BYTES {
             return Err(failed(UpstreamError::Response("response head longer than 64 KiB")));
         }
+        // Not all of the head yet: read on into the same buffer, which
+        // nothing else holds now.
+        buf = read_so_far.try_into_mut().unwrap_or_else(|shared| BytesMut::from(&shared[..]));
     }
 }
 
 /// The framing of a parsed head, and the body bytes read with it.
-fn answer(io: Io, head: http::response::Parts, rest: &[u8], head_only: bool) -> Result<Answer, UpstreamError> {
+fn answer(io: Io, head: http::response::Parts, rest: &Bytes, head_only: bool) -> Result<Answer, UpstreamError> {
     let framing = framing(head_only, head.status.as_u16(), &head.headers)?;
     let mut decoder = Decoder::new(framing);
-    let mut first = BytesMut::with_capacity(rest.len());
-    let used = decoder.decode(rest, &mut first)?;
+    let (first, used) = decoder.decode_shared(rest)?;
     let keep_alive = head.version == Version::HTTP_11
         && !wants_close(&head.headers)
         && framing != super::framing::Framing::UntilClose
@@ -659,7 +664,7 @@ fn wants_close(headers: &HeaderMap) -> bool {
 
 /// The response head at the start of `buf` and its length; `None` while
 /// it is incomplete.
-fn parse_head(buf: &[u8]) -> Result<Option<(http::response::Parts, usize)>, UpstreamError> {
+fn parse_head(buf: &Bytes) -> Result<Option<(http::response::Parts, usize)>, UpstreamError> {
     // Uninitialised: httparse writes the fields it finds, and filling 100
     // empty ones first cost more than parsing a short head.
     let mut fields = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
@@ -680,8 +685,8 @@ fn parse_head(buf: &[u8]) -> Result<Option<(http::response::Parts, usize)>, Upst
     for field in parsed.headers.iter() {
         let name = HeaderName::from_bytes(field.name.as_bytes())
             .map_err(|_| UpstreamError::Response("invalid header name"))?;
-        let value =
-            HeaderValue::from_bytes(field.value).map_err(|_| UpstreamError::Response("invalid header value"))?;
+        let value = HeaderValue::from_maybe_shared(buf.slice_ref(field.value))
+            .map_err(|_| UpstreamError::Response("invalid header value"))?;
         headers.append(name, value);
     }
     let mut response = Response::new(());
