@@ -52,7 +52,7 @@ run() {
   local extra=()
   [[ $stream == yes ]] && extra=(--stream --chunks "${CHUNKS:-5}" --chunk-interval-ms "${CHUNK_MS:-0}")
   # With BAD_KEY every answer is a 401, which the bench counts as an error.
-  "$bench" run --target "http://127.0.0.1:$gw_port" --key "$presented" --requests "$1" --concurrency 8 "${extra[@]}" >/dev/null ||
+  "$bench" run --target "http://127.0.0.1:$gw_port" --key "$presented" --requests "$1" --concurrency "${CONCURRENCY:-8}" "${extra[@]}" >/dev/null ||
     [[ -n "${BAD_KEY:-}" ]]
 }
 for _ in $(seq 1 200); do (exec 3<>"/dev/tcp/127.0.0.1/$gw_port") 2>/dev/null && break; sleep 0.1; done
