@@ -182,18 +182,25 @@ impl UsageFields {
 
 const NEEDLE: &[u8] = b"\"usage\"";
 
-/// The needle's searchers, built once: building one per search cost more
-/// than the search.
-fn needle_finders() -> &'static (memchr::memmem::Finder<'static>, memchr::memmem::FinderRev<'static>) {
-    static FINDERS: std::sync::OnceLock<(memchr::memmem::Finder<'static>, memchr::memmem::FinderRev<'static>)> =
-        std::sync::OnceLock::new();
-    FINDERS.get_or_init(|| (memchr::memmem::Finder::new(NEEDLE), memchr::memmem::FinderRev::new(NEEDLE)))
+/// The needle's forward searcher, built once: building one per search cost
+/// more than the search.
+fn needle_finder() -> &'static memchr::memmem::Finder<'static> {
+    static FINDER: std::sync::OnceLock<memchr::memmem::Finder<'static>> = std::sync::OnceLock::new();
+    FINDER.get_or_init(|| memchr::memmem::Finder::new(NEEDLE))
+}
+
+/// Where the last needle in `bytes` starts: a backward scan for its first
+/// letter. The usage object is near the end, and on such short distances
+/// the two-way reverse searcher cost more than the parse that follows.
+fn last_needle(bytes: &[u8]) -> Option<usize> {
+    memchr::memrchr_iter(NEEDLE[1], bytes)
+        .map(|letter| letter.wrapping_sub(1))
+        .find(|&start| bytes.get(start..).is_some_and(|rest| rest.starts_with(NEEDLE)))
 }
 
 fn last_usage(bytes: &[u8]) -> Option<UsageFields> {
-    let finder = &needle_finders().1;
     let mut end = bytes.len();
-    while let Some(at) = finder.rfind(&bytes[..end]) {
+    while let Some(at) = last_needle(&bytes[..end]) {
         if let Some(fields) = parse_after(&bytes[at + NEEDLE.len()..]) {
             return Some(fields);
         }
@@ -203,7 +210,7 @@ fn last_usage(bytes: &[u8]) -> Option<UsageFields> {
 }
 
 fn first_usage(bytes: &[u8]) -> Option<UsageFields> {
-    let finder = &needle_finders().0;
+    let finder = needle_finder();
     let mut start = 0;
     while let Some(found) = finder.find(&bytes[start..]) {
         let at = start + found;
@@ -334,6 +341,25 @@ mod tests {
         assert!(tap.tail.len() <= 2 * TAIL_BYTES && tap.head.len() == 1000, "{}", tap.tail.len());
         tap.observe(b"\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}");
         assert_eq!(tap.usage(), Some(Usage { prompt: 1, completion: 2 }));
+    }
+
+    /// The backward scan finds what a plain search from the end does.
+    #[test]
+    fn the_last_needle_is_found_wherever_it_is() {
+        let naive = |bytes: &[u8]| bytes.windows(NEEDLE.len()).rposition(|window| window == NEEDLE);
+        let cases: [&[u8]; 8] = [
+            b"",
+            b"\"usage\"",
+            b"u\"usage\"u",
+            b"\"usage\":{},\"usage\":{}",
+            b"uuuuuuuuuuuuuuuu",
+            b"\"usag\"usage\"",
+            b"usage\"",
+            b"{\"choices\":[],\"usage\":{\"prompt_tokens\":1}}\n\n",
+        ];
+        for bytes in cases {
+            assert_eq!(last_needle(bytes), naive(bytes), "{:?}", String::from_utf8_lossy(bytes));
+        }
     }
 
     /// The last frame read where it lies gives what observing it would,
