@@ -1,6 +1,7 @@
-//! JSON and decimal text written by hand, without serde or `fmt`, on the
-//! paths every request or refusal takes: the access line, the
-//! OpenAI-shaped error body and the upstream request's `Content-Length`.
+//! JSON and decimal text written and read by hand, without serde or `fmt`,
+//! on the paths every request or refusal takes: the access line, the
+//! OpenAI-shaped error body, the upstream request's `Content-Length`, and
+//! the counts read from request and response bodies.
 
 /// `value` in decimal digits.
 pub fn decimal(mut value: u64, out: &mut Vec<u8>) {
@@ -15,6 +16,18 @@ pub fn decimal(mut value: u64, out: &mut Vec<u8>) {
         }
     }
     out.extend_from_slice(&digits[at..]);
+}
+
+/// The value of a JSON number's `text` when it is a non-negative integer
+/// that fits a `u64`: digits only, no sign, fraction or exponent.
+pub fn non_negative_integer(text: &[u8]) -> Option<u64> {
+    if text.is_empty() {
+        return None;
+    }
+    text.iter().try_fold(0_u64, |value, &byte| {
+        let digit = byte.checked_sub(b'0').filter(|digit| *digit <= 9)?;
+        value.checked_mul(10)?.checked_add(u64::from(digit))
+    })
 }
 
 /// `text` as a JSON string (quotes, backslashes and control characters escaped).
@@ -73,6 +86,20 @@ mod tests {
         out.push(b' ');
         decimal(u64::MAX, &mut out);
         assert_eq!(String::from_utf8(out).unwrap(), format!("0 {}", u64::MAX));
+    }
+
+    /// What the standard parser takes as a `u64` from JSON number text, and
+    /// nothing else.
+    #[test]
+    fn non_negative_integers_as_the_standard_parser_reads_them() {
+        let max = u64::MAX.to_string();
+        let over = "18446744073709551616";
+        for text in ["0", "7", "42", "007", max.as_str(), over, "", "-1", "1.5", "1e3", "-0", "12a", " 1"] {
+            let expected = text.parse::<u64>().ok();
+            assert_eq!(non_negative_integer(text.as_bytes()), expected, "{text:?}");
+        }
+        // JSON has no plus sign; the standard parser would take one.
+        assert_eq!(non_negative_integer(b"+5"), None);
     }
 
     #[test]

@@ -9,8 +9,10 @@
 //! `model` is refused rather than guessed at (upstreams disagree on which
 //! duplicate wins, which would let a key's allow-list be bypassed).
 //!
-//! NB: control characters inside strings are not rejected here; the
-//! upstream's own parser refuses them.
+//! NB: control characters and bytes that are not UTF-8 inside strings are
+//! not rejected here (keys are compared as bytes with the ASCII names the
+//! gateway knows; only the model's name is read as text); the upstream's
+//! own parser refuses them.
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -60,8 +62,8 @@ pub fn scan(body: &[u8]) -> Result<RequestFields<'_>, GatewayError> {
     let mut max_tokens = None;
     let mut prompt_start = None;
     members(&mut scanner, |key, scanner| {
-        match key_text(body, &key)?.as_ref() {
-            "model" => {
+        match key_bytes(body, &key)?.as_ref() {
+            b"model" => {
                 if model.is_some() {
                     return Err(GatewayError::DuplicateModel);
                 }
@@ -72,13 +74,13 @@ pub fn scan(body: &[u8]) -> Result<RequestFields<'_>, GatewayError> {
                     return Err(GatewayError::ModelNotString);
                 }
                 let span = scanner.string()?;
-                let text = key_text(body, &span)?;
+                let text = string_text(body, &span)?;
                 model = Some((text, span.range));
             }
             // NB: typed strictly, as OpenAI does: a `"stream": 1` that
             // the upstream reads as true must not pass as "not a stream"
             // here, where token charging depends on it.
-            "stream" => {
+            b"stream" => {
                 let start = scanner.at;
                 scanner.value(1)?;
                 stream = match &body[start..scanner.at] {
@@ -87,7 +89,7 @@ pub fn scan(body: &[u8]) -> Result<RequestFields<'_>, GatewayError> {
                     _ => return Err(GatewayError::InvalidField("stream", "must be a boolean")),
                 };
             }
-            "stream_options" => {
+            b"stream_options" => {
                 let start = scanner.at;
                 let is_object = scanner.peek() == Some(b'{');
                 scanner.value(1)?;
@@ -96,19 +98,18 @@ pub fn scan(body: &[u8]) -> Result<RequestFields<'_>, GatewayError> {
                 }
                 stream_options = Some(start..scanner.at);
             }
-            "max_tokens" | "max_completion_tokens" | "max_output_tokens" => {
+            b"max_tokens" | b"max_completion_tokens" | b"max_output_tokens" => {
                 let start = scanner.at;
                 scanner.value(1)?;
                 let text = &body[start..scanner.at];
                 if text != b"null" {
-                    let value = std::str::from_utf8(text).ok().and_then(|t| t.parse::<u64>().ok());
-                    let value =
-                        value.ok_or(GatewayError::InvalidField("max_tokens", "must be a non-negative integer"))?;
+                    let value = crate::json_text::non_negative_integer(text)
+                        .ok_or(GatewayError::InvalidField("max_tokens", "must be a non-negative integer"))?;
                     // The largest of them bounds the output.
                     max_tokens = Some(max_tokens.map_or(value, |m: u64| m.max(value)));
                 }
             }
-            "messages" | "input" | "prompt" => {
+            b"messages" | b"input" | b"prompt" => {
                 prompt_start = prompt_start.or(Some(scanner.at));
                 scanner.value(1)?;
             }
@@ -132,13 +133,13 @@ pub fn scan(body: &[u8]) -> Result<RequestFields<'_>, GatewayError> {
 /// # Errors
 /// The 400-class [`GatewayError`]s of [`scan`] where the object is not
 /// well-formed.
-pub fn object_members<'a>(bytes: &'a [u8], mut member: impl FnMut(&str, &'a [u8])) -> Result<(), GatewayError> {
+pub fn object_members<'a>(bytes: &'a [u8], mut member: impl FnMut(&[u8], &'a [u8])) -> Result<(), GatewayError> {
     let mut scanner = Scanner { bytes, at: 0 };
     scanner.skip_whitespace();
     members(&mut scanner, |key, scanner| {
         let start = scanner.at;
         scanner.value(1)?;
-        member(&key_text(bytes, &key)?, &bytes[start..scanner.at]);
+        member(&key_bytes(bytes, &key)?, &bytes[start..scanner.at]);
         Ok(())
     })
 }
@@ -185,7 +186,19 @@ struct StringSpan {
     escaped: bool,
 }
 
-fn key_text<'a>(body: &'a [u8], span: &StringSpan) -> Result<Cow<'a, str>, GatewayError> {
+/// A key's bytes, unescaped. Not checked for UTF-8: a key is only compared
+/// with names the gateway knows, all ASCII, and that check cost more than
+/// the rest of the scan of a short object.
+fn key_bytes<'a>(body: &'a [u8], span: &StringSpan) -> Result<Cow<'a, [u8]>, GatewayError> {
+    if span.escaped {
+        return string_text(body, span).map(|text| Cow::Owned(text.into_owned().into_bytes()));
+    }
+    let raw = &body[span.range.clone()];
+    Ok(Cow::Borrowed(&raw[1..raw.len() - 1]))
+}
+
+/// A string's text, unescaped and checked for UTF-8 (the model's name).
+fn string_text<'a>(body: &'a [u8], span: &StringSpan) -> Result<Cow<'a, str>, GatewayError> {
     let raw = &body[span.range.clone()];
     if span.escaped {
         let text: String =

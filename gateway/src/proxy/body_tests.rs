@@ -118,6 +118,16 @@ fn unescapes_keys_and_values() {
     assert_eq!(model_of(r#"{"\u006dodel":"a","model":"b"}"#), Err(GatewayError::DuplicateModel));
 }
 
+/// Keys are compared as bytes: one that is not UTF-8 is a key the gateway
+/// does not know, skipped as any other (the upstream's parser refuses it).
+/// The model's name is text, and must be UTF-8.
+#[test]
+fn keys_are_bytes_and_the_model_is_text() {
+    let body = b"{\"mod\xffel\":1,\"model\":\"m\"}";
+    assert_eq!(scan(body).map(|fields| fields.model.into_owned()), Ok("m".to_owned()));
+    assert_eq!(scan(b"{\"model\":\"m\xff\"}").err(), Some(GatewayError::InvalidJson("string is not UTF-8")));
+}
+
 #[test]
 fn refuses_what_routing_cannot_trust() {
     let cases: &[(&str, GatewayError)] = &[

@@ -236,15 +236,15 @@ fn parse_after(bytes: &[u8]) -> Option<UsageFields> {
     let mut named = [false; 4];
     super::body::object_members(rest, |key, value| {
         let (slot, index) = match key {
-            "prompt_tokens" => (&mut fields.prompt_tokens, 0),
-            "completion_tokens" => (&mut fields.completion_tokens, 1),
-            "input_tokens" => (&mut fields.input_tokens, 2),
-            "output_tokens" => (&mut fields.output_tokens, 3),
+            b"prompt_tokens" => (&mut fields.prompt_tokens, 0),
+            b"completion_tokens" => (&mut fields.completion_tokens, 1),
+            b"input_tokens" => (&mut fields.input_tokens, 2),
+            b"output_tokens" => (&mut fields.output_tokens, 3),
             _ => return,
         };
         trusted &= !std::mem::replace(&mut named[index], true);
         if value != b"null" {
-            match std::str::from_utf8(value).ok().and_then(|text| text.parse::<u64>().ok()) {
+            match crate::json_text::non_negative_integer(value) {
                 Some(count) => *slot = Some(count),
                 None => trusted = false,
             }
