@@ -18,6 +18,9 @@
 # request is refused with a 401 (the cost of a flood of bad keys; the
 # bench opens a new connection after each error answer, so each request
 # also pays a connection's setup, as a flood of new clients would).
+# CONCURRENCY (default 8) sets the load's concurrency: at 1 the count of
+# one build repeats within about 100 instructions, at 8 runs differed by
+# up to 900 (how requests batch per wake-up varies), so compare builds at 1.
 #
 # Needs the profiling build (symbols) of the gateway and the bench tool:
 #   cargo build --profile profiling -p waycast-gateway
@@ -55,7 +58,10 @@ run() {
   "$bench" run --target "http://127.0.0.1:$gw_port" --key "$presented" --requests "$1" --concurrency "${CONCURRENCY:-8}" "${extra[@]}" >/dev/null ||
     [[ -n "${BAD_KEY:-}" ]]
 }
-for _ in $(seq 1 200); do (exec 3<>"/dev/tcp/127.0.0.1/$gw_port") 2>/dev/null && break; sleep 0.1; done
+# Ready, not just listening: under valgrind a cold start can take seconds
+# between the bind and the first config loaded, and a warm-up answered 503
+# ended the run.
+for _ in $(seq 1 300); do curl -fs "http://127.0.0.1:$admin_port/readyz" >/dev/null && break; sleep 0.1; done
 run 500
 callgrind_control -i on >/dev/null
 run "$requests"
