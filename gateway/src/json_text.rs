@@ -3,19 +3,10 @@
 //! OpenAI-shaped error body, the upstream request's `Content-Length`, and
 //! the counts read from request and response bodies.
 
-/// `value` in decimal digits.
-pub fn decimal(mut value: u64, out: &mut Vec<u8>) {
-    let mut digits = [0_u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (value % 10) as u8;
-        value /= 10;
-        if value == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[at..]);
+/// `value` in decimal digits (two at a time, from a table: the digit-by-digit
+/// loop was about 100 instructions a number, six numbers an access line).
+pub fn decimal(value: u64, out: &mut Vec<u8>) {
+    out.extend_from_slice(itoa::Buffer::new().format(value).as_bytes());
 }
 
 /// The value of a JSON number's `text` when it is a non-negative integer
