@@ -1,6 +1,7 @@
 //! The response relay: upstream frames go to the client as they arrive,
 //! one for one — no buffering, no re-chunking — while the idle timeout
-//! watches the gaps and the usage tap keeps references for later.
+//! watches the gaps and the usage tap keeps copies of the start and the end
+//! (the last frame it reads where it lies, at the finish).
 //!
 //! The request's `Exchange` is finished here exactly once: when the body
 //! ends, when the upstream breaks or idles out, or — if the client goes away
