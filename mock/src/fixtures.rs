@@ -81,13 +81,53 @@ pub fn temp_dir(prefix: &str) -> PathBuf {
     dir
 }
 
-/// A port nothing listens on now, on `address`.
+/// The lowest port [`free_port`] hands out: above the fixed ports of the
+/// e2e node's kubelet and kube-proxy (10248–10259).
+const LOWEST_FREE_PORT: u16 = 11_000;
+/// Above what [`free_port`] hands out: Kubernetes' NodePort range starts
+/// here, and a node port with a listener's number would take its traffic.
+const NODE_PORTS_START: u16 = 30_000;
+
+/// A port nothing listens on now, on `address`, below the kernel's range of
+/// ephemeral ports and Kubernetes' node ports. An ephemeral port, given
+/// back and bound again later by a server (the API server binds seconds
+/// after its port is chosen, once etcd runs), can be taken in between by
+/// any outgoing connection on the machine, and the server then fails with
+/// "address already in use" (seen in CI).
 ///
 /// # Errors
 /// Binding failing.
 pub fn free_port(address: IpAddr) -> std::io::Result<u16> {
+    let end = ephemeral_start().min(NODE_PORTS_START);
+    if let Some(span) = end.checked_sub(LOWEST_FREE_PORT).filter(|span| *span >= 1_000) {
+        for _ in 0..64 {
+            let port = LOWEST_FREE_PORT + (random() % u64::from(span)) as u16;
+            if TcpListener::bind(SocketAddr::new(address, port)).is_ok() {
+                return Ok(port);
+            }
+        }
+    }
     let listener = TcpListener::bind(SocketAddr::new(address, 0))?;
     Ok(listener.local_addr()?.port())
+}
+
+/// The first port of the kernel's ephemeral range (Linux's default when it
+/// cannot be read).
+fn ephemeral_start() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768)
+}
+
+/// A random number from the standard library's per-process hash keys (each
+/// `RandomState` differs), so that parallel tests pick apart.
+fn random() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static PICKS: AtomicU32 = AtomicU32::new(0);
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u32(PICKS.fetch_add(1, Ordering::Relaxed));
+    hasher.finish()
 }
 
 /// A POST with JSON and an optional bearer key.
@@ -100,4 +140,29 @@ pub fn post_request(url: &str, key: Option<&str>, body: &str) -> Request<Full<By
         builder = builder.header("authorization", format!("Bearer {key}"));
     }
     builder.body(Full::new(Bytes::from(body.to_owned()))).expect("request")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use super::*;
+
+    /// Free ports come from below the ephemeral range (no outgoing
+    /// connection takes one before its server binds it) and the node
+    /// ports; and they are free.
+    #[test]
+    fn free_ports_are_bindable_and_not_ephemeral() {
+        let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let end = ephemeral_start().min(NODE_PORTS_START);
+        let ports: Vec<u16> = (0..20).map(|_| free_port(loopback).unwrap()).collect();
+        for port in &ports {
+            assert!((LOWEST_FREE_PORT..end).contains(port), "{port}");
+            TcpListener::bind(SocketAddr::new(loopback, *port)).unwrap();
+        }
+        let mut distinct = ports.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert!(distinct.len() > 15, "picks should spread: {ports:?}");
+    }
 }
