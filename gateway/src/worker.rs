@@ -16,10 +16,11 @@
 //! gauges, the retry budget; the per-model and per-key counters and
 //! histograms, published now and then by `proxy::series`; each endpoint
 //! set's turn; handles on the snapshot and the endpoint sets, and copies
-//! of the names and authorities a request holds, [`Copies`]). What stays shared is read-mostly (the snapshot, the
-//! endpoint table) or counted with atomics where the count must be global
-//! (in-flight per endpoint, with that endpoint's request count and answer
-//! times beside it on the same lines; rate limits).
+//! of the names and authorities a request holds, [`Copies`]). What stays
+//! shared is read-mostly (the snapshot, the endpoint table) or counted
+//! with atomics where the count must be global (in-flight per endpoint,
+//! with that endpoint's request count and answer times beside it on the
+//! same lines; rate limits).
 
 use std::cell::Cell;
 use std::sync::Arc;

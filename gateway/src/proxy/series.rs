@@ -1,11 +1,11 @@
 //! The metric series a finished request writes, found once per worker
 //! thread for each (model, key) rather than per request (a request refused
 //! before either was known counts under `unknown` and `none`), and counted
-//! in that worker's own pending sums, every status code included. A labelled lookup hashes every label,
-//! takes the vector's read lock and clones an `Arc`; a write to a shared
-//! counter or histogram is an atomic on a cache line every core writes. A
-//! worker's cache hit is a pointer comparison, and its writes land in
-//! memory only it touches.
+//! in that worker's own pending sums, every status code included. A
+//! labelled lookup hashes every label, takes the vector's read lock and
+//! clones an `Arc`; a write to a shared counter or histogram is an atomic
+//! on a cache line every core writes. A worker's cache hit is a pointer
+//! comparison, and its writes land in memory only it touches.
 //!
 //! The cache is direct-mapped and bounded ([`SLOTS`] per thread): a pair
 //! that loses its slot is looked up again on its next request, as it was
