@@ -246,8 +246,7 @@ pub fn spawn(
         let thread = std::thread::Builder::new().name(format!("waycast-worker-{index}")).spawn(move || {
             become_worker(index);
             runtime.block_on(async move {
-                let sweeper =
-                    tokio::spawn(crate::upstream::Pool::sweep_while_idle(crate::upstream::http1::SWEEP_EVERY));
+                let sweeper = tokio::spawn(crate::upstream::Pool::sweep_while_idle(crate::upstream::pool::SWEEP_EVERY));
                 // Spawned on this thread's runtime: it gathers this thread's lines.
                 let access_lines = tokio::spawn(crate::access_log::gather_on_this_thread());
                 let metric_counts = tokio::spawn(crate::proxy::series::flush_on_this_thread());

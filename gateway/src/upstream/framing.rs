@@ -33,6 +33,10 @@ pub enum FramingError {
     /// `Content-Length` is not one non-negative integer.
     #[error("invalid Content-Length")]
     BadLength,
+    /// Both `Transfer-Encoding` and `Content-Length`: the response could
+    /// be read two ways (RFC 9112 §6.3 calls it a sign of smuggling).
+    #[error("both Transfer-Encoding and Content-Length")]
+    FramedTwice,
     /// A chunk-size line is malformed or overflows.
     #[error("malformed chunk size")]
     BadChunkSize,
@@ -52,13 +56,17 @@ pub enum FramingError {
 ///
 /// # Errors
 /// [`FramingError::BadLength`] for a `Content-Length` that is not one
-/// number (several differing values included): such a response could be
-/// read two ways, so it is read none.
+/// number (several differing values included), and
+/// [`FramingError::FramedTwice`] for one beside `Transfer-Encoding`: such
+/// a response could be read two ways, so it is read none.
 pub fn framing(head: bool, status: u16, headers: &HeaderMap) -> Result<Framing, FramingError> {
     if head || status == 204 || status == 304 || (100..200).contains(&status) {
         return Ok(Framing::Empty);
     }
     if headers.contains_key(TRANSFER_ENCODING) {
+        if headers.contains_key(CONTENT_LENGTH) {
+            return Err(FramingError::FramedTwice);
+        }
         // The last coding decides; a body whose last coding is not chunked
         // can only end with the connection.
         return Ok(match header_tokens(headers, &TRANSFER_ENCODING).next_back() {
@@ -364,8 +372,8 @@ mod tests {
             Ok(Framing::Length(5))
         );
         assert_eq!(framing(false, 200, &HeaderMap::new()), Ok(Framing::UntilClose));
-        // Transfer-Encoding wins over Content-Length; its last coding decides.
-        let chunked = headers(&[("transfer-encoding", "gzip, Chunked"), ("content-length", "5")]);
+        // The last coding of Transfer-Encoding decides.
+        let chunked = headers(&[("transfer-encoding", "gzip, Chunked")]);
         assert_eq!(framing(false, 200, &chunked), Ok(Framing::Chunked));
         assert_eq!(framing(false, 200, &headers(&[("transfer-encoding", "chunked, gzip")])), Ok(Framing::UntilClose));
     }
@@ -381,6 +389,14 @@ mod tests {
         }
         let two = headers(&[("content-length", "5"), ("content-length", "6")]);
         assert_eq!(framing(false, 200, &two), Err(FramingError::BadLength));
+        // Framed two ways, whichever comes first and whatever the coding.
+        for pairs in [
+            [("transfer-encoding", "chunked"), ("content-length", "5")],
+            [("content-length", "5"), ("transfer-encoding", "chunked")],
+            [("transfer-encoding", "gzip"), ("content-length", "0")],
+        ] {
+            assert_eq!(framing(false, 200, &headers(&pairs)), Err(FramingError::FramedTwice), "{pairs:?}");
+        }
     }
 
     #[test]

@@ -9,7 +9,10 @@ pub mod egress;
 pub mod endpoints;
 pub mod framing;
 pub mod http1;
+mod io;
 pub mod pick;
+pub mod pool;
+pub mod wire;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,7 +20,9 @@ use std::time::Duration;
 use waycast_crds::config::{BackendConfig, ClientTlsConfig};
 use waycast_crds::egress::Cidr;
 
-pub use http1::{Pool, UpstreamBody, UpstreamClient, UpstreamRequest};
+pub use http1::{UpstreamBody, UpstreamClient};
+pub use pool::Pool;
+pub use wire::UpstreamRequest;
 
 /// A client (its connections pooled per thread, so a worker's upstream
 /// connections and the requests on them stay on its thread) whose connects
