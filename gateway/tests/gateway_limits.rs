@@ -182,6 +182,52 @@ async fn a_client_that_leaves_early_is_charged_an_estimate() {
     assert!(charged >= body.len().div_ceil(4) as f64 && charged < 1024.0, "charged {charged}");
 }
 
+/// A client that sends no `max_tokens`, reads a whole 3,000-token stream
+/// and leaves before its usage chunk pays for the 3,000 tokens it read —
+/// not an estimate capped at the 1,024 output tokens it reserved.
+#[tokio::test]
+async fn a_client_that_reads_everything_and_leaves_before_the_usage_pays_for_what_it_read() {
+    let fixture = alice_limited(None, Some(1_000_000)).await;
+    let body = r#"{"model":"llama3","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let headers = [("x-mock-chunks", "3000"), ("x-mock-interval-ms", "0"), ("x-mock-stall", "usage")];
+    let mut response = fixture.open(fixture.request("/v1/chat/completions", Some(ALICE_KEY), body, &headers)).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut received = Vec::new();
+    while received.windows(2).filter(|w| w == b"\n\n").count() < 3000 {
+        let frame = http_body_util::BodyExt::frame(response.body_mut()).await.unwrap().unwrap();
+        received.extend_from_slice(&frame.into_data().unwrap());
+    }
+    assert_eq!(String::from_utf8_lossy(&received).matches("\"content\"").count(), 3000);
+    drop(response);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let charged = loop {
+        if let Some(charged) = fixture.metric(charged_tokens_metric()).await {
+            break charged;
+        }
+        assert!(Instant::now() < deadline, "the early leaver was never charged");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let prompt_estimate = body.len().div_ceil(4) as f64;
+    assert!(charged >= prompt_estimate + 3000.0, "charged {charged} for 3,000 tokens read");
+    assert!(charged <= prompt_estimate + 3000.0 + 2.0, "charged {charged}: an event is one token");
+}
+
+/// `n` completions may each use the whole output bound: the reservation
+/// is for all of them.
+#[tokio::test]
+async fn a_request_for_several_completions_reserves_the_output_of_each() {
+    for (n, reserved_output) in [(1, 100), (4, 400)] {
+        let fixture = alice_limited(None, Some(10_000)).await;
+        let body = format!(r#"{{"model":"llama3","n":{n},"max_tokens":100,"messages":[]}}"#);
+        let (status, headers, _) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), &body).await;
+        assert_eq!(status, StatusCode::OK);
+        // Reported at admission: the limit less this request's reservation.
+        let left: u64 = headers["x-ratelimit-remaining-tokens"].to_str().unwrap().parse().unwrap();
+        let expected = body.len().div_ceil(4) as u64 + reserved_output;
+        assert!((10_000 - left).abs_diff(expected) <= 2, "n={n}: reserved {}, expected {expected}", 10_000 - left);
+    }
+}
+
 /// A key over its request limit is refused before its body is read: the
 /// 429 comes while a declared 5 MB body has not been sent at all.
 #[tokio::test]

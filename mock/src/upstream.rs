@@ -16,7 +16,7 @@
 //! | `x-mock-interval-ms: N` | N ms between stream chunks |
 //! | `x-mock-status: S` | answer with status S and an OpenAI error body |
 //! | `x-mock-html: true` | with `x-mock-status`: an HTML error page instead (as a proxy sends) |
-//! | `x-mock-stall: headers` / `body` | never answer / stop after the first chunk |
+//! | `x-mock-stall: headers` / `body` / `usage` | never answer / stop after the first chunk / after the content chunks (no usage, no end) |
 //! | `x-mock-chunked: true` | send a non-streaming body with chunked encoding |
 //! | `x-mock-burn-ms: N` | spin the CPU for N ms first (autoscaling tests) |
 //!
@@ -345,7 +345,12 @@ async fn respond(
     let usage = Usage { prompt: prompt_tokens, completion: completion_tokens };
     if stream && kind != Kind::Embedding {
         let events = stream_events(kind, &model, chunks, usage, include_usage);
-        return Ok(stream_response(events, interval, stall == "body", recorder, slot));
+        let stall_after = match stall.as_str() {
+            "body" => Some(1),
+            "usage" => Some(chunks),
+            _ => None,
+        };
+        return Ok(stream_response(events, interval, stall_after, recorder, slot));
     }
     if slot.is_some() {
         // The whole generation, then the answer; the slot is held meanwhile.
@@ -358,7 +363,7 @@ async fn respond(
         let text = body.to_string();
         let (first, second) = text.split_at(text.len() / 2);
         let events = vec![Bytes::from(first.to_owned()), Bytes::from(second.to_owned())];
-        let mut response = stream_response(events, Duration::ZERO, false, recorder, None);
+        let mut response = stream_response(events, Duration::ZERO, None, recorder, None);
         response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
         return Ok(response);
     }
@@ -488,7 +493,7 @@ fn json_response(status: StatusCode, body: &Value) -> Response<MockBody> {
 fn stream_response(
     events: Vec<Bytes>,
     interval: Duration,
-    stall_after_first: bool,
+    stall_after: Option<usize>,
     recorder: Arc<Recorder>,
     slot: Option<crate::vllm::Slot>,
 ) -> Response<MockBody> {
@@ -498,7 +503,7 @@ fn stream_response(
         let _slot = slot;
         for (index, event) in events.into_iter().enumerate() {
             if index > 0 {
-                if stall_after_first {
+                if stall_after == Some(index) {
                     // Keep the stream open without sending: the reader must
                     // time out (or disconnect) on its own.
                     sender.closed().await;

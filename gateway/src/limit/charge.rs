@@ -21,30 +21,54 @@ pub struct Reservation {
     pub tokens: u64,
     /// The request body's size.
     pub request_bytes: u64,
-    /// The output bound in it.
+    /// The output bound in it, for every choice asked for.
     pub output: u64,
+}
+
+/// What a response sent the client, for an estimate of its tokens when it
+/// reported none.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Relayed {
+    /// Body bytes relayed.
+    pub bytes: u64,
+    /// Server-sent events relayed, where counted (streams under a token
+    /// limit): each carries at least one token.
+    pub events: Option<u64>,
 }
 
 impl Reservation {
     /// For a body of `request_bytes` asking for at most `max_tokens` (or,
-    /// without, the model's `default_output`).
-    pub fn for_request(request_bytes: usize, max_tokens: Option<u64>, default_output: Option<u64>) -> Self {
+    /// without, the model's `default_output`) in each of `choices`
+    /// completions (`n`, `best_of`; at least one).
+    pub fn for_request(
+        request_bytes: usize,
+        max_tokens: Option<u64>,
+        choices: u64,
+        default_output: Option<u64>,
+    ) -> Self {
         let request_bytes = u64::try_from(request_bytes).unwrap_or(u64::MAX);
-        let output = max_tokens.or(default_output).unwrap_or(DEFAULT_OUTPUT_RESERVATION);
+        let each = max_tokens.or(default_output).unwrap_or(DEFAULT_OUTPUT_RESERVATION);
+        let output = each.saturating_mul(choices.max(1));
         Self { tokens: request_bytes.div_ceil(4).saturating_add(output), request_bytes, output }
     }
 
     /// The tokens a finished response is charged: its reported `usage`
     /// (prompt, completion) capped at what is plausible — a prompt token per
     /// request byte plus [`PROMPT_ALLOWANCE`], a completion token per byte
-    /// relayed — or, without usage, an estimate: the prompt estimate plus a
-    /// token per four bytes relayed, at most the output reserved.
-    pub fn used(&self, usage: Option<(u64, u64)>, relayed_bytes: u64) -> u64 {
+    /// relayed — or, without usage (a client that left before the usage
+    /// chunk), an estimate of what went out: the prompt estimate plus a
+    /// token per event relayed (streams) or per four bytes. Never capped at
+    /// the reservation: a client that reads more than it reserved and
+    /// leaves pays for what it read.
+    pub fn used(&self, usage: Option<(u64, u64)>, relayed: Relayed) -> u64 {
         match usage {
             Some((prompt, completion)) => prompt
                 .min(self.request_bytes.saturating_add(PROMPT_ALLOWANCE))
-                .saturating_add(completion.min(relayed_bytes)),
-            None => self.request_bytes.div_ceil(4).saturating_add(relayed_bytes.div_ceil(4).min(self.output)),
+                .saturating_add(completion.min(relayed.bytes)),
+            None => {
+                let output = relayed.events.unwrap_or_else(|| relayed.bytes.div_ceil(4));
+                self.request_bytes.div_ceil(4).saturating_add(output)
+            }
         }
     }
 }

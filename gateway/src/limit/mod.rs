@@ -37,7 +37,7 @@ use http::HeaderMap;
 use http::header::{HeaderName, HeaderValue};
 use waycast_crds::config::LimitsConfig;
 
-pub use charge::{Charge, Reservation};
+pub use charge::{Charge, Relayed, Reservation};
 pub use gcra::Verdict;
 use redis::{RedisCounter, ScriptLimiter, StoreError};
 

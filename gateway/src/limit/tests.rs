@@ -102,16 +102,28 @@ fn a_reservation_larger_than_the_limit_is_admitted_on_a_full_bucket() {
 
 #[test]
 fn usage_is_capped_and_estimated() {
-    let reservation = Reservation::for_request(400, Some(50), None);
+    let reservation = Reservation::for_request(400, Some(50), 1, None);
     assert_eq!(reservation.tokens, 150);
-    assert_eq!(Reservation::for_request(400, None, Some(7)).output, 7);
-    assert_eq!(Reservation::for_request(400, None, None).output, DEFAULT_OUTPUT_RESERVATION);
+    assert_eq!(Reservation::for_request(400, None, 1, Some(7)).output, 7);
+    assert_eq!(Reservation::for_request(400, None, 0, None).output, DEFAULT_OUTPUT_RESERVATION);
+    let bytes = |bytes| Relayed { bytes, events: None };
     // Reported: taken as it is when plausible, capped when not.
-    assert_eq!(reservation.used(Some((90, 40)), 2000), 130);
-    assert_eq!(reservation.used(Some((u64::MAX, u64::MAX)), 2000), 400 + PROMPT_ALLOWANCE + 2000);
-    // Not reported: the prompt estimate and a token per 4 bytes relayed, at most the output bound.
-    assert_eq!(reservation.used(None, 80), 100 + 20);
-    assert_eq!(reservation.used(None, 1_000_000), 100 + 50);
+    assert_eq!(reservation.used(Some((90, 40)), bytes(2000)), 130);
+    assert_eq!(reservation.used(Some((u64::MAX, u64::MAX)), bytes(2000)), 400 + PROMPT_ALLOWANCE + 2000);
+    // Not reported: the prompt estimate and what went out — a token per 4
+    // bytes, or per event of a stream — never capped at the reservation.
+    assert_eq!(reservation.used(None, bytes(80)), 100 + 20);
+    assert_eq!(reservation.used(None, bytes(1_000_000)), 100 + 250_000);
+    let stream = Relayed { bytes: 450_000, events: Some(3_002) };
+    assert_eq!(reservation.used(None, stream), 100 + 3_002);
+}
+
+/// `n` and `best_of` completions each have the output bound: reserved for all.
+#[test]
+fn every_choice_reserves_its_output() {
+    assert_eq!(Reservation::for_request(400, Some(50), 4, None).tokens, 100 + 200);
+    assert_eq!(Reservation::for_request(400, None, 3, Some(10)).output, 30);
+    assert_eq!(Reservation::for_request(0, Some(u64::MAX), 2, None).tokens, u64::MAX);
 }
 
 #[test]

@@ -37,6 +37,9 @@ pub struct RequestFields<'a> {
     /// The largest output the client asked for: `max_completion_tokens`,
     /// `max_tokens` or `max_output_tokens` (a non-negative integer), if any.
     pub max_tokens: Option<u64>,
+    /// How many completions it asked for: the larger of `n` and `best_of`
+    /// (1 when neither is set).
+    pub choices: u64,
     /// Where the prompt's value starts: the first top-level `messages`,
     /// `input` or `prompt` (prefix affinity hashes from there).
     pub prompt_start: Option<usize>,
@@ -60,6 +63,7 @@ pub fn scan(body: &[u8]) -> Result<RequestFields<'_>, GatewayError> {
     let mut stream = false;
     let mut stream_options = None;
     let mut max_tokens = None;
+    let mut choices = 1;
     let mut prompt_start = None;
     members(&mut scanner, |key, scanner| {
         match key_bytes(body, &key)?.as_ref() {
@@ -109,6 +113,18 @@ pub fn scan(body: &[u8]) -> Result<RequestFields<'_>, GatewayError> {
                     max_tokens = Some(max_tokens.map_or(value, |m: u64| m.max(value)));
                 }
             }
+            // NB: each completion may use the whole output bound: the
+            // reservation multiplies by them.
+            b"n" | b"best_of" => {
+                let start = scanner.at;
+                scanner.value(1)?;
+                let text = &body[start..scanner.at];
+                if text != b"null" {
+                    let value = crate::json_text::non_negative_integer(text)
+                        .ok_or(GatewayError::InvalidField("n", "must be a non-negative integer"))?;
+                    choices = choices.max(value);
+                }
+            }
             b"messages" | b"input" | b"prompt" => {
                 prompt_start = prompt_start.or(Some(scanner.at));
                 scanner.value(1)?;
@@ -122,7 +138,7 @@ pub fn scan(body: &[u8]) -> Result<RequestFields<'_>, GatewayError> {
     if model.is_empty() {
         return Err(GatewayError::InvalidField("model", "must not be empty"));
     }
-    Ok(RequestFields { model, model_span, stream, stream_options, max_tokens, prompt_start })
+    Ok(RequestFields { model, model_span, stream, stream_options, max_tokens, choices, prompt_start })
 }
 
 /// Walks the JSON object at the start of `bytes` (leading whitespace

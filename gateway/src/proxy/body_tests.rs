@@ -110,6 +110,13 @@ fn stream_fields_and_output_bounds_are_typed() {
     assert_eq!(scan(br#"{"model":"m","max_tokens":null}"#).unwrap().max_tokens, None);
     assert!(invalid(r#"{"model":"m","max_tokens":-1}"#).is_some());
     assert!(invalid(r#"{"model":"m","max_output_tokens":"9"}"#).is_some());
+    // Completions asked for: the larger of `n` and `best_of`, 1 without.
+    assert_eq!(scan(br#"{"model":"m"}"#).unwrap().choices, 1);
+    assert_eq!(scan(br#"{"model":"m","n":4}"#).unwrap().choices, 4);
+    assert_eq!(scan(br#"{"model":"m","best_of":5,"n":2}"#).unwrap().choices, 5);
+    assert_eq!(scan(br#"{"model":"m","n":null}"#).unwrap().choices, 1);
+    assert!(invalid(r#"{"model":"m","n":"4"}"#).is_some());
+    assert!(invalid(r#"{"model":"m","best_of":-2}"#).is_some());
 }
 
 #[test]

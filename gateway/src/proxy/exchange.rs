@@ -110,6 +110,8 @@ pub struct Outcome {
     pub status: u16,
     /// Response body bytes relayed.
     pub bytes: u64,
+    /// Server-sent events relayed, where counted (see [`crate::limit::Relayed`]).
+    pub events: Option<u64>,
     /// When the first body byte went out.
     pub first_byte: Option<Instant>,
     /// Upstream time: request sent → response headers.
@@ -195,7 +197,8 @@ impl Exchange {
             // upstream refused or never sent, nothing.
             let served = (200..300).contains(&outcome.status) || outcome.status == CLIENT_CLOSED_REQUEST;
             let used = if served {
-                charge.reservation.used(outcome.usage.map(|u| (u.prompt, u.completion)), outcome.bytes)
+                let relayed = crate::limit::Relayed { bytes: outcome.bytes, events: outcome.events };
+                charge.reservation.used(outcome.usage.map(|u| (u.prompt, u.completion)), relayed)
             } else {
                 0
             };
@@ -238,6 +241,7 @@ impl Drop for Exchange {
             let outcome = Outcome {
                 status: CLIENT_CLOSED_REQUEST,
                 bytes: 0,
+                events: None,
                 first_byte: None,
                 upstream: None,
                 usage: None,

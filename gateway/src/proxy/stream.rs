@@ -107,6 +107,9 @@ pub struct RelayBody {
     exchange: Option<Exchange>,
     status: u16,
     bytes: u64,
+    /// Counts the events of a stream whose tokens are charged: what an
+    /// early leaver is charged by.
+    events: Option<EventCounter>,
     first_byte: Option<Instant>,
     upstream: Duration,
     returned_at: Instant,
@@ -126,6 +129,7 @@ impl RelayBody {
     ) -> Self {
         // One clock read for both (each is a few dozen cycles, per request).
         let returned_at = Instant::now();
+        let events = (exchange.stream && exchange.charge.is_some()).then(EventCounter::default);
         Self {
             inner,
             idle_timeout,
@@ -136,6 +140,7 @@ impl RelayBody {
             exchange: Some(exchange),
             status,
             bytes: 0,
+            events,
             first_byte: None,
             upstream,
             returned_at,
@@ -164,6 +169,7 @@ impl RelayBody {
             exchange.finish(Outcome {
                 status,
                 bytes: self.bytes,
+                events: self.events.as_ref().map(|counter| counter.events),
                 first_byte: self.first_byte,
                 upstream: Some(self.upstream),
                 usage,
@@ -239,6 +245,9 @@ impl RelayBody {
                 let ends = this.inner.is_end_stream();
                 if let Some(data) = frame.data_ref() {
                     this.bytes += data.len() as u64;
+                    if let Some(counter) = &mut this.events {
+                        counter.observe(data);
+                    }
                     if this.first_byte.is_none() {
                         this.first_byte = Some(now);
                     }
@@ -286,6 +295,41 @@ impl RelayBody {
     }
 }
 
+/// Counts the server-sent events of a stream as its bytes go by: each
+/// blank line that ends a non-blank one ends an event (`\n\n`, `\r\n\r\n`),
+/// whatever the frames' split points. Looks at line ends only (memchr).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct EventCounter {
+    /// Events ended so far.
+    pub events: u64,
+    /// The current line has had a byte other than `\r`.
+    line_has_content: bool,
+    /// A non-blank line was seen since the last event ended.
+    in_event: bool,
+}
+
+impl EventCounter {
+    /// Follows `data`, the next bytes of the stream.
+    pub fn observe(&mut self, data: &[u8]) {
+        let mut line_start = 0;
+        for at in memchr::memchr_iter(b'\n', data) {
+            let line = &data[line_start..at];
+            let blank = !self.line_has_content && line.iter().all(|&byte| byte == b'\r');
+            if blank {
+                if self.in_event {
+                    self.events += 1;
+                    self.in_event = false;
+                }
+            } else {
+                self.in_event = true;
+            }
+            self.line_has_content = false;
+            line_start = at + 1;
+        }
+        self.line_has_content |= data[line_start..].iter().any(|&byte| byte != b'\r');
+    }
+}
+
 impl Drop for RelayBody {
     fn drop(&mut self) {
         // Dropped before the end: the client went away mid-response. Dropping
@@ -296,6 +340,33 @@ impl Drop for RelayBody {
             } else {
                 self.finish(CLIENT_CLOSED_REQUEST, Some("client_closed"), None, None);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::EventCounter;
+
+    /// The events of a stream are counted whatever the frames' split
+    /// points, with either line end; blank lines in a row end one event.
+    #[test]
+    fn events_are_counted_whatever_the_split_points() {
+        let stream = concat!(
+            "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n",
+            ": a comment line\n\n",
+            "data: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\r\n\r\n",
+            "event: x\ndata: two\ndata: lines\n\n\n\n",
+            "data: [DONE]\n\n",
+            "data: unterminated",
+        )
+        .as_bytes();
+        for step in 1..=stream.len() {
+            let mut counter = EventCounter::default();
+            for piece in stream.chunks(step) {
+                counter.observe(piece);
+            }
+            assert_eq!(counter.events, 5, "split every {step} bytes");
         }
     }
 }
