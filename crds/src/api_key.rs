@@ -40,9 +40,13 @@ pub struct ApiKeySpec {
     pub secret_ref: Option<SecretKeyRef>,
 
     /// Model names this key may use; `*` matches any run of characters
-    /// (`llama-*`). Absent: every model the Gateway serves that is shared
-    /// with this namespace (`ModelEndpoint.spec.apiKeys`). This list only
-    /// narrows what the models' owners share.
+    /// (`llama-*`). A name resolves in this namespace first, then among the
+    /// Gateway namespace's (platform) models. An entry `namespace/name`
+    /// (or `namespace/pattern`) opts in to another team's models that it
+    /// shares with this namespace (`ModelEndpoint.spec.apiKeys`): nothing of
+    /// another namespace is reached without it. Absent: every model of this
+    /// namespace and the platform's that is shared with this namespace.
+    /// This list only narrows what the models' owners share.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 256), inner(length(min = 1, max = 256), pattern(r"^[^\s\p{Z}\p{Cc}]+$")))]
     #[x_kube(merge_strategy = ListMerge::Set)]

@@ -145,10 +145,13 @@ pub struct ClientTls {
     /// client certificate (mutual TLS). Absent: no client certificate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_cert_secret_ref: Option<SecretRef>,
-    /// The DNS name (or IP address) the server's certificate must carry.
-    /// Absent: the host the gateway connects to.
+    /// The DNS name (RFC 1123) or IP address the server's certificate must
+    /// carry. Absent: the host the gateway connects to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 253), pattern(r"^[^\s/:]+$"))]
+    #[schemars(
+        length(min = 1, max = 253),
+        pattern(r"^([A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*|[0-9A-Fa-f:.]+)$")
+    )]
     pub server_name: Option<String>,
 }
 

@@ -25,6 +25,9 @@ pub const CONFIG_API_VERSION: &str = "waycast.dev/config-v1";
 pub const SECRET_KEY_GZIP: &str = "config.json.gz";
 /// Data keys a hand-made config Secret may use instead (plain JSON or YAML).
 pub const SECRET_KEYS_PLAIN: &[&str] = &["config.json", "config.yaml"];
+/// The largest config a gateway reads, uncompressed (a bound against gzip
+/// bombs); the operator writes no config larger, whatever it compresses to.
+pub const MAX_CONFIG_JSON_BYTES: u64 = 64 * 1024 * 1024;
 /// Default largest request body: 10 MiB.
 pub const DEFAULT_MAX_REQUEST_BODY_BYTES: u64 = 10 * 1024 * 1024;
 
@@ -66,6 +69,13 @@ pub struct ModelConfig {
     /// logs and metrics. Absent in hand-written configs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
+    /// The team namespace that owns the name: its keys resolve the name
+    /// here first; another namespace's keys reach it only by opting in to
+    /// it (`namespace/name` in their `models`). Absent: a platform model
+    /// (the Gateway's own namespace, or a hand-written config), which every
+    /// key resolves after its own namespace's models.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
     /// The namespaces whose keys may call this model: a key's namespace is
     /// the part of its `id` before the first `/`. Absent: every key. A key
     /// that may not call a model gets the same 404 as for an unknown model.
@@ -84,6 +94,32 @@ pub struct ModelConfig {
     /// `endpoints`.
     #[serde(default, skip_serializing_if = "LoadBalancingConfig::is_default")]
     pub load_balancing: LoadBalancingConfig,
+}
+
+impl ModelConfig {
+    /// The model `name`, served by one backend at `url`, with every other
+    /// field at its default.
+    pub fn to(name: impl Into<String>, url: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            aliases: Vec::new(),
+            backends: vec![BackendConfig::to(url)],
+            timeouts: TimeoutsConfig::default(),
+            limits: None,
+            source: None,
+            namespace: None,
+            key_namespaces: None,
+            forward_headers: Vec::new(),
+            output_token_reservation: None,
+            load_balancing: LoadBalancingConfig::default(),
+        }
+    }
+
+    /// The namespace whose keys resolve this model's names first; `None`
+    /// for a platform model.
+    pub fn owner_namespace(&self) -> Option<&str> {
+        self.namespace.as_deref()
+    }
 }
 
 pub use crate::balancing::{LoadBalancingConfig, LoadBalancingPolicy};
@@ -214,6 +250,20 @@ pub struct KeyConfig {
     /// Limits for this key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<LimitsConfig>,
+}
+
+impl KeyConfig {
+    /// The key `id` with SHA-256 `sha256` (lowercase hex), every other
+    /// field at its default.
+    pub fn new(id: impl Into<String>, sha256: impl Into<String>) -> Self {
+        Self { id: id.into(), sha256: sha256.into(), models: None, expires_at: None, disabled: false, limits: None }
+    }
+
+    /// The namespace of the key: its id up to the first `/` (ids are
+    /// `namespace/name` in operator-written configs); a bare id has none.
+    pub fn namespace(&self) -> &str {
+        self.id.split_once('/').map_or("", |(namespace, _)| namespace)
+    }
 }
 
 /// Requests and tokens per minute.
@@ -374,11 +424,20 @@ impl GatewayConfig {
     /// [`ConfigError`] naming the syntax error, or every invalid value with
     /// its path.
     pub fn from_slice(bytes: &[u8]) -> Result<Self, ConfigError> {
-        let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
-        let config: Self =
-            if first == Some(&b'{') { serde_json::from_slice(bytes)? } else { serde_yaml_ng::from_slice(bytes)? };
+        let config = Self::parse(bytes)?;
         config.validate().map_err(ConfigError::Invalid)?;
         Ok(config)
+    }
+
+    /// Parses JSON (text starting with `{`) or YAML without validating:
+    /// for a reader that leaves out invalid entries one by one
+    /// ([`GatewayConfig::review`]).
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the syntax error.
+    pub fn parse(bytes: &[u8]) -> Result<Self, ConfigError> {
+        let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+        Ok(if first == Some(&b'{') { serde_json::from_slice(bytes)? } else { serde_yaml_ng::from_slice(bytes)? })
     }
 
     /// Canonical JSON: what the operator writes and hashes. Field order is

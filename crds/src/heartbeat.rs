@@ -16,6 +16,37 @@ pub const REFUSED_HASH_ANNOTATION: &str = "waycast.dev/refused-config-hash";
 pub const REFUSED_REASON_ANNOTATION: &str = "waycast.dev/refused-config-reason";
 /// Longest refusal reason a pod reports.
 pub const MAX_REASON_BYTES: usize = 1024;
+/// Annotation: the entries of the config the pod serves (`holderIdentity`)
+/// that it left out, as a JSON list of [`DroppedEntry`]; absent when none.
+pub const DROPPED_ENTRIES_ANNOTATION: &str = "waycast.dev/dropped-entries";
+/// The most entries a heartbeat lists (the rest are counted in
+/// `waycast_gateway_config_entries_dropped`).
+pub const MAX_DROPPED_LISTED: usize = 32;
+
+/// One entry a pod left out of the config it serves.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DroppedEntry {
+    /// `model <namespace/name>` or `key <namespace/name>` (the config's
+    /// `source` or key `id`).
+    pub entry: String,
+    /// Why, at most [`MAX_REASON_BYTES`].
+    pub reason: String,
+}
+
+/// The dropped entries a heartbeat annotation lists, read as untrusted
+/// text: at most [`MAX_DROPPED_LISTED`], each field cut to
+/// [`MAX_REASON_BYTES`]; nothing when it is not such a list.
+pub fn dropped_entries(annotation: &str) -> Vec<DroppedEntry> {
+    let listed: Vec<DroppedEntry> = serde_json::from_str(annotation).unwrap_or_default();
+    listed
+        .into_iter()
+        .take(MAX_DROPPED_LISTED)
+        .map(|DroppedEntry { entry, reason }| DroppedEntry {
+            entry: truncate(&entry, MAX_REASON_BYTES).to_owned(),
+            reason: truncate(&reason, MAX_REASON_BYTES).to_owned(),
+        })
+        .collect()
+}
 
 /// `text` cut to at most `max` bytes on a character boundary.
 pub fn truncate(text: &str, max: usize) -> &str {
@@ -31,6 +62,24 @@ pub fn truncate(text: &str, max: usize) -> &str {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    /// A heartbeat is anyone's text: the list is bounded in length and in
+    /// the size of each field, and anything else reads as no list.
+    #[test]
+    fn dropped_entries_are_read_within_bounds() {
+        let long = "x".repeat(10 * MAX_REASON_BYTES);
+        let many: Vec<DroppedEntry> =
+            (0..100).map(|i| DroppedEntry { entry: format!("key team/k{i}"), reason: long.clone() }).collect();
+        let read = dropped_entries(&serde_json::to_string(&many).unwrap());
+        assert_eq!(read.len(), MAX_DROPPED_LISTED);
+        assert!(read.iter().all(|d| d.reason.len() == MAX_REASON_BYTES));
+        assert_eq!(read[0].entry, "key team/k0");
+        for garbage in ["", "{", "[1,2]", "{\"entry\":\"x\"}", "null"] {
+            assert_eq!(dropped_entries(garbage), Vec::new(), "{garbage}");
+        }
+    }
+
     #[test]
     fn truncates_on_char_boundaries() {
         assert_eq!(super::truncate("abc", 5), "abc");

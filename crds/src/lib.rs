@@ -25,6 +25,7 @@ pub mod gateway;
 pub mod gateway_pod;
 pub mod heartbeat;
 pub mod model_endpoint;
+pub mod tls;
 pub mod validate;
 
 pub use api_key::{ApiKey, ApiKeySpec, ApiKeyStatus};

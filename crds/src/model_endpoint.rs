@@ -85,8 +85,13 @@ pub struct ModelEndpointSpec {
     pub output_token_reservation: Option<i64>,
 
     /// Whose ApiKeys may call this model. Default: keys in this
-    /// ModelEndpoint's namespace only. A key's own `models` list narrows
-    /// this further; a key that may not call the model gets the same 404 as
+    /// ModelEndpoint's namespace only. The name is this namespace's own:
+    /// keys of another namespace (admitted here) reach the model only when
+    /// they opt in to it with `<this namespace>/<name>` in their `models`,
+    /// and their own namespace's and the Gateway namespace's models of the
+    /// same name come first. A ModelEndpoint in the Gateway's own namespace
+    /// is a platform model: every admitted key resolves it after its own
+    /// namespace's. A key that may not call the model gets the same 404 as
     /// for a model that does not exist.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_keys: Option<ModelVisibility>,

@@ -70,69 +70,138 @@ impl Collector {
     }
 }
 
+/// A config as a gateway reads it: the problems that refuse it whole
+/// (its version, its settings), and each entry left out with its own.
+///
+/// # Guarantees
+/// An entry is refused only for problems of its own or a name, id or key
+/// an earlier entry kept: what another entry says never refuses it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Review {
+    /// Problems with the config as a whole.
+    pub config: Vec<Problem>,
+    /// Model entries left out (index in `models`) and why.
+    pub models: BTreeMap<usize, Vec<Problem>>,
+    /// Key entries left out (index in `keys`) and why.
+    pub keys: BTreeMap<usize, Vec<Problem>>,
+}
+
+impl Review {
+    /// Every problem, as one error; `Ok` when there is none.
+    ///
+    /// # Errors
+    /// [`Problems`] listing them all.
+    pub fn into_result(self) -> Result<(), Problems> {
+        let all: Vec<Problem> = self
+            .config
+            .into_iter()
+            .chain(self.models.into_values().flatten())
+            .chain(self.keys.into_values().flatten())
+            .collect();
+        if all.is_empty() { Ok(()) } else { Err(Problems(all)) }
+    }
+}
+
 impl GatewayConfig {
-    /// Checks the whole config.
+    /// Checks the whole config: any problem refuses it.
     ///
     /// # Errors
     /// [`Problems`] listing every invalid value with its path.
     pub fn validate(&self) -> Result<(), Problems> {
-        let mut problems = Collector::default();
+        self.review().into_result()
+    }
+
+    /// Checks the config entry by entry (see [`Review`]). A model's names
+    /// are claimed within its owner namespace: a team's `llama` and the
+    /// platform's `llama` are two models; a second `llama` of one owner is
+    /// left out. A second entry with a key id or key text already kept is
+    /// left out.
+    pub fn review(&self) -> Review {
+        let mut review = Review::default();
+        let mut settings = Collector::default();
         if self.api_version != CONFIG_API_VERSION {
-            problems.add("apiVersion", format!("must be {CONFIG_API_VERSION:?}, found {:?}", self.api_version));
+            settings.add("apiVersion", format!("must be {CONFIG_API_VERSION:?}, found {:?}", self.api_version));
         }
-        let mut claimed: BTreeMap<&str, String> = BTreeMap::new();
+        check_settings(&self.settings, &mut settings);
+        review.config = settings.0;
+
+        let mut claimed: BTreeMap<(Option<&str>, &str), String> = BTreeMap::new();
         for (index, model) in self.models.iter().enumerate() {
             let path = format!("models[{index}]");
+            let mut problems = Collector::default();
             check_model(&path, model, &mut problems);
             let names = std::iter::once((format!("{path}.name"), &model.name))
                 .chain(model.aliases.iter().enumerate().map(|(i, alias)| (format!("{path}.aliases[{i}]"), alias)));
+            let owner = model.owner_namespace();
+            let mut names_here: Vec<&str> = Vec::new();
             for (name_path, name) in names {
-                if let Some(owner) = claimed.get(name.as_str()) {
-                    problems.add(&name_path, format!("{name:?} is already claimed by {owner}"));
+                if let Some(first) = claimed.get(&(owner, name.as_str())) {
+                    problems.add(&name_path, format!("{name:?} is already claimed by {first}"));
+                } else if names_here.contains(&name.as_str()) {
+                    problems.add(&name_path, format!("{name:?} is named twice"));
                 } else {
-                    claimed.insert(name, name_path);
+                    names_here.push(name);
                 }
+            }
+            if problems.0.is_empty() {
+                for (offset, name) in names_here.into_iter().enumerate() {
+                    let name_path =
+                        if offset == 0 { format!("{path}.name") } else { format!("{path}.aliases[{}]", offset - 1) };
+                    claimed.insert((owner, name), name_path);
+                }
+            } else {
+                review.models.insert(index, problems.0);
             }
         }
         let mut ids: BTreeMap<&str, usize> = BTreeMap::new();
         let mut hashes: BTreeMap<&str, usize> = BTreeMap::new();
         for (index, key) in self.keys.iter().enumerate() {
             let path = format!("keys[{index}]");
+            let mut problems = Collector::default();
             check_key(&path, key, &mut problems);
-            if let Some(first) = ids.insert(&key.id, index) {
+            if let Some(first) = ids.get(key.id.as_str()) {
                 problems.add(format!("{path}.id"), format!("{:?} is also the id of keys[{first}]", key.id));
             }
-            if let Some(first) = hashes.insert(&key.sha256, index) {
+            if let Some(first) = hashes.get(key.sha256.as_str()) {
                 problems.add(format!("{path}.sha256"), format!("same key as keys[{first}]"));
             }
-        }
-        let body_limit = self.settings.max_request_body_bytes;
-        if body_limit == 0 || body_limit > MAX_REQUEST_BODY_LIMIT {
-            problems.add("settings.maxRequestBodyBytes", format!("must be between 1 and {MAX_REQUEST_BODY_LIMIT}"));
-        }
-        if let Some(redis) = &self.settings.redis {
-            let port = redis.address.rsplit_once(':').and_then(|(host, port)| (!host.is_empty()).then_some(port));
-            if port.and_then(|p| p.parse::<u16>().ok()).is_none_or(|p| p == 0) {
-                problems.add("settings.redis.address", "must be host:port");
-            }
-            if redis.timeout.is_zero() {
-                problems.add("settings.redis.timeout", "must be more than 0");
-            }
-            if redis.username.is_some() && redis.password.is_none() {
-                problems.add("settings.redis.username", "needs a password");
-            }
-            if let Some(tls) = &redis.tls
-                && tls.client_cert_pem.is_some() != tls.client_key_pem.is_some()
-            {
-                problems.add("settings.redis.tls", "clientCertPem and clientKeyPem go together");
+            if problems.0.is_empty() {
+                ids.insert(&key.id, index);
+                hashes.insert(&key.sha256, index);
+            } else {
+                review.keys.insert(index, problems.0);
             }
         }
-        for (index, range) in self.settings.denied_cidrs.iter().enumerate() {
-            if let Err(error) = range.parse::<Cidr>() {
-                problems.add(format!("settings.deniedCIDRs[{index}]"), error.to_string());
-            }
+        review
+    }
+}
+
+fn check_settings(settings: &crate::config::Settings, problems: &mut Collector) {
+    let body_limit = settings.max_request_body_bytes;
+    if body_limit == 0 || body_limit > MAX_REQUEST_BODY_LIMIT {
+        problems.add("settings.maxRequestBodyBytes", format!("must be between 1 and {MAX_REQUEST_BODY_LIMIT}"));
+    }
+    if let Some(redis) = &settings.redis {
+        let port = redis.address.rsplit_once(':').and_then(|(host, port)| (!host.is_empty()).then_some(port));
+        if port.and_then(|p| p.parse::<u16>().ok()).is_none_or(|p| p == 0) {
+            problems.add("settings.redis.address", "must be host:port");
         }
-        if problems.0.is_empty() { Ok(()) } else { Err(Problems(problems.0)) }
+        if redis.timeout.is_zero() {
+            problems.add("settings.redis.timeout", "must be more than 0");
+        }
+        if redis.username.is_some() && redis.password.is_none() {
+            problems.add("settings.redis.username", "needs a password");
+        }
+        if let Some(tls) = &redis.tls
+            && tls.client_cert_pem.is_some() != tls.client_key_pem.is_some()
+        {
+            problems.add("settings.redis.tls", "clientCertPem and clientKeyPem go together");
+        }
+    }
+    for (index, range) in settings.denied_cidrs.iter().enumerate() {
+        if let Err(error) = range.parse::<Cidr>() {
+            problems.add(format!("settings.deniedCIDRs[{index}]"), error.to_string());
+        }
     }
 }
 
@@ -266,6 +335,11 @@ fn check_backend(path: &str, backend: &BackendConfig, problems: &mut Collector) 
             problems.add(&header_path, "value has characters not allowed in a header");
         }
     }
+    if let Some(tls) = &backend.tls {
+        for (field, message) in crate::tls::client_tls_problems(tls) {
+            problems.add(join(path, &format!("tls.{field}")), message);
+        }
+    }
 }
 
 /// Why `url` is not an absolute http(s) base URL a backend may use, if it
@@ -327,7 +401,7 @@ fn check_limits(path: &str, limits: &LimitsConfig, problems: &mut Collector) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Settings, TimeoutsConfig};
+    use crate::config::Settings;
 
     fn backend(url: &str) -> BackendConfig {
         BackendConfig::to(url)
@@ -335,28 +409,13 @@ mod tests {
 
     fn model(name: &str, aliases: &[&str]) -> ModelConfig {
         ModelConfig {
-            name: name.into(),
             aliases: aliases.iter().map(|a| (*a).into()).collect(),
-            backends: vec![backend("http://10.0.0.1:8000/v1")],
-            timeouts: TimeoutsConfig::default(),
-            limits: None,
-            source: None,
-            key_namespaces: None,
-            forward_headers: Vec::new(),
-            output_token_reservation: None,
-            load_balancing: Default::default(),
+            ..ModelConfig::to(name, "http://10.0.0.1:8000/v1")
         }
     }
 
     fn key(id: &str, sha256: &str) -> KeyConfig {
-        KeyConfig {
-            id: id.into(),
-            sha256: sha256.into(),
-            models: None,
-            expires_at: None,
-            disabled: false,
-            limits: None,
-        }
+        KeyConfig::new(id, sha256)
     }
 
     const HASH_A: &str = "2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae";
@@ -459,7 +518,19 @@ mod tests {
     #[test]
     fn one_object_checks_name_the_field() {
         type Breaks = fn(&mut ModelConfig);
-        let cases: [(&str, Breaks); 5] = [
+        let cases: [(&str, Breaks); 8] = [
+            ("backends[0].tls.serverName", |m| {
+                m.backends[0].tls =
+                    Some(crate::config::ClientTlsConfig { server_name: Some("a..b".into()), ..Default::default() });
+            }),
+            ("backends[0].tls.serverName", |m| {
+                m.backends[0].tls =
+                    Some(crate::config::ClientTlsConfig { server_name: Some("ünï".into()), ..Default::default() });
+            }),
+            ("backends[0].tls.caPem", |m| {
+                m.backends[0].tls =
+                    Some(crate::config::ClientTlsConfig { ca_pem: Some("garbage".into()), ..Default::default() });
+            }),
             ("timeouts.idle", |m| m.timeouts.idle = Duration::ZERO),
             ("name", |m| m.name = "llama\u{a0}3".into()),
             ("aliases[0]", |m| m.aliases = vec!["a\u{2003}b".into()]),
@@ -487,5 +558,42 @@ mod tests {
         let mut glob = key("team-a/alice", HASH_A);
         glob.models = Some(vec!["llama-*\u{85}".into()]);
         assert_eq!(glob.validate().unwrap_err().0[0].path, "models[0]");
+    }
+
+    /// A gateway leaves out exactly the entries with problems of their
+    /// own, and the later of two that claim one name in one owner
+    /// namespace; settings problems refuse the config whole.
+    #[test]
+    fn a_review_leaves_out_each_bad_entry_alone() {
+        let mut config = GatewayConfig::empty();
+        let team = |name: &str, namespace: &str| ModelConfig { namespace: Some(namespace.into()), ..model(name, &[]) };
+        let mut bad_tls = team("vision", "team-b");
+        bad_tls.backends[0].tls =
+            Some(crate::config::ClientTlsConfig { server_name: Some("a..b".into()), ..Default::default() });
+        config.models = vec![
+            model("llama", &[]),
+            team("llama", "team-a"),
+            team("llama", "team-b"),
+            team("llama-alias", "team-a"),
+            ModelConfig { aliases: vec!["llama".into()], ..team("second", "team-a") },
+            bad_tls,
+            model("a b", &[]),
+        ];
+        let other = "0".repeat(64);
+        config.keys = vec![
+            key("team-a/k1", HASH_A),
+            key("team-b/k2", HASH_A),
+            key("team-a/k1", &other),
+            key("", &"1".repeat(64)),
+        ];
+        let review = config.review();
+        assert_eq!(review.config, Vec::new());
+        assert_eq!(review.models.keys().copied().collect::<Vec<_>>(), [4, 5, 6], "{review:?}");
+        assert!(review.models[&4][0].message.contains("already claimed by models[1].name"), "{review:?}");
+        assert_eq!(review.models[&5][0].path, "models[5].backends[0].tls.serverName");
+        assert_eq!(review.keys.keys().copied().collect::<Vec<_>>(), [1, 2, 3], "{review:?}");
+        config.settings.max_request_body_bytes = 0;
+        assert_eq!(config.review().config[0].path, "settings.maxRequestBodyBytes");
+        assert!(config.validate().is_err());
     }
 }

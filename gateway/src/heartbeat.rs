@@ -18,7 +18,10 @@ use crate::shared::Shared;
 
 use waycast_crds::gateway_pod::env;
 pub use waycast_crds::heartbeat::GATEWAY_LABEL;
-use waycast_crds::heartbeat::{REFUSED_HASH_ANNOTATION, REFUSED_REASON_ANNOTATION};
+use waycast_crds::heartbeat::{
+    DROPPED_ENTRIES_ANNOTATION, DroppedEntry, MAX_DROPPED_LISTED, MAX_REASON_BYTES, REFUSED_HASH_ANNOTATION,
+    REFUSED_REASON_ANNOTATION, truncate,
+};
 
 use crate::config::Refused;
 
@@ -54,14 +57,32 @@ impl PodIdentity {
     }
 }
 
-fn lease(identity: &PodIdentity, hash: &str, refused: Option<&Refused>) -> Lease {
-    let annotations = refused.map(|refused| {
-        [
-            (REFUSED_HASH_ANNOTATION.to_owned(), refused.hash.clone()),
-            (REFUSED_REASON_ANNOTATION.to_owned(), refused.reason.clone()),
-        ]
-        .into()
-    });
+/// The annotation listing the entries of the served config left out.
+fn dropped_annotation(dropped: &[crate::snapshot::Dropped]) -> Option<String> {
+    if dropped.is_empty() {
+        return None;
+    }
+    let listed: Vec<DroppedEntry> = dropped
+        .iter()
+        .take(MAX_DROPPED_LISTED)
+        .map(|d| DroppedEntry {
+            entry: truncate(&d.entry, MAX_REASON_BYTES).to_owned(),
+            reason: truncate(&d.reason, MAX_REASON_BYTES).to_owned(),
+        })
+        .collect();
+    serde_json::to_string(&listed).ok()
+}
+
+fn lease(identity: &PodIdentity, hash: &str, refused: Option<&Refused>, dropped: Option<String>) -> Lease {
+    let mut annotations = std::collections::BTreeMap::new();
+    if let Some(refused) = refused {
+        annotations.insert(REFUSED_HASH_ANNOTATION.to_owned(), refused.hash.clone());
+        annotations.insert(REFUSED_REASON_ANNOTATION.to_owned(), refused.reason.clone());
+    }
+    if let Some(dropped) = dropped {
+        annotations.insert(DROPPED_ENTRIES_ANNOTATION.to_owned(), dropped);
+    }
+    let annotations = (!annotations.is_empty()).then_some(annotations);
     Lease {
         metadata: ObjectMeta {
             name: Some(identity.pod.clone()),
@@ -93,12 +114,14 @@ pub async fn run(client: Client, identity: PodIdentity, shared: Arc<Shared>) {
     let mut reported: (Option<String>, Option<String>) = (None, None);
     let mut last = Instant::now();
     loop {
-        let serving = shared.config.current().map(|snapshot| snapshot.hash.clone());
+        let current = shared.config.current();
+        let serving = current.as_ref().map(|snapshot| snapshot.hash.clone());
         let refused = shared.config.refused();
         let state = (serving, refused.as_ref().map(|r| r.hash.clone()));
         let due = reported != state || last.elapsed() >= RENEW;
         if let (true, Some(hash)) = (due, state.0.as_ref()) {
-            let lease = lease(&identity, hash, refused.as_deref());
+            let dropped = current.as_ref().and_then(|snapshot| dropped_annotation(&snapshot.dropped));
+            let lease = lease(&identity, hash, refused.as_deref(), dropped);
             match api.patch(&identity.pod, &params, &Patch::Apply(lease)).await {
                 Ok(_) => {
                     reported = state;

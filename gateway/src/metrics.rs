@@ -114,6 +114,8 @@ pub struct Metrics {
     pub config_info: IntGaugeVec,
     /// Unix time of the last applied config.
     pub config_last_reload: IntGauge,
+    /// Entries of the served config left out, by kind (`model`, `key`).
+    pub config_entries_dropped: IntGaugeVec,
     /// Requests under a rate limit by model, key and decision (`admitted`,
     /// or the limit that refused: `key_requests`, `key_tokens`,
     /// `model_requests`, `model_tokens`).
@@ -210,6 +212,13 @@ impl Metrics {
             "waycast_gateway_config_last_reload_timestamp_seconds",
             "Unix time the current config was applied.",
         )?;
+        let config_entries_dropped = IntGaugeVec::new(
+            Opts::new(
+                "waycast_gateway_config_entries_dropped",
+                "Entries of the served config left out because they cannot be served (each is logged and reported in the heartbeat), by kind.",
+            ),
+            &["kind"],
+        )?;
         let rate_limit_requests = IntCounterVec::new(
             Opts::new(
                 "waycast_gateway_rate_limit_requests_total",
@@ -262,6 +271,7 @@ impl Metrics {
             config_reload_errors,
             config_info,
             config_last_reload,
+            config_entries_dropped,
             rate_limit_requests,
             rate_limit_tokens,
             rate_limit_pods,
@@ -296,6 +306,7 @@ impl Metrics {
             Box::new(self.config_reload_errors.clone()),
             Box::new(self.config_info.clone()),
             Box::new(self.config_last_reload.clone()),
+            Box::new(self.config_entries_dropped.clone()),
             Box::new(self.rate_limit_requests.clone()),
             Box::new(self.rate_limit_tokens.clone()),
             Box::new(self.rate_limit_pods.clone()),

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use waycast_crds::config::{ClientTlsConfig, GatewayConfig, LimitsConfig};
+use waycast_crds::config::{ClientTlsConfig, GatewayConfig, LimitsConfig, ModelConfig};
 use waycast_crds::egress::Cidr;
 
 use crate::limit::LimitSet;
@@ -30,6 +30,9 @@ use crate::upstream::{UpstreamClient, effective_tls};
 pub struct Resources {
     denied: Arc<[Cidr]>,
     clients: Vec<(ClientKey, UpstreamClient)>,
+    /// Clients that could not be made, and why: the models that need one
+    /// are left out alone.
+    unbuildable: Vec<(ClientKey, String)>,
     redis: Option<Arc<RedisCounter>>,
     key_limits: HashMap<Arc<str>, Limits>,
     model_limits: HashMap<Arc<str>, Limits>,
@@ -47,9 +50,21 @@ struct Limits {
 }
 
 impl Resources {
-    /// The pooled clients whose connects give up after `connect` and use `tls`.
-    pub fn client(&self, connect: Duration, tls: Option<&ClientTlsConfig>) -> Option<&UpstreamClient> {
-        self.clients.iter().find(|((timeout, with), _)| *timeout == connect && with.as_ref() == tls).map(|(_, c)| c)
+    /// The pooled clients whose connects give up after `connect` and use
+    /// `tls`, or why they could not be made.
+    ///
+    /// # Errors
+    /// Why no client exists for these settings (a TLS setup that failed).
+    pub fn client(&self, connect: Duration, tls: Option<&ClientTlsConfig>) -> Result<&UpstreamClient, String> {
+        let same = |(timeout, with): &ClientKey| *timeout == connect && with.as_ref() == tls;
+        if let Some((_, client)) = self.clients.iter().find(|(key, _)| same(key)) {
+            return Ok(client);
+        }
+        Err(self
+            .unbuildable
+            .iter()
+            .find(|(key, _)| same(key))
+            .map_or_else(|| "no upstream client was lent for it".to_owned(), |(_, reason)| reason.clone()))
     }
 
     /// The limiter state of the key with this id.
@@ -57,9 +72,10 @@ impl Resources {
         self.key_limits.get(id).map(|limits| limits.state.clone())
     }
 
-    /// The limiter state of the model with this name (over all keys).
-    pub fn model_limits(&self, name: &str) -> Option<Arc<LimitSet>> {
-        self.model_limits.get(name).map(|limits| limits.state.clone())
+    /// The limiter state of the model with this id (over all keys; see
+    /// [`model_id`]).
+    pub fn model_limits(&self, id: &str) -> Option<Arc<LimitSet>> {
+        self.model_limits.get(id).map(|limits| limits.state.clone())
     }
 
     /// The fleet-wide counter, when the config says Redis.
@@ -80,8 +96,12 @@ impl Registry {
     /// old state). Starts a Redis connection task when the settings ask for
     /// a new one.
     ///
+    /// An upstream client that cannot be made (its TLS settings fail) is
+    /// not an error here: it is recorded, and the models that need it are
+    /// left out when the snapshot is built.
+    ///
     /// # Errors
-    /// [`BuildError::Tls`] when a TLS setup (upstreams, Redis) fails.
+    /// [`BuildError::Tls`] when the Redis TLS setup fails.
     pub fn lend(&self, config: &GatewayConfig) -> Result<Resources, BuildError> {
         let held = &self.held;
         // Validation parsed these already; an entry that fails here is skipped.
@@ -89,22 +109,20 @@ impl Registry {
         // Pools are reused only while the egress rules they enforce stay.
         let reusable = if held.denied == denied { held.clients.as_slice() } else { &[] };
         let mut clients: Vec<(ClientKey, UpstreamClient)> = Vec::new();
-        let wanted = config.models.iter().enumerate().flat_map(|(model, m)| {
-            m.backends
-                .iter()
-                .enumerate()
-                .map(move |(backend, b)| ((model, backend), (m.timeouts.connect, effective_tls(b))))
-        });
-        for ((model, backend), key) in wanted {
-            if clients.iter().any(|(held, _)| *held == key) {
+        let mut unbuildable: Vec<(ClientKey, String)> = Vec::new();
+        let wanted =
+            config.models.iter().flat_map(|m| m.backends.iter().map(move |b| (m.timeouts.connect, effective_tls(b))));
+        for key in wanted {
+            if clients.iter().any(|(held, _)| *held == key) || unbuildable.iter().any(|(held, _)| *held == key) {
                 continue;
             }
-            let client = match reusable.iter().find(|(held, _)| *held == key) {
-                Some((_, client)) => client.clone(),
-                None => crate::upstream::client(key.0, &denied, key.1.as_ref())
-                    .map_err(|e| BuildError::Tls(format!("models[{model}].backends[{backend}].tls: {e}")))?,
-            };
-            clients.push((key, client));
+            match reusable.iter().find(|(held, _)| *held == key) {
+                Some((_, client)) => clients.push((key, client.clone())),
+                None => match crate::upstream::client(key.0, &denied, key.1.as_ref()) {
+                    Ok(client) => clients.push((key, client)),
+                    Err(error) => unbuildable.push((key, format!("tls: {error}"))),
+                },
+            }
         }
         let key_limits = config
             .keys
@@ -115,8 +133,11 @@ impl Registry {
         let model_limits = config
             .models
             .iter()
-            .filter_map(|model| Some((model.name.as_str(), model.limits?)))
-            .map(|(name, wanted)| (Arc::from(name), continued(held.model_limits.get(name), wanted)))
+            .filter_map(|model| Some((model_id(model), model.limits?)))
+            .map(|(id, wanted)| {
+                let state = continued(held.model_limits.get(id.as_ref()), wanted);
+                (Arc::from(id.as_ref()), state)
+            })
             .collect();
         // The connection (and its task) is kept while the Redis settings stay.
         let redis = match config.settings.redis.as_ref() {
@@ -129,13 +150,22 @@ impl Registry {
                 )),
             },
         };
-        Ok(Resources { denied, clients, redis, key_limits, model_limits })
+        Ok(Resources { denied, clients, unbuildable, redis, key_limits, model_limits })
     }
 
     /// Records what the config now serving was built with; what it does not
     /// use is dropped (pools close, a Redis task ends).
     pub fn keep(&mut self, resources: Resources) {
         self.held = resources;
+    }
+}
+
+/// What names a model across namespaces (its limiter state, its metrics):
+/// its name for a platform model, `namespace/name` for a team's.
+pub fn model_id(model: &ModelConfig) -> std::borrow::Cow<'_, str> {
+    match model.owner_namespace() {
+        None => std::borrow::Cow::Borrowed(&model.name),
+        Some(namespace) => std::borrow::Cow::Owned(format!("{namespace}/{}", model.name)),
     }
 }
 
@@ -156,18 +186,13 @@ mod tests {
         let mut config: GatewayConfig = serde_json::from_str(r#"{"apiVersion":"waycast.dev/config-v1"}"#).unwrap();
         config.settings = Settings { denied_cidrs: denied.iter().map(|&c| c.to_owned()).collect(), ..config.settings };
         for (index, seconds) in connects.iter().enumerate() {
-            let mut model: waycast_crds::config::ModelConfig = serde_json::from_value(serde_json::json!({
-                "name": format!("m{index}"), "backends": [{"url": "http://upstream:8000/v1"}]
-            }))
-            .unwrap();
+            let mut model = ModelConfig::to(format!("m{index}"), "http://upstream:8000/v1");
             model.timeouts.connect = Duration::from_secs(*seconds);
             config.models.push(model);
         }
-        let key: waycast_crds::config::KeyConfig =
-            serde_json::from_value(serde_json::json!({"id": "team/key", "sha256": "00".repeat(32)})).unwrap();
         config.keys.push(waycast_crds::config::KeyConfig {
             limits: key_limit.map(|n| LimitsConfig { requests_per_minute: Some(n), tokens_per_minute: None }),
-            ..key
+            ..waycast_crds::config::KeyConfig::new("team/key", "00".repeat(32))
         });
         config
     }

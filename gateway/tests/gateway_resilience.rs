@@ -122,7 +122,7 @@ async fn a_bad_config_is_rejected_and_the_last_good_one_keeps_serving() {
     let fixture = Fixture::start(FixtureOptions::default(), |_, _| {}).await;
     let errors_before = fixture.metric("waycast_gateway_config_reload_errors_total").await.unwrap();
     for bad in
-        ["apiVersion: waycast.dev/config-v1\nmodels: [{name: x, backends: []}]\n", "{{{ not yaml", "apiVersion: v0\n"]
+        ["apiVersion: waycast.dev/config-v1\nsettings: {maxRequestBodyBytes: 0}\n", "{{{ not yaml", "apiVersion: v0\n"]
     {
         fixture.write_config(bad.as_bytes());
         let deadline = Instant::now() + Duration::from_secs(3);
@@ -138,6 +138,34 @@ async fn a_bad_config_is_rejected_and_the_last_good_one_keeps_serving() {
         assert_eq!(status, StatusCode::OK, "the last good config stopped serving after {bad:?}");
         assert_eq!(fixture.admin_get("/readyz").await.0, StatusCode::OK);
     }
+}
+
+/// An entry the gateway cannot serve (here a backend TLS server name that
+/// is no DNS name, as one tenant wrote it) is left out alone: the rest of
+/// the new config applies — a key disabled in it is refused at once — and
+/// the entry is counted and named in the log.
+#[tokio::test]
+async fn one_bad_entry_is_left_out_and_the_rest_of_the_config_applies() {
+    use waycast_crds::config::ClientTlsConfig;
+    use waycast_mock::fixtures::BOB_KEY;
+    let fixture = Fixture::start(FixtureOptions::default(), |_, _| {}).await;
+    let mistral = r#"{"model":"mistral-7b","messages":[]}"#;
+    assert_eq!(fixture.post("/v1/chat/completions", Some(BOB_KEY), mistral).await.0, StatusCode::OK);
+    let mut config = fixture::default_config(&fixture.mock.base_url());
+    config.models[1].backends[0].tls = Some(ClientTlsConfig { server_name: Some("a..b".into()), ..Default::default() });
+    config.keys[1].disabled = true;
+    fixture.write_config(serde_yaml_ng::to_string(&config).unwrap().as_bytes());
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while fixture.post("/v1/chat/completions", Some(BOB_KEY), mistral).await.0 != StatusCode::UNAUTHORIZED {
+        assert!(Instant::now() < deadline, "the disabled key was still served: the config did not apply");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(fixture.post("/v1/chat/completions", Some(ALICE_KEY), mistral).await.0, StatusCode::NOT_FOUND);
+    let llama = r#"{"model":"llama3","messages":[]}"#;
+    assert_eq!(fixture.post("/v1/chat/completions", Some(ALICE_KEY), llama).await.0, StatusCode::OK);
+    let dropped = fixture.metric("waycast_gateway_config_entries_dropped{kind=\"model\"}").await;
+    assert_eq!(dropped, Some(1.0));
+    assert_eq!(fixture.metric("waycast_gateway_config_entries_dropped{kind=\"key\"}").await, Some(0.0));
 }
 
 #[tokio::test]

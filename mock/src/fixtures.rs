@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http::Request;
 use http_body_util::Full;
 use waycast_crds::GatewayConfig;
-use waycast_crds::config::{BackendConfig, KeyConfig, ModelConfig, TimeoutsConfig};
+use waycast_crds::config::{KeyConfig, ModelConfig};
 
 /// Alice may use every model.
 pub const ALICE_KEY: &str = "wc_alice_test_key_0123456789abcdefghijklmnop";
@@ -30,22 +30,15 @@ pub fn sha256_hex(text: &str) -> String {
 }
 
 fn key(id: &str, text: &str) -> KeyConfig {
-    KeyConfig { id: id.into(), sha256: sha256_hex(text), models: None, expires_at: None, disabled: false, limits: None }
+    KeyConfig::new(id, sha256_hex(text))
 }
 
 fn model(name: &str, aliases: &[&str], url: &str) -> ModelConfig {
     ModelConfig {
-        name: name.into(),
         aliases: aliases.iter().map(|a| (*a).to_owned()).collect(),
-        backends: vec![BackendConfig::to(url)],
-        timeouts: TimeoutsConfig::default(),
-        limits: None,
-        source: None,
-        key_namespaces: None,
         // The mock upstream is driven by x-mock-* request headers.
         forward_headers: vec!["x-mock-*".into()],
-        output_token_reservation: None,
-        load_balancing: Default::default(),
+        ..ModelConfig::to(name, url)
     }
 }
 

@@ -89,6 +89,26 @@ impl Authority {
     }
 }
 
+/// PEM text of a fresh CA certificate and of a client certificate it
+/// signed with that certificate's key, in memory: `(ca, cert, key)`.
+///
+/// # Errors
+/// Key generation or signing failing.
+pub fn pem_ca_and_client() -> anyhow::Result<(String, String, String)> {
+    let ca_key = KeyPair::generate()?;
+    let mut ca = CertificateParams::new(Vec::<String>::new())?;
+    ca.distinguished_name.push(DnType::CommonName, "waycast test CA");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::DigitalSignature];
+    let ca_cert = ca.self_signed(&ca_key)?;
+    let client_key = KeyPair::generate()?;
+    let mut client = CertificateParams::new(Vec::<String>::new())?;
+    client.distinguished_name.push(DnType::CommonName, "gateway");
+    client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let client_cert = client.signed_by(&client_key, &Issuer::from_params(&ca, &ca_key))?;
+    Ok((ca_cert.pem(), client_cert.pem(), client_key.serialize_pem()))
+}
+
 /// Generates the ServiceAccount token signing key pair: `sa.key` (private,
 /// for the API server and controller-manager) and `sa.pub`.
 ///

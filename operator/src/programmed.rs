@@ -114,6 +114,36 @@ pub struct Compile {
     pub model_verdicts: BTreeMap<ObjectKey, Verdict>,
 }
 
+/// Marks the objects a pod reports it left out of the config it serves
+/// (`reports`: pod name and entry, from heartbeats of the current config)
+/// as refused: such an object is in the config but not served, so it is
+/// neither accepted nor programmed, and its status says which pod and why.
+pub fn refuse_dropped(
+    compiled: &mut crate::compile::Compiled,
+    reports: &[(String, waycast_crds::heartbeat::DroppedEntry)],
+) {
+    use waycast_crds::condition::reasons::REFUSED_BY_GATEWAY;
+    for (pod, dropped) in reports {
+        let Some((kind, id)) = dropped.entry.split_once(' ') else { continue };
+        let Some((namespace, name)) = id.split_once('/') else { continue };
+        let key = ObjectKey { namespace: namespace.to_owned(), name: name.to_owned() };
+        let message = format!("gateway pod {pod} left it out of the config it serves: {}", dropped.reason);
+        match kind {
+            "model" => {
+                if let Some(verdict) = compiled.models.get_mut(&key).filter(|v| v.accepted) {
+                    *verdict = Verdict::refused(REFUSED_BY_GATEWAY, message);
+                }
+            }
+            "key" => {
+                if let Some(verdict) = compiled.keys.get_mut(&key).filter(|v| v.verdict.accepted) {
+                    verdict.verdict = Verdict::refused(REFUSED_BY_GATEWAY, message);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
 /// The Gateway's pods as the operator sees them.
 pub struct Pods<'a> {
     /// The config hash each pod's heartbeat reports.
@@ -293,6 +323,30 @@ mod tests {
         let (third, _) = next(Some(&second), too_large, &pods(&["h2".into()]));
         assert!(programmed(&third, "a"));
         assert!(!programmed(&third, "c"));
+    }
+
+    /// An entry a pod could not build is refused with the pod's reason;
+    /// reports of objects the config does not serve, or not `kind ns/name`,
+    /// change nothing.
+    #[test]
+    fn an_entry_a_pod_left_out_is_refused_with_its_reason() {
+        use waycast_crds::heartbeat::DroppedEntry;
+        let mut compiled = crate::compile::Compiled {
+            config: waycast_crds::GatewayConfig::empty(),
+            models: [(id("vision"), Verdict::accepted("Accepted", "served"))].into(),
+            keys: [(id("a"), served()), (id("b"), served())].into(),
+            gateway: None,
+        };
+        let report = |entry: &str| {
+            ("gw-0".to_owned(), DroppedEntry { entry: entry.into(), reason: "backends[0].tls: bad".into() })
+        };
+        let reports = [report("model team/vision"), report("key team/a"), report("key other/a"), report("garbage")];
+        refuse_dropped(&mut compiled, &reports);
+        let model = &compiled.models[&id("vision")];
+        assert_eq!((model.accepted, model.reason), (false, "RefusedByGateway"));
+        assert!(model.message.contains("gw-0") && model.message.contains("backends[0].tls: bad"), "{}", model.message);
+        assert!(!compiled.keys[&id("a")].verdict.accepted);
+        assert!(compiled.keys[&id("b")].verdict.accepted);
     }
 
     #[test]

@@ -157,10 +157,11 @@ pub(crate) fn endpoint_content(slice: &EndpointSlice) -> u64 {
     fingerprint(&slice.metadata, (&slice.metadata.labels, endpoints, ports))
 }
 
-/// A heartbeat's Gateway, the config hash its pod reports and the config
-/// it refused, not its renewals.
+/// A heartbeat's Gateway, the config hash its pod reports, the config it
+/// refused and the entries it left out, not its renewals.
 pub(crate) fn heartbeat(lease: &Lease) -> u64 {
-    fingerprint(&lease.metadata, (&lease.metadata.labels, holder(lease), refused_hash(lease)))
+    let dropped = lease.annotations().get(waycast_crds::heartbeat::DROPPED_ENTRIES_ANNOTATION);
+    fingerprint(&lease.metadata, (&lease.metadata.labels, holder(lease), refused_hash(lease), dropped))
 }
 
 pub(crate) fn refused_hash(lease: &Lease) -> Option<&String> {

@@ -52,7 +52,7 @@ pub fn compile_figures(fleet: &Fleet, runs: usize) -> anyhow::Result<CompileFigu
             compiled.keys.values().find(|v| !v.verdict.accepted)
         );
         let started = Instant::now();
-        let (secret, _) = waycast_operator::render::config_secret::config_secret(&fleet.gateway, &compiled.config)?;
+        let (secret, _, _) = waycast_operator::render::config_secret::config_secret(&fleet.gateway, &compiled.config)?;
         render_times.push(started.elapsed().as_secs_f64() * 1e3);
         let json = compiled.config.to_canonical_json()?;
         let gzipped = secret.data.as_ref().and_then(|d| d.values().next()).map_or(0, |b| b.0.len());

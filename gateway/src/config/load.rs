@@ -6,10 +6,11 @@ use waycast_crds::GatewayConfig;
 use waycast_crds::config::ConfigError;
 
 use crate::registry::Registry;
-use crate::snapshot::{BuildError, Snapshot};
+use crate::snapshot::{self, BuildError, Snapshot};
 
-/// Largest config accepted after decompression: a bound against gzip bombs.
-pub const MAX_CONFIG_BYTES: u64 = 64 * 1024 * 1024;
+/// Largest config accepted after decompression: a bound against gzip bombs,
+/// the same the operator writes within.
+pub const MAX_CONFIG_BYTES: u64 = waycast_crds::config::MAX_CONFIG_JSON_BYTES;
 
 /// Why a config was rejected.
 #[derive(Debug, thiserror::Error)]
@@ -32,19 +33,21 @@ pub enum LoadError {
 }
 
 /// Builds a snapshot from `bytes`, or `None` when they are what `previous`
-/// was built from. The registry keeps what the new snapshot was built with
-/// only once it is built.
+/// was built from. Entries that cannot be served are left out one by one
+/// (the snapshot lists them); the registry keeps what the new snapshot was
+/// built with only once it is built.
 ///
 /// # Errors
-/// [`LoadError`] when the bytes are not a valid config.
+/// [`LoadError`] when the bytes are not a config, or its version or
+/// settings are invalid.
 pub fn load(bytes: &[u8], previous: Option<&Snapshot>, registry: &mut Registry) -> Result<Option<Snapshot>, LoadError> {
     let hash = waycast_crds::digest::config_hash(bytes);
     if previous.is_some_and(|p| p.hash == hash) {
         return Ok(None);
     }
-    let config = GatewayConfig::from_slice(bytes)?;
+    let (config, dropped) = snapshot::screen(GatewayConfig::parse(bytes)?)?;
     let lent = registry.lend(&config)?;
-    let snapshot = Snapshot::build(&config, hash, &lent)?;
+    let snapshot = Snapshot::build(&config, hash, &lent, dropped)?;
     registry.keep(lent);
     Ok(Some(snapshot))
 }

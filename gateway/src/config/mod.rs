@@ -134,12 +134,20 @@ impl ConfigStore {
                     config.hash = %hash,
                     models = snapshot.routes().len(),
                     keys = snapshot.key_count(),
+                    dropped = snapshot.dropped.len(),
                     "config applied"
                 );
                 metrics.config_reloads.inc();
                 metrics.config_info.reset();
                 metrics.config_info.with_label_values(&[&hash]).set(1);
                 metrics.config_last_reload.set(jiff::Timestamp::now().as_second());
+                for kind in ["model", "key"] {
+                    let dropped = snapshot.dropped.iter().filter(|d| d.entry.starts_with(kind)).count();
+                    metrics
+                        .config_entries_dropped
+                        .with_label_values(&[kind])
+                        .set(i64::try_from(dropped).unwrap_or(i64::MAX));
+                }
                 self.current.store(Some(Arc::new(snapshot)));
                 self.refused.store(None);
                 Ok(Applied::Changed(hash))

@@ -343,7 +343,7 @@ mod tests {
             "apiVersion": "waycast.dev/config-v1",
             "models": [{
                 "name": "m",
-                "forwardHeaders": ["x-*"],
+                "forwardHeaders": ["x-session", "x-team"],
                 "backends": [{"url": "https://up.example:8443/v1?api-version=7", "headers": {"x-team": "from-config"}}]
             }],
             "keys": []

@@ -135,7 +135,16 @@ struct Relayed {
 }
 
 fn finish_without_body(exchange: Exchange, status: u16, error: Option<&'static str>) {
-    exchange.finish(Outcome { status, bytes: 0, first_byte: None, upstream: None, usage: None, error, ended: None });
+    exchange.finish(Outcome {
+        status,
+        bytes: 0,
+        events: None,
+        first_byte: None,
+        upstream: None,
+        usage: None,
+        error,
+        ended: None,
+    });
 }
 
 async fn serve(
@@ -168,7 +177,8 @@ async fn serve(
     exchange.model = Some(crate::worker::own_name(&route.name));
     exchange.stream = fields.stream;
 
-    let reservation = limit::Reservation::for_request(body.len(), fields.max_tokens, route.output_token_reservation);
+    let reservation =
+        limit::Reservation::for_request(body.len(), fields.max_tokens, fields.choices, route.output_token_reservation);
     let mut admitted = rate_limit(shared, &snapshot, key, route, reservation, counted).await?;
     // Token limits need the usage of streams too: ask for it, and take the
     // extra chunk out again if the client did not ask for it.
@@ -428,14 +438,15 @@ impl Drop for UnreadBody {
     }
 }
 
-/// The models a key may use, in OpenAI's list format.
+/// The models a key may use, in OpenAI's list format: each name as the
+/// key resolves it, listed once.
 fn models_list(snapshot: &Snapshot, key: &crate::snapshot::KeyEntry) -> Bytes {
     let data: Vec<serde_json::Value> = snapshot
         .routes()
         .iter()
         .enumerate()
-        .filter(|(index, _)| key.sees(*index) && key.allows(*index))
-        .flat_map(|(_, route)| route.names.iter())
+        .filter(|(index, _)| key.allows(*index))
+        .flat_map(|(index, route)| route.names.iter().filter(move |name| snapshot.resolve(key, name) == Some(index)))
         .map(|name| serde_json::json!({"id": name, "object": "model", "created": 0, "owned_by": "waycast"}))
         .collect();
     Bytes::from(serde_json::json!({"object": "list", "data": data}).to_string())

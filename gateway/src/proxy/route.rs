@@ -83,17 +83,17 @@ pub struct Target<'s> {
     pub route: &'s Route,
 }
 
-/// The route `key` may use for `model`.
+/// The route `key` may use for `model`: the name resolved in the key's
+/// own namespace first, then among the platform's models, then among the
+/// models it opted in to ([`Snapshot::resolve`]).
 ///
 /// # Errors
-/// 404 when no route has that name — or the key's namespace may not see it:
-/// the same answer, so keys cannot probe other teams' model names; 403 when
-/// the key's allow-list leaves it out.
+/// 404 when no route has that name — or the key's namespace may not see it,
+/// or it is another team's that the key did not opt in to: the same answer,
+/// so keys cannot probe other teams' model names; 403 when the key's
+/// allow-list leaves it out.
 pub fn route<'s>(snapshot: &'s Snapshot, key: &KeyEntry, model: &str) -> Result<Target<'s>, GatewayError> {
-    let index = snapshot
-        .route_index(model)
-        .filter(|index| key.sees(*index))
-        .ok_or_else(|| GatewayError::UnknownModel(truncated(model)))?;
+    let index = snapshot.resolve(key, model).ok_or_else(|| GatewayError::UnknownModel(truncated(model)))?;
     if !key.allows(index) {
         return Err(GatewayError::ModelNotAllowed(truncated(model)));
     }
@@ -131,7 +131,7 @@ mod tests {
     #![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
 
     use http::HeaderValue;
-    use waycast_crds::config::{BackendConfig, GatewayConfig, KeyConfig, ModelConfig};
+    use waycast_crds::config::{GatewayConfig, KeyConfig, ModelConfig};
 
     use super::*;
 
@@ -161,24 +161,12 @@ mod tests {
     /// (team-a) may use `open` and `mine`, Bob (team-b) every model he sees.
     fn snapshot() -> Snapshot {
         let model = |name: &str, namespaces: Option<Vec<String>>| ModelConfig {
-            name: name.into(),
-            aliases: vec![],
-            backends: vec![BackendConfig::to("http://10.0.0.1/v1")],
-            timeouts: Default::default(),
-            limits: None,
-            source: None,
             key_namespaces: namespaces,
-            forward_headers: vec![],
-            output_token_reservation: None,
-            load_balancing: Default::default(),
+            ..ModelConfig::to(name, "http://10.0.0.1/v1")
         };
         let key = |id: &str, text: &str, models: Option<Vec<String>>| KeyConfig {
-            id: id.into(),
-            sha256: waycast_crds::digest::sha256_hex(text.as_bytes()),
             models,
-            expires_at: None,
-            disabled: false,
-            limits: None,
+            ..KeyConfig::new(id, waycast_crds::digest::sha256_hex(text.as_bytes()))
         };
         let config = GatewayConfig {
             models: vec![model("open", None), model("mine", Some(vec!["team-a".into()])), model("other", None)],

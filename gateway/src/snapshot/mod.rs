@@ -1,9 +1,13 @@
-//! `Snapshot`: one validated config, pre-indexed for the request path.
+//! `Snapshot`: one config, pre-indexed for the request path, built entry by
+//! entry: a model or key that cannot be built is left out alone (and
+//! reported), never the whole config.
 //!
 //! ```text
-//! GatewayConfig ──Snapshot::build──► Snapshot (immutable)
-//!   keys    → HashMap<sha256, KeyEntry>   (allow-lists pre-resolved to route bitsets)
-//!   models  → HashMap<name|alias, route>  (backends with pre-parsed URIs and headers)
+//! GatewayConfig ─screen─► kept entries + dropped ─Registry::lend─► Resources
+//!   ─Snapshot::build─► Snapshot (immutable)
+//!       models → routes (backends.rs: pre-parsed URIs, headers, clients)   a model failing here: dropped
+//!                name|alias → candidates, one per owner namespace (names.rs)
+//!       keys   → HashMap<sha256, KeyEntry> (keys.rs: allow-lists, opt-ins, visibility as bitsets)
 //! ```
 //!
 //! Built once per config, published with one `ArcSwap::store`, read by each
@@ -12,19 +16,23 @@
 //! limiter state, the Redis connection) is lent by [`crate::registry`];
 //! building is pure.
 
+mod backends;
+mod keys;
+pub mod names;
+
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::BuildHasherDefault;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
-use http::uri::{Authority, Scheme};
-use http::{HeaderMap, HeaderName, HeaderValue};
-use waycast_crds::config::{GatewayConfig, KeyConfig, ModelConfig, Settings, TimeoutsConfig, glob_matches};
+use waycast_crds::config::{GatewayConfig, Settings};
+use waycast_crds::validate::Problems;
 
-use crate::limit::LimitSet;
+pub use backends::{Backend, ForwardHeaders, Route};
+pub use keys::{DigestHasher, KeyEntry};
+use names::{Candidates, Namespaces, PLATFORM};
+
 use crate::limit::redis::RedisCounter;
 use crate::registry::{Registry, Resources};
-use crate::upstream::UpstreamClient;
 
 /// The inference endpoints forwarded to a model's backends; a backend's
 /// upstream paths are built for each, in this order, when a config loads.
@@ -39,176 +47,39 @@ pub struct Snapshot {
     pub settings: Settings,
     keys: HashMap<[u8; 32], KeyEntry, BuildHasherDefault<DigestHasher>>,
     routes: Vec<Route>,
-    by_name: HashMap<Box<str>, usize>,
+    by_name: HashMap<Box<str>, Candidates>,
     /// Counts the rate limits for the whole fleet, when the config says Redis.
     pub redis: Option<Arc<RedisCounter>>,
+    /// The entries of the config left out, and why.
+    pub dropped: Vec<Dropped>,
 }
 
-/// An accepted key.
-#[derive(Debug)]
-pub struct KeyEntry {
-    /// `namespace/name` (or the id a standalone config gives).
-    pub id: Arc<str>,
-    /// Bit `i` set: route `i` allowed. `None`: every route.
-    allowed_routes: Option<Vec<u64>>,
-    /// Bit `i` set: route `i` is shared with the key's namespace
-    /// (`keyNamespaces`). `None`: every route. Shared by the keys of a namespace.
-    visible_routes: Option<Arc<[u64]>>,
-    /// When it stops working.
-    pub expires_at: Option<jiff::Timestamp>,
-    /// Refused with 401.
-    pub disabled: bool,
-    /// Its rate limits, if any.
-    pub limits: Option<Arc<LimitSet>>,
+/// An entry of the config this pod does not serve.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dropped {
+    /// `model <source or name>` or `key <id>`.
+    pub entry: String,
+    /// Its path in the config and what is wrong (never a credential).
+    pub reason: String,
 }
 
-impl KeyEntry {
-    /// Whether the key's own allow-list (`models`) lets it use route `index`.
-    pub fn allows(&self, index: usize) -> bool {
-        self.allowed_routes.as_deref().is_none_or(|bits| bit_set(bits, index))
+impl Dropped {
+    fn model(model: &waycast_crds::config::ModelConfig, reason: String) -> Self {
+        Self { entry: format!("model {}", model.source.as_deref().unwrap_or(&model.name)), reason }
     }
 
-    /// Whether route `index` is shared with the key's namespace at all. A
-    /// route it cannot see is, to the key, a model that does not exist.
-    pub fn sees(&self, index: usize) -> bool {
-        self.visible_routes.as_deref().is_none_or(|bits| bit_set(bits, index))
+    fn key(key: &waycast_crds::config::KeyConfig, reason: String) -> Self {
+        Self { entry: format!("key {}", key.id), reason }
     }
 }
 
-fn bit_set(bits: &[u64], index: usize) -> bool {
-    bits.get(index / 64).is_some_and(|word| word & (1 << (index % 64)) != 0)
-}
-
-/// The namespace of a key: its id up to the first `/` (ids are
-/// `namespace/name` in operator-written configs). A bare id has none.
-fn key_namespace(id: &str) -> &str {
-    id.split_once('/').map_or("", |(namespace, _)| namespace)
-}
-
-/// The routes `namespace`'s keys may see; `None` when every route is open
-/// to every key (no model restricts by namespace).
-fn visible_routes(models: &[ModelConfig], namespace: &str) -> Option<Arc<[u64]>> {
-    if models.iter().all(|m| m.key_namespaces.is_none()) {
-        return None;
-    }
-    let mut bits = vec![0_u64; models.len().div_ceil(64)];
-    for (index, model) in models.iter().enumerate() {
-        if model.key_namespaces.as_ref().is_none_or(|allowed| allowed.iter().any(|n| n == namespace)) {
-            bits[index / 64] |= 1 << (index % 64);
-        }
-    }
-    Some(bits.into())
-}
-
-/// A model and its backends.
-pub struct Route {
-    /// Canonical name (metrics, logs).
-    pub name: Arc<str>,
-    /// Name and aliases, as `/v1/models` lists them.
-    pub names: Vec<String>,
-    /// Upstreams.
-    pub backends: Vec<Backend>,
-    /// Timeouts towards the upstreams.
-    pub timeouts: TimeoutsConfig,
-    /// Its rate limits over all keys, if any.
-    pub limits: Option<Arc<LimitSet>>,
-    /// Client headers forwarded besides the gateway's allow-list: exact
-    /// names, and prefixes (from patterns ending in `*`).
-    pub forward_headers: ForwardHeaders,
-    /// Output tokens reserved when a request names no bound.
-    pub output_token_reservation: Option<u64>,
-    /// How requests are spread over the endpoints of `endpoints` backends.
-    pub balancing: crate::upstream::balancing::Balancing,
-    /// Retries to other endpoints against requests, so retries stay a
-    /// small share of the load when a fleet is failing.
-    pub retry_budget: crate::upstream::balancing::RetryBudget,
-    /// Index ranges of `backends` (sorted by priority) with one priority each.
-    tiers: Vec<std::ops::Range<usize>>,
-    next: AtomicU64,
-}
-
-/// The extra client headers a model forwards.
-#[derive(Debug, Default, Clone)]
-pub struct ForwardHeaders {
-    names: Vec<String>,
-    prefixes: Vec<String>,
-}
-
-impl ForwardHeaders {
-    fn from_patterns(patterns: &[String]) -> Self {
-        let mut headers = Self::default();
-        for pattern in patterns {
-            match pattern.strip_suffix('*') {
-                Some(prefix) => headers.prefixes.push(prefix.to_owned()),
-                None => headers.names.push(pattern.clone()),
-            }
-        }
-        headers
-    }
-
-    /// Whether the model forwards `name` (the gateway's own allow-list and
-    /// its credential guard are checked separately).
-    pub fn allows(&self, name: &str) -> bool {
-        self.names.iter().any(|n| n == name) || self.prefixes.iter().any(|p| name.starts_with(p.as_str()))
-    }
-}
-
-/// One upstream, pre-parsed.
-pub struct Backend {
-    /// `http` or `https`.
-    pub scheme: Scheme,
-    /// Host and port.
-    pub authority: Authority,
-    /// Path prefix without a trailing slash (`/v1`, or empty).
-    pub base_path: String,
-    /// The upstream path of each proxied endpoint (`base_path` + the part
-    /// after `/v1`), parsed once here instead of once per request.
-    pub paths: Vec<http::uri::PathAndQuery>,
-    /// The `Host` header, set here so the client need not format it per request.
-    pub host: HeaderValue,
-    /// The rewritten model as a JSON string literal, quotes included.
-    pub model_json: Option<bytes::Bytes>,
-    /// Headers added upstream.
-    pub headers: HeaderMap,
-    /// Share of requests.
-    pub weight: u32,
-    /// The pooled clients (one per worker) with the model's connect timeout
-    /// and this backend's TLS settings.
-    pub client: UpstreamClient,
-    /// Failover tier (lowest first).
-    pub priority: u32,
-    /// The Service (`namespace/name:port`) whose endpoints serve it, for
-    /// `http` backends; `None`: the URL's host.
-    pub endpoints: Option<Arc<str>>,
-}
-
-/// Why a snapshot could not be built from a config that passed validation.
+/// Why a config was refused as a whole.
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
-    /// A backend URL did not split into scheme, authority and path.
-    #[error("models[{model}].backends[{backend}].url: {reason}")]
-    BadUrl {
-        /// Model index.
-        model: usize,
-        /// Backend index.
-        backend: usize,
-        /// What was wrong.
-        reason: String,
-    },
-    /// A header name or value was refused.
-    #[error("models[{model}].backends[{backend}].headers: {reason}")]
-    BadHeader {
-        /// Model index.
-        model: usize,
-        /// Backend index.
-        backend: usize,
-        /// What was wrong (never the value).
-        reason: &'static str,
-    },
-    /// A key's hash was not hex.
-    #[error("keys[{0}].sha256: not a hex SHA-256")]
-    BadHash(usize),
-    /// A TLS setup (upstreams, Redis) failed.
+    /// Its version or settings are invalid.
+    #[error("config is invalid: {0}")]
+    Invalid(Problems),
+    /// A TLS setup of the config's own (Redis) failed.
     #[error("cannot set up TLS: {0}")]
     Tls(String),
     /// The resources lent were not made for this config (a bug).
@@ -216,34 +87,93 @@ pub enum BuildError {
     NotLent(&'static str),
 }
 
+/// Splits `config` into what may be served and what is left out: an entry
+/// with a problem of its own is dropped, with its problems as the reason.
+///
+/// # Errors
+/// [`BuildError::Invalid`] for problems with the config as a whole (its
+/// version, its settings): nothing of it is served.
+pub fn screen(mut config: GatewayConfig) -> Result<(GatewayConfig, Vec<Dropped>), BuildError> {
+    let review = config.review();
+    if !review.config.is_empty() {
+        return Err(BuildError::Invalid(Problems(review.config)));
+    }
+    let mut dropped = Vec::new();
+    let describe = |problems: &[waycast_crds::validate::Problem]| Problems(problems.to_vec()).to_string();
+    if !review.models.is_empty() {
+        let models = std::mem::take(&mut config.models);
+        for (index, model) in models.into_iter().enumerate() {
+            match review.models.get(&index) {
+                Some(problems) => dropped.push(Dropped::model(&model, describe(problems))),
+                None => config.models.push(model),
+            }
+        }
+    }
+    if !review.keys.is_empty() {
+        let keys = std::mem::take(&mut config.keys);
+        for (index, key) in keys.into_iter().enumerate() {
+            match review.keys.get(&index) {
+                Some(problems) => dropped.push(Dropped::key(&key, describe(problems))),
+                None => config.keys.push(key),
+            }
+        }
+    }
+    Ok((config, dropped))
+}
+
 impl Snapshot {
-    /// Builds a snapshot from a validated config and the resources the
-    /// registry lent for it.
+    /// Builds a snapshot from a screened config and the resources the
+    /// registry lent for it; `dropped` are the entries screening left out.
+    /// A model whose route cannot be built (a backend's TLS fails to set
+    /// up, say) and a key whose hash does not parse are left out too.
     ///
     /// # Errors
-    /// [`BuildError`] for what validation cannot catch.
-    pub fn build(config: &GatewayConfig, hash: String, lent: &Resources) -> Result<Self, BuildError> {
+    /// [`BuildError`] for what fails the config as a whole.
+    pub fn build(
+        config: &GatewayConfig,
+        hash: String,
+        lent: &Resources,
+        mut dropped: Vec<Dropped>,
+    ) -> Result<Self, BuildError> {
+        let mut namespaces = Namespaces::default();
         let mut routes = Vec::with_capacity(config.models.len());
-        let mut by_name = HashMap::new();
-        for (model_index, model) in config.models.iter().enumerate() {
-            let mut route = build_route(model_index, model, lent)?;
+        let mut by_name: HashMap<Box<str>, Candidates> = HashMap::new();
+        for model in &config.models {
+            let owner = model.owner_namespace().map_or(PLATFORM, |namespace| namespaces.id(namespace));
+            let mut route = match backends::build_route(model, owner, lent) {
+                Ok(route) => route,
+                Err(reason) => {
+                    dropped.push(Dropped::model(model, reason));
+                    continue;
+                }
+            };
             if model.limits.is_some() {
-                route.limits = Some(lent.model_limits(&model.name).ok_or(BuildError::NotLent("model limits"))?);
+                route.limits = Some(lent.model_limits(&route.name).ok_or(BuildError::NotLent("model limits"))?);
             }
+            let index = routes.len();
             for name in &route.names {
-                by_name.insert(name.clone().into_boxed_str(), model_index);
+                match by_name.get_mut(name.as_str()) {
+                    Some(candidates) => candidates.add(index),
+                    None => {
+                        by_name.insert(name.clone().into_boxed_str(), Candidates::One(index));
+                    }
+                }
             }
             routes.push(route);
         }
         let mut keys = HashMap::with_capacity_and_hasher(config.keys.len(), BuildHasherDefault::default());
         // What each namespace's keys may see, computed once per namespace.
         let mut visible: HashMap<&str, Option<Arc<[u64]>>> = HashMap::new();
-        for (index, key) in config.keys.iter().enumerate() {
-            let digest = waycast_crds::digest::parse_sha256_hex(&key.sha256).ok_or(BuildError::BadHash(index))?;
-            let mut entry = build_key(key, &routes);
-            let namespace = key_namespace(&key.id);
+        for key in &config.keys {
+            let Some(digest) = waycast_crds::digest::parse_sha256_hex(&key.sha256) else {
+                dropped.push(Dropped::key(key, "sha256: not a hex SHA-256".to_owned()));
+                continue;
+            };
+            let namespace = key.namespace();
+            let namespace_id = namespaces.id(namespace);
+            let mut entry = keys::build_key(key, namespace_id, &routes, |owner| namespaces.get(owner));
             entry.visible_routes =
-                visible.entry(namespace).or_insert_with(|| visible_routes(&config.models, namespace)).clone();
+                visible.entry(namespace).or_insert_with(|| keys::visible_routes(&routes, namespace)).clone();
             if key.limits.is_some() {
                 entry.limits = Some(lent.key_limits(&key.id).ok_or(BuildError::NotLent("key limits"))?);
             }
@@ -253,15 +183,19 @@ impl Snapshot {
             Some(_) => Some(lent.redis().ok_or(BuildError::NotLent("a Redis counter"))?),
             None => None,
         };
-        Ok(Self { hash, settings: config.settings.clone(), keys, routes, by_name, redis })
+        for drop in &dropped {
+            tracing::warn!(entry = %drop.entry, reason = %drop.reason, "config entry left out; the rest is served");
+        }
+        Ok(Self { hash, settings: config.settings.clone(), keys, routes, by_name, redis, dropped })
     }
 
     /// A snapshot of `config` with resources of its own (tests, tools).
     ///
     /// # Errors
-    /// As [`Snapshot::build`] and [`Registry::lend`].
+    /// As [`screen`], [`Snapshot::build`] and [`Registry::lend`].
     pub fn standalone(config: &GatewayConfig, hash: String) -> Result<Self, BuildError> {
-        Self::build(config, hash, &Registry::default().lend(config)?)
+        let (config, dropped) = screen(config.clone())?;
+        Self::build(&config, hash, &Registry::default().lend(&config)?, dropped)
     }
 
     /// The key with this SHA-256 digest.
@@ -269,9 +203,20 @@ impl Snapshot {
         self.keys.get(digest)
     }
 
-    /// The route index for a model name or alias.
-    pub fn route_index(&self, model: &str) -> Option<usize> {
-        self.by_name.get(model).copied()
+    /// The route `key` means by `model`: of the routes with that name or
+    /// alias that its namespace may see, its own namespace's, else the
+    /// platform's, else one it opted in to. `None`: no such model, to it.
+    pub fn resolve(&self, key: &KeyEntry, model: &str) -> Option<usize> {
+        let candidates = self.by_name.get(model)?;
+        let mut best: Option<(u8, usize)> = None;
+        for &index in candidates.as_slice() {
+            let route = &self.routes[index];
+            let Some(rank) = names::rank(route.owner, key.namespace, key.opted_in(index)) else { continue };
+            if key.sees(index) && best.is_none_or(|(best_rank, _)| rank < best_rank) {
+                best = Some((rank, index));
+            }
+        }
+        best.map(|(_, index)| index)
     }
 
     /// Route by index.
@@ -290,160 +235,5 @@ impl Snapshot {
     }
 }
 
-impl Route {
-    /// Backend indices in the order to try them, tier by tier (lowest
-    /// `priority` first): within a tier a weighted round-robin pick first,
-    /// then the tier's others (weight-0 fallbacks last).
-    pub fn backend_order(&self) -> impl Iterator<Item = usize> + '_ {
-        self.tiers.iter().flat_map(move |tier| self.tier_order(tier.clone()))
-    }
-
-    fn tier_order(&self, tier: std::ops::Range<usize>) -> impl Iterator<Item = usize> + '_ {
-        let (start, count) = (tier.start, tier.len());
-        let total_weight: u64 = self.backends[tier.clone()].iter().map(|b| u64::from(b.weight)).sum();
-        let first = if total_weight == 0 || count == 1 {
-            0
-        } else {
-            let mut ticket = self.next.fetch_add(1, Ordering::Relaxed) % total_weight;
-            let mut chosen = 0;
-            for (offset, backend) in self.backends[tier].iter().enumerate() {
-                if ticket < u64::from(backend.weight) {
-                    chosen = offset;
-                    break;
-                }
-                ticket -= u64::from(backend.weight);
-            }
-            chosen
-        };
-        let weighted =
-            (1..count).map(move |step| (first + step) % count).filter(move |&i| self.backends[start + i].weight > 0);
-        let fallbacks = (0..count).filter(move |&i| self.backends[start + i].weight == 0 && i != first);
-        std::iter::once(first).chain(weighted).chain(fallbacks).map(move |offset| start + offset)
-    }
-}
-
-fn build_route(model_index: usize, model: &ModelConfig, lent: &Resources) -> Result<Route, BuildError> {
-    let mut backends = Vec::with_capacity(model.backends.len());
-    for (backend_index, backend) in model.backends.iter().enumerate() {
-        let bad_url =
-            |reason: &str| BuildError::BadUrl { model: model_index, backend: backend_index, reason: reason.into() };
-        let uri: http::Uri = backend.url.parse().map_err(|_| bad_url("not a URL"))?;
-        let scheme = uri.scheme().cloned().ok_or_else(|| bad_url("no scheme"))?;
-        let authority = uri.authority().cloned().ok_or_else(|| bad_url("no host"))?;
-        let base_path = uri.path().trim_end_matches('/').to_owned();
-        let mut headers = HeaderMap::with_capacity(backend.headers.len());
-        for (name, value) in &backend.headers {
-            let bad_header = |reason| BuildError::BadHeader { model: model_index, backend: backend_index, reason };
-            let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| bad_header("invalid header name"))?;
-            let mut value = HeaderValue::from_str(value).map_err(|_| bad_header("invalid header value"))?;
-            value.set_sensitive(true);
-            headers.insert(name, value);
-        }
-        let model_json =
-            backend.model.as_ref().map(|name| bytes::Bytes::from(serde_json::Value::from(name.as_str()).to_string()));
-        // A query in the base URL (Azure's `?api-version=`) goes with every request.
-        let query = uri.query().map(|q| format!("?{q}")).unwrap_or_default();
-        let paths = PROXIED_PATHS
-            .iter()
-            .map(|path| http::uri::PathAndQuery::try_from(format!("{base_path}{}{query}", &path["/v1".len()..])))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|_| bad_url("the path does not form valid request paths"))?;
-        let default_port = if scheme == Scheme::HTTPS { 443 } else { 80 };
-        let host = match authority.port_u16() {
-            Some(port) if port != default_port => HeaderValue::from_str(authority.as_str()),
-            _ => HeaderValue::from_str(authority.host()),
-        }
-        .map_err(|_| bad_url("the host is not a valid header value"))?;
-        let tls = crate::upstream::effective_tls(backend);
-        let client =
-            lent.client(model.timeouts.connect, tls.as_ref()).ok_or(BuildError::NotLent("an upstream client"))?.clone();
-        // NB: an https backend goes to its endpoints only with a name to
-        // check their certificates against (`effective_tls`).
-        let https_named = tls.as_ref().is_some_and(|tls| tls.server_name.is_some());
-        let endpoints = backend.endpoints.as_deref().filter(|_| scheme == Scheme::HTTP || https_named).map(Arc::from);
-        backends.push(Backend {
-            scheme,
-            authority,
-            base_path,
-            paths,
-            host,
-            model_json,
-            headers,
-            weight: backend.weight,
-            client,
-            priority: backend.priority,
-            endpoints,
-        });
-    }
-    // Sorted (stably) by priority, so each tier is one range.
-    backends.sort_by_key(|b| b.priority);
-    let mut tiers: Vec<std::ops::Range<usize>> = Vec::new();
-    for (index, backend) in backends.iter().enumerate() {
-        match tiers.last_mut() {
-            Some(tier) if backends[tier.start].priority == backend.priority => tier.end = index + 1,
-            _ => tiers.push(index..index + 1),
-        }
-    }
-    let mut names = vec![model.name.clone()];
-    names.extend(model.aliases.iter().cloned());
-    Ok(Route {
-        name: Arc::from(model.name.as_str()),
-        names,
-        backends,
-        timeouts: model.timeouts,
-        limits: None,
-        forward_headers: ForwardHeaders::from_patterns(&model.forward_headers),
-        output_token_reservation: model.output_token_reservation,
-        balancing: crate::upstream::balancing::Balancing::from_config(&model.load_balancing),
-        retry_budget: crate::upstream::balancing::RetryBudget::default(),
-        tiers,
-        next: AtomicU64::new(0),
-    })
-}
-
-fn build_key(key: &KeyConfig, routes: &[Route]) -> KeyEntry {
-    let allowed_routes = key.models.as_ref().map(|patterns| {
-        let mut bits = vec![0_u64; routes.len().div_ceil(64)];
-        for (index, route) in routes.iter().enumerate() {
-            // A key that may use a model may use it under any of its names.
-            let allowed = route.names.iter().any(|name| patterns.iter().any(|p| glob_matches(p, name)));
-            if allowed {
-                bits[index / 64] |= 1 << (index % 64);
-            }
-        }
-        bits
-    });
-    KeyEntry {
-        id: Arc::from(key.id.as_str()),
-        allowed_routes,
-        visible_routes: None,
-        expires_at: key.expires_at,
-        disabled: key.disabled,
-        limits: None,
-    }
-}
-
-/// Hashes SHA-256 digests by their first 8 bytes: they are already uniformly
-/// distributed, so running SipHash over them again buys nothing.
-#[derive(Default)]
-pub struct DigestHasher(u64);
-
-impl Hasher for DigestHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8).take(1) {
-            let mut word = [0_u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            self.0 ^= u64::from_le_bytes(word);
-        }
-    }
-
-    fn write_usize(&mut self, _length: usize) {}
-}
-
 #[cfg(test)]
-#[path = "snapshot_tests.rs"]
 mod tests;

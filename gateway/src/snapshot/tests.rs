@@ -2,7 +2,7 @@
 //! allow-lists and visibility bits, pools kept across reloads.
 
 use super::*;
-use waycast_crds::config::BackendConfig;
+use waycast_crds::config::{BackendConfig, ClientTlsConfig, KeyConfig, ModelConfig};
 
 fn config(models: Vec<ModelConfig>, keys: Vec<KeyConfig>) -> GatewayConfig {
     GatewayConfig { models, keys, ..GatewayConfig::empty() }
@@ -10,32 +10,26 @@ fn config(models: Vec<ModelConfig>, keys: Vec<KeyConfig>) -> GatewayConfig {
 
 fn model(name: &str, aliases: &[&str], weights: &[u32]) -> ModelConfig {
     ModelConfig {
-        name: name.into(),
         aliases: aliases.iter().map(|a| (*a).into()).collect(),
         backends: weights
             .iter()
             .enumerate()
             .map(|(i, w)| BackendConfig { weight: *w, ..BackendConfig::to(format!("http://10.0.0.{i}:8000/v1/")) })
             .collect(),
-        timeouts: TimeoutsConfig::default(),
-        limits: None,
-        source: None,
-        key_namespaces: None,
-        forward_headers: Vec::new(),
-        output_token_reservation: None,
-        load_balancing: Default::default(),
+        ..ModelConfig::to(name, "http://unused/v1")
     }
 }
 
+/// A key whose sha256 is the length of its id, zero-padded.
 fn key(id: &str, models: Option<&[&str]>) -> KeyConfig {
     KeyConfig {
-        id: id.into(),
-        sha256: format!("{:0>64}", id.len()),
         models: models.map(|m| m.iter().map(|s| (*s).to_owned()).collect()),
-        expires_at: None,
-        disabled: false,
-        limits: None,
+        ..KeyConfig::new(id, format!("{:0>64}", id.len()))
     }
+}
+
+fn key_of<'s>(snapshot: &'s Snapshot, id: &str) -> &'s KeyEntry {
+    snapshot.key(&waycast_crds::digest::parse_sha256_hex(&format!("{:0>64}", id.len())).unwrap()).unwrap()
 }
 
 #[test]
@@ -48,15 +42,96 @@ fn resolves_names_aliases_and_allow_lists() {
         "h".into(),
     )
     .unwrap();
-    assert_eq!(snapshot.route_index("llama"), Some(0));
-    assert_eq!(snapshot.route_index("mistral"), Some(1));
-    assert_eq!(snapshot.route_index("gpt"), None);
-    let restricted = snapshot.key(&waycast_crds::digest::parse_sha256_hex(&format!("{:0>64}", 1)).unwrap()).unwrap();
+    let (restricted, open) = (key_of(&snapshot, "a"), key_of(&snapshot, "bb"));
+    assert_eq!(snapshot.resolve(open, "llama"), Some(0));
+    assert_eq!(snapshot.resolve(open, "mistral"), Some(1));
+    assert_eq!(snapshot.resolve(open, "gpt"), None);
     assert!(restricted.allows(0), "an alias in the allow-list allows the model");
     assert!(!restricted.allows(1));
-    let open = snapshot.key(&waycast_crds::digest::parse_sha256_hex(&format!("{:0>64}", 2)).unwrap()).unwrap();
     assert!(open.allows(0) && open.allows(1));
     assert_eq!(snapshot.route(0).backends[0].base_path, "/v1");
+}
+
+/// A name is its owner's: a key resolves it in its own namespace, then
+/// among the platform's models, and reaches another team's model of that
+/// name only by opting in to it (`namespace/pattern`).
+#[test]
+fn a_name_resolves_in_the_keys_own_namespace_then_the_platform_then_opt_ins() {
+    let team = |name: &str, namespace: &str, shared: Option<&[&str]>| ModelConfig {
+        namespace: Some(namespace.into()),
+        source: Some(format!("{namespace}/{name}")),
+        key_namespaces: shared.map(|s| s.iter().map(|n| (*n).to_owned()).collect()),
+        ..model(name, &[], &[1])
+    };
+    let models = vec![
+        model("llama-70b", &[], &[1]),                  // 0: the platform's
+        team("llama-70b", "squatter", None),            // 1: shared with every namespace
+        team("llama-70b", "team-a", Some(&["team-a"])), // 2: team-a's own
+        team("vision", "team-c", None),                 // 3: only by opt-in
+    ];
+    let keys = vec![
+        key("team-a/alice", None),
+        key("team-b/bob", None),
+        key("team-b/carolyn", Some(&["squatter/llama-*", "vision", "team-c/*"])),
+    ];
+    let snapshot = Snapshot::standalone(&config(models, keys), "h".into()).unwrap();
+    let (alice, bob, carol) =
+        (key_of(&snapshot, "team-a/alice"), key_of(&snapshot, "team-b/bob"), key_of(&snapshot, "team-b/carolyn"));
+    assert_eq!(snapshot.resolve(alice, "llama-70b"), Some(2), "its own namespace's first");
+    assert_eq!(snapshot.resolve(bob, "llama-70b"), Some(0), "then the platform's: the squatter gets nothing");
+    assert_eq!(snapshot.resolve(bob, "vision"), None, "another team's model without an opt-in does not exist");
+    assert_eq!(snapshot.resolve(carol, "llama-70b"), Some(0), "the platform's still comes before an opt-in");
+    assert_eq!(snapshot.resolve(carol, "vision"), Some(3), "opted in");
+    assert!(carol.allows(3) && carol.allows(1), "an opt-in allows");
+    assert!(!carol.allows(0), "a bare pattern allows only the home models it matches");
+    assert_eq!(&*snapshot.route(2).name, "team-a/llama-70b", "team models are told apart in metrics");
+    assert_eq!(&*snapshot.route(0).name, "llama-70b");
+}
+
+/// A model whose runtime state cannot be built, or that fails its own
+/// checks, is left out alone and listed; the rest of the config serves.
+#[test]
+fn an_entry_that_cannot_be_built_is_left_out_alone() {
+    let mut bad_ca = model("vision", &[], &[1]);
+    bad_ca.backends[0].url = "https://vision.example/v1".into();
+    bad_ca.backends[0].tls = Some(ClientTlsConfig { ca_pem: Some("not pem".into()), ..Default::default() });
+    let mut bad_name = model("other", &[], &[1]);
+    bad_name.backends[0].tls = Some(ClientTlsConfig { server_name: Some("a..b".into()), ..Default::default() });
+    let mut bad_hash = key("team-a/broken", None);
+    bad_hash.sha256 = "zz".repeat(32);
+    let models = vec![model("llama", &[], &[1]), bad_ca, bad_name];
+    let snapshot =
+        Snapshot::standalone(&config(models, vec![key("team-a/alice", None), bad_hash]), "h".into()).unwrap();
+    assert_eq!(snapshot.routes().len(), 1);
+    assert_eq!(snapshot.key_count(), 1);
+    let entries: Vec<&str> = snapshot.dropped.iter().map(|d| d.entry.as_str()).collect();
+    assert_eq!(entries, ["model vision", "model other", "key team-a/broken"], "{:?}", snapshot.dropped);
+    assert!(snapshot.dropped[0].reason.contains("caPem"), "{:?}", snapshot.dropped[0]);
+    assert_eq!(snapshot.resolve(key_of(&snapshot, "team-a/alice"), "llama"), Some(0));
+}
+
+/// A model that passes its checks but whose client fails to set up (a
+/// key rustls will not use) is left out at build time.
+#[test]
+fn a_model_whose_client_cannot_be_made_is_left_out_at_build() {
+    let mut unusable = model("vision", &[], &[1]);
+    unusable.backends[0].url = "https://vision.example/v1".into();
+    // PEM that parses, DER that no signer accepts.
+    let certificate = "-----BEGIN CERTIFICATE-----\nMA==\n-----END CERTIFICATE-----\n";
+    let key = "-----BEGIN PRIVATE KEY-----\nMA==\n-----END PRIVATE KEY-----\n";
+    unusable.backends[0].tls = Some(ClientTlsConfig {
+        client_cert_pem: Some(certificate.into()),
+        client_key_pem: Some(key.into()),
+        ..Default::default()
+    });
+    let config = config(vec![unusable, model("llama", &[], &[1])], vec![]);
+    let (screened, dropped) = screen(config).unwrap();
+    assert!(dropped.is_empty(), "it passes the config's checks: {dropped:?}");
+    let snapshot =
+        Snapshot::build(&screened, "h".into(), &Registry::default().lend(&screened).unwrap(), dropped).unwrap();
+    assert_eq!(snapshot.routes().len(), 1);
+    assert_eq!(snapshot.dropped[0].entry, "model vision");
+    assert!(snapshot.dropped[0].reason.contains("backends[0].tls"), "{:?}", snapshot.dropped[0]);
 }
 
 #[test]

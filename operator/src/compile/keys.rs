@@ -108,15 +108,17 @@ pub fn compile(inputs: &Inputs<'_>, now: jiff::Timestamp) -> (Vec<KeyConfig>, BT
         } else {
             let sha256 = waycast_crds::digest::sha256_hex(text.as_bytes());
             match hashes.get(&sha256) {
-                Some(owner) => Verdict::refused(reasons::DUPLICATE_KEY, format!("{owner} already uses the same key")),
+                // NB: another team's object is never named, nor that one exists.
+                Some(owner) if owner.namespace == id.namespace => {
+                    Verdict::refused(reasons::DUPLICATE_KEY, format!("{owner} already uses the same key"))
+                }
+                Some(_) => Verdict::refused(reasons::DUPLICATE_KEY, "another ApiKey already uses the same key text"),
                 None => {
                     let entry = KeyConfig {
-                        id: id.to_string(),
-                        sha256,
                         models: api_key.spec.models.clone(),
                         expires_at: api_key.spec.expires_at.as_ref().map(|t| t.0),
-                        disabled: false,
                         limits: api_key.spec.limits.as_ref().map(limits),
+                        ..KeyConfig::new(id.to_string(), sha256)
                     };
                     // The gateway's own check on this entry alone.
                     match entry.validate() {

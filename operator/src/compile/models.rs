@@ -2,8 +2,8 @@
 //! ClusterIP and port, a URL as it is, within the Gateway's egress rules),
 //! upstream credentials read from their opted-in Secrets, whose keys may
 //! call each model (`spec.apiKeys`), every entry checked on its own by the
-//! gateway's validation, and name conflicts settled (the Gateway's own
-//! namespace first, then oldest-first).
+//! gateway's validation, and name conflicts within one namespace settled
+//! oldest-first (a name is its namespace's own: see [`compile`]).
 //!
 //! NB: an object that fails here is left out with its verdict; it never
 //! makes the whole config invalid, so one team's mistake stays its own.
@@ -69,27 +69,35 @@ fn selected<'a>(inputs: &Inputs<'a>) -> Vec<&'a ModelEndpoint> {
 }
 
 /// Compiles every selected ModelEndpoint.
+///
+/// Model names are a namespace's own: a ModelEndpoint in the Gateway's
+/// namespace is a platform model, one elsewhere is its team's (the config
+/// entry's `namespace`), and keys resolve names in their own namespace,
+/// then among the platform's. Two objects conflict only when they claim a
+/// name in one namespace; the verdict then names the other object, which is
+/// the same team's.
 pub fn compile(inputs: &Inputs<'_>) -> (Vec<ModelConfig>, BTreeMap<ObjectKey, Verdict>) {
     let mut routes = Vec::new();
     let mut verdicts = BTreeMap::new();
-    let mut claimed: BTreeMap<String, ObjectKey> = BTreeMap::new();
+    let gateway_namespace = inputs.gateway.namespace().unwrap_or_default();
+    let mut claimed: BTreeMap<(String, String), ObjectKey> = BTreeMap::new();
     for endpoint in selected(inputs) {
         let key = ObjectKey::of(&endpoint.metadata);
         let names: Vec<&String> = std::iter::once(&endpoint.spec.model).chain(endpoint.spec.aliases.iter()).collect();
-        if let Some((name, owner)) = names.iter().find_map(|name| claimed.get(name.as_str()).map(|owner| (name, owner)))
+        let claim = |name: &String| (key.namespace.clone(), name.clone());
+        if let Some((name, owner)) = names.iter().find_map(|name| claimed.get(&claim(name)).map(|owner| (name, owner)))
         {
-            let message = if owner.namespace == inputs.gateway.namespace().unwrap_or_default() {
-                format!("model name {name:?} is already served by {owner}, in the Gateway's own namespace")
-            } else {
-                format!("model name {name:?} is already served by {owner}, which is older")
-            };
+            let message = format!("model name {name:?} is already served by {owner}, which is older");
             verdicts.insert(key, Verdict::refused(reasons::MODEL_NAME_CONFLICT, message));
             continue;
         }
         match route(endpoint, &key, inputs) {
-            Ok(route) => {
-                for name in names {
-                    claimed.insert(name.clone(), key.clone());
+            Ok(mut route) => {
+                for name in &names {
+                    claimed.insert(claim(name), key.clone());
+                }
+                if key.namespace != gateway_namespace {
+                    route.namespace = Some(key.namespace.clone());
                 }
                 routes.push(route);
                 verdicts.insert(key, Verdict::accepted(reasons::ACCEPTED, "served"));
@@ -141,6 +149,7 @@ fn route(endpoint: &ModelEndpoint, key: &ObjectKey, inputs: &Inputs<'_>) -> Resu
         timeouts,
         limits: spec.limits.as_ref().map(limits),
         source: Some(key.to_string()),
+        namespace: None,
         key_namespaces,
         forward_headers: spec.forward_headers.clone(),
         output_token_reservation: spec.output_token_reservation.and_then(|n| u64::try_from(n).ok()),

@@ -196,20 +196,20 @@ fn output_is_deterministic_and_carries_no_plaintext_key() {
 
 #[test]
 fn the_oldest_claim_to_a_model_name_wins_and_the_next_takes_over_when_it_goes() {
-    let mut world = World::quickstart().with_team_b();
-    let mut copy = model_endpoint("team-b", "llama-copy", 200, "llama3", vec![service_backend("ollama", 11434)]);
+    let mut world = World::quickstart();
+    let mut copy = model_endpoint("demo", "llama-copy", 200, "llama3", vec![service_backend("ollama", 11434)]);
     copy.spec.aliases = vec!["other".into()];
-    copy.spec.parent_refs = parent("demo", "gw");
+    world.services.push(service("demo", "ollama", "10.96.0.60", 11434));
     world.models.push(copy);
     let compiled = world.compile();
-    let loser = &compiled.models[&key("team-b", "llama-copy")];
+    let loser = &compiled.models[&key("demo", "llama-copy")];
     assert_eq!(loser.reason, reasons::MODEL_NAME_CONFLICT);
     assert!(loser.message.contains("demo/llama"), "{}", loser.message);
     assert_eq!(compiled.config.models.len(), 1);
 
     world.models.remove(0);
     let compiled = world.compile();
-    assert!(compiled.models[&key("team-b", "llama-copy")].accepted);
+    assert!(compiled.models[&key("demo", "llama-copy")].accepted);
     assert_eq!(compiled.config.models[0].backends[0].url, "http://10.96.0.60:11434/v1");
 }
 
@@ -487,19 +487,21 @@ fn model_visibility_becomes_key_namespaces() {
     assert_eq!(visible(&world), Some(vec!["team-a".to_owned()]));
 }
 
-/// A model name claimed in the Gateway's own namespace wins over an older
-/// claim from a team namespace.
+/// A name is its namespace's own: a team's model named like the
+/// platform's is another model (its entry names its namespace), not a
+/// conflict.
 #[test]
-fn the_gateways_own_namespace_wins_a_name_conflict() {
+fn a_teams_model_name_never_conflicts_with_another_namespaces() {
     let mut world = World::quickstart().with_team_b();
     let mut squatter = model_endpoint("team-b", "squat", 1, "llama3", vec![service_backend("ollama", 11434)]);
     squatter.spec.parent_refs = parent("demo", "gw");
     world.models.push(squatter);
     let compiled = world.compile();
     assert!(compiled.models[&key("demo", "llama")].accepted);
-    let loser = &compiled.models[&key("team-b", "squat")];
-    assert_eq!(loser.reason, reasons::MODEL_NAME_CONFLICT);
-    assert!(loser.message.contains("Gateway's own namespace"), "{}", loser.message);
+    assert!(compiled.models[&key("team-b", "squat")].accepted);
+    let owners: Vec<(Option<&str>, &str)> =
+        compiled.config.models.iter().map(|m| (m.namespace.as_deref(), m.name.as_str())).collect();
+    assert_eq!(owners, [(None, "llama-3.1-8b"), (Some("team-b"), "llama3")]);
 }
 
 /// Every case seen to freeze a shared Gateway is left out on its own, with
@@ -590,9 +592,10 @@ fn credentials_need_the_opt_in_label() {
 #[test]
 fn backend_tls_reads_opted_in_secrets_and_serves_the_service_over_https() {
     let mut world = World::quickstart();
-    world.secrets.push(credential("demo", "models-ca", "ca.crt", "CA PEM"));
-    let mut pair = credential("demo", "gateway-client", "tls.crt", "CERT PEM");
-    pair.data.get_or_insert_with(BTreeMap::new).insert("tls.key".into(), ByteString(b"KEY PEM".to_vec()));
+    let (ca_pem, cert_pem, key_pem) = waycast_mock::pki::pem_ca_and_client().unwrap();
+    world.secrets.push(credential("demo", "models-ca", "ca.crt", &ca_pem));
+    let mut pair = credential("demo", "gateway-client", "tls.crt", &cert_pem);
+    pair.data.get_or_insert_with(BTreeMap::new).insert("tls.key".into(), ByteString(key_pem.as_bytes().to_vec()));
     world.secrets.push(pair);
     world.secrets.push(secret("demo", "unlabelled-ca", "ca.crt", "OTHER CA"));
     let tls = |ca: &str| waycast_crds::common::ClientTls {
@@ -613,7 +616,7 @@ fn backend_tls_reads_opted_in_secrets_and_serves_the_service_over_https() {
     let pems = backend.tls.as_ref().unwrap();
     assert_eq!(
         (pems.ca_pem.as_deref(), pems.client_cert_pem.as_deref(), pems.client_key_pem.as_deref()),
-        (Some("CA PEM"), Some("CERT PEM"), Some("KEY PEM"))
+        (Some(ca_pem.as_str()), Some(cert_pem.as_str()), Some(key_pem.as_str()))
     );
     let verdict = &compiled.models[&key("demo", "unlabelled")];
     assert_eq!((verdict.accepted, verdict.reason), (false, reasons::SECRET_NOT_LABELLED));

@@ -71,6 +71,7 @@ pub(crate) async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Contex
 
     let reporting = pods_reporting(&context.stores, &gateway);
     let refusing = pods_refusing(&context.stores, &gateway, &hash);
+    programmed::refuse_dropped(&mut compiled, &pods_dropping(&context.stores, &gateway, &hash));
     let deployment_status = observed.deployment.status.as_ref();
     let ready = deployment_status.and_then(|s| s.ready_replicas).unwrap_or(0);
     let decisions = decisions(&catalog, &mut compiled, hash.clone(), desired.config_fits());
@@ -83,6 +84,7 @@ pub(crate) async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Contex
         refused: compiled.gateway.as_ref(),
         hash: &hash,
         config_bytes: desired.config_bytes,
+        config_json_bytes: desired.config_json_bytes,
         config_fits: desired.config_fits(),
         models: compiled.config.models.len(),
         keys: compiled.config.keys.len(),
@@ -354,6 +356,29 @@ pub(crate) fn pods_reporting(stores: &Stores, gateway: &Gateway) -> Vec<String> 
         .collect()
 }
 
+/// The entries the pods of `gateway` serving the config `hash` left out of
+/// it, from their heartbeats (bounded: see `heartbeat::dropped_entries`).
+pub(crate) fn pods_dropping(
+    stores: &Stores,
+    gateway: &Gateway,
+    hash: &str,
+) -> Vec<(String, waycast_crds::heartbeat::DroppedEntry)> {
+    let namespace = gateway.namespace();
+    let name = gateway.name_any();
+    stores
+        .leases
+        .state()
+        .iter()
+        .filter(|lease| lease.namespace() == namespace && lease.labels().get(render::GATEWAY_LABEL) == Some(&name))
+        .filter(|lease| holder(lease) == hash)
+        .filter_map(|lease| {
+            let listed = lease.annotations().get(waycast_crds::heartbeat::DROPPED_ENTRIES_ANNOTATION)?;
+            Some(waycast_crds::heartbeat::dropped_entries(listed).into_iter().map(|entry| (lease.name_any(), entry)))
+        })
+        .flatten()
+        .collect()
+}
+
 /// The pods of `gateway` that refused the config `hash`, from their
 /// heartbeats, sorted.
 pub(crate) fn pods_refusing(stores: &Stores, gateway: &Gateway, hash: &str) -> Vec<status::RefusingPod> {
@@ -367,10 +392,13 @@ pub(crate) fn pods_refusing(stores: &Stores, gateway: &Gateway, hash: &str) -> V
         .filter(|lease| refused_hash(lease).is_some_and(|refused| refused == hash))
         .map(|lease| status::RefusingPod {
             pod: lease.name_any(),
+            // A heartbeat is untrusted text: cut before it reaches a status.
             reason: lease
                 .annotations()
                 .get(waycast_crds::heartbeat::REFUSED_REASON_ANNOTATION)
-                .cloned()
+                .map(|reason| {
+                    waycast_crds::heartbeat::truncate(reason, waycast_crds::heartbeat::MAX_REASON_BYTES).to_owned()
+                })
                 .unwrap_or_default(),
             serving: holder(lease).to_owned(),
         })

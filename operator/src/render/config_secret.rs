@@ -14,12 +14,12 @@ use super::{CONFIG_HASH_ANNOTATION, config_secret_name, owned_meta};
 /// Secrets whose data exceeds 1 MiB; the rest is headroom for metadata.
 pub const MAX_CONFIG_BYTES: usize = 1024 * 1024 - 16 * 1024;
 
-/// The Secret and the config hash (SHA-256 of the uncompressed JSON, as the
-/// gateway computes it).
+/// The Secret, the config hash (SHA-256 of the uncompressed JSON, as the
+/// gateway computes it) and the uncompressed size.
 ///
 /// # Errors
 /// Only if serialization or compression into memory fails.
-pub fn config_secret(gateway: &Gateway, config: &GatewayConfig) -> std::io::Result<(Secret, String)> {
+pub fn config_secret(gateway: &Gateway, config: &GatewayConfig) -> std::io::Result<(Secret, String, usize)> {
     let json = config.to_canonical_json().map_err(std::io::Error::other)?;
     let hash = waycast_crds::digest::config_hash(&json);
     // NB: flate2 writes a zero mtime in the gzip header, so equal configs
@@ -35,7 +35,7 @@ pub fn config_secret(gateway: &Gateway, config: &GatewayConfig) -> std::io::Resu
         data: Some([(SECRET_KEY_GZIP.to_owned(), ByteString(compressed))].into()),
         ..Secret::default()
     };
-    Ok((secret, hash))
+    Ok((secret, hash, json.len()))
 }
 
 #[cfg(test)]
@@ -49,8 +49,8 @@ mod tests {
     fn gzipped_json_with_its_hash_and_an_owner() {
         let gateway = fixtures::gateway(Default::default());
         let config = GatewayConfig::empty();
-        let (secret, hash) = config_secret(&gateway, &config).unwrap();
-        let (again, _) = config_secret(&gateway, &config).unwrap();
+        let (secret, hash, _) = config_secret(&gateway, &config).unwrap();
+        let (again, _, _) = config_secret(&gateway, &config).unwrap();
         assert_eq!(secret, again, "byte-identical for equal configs");
         assert_eq!(secret.metadata.name.as_deref(), Some("shared-config"));
         assert_eq!(secret.metadata.annotations.as_ref().unwrap()[CONFIG_HASH_ANNOTATION], hash);

@@ -19,6 +19,8 @@ pub struct Desired {
     pub config_hash: String,
     /// Its gzipped size.
     pub config_bytes: usize,
+    /// Its size uncompressed, as a gateway reads it.
+    pub config_json_bytes: usize,
     /// The pods' identity.
     pub service_account: ServiceAccount,
     /// What the pods may read and write (their config Secret, their Leases).
@@ -36,10 +38,13 @@ pub struct Desired {
 }
 
 impl Desired {
-    /// Whether the config fits in a Secret. When it does not, it is not
-    /// written: the pods keep the last one, and the Gateway says why.
+    /// Whether the config fits in a Secret, and uncompressed within what a
+    /// gateway reads (`MAX_CONFIG_JSON_BYTES`: a config of repeated text
+    /// can compress a hundredfold). When it does not, it is not written:
+    /// the pods keep the last one, and the Gateway says why.
     pub fn config_fits(&self) -> bool {
         self.config_bytes <= config_secret::MAX_CONFIG_BYTES
+            && self.config_json_bytes as u64 <= waycast_crds::config::MAX_CONFIG_JSON_BYTES
     }
 }
 
@@ -48,12 +53,13 @@ impl Desired {
 /// # Errors
 /// Only if compressing the config fails.
 pub fn desired(gateway: &Gateway, config: &GatewayConfig, settings: &RenderSettings) -> std::io::Result<Desired> {
-    let (config_secret, config_hash) = config_secret::config_secret(gateway, config)?;
+    let (config_secret, config_hash, config_json_bytes) = config_secret::config_secret(gateway, config)?;
     let config_bytes = config_secret.data.as_ref().and_then(|d| d.values().next()).map_or(0, |b| b.0.len());
     Ok(Desired {
         config_secret,
         config_hash,
         config_bytes,
+        config_json_bytes,
         service_account: rbac::service_account(gateway),
         role: rbac::role(gateway),
         role_binding: rbac::role_binding(gateway),

@@ -63,6 +63,8 @@ pub struct GatewayFacts<'a> {
     pub hash: &'a str,
     /// The gzipped size of the compiled config.
     pub config_bytes: usize,
+    /// Its size uncompressed.
+    pub config_json_bytes: usize,
     /// Whether it fit in a Secret (and so was written).
     pub config_fits: bool,
     /// Models and keys in the compiled config.
@@ -101,11 +103,13 @@ pub fn gateway_status(gateway: &Gateway, facts: &GatewayFacts<'_>, now: jiff::Ti
             false,
             reasons::CONFIG_ERROR,
             format!(
-                "the compiled config is {} bytes gzipped ({} keys, {} models); a Secret holds at most {}: the pods keep the last config",
+                "the compiled config is {} bytes gzipped, {} uncompressed ({} keys, {} models); a Secret holds at most {} and a gateway reads at most {}: the pods keep the last config",
                 facts.config_bytes,
+                facts.config_json_bytes,
                 facts.keys,
                 facts.models,
-                crate::render::config_secret::MAX_CONFIG_BYTES
+                crate::render::config_secret::MAX_CONFIG_BYTES,
+                waycast_crds::config::MAX_CONFIG_JSON_BYTES
             ),
             generation,
             now,

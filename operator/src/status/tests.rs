@@ -29,6 +29,7 @@ fn gateway_status_table() {
         refused: None,
         hash: "0123456789abcdef",
         config_bytes: 1_000,
+        config_json_bytes: 4_000,
         config_fits: true,
         models: 2,
         keys: 3,
@@ -64,7 +65,11 @@ fn gateway_status_table() {
             GatewayFacts { config_fits: false, config_bytes: 2_000_000, ..base.clone() },
             [
                 (true, reasons::ACCEPTED, "the spec is valid"),
-                (false, reasons::CONFIG_ERROR, "the compiled config is 2000000 bytes gzipped (3 keys, 2 models)"),
+                (
+                    false,
+                    reasons::CONFIG_ERROR,
+                    "the compiled config is 2000000 bytes gzipped, 4000 uncompressed (3 keys",
+                ),
                 (true, reasons::REPLICAS_READY, "2 of 2 replicas ready"),
             ],
         ),

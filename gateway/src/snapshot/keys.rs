@@ -1,0 +1,149 @@
+//! Accepted keys, pre-resolved against the routes: which the key may use
+//! (its `models`), which it opted in to (`namespace/pattern` entries naming
+//! another team's models) and which its namespace may see
+//! (`keyNamespaces`), as bitsets over route indices.
+
+use std::hash::Hasher;
+use std::sync::Arc;
+
+use waycast_crds::config::{KeyConfig, glob_matches};
+
+use super::Route;
+use super::names::{NamespaceId, PLATFORM};
+use crate::limit::LimitSet;
+
+/// An accepted key.
+#[derive(Debug)]
+pub struct KeyEntry {
+    /// `namespace/name` (or the id a standalone config gives).
+    pub id: Arc<str>,
+    /// The key's namespace: its own models come first.
+    pub namespace: NamespaceId,
+    /// Bit `i` set: route `i` allowed. `None`: every route it can reach.
+    allowed_routes: Option<Box<[u64]>>,
+    /// Bit `i` set: route `i`, another team's, was opted in to.
+    opted_in: Option<Box<[u64]>>,
+    /// Bit `i` set: route `i` is shared with the key's namespace
+    /// (`keyNamespaces`). `None`: every route. Shared by the keys of a namespace.
+    pub(super) visible_routes: Option<Arc<[u64]>>,
+    /// When it stops working.
+    pub expires_at: Option<jiff::Timestamp>,
+    /// Refused with 401.
+    pub disabled: bool,
+    /// Its rate limits, if any.
+    pub limits: Option<Arc<LimitSet>>,
+}
+
+impl KeyEntry {
+    /// Whether the key's own allow-list (`models`) lets it use route `index`.
+    pub fn allows(&self, index: usize) -> bool {
+        self.allowed_routes.as_deref().is_none_or(|bits| bit_set(bits, index))
+    }
+
+    /// Whether route `index` is shared with the key's namespace at all. A
+    /// route it cannot see is, to the key, a model that does not exist.
+    pub fn sees(&self, index: usize) -> bool {
+        self.visible_routes.as_deref().is_none_or(|bits| bit_set(bits, index))
+    }
+
+    /// Whether the key opted in to route `index` (another team's model).
+    pub fn opted_in(&self, index: usize) -> bool {
+        self.opted_in.as_deref().is_some_and(|bits| bit_set(bits, index))
+    }
+}
+
+fn bit_set(bits: &[u64], index: usize) -> bool {
+    bits.get(index / 64).is_some_and(|word| word & (1 << (index % 64)) != 0)
+}
+
+fn bits_where(routes: &[Route], mut wanted: impl FnMut(&Route) -> bool) -> Box<[u64]> {
+    let mut bits = vec![0_u64; routes.len().div_ceil(64)];
+    for (index, route) in routes.iter().enumerate() {
+        if wanted(route) {
+            bits[index / 64] |= 1 << (index % 64);
+        }
+    }
+    bits.into()
+}
+
+/// The routes `namespace`'s keys may see; `None` when every route is open
+/// to every key (no model restricts by namespace).
+pub(super) fn visible_routes(routes: &[Route], namespace: &str) -> Option<Arc<[u64]>> {
+    if routes.iter().all(|route| route.key_namespaces.is_none()) {
+        return None;
+    }
+    let visible = bits_where(routes, |route| {
+        route.key_namespaces.as_ref().is_none_or(|allowed| allowed.iter().any(|n| n == namespace))
+    });
+    Some(visible.into())
+}
+
+/// A key entry for `key` (of namespace `namespace`) over `routes`;
+/// `namespace_of` numbers the namespaces its opt-ins name.
+///
+/// A `models` entry `namespace/pattern` opts the key in to that
+/// namespace's models whose name or an alias matches `pattern`, and allows
+/// them; any other entry is a pattern over the names of the models of the
+/// key's own namespace and the platform's.
+pub(super) fn build_key(
+    key: &KeyConfig,
+    namespace: NamespaceId,
+    routes: &[Route],
+    namespace_of: impl Fn(&str) -> Option<NamespaceId>,
+) -> KeyEntry {
+    let mut allowed_routes = None;
+    let mut opted_in = None;
+    if let Some(patterns) = &key.models {
+        let opt_ins: Vec<(NamespaceId, &str)> = patterns
+            .iter()
+            .filter_map(|p| p.split_once('/'))
+            .filter_map(|(owner, pattern)| Some((namespace_of(owner)?, pattern)))
+            .filter(|(owner, _)| *owner != namespace && *owner != PLATFORM)
+            .collect();
+        let home: Vec<&str> = patterns.iter().filter(|p| !p.contains('/')).map(String::as_str).collect();
+        let names_match = |route: &Route, pattern: &str| route.names.iter().any(|name| glob_matches(pattern, name));
+        let opted = bits_where(routes, |route| {
+            opt_ins.iter().any(|(owner, pattern)| route.owner == *owner && names_match(route, pattern))
+        });
+        let allowed = bits_where(routes, |route| {
+            let home_route = route.owner == namespace || route.owner == PLATFORM;
+            home_route && home.iter().any(|pattern| names_match(route, pattern))
+        });
+        let allowed: Box<[u64]> = allowed.iter().zip(opted.iter()).map(|(a, o)| a | o).collect();
+        if !opt_ins.is_empty() {
+            opted_in = Some(opted);
+        }
+        allowed_routes = Some(allowed);
+    }
+    KeyEntry {
+        id: Arc::from(key.id.as_str()),
+        namespace,
+        allowed_routes,
+        opted_in,
+        visible_routes: None,
+        expires_at: key.expires_at,
+        disabled: key.disabled,
+        limits: None,
+    }
+}
+
+/// Hashes SHA-256 digests by their first 8 bytes: they are already uniformly
+/// distributed, so running SipHash over them again buys nothing.
+#[derive(Default)]
+pub struct DigestHasher(u64);
+
+impl Hasher for DigestHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8).take(1) {
+            let mut word = [0_u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.0 ^= u64::from_le_bytes(word);
+        }
+    }
+
+    fn write_usize(&mut self, _length: usize) {}
+}
