@@ -86,6 +86,11 @@ pub struct ModelConfig {
     /// (`x-session-*`). Client credentials and hop-by-hop headers never are.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub forward_headers: Vec<String>,
+    /// Query parameters of a client's request sent upstream, by name (e.g.
+    /// `api-version`); every other parameter is dropped. The backend URL's
+    /// own query is always sent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub forward_query_parameters: Vec<String>,
     /// Output tokens reserved against token limits for a request that sets
     /// no `max_tokens` (default 1024); settled on the usage afterwards.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -110,6 +115,7 @@ impl ModelConfig {
             namespace: None,
             key_namespaces: None,
             forward_headers: Vec::new(),
+            forward_query_parameters: Vec::new(),
             output_token_reservation: None,
             load_balancing: LoadBalancingConfig::default(),
         }
@@ -291,10 +297,22 @@ pub struct Settings {
     /// Counting rate limits in Redis. Absent: each pod counts its share.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redis: Option<RedisConfig>,
-    /// Address ranges no backend host name may resolve to, on top of the
-    /// fixed link-local/metadata guard (e.g. `["10.0.0.0/8"]`).
+    /// Address ranges no `url` backend may reach, by name or address, on
+    /// top of the fixed link-local/metadata guard (e.g. `["10.0.0.0/8"]`).
     #[serde(default, rename = "deniedCIDRs", skip_serializing_if = "Vec::is_empty")]
     pub denied_cidrs: Vec<String>,
+    /// Address ranges `url` backends may not reach unless `allowedCIDRs` or
+    /// `allowedHosts` opens them: the operator writes loopback, the
+    /// cluster's Service and Pod ranges and the API server's addresses.
+    #[serde(default, rename = "closedCIDRs", skip_serializing_if = "Vec::is_empty")]
+    pub closed_cidrs: Vec<String>,
+    /// Opens `closedCIDRs` for these ranges.
+    #[serde(default, rename = "allowedCIDRs", skip_serializing_if = "Vec::is_empty")]
+    pub allowed_cidrs: Vec<String>,
+    /// Opens `closedCIDRs` for `url` backends naming these hosts (exact
+    /// names, or `*.example.com`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_hosts: Vec<String>,
 }
 
 /// Rate limits counted in Redis.
@@ -318,6 +336,18 @@ pub struct RedisConfig {
     /// TLS to Redis (`rediss://`); absent: plain TCP.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<ClientTlsConfig>,
+    /// What every Redis key starts with (default `waycast:`): the operator
+    /// writes `waycast:<namespace>/<gateway>:`, so two Gateways sharing one
+    /// Redis never count against each other's limits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_prefix: Option<String>,
+}
+
+impl RedisConfig {
+    /// The prefix of every key this config counts under.
+    pub fn key_prefix(&self) -> &str {
+        self.key_prefix.as_deref().unwrap_or("waycast:")
+    }
 }
 
 /// TLS from the gateway to a server it calls, with the PEM material inline.
@@ -369,6 +399,7 @@ impl std::fmt::Debug for RedisConfig {
             .field("timeout", &self.timeout)
             .field("fail_closed", &self.fail_closed)
             .field("tls", &self.tls)
+            .field("key_prefix", &self.key_prefix)
             .finish()
     }
 }
@@ -389,6 +420,9 @@ impl Default for Settings {
             access_log: Self::default_access_log(),
             redis: None,
             denied_cidrs: Vec::new(),
+            closed_cidrs: Vec::new(),
+            allowed_cidrs: Vec::new(),
+            allowed_hosts: Vec::new(),
         }
     }
 }

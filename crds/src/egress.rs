@@ -8,7 +8,11 @@
 //! ```
 //!
 //! The fixed guard ([`is_metadata_address`]) holds for every backend and
-//! cannot be configured away; a Gateway's `deniedCIDRs` add to it.
+//! cannot be configured away. `url` backends (a team's choice of address)
+//! are held to an [`EgressPolicy`] besides: the Gateway's `deniedCIDRs`,
+//! and the ranges closed by default — loopback, the cluster's Service and
+//! Pod ranges, the API server — unless the Gateway opens them
+//! (`allowedCIDRs`, `allowedHosts`).
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -95,6 +99,62 @@ pub fn forbidden(address: IpAddr, denied: &[Cidr]) -> Option<String> {
     denied.iter().find(|range| range.contains(address)).map(|range| format!("{address} is in the denied range {range}"))
 }
 
+/// Where `url` backends may connect: an address is refused when it is a
+/// link-local or metadata address, in `denied`, or in `closed` and opened
+/// neither by `allowed` nor by its host being in `allowed_hosts`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EgressPolicy {
+    /// Refused whatever else is allowed (the Gateway's `deniedCIDRs`).
+    pub denied: Vec<Cidr>,
+    /// Refused unless opened: loopback, the cluster's ranges, the API server.
+    pub closed: Vec<Cidr>,
+    /// Opens `closed` for these addresses.
+    pub allowed: Vec<Cidr>,
+    /// Opens `closed` for these hosts (names, or `*.suffix`).
+    pub allowed_hosts: Vec<String>,
+}
+
+impl EgressPolicy {
+    /// The policy of a config's settings; an entry that does not parse is
+    /// skipped (validation refuses such a config).
+    pub fn from_settings(settings: &crate::config::Settings) -> Self {
+        let parsed = |ranges: &[String]| ranges.iter().filter_map(|range| range.parse().ok()).collect();
+        Self {
+            denied: parsed(&settings.denied_cidrs),
+            closed: parsed(&settings.closed_cidrs),
+            allowed: parsed(&settings.allowed_cidrs),
+            allowed_hosts: settings.allowed_hosts.clone(),
+        }
+    }
+
+    /// Why a `url` backend may not connect to `address`, reached as `host`
+    /// (a name, or the address itself), if it may not.
+    pub fn refuses(&self, host: &str, address: IpAddr) -> Option<String> {
+        if is_metadata_address(address) {
+            return forbidden(address, &[]);
+        }
+        if let Some(range) = self.denied.iter().find(|range| range.contains(address)) {
+            return Some(format!("{address} is in the denied range {range} (the Gateway's spec.egress.deniedCIDRs)"));
+        }
+        let opened =
+            self.allowed.iter().any(|range| range.contains(address)) || host_allowed(host, &self.allowed_hosts);
+        match self.closed.iter().find(|range| range.contains(address)) {
+            Some(range) if !opened => Some(format!(
+                "{address} is in {range}, closed to url backends unless the Gateway opens it (spec.egress.allowedCIDRs or allowedHosts)"
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// The ranges closed to `url` backends whatever the cluster: loopback and
+/// the unspecified network.
+pub const ALWAYS_CLOSED: &[&str] = &["127.0.0.0/8", "::1/128", "0.0.0.0/8"];
+
+/// The ranges closed when the cluster's own cannot be found: every private,
+/// shared and unique-local range.
+pub const PRIVATE_RANGES: &[&str] = &["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "fc00::/7"];
+
 /// The IP address a URL host names, if it is an IP literal (`10.0.0.1`,
 /// `[fd00::1]`).
 pub fn ip_literal(host: &str) -> Option<IpAddr> {
@@ -162,6 +222,24 @@ mod tests {
         assert_eq!(forbidden(ip("10.1.2.3"), &[ten]).as_deref(), Some("10.1.2.3 is in the denied range 10.0.0.0/8"));
         assert!(forbidden(ip("169.254.169.254"), &[]).is_some());
         assert_eq!(forbidden(ip("1.1.1.1"), &[ten]), None);
+    }
+
+    #[test]
+    fn closed_ranges_open_only_by_address_or_host_and_denied_ranges_never() {
+        let policy = EgressPolicy {
+            denied: vec!["10.9.0.0/16".parse().unwrap()],
+            closed: vec!["10.0.0.0/8".parse().unwrap(), "127.0.0.0/8".parse().unwrap()],
+            allowed: vec!["10.1.0.0/16".parse().unwrap()],
+            allowed_hosts: vec!["vllm.shared.svc".into()],
+        };
+        assert!(policy.refuses("10.96.0.1", ip("10.96.0.1")).is_some(), "closed");
+        assert!(policy.refuses("localhost", ip("127.0.0.1")).is_some());
+        assert!(policy.refuses("x", ip("::ffff:127.0.0.1")).is_some(), "an IPv4-mapped address counts as IPv4");
+        assert_eq!(policy.refuses("10.1.2.3", ip("10.1.2.3")), None, "opened by allowedCIDRs");
+        assert_eq!(policy.refuses("vllm.shared.svc", ip("10.96.5.5")), None, "opened by allowedHosts");
+        assert!(policy.refuses("vllm.shared.svc", ip("10.9.1.1")).is_some(), "deniedCIDRs are never opened");
+        assert!(policy.refuses("vllm.shared.svc", ip("169.254.169.254")).is_some(), "nor is metadata");
+        assert_eq!(policy.refuses("api.openai.com", ip("104.18.1.1")), None);
     }
 
     #[test]

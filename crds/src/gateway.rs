@@ -110,9 +110,19 @@ pub struct GatewayEgress {
     #[schemars(length(max = 64), inner(length(min = 1, max = 64)))]
     #[x_kube(validation = Rule::new("self.all(c, isCIDR(c))").message("every deniedCIDRs entry must be a CIDR such as 10.0.0.0/8"))]
     pub denied_cidrs: Vec<String>,
+    /// Address ranges `url` backends may reach although they are closed by
+    /// default: loopback, the cluster's Service and Pod ranges and the API
+    /// server are closed to `url` backends unless opened here or by
+    /// `allowedHosts` (a ModelEndpoint's own Service backends are not `url`
+    /// backends). `deniedCIDRs` are never opened.
+    #[serde(default, rename = "allowedCIDRs", skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 64)))]
+    #[x_kube(validation = Rule::new("self.all(c, isCIDR(c))").message("every allowedCIDRs entry must be a CIDR such as 10.20.0.0/16"))]
+    pub allowed_cidrs: Vec<String>,
     /// When set, `url` backends may only name these hosts: exact names or
     /// `*.example.com` for any subdomain. A ModelEndpoint naming another
-    /// host is not served (`NotAllowedByGateway`).
+    /// host is not served (`NotAllowedByGateway`). These hosts may also
+    /// reach the ranges closed by default (see `allowedCIDRs`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(
         length(max = 256),

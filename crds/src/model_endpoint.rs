@@ -77,6 +77,13 @@ pub struct ModelEndpointSpec {
     #[schemars(length(max = 32), inner(length(min = 1, max = 128), pattern(r"^[a-z0-9!#$%&'+.^_`|~-]+\*?$")))]
     pub forward_headers: Vec<String>,
 
+    /// Query parameters of a client's request sent on to the backends, by
+    /// name (e.g. `api-version`); every other parameter of the client's
+    /// query is dropped. A backend URL's own query is always sent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), inner(length(min = 1, max = 128), pattern(r"^[A-Za-z0-9._~-]+$")))]
+    pub forward_query_parameters: Vec<String>,
+
     /// Output tokens a request that sets no `max_tokens` (nor
     /// `max_completion_tokens`, `max_output_tokens`) reserves against token
     /// limits until its usage is known. Default 1024. Not sent upstream.

@@ -197,10 +197,27 @@ fn check_settings(settings: &crate::config::Settings, problems: &mut Collector) 
         {
             problems.add("settings.redis.tls", "clientCertPem and clientKeyPem go together");
         }
+        if redis.key_prefix.as_ref().is_some_and(|prefix| {
+            prefix.is_empty() || prefix.len() > 256 || prefix.chars().any(|c| c.is_whitespace() || c.is_control())
+        }) {
+            problems.add("settings.redis.keyPrefix", "must be 1 to 256 characters without whitespace");
+        }
     }
-    for (index, range) in settings.denied_cidrs.iter().enumerate() {
-        if let Err(error) = range.parse::<Cidr>() {
-            problems.add(format!("settings.deniedCIDRs[{index}]"), error.to_string());
+    for (field, ranges) in [
+        ("deniedCIDRs", &settings.denied_cidrs),
+        ("closedCIDRs", &settings.closed_cidrs),
+        ("allowedCIDRs", &settings.allowed_cidrs),
+    ] {
+        for (index, range) in ranges.iter().enumerate() {
+            if let Err(error) = range.parse::<Cidr>() {
+                problems.add(format!("settings.{field}[{index}]"), error.to_string());
+            }
+        }
+    }
+    for (index, host) in settings.allowed_hosts.iter().enumerate() {
+        let name = host.strip_prefix("*.").unwrap_or(host);
+        if crate::tls::server_name_problem(name).is_some() {
+            problems.add(format!("settings.allowedHosts[{index}]"), "must be a host name or *.suffix");
         }
     }
 }
@@ -265,6 +282,14 @@ fn check_model(path: &str, model: &ModelConfig, problems: &mut Collector) {
     for (index, pattern) in model.forward_headers.iter().enumerate() {
         if let Some(message) = crate::common::forward_header_problem(pattern) {
             problems.add(join(path, &format!("forwardHeaders[{index}]")), message);
+        }
+    }
+    for (index, parameter) in model.forward_query_parameters.iter().enumerate() {
+        let valid = !parameter.is_empty()
+            && parameter.len() <= 128
+            && parameter.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.~".contains(&b));
+        if !valid {
+            problems.add(join(path, &format!("forwardQueryParameters[{index}]")), "must be a query parameter name");
         }
     }
     for (index, namespace) in model.key_namespaces.iter().flatten().enumerate() {
@@ -450,12 +475,14 @@ mod tests {
                     username: None,
                     timeout: Duration::ZERO,
                     fail_closed: false,
+                    key_prefix: None,
                     tls: Some(crate::config::ClientTlsConfig {
                         client_cert_pem: Some("-----BEGIN CERTIFICATE-----".into()),
                         ..Default::default()
                     }),
                 }),
                 denied_cidrs: vec!["10.0.0.0/8".into(), "10.0.0.0".into()],
+                ..Settings::default()
             },
         };
         let problems = config.validate().unwrap_err();

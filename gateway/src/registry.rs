@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use waycast_crds::config::{ClientTlsConfig, GatewayConfig, LimitsConfig, ModelConfig};
-use waycast_crds::egress::Cidr;
+use waycast_crds::egress::EgressPolicy;
 
 use crate::limit::LimitSet;
 use crate::limit::redis::RedisCounter;
@@ -28,7 +28,7 @@ use crate::upstream::{UpstreamClient, effective_tls};
 /// The resources a config is built with. Cloning shares them.
 #[derive(Clone, Default)]
 pub struct Resources {
-    denied: Arc<[Cidr]>,
+    egress: Arc<EgressPolicy>,
     clients: Vec<(ClientKey, UpstreamClient)>,
     /// Clients that could not be made, and why: the models that need one
     /// are left out alone.
@@ -105,9 +105,9 @@ impl Registry {
     pub fn lend(&self, config: &GatewayConfig) -> Result<Resources, BuildError> {
         let held = &self.held;
         // Validation parsed these already; an entry that fails here is skipped.
-        let denied: Arc<[Cidr]> = config.settings.denied_cidrs.iter().filter_map(|c| c.parse().ok()).collect();
+        let egress = Arc::new(EgressPolicy::from_settings(&config.settings));
         // Pools are reused only while the egress rules they enforce stay.
-        let reusable = if held.denied == denied { held.clients.as_slice() } else { &[] };
+        let reusable = if held.egress == egress { held.clients.as_slice() } else { &[] };
         let mut clients: Vec<(ClientKey, UpstreamClient)> = Vec::new();
         let mut unbuildable: Vec<(ClientKey, String)> = Vec::new();
         let wanted =
@@ -118,7 +118,7 @@ impl Registry {
             }
             match reusable.iter().find(|(held, _)| *held == key) {
                 Some((_, client)) => clients.push((key, client.clone())),
-                None => match crate::upstream::client(key.0, &denied, key.1.as_ref()) {
+                None => match crate::upstream::client(key.0, &egress, key.1.as_ref()) {
                     Ok(client) => clients.push((key, client)),
                     Err(error) => unbuildable.push((key, format!("tls: {error}"))),
                 },
@@ -150,7 +150,7 @@ impl Registry {
                 )),
             },
         };
-        Ok(Resources { denied, clients, unbuildable, redis, key_limits, model_limits })
+        Ok(Resources { egress, clients, unbuildable, redis, key_limits, model_limits })
     }
 
     /// Records what the config now serving was built with; what it does not
@@ -206,8 +206,9 @@ mod tests {
         let fewer = registry.lend(&config(&[5], None, &[])).unwrap();
         assert_eq!(fewer.clients.len(), 1, "a pool no model uses is not lent");
         let denied = registry.lend(&config(&[5], None, &["10.0.0.0/8"])).unwrap();
-        assert_eq!(&*denied.denied, &["10.0.0.0/8".parse::<Cidr>().unwrap()]);
-        assert_eq!(registry.held.denied.len(), 0, "lend changes nothing");
+        assert_eq!(denied.egress.denied, ["10.0.0.0/8".parse().unwrap()]);
+        assert!(!Arc::ptr_eq(&denied.clients[0].1.egress_policy(), &fewer.clients[0].1.egress_policy()));
+        assert_eq!(registry.held.egress.denied.len(), 0, "lend changes nothing");
     }
 
     #[tokio::test]

@@ -100,6 +100,7 @@ impl Redis {
             timeout: Duration::from_millis(100),
             fail_closed,
             tls: None,
+            key_prefix: None,
         }
     }
 }

@@ -24,17 +24,23 @@ pub struct Catalog {
     pub services: Vec<Arc<Service>>,
     /// Key Secrets, opted-in credentials and what the shell fetched.
     pub secrets: Vec<Arc<Secret>>,
+    /// The cluster's Service and Pod ranges (empty: not known).
+    pub cluster_ranges: Arc<Vec<String>>,
+    /// The API server's addresses, as host ranges.
+    pub api_server: Vec<String>,
 }
 
 impl Catalog {
-    /// What the stores hold now.
-    pub fn from_stores(stores: &Stores) -> Self {
+    /// What the stores hold now, and the cluster's networks as known.
+    pub fn from_stores(stores: &Stores, networks: &crate::networks::ClusterNetworks) -> Self {
         Self {
             namespaces: stores.namespaces.state(),
             models: stores.models.state(),
             keys: stores.keys.state(),
             services: stores.services.state(),
             secrets: stores.key_secrets.state().into_iter().chain(stores.credentials.state()).collect(),
+            cluster_ranges: networks.ranges(),
+            api_server: crate::networks::api_server(&stores.endpoint_slices),
         }
     }
 
@@ -55,6 +61,8 @@ impl Catalog {
             keys: shared(keys),
             services: shared(services),
             secrets: shared(secrets),
+            cluster_ranges: Arc::default(),
+            api_server: Vec::new(),
         }
     }
 
@@ -72,6 +80,8 @@ impl Catalog {
             api_keys: &keys,
             services: &services,
             secrets: &secrets,
+            cluster_ranges: &self.cluster_ranges,
+            api_server: &self.api_server,
         })
     }
 

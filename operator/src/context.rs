@@ -19,6 +19,8 @@ pub struct Context {
     pub client: Client,
     /// Stores.
     pub stores: Stores,
+    /// The cluster's networks, closed to `url` backends.
+    pub networks: crate::networks::ClusterNetworks,
     /// Render settings.
     pub settings: RenderSettings,
     /// Metrics.

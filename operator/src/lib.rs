@@ -16,6 +16,7 @@ pub(crate) mod events;
 pub mod fleet;
 pub(crate) mod leader;
 pub mod metrics;
+pub mod networks;
 pub(crate) mod ownership;
 pub(crate) mod programmed;
 pub mod render;
@@ -36,6 +37,9 @@ pub struct OperatorOptions {
     /// Elect a leader through this namespace's Lease before reconciling
     /// (with the replica's identity).
     pub leader_election: Option<(String, String)>,
+    /// The cluster's Service and Pod ranges, closed to `url` backends;
+    /// empty: found from the ServiceCIDRs and the Nodes.
+    pub cluster_cidrs: Vec<String>,
 }
 
 /// Runs the operator with `client` until the process ends (or the returned
@@ -50,16 +54,24 @@ pub async fn run(client: kube::Client, options: OperatorOptions) -> Result<(), e
     let stores = stores::stores(&client).await?;
     let instance = options.leader_election.as_ref().map(|(_, identity)| identity.clone());
     let events = events::Publisher::new(client.clone(), "waycast-operator", instance);
+    let networks = if options.cluster_cidrs.is_empty() {
+        networks::ClusterNetworks::discovered()
+    } else {
+        networks::ClusterNetworks::fixed(options.cluster_cidrs)
+    };
     let context = Arc::new(Context {
         events,
         client,
         stores,
+        networks,
         settings: render::RenderSettings { gateway_image: options.gateway_image },
         metrics,
         gateways: tokio::sync::RwLock::default(),
         failures: arc_swap::ArcSwap::from_pointee(std::collections::BTreeMap::new()),
     });
     tokio::spawn(admin(listener, context.clone(), ready.clone()));
+    let discovering = context.clone();
+    tokio::spawn(async move { discovering.networks.keep_current(discovering.client.clone()).await });
     ready.store(true, std::sync::atomic::Ordering::Relaxed);
     match options.leader_election {
         None => {

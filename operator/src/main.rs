@@ -42,6 +42,11 @@ struct Args {
     /// Log filter.
     #[arg(long, env = "WAYCAST_LOG", default_value = "info")]
     log: String,
+    /// The cluster's Service and Pod ranges, closed to `url` backends unless
+    /// a Gateway opens them (comma-separated CIDRs). Empty: found from the
+    /// ServiceCIDRs and the Nodes' podCIDRs.
+    #[arg(long, env = "WAYCAST_CLUSTER_CIDRS", value_delimiter = ',')]
+    cluster_cidrs: Vec<String>,
 }
 
 fn main() -> ExitCode {
@@ -83,6 +88,7 @@ fn main() -> ExitCode {
             gateway_image: args.gateway_image,
             admin_listen: args.admin_listen,
             leader_election: args.leader_elect.then(|| (args.leader_namespace.clone(), identity)),
+            cluster_cidrs: args.cluster_cidrs,
         };
         tokio::select! {
             result = waycast_operator::run(client, options) => match result {

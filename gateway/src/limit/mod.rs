@@ -302,7 +302,7 @@ pub async fn count_key_request_in_redis(
     key: Option<&Arc<LimitSet>>,
 ) -> Result<Result<Option<Counted>, Refusal>, StoreError> {
     let Some(limiter) = key.and_then(|set| set.requests.as_ref()) else { return Ok(Ok(None)) };
-    let redis_key = format!("waycast:key:{key_id}:requests");
+    let redis_key = format!("{}key:{key_id}:requests", counter.config.key_prefix());
     let script = [ScriptLimiter { key: &redis_key, units: 1, per_minute: limiter.per_minute }];
     let verdict = counter.admit(&script).await?.first().copied().ok_or(StoreError::Reply)?;
     Ok(counted_or_refused(limiter.per_minute, verdict, CountedIn::Redis(counter.clone(), redis_key)))
@@ -402,14 +402,15 @@ pub async fn admit_in_redis(
 ) -> Result<Result<Admitted, Refusal>, StoreError> {
     // (owner, unit, Redis key, limit): token limits first, as `admit` checks them.
     let mut limiters: Vec<(Owner, Unit, String, u64)> = Vec::with_capacity(4);
+    let prefix = counter.config.key_prefix();
     for (owner, (id, set)) in [(Owner::Key, subject.key), (Owner::Model, subject.model)] {
         let Some(set) = set else { continue };
         let scope = if owner == Owner::Key { "key" } else { "model" };
         if let Some(limiter) = &set.tokens {
-            limiters.push((owner, Unit::Tokens, format!("waycast:{scope}:{id}:tokens"), limiter.per_minute));
+            limiters.push((owner, Unit::Tokens, format!("{prefix}{scope}:{id}:tokens"), limiter.per_minute));
         }
         if let Some(limiter) = set.requests.as_ref().filter(|_| owner != Owner::Key || counted.is_none()) {
-            limiters.push((owner, Unit::Requests, format!("waycast:{scope}:{id}:requests"), limiter.per_minute));
+            limiters.push((owner, Unit::Requests, format!("{prefix}{scope}:{id}:requests"), limiter.per_minute));
         }
     }
     let script: Vec<ScriptLimiter<'_>> = limiters

@@ -178,7 +178,7 @@ async fn send_to(
     outgoing: &Outgoing<'_>,
     in_flight: Option<InFlight>,
 ) -> Result<Forwarded, Failure> {
-    let request = build_request(backend, authority, &route.forward_headers, outgoing)
+    let request = build_request(route, backend, authority, outgoing)
         .ok_or_else(|| Failure::Final(GatewayError::UpstreamFailed(route.name.to_string())))?;
     let sent_at = Instant::now();
     match tokio::time::timeout(route.timeouts.first_byte, backend.client.request(request)).await {
@@ -218,21 +218,24 @@ async fn send_to(
 /// `X-Forwarded-*`) replace any of the same name, and the backend's
 /// configured headers replace the client's.
 fn build_request(
+    route: &Route,
     backend: &Backend,
     authority: http::uri::Authority,
-    extra: &crate::snapshot::ForwardHeaders,
     outgoing: &Outgoing<'_>,
 ) -> Option<UpstreamRequest> {
+    let extra = &route.forward_headers;
     let path = backend.paths.get(outgoing.endpoint)?;
     // The backend's own query (Azure's `api-version`) comes first, then the
-    // client's.
+    // client's parameters the model forwards; the rest of the client's
+    // query is dropped (it could reach another upstream endpoint's options).
     let joined;
-    let target = match (outgoing.query, path.query()) {
-        (None, _) => path.as_str(),
-        (Some(query), own) => {
+    let forwarded = outgoing.query.map(|query| forwarded_query(query, &route.forward_query)).unwrap_or_default();
+    let target = match (forwarded.is_empty(), path.query()) {
+        (true, _) => path.as_str(),
+        (false, own) => {
             let text = match own {
-                None => format!("{}?{query}", path.path()),
-                Some(own) => format!("{}?{own}&{query}", path.path()),
+                None => format!("{}?{forwarded}", path.path()),
+                Some(own) => format!("{}?{own}&{forwarded}", path.path()),
             };
             joined = PathAndQuery::try_from(text).ok()?;
             joined.as_str()
@@ -244,6 +247,9 @@ fn build_request(
     };
     let tls = backend.scheme == http::uri::Scheme::HTTPS;
     let mut head = UpstreamRequest::build(outgoing.method, tls, authority, target, body);
+    if !backend.guarded {
+        head.for_own_service();
+    }
     for (name, value) in outgoing.headers {
         if (forwardable(name) || (extra.allows(name.as_str()) && !is_client_credential(name)))
             && !backend.headers.contains_key(name)
@@ -265,6 +271,21 @@ fn build_request(
     head.header(&FORWARDED_FOR, &outgoing.client.forwarded_for);
     head.header(&FORWARDED_PROTO, &outgoing.client.forwarded_proto);
     Some(head.finish())
+}
+
+/// The `name=value` pairs of `query` whose name is in `allowed`, in order.
+fn forwarded_query(query: &str, allowed: &[String]) -> String {
+    if allowed.is_empty() {
+        return String::new();
+    }
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|pair| {
+            let name = pair.split_once('=').map_or(*pair, |(name, _)| name);
+            allowed.iter().any(|allowed| allowed == name)
+        })
+        .collect();
+    kept.join("&")
 }
 
 /// The fields [`build_request`] sets itself.
@@ -344,6 +365,7 @@ mod tests {
             "models": [{
                 "name": "m",
                 "forwardHeaders": ["x-session", "x-team"],
+                "forwardQueryParameters": ["trace"],
                 "backends": [{"url": "https://up.example:8443/v1?api-version=7", "headers": {"x-team": "from-config"}}]
             }],
             "keys": []
@@ -374,7 +396,7 @@ mod tests {
         let outgoing = Outgoing {
             method: &Method::POST,
             endpoint: 0,
-            query: Some("trace=1"),
+            query: Some("trace=1&redirect=http://elsewhere&trace2=x"),
             headers: &headers,
             body: &body,
             model_span: 9..12,
@@ -384,7 +406,7 @@ mod tests {
             metrics: &metrics,
         };
         let backend = &route.backends[0];
-        let request = build_request(backend, backend.authority.clone(), &route.forward_headers, &outgoing).unwrap();
+        let request = build_request(route, backend, backend.authority.clone(), &outgoing).unwrap();
         let wire = String::from_utf8(request.wire().to_vec()).unwrap();
         let (head, sent_body) = wire.split_once("\r\n\r\n").unwrap();
         let mut lines = head.split("\r\n");

@@ -39,6 +39,9 @@ pub struct Route {
     /// Client headers forwarded besides the gateway's allow-list: exact
     /// names, and prefixes (from patterns ending in `*`).
     pub forward_headers: ForwardHeaders,
+    /// Query parameters of the client's request sent upstream (by name);
+    /// every other one is dropped.
+    pub forward_query: Box<[String]>,
     /// Output tokens reserved when a request names no bound.
     pub output_token_reservation: Option<u64>,
     /// How requests are spread over the endpoints of `endpoints` backends.
@@ -104,6 +107,10 @@ pub struct Backend {
     /// The Service (`namespace/name:port`) whose endpoints serve it, for
     /// `http` backends; `None`: the URL's host.
     pub endpoints: Option<Arc<str>>,
+    /// A `url` backend (a team's choice of address): its connects are held
+    /// to the egress policy. A Service backend (the model's own namespace's
+    /// Service, as the operator resolves it) is held to the fixed guard.
+    pub guarded: bool,
 }
 
 impl Route {
@@ -192,6 +199,7 @@ pub(super) fn build_route(model: &ModelConfig, owner: NamespaceId, lent: &Resour
             client,
             priority: backend.priority,
             endpoints,
+            guarded: backend.endpoints.is_none(),
         });
     }
     // Sorted (stably) by priority, so each tier is one range.
@@ -214,6 +222,7 @@ pub(super) fn build_route(model: &ModelConfig, owner: NamespaceId, lent: &Resour
         timeouts: model.timeouts,
         limits: None,
         forward_headers: ForwardHeaders::from_patterns(&model.forward_headers),
+        forward_query: model.forward_query_parameters.clone().into(),
         output_token_reservation: model.output_token_reservation,
         balancing: crate::upstream::balancing::Balancing::from_config(&model.load_balancing),
         retry_budget: crate::upstream::balancing::RetryBudget::default(),

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use waycast_crds::config::{GatewayConfig, Settings};
 use waycast_crds::validate::Problems;
 
-pub use backends::{Backend, ForwardHeaders, Route};
+pub use backends::{Backend, Route};
 pub use keys::{DigestHasher, KeyEntry};
 use names::{Candidates, Namespaces, PLATFORM};
 

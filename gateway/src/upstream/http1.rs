@@ -38,7 +38,7 @@ use http_body::{Body, Frame, SizeHint};
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
-use waycast_crds::egress::Cidr;
+use waycast_crds::egress::EgressPolicy;
 
 use super::egress::{EgressDenied, allowed_addresses};
 use super::framing::{Decoder, Framing, FramingError, framing, header_tokens};
@@ -123,7 +123,7 @@ impl UpstreamError {
 #[derive(Clone)]
 pub struct UpstreamClient {
     connect_timeout: Duration,
-    denied: Arc<[Cidr]>,
+    egress: Arc<EgressPolicy>,
     tls: tokio_rustls::TlsConnector,
     server_name: Option<ServerName<'static>>,
     id: Arc<ClientId>,
@@ -131,12 +131,13 @@ pub struct UpstreamClient {
 
 impl UpstreamClient {
     /// A client whose connects (TCP and TLS) give up after
-    /// `connect_timeout`, reach no address in `denied` (nor
-    /// link-local/metadata ones) and check certificates with `tls`, against
-    /// `server_name` when set (else the URL's host).
+    /// `connect_timeout`, reach no link-local/metadata address and, for
+    /// guarded requests (`url` backends), none `egress` refuses, and check
+    /// certificates with `tls`, against `server_name` when set (else the
+    /// URL's host).
     pub fn new(
         connect_timeout: Duration,
-        denied: Arc<[Cidr]>,
+        egress: Arc<EgressPolicy>,
         mut tls: rustls::ClientConfig,
         server_name: Option<ServerName<'static>>,
     ) -> Self {
@@ -144,11 +145,17 @@ impl UpstreamClient {
         tls.alpn_protocols = vec![b"http/1.1".to_vec()];
         Self {
             connect_timeout,
-            denied,
+            egress,
             tls: tokio_rustls::TlsConnector::from(Arc::new(tls)),
             server_name,
             id: Arc::new(ClientId(NEXT_ID.fetch_add(1, Ordering::Relaxed))),
         }
+    }
+
+    /// The egress policy its `url` backends' connects are held to.
+    #[cfg(test)]
+    pub fn egress_policy(&self) -> Arc<EgressPolicy> {
+        self.egress.clone()
     }
 
     /// Sends `request` on a pooled connection of the calling worker, or a
@@ -162,7 +169,12 @@ impl UpstreamClient {
     /// See [`UpstreamError`]; [`UpstreamError::is_connect`] tells whether the
     /// request can have reached the upstream.
     pub async fn request(&self, request: UpstreamRequest) -> Result<Response<UpstreamBody>, UpstreamError> {
-        let key = PoolKey { client: self.id.0, tls: request.tls, authority: request.authority.clone() };
+        let key = PoolKey {
+            client: self.id.0,
+            tls: request.tls,
+            guarded: request.guarded,
+            authority: request.authority.clone(),
+        };
         if let Some(io) = Pool::take(&key) {
             match exchange(io, &request).await {
                 Ok(answer) => return Ok(self.respond(answer, key)),
@@ -197,11 +209,12 @@ impl UpstreamClient {
     }
 
     async fn connect(&self, key: &PoolKey) -> Result<Io, UpstreamError> {
-        let PoolKey { tls, authority, .. } = key;
+        let PoolKey { tls, guarded, authority, .. } = key;
         let connecting = async {
             let host = authority.host();
             let port = authority.port_u16().unwrap_or(if *tls { 443 } else { 80 });
-            let addresses = resolve(host, port, &self.denied).await?;
+            let egress = guarded.then_some(self.egress.as_ref());
+            let addresses = resolve(host, port, egress).await?;
             let tcp = connect_any(&addresses, authority).await?;
             // NB: without TCP_NODELAY a body written after its head waits
             // for a delayed ACK: 40 ms per request on reused connections.
@@ -236,18 +249,19 @@ fn unbracketed(host: &str) -> &str {
     host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host)
 }
 
-/// The addresses `host` may be reached at. IP literals are taken as they
-/// are (config validation and the operator check those); names resolve on
-/// the blocking pool and lose every address the egress guard refuses.
-async fn resolve(host: &str, port: u16, denied: &[Cidr]) -> Result<Vec<SocketAddr>, UpstreamError> {
-    if let Ok(ip) = unbracketed(host).parse::<IpAddr>() {
-        return Ok(vec![SocketAddr::new(ip, port)]);
-    }
-    let resolved: Vec<SocketAddr> = tokio::net::lookup_host((host, port))
-        .await
-        .map_err(|source| UpstreamError::Resolve { host: host.to_owned(), source })?
-        .collect();
-    let (allowed, why) = allowed_addresses(resolved, denied);
+/// The addresses `host` may be reached at: an IP literal as it is, a name
+/// resolved on the blocking pool; every address the fixed guard refuses,
+/// and under `egress` (a `url` backend) every one it refuses, left out.
+async fn resolve(host: &str, port: u16, egress: Option<&EgressPolicy>) -> Result<Vec<SocketAddr>, UpstreamError> {
+    let name = unbracketed(host);
+    let resolved: Vec<SocketAddr> = match name.parse::<IpAddr>() {
+        Ok(ip) => vec![SocketAddr::new(ip, port)],
+        Err(_) => tokio::net::lookup_host((host, port))
+            .await
+            .map_err(|source| UpstreamError::Resolve { host: host.to_owned(), source })?
+            .collect(),
+    };
+    let (allowed, why) = allowed_addresses(resolved, name, egress);
     if allowed.is_empty() {
         return Err(EgressDenied::new(host, why).into());
     }

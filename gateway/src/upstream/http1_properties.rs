@@ -372,7 +372,7 @@ async fn generated_answers_over_cleartext_reach_only_their_own_request() {
         }
     });
     let tls = crate::tls::client_config(None).unwrap();
-    let client = UpstreamClient::new(Duration::from_secs(2), Arc::from(Vec::new()), tls, None);
+    let client = UpstreamClient::new(Duration::from_secs(2), Arc::default(), tls, None);
     check_cases(&client, address, false, &cases, &arrivals).await;
 }
 
@@ -408,6 +408,6 @@ async fn generated_answers_over_tls_reach_only_their_own_request() {
         server_name: Some("upstream".into()),
         ..ClientTlsConfig::default()
     };
-    let client = crate::upstream::client(Duration::from_secs(2), &Arc::from(Vec::new()), Some(&trusted)).unwrap();
+    let client = crate::upstream::client(Duration::from_secs(2), &Arc::default(), Some(&trusted)).unwrap();
     check_cases(&client, address, true, &cases, &arrivals).await;
 }

@@ -72,7 +72,7 @@ async fn read_request<S: AsyncRead + Unpin>(socket: &mut S) -> Option<Vec<u8>> {
 
 fn client() -> UpstreamClient {
     let tls = crate::tls::client_config(None).unwrap();
-    UpstreamClient::new(Duration::from_secs(2), Arc::from(Vec::new()), tls, None)
+    UpstreamClient::new(Duration::from_secs(2), Arc::default(), tls, None)
 }
 
 fn post(address: SocketAddr, body: &'static [u8]) -> UpstreamRequest {
@@ -325,12 +325,32 @@ async fn refused_connections_and_denied_names_are_connect_errors() {
     let error = client().request(post(unused, b"{}")).await.err().expect("refused");
     assert!(error.is_connect() && !error.is_egress_denied(), "{error}");
 
+    // Under a policy closing loopback: a url backend's request, by name
+    // or by literal (IPv4-mapped too), is refused before connecting; the
+    // same address as a model's own Service is not.
+    let policy = waycast_crds::egress::EgressPolicy {
+        closed: vec!["127.0.0.0/8".parse().unwrap(), "::1/128".parse().unwrap()],
+        ..Default::default()
+    };
     let tls = crate::tls::client_config(None).unwrap();
-    let everything: Cidr = "0.0.0.0/0".parse().unwrap();
-    let guarded = UpstreamClient::new(Duration::from_secs(2), Arc::from(vec![everything]), tls, None);
-    let by_name = format!("localhost:{}", unused.port()).parse().unwrap();
-    let request = UpstreamRequest::build(&Method::POST, false, by_name, "/v1/chat/completions", Bytes::new()).finish();
-    let error = guarded.request(request).await.err().expect("denied");
+    let guarded = UpstreamClient::new(Duration::from_secs(2), Arc::new(policy), tls, None);
+    let request = |host: String, own_service: bool| {
+        let mut head =
+            UpstreamRequest::build(&Method::POST, false, host.parse().unwrap(), "/v1/chat/completions", Bytes::new());
+        if own_service {
+            head.for_own_service();
+        }
+        head.finish()
+    };
+    for host in [format!("localhost:{}", unused.port()), format!("[::ffff:127.0.0.1]:{}", unused.port())] {
+        let error = guarded.request(request(host.clone(), false)).await.err().expect("denied");
+        assert!(error.is_connect() && error.is_egress_denied(), "{host}: {error}");
+    }
+    let error = guarded.request(request(unused.to_string(), false)).await.err().expect("denied");
+    assert!(error.is_egress_denied(), "{error}");
+    let error = guarded.request(request(unused.to_string(), true)).await.err().expect("refused, not denied");
+    assert!(error.is_connect() && !error.is_egress_denied(), "{error}");
+    let error = guarded.request(request("169.254.169.254:80".into(), true)).await.err().expect("metadata");
     assert!(error.is_connect() && error.is_egress_denied(), "{error}");
 }
 
@@ -407,7 +427,7 @@ where
         server_name: Some("upstream".into()),
         ..Default::default()
     };
-    let client = crate::upstream::client(Duration::from_secs(2), &Arc::from(Vec::new()), Some(&trusted)).unwrap();
+    let client = crate::upstream::client(Duration::from_secs(2), &Arc::default(), Some(&trusted)).unwrap();
     (address, client, accepted)
 }
 

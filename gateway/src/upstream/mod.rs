@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use waycast_crds::config::{BackendConfig, ClientTlsConfig};
-use waycast_crds::egress::Cidr;
+use waycast_crds::egress::EgressPolicy;
 
 pub use http1::{UpstreamBody, UpstreamClient};
 pub use pool::Pool;
@@ -27,7 +27,7 @@ pub use wire::UpstreamRequest;
 /// A client (its connections pooled per thread, so a worker's upstream
 /// connections and the requests on them stay on its thread) whose connects
 /// give up after `connect_timeout` and never reach a link-local/metadata
-/// address or one in `denied`; `https` connections trust `tls`'s CA (else
+/// address, nor for `url` backends one `egress` refuses; `https` connections trust `tls`'s CA (else
 /// the web PKI), present its client certificate, and check its
 /// `server_name` (else the URL's host). The TLS settings are parsed once.
 ///
@@ -35,7 +35,7 @@ pub use wire::UpstreamRequest;
 /// The TLS configuration failing to build (a bad PEM, a bad server name).
 pub fn client(
     connect_timeout: Duration,
-    denied: &Arc<[Cidr]>,
+    egress: &Arc<EgressPolicy>,
     tls: Option<&ClientTlsConfig>,
 ) -> Result<UpstreamClient, crate::tls::TlsError> {
     let config = crate::tls::client_config(tls)?;
@@ -46,7 +46,7 @@ pub fn client(
                 .map_err(|e| crate::tls::TlsError::Field { what: "serverName", reason: e.to_string() })?,
         ),
     };
-    Ok(UpstreamClient::new(connect_timeout, denied.clone(), config, server_name))
+    Ok(UpstreamClient::new(connect_timeout, egress.clone(), config, server_name))
 }
 
 /// The TLS a backend's connections use: its own settings, and for an

@@ -28,19 +28,25 @@ const MAX_IDLE_PER_KEY: usize = 512;
 /// How often a worker's pool drops its expired and closed connections.
 pub const SWEEP_EVERY: Duration = Duration::from_secs(5);
 
-/// What a pooled connection is kept under: its client, TLS or not, and
-/// the authority, compared byte for byte (an authority spelled in another
+/// What a pooled connection is kept under: its client, TLS or not,
+/// guarded or not, and the authority, compared byte for byte (an authority spelled in another
 /// case only gets a pool of its own).
 #[derive(Clone)]
 pub(super) struct PoolKey {
     pub(super) client: u64,
     pub(super) tls: bool,
+    /// Opened under the egress policy: a connection the policy never
+    /// checked is never lent to a request it applies to.
+    pub(super) guarded: bool,
     pub(super) authority: Authority,
 }
 
 impl PartialEq for PoolKey {
     fn eq(&self, other: &Self) -> bool {
-        self.client == other.client && self.tls == other.tls && self.authority.as_str() == other.authority.as_str()
+        self.client == other.client
+            && self.tls == other.tls
+            && self.guarded == other.guarded
+            && self.authority.as_str() == other.authority.as_str()
     }
 }
 
@@ -48,7 +54,7 @@ impl Eq for PoolKey {}
 
 impl std::hash::Hash for PoolKey {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        state.write_u64(self.client ^ u64::from(self.tls) << 63);
+        state.write_u64(self.client ^ u64::from(self.tls) << 63 ^ u64::from(self.guarded) << 62);
         state.write(self.authority.as_str().as_bytes());
     }
 }
@@ -211,14 +217,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pool_keys_hash_by_client_scheme_and_exact_authority() {
+    fn pool_keys_hash_by_client_scheme_guard_and_exact_authority() {
         use std::hash::BuildHasher;
         let hasher = BuildHasherDefault::<PoolHasher>::default();
-        let key = |client, tls, authority: &str| PoolKey { client, tls, authority: authority.parse().unwrap() };
-        let base = key(1, false, "10.0.0.5:8000");
-        assert!(base == key(1, false, "10.0.0.5:8000"));
-        assert_eq!(hasher.hash_one(&base), hasher.hash_one(key(1, false, "10.0.0.5:8000")));
-        for other in [key(2, false, "10.0.0.5:8000"), key(1, true, "10.0.0.5:8000"), key(1, false, "10.0.0.5:8001")] {
+        let key = |client, tls, guarded, authority: &str| PoolKey {
+            client,
+            tls,
+            guarded,
+            authority: authority.parse().unwrap(),
+        };
+        let base = key(1, false, true, "10.0.0.5:8000");
+        assert!(base == key(1, false, true, "10.0.0.5:8000"));
+        assert_eq!(hasher.hash_one(&base), hasher.hash_one(key(1, false, true, "10.0.0.5:8000")));
+        for other in [
+            key(2, false, true, "10.0.0.5:8000"),
+            key(1, true, true, "10.0.0.5:8000"),
+            key(1, false, false, "10.0.0.5:8000"),
+            key(1, false, true, "10.0.0.5:8001"),
+        ] {
             assert!(base != other);
             assert_ne!(hasher.hash_one(&base), hasher.hash_one(&other));
         }

@@ -43,6 +43,9 @@ pub(super) const BODY_WITH_HEAD: usize = 64 * 1024;
 /// wire form, with the body too when that is small (one write).
 pub struct UpstreamRequest {
     pub(super) tls: bool,
+    /// Held to the egress policy (a `url` backend); `false` for a
+    /// model's own Service and its endpoints, held to the fixed guard only.
+    pub(super) guarded: bool,
     pub(super) authority: Authority,
     pub(super) head_only: bool,
     pub(super) wire: Vec<u8>,
@@ -61,7 +64,7 @@ impl UpstreamRequest {
         wire.push(b' ');
         wire.extend_from_slice(target.as_bytes());
         wire.extend_from_slice(b" HTTP/1.1\r\n");
-        RequestHead { request: Self { tls, authority, head_only: method == Method::HEAD, wire, body } }
+        RequestHead { request: Self { tls, guarded: true, authority, head_only: method == Method::HEAD, wire, body } }
     }
 
     /// What is written first: the head, with the body when it is small.
@@ -81,6 +84,13 @@ pub struct RequestHead {
 }
 
 impl RequestHead {
+    /// The request goes to the model's own Service (its address or its
+    /// endpoints): the egress policy for `url` backends does not apply, the
+    /// fixed link-local/metadata guard does.
+    pub fn for_own_service(&mut self) {
+        self.request.guarded = false;
+    }
+
     /// Adds a header field. `Content-Length` is [`RequestHead::finish`]'s
     /// to write; `Host` is the caller's.
     pub fn header(&mut self, name: &HeaderName, value: &HeaderValue) {

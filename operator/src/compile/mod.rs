@@ -23,6 +23,7 @@ pub mod select;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use kube::ResourceExt as _;
 use waycast_crds::common::SecretKeyRef;
 use waycast_crds::condition::reasons;
 use waycast_crds::config::{ClientTlsConfig, GatewayConfig, RedisConfig, Settings};
@@ -44,6 +45,11 @@ pub struct Inputs<'a> {
     /// their labels: only those with `waycast.dev/credential: "true"` are
     /// used), and referenced Secrets known only by their metadata.
     pub secrets: &'a [&'a Secret],
+    /// The cluster's Service and Pod ranges (empty: not known, and every
+    /// private range is closed to `url` backends instead).
+    pub cluster_ranges: &'a [String],
+    /// The API server's addresses, as host ranges.
+    pub api_server: &'a [String],
 }
 
 /// `namespace/name` of an object.
@@ -127,13 +133,8 @@ pub fn gateway(inputs: &Inputs<'_>, now: jiff::Timestamp) -> Compiled {
         settings.access_log = access_log;
     }
     let mut gateway = None;
-    for range in spec.egress.iter().flat_map(|e| e.denied_cidrs.iter()) {
-        match range.parse::<waycast_crds::egress::Cidr>() {
-            Ok(_) => settings.denied_cidrs.push(range.clone()),
-            Err(error) => {
-                gateway = Some(Verdict::refused(reasons::INVALID, format!("spec.egress.deniedCIDRs: {error}")));
-            }
-        }
+    if let Err(refused) = egress_settings(inputs, &mut settings) {
+        gateway = Some(refused);
     }
     match redis(inputs) {
         Ok(redis) => settings.redis = redis,
@@ -142,6 +143,50 @@ pub fn gateway(inputs: &Inputs<'_>, now: jiff::Timestamp) -> Compiled {
     }
     let config = GatewayConfig { models, keys, settings, ..GatewayConfig::empty() };
     Compiled { config, models: model_verdicts, keys: key_verdicts, gateway }
+}
+
+/// Where `url` backends may connect: the Gateway's `deniedCIDRs`; closed
+/// unless it opens them (`allowedCIDRs`, `allowedHosts`): loopback, the
+/// cluster's Service and Pod ranges (every private range when they are not
+/// known) and the API server.
+///
+/// # Errors
+/// A range of the Gateway's that does not parse (the schema checks them
+/// too); the rest is still written.
+pub(crate) fn egress_settings(inputs: &Inputs<'_>, settings: &mut Settings) -> Result<(), Verdict> {
+    use waycast_crds::egress::{ALWAYS_CLOSED, Cidr, PRIVATE_RANGES};
+    let egress = inputs.gateway.spec.egress.as_ref();
+    let mut invalid = None;
+    let mut parsed = |field: &str, ranges: &[String]| -> Vec<String> {
+        ranges
+            .iter()
+            .filter(|range| match range.parse::<Cidr>() {
+                Ok(_) => true,
+                Err(error) => {
+                    invalid = Some(Verdict::refused(reasons::INVALID, format!("spec.egress.{field}: {error}")));
+                    false
+                }
+            })
+            .cloned()
+            .collect()
+    };
+    settings.denied_cidrs = parsed("deniedCIDRs", egress.map(|e| e.denied_cidrs.as_slice()).unwrap_or_default());
+    settings.allowed_cidrs = parsed("allowedCIDRs", egress.map(|e| e.allowed_cidrs.as_slice()).unwrap_or_default());
+    settings.allowed_hosts = egress.map(|e| e.allowed_hosts.clone()).unwrap_or_default();
+    let cluster: Vec<String> = if inputs.cluster_ranges.is_empty() {
+        PRIVATE_RANGES.iter().map(|r| (*r).to_owned()).collect()
+    } else {
+        inputs.cluster_ranges.to_vec()
+    };
+    let closed: std::collections::BTreeSet<String> = ALWAYS_CLOSED
+        .iter()
+        .map(|r| (*r).to_owned())
+        .chain(cluster)
+        .chain(inputs.api_server.iter().cloned())
+        .filter(|range| range.parse::<Cidr>().is_ok())
+        .collect();
+    settings.closed_cidrs = closed.into_iter().collect();
+    invalid.map_or(Ok(()), Err)
 }
 
 /// Redis counting as the Gateway asks for it, with its password.
@@ -194,7 +239,10 @@ fn redis(inputs: &Inputs<'_>) -> Result<Option<RedisConfig>, Verdict> {
     };
     let fail_closed = rate_limit.failure_mode == Some(waycast_crds::gateway::FailureMode::Closed);
     let username = redis.username.clone();
-    Ok(Some(RedisConfig { address: redis.address.clone(), password, username, timeout, fail_closed, tls }))
+    // Two Gateways on one Redis never count against each other's limits.
+    let gateway = inputs.gateway;
+    let key_prefix = Some(format!("waycast:{}/{}:", gateway.namespace().unwrap_or_default(), gateway.name_any()));
+    Ok(Some(RedisConfig { address: redis.address.clone(), password, username, timeout, fail_closed, tls, key_prefix }))
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use waycast_crds::condition::reasons;
 use waycast_crds::config::{
     BackendConfig, ClientTlsConfig, LimitsConfig, LoadBalancingConfig, ModelConfig, TimeoutsConfig,
 };
-use waycast_crds::egress::{self, Cidr};
+use waycast_crds::egress;
 use waycast_crds::model_endpoint::{Backend, BackendAuth};
 
 use super::{Inputs, ObjectKey, Verdict, select};
@@ -152,6 +152,7 @@ fn route(endpoint: &ModelEndpoint, key: &ObjectKey, inputs: &Inputs<'_>) -> Resu
         namespace: None,
         key_namespaces,
         forward_headers: spec.forward_headers.clone(),
+        forward_query_parameters: spec.forward_query_parameters.clone(),
         output_token_reservation: spec.output_token_reservation.and_then(|n| u64::try_from(n).ok()),
         load_balancing: load_balancing(spec.load_balancing.as_ref()),
     };
@@ -224,6 +225,22 @@ fn resolve_backend(
                 )
             })?;
             let spec = found.spec.as_ref();
+            // NB: an ExternalName Service is a name the team chose, like a
+            // `url`: held to the Gateway's egress rules here and by the
+            // gateway (no endpoints, checked at connect time).
+            if let Some(external) = spec.filter(|s| s.type_.as_deref() == Some("ExternalName")) {
+                let host = external.external_name.as_deref().unwrap_or_default();
+                let scheme = if backend.tls.is_some() { "https" } else { "http" };
+                let base_path = service.base_path.as_deref().unwrap_or(DEFAULT_BASE_PATH);
+                let url = format!("{scheme}://{host}:{}{base_path}", service.port);
+                egress_check(&url, inputs).map_err(|why| {
+                    Verdict::refused(
+                        reasons::NOT_ALLOWED_BY_GATEWAY,
+                        format!("spec.backends[{index}]: ExternalName Service {namespace}/{}: {why}", service.name),
+                    )
+                })?;
+                return finish_backend(index, backend, url, None, namespace, inputs);
+            }
             // A headless Service (clusterIP None) is served through its
             // endpoints; its DNS name is only the fallback and the Host.
             let cluster_ip = spec.and_then(|s| s.cluster_ip.as_deref()).filter(|ip| !ip.is_empty() && *ip != "None");
@@ -259,6 +276,19 @@ fn resolve_backend(
             return Err(Verdict::refused(reasons::INVALID, format!("backends[{index}]: needs a service or a url")));
         }
     };
+    finish_backend(index, backend, url, endpoints, namespace, inputs)
+}
+
+/// A backend at `url` (served through `endpoints` when set) with its
+/// credential, weight, priority and TLS.
+fn finish_backend(
+    index: usize,
+    backend: &Backend,
+    url: String,
+    endpoints: Option<String>,
+    namespace: &str,
+    inputs: &Inputs<'_>,
+) -> Result<BackendConfig, Verdict> {
     let mut headers = BTreeMap::new();
     if let Some(auth) = &backend.auth {
         let (name, value) = credential(index, auth, namespace, inputs.secrets)?;
@@ -275,17 +305,24 @@ fn resolve_backend(
     })
 }
 
-/// The Gateway's egress rules for one `url` backend (the fixed link-local
-/// guard is part of the gateway's own validation).
+/// The Gateway's egress rules for one `url` backend: a host outside its
+/// `allowedHosts`, or an IP literal its policy refuses (denied, or in a
+/// closed range it did not open), is not served. Names are checked again by
+/// the gateway on every address they resolve to.
 fn egress_check(url: &str, inputs: &Inputs<'_>) -> Result<(), String> {
-    let Some(rules) = &inputs.gateway.spec.egress else { return Ok(()) };
     let Some(host) = url.parse::<http::Uri>().ok().and_then(|u| u.host().map(str::to_owned)) else { return Ok(()) };
-    if !rules.allowed_hosts.is_empty() && !egress::host_allowed(&host, &rules.allowed_hosts) {
+    let allowed_hosts = inputs.gateway.spec.egress.as_ref().map(|e| e.allowed_hosts.as_slice()).unwrap_or_default();
+    if !allowed_hosts.is_empty() && !egress::host_allowed(&host, allowed_hosts) {
         return Err(format!("host {host} is not in the Gateway's spec.egress.allowedHosts"));
     }
-    let denied: Vec<Cidr> = rules.denied_cidrs.iter().filter_map(|c| c.parse().ok()).collect();
-    match egress::ip_literal(&host).and_then(|address| egress::forbidden(address, &denied)) {
-        Some(why) => Err(format!("{why} (the Gateway's spec.egress.deniedCIDRs)")),
+    let mut settings = waycast_crds::config::Settings::default();
+    // An invalid range is the Gateway's own problem, reported on it.
+    let _ = super::egress_settings(inputs, &mut settings);
+    let policy = egress::EgressPolicy::from_settings(&settings);
+    // A metadata address is the validation's to refuse (Invalid, naming the field).
+    let literal = egress::ip_literal(&host).filter(|address| !egress::is_metadata_address(*address));
+    match literal.and_then(|address| policy.refuses(&host, address)) {
+        Some(why) => Err(why),
         None => Ok(()),
     }
 }

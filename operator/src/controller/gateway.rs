@@ -28,14 +28,16 @@ pub(crate) async fn gateway_controller(context: Arc<Context>) {
     let client = context.client.clone();
     let managed = watcher::Config::default().labels(&format!("app.kubernetes.io/managed-by={FIELD_MANAGER}"));
     let changed = &context.stores.changed;
-    let inputs_changed = signals(&[
+    let mut senders = vec![
         &changed.models,
         &changed.keys,
         &changed.namespaces,
         &changed.services,
         &changed.key_secrets,
         &changed.credentials,
-    ]);
+    ];
+    senders.extend(context.networks.changed.as_ref());
+    let inputs_changed = signals(&senders);
     Controller::for_stream(futures_util::stream::pending(), context.stores.gateways.clone())
         .owns(Api::<Deployment>::all(client.clone()), managed)
         .reconcile_on(context.stores.feeds.gateways.subscribe())
@@ -54,7 +56,7 @@ pub(crate) async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Contex
     if let Some(conflict) = owned_by_another(&context, &gateway).await? {
         return refuse_name_conflict(&context, &gateway, &conflict).await;
     }
-    let mut catalog = Catalog::from_stores(&context.stores);
+    let mut catalog = Catalog::from_stores(&context.stores, &context.networks);
     fetch_credentials(&mut catalog, &context.client, &context.stores, &gateway).await?;
     let mut compiled = catalog.compile(&gateway, jiff::Timestamp::now());
     let compiled_at = started.elapsed();

@@ -1,0 +1,132 @@
+//! The cluster's own networks, closed to `url` backends unless a Gateway
+//! opens them: its Service and Pod ranges (given with `--cluster-cidrs`, or
+//! found: the ServiceCIDR objects and each Node's `podCIDRs`, looked at
+//! again every [`REDISCOVER`]) and the API server's addresses (from the
+//! `default/kubernetes` EndpointSlices the stores already hold).
+//!
+//! ```text
+//! --cluster-cidrs ─┐
+//! ServiceCIDRs ────┼─► ClusterNetworks (ArcSwap) ─► Catalog ─► compile: settings.closedCIDRs
+//! Node podCIDRs ───┘        changed ─► every Gateway compiled again
+//! ```
+//!
+//! Nothing found (no RBAC for them, an older cluster): compile closes
+//! every private range instead (`egress::PRIVATE_RANGES`).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
+use kube::api::{Api, ListParams};
+use kube::runtime::reflector::Store;
+use tokio::sync::broadcast;
+
+/// How often the Service and Pod ranges are looked for again.
+pub const REDISCOVER: Duration = Duration::from_secs(60);
+
+/// Nodes listed per page.
+const NODE_PAGE: u32 = 100;
+
+/// The cluster's Service and Pod ranges, as CIDR text, sorted.
+#[derive(Default)]
+pub struct ClusterNetworks {
+    ranges: arc_swap::ArcSwap<Vec<String>>,
+    /// Fires when the ranges change.
+    pub changed: Option<broadcast::Sender<()>>,
+}
+
+impl ClusterNetworks {
+    /// Ranges given by the platform team: never looked for.
+    pub fn fixed(ranges: Vec<String>) -> Self {
+        Self { ranges: arc_swap::ArcSwap::from_pointee(sorted(ranges)), changed: None }
+    }
+
+    /// Ranges to be found ([`ClusterNetworks::keep_current`]).
+    pub fn discovered() -> Self {
+        let (changed, _) = broadcast::channel(4);
+        Self { ranges: arc_swap::ArcSwap::default(), changed: Some(changed) }
+    }
+
+    /// The ranges known now.
+    pub fn ranges(&self) -> Arc<Vec<String>> {
+        self.ranges.load_full()
+    }
+
+    /// Looks for the ranges now and every [`REDISCOVER`], for as long as
+    /// the task runs; signals `changed` when they change. Does nothing for
+    /// fixed ranges.
+    pub async fn keep_current(&self, client: kube::Client) {
+        let Some(changed) = &self.changed else { return };
+        loop {
+            let found = sorted(discover(&client).await);
+            if *self.ranges.load_full() != found {
+                tracing::info!(ranges = ?found, "cluster networks closed to url backends");
+                self.ranges.store(Arc::new(found));
+                let _ = changed.send(());
+            }
+            tokio::time::sleep(REDISCOVER).await;
+        }
+    }
+}
+
+fn sorted(ranges: Vec<String>) -> Vec<String> {
+    ranges.into_iter().collect::<BTreeSet<_>>().into_iter().collect()
+}
+
+/// The ServiceCIDRs' ranges and the Nodes' pod ranges; what cannot be read
+/// is logged and left out.
+async fn discover(client: &kube::Client) -> Vec<String> {
+    let mut ranges = Vec::new();
+    match Api::<ServiceCIDR>::all(client.clone()).list(&ListParams::default()).await {
+        Ok(list) => {
+            ranges.extend(list.items.into_iter().filter_map(|c| c.spec).flat_map(|s| s.cidrs.unwrap_or_default()))
+        }
+        Err(error) => tracing::warn!(%error, "cannot list ServiceCIDRs; the Service range is not known"),
+    }
+    let nodes = Api::<Node>::all(client.clone());
+    let mut params = ListParams::default().limit(NODE_PAGE);
+    loop {
+        match nodes.list(&params).await {
+            Ok(page) => {
+                let next = page.metadata.continue_.clone().filter(|token| !token.is_empty());
+                for node in page.items {
+                    let Some(spec) = node.spec else { continue };
+                    ranges.extend(spec.pod_cidr.into_iter().chain(spec.pod_cidrs.unwrap_or_default()));
+                }
+                match next {
+                    Some(token) => params = params.continue_token(&token),
+                    None => break,
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot list Nodes; the Pod ranges are not known");
+                break;
+            }
+        }
+    }
+    ranges.retain(|range| range.parse::<waycast_crds::egress::Cidr>().is_ok());
+    ranges
+}
+
+/// The API server's addresses, as host ranges: the endpoints of the
+/// `default/kubernetes` Service in `slices`.
+pub fn api_server(slices: &Store<EndpointSlice>) -> Vec<String> {
+    let mut addresses = BTreeSet::new();
+    for slice in slices.state() {
+        let is_api_server = slice.metadata.namespace.as_deref() == Some("default")
+            && slice.metadata.labels.as_ref().and_then(|l| l.get(crate::render::endpoints::SERVICE_NAME_LABEL))
+                == Some(&"kubernetes".to_owned());
+        if !is_api_server {
+            continue;
+        }
+        for address in slice.endpoints.iter().flat_map(|e| e.addresses.iter()) {
+            if let Ok(ip) = address.parse::<std::net::IpAddr>() {
+                addresses.insert(if ip.is_ipv4() { format!("{ip}/32") } else { format!("{ip}/128") });
+            }
+        }
+    }
+    addresses.into_iter().collect()
+}
