@@ -295,15 +295,19 @@ async fn a_client_that_disconnects_cancels_the_upstream() {
 
 /// The data plane's share of tenancy: a model shared only with team-a's
 /// keys is, to team-b's key, a model that does not exist (in `/v1/models`
-/// too); a base URL's query goes with every request; a backend host name
-/// that resolves into a denied range gets a 502 `egress_denied`.
+/// too); a base URL's query goes with every request, and of the client's
+/// only the parameters the model forwards; a backend host that resolves
+/// into a closed range it was not opened for gets a 502 `egress_denied`.
 #[tokio::test]
 async fn key_visibility_base_url_queries_and_the_egress_guard() {
     let fixture = Fixture::start(FixtureOptions::default(), |config, upstream| {
         config.models[0].key_namespaces = Some(vec!["team-a".into()]);
         config.models[1].backends[0].url = format!("{upstream}?api-version=2024-06-01");
+        config.models[1].forward_query_parameters = vec!["trace".into()];
         config.models[2].backends[0].url = upstream.replace("127.0.0.1", "localhost");
-        config.settings.denied_cidrs = vec!["127.0.0.0/8".into(), "::1/128".into()];
+        // Loopback closed, and opened for the address the other models use.
+        config.settings.closed_cidrs = vec!["127.0.0.0/8".into(), "::1/128".into()];
+        config.settings.allowed_hosts = vec!["127.0.0.1".into()];
         config.keys[1].models = None;
     })
     .await;
@@ -319,14 +323,19 @@ async fn key_visibility_base_url_queries_and_the_egress_guard() {
     let (status, _, _) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), CHAT).await;
     assert_eq!(status, StatusCode::OK, "team-a's own key sees it");
 
-    // The base URL's query, then the client's, reach the upstream.
-    let request =
-        fixture.request("/v1/chat/completions?trace=1", Some(BOB_KEY), r#"{"model":"mistral-7b","messages":[]}"#, &[]);
+    // The base URL's query, then the client's forwarded parameter, reach
+    // the upstream; the client's other parameters do not.
+    let request = fixture.request(
+        "/v1/chat/completions?trace=1&target=http://elsewhere",
+        Some(BOB_KEY),
+        r#"{"model":"mistral-7b","messages":[]}"#,
+        &[],
+    );
     let (status, _, _) = fixture.send(request).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(fixture.mock.recorder.last().await.unwrap().path, "/v1/chat/completions?api-version=2024-06-01&trace=1");
 
-    // localhost resolves only into the denied ranges: refused at connect.
+    // localhost resolves only into the closed ranges: refused at connect.
     let before = fixture.mock.recorder.requests().await.len();
     let (status, _, body) =
         fixture.post("/v1/embeddings", Some(BOB_KEY), r#"{"model":"embed-small","input":"hi"}"#).await;
