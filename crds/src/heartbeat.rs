@@ -48,6 +48,38 @@ pub fn dropped_entries(annotation: &str) -> Vec<DroppedEntry> {
         .collect()
 }
 
+/// The label every gateway pod carries, with [`GATEWAY_POD_NAME`].
+pub const POD_NAME_LABEL: &str = "app.kubernetes.io/name";
+/// The value of [`POD_NAME_LABEL`] on gateway pods.
+pub const GATEWAY_POD_NAME: &str = "waycast-gateway";
+/// The label carrying a gateway pod's Gateway (its Deployment is named
+/// after the Gateway too).
+pub const POD_INSTANCE_LABEL: &str = "app.kubernetes.io/instance";
+
+/// Whether `pod` is a live pod of the Gateway `gateway` in `namespace`
+/// with `uid`: not going away, labelled as its pods are, and controlled by
+/// a ReplicaSet of its Deployment. A heartbeat counts only when its Lease
+/// is named after, and owned by, such a pod.
+pub fn is_gateway_pod(
+    pod: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    uid: &str,
+    namespace: &str,
+    gateway: &str,
+) -> bool {
+    let labels = pod.labels.as_ref();
+    let label = |key: &str| labels.and_then(|l| l.get(key)).map(String::as_str);
+    let deployment_prefix = format!("{gateway}-");
+    let from_deployment = pod.owner_references.iter().flatten().any(|owner| {
+        owner.controller == Some(true) && owner.kind == "ReplicaSet" && owner.name.starts_with(&deployment_prefix)
+    });
+    pod.uid.as_deref() == Some(uid)
+        && pod.deletion_timestamp.is_none()
+        && pod.namespace.as_deref() == Some(namespace)
+        && label(POD_NAME_LABEL) == Some(GATEWAY_POD_NAME)
+        && label(POD_INSTANCE_LABEL) == Some(gateway)
+        && from_deployment
+}
+
 /// `text` cut to at most `max` bytes on a character boundary.
 pub fn truncate(text: &str, max: usize) -> &str {
     if text.len() <= max {

@@ -175,6 +175,7 @@ pub fn operator_in_process(cluster: &SharedCluster) {
                     admin_listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
                     leader_election: None,
                     cluster_cidrs: Vec::new(),
+                    network_policy: None,
                 };
                 if let Err(error) = waycast_operator::run(client, options).await {
                     panic!("the operator stopped: {error}");

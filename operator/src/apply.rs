@@ -110,13 +110,20 @@ pub async fn apply_all(client: &Client, desired: &render::Desired, write_config:
             None => prune::<PodDisruptionBudget>(client, &namespace, &name).await,
         }
     };
-    let (binding, deployment, service, hpa, pdb) = tokio::join!(
+    let network_policy = async {
+        match &desired.network_policy {
+            Some(policy) => apply(client, policy).await.map(drop),
+            None => prune::<k8s_openapi::api::networking::v1::NetworkPolicy>(client, &namespace, &name).await,
+        }
+    };
+    let (binding, deployment, service, hpa, pdb, network_policy) = tokio::join!(
         apply(client, &desired.role_binding),
         apply(client, &desired.deployment),
         apply(client, &desired.service),
         hpa,
-        pdb
+        pdb,
+        network_policy
     );
-    let (_, deployment, service, (), ()) = (binding?, deployment?, service?, hpa?, pdb?);
+    let (_, deployment, service, (), (), ()) = (binding?, deployment?, service?, hpa?, pdb?, network_policy?);
     Ok(Observed { deployment, service })
 }

@@ -14,6 +14,7 @@ pub(crate) mod controller;
 pub mod error;
 pub(crate) mod events;
 pub mod fleet;
+pub mod heartbeats;
 pub(crate) mod leader;
 pub mod metrics;
 pub mod networks;
@@ -40,6 +41,8 @@ pub struct OperatorOptions {
     /// The cluster's Service and Pod ranges, closed to `url` backends;
     /// empty: found from the ServiceCIDRs and the Nodes.
     pub cluster_cidrs: Vec<String>,
+    /// The gateway pods' NetworkPolicy; `None`: none.
+    pub network_policy: Option<render::network_policy::NetworkPolicySettings>,
 }
 
 /// Runs the operator with `client` until the process ends (or the returned
@@ -64,7 +67,10 @@ pub async fn run(client: kube::Client, options: OperatorOptions) -> Result<(), e
         client,
         stores,
         networks,
-        settings: render::RenderSettings { gateway_image: options.gateway_image },
+        settings: render::RenderSettings {
+            gateway_image: options.gateway_image,
+            network_policy: options.network_policy,
+        },
         metrics,
         gateways: tokio::sync::RwLock::default(),
         failures: arc_swap::ArcSwap::from_pointee(std::collections::BTreeMap::new()),

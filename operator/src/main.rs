@@ -47,6 +47,19 @@ struct Args {
     /// ServiceCIDRs and the Nodes' podCIDRs.
     #[arg(long, env = "WAYCAST_CLUSTER_CIDRS", value_delimiter = ',')]
     cluster_cidrs: Vec<String>,
+    /// Give every Gateway's pods a NetworkPolicy: the proxy port open, the
+    /// admin port only from --gateway-metrics-from.
+    #[arg(long, env = "WAYCAST_GATEWAY_NETWORK_POLICY")]
+    gateway_network_policy: bool,
+    /// Who may reach the gateway pods' admin port (/metrics): a JSON list
+    /// of NetworkPolicy peers, e.g.
+    /// [{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"monitoring"}}}].
+    #[arg(long, env = "WAYCAST_GATEWAY_METRICS_FROM", default_value = "[]")]
+    gateway_metrics_from: String,
+    /// The gateway pods' egress rules: a JSON list of NetworkPolicy egress
+    /// rules; empty: egress is not restricted.
+    #[arg(long, env = "WAYCAST_GATEWAY_EGRESS", default_value = "[]")]
+    gateway_egress: String,
 }
 
 fn main() -> ExitCode {
@@ -84,11 +97,19 @@ fn main() -> ExitCode {
                 .map(|h| h.trim().to_owned())
                 .unwrap_or_else(|_| "waycast-operator".into())
         });
+        let network_policy = match network_policy_settings(&args) {
+            Ok(settings) => settings,
+            Err(error) => {
+                eprintln!("waycast-operator: {error}");
+                return ExitCode::from(64);
+            }
+        };
         let options = waycast_operator::OperatorOptions {
             gateway_image: args.gateway_image,
             admin_listen: args.admin_listen,
             leader_election: args.leader_elect.then(|| (args.leader_namespace.clone(), identity)),
-            cluster_cidrs: args.cluster_cidrs,
+            cluster_cidrs: args.cluster_cidrs.clone(),
+            network_policy,
         };
         tokio::select! {
             result = waycast_operator::run(client, options) => match result {
@@ -101,4 +122,18 @@ fn main() -> ExitCode {
             _ = tokio::signal::ctrl_c() => ExitCode::SUCCESS,
         }
     })
+}
+
+/// The NetworkPolicy settings the flags give.
+fn network_policy_settings(
+    args: &Args,
+) -> Result<Option<waycast_operator::render::network_policy::NetworkPolicySettings>, String> {
+    if !args.gateway_network_policy {
+        return Ok(None);
+    }
+    let metrics_from = serde_json::from_str(&args.gateway_metrics_from)
+        .map_err(|error| format!("--gateway-metrics-from is not a JSON list of NetworkPolicy peers: {error}"))?;
+    let egress = serde_json::from_str(&args.gateway_egress)
+        .map_err(|error| format!("--gateway-egress is not a JSON list of NetworkPolicy egress rules: {error}"))?;
+    Ok(Some(waycast_operator::render::network_policy::NetworkPolicySettings { metrics_from, egress }))
 }

@@ -38,7 +38,7 @@ pub async fn first_conflict(client: &Client, gateway: &Gateway) -> Result<Option
     let name = gateway.name_any();
     let config = render::config_secret_name(gateway);
     let endpoints = render::endpoints::config_map_name(gateway);
-    let (account, role, binding, secret, endpoints, deployment, service, hpa, pdb) = tokio::join!(
+    let (account, role, binding, secret, endpoints, deployment, service, hpa, pdb, policy) = tokio::join!(
         check::<ServiceAccount>(client, &namespace, &name, &uid),
         check::<Role>(client, &namespace, &name, &uid),
         check::<RoleBinding>(client, &namespace, &name, &uid),
@@ -48,8 +48,9 @@ pub async fn first_conflict(client: &Client, gateway: &Gateway) -> Result<Option
         check::<Service>(client, &namespace, &name, &uid),
         check::<HorizontalPodAutoscaler>(client, &namespace, &name, &uid),
         check::<PodDisruptionBudget>(client, &namespace, &name, &uid),
+        check::<k8s_openapi::api::networking::v1::NetworkPolicy>(client, &namespace, &name, &uid),
     );
-    for found in [account, role, binding, secret, endpoints, deployment, service, hpa, pdb] {
+    for found in [account, role, binding, secret, endpoints, deployment, service, hpa, pdb, policy] {
         if let Some(conflict) = found? {
             return Ok(Some(conflict));
         }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt as _;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::ObjectMeta;
 use kube::core::PartialObjectMeta;
@@ -55,6 +55,9 @@ pub struct Stores {
     pub credentials: Store<Secret>,
     /// Gateway pods' heartbeat Leases.
     pub leases: Store<Lease>,
+    /// The metadata of gateway pods (`app.kubernetes.io/name=waycast-gateway`):
+    /// a heartbeat counts only when it is a live one's own.
+    pub gateway_pods: Store<PartialObjectMeta<Pod>>,
     /// The metadata of Secrets the operator owns (config Secrets).
     pub config_secrets: Store<PartialObjectMeta<Secret>>,
     /// EndpointSlices, trimmed to their Service, ports and endpoints'
@@ -435,6 +438,19 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
             }
         }),
     );
+    // Gateway pods, metadata only: whose heartbeats are genuine.
+    let pods = watcher::Config::default().labels("app.kubernetes.io/name=waycast-gateway");
+    let gateway_feed = feeds.gateways.clone();
+    let (gateway_pods, _) = store_of(
+        all::<PartialObjectMeta<Pod>>(client, pods),
+        any_change,
+        Box::new(move |pod: &PartialObjectMeta<Pod>, _| {
+            let instance = pod.labels().get("app.kubernetes.io/instance");
+            if let (Some(gateway), Some(namespace)) = (instance, pod.namespace()) {
+                gateway_feed.announce(ObjectRef::new(gateway).within(&namespace));
+            }
+        }),
+    );
     let stores = Stores {
         gateways,
         models,
@@ -444,6 +460,7 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
         key_secrets,
         credentials,
         leases,
+        gateway_pods,
         config_secrets,
         endpoint_slices,
         feeds,
@@ -467,6 +484,7 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
         stores.key_secrets.wait_until_ready().await,
         stores.credentials.wait_until_ready().await,
         stores.leases.wait_until_ready().await,
+        stores.gateway_pods.wait_until_ready().await,
         stores.config_secrets.wait_until_ready().await,
         stores.endpoint_slices.wait_until_ready().await,
     ] {

@@ -36,7 +36,16 @@ fn render_case(input: &str) -> String {
     let gateway = &gateways[0];
     let now = jiff::Timestamp::from_second(1_800_000_000).unwrap();
     let compiled = Catalog::from_objects(&namespaces, &models, &keys, &services, &secrets).compile(gateway, now);
-    let settings = RenderSettings { gateway_image: "docker.io/waycast/gateway:dev".into() };
+    // The chart's defaults: a NetworkPolicy letting the monitoring
+    // namespace scrape the pods.
+    let metrics_from = serde_json::from_value(serde_json::json!([
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    ]))
+    .unwrap();
+    let settings = RenderSettings {
+        gateway_image: "docker.io/waycast/gateway:dev".into(),
+        network_policy: Some(render::network_policy::NetworkPolicySettings { metrics_from, egress: Vec::new() }),
+    };
     let desired = render::desired(gateway, &compiled.config, &settings).unwrap();
     let mut documents = vec![
         format!("# config hash {}\n{}", desired.config_hash, serde_yaml_ng::to_string(&compiled.config).unwrap()),
@@ -46,6 +55,7 @@ fn render_case(input: &str) -> String {
         serde_yaml_ng::to_string(&desired.config_secret.metadata).unwrap(),
         serde_yaml_ng::to_string(&desired.deployment).unwrap(),
         serde_yaml_ng::to_string(&desired.service).unwrap(),
+        serde_yaml_ng::to_string(&desired.network_policy).unwrap(),
     ];
     // The endpoints ConfigMap, from the Services' EndpointSlices.
     let endpoints = render::endpoints::document(
@@ -124,7 +134,7 @@ fn an_oversized_config_is_not_written_and_the_status_says_why() {
     let catalog = Catalog::from_objects(&[namespace], &fleet.models, &fleet.keys, &[], &fleet.secrets);
     let compiled = catalog.compile(&fleet.gateway, now);
     assert_eq!(compiled.config.keys.len(), 30_000);
-    let settings = RenderSettings { gateway_image: "docker.io/waycast/gateway:dev".into() };
+    let settings = RenderSettings { gateway_image: "docker.io/waycast/gateway:dev".into(), network_policy: None };
     let desired = render::desired(&fleet.gateway, &compiled.config, &settings).unwrap();
     assert!(!desired.config_fits(), "{} bytes fit in a Secret: make the case larger", desired.config_bytes);
     let wanted = render::scaling::minimum_replicas(&fleet.gateway);

@@ -1,5 +1,9 @@
 //! How many pods share the limits: the live heartbeat Leases of this pod's
-//! Gateway (each pod renews its own every few seconds; see `heartbeat.rs`).
+//! Gateway (each pod renews its own every few seconds; see `heartbeat.rs`)
+//! that are genuine — named after, and owned by, a live pod of the
+//! Gateway's Deployment (read by name once per Lease and owner): a Lease
+//! anyone else writes with the Gateway's label does not shrink every pod's
+//! share.
 //!
 //! Chosen over a replica count written into the config by the operator:
 //! the Leases change within a second of a pod starting to serve, without a
@@ -12,7 +16,8 @@ use std::time::Duration;
 
 use futures_util::StreamExt as _;
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::runtime::reflector::{self, Store};
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Api, Client};
 
@@ -57,24 +62,84 @@ pub fn is_live(lease: &Lease, now: jiff::Timestamp) -> bool {
 /// the process ends. This pod counts itself even before its own Lease is
 /// seen.
 pub async fn watch(client: Client, identity: PodIdentity, shared: std::sync::Arc<crate::shared::Shared>) {
-    let api: Api<Lease> = Api::namespaced(client, &identity.namespace);
+    let api: Api<Lease> = Api::namespaced(client.clone(), &identity.namespace);
+    let pods: Api<Pod> = Api::namespaced(client, &identity.namespace);
     let config = watcher::Config::default().labels(&format!("{GATEWAY_LABEL}={}", identity.gateway));
     let (reader, writer) = reflector::store();
     let events = reflector::reflector(writer, watcher::watcher(api, config)).default_backoff().touched_objects();
     tokio::spawn(events.for_each(|_| futures_util::future::ready(())));
+    let mut checked = Checked::default();
     loop {
-        recount(&reader, &identity, &shared.fleet);
+        let now = jiff::Timestamp::now();
+        let leases = reader.state();
+        let candidates: Vec<(String, String)> = leases
+            .iter()
+            .filter(|lease| lease.metadata.name.as_deref() != Some(&identity.pod))
+            .filter(|lease| is_live(lease, now))
+            .filter_map(|lease| owner_pod(lease))
+            .collect();
+        checked.forget_all_but(&candidates);
+        let mut siblings = 0_u32;
+        for (pod, uid) in &candidates {
+            if checked.is_genuine(&pods, pod, uid, &identity).await {
+                siblings = siblings.saturating_add(1);
+            }
+        }
+        set_pods(&shared.fleet, siblings.saturating_add(1), &identity);
         shared.metrics.rate_limit_pods.set(i64::from(shared.fleet.shares()));
         tokio::time::sleep(RECOUNT).await;
     }
 }
 
-fn recount(reader: &Store<Lease>, identity: &PodIdentity, fleet: &Fleet) {
-    let now = jiff::Timestamp::now();
-    let leases = reader.state();
-    let others =
-        leases.iter().filter(|lease| lease.metadata.name.as_deref() != Some(&identity.pod)).filter(|l| is_live(l, now));
-    let pods = u32::try_from(others.count()).unwrap_or(u32::MAX).saturating_add(1);
+/// The pod a heartbeat Lease says it is: its name, when an owner Pod of the
+/// same name is named, and that owner's UID.
+fn owner_pod(lease: &Lease) -> Option<(String, String)> {
+    let name = lease.metadata.name.as_deref()?;
+    let owner = lease.metadata.owner_references.as_ref()?.iter().find(|o| o.kind == "Pod" && o.name == name)?;
+    Some((name.to_owned(), owner.uid.clone()))
+}
+
+/// What was found of each sibling's pod: genuine or not, by pod name and
+/// owner UID; an answer the API server could not give is asked again after
+/// [`RECHECK_UNKNOWN`] (and counted meanwhile, as before pods were checked).
+#[derive(Default)]
+struct Checked(std::collections::HashMap<(String, String), (bool, Option<std::time::Instant>)>);
+
+/// How long a pod the API server could not be asked about counts unchecked.
+const RECHECK_UNKNOWN: Duration = Duration::from_secs(30);
+
+impl Checked {
+    fn forget_all_but(&mut self, current: &[(String, String)]) {
+        self.0.retain(|key, _| current.contains(key));
+    }
+
+    async fn is_genuine(&mut self, pods: &Api<Pod>, pod: &str, uid: &str, identity: &PodIdentity) -> bool {
+        let key = (pod.to_owned(), uid.to_owned());
+        match self.0.get(&key) {
+            Some((genuine, None)) => return *genuine,
+            Some((genuine, Some(asked))) if asked.elapsed() < RECHECK_UNKNOWN => return *genuine,
+            _ => {}
+        }
+        let found = match pods.get_metadata_opt(pod).await {
+            Ok(Some(meta)) => (
+                waycast_crds::heartbeat::is_gateway_pod(&meta.metadata, uid, &identity.namespace, &identity.gateway),
+                None,
+            ),
+            Ok(None) => (false, None),
+            Err(error) => {
+                tracing::warn!(%error, pod, "cannot read a sibling pod to check its heartbeat; counting it meanwhile");
+                (true, Some(std::time::Instant::now()))
+            }
+        };
+        if !found.0 {
+            tracing::warn!(lease = pod, "a heartbeat Lease that is no live pod's own is not counted");
+        }
+        self.0.insert(key, found);
+        found.0
+    }
+}
+
+fn set_pods(fleet: &Fleet, pods: u32, identity: &PodIdentity) {
     if pods != fleet.shares() {
         tracing::info!(pods, gateway = %identity.gateway, "pods sharing the rate limits changed");
     }

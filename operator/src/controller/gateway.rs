@@ -19,10 +19,11 @@ use crate::catalog::Catalog;
 use crate::compile::{self, ObjectKey};
 use crate::context::{Context, GatewayMemory, Written, emit_transitions};
 use crate::error::Error;
+use crate::heartbeats;
 use crate::programmed::{self, Decision};
 use crate::render::{self, FIELD_MANAGER};
 use crate::status;
-use crate::stores::{Stores, holder, once, refused_hash, signals};
+use crate::stores::{Stores, once, signals};
 
 pub(crate) async fn gateway_controller(context: Arc<Context>) {
     let client = context.client.clone();
@@ -71,9 +72,10 @@ pub(crate) async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Contex
     let applied_at = started.elapsed();
     mark_verified(&context, &gateway).await;
 
-    let reporting = pods_reporting(&context.stores, &gateway);
-    let refusing = pods_refusing(&context.stores, &gateway, &hash);
-    programmed::refuse_dropped(&mut compiled, &pods_dropping(&context.stores, &gateway, &hash));
+    let beats = heartbeats::heartbeats(&context.stores.leases, &context.stores.gateway_pods, &gateway);
+    let reporting = heartbeats::reporting(&beats);
+    let refusing = heartbeats::refusing(&beats, &hash);
+    programmed::refuse_dropped(&mut compiled, &heartbeats::dropping(&beats, &hash));
     let deployment_status = observed.deployment.status.as_ref();
     let ready = deployment_status.and_then(|s| s.ready_replicas).unwrap_or(0);
     let decisions = decisions(&catalog, &mut compiled, hash.clone(), desired.config_fits());
@@ -343,70 +345,6 @@ pub(crate) fn decisions(
 
 pub(crate) fn gateway_exists(stores: &Stores, key: &ObjectKey) -> bool {
     stores.gateways.get(&ObjectRef::new(&key.name).within(&key.namespace)).is_some()
-}
-
-/// The config hash each of `gateway`'s pods reports.
-pub(crate) fn pods_reporting(stores: &Stores, gateway: &Gateway) -> Vec<String> {
-    let namespace = gateway.namespace();
-    let name = gateway.name_any();
-    stores
-        .leases
-        .state()
-        .iter()
-        .filter(|lease| lease.namespace() == namespace && lease.labels().get(render::GATEWAY_LABEL) == Some(&name))
-        .map(|lease| holder(lease).to_owned())
-        .collect()
-}
-
-/// The entries the pods of `gateway` serving the config `hash` left out of
-/// it, from their heartbeats (bounded: see `heartbeat::dropped_entries`).
-pub(crate) fn pods_dropping(
-    stores: &Stores,
-    gateway: &Gateway,
-    hash: &str,
-) -> Vec<(String, waycast_crds::heartbeat::DroppedEntry)> {
-    let namespace = gateway.namespace();
-    let name = gateway.name_any();
-    stores
-        .leases
-        .state()
-        .iter()
-        .filter(|lease| lease.namespace() == namespace && lease.labels().get(render::GATEWAY_LABEL) == Some(&name))
-        .filter(|lease| holder(lease) == hash)
-        .filter_map(|lease| {
-            let listed = lease.annotations().get(waycast_crds::heartbeat::DROPPED_ENTRIES_ANNOTATION)?;
-            Some(waycast_crds::heartbeat::dropped_entries(listed).into_iter().map(|entry| (lease.name_any(), entry)))
-        })
-        .flatten()
-        .collect()
-}
-
-/// The pods of `gateway` that refused the config `hash`, from their
-/// heartbeats, sorted.
-pub(crate) fn pods_refusing(stores: &Stores, gateway: &Gateway, hash: &str) -> Vec<status::RefusingPod> {
-    let namespace = gateway.namespace();
-    let name = gateway.name_any();
-    let mut refusing: Vec<status::RefusingPod> = stores
-        .leases
-        .state()
-        .iter()
-        .filter(|lease| lease.namespace() == namespace && lease.labels().get(render::GATEWAY_LABEL) == Some(&name))
-        .filter(|lease| refused_hash(lease).is_some_and(|refused| refused == hash))
-        .map(|lease| status::RefusingPod {
-            pod: lease.name_any(),
-            // A heartbeat is untrusted text: cut before it reaches a status.
-            reason: lease
-                .annotations()
-                .get(waycast_crds::heartbeat::REFUSED_REASON_ANNOTATION)
-                .map(|reason| {
-                    waycast_crds::heartbeat::truncate(reason, waycast_crds::heartbeat::MAX_REASON_BYTES).to_owned()
-                })
-                .unwrap_or_default(),
-            serving: holder(lease).to_owned(),
-        })
-        .collect();
-    refusing.sort();
-    refusing
 }
 
 /// The Gateway's status when an object it would own belongs to someone

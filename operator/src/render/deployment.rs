@@ -250,7 +250,7 @@ mod tests {
     use waycast_crds::gateway::{Autoscaling, GatewayPodTemplate, GatewayTls};
 
     fn settings() -> RenderSettings {
-        RenderSettings { gateway_image: "docker.io/waycast/gateway:dev".into() }
+        RenderSettings { gateway_image: "docker.io/waycast/gateway:dev".into(), network_policy: None }
     }
 
     #[test]

@@ -4,11 +4,12 @@
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{Secret, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use waycast_crds::{Gateway, GatewayConfig};
 
-use super::{RenderSettings, config_secret, deployment, rbac, scaling, service};
+use super::{RenderSettings, config_secret, deployment, network_policy, rbac, scaling, service};
 
 /// Every object a Gateway owns, as it should be.
 #[derive(Debug, Clone)]
@@ -35,6 +36,9 @@ pub struct Desired {
     pub hpa: Option<HorizontalPodAutoscaler>,
     /// With more than one replica; absent: any existing one is pruned.
     pub pdb: Option<PodDisruptionBudget>,
+    /// With the operator's NetworkPolicy settings; absent: any existing
+    /// one is pruned.
+    pub network_policy: Option<NetworkPolicy>,
 }
 
 impl Desired {
@@ -67,5 +71,6 @@ pub fn desired(gateway: &Gateway, config: &GatewayConfig, settings: &RenderSetti
         service: service::service(gateway),
         hpa: scaling::hpa(gateway),
         pdb: scaling::pdb(gateway),
+        network_policy: network_policy::network_policy(gateway, settings.network_policy.as_ref()),
     })
 }

@@ -15,6 +15,7 @@ pub mod config_secret;
 pub mod deployment;
 pub mod desired;
 pub mod endpoints;
+pub mod network_policy;
 pub mod rbac;
 pub mod scaling;
 pub mod service;
@@ -48,13 +49,16 @@ pub const PRE_STOP_SECONDS: i64 = 5;
 pub struct RenderSettings {
     /// Gateway image when the Gateway does not name one.
     pub gateway_image: String,
+    /// The gateway pods' NetworkPolicy; `None`: none.
+    pub network_policy: Option<network_policy::NetworkPolicySettings>,
 }
 
 /// Labels that select a Gateway's pods.
 pub fn selector_labels(gateway: &Gateway) -> BTreeMap<String, String> {
+    use waycast_crds::heartbeat::{GATEWAY_POD_NAME, POD_INSTANCE_LABEL, POD_NAME_LABEL};
     BTreeMap::from([
-        ("app.kubernetes.io/name".to_owned(), "waycast-gateway".to_owned()),
-        ("app.kubernetes.io/instance".to_owned(), gateway.name_any()),
+        (POD_NAME_LABEL.to_owned(), GATEWAY_POD_NAME.to_owned()),
+        (POD_INSTANCE_LABEL.to_owned(), gateway.name_any()),
     ])
 }
 

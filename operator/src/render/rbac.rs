@@ -14,10 +14,14 @@ pub fn service_account(gateway: &Gateway) -> ServiceAccount {
     ServiceAccount { metadata: owned_meta(gateway, gateway.name_any()), ..ServiceAccount::default() }
 }
 
-/// Read its config Secret; create and renew Leases for its heartbeats.
+/// Read its config Secret; create and renew Leases for its heartbeats; read
+/// a pod's metadata by name (to tell a sibling's heartbeat from a forged one).
 ///
 /// NB: `create` cannot be limited to names (they are the pods' names, not
-/// known in advance), so Leases are namespace-wide; Secrets are not.
+/// known in advance), so Leases are namespace-wide; Secrets are not. A pod
+/// could so write another's Lease: the operator and the pods count a
+/// Lease only when it is named after, and owned by, a live pod of the
+/// Gateway's Deployment.
 pub fn role(gateway: &Gateway) -> Role {
     let verbs = |list: &[&str]| list.iter().map(|v| (*v).to_owned()).collect::<Vec<_>>();
     Role {
@@ -43,6 +47,14 @@ pub fn role(gateway: &Gateway) -> Role {
                 // list/watch: each pod counts its Gateway's live pods to
                 // enforce its share of the rate limits.
                 verbs: verbs(&["create", "get", "list", "watch", "update", "patch"]),
+                ..PolicyRule::default()
+            },
+            // NB: get by name only (no list, no watch): a pod checks that
+            // a heartbeat Lease is a live sibling's own before counting it.
+            PolicyRule {
+                api_groups: Some(vec![String::new()]),
+                resources: Some(vec!["pods".into()]),
+                verbs: verbs(&["get"]),
                 ..PolicyRule::default()
             },
         ]),
@@ -73,16 +85,18 @@ mod tests {
     use crate::render::fixtures;
 
     #[test]
-    fn the_role_grants_one_secret_one_config_map_and_leases_only() {
+    fn the_role_grants_one_secret_one_config_map_leases_and_pod_reads_by_name_only() {
         let role = role(&fixtures::gateway(Default::default()));
         let rules = role.rules.unwrap();
-        assert_eq!(rules.len(), 3);
+        assert_eq!(rules.len(), 4);
         assert_eq!(rules[0].resource_names.as_deref(), Some(&["shared-config".to_owned()][..]));
         assert!(!rules[0].verbs.iter().any(|v| v == "update" || v == "*"));
         assert_eq!(rules[1].resources.as_deref(), Some(&["configmaps".to_owned()][..]));
         assert_eq!(rules[1].resource_names.as_deref(), Some(&["shared-endpoints".to_owned()][..]));
         assert!(!rules[1].verbs.iter().any(|v| v == "update" || v == "patch" || v == "*"));
         assert_eq!(rules[2].resources.as_deref(), Some(&["leases".to_owned()][..]));
+        assert_eq!(rules[3].resources.as_deref(), Some(&["pods".to_owned()][..]));
+        assert_eq!(rules[3].verbs, ["get"], "pods are read by name: no list, no watch");
         assert!(
             rules.iter().all(|r| !r.verbs.iter().any(|v| v == "*") && !r.resources.iter().flatten().any(|x| x == "*"))
         );
