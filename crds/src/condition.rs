@@ -84,6 +84,9 @@ pub mod reasons {
     /// Gateway pods refused the config the operator wrote; they keep
     /// serving their last good one.
     pub const CONFIG_REFUSED: &str = "ConfigRefused";
+    /// A Secret the object references holds more data than the operator
+    /// reads (see the message for the limit).
+    pub const SECRET_TOO_LARGE: &str = "SecretTooLarge";
     /// A gateway pod left this object's entry out of the config it serves
     /// (it could not build it); the rest of the config is served.
     pub const REFUSED_BY_GATEWAY: &str = "RefusedByGateway";

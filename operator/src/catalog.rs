@@ -22,8 +22,12 @@ pub struct Catalog {
     pub keys: Vec<Arc<ApiKey>>,
     /// Services that backends may name.
     pub services: Vec<Arc<Service>>,
-    /// Key Secrets, opted-in credentials and what the shell fetched.
+    /// The Secrets served objects reference, with their data where it was
+    /// read (the shell fills this: see `secret_data`), and the Gateway's
+    /// Redis Secrets.
     pub secrets: Vec<Arc<Secret>>,
+    /// Referenced Secrets too large to be read.
+    pub too_large: std::collections::BTreeSet<(String, String)>,
     /// The cluster's Service and Pod ranges (empty: not known).
     pub cluster_ranges: Arc<Vec<String>>,
     /// The API server's addresses, as host ranges.
@@ -31,14 +35,16 @@ pub struct Catalog {
 }
 
 impl Catalog {
-    /// What the stores hold now, and the cluster's networks as known.
+    /// What the stores hold now, and the cluster's networks as known; no
+    /// Secret yet (the stores hold their metadata only).
     pub fn from_stores(stores: &Stores, networks: &crate::networks::ClusterNetworks) -> Self {
         Self {
             namespaces: stores.namespaces.state(),
             models: stores.models.state(),
             keys: stores.keys.state(),
             services: stores.services.state(),
-            secrets: stores.key_secrets.state().into_iter().chain(stores.credentials.state()).collect(),
+            secrets: Vec::new(),
+            too_large: std::collections::BTreeSet::new(),
             cluster_ranges: networks.ranges(),
             api_server: crate::networks::api_server(&stores.endpoint_slices),
         }
@@ -61,6 +67,7 @@ impl Catalog {
             keys: shared(keys),
             services: shared(services),
             secrets: shared(secrets),
+            too_large: std::collections::BTreeSet::new(),
             cluster_ranges: Arc::default(),
             api_server: Vec::new(),
         }
@@ -82,6 +89,7 @@ impl Catalog {
             secrets: &secrets,
             cluster_ranges: &self.cluster_ranges,
             api_server: &self.api_server,
+            too_large: &self.too_large,
         })
     }
 

@@ -21,6 +21,8 @@ pub struct Context {
     pub stores: Stores,
     /// The cluster's networks, closed to `url` backends.
     pub networks: crate::networks::ClusterNetworks,
+    /// The data of the Secrets served objects reference.
+    pub secret_data: crate::secret_data::SecretData,
     /// Render settings.
     pub settings: RenderSettings,
     /// Metrics.

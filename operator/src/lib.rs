@@ -21,6 +21,7 @@ pub mod networks;
 pub(crate) mod ownership;
 pub(crate) mod programmed;
 pub mod render;
+pub mod secret_data;
 pub mod status;
 pub(crate) mod stores;
 
@@ -67,6 +68,7 @@ pub async fn run(client: kube::Client, options: OperatorOptions) -> Result<(), e
         client,
         stores,
         networks,
+        secret_data: secret_data::SecretData::default(),
         settings: render::RenderSettings {
             gateway_image: options.gateway_image,
             network_policy: options.network_policy,

@@ -49,10 +49,12 @@ pub struct Stores {
     pub namespaces: Store<Namespace>,
     /// Services (backend resolution).
     pub services: Store<Service>,
-    /// Secrets labelled as key Secrets.
-    pub key_secrets: Store<Secret>,
-    /// Secrets opted in as upstream credentials (`waycast.dev/credential`).
-    pub credentials: Store<Secret>,
+    /// The metadata of Secrets labelled as key Secrets (their data is read
+    /// only when a served ApiKey names one: `secret_data`).
+    pub key_secrets: Store<PartialObjectMeta<Secret>>,
+    /// The metadata of Secrets opted in as upstream credentials
+    /// (`waycast.dev/credential`).
+    pub credentials: Store<PartialObjectMeta<Secret>>,
     /// Gateway pods' heartbeat Leases.
     pub leases: Store<Lease>,
     /// The metadata of gateway pods (`app.kubernetes.io/name=waycast-gateway`):
@@ -375,19 +377,22 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
     );
     let (namespaces, namespaces_changed) = store_of(all(client, watcher::Config::default()), labels, ignore());
     let (services, services_changed) = store_of(all(client, watcher::Config::default()), any_change, ignore());
+    // NB: labelled Secrets are watched as metadata only: anyone who may
+    // create Secrets may label many large ones. Their data is read only
+    // for the Secrets served objects reference (`secret_data`).
     let secrets = watcher::Config::default().labels(&format!("{KEY_SECRET_LABEL}=true"));
     let owners = feeds.key_secrets.clone();
-    // Only the data, the owner and what identifies a key Secret are kept:
-    // at 10,000 of them their label maps alone were 5 MB (a B-tree node
-    // each), and the operator selects them by that label in the watch.
-    let key_secret_view = |secret: &mut Secret| {
+    // Only the owner and what identifies a key Secret are kept: at 10,000
+    // of them their label maps alone were 5 MB (a B-tree node each), and
+    // the operator selects them by that label in the watch.
+    let key_secret_view = |secret: &mut PartialObjectMeta<Secret>| {
         let meta = &mut secret.metadata;
         (meta.labels, meta.annotations, meta.uid, meta.creation_timestamp) = (None, None, None, None);
     };
     let (key_secrets, key_secrets_changed) = store_of(
-        all(client, secrets).modify(key_secret_view),
+        all::<PartialObjectMeta<Secret>>(client, secrets).modify(key_secret_view),
         any_change,
-        Box::new(move |secret: &Secret, _| {
+        Box::new(move |secret: &PartialObjectMeta<Secret>, _| {
             if let Some(owner) = owner_of::<ApiKey>(secret) {
                 owners.announce(owner);
             }
@@ -396,7 +401,8 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
     // Upstream credentials: only the Secrets their teams opted in, so the
     // operator neither caches nor reads any other Secret of a team.
     let credentials = watcher::Config::default().labels(&format!("{}=true", compile::models::CREDENTIAL_LABEL));
-    let (credentials, credentials_changed) = store_of(all(client, credentials), any_change, ignore());
+    let (credentials, credentials_changed) =
+        store_of(all::<PartialObjectMeta<Secret>>(client, credentials), any_change, ignore());
     // Metadata only: the operator needs to know which config each Secret
     // holds (its hash annotation), not the up-to-1-MiB data.
     let managed = watcher::Config::default().labels(&format!("app.kubernetes.io/managed-by={FIELD_MANAGER}"));

@@ -38,8 +38,8 @@ pub fn key_source(api_key: &ApiKey) -> (String, String) {
     }
 }
 
-/// Compiles every selected ApiKey (in namespace/name order).
-pub fn compile(inputs: &Inputs<'_>, now: jiff::Timestamp) -> (Vec<KeyConfig>, BTreeMap<ObjectKey, KeyVerdict>) {
+/// The ApiKeys the Gateway serves (both sides consent), in namespace/name order.
+fn selected<'a>(inputs: &Inputs<'a>) -> Vec<&'a ApiKey> {
     let gateway = inputs.gateway;
     let gateway_namespace = gateway.namespace().unwrap_or_default();
     let name = gateway.name_any();
@@ -57,7 +57,18 @@ pub fn compile(inputs: &Inputs<'_>, now: jiff::Timestamp) -> (Vec<KeyConfig>, BT
         })
         .collect();
     selected.sort_by(|a, b| ObjectKey::sort_key(&a.metadata).cmp(&ObjectKey::sort_key(&b.metadata)));
+    selected
+}
 
+/// The key Secrets of the ApiKeys the Gateway serves, as
+/// `(namespace, name)`: the only key Secrets whose data is read.
+pub fn key_secrets(inputs: &Inputs<'_>) -> impl Iterator<Item = (String, String)> {
+    selected(inputs).into_iter().map(|api_key| (api_key.namespace().unwrap_or_default(), key_source(api_key).0))
+}
+
+/// Compiles every selected ApiKey (in namespace/name order).
+pub fn compile(inputs: &Inputs<'_>, now: jiff::Timestamp) -> (Vec<KeyConfig>, BTreeMap<ObjectKey, KeyVerdict>) {
+    let selected = selected(inputs);
     let mut entries = Vec::new();
     let mut verdicts = BTreeMap::new();
     let mut hashes: BTreeMap<String, ObjectKey> = BTreeMap::new();
@@ -83,6 +94,18 @@ pub fn compile(inputs: &Inputs<'_>, now: jiff::Timestamp) -> (Vec<KeyConfig>, BT
             verdicts.insert(
                 id,
                 KeyVerdict { verdict: Verdict::refused(reasons::SECRET_NOT_OWNED, message), key_prefix: None },
+            );
+            continue;
+        }
+        if inputs.too_large.contains(&(id.namespace.clone(), secret_name.clone())) {
+            let message = format!(
+                "Secret {}/{secret_name} holds more than {} bytes: it is not read",
+                id.namespace,
+                crate::secret_data::MAX_SECRET_BYTES
+            );
+            verdicts.insert(
+                id,
+                KeyVerdict { verdict: Verdict::refused(reasons::SECRET_TOO_LARGE, message), key_prefix: None },
             );
             continue;
         }

@@ -50,6 +50,16 @@ pub struct Inputs<'a> {
     pub cluster_ranges: &'a [String],
     /// The API server's addresses, as host ranges.
     pub api_server: &'a [String],
+    /// Referenced Secrets whose data is too large to be read, as
+    /// `(namespace, name)`: the objects naming them are refused.
+    pub too_large: &'a std::collections::BTreeSet<(String, String)>,
+}
+
+/// Every team Secret the Gateway's served objects reference (key Secrets,
+/// credentials, CA and client certificates), as `(namespace, name)`: the
+/// Secrets whose data compile needs, and the only ones read.
+pub fn referenced_secrets(inputs: &Inputs<'_>) -> std::collections::BTreeSet<(String, String)> {
+    keys::key_secrets(inputs).chain(models::credential_secrets(inputs)).collect()
 }
 
 /// `namespace/name` of an object.

@@ -291,7 +291,7 @@ fn finish_backend(
 ) -> Result<BackendConfig, Verdict> {
     let mut headers = BTreeMap::new();
     if let Some(auth) = &backend.auth {
-        let (name, value) = credential(index, auth, namespace, inputs.secrets)?;
+        let (name, value) = credential(index, auth, namespace, inputs)?;
         headers.insert(name, value);
     }
     Ok(BackendConfig {
@@ -301,7 +301,7 @@ fn finish_backend(
         headers,
         endpoints,
         priority: backend.priority.and_then(|p| u32::try_from(p).ok()).unwrap_or(0),
-        tls: backend.tls.as_ref().map(|tls| backend_tls(index, tls, namespace, inputs.secrets)).transpose()?,
+        tls: backend.tls.as_ref().map(|tls| backend_tls(index, tls, namespace, inputs)).transpose()?,
     })
 }
 
@@ -333,12 +333,12 @@ fn credential(
     index: usize,
     auth: &BackendAuth,
     namespace: &str,
-    secrets: &[&Secret],
+    inputs: &Inputs<'_>,
 ) -> Result<(String, String), Verdict> {
     let field = format!("spec.backends[{index}].auth");
     let reference = &auth.secret_ref;
-    let secret = opted_in_secret(&field, namespace, &reference.name, secrets)?;
-    let value = secret_text(&field, namespace, secret, &reference.key)?.trim().to_owned();
+    let secret = opted_in_secret(&field, namespace, &reference.name, inputs.secrets)?;
+    let value = secret_text(&field, namespace, secret, &reference.key, inputs)?.trim().to_owned();
     let header = auth.header.as_deref().unwrap_or("authorization").to_ascii_lowercase();
     if header == "authorization" { Ok((header, format!("Bearer {value}"))) } else { Ok((header, value)) }
 }
@@ -349,14 +349,16 @@ fn backend_tls(
     index: usize,
     tls: &waycast_crds::common::ClientTls,
     namespace: &str,
-    secrets: &[&Secret],
+    inputs: &Inputs<'_>,
 ) -> Result<ClientTlsConfig, Verdict> {
     let field = format!("spec.backends[{index}].tls");
+    let secrets = inputs.secrets;
     let ca_pem = match &tls.ca_secret_ref {
         None => None,
         Some(reference) => {
-            let secret = opted_in_secret(&format!("{field}.caSecretRef"), namespace, &reference.name, secrets)?;
-            Some(secret_text(&format!("{field}.caSecretRef"), namespace, secret, &reference.key)?.to_owned())
+            let path = format!("{field}.caSecretRef");
+            let secret = opted_in_secret(&path, namespace, &reference.name, secrets)?;
+            Some(secret_text(&path, namespace, secret, &reference.key, inputs)?.to_owned())
         }
     };
     let (client_cert_pem, client_key_pem) = match &tls.client_cert_secret_ref {
@@ -364,8 +366,8 @@ fn backend_tls(
         Some(reference) => {
             let path = format!("{field}.clientCertSecretRef");
             let secret = opted_in_secret(&path, namespace, &reference.name, secrets)?;
-            let certificate = secret_text(&path, namespace, secret, "tls.crt")?.to_owned();
-            (Some(certificate), Some(secret_text(&path, namespace, secret, "tls.key")?.to_owned()))
+            let certificate = secret_text(&path, namespace, secret, "tls.crt", inputs)?.to_owned();
+            (Some(certificate), Some(secret_text(&path, namespace, secret, "tls.key", inputs)?.to_owned()))
         }
     };
     Ok(ClientTlsConfig { ca_pem, client_cert_pem, client_key_pem, server_name: tls.server_name.clone() })
@@ -403,8 +405,21 @@ fn opted_in_secret<'a>(
 }
 
 /// The text under `key` of `secret`.
-fn secret_text<'a>(field: &str, namespace: &str, secret: &'a Secret, key: &str) -> Result<&'a str, Verdict> {
+fn secret_text<'a>(
+    field: &str,
+    namespace: &str,
+    secret: &'a Secret,
+    key: &str,
+    inputs: &Inputs<'_>,
+) -> Result<&'a str, Verdict> {
     let name = secret.metadata.name.as_deref().unwrap_or_default();
+    if inputs.too_large.contains(&(namespace.to_owned(), name.to_owned())) {
+        let message = format!(
+            "{field}: Secret {namespace}/{name} holds more than {} bytes: it is not read",
+            crate::secret_data::MAX_SECRET_BYTES
+        );
+        return Err(Verdict::refused(reasons::SECRET_TOO_LARGE, message));
+    }
     let missing = |what: &str| {
         Verdict::refused(reasons::AUTH_SECRET_MISSING, format!("{field}: {what} in Secret {namespace}/{name}"))
     };
@@ -430,21 +445,29 @@ pub fn find<'a, K: kube::Resource>(objects: &[&'a K], namespace: &str, name: &st
         .find(|o| o.meta().namespace.as_deref() == Some(namespace) && o.meta().name.as_deref() == Some(name))
 }
 
-/// The upstream credential Secrets the served ModelEndpoints name, as
-/// `(namespace, name)`: the shell looks up those its store lacks (a
-/// metadata-only read, to tell "not labelled" from "missing").
-pub fn credential_secrets(inputs: &Inputs<'_>) -> std::collections::BTreeSet<(String, String)> {
-    selected(inputs)
-        .iter()
-        .flat_map(|endpoint| {
-            let namespace = endpoint.namespace().unwrap_or_default();
-            endpoint
-                .spec
-                .backends
-                .iter()
-                .filter_map(move |b| b.auth.as_ref().map(|a| (namespace.clone(), a.secret_ref.name.clone())))
-        })
-        .collect()
+/// The Secrets the served ModelEndpoints name (upstream credentials, CA
+/// and client certificates), as `(namespace, name)`: the only team
+/// Secrets whose data is read, and those its store lacks are looked up by
+/// metadata (to tell "not labelled" from "missing").
+pub fn credential_secrets(inputs: &Inputs<'_>) -> impl Iterator<Item = (String, String)> {
+    selected(inputs).into_iter().flat_map(|endpoint| {
+        let namespace = endpoint.namespace().unwrap_or_default();
+        endpoint
+            .spec
+            .backends
+            .iter()
+            .flat_map(|b| {
+                let tls = b.tls.as_ref();
+                [
+                    b.auth.as_ref().map(|a| a.secret_ref.name.clone()),
+                    tls.and_then(|t| t.ca_secret_ref.as_ref()).map(|r| r.name.clone()),
+                    tls.and_then(|t| t.client_cert_secret_ref.as_ref()).map(|r| r.name.clone()),
+                ]
+            })
+            .flatten()
+            .map(move |name| (namespace.clone(), name))
+            .collect::<Vec<_>>()
+    })
 }
 
 /// The Secrets a Gateway's Redis settings name (password, CA, client

@@ -726,6 +726,37 @@ fn an_external_name_service_is_held_to_the_egress_rules() {
     assert!(refused.message.contains("ExternalName"), "{}", refused.message);
 }
 
+/// A referenced Secret over the size the operator reads is refused by name
+/// (its data never read); every other object is served.
+#[test]
+fn an_object_naming_a_secret_too_large_to_read_is_refused_alone() {
+    let mut world = World::quickstart();
+    world.keys.push(api_key("demo", "bob", ApiKeySpec::default()));
+    world.secrets.push(key_secret("demo", "bob", KEY_A));
+    let mut endpoint = model_endpoint(
+        "demo",
+        "external",
+        10,
+        "external",
+        vec![Backend { url: Some("https://api.example.com/v1".into()), ..Backend::default() }],
+    );
+    endpoint.spec.backends[0].auth =
+        Some(BackendAuth { secret_ref: SecretKeyRef { name: "huge".into(), key: "k".into() }, header: None });
+    world.models.push(endpoint);
+    world.secrets.push(credential("demo", "huge", "k", "sk-whatever"));
+    let mut catalog =
+        Catalog::from_objects(&world.namespaces, &world.models, &world.keys, &world.services, &world.secrets);
+    let referenced = catalog.with_inputs(&world.gateway, referenced_secrets);
+    assert!(referenced.contains(&("demo".to_owned(), "bob-key".to_owned())), "{referenced:?}");
+    assert!(referenced.contains(&("demo".to_owned(), "huge".to_owned())), "{referenced:?}");
+    catalog.too_large = [("demo".to_owned(), "bob-key".to_owned()), ("demo".to_owned(), "huge".to_owned())].into();
+    let compiled = catalog.compile(&world.gateway, now());
+    assert_eq!(compiled.keys[&key("demo", "bob")].verdict.reason, reasons::SECRET_TOO_LARGE);
+    assert_eq!(compiled.models[&key("demo", "external")].reason, reasons::SECRET_TOO_LARGE);
+    assert!(compiled.keys[&key("demo", "alice")].verdict.accepted);
+    assert!(compiled.models[&key("demo", "llama")].accepted);
+}
+
 #[test]
 fn a_key_secret_the_api_key_does_not_own_is_not_used() {
     let mut world = World::quickstart();

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{ObjectMeta, PostParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::reflector::ObjectRef;
-use kube::{Api, Client, Resource, ResourceExt as _};
+use kube::{Api, Resource, ResourceExt as _};
 use waycast_crds::ApiKey;
 
 use super::{CONCURRENCY, RESYNC, error_policy, parent_decisions, succeeded};
@@ -20,7 +20,7 @@ use crate::compile::{keys, select};
 use crate::context::{Context, emit_transitions};
 use crate::error::Error;
 use crate::status;
-use crate::stores::{KEY_SECRET_LABEL, Stores, once};
+use crate::stores::{KEY_SECRET_LABEL, once};
 
 /// Generates key Secrets, apart from the status controller: a new ApiKey's
 /// key is created at once instead of after a re-check of every other key's
@@ -36,13 +36,14 @@ pub(crate) async fn key_secret_controller(context: Arc<Context>) {
 }
 
 pub(crate) async fn reconcile_key_secret(api_key: Arc<ApiKey>, context: Arc<Context>) -> Result<Action, Error> {
-    ensure_generated_secret(&context.client, &api_key, &context.stores).await?;
+    ensure_generated_secret(&context, &api_key).await?;
     Ok(Action::await_change())
 }
 
 /// Creates `<name>-key` with a fresh key when the ApiKey has no `secretRef`
 /// and the Secret does not exist yet. An existing key is never replaced.
-pub(crate) async fn ensure_generated_secret(client: &Client, api_key: &ApiKey, stores: &Stores) -> Result<(), Error> {
+pub(crate) async fn ensure_generated_secret(context: &Context, api_key: &ApiKey) -> Result<(), Error> {
+    let (client, stores) = (&context.client, &context.stores);
     if api_key.spec.secret_ref.is_some() {
         return Ok(());
     }
@@ -69,7 +70,11 @@ pub(crate) async fn ensure_generated_secret(client: &Client, api_key: &ApiKey, s
         ..Secret::default()
     };
     match bounded(Api::<Secret>::namespaced(client.clone(), &namespace).create(&PostParams::default(), &secret)).await {
-        Ok(_) => Ok(()),
+        // Kept at its version: the Gateways' compiles need not read it back.
+        Ok(created) => {
+            context.secret_data.remember(&created).await;
+            Ok(())
+        }
         // Created meanwhile (the store lags): keep the existing key.
         Err(Error::Kube(kube::Error::Api(status))) if status.code == 409 => Ok(()),
         Err(error) => Err(error),

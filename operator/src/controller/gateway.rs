@@ -58,7 +58,7 @@ pub(crate) async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Contex
         return refuse_name_conflict(&context, &gateway, &conflict).await;
     }
     let mut catalog = Catalog::from_stores(&context.stores, &context.networks);
-    fetch_credentials(&mut catalog, &context.client, &context.stores, &gateway).await?;
+    fetch_secrets(&mut catalog, &context, &gateway).await?;
     let mut compiled = catalog.compile(&gateway, jiff::Timestamp::now());
     let compiled_at = started.elapsed();
 
@@ -119,44 +119,46 @@ pub(crate) async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Contex
     Ok(Action::requeue(until_next_expiry(&compiled.config, now)))
 }
 
-/// Adds what compile needs beyond the stores: the Gateway's Redis
-/// Secrets (the platform team's own), and the metadata of credential
-/// Secrets the routes name that are not opted in, so their status can
-/// say "not labelled" rather than "missing". A failed look-up of the
-/// latter counts as missing: it never holds up the rest of the Gateway.
+/// Adds the Secrets compile needs: the Gateway's Redis Secrets (the
+/// platform team's own), and the Secrets its served objects reference —
+/// with their data when they carry the label that lets the operator read
+/// them (`secret_data`: read once per version, never past its size cap),
+/// else their metadata alone, looked up so the status can say "not
+/// labelled" rather than "missing". A failed metadata look-up counts as
+/// missing: it never holds up the rest of the Gateway.
 ///
 /// # Errors
-/// A failed read of a Redis Secret.
-async fn fetch_credentials(
-    catalog: &mut Catalog,
-    client: &kube::Client,
-    stores: &Stores,
-    gateway: &Gateway,
-) -> Result<(), Error> {
+/// A failed read of a Redis Secret or of a labelled Secret's data.
+async fn fetch_secrets(catalog: &mut Catalog, context: &Context, gateway: &Gateway) -> Result<(), Error> {
+    use k8s_openapi::api::core::v1::Secret;
+    let (client, stores) = (&context.client, &context.stores);
     for (namespace, name) in compile::models::redis_secrets(gateway) {
-        if let Some(secret) =
-            bounded(Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), &namespace).get_opt(&name))
-                .await?
-        {
+        if let Some(secret) = bounded(Api::<Secret>::namespaced(client.clone(), &namespace).get_opt(&name)).await? {
             catalog.secrets.push(Arc::new(secret));
         }
     }
-    let wanted = catalog.with_inputs(gateway, compile::models::credential_secrets);
-    for (namespace, name) in wanted {
-        if stores.credentials.get(&ObjectRef::new(&name).within(&namespace)).is_some() {
+    let labelled = |namespace: &str, name: &str| {
+        let reference = ObjectRef::new(name).within(namespace);
+        stores.key_secrets.get(&reference).or_else(|| stores.credentials.get(&reference))
+    };
+    let mut wanted = Vec::new();
+    for (namespace, name) in catalog.with_inputs(gateway, compile::referenced_secrets) {
+        if let Some(meta) = labelled(&namespace, &name) {
+            let version = meta.metadata.resource_version.clone().unwrap_or_default();
+            wanted.push(((namespace, name), version));
             continue;
         }
-        let api = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), &namespace);
+        let api = Api::<Secret>::namespaced(client.clone(), &namespace);
         match bounded(api.get_metadata_opt(&name)).await {
-            Ok(Some(meta)) => catalog
-                .secrets
-                .push(Arc::new(k8s_openapi::api::core::v1::Secret { metadata: meta.metadata, ..Default::default() })),
+            Ok(Some(meta)) => catalog.secrets.push(Arc::new(Secret { metadata: meta.metadata, ..Default::default() })),
             Ok(None) => {}
-            Err(error) => {
-                tracing::debug!(%error, secret = %format!("{namespace}/{name}"), "credential Secret look-up failed")
-            }
+            Err(error) => tracing::debug!(%error, secret = %format!("{namespace}/{name}"), "Secret look-up failed"),
         }
     }
+    let fetched =
+        context.secret_data.fetch(client, wanted, |(namespace, name)| labelled(namespace, name).is_some()).await?;
+    catalog.secrets.extend(fetched.secrets);
+    catalog.too_large = fetched.too_large;
     Ok(())
 }
 

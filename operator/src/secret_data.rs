@@ -1,0 +1,178 @@
+//! The data of the Secrets that served objects reference, and only theirs.
+//!
+//! Labelled Secrets (key Secrets, opted-in credentials) are watched as
+//! metadata only: anyone who may create Secrets can label a thousand of
+//! them, a MiB each. The operator reads a Secret's data when a Gateway it
+//! reconciles serves an object that references it — an ApiKey's key
+//! Secret, a ModelEndpoint's credential and TLS Secrets — keeps it under
+//! the resource version it read, and keeps nothing of a Secret whose data
+//! exceeds [`MAX_SECRET_BYTES`] but that fact (the object says why).
+//!
+//! ```text
+//! compile: referenced (ns, name) ─► metadata store: resourceVersion ─► cache hit? ─► data
+//!                                                                      └─ GET (bounded) ─► ≤ cap: kept │ > cap: too large
+//! ```
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use futures_util::StreamExt as _;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+
+use crate::apply::bounded;
+use crate::error::Error;
+
+/// The most data a referenced Secret may hold (all its values): keys,
+/// credentials and PEM bundles are far smaller.
+pub const MAX_SECRET_BYTES: usize = 256 * 1024;
+
+/// Reads at once.
+const CONCURRENT_READS: usize = 16;
+
+/// `(namespace, name)`.
+pub type SecretName = (String, String);
+
+/// A Secret as last read.
+#[derive(Debug, Clone)]
+enum Read {
+    /// Its data (labels and annotations left out), at `version`.
+    Data { version: String, secret: Arc<Secret> },
+    /// More than [`MAX_SECRET_BYTES`] at `version`: not kept.
+    TooLarge { version: String },
+}
+
+impl Read {
+    fn version(&self) -> &str {
+        match self {
+            Read::Data { version, .. } | Read::TooLarge { version } => version,
+        }
+    }
+}
+
+/// What a reconcile gets: the Secrets with their data, and those too large.
+#[derive(Debug, Default)]
+pub struct Fetched {
+    /// Referenced Secrets with their data.
+    pub secrets: Vec<Arc<Secret>>,
+    /// Referenced Secrets whose data is over [`MAX_SECRET_BYTES`].
+    pub too_large: BTreeSet<SecretName>,
+}
+
+/// The cache of referenced Secrets' data, shared by every reconcile.
+#[derive(Default)]
+pub struct SecretData {
+    read: tokio::sync::RwLock<HashMap<SecretName, Read>>,
+}
+
+impl SecretData {
+    /// The data of `wanted` (each with the resource version its metadata
+    /// shows), read again where the version moved; entries of Secrets that
+    /// are no longer there go, as `exists` says.
+    ///
+    /// # Errors
+    /// A read that failed for another reason than the Secret being gone.
+    pub async fn fetch(
+        &self,
+        client: &kube::Client,
+        wanted: Vec<(SecretName, String)>,
+        exists: impl Fn(&SecretName) -> bool,
+    ) -> Result<Fetched, Error> {
+        let stale: Vec<(SecretName, String)> = {
+            let read = self.read.read().await;
+            wanted
+                .iter()
+                .filter(|(name, version)| read.get(name).is_none_or(|r| r.version() != version))
+                .cloned()
+                .collect()
+        };
+        let reads: Vec<Result<Option<(SecretName, Read)>, Error>> = futures_util::stream::iter(stale)
+            .map(|((namespace, name), _)| read_one(client, namespace, name))
+            .buffer_unordered(CONCURRENT_READS)
+            .collect()
+            .await;
+        let mut cache = self.read.write().await;
+        for read in reads {
+            if let Some((name, read)) = read? {
+                cache.insert(name, read);
+            }
+        }
+        cache.retain(|name, _| exists(name));
+        let mut fetched = Fetched::default();
+        for (name, _) in &wanted {
+            match cache.get(name) {
+                Some(Read::Data { secret, .. }) => fetched.secrets.push(secret.clone()),
+                Some(Read::TooLarge { .. }) => {
+                    fetched.too_large.insert(name.clone());
+                }
+                None => {}
+            }
+        }
+        Ok(fetched)
+    }
+
+    /// Keeps a Secret the operator wrote (a generated key) without reading
+    /// it back.
+    pub async fn remember(&self, secret: &Secret) {
+        let (Some(namespace), Some(name)) = (&secret.metadata.namespace, &secret.metadata.name) else { return };
+        if let Some(read) = kept(secret.clone()) {
+            self.read.write().await.insert((namespace.clone(), name.clone()), read);
+        }
+    }
+
+    /// Secrets whose data is held.
+    pub async fn held(&self) -> usize {
+        self.read.read().await.values().filter(|read| matches!(read, Read::Data { .. })).count()
+    }
+}
+
+async fn read_one(client: &kube::Client, namespace: String, name: String) -> Result<Option<(SecretName, Read)>, Error> {
+    let secret = bounded(Api::<Secret>::namespaced(client.clone(), &namespace).get_opt(&name)).await?;
+    Ok(secret.and_then(kept).map(|read| ((namespace, name), read)))
+}
+
+/// What is kept of `secret`: its data and what compile reads of its
+/// metadata, or only that it is too large.
+fn kept(mut secret: Secret) -> Option<Read> {
+    let version = secret.metadata.resource_version.clone()?;
+    let size: usize = secret.data.iter().flatten().map(|(key, value)| key.len() + value.0.len()).sum::<usize>()
+        + secret.string_data.iter().flatten().map(|(key, value)| key.len() + value.len()).sum::<usize>();
+    if size > MAX_SECRET_BYTES {
+        return Some(Read::TooLarge { version });
+    }
+    let meta = &mut secret.metadata;
+    (meta.annotations, meta.managed_fields) = (None, None);
+    Some(Read::Data { version, secret: Arc::new(secret) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::ByteString;
+    use kube::api::ObjectMeta;
+
+    fn secret(bytes: usize) -> Secret {
+        Secret {
+            metadata: ObjectMeta {
+                name: Some("s".into()),
+                namespace: Some("team".into()),
+                resource_version: Some("7".into()),
+                annotations: Some(
+                    [("kubectl.kubernetes.io/last-applied-configuration".into(), "x".repeat(bytes))].into(),
+                ),
+                ..Default::default()
+            },
+            data: Some([("k".to_owned(), ByteString(vec![b'a'; bytes]))].into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_secret_over_the_cap_is_kept_only_as_too_large() {
+        assert!(matches!(kept(secret(MAX_SECRET_BYTES + 1)), Some(Read::TooLarge { version }) if version == "7"));
+        let Some(Read::Data { secret, .. }) = kept(secret(100)) else { panic!("kept") };
+        assert_eq!(secret.metadata.annotations, None, "only what compile reads is kept");
+        assert_eq!(secret.data.as_ref().unwrap()["k"].0.len(), 100);
+        assert!(kept(Secret::default()).is_none(), "no resource version: not cached");
+    }
+}
