@@ -1,13 +1,15 @@
 //! waycast's test doubles and the test material that talks to them: the
 //! mock OpenAI-compatible inference upstream (`upstream`, also the
 //! `waycast-mock-upstream` binary the e2e node runs as a pod), an upstream
-//! that misbehaves on purpose (`hostile`), the benchmark sink with canned
+//! that misbehaves on purpose (`hostile`), one that tries to make a pooled
+//! connection carry one answer to another request (`desync`), the benchmark sink with canned
 //! answers (`sink`), a vLLM-like mode of the mock (`vllm`: slots, a queue, a
 //! prefix cache, vLLM's metrics), the keys and config every gateway
 //! test starts from (`fixtures`) and throwaway certificates (`pki`).
 //!
 //! Mocks only the inference upstream: everything else in the tests is real.
 
+pub mod desync;
 pub mod fixtures;
 pub mod hostile;
 pub mod pki;
