@@ -260,8 +260,9 @@ pub struct GatewayLimits {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GatewayRateLimit {
-    /// Count in Redis instead: exact limits across all pods (and all
-    /// Gateways sharing the Redis), at one round trip per limited request.
+    /// Count in Redis instead: exact limits across all pods, at one round
+    /// trip per limited request. Each Gateway counts under keys of its own
+    /// (`waycast:<namespace>/<name>:`), so Gateways may share a Redis.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redis: Option<RedisRateLimit>,
     /// What a pod does while Redis cannot be reached: `Open` admits

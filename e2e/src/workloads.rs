@@ -81,6 +81,25 @@ pub async fn cluster_ip(client: &Client, namespace: &str, name: &str) -> anyhow:
     service.spec.and_then(|s| s.cluster_ip).context("Service has no ClusterIP")
 }
 
+/// Opens `addresses` (IPs) of the cluster's closed ranges to the `url`
+/// backends of the Gateway `gateway`: egress to the cluster is closed to
+/// them by default, and a test that routes a `url` backend to a pod or a
+/// ClusterIP says so, as a platform team would.
+///
+/// # Errors
+/// The patch failing.
+pub async fn open_egress(client: &Client, namespace: &str, gateway: &str, addresses: &[&str]) -> anyhow::Result<()> {
+    let cidrs: Vec<String> =
+        addresses.iter().map(|ip| if ip.contains(':') { format!("{ip}/128") } else { format!("{ip}/32") }).collect();
+    let gateways: Api<waycast_crds::Gateway> = Api::namespaced(client.clone(), namespace);
+    let patch = json!({"spec": {"egress": {"allowedCIDRs": cidrs}}});
+    gateways
+        .patch(gateway, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(patch))
+        .await
+        .with_context(|| format!("opening egress of Gateway {namespace}/{gateway}"))?;
+    Ok(())
+}
+
 /// Waits until `count` pods matching `label` are Ready.
 ///
 /// # Errors

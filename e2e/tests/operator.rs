@@ -499,6 +499,15 @@ fn object(value: serde_json::Value) -> kube::api::DynamicObject {
     serde_json::from_value(value).unwrap()
 }
 
+/// The mock pod that answered `key`'s `model` on `url` (a 200 first).
+async fn served_by(url: &str, key: &str, model: &str) -> String {
+    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+    let body = format!(r#"{{"model":"{model}","messages":[]}}"#);
+    let response = http.request(fixture::post_request(url, Some(key), &body)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK, "{model} on {url}");
+    response.headers()[waycast_mock::upstream::POD_HEADER].to_str().unwrap().to_owned()
+}
+
 /// The tenancy promise on a real cluster: what one team writes cannot
 /// freeze, read or redirect what another team gets from a shared Gateway.
 #[tokio::test]
@@ -508,9 +517,10 @@ async fn tenants_cannot_break_read_or_redirect_each_other() {
     let team = test_namespace(&client, "tenant").await.unwrap();
     let rogue = test_namespace(&client, "rogue").await.unwrap();
     apply_file(&client, &home, "examples/quickstart/quickstart.yaml").await;
-    // The Gateway also takes keys from other namespaces (that name it).
+    // The Gateway also takes keys and models from other namespaces (that name it).
+    let all = json!({"namespaces": {"from": "All"}});
     let gateway = json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "Gateway", "metadata": {"name": "gateway"},
-        "spec": {"replicas": 2, "apiKeys": {"namespaces": {"from": "All"}}}});
+        "spec": {"replicas": 2, "apiKeys": all, "modelEndpoints": all}});
     manifest::apply_all(&client, &[object(gateway)], &home).await.unwrap();
     wait_condition(&client, &home, "ApiKey", "alice", ("Programmed", "True", "Programmed")).await;
     let alice = generated_key(&client, &home, "alice").await;
@@ -528,6 +538,16 @@ async fn tenants_cannot_break_read_or_redirect_each_other() {
             "must not be Host",
         ),
         ("a metadata URL", json!({"backends": [{"url": "http://169.254.169.254/latest"}]}), "link-local"),
+        (
+            "a TLS server name with an empty label",
+            json!({"backends": [{"url": "https://a.example/v1", "tls": {"serverName": "a..b"}}]}),
+            "serverName",
+        ),
+        (
+            "a TLS server name that is not ASCII",
+            json!({"backends": [{"url": "https://a.example/v1", "tls": {"serverName": "ünï.example"}}]}),
+            "serverName",
+        ),
     ];
     for (what, overrides, expected) in refused {
         let mut spec = json!({"model": "bad", "backends": [{"url": "https://a.example/v1"}]});
@@ -557,6 +577,16 @@ async fn tenants_cannot_break_read_or_redirect_each_other() {
     .unwrap();
     let vllm = Api::<Service>::namespaced(client.clone(), &home).get("vllm").await.unwrap();
     let vllm_ip = vllm.spec.unwrap().cluster_ip.unwrap();
+    // A url backend to a ClusterIP: the platform team opens that address.
+    waycast_e2e::workloads::open_egress(&client, &home, "gateway", &[&vllm_ip]).await.unwrap();
+    // A CA that does not parse, in a team's labelled Secret: that model is
+    // left out, naming the field; nobody else's config stops.
+    let bad_ca = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "bad-ca",
+        "labels": {"waycast.dev/credential": "true"}}, "stringData": {"ca.crt": "-----BEGIN CERTIFICATE-----\nnot base64\n"}});
+    let poisoned = json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ModelEndpoint", "metadata": {"name": "poisoned"},
+        "spec": {"model": "poisoned", "parentRefs": [{"name": "gateway", "namespace": home}],
+            "backends": [{"url": "https://a.example/v1", "tls": {"caSecretRef": {"name": "bad-ca", "key": "ca.crt"}}}]}});
+    manifest::apply_all(&client, &[object(bad_ca), object(poisoned)], &team).await.unwrap();
     let endpoints = [
         json!({"metadata": {"name": "control"}, "spec": {"model": "control", "backends": [{"url": "https://a.example/v1",
             "auth": {"secretRef": {"name": "bell", "key": "k"}}}]}}),
@@ -576,6 +606,7 @@ async fn tenants_cannot_break_read_or_redirect_each_other() {
         .collect();
     manifest::apply_all(&client, &endpoints, &home).await.unwrap();
     wait_condition(&client, &home, "ModelEndpoint", "control", ("Accepted", "False", "Invalid")).await;
+    wait_condition(&client, &team, "ModelEndpoint", "poisoned", ("Accepted", "False", "Invalid")).await;
     wait_condition(&client, &home, "ModelEndpoint", "unlabelled", ("ResolvedRefs", "False", "SecretNotLabelled")).await;
     wait_condition(&client, &home, "ModelEndpoint", "azure", ("Programmed", "True", "Programmed")).await;
     // ... while everyone else's changes keep propagating: a disabled key
@@ -589,7 +620,8 @@ async fn tenants_cannot_break_read_or_redirect_each_other() {
     wait_condition(&client, &home, "ApiKey", "bob", ("Programmed", "True", "Programmed")).await;
     let bob = generated_key(&client, &home, "bob").await;
     wait_all(&urls, &bob, StatusCode::OK, Duration::from_secs(5)).await;
-    wait_all(&urls, &alice, StatusCode::UNAUTHORIZED, Duration::from_secs(5)).await;
+    // The disable was applied before bob was Programmed: at once.
+    wait_all(&urls, &alice, StatusCode::UNAUTHORIZED, Duration::from_secs(2)).await;
     // (alice's allow-list is llama-*; bob may call any model of his namespace.)
     wait_model_status(&urls, &bob, "azure-style", StatusCode::OK).await;
     wait_condition(&client, &home, "Gateway", "gateway", ("Programmed", "True", "ConfigWritten")).await;
@@ -631,21 +663,92 @@ async fn tenants_cannot_break_read_or_redirect_each_other() {
         .unwrap();
     wait_model_status(&urls, &carol, "llama3", StatusCode::OK).await;
 
-    // A pod that refuses the written config says so in its heartbeat, and
-    // the Gateway stops claiming "written": Programmed=False, ConfigRefused.
-    // (The config Secret holds the newest config: carol's 200 above shows it reached the pods.)
+    // Squatting: the tenant publishes its own `llama3`, shared with every
+    // namespace. Keys of other namespaces still get the platform's llama3
+    // (its pods answer), and its own keys get its own: a name is its
+    // namespace's, and nobody else's prompts reach the squatter.
+    let squatter = [
+        waycast_e2e::workloads::deployment(
+            "squatter",
+            waycast_e2e::cluster::images::MOCK_UPSTREAM,
+            &["--listen", "0.0.0.0:8000"],
+            8000,
+            json!({}),
+        ),
+        waycast_e2e::workloads::service("squatter", 8000, 8000),
+    ];
+    waycast_e2e::workloads::apply_values(&client, &team, squatter.to_vec()).await.unwrap();
+    let squat = json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ModelEndpoint", "metadata": {"name": "squat"},
+        "spec": {"model": "llama3", "parentRefs": [{"name": "gateway", "namespace": home}],
+            "apiKeys": {"namespaces": {"from": "All"}}, "backends": [{"service": {"name": "squatter", "port": 8000}}]}});
+    manifest::apply_all(&client, &[object(squat)], &team).await.unwrap();
+    wait_condition(&client, &team, "ModelEndpoint", "squat", ("Programmed", "True", "Programmed")).await;
+    wait_pods_ready(&client, &team, "app=squatter", 1, Duration::from_secs(90)).await.unwrap();
+    let dave = json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey", "metadata": {"name": "dave"},
+        "spec": {"parentRefs": [{"name": "gateway", "namespace": home}]}});
+    manifest::apply_all(&client, &[object(dave)], &rogue).await.unwrap();
+    wait_condition(&client, &rogue, "ApiKey", "dave", ("Programmed", "True", "Programmed")).await;
+    let dave = generated_key(&client, &rogue, "dave").await;
+    for url in &urls {
+        for (who, key, pod_prefix) in [("bob", &bob, "vllm-"), ("dave", &dave, "vllm-"), ("carol", &carol, "squatter-")] {
+            let pod = served_by(url, key, "llama3").await;
+            assert!(pod.starts_with(pod_prefix), "{who}'s llama3 was served by {pod} on {url}");
+        }
+    }
+
+    // A forged heartbeat — a Lease labelled for the Gateway, naming no live
+    // pod of it, claiming a refusal — changes neither Programmed nor the
+    // pods' count of their fleet (each shares the rate limits by it).
     let written = secrets.get("gateway-config").await.unwrap();
     let hash = written.metadata.annotations.unwrap()["waycast.dev/config-hash"].clone();
-    let refusing = object(json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-        "metadata": {"name": "refusing-pod", "labels": {"waycast.dev/gateway": "gateway"},
-            "annotations": {"waycast.dev/refused-config-hash": hash, "waycast.dev/refused-config-reason": "models[0].name: test"}},
-        "spec": {"holderIdentity": "0123456789abcdef"}}));
-    manifest::apply_all(&client, &[refusing], &home).await.unwrap();
-    wait_condition(&client, &home, "Gateway", "gateway", ("Programmed", "False", "ConfigRefused")).await;
+    let renewed = jiff::Timestamp::now().to_string();
+    let forged = object(json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "forged-pod", "labels": {"waycast.dev/gateway": "gateway"},
+            "annotations": {"waycast.dev/refused-config-hash": hash, "waycast.dev/refused-config-reason": "forged"}},
+        "spec": {"holderIdentity": "0123456789abcdef", "renewTime": renewed, "leaseDurationSeconds": 3600}}));
+    manifest::apply_all(&client, &[forged], &home).await.unwrap();
+    // Positive signals first: each pod logged that it did not count the
+    // Lease, and a change made after it was programmed.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let logs = waycast_e2e::workloads::pod_logs(&client, &home, "app.kubernetes.io/instance=gateway", 200).await;
+        if logs.matches("no live pod's own is not counted").count() >= 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the gateway pods never looked at the forged Lease:\n{logs}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let eve = json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey", "metadata": {"name": "eve"}, "spec": {}});
+    manifest::apply_all(&client, &[object(eve)], &home).await.unwrap();
+    wait_condition(&client, &home, "ApiKey", "eve", ("Programmed", "True", "Programmed")).await;
+    wait_condition(&client, &home, "Gateway", "gateway", ("Programmed", "True", "ConfigWritten")).await;
+    let status = Api::<Gateway>::namespaced(client.clone(), &home).get("gateway").await.unwrap().status.unwrap();
+    assert_eq!(status.up_to_date_replicas, Some(2), "{status:?}");
+    for url in &urls {
+        let admin = url.replace(":8080/v1/chat/completions", ":9090/metrics");
+        let pods = waycast_e2e::workloads::metric_sample(&admin, "waycast_gateway_rate_limit_pods").await;
+        assert_eq!(pods, Some(2.0), "{admin}: the forged Lease changed the fleet count");
+    }
     Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client.clone(), &home)
-        .delete("refusing-pod", &DeleteParams::default())
+        .delete("forged-pod", &DeleteParams::default())
         .await
         .unwrap();
+
+    // A pod that really refuses the written config says so in its own
+    // heartbeat, and the Gateway stops claiming "written": here the
+    // platform's Redis CA does not parse, which only the pods find out.
+    let redis_ca = object(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "redis-ca"},
+        "stringData": {"ca.crt": "-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n"}}));
+    manifest::apply_all(&client, &[redis_ca], &home).await.unwrap();
+    let gateways: Api<Gateway> = Api::namespaced(client.clone(), &home);
+    let redis = json!({"spec": {"rateLimit": {"redis": {"address": "redis.invalid:6379",
+        "tls": {"caSecretRef": {"name": "redis-ca", "key": "ca.crt"}}}}}});
+    gateways.patch("gateway", &PatchParams::default(), &Patch::Merge(redis)).await.unwrap();
+    wait_condition(&client, &home, "Gateway", "gateway", ("Programmed", "False", "ConfigRefused")).await;
+    let refused = gateways.get("gateway").await.unwrap().status.unwrap();
+    let message = &refused.conditions.iter().find(|c| c.type_ == "Programmed").unwrap().message;
+    assert!(message.contains("redis") && !message.contains("forged"), "{message}");
+    gateways.patch("gateway", &PatchParams::default(), &Patch::Merge(json!({"spec": {"rateLimit": null}}))).await.unwrap();
     wait_condition(&client, &home, "Gateway", "gateway", ("Programmed", "True", "ConfigWritten")).await;
 
     // No takeover: a Gateway named like an existing ServiceAccount leaves it

@@ -143,6 +143,8 @@ async fn a_services_pods_are_ejected_recover_fail_over_and_speak_tls() {
     .await
     .unwrap();
     let fallback_ip = cluster_ip(&client, &namespace, "fallback").await.unwrap();
+    // A url backend to a ClusterIP: the platform team opens that address.
+    waycast_e2e::workloads::open_egress(&client, &namespace, "gateway", &[&fallback_ip]).await.unwrap();
     let model = |name: &str, backends: Value| {
         json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ModelEndpoint", "metadata": {"name": name},
                "spec": {"model": name, "backends": backends}})

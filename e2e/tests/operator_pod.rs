@@ -2,12 +2,14 @@
 //! packed image, with the RBAC the project ships (`deploy/operator.yaml`) —
 //! proving that RBAC sufficient — serving the quickstart end to end (what
 //! `make demo` runs). Gateways keep serving while the operator pods are
-//! deleted, and a rescheduled operator takes over.
+//! deleted, and a rescheduled operator takes over; 250 labelled Secrets of
+//! 1 MB each leave its memory bounded.
 
 #![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
 
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt as _;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams};
@@ -86,4 +88,77 @@ async fn the_operator_pods_serve_the_quickstart_with_their_own_rbac_and_survive_
         measured |= count.is_some_and(|c| c >= 1.0) && text.contains("waycast_operator_config_writes_total{gateway=");
     }
     assert!(measured, "no operator replica measured a config reaching every pod");
+
+    // Anyone who may create Secrets can label many large ones: 250 labelled
+    // Secrets of 1 MB each. The operator watches their metadata only and
+    // reads the data of a referenced one once (too large: refused by
+    // name), so its memory stays bounded and it keeps reconciling.
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), DEMO_NAMESPACE);
+    let payload = k8s_openapi::ByteString(vec![b'x'; 1_000_000]);
+    let flood = futures_util::stream::iter(0..250).map(|index| {
+        let secrets = secrets.clone();
+        let payload = payload.clone();
+        async move {
+            let label = if index % 2 == 0 { "waycast.dev/api-key" } else { "waycast.dev/credential" };
+            let secret = k8s_openapi::api::core::v1::Secret {
+                metadata: kube::api::ObjectMeta {
+                    name: Some(format!("flood-{index}")),
+                    labels: Some([(label.to_owned(), "true".to_owned())].into()),
+                    ..Default::default()
+                },
+                data: Some([("api-key".to_owned(), payload)].into()),
+                ..Default::default()
+            };
+            secrets.create(&kube::api::PostParams::default(), &secret).await.map(drop)
+        }
+    });
+    let created: Vec<Result<(), kube::Error>> = flood.buffer_unordered(8).collect().await;
+    assert!(created.iter().all(Result::is_ok), "{:?}", created.iter().find(|r| r.is_err()));
+    let flooded = serde_json::json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey", "metadata": {"name": "flooded"},
+        "spec": {"secretRef": {"name": "flood-0", "key": "api-key"}}});
+    manifest::apply_all(&client, &[serde_json::from_value(flooded).unwrap()], DEMO_NAMESPACE).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let status = keys.get("flooded").await.unwrap().status.unwrap_or_default();
+        let ready = status.conditions.iter().find(|c| c.type_ == "Ready");
+        if ready.is_some_and(|c| c.reason == "SecretTooLarge") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the too-large key Secret was never refused: {:?}", status.conditions);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let dave = serde_json::json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey", "metadata": {"name": "dave"}, "spec": {}});
+    manifest::apply_all(&client, &[serde_json::from_value(dave).unwrap()], DEMO_NAMESPACE).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !keys.get("dave").await.unwrap().status.is_some_and(|s| condition_true(&s.conditions, "Programmed")) {
+        assert!(Instant::now() < deadline, "the operator stopped reconciling after the flood");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let memory = operator_memory();
+    println!("operator processes after 250 labelled Secrets of 1 MB (VmRSS, VmHWM in KiB): {memory:?}");
+    assert!(!memory.is_empty(), "no operator process found");
+    for (rss, peak) in memory {
+        assert!(rss < 128 * 1024 && peak < 128 * 1024, "operator RSS {rss} KiB, peak {peak} KiB");
+    }
+}
+
+/// The resident and peak memory (KiB) of every operator process on this
+/// machine: the operator pods' containers are processes here.
+fn operator_memory() -> Vec<(u64, u64)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let path = entry.path();
+        let Ok(cmdline) = std::fs::read(path.join("cmdline")) else { continue };
+        if cmdline.split(|b| *b == 0).next() != Some(b"/waycast-operator") {
+            continue;
+        }
+        let Ok(status) = std::fs::read_to_string(path.join("status")) else { continue };
+        let field = |name: &str| {
+            status.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        };
+        if let (Some(rss), Some(peak)) = (field("VmRSS:"), field("VmHWM:")) {
+            found.push((rss, peak));
+        }
+    }
+    found
 }

@@ -57,6 +57,8 @@ async fn gateways_serve_through_an_api_server_restart_and_the_operator_converges
     let upstream =
         wait_pods_ready(&client, &namespace, "app.kubernetes.io/name=vllm", 1, Duration::from_secs(60)).await.unwrap();
     let upstream_ip = upstream[0].status.as_ref().unwrap().pod_ip.clone().unwrap();
+    // A url backend to a pod: the platform team opens that address.
+    waycast_e2e::workloads::open_egress(&client, &namespace, "gateway", &[&upstream_ip]).await.unwrap();
     let direct = serde_json::json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ModelEndpoint", "metadata": {"name": "llama-3-1-8b"},
         "spec": {"model": "llama-3.1-8b", "aliases": ["llama3"], "backends": [{"url": format!("http://{upstream_ip}:8000/v1")}]}});
     manifest::apply_all(&client, &[serde_json::from_value(direct).unwrap()], &namespace).await.unwrap();

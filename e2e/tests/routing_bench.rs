@@ -100,8 +100,9 @@ async fn picking_the_pod_beats_kube_proxy_on_time_to_first_token() {
         model("least", json!({"service": {"name": "vllm", "port": 8000}}), "LeastRequest"),
         model("prefix", json!({"service": {"name": "vllm", "port": 8000}}), "PrefixAffinity"),
         json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey", "metadata": {"name": "load"}, "spec": {}}),
+        // The url backend goes to a ClusterIP: opened to it, as a platform team would.
         json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "Gateway", "metadata": {"name": "gateway"},
-               "spec": {"replicas": 1}}),
+               "spec": {"replicas": 1, "egress": {"allowedCIDRs": [format!("{cluster_ip}/32")]}}}),
     ];
     let objects: Vec<_> = objects.into_iter().map(|o| serde_json::from_value(o).unwrap()).collect();
     manifest::apply_all(&client, &objects, &namespace).await.unwrap();
