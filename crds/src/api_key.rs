@@ -44,7 +44,9 @@ pub struct ApiKeySpec {
     /// Gateway namespace's (platform) models. An entry `namespace/name`
     /// (or `namespace/pattern`) opts in to another team's models that it
     /// shares with this namespace (`ModelEndpoint.spec.apiKeys`): nothing of
-    /// another namespace is reached without it. Absent: every model of this
+    /// another namespace is reached without it. (Such an entry is also
+    /// matched against this namespace's and the platform's model names,
+    /// which may hold a `/`.) Absent: every model of this
     /// namespace and the platform's that is shared with this namespace.
     /// This list only narrows what the models' owners share.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -84,6 +84,9 @@ pub mod reasons {
     /// Gateway pods refused the config the operator wrote; they keep
     /// serving their last good one.
     pub const CONFIG_REFUSED: &str = "ConfigRefused";
+    /// The Gateway's config would outgrow its Secret with this object: the
+    /// Gateway namespace's objects and older objects are served first.
+    pub const CONFIG_TOO_LARGE: &str = "ConfigTooLarge";
     /// A Secret the object references holds more data than the operator
     /// reads (see the message for the limit).
     pub const SECRET_TOO_LARGE: &str = "SecretTooLarge";

@@ -70,10 +70,19 @@ impl Cidr {
     }
 }
 
-/// `::ffff:a.b.c.d` as `a.b.c.d`; everything else as it is.
+/// `::ffff:a.b.c.d` (IPv4-mapped) and `64:ff9b::a.b.c.d` (NAT64's
+/// well-known prefix, which a NAT64 gateway turns into `a.b.c.d`) as
+/// `a.b.c.d`; everything else as it is.
 fn canonical(address: IpAddr) -> IpAddr {
     match address {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(address, IpAddr::V4),
+        IpAddr::V6(v6) => {
+            let segments = v6.segments();
+            if segments[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+                let [.., high, low] = segments;
+                return IpAddr::V4(Ipv4Addr::from((u32::from(high) << 16) | u32::from(low)));
+            }
+            v6.to_ipv4_mapped().map_or(address, IpAddr::V4)
+        }
         IpAddr::V4(_) => address,
     }
 }
@@ -110,7 +119,8 @@ pub struct EgressPolicy {
     pub closed: Vec<Cidr>,
     /// Opens `closed` for these addresses.
     pub allowed: Vec<Cidr>,
-    /// Opens `closed` for these hosts (names, or `*.suffix`).
+    /// Opens `closed` for these hosts (exact names only; a `*.suffix`
+    /// pattern restricts which hosts may be named, and opens nothing).
     pub allowed_hosts: Vec<String>,
 }
 
@@ -136,8 +146,10 @@ impl EgressPolicy {
         if let Some(range) = self.denied.iter().find(|range| range.contains(address)) {
             return Some(format!("{address} is in the denied range {range} (the Gateway's spec.egress.deniedCIDRs)"));
         }
-        let opened =
-            self.allowed.iter().any(|range| range.contains(address)) || host_allowed(host, &self.allowed_hosts);
+        // NB: only an exact name opens a closed range: a `*.suffix` pattern
+        // would open every name anyone can make resolve under it.
+        let exact = |pattern: &String| !pattern.starts_with("*.") && host_allowed(host, std::slice::from_ref(pattern));
+        let opened = self.allowed.iter().any(|range| range.contains(address)) || self.allowed_hosts.iter().any(exact);
         match self.closed.iter().find(|range| range.contains(address)) {
             Some(range) if !opened => Some(format!(
                 "{address} is in {range}, closed to url backends unless the Gateway opens it (spec.egress.allowedCIDRs or allowedHosts)"
@@ -207,6 +219,7 @@ mod tests {
         let ten: Cidr = "10.0.0.0/8".parse().unwrap();
         assert!(ten.contains(ip("10.200.1.1")));
         assert!(ten.contains(ip("::ffff:10.1.1.1")));
+        assert!(ten.contains(ip("64:ff9b::10.1.1.1")), "NAT64 reaches the IPv4 address it carries");
         assert!(!ten.contains(ip("11.0.0.1")));
         assert!(!ten.contains(ip("fd00::1")));
         let all: Cidr = "0.0.0.0/0".parse().unwrap();
@@ -230,13 +243,14 @@ mod tests {
             denied: vec!["10.9.0.0/16".parse().unwrap()],
             closed: vec!["10.0.0.0/8".parse().unwrap(), "127.0.0.0/8".parse().unwrap()],
             allowed: vec!["10.1.0.0/16".parse().unwrap()],
-            allowed_hosts: vec!["vllm.shared.svc".into()],
+            allowed_hosts: vec!["vllm.shared.svc".into(), "*.internal.example".into()],
         };
         assert!(policy.refuses("10.96.0.1", ip("10.96.0.1")).is_some(), "closed");
         assert!(policy.refuses("localhost", ip("127.0.0.1")).is_some());
         assert!(policy.refuses("x", ip("::ffff:127.0.0.1")).is_some(), "an IPv4-mapped address counts as IPv4");
         assert_eq!(policy.refuses("10.1.2.3", ip("10.1.2.3")), None, "opened by allowedCIDRs");
         assert_eq!(policy.refuses("vllm.shared.svc", ip("10.96.5.5")), None, "opened by allowedHosts");
+        assert!(policy.refuses("a.internal.example", ip("10.96.5.5")).is_some(), "a wildcard opens nothing");
         assert!(policy.refuses("vllm.shared.svc", ip("10.9.1.1")).is_some(), "deniedCIDRs are never opened");
         assert!(policy.refuses("vllm.shared.svc", ip("169.254.169.254")).is_some(), "nor is metadata");
         assert_eq!(policy.refuses("api.openai.com", ip("104.18.1.1")), None);

@@ -121,8 +121,9 @@ pub struct GatewayEgress {
     pub allowed_cidrs: Vec<String>,
     /// When set, `url` backends may only name these hosts: exact names or
     /// `*.example.com` for any subdomain. A ModelEndpoint naming another
-    /// host is not served (`NotAllowedByGateway`). These hosts may also
-    /// reach the ranges closed by default (see `allowedCIDRs`).
+    /// host is not served (`NotAllowedByGateway`). An exact name here (not
+    /// a `*.` pattern) may also reach the ranges closed by default (see
+    /// `allowedCIDRs`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(
         length(max = 256),

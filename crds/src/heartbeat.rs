@@ -21,7 +21,9 @@ pub const MAX_REASON_BYTES: usize = 1024;
 pub const DROPPED_ENTRIES_ANNOTATION: &str = "waycast.dev/dropped-entries";
 /// The most entries a heartbeat lists (the rest are counted in
 /// `waycast_gateway_config_entries_dropped`).
-pub const MAX_DROPPED_LISTED: usize = 32;
+pub const MAX_DROPPED_LISTED: usize = 128;
+/// Longest reason of one listed entry.
+pub const MAX_DROPPED_REASON_BYTES: usize = 256;
 
 /// One entry a pod left out of the config it serves.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -29,21 +31,22 @@ pub struct DroppedEntry {
     /// `model <namespace/name>` or `key <namespace/name>` (the config's
     /// `source` or key `id`).
     pub entry: String,
-    /// Why, at most [`MAX_REASON_BYTES`].
+    /// Why, at most [`MAX_DROPPED_REASON_BYTES`].
     pub reason: String,
 }
 
 /// The dropped entries a heartbeat annotation lists, read as untrusted
 /// text: at most [`MAX_DROPPED_LISTED`], each field cut to
-/// [`MAX_REASON_BYTES`]; nothing when it is not such a list.
+/// [`MAX_DROPPED_REASON_BYTES`]; nothing when it is not such a list (an
+/// empty annotation: the pod left nothing out).
 pub fn dropped_entries(annotation: &str) -> Vec<DroppedEntry> {
     let listed: Vec<DroppedEntry> = serde_json::from_str(annotation).unwrap_or_default();
     listed
         .into_iter()
         .take(MAX_DROPPED_LISTED)
         .map(|DroppedEntry { entry, reason }| DroppedEntry {
-            entry: truncate(&entry, MAX_REASON_BYTES).to_owned(),
-            reason: truncate(&reason, MAX_REASON_BYTES).to_owned(),
+            entry: truncate(&entry, MAX_DROPPED_REASON_BYTES).to_owned(),
+            reason: truncate(&reason, MAX_DROPPED_REASON_BYTES).to_owned(),
         })
         .collect()
 }
@@ -102,10 +105,10 @@ mod tests {
     fn dropped_entries_are_read_within_bounds() {
         let long = "x".repeat(10 * MAX_REASON_BYTES);
         let many: Vec<DroppedEntry> =
-            (0..100).map(|i| DroppedEntry { entry: format!("key team/k{i}"), reason: long.clone() }).collect();
+            (0..300).map(|i| DroppedEntry { entry: format!("key team/k{i}"), reason: long.clone() }).collect();
         let read = dropped_entries(&serde_json::to_string(&many).unwrap());
         assert_eq!(read.len(), MAX_DROPPED_LISTED);
-        assert!(read.iter().all(|d| d.reason.len() == MAX_REASON_BYTES));
+        assert!(read.iter().all(|d| d.reason.len() == MAX_DROPPED_REASON_BYTES));
         assert_eq!(read[0].entry, "key team/k0");
         for garbage in ["", "{", "[1,2]", "{\"entry\":\"x\"}", "null"] {
             assert_eq!(dropped_entries(garbage), Vec::new(), "{garbage}");

@@ -22,6 +22,9 @@
 # one build repeats within about 100 instructions, at 8 runs differed by
 # up to 900 (how requests batch per wake-up varies), so compare builds at 1.
 #
+# GATEWAY=PATH counts another build (e.g. a copy of an earlier profiling
+# build, for an A/B in one session).
+#
 # Needs the profiling build (symbols) of the gateway and the bench tool:
 #   cargo build --profile profiling -p waycast-gateway
 #   cargo build --profile bench-tool -p waycast-bench
@@ -32,7 +35,8 @@ stream="${3:-no}"
 limits="${4:-off}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 target="${CARGO_TARGET_DIR:-$root/target}"
-gateway="$target/profiling/waycast-gateway"
+# GATEWAY: another build to count (an A/B against a copy of an earlier one).
+gateway="${GATEWAY:-$target/profiling/waycast-gateway}"
 bench="$target/bench-tool/waycast-bench"
 work="$(mktemp -d)"
 trap 'kill $(jobs -p) 2>/dev/null || true; [[ -n "${KEEP:-}" ]] || rm -rf "$work"' EXIT

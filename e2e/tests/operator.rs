@@ -690,10 +690,38 @@ async fn tenants_cannot_break_read_or_redirect_each_other() {
     wait_condition(&client, &rogue, "ApiKey", "dave", ("Programmed", "True", "Programmed")).await;
     let dave = generated_key(&client, &rogue, "dave").await;
     for url in &urls {
-        for (who, key, pod_prefix) in [("bob", &bob, "vllm-"), ("dave", &dave, "vllm-"), ("carol", &carol, "squatter-")] {
+        for (who, key, pod_prefix) in [("bob", &bob, "vllm-"), ("dave", &dave, "vllm-"), ("carol", &carol, "squatter-")]
+        {
             let pod = served_by(url, key, "llama3").await;
             assert!(pod.starts_with(pod_prefix), "{who}'s llama3 was served by {pod} on {url}");
         }
+    }
+
+    // Egress is closed by default: a url backend naming another
+    // namespace's Service by its address is not served (the operator sees
+    // the literal), and one naming a host that resolves into a closed range
+    // (loopback: the pod's own admin port) gets a 502 egress_denied from the
+    // pods, which check every address they connect to.
+    // (The home gateway's own Service: its vllm's address was opened above.)
+    let home_service = Api::<Service>::namespaced(client.clone(), &home).get("gateway").await.unwrap();
+    let home_service_ip = home_service.spec.unwrap().cluster_ip.unwrap();
+    let reach = |name: &str, url: String| {
+        object(json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ModelEndpoint", "metadata": {"name": name},
+            "spec": {"model": name, "parentRefs": [{"name": "gateway", "namespace": home}], "backends": [{"url": url}]}}))
+    };
+    let steal = reach("steal", format!("http://{home_service_ip}:80/v1"));
+    let loopback = reach("loopback", "http://localhost:9090".into());
+    manifest::apply_all(&client, &[steal, loopback], &team).await.unwrap();
+    wait_condition(&client, &team, "ModelEndpoint", "steal", ("Accepted", "False", "NotAllowedByGateway")).await;
+    wait_condition(&client, &team, "ModelEndpoint", "loopback", ("Programmed", "True", "Programmed")).await;
+    for url in &urls {
+        let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+        let request = fixture::post_request(url, Some(&carol), r#"{"model":"loopback","messages":[]}"#);
+        let response = http.request(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_GATEWAY, "{url}");
+        let body = http_body_util::BodyExt::collect(response.into_body()).await.unwrap().to_bytes();
+        let error: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(error["error"]["code"], "egress_denied", "{url}: {error}");
     }
 
     // A forged heartbeat — a Lease labelled for the Gateway, naming no live
@@ -748,7 +776,10 @@ async fn tenants_cannot_break_read_or_redirect_each_other() {
     let refused = gateways.get("gateway").await.unwrap().status.unwrap();
     let message = &refused.conditions.iter().find(|c| c.type_ == "Programmed").unwrap().message;
     assert!(message.contains("redis") && !message.contains("forged"), "{message}");
-    gateways.patch("gateway", &PatchParams::default(), &Patch::Merge(json!({"spec": {"rateLimit": null}}))).await.unwrap();
+    gateways
+        .patch("gateway", &PatchParams::default(), &Patch::Merge(json!({"spec": {"rateLimit": null}})))
+        .await
+        .unwrap();
     wait_condition(&client, &home, "Gateway", "gateway", ("Programmed", "True", "ConfigWritten")).await;
 
     // No takeover: a Gateway named like an existing ServiceAccount leaves it

@@ -154,7 +154,10 @@ fn operator_memory() -> Vec<(u64, u64)> {
         }
         let Ok(status) = std::fs::read_to_string(path.join("status")) else { continue };
         let field = |name: &str| {
-            status.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         };
         if let (Some(rss), Some(peak)) = (field("VmRSS:"), field("VmHWM:")) {
             found.push((rss, peak));

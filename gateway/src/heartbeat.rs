@@ -19,7 +19,7 @@ use crate::shared::Shared;
 use waycast_crds::gateway_pod::env;
 pub use waycast_crds::heartbeat::GATEWAY_LABEL;
 use waycast_crds::heartbeat::{
-    DROPPED_ENTRIES_ANNOTATION, DroppedEntry, MAX_DROPPED_LISTED, MAX_REASON_BYTES, REFUSED_HASH_ANNOTATION,
+    DROPPED_ENTRIES_ANNOTATION, DroppedEntry, MAX_DROPPED_LISTED, MAX_DROPPED_REASON_BYTES, REFUSED_HASH_ANNOTATION,
     REFUSED_REASON_ANNOTATION, truncate,
 };
 
@@ -66,23 +66,27 @@ fn dropped_annotation(dropped: &[crate::snapshot::Dropped]) -> Option<String> {
         .iter()
         .take(MAX_DROPPED_LISTED)
         .map(|d| DroppedEntry {
-            entry: truncate(&d.entry, MAX_REASON_BYTES).to_owned(),
-            reason: truncate(&d.reason, MAX_REASON_BYTES).to_owned(),
+            entry: truncate(&d.entry, MAX_DROPPED_REASON_BYTES).to_owned(),
+            reason: truncate(&d.reason, MAX_DROPPED_REASON_BYTES).to_owned(),
         })
         .collect();
     serde_json::to_string(&listed).ok()
 }
 
+/// The pod's heartbeat Lease. NB: every annotation the operator reads is
+/// written, empty when unused: a value someone else wrote into this pod's
+/// Lease is overwritten at the next renewal (this pod's apply owns them).
 fn lease(identity: &PodIdentity, hash: &str, refused: Option<&Refused>, dropped: Option<String>) -> Lease {
-    let mut annotations = std::collections::BTreeMap::new();
-    if let Some(refused) = refused {
-        annotations.insert(REFUSED_HASH_ANNOTATION.to_owned(), refused.hash.clone());
-        annotations.insert(REFUSED_REASON_ANNOTATION.to_owned(), refused.reason.clone());
-    }
-    if let Some(dropped) = dropped {
-        annotations.insert(DROPPED_ENTRIES_ANNOTATION.to_owned(), dropped);
-    }
-    let annotations = (!annotations.is_empty()).then_some(annotations);
+    let (refused_hash, refused_reason) =
+        refused.map_or((String::new(), String::new()), |r| (r.hash.clone(), r.reason.clone()));
+    let annotations = Some(
+        [
+            (REFUSED_HASH_ANNOTATION.to_owned(), refused_hash),
+            (REFUSED_REASON_ANNOTATION.to_owned(), refused_reason),
+            (DROPPED_ENTRIES_ANNOTATION.to_owned(), dropped.unwrap_or_default()),
+        ]
+        .into(),
+    );
     Lease {
         metadata: ObjectMeta {
             name: Some(identity.pod.clone()),

@@ -70,7 +70,7 @@ pub fn heartbeats(leases: &Store<Lease>, pods: &Store<PartialObjectMeta<Pod>>, g
 
 fn heartbeat(lease: &Lease) -> Heartbeat {
     let annotations = lease.annotations();
-    let refused = annotations.get(REFUSED_HASH_ANNOTATION).map(|hash| {
+    let refused = annotations.get(REFUSED_HASH_ANNOTATION).filter(|hash| !hash.is_empty()).map(|hash| {
         let reason = annotations.get(REFUSED_REASON_ANNOTATION).map_or("", |r| truncate(r, MAX_REASON_BYTES));
         (truncate(hash, 64).to_owned(), reason.to_owned())
     });

@@ -1,8 +1,11 @@
 //! The cluster's own networks, closed to `url` backends unless a Gateway
-//! opens them: its Service and Pod ranges (given with `--cluster-cidrs`, or
-//! found: the ServiceCIDR objects and each Node's `podCIDRs`, looked at
-//! again every [`REDISCOVER`]) and the API server's addresses (from the
-//! `default/kubernetes` EndpointSlices the stores already hold).
+//! opens them — on top of every private range, which compile always
+//! closes: its Service and Pod ranges and its Nodes' addresses (given with
+//! `--cluster-cidrs`, or found: the ServiceCIDR objects and each Node's
+//! `podCIDRs` and addresses, looked at again every [`REDISCOVER`]) and the
+//! API server's addresses (from the `default/kubernetes` EndpointSlices the
+//! stores already hold). Found ranges matter where the cluster uses public
+//! addresses; a list that fails keeps what was found before.
 //!
 //! ```text
 //! --cluster-cidrs ─┐
@@ -10,8 +13,8 @@
 //! Node podCIDRs ───┘        changed ─► every Gateway compiled again
 //! ```
 //!
-//! Nothing found (no RBAC for them, an older cluster): compile closes
-//! every private range instead (`egress::PRIVATE_RANGES`).
+//! Nothing found (no RBAC for them, an older cluster) closes no less:
+//! every private range is closed whatever is found (`egress::PRIVATE_RANGES`).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -61,7 +64,14 @@ impl ClusterNetworks {
     pub async fn keep_current(&self, client: kube::Client) {
         let Some(changed) = &self.changed else { return };
         loop {
-            let found = sorted(discover(&client).await);
+            let (found, complete) = discover(&client).await;
+            // NB: a list that failed keeps what was found before: the
+            // closed ranges never shrink because the API server hiccuped.
+            let found = if complete {
+                sorted(found)
+            } else {
+                sorted(found.into_iter().chain(self.ranges.load_full().iter().cloned()).collect())
+            };
             if *self.ranges.load_full() != found {
                 tracing::info!(ranges = ?found, "cluster networks closed to url backends");
                 self.ranges.store(Arc::new(found));
@@ -76,15 +86,20 @@ fn sorted(ranges: Vec<String>) -> Vec<String> {
     ranges.into_iter().collect::<BTreeSet<_>>().into_iter().collect()
 }
 
-/// The ServiceCIDRs' ranges and the Nodes' pod ranges; what cannot be read
-/// is logged and left out.
-async fn discover(client: &kube::Client) -> Vec<String> {
+/// The ServiceCIDRs' ranges, the Nodes' pod ranges and the Nodes'
+/// addresses (as host ranges); and whether every list succeeded (what
+/// cannot be read is logged and left out).
+async fn discover(client: &kube::Client) -> (Vec<String>, bool) {
     let mut ranges = Vec::new();
+    let mut complete = true;
     match Api::<ServiceCIDR>::all(client.clone()).list(&ListParams::default()).await {
         Ok(list) => {
             ranges.extend(list.items.into_iter().filter_map(|c| c.spec).flat_map(|s| s.cidrs.unwrap_or_default()))
         }
-        Err(error) => tracing::warn!(%error, "cannot list ServiceCIDRs; the Service range is not known"),
+        Err(error) => {
+            complete = false;
+            tracing::warn!(%error, "cannot list ServiceCIDRs; the Service range is not known");
+        }
     }
     let nodes = Api::<Node>::all(client.clone());
     let mut params = ListParams::default().limit(NODE_PAGE);
@@ -93,8 +108,12 @@ async fn discover(client: &kube::Client) -> Vec<String> {
             Ok(page) => {
                 let next = page.metadata.continue_.clone().filter(|token| !token.is_empty());
                 for node in page.items {
-                    let Some(spec) = node.spec else { continue };
-                    ranges.extend(spec.pod_cidr.into_iter().chain(spec.pod_cidrs.unwrap_or_default()));
+                    if let Some(spec) = node.spec {
+                        ranges.extend(spec.pod_cidr.into_iter().chain(spec.pod_cidrs.unwrap_or_default()));
+                    }
+                    // The kubelet, host-network pods and node ports.
+                    let addresses = node.status.and_then(|s| s.addresses).unwrap_or_default();
+                    ranges.extend(addresses.into_iter().filter_map(|a| host_range(&a.address)));
                 }
                 match next {
                     Some(token) => params = params.continue_token(&token),
@@ -102,13 +121,20 @@ async fn discover(client: &kube::Client) -> Vec<String> {
                 }
             }
             Err(error) => {
+                complete = false;
                 tracing::warn!(%error, "cannot list Nodes; the Pod ranges are not known");
                 break;
             }
         }
     }
     ranges.retain(|range| range.parse::<waycast_crds::egress::Cidr>().is_ok());
-    ranges
+    (ranges, complete)
+}
+
+/// `address` as a one-address range, when it is an IP address.
+fn host_range(address: &str) -> Option<String> {
+    let ip = address.parse::<std::net::IpAddr>().ok()?;
+    Some(if ip.is_ipv4() { format!("{ip}/32") } else { format!("{ip}/128") })
 }
 
 /// The API server's addresses, as host ranges: the endpoints of the
@@ -122,11 +148,7 @@ pub fn api_server(slices: &Store<EndpointSlice>) -> Vec<String> {
         if !is_api_server {
             continue;
         }
-        for address in slice.endpoints.iter().flat_map(|e| e.addresses.iter()) {
-            if let Ok(ip) = address.parse::<std::net::IpAddr>() {
-                addresses.insert(if ip.is_ipv4() { format!("{ip}/32") } else { format!("{ip}/128") });
-            }
-        }
+        addresses.extend(slice.endpoints.iter().flat_map(|e| e.addresses.iter()).filter_map(|a| host_range(a)));
     }
     addresses.into_iter().collect()
 }

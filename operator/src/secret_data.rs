@@ -21,7 +21,6 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 
 use crate::apply::bounded;
-use crate::error::Error;
 
 /// The most data a referenced Secret may hold (all its values): keys,
 /// credentials and PEM bundles are far smaller.
@@ -32,6 +31,18 @@ const CONCURRENT_READS: usize = 16;
 
 /// `(namespace, name)`.
 pub type SecretName = (String, String);
+
+/// How long a Secret's data is kept after the last reconcile that wanted
+/// it: every Gateway is compiled again within the resync (5 minutes), so
+/// what no served object references leaves the cache within this.
+const UNWANTED_FOR: std::time::Duration = std::time::Duration::from_secs(15 * 60);
+
+/// A Secret as last read, and when a reconcile last wanted it.
+#[derive(Debug, Clone)]
+struct Entry {
+    read: Read,
+    wanted_at: std::time::Instant,
+}
 
 /// A Secret as last read.
 #[derive(Debug, Clone)]
@@ -62,53 +73,59 @@ pub struct Fetched {
 /// The cache of referenced Secrets' data, shared by every reconcile.
 #[derive(Default)]
 pub struct SecretData {
-    read: tokio::sync::RwLock<HashMap<SecretName, Read>>,
+    read: tokio::sync::RwLock<HashMap<SecretName, Entry>>,
 }
 
 impl SecretData {
     /// The data of `wanted` (each with the resource version its metadata
-    /// shows), read again where the version moved; entries of Secrets that
-    /// are no longer there go, as `exists` says.
-    ///
-    /// # Errors
-    /// A read that failed for another reason than the Secret being gone.
+    /// shows), read again where the version moved. Entries of Secrets that
+    /// are no longer there (as `exists` says), or that no reconcile wanted
+    /// for [`UNWANTED_FOR`], go. A Secret that cannot be read counts as
+    /// missing: the object naming it is refused, the rest served.
     pub async fn fetch(
         &self,
         client: &kube::Client,
         wanted: Vec<(SecretName, String)>,
         exists: impl Fn(&SecretName) -> bool,
-    ) -> Result<Fetched, Error> {
+    ) -> Fetched {
         let stale: Vec<(SecretName, String)> = {
             let read = self.read.read().await;
             wanted
                 .iter()
-                .filter(|(name, version)| read.get(name).is_none_or(|r| r.version() != version))
+                .filter(|(name, version)| read.get(name).is_none_or(|e| e.read.version() != version))
                 .cloned()
                 .collect()
         };
-        let reads: Vec<Result<Option<(SecretName, Read)>, Error>> = futures_util::stream::iter(stale)
+        let reads: Vec<(SecretName, Option<Read>)> = futures_util::stream::iter(stale)
             .map(|((namespace, name), _)| read_one(client, namespace, name))
             .buffer_unordered(CONCURRENT_READS)
             .collect()
             .await;
+        let now = std::time::Instant::now();
         let mut cache = self.read.write().await;
-        for read in reads {
-            if let Some((name, read)) = read? {
-                cache.insert(name, read);
+        for (name, read) in reads {
+            match read {
+                Some(read) => {
+                    cache.insert(name, Entry { read, wanted_at: now });
+                }
+                None => {
+                    cache.remove(&name);
+                }
             }
         }
-        cache.retain(|name, _| exists(name));
+        cache.retain(|name, entry| exists(name) && now.saturating_duration_since(entry.wanted_at) < UNWANTED_FOR);
         let mut fetched = Fetched::default();
         for (name, _) in &wanted {
-            match cache.get(name) {
-                Some(Read::Data { secret, .. }) => fetched.secrets.push(secret.clone()),
-                Some(Read::TooLarge { .. }) => {
+            let Some(entry) = cache.get_mut(name) else { continue };
+            entry.wanted_at = now;
+            match &entry.read {
+                Read::Data { secret, .. } => fetched.secrets.push(secret.clone()),
+                Read::TooLarge { .. } => {
                     fetched.too_large.insert(name.clone());
                 }
-                None => {}
             }
         }
-        Ok(fetched)
+        fetched
     }
 
     /// Keeps a Secret the operator wrote (a generated key) without reading
@@ -116,19 +133,22 @@ impl SecretData {
     pub async fn remember(&self, secret: &Secret) {
         let (Some(namespace), Some(name)) = (&secret.metadata.namespace, &secret.metadata.name) else { return };
         if let Some(read) = kept(secret.clone()) {
-            self.read.write().await.insert((namespace.clone(), name.clone()), read);
+            let entry = Entry { read, wanted_at: std::time::Instant::now() };
+            self.read.write().await.insert((namespace.clone(), name.clone()), entry);
         }
-    }
-
-    /// Secrets whose data is held.
-    pub async fn held(&self) -> usize {
-        self.read.read().await.values().filter(|read| matches!(read, Read::Data { .. })).count()
     }
 }
 
-async fn read_one(client: &kube::Client, namespace: String, name: String) -> Result<Option<(SecretName, Read)>, Error> {
-    let secret = bounded(Api::<Secret>::namespaced(client.clone(), &namespace).get_opt(&name)).await?;
-    Ok(secret.and_then(kept).map(|read| ((namespace, name), read)))
+/// A Secret read: `None` when it is gone or could not be read (logged).
+async fn read_one(client: &kube::Client, namespace: String, name: String) -> (SecretName, Option<Read>) {
+    let read = match bounded(Api::<Secret>::namespaced(client.clone(), &namespace).get_opt(&name)).await {
+        Ok(secret) => secret.and_then(kept),
+        Err(error) => {
+            tracing::warn!(%error, secret = %format!("{namespace}/{name}"), "cannot read a referenced Secret");
+            None
+        }
+    };
+    ((namespace, name), read)
 }
 
 /// What is kept of `secret`: its data and what compile reads of its

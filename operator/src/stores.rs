@@ -170,7 +170,7 @@ pub(crate) fn heartbeat(lease: &Lease) -> u64 {
 }
 
 pub(crate) fn refused_hash(lease: &Lease) -> Option<&String> {
-    lease.annotations().get(waycast_crds::heartbeat::REFUSED_HASH_ANNOTATION)
+    lease.annotations().get(waycast_crds::heartbeat::REFUSED_HASH_ANNOTATION).filter(|hash| !hash.is_empty())
 }
 
 /// Called with each object whose relevant fields changed, and whether it
@@ -420,6 +420,12 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
     // churn the slice's other fields (topology, hints, target refs) change
     // too and would only cost memory.
     let slice_view = |slice: &mut EndpointSlice| {
+        // NB: only the EndpointSlice controller's slices are believed: one
+        // written by hand (or mirrored from hand-written Endpoints) may
+        // list any address, and the gateway would reach it unguarded.
+        if !render::endpoints::is_controller_managed(slice) {
+            slice.endpoints.clear();
+        }
         let service = slice.labels().get(render::endpoints::SERVICE_NAME_LABEL).cloned();
         let meta = &mut slice.metadata;
         (meta.annotations, meta.owner_references, meta.generate_name) = (None, None, None);
@@ -435,8 +441,20 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
     // Pods' heartbeats: a pod reporting another config moves its Gateway's status.
     let heartbeats = watcher::Config::default().labels(render::GATEWAY_LABEL);
     let gateway_feed = feeds.gateways.clone();
+    // Only the heartbeat's own annotations are kept, each bounded: anyone
+    // may write a Lease with the label in a namespace of their own.
+    let lease_view = |lease: &mut Lease| {
+        use waycast_crds::heartbeat::{DROPPED_ENTRIES_ANNOTATION, REFUSED_HASH_ANNOTATION, REFUSED_REASON_ANNOTATION};
+        const MAX_ANNOTATION_BYTES: usize = 64 * 1024;
+        if let Some(annotations) = lease.metadata.annotations.as_mut() {
+            annotations.retain(|key, value| {
+                [REFUSED_HASH_ANNOTATION, REFUSED_REASON_ANNOTATION, DROPPED_ENTRIES_ANNOTATION].contains(&key.as_str())
+                    && value.len() <= MAX_ANNOTATION_BYTES
+            });
+        }
+    };
     let (leases, _) = store_of(
-        all(client, heartbeats),
+        all(client, heartbeats).modify(lease_view),
         heartbeat,
         Box::new(move |lease: &Lease, _| {
             if let (Some(gateway), Some(namespace)) = (lease.labels().get(render::GATEWAY_LABEL), lease.namespace()) {
@@ -444,11 +462,21 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
             }
         }),
     );
-    // Gateway pods, metadata only: whose heartbeats are genuine.
+    // Gateway pods, metadata only: whose heartbeats are genuine. Only the
+    // labels that tell whose pod it is are kept: anyone may label a pod of
+    // their own like a gateway pod, with anything else on it.
     let pods = watcher::Config::default().labels("app.kubernetes.io/name=waycast-gateway");
     let gateway_feed = feeds.gateways.clone();
+    let pod_view = |pod: &mut PartialObjectMeta<Pod>| {
+        use waycast_crds::heartbeat::{POD_INSTANCE_LABEL, POD_NAME_LABEL};
+        let meta = &mut pod.metadata;
+        meta.annotations = None;
+        if let Some(labels) = meta.labels.as_mut() {
+            labels.retain(|key, _| key == POD_NAME_LABEL || key == POD_INSTANCE_LABEL);
+        }
+    };
     let (gateway_pods, _) = store_of(
-        all::<PartialObjectMeta<Pod>>(client, pods),
+        all::<PartialObjectMeta<Pod>>(client, pods).modify(pod_view),
         any_change,
         Box::new(move |pod: &PartialObjectMeta<Pod>, _| {
             let instance = pod.labels().get("app.kubernetes.io/instance");

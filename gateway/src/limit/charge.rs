@@ -32,7 +32,8 @@ pub struct Relayed {
     /// Body bytes relayed.
     pub bytes: u64,
     /// Server-sent events relayed, where counted (streams under a token
-    /// limit): each carries at least one token.
+    /// limit answered as `text/event-stream`): each carries at least one
+    /// token. `None`: the bytes relayed are the estimate.
     pub events: Option<u64>,
 }
 

@@ -92,7 +92,7 @@ pub async fn handle(
             let relay = RelayBody::new(
                 relayed.body,
                 exchange,
-                relayed.head.status.as_u16(),
+                &relayed.head,
                 relayed.idle_timeout,
                 relayed.usage_watch,
                 relayed.upstream_took,

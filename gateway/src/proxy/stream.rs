@@ -121,7 +121,7 @@ impl RelayBody {
     pub fn new(
         inner: UpstreamBody,
         exchange: Exchange,
-        status: u16,
+        head: &http::response::Parts,
         idle_timeout: Duration,
         usage: UsageWatch,
         upstream: Duration,
@@ -129,7 +129,11 @@ impl RelayBody {
     ) -> Self {
         // One clock read for both (each is a few dozen cycles, per request).
         let returned_at = Instant::now();
-        let events = (exchange.stream && exchange.charge.is_some()).then(EventCounter::default);
+        // Counted only for a stream under a token limit that is answered
+        // as one: what an early leaver is charged by.
+        let counted = exchange.stream && exchange.charge.is_some() && is_event_stream(&head.headers);
+        let events = counted.then(EventCounter::default);
+        let status = head.status.as_u16();
         Self {
             inner,
             idle_timeout,
@@ -293,6 +297,14 @@ impl RelayBody {
             }
         }
     }
+}
+
+/// Whether a response says it is a server-sent event stream.
+fn is_event_stream(headers: &http::HeaderMap) -> bool {
+    headers.get(http::header::CONTENT_TYPE).is_some_and(|value| {
+        let essence = value.as_bytes().split(|b| *b == b';').next().unwrap_or_default().trim_ascii();
+        essence.eq_ignore_ascii_case(b"text/event-stream")
+    })
 }
 
 /// Counts the server-sent events of a stream as its bytes go by: each

@@ -81,10 +81,11 @@ pub(super) fn visible_routes(routes: &[Route], namespace: &str) -> Option<Arc<[u
 /// A key entry for `key` (of namespace `namespace`) over `routes`;
 /// `namespace_of` numbers the namespaces its opt-ins name.
 ///
-/// A `models` entry `namespace/pattern` opts the key in to that
-/// namespace's models whose name or an alias matches `pattern`, and allows
-/// them; any other entry is a pattern over the names of the models of the
-/// key's own namespace and the platform's.
+/// A `models` entry is a pattern over the names of the models of the key's
+/// own namespace and the platform's; one of the form `namespace/pattern`,
+/// where a namespace of that name owns models, also opts the key in to
+/// that namespace's models whose name or an alias matches `pattern`, and
+/// allows them.
 pub(super) fn build_key(
     key: &KeyConfig,
     namespace: NamespaceId,
@@ -100,7 +101,9 @@ pub(super) fn build_key(
             .filter_map(|(owner, pattern)| Some((namespace_of(owner)?, pattern)))
             .filter(|(owner, _)| *owner != namespace && *owner != PLATFORM)
             .collect();
-        let home: Vec<&str> = patterns.iter().filter(|p| !p.contains('/')).map(String::as_str).collect();
+        // NB: a pattern with a `/` is also a pattern over the home models'
+        // names: model names may hold a `/` (`meta-llama/Llama-3.1-8B`).
+        let home: Vec<&str> = patterns.iter().map(String::as_str).collect();
         let names_match = |route: &Route, pattern: &str| route.names.iter().any(|name| glob_matches(pattern, name));
         let opted = bits_where(routes, |route| {
             opt_ins.iter().any(|(owner, pattern)| route.owner == *owner && names_match(route, pattern))

@@ -85,6 +85,18 @@ fn a_name_resolves_in_the_keys_own_namespace_then_the_platform_then_opt_ins() {
     assert!(carol.allows(3) && carol.allows(1), "an opt-in allows");
     assert!(!carol.allows(0), "a bare pattern allows only the home models it matches");
     assert_eq!(&*snapshot.route(2).name, "team-a/llama-70b", "team models are told apart in metrics");
+    // A model name with a `/` in an allow-list still allows that model.
+    let hugging = Snapshot::standalone(
+        &config(
+            vec![model("meta-llama/Llama-3.1-8B", &[], &[1])],
+            vec![key("team-a/hf", Some(&["meta-llama/Llama-3.1-8B"]))],
+        ),
+        "h".into(),
+    )
+    .unwrap();
+    let hf = key_of(&hugging, "team-a/hf");
+    assert_eq!(hugging.resolve(hf, "meta-llama/Llama-3.1-8B"), Some(0));
+    assert!(hf.allows(0));
     assert_eq!(&*snapshot.route(0).name, "llama-70b");
 }
 

@@ -126,16 +126,23 @@ thread_local! {
 }
 
 impl Pool {
-    /// Drops expired and closed connections and those of dropped clients,
-    /// at most every [`SWEEP_EVERY`]: an upstream or a config that went
-    /// away leaves no sockets behind for long.
+    /// On the request path, at most every [`SWEEP_EVERY`]: drops expired
+    /// connections and those of dropped clients, by age alone (no system
+    /// call per idle connection while a request waits).
     fn sweep(&mut self, now: Instant) {
         if now.saturating_duration_since(self.swept_at) < SWEEP_EVERY {
             return;
         }
-        self.sweep_now(now);
+        self.swept_at = now;
+        self.entries.retain(|_, entry| {
+            entry.idle.retain(|idle| now.saturating_duration_since(idle.since) < POOL_IDLE_TIMEOUT);
+            entry.client.strong_count() > 0 && !entry.idle.is_empty()
+        });
     }
 
+    /// Off the request path: drops expired, closed and unfit connections
+    /// and those of dropped clients, so that an upstream or a config that
+    /// went away leaves no sockets behind for long.
     fn sweep_now(&mut self, now: Instant) {
         self.swept_at = now;
         self.entries.retain(|_, entry| {

@@ -142,6 +142,11 @@ pub(super) async fn read_head(io: &mut Io) -> Result<Result<Head, HeadError>, st
     // Bytes of the heads skipped so far.
     let mut skipped = 0;
     let mut informational = 0;
+    // Bytes at the start of the buffer known to hold no head's end: a head
+    // read in pieces is parsed again only once a piece could end it, so an
+    // upstream dribbling a 64 KiB head costs a linear scan, not a parse
+    // per byte.
+    let mut searched: usize = 0;
     loop {
         if buf.capacity() - buf.len() < 1024 {
             buf.reserve(4096);
@@ -157,11 +162,19 @@ pub(super) async fn read_head(io: &mut Io) -> Result<Result<Head, HeadError>, st
         // bytes are slices of it, not copies.
         let mut read_so_far = std::mem::take(&mut buf).freeze();
         loop {
+            if searched > 0 && !may_end_a_head(&read_so_far[searched.saturating_sub(3)..]) {
+                searched = read_so_far.len();
+                break;
+            }
             let (parts, length) = match parse_head(&read_so_far) {
                 Err(error) => return Ok(Err(error)),
-                Ok(None) => break,
+                Ok(None) => {
+                    searched = read_so_far.len();
+                    break;
+                }
                 Ok(Some(parsed)) => parsed,
             };
+            searched = 0;
             skipped += length;
             if skipped > MAX_HEAD_BYTES {
                 return Ok(Err(HeadError::Invalid("response heads longer than 64 KiB")));
@@ -182,6 +195,16 @@ pub(super) async fn read_head(io: &mut Io) -> Result<Result<Head, HeadError>, st
         // nothing else holds now.
         buf = read_so_far.try_into_mut().unwrap_or_else(|shared| BytesMut::from(&shared[..]));
     }
+}
+
+/// Whether `bytes` hold a blank line's end (`\n\n` or `\n\r\n`): where a
+/// head can end.
+fn may_end_a_head(bytes: &[u8]) -> bool {
+    memchr::memchr_iter(b'\n', bytes).any(|at| match bytes.get(at + 1) {
+        Some(b'\n') => true,
+        Some(b'\r') => bytes.get(at + 2) == Some(&b'\n'),
+        _ => false,
+    })
 }
 
 /// The response head at the start of `buf` and its length; `None` while
@@ -239,6 +262,16 @@ mod tests {
             format!("POST / HTTP/1.1\r\ncontent-length: {}\r\n\r\n", BODY_WITH_HEAD + 1).as_bytes()
         );
         assert_eq!(request.body_after_head().map(Bytes::len), Some(BODY_WITH_HEAD + 1));
+    }
+
+    #[test]
+    fn a_heads_end_is_found_where_it_may_be() {
+        assert!(may_end_a_head(b"HTTP/1.1 200 OK\r\nx: y\r\n\r\n"));
+        assert!(may_end_a_head(b"\n\n"));
+        assert!(may_end_a_head(b"a\n\r\nb"));
+        assert!(!may_end_a_head(b"HTTP/1.1 200 OK\r\nx: y\r\n"));
+        assert!(!may_end_a_head(b"\r\n\r"));
+        assert!(!may_end_a_head(b""));
     }
 
     /// The gateway adds its own headers to every response: the parsed map has

@@ -68,12 +68,17 @@ pub fn key_secrets(inputs: &Inputs<'_>) -> impl Iterator<Item = (String, String)
 
 /// Compiles every selected ApiKey (in namespace/name order).
 pub fn compile(inputs: &Inputs<'_>, now: jiff::Timestamp) -> (Vec<KeyConfig>, BTreeMap<ObjectKey, KeyVerdict>) {
-    let selected = selected(inputs);
-    let mut entries = Vec::new();
+    // NB: decided oldest first, so that two ApiKeys with one key text keep
+    // the older one served (a name sorting first takes nothing over); the
+    // config lists the keys in namespace/name order all the same.
+    let mut selected: Vec<(usize, &ApiKey)> = selected(inputs).into_iter().enumerate().collect();
+    let created = |key: &ApiKey| key.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    selected.sort_by(|(a_order, a), (b_order, b)| created(a).cmp(&created(b)).then(a_order.cmp(b_order)));
+    let mut entries: Vec<(usize, KeyConfig)> = Vec::new();
     let mut verdicts = BTreeMap::new();
     let mut hashes: BTreeMap<String, ObjectKey> = BTreeMap::new();
     let secrets = index::<Secret>(inputs.secrets);
-    for api_key in selected {
+    for (order, api_key) in selected {
         let id = ObjectKey::of(&api_key.metadata);
         let (secret_name, data_key) = key_source(api_key);
         let secret = secrets.get(&(id.namespace.as_str(), secret_name.as_str()));
@@ -147,7 +152,7 @@ pub fn compile(inputs: &Inputs<'_>, now: jiff::Timestamp) -> (Vec<KeyConfig>, BT
                     match entry.validate() {
                         Ok(()) => {
                             hashes.insert(entry.sha256.clone(), id.clone());
-                            entries.push(entry);
+                            entries.push((order, entry));
                             Verdict::accepted(reasons::KEY_READY, "the key is served")
                         }
                         Err(problems) => {
@@ -161,5 +166,6 @@ pub fn compile(inputs: &Inputs<'_>, now: jiff::Timestamp) -> (Vec<KeyConfig>, BT
         };
         verdicts.insert(id, KeyVerdict { verdict, key_prefix });
     }
-    (entries, verdicts)
+    entries.sort_by_key(|(order, _)| *order);
+    (entries.into_iter().map(|(_, entry)| entry).collect(), verdicts)
 }

@@ -16,6 +16,7 @@
 //! wherever order reaches the output: the same inputs give byte-identical
 //! config. Plaintext keys are hashed here and go no further.
 
+pub mod fit;
 pub mod keys;
 pub mod models;
 pub mod select;
@@ -156,9 +157,11 @@ pub fn gateway(inputs: &Inputs<'_>, now: jiff::Timestamp) -> Compiled {
 }
 
 /// Where `url` backends may connect: the Gateway's `deniedCIDRs`; closed
-/// unless it opens them (`allowedCIDRs`, `allowedHosts`): loopback, the
-/// cluster's Service and Pod ranges (every private range when they are not
-/// known) and the API server.
+/// unless it opens them (`allowedCIDRs`, `allowedHosts`): loopback, every
+/// private range, and the cluster's own ranges, Nodes and API server
+/// (which matter where they are public addresses). Every private range is
+/// closed whatever the operator found: a cluster network it could not see
+/// (pods without `podCIDRs`, a Service range it may not list) stays closed.
 ///
 /// # Errors
 /// A range of the Gateway's that does not parse (the schema checks them
@@ -183,15 +186,11 @@ pub(crate) fn egress_settings(inputs: &Inputs<'_>, settings: &mut Settings) -> R
     settings.denied_cidrs = parsed("deniedCIDRs", egress.map(|e| e.denied_cidrs.as_slice()).unwrap_or_default());
     settings.allowed_cidrs = parsed("allowedCIDRs", egress.map(|e| e.allowed_cidrs.as_slice()).unwrap_or_default());
     settings.allowed_hosts = egress.map(|e| e.allowed_hosts.clone()).unwrap_or_default();
-    let cluster: Vec<String> = if inputs.cluster_ranges.is_empty() {
-        PRIVATE_RANGES.iter().map(|r| (*r).to_owned()).collect()
-    } else {
-        inputs.cluster_ranges.to_vec()
-    };
     let closed: std::collections::BTreeSet<String> = ALWAYS_CLOSED
         .iter()
+        .chain(PRIVATE_RANGES)
         .map(|r| (*r).to_owned())
-        .chain(cluster)
+        .chain(inputs.cluster_ranges.iter().cloned())
         .chain(inputs.api_server.iter().cloned())
         .filter(|range| range.parse::<Cidr>().is_ok())
         .collect();

@@ -241,6 +241,30 @@ fn resolve_backend(
                 })?;
                 return finish_backend(index, backend, url, None, namespace, inputs);
             }
+            // NB: a Service without a selector has endpoints written by hand
+            // (any address): it is held to the Gateway's egress rules, like
+            // a `url` to its ClusterIP, and never served through endpoints.
+            let selects_pods = spec.and_then(|s| s.selector.as_ref()).is_some_and(|selector| !selector.is_empty());
+            if !selects_pods {
+                let cluster_ip =
+                    spec.and_then(|s| s.cluster_ip.as_deref()).filter(|ip| !ip.is_empty() && *ip != "None");
+                let ip = cluster_ip.map(|ip| if ip.contains(':') { format!("[{ip}]") } else { ip.to_owned() });
+                let host = ip.unwrap_or_else(|| format!("{}.{namespace}.svc", service.name));
+                let scheme = if backend.tls.is_some() { "https" } else { "http" };
+                let base_path = service.base_path.as_deref().unwrap_or(DEFAULT_BASE_PATH);
+                let url = format!("{scheme}://{host}:{}{base_path}", service.port);
+                egress_check(&url, inputs).map_err(|why| {
+                    Verdict::refused(
+                        reasons::NOT_ALLOWED_BY_GATEWAY,
+                        format!(
+                            "spec.backends[{index}]: Service {namespace}/{} selects no pods, so its endpoints are \
+                             anyone's choice: held to the Gateway's egress rules: {why}",
+                            service.name
+                        ),
+                    )
+                })?;
+                return finish_backend(index, backend, url, None, namespace, inputs);
+            }
             // A headless Service (clusterIP None) is served through its
             // endpoints; its DNS name is only the fallback and the Host.
             let cluster_ip = spec.and_then(|s| s.cluster_ip.as_deref()).filter(|ip| !ip.is_empty() && *ip != "None");

@@ -53,6 +53,7 @@ fn service(namespace: &str, name: &str, ip: &str, port: i32) -> Service {
         spec: Some(ServiceSpec {
             cluster_ip: Some(ip.into()),
             ports: Some(vec![ServicePort { port, ..ServicePort::default() }]),
+            selector: Some([("app".to_owned(), name.to_owned())].into()),
             ..ServiceSpec::default()
         }),
         ..Service::default()
@@ -685,9 +686,12 @@ fn loopback_the_cluster_and_the_api_server_are_closed_to_url_backends_by_default
     for range in ["127.0.0.0/8", "::1/128", "10.96.0.0/12", "10.244.0.0/16", "192.168.49.2/32"] {
         assert!(closed.iter().any(|c| c == range), "{range} not closed: {closed:?}");
     }
-    // Not known: every private range is closed instead.
+    // Not known, or known in part: every private range is closed still.
     let unknown = catalog_world(&world, &[], &[]);
     assert!(unknown.config.settings.closed_cidrs.iter().any(|c| c == "10.0.0.0/8"));
+    assert_eq!(unknown.models[&key("demo", "pod-ip")].reason, reasons::NOT_ALLOWED_BY_GATEWAY);
+    let public = catalog_world(&world, &["198.18.0.0/15"], &[]);
+    assert!(public.config.settings.closed_cidrs.iter().any(|c| c == "198.18.0.0/15"), "a public cluster range");
     // Opened by the Gateway.
     world.gateway.spec.egress = Some(waycast_crds::gateway::GatewayEgress {
         allowed_cidrs: vec!["10.244.0.0/16".into()],
@@ -696,7 +700,33 @@ fn loopback_the_cluster_and_the_api_server_are_closed_to_url_backends_by_default
     let opened = catalog_world(&world, &["10.96.0.0/12", "10.244.0.0/16"], &["192.168.49.2/32"]);
     assert!(opened.models[&key("demo", "pod-ip")].accepted);
     assert!(!opened.models[&key("demo", "service-ip")].accepted);
+    assert!(!opened.models[&key("demo", "loopback")].accepted);
     assert_eq!(opened.config.settings.allowed_cidrs, ["10.244.0.0/16"]);
+}
+
+/// A Service without a selector has endpoints written by hand (any
+/// address): it is held to the egress rules like a `url` to its ClusterIP,
+/// so in the closed cluster range it is not served.
+#[test]
+fn a_service_without_a_selector_is_held_to_the_egress_rules() {
+    let mut world = World::quickstart();
+    let mut manual = service("demo", "manual", "10.96.0.99", 8000);
+    if let Some(spec) = manual.spec.as_mut() {
+        spec.selector = None;
+    }
+    world.services.push(manual);
+    world.models.push(model_endpoint("demo", "manual", 10, "manual", vec![service_backend("manual", 8000)]));
+    let compiled = world.compile();
+    let verdict = &compiled.models[&key("demo", "manual")];
+    assert_eq!(verdict.reason, reasons::NOT_ALLOWED_BY_GATEWAY);
+    assert!(verdict.message.contains("selects no pods"), "{}", verdict.message);
+    world.gateway.spec.egress = Some(waycast_crds::gateway::GatewayEgress {
+        allowed_cidrs: vec!["10.96.0.99/32".into()],
+        ..Default::default()
+    });
+    let compiled = world.compile();
+    let backend = &compiled.config.models.iter().find(|m| m.name == "manual").unwrap().backends[0];
+    assert_eq!((backend.url.as_str(), backend.endpoints.as_deref()), ("http://10.96.0.99:8000/v1", None));
 }
 
 /// An ExternalName Service names a host the team chose: it is held to the

@@ -60,6 +60,7 @@ pub(crate) async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Contex
     let mut catalog = Catalog::from_stores(&context.stores, &context.networks);
     fetch_secrets(&mut catalog, &context, &gateway).await?;
     let mut compiled = catalog.compile(&gateway, jiff::Timestamp::now());
+    let left_out = fit_in_secret(&catalog, &gateway, &mut compiled);
     let compiled_at = started.elapsed();
 
     let desired = render::desired(&gateway, &compiled.config, &context.settings)?;
@@ -90,6 +91,7 @@ pub(crate) async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Contex
         config_bytes: desired.config_bytes,
         config_json_bytes: desired.config_json_bytes,
         config_fits: desired.config_fits(),
+        left_out,
         models: compiled.config.models.len(),
         keys: compiled.config.keys.len(),
         refusing: &refusing,
@@ -119,6 +121,32 @@ pub(crate) async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Contex
     Ok(Action::requeue(until_next_expiry(&compiled.config, now)))
 }
 
+/// The most referenced Secrets without the label looked up per reconcile
+/// (to tell "not labelled" from "missing" in a status).
+const MAX_METADATA_LOOKUPS: usize = 64;
+
+/// Leaves out the newest objects while the config outgrows its Secret
+/// (`compile::fit`): how many.
+fn fit_in_secret(catalog: &Catalog, gateway: &Gateway, compiled: &mut compile::Compiled) -> usize {
+    use std::collections::HashMap;
+    let seconds = |meta: &kube::api::ObjectMeta| meta.creation_timestamp.as_ref().map(|t| t.0.as_second());
+    let models: HashMap<(&str, &str), Option<i64>> =
+        catalog.models.iter().map(|m| (ObjectKey::sort_key(&m.metadata), seconds(&m.metadata))).collect();
+    let keys: HashMap<(&str, &str), Option<i64>> =
+        catalog.keys.iter().map(|k| (ObjectKey::sort_key(&k.metadata), seconds(&k.metadata))).collect();
+    let created = |kind, id: &ObjectKey| {
+        let table = if kind == compile::fit::Kind::Model { &models } else { &keys };
+        table.get(&(id.namespace.as_str(), id.name.as_str())).copied().flatten()
+    };
+    let namespace = gateway.namespace().unwrap_or_default();
+    let left_out =
+        compile::fit::fit(compiled, &namespace, created, |config| render::config_secret::fits(gateway, config));
+    if left_out > 0 {
+        tracing::warn!(gateway = %ObjectKey::of(&gateway.metadata), left_out, "the config outgrew its Secret; the newest objects are left out");
+    }
+    left_out
+}
+
 /// Adds the Secrets compile needs: the Gateway's Redis Secrets (the
 /// platform team's own), and the Secrets its served objects reference —
 /// with their data when they carry the label that lets the operator read
@@ -128,7 +156,7 @@ pub(crate) async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Contex
 /// missing: it never holds up the rest of the Gateway.
 ///
 /// # Errors
-/// A failed read of a Redis Secret or of a labelled Secret's data.
+/// A failed read of a Redis Secret (the platform team's own).
 async fn fetch_secrets(catalog: &mut Catalog, context: &Context, gateway: &Gateway) -> Result<(), Error> {
     use k8s_openapi::api::core::v1::Secret;
     let (client, stores) = (&context.client, &context.stores);
@@ -142,21 +170,36 @@ async fn fetch_secrets(catalog: &mut Catalog, context: &Context, gateway: &Gatew
         stores.key_secrets.get(&reference).or_else(|| stores.credentials.get(&reference))
     };
     let mut wanted = Vec::new();
+    let mut unlabelled = Vec::new();
     for (namespace, name) in catalog.with_inputs(gateway, compile::referenced_secrets) {
-        if let Some(meta) = labelled(&namespace, &name) {
-            let version = meta.metadata.resource_version.clone().unwrap_or_default();
-            wanted.push(((namespace, name), version));
-            continue;
-        }
-        let api = Api::<Secret>::namespaced(client.clone(), &namespace);
-        match bounded(api.get_metadata_opt(&name)).await {
-            Ok(Some(meta)) => catalog.secrets.push(Arc::new(Secret { metadata: meta.metadata, ..Default::default() })),
-            Ok(None) => {}
-            Err(error) => tracing::debug!(%error, secret = %format!("{namespace}/{name}"), "Secret look-up failed"),
+        match labelled(&namespace, &name) {
+            Some(meta) => {
+                let version = meta.metadata.resource_version.clone().unwrap_or_default();
+                wanted.push(((namespace, name), version));
+            }
+            None => unlabelled.push((namespace, name)),
         }
     }
+    // NB: bounded: a team naming thousands of Secrets that do not exist
+    // must not make every reconcile of the Gateway slow; past the bound
+    // they are reported as missing.
+    let looked_up: Vec<Option<Secret>> = futures_util::stream::iter(unlabelled.into_iter().take(MAX_METADATA_LOOKUPS))
+        .map(|(namespace, name)| async move {
+            let api = Api::<Secret>::namespaced(client.clone(), &namespace);
+            match bounded(api.get_metadata_opt(&name)).await {
+                Ok(meta) => meta.map(|meta| Secret { metadata: meta.metadata, ..Default::default() }),
+                Err(error) => {
+                    tracing::debug!(%error, secret = %format!("{namespace}/{name}"), "Secret look-up failed");
+                    None
+                }
+            }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    catalog.secrets.extend(looked_up.into_iter().flatten().map(Arc::new));
     let fetched =
-        context.secret_data.fetch(client, wanted, |(namespace, name)| labelled(namespace, name).is_some()).await?;
+        context.secret_data.fetch(client, wanted, |(namespace, name)| labelled(namespace, name).is_some()).await;
     catalog.secrets.extend(fetched.secrets);
     catalog.too_large = fetched.too_large;
     Ok(())

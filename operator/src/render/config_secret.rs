@@ -38,6 +38,15 @@ pub fn config_secret(gateway: &Gateway, config: &GatewayConfig) -> std::io::Resu
     Ok((secret, hash, json.len()))
 }
 
+/// Whether `config` fits in its Secret gzipped and, uncompressed, within
+/// what a gateway reads.
+pub fn fits(gateway: &Gateway, config: &GatewayConfig) -> bool {
+    config_secret(gateway, config).is_ok_and(|(secret, _, json_bytes)| {
+        let gzipped = secret.data.as_ref().and_then(|d| d.values().next()).map_or(0, |b| b.0.len());
+        gzipped <= MAX_CONFIG_BYTES && json_bytes as u64 <= waycast_crds::config::MAX_CONFIG_JSON_BYTES
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use std::io::Read as _;

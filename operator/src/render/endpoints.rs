@@ -24,6 +24,19 @@ use super::owned_meta;
 /// The label an EndpointSlice carries with its Service's name.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
+/// The label saying which controller manages an EndpointSlice, and the
+/// value of Kubernetes' own EndpointSlice controller (which lists the pods
+/// a Service selects).
+pub const MANAGED_BY_LABEL: (&str, &str) =
+    ("endpointslice.kubernetes.io/managed-by", "endpointslice-controller.k8s.io");
+
+/// Whether `slice` was written by Kubernetes' EndpointSlice controller
+/// (not by hand, nor mirrored from hand-written Endpoints).
+pub fn is_controller_managed(slice: &EndpointSlice) -> bool {
+    slice.metadata.labels.as_ref().and_then(|l| l.get(MANAGED_BY_LABEL.0)).map(String::as_str)
+        == Some(MANAGED_BY_LABEL.1)
+}
+
 /// `<gateway>-endpoints`.
 pub fn config_map_name(gateway: &Gateway) -> String {
     format!("{}-endpoints", gateway.name_any())

@@ -67,6 +67,8 @@ pub struct GatewayFacts<'a> {
     pub config_json_bytes: usize,
     /// Whether it fit in a Secret (and so was written).
     pub config_fits: bool,
+    /// Objects left out so that it fits (`ConfigTooLarge` on each).
+    pub left_out: usize,
     /// Models and keys in the compiled config.
     pub models: usize,
     /// Keys in the compiled config.
@@ -137,7 +139,13 @@ pub fn gateway_status(gateway: &Gateway, facts: &GatewayFacts<'_>, now: jiff::Ti
             types::PROGRAMMED,
             true,
             reasons::CONFIG_WRITTEN,
-            format!("config {} written", abbreviated(hash)),
+            match facts.left_out {
+                0 => format!("config {} written", abbreviated(hash)),
+                left_out => format!(
+                    "config {} written without the {left_out} newest object(s): with them it would outgrow its Secret (each says ConfigTooLarge)",
+                    abbreviated(hash)
+                ),
+            },
             generation,
             now,
         )

@@ -30,6 +30,7 @@ fn gateway_status_table() {
         hash: "0123456789abcdef",
         config_bytes: 1_000,
         config_json_bytes: 4_000,
+        left_out: 0,
         config_fits: true,
         models: 2,
         keys: 3,
