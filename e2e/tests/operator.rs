@@ -729,18 +729,34 @@ async fn tenants_cannot_break_read_or_redirect_each_other() {
     // pods' count of their fleet (each shares the rate limits by it).
     let written = secrets.get("gateway-config").await.unwrap();
     let hash = written.metadata.annotations.unwrap()["waycast.dev/config-hash"].clone();
-    let renewed = jiff::Timestamp::now().to_string();
+    // A MicroTime: the API server parses exactly six fractional digits.
+    let renewed = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string();
     let forged = object(json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
         "metadata": {"name": "forged-pod", "labels": {"waycast.dev/gateway": "gateway"},
             "annotations": {"waycast.dev/refused-config-hash": hash, "waycast.dev/refused-config-reason": "forged"}},
         "spec": {"holderIdentity": "0123456789abcdef", "renewTime": renewed, "leaseDurationSeconds": 3600}}));
-    manifest::apply_all(&client, &[forged], &home).await.unwrap();
-    // Positive signals first: each pod logged that it did not count the
-    // Lease, and a change made after it was programmed.
+    // A second one is a live pod's own, but of a pod outside the Gateway
+    // (the mock upstream's): named after it, with it as owner.
+    let pods = Api::<Pod>::namespaced(client.clone(), &home).list(&ListParams::default()).await.unwrap();
+    let stranger = pods
+        .items
+        .iter()
+        .find(|pod| !pod.metadata.name.as_deref().unwrap_or_default().starts_with("gateway-"))
+        .expect("the quickstart's upstream pod");
+    let (stranger_name, stranger_uid) =
+        (stranger.metadata.name.clone().unwrap(), stranger.metadata.uid.clone().unwrap());
+    let owned = object(json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": stranger_name, "labels": {"waycast.dev/gateway": "gateway"},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": stranger_name, "uid": stranger_uid}],
+            "annotations": {"waycast.dev/config-hash": hash}},
+        "spec": {"holderIdentity": "0123456789abcdef", "renewTime": renewed, "leaseDurationSeconds": 3600}}));
+    manifest::apply_all(&client, &[forged, owned], &home).await.unwrap();
+    // Positive signals first: each pod logged that it did not count either
+    // Lease, and a change made after them was programmed.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let logs = waycast_e2e::workloads::pod_logs(&client, &home, "app.kubernetes.io/instance=gateway", 200).await;
-        if logs.matches("no live pod's own is not counted").count() >= 2 {
+        if logs.matches("no live pod's own is not counted").count() >= 4 {
             break;
         }
         assert!(Instant::now() < deadline, "the gateway pods never looked at the forged Lease:\n{logs}");
@@ -757,10 +773,10 @@ async fn tenants_cannot_break_read_or_redirect_each_other() {
         let pods = waycast_e2e::workloads::metric_sample(&admin, "waycast_gateway_rate_limit_pods").await;
         assert_eq!(pods, Some(2.0), "{admin}: the forged Lease changed the fleet count");
     }
-    Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client.clone(), &home)
-        .delete("forged-pod", &DeleteParams::default())
-        .await
-        .unwrap();
+    let leases = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client.clone(), &home);
+    for name in ["forged-pod", stranger_name.as_str()] {
+        leases.delete(name, &DeleteParams::default()).await.unwrap();
+    }
 
     // A pod that really refuses the written config says so in its own
     // heartbeat, and the Gateway stops claiming "written": here the

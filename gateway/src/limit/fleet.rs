@@ -76,7 +76,7 @@ pub async fn watch(client: Client, identity: PodIdentity, shared: std::sync::Arc
             .iter()
             .filter(|lease| lease.metadata.name.as_deref() != Some(&identity.pod))
             .filter(|lease| is_live(lease, now))
-            .filter_map(|lease| owner_pod(lease))
+            .filter_map(|lease| claimed_pod(lease))
             .collect();
         checked.forget_all_but(&candidates);
         let mut siblings = 0_u32;
@@ -91,12 +91,14 @@ pub async fn watch(client: Client, identity: PodIdentity, shared: std::sync::Arc
     }
 }
 
-/// The pod a heartbeat Lease says it is: its name, when an owner Pod of the
-/// same name is named, and that owner's UID.
-fn owner_pod(lease: &Lease) -> Option<(String, String)> {
+/// The pod a heartbeat Lease says it is: its name, and the UID of the
+/// owner Pod of the same name it names (empty when it names none: such a
+/// Lease is never genuine, and is reported once like any other).
+fn claimed_pod(lease: &Lease) -> Option<(String, String)> {
     let name = lease.metadata.name.as_deref()?;
-    let owner = lease.metadata.owner_references.as_ref()?.iter().find(|o| o.kind == "Pod" && o.name == name)?;
-    Some((name.to_owned(), owner.uid.clone()))
+    let owners = lease.metadata.owner_references.as_deref().unwrap_or_default();
+    let uid = owners.iter().find(|o| o.kind == "Pod" && o.name == name).map(|o| o.uid.clone());
+    Some((name.to_owned(), uid.unwrap_or_default()))
 }
 
 /// What was found of each sibling's pod: genuine or not, by pod name and
@@ -120,7 +122,22 @@ impl Checked {
             Some((genuine, Some(asked))) if asked.elapsed() < RECHECK_UNKNOWN => return *genuine,
             _ => {}
         }
-        let found = match pods.get_metadata_opt(pod).await {
+        let found = if uid.is_empty() { (false, None) } else { self.ask(pods, pod, uid, identity).await };
+        if !found.0 {
+            tracing::warn!(lease = pod, "a heartbeat Lease that is no live pod's own is not counted");
+        }
+        self.0.insert(key, found);
+        found.0
+    }
+
+    async fn ask(
+        &self,
+        pods: &Api<Pod>,
+        pod: &str,
+        uid: &str,
+        identity: &PodIdentity,
+    ) -> (bool, Option<std::time::Instant>) {
+        match pods.get_metadata_opt(pod).await {
             Ok(Some(meta)) => (
                 waycast_crds::heartbeat::is_gateway_pod(&meta.metadata, uid, &identity.namespace, &identity.gateway),
                 None,
@@ -130,12 +147,7 @@ impl Checked {
                 tracing::warn!(%error, pod, "cannot read a sibling pod to check its heartbeat; counting it meanwhile");
                 (true, Some(std::time::Instant::now()))
             }
-        };
-        if !found.0 {
-            tracing::warn!(lease = pod, "a heartbeat Lease that is no live pod's own is not counted");
         }
-        self.0.insert(key, found);
-        found.0
     }
 }
 
