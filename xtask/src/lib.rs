@@ -1,8 +1,10 @@
 //! The project's developer tooling, shared by the `xtask` binary and the
 //! e2e harness: the OCI image packer (`image`), the metrics reference
 //! (`docs`) and the many-object fleet the operator's scale benchmarks use
-//! (`scale`). Nothing here ships.
+//! (`scale`), and the check of each crate's shape (`structure`). Nothing
+//! here ships.
 
 pub mod docs;
 pub mod image;
 pub mod scale;
+pub mod structure;

@@ -6,6 +6,8 @@
 //! xtask metrics-doc METRICS_MD     # docs/metrics.md from both binaries' registries (make generate)
 //! xtask image BINARY NAME OUT.tar  # an OCI image archive without Docker           (make images)
 //! xtask compile-figures [KEYS] [MODELS] [RUNS]  # the operator's compile at scale, in memory
+//! xtask structure ROOT.rs...      # no import cycle between a crate's files, none over 500 lines (make lint)
+//! xtask structure --edges ROOT.rs # every dependency between a crate's files
 //! ```
 //!
 //! Tests fail when a generated file is stale. Bad arguments exit 64.
@@ -16,7 +18,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use waycast_xtask::image::{ImageSpec, NONROOT, pack, shared_libraries};
 
-const USAGE: &str = "usage: xtask crds DIR API_MD | metrics-doc METRICS_MD | image BINARY NAME OUT.tar | compile-figures [KEYS] [MODELS] [RUNS]";
+const USAGE: &str = "usage: xtask crds DIR API_MD | metrics-doc METRICS_MD | image BINARY NAME OUT.tar | compile-figures [KEYS] [MODELS] [RUNS] | structure ROOT.rs...";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -35,6 +37,8 @@ fn main() -> ExitCode {
             let pick = |index: usize, default: usize| parsed.get(index).copied().unwrap_or(default);
             compile_figures(pick(0, 10_000), pick(1, 500), pick(2, 5).max(1))
         }
+        ["structure", "--edges", root] => structure_edges(root),
+        ["structure", roots @ ..] if !roots.is_empty() => structure(roots),
         _ => {
             eprintln!("{USAGE}");
             return ExitCode::from(64);
@@ -56,6 +60,32 @@ fn crds(dir: &Path, api_doc: &Path) -> anyhow::Result<()> {
     }
     let reference = waycast_crds::docs::api_reference(&waycast_crds::crds());
     std::fs::write(api_doc, reference).with_context(|| format!("writing {}", api_doc.display()))
+}
+
+fn structure(roots: &[&str]) -> anyhow::Result<()> {
+    let mut failed = false;
+    for root in roots {
+        let problems = waycast_xtask::structure::problems(Path::new(root))?;
+        for problem in &problems {
+            eprintln!("{root}: {problem}");
+        }
+        failed |= !problems.is_empty();
+    }
+    anyhow::ensure!(!failed, "the source's shape needs fixing (see above)");
+    Ok(())
+}
+
+/// Every dependency between the crate's files, for finding a way out of a
+/// cycle.
+fn structure_edges(root: &str) -> anyhow::Result<()> {
+    let graph = waycast_xtask::structure::ModuleGraph::read(Path::new(root))?;
+    for (from, targets) in &graph.edges {
+        for (to, paths) in targets {
+            let shown: Vec<&str> = paths.iter().map(String::as_str).take(4).collect();
+            println!("{} → {} ({})", graph.modules[*from].name(), graph.modules[*to].name(), shown.join(", "));
+        }
+    }
+    Ok(())
 }
 
 fn image(binary: &str, name: &str, out: &Path) -> anyhow::Result<()> {
