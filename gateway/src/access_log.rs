@@ -183,7 +183,7 @@ thread_local! {
 pub async fn gather_on_this_thread() {
     let first = Arc::new(Notify::new());
     GATHERED.set(Some(Gathered { lines: Vec::new(), first: first.clone() }));
-    crate::worker::publish_batches(first, BATCH_WINDOW, send_gathered).await;
+    crate::per_worker::publish_batches(first, BATCH_WINDOW, send_gathered).await;
 }
 
 /// Hands the calling thread's gathered lines to the writer (a worker does

@@ -1,11 +1,13 @@
-//! Every error the gateway itself answers with, mapped to an OpenAI-shaped
-//! response in one place.
+//! The gateway's own errors: every error it answers a request with
+//! ([`GatewayError`], mapped to an OpenAI-shaped response in one place),
+//! and why a config is refused as a whole ([`BuildError`]).
 //!
 //! Upstream errors are not here: an upstream's own 4xx/5xx passes through
 //! unchanged. These are the gateway's own decisions and failures.
 
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
+use waycast_crds::validate::Problems;
 
 /// An error the gateway answers itself.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -95,6 +97,15 @@ pub enum GatewayError {
     /// The rate-limit store did not answer and the Gateway fails closed.
     #[error("rate limits cannot be checked right now ({0}); try again shortly")]
     RateLimitUnavailable(crate::limit::redis::StoreError),
+}
+
+impl From<crate::limit::Refused> for GatewayError {
+    fn from(refused: crate::limit::Refused) -> Self {
+        match refused {
+            crate::limit::Refused::Limit(refusal) => Self::RateLimited(refusal),
+            crate::limit::Refused::StoreFailed(failure) => Self::RateLimitUnavailable(failure),
+        }
+    }
 }
 
 fn owner_text(owner: crate::limit::Owner) -> &'static str {
@@ -221,6 +232,20 @@ impl GatewayError {
         }
         response
     }
+}
+
+/// Why a config was refused as a whole.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// Its version or settings are invalid.
+    #[error("config is invalid: {0}")]
+    Invalid(Problems),
+    /// A TLS setup of the config's own (Redis) failed.
+    #[error("cannot set up TLS: {0}")]
+    Tls(String),
+    /// The resources lent were not made for this config (a bug).
+    #[error("internal: {0} was not lent for this config")]
+    NotLent(&'static str),
 }
 
 #[cfg(test)]

@@ -15,15 +15,17 @@
 
 pub(crate) mod access_log;
 pub(crate) mod admin;
+pub(crate) mod cluster;
 pub(crate) mod config;
 pub(crate) mod error;
-pub(crate) mod heartbeat;
 pub(crate) mod json_text;
-pub use heartbeat::PodIdentity;
+pub use cluster::PodIdentity;
 pub(crate) mod limit;
 pub mod metrics;
+pub(crate) mod per_worker;
 pub(crate) mod proxy;
 pub(crate) mod registry;
+pub(crate) mod request_id;
 pub(crate) mod server;
 pub(crate) mod shared;
 pub(crate) mod snapshot;
@@ -104,7 +106,7 @@ pub struct GatewayOptions {
     /// Longest a client connection stays open with no request in flight.
     pub idle_timeout: Duration,
     /// In a cluster: heartbeat the served config hash as this pod.
-    pub heartbeat: Option<(kube::Client, heartbeat::PodIdentity)>,
+    pub heartbeat: Option<(kube::Client, cluster::PodIdentity)>,
     /// Data-plane worker threads, each with its own runtime, listener and
     /// upstream pools (`--workers`); None: serve on the current runtime.
     pub workers: Option<std::num::NonZeroUsize>,
@@ -230,11 +232,11 @@ pub async fn start(options: GatewayOptions) -> Result<RunningGateway, StartError
     });
     if let Some(source) = options.endpoints {
         let (updates, updated) = mpsc::channel(config::UPDATE_QUEUE);
-        background.push(tokio::spawn(upstream::endpoints::apply_updates(updated, shared.clone())));
+        background.push(tokio::spawn(config::endpoints::apply_updates(updated, shared.clone())));
         background.push(match source {
             EndpointsSource::File(path) => tokio::spawn(config::file::watch(path, updates)),
             EndpointsSource::ConfigMap { client, namespace, name } => {
-                tokio::spawn(upstream::endpoints::watch_config_map(client, namespace, name, updates))
+                tokio::spawn(config::endpoints::watch_config_map(client, namespace, name, updates))
             }
         });
     }
@@ -242,8 +244,8 @@ pub async fn start(options: GatewayOptions) -> Result<RunningGateway, StartError
         background.push(tokio::spawn(tls.clone().watch(Duration::from_secs(1))));
     }
     if let Some((client, identity)) = options.heartbeat {
-        background.push(tokio::spawn(limit::fleet::watch(client.clone(), identity.clone(), shared.clone())));
-        background.push(tokio::spawn(heartbeat::run(client, identity, shared.clone())));
+        background.push(tokio::spawn(cluster::fleet::watch(client.clone(), identity.clone(), shared.clone())));
+        background.push(tokio::spawn(cluster::heartbeat::run(client, identity, shared.clone())));
     }
     background.push(tokio::spawn(server::serve_admin(admin, shared.clone())));
     let (drain, draining) = watch::channel(false);

@@ -13,7 +13,7 @@ use prometheus::{
     Registry,
 };
 
-use crate::worker::PerWorker;
+use crate::per_worker::PerWorker;
 
 /// Latency buckets: sub-millisecond resolution for the proxy's own time,
 /// minutes for long generations.
@@ -24,7 +24,7 @@ const OVERHEAD_BUCKETS: &[f64] =
     &[0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.1];
 
 /// A gauge each data-plane worker moves on a cache line of its own
-/// (`worker::PerWorker`); `/metrics` shows the sum. For the gauges every request
+/// (`per_worker::PerWorker`); `/metrics` shows the sum. For the gauges every request
 /// or connection moves twice.
 #[derive(Clone)]
 pub struct WorkerGauge {
@@ -52,7 +52,7 @@ impl WorkerGauge {
     }
 
     /// The calling worker's shard (its own, with up to
-    /// `worker::SHARDS` workers).
+    /// `per_worker::SHARDS` workers).
     pub fn mine(&self) -> i64 {
         self.counts.mine().load(Ordering::Relaxed)
     }
@@ -335,7 +335,7 @@ mod tests {
             .map(|worker| {
                 let gauge = gauge.clone();
                 std::thread::spawn(move || {
-                    crate::worker::become_worker(worker);
+                    crate::per_worker::become_worker(worker);
                     for _ in 0..=worker {
                         gauge.inc();
                     }
@@ -350,6 +350,6 @@ mod tests {
         assert_eq!(gauge.get(), 45);
         assert!(metrics.render().contains("\nwaycast_gateway_inflight_requests 45\n"), "{}", metrics.render());
         let distinct = gauge.counts.all().filter(|count| count.load(Ordering::Relaxed) != 0).count();
-        assert_eq!(distinct, crate::worker::SHARDS, "each worker wrote its own shard");
+        assert_eq!(distinct, crate::per_worker::SHARDS, "each worker wrote its own shard");
     }
 }

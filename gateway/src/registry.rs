@@ -20,9 +20,9 @@ use std::time::Duration;
 use waycast_crds::config::{ClientTlsConfig, GatewayConfig, LimitsConfig, ModelConfig};
 use waycast_crds::egress::EgressPolicy;
 
+use crate::error::BuildError;
 use crate::limit::LimitSet;
 use crate::limit::redis::RedisCounter;
-use crate::snapshot::BuildError;
 use crate::upstream::{UpstreamClient, effective_tls};
 
 /// The resources a config is built with. Cloning shares them.

@@ -150,7 +150,7 @@ pub async fn serve_public(
         let alive = alive.clone();
         let tls = tls.as_ref().map(|files| files.acceptor());
         // Formatted once per connection, sent upstream with each request.
-        let client = crate::proxy::Client::new(peer.ip(), tls.is_some());
+        let client = crate::proxy::connection::Client::new(peer.ip(), tls.is_some());
         // Ends the connection if no request comes within the header timeout
         // (a client silent from the start, stalled in the HTTP/2 preface, or
         // silent after its TLS handshake), if an HTTP/1 connection's next
@@ -213,7 +213,7 @@ impl Drop for OpenConnection {
 /// request in time, on HTTP/1 no next request in time, or no request in
 /// flight for `idle_timeout`.
 struct Watch {
-    activity: Arc<crate::proxy::exchange::ConnectionActivity>,
+    activity: Arc<crate::proxy::connection::ConnectionActivity>,
     header_timeout: Duration,
     idle_timeout: Duration,
 }

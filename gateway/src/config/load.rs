@@ -5,8 +5,9 @@ use std::io::Read as _;
 use waycast_crds::GatewayConfig;
 use waycast_crds::config::ConfigError;
 
+use crate::error::BuildError;
 use crate::registry::Registry;
-use crate::snapshot::{self, BuildError, Snapshot};
+use crate::snapshot::{self, Snapshot};
 
 /// Largest config accepted after decompression: a bound against gzip bombs,
 /// the same the operator writes within.

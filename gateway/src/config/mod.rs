@@ -6,12 +6,16 @@
 //!                                                 ─► load.rs (parse, validate, lend, build) ─► ConfigStore (one ArcSwap)
 //! ```
 //!
+//! The endpoints document's sources and applier are in `endpoints.rs`, built
+//! the same way.
+//!
 //! Sources only produce bytes, sent as [`Update`]s. A bad config is logged, counted in
 //! `waycast_gateway_config_reload_errors_total`, and never reaches the store:
 //! the last good one keeps serving. Requests hold the snapshot they
 //! started with (through their worker's own handle on it), so a swap never
 //! changes a request mid-flight.
 
+pub mod endpoints;
 pub mod file;
 pub mod load;
 pub mod secret;
@@ -23,7 +27,6 @@ use tokio::sync::mpsc;
 
 use crate::metrics::Metrics;
 use crate::registry::Registry;
-use crate::shared::Shared;
 use crate::snapshot::Snapshot;
 use load::LoadError;
 
@@ -40,16 +43,20 @@ pub const UPDATE_QUEUE: usize = 4;
 
 /// Applies each update in turn until every source has ended; the only
 /// owner of the [`Registry`].
-pub async fn apply_updates(mut updates: mpsc::Receiver<Update>, shared: Arc<Shared>) {
+pub async fn apply_updates<S>(mut updates: mpsc::Receiver<Update>, serving: Arc<S>)
+where
+    S: AsRef<ConfigStore> + AsRef<Metrics> + Send + Sync + 'static,
+{
+    let (store, metrics): (&ConfigStore, &Metrics) = ((*serving).as_ref(), (*serving).as_ref());
     let mut registry = Registry::default();
     while let Some(Update { source, bytes }) = updates.recv().await {
         match bytes {
             // Errors are logged and counted by the store.
             Ok(bytes) => {
-                let _ = shared.config.apply(&mut registry, &bytes, &source, &shared.metrics);
+                let _ = store.apply(&mut registry, &bytes, &source, metrics);
             }
             Err(error) => {
-                shared.metrics.config_reload_errors.inc();
+                metrics.config_reload_errors.inc();
                 tracing::error!(%source, %error, "config source gave no usable config; keeping the last good config");
             }
         }
@@ -82,13 +89,13 @@ pub enum Applied {
     Unchanged,
 }
 
-/// A worker's own handle on a snapshot (`worker::Handle`).
-pub type WorkerSnapshot = crate::worker::Handle<Snapshot>;
+/// A worker's own handle on a snapshot (`per_worker::Handle`).
+pub type WorkerSnapshot = crate::per_worker::Handle<Snapshot>;
 
 thread_local! {
     /// This thread's handle on the snapshot it served last.
-    static HANDLE: std::cell::RefCell<crate::worker::Handles<Snapshot>> =
-        std::cell::RefCell::new(crate::worker::Handles::new(1));
+    static HANDLE: std::cell::RefCell<crate::per_worker::Handles<Snapshot>> =
+        std::cell::RefCell::new(crate::per_worker::Handles::new(1));
 }
 
 impl ConfigStore {

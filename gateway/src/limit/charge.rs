@@ -3,8 +3,10 @@
 
 use std::sync::Arc;
 
+use super::clock::now_nanos;
+use super::gcra;
+use super::limiter::LimitSet;
 use super::redis::RedisCounter;
-use super::{LimitSet, gcra, now_nanos};
 
 /// The output reserved for a request that names no bound and whose model
 /// sets no `outputTokenReservation`.

@@ -1,7 +1,14 @@
 //! The limiters' arithmetic: GCRA shares, reservations and settlement,
 //! refusals and their headers.
 
+use std::sync::Arc;
+
+use http::HeaderMap;
+use waycast_crds::config::LimitsConfig;
+
 use super::charge::{DEFAULT_OUTPUT_RESERVATION, PROMPT_ALLOWANCE};
+use super::decision::Unit;
+use super::local::{admit, count_key_request};
 use super::*;
 
 fn set(requests: Option<u64>, tokens: Option<u64>) -> Arc<LimitSet> {

@@ -2,15 +2,19 @@
 //! when the request arrives, finished exactly once — by the handler for an
 //! error or the gateway's own answer, by the relay when a relayed body ends,
 //! or on drop when the client left first — into the metrics, the token
-//! charge and one access log line.
+//! charge and one access log line. Every metric of a request is written
+//! here, from what the pipeline noted ([`Facts`]) and how it ended
+//! ([`Outcome`]).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use http::{HeaderValue, Method};
 
+use super::connection::ConnectionActivity;
 use super::usage::Usage;
+use crate::error::GatewayError;
+use crate::metrics::Metrics;
 use crate::shared::WorkerShared;
 
 /// Status logged when the client left before the response was complete
@@ -19,11 +23,21 @@ pub const CLIENT_CLOSED_REQUEST: u16 = 499;
 
 /// One request's bookkeeping: metrics and the access log line.
 pub struct Exchange {
-    pub(super) shared: Arc<WorkerShared>,
+    shared: Arc<WorkerShared>,
     started: Instant,
     method: Method,
     path: &'static str,
     request_id: HeaderValue,
+    activity: Arc<ConnectionActivity>,
+    /// What the pipeline decided, read when the request ends.
+    pub facts: Facts,
+    finished: bool,
+}
+
+/// What the pipeline decided about a request, noted as each stage decides
+/// it; the exchange reads it once, when the request ends, and writes every
+/// metric and the access line from it and the [`Outcome`].
+pub struct Facts {
     /// Configured model name, once known.
     pub model: Option<Arc<str>>,
     /// Key id, once known.
@@ -32,75 +46,75 @@ pub struct Exchange {
     pub stream: bool,
     /// Log this request (the config's `accessLog`).
     pub access_log: bool,
-    /// Gateway time before the upstream was asked; once a relayed
-    /// response has ended, the gateway's time in all (what the overhead
-    /// histogram records).
-    pub overhead_before: Duration,
+    /// The rate limits admitted it (counted in its series).
+    pub admitted: bool,
     /// Token limits to charge with the response's usage.
     pub charge: Option<crate::limit::Charge>,
     /// The endpoint answering, counted in flight until the exchange ends.
     pub endpoint: Option<crate::upstream::pick::InFlight>,
-    activity: Arc<ConnectionActivity>,
-    finished: bool,
+    /// Gateway time before the upstream was asked; once a relayed
+    /// response has ended, the gateway's time in all (what the overhead
+    /// histogram records).
+    pub overhead_before: Duration,
+    /// Events counted besides the request itself.
+    pub tallies: Tallies,
 }
 
-/// One client connection's requests: how many are in flight (until their
-/// response has ended) and when the last one ended, for the idle timeout.
-#[derive(Debug)]
-pub struct ConnectionActivity {
-    started: AtomicBool,
-    /// The connection speaks HTTP/2 (known from its first request).
-    http2: AtomicBool,
-    active: AtomicUsize,
-    /// Nanoseconds on [`crate::limit::now_nanos`]'s clock.
-    last_end: AtomicU64,
-}
-
-impl Default for ConnectionActivity {
+impl Default for Facts {
     fn default() -> Self {
         Self {
-            started: AtomicBool::new(false),
-            http2: AtomicBool::new(false),
-            active: AtomicUsize::new(0),
-            last_end: AtomicU64::new(crate::limit::now_nanos()),
+            model: None,
+            key: None,
+            stream: false,
+            access_log: true,
+            admitted: false,
+            charge: None,
+            endpoint: None,
+            overhead_before: Duration::ZERO,
+            tallies: Tallies::default(),
         }
     }
 }
 
-impl ConnectionActivity {
-    fn began(&self) {
-        self.started.store(true, Ordering::Relaxed);
-        self.active.fetch_add(1, Ordering::Relaxed);
-    }
+/// An event of a request counted in a metric of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tally {
+    /// A limit refused the request (its `limit` label).
+    RateLimited(&'static str),
+    /// The rate-limit store failed (its label), the request refused or let on.
+    StoreFailed(&'static str),
+    /// The upstream failed the request, or sent what could not be relayed (why).
+    UpstreamError(&'static str),
+    /// Another endpoint was tried (why).
+    Retry(&'static str),
+    /// An endpoint was ejected after failures in a row.
+    Ejection,
+}
 
-    /// Notes the version of a request on the connection.
-    pub fn note_version(&self, version: http::Version) {
-        if version == http::Version::HTTP_2 && !self.http2.load(Ordering::Relaxed) {
-            self.http2.store(true, Ordering::Relaxed);
+impl Tally {
+    /// What an error the gateway answers with counts as, besides its status.
+    pub fn of_error(error: &GatewayError) -> Option<Self> {
+        match error {
+            GatewayError::RateLimited(refusal) => Some(Self::RateLimited(refusal.label())),
+            GatewayError::RateLimitUnavailable(failure) => Some(Self::StoreFailed(failure.label())),
+            GatewayError::UpstreamNotJson(..) => Some(Self::UpstreamError("not_json")),
+            GatewayError::UpstreamUnreachable(_)
+            | GatewayError::UpstreamFailed(_)
+            | GatewayError::EgressDenied(_)
+            | GatewayError::UpstreamTimeout(_) => Some(Self::UpstreamError(error.code())),
+            _ => None,
         }
     }
+}
 
-    /// Whether the connection speaks HTTP/2.
-    pub fn is_http2(&self) -> bool {
-        self.http2.load(Ordering::Relaxed)
-    }
+/// A request's [`Tally`]s, in the order they happened (none allocates).
+#[derive(Debug, Default)]
+pub struct Tallies(Vec<Tally>);
 
-    /// Whether a request has begun on the connection.
-    pub fn has_started(&self) -> bool {
-        self.started.load(Ordering::Relaxed)
-    }
-
-    fn ended(&self, at: Instant) {
-        self.last_end.store(crate::limit::nanos_at(at), Ordering::Relaxed);
-        self.active.fetch_sub(1, Ordering::Relaxed);
-    }
-
-    /// How long the connection has had no request in flight (zero while it has one).
-    pub fn idle_for(&self) -> Duration {
-        if self.active.load(Ordering::Relaxed) > 0 {
-            return Duration::ZERO;
-        }
-        Duration::from_nanos(crate::limit::now_nanos().saturating_sub(self.last_end.load(Ordering::Relaxed)))
+impl Tallies {
+    /// Notes one.
+    pub fn note(&mut self, tally: Tally) {
+        self.0.push(tally);
     }
 }
 
@@ -137,26 +151,30 @@ impl Exchange {
     ) -> Self {
         shared.metrics.inflight.inc();
         activity.began();
-        Self {
-            shared,
-            activity,
-            started,
-            method,
-            path,
-            request_id,
-            model: None,
-            key: None,
-            stream: false,
-            access_log: true,
-            overhead_before: Duration::ZERO,
-            charge: None,
-            endpoint: None,
-            finished: false,
-        }
+        Self { shared, activity, started, method, path, request_id, facts: Facts::default(), finished: false }
     }
 
     /// Records the request: metrics, then one access log line.
     pub fn finish(mut self, outcome: Outcome) {
+        self.record(&outcome);
+    }
+
+    /// Records a request answered without a body of the upstream's: the
+    /// gateway's own answer (`error` None) or an error.
+    pub fn finish_without_body(mut self, status: u16, error: Option<&GatewayError>) {
+        if let Some(tally) = error.and_then(Tally::of_error) {
+            self.facts.tallies.note(tally);
+        }
+        let outcome = Outcome {
+            status,
+            bytes: 0,
+            events: None,
+            first_byte: None,
+            upstream: None,
+            usage: None,
+            error: error.map(GatewayError::code),
+            ended: None,
+        };
         self.record(&outcome);
     }
 
@@ -173,25 +191,32 @@ impl Exchange {
         // is logged, under `unknown` and `none`: its series are cached like
         // any pair's (a flood of bad keys costs a worker a cache hit, not a
         // labelled lookup).
-        let model_name = self.model.as_ref().unwrap_or_else(|| super::series::unknown_model());
-        let key_name = self.key.as_ref().unwrap_or_else(|| super::series::no_key());
+        let facts = &self.facts;
+        let model_name = facts.model.as_ref().unwrap_or_else(|| super::series::unknown_model());
+        let key_name = facts.key.as_ref().unwrap_or_else(|| super::series::no_key());
         let (model, key) = (&**model_name, &**key_name);
         let elapsed = ended.saturating_duration_since(self.started);
         let series = super::series::pair(metrics, model_name, key_name);
         series.count_status(outcome.status);
-        if self.model.is_some() {
+        if facts.model.is_some() {
             series.observe_duration(elapsed.as_secs_f64());
             if let Some(first_byte) = outcome.first_byte {
                 series.observe_first_byte((first_byte - self.started).as_secs_f64());
             }
         }
         if outcome.upstream.is_some() {
-            series.observe_overhead(self.overhead_before.as_secs_f64());
+            series.observe_overhead(facts.overhead_before.as_secs_f64());
         }
         if let Some(usage) = outcome.usage {
             series.count_tokens(usage.prompt, usage.completion);
         }
-        if let Some(charge) = &self.charge {
+        if facts.admitted {
+            series.count_admitted();
+        }
+        for tally in &facts.tallies.0 {
+            count(metrics, model, key, *tally);
+        }
+        if let Some(charge) = &facts.charge {
             // What was served is charged: a response that went out (whole,
             // or until the client left) by its usage or an estimate; one the
             // upstream refused or never sent, nothing.
@@ -209,7 +234,7 @@ impl Exchange {
         // flight (so a client that reads /metrics after its answer sees
         // them), else with the worker's next flush.
         super::series::written(&series, metrics.inflight.mine() == 0);
-        if self.access_log && crate::access_log::enabled() {
+        if facts.access_log && crate::access_log::enabled() {
             let usage = outcome.usage.unwrap_or_default();
             let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
             crate::access_log::record(&crate::access_log::AccessLine {
@@ -219,8 +244,8 @@ impl Exchange {
                 path: self.path,
                 model,
                 key,
-                endpoint: self.endpoint.as_ref().map(|e| e.endpoint().address),
-                stream: self.stream,
+                endpoint: facts.endpoint.as_ref().map(|e| e.endpoint().address),
+                stream: facts.stream,
                 status: outcome.status,
                 bytes: outcome.bytes,
                 duration_us: micros(elapsed),
@@ -230,6 +255,18 @@ impl Exchange {
                 error: outcome.error,
             });
         }
+    }
+}
+
+/// Writes one tally's metric: a limit's refusal and the upstream's errors
+/// under the request's model (`unknown` before it was known) and key.
+fn count(metrics: &Metrics, model: &str, key: &str, tally: Tally) {
+    match tally {
+        Tally::RateLimited(limit) => metrics.rate_limit_requests.with_label_values(&[model, key, limit]).inc(),
+        Tally::StoreFailed(label) => metrics.rate_limit_store_errors.with_label_values(&[label]).inc(),
+        Tally::UpstreamError(reason) => metrics.upstream_errors.with_label_values(&[model, reason]).inc(),
+        Tally::Retry(reason) => metrics.upstream_retries.with_label_values(&[model, reason]).inc(),
+        Tally::Ejection => metrics.endpoint_ejections.with_label_values(&[model]).inc(),
     }
 }
 

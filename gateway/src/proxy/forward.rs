@@ -9,7 +9,9 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Method, Response};
 
+use super::exchange::{Tallies, Tally};
 use crate::error::GatewayError;
+use crate::request_id::REQUEST_ID;
 use crate::snapshot::{Backend, Route};
 use crate::upstream::endpoints::EndpointTable;
 use crate::upstream::pick::{InFlight, SetHandle};
@@ -44,11 +46,9 @@ pub struct Outgoing<'a> {
     /// The request id to send upstream.
     pub request_id: &'a HeaderValue,
     /// Who asked (`X-Forwarded-For`, `X-Forwarded-Proto`).
-    pub client: &'a super::Client,
+    pub client: &'a super::connection::Client,
     /// The prefix-affinity key, under `PrefixAffinity`.
     pub affinity: Option<u64>,
-    /// Where retries and ejections are counted.
-    pub metrics: &'a crate::metrics::Metrics,
 }
 
 /// How many endpoints of one backend a request may try.
@@ -64,7 +64,12 @@ pub const MAX_ENDPOINT_ATTEMPTS: usize = 3;
 /// # Errors
 /// 502 when no backend accepts a connection or one fails after connecting;
 /// 504 when none answers within the first-byte timeout.
-pub async fn send(route: &Route, outgoing: &Outgoing<'_>, table: &EndpointTable) -> Result<Forwarded, GatewayError> {
+pub async fn send(
+    route: &Route,
+    outgoing: &Outgoing<'_>,
+    table: &EndpointTable,
+    tallies: &mut Tallies,
+) -> Result<Forwarded, GatewayError> {
     route.retry_budget.request();
     let mut last_error = None;
     // A retried status every endpoint of a backend gave: the answer, unless a later
@@ -74,8 +79,8 @@ pub async fn send(route: &Route, outgoing: &Outgoing<'_>, table: &EndpointTable)
         let backend = &route.backends[index];
         let endpoints = backend.endpoints.as_deref().and_then(|key| table.get_here(key)).filter(|set| !set.is_empty());
         let outcome = match endpoints {
-            None => send_to(route, backend, crate::worker::own_authority(&backend.authority), outgoing, None).await,
-            Some(set) => send_to_endpoints(route, backend, &set, outgoing).await,
+            None => send_to(route, backend, crate::per_worker::own_authority(&backend.authority), outgoing, None).await,
+            Some(set) => send_to_endpoints(route, backend, &set, outgoing, tallies).await,
         };
         match outcome {
             Ok(forwarded) => return Ok(forwarded),
@@ -111,16 +116,17 @@ async fn send_to_endpoints(
     backend: &Backend,
     set: &std::sync::Arc<SetHandle>,
     outgoing: &Outgoing<'_>,
+    tallies: &mut Tallies,
 ) -> Result<Forwarded, Failure> {
     let attempts = set.endpoints().len().min(MAX_ENDPOINT_ATTEMPTS);
     let mut tried = Vec::with_capacity(attempts);
     let mut last = GatewayError::UpstreamUnreachable(route.name.to_string());
     while tried.len() < attempts {
-        let now = crate::limit::now_nanos();
+        let now = crate::limit::clock::now_nanos();
         let Some(pick) = set.pick(route.balancing.policy, outgoing.affinity, &tried, now) else { break };
         tried.push(pick);
         let endpoint = &set.endpoints()[pick];
-        let Some(authority) = endpoint.authority.as_ref().map(crate::worker::own_authority) else { continue };
+        let Some(authority) = endpoint.authority.as_ref().map(crate::per_worker::own_authority) else { continue };
         let sent = send_to(route, backend, authority, outgoing, Some(set.start(pick))).await;
         let retried = sent.as_ref().ok().and_then(|forwarded| route.balancing.retries(forwarded.response.status()));
         let reason = match (sent, retried) {
@@ -128,7 +134,7 @@ async fn send_to_endpoints(
                 // A 5xx counts toward ejecting the endpoint; a 429 is a busy
                 // pod, not a broken one.
                 if forwarded.response.status().is_server_error() {
-                    count_failure(route, endpoint, now, outgoing.metrics);
+                    count_failure(route, endpoint, now, tallies);
                 }
                 // Overloaded, draining or failing: another endpoint may
                 // serve it, else another backend; else this answer is the
@@ -145,7 +151,7 @@ async fn send_to_endpoints(
             // `send_to` never answers Overloaded: that is decided here.
             (Err(failure @ (Failure::Final(_) | Failure::Overloaded(_))), _) => return Err(failure),
             (Err(Failure::TryNextBackend(error)), _) => {
-                count_failure(route, endpoint, now, outgoing.metrics);
+                count_failure(route, endpoint, now, tallies);
                 last = error;
                 if tried.len() >= attempts || !route.retry_budget.take_retry() {
                     break;
@@ -153,20 +159,15 @@ async fn send_to_endpoints(
                 "connect_or_reset"
             }
         };
-        outgoing.metrics.upstream_retries.with_label_values(&[&route.name, reason]).inc();
+        tallies.note(Tally::Retry(reason));
     }
     Err(Failure::TryNextBackend(last))
 }
 
-fn count_failure(
-    route: &Route,
-    endpoint: &crate::upstream::pick::Endpoint,
-    now: u64,
-    metrics: &crate::metrics::Metrics,
-) {
+fn count_failure(route: &Route, endpoint: &crate::upstream::pick::Endpoint, now: u64, tallies: &mut Tallies) {
     if endpoint.record_failure(now) {
         tracing::warn!(model = %route.name, endpoint = %endpoint.address, "endpoint ejected after failures in a row");
-        metrics.endpoint_ejections.with_label_values(&[&route.name]).inc();
+        tallies.note(Tally::Ejection);
     }
 }
 
@@ -300,9 +301,6 @@ fn is_set_by_gateway(name: &HeaderName) -> bool {
         || name == FORWARDED_PROTO
 }
 
-/// `X-Request-Id`.
-pub static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
-
 static FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
@@ -389,12 +387,11 @@ mod tests {
             headers.insert(name, HeaderValue::from_static(value));
         }
         let body = Bytes::from_static(br#"{"model":"m"}"#);
-        let client = super::super::Client {
+        let client = super::super::connection::Client {
             forwarded_for: HeaderValue::from_static("10.1.2.3"),
             forwarded_proto: HeaderValue::from_static("http"),
             activity: Default::default(),
         };
-        let metrics = crate::metrics::Metrics::new().unwrap();
         let request_id = HeaderValue::from_static("gw-1");
         let outgoing = Outgoing {
             method: &Method::POST,
@@ -406,7 +403,6 @@ mod tests {
             request_id: &request_id,
             client: &client,
             affinity: None,
-            metrics: &metrics,
         };
         let backend = &route.backends[0];
         let request = build_request(route, backend, backend.authority.clone(), &outgoing).unwrap();

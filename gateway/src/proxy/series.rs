@@ -209,7 +209,7 @@ pub fn written(series: &Rc<PairSeries>, idle: bool) {
 pub async fn flush_on_this_thread() {
     let first = Arc::new(Notify::new());
     UNFLUSHED.set(Some(Unflushed { series: Vec::new(), first: first.clone() }));
-    crate::worker::publish_batches(first, FLUSH_WINDOW, flush_this_thread).await;
+    crate::per_worker::publish_batches(first, FLUSH_WINDOW, flush_this_thread).await;
 }
 
 /// Publishes what this thread's written series hold (also at a worker's

@@ -19,7 +19,7 @@ use crate::upstream::UpstreamBody;
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::Sleep;
 
-use super::exchange::{CLIENT_CLOSED_REQUEST, Exchange, Outcome};
+use super::exchange::{CLIENT_CLOSED_REQUEST, Exchange, Outcome, Tally};
 use super::sse::UsageChunkFilter;
 use super::usage::UsageTap;
 
@@ -131,7 +131,7 @@ impl RelayBody {
         let returned_at = Instant::now();
         // Counted only for a stream under a token limit that is answered
         // as one: what an early leaver is charged by.
-        let counted = exchange.stream && exchange.charge.is_some() && is_event_stream(&head.headers);
+        let counted = exchange.facts.stream && exchange.facts.charge.is_some() && is_event_stream(&head.headers);
         let events = counted.then(EventCounter::default);
         let status = head.status.as_u16();
         Self {
@@ -152,11 +152,9 @@ impl RelayBody {
         }
     }
 
-    fn count_upstream_error(&self, reason: &str) {
-        if let Some(exchange) = &self.exchange
-            && let Some(model) = &exchange.model
-        {
-            exchange.shared.metrics.upstream_errors.with_label_values(&[model, reason]).inc();
+    fn count_upstream_error(&mut self, reason: &'static str) {
+        if let Some(exchange) = &mut self.exchange {
+            exchange.facts.tallies.note(Tally::UpstreamError(reason));
         }
     }
 
@@ -164,8 +162,8 @@ impl RelayBody {
     /// `last_data`: that frame's data, which the usage tap has not seen.
     fn finish(&mut self, status: u16, error: Option<&'static str>, ended: Option<Instant>, last_data: Option<&[u8]>) {
         if let Some(mut exchange) = self.exchange.take() {
-            let overhead = exchange.overhead_before + self.returned_at.saturating_duration_since(self.headers_at);
-            exchange.overhead_before = overhead;
+            let overhead = exchange.facts.overhead_before + self.returned_at.saturating_duration_since(self.headers_at);
+            exchange.facts.overhead_before = overhead;
             let usage = self.tap.as_mut().and_then(|tap| match last_data {
                 Some(last) => tap.usage_ending_with(last),
                 None => tap.usage(),
@@ -200,12 +198,10 @@ impl Body for RelayBody {
                         let mut passed = filter.pass(&data);
                         if held_on
                             && filter.gave_up()
-                            && let Some(exchange) = &this.exchange
+                            && let Some(exchange) = &mut this.exchange
                         {
                             // The upstream sent an event longer than the filter holds.
-                            let model = exchange.model.as_deref().unwrap_or("unknown");
-                            let reason = "sse_event_too_long";
-                            exchange.shared.metrics.upstream_errors.with_label_values(&[model, reason]).inc();
+                            exchange.facts.tallies.note(Tally::UpstreamError("sse_event_too_long"));
                         }
                         if this.inner.is_end_stream() {
                             let rest = filter.finish();

@@ -101,6 +101,24 @@ fn usage_in(head: &[u8], tail: &[u8]) -> Option<Usage> {
 /// completions.
 pub const STREAM_OPTIONS_PATHS: [usize; 2] = [0, 1];
 
+/// The body to send upstream, the model's span in it, and whether the
+/// usage chunk of the stream is the gateway's to take out again: a request
+/// charged by tokens that streams from an endpoint whose streams carry
+/// usage only when asked gets `stream_options.include_usage` (token limits
+/// need the usage of streams too); any other goes as the client sent it.
+pub fn body_to_send(
+    body: &Bytes,
+    fields: &super::body::RequestFields<'_>,
+    endpoint: usize,
+    charged: bool,
+) -> (Bytes, Range<usize>, bool) {
+    if charged && fields.stream && STREAM_OPTIONS_PATHS.contains(&endpoint) {
+        with_stream_usage(body, fields.stream_options.clone(), fields.model_span.clone())
+    } else {
+        (body.clone(), fields.model_span.clone(), false)
+    }
+}
+
 /// `body` asking for usage in the stream (`stream_options.include_usage`),
 /// the model's span in it, and whether the gateway added the request (so
 /// the usage chunk is the gateway's to take out again). `options` is the

@@ -11,13 +11,17 @@ use http::uri::{Authority, Scheme};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use waycast_crds::config::{ModelConfig, TimeoutsConfig};
 
-use super::PROXIED_PATHS;
 use super::names::NamespaceId;
 #[cfg(doc)]
 use super::names::PLATFORM;
 use crate::limit::LimitSet;
 use crate::registry::Resources;
 use crate::upstream::UpstreamClient;
+
+/// The inference endpoints forwarded to a model's backends; a backend's
+/// upstream paths are built for each, in this order, when a config loads.
+pub const PROXIED_PATHS: [&str; 5] =
+    ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/messages"];
 
 /// A model and its backends.
 pub struct Route {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use waycast_crds::config::{KeyConfig, glob_matches};
 
-use super::Route;
+use super::backends::Route;
 use super::names::{NamespaceId, PLATFORM};
 use crate::limit::LimitSet;
 

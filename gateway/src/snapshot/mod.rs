@@ -27,17 +27,13 @@ use std::sync::Arc;
 use waycast_crds::config::{GatewayConfig, Settings};
 use waycast_crds::validate::Problems;
 
-pub use backends::{Backend, Route};
+pub use backends::{Backend, PROXIED_PATHS, Route};
 pub use keys::{DigestHasher, KeyEntry};
 use names::{Candidates, Namespaces, PLATFORM};
 
+use crate::error::BuildError;
 use crate::limit::redis::RedisCounter;
 use crate::registry::{Registry, Resources};
-
-/// The inference endpoints forwarded to a model's backends; a backend's
-/// upstream paths are built for each, in this order, when a config loads.
-pub const PROXIED_PATHS: [&str; 5] =
-    ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/messages"];
 
 /// A built config.
 pub struct Snapshot {
@@ -71,20 +67,6 @@ impl Dropped {
     fn key(key: &waycast_crds::config::KeyConfig, reason: String) -> Self {
         Self { entry: format!("key {}", key.id), reason }
     }
-}
-
-/// Why a config was refused as a whole.
-#[derive(Debug, thiserror::Error)]
-pub enum BuildError {
-    /// Its version or settings are invalid.
-    #[error("config is invalid: {0}")]
-    Invalid(Problems),
-    /// A TLS setup of the config's own (Redis) failed.
-    #[error("cannot set up TLS: {0}")]
-    Tls(String),
-    /// The resources lent were not made for this config (a bug).
-    #[error("internal: {0} was not lent for this config")]
-    NotLent(&'static str),
 }
 
 /// Splits `config` into what may be served and what is left out: an entry

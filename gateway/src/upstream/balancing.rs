@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use http::{HeaderMap, HeaderName};
 
-use crate::worker::PerWorker;
+use crate::per_worker::PerWorker;
 
 /// A model's load-balancing settings, pre-parsed.
 #[derive(Debug, Clone)]
@@ -127,7 +127,7 @@ mod tests {
         assert_eq!(retries_granted(&budget), 10, "a tenth of 100 requests");
         std::thread::scope(|scope| {
             scope.spawn(|| {
-                crate::worker::become_worker(1);
+                crate::per_worker::become_worker(1);
                 assert_eq!(retries_granted(&budget), 10, "another worker has its own burst");
                 budget.request();
                 assert!(!budget.take_retry(), "and its own count of requests");

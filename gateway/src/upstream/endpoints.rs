@@ -2,33 +2,19 @@
 //! config (`waycast_crds::endpoints`): pod churn changes only this table,
 //! never the Snapshot.
 //!
-//! ```text
-//! --endpoints-file (poll + SIGHUP) ─┐
-//! --endpoints-configmap (watch)    ─┴─► Update (bytes) ─► apply_updates ─► EndpointTable (one ArcSwap)
-//!                                                          keeps each endpoint's state (in flight, ejection)
-//! ```
-//!
-//! A refused document is logged and counted, and the last good table keeps
-//! serving. Requests load the table once per pick.
+//! The table keeps each endpoint's state (in flight, ejection) across
+//! documents; its sources are in `config::endpoints`. Requests load the
+//! table once per pick.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use futures_util::StreamExt as _;
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::runtime::WatchStreamExt as _;
-use kube::runtime::watcher::{self, Event};
-use kube::{Api, Client};
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::{self, MetricFamily, MetricType};
-use tokio::sync::mpsc;
-use waycast_crds::endpoints::{ENDPOINTS_DATA_KEY, EndpointsDocument};
+use waycast_crds::endpoints::EndpointsDocument;
 
 use super::pick::{ANSWER_BUCKETS, EndpointSet, SetHandle};
-use crate::config::Update;
-use crate::config::load::LoadError;
-use crate::shared::Shared;
 
 type Sets = HashMap<Arc<str>, Arc<EndpointSet>>;
 
@@ -37,8 +23,8 @@ type Sets = HashMap<Arc<str>, Arc<EndpointSet>>;
 const HANDLE_SLOTS: usize = 64;
 
 thread_local! {
-    static HANDLES: std::cell::RefCell<crate::worker::Handles<EndpointSet>> =
-        std::cell::RefCell::new(crate::worker::Handles::new(HANDLE_SLOTS));
+    static HANDLES: std::cell::RefCell<crate::per_worker::Handles<EndpointSet>> =
+        std::cell::RefCell::new(crate::per_worker::Handles::new(HANDLE_SLOTS));
 }
 
 /// Every known Service's endpoints, by `namespace/name:port`.
@@ -181,58 +167,6 @@ impl Collector for EndpointSeries {
             }
         }
         vec![in_flight, requests, response]
-    }
-}
-
-/// Applies each endpoints document in turn until every source has ended.
-pub async fn apply_updates(mut updates: mpsc::Receiver<Update>, shared: Arc<Shared>) {
-    let mut last_applied = None;
-    while let Some(Update { source, bytes }) = updates.recv().await {
-        let parsed = bytes.and_then(|bytes| {
-            let hash = waycast_crds::digest::config_hash(&bytes);
-            let document =
-                EndpointsDocument::from_slice(&bytes).map_err(|error| LoadError::Missing(error.to_string()))?;
-            Ok((hash, document))
-        });
-        match parsed {
-            Ok((hash, _)) if last_applied.as_ref() == Some(&hash) => {}
-            Ok((hash, document)) => {
-                let known = shared.endpoints.apply(&document);
-                shared.metrics.endpoints_known.set(i64::try_from(known).unwrap_or(i64::MAX));
-                tracing::info!(%source, services = document.services.len(), endpoints = known, "endpoints applied");
-                last_applied = Some(hash);
-            }
-            Err(error) => {
-                shared.metrics.endpoints_update_errors.inc();
-                tracing::error!(%source, %error, "endpoints refused; keeping the last good ones");
-            }
-        }
-    }
-}
-
-/// `--endpoints-configmap NS/NAME`: a watch on exactly that ConfigMap.
-pub async fn watch_config_map(client: Client, namespace: String, name: String, updates: mpsc::Sender<Update>) {
-    let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
-    let source: Arc<str> = Arc::from(format!("configmap:{namespace}/{name}"));
-    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let mut events = watcher::watcher(api, config).default_backoff().boxed();
-    while let Some(event) = events.next().await {
-        match event {
-            Ok(Event::Apply(map) | Event::InitApply(map)) => {
-                let bytes = map
-                    .data
-                    .as_ref()
-                    .and_then(|data| data.get(ENDPOINTS_DATA_KEY))
-                    .map(|text| text.clone().into_bytes())
-                    .ok_or_else(|| LoadError::Missing(format!("no {ENDPOINTS_DATA_KEY} data key")));
-                if updates.send(Update { source: source.clone(), bytes }).await.is_err() {
-                    return;
-                }
-            }
-            Ok(Event::Delete(_)) => tracing::warn!(%source, "endpoints ConfigMap deleted; keeping the last endpoints"),
-            Ok(Event::Init | Event::InitDone) => {}
-            Err(error) => tracing::warn!(%source, %error, "endpoints ConfigMap watch failed; retrying"),
-        }
     }
 }
 

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::worker::PerWorker;
+use crate::per_worker::PerWorker;
 
 /// Failures in a row that eject an endpoint.
 pub const CONSECUTIVE_FAILURES: u32 = 5;
@@ -196,9 +196,9 @@ impl Endpoint {
 }
 
 /// A worker's own handle on an endpoint set
-/// (`endpoints::EndpointTable::get_here`, `worker::Handle`): each request
+/// (`endpoints::EndpointTable::get_here`, `per_worker::Handle`): each request
 /// to an endpoint holds the set until it ends.
-pub type SetHandle = crate::worker::Handle<EndpointSet>;
+pub type SetHandle = crate::per_worker::Handle<EndpointSet>;
 
 impl SetHandle {
     /// Counts a request to endpoint `index` in flight until the guard drops.
@@ -301,7 +301,7 @@ impl EndpointSet {
         let turn = self.turns.mine();
         let turn = if tried.is_empty() { turn.fetch_add(1, Ordering::Relaxed) } else { turn.load(Ordering::Relaxed) };
         // Workers start apart: in step, they would pick alike.
-        let ticket = turn.wrapping_add(crate::worker::index() as u64 * WORKER_STRIDE);
+        let ticket = turn.wrapping_add(crate::per_worker::index() as u64 * WORKER_STRIDE);
         let chosen = match policy {
             Policy::RoundRobin => nth_eligible(self.endpoints.len(), ticket, &eligible),
             Policy::LeastRequest if self.endpoints.len() <= FULL_SCAN_UP_TO => {

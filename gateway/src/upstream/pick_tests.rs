@@ -33,7 +33,7 @@ fn each_worker_takes_the_endpoints_in_its_own_turn() {
         .map(|worker| {
             let set = set.clone();
             std::thread::spawn(move || {
-                crate::worker::become_worker(worker);
+                crate::per_worker::become_worker(worker);
                 (0..6).map(|_| set.pick(Policy::RoundRobin, None, &[], 0).unwrap()).collect()
             })
             .join()

@@ -14,48 +14,19 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Owne
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 
-use crate::shared::Shared;
-
-use waycast_crds::gateway_pod::env;
-pub use waycast_crds::heartbeat::GATEWAY_LABEL;
 use waycast_crds::heartbeat::{
-    DROPPED_ENTRIES_ANNOTATION, DroppedEntry, MAX_DROPPED_LISTED, MAX_DROPPED_REASON_BYTES, REFUSED_HASH_ANNOTATION,
-    REFUSED_REASON_ANNOTATION, truncate,
+    DROPPED_ENTRIES_ANNOTATION, DroppedEntry, GATEWAY_LABEL, MAX_DROPPED_LISTED, MAX_DROPPED_REASON_BYTES,
+    REFUSED_HASH_ANNOTATION, REFUSED_REASON_ANNOTATION, truncate,
 };
 
+use super::PodIdentity;
 use crate::config::Refused;
+use crate::shared::Shared;
 
 /// Renewal interval when nothing changes.
 pub const RENEW: Duration = Duration::from_secs(5);
 /// How often the served config is checked for a change.
 const CHECK: Duration = Duration::from_millis(50);
-
-/// Who this pod is.
-#[derive(Debug, Clone)]
-pub struct PodIdentity {
-    /// Pod namespace.
-    pub namespace: String,
-    /// Pod name (also the Lease's).
-    pub pod: String,
-    /// Pod uid (the Lease's owner).
-    pub uid: String,
-    /// The Gateway the pod belongs to.
-    pub gateway: String,
-}
-
-impl PodIdentity {
-    /// From `POD_NAMESPACE`, `POD_NAME`, `POD_UID` and `WAYCAST_GATEWAY`, when
-    /// all are set (the operator's Deployment sets them).
-    pub fn from_env() -> Option<Self> {
-        let get = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-        Some(Self {
-            namespace: get(env::POD_NAMESPACE)?,
-            pod: get(env::POD_NAME)?,
-            uid: get(env::POD_UID)?,
-            gateway: get(env::GATEWAY)?,
-        })
-    }
-}
 
 /// The annotation listing the entries of the served config left out.
 fn dropped_annotation(dropped: &[crate::snapshot::Dropped]) -> Option<String> {

@@ -1,0 +1,98 @@
+//! Limits counted in Redis, for the whole fleet: one script call per
+//! admission, checking and charging every limiter of the request at once.
+
+use std::sync::Arc;
+
+use super::charge::{Charge, Reservation};
+use super::decision::{Admitted, Counted, CountedIn, Owner, RateHeaders, Refusal, Unit, counted_or_refused};
+use super::limiter::LimitSet;
+use super::redis::{RedisCounter, ScriptLimiter, StoreError};
+
+/// A key's request counted before its body is read, in Redis (the local
+/// form: `local::count_key_request`).
+///
+/// # Errors
+/// `Ok(Err(refusal))` when the limit refused; `Err` when Redis did not answer.
+pub async fn count_key_request(
+    counter: &Arc<RedisCounter>,
+    key_id: &str,
+    key: Option<&Arc<LimitSet>>,
+) -> Result<Result<Option<Counted>, Refusal>, StoreError> {
+    let Some(limiter) = key.and_then(|set| set.requests.as_ref()) else { return Ok(Ok(None)) };
+    let redis_key = format!("{}key:{key_id}:requests", counter.config.key_prefix());
+    let script = [ScriptLimiter { key: &redis_key, units: 1, per_minute: limiter.per_minute }];
+    let verdict = counter.admit(&script).await?.first().copied().ok_or(StoreError::Reply)?;
+    Ok(counted_or_refused(limiter.per_minute, verdict, CountedIn::Redis(counter.clone(), redis_key)))
+}
+
+/// Whose limits a request is under, for counting in Redis.
+pub struct Subject<'a> {
+    /// The key's id and limits.
+    pub key: (&'a str, Option<&'a Arc<LimitSet>>),
+    /// The model's name and limits.
+    pub model: (&'a str, Option<&'a Arc<LimitSet>>),
+}
+
+/// Admission counted in Redis for the whole fleet (no shares; the local
+/// form: `local::admit`).
+///
+/// # Errors
+/// `Ok(Err(refusal))` when a limit refused; `Err` when Redis did not answer.
+pub async fn admit(
+    counter: &Arc<RedisCounter>,
+    subject: &Subject<'_>,
+    reservation: Reservation,
+    counted: Option<&Counted>,
+) -> Result<Result<Admitted, Refusal>, StoreError> {
+    // (owner, unit, Redis key, limit): token limits first, as `admit` checks them.
+    let mut limiters: Vec<(Owner, Unit, String, u64)> = Vec::with_capacity(4);
+    let prefix = counter.config.key_prefix();
+    for (owner, (id, set)) in [(Owner::Key, subject.key), (Owner::Model, subject.model)] {
+        let Some(set) = set else { continue };
+        let scope = if owner == Owner::Key { "key" } else { "model" };
+        if let Some(limiter) = &set.tokens {
+            limiters.push((owner, Unit::Tokens, format!("{prefix}{scope}:{id}:tokens"), limiter.per_minute));
+        }
+        if let Some(limiter) = set.requests.as_ref().filter(|_| owner != Owner::Key || counted.is_none()) {
+            limiters.push((owner, Unit::Requests, format!("{prefix}{scope}:{id}:requests"), limiter.per_minute));
+        }
+    }
+    let script: Vec<ScriptLimiter<'_>> = limiters
+        .iter()
+        .map(|(_, unit, key, per_minute)| ScriptLimiter {
+            key,
+            units: if *unit == Unit::Requests { 1 } else { reservation.tokens },
+            per_minute: *per_minute,
+        })
+        .collect();
+    let verdicts = if script.is_empty() { Vec::new() } else { counter.admit(&script).await? };
+    let mut headers = RateHeaders::default();
+    if let Some(counted) = counted {
+        headers.note(Unit::Requests, counted.limit, counted.verdict);
+    }
+    let mut refusal = None;
+    for ((owner, unit, _, limit), verdict) in limiters.iter().zip(&verdicts) {
+        headers.note(*unit, *limit, *verdict);
+        if !verdict.allowed && refusal.is_none() {
+            refusal = Some((*owner, *unit, *limit, verdict.retry_after_nanos));
+        }
+    }
+    if let Some((owner, unit, limit, retry_after_nanos)) = refusal {
+        if let Some(counted) = counted {
+            counted.refund();
+        }
+        return Ok(Err(Refusal { owner, unit, limit, retry_after_nanos, headers }));
+    }
+    let tokens: Vec<(String, u64)> = limiters
+        .into_iter()
+        .filter(|(_, unit, _, _)| *unit == Unit::Tokens)
+        .map(|(_, _, key, limit)| (key, limit))
+        .collect();
+    let charge = (!tokens.is_empty()).then(|| Charge {
+        reserved: Vec::new(),
+        shares: 1,
+        reservation,
+        redis: Some((counter.clone(), tokens)),
+    });
+    Ok(Ok(Admitted { headers, charge }))
+}

@@ -1,0 +1,152 @@
+//! The last stage: a request's answer made the client's response — the
+//! gateway's own (`/v1/models`), an error, or the upstream's answer
+//! prepared for the relay (an error page that is not JSON replaced, hop and
+//! internal headers dropped, the rate-limit headers added, the usage
+//! tapped).
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Response, StatusCode};
+
+use super::exchange::{Exchange, Facts};
+use super::forward::{self, Forwarded};
+use super::stream::{ProxyBody, RelayBody, UsageWatch};
+use crate::error::GatewayError;
+use crate::limit::Admitted;
+use crate::snapshot::{KeyEntry, Route, Snapshot};
+use crate::upstream::UpstreamBody;
+
+/// How a request is answered when it is not an error.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "Relay is the common case and lives only until the response is made; boxing it costs an allocation per request"
+)]
+pub enum Answer {
+    /// By the gateway itself (`/v1/models`).
+    Own(Bytes),
+    /// By relaying an upstream response.
+    Relay(Relayed),
+}
+
+/// An upstream response ready to relay, and what the relay needs.
+pub struct Relayed {
+    head: http::response::Parts,
+    body: UpstreamBody,
+    idle_timeout: Duration,
+    usage_watch: UsageWatch,
+    /// Request sent → response headers.
+    upstream_took: Duration,
+    headers_at: Instant,
+}
+
+/// The response for `answer`; the exchange is finished now, or by the
+/// relay when the relayed body ends.
+pub fn response(answer: Result<Answer, GatewayError>, exchange: Exchange) -> Response<ProxyBody> {
+    match answer {
+        Ok(Answer::Own(body)) => {
+            exchange.finish_without_body(200, None);
+            json_response(body)
+        }
+        Ok(Answer::Relay(relayed)) => {
+            let relay = RelayBody::new(
+                relayed.body,
+                exchange,
+                &relayed.head,
+                relayed.idle_timeout,
+                relayed.usage_watch,
+                relayed.upstream_took,
+                relayed.headers_at,
+            );
+            Response::from_parts(relayed.head, ProxyBody::Relay(relay))
+        }
+        Err(error) => {
+            exchange.finish_without_body(error.status().as_u16(), Some(&error));
+            error.response()
+        }
+    }
+}
+
+/// The upstream's answer, made ready to relay; `body_done`: when the
+/// client's body was read (the gateway's time before the upstream starts
+/// there).
+///
+/// # Errors
+/// An error status whose body is not JSON (a proxy's HTML 502): an
+/// OpenAI-shaped error with the same status, so the client's SDK can read
+/// it.
+pub fn relay(
+    forwarded: Forwarded,
+    route: &Route,
+    admitted: Option<&Admitted>,
+    strip_usage: bool,
+    body_done: Instant,
+    facts: &mut Facts,
+) -> Result<Answer, GatewayError> {
+    let upstream_status = forwarded.response.status();
+    if !upstream_status.is_success() && !is_json(forwarded.response.headers()) {
+        return Err(GatewayError::UpstreamNotJson(route.name.to_string(), upstream_status.as_u16()));
+    }
+    facts.endpoint = forwarded.in_flight;
+    facts.overhead_before = forwarded.sent_at.saturating_duration_since(body_done);
+    let (mut head, body) = forwarded.response.into_parts();
+    retain_returnable(&mut head.headers);
+    if let Some(admitted) = admitted {
+        admitted.headers.apply(&mut head.headers);
+    }
+    let usage_watch = match (head.status.is_success(), strip_usage) {
+        (false, _) => UsageWatch::Off,
+        (true, false) => UsageWatch::Tap,
+        (true, true) => UsageWatch::TapAndStripChunk,
+    };
+    if usage_watch == UsageWatch::TapAndStripChunk {
+        // The relayed body is shorter than the upstream's by the chunk taken out.
+        head.headers.remove(header::CONTENT_LENGTH);
+    }
+    Ok(Answer::Relay(Relayed {
+        head,
+        body,
+        idle_timeout: route.timeouts.idle,
+        usage_watch,
+        upstream_took: forwarded.headers_at - forwarded.sent_at,
+        headers_at: forwarded.headers_at,
+    }))
+}
+
+fn retain_returnable(headers: &mut HeaderMap) {
+    let hop: Vec<_> = headers.keys().filter(|name| !forward::returnable(name)).cloned().collect();
+    for name in hop {
+        headers.remove(name);
+    }
+}
+
+/// The models a key may use, in OpenAI's list format: each name as the
+/// key resolves it, listed once.
+pub fn models_list(snapshot: &Snapshot, key: &KeyEntry) -> Answer {
+    let data: Vec<serde_json::Value> = snapshot
+        .routes()
+        .iter()
+        .enumerate()
+        .filter(|(index, _)| key.allows(*index))
+        .flat_map(|(index, route)| route.names.iter().filter(move |name| snapshot.resolve(key, name) == Some(index)))
+        .map(|name| serde_json::json!({"id": name, "object": "model", "created": 0, "owned_by": "waycast"}))
+        .collect();
+    Answer::Own(Bytes::from(serde_json::json!({"object": "list", "data": data}).to_string()))
+}
+
+/// Whether a response says its body is JSON (`application/json`, or a
+/// `+json` type such as `application/problem+json`).
+fn is_json(headers: &HeaderMap) -> bool {
+    headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|value| {
+        let essence = value.split(';').next().unwrap_or_default().trim().to_ascii_lowercase();
+        essence == "application/json" || essence.ends_with("+json")
+    })
+}
+
+fn json_response(body: Bytes) -> Response<ProxyBody> {
+    let mut response = Response::new(ProxyBody::from(body));
+    *response.status_mut() = StatusCode::OK;
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
