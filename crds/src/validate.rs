@@ -606,19 +606,29 @@ mod tests {
             bad_tls,
             model("a b", &[]),
         ];
+        // A bad entry claims nothing: the good one after it, of the same
+        // name (or id, or hash), is served.
+        let mut bad_first = team("x", "team-c");
+        bad_first.backends[0].tls =
+            Some(crate::config::ClientTlsConfig { server_name: Some("a..b".into()), ..Default::default() });
+        config.models.extend([bad_first, team("x", "team-c")]);
         let other = "0".repeat(64);
         config.keys = vec![
             key("team-a/k1", HASH_A),
             key("team-b/k2", HASH_A),
             key("team-a/k1", &other),
             key("", &"1".repeat(64)),
+            key("team-c/k3", "not-a-digest"),
+            key("team-c/k3", &"2".repeat(64)),
+            key("", &"3".repeat(64)),
+            key("team-c/k4", &"3".repeat(64)),
         ];
         let review = config.review();
         assert_eq!(review.config, Vec::new());
-        assert_eq!(review.models.keys().copied().collect::<Vec<_>>(), [4, 5, 6], "{review:?}");
+        assert_eq!(review.models.keys().copied().collect::<Vec<_>>(), [4, 5, 6, 7], "{review:?}");
         assert!(review.models[&4][0].message.contains("already claimed by models[1].name"), "{review:?}");
         assert_eq!(review.models[&5][0].path, "models[5].backends[0].tls.serverName");
-        assert_eq!(review.keys.keys().copied().collect::<Vec<_>>(), [1, 2, 3], "{review:?}");
+        assert_eq!(review.keys.keys().copied().collect::<Vec<_>>(), [1, 2, 3, 4, 6], "{review:?}");
         config.settings.max_request_body_bytes = 0;
         assert_eq!(config.review().config[0].path, "settings.maxRequestBodyBytes");
         assert!(config.validate().is_err());

@@ -188,10 +188,15 @@ mod tests {
     /// change what the pods are said to serve, nor how many report.
     #[test]
     fn only_a_live_gateway_pods_own_lease_counts() {
+        let mut terminating = pod("gw-5d9f-e", "uid-e", "gw-5d9f");
+        terminating.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()));
         let pods = store(vec![
             pod("gw-5d9f-a", "uid-a", "gw-5d9f"),
             pod("gw-5d9f-b", "uid-b", "gw-5d9f"),
             pod("other-77-c", "uid-c", "other-77"),
+            pod("gw-5d9f-d", "uid-d", "gw-5d9f"),
+            terminating,
         ]);
         let leases = store(vec![
             lease("gw-5d9f-a", "gw-5d9f-a", "uid-a", "hash-1"),
@@ -199,6 +204,10 @@ mod tests {
             lease("gw-5d9f-b", "gw-5d9f-b", "uid-stale", "hash-new"),
             lease("copy-of-a", "gw-5d9f-a", "uid-a", "hash-new"),
             lease("other-77-c", "other-77-c", "uid-c", "hash-new"),
+            // The right pod's UID, but an owner of another name.
+            lease("gw-5d9f-d", "someone-else", "uid-d", "hash-new"),
+            // A pod of the Gateway's own that is being deleted.
+            lease("gw-5d9f-e", "gw-5d9f-e", "uid-e", "hash-new"),
         ]);
         let beats = heartbeats(&leases, &pods, &gateway());
         assert_eq!(reporting(&beats), ["hash-1"]);

@@ -37,7 +37,7 @@ pub async fn first_conflict(client: &Client, gateway: &Gateway) -> Result<Option
     let uid = gateway.metadata.uid.clone().ok_or(Error::Incomplete("uid"))?;
     let name = gateway.name_any();
     let config = render::config_secret_name(gateway);
-    let endpoints = render::endpoints::config_map_name(gateway);
+    let endpoints = render::meta::config_map_name(gateway);
     let (account, role, binding, secret, endpoints, deployment, service, hpa, pdb, policy) = tokio::join!(
         check::<ServiceAccount>(client, &namespace, &name, &uid),
         check::<Role>(client, &namespace, &name, &uid),

@@ -203,6 +203,41 @@ async fn a_request_that_could_not_be_written_goes_on_a_new_connection() {
     assert_eq!(body_of(response).await.unwrap(), "hello");
 }
 
+/// The upstream resets a pooled connection while the next request is being
+/// written (after its head, long before its 16 MB body is in): the write
+/// fails, so the request goes on a new connection, and is answered there.
+#[tokio::test]
+async fn a_request_whose_write_fails_midway_goes_on_a_new_connection() {
+    static BODY: std::sync::LazyLock<Vec<u8>> = std::sync::LazyLock::new(|| vec![b' '; 16 * 1024 * 1024]);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counter = accepted.clone();
+    tokio::spawn(async move {
+        let (mut first, _) = listener.accept().await.unwrap();
+        counter.fetch_add(1, Ordering::SeqCst);
+        read_request(&mut first).await.unwrap();
+        first.write_all(LENGTH).await.unwrap();
+        // The next request's first bytes, then an abortive close.
+        let mut head = [0u8; 64];
+        let _ = first.read(&mut head).await.unwrap();
+        #[allow(deprecated, reason = "a zero linger resets at once: nothing blocks")]
+        first.set_linger(Some(Duration::ZERO)).unwrap();
+        drop(first);
+        let (mut second, _) = listener.accept().await.unwrap();
+        counter.fetch_add(1, Ordering::SeqCst);
+        while read_request(&mut second).await.is_some() {
+            second.write_all(CHUNKED).await.unwrap();
+        }
+    });
+    let client = client();
+    let response = client.request(post(address, b"{}")).await.unwrap();
+    assert_eq!(body_of(response).await.unwrap(), "world");
+    let response = client.request(post(address, BODY.as_slice())).await.unwrap();
+    assert_eq!(body_of(response).await.unwrap(), "hello");
+    assert_eq!(accepted.load(Ordering::SeqCst), 2, "sent again, on a new connection");
+}
+
 #[tokio::test]
 async fn a_body_dropped_before_its_end_closes_the_connection() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -303,6 +338,17 @@ async fn hostile_answers_are_errors_not_panics() {
         assert!(error.to_string().contains(expected), "{error} for {expected}");
         assert!(!error.is_connect());
     }
+    // Exactly 8 informational heads are skipped; a ninth is refused.
+    let continues = |count: usize| -> &'static [u8] {
+        let heads = b"HTTP/1.1 100 Continue\r\n\r\n".repeat(count);
+        Box::leak([heads.as_slice(), LENGTH].concat().into_boxed_slice())
+    };
+    let (address, _) = scripted(vec![continues(8)]).await;
+    let response = client.request(post(address, b"{}")).await.unwrap();
+    assert_eq!(body_of(response).await.unwrap(), "world");
+    let (address, _) = scripted(vec![continues(9)]).await;
+    let error = client.request(post(address, b"{}")).await.err().expect("a ninth informational head is refused");
+    assert!(error.to_string().contains("more than 8 informational responses"), "{error}");
     // A body that breaks its framing fails the request, or the body if
     // the head came on its own.
     let broken_bodies: [(&'static [u8], FramingError); 2] = [
@@ -398,6 +444,16 @@ where
     F: Fn(tokio_rustls::server::TlsStream<TcpStream>) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
+    let (acceptor, client) = tls_pair();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    tokio::spawn(serve_tls(listener, acceptor, accepted.clone(), serve));
+    (address, client, accepted)
+}
+
+/// A TLS acceptor for `upstream`, and a client that trusts it.
+fn tls_pair() -> (tokio_rustls::TlsAcceptor, UpstreamClient) {
     let dir = waycast_mock::fixtures::temp_dir("http1-tls");
     let authority = waycast_mock::pki::Authority::generate(&dir, "ca").unwrap();
     let server = authority
@@ -405,30 +461,36 @@ where
         .unwrap();
     let acceptor =
         tokio_rustls::TlsAcceptor::from(waycast_mock::pki::server_tls(&server.cert, &server.key, None).unwrap());
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap();
-    let accepted = Arc::new(AtomicUsize::new(0));
-    let counter = accepted.clone();
-    let serve = Arc::new(serve);
-    tokio::spawn(async move {
-        while let Ok((socket, _)) = listener.accept().await {
-            counter.fetch_add(1, Ordering::SeqCst);
-            socket.set_nodelay(true).unwrap();
-            let (acceptor, serve) = (acceptor.clone(), serve.clone());
-            tokio::spawn(async move {
-                if let Ok(stream) = acceptor.accept(socket).await {
-                    serve(stream).await;
-                }
-            });
-        }
-    });
     let trusted = waycast_crds::config::ClientTlsConfig {
         ca_pem: Some(std::fs::read_to_string(&authority.files.cert).unwrap()),
         server_name: Some("upstream".into()),
         ..Default::default()
     };
     let client = crate::upstream::client(Duration::from_secs(2), &Arc::default(), Some(&trusted)).unwrap();
-    (address, client, accepted)
+    (acceptor, client)
+}
+
+/// Accepts TLS connections on `listener`, counting them, and serves each.
+async fn serve_tls<F, Fut>(
+    listener: TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    accepted: Arc<AtomicUsize>,
+    serve: F,
+) where
+    F: Fn(tokio_rustls::server::TlsStream<TcpStream>) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let serve = Arc::new(serve);
+    while let Ok((socket, _)) = listener.accept().await {
+        accepted.fetch_add(1, Ordering::SeqCst);
+        socket.set_nodelay(true).unwrap();
+        let (acceptor, serve) = (acceptor.clone(), serve.clone());
+        tokio::spawn(async move {
+            if let Ok(stream) = acceptor.accept(socket).await {
+                serve(stream).await;
+            }
+        });
+    }
 }
 
 fn tls_post(address: SocketAddr) -> UpstreamRequest {
@@ -507,4 +569,53 @@ async fn part_of_a_stray_record_closes_the_connection() {
         tokio::time::sleep(Duration::from_millis(30)).await;
     }
     assert_eq!(accepted.load(Ordering::SeqCst), 3, "a connection holding part of a record was reused");
+}
+
+/// A stray record that reaches the socket while the client's runtime is
+/// not running (so its reactor has not marked the socket readable, and a
+/// read through rustls sees nothing): only the look at the socket itself
+/// finds it. The connection is not reused.
+#[test]
+fn a_stray_record_the_reactor_has_not_seen_closes_the_connection() {
+    const STRAY: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nSTRAY";
+    let (acceptor, client) = tls_pair();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let (stray_sent, stray_arrived) = std::sync::mpsc::channel::<()>();
+    let counter = accepted.clone();
+    // The upstream runs on a thread and runtime of its own.
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async move {
+            let listener = TcpListener::from_std(listener).unwrap();
+            serve_tls(listener, acceptor, counter, move |mut stream| {
+                let stray_sent = stray_sent.clone();
+                async move {
+                    while read_request(&mut stream).await.is_some() {
+                        stream.write_all(LENGTH).await.unwrap();
+                        stream.flush().await.unwrap();
+                        // Once the client has read the answer (and so
+                        // pooled the connection), one more record.
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        let records = sealed(&mut stream, STRAY);
+                        stream.get_mut().0.write_all(&records).await.unwrap();
+                        let _ = stray_sent.send(());
+                    }
+                }
+            })
+            .await;
+        });
+    });
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let response = runtime.block_on(client.request(tls_post(address))).unwrap();
+    assert_eq!(runtime.block_on(body_of(response)).unwrap(), "world");
+    // Blocked outside the runtime: its reactor does not run while the
+    // stray record arrives.
+    stray_arrived.recv_timeout(Duration::from_secs(5)).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let response = runtime.block_on(client.request(tls_post(address))).unwrap();
+    assert_eq!(runtime.block_on(body_of(response)).unwrap(), "world");
+    assert_eq!(accepted.load(Ordering::SeqCst), 2, "a connection with a stray record on its socket was reused");
 }

@@ -18,7 +18,8 @@ use std::collections::BTreeSet;
 use waycast_crds::GatewayConfig;
 use waycast_crds::condition::reasons;
 
-use super::{Compiled, ObjectKey, Verdict};
+use super::Compiled;
+use super::verdict::{ObjectKey, Verdict};
 
 /// Which kind of entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

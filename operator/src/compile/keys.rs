@@ -11,8 +11,11 @@ use waycast_crds::api_key::SHOWN_PREFIX_LEN;
 use waycast_crds::condition::{MIN_KEY_LENGTH, reasons};
 use waycast_crds::config::KeyConfig;
 
-use super::models::{index, limits};
-use super::{Inputs, ObjectKey, Verdict, select};
+use super::inputs::Inputs;
+use super::models::limits;
+use super::secrets::index;
+use super::select;
+use super::verdict::{ObjectKey, Verdict};
 
 pub use waycast_crds::api_key::GENERATED_DATA_KEY;
 

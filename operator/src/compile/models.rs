@@ -10,23 +10,21 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt as _;
 use waycast_crds::ModelEndpoint;
 use waycast_crds::condition::reasons;
-use waycast_crds::config::{
-    BackendConfig, ClientTlsConfig, LimitsConfig, LoadBalancingConfig, ModelConfig, TimeoutsConfig,
-};
+use waycast_crds::config::{BackendConfig, LimitsConfig, LoadBalancingConfig, ModelConfig, TimeoutsConfig};
 use waycast_crds::egress;
-use waycast_crds::model_endpoint::{Backend, BackendAuth};
+use waycast_crds::model_endpoint::Backend;
 
-use super::{Inputs, ObjectKey, Verdict, select};
+use super::inputs::Inputs;
+use super::secrets::{backend_tls, credential, find};
+use super::select;
+use super::verdict::{ObjectKey, Verdict};
 
 /// The base path of a Service backend without `basePath`.
 pub const DEFAULT_BASE_PATH: &str = "/v1";
-
-/// The label a Secret needs before its value may be sent upstream.
-pub const CREDENTIAL_LABEL: &str = "waycast.dev/credential";
 
 /// The ModelEndpoints the Gateway serves (both sides consent), in the order
 /// name conflicts are settled: the Gateway's own namespace first, then
@@ -341,7 +339,7 @@ fn egress_check(url: &str, inputs: &Inputs<'_>) -> Result<(), String> {
     }
     let mut settings = waycast_crds::config::Settings::default();
     // An invalid range is the Gateway's own problem, reported on it.
-    let _ = super::egress_settings(inputs, &mut settings);
+    let _ = super::settings::egress_settings(inputs, &mut settings);
     let policy = egress::EgressPolicy::from_settings(&settings);
     // A metadata address is the validation's to refuse (Invalid, naming the field).
     let literal = egress::ip_literal(&host).filter(|address| !egress::is_metadata_address(*address));
@@ -349,124 +347,6 @@ fn egress_check(url: &str, inputs: &Inputs<'_>) -> Result<(), String> {
         Some(why) => Err(why),
         None => Ok(()),
     }
-}
-
-/// The header an upstream credential is sent in: `Authorization: Bearer
-/// <value>` by default, the value as it is in any other header.
-fn credential(
-    index: usize,
-    auth: &BackendAuth,
-    namespace: &str,
-    inputs: &Inputs<'_>,
-) -> Result<(String, String), Verdict> {
-    let field = format!("spec.backends[{index}].auth");
-    let reference = &auth.secret_ref;
-    let secret = opted_in_secret(&field, namespace, &reference.name, inputs.secrets)?;
-    let value = secret_text(&field, namespace, secret, &reference.key, inputs)?.trim().to_owned();
-    let header = auth.header.as_deref().unwrap_or("authorization").to_ascii_lowercase();
-    if header == "authorization" { Ok((header, format!("Bearer {value}"))) } else { Ok((header, value)) }
-}
-
-/// A backend's TLS settings with the PEM material read from the
-/// ModelEndpoint's namespace (opted-in Secrets only, as for credentials).
-fn backend_tls(
-    index: usize,
-    tls: &waycast_crds::common::ClientTls,
-    namespace: &str,
-    inputs: &Inputs<'_>,
-) -> Result<ClientTlsConfig, Verdict> {
-    let field = format!("spec.backends[{index}].tls");
-    let secrets = inputs.secrets;
-    let ca_pem = match &tls.ca_secret_ref {
-        None => None,
-        Some(reference) => {
-            let path = format!("{field}.caSecretRef");
-            let secret = opted_in_secret(&path, namespace, &reference.name, secrets)?;
-            Some(secret_text(&path, namespace, secret, &reference.key, inputs)?.to_owned())
-        }
-    };
-    let (client_cert_pem, client_key_pem) = match &tls.client_cert_secret_ref {
-        None => (None, None),
-        Some(reference) => {
-            let path = format!("{field}.clientCertSecretRef");
-            let secret = opted_in_secret(&path, namespace, &reference.name, secrets)?;
-            let certificate = secret_text(&path, namespace, secret, "tls.crt", inputs)?.to_owned();
-            (Some(certificate), Some(secret_text(&path, namespace, secret, "tls.key", inputs)?.to_owned()))
-        }
-    };
-    Ok(ClientTlsConfig { ca_pem, client_cert_pem, client_key_pem, server_name: tls.server_name.clone() })
-}
-
-/// The Secret `name` of `namespace`, if its team opted it in with the
-/// credential label.
-///
-/// NB: a team's Secret is read only when the team opted it in with the
-/// label; the key Secrets' copies in `secrets` carry no labels, so a key
-/// can never be named here.
-fn opted_in_secret<'a>(
-    field: &str,
-    namespace: &str,
-    name: &str,
-    secrets: &[&'a Secret],
-) -> Result<&'a Secret, Verdict> {
-    let mut matches = secrets
-        .iter()
-        .copied()
-        .filter(|o| o.metadata.namespace.as_deref() == Some(namespace) && o.metadata.name.as_deref() == Some(name));
-    let first = matches.next().ok_or_else(|| {
-        Verdict::refused(reasons::AUTH_SECRET_MISSING, format!("{field}: no such Secret in Secret {namespace}/{name}"))
-    })?;
-    let opted_in =
-        |s: &Secret| s.metadata.labels.as_ref().and_then(|l| l.get(CREDENTIAL_LABEL)).is_some_and(|v| v == "true");
-    std::iter::once(first).chain(matches).find(|s| opted_in(s)).ok_or_else(|| {
-        Verdict::refused(
-            reasons::SECRET_NOT_LABELLED,
-            format!(
-                "{field}: Secret {namespace}/{name} lacks the label {CREDENTIAL_LABEL}: \"true\"; only Secrets with it are sent upstream"
-            ),
-        )
-    })
-}
-
-/// The text under `key` of `secret`.
-fn secret_text<'a>(
-    field: &str,
-    namespace: &str,
-    secret: &'a Secret,
-    key: &str,
-    inputs: &Inputs<'_>,
-) -> Result<&'a str, Verdict> {
-    let name = secret.metadata.name.as_deref().unwrap_or_default();
-    if inputs.too_large.contains(&(namespace.to_owned(), name.to_owned())) {
-        let message = format!(
-            "{field}: Secret {namespace}/{name} holds more than {} bytes: it is not read",
-            crate::secret_data::MAX_SECRET_BYTES
-        );
-        return Err(Verdict::refused(reasons::SECRET_TOO_LARGE, message));
-    }
-    let missing = |what: &str| {
-        Verdict::refused(reasons::AUTH_SECRET_MISSING, format!("{field}: {what} in Secret {namespace}/{name}"))
-    };
-    let bytes = secret.data.as_ref().and_then(|d| d.get(key)).ok_or_else(|| missing(&format!("no key {key:?}")))?;
-    std::str::from_utf8(&bytes.0).map_err(|_| missing("a value that is not text"))
-}
-
-/// `objects` by `(namespace, name)`, for lookups that would otherwise scan
-/// the whole list once per ApiKey (quadratic at thousands of keys).
-pub fn index<'a, K: kube::Resource>(objects: &[&'a K]) -> std::collections::HashMap<(&'a str, &'a str), &'a K> {
-    objects
-        .iter()
-        .copied()
-        .filter_map(|o| Some(((o.meta().namespace.as_deref()?, o.meta().name.as_deref()?), o)))
-        .collect()
-}
-
-/// The object named `name` in `namespace`.
-pub fn find<'a, K: kube::Resource>(objects: &[&'a K], namespace: &str, name: &str) -> Option<&'a K> {
-    objects
-        .iter()
-        .copied()
-        .find(|o| o.meta().namespace.as_deref() == Some(namespace) && o.meta().name.as_deref() == Some(name))
 }
 
 /// The Secrets the served ModelEndpoints name (upstream credentials, CA
@@ -492,26 +372,4 @@ pub fn credential_secrets(inputs: &Inputs<'_>) -> impl Iterator<Item = (String, 
             .map(move |name| (namespace.clone(), name))
             .collect::<Vec<_>>()
     })
-}
-
-/// The Secrets a Gateway's Redis settings name (password, CA, client
-/// certificate; the platform team's own: no label needed), as
-/// `(namespace, name)`.
-pub fn redis_secrets(gateway: &waycast_crds::Gateway) -> Vec<(String, String)> {
-    let Some(redis) = gateway.spec.rate_limit.as_ref().and_then(|limits| limits.redis.as_ref()) else {
-        return Vec::new();
-    };
-    let tls = redis.tls.as_ref();
-    let mut names: Vec<&str> = [
-        redis.password_secret_ref.as_ref().map(|r| r.name.as_str()),
-        tls.and_then(|tls| tls.ca_secret_ref.as_ref()).map(|r| r.name.as_str()),
-        tls.and_then(|tls| tls.client_cert_secret_ref.as_ref()).map(|r| r.name.as_str()),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    names.sort_unstable();
-    names.dedup();
-    let namespace = gateway.namespace().unwrap_or_default();
-    names.into_iter().map(|name| (namespace.clone(), name.to_owned())).collect()
 }

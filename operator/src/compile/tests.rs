@@ -7,6 +7,7 @@ use k8s_openapi::api::core::v1::{Namespace, Secret, Service, ServicePort, Servic
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, Time};
 use waycast_crds::common::{Limits, ParentReference, SecretKeyRef};
 use waycast_crds::condition::reasons;
+use waycast_crds::config::RedisConfig;
 use waycast_crds::gateway::{NamespaceFrom, NamespacePolicy, RouteSelector};
 use waycast_crds::model_endpoint::{Backend, BackendAuth, ServiceBackend};
 use waycast_crds::{ApiKey, ApiKeySpec, Gateway, GatewaySpec, ModelEndpoint, ModelEndpointSpec};
@@ -88,7 +89,7 @@ fn key_secret(namespace: &str, api_key: &str, value: &str) -> Secret {
 /// A Secret its team opted in as an upstream credential.
 fn credential(namespace: &str, name: &str, key: &str, value: &str) -> Secret {
     let mut secret = secret(namespace, name, key, value);
-    secret.metadata.labels = Some([(models::CREDENTIAL_LABEL.to_owned(), "true".to_owned())].into());
+    secret.metadata.labels = Some([(secrets::CREDENTIAL_LABEL.to_owned(), "true".to_owned())].into());
     secret
 }
 
@@ -323,6 +324,34 @@ fn key_verdicts() {
     assert_eq!(compiled.config.keys[1].limits.unwrap().requests_per_minute, Some(60));
 }
 
+/// Of two ApiKeys holding the same key text, the older is served, whatever
+/// their names; the config still lists keys in name order.
+#[test]
+fn a_duplicate_key_is_decided_by_age_not_by_name() {
+    let mut world = World::quickstart();
+    let shared = "wc_dddddddddddddddddddddddddddddddddddddddddddd";
+    world.secrets.push(secret("demo", "a-new", "key", shared));
+    world.secrets.push(secret("demo", "z-old", "key", shared));
+    let user_key = |name: &str, created: i64| {
+        let mut api_key = api_key(
+            "demo",
+            name,
+            ApiKeySpec {
+                secret_ref: Some(SecretKeyRef { name: name.into(), key: "key".into() }),
+                ..ApiKeySpec::default()
+            },
+        );
+        api_key.metadata.creation_timestamp = Some(at(created));
+        api_key
+    };
+    world.keys.extend([user_key("a-new", 9_000), user_key("z-old", 1_000)]);
+    let compiled = world.compile();
+    assert_eq!(compiled.keys[&key("demo", "z-old")].verdict.reason, reasons::KEY_READY);
+    assert_eq!(compiled.keys[&key("demo", "a-new")].verdict.reason, reasons::DUPLICATE_KEY);
+    let served: Vec<&str> = compiled.config.keys.iter().map(|k| k.id.as_str()).collect();
+    assert_eq!(served, ["demo/alice", "demo/z-old"]);
+}
+
 #[test]
 fn namespace_selectors_pick_team_namespaces() {
     let mut world = World::quickstart();
@@ -377,7 +406,7 @@ fn redis_counting_reaches_the_config_with_its_password_or_the_gateway_says_why_n
         failure_mode: Some(FailureMode::Closed),
     });
     assert_eq!(
-        models::redis_secrets(&world.gateway),
+        secrets::redis_secrets(&world.gateway),
         vec![("demo".to_owned(), "redis".to_owned())],
         "the shell fetches the password Secret"
     );
@@ -413,7 +442,7 @@ fn redis_counting_reaches_the_config_with_its_password_or_the_gateway_says_why_n
         server_name: Some("redis.infra.svc".into()),
     });
     assert_eq!(
-        models::redis_secrets(&world.gateway),
+        secrets::redis_secrets(&world.gateway),
         ["redis", "redis-ca", "redis-client"].map(|name| ("demo".to_owned(), name.to_owned())).to_vec()
     );
     let refused = world.compile().gateway.expect("the CA is missing");
@@ -668,6 +697,7 @@ fn loopback_the_cluster_and_the_api_server_are_closed_to_url_backends_by_default
         url("pod-ip", "http://10.244.0.7:8000/v1"),
         url("apiserver", "https://192.168.49.2:6443/v1"),
         url("external", "https://api.openai.com/v1"),
+        url("private", "http://172.16.5.5:8000/v1"),
     ]);
     let catalog_world = |world: &World, ranges: &[&str], api_server: &[&str]| {
         let mut catalog =
@@ -688,10 +718,17 @@ fn loopback_the_cluster_and_the_api_server_are_closed_to_url_backends_by_default
     }
     // Not known, or known in part: every private range is closed still.
     let unknown = catalog_world(&world, &[], &[]);
-    assert!(unknown.config.settings.closed_cidrs.iter().any(|c| c == "10.0.0.0/8"));
     assert_eq!(unknown.models[&key("demo", "pod-ip")].reason, reasons::NOT_ALLOWED_BY_GATEWAY);
     let public = catalog_world(&world, &["198.18.0.0/15"], &[]);
     assert!(public.config.settings.closed_cidrs.iter().any(|c| c == "198.18.0.0/15"), "a public cluster range");
+    for known in [&compiled, &unknown, &public] {
+        let closed = &known.config.settings.closed_cidrs;
+        for range in waycast_crds::egress::PRIVATE_RANGES {
+            assert!(closed.iter().any(|c| c == range), "{range} not closed: {closed:?}");
+        }
+        // A private address outside every range the operator found.
+        assert_eq!(known.models[&key("demo", "private")].reason, reasons::NOT_ALLOWED_BY_GATEWAY);
+    }
     // Opened by the Gateway.
     world.gateway.spec.egress = Some(waycast_crds::gateway::GatewayEgress {
         allowed_cidrs: vec!["10.244.0.0/16".into()],
@@ -714,12 +751,20 @@ fn a_service_without_a_selector_is_held_to_the_egress_rules() {
     if let Some(spec) = manual.spec.as_mut() {
         spec.selector = None;
     }
-    world.services.push(manual);
+    // An empty selector selects no pods either.
+    let mut empty = service("demo", "empty", "10.96.0.98", 8000);
+    if let Some(spec) = empty.spec.as_mut() {
+        spec.selector = Some(BTreeMap::new());
+    }
+    world.services.extend([manual, empty]);
     world.models.push(model_endpoint("demo", "manual", 10, "manual", vec![service_backend("manual", 8000)]));
+    world.models.push(model_endpoint("demo", "empty", 11, "empty", vec![service_backend("empty", 8000)]));
     let compiled = world.compile();
-    let verdict = &compiled.models[&key("demo", "manual")];
-    assert_eq!(verdict.reason, reasons::NOT_ALLOWED_BY_GATEWAY);
-    assert!(verdict.message.contains("selects no pods"), "{}", verdict.message);
+    for name in ["manual", "empty"] {
+        let verdict = &compiled.models[&key("demo", name)];
+        assert_eq!(verdict.reason, reasons::NOT_ALLOWED_BY_GATEWAY, "{name}");
+        assert!(verdict.message.contains("selects no pods"), "{name}: {}", verdict.message);
+    }
     world.gateway.spec.egress = Some(waycast_crds::gateway::GatewayEgress {
         allowed_cidrs: vec!["10.96.0.99/32".into()],
         ..Default::default()

@@ -160,7 +160,7 @@ fn fit_in_secret(catalog: &Catalog, gateway: &Gateway, compiled: &mut compile::C
 async fn fetch_secrets(catalog: &mut Catalog, context: &Context, gateway: &Gateway) -> Result<(), Error> {
     use k8s_openapi::api::core::v1::Secret;
     let (client, stores) = (&context.client, &context.stores);
-    for (namespace, name) in compile::models::redis_secrets(gateway) {
+    for (namespace, name) in compile::secrets::redis_secrets(gateway) {
         if let Some(secret) = bounded(Api::<Secret>::namespaced(client.clone(), &namespace).get_opt(&name)).await? {
             catalog.secrets.push(Arc::new(secret));
         }

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Secret;
 use waycast_crds::config::SECRET_KEY_GZIP;
 use waycast_crds::{Gateway, GatewayConfig};
 
-use super::{CONFIG_HASH_ANNOTATION, config_secret_name, owned_meta};
+use super::meta::{CONFIG_HASH_ANNOTATION, config_secret_name, owned_meta};
 
 /// The largest gzipped config written to a Secret. The API server refuses
 /// Secrets whose data exceeds 1 MiB; the rest is headroom for metadata.

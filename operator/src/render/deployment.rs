@@ -18,10 +18,10 @@ use waycast_crds::Gateway;
 use waycast_crds::gateway::LogLevel;
 use waycast_crds::gateway_pod::{arg, env, flag};
 
-use super::{
-    ADMIN_PORT, DRAIN_SECONDS, PRE_STOP_SECONDS, PUBLIC_PORT, RenderSettings, config_secret_name, owned_meta,
-    selector_labels,
+use super::meta::{
+    ADMIN_PORT, DRAIN_SECONDS, PRE_STOP_SECONDS, PUBLIC_PORT, config_secret_name, owned_meta, selector_labels,
 };
+use super::settings::RenderSettings;
 
 /// The non-root user of the gateway image.
 pub const GATEWAY_USER: i64 = 65532;
@@ -90,7 +90,7 @@ pub fn deployment(gateway: &Gateway, settings: &RenderSettings) -> Deployment {
         arg(flag::CONFIG_SECRET),
         format!("{namespace}/{}", config_secret_name(gateway)),
         arg(flag::ENDPOINTS_CONFIGMAP),
-        format!("{namespace}/{}", super::endpoints::config_map_name(gateway)),
+        format!("{namespace}/{}", super::meta::config_map_name(gateway)),
         arg(flag::LISTEN),
         format!("0.0.0.0:{PUBLIC_PORT}"),
         arg(flag::ADMIN_LISTEN),

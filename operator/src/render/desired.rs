@@ -9,7 +9,8 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use waycast_crds::{Gateway, GatewayConfig};
 
-use super::{RenderSettings, config_secret, deployment, network_policy, rbac, scaling, service};
+use super::settings::RenderSettings;
+use super::{config_secret, deployment, network_policy, rbac, scaling, service};
 
 /// Every object a Gateway owns, as it should be.
 #[derive(Debug, Clone)]

@@ -14,12 +14,11 @@ use std::net::{IpAddr, SocketAddr};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::ResourceExt as _;
 use waycast_crds::Gateway;
 use waycast_crds::config::GatewayConfig;
 use waycast_crds::endpoints::{ENDPOINTS_DATA_KEY, EndpointsDocument, MAX_ADDRESSES_PER_SERVICE, parse_service_key};
 
-use super::owned_meta;
+use super::meta::{config_map_name, owned_meta};
 
 /// The label an EndpointSlice carries with its Service's name.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -35,11 +34,6 @@ pub const MANAGED_BY_LABEL: (&str, &str) =
 pub fn is_controller_managed(slice: &EndpointSlice) -> bool {
     slice.metadata.labels.as_ref().and_then(|l| l.get(MANAGED_BY_LABEL.0)).map(String::as_str)
         == Some(MANAGED_BY_LABEL.1)
-}
-
-/// `<gateway>-endpoints`.
-pub fn config_map_name(gateway: &Gateway) -> String {
-    format!("{}-endpoints", gateway.name_any())
 }
 
 /// The Service keys (`namespace/name:port`) a config routes to.

@@ -15,82 +15,16 @@ pub mod config_secret;
 pub mod deployment;
 pub mod desired;
 pub mod endpoints;
+pub mod meta;
 pub mod network_policy;
 pub mod rbac;
 pub mod scaling;
 pub mod service;
+pub mod settings;
 
-use std::collections::BTreeMap;
-
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::{Resource as _, ResourceExt as _};
-use waycast_crds::Gateway;
-
-/// The label every gateway pod, owned object and heartbeat Lease carries
-/// with its Gateway's name (one contract, in `waycast_crds::heartbeat`).
 pub use desired::{Desired, desired};
-pub use waycast_crds::heartbeat::GATEWAY_LABEL;
-/// The annotation carrying the config hash on the config Secret.
-pub const CONFIG_HASH_ANNOTATION: &str = "waycast.dev/config-hash";
-/// The field manager of everything the operator applies.
-pub const FIELD_MANAGER: &str = "waycast-operator";
-
-/// Public (proxy) port of the gateway container.
-pub const PUBLIC_PORT: i32 = 8080;
-/// Admin port (`/metrics`, `/healthz`, `/readyz`).
-pub const ADMIN_PORT: i32 = 9090;
-/// How long gateway pods drain in-flight requests after SIGTERM.
-pub const DRAIN_SECONDS: i64 = 30;
-/// The preStop pause that lets endpoints drop the pod before it stops accepting.
-pub const PRE_STOP_SECONDS: i64 = 5;
-
-/// The operator-wide settings render needs.
-#[derive(Debug, Clone)]
-pub struct RenderSettings {
-    /// Gateway image when the Gateway does not name one.
-    pub gateway_image: String,
-    /// The gateway pods' NetworkPolicy; `None`: none.
-    pub network_policy: Option<network_policy::NetworkPolicySettings>,
-}
-
-/// Labels that select a Gateway's pods.
-pub fn selector_labels(gateway: &Gateway) -> BTreeMap<String, String> {
-    use waycast_crds::heartbeat::{GATEWAY_POD_NAME, POD_INSTANCE_LABEL, POD_NAME_LABEL};
-    BTreeMap::from([
-        (POD_NAME_LABEL.to_owned(), GATEWAY_POD_NAME.to_owned()),
-        (POD_INSTANCE_LABEL.to_owned(), gateway.name_any()),
-    ])
-}
-
-/// Labels on every object a Gateway owns.
-pub fn labels(gateway: &Gateway) -> BTreeMap<String, String> {
-    let mut labels = selector_labels(gateway);
-    labels.insert("app.kubernetes.io/component".to_owned(), "gateway".to_owned());
-    labels.insert("app.kubernetes.io/managed-by".to_owned(), FIELD_MANAGER.to_owned());
-    labels.insert(GATEWAY_LABEL.to_owned(), gateway.name_any());
-    labels
-}
-
-/// Metadata of an owned object named `name`: namespace, labels, and the
-/// Gateway as controlling owner (so deleting it collects everything).
-pub fn owned_meta(gateway: &Gateway, name: String) -> ObjectMeta {
-    ObjectMeta {
-        name: Some(name),
-        namespace: gateway.namespace(),
-        labels: Some(labels(gateway)),
-        owner_references: owner_reference(gateway).map(|owner| vec![owner]),
-        ..ObjectMeta::default()
-    }
-}
-
-fn owner_reference(gateway: &Gateway) -> Option<OwnerReference> {
-    gateway.controller_owner_ref(&())
-}
-
-/// The config Secret's name: `<gateway>-config`.
-pub fn config_secret_name(gateway: &Gateway) -> String {
-    format!("{}-config", gateway.name_any())
-}
+pub use meta::{CONFIG_HASH_ANNOTATION, FIELD_MANAGER, GATEWAY_LABEL, config_secret_name, selector_labels};
+pub use settings::RenderSettings;
 
 #[cfg(test)]
 pub(crate) mod fixtures {

@@ -18,7 +18,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt as _;
 use waycast_crds::Gateway;
 
-use super::{ADMIN_PORT, PUBLIC_PORT, owned_meta, selector_labels};
+use super::meta::{ADMIN_PORT, PUBLIC_PORT, owned_meta, selector_labels};
 
 /// What the platform team set for the gateway pods' NetworkPolicy.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -37,6 +37,15 @@ pub fn network_policy(gateway: &Gateway, settings: Option<&NetworkPolicySettings
         protocol: Some("TCP".into()),
         ..NetworkPolicyPort::default()
     };
+    let mut ingress = vec![NetworkPolicyIngressRule { ports: Some(vec![port(PUBLIC_PORT)]), from: None }];
+    // NB: a rule whose `from` is empty admits every source: with no peer
+    // named, the admin port gets no rule at all, which admits no one.
+    if !settings.metrics_from.is_empty() {
+        ingress.push(NetworkPolicyIngressRule {
+            ports: Some(vec![port(ADMIN_PORT)]),
+            from: Some(settings.metrics_from.clone()),
+        });
+    }
     let mut policy_types = vec!["Ingress".to_owned()];
     if !settings.egress.is_empty() {
         policy_types.push("Egress".to_owned());
@@ -46,15 +55,7 @@ pub fn network_policy(gateway: &Gateway, settings: Option<&NetworkPolicySettings
         spec: Some(NetworkPolicySpec {
             pod_selector: Some(LabelSelector { match_labels: Some(selector_labels(gateway)), ..Default::default() }),
             policy_types: Some(policy_types),
-            ingress: Some(vec![
-                NetworkPolicyIngressRule { ports: Some(vec![port(PUBLIC_PORT)]), from: None },
-                NetworkPolicyIngressRule {
-                    ports: Some(vec![port(ADMIN_PORT)]),
-                    // NB: an empty list would admit everyone; no peer
-                    // named admits no one.
-                    from: Some(settings.metrics_from.clone()),
-                },
-            ]),
+            ingress: Some(ingress),
             egress: (!settings.egress.is_empty()).then(|| settings.egress.clone()),
         }),
     })
@@ -83,9 +84,16 @@ mod tests {
         assert_eq!(ingress[0].from, None, "the proxy port is open");
         assert_eq!(ingress[1].ports.as_ref().unwrap()[0].port, Some(IntOrString::Int(ADMIN_PORT)));
         assert_eq!(ingress[1].from.as_deref(), Some(&[scraper][..]));
+        // An empty `from` would admit every source (Kubernetes' rule): with
+        // no peer named, no rule names the admin port at all.
         let closed = NetworkPolicySettings::default();
         let spec = network_policy(&gateway, Some(&closed)).unwrap().spec.unwrap();
-        assert_eq!(spec.ingress.unwrap()[1].from, Some(Vec::new()), "no peer: nobody, not everybody");
+        let ingress = spec.ingress.unwrap();
+        let admin = |rule: &NetworkPolicyIngressRule| {
+            rule.ports.iter().flatten().any(|p| p.port == Some(IntOrString::Int(ADMIN_PORT)))
+        };
+        assert!(!ingress.iter().any(admin), "no peer: nobody, not everybody: {ingress:?}");
+        assert!(ingress.iter().all(|rule| rule.from.as_ref().is_none_or(|from| !from.is_empty())), "{ingress:?}");
         let egress = NetworkPolicySettings { egress: vec![NetworkPolicyEgressRule::default()], ..closed };
         let spec = network_policy(&gateway, Some(&egress)).unwrap().spec.unwrap();
         assert_eq!(spec.policy_types.unwrap(), ["Ingress", "Egress"]);

@@ -7,7 +7,7 @@ use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject
 use kube::ResourceExt as _;
 use waycast_crds::Gateway;
 
-use super::{config_secret_name, owned_meta};
+use super::meta::{config_map_name, config_secret_name, owned_meta};
 
 /// The ServiceAccount gateway pods run as (named like the Gateway).
 pub fn service_account(gateway: &Gateway) -> ServiceAccount {
@@ -37,7 +37,7 @@ pub fn role(gateway: &Gateway) -> Role {
             PolicyRule {
                 api_groups: Some(vec![String::new()]),
                 resources: Some(vec!["configmaps".into()]),
-                resource_names: Some(vec![super::endpoints::config_map_name(gateway)]),
+                resource_names: Some(vec![config_map_name(gateway)]),
                 verbs: verbs(&["get", "list", "watch"]),
                 ..PolicyRule::default()
             },

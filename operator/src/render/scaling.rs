@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt as _;
 use waycast_crds::Gateway;
 
-use super::{owned_meta, selector_labels};
+use super::meta::{owned_meta, selector_labels};
 
 /// Default CPU target when autoscaling names no target.
 pub const DEFAULT_CPU_TARGET: i32 = 80;

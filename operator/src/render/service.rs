@@ -6,7 +6,7 @@ use kube::ResourceExt as _;
 use waycast_crds::Gateway;
 use waycast_crds::gateway::ServiceType;
 
-use super::{owned_meta, selector_labels};
+use super::meta::{owned_meta, selector_labels};
 
 /// The Service: `spec.service.type` (ClusterIP), port 80 (443 with TLS)
 /// to the pods' `http` port.

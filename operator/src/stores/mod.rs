@@ -6,6 +6,8 @@
 //! NB: hand-built rather than kube's shared reflectors: see
 //! docs/operator.md ("Stores").
 
+mod views;
+
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::Arc;
@@ -385,12 +387,8 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
     // Only the owner and what identifies a key Secret are kept: at 10,000
     // of them their label maps alone were 5 MB (a B-tree node each), and
     // the operator selects them by that label in the watch.
-    let key_secret_view = |secret: &mut PartialObjectMeta<Secret>| {
-        let meta = &mut secret.metadata;
-        (meta.labels, meta.annotations, meta.uid, meta.creation_timestamp) = (None, None, None, None);
-    };
     let (key_secrets, key_secrets_changed) = store_of(
-        all::<PartialObjectMeta<Secret>>(client, secrets).modify(key_secret_view),
+        all::<PartialObjectMeta<Secret>>(client, secrets).modify(views::key_secret),
         any_change,
         Box::new(move |secret: &PartialObjectMeta<Secret>, _| {
             if let Some(owner) = owner_of::<ApiKey>(secret) {
@@ -400,7 +398,7 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
     );
     // Upstream credentials: only the Secrets their teams opted in, so the
     // operator neither caches nor reads any other Secret of a team.
-    let credentials = watcher::Config::default().labels(&format!("{}=true", compile::models::CREDENTIAL_LABEL));
+    let credentials = watcher::Config::default().labels(&format!("{}=true", compile::secrets::CREDENTIAL_LABEL));
     let (credentials, credentials_changed) =
         store_of(all::<PartialObjectMeta<Secret>>(client, credentials), any_change, ignore());
     // Metadata only: the operator needs to know which config each Secret
@@ -419,42 +417,15 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
     // Every Service's endpoints, but only what picking reads: at a pod's
     // churn the slice's other fields (topology, hints, target refs) change
     // too and would only cost memory.
-    let slice_view = |slice: &mut EndpointSlice| {
-        // NB: only the EndpointSlice controller's slices are believed: one
-        // written by hand (or mirrored from hand-written Endpoints) may
-        // list any address, and the gateway would reach it unguarded.
-        if !render::endpoints::is_controller_managed(slice) {
-            slice.endpoints.clear();
-        }
-        let service = slice.labels().get(render::endpoints::SERVICE_NAME_LABEL).cloned();
-        let meta = &mut slice.metadata;
-        (meta.annotations, meta.owner_references, meta.generate_name) = (None, None, None);
-        meta.labels = service.map(|name| [(render::endpoints::SERVICE_NAME_LABEL.to_owned(), name)].into());
-        for endpoint in &mut slice.endpoints {
-            (endpoint.target_ref, endpoint.node_name, endpoint.zone, endpoint.hints, endpoint.hostname) =
-                (None, None, None, None, None);
-            endpoint.deprecated_topology = None;
-        }
-    };
     let (endpoint_slices, endpoint_slices_changed) =
-        store_of(all(client, watcher::Config::default()).modify(slice_view), endpoint_content, ignore());
+        store_of(all(client, watcher::Config::default()).modify(views::endpoint_slice), endpoint_content, ignore());
     // Pods' heartbeats: a pod reporting another config moves its Gateway's status.
     let heartbeats = watcher::Config::default().labels(render::GATEWAY_LABEL);
     let gateway_feed = feeds.gateways.clone();
     // Only the heartbeat's own annotations are kept, each bounded: anyone
     // may write a Lease with the label in a namespace of their own.
-    let lease_view = |lease: &mut Lease| {
-        use waycast_crds::heartbeat::{DROPPED_ENTRIES_ANNOTATION, REFUSED_HASH_ANNOTATION, REFUSED_REASON_ANNOTATION};
-        const MAX_ANNOTATION_BYTES: usize = 64 * 1024;
-        if let Some(annotations) = lease.metadata.annotations.as_mut() {
-            annotations.retain(|key, value| {
-                [REFUSED_HASH_ANNOTATION, REFUSED_REASON_ANNOTATION, DROPPED_ENTRIES_ANNOTATION].contains(&key.as_str())
-                    && value.len() <= MAX_ANNOTATION_BYTES
-            });
-        }
-    };
     let (leases, _) = store_of(
-        all(client, heartbeats).modify(lease_view),
+        all(client, heartbeats).modify(views::lease),
         heartbeat,
         Box::new(move |lease: &Lease, _| {
             if let (Some(gateway), Some(namespace)) = (lease.labels().get(render::GATEWAY_LABEL), lease.namespace()) {
@@ -467,16 +438,8 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
     // their own like a gateway pod, with anything else on it.
     let pods = watcher::Config::default().labels("app.kubernetes.io/name=waycast-gateway");
     let gateway_feed = feeds.gateways.clone();
-    let pod_view = |pod: &mut PartialObjectMeta<Pod>| {
-        use waycast_crds::heartbeat::{POD_INSTANCE_LABEL, POD_NAME_LABEL};
-        let meta = &mut pod.metadata;
-        meta.annotations = None;
-        if let Some(labels) = meta.labels.as_mut() {
-            labels.retain(|key, _| key == POD_NAME_LABEL || key == POD_INSTANCE_LABEL);
-        }
-    };
     let (gateway_pods, _) = store_of(
-        all::<PartialObjectMeta<Pod>>(client, pods).modify(pod_view),
+        all::<PartialObjectMeta<Pod>>(client, pods).modify(views::gateway_pod),
         any_change,
         Box::new(move |pod: &PartialObjectMeta<Pod>, _| {
             let instance = pod.labels().get("app.kubernetes.io/instance");

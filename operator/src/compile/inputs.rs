@@ -1,0 +1,30 @@
+//! What compile reads: a Gateway and what the stores hold.
+
+use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use waycast_crds::{ApiKey, Gateway, ModelEndpoint};
+
+/// What compile reads.
+pub struct Inputs<'a> {
+    /// The Gateway being compiled.
+    pub gateway: &'a Gateway,
+    /// Every namespace (for `Selector` namespace policies).
+    pub namespaces: &'a [&'a Namespace],
+    /// Every ModelEndpoint.
+    pub model_endpoints: &'a [&'a ModelEndpoint],
+    /// Every ApiKey.
+    pub api_keys: &'a [&'a ApiKey],
+    /// Services that backends may name.
+    pub services: &'a [&'a Service],
+    /// Key Secrets (labels stripped), upstream credential Secrets (with
+    /// their labels: only those with `waycast.dev/credential: "true"` are
+    /// used), and referenced Secrets known only by their metadata.
+    pub secrets: &'a [&'a Secret],
+    /// The cluster's Service and Pod ranges (empty: not known, and every
+    /// private range is closed to `url` backends instead).
+    pub cluster_ranges: &'a [String],
+    /// The API server's addresses, as host ranges.
+    pub api_server: &'a [String],
+    /// Referenced Secrets whose data is too large to be read, as
+    /// `(namespace, name)`: the objects naming them are refused.
+    pub too_large: &'a std::collections::BTreeSet<(String, String)>,
+}

@@ -1,0 +1,131 @@
+//! What each store keeps of the objects it watches: only what the
+//! operator reads, so that memory stays bounded, and only what it may
+//! believe, since anyone who may write such an object may write anything
+//! in it.
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::ResourceExt as _;
+use kube::core::PartialObjectMeta;
+use waycast_crds::heartbeat::{
+    DROPPED_ENTRIES_ANNOTATION, POD_INSTANCE_LABEL, POD_NAME_LABEL, REFUSED_HASH_ANNOTATION, REFUSED_REASON_ANNOTATION,
+};
+
+use crate::render::endpoints::{SERVICE_NAME_LABEL, is_controller_managed};
+
+/// Longest heartbeat annotation kept.
+pub const MAX_ANNOTATION_BYTES: usize = 64 * 1024;
+
+/// A key Secret: its name, namespace, owner and version. At 10,000 of them
+/// their label maps alone were 5 MB (a B-tree node each), and the watch
+/// selects them by that label already.
+pub fn key_secret(secret: &mut PartialObjectMeta<Secret>) {
+    let meta = &mut secret.metadata;
+    (meta.labels, meta.annotations, meta.uid, meta.creation_timestamp) = (None, None, None, None);
+}
+
+/// An EndpointSlice: its Service, ports and endpoints' addresses and
+/// conditions (what picking reads: at a pod's churn the other fields —
+/// topology, hints, target refs — change too and would only cost memory).
+///
+/// NB: only the EndpointSlice controller's slices keep their endpoints:
+/// one written by hand (or mirrored from hand-written Endpoints) may list
+/// any address, and the gateway would reach it unguarded.
+pub fn endpoint_slice(slice: &mut EndpointSlice) {
+    if !is_controller_managed(slice) {
+        slice.endpoints.clear();
+    }
+    let service = slice.labels().get(SERVICE_NAME_LABEL).cloned();
+    let meta = &mut slice.metadata;
+    (meta.annotations, meta.owner_references, meta.generate_name) = (None, None, None);
+    meta.labels = service.map(|name| [(SERVICE_NAME_LABEL.to_owned(), name)].into());
+    for endpoint in &mut slice.endpoints {
+        (endpoint.target_ref, endpoint.node_name, endpoint.zone, endpoint.hints, endpoint.hostname) =
+            (None, None, None, None, None);
+        endpoint.deprecated_topology = None;
+    }
+}
+
+/// A heartbeat Lease: only the heartbeat's own annotations, each bounded
+/// (anyone may write a Lease with the label in a namespace of their own).
+pub fn lease(lease: &mut Lease) {
+    if let Some(annotations) = lease.metadata.annotations.as_mut() {
+        annotations.retain(|key, value| {
+            [REFUSED_HASH_ANNOTATION, REFUSED_REASON_ANNOTATION, DROPPED_ENTRIES_ANNOTATION].contains(&key.as_str())
+                && value.len() <= MAX_ANNOTATION_BYTES
+        });
+    }
+}
+
+/// A gateway pod's metadata: only the labels that tell whose pod it is
+/// (anyone may label a pod of their own like a gateway pod, with anything
+/// else on it).
+pub fn gateway_pod(pod: &mut PartialObjectMeta<Pod>) {
+    let meta = &mut pod.metadata;
+    meta.annotations = None;
+    if let Some(labels) = meta.labels.as_mut() {
+        labels.retain(|key, _| key == POD_NAME_LABEL || key == POD_INSTANCE_LABEL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::discovery::v1::Endpoint;
+    use kube::api::ObjectMeta;
+
+    use super::*;
+    use crate::render::endpoints::MANAGED_BY_LABEL;
+
+    fn slice(managed_by: Option<&str>) -> EndpointSlice {
+        let mut labels = std::collections::BTreeMap::from([(SERVICE_NAME_LABEL.to_owned(), "vllm".to_owned())]);
+        if let Some(manager) = managed_by {
+            labels.insert(MANAGED_BY_LABEL.0.to_owned(), manager.to_owned());
+        }
+        EndpointSlice {
+            metadata: ObjectMeta { labels: Some(labels), ..Default::default() },
+            address_type: "IPv4".into(),
+            endpoints: vec![Endpoint {
+                addresses: vec!["10.0.0.7".into()],
+                node_name: Some("node-a".into()),
+                ..Default::default()
+            }],
+            ports: None,
+        }
+    }
+
+    /// Only slices Kubernetes' EndpointSlice controller wrote keep their
+    /// addresses: a slice by hand, by the mirroring controller, or by
+    /// anything else lists no endpoint a gateway would reach.
+    #[test]
+    fn only_the_endpointslice_controllers_slices_keep_their_endpoints() {
+        let mut managed = slice(Some(MANAGED_BY_LABEL.1));
+        endpoint_slice(&mut managed);
+        assert_eq!(managed.endpoints.len(), 1);
+        assert_eq!(managed.endpoints[0].addresses, ["10.0.0.7"]);
+        assert_eq!(managed.endpoints[0].node_name, None, "what picking does not read is dropped");
+        assert_eq!(managed.labels().get(SERVICE_NAME_LABEL).map(String::as_str), Some("vllm"));
+        for manager in [None, Some("endpointslice-mirroring-controller.k8s.io"), Some("team-b.example/slicer")] {
+            let mut other = slice(manager);
+            endpoint_slice(&mut other);
+            assert!(other.endpoints.is_empty(), "{manager:?}");
+            assert_eq!(other.labels().get(SERVICE_NAME_LABEL).map(String::as_str), Some("vllm"));
+        }
+    }
+
+    #[test]
+    fn a_lease_keeps_only_the_heartbeats_own_bounded_annotations() {
+        let mut forged = Lease::default();
+        forged.metadata.annotations = Some(
+            [
+                (REFUSED_HASH_ANNOTATION.to_owned(), "abc".to_owned()),
+                (REFUSED_REASON_ANNOTATION.to_owned(), "x".repeat(MAX_ANNOTATION_BYTES + 1)),
+                ("something.else/big".to_owned(), "y".repeat(1000)),
+            ]
+            .into(),
+        );
+        lease(&mut forged);
+        let kept = forged.metadata.annotations.unwrap();
+        assert_eq!(kept.keys().collect::<Vec<_>>(), [REFUSED_HASH_ANNOTATION]);
+    }
+}
