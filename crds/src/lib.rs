@@ -23,8 +23,10 @@ pub mod egress;
 pub mod endpoints;
 pub mod gateway;
 pub mod gateway_pod;
+pub mod glob;
 pub mod heartbeat;
 pub mod model_endpoint;
+pub mod problems;
 pub mod tls;
 pub mod validate;
 

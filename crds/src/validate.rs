@@ -14,48 +14,15 @@
 //! object lives in the per-object functions.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::time::Duration;
 
 use crate::common::{RESERVED_HEADERS, is_forbidden_in_name};
 use crate::config::{BackendConfig, CONFIG_API_VERSION, GatewayConfig, KeyConfig, LimitsConfig, ModelConfig};
 use crate::egress::{self, Cidr};
+pub use crate::problems::{Problem, Problems};
 
 /// Largest request body a config may allow: 1 GiB.
 pub const MAX_REQUEST_BODY_LIMIT: u64 = 1024 * 1024 * 1024;
-
-/// One thing wrong with a config, and where.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Problem {
-    /// Path in the document, e.g. `models[1].backends[0].url`.
-    pub path: String,
-    /// What is wrong.
-    pub message: String,
-}
-
-impl fmt::Display for Problem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.path, self.message)
-    }
-}
-
-/// Every problem found in one config.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Problems(pub Vec<Problem>);
-
-impl fmt::Display for Problems {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (index, problem) in self.0.iter().enumerate() {
-            if index > 0 {
-                f.write_str("; ")?;
-            }
-            write!(f, "{problem}")?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for Problems {}
 
 #[derive(Default)]
 struct Collector(Vec<Problem>);

@@ -135,13 +135,19 @@ fn aggregated_roles_split_teams_from_gateway_authors() {
         role.metadata.labels.as_ref().and_then(|l| l.get(&format!("rbac.authorization.k8s.io/aggregate-to-{to}")))
             == Some(&"true".to_owned())
     };
-    // Which writes each built-in role gains, over all roles aggregated into it.
+    // Which resources each built-in role gains more than reading on, over
+    // all roles aggregated into it: any verb but get, list and watch
+    // (a wildcard included) counts, and a wildcard resource or group is
+    // named as such.
     let writes = |to: &str| {
         let mut granted = std::collections::BTreeSet::new();
         for role in roles.iter().filter(|r| aggregated_to(r, to)) {
             for rule in role.data["rules"].as_array().unwrap() {
                 let verbs = rule["verbs"].as_array().unwrap();
-                if verbs.iter().any(|v| v == "create" || v == "patch" || v == "delete" || v == "update") {
+                let reads_only = verbs.iter().all(|v| matches!(v.as_str(), Some("get" | "list" | "watch")));
+                let groups = rule["apiGroups"].as_array().unwrap();
+                assert!(groups.iter().all(|g| g == "waycast.dev"), "{to}: a rule outside waycast.dev: {rule}");
+                if !reads_only {
                     for resource in rule["resources"].as_array().unwrap() {
                         granted.insert(resource.as_str().unwrap().to_owned());
                     }

@@ -159,14 +159,7 @@ async fn follows_its_secret_with_a_token_that_can_read_only_that_secret() {
     for round in 0..10 {
         let adding = round % 2 == 0;
         if adding {
-            let mut bob = KeyConfig {
-                id: "team-b/bob".into(),
-                sha256: fixture::sha256_hex(BOB_KEY),
-                models: None,
-                expires_at: None,
-                disabled: false,
-                limits: None,
-            };
+            let mut bob = KeyConfig::new("team-b/bob", fixture::sha256_hex(BOB_KEY));
             bob.models = Some(vec!["*".into()]);
             config.keys.push(bob);
         } else {

@@ -255,6 +255,109 @@ async fn the_quickstart_serves_and_key_changes_reach_every_pod_without_restarts(
     }
 }
 
+/// Rotation, each reaching every pod with no pod restarted: a generated
+/// key by deleting its Secret (the operator makes a new one), a team's own
+/// key by changing its Secret, an upstream credential by changing its
+/// Secret.
+#[tokio::test]
+async fn keys_and_credentials_rotate_without_a_restart() {
+    const OWN_FIRST: &str = "wc_own_key_first_0123456789abcdefghijklmn";
+    const OWN_SECOND: &str = "wc_own_key_second_0123456789abcdefghijklm";
+    let client = cluster().client().await;
+    let namespace = test_namespace(&client, "rotation").await.unwrap();
+    apply_file(&client, &namespace, "examples/quickstart/quickstart.yaml").await;
+    let objects = [
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "upstream",
+            "labels": {"waycast.dev/credential": "true"}}, "stringData": {"token": "first-credential"}}),
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "bob-text",
+            "labels": {"waycast.dev/api-key": "true"}}, "stringData": {"key": OWN_FIRST}}),
+        json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey", "metadata": {"name": "bob"},
+            "spec": {"secretRef": {"name": "bob-text", "key": "key"}}}),
+    ];
+    manifest::apply_all(&client, &objects.map(object), &namespace).await.unwrap();
+    let backends = json!({"spec": {"backends": [{"service": {"name": "vllm", "port": 8000},
+        "auth": {"secretRef": {"name": "upstream", "key": "token"}}}]}});
+    Api::<ModelEndpoint>::namespaced(client.clone(), &namespace)
+        .patch("llama-3-1-8b", &PatchParams::default(), &Patch::Merge(backends))
+        .await
+        .unwrap();
+    wait_condition(&client, &namespace, "Gateway", "gateway", ("Ready", "True", "ReplicasReady")).await;
+    for key in ["alice", "bob"] {
+        wait_condition(&client, &namespace, "ApiKey", key, ("Ready", "True", "KeyReady")).await;
+    }
+    let urls = pod_urls(&client, &namespace).await;
+    let pods_before: Vec<String> = Api::<Pod>::namespaced(client.clone(), &namespace)
+        .list(&ListParams::default().labels("app.kubernetes.io/instance=gateway"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|pod| pod.metadata.uid)
+        .collect();
+    let first = generated_key(&client, &namespace, "alice").await;
+    let served = Duration::from_secs(30);
+    wait_all(&urls, &first, StatusCode::OK, served).await;
+    wait_all(&urls, OWN_FIRST, StatusCode::OK, served).await;
+
+    // A generated key: its Secret deleted, the operator makes another.
+    let secrets = Api::<Secret>::namespaced(client.clone(), &namespace);
+    secrets.delete("alice-key", &DeleteParams::default()).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let second = loop {
+        if let Some(secret) = secrets.get_opt("alice-key").await.unwrap()
+            && let Some(text) = secret.data.and_then(|d| d.get("api-key").map(|b| b.0.clone()))
+            && text != first.as_bytes()
+        {
+            break String::from_utf8(text).unwrap();
+        }
+        assert!(Instant::now() < deadline, "no new key was generated");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    wait_all(&urls, &second, StatusCode::OK, served).await;
+    wait_all(&urls, &first, StatusCode::UNAUTHORIZED, served).await;
+
+    // A team's own key: its Secret's text changed.
+    let text = json!({"stringData": {"key": OWN_SECOND}});
+    secrets.patch("bob-text", &PatchParams::default(), &Patch::Merge(text)).await.unwrap();
+    wait_all(&urls, OWN_SECOND, StatusCode::OK, served).await;
+    wait_all(&urls, OWN_FIRST, StatusCode::UNAUTHORIZED, served).await;
+
+    // An upstream credential: the upstream is sent the new one.
+    let upstream = waycast_e2e::workloads::cluster_ip(&client, &namespace, "vllm").await.unwrap();
+    let credentials_seen = || async {
+        let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http::<http_body_util::Empty<bytes::Bytes>>();
+        let uri: http::Uri = format!("http://{upstream}:8000/_mock/requests").parse().unwrap();
+        let response = http.get(uri).await.unwrap();
+        let body = http_body_util::BodyExt::collect(response.into_body()).await.unwrap().to_bytes();
+        let requests: Vec<serde_json::Value> = serde_json::from_slice(&body).unwrap();
+        requests.iter().filter_map(|r| r["headers"]["authorization"].as_str().map(str::to_owned)).collect::<Vec<_>>()
+    };
+    assert!(credentials_seen().await.iter().all(|c| c == "Bearer first-credential"), "{:?}", credentials_seen().await);
+    let token = json!({"stringData": {"token": "second-credential"}});
+    secrets.patch("upstream", &PatchParams::default(), &Patch::Merge(token)).await.unwrap();
+    let deadline = Instant::now() + served;
+    'rotated: loop {
+        for url in &urls {
+            assert_eq!(status_of(url, &second).await, Some(StatusCode::OK));
+        }
+        if credentials_seen().await.iter().rev().take(urls.len()).all(|c| c == "Bearer second-credential") {
+            break 'rotated;
+        }
+        assert!(Instant::now() < deadline, "the upstream never got the new credential");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let pods_after: Vec<String> = Api::<Pod>::namespaced(client.clone(), &namespace)
+        .list(&ListParams::default().labels("app.kubernetes.io/instance=gateway"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|pod| pod.metadata.uid)
+        .collect();
+    assert_eq!(pods_before, pods_after, "a gateway pod was restarted");
+}
+
 #[tokio::test]
 async fn conflicts_and_bad_references_show_in_status_without_disturbing_others() {
     let client = cluster().client().await;
@@ -809,8 +912,19 @@ async fn tenants_cannot_break_read_or_redirect_each_other() {
     wait_condition(&client, &home, "Gateway", "taken", ("Accepted", "False", "NameConflict")).await;
     assert!(accounts.get("taken").await.unwrap().metadata.owner_references.is_none());
     assert!(Api::<Deployment>::namespaced(client.clone(), &home).get_opt("taken").await.unwrap().is_none());
+    // A canary the Gateway does own: once the garbage collector has taken
+    // it, the Gateway's deletion has been acted on.
+    let taken_uid = Api::<Gateway>::namespaced(client.clone(), &home).get("taken").await.unwrap().metadata.uid.unwrap();
+    let canary = object(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "taken-canary",
+        "ownerReferences": [{"apiVersion": "waycast.dev/v1alpha1", "kind": "Gateway", "name": "taken", "uid": taken_uid}]}}));
+    manifest::apply_all(&client, &[canary], &home).await.unwrap();
     Api::<Gateway>::namespaced(client.clone(), &home).delete("taken", &DeleteParams::default()).await.unwrap();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let maps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), &home);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while maps.get_opt("taken-canary").await.unwrap().is_some() {
+        assert!(Instant::now() < deadline, "the garbage collector never acted on the Gateway's deletion");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     assert!(accounts.get_opt("taken").await.unwrap().is_some(), "the ServiceAccount survived its namesake");
 }
 

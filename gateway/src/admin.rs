@@ -13,8 +13,11 @@ pub fn respond<B>(shared: &Shared, request: &Request<B>) -> Response<Full<Bytes>
     let (status, content_type, body) = match request.uri().path() {
         "/metrics" => {
             // Read at scrape time: the connection task has no metrics of its own.
-            let redis_up = shared.config.current().and_then(|s| s.redis.as_ref().map(|r| r.is_connected()));
-            shared.metrics.rate_limit_store_up.set(i64::from(redis_up == Some(true)));
+            let snapshot = shared.config.current();
+            let redis = snapshot.as_ref().and_then(|s| s.redis.as_ref());
+            shared.metrics.rate_limit_store_up.set(i64::from(redis.is_some_and(|r| r.is_connected())));
+            let failed = redis.map_or(0, |r| r.failed_connects());
+            shared.metrics.rate_limit_store_failed_connects.set(i64::try_from(failed).unwrap_or(i64::MAX));
             (StatusCode::OK, "text/plain; version=0.0.4", shared.metrics.render())
         }
         "/healthz" => (StatusCode::OK, "text/plain", "ok\n".to_owned()),

@@ -128,6 +128,8 @@ pub struct Metrics {
     pub rate_limit_store_errors: IntCounterVec,
     /// 1 while the connection to Redis is up (0 when down or not used).
     pub rate_limit_store_up: IntGauge,
+    /// Failed attempts to connect to the rate-limit Redis.
+    pub rate_limit_store_failed_connects: IntGauge,
 }
 
 impl Metrics {
@@ -249,6 +251,10 @@ impl Metrics {
             "waycast_gateway_rate_limit_store_up",
             "1 while the connection to the rate-limit Redis is up.",
         )?;
+        let rate_limit_store_failed_connects = IntGauge::new(
+            "waycast_gateway_rate_limit_store_failed_connects",
+            "Attempts to connect to (and authenticate with) the rate-limit Redis that failed since its settings last changed: connection refused, TLS or authentication refused.",
+        )?;
         static SETS: AtomicU64 = AtomicU64::new(0);
         let metrics = Self {
             id: SETS.fetch_add(1, Ordering::Relaxed),
@@ -277,6 +283,7 @@ impl Metrics {
             rate_limit_pods,
             rate_limit_store_errors,
             rate_limit_store_up,
+            rate_limit_store_failed_connects,
         };
         for collector in metrics.collectors() {
             metrics.registry.register(collector)?;
@@ -312,6 +319,7 @@ impl Metrics {
             Box::new(self.rate_limit_pods.clone()),
             Box::new(self.rate_limit_store_errors.clone()),
             Box::new(self.rate_limit_store_up.clone()),
+            Box::new(self.rate_limit_store_failed_connects.clone()),
         ]
     }
 

@@ -190,10 +190,9 @@ mod tests {
             model.timeouts.connect = Duration::from_secs(*seconds);
             config.models.push(model);
         }
-        config.keys.push(waycast_crds::config::KeyConfig {
-            limits: key_limit.map(|n| LimitsConfig { requests_per_minute: Some(n), tokens_per_minute: None }),
-            ..waycast_crds::config::KeyConfig::new("team/key", "00".repeat(32))
-        });
+        let mut key = waycast_crds::config::KeyConfig::new("team/key", "00".repeat(32));
+        key.limits = key_limit.map(|n| LimitsConfig { requests_per_minute: Some(n), tokens_per_minute: None });
+        config.keys.push(key);
         config
     }
 

@@ -86,3 +86,52 @@ async fn mutual_tls_to_the_pods_of_a_service_with_a_private_ca() {
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&other_dir);
 }
+
+/// An HTTPS `url` backend (a provider's address, no endpoints): the
+/// certificate is checked against the name in the URL and the CA given, a
+/// keep-alive connection is reused across requests, and a certificate for
+/// another name is refused (502, the request never reaching it).
+#[tokio::test]
+async fn an_https_url_backend_is_checked_against_its_name_and_its_connection_reused() {
+    let dir = temp_dir("url-tls");
+    let authority = Authority::generate(&dir, "provider-ca").unwrap();
+    let server = authority.issue(&dir, "provider", "provider", &[], &["localhost".into()], Usage::Server).unwrap();
+    let tls = server_tls(&server.cert, &server.key, None).unwrap();
+    let provider = waycast_mock::upstream::start(
+        "127.0.0.1:0".parse().unwrap(),
+        MockOptions { tls: Some(tls), ..Default::default() },
+    )
+    .await
+    .unwrap();
+    let ca = std::fs::read_to_string(&authority.files.cert).unwrap();
+    let port = provider.addr.port();
+    let to = |host: &'static str, ca: String| {
+        move |config: &mut waycast_crds::GatewayConfig, _: &str| {
+            let model = config.models.iter_mut().find(|m| m.name == MODEL).unwrap();
+            model.backends[0].url = format!("https://{host}:{port}/v1");
+            model.backends[0].tls = Some(ClientTlsConfig { ca_pem: Some(ca), ..ClientTlsConfig::default() });
+        }
+    };
+    let fixture = Fixture::start(FixtureOptions::default(), to("localhost", ca.clone())).await;
+    let body = format!(r#"{{"model":"{MODEL}","messages":[]}}"#);
+    for _ in 0..3 {
+        let (status, _, answer) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), &body).await;
+        assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&answer));
+    }
+    assert_eq!(provider.recorder.requests().await.len(), 3);
+    let connections = provider.recorder.connections.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(connections, 1, "the TLS connection is kept alive and reused");
+
+    // The same server reached by another name: its certificate is not for it.
+    let mut config = waycast_mock::fixtures::default_config(&fixture.mock.base_url());
+    to("127.0.0.1", ca)(&mut config, "");
+    fixture.apply_config(&config).await;
+    let (status, _, _) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), &body).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY);
+    assert_eq!(
+        provider.recorder.requests().await.len(),
+        3,
+        "the request reached a server with another name's certificate"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -152,6 +152,27 @@ async fn parallel_requests_overshoot_a_token_limit_by_at_most_one_reservation() 
     assert!(charged <= 1000.0 + reservation, "charged {charged}: more than the limit and one reservation");
 }
 
+/// A request the upstream fails (its error answered, or never reached) is
+/// charged nothing: its reservation is given back, so failures do not use
+/// up a key's tokens.
+#[tokio::test]
+async fn a_reservation_is_given_back_when_the_upstream_fails() {
+    let fixture = alice_limited(None, Some(3000)).await;
+    let body = r#"{"model":"llama3","max_tokens":1000,"messages":[{"role":"user","content":"hi"}]}"#;
+    // Each reserves over 1,000 tokens: three in a row would pass 3,000
+    // unless each is given back.
+    for _ in 0..6 {
+        let request = fixture.request("/v1/chat/completions", Some(ALICE_KEY), body, &[("x-mock-status", "500")]);
+        let (status, _, answer) = fixture.send(request).await;
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{}", String::from_utf8_lossy(&answer));
+    }
+    assert_eq!(fixture.metric(charged_tokens_metric()).await.unwrap_or(0.0), 0.0, "a failed request was charged");
+    let (status, headers, _) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), body).await;
+    assert_eq!(status, StatusCode::OK);
+    let remaining: u64 = headers["x-ratelimit-remaining-tokens"].to_str().unwrap().parse().unwrap();
+    assert!(remaining >= 1900, "{remaining} tokens left: failed requests used the budget");
+}
+
 /// A client that leaves mid-stream, before the usage chunk, is charged an
 /// estimate of what it was sent.
 #[tokio::test]

@@ -137,6 +137,16 @@ async fn connected(fixture: &Fixture) {
     }
 }
 
+/// Waits until the gateway has tried to connect to Redis and been refused
+/// (at least twice: not a first attempt still in flight).
+async fn refused(fixture: &Fixture) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fixture.metric("waycast_gateway_rate_limit_store_failed_connects").await.unwrap_or(0.0) < 2.0 {
+        assert!(Instant::now() < deadline, "the gateway never tried to connect to Redis");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test]
 async fn three_gateways_sharing_redis_admit_exactly_the_limit() {
     let redis = Redis::start();
@@ -291,7 +301,7 @@ async fn an_acl_user_authenticates_and_a_wrong_one_does_not() {
     assert_eq!(timed(&limiter).await.0, StatusCode::OK);
     assert_eq!(timed(&limiter).await.0, StatusCode::TOO_MANY_REQUESTS, "counted in Redis as that user");
     let stranger = as_user("stranger").await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    refused(&stranger).await;
     assert_eq!(stranger.metric("waycast_gateway_rate_limit_store_up").await, Some(0.0));
     assert_eq!(timed(&stranger).await.0, StatusCode::SERVICE_UNAVAILABLE, "fails closed");
 }
@@ -331,10 +341,10 @@ async fn tls_to_redis_with_a_private_ca_and_a_client_certificate() {
     let no_client_cert =
         with_tls(ClientTlsConfig { client_cert_pem: None, client_key_pem: None, ..trusted.clone() }).await;
     let wrong_name = with_tls(ClientTlsConfig { server_name: Some("redis.elsewhere".into()), ..trusted }).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
     for (what, fixture) in
         [("another CA", &wrong_ca), ("no client certificate", &no_client_cert), ("another name", &wrong_name)]
     {
+        refused(fixture).await;
         assert_eq!(fixture.metric("waycast_gateway_rate_limit_store_up").await, Some(0.0), "{what}: never connected");
         assert_eq!(timed(fixture).await.0, StatusCode::SERVICE_UNAVAILABLE, "{what}: fails closed");
     }

@@ -67,7 +67,16 @@ async fn sigterm_drains_and_sighup_reloads() {
     request.headers_mut().insert("x-mock-interval-ms", "100".parse().unwrap());
     let response = Client::builder(TokioExecutor::new()).build_http().request(request).await.unwrap();
     let mut body = response.into_body();
-    let mut text = String::from_utf8_lossy(&body.frame().await.unwrap().unwrap().into_data().unwrap()).into_owned();
+    let first = String::from_utf8_lossy(&body.frame().await.unwrap().unwrap().into_data().unwrap()).into_owned();
+    // The rest is read as it comes, each frame with the time it came.
+    let reader = tokio::spawn(async move {
+        let mut frames = vec![(Instant::now(), first)];
+        while let Some(frame) = body.frame().await {
+            let data = frame.unwrap().into_data().unwrap();
+            frames.push((Instant::now(), String::from_utf8_lossy(&data).into_owned()));
+        }
+        frames
+    });
     gateway.signal("TERM");
     let readyz = format!("http://{}/readyz", gateway.admin);
     let deadline = Instant::now() + Duration::from_secs(2);
@@ -80,10 +89,18 @@ async fn sigterm_drains_and_sighup_reloads() {
         assert!(Instant::now() < deadline, "still accepting or ready after SIGTERM: {ready:?}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    while let Some(frame) = body.frame().await {
-        text.push_str(&String::from_utf8_lossy(&frame.unwrap().into_data().unwrap()));
-    }
+    let draining_since = Instant::now();
+    let frames = reader.await.unwrap();
+    let text: String = frames.iter().map(|(_, data)| data.as_str()).collect();
     assert!(text.contains("token7") && text.ends_with("data: [DONE]\n\n"), "the stream was cut: {text}");
+    // The stream was still running once the gateway had stopped accepting:
+    // frames came after that, and its last one well after.
+    let after = frames.iter().filter(|(at, _)| *at > draining_since).count();
+    let last = frames.last().unwrap().0;
+    assert!(
+        after >= 2 && last > draining_since + Duration::from_millis(100),
+        "the stream ended before the drain began ({after} frames after it)"
+    );
     let status = tokio::time::timeout(Duration::from_secs(5), gateway.child.wait()).await.unwrap().unwrap();
     assert_eq!(status.code(), Some(0));
 }

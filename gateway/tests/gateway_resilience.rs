@@ -58,6 +58,71 @@ async fn sigterm_lets_a_stream_finish_and_refuses_new_connections() {
     assert_eq!(drain.await.unwrap(), Drained::Gracefully);
 }
 
+/// HTTP/2 during a drain: the connection gets a GOAWAY, so a new stream on
+/// it is refused (the client takes it to another pod), while the stream it
+/// has open runs to its end; then the connection closes.
+#[tokio::test]
+async fn a_drain_sends_http2_clients_goaway_and_finishes_their_streams() {
+    let mut fixture = Fixture::start(FixtureOptions::default(), |_, _| {}).await;
+    let tcp = TcpStream::connect(fixture.addr).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    let connection = tokio::spawn(connection);
+    let url = fixture.url("/v1/chat/completions");
+    let request = |chunks: &str| {
+        http::Request::post(&url)
+            .header("authorization", format!("Bearer {ALICE_KEY}"))
+            .header("content-type", "application/json")
+            .header("x-mock-chunks", chunks)
+            .header("x-mock-interval-ms", "100")
+            .body(())
+            .unwrap()
+    };
+    let mut sender = client.clone().ready().await.unwrap();
+    let (response, mut body_out) = sender.send_request(request("10"), false).unwrap();
+    body_out.send_data(Bytes::from_static(STREAM_CHAT.as_bytes()), true).unwrap();
+    let response = response.await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.into_body();
+    let mut text = String::new();
+    let first = body.data().await.unwrap().unwrap();
+    let _ = body.flow_control().release_capacity(first.len());
+    text.push_str(&String::from_utf8_lossy(&first));
+
+    let gateway = fixture.gateway.take().unwrap();
+    let drained = tokio::spawn(gateway.shutdown());
+    // Once the GOAWAY is in, no new stream is taken on this connection.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let refused = match client.clone().ready().await {
+            Err(error) => error.is_go_away(),
+            Ok(mut sender) => match sender.send_request(request("1"), true) {
+                Err(error) => error.is_go_away(),
+                Ok((response, _)) => match response.await {
+                    Err(error) => error.is_go_away() || error.reason() == Some(h2::Reason::REFUSED_STREAM),
+                    // Taken before the GOAWAY went out.
+                    Ok(_) => false,
+                },
+            },
+        };
+        if refused {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no GOAWAY within 3 s of the drain");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.unwrap();
+        let _ = body.flow_control().release_capacity(chunk.len());
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(text.contains("token9") && text.ends_with("data: [DONE]\n\n"), "the open stream was cut: {text}");
+    // The connection ends once its last stream has (however the client
+    // library words the close).
+    let _ =
+        tokio::time::timeout(Duration::from_secs(5), connection).await.expect("the connection stayed open").unwrap();
+    assert_eq!(drained.await.unwrap(), Drained::Gracefully);
+}
+
 #[tokio::test]
 async fn the_drain_timeout_bounds_a_stream_that_never_ends() {
     let options = FixtureOptions { drain_timeout: Duration::from_millis(300), ..FixtureOptions::default() };
@@ -101,7 +166,9 @@ async fn a_config_swap_under_load_fails_no_request() {
     for round in 0..10_u32 {
         let mut config = fixture::default_config(&base);
         // Each round is a different config: a second backend with another weight.
-        config.models[1].backends.push(BackendConfig { weight: round + 1, ..BackendConfig::to(base.clone()) });
+        let mut backend = BackendConfig::to(base.clone());
+        backend.weight = round + 1;
+        config.models[1].backends.push(backend);
         fixture.write_config(serde_yaml_ng::to_string(&config).unwrap().as_bytes());
         tokio::time::sleep(Duration::from_millis(300)).await;
     }

@@ -34,12 +34,11 @@ fn key(id: &str, text: &str) -> KeyConfig {
 }
 
 fn model(name: &str, aliases: &[&str], url: &str) -> ModelConfig {
-    ModelConfig {
-        aliases: aliases.iter().map(|a| (*a).to_owned()).collect(),
-        // The mock upstream is driven by x-mock-* request headers.
-        forward_headers: vec!["x-mock-*".into()],
-        ..ModelConfig::to(name, url)
-    }
+    let mut model = ModelConfig::to(name, url);
+    model.aliases = aliases.iter().map(|a| (*a).to_owned()).collect();
+    // The mock upstream is driven by x-mock-* request headers.
+    model.forward_headers = vec!["x-mock-*".into()];
+    model
 }
 
 /// The config every gateway test starts from: three models on the mock
@@ -157,5 +156,51 @@ mod tests {
         distinct.sort_unstable();
         distinct.dedup();
         assert!(distinct.len() > 15, "picks should spread: {ports:?}");
+    }
+}
+
+/// The CRD objects as a test writes them: named and namespaced (with a
+/// uid, as the API server gives one), every field of the spec at its
+/// default. Tests change what they need on the result, so a new spec field
+/// touches no test.
+pub mod objects {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use waycast_crds::common::ParentReference;
+    use waycast_crds::{ApiKey, ApiKeySpec, Gateway, GatewaySpec, ModelEndpoint, ModelEndpointSpec};
+
+    fn meta(namespace: &str, name: &str) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(namespace.into()),
+            uid: Some(format!("uid-{namespace}-{name}")),
+            ..ObjectMeta::default()
+        }
+    }
+
+    /// A Gateway with the default spec.
+    pub fn gateway(namespace: &str, name: &str) -> Gateway {
+        let mut gateway = Gateway::new(name, GatewaySpec::default());
+        gateway.metadata = meta(namespace, name);
+        gateway
+    }
+
+    /// A ModelEndpoint serving `model`, with no backend yet.
+    pub fn model_endpoint(namespace: &str, name: &str, model: &str) -> ModelEndpoint {
+        let spec = ModelEndpointSpec { model: model.into(), ..ModelEndpointSpec::default() };
+        let mut endpoint = ModelEndpoint::new(name, spec);
+        endpoint.metadata = meta(namespace, name);
+        endpoint
+    }
+
+    /// An ApiKey whose key the operator generates.
+    pub fn api_key(namespace: &str, name: &str) -> ApiKey {
+        let mut key = ApiKey::new(name, ApiKeySpec::default());
+        key.metadata = meta(namespace, name);
+        key
+    }
+
+    /// A `parentRefs` naming the Gateway `namespace/name`.
+    pub fn parent(namespace: &str, name: &str) -> Vec<ParentReference> {
+        vec![ParentReference { name: name.into(), namespace: Some(namespace.into()) }]
     }
 }

@@ -5,13 +5,15 @@
 //! connection carry one answer to another request (`desync`), the benchmark sink with canned
 //! answers (`sink`), a vLLM-like mode of the mock (`vllm`: slots, a queue, a
 //! prefix cache, vLLM's metrics), the keys and config every gateway
-//! test starts from (`fixtures`) and throwaway certificates (`pki`).
+//! test starts from (`fixtures`) and throwaway certificates (`pki`). The
+//! answers' shapes per API are in `openai`.
 //!
 //! Mocks only the inference upstream: everything else in the tests is real.
 
 pub mod desync;
 pub mod fixtures;
 pub mod hostile;
+mod openai;
 pub mod pki;
 pub mod sink;
 pub mod upstream;

@@ -73,7 +73,8 @@ pub struct Observed {
 }
 
 /// Applies every object of `desired` (the config Secret only when
-/// `write_config`) and prunes the optional ones it leaves out.
+/// `write_config`, the endpoints ConfigMap only when `write_endpoints`)
+/// and prunes the optional ones it leaves out.
 ///
 /// Independent objects go together, in two rounds: what others refer to
 /// (the ServiceAccount, the Role a RoleBinding names — the API server checks
@@ -84,7 +85,12 @@ pub struct Observed {
 ///
 /// # Errors
 /// The first failed call of a round, after the whole round ran.
-pub async fn apply_all(client: &Client, desired: &render::Desired, write_config: bool) -> Result<Observed, Error> {
+pub async fn apply_all(
+    client: &Client,
+    desired: &render::Desired,
+    write_config: bool,
+    write_endpoints: bool,
+) -> Result<Observed, Error> {
     let namespace = desired.deployment.metadata.namespace.clone().ok_or(Error::Incomplete("namespace"))?;
     let name = desired.deployment.metadata.name.clone().ok_or(Error::Incomplete("name"))?;
     let config = async {
@@ -93,11 +99,18 @@ pub async fn apply_all(client: &Client, desired: &render::Desired, write_config:
         }
         Ok::<_, Error>(())
     };
-    let (account, role, config) =
-        tokio::join!(apply(client, &desired.service_account), apply(client, &desired.role), config);
+    let endpoints = async {
+        if write_endpoints {
+            apply(client, &desired.endpoints).await?;
+        }
+        Ok::<_, Error>(())
+    };
+    let (account, role, config, endpoints) =
+        tokio::join!(apply(client, &desired.service_account), apply(client, &desired.role), config, endpoints);
     account?;
     role?;
     config?;
+    endpoints?;
     let hpa = async {
         match &desired.hpa {
             Some(hpa) => apply(client, hpa).await.map(drop),

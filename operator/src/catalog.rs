@@ -6,9 +6,12 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
-use waycast_crds::{ApiKey, Gateway, ModelEndpoint};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use waycast_crds::endpoints::EndpointsDocument;
+use waycast_crds::{ApiKey, Gateway, GatewayConfig, ModelEndpoint};
 
 use crate::compile::{self, Compiled, Inputs};
+use crate::render::endpoints::ServiceIndex;
 use crate::stores::Stores;
 
 /// The objects compile reads, shared with the stores they came from.
@@ -22,6 +25,8 @@ pub struct Catalog {
     pub keys: Vec<Arc<ApiKey>>,
     /// Services that backends may name.
     pub services: Vec<Arc<Service>>,
+    /// Their EndpointSlices (as the store keeps them: see `stores::views`).
+    pub endpoint_slices: Vec<Arc<EndpointSlice>>,
     /// The Secrets served objects reference, with their data where it was
     /// read (the shell fills this: see `secret_data`), and the Gateway's
     /// Redis Secrets.
@@ -43,6 +48,7 @@ impl Catalog {
             models: stores.models.state(),
             keys: stores.keys.state(),
             services: stores.services.state(),
+            endpoint_slices: stores.endpoint_slices.state(),
             secrets: Vec::new(),
             too_large: std::collections::BTreeSet::new(),
             cluster_ranges: networks.ranges(),
@@ -66,6 +72,7 @@ impl Catalog {
             models: shared(models),
             keys: shared(keys),
             services: shared(services),
+            endpoint_slices: Vec::new(),
             secrets: shared(secrets),
             too_large: std::collections::BTreeSet::new(),
             cluster_ranges: Arc::default(),
@@ -96,5 +103,10 @@ impl Catalog {
     /// Compiles `gateway` over this catalog at `now`.
     pub fn compile(&self, gateway: &Gateway, now: jiff::Timestamp) -> Compiled {
         self.with_inputs(gateway, |inputs| compile::gateway(inputs, now))
+    }
+
+    /// The endpoints document of the Services `config` routes to.
+    pub fn endpoints(&self, config: &GatewayConfig) -> EndpointsDocument {
+        ServiceIndex::new(&self.services, &self.endpoint_slices).document(config)
     }
 }

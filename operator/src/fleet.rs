@@ -65,8 +65,8 @@ pub fn key_secret(namespace: &str, key_name: &str, text: &str) -> Secret {
 /// `keys` ApiKeys and `models` ModelEndpoints in `namespace`, served by one
 /// Gateway named `gateway`. Model `model-N` goes to `upstream` (a base URL).
 pub fn fleet(namespace: &str, keys: usize, models: usize, upstream: &str) -> Fleet {
-    let gateway = Gateway::new("gateway", GatewaySpec::default());
-    let gateway = Gateway { metadata: meta(namespace, "gateway"), ..gateway };
+    let mut gateway = Gateway::new("gateway", GatewaySpec::default());
+    gateway.metadata = meta(namespace, "gateway");
     let models = (0..models)
         .map(|i| {
             let spec = serde_json::json!({
@@ -75,7 +75,9 @@ pub fn fleet(namespace: &str, keys: usize, models: usize, upstream: &str) -> Fle
                 "parentRefs": [{"name": "gateway", "namespace": namespace}],
             });
             let spec = serde_json::from_value(spec).unwrap_or_else(|_| unreachable!("a valid ModelEndpoint spec"));
-            ModelEndpoint { metadata: meta(namespace, &format!("model-{i}")), spec, status: None }
+            let mut endpoint = ModelEndpoint::new(&format!("model-{i}"), spec);
+            endpoint.metadata = meta(namespace, &format!("model-{i}"));
+            endpoint
         })
         .collect();
     // Each names the Gateway, as teams' objects do on a shared Gateway. The
@@ -84,10 +86,11 @@ pub fn fleet(namespace: &str, keys: usize, models: usize, upstream: &str) -> Fle
     let parent = vec![ParentReference { name: "gateway".into(), namespace: Some(namespace.to_owned()) }];
     let key_objects = (0..keys)
         .map(|i| {
-            let mut metadata = meta(namespace, &format!("key-{i}"));
-            metadata.uid = Some(key_uid(i));
-            let spec = ApiKeySpec { parent_refs: parent.clone(), ..ApiKeySpec::default() };
-            ApiKey { metadata, spec, status: None }
+            let mut key = ApiKey::new(&format!("key-{i}"), ApiKeySpec::default());
+            key.metadata = meta(namespace, &format!("key-{i}"));
+            key.metadata.uid = Some(key_uid(i));
+            key.spec.parent_refs = parent.clone();
+            key
         })
         .collect();
     let secrets = (0..keys)

@@ -237,6 +237,92 @@ fn moved<V: PartialEq>(
         .collect()
 }
 
+/// What `compiled` decided about each object, for the `Programmed`
+/// bookkeeping (the verdict maps are moved out of `compiled`: at 10,000
+/// keys they are the bulk of it).
+pub fn decisions(
+    catalog: &crate::catalog::Catalog,
+    compiled: &mut crate::compile::Compiled,
+    hash: String,
+    written: bool,
+) -> Compile {
+    use std::collections::HashMap;
+    use std::fmt::Write as _;
+    // Borrowed keys throughout: this runs over every key on every compile.
+    let key_generations: HashMap<(&str, &str), Option<i64>> =
+        catalog.keys.iter().map(|k| (ObjectKey::sort_key(&k.metadata), k.metadata.generation)).collect();
+    let model_generations: HashMap<(&str, &str), Option<i64>> =
+        catalog.models.iter().map(|m| (ObjectKey::sort_key(&m.metadata), m.metadata.generation)).collect();
+    let key_entries: HashMap<&str, u64> =
+        compiled.config.keys.iter().map(|k| (k.id.as_str(), entry_print(k))).collect();
+    let model_entries: HashMap<&str, u64> =
+        compiled.config.models.iter().filter_map(|m| Some((m.source.as_deref()?, entry_print(m)))).collect();
+    let mut id_text = String::new();
+    let mut entry_of = |entries: &HashMap<&str, u64>, id: &ObjectKey| {
+        id_text.clear();
+        let _ = write!(id_text, "{id}");
+        entries.get(id_text.as_str()).copied().unwrap_or(0)
+    };
+    let turned_off = |reason: &str| {
+        reason == waycast_crds::condition::reasons::DISABLED || reason == waycast_crds::condition::reasons::EXPIRED
+    };
+    let mut keys = BTreeMap::new();
+    for (id, v) in &compiled.keys {
+        let as_intended = v.verdict.accepted || turned_off(v.verdict.reason);
+        let generation = key_generations.get(&(id.namespace.as_str(), id.name.as_str())).copied().flatten();
+        keys.insert(id.clone(), Decision::new(generation, as_intended, entry_of(&key_entries, id)));
+    }
+    let mut models = BTreeMap::new();
+    for (id, v) in &compiled.models {
+        let generation = model_generations.get(&(id.namespace.as_str(), id.name.as_str())).copied().flatten();
+        models.insert(id.clone(), Decision::new(generation, v.accepted, entry_of(&model_entries, id)));
+    }
+    Compile {
+        hash,
+        written,
+        keys,
+        models,
+        key_verdicts: std::mem::take(&mut compiled.keys),
+        model_verdicts: compiled.models.clone(),
+    }
+}
+
+/// What a reconcile learned from its pods, between apply and status: the
+/// objects some pod left out of the served config marked refused, the
+/// decisions to keep, and the figures the Gateway's status shows.
+pub struct Settled {
+    /// The decisions to keep (see [`next`]).
+    pub decisions: Compile,
+    /// The config hash each genuine heartbeat reports.
+    pub reporting: Vec<String>,
+    /// Pods refusing the config `hash`.
+    pub refusing: Vec<crate::status::RefusingPod>,
+    /// Pods serving `hash`.
+    pub up_to_date: usize,
+}
+
+/// The pure step after a Gateway's apply: `beats` are its pods' genuine
+/// heartbeats, `hash` the config they are to serve, `written` whether it
+/// was written.
+pub fn settle(
+    catalog: &crate::catalog::Catalog,
+    compiled: &mut crate::compile::Compiled,
+    beats: &[crate::heartbeats::Heartbeat],
+    hash: &str,
+    written: bool,
+) -> Settled {
+    use crate::heartbeats::{dropping, refusing, reporting};
+    refuse_dropped(compiled, &dropping(beats, hash));
+    let reporting = reporting(beats);
+    let up_to_date = reporting.iter().filter(|serving| *serving == hash).count();
+    Settled {
+        decisions: decisions(catalog, compiled, hash.to_owned(), written),
+        refusing: refusing(beats, hash),
+        reporting,
+        up_to_date,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

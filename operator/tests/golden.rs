@@ -35,7 +35,13 @@ fn render_case(input: &str) -> String {
     }
     let gateway = &gateways[0];
     let now = jiff::Timestamp::from_second(1_800_000_000).unwrap();
-    let compiled = Catalog::from_objects(&namespaces, &models, &keys, &services, &secrets).compile(gateway, now);
+    let mut catalog = Catalog::from_objects(&namespaces, &models, &keys, &services, &secrets);
+    // The EndpointSlices as the operator's store keeps them.
+    for slice in &mut slices {
+        waycast_operator::store_views::endpoint_slice(slice);
+    }
+    catalog.endpoint_slices = slices.into_iter().map(std::sync::Arc::new).collect();
+    let compiled = catalog.compile(gateway, now);
     // The chart's defaults: a NetworkPolicy letting the monitoring
     // namespace scrape the pods.
     let metrics_from = serde_json::from_value(serde_json::json!([
@@ -46,7 +52,7 @@ fn render_case(input: &str) -> String {
         gateway_image: "docker.io/waycast/gateway:dev".into(),
         network_policy: Some(render::network_policy::NetworkPolicySettings { metrics_from, egress: Vec::new() }),
     };
-    let desired = render::desired(gateway, &compiled.config, &settings).unwrap();
+    let desired = render::desired(gateway, &compiled.config, &catalog.endpoints(&compiled.config), &settings).unwrap();
     let mut documents = vec![
         format!("# config hash {}\n{}", desired.config_hash, serde_yaml_ng::to_string(&compiled.config).unwrap()),
         serde_yaml_ng::to_string(&desired.service_account).unwrap(),
@@ -58,30 +64,7 @@ fn render_case(input: &str) -> String {
         serde_yaml_ng::to_string(&desired.network_policy).unwrap(),
     ];
     // The endpoints ConfigMap, from the Services' EndpointSlices.
-    let endpoints = render::endpoints::document(
-        &render::endpoints::service_keys(&compiled.config),
-        |namespace, name| {
-            services.iter().find(|s| {
-                s.metadata.namespace.as_deref() == Some(namespace) && s.metadata.name.as_deref() == Some(name)
-            })
-        },
-        |namespace, name| {
-            slices
-                .iter()
-                .filter(|s| {
-                    s.metadata.namespace.as_deref() == Some(namespace)
-                        && s.metadata
-                            .labels
-                            .as_ref()
-                            .and_then(|l| l.get("kubernetes.io/service-name"))
-                            .map(String::as_str)
-                            == Some(name)
-                })
-                .collect::<Vec<_>>()
-        },
-    );
-    let (endpoints_map, _) = render::endpoints::config_map(gateway, &endpoints).unwrap();
-    documents.push(serde_yaml_ng::to_string(&endpoints_map).unwrap());
+    documents.push(serde_yaml_ng::to_string(&desired.endpoints).unwrap());
     // Each object's verdict, as its status will show it.
     let mut verdicts = String::from("# verdicts\n");
     for (id, verdict) in &compiled.models {
@@ -136,11 +119,17 @@ fn an_oversized_config_is_not_written_and_the_status_says_why() {
     let compiled = catalog.compile(&fleet.gateway, now);
     assert_eq!(compiled.config.keys.len(), 30_000);
     let settings = RenderSettings { gateway_image: "docker.io/waycast/gateway:dev".into(), network_policy: None };
-    let desired = render::desired(&fleet.gateway, &compiled.config, &settings).unwrap();
+    let desired = render::desired(
+        &fleet.gateway,
+        &compiled.config,
+        &waycast_crds::endpoints::EndpointsDocument::new(),
+        &settings,
+    )
+    .unwrap();
     assert!(!desired.config_fits(), "{} bytes fit in a Secret: make the case larger", desired.config_bytes);
     let wanted = render::scaling::minimum_replicas(&fleet.gateway);
     // The hash the pods are told to serve is the last one written (the
-    // reconciler's `served_hash`), and they all serve it.
+    // reconciler's `what_to_write`), and they all serve it.
     let last_written = "5e1ec7ed".repeat(8);
     let facts = status::GatewayFacts {
         refused: compiled.gateway.as_ref(),

@@ -22,7 +22,17 @@
 //! only while its ownership marker ([`OWNED_MARKER`], written before it
 //! makes any) says they are its own.
 
-use std::net::{IpAddr, Ipv4Addr};
+mod names;
+mod teardown;
+
+pub use names::{
+    BRIDGE, BRIDGE_IP, KUBELET_PORT, LOCK_FILE, NODE_NAME, NODE_ROOT, NODE_RUN, OWNED_MARKER, PAUSE_IMAGE, POD_CIDR,
+};
+use names::{CONTAINERD_SOCKET, SYSCTLS, sysctl_file};
+use teardown::kill_containers;
+pub use teardown::{foreign_node_state, teardown};
+
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -33,46 +43,6 @@ use kube::Api;
 use crate::control_plane::{ControlPlane, SERVICE_CIDR, k8s_binary, write_kubeconfig};
 use crate::process::{Processes, run};
 use waycast_mock::pki::Usage;
-
-/// The node's name.
-pub const NODE_NAME: &str = "waycast-node";
-/// The CNI bridge.
-pub const BRIDGE: &str = "waycast0";
-/// The bridge's address: the node IP, and where pods reach the API server.
-pub const BRIDGE_IP: Ipv4Addr = Ipv4Addr::new(10, 88, 0, 1);
-/// The pod network.
-pub const POD_CIDR: &str = "10.88.0.0/16";
-/// Persistent node state (containerd root, kubelet root, CNI IPAM).
-pub const NODE_ROOT: &str = "/var/lib/waycast-e2e";
-/// Runtime node state (containerd state and socket).
-pub const NODE_RUN: &str = "/run/waycast-e2e";
-/// The kubelet's port on the bridge address.
-pub const KUBELET_PORT: u16 = 10250;
-/// The pause image every pod sandbox runs.
-pub const PAUSE_IMAGE: &str = "docker.io/waycast/pause:dev";
-
-/// Held (flock) by the process running the node, from before bring-up
-/// until after tear-down: the next run waits for it, and the kernel
-/// releases it even when the holder is killed.
-pub const LOCK_FILE: &str = "/run/waycast-e2e.lock";
-
-/// Present while this machine's `kubepods` cgroups, `KUBE-*`/`CNI-*`
-/// chains and `cni-*` network namespaces are the harness's: written after
-/// [`foreign_node_state`] found none, removed by [`teardown`] last.
-pub const OWNED_MARKER: &str = "/var/lib/waycast-e2e/owns-node-state";
-
-const CONTAINERD_SOCKET: &str = "/run/waycast-e2e/containerd.sock";
-/// Chains the harness names itself: always its own.
-const OWN_CHAIN_PREFIX: &str = "WAYCAST-";
-/// Chains kube-proxy and the CNI plugins name: the harness's only while it owns the node state.
-const KUBERNETES_CHAIN_PREFIXES: &[&str] = &["KUBE-", "CNI-"];
-const SYSCTLS: &[&str] = &[
-    "net.ipv4.ip_forward",
-    "net.bridge.bridge-nf-call-iptables",
-    "kernel.panic",
-    "kernel.panic_on_oops",
-    "vm.overcommit_memory",
-];
 
 /// The bridge address as an `IpAddr`.
 pub fn bridge_address() -> IpAddr {
@@ -94,11 +64,6 @@ pub fn lock() -> anyhow::Result<std::fs::File> {
     Ok(file)
 }
 
-mod teardown;
-
-use teardown::kill_containers;
-pub use teardown::{foreign_node_state, teardown};
-
 // === host preparation ===
 
 /// Cleans leftovers of earlier runs, saves the sysctls the node changes, and
@@ -107,20 +72,30 @@ pub use teardown::{foreign_node_state, teardown};
 /// # Errors
 /// A system command failing (the message names it).
 pub fn prepare_host() -> anyhow::Result<()> {
-    teardown();
-    let foreign = foreign_node_state();
-    if !foreign.is_empty() {
-        bail!(
+    let refuse = |foreign: Vec<String>| {
+        anyhow::anyhow!(
             "this machine already runs Kubernetes node components the e2e harness did not start ({}); \
              the harness would clash with them and its clean-up would remove their state, so it stops here. \
              Stop that node (k3s, kind, minikube, podman's kube play …) or run the tests in a VM or container of their own",
             foreign.join("; ")
-        );
+        )
+    };
+    // Without a marker of this boot, nothing Kubernetes names is the
+    // harness's: look before any clean-up, which would remove it.
+    if !teardown::owns_node_state() {
+        let foreign = teardown::foreign_node_state();
+        if !foreign.is_empty() {
+            return Err(refuse(foreign));
+        }
+    }
+    teardown();
+    let foreign = foreign_node_state();
+    if !foreign.is_empty() {
+        return Err(refuse(foreign));
     }
     std::fs::create_dir_all(NODE_ROOT)?;
     std::fs::create_dir_all(NODE_RUN)?;
-    std::fs::write(OWNED_MARKER, "the e2e node's kubepods cgroups, KUBE-/CNI- chains and cni-* netns\n")
-        .with_context(|| format!("writing {OWNED_MARKER}"))?;
+    std::fs::write(OWNED_MARKER, teardown::boot_id()).with_context(|| format!("writing {OWNED_MARKER}"))?;
     let mut saved = String::new();
     for key in SYSCTLS {
         let value = run("sysctl", &["-n", key]).unwrap_or_default();
@@ -157,10 +132,6 @@ pub fn guard_ports(ports: &[u16]) -> anyhow::Result<()> {
     }
     run("iptables", &["-I", "INPUT", "1", "-j", "WAYCAST-GUARD"])?;
     Ok(())
-}
-
-fn sysctl_file() -> PathBuf {
-    Path::new(NODE_ROOT).join("sysctls.before")
 }
 
 // === the node ===

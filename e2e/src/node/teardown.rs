@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::{
+use super::names::{
     BRIDGE, CONTAINERD_SOCKET, KUBERNETES_CHAIN_PREFIXES, NODE_ROOT, NODE_RUN, OWN_CHAIN_PREFIX, OWNED_MARKER,
     sysctl_file,
 };
@@ -21,7 +21,6 @@ pub(super) fn kill_containers() {
 /// to call any time, and called before every bring-up. What Kubernetes
 /// names itself is removed only under the ownership marker.
 pub fn teardown() {
-    let owned = Path::new(OWNED_MARKER).exists();
     // Agents first, so nothing recreates what is being removed.
     for pattern in [
         format!("kubelet.*--root-dir={NODE_ROOT}"),
@@ -30,6 +29,7 @@ pub fn teardown() {
     ] {
         let _ = run("pkill", &["-9", "-f", &pattern]);
     }
+    let owned = owns_node_state();
     if Path::new(CONTAINERD_SOCKET).exists() {
         kill_containers();
     }
@@ -50,17 +50,29 @@ pub fn teardown() {
     }
     restore_sysctls();
     let _ = std::fs::remove_dir_all(NODE_RUN);
-    // The marker (inside NODE_ROOT) goes last.
     let _ = std::fs::remove_dir_all(NODE_ROOT);
+    // The marker goes last.
+    let _ = std::fs::remove_file(OWNED_MARKER);
 }
 
-/// Node state on this machine that the harness did not make (checked after
-/// [`teardown`], so none of the harness's own is left): another kubelet or
-/// kube-proxy running, `kubepods` cgroups, `KUBE-*`/`CNI-*` chains, `cni-*`
-/// network namespaces. Empty on a machine the harness may use.
-pub fn foreign_node_state() -> Vec<String> {
+/// This boot's id (the kernel's random `boot_id`; empty if unreadable, which
+/// matches no marker).
+pub(super) fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id").map(|id| id.trim().to_owned()).unwrap_or_default()
+}
+
+/// Whether what Kubernetes names on this machine is the harness's: its
+/// marker holds this boot's id, and no node agent but its own runs (its
+/// own are stopped first by their own command lines).
+pub(super) fn owns_node_state() -> bool {
+    let marked = std::fs::read_to_string(OWNED_MARKER).is_ok_and(|id| !id.is_empty() && id.trim() == boot_id());
+    marked && foreign_agents().is_empty()
+}
+
+/// Node agents running that are not the harness's (checked after its own
+/// were stopped: a killed agent takes a moment to go).
+fn foreign_agents() -> Vec<String> {
     let mut found = Vec::new();
-    // A killed agent takes a moment to go.
     for name in ["kubelet", "kube-proxy", "k3s", "k3s-server", "k3s-agent"] {
         let deadline = Instant::now() + Duration::from_secs(2);
         while run("pgrep", &["-x", name]).is_ok() {
@@ -71,6 +83,15 @@ pub fn foreign_node_state() -> Vec<String> {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
+    found
+}
+
+/// Node state on this machine that the harness did not make (checked after
+/// [`teardown`], so none of the harness's own is left): another kubelet or
+/// kube-proxy running, `kubepods` cgroups, `KUBE-*`/`CNI-*` chains, `cni-*`
+/// network namespaces. Empty on a machine the harness may use.
+pub fn foreign_node_state() -> Vec<String> {
+    let mut found = foreign_agents();
     let cgroups: Vec<String> = kubepods_cgroups().iter().map(|path| path.display().to_string()).collect();
     if !cgroups.is_empty() {
         found.push(format!("pod cgroups ({})", cgroups.join(", ")));

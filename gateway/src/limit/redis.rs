@@ -29,7 +29,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::{Buf as _, BytesMut};
@@ -157,7 +157,14 @@ pub struct RedisCounter {
     /// What it was built from (a config reload keeps it when unchanged).
     pub config: RedisConfig,
     calls: mpsc::Sender<Call>,
-    connected: Arc<AtomicBool>,
+    link: Arc<Link>,
+}
+
+/// What the connection task tells of its connection.
+#[derive(Default)]
+struct Link {
+    connected: AtomicBool,
+    failed_connects: AtomicU64,
 }
 
 impl std::fmt::Debug for RedisCounter {
@@ -175,14 +182,19 @@ impl RedisCounter {
     pub fn start(config: RedisConfig) -> Result<Self, TlsError> {
         let transport = Transport::new(&config)?;
         let (calls, queue) = mpsc::channel(MAX_QUEUED);
-        let connected = Arc::new(AtomicBool::new(false));
-        tokio::spawn(run(config.clone(), transport, queue, connected.clone()));
-        Ok(Self { config, calls, connected })
+        let link = Arc::new(Link::default());
+        tokio::spawn(run(config.clone(), transport, queue, link.clone()));
+        Ok(Self { config, calls, link })
     }
 
     /// Whether the connection is up.
     pub fn is_connected(&self) -> bool {
-        self.connected.load(Ordering::Relaxed)
+        self.link.connected.load(Ordering::Relaxed)
+    }
+
+    /// Attempts to connect (and authenticate) that failed so far.
+    pub fn failed_connects(&self) -> u64 {
+        self.link.failed_connects.load(Ordering::Relaxed)
     }
 
     /// Runs the admission script over `limiters`: a verdict per limiter.
@@ -290,18 +302,18 @@ fn command(args: &[Vec<u8>]) -> BytesMut {
 
 /// Connects, authenticates and serves calls until the connection breaks;
 /// again after a backoff; until the counter is dropped.
-async fn run(config: RedisConfig, transport: Transport, mut queue: mpsc::Receiver<Call>, connected: Arc<AtomicBool>) {
+async fn run(config: RedisConfig, transport: Transport, mut queue: mpsc::Receiver<Call>, link: Arc<Link>) {
     let mut backoff = Duration::from_millis(50);
     let mut was_up = true;
     loop {
         match connect(&config, &transport).await {
             Ok(stream) => {
                 tracing::info!(address = %config.address, "rate limits: connected to Redis");
-                connected.store(true, Ordering::Relaxed);
+                link.connected.store(true, Ordering::Relaxed);
                 backoff = Duration::from_millis(50);
                 was_up = true;
                 let ended = serve(stream, &mut queue).await;
-                connected.store(false, Ordering::Relaxed);
+                link.connected.store(false, Ordering::Relaxed);
                 match ended {
                     None => return,
                     Some(error) => {
@@ -309,11 +321,13 @@ async fn run(config: RedisConfig, transport: Transport, mut queue: mpsc::Receive
                     }
                 }
             }
-            Err(error) if was_up => {
-                tracing::warn!(address = %config.address, %error, "rate limits: cannot reach Redis; retrying");
-                was_up = false;
+            Err(error) => {
+                link.failed_connects.fetch_add(1, Ordering::Relaxed);
+                if was_up {
+                    tracing::warn!(address = %config.address, %error, "rate limits: cannot reach Redis; retrying");
+                    was_up = false;
+                }
             }
-            Err(_) => {}
         }
         // Calls made meanwhile fail at once rather than wait.
         let pause = tokio::time::sleep(backoff);

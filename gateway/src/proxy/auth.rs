@@ -49,14 +49,7 @@ mod tests {
     use waycast_crds::config::{GatewayConfig, KeyConfig};
 
     fn snapshot() -> Snapshot {
-        let key = |id: &str, text: &str| KeyConfig {
-            id: id.into(),
-            sha256: waycast_crds::digest::sha256_hex(text.as_bytes()),
-            models: None,
-            expires_at: None,
-            disabled: false,
-            limits: None,
-        };
+        let key = |id: &str, text: &str| KeyConfig::new(id, waycast_crds::digest::sha256_hex(text.as_bytes()));
         let mut expired = key("t/expired", "expired-key");
         expired.expires_at = Some("2026-01-01T00:00:00Z".parse().unwrap());
         let mut disabled = key("t/disabled", "disabled-key");

@@ -17,6 +17,144 @@ impl Random {
         (self.next() % n as u64) as usize
     }
 
+    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
+        items[self.below(items.len())]
+    }
+
+    /// Whitespace JSON allows between tokens, often none.
+    fn space(&mut self) -> &'static str {
+        ["", "", "", " ", "\n  ", "\t", "\r\n"][self.below(7)]
+    }
+
+    /// A JSON string of any text: escapes of every kind, surrogate pairs,
+    /// characters beyond ASCII; never empty when `non_empty`.
+    fn string(&mut self, non_empty: bool) -> String {
+        let pieces = [
+            "a",
+            "Z",
+            "9",
+            " ",
+            "-",
+            "/",
+            ":",
+            "é",
+            "☃",
+            "😀",
+            "\\\"",
+            "\\\\",
+            "\\/",
+            "\\b",
+            "\\f",
+            "\\n",
+            "\\r",
+            "\\t",
+            "\\u00e9",
+            "\\u0041",
+            "\\ud83d\\ude00",
+            "model",
+            "{",
+            "}",
+            "[",
+            ",",
+        ];
+        let count = self.below(12) + usize::from(non_empty);
+        let text: String = (0..count).map(|_| self.pick(&pieces)).collect();
+        format!("\"{text}\"")
+    }
+
+    /// A key as a client may write it: sometimes with a letter escaped.
+    fn key(&mut self, name: &str) -> String {
+        match self.below(4) {
+            0 if !name.is_empty() => {
+                let at = self.below(name.len());
+                let (head, tail) = name.split_at(at);
+                let mut tail = tail.chars();
+                let escaped = tail.next().map(|c| format!("\\u{:04x}", c as u32)).unwrap_or_default();
+                format!("\"{head}{escaped}{}\"", tail.as_str())
+            }
+            _ => format!("\"{name}\""),
+        }
+    }
+
+    fn number(&mut self) -> String {
+        self.pick(&["0", "-0", "7", "-12", "3.25", "-0.5e-3", "1E+9", "12345678901234567890", "6.02e23"]).to_owned()
+    }
+
+    /// Any JSON value, nested at most `depth`.
+    fn any(&mut self, depth: usize) -> String {
+        match self.below(if depth == 0 { 4 } else { 6 }) {
+            0 => self.string(false),
+            1 => self.number(),
+            2 => self.pick(&["true", "false"]).to_owned(),
+            3 => "null".to_owned(),
+            4 => {
+                let items: Vec<String> = (0..self.below(4))
+                    .map(|_| format!("{}{}{}", self.space(), self.any(depth - 1), self.space()))
+                    .collect();
+                format!("[{}]", items.join(","))
+            }
+            _ => {
+                let keys = ["model", "stream", "messages", "n", "x", ""];
+                let fields: Vec<String> = (0..self.below(4))
+                    .map(|_| {
+                        let key = self.pick(&keys);
+                        let key = self.key(key);
+                        format!("{}{key}{}:{}{}", self.space(), self.space(), self.any(depth - 1), self.space())
+                    })
+                    .collect();
+                format!("{{{}}}", fields.join(","))
+            }
+        }
+    }
+
+    /// A request OpenAI would accept: an object with a non-empty string
+    /// model, the fields the gateway reads typed as OpenAI types them, any
+    /// other fields holding anything, in any order, each key once.
+    fn request(&mut self) -> String {
+        let integer = |random: &mut Self| -> String {
+            match random.below(4) {
+                0 => "null".to_owned(),
+                _ => (random.next() % 100_000).to_string(),
+            }
+        };
+        let mut fields = vec![("model".to_owned(), self.string(true))];
+        type Field = (&'static str, fn(&mut Random) -> String);
+        let optional: [Field; 10] = [
+            ("stream", |r| r.pick(&["true", "false", "null"]).to_owned()),
+            ("stream_options", |r| if r.below(3) == 0 { "null".to_owned() } else { r.object_of_anything() }),
+            ("max_tokens", integer),
+            ("max_completion_tokens", integer),
+            ("max_output_tokens", integer),
+            ("n", integer),
+            ("best_of", integer),
+            ("messages", |r| r.any(4)),
+            ("temperature", |r| r.number()),
+            ("metadata", |r| r.any(5)),
+        ];
+        for (name, value) in optional {
+            if self.below(2) == 0 {
+                fields.push((name.to_owned(), value(self)));
+            }
+        }
+        // Shuffled (Fisher–Yates).
+        for i in (1..fields.len()).rev() {
+            let j = self.below(i + 1);
+            fields.swap(i, j);
+        }
+        let members: Vec<String> = fields
+            .iter()
+            .map(|(name, value)| {
+                format!("{}{}{}:{}{value}{}", self.space(), self.key(name), self.space(), self.space(), self.space())
+            })
+            .collect();
+        format!("{}{{{}}}{}", self.space(), members.join(","), self.space())
+    }
+
+    fn object_of_anything(&mut self) -> String {
+        let value = self.any(3);
+        format!("{{\"include_usage\":{},\"x\":{value}}}", self.pick(&["true", "false"]))
+    }
+
     /// A JSON value (valid), nested at most `depth`.
     fn value(&mut self, depth: usize) -> String {
         let strings = ["\"model\"", "\"m\\u006f\"", "\"a\\\"b\"", "\"caf\u{e9}\"", "\"\""];
@@ -69,6 +207,26 @@ fn property_agrees_with_serde_json_and_never_panics() {
             *byte ^= 1 << random.below(8);
         }
         let _ = scan(&flipped);
+    }
+}
+
+/// A request OpenAI would accept is never refused, and the scanner reads
+/// each field as serde_json does.
+#[test]
+fn property_a_valid_request_is_never_refused() {
+    let mut random = Random(0x6a09_e667_f3bc_c908);
+    for _ in 0..5_000 {
+        let body = random.request();
+        let fields = scan(body.as_bytes()).unwrap_or_else(|error| panic!("{error}: {body}"));
+        let parsed: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(fields.model, parsed["model"].as_str().unwrap(), "{body}");
+        let span: String = serde_json::from_str(&body[fields.model_span.clone()]).unwrap();
+        assert_eq!(span, fields.model, "the span is the model's string: {body}");
+        assert_eq!(fields.stream, parsed["stream"] == true, "{body}");
+        let bound = ["max_tokens", "max_completion_tokens", "max_output_tokens"];
+        assert_eq!(fields.max_tokens, bound.iter().filter_map(|name| parsed[name].as_u64()).max(), "{body}");
+        let asked = ["n", "best_of"].iter().filter_map(|name| parsed[name].as_u64()).max().unwrap_or(1);
+        assert_eq!(fields.choices, asked.max(1), "{body}");
     }
 }
 

@@ -160,13 +160,15 @@ mod tests {
     /// Models `open`, `mine` (seen only by team-a) and `other`; Alice
     /// (team-a) may use `open` and `mine`, Bob (team-b) every model he sees.
     fn snapshot() -> Snapshot {
-        let model = |name: &str, namespaces: Option<Vec<String>>| ModelConfig {
-            key_namespaces: namespaces,
-            ..ModelConfig::to(name, "http://10.0.0.1/v1")
+        let model = |name: &str, namespaces: Option<Vec<String>>| {
+            let mut model = ModelConfig::to(name, "http://10.0.0.1/v1");
+            model.key_namespaces = namespaces;
+            model
         };
-        let key = |id: &str, text: &str, models: Option<Vec<String>>| KeyConfig {
-            models,
-            ..KeyConfig::new(id, waycast_crds::digest::sha256_hex(text.as_bytes()))
+        let key = |id: &str, text: &str, models: Option<Vec<String>>| {
+            let mut key = KeyConfig::new(id, waycast_crds::digest::sha256_hex(text.as_bytes()));
+            key.models = models;
+            key
         };
         let config = GatewayConfig {
             models: vec![model("open", None), model("mine", Some(vec!["team-a".into()])), model("other", None)],

@@ -9,23 +9,25 @@ fn config(models: Vec<ModelConfig>, keys: Vec<KeyConfig>) -> GatewayConfig {
 }
 
 fn model(name: &str, aliases: &[&str], weights: &[u32]) -> ModelConfig {
-    ModelConfig {
-        aliases: aliases.iter().map(|a| (*a).into()).collect(),
-        backends: weights
-            .iter()
-            .enumerate()
-            .map(|(i, w)| BackendConfig { weight: *w, ..BackendConfig::to(format!("http://10.0.0.{i}:8000/v1/")) })
-            .collect(),
-        ..ModelConfig::to(name, "http://unused/v1")
-    }
+    let mut model = ModelConfig::to(name, "http://unused/v1");
+    model.aliases = aliases.iter().map(|a| (*a).into()).collect();
+    model.backends = weights
+        .iter()
+        .enumerate()
+        .map(|(i, weight)| {
+            let mut backend = BackendConfig::to(format!("http://10.0.0.{i}:8000/v1/"));
+            backend.weight = *weight;
+            backend
+        })
+        .collect();
+    model
 }
 
 /// A key whose sha256 is the length of its id, zero-padded.
 fn key(id: &str, models: Option<&[&str]>) -> KeyConfig {
-    KeyConfig {
-        models: models.map(|m| m.iter().map(|s| (*s).to_owned()).collect()),
-        ..KeyConfig::new(id, format!("{:0>64}", id.len()))
-    }
+    let mut key = KeyConfig::new(id, format!("{:0>64}", id.len()));
+    key.models = models.map(|m| m.iter().map(|s| (*s).to_owned()).collect());
+    key
 }
 
 fn key_of<'s>(snapshot: &'s Snapshot, id: &str) -> &'s KeyEntry {
@@ -57,11 +59,12 @@ fn resolves_names_aliases_and_allow_lists() {
 /// name only by opting in to it (`namespace/pattern`).
 #[test]
 fn a_name_resolves_in_the_keys_own_namespace_then_the_platform_then_opt_ins() {
-    let team = |name: &str, namespace: &str, shared: Option<&[&str]>| ModelConfig {
-        namespace: Some(namespace.into()),
-        source: Some(format!("{namespace}/{name}")),
-        key_namespaces: shared.map(|s| s.iter().map(|n| (*n).to_owned()).collect()),
-        ..model(name, &[], &[1])
+    let team = |name: &str, namespace: &str, shared: Option<&[&str]>| {
+        let mut team = model(name, &[], &[1]);
+        team.namespace = Some(namespace.into());
+        team.source = Some(format!("{namespace}/{name}"));
+        team.key_namespaces = shared.map(|s| s.iter().map(|n| (*n).to_owned()).collect());
+        team
     };
     let models = vec![
         model("llama-70b", &[], &[1]),                  // 0: the platform's

@@ -113,7 +113,11 @@ mod tests {
             config: GatewayConfig {
                 models: models
                     .iter()
-                    .map(|id| ModelConfig { source: Some((*id).into()), ..ModelConfig::to(*id, "http://10.0.0.1/v1") })
+                    .map(|id| {
+                        let mut model = ModelConfig::to(*id, "http://10.0.0.1/v1");
+                        model.source = Some((*id).into());
+                        model
+                    })
                     .collect(),
                 keys: keys.iter().map(|id| KeyConfig::new(*id, "0".repeat(64))).collect(),
                 ..GatewayConfig::empty()

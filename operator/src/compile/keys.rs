@@ -145,12 +145,10 @@ pub fn compile(inputs: &Inputs<'_>, now: jiff::Timestamp) -> (Vec<KeyConfig>, BT
                 }
                 Some(_) => Verdict::refused(reasons::DUPLICATE_KEY, "another ApiKey already uses the same key text"),
                 None => {
-                    let entry = KeyConfig {
-                        models: api_key.spec.models.clone(),
-                        expires_at: api_key.spec.expires_at.as_ref().map(|t| t.0),
-                        limits: api_key.spec.limits.as_ref().map(limits),
-                        ..KeyConfig::new(id.to_string(), sha256)
-                    };
+                    let mut entry = KeyConfig::new(id.to_string(), sha256);
+                    entry.models = api_key.spec.models.clone();
+                    entry.expires_at = api_key.spec.expires_at.as_ref().map(|t| t.0);
+                    entry.limits = api_key.spec.limits.as_ref().map(limits);
                     // The gateway's own check on this entry alone.
                     match entry.validate() {
                         Ok(()) => {

@@ -3,13 +3,16 @@
 //! and ApiKey it selects.
 //!
 //! ```text
-//! Inputs { gateway, namespaces, model endpoints, api keys, services, secrets }, now
-//!   ─► select.rs  which objects the Gateway takes (two-way consent: parentRefs + namespace rules)
-//!   ─► models.rs  backends resolved (Service → ClusterIP), egress rules, opted-in credentials,
-//!                 key visibility, per-entry validation, conflicts (own namespace, then oldest)
-//!   ─► keys.rs    key Secrets (owned, when generated) → SHA-256, length, expiry, disabled,
-//!                 per-entry validation, duplicates
-//!   ─► Compiled { config, verdicts }
+//! Inputs { gateway, namespaces, model endpoints, api keys, services, secrets }, now   (inputs.rs)
+//!   ─► select.rs    which objects the Gateway takes (two-way consent: parentRefs + namespace rules)
+//!   ─► models.rs    backends resolved (Service → ClusterIP), egress rules, key visibility,
+//!                   per-entry validation, conflicts (own namespace, then oldest)
+//!   ─► secrets.rs   opted-in credentials, CA and client certificates; lookups
+//!   ─► keys.rs      key Secrets (owned, when generated) → SHA-256, length, expiry, disabled,
+//!                   per-entry validation, duplicates (oldest first)
+//!   ─► settings.rs  the Gateway's own settings: body limit, access log, egress ranges, Redis
+//!   ─► Compiled { config, verdicts (verdict.rs) }
+//!   ─► fit.rs       (by the shell) the newest team objects left out until the config fits its Secret
 //! ```
 //!
 //! No I/O, no clock (`now` is passed in), no randomness, and `BTreeMap`

@@ -140,20 +140,17 @@ fn route(endpoint: &ModelEndpoint, key: &ObjectKey, inputs: &Inputs<'_>) -> Resu
                 .collect(),
         ),
     };
-    let model = ModelConfig {
-        name: spec.model.clone(),
-        aliases: spec.aliases.clone(),
-        backends,
-        timeouts,
-        limits: spec.limits.as_ref().map(limits),
-        source: Some(key.to_string()),
-        namespace: None,
-        key_namespaces,
-        forward_headers: spec.forward_headers.clone(),
-        forward_query_parameters: spec.forward_query_parameters.clone(),
-        output_token_reservation: spec.output_token_reservation.and_then(|n| u64::try_from(n).ok()),
-        load_balancing: load_balancing(spec.load_balancing.as_ref()),
-    };
+    let mut model = ModelConfig::to(spec.model.clone(), String::new());
+    model.aliases = spec.aliases.clone();
+    model.backends = backends;
+    model.timeouts = timeouts;
+    model.limits = spec.limits.as_ref().map(limits);
+    model.source = Some(key.to_string());
+    model.key_namespaces = key_namespaces;
+    model.forward_headers = spec.forward_headers.clone();
+    model.forward_query_parameters = spec.forward_query_parameters.clone();
+    model.output_token_reservation = spec.output_token_reservation.and_then(|n| u64::try_from(n).ok());
+    model.load_balancing = load_balancing(spec.load_balancing.as_ref());
     // The gateway's own check, on this entry alone: what it would refuse is
     // left out here, with the field named, instead of freezing everyone's config.
     model.validate().map_err(|problems| {
@@ -316,15 +313,14 @@ fn finish_backend(
         let (name, value) = credential(index, auth, namespace, inputs)?;
         headers.insert(name, value);
     }
-    Ok(BackendConfig {
-        url,
-        model: backend.model.clone(),
-        weight: backend.weight.and_then(|w| u32::try_from(w).ok()).unwrap_or(1),
-        headers,
-        endpoints,
-        priority: backend.priority.and_then(|p| u32::try_from(p).ok()).unwrap_or(0),
-        tls: backend.tls.as_ref().map(|tls| backend_tls(index, tls, namespace, inputs)).transpose()?,
-    })
+    let mut config = BackendConfig::to(url);
+    config.model = backend.model.clone();
+    config.weight = backend.weight.and_then(|w| u32::try_from(w).ok()).unwrap_or(1);
+    config.headers = headers;
+    config.endpoints = endpoints;
+    config.priority = backend.priority.and_then(|p| u32::try_from(p).ok()).unwrap_or(0);
+    config.tls = backend.tls.as_ref().map(|tls| backend_tls(index, tls, namespace, inputs)).transpose()?;
+    Ok(config)
 }
 
 /// The Gateway's egress rules for one `url` backend: a host outside its

@@ -10,10 +10,11 @@ use waycast_crds::condition::reasons;
 use waycast_crds::config::RedisConfig;
 use waycast_crds::gateway::{NamespaceFrom, NamespacePolicy, RouteSelector};
 use waycast_crds::model_endpoint::{Backend, BackendAuth, ServiceBackend};
-use waycast_crds::{ApiKey, ApiKeySpec, Gateway, GatewaySpec, ModelEndpoint, ModelEndpointSpec};
+use waycast_crds::{ApiKey, ApiKeySpec, Gateway, GatewaySpec, ModelEndpoint};
 
 use super::*;
 use crate::catalog::Catalog;
+use waycast_mock::fixtures::objects;
 
 const KEY_A: &str = "wc_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 const KEY_B: &str = "wc_bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
@@ -31,7 +32,9 @@ fn now() -> jiff::Timestamp {
 }
 
 fn gateway(namespace: &str, spec: GatewaySpec) -> Gateway {
-    Gateway { metadata: meta(namespace, "gw"), spec, status: None }
+    let mut gateway = objects::gateway(namespace, "gw");
+    gateway.spec = spec;
+    gateway
 }
 
 fn service_backend(name: &str, port: i32) -> Backend {
@@ -39,13 +42,10 @@ fn service_backend(name: &str, port: i32) -> Backend {
 }
 
 fn model_endpoint(namespace: &str, name: &str, created: i64, model: &str, backends: Vec<Backend>) -> ModelEndpoint {
-    let mut metadata = meta(namespace, name);
-    metadata.creation_timestamp = Some(at(created));
-    ModelEndpoint {
-        metadata,
-        spec: ModelEndpointSpec { model: model.into(), backends, ..ModelEndpointSpec::default() },
-        status: None,
-    }
+    let mut endpoint = objects::model_endpoint(namespace, name, model);
+    endpoint.metadata.creation_timestamp = Some(at(created));
+    endpoint.spec.backends = backends;
+    endpoint
 }
 
 fn service(namespace: &str, name: &str, ip: &str, port: i32) -> Service {
@@ -70,9 +70,11 @@ fn secret(namespace: &str, name: &str, key: &str, value: &str) -> Secret {
 }
 
 fn api_key(namespace: &str, name: &str, spec: ApiKeySpec) -> ApiKey {
-    let mut metadata = meta(namespace, name);
-    metadata.uid = Some(format!("uid-{name}"));
-    ApiKey { metadata, spec, status: None }
+    let mut key = objects::api_key(namespace, name);
+    // The uid its generated key Secret names as owner (`key_secret`).
+    key.metadata.uid = Some(format!("uid-{name}"));
+    key.spec = spec;
+    key
 }
 
 /// The generated key Secret of ApiKey `api_key`, owned by it.

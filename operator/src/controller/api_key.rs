@@ -14,10 +14,11 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt as _};
 use waycast_crds::ApiKey;
 
-use super::{CONCURRENCY, RESYNC, error_policy, parent_decisions, succeeded};
-use crate::apply::{bounded, patch_status};
+use super::shell::{CONCURRENCY, RESYNC, error_policy, succeeded, write_status};
+use super::statuses::parent_decisions;
+use crate::apply::bounded;
 use crate::compile::{keys, select};
-use crate::context::{Context, emit_transitions};
+use crate::context::Context;
 use crate::error::Error;
 use crate::status;
 use crate::stores::{KEY_SECRET_LABEL, once};
@@ -89,11 +90,7 @@ pub(crate) async fn reconcile_api_key(api_key: Arc<ApiKey>, context: Arc<Context
         });
     let Some(decisions) = decisions.await else { return Ok(Action::await_change()) };
     let new_status = status::api_key_status(&api_key, decisions.refused, &decisions.decided, decisions.programmed, now);
-    if status::status_changed(api_key.status.as_ref(), &new_status) {
-        patch_status(&context.client, api_key.as_ref(), serde_json::to_value(&new_status)?).await?;
-        let previous = api_key.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
-        emit_transitions(&context, api_key.as_ref(), previous, &new_status.conditions).await;
-    }
+    write_status(&context, api_key.as_ref(), api_key.status.as_ref(), &new_status).await?;
     context.metrics.reconciles.with_label_values(&["apikey"]).inc();
     succeeded(&context, api_key.as_ref());
     // Come back when the key expires, to mark it Expired.

@@ -1,6 +1,5 @@
 //! The Gateway reconciler: stores → compile → render → apply → status.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,17 +9,16 @@ use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt as _};
-use waycast_crds::condition::reasons;
-use waycast_crds::{Gateway, GatewayStatus};
+use waycast_crds::Gateway;
 
-use super::{CONCURRENCY, DEBOUNCE, RESYNC, error_policy, succeeded};
-use crate::apply::{bounded, patch_status};
+use super::shell::{CONCURRENCY, DEBOUNCE, RESYNC, error_policy, succeeded, write_status};
+use crate::apply::bounded;
 use crate::catalog::Catalog;
 use crate::compile::{self, ObjectKey};
-use crate::context::{Context, GatewayMemory, Written, emit_transitions};
+use crate::context::{Context, GatewayMemory, Written};
 use crate::error::Error;
 use crate::heartbeats;
-use crate::programmed::{self, Decision};
+use crate::programmed;
 use crate::render::{self, FIELD_MANAGER};
 use crate::status;
 use crate::stores::{Stores, once, signals};
@@ -63,27 +61,29 @@ pub(crate) async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Contex
     let left_out = fit_in_secret(&catalog, &gateway, &mut compiled);
     let compiled_at = started.elapsed();
 
-    let desired = render::desired(&gateway, &compiled.config, &context.settings)?;
-    let hash = served_hash(&context, &key, &desired).await;
-    let write_config = desired.config_fits() && !config_secret_current(&context.stores, &gateway, &hash);
+    let endpoints = catalog.endpoints(&compiled.config);
+    let desired = render::desired(&gateway, &compiled.config, &endpoints, &context.settings)?;
+    let (hash, write_config, write_endpoints) = what_to_write(&context, &gateway, &desired).await;
     let rendered_at = started.elapsed();
-    let observed = crate::apply::apply_all(&context.client, &desired, write_config).await?;
-    let index = super::endpoints::ServiceIndex::of(&context);
-    super::endpoints::sync(&context, &index, &gateway, render::endpoints::service_keys(&compiled.config)).await?;
+    let observed = crate::apply::apply_all(&context.client, &desired, write_config, write_endpoints).await?;
     let applied_at = started.elapsed();
-    mark_verified(&context, &gateway).await;
 
     let beats = heartbeats::heartbeats(&context.stores.leases, &context.stores.gateway_pods, &gateway);
-    let reporting = heartbeats::reporting(&beats);
-    let refusing = heartbeats::refusing(&beats, &hash);
-    programmed::refuse_dropped(&mut compiled, &heartbeats::dropping(&beats, &hash));
+    let settled = programmed::settle(&catalog, &mut compiled, &beats, &hash, desired.config_fits());
     let deployment_status = observed.deployment.status.as_ref();
     let ready = deployment_status.and_then(|s| s.ready_replicas).unwrap_or(0);
-    let decisions = decisions(&catalog, &mut compiled, hash.clone(), desired.config_fits());
-    announce_moved(&context, &key, decisions, &programmed::Pods { reporting: &reporting, ready }).await;
-    let up_to_date = reporting.iter().filter(|h| **h == hash).count();
-    record_written(&context, &key, &hash, &compiled, &reporting, started).await;
-
+    let moved = remember_reconcile(
+        &context,
+        &gateway,
+        &desired,
+        &compiled,
+        settled.decisions,
+        &settled.reporting,
+        ready,
+        started,
+    )
+    .await;
+    announce(&context, moved);
     let now = jiff::Timestamp::now();
     let facts = status::GatewayFacts {
         refused: compiled.gateway.as_ref(),
@@ -94,8 +94,8 @@ pub(crate) async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Contex
         left_out,
         models: compiled.config.models.len(),
         keys: compiled.config.keys.len(),
-        refusing: &refusing,
-        up_to_date,
+        refusing: &settled.refusing,
+        up_to_date: settled.up_to_date,
         replicas: deployment_status.and_then(|s| s.replicas).unwrap_or(0),
         ready,
         wanted: render::scaling::minimum_replicas(&gateway),
@@ -104,7 +104,8 @@ pub(crate) async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Contex
             Some(format!("{}:{port}", s.cluster_ip.as_deref()?))
         }),
     };
-    write_status(&context, &gateway, status::gateway_status(&gateway, &facts, now)).await?;
+    write_status(&context, gateway.as_ref(), gateway.status.as_ref(), &status::gateway_status(&gateway, &facts, now))
+        .await?;
     tracing::debug!(
         gateway = %key,
         compile_ms = compiled_at.as_secs_f64() * 1e3,
@@ -220,11 +221,6 @@ fn verified_as(gateway: &Gateway) -> (String, i64) {
     (gateway.metadata.uid.clone().unwrap_or_default(), gateway.metadata.generation.unwrap_or(0))
 }
 
-/// After a successful apply: this generation owns what it applied.
-async fn mark_verified(context: &Context, gateway: &Gateway) {
-    remember(context, &ObjectKey::of(&gateway.metadata), |memory| memory.verified = Some(verified_as(gateway))).await;
-}
-
 /// Changes what is remembered of the Gateway `key`. A deleted Gateway is
 /// never reconciled again: its memory (megabytes at 10,000 keys) goes here,
 /// when another one changes.
@@ -232,17 +228,6 @@ async fn remember<T>(context: &Context, key: &ObjectKey, change: impl FnOnce(&mu
     let mut gateways = context.gateways.write().await;
     gateways.retain(|key, _| gateway_exists(&context.stores, key));
     change(gateways.entry(key.clone()).or_default())
-}
-
-/// The hash the pods are to serve: the new config's, or — when it does not
-/// fit in a Secret and is not written — the last one written.
-async fn served_hash(context: &Context, key: &ObjectKey, desired: &render::Desired) -> String {
-    if desired.config_fits() {
-        return desired.config_hash.clone();
-    }
-    tracing::warn!(gateway = %key, config_bytes = desired.config_bytes, "compiled config too large for a Secret; keeping the last one");
-    let gateways = context.gateways.read().await;
-    gateways.get(key).and_then(|memory| memory.written.as_ref()).map(|w| w.hash.clone()).unwrap_or_default()
 }
 
 /// Whether the config Secret already holds `hash` for this Gateway. The
@@ -258,69 +243,81 @@ fn config_secret_current(stores: &Stores, gateway: &Gateway, hash: &str) -> bool
     )
 }
 
-/// Keeps this compile's decisions and announces the ApiKeys and
-/// ModelEndpoints whose verdict or Programmed state moved.
-async fn announce_moved(
+/// The hash the pods are to serve — the new config's, or, when it does not
+/// fit in a Secret and is not written, the last one written — and whether
+/// the config Secret and the endpoints ConfigMap need writing. An
+/// unchanged config Secret is not sent again: at 10,000 keys it is 433 KB,
+/// and applying it was the largest part of a reconcile.
+async fn what_to_write(context: &Context, gateway: &Gateway, desired: &render::Desired) -> (String, bool, bool) {
+    let key = ObjectKey::of(&gateway.metadata);
+    let gateways = context.gateways.read().await;
+    let memory = gateways.get(&key);
+    let hash = if desired.config_fits() {
+        desired.config_hash.clone()
+    } else {
+        tracing::warn!(gateway = %key, config_bytes = desired.config_bytes, "compiled config too large for a Secret; keeping the last one");
+        memory.and_then(|m| m.written.as_ref()).map(|w| w.hash.clone()).unwrap_or_default()
+    };
+    let write_config = desired.config_fits() && !config_secret_current(&context.stores, gateway, &hash);
+    let write_endpoints = memory.and_then(|m| m.endpoints_written.as_deref()) != Some(desired.endpoints_hash.as_str());
+    (hash, write_config, write_endpoints)
+}
+
+/// Everything a reconcile leaves to remember of its Gateway, under one
+/// lock: this generation owns what it applied; the endpoints written and
+/// the Services they are of; this compile's decisions (returning the
+/// objects whose status moved); when a new config was written, and how
+/// long it took to reach every pod once they all report it.
+#[allow(clippy::too_many_arguments, reason = "each is one fact of the reconcile, named")]
+async fn remember_reconcile(
     context: &Context,
-    key: &ObjectKey,
+    gateway: &Gateway,
+    desired: &render::Desired,
+    compiled: &compile::Compiled,
     decisions: programmed::Compile,
-    pods: &programmed::Pods<'_>,
-) {
-    let moved = remember(context, key, |memory| {
-        let (next, moved) = programmed::next(memory.compiled.as_ref(), decisions, pods);
+    reporting: &[String],
+    ready: i32,
+    started: std::time::Instant,
+) -> programmed::Moved {
+    let key = ObjectKey::of(&gateway.metadata);
+    let hash = decisions.hash.clone();
+    remember(context, &key, |memory| {
+        memory.verified = Some(verified_as(gateway));
+        memory.endpoints_written = Some(desired.endpoints_hash.clone());
+        memory.services = desired.services.clone();
+        let (next, moved) =
+            programmed::next(memory.compiled.as_ref(), decisions, &programmed::Pods { reporting, ready });
         memory.compiled = Some(next);
+        let up_to_date = reporting.iter().filter(|h| **h == hash).count();
+        let entry = memory.written.get_or_insert_with(|| Written { hash: String::new(), at: started, measured: true });
+        if entry.hash != hash {
+            tracing::info!(
+                gateway = %key,
+                config.hash = %hash,
+                models = compiled.config.models.len(),
+                keys = compiled.config.keys.len(),
+                "new config written"
+            );
+            *entry = Written { hash: hash.clone(), at: started, measured: false };
+            context.metrics.config_writes.with_label_values(&[&key.to_string()]).inc();
+        } else if !entry.measured && !reporting.is_empty() && up_to_date == reporting.len() {
+            entry.measured = true;
+            context.metrics.propagation.observe(entry.at.elapsed().as_secs_f64());
+        }
         moved
     })
-    .await;
+    .await
+}
+
+/// Announces the ApiKeys and ModelEndpoints whose status may read
+/// differently now to their status controllers.
+fn announce(context: &Context, moved: programmed::Moved) {
     for id in moved.keys {
         context.stores.feeds.keys.announce(ObjectRef::new(&id.name).within(&id.namespace));
     }
     for id in moved.models {
         context.stores.feeds.models.announce(ObjectRef::new(&id.name).within(&id.namespace));
     }
-}
-
-/// Remembers when a new config was written, and observes how long it took
-/// to reach every pod once they all report it.
-async fn record_written(
-    context: &Context,
-    key: &ObjectKey,
-    hash: &str,
-    compiled: &compile::Compiled,
-    reporting: &[String],
-    started: std::time::Instant,
-) {
-    let up_to_date = reporting.iter().filter(|h| *h == hash).count();
-    let mut gateways = context.gateways.write().await;
-    gateways.retain(|key, _| gateway_exists(&context.stores, key));
-    let memory = gateways.entry(key.clone()).or_default();
-    let entry = memory.written.get_or_insert_with(|| Written { hash: String::new(), at: started, measured: true });
-    if entry.hash != hash {
-        tracing::info!(
-            gateway = %key,
-            config.hash = %hash,
-            models = compiled.config.models.len(),
-            keys = compiled.config.keys.len(),
-            refused_models = ?compiled.models.iter().filter(|(_, v)| !v.accepted).map(|(k, v)| format!("{k}: {}", v.reason)).collect::<Vec<_>>(),
-            "new config written"
-        );
-        *entry = Written { hash: hash.to_owned(), at: started, measured: false };
-        context.metrics.config_writes.with_label_values(&[&key.to_string()]).inc();
-    } else if !entry.measured && !reporting.is_empty() && up_to_date == reporting.len() {
-        entry.measured = true;
-        context.metrics.propagation.observe(entry.at.elapsed().as_secs_f64());
-    }
-}
-
-/// Patches the Gateway's status when it changed, with an Event per
-/// condition that flipped.
-async fn write_status(context: &Context, gateway: &Gateway, new_status: GatewayStatus) -> Result<(), Error> {
-    if status::status_changed(gateway.status.as_ref(), &new_status) {
-        patch_status(&context.client, gateway, serde_json::to_value(&new_status)?).await?;
-        let previous = gateway.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
-        emit_transitions(context, gateway, previous, &new_status.conditions).await;
-    }
-    Ok(())
 }
 
 /// Compile again when the next key expires, so its status says Expired on
@@ -336,58 +333,6 @@ fn until_next_expiry(config: &waycast_crds::GatewayConfig, now: jiff::Timestamp)
     next_expiry.map_or(RESYNC, |s| Duration::from_secs(s + 1).min(RESYNC))
 }
 
-/// What `compiled` decided about each object, for the `Programmed`
-/// bookkeeping (the verdict maps are moved out of `compiled`: at 10,000
-/// keys they are the bulk of it).
-pub(crate) fn decisions(
-    catalog: &Catalog,
-    compiled: &mut compile::Compiled,
-    hash: String,
-    written: bool,
-) -> programmed::Compile {
-    use std::collections::HashMap;
-    use std::fmt::Write as _;
-    // Borrowed keys throughout: this runs over every key on every compile.
-    let key_generations: HashMap<(&str, &str), Option<i64>> =
-        catalog.keys.iter().map(|k| (ObjectKey::sort_key(&k.metadata), k.metadata.generation)).collect();
-    let model_generations: HashMap<(&str, &str), Option<i64>> =
-        catalog.models.iter().map(|m| (ObjectKey::sort_key(&m.metadata), m.metadata.generation)).collect();
-    let key_entries: HashMap<&str, u64> =
-        compiled.config.keys.iter().map(|k| (k.id.as_str(), programmed::entry_print(k))).collect();
-    let model_entries: HashMap<&str, u64> = compiled
-        .config
-        .models
-        .iter()
-        .filter_map(|m| Some((m.source.as_deref()?, programmed::entry_print(m))))
-        .collect();
-    let mut id_text = String::new();
-    let mut entry_of = |entries: &HashMap<&str, u64>, id: &ObjectKey| {
-        id_text.clear();
-        let _ = write!(id_text, "{id}");
-        entries.get(id_text.as_str()).copied().unwrap_or(0)
-    };
-    let turned_off = |reason: &str| reason == reasons::DISABLED || reason == reasons::EXPIRED;
-    let mut keys = BTreeMap::new();
-    for (id, v) in &compiled.keys {
-        let as_intended = v.verdict.accepted || turned_off(v.verdict.reason);
-        let generation = key_generations.get(&(id.namespace.as_str(), id.name.as_str())).copied().flatten();
-        keys.insert(id.clone(), Decision::new(generation, as_intended, entry_of(&key_entries, id)));
-    }
-    let mut models = BTreeMap::new();
-    for (id, v) in &compiled.models {
-        let generation = model_generations.get(&(id.namespace.as_str(), id.name.as_str())).copied().flatten();
-        models.insert(id.clone(), Decision::new(generation, v.accepted, entry_of(&model_entries, id)));
-    }
-    programmed::Compile {
-        hash,
-        written,
-        keys,
-        models,
-        key_verdicts: std::mem::take(&mut compiled.keys),
-        model_verdicts: compiled.models.clone(),
-    }
-}
-
 pub(crate) fn gateway_exists(stores: &Stores, key: &ObjectKey) -> bool {
     stores.gateways.get(&ObjectRef::new(&key.name).within(&key.namespace)).is_some()
 }
@@ -401,6 +346,7 @@ pub(crate) async fn refuse_name_conflict(
     conflict: &str,
 ) -> Result<Action, Error> {
     tracing::warn!(gateway = %ObjectKey::of(&gateway.metadata), conflict, "an object the Gateway would own exists and is not its own; nothing applied");
-    write_status(context, gateway, status::gateway_name_conflict(gateway, conflict, jiff::Timestamp::now())).await?;
+    let refused = status::gateway_name_conflict(gateway, conflict, jiff::Timestamp::now());
+    write_status(context, gateway, gateway.status.as_ref(), &refused).await?;
     Ok(Action::requeue(Duration::from_secs(30)))
 }

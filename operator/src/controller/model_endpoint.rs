@@ -5,10 +5,10 @@ use std::sync::Arc;
 use kube::runtime::controller::Action;
 use waycast_crds::ModelEndpoint;
 
-use super::{parent_decisions, succeeded};
-use crate::apply::patch_status;
+use super::shell::{succeeded, write_status};
+use super::statuses::parent_decisions;
 use crate::compile::select;
-use crate::context::{Context, emit_transitions};
+use crate::context::Context;
 use crate::error::Error;
 use crate::status;
 
@@ -31,11 +31,7 @@ pub(crate) async fn reconcile_model_endpoint(
     }));
     let programmed = decisions.programmed;
     let new_status = status::model_endpoint_status(&endpoint, entries, programmed, now);
-    if status::status_changed(endpoint.status.as_ref(), &new_status) {
-        patch_status(&context.client, endpoint.as_ref(), serde_json::to_value(&new_status)?).await?;
-        let previous = endpoint.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
-        emit_transitions(&context, endpoint.as_ref(), previous, &new_status.conditions).await;
-    }
+    write_status(&context, endpoint.as_ref(), endpoint.status.as_ref(), &new_status).await?;
     context.metrics.reconciles.with_label_values(&["modelendpoint"]).inc();
     succeeded(&context, endpoint.as_ref());
     // Looked at again on changes, announcements and the periodic resync (`every`).

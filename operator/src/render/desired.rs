@@ -1,12 +1,16 @@
 //! Everything a Gateway owns, rendered in one call: what the reconciler
-//! applies and what the goldens compare.
+//! applies (one plan, one apply: the endpoints ConfigMap too) and what the
+//! goldens compare.
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::{Secret, Service, ServiceAccount};
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use waycast_crds::endpoints::EndpointsDocument;
 use waycast_crds::{Gateway, GatewayConfig};
 
 use super::settings::RenderSettings;
@@ -40,6 +44,12 @@ pub struct Desired {
     /// With the operator's NetworkPolicy settings; absent: any existing
     /// one is pruned.
     pub network_policy: Option<NetworkPolicy>,
+    /// The ready addresses of the Services the config routes to.
+    pub endpoints: ConfigMap,
+    /// The hash of the document in `endpoints`.
+    pub endpoints_hash: String,
+    /// The Services the config routes to (`namespace/name:port`).
+    pub services: BTreeSet<String>,
 }
 
 impl Desired {
@@ -53,12 +63,19 @@ impl Desired {
     }
 }
 
-/// Renders every object `gateway` owns, serving `config`.
+/// Renders every object `gateway` owns, serving `config`, with the
+/// `endpoints` of the Services it routes to.
 ///
 /// # Errors
-/// Only if compressing the config fails.
-pub fn desired(gateway: &Gateway, config: &GatewayConfig, settings: &RenderSettings) -> std::io::Result<Desired> {
+/// Only if compressing the config, or serializing the endpoints, fails.
+pub fn desired(
+    gateway: &Gateway,
+    config: &GatewayConfig,
+    endpoints: &EndpointsDocument,
+    settings: &RenderSettings,
+) -> std::io::Result<Desired> {
     let (config_secret, config_hash, config_json_bytes) = config_secret::config_secret(gateway, config)?;
+    let (endpoints, endpoints_hash) = super::endpoints::config_map(gateway, endpoints)?;
     let config_bytes = config_secret.data.as_ref().and_then(|d| d.values().next()).map_or(0, |b| b.0.len());
     Ok(Desired {
         config_secret,
@@ -73,5 +90,8 @@ pub fn desired(gateway: &Gateway, config: &GatewayConfig, settings: &RenderSetti
         hpa: scaling::hpa(gateway),
         pdb: scaling::pdb(gateway),
         network_policy: network_policy::network_policy(gateway, settings.network_policy.as_ref()),
+        endpoints,
+        endpoints_hash,
+        services: super::endpoints::service_keys(config),
     })
 }

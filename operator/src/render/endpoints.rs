@@ -9,8 +9,9 @@
 //! EndpointSlices (ready addresses)  ─┘
 //! ```
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -95,6 +96,61 @@ pub fn config_map(gateway: &Gateway, document: &EndpointsDocument) -> serde_json
         ..ConfigMap::default()
     };
     Ok((map, hash))
+}
+
+/// The hash [`config_map`] gives `document`.
+///
+/// # Errors
+/// Serialization failing (not expected for this type).
+pub fn document_hash(document: &EndpointsDocument) -> serde_json::Result<String> {
+    Ok(waycast_crds::digest::config_hash(serde_json::to_string(document)?.as_bytes()))
+}
+
+/// Services and their EndpointSlices by namespace and name: built once
+/// per reconcile or per burst of endpoint changes and shared by every
+/// Gateway looked at from it, so a burst costs one pass over the cluster,
+/// not one per Gateway.
+pub struct ServiceIndex<'a> {
+    services: HashMap<&'a str, HashMap<&'a str, &'a Service>>,
+    slices: HashMap<&'a str, HashMap<&'a str, Vec<&'a EndpointSlice>>>,
+}
+
+impl<'a> ServiceIndex<'a> {
+    /// An index of `services` and `slices` (a slice by its Service label).
+    pub fn new(services: &'a [Arc<Service>], slices: &'a [Arc<EndpointSlice>]) -> Self {
+        let mut by_service: HashMap<&str, HashMap<&str, &Service>> = HashMap::new();
+        for service in services {
+            let metadata = &service.metadata;
+            if let (Some(namespace), Some(name)) = (metadata.namespace.as_deref(), metadata.name.as_deref()) {
+                by_service.entry(namespace).or_default().insert(name, service);
+            }
+        }
+        let mut by_owner: HashMap<&str, HashMap<&str, Vec<&EndpointSlice>>> = HashMap::new();
+        for slice in slices {
+            let metadata = &slice.metadata;
+            let owner = metadata.labels.as_ref().and_then(|labels| labels.get(SERVICE_NAME_LABEL));
+            if let (Some(namespace), Some(owner)) = (metadata.namespace.as_deref(), owner) {
+                by_owner.entry(namespace).or_default().entry(owner.as_str()).or_default().push(slice);
+            }
+        }
+        Self { services: by_service, slices: by_owner }
+    }
+
+    /// The endpoints document of the Services `config` routes to.
+    pub fn document(&self, config: &GatewayConfig) -> EndpointsDocument {
+        self.document_of(&service_keys(config))
+    }
+
+    /// The endpoints document of the Services `keys` name.
+    pub fn document_of(&self, keys: &BTreeSet<String>) -> EndpointsDocument {
+        document(
+            keys,
+            |namespace, name| self.services.get(namespace)?.get(name).copied(),
+            |namespace, name| {
+                self.slices.get(namespace).and_then(|by_service| by_service.get(name)).into_iter().flatten().copied()
+            },
+        )
+    }
 }
 
 #[cfg(test)]

@@ -3,13 +3,17 @@
 //! No I/O; same inputs, same objects.
 //!
 //! ```text
-//! Gateway ─► labels ─┬─► service_account, role, role_binding   (RBAC: its config Secret + heartbeat Leases)
-//!                    ├─► config_secret                         (gzipped canonical JSON + hash annotation)
-//!                    ├─► endpoints::config_map                 (ready addresses of the Services it routes to)
-//!                    ├─► deployment                            (never the config hash: config changes don't roll pods)
-//!                    ├─► service
-//!                    └─► hpa (with autoscaling), pdb (with more than one replica)
+//! Gateway ─► meta.rs ─┬─► rbac: service_account, role, role_binding (its config Secret and endpoints
+//!                     │        ConfigMap by name, its Leases, pods read by name)
+//!                     ├─► config_secret                   (gzipped canonical JSON + hash annotation)
+//!                     ├─► endpoints::config_map           (ready addresses of the Services it routes to)
+//!                     ├─► deployment                      (never the config hash: config changes don't roll pods)
+//!                     ├─► service, network_policy         (the admin port only from the named peers)
+//!                     └─► hpa (with autoscaling), pdb (with more than one replica)
 //! ```
+//!
+//! `meta.rs` holds what every owned object carries (labels, owner, names,
+//! ports); `desired.rs` renders them all in one call.
 
 pub mod config_secret;
 pub mod deployment;

@@ -6,7 +6,7 @@
 //! NB: hand-built rather than kube's shared reflectors: see
 //! docs/operator.md ("Stores").
 
-mod views;
+pub mod views;
 
 use std::collections::HashMap;
 use std::hash::Hash;
