@@ -26,7 +26,7 @@ bench:
 	taskset -c 1 $(TARGET_DIR)/bench-tool/waycast-bench suite --scale $(BENCH_SCALE) $(if $(BENCH_LIMITS),--limits) \
 	  --gateway $(TARGET_DIR)/release/waycast-gateway --gateway-cpu 0 --load-cpu 1 --out $(TARGET_DIR)/bench.json
 
-## bench-peers: waycast beside nginx (Debian), onwards (crates.io) and LiteLLM (PyPI), installed by e2e/scripts/install-peers.sh,
+## bench-peers: waycast beside nginx (Debian), onwards (crates.io) and LiteLLM (PyPI), installed by bench/scripts/install-peers.sh,
 ## each in turn on the same pinned CPUs, sinks and load; table + JSON. On a bigger machine: PEER_CPUS=0-3 LOAD_CPUS=4-15
 PEER_CPUS ?= 0
 LOAD_CPUS ?= 1
@@ -36,7 +36,7 @@ PEER_ROUNDS ?= 3
 bench-peers:
 	$(CARGO) build $(CARGO_FLAGS) --release -p waycast-gateway
 	$(CARGO) build $(CARGO_FLAGS) --profile bench-tool -p waycast-bench
-	bash e2e/scripts/install-peers.sh > $(TARGET_DIR)/peers.list
+	bash bench/scripts/install-peers.sh > $(TARGET_DIR)/peers.list
 	taskset -c $(LOAD_CPUS) $(TARGET_DIR)/bench-tool/waycast-bench peers --waycast $(TARGET_DIR)/release/waycast-gateway \
 	  $$(sed 's/^\([a-z]*\)=/--\1 /' $(TARGET_DIR)/peers.list) --peer-cpus $(PEER_CPUS) --load-cpus $(LOAD_CPUS) \
 	  --cell-seconds $(PEER_CELL_SECONDS) --held-streams $(HELD_STREAMS) --rounds $(PEER_ROUNDS) --out $(TARGET_DIR)/bench-peers.json
@@ -65,7 +65,7 @@ lint: deny
 
 ## deny: cargo-deny (deny.toml): banned crates, licenses, sources, and RustSec advisories when the database can be had
 deny:
-	bash e2e/scripts/deny.sh
+	bash .ci/deny.sh
 
 ## images: release builds of the gateway and operator packed as OCI archives in target/images/ (no Docker needed)
 images:

@@ -16,7 +16,7 @@ if [[ "${1:-}" == "--print" ]]; then
 fi
 
 if [[ ! -x "$HELM_BIN" ]]; then
-  export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
+  export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local GOCACHE="$CACHE_ROOT/go-build"
   work="$CACHE_ROOT/src/helm-$HELM_VERSION"
   mkdir -p "$work" "$(dirname "$HELM_BIN")"
   # Building the command from a module that requires helm keeps helm's own

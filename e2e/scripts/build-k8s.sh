@@ -32,6 +32,9 @@ for cmd in "${K8S_COMMANDS[@]}"; do
 done
 
 export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
+# A build cache of the project's own (the disk tool may remove it; the
+# user's own Go cache is never touched).
+export GOCACHE="$CACHE_ROOT/go-build"
 if ((${#missing[@]})); then
   work="$CACHE_ROOT/src/kubernetes-$K8S_VERSION"
   mkdir -p "$work"

@@ -15,8 +15,7 @@ use waycast_mock::fixtures::ALICE_KEY;
 #[tokio::test]
 async fn the_official_python_sdk_works_unchanged() {
     let tests = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
-    let scripts = Path::new(env!("CARGO_MANIFEST_DIR")).join("../e2e/scripts");
-    let setup = Command::new("bash").arg(scripts.join("python-env.sh")).output().unwrap();
+    let setup = Command::new("bash").arg(tests.join("python-env.sh")).output().unwrap();
     assert!(setup.status.success(), "python env setup failed: {}", String::from_utf8_lossy(&setup.stderr));
     let python = String::from_utf8(setup.stdout).unwrap().trim().to_owned();
 

@@ -5,7 +5,7 @@
 # no stream) from waycast-bench's sink, and prints Ir per request and the
 # top functions.
 #
-#   e2e/scripts/profile-gateway.sh [REQUESTS] [access-log: on|off] [stream: no|yes] [limits: off|on]
+#   bench/scripts/profile-gateway.sh [REQUESTS] [access-log: on|off] [stream: no|yes] [limits: off|on]
 #
 # With limits on, the key has generous request and token limits (never
 # reached): the difference is the cost of the limit check. Streams have

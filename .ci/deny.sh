@@ -5,7 +5,7 @@
 # reach: then a copy already on disk is used, and without one the run says
 # plainly that advisories were not checked instead of failing or pretending.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/.."
 
 version=0.20.2
 tools="${WAYCAST_TOOLS:-$HOME/.cache/waycast/tools}"

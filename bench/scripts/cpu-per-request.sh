@@ -6,7 +6,7 @@
 # concurrent) from waycast-bench's sink, and prints the gateway's user +
 # system CPU (from /proc) per request, in microseconds.
 #
-#   e2e/scripts/cpu-per-request.sh REQUESTS ROUNDS GATEWAY_BIN...
+#   bench/scripts/cpu-per-request.sh REQUESTS ROUNDS GATEWAY_BIN...
 #
 # GW_CPUS (default 0) and WORKERS (default 1) place the gateway; LOAD_CPUS
 # (default 1) the load generator and the sink. Needs the bench tool:

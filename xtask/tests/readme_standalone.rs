@@ -7,10 +7,21 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use waycast_e2e::control_plane::free_port;
-
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// Where cargo put the workspace's binaries: beside this test's own
+/// directory (`target/<profile>/deps/..`).
+fn binaries() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap();
+    if dir.file_name().is_some_and(|n| n == "deps") { dir.parent().unwrap().to_path_buf() } else { dir.to_path_buf() }
+}
+
+/// A loopback port free right now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 #[test]
@@ -21,18 +32,14 @@ fn the_standalone_quickstart_works_as_printed() {
     let script: String =
         block.lines().filter(|l| !l.starts_with("```") && !l.starts_with("cargo build")).collect::<Vec<_>>().join("\n");
 
-    let bin_dir =
-        waycast_e2e::process::workspace_binary("waycast-mock-upstream").unwrap().parent().unwrap().to_path_buf();
-    let gateway = bin_dir.join("waycast-gateway");
-    assert!(
-        gateway.is_file(),
-        "{} is missing: build the workspace's binaries first (make test does)",
-        gateway.display()
-    );
-    let loopback = "127.0.0.1".parse().unwrap();
-    let (upstream, public, admin) =
-        (free_port(loopback).unwrap(), free_port(loopback).unwrap(), free_port(loopback).unwrap());
-    let dir = waycast_mock::fixtures::temp_dir("readme");
+    let bin_dir = binaries();
+    for binary in ["waycast-gateway", "waycast-mock-upstream"] {
+        let path = bin_dir.join(binary);
+        assert!(path.is_file(), "{} is missing: build the workspace's binaries first (make test does)", path.display());
+    }
+    let (upstream, public, admin) = (free_port(), free_port(), free_port());
+    let dir = std::env::temp_dir().join(format!("waycast-readme-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
     let example = std::fs::read_to_string(repo().join("examples/standalone/gateway.yaml")).unwrap();
     let config = dir.join("gateway.yaml");
     std::fs::write(&config, example.replace("127.0.0.1:8000", &format!("127.0.0.1:{upstream}"))).unwrap();

@@ -3,7 +3,7 @@
 # waycast's own caches, those cheapest to rebuild first, and stopping as
 # soon as there is room. Nothing else on the machine is touched.
 #
-#   e2e/scripts/reclaim-disk.sh     # uses CARGO_TARGET_DIR (or ./target)
+#   .ci/reclaim-disk.sh     # uses CARGO_TARGET_DIR (or ./target)
 #
 # Room means: what the e2e node wants (the kubelet's 1 % eviction threshold
 # plus 3 GiB, as e2e/src/node checks) plus WAYCAST_BUILD_ROOM_GIB (default
@@ -47,10 +47,9 @@ has_room && exit 0
 # Profiles `make test` does not build: benchmarks and profiling.
 remove "release, profiling and bench-tool builds" "$target/release" "$target/profiling" "$target/bench-tool"
 has_room && exit 0
-# The Kubernetes binaries are kept; only what built them goes.
-if command -v go >/dev/null; then
-  remove "Go build cache" "$(go env GOCACHE)"
-fi
+# The Kubernetes binaries are kept; only what built them goes: the Go
+# build cache the project's builds use (never the user's own).
+remove "the project's Go build cache" "$cache_root/go-build"
 remove "Kubernetes sources" "$cache_root/src"
 has_room && exit 0
 remove "the whole Cargo target directory (a full rebuild follows)" "$target"

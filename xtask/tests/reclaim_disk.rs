@@ -1,4 +1,4 @@
-//! `e2e/scripts/reclaim-disk.sh`, which `.ci/run` runs before building:
+//! `.ci/reclaim-disk.sh`, which `.ci/run` runs before building:
 //! with room it touches nothing; without, it removes waycast's caches in
 //! order, cheapest to rebuild first, stops once there is room, and never
 //! touches anything else. "Room" is faked with `WAYCAST_BUILD_ROOM_GIB`:
@@ -31,7 +31,8 @@ impl Fixture {
             "target/bench-tool",
             "cache/src/kubernetes",
             "cache/k8s/bin",
-            "go-build/00",
+            "cache/go-build/00",
+            "users-go-build/00",
             "neighbour",
         ] {
             std::fs::create_dir_all(root.join(dir)).unwrap();
@@ -41,10 +42,11 @@ impl Fixture {
 
     fn run(&self, room_gib: i64) -> Output {
         Command::new("bash")
-            .arg(repo().join("e2e/scripts/reclaim-disk.sh"))
+            .arg(repo().join(".ci/reclaim-disk.sh"))
             .env("CARGO_TARGET_DIR", self.root.join("target"))
             .env("WAYCAST_CACHE", self.root.join("cache"))
-            .env("GOCACHE", self.root.join("go-build"))
+            // The user's own Go build cache: never the tool's to remove.
+            .env("GOCACHE", self.root.join("users-go-build"))
             .env("WAYCAST_BUILD_ROOM_GIB", room_gib.to_string())
             .output()
             .unwrap()
@@ -67,7 +69,7 @@ fn with_room_nothing_is_removed() {
     // Less than no room wanted: there is room whatever the disk holds.
     let output = fixture.run(-(1 << 30));
     assert!(output.status.success(), "{output:?}");
-    for path in ["target/debug/incremental", "target/release", "cache/src", "go-build/00", "neighbour"] {
+    for path in ["target/debug/incremental", "target/release", "cache/src", "cache/go-build/00", "neighbour"] {
         assert!(fixture.exists(path), "{path} was removed");
     }
 }
@@ -82,7 +84,7 @@ fn without_room_only_waycasts_caches_go_in_order_and_it_says_so() {
     let steps = [
         "removed incremental compilation caches",
         "removed release, profiling and bench-tool builds",
-        "removed Go build cache",
+        "removed the project's Go build cache",
         "removed Kubernetes sources",
         "removed the whole Cargo target directory",
         "the rest of the disk is not ours",
@@ -91,10 +93,12 @@ fn without_room_only_waycasts_caches_go_in_order_and_it_says_so() {
         steps.iter().map(|step| stderr.find(step).unwrap_or_else(|| panic!("{step}: {stderr}"))).collect();
     assert!(at.windows(2).all(|pair| pair[0] < pair[1]), "steps out of order: {stderr}");
     assert!(stderr.contains("what waycast's caches hold"), "{stderr}");
-    for gone in ["target/debug", "target/release", "cache/src", "go-build"] {
+    for gone in ["target/debug", "target/release", "cache/src", "cache/go-build"] {
         assert!(!fixture.exists(gone), "{gone} is still there");
     }
-    // The built Kubernetes binaries and anything not waycast's stay.
+    // The built Kubernetes binaries and anything not waycast's stay: the
+    // user's own Go build cache among them.
     assert!(fixture.exists("cache/k8s/bin"));
     assert!(fixture.exists("neighbour"));
+    assert!(fixture.exists("users-go-build/00"), "the user's Go build cache was removed");
 }
