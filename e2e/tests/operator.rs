@@ -325,7 +325,8 @@ async fn keys_and_credentials_rotate_without_a_restart() {
     // An upstream credential: the upstream is sent the new one.
     let upstream = waycast_e2e::workloads::cluster_ip(&client, &namespace, "vllm").await.unwrap();
     let credentials_seen = || async {
-        let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http::<http_body_util::Empty<bytes::Bytes>>();
+        let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build_http::<http_body_util::Empty<bytes::Bytes>>();
         let uri: http::Uri = format!("http://{upstream}:8000/_mock/requests").parse().unwrap();
         let response = http.get(uri).await.unwrap();
         let body = http_body_util::BodyExt::collect(response.into_body()).await.unwrap().to_bytes();
