@@ -35,7 +35,7 @@ pub type SecretName = (String, String);
 /// How long a Secret's data is kept after the last reconcile that wanted
 /// it: every Gateway is compiled again within the resync (5 minutes), so
 /// what no served object references leaves the cache within this.
-const UNWANTED_FOR: std::time::Duration = std::time::Duration::from_secs(15 * 60);
+pub const UNWANTED_FOR: std::time::Duration = std::time::Duration::from_secs(15 * 60);
 
 /// A Secret as last read, and when a reconcile last wanted it.
 #[derive(Debug, Clone)]

@@ -28,7 +28,7 @@ pub const LOCK_FILE: &str = "/run/waycast-e2e.lock";
 
 /// Present while this machine's `kubepods` cgroups, `KUBE-*`/`CNI-*`
 /// chains and `cni-*` network namespaces are the harness's: written after
-/// [`foreign_node_state`] found none, removed by [`teardown`] last. On a
+/// [`super::foreign_node_state`] found none, removed by [`super::teardown`] last. On a
 /// tmpfs (gone at reboot) and holding the boot's id: a marker of another
 /// boot, or one found while another node's agents run, owns nothing.
 pub const OWNED_MARKER: &str = "/run/waycast-e2e-owns-node-state";
