@@ -22,6 +22,10 @@ pub const ENDPOINTS_DATA_KEY: &str = "endpoints.json";
 /// The most addresses one Service may list (a bound on what one document
 /// can make the gateway hold).
 pub const MAX_ADDRESSES_PER_SERVICE: usize = 4096;
+/// Most addresses in one document, over all its Services: with them it
+/// stays far below what a ConfigMap holds (1 MiB), however many Services a
+/// Gateway routes to.
+pub const MAX_ADDRESSES_PER_DOCUMENT: usize = 16_384;
 
 /// Ready addresses per Service.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]

@@ -70,6 +70,10 @@ pub struct Observed {
     pub deployment: Deployment,
     /// The Service, with its cluster IP.
     pub service: Service,
+    /// Whether the endpoints ConfigMap is as desired (applied now, or not
+    /// asked to be): a failure to write it is logged and retried, and
+    /// fails nothing else.
+    pub endpoints_current: bool,
 }
 
 /// Applies every object of `desired` (the config Secret only when
@@ -100,17 +104,22 @@ pub async fn apply_all(
         Ok::<_, Error>(())
     };
     let endpoints = async {
-        if write_endpoints {
-            apply(client, &desired.endpoints).await?;
+        if !write_endpoints {
+            return true;
         }
-        Ok::<_, Error>(())
+        match apply(client, &desired.endpoints).await {
+            Ok(_) => true,
+            Err(error) => {
+                tracing::warn!(%error, "cannot write the endpoints ConfigMap; retrying at the next look");
+                false
+            }
+        }
     };
-    let (account, role, config, endpoints) =
+    let (account, role, config, endpoints_current) =
         tokio::join!(apply(client, &desired.service_account), apply(client, &desired.role), config, endpoints);
     account?;
     role?;
     config?;
-    endpoints?;
     let hpa = async {
         match &desired.hpa {
             Some(hpa) => apply(client, hpa).await.map(drop),
@@ -138,5 +147,5 @@ pub async fn apply_all(
         network_policy
     );
     let (_, deployment, service, (), (), ()) = (binding?, deployment?, service?, hpa?, pdb?, network_policy?);
-    Ok(Observed { deployment, service })
+    Ok(Observed { deployment, service, endpoints_current })
 }

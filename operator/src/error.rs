@@ -1,5 +1,7 @@
-//! The operator's errors: each knows its reason (for conditions and
-//! Events), its metric label, and whether retrying can help.
+//! What can go wrong in a reconcile: each error knows its metric label
+//! (`waycast_operator_reconcile_errors_total`) and whether retrying can
+//! help (a transient error is retried with backoff, another waits for a
+//! change).
 
 /// What can go wrong in a reconcile.
 #[derive(Debug, thiserror::Error)]

@@ -140,15 +140,23 @@ fn host_range(address: &str) -> Option<String> {
 /// The API server's addresses, as host ranges: the endpoints of the
 /// `default/kubernetes` Service in `slices`.
 pub fn api_server(slices: &Store<EndpointSlice>) -> Vec<String> {
+    api_server_of(slices.state().iter().map(AsRef::as_ref))
+}
+
+/// [`api_server`] over plain slices.
+pub fn api_server_of<'a>(slices: impl IntoIterator<Item = &'a EndpointSlice>) -> Vec<String> {
     let mut addresses = BTreeSet::new();
-    for slice in slices.state() {
-        let is_api_server = slice.metadata.namespace.as_deref() == Some("default")
-            && slice.metadata.labels.as_ref().and_then(|l| l.get(crate::render::endpoints::SERVICE_NAME_LABEL))
-                == Some(&"kubernetes".to_owned());
-        if !is_api_server {
-            continue;
-        }
+    for slice in slices.into_iter().filter(|slice| is_api_server(slice)) {
         addresses.extend(slice.endpoints.iter().flat_map(|e| e.addresses.iter()).filter_map(|a| host_range(a)));
     }
     addresses.into_iter().collect()
+}
+
+/// Whether `slice` is the API server's own (`default/kubernetes`, which
+/// the API server writes itself, without the EndpointSlice controller's
+/// label).
+pub fn is_api_server(slice: &EndpointSlice) -> bool {
+    slice.metadata.namespace.as_deref() == Some("default")
+        && slice.metadata.labels.as_ref().and_then(|l| l.get(crate::render::endpoints::SERVICE_NAME_LABEL))
+            == Some(&"kubernetes".to_owned())
 }

@@ -24,11 +24,11 @@ impl Fixture {
         let root = std::env::temp_dir().join(format!("waycast-reclaim-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         for dir in [
-            "target/debug/incremental/crate-a",
-            "target/debug/deps",
-            "target/release/incremental/crate-b",
-            "target/profiling",
-            "target/bench-tool",
+            "cache/target/debug/incremental/crate-a",
+            "cache/target/debug/deps",
+            "cache/target/release/incremental/crate-b",
+            "cache/target/profiling",
+            "cache/target/bench-tool",
             "cache/src/kubernetes",
             "cache/k8s/bin",
             "cache/go-build/00",
@@ -41,9 +41,14 @@ impl Fixture {
     }
 
     fn run(&self, room_gib: i64) -> Output {
+        self.run_with("cache/target", room_gib)
+    }
+
+    fn run_with(&self, target: &str, room_gib: i64) -> Output {
         Command::new("bash")
             .arg(repo().join(".ci/reclaim-disk.sh"))
-            .env("CARGO_TARGET_DIR", self.root.join("target"))
+            // CI's target directory lies under waycast's cache.
+            .env("CARGO_TARGET_DIR", self.root.join(target))
             .env("WAYCAST_CACHE", self.root.join("cache"))
             // The user's own Go build cache: never the tool's to remove.
             .env("GOCACHE", self.root.join("users-go-build"))
@@ -69,7 +74,9 @@ fn with_room_nothing_is_removed() {
     // Less than no room wanted: there is room whatever the disk holds.
     let output = fixture.run(-(1 << 30));
     assert!(output.status.success(), "{output:?}");
-    for path in ["target/debug/incremental", "target/release", "cache/src", "cache/go-build/00", "neighbour"] {
+    for path in
+        ["cache/target/debug/incremental", "cache/target/release", "cache/src", "cache/go-build/00", "neighbour"]
+    {
         assert!(fixture.exists(path), "{path} was removed");
     }
 }
@@ -93,7 +100,7 @@ fn without_room_only_waycasts_caches_go_in_order_and_it_says_so() {
         steps.iter().map(|step| stderr.find(step).unwrap_or_else(|| panic!("{step}: {stderr}"))).collect();
     assert!(at.windows(2).all(|pair| pair[0] < pair[1]), "steps out of order: {stderr}");
     assert!(stderr.contains("what waycast's caches hold"), "{stderr}");
-    for gone in ["target/debug", "target/release", "cache/src", "cache/go-build"] {
+    for gone in ["cache/target/debug", "cache/target/release", "cache/src", "cache/go-build"] {
         assert!(!fixture.exists(gone), "{gone} is still there");
     }
     // The built Kubernetes binaries and anything not waycast's stay: the
@@ -101,4 +108,19 @@ fn without_room_only_waycasts_caches_go_in_order_and_it_says_so() {
     assert!(fixture.exists("cache/k8s/bin"));
     assert!(fixture.exists("neighbour"));
     assert!(fixture.exists("users-go-build/00"), "the user's Go build cache was removed");
+}
+
+/// A target directory shared with other projects (neither the repository's
+/// own nor under waycast's cache) holds other projects' builds too: none of
+/// it is removed, only waycast's own caches.
+#[test]
+fn a_shared_target_directory_is_left_alone() {
+    let fixture = Fixture::new("shared");
+    std::fs::create_dir_all(fixture.root.join("shared-target/debug/incremental/other-project")).unwrap();
+    let output = fixture.run_with("shared-target", 1 << 30);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("left alone"), "{stderr}");
+    assert!(fixture.exists("shared-target/debug/incremental/other-project"), "another project's build was removed");
+    assert!(!fixture.exists("cache/src"), "waycast's own caches still go");
 }

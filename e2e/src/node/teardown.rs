@@ -73,7 +73,7 @@ pub(super) fn owns_node_state() -> bool {
 /// were stopped: a killed agent takes a moment to go).
 fn foreign_agents() -> Vec<String> {
     let mut found = Vec::new();
-    for name in ["kubelet", "kube-proxy", "k3s", "k3s-server", "k3s-agent"] {
+    for name in ["kubelet", "kube-proxy", "k3s", "k3s-server", "k3s-agent", "kubelite", "k0s", "rke2"] {
         let deadline = Instant::now() + Duration::from_secs(2);
         while run("pgrep", &["-x", name]).is_ok() {
             if Instant::now() > deadline {
@@ -199,7 +199,7 @@ fn unmount_under(roots: &[&str]) {
             .lines()
             .filter_map(|line| line.split_whitespace().nth(1))
             .map(|p| p.replace("\\040", " "))
-            .filter(|p| roots.iter().any(|root| p.starts_with(root)))
+            .filter(|p| roots.iter().any(|root| Path::new(p).starts_with(root)))
             .collect();
         if points.is_empty() {
             return;

@@ -107,7 +107,8 @@ impl Tally {
     }
 }
 
-/// A request's [`Tally`]s, in the order they happened (none allocates).
+/// A request's [`Tally`]s, in the order they happened (most requests have
+/// none, and then nothing is allocated).
 #[derive(Debug, Default)]
 pub struct Tallies(Vec<Tally>);
 

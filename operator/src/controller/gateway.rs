@@ -27,16 +27,13 @@ pub(crate) async fn gateway_controller(context: Arc<Context>) {
     let client = context.client.clone();
     let managed = watcher::Config::default().labels(&format!("app.kubernetes.io/managed-by={FIELD_MANAGER}"));
     let changed = &context.stores.changed;
-    let mut senders = vec![
-        &changed.models,
-        &changed.keys,
-        &changed.namespaces,
-        &changed.services,
-        &changed.key_secrets,
-        &changed.credentials,
-    ];
+    let mut senders =
+        vec![&changed.models, &changed.keys, &changed.namespaces, &changed.key_secrets, &changed.credentials];
     senders.extend(context.networks.changed.as_ref());
-    let inputs_changed = signals(&senders);
+    // A team owns its Services: one it rewrites in a loop costs every
+    // Gateway at most a reconcile a second.
+    let services = at_most_every(signals(&[&changed.services]), super::endpoints::CHURN_INTERVAL);
+    let inputs_changed = futures_util::stream::select(signals(&senders), services);
     Controller::for_stream(futures_util::stream::pending(), context.stores.gateways.clone())
         .owns(Api::<Deployment>::all(client.clone()), managed)
         .reconcile_on(context.stores.feeds.gateways.subscribe())
@@ -45,6 +42,22 @@ pub(crate) async fn gateway_controller(context: Arc<Context>) {
         .run(reconcile_gateway, error_policy, context)
         .for_each(|_| futures_util::future::ready(()))
         .await;
+}
+
+/// `signals`, each let through at most once per `interval` (the first at
+/// once).
+fn at_most_every(
+    signals: impl futures_util::Stream<Item = ()> + Send + 'static,
+    interval: Duration,
+) -> impl futures_util::Stream<Item = ()> + Send + 'static {
+    let start = (signals.boxed(), None::<tokio::time::Instant>);
+    futures_util::stream::unfold(start, move |(mut signals, last)| async move {
+        if let Some(last) = last {
+            tokio::time::sleep_until(last + interval).await;
+        }
+        signals.next().await?;
+        Some(((), (signals, Some(tokio::time::Instant::now()))))
+    })
 }
 
 /// Stores → compile → desired objects → apply → status, and the
@@ -72,10 +85,12 @@ pub(crate) async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Contex
     let settled = programmed::settle(&catalog, &mut compiled, &beats, &hash, desired.config_fits());
     let deployment_status = observed.deployment.status.as_ref();
     let ready = deployment_status.and_then(|s| s.ready_replicas).unwrap_or(0);
+    let endpoints_written = observed.endpoints_current.then(|| desired.endpoints_hash.clone());
     let moved = remember_reconcile(
         &context,
         &gateway,
         &desired,
+        endpoints_written,
         &compiled,
         settled.decisions,
         &settled.reporting,
@@ -259,7 +274,12 @@ async fn what_to_write(context: &Context, gateway: &Gateway, desired: &render::D
         memory.and_then(|m| m.written.as_ref()).map(|w| w.hash.clone()).unwrap_or_default()
     };
     let write_config = desired.config_fits() && !config_secret_current(&context.stores, gateway, &hash);
-    let write_endpoints = memory.and_then(|m| m.endpoints_written.as_deref()) != Some(desired.endpoints_hash.as_str());
+    // Written for this very Gateway (one deleted and made again under its
+    // name gets its ConfigMap anew: the old one went with the old one).
+    let uid = gateway.metadata.uid.as_ref();
+    let same_gateway = memory.and_then(|m| m.verified.as_ref()).is_some_and(|(verified, _)| uid == Some(verified));
+    let written = memory.filter(|_| same_gateway).and_then(|m| m.endpoints_written.as_deref());
+    let write_endpoints = written != Some(desired.endpoints_hash.as_str());
     (hash, write_config, write_endpoints)
 }
 
@@ -273,6 +293,7 @@ async fn remember_reconcile(
     context: &Context,
     gateway: &Gateway,
     desired: &render::Desired,
+    endpoints_written: Option<String>,
     compiled: &compile::Compiled,
     decisions: programmed::Compile,
     reporting: &[String],
@@ -283,7 +304,9 @@ async fn remember_reconcile(
     let hash = decisions.hash.clone();
     remember(context, &key, |memory| {
         memory.verified = Some(verified_as(gateway));
-        memory.endpoints_written = Some(desired.endpoints_hash.clone());
+        if endpoints_written.is_some() {
+            memory.endpoints_written = endpoints_written;
+        }
         memory.services = desired.services.clone();
         let (next, moved) =
             programmed::next(memory.compiled.as_ref(), decisions, &programmed::Pods { reporting, ready });

@@ -17,7 +17,9 @@ use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use waycast_crds::Gateway;
 use waycast_crds::config::GatewayConfig;
-use waycast_crds::endpoints::{ENDPOINTS_DATA_KEY, EndpointsDocument, MAX_ADDRESSES_PER_SERVICE, parse_service_key};
+use waycast_crds::endpoints::{
+    ENDPOINTS_DATA_KEY, EndpointsDocument, MAX_ADDRESSES_PER_DOCUMENT, MAX_ADDRESSES_PER_SERVICE, parse_service_key,
+};
 
 use super::meta::{config_map_name, owned_meta};
 
@@ -45,7 +47,10 @@ pub fn service_keys(config: &GatewayConfig) -> BTreeSet<String> {
 /// The ready addresses of each Service in `keys`. `service` finds a
 /// Service by namespace and name; `slices` gives a Service's EndpointSlices.
 /// An endpoint counts unless it is reported not ready or terminating; a
-/// Service that is gone, or has no such port, lists none.
+/// Service that is gone, or has no such port, lists none. At most
+/// [`MAX_ADDRESSES_PER_SERVICE`] a Service and
+/// [`MAX_ADDRESSES_PER_DOCUMENT`] in all (Services in key order): one
+/// team's many pods cannot push the document past what a ConfigMap holds.
 pub fn document<'a, S>(
     keys: &BTreeSet<String>,
     service: impl Fn(&str, &str) -> Option<&'a Service>,
@@ -55,6 +60,7 @@ where
     S: IntoIterator<Item = &'a EndpointSlice>,
 {
     let mut services = BTreeMap::new();
+    let mut listed = 0_usize;
     for key in keys {
         let Some((namespace, name, port)) = parse_service_key(key) else { continue };
         let port_name = service(namespace, name)
@@ -77,7 +83,10 @@ where
                 }
             }
         }
-        services.insert(key.clone(), addresses.into_iter().take(MAX_ADDRESSES_PER_SERVICE).collect());
+        let room = MAX_ADDRESSES_PER_DOCUMENT.saturating_sub(listed).min(MAX_ADDRESSES_PER_SERVICE);
+        let kept: Vec<SocketAddr> = addresses.into_iter().take(room).collect();
+        listed += kept.len();
+        services.insert(key.clone(), kept);
     }
     EndpointsDocument { services, ..EndpointsDocument::new() }
 }
@@ -221,5 +230,26 @@ mod tests {
         let parsed = EndpointsDocument::from_slice(map.data.unwrap()[ENDPOINTS_DATA_KEY].as_bytes()).unwrap();
         assert_eq!(parsed, document, "what the gateway reads back");
         assert_eq!(hash.len(), 64);
+    }
+
+    /// However many Services and pods a config routes to, the document
+    /// lists at most its bound in all (and each Service its own), so the
+    /// ConfigMap always fits.
+    #[test]
+    fn the_document_is_bounded_whatever_the_pods() {
+        let vllm = service(&[("http", 8000)]);
+        let addresses: Vec<String> =
+            (0..5_000).map(|i| format!("10.{}.{}.{}", i / 65_536, (i / 256) % 256, i % 256)).collect();
+        let endpoints: Vec<(&str, Option<bool>, Option<bool>)> =
+            addresses.iter().map(|a| (a.as_str(), Some(true), None)).collect();
+        let big = slice(("http", 8000), &endpoints);
+        let keys: BTreeSet<String> = (0..6).map(|i| format!("team/vllm-{i}:8000")).collect();
+        let document = document(&keys, |_, _| Some(&vllm), |_, _| [&big]);
+        let total: usize = document.services.values().map(Vec::len).sum();
+        assert!(document.services.values().all(|a| a.len() <= MAX_ADDRESSES_PER_SERVICE));
+        assert_eq!(total, MAX_ADDRESSES_PER_DOCUMENT);
+        let (map, _) = config_map(&crate::render::fixtures::gateway(Default::default()), &document).unwrap();
+        let bytes = map.data.unwrap()[ENDPOINTS_DATA_KEY].len();
+        assert!(bytes < 900 * 1024, "{bytes} bytes: a ConfigMap holds 1 MiB");
     }
 }

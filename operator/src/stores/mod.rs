@@ -6,7 +6,10 @@
 //! NB: hand-built rather than kube's shared reflectors: see
 //! docs/operator.md ("Stores").
 
+mod changes;
 pub mod views;
+
+pub(crate) use changes::{any_change, endpoint_content, heartbeat, holder, labels, service_content, spec_and_labels};
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -17,7 +20,6 @@ use futures_util::StreamExt as _;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::ObjectMeta;
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt as _, watcher};
@@ -121,58 +123,6 @@ pub(crate) fn every(period: Duration) -> impl futures_util::Stream<Item = ()> + 
 /// One signal at once: every object is looked at when a controller starts.
 pub(crate) fn once() -> impl futures_util::Stream<Item = ()> + Send + 'static {
     futures_util::stream::once(futures_util::future::ready(()))
-}
-
-// What of an object the operator reads (`store_of`'s `relevant`): a change
-// signal fires only when this changes, so the operator's own status writes
-// do not re-trigger compiles (a stream of 10,000 ApiKey status patches kept
-// postponing the debounced Gateway reconcile for seconds), and Lease
-// renewals do not either.
-
-pub(crate) fn fingerprint(meta: &ObjectMeta, relevant: impl std::hash::Hash) -> u64 {
-    use std::hash::{Hash as _, Hasher as _};
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    relevant.hash(&mut hasher);
-    meta.deletion_timestamp.is_some().hash(&mut hasher);
-    hasher.finish()
-}
-
-/// Spec (by generation), labels and deletion.
-pub(crate) fn spec_and_labels<K: Resource>(object: &K) -> u64 {
-    fingerprint(object.meta(), (object.meta().generation, &object.meta().labels))
-}
-
-/// Labels and deletion (Namespaces).
-pub(crate) fn labels<K: Resource>(object: &K) -> u64 {
-    fingerprint(object.meta(), &object.meta().labels)
-}
-
-/// Any change (Services, Secrets: no status the operator writes).
-pub(crate) fn any_change<K: Resource>(object: &K) -> u64 {
-    fingerprint(object.meta(), &object.meta().resource_version)
-}
-
-/// What picking reads of an EndpointSlice: its ports and its endpoints'
-/// addresses and readiness.
-pub(crate) fn endpoint_content(slice: &EndpointSlice) -> u64 {
-    let endpoints: Vec<_> = slice
-        .endpoints
-        .iter()
-        .map(|e| (&e.addresses, e.conditions.as_ref().map(|c| (c.ready, c.serving, c.terminating))))
-        .collect();
-    let ports: Vec<_> = slice.ports.iter().flatten().map(|p| (&p.name, p.port)).collect();
-    fingerprint(&slice.metadata, (&slice.metadata.labels, endpoints, ports))
-}
-
-/// A heartbeat's Gateway, the config hash its pod reports, the config it
-/// refused and the entries it left out, not its renewals.
-pub(crate) fn heartbeat(lease: &Lease) -> u64 {
-    let dropped = lease.annotations().get(waycast_crds::heartbeat::DROPPED_ENTRIES_ANNOTATION);
-    fingerprint(&lease.metadata, (&lease.metadata.labels, holder(lease), refused_hash(lease), dropped))
-}
-
-pub(crate) fn refused_hash(lease: &Lease) -> Option<&String> {
-    lease.annotations().get(waycast_crds::heartbeat::REFUSED_HASH_ANNOTATION).filter(|hash| !hash.is_empty())
 }
 
 /// Called with each object whose relevant fields changed, and whether it
@@ -358,10 +308,6 @@ pub(crate) fn owner_of<K: Resource<DynamicType = ()>>(object: &impl Resource) ->
     Some(ObjectRef::new(&owner.name).within(object.meta().namespace.as_deref()?))
 }
 
-pub(crate) fn holder(lease: &Lease) -> &str {
-    lease.spec.as_ref().and_then(|s| s.holder_identity.as_deref()).unwrap_or_default()
-}
-
 /// Starts the reflectors and waits until they have listed everything.
 ///
 /// # Errors
@@ -378,7 +324,7 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
         announce_self(vec![feeds.keys.clone(), feeds.key_secrets.clone()]),
     );
     let (namespaces, namespaces_changed) = store_of(all(client, watcher::Config::default()), labels, ignore());
-    let (services, services_changed) = store_of(all(client, watcher::Config::default()), any_change, ignore());
+    let (services, services_changed) = store_of(all(client, watcher::Config::default()), service_content, ignore());
     // NB: labelled Secrets are watched as metadata only: anyone who may
     // create Secrets may label many large ones. Their data is read only
     // for the Secrets served objects reference (`secret_data`).

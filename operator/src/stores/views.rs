@@ -33,7 +33,9 @@ pub fn key_secret(secret: &mut PartialObjectMeta<Secret>) {
 /// one written by hand (or mirrored from hand-written Endpoints) may list
 /// any address, and the gateway would reach it unguarded.
 pub fn endpoint_slice(slice: &mut EndpointSlice) {
-    if !is_controller_managed(slice) {
+    // The API server's own slice is kept: its addresses are closed to
+    // `url` backends (`networks::api_server`), never routed to.
+    if !is_controller_managed(slice) && !crate::networks::is_api_server(slice) {
         slice.endpoints.clear();
     }
     let service = slice.labels().get(SERVICE_NAME_LABEL).cloned();
@@ -111,6 +113,30 @@ mod tests {
             assert!(other.endpoints.is_empty(), "{manager:?}");
             assert_eq!(other.labels().get(SERVICE_NAME_LABEL).map(String::as_str), Some("vllm"));
         }
+    }
+
+    /// The API server writes `default/kubernetes` itself, without the
+    /// controller's label: its addresses stay, for the egress rules.
+    #[test]
+    fn the_api_servers_own_slice_keeps_its_addresses() {
+        let mut api_server = EndpointSlice {
+            metadata: ObjectMeta {
+                name: Some("kubernetes".into()),
+                namespace: Some("default".into()),
+                labels: Some([(SERVICE_NAME_LABEL.to_owned(), "kubernetes".to_owned())].into()),
+                ..Default::default()
+            },
+            address_type: "IPv4".into(),
+            endpoints: vec![Endpoint { addresses: vec!["34.120.7.9".into()], ..Default::default() }],
+            ports: None,
+        };
+        endpoint_slice(&mut api_server);
+        assert_eq!(crate::networks::api_server_of([&api_server]), ["34.120.7.9/32"]);
+        // The same in another namespace is a team's: cleared.
+        api_server.metadata.namespace = Some("team-a".into());
+        api_server.endpoints = vec![Endpoint { addresses: vec!["34.120.7.9".into()], ..Default::default() }];
+        endpoint_slice(&mut api_server);
+        assert!(api_server.endpoints.is_empty());
     }
 
     #[test]
