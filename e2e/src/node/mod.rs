@@ -81,7 +81,9 @@ pub fn prepare_host() -> anyhow::Result<()> {
         )
     };
     // Without a marker of this boot, nothing Kubernetes names is the
-    // harness's: look before any clean-up, which would remove it.
+    // harness's: look before any clean-up, which would remove it. A killed
+    // run's own agents are stopped first, or they would count as foreign.
+    teardown::stop_own_agents();
     if !teardown::owns_node_state() {
         let foreign = teardown::foreign_node_state();
         if !foreign.is_empty() {

@@ -22,13 +22,7 @@ pub(super) fn kill_containers() {
 /// names itself is removed only under the ownership marker.
 pub fn teardown() {
     // Agents first, so nothing recreates what is being removed.
-    for pattern in [
-        format!("kubelet.*--root-dir={NODE_ROOT}"),
-        "kube-proxy --config=.*waycast-e2e".to_owned(),
-        "containerd --config .*waycast-e2e".to_owned(),
-    ] {
-        let _ = run("pkill", &["-9", "-f", &pattern]);
-    }
+    stop_own_agents();
     let owned = owns_node_state();
     if Path::new(CONTAINERD_SOCKET).exists() {
         kill_containers();
@@ -53,6 +47,19 @@ pub fn teardown() {
     let _ = std::fs::remove_dir_all(NODE_ROOT);
     // The marker goes last.
     let _ = std::fs::remove_file(OWNED_MARKER);
+}
+
+/// Kills the harness's own node agents, found by their command lines (which
+/// name its state directories): before ownership is judged, since a killed
+/// run leaves them running and they would look like another node's.
+pub(super) fn stop_own_agents() {
+    for pattern in [
+        format!("kubelet.*--root-dir={NODE_ROOT}"),
+        "kube-proxy --config=.*waycast-e2e".to_owned(),
+        "containerd --config .*waycast-e2e".to_owned(),
+    ] {
+        let _ = run("pkill", &["-9", "-f", &pattern]);
+    }
 }
 
 /// This boot's id (the kernel's random `boot_id`; empty if unreadable, which
