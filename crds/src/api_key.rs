@@ -4,7 +4,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::CustomResource;
 use serde::{Deserialize, Serialize};
 
-use crate::common::{GatewayAcceptance, Limits, ParentReference, SecretKeyRef};
+use crate::common::{GatewayAcceptance, ParentReference, SecretKeyRef};
+use crate::sharing::KeyLimits;
 
 /// A bearer key for one consumer of the gateway.
 ///
@@ -28,6 +29,7 @@ use crate::common::{GatewayAcceptance, Limits, ParentReference, SecretKeyRef};
     printcolumn = r#"{"name": "Gateways", "type": "string", "jsonPath": ".status.gateways", "description": "Gateways that accept it"}"#,
     printcolumn = r#"{"name": "RPM", "type": "integer", "priority": 1, "jsonPath": ".status.limits.requestsPerMinute", "description": "Requests per minute the Gateways enforce for this key"}"#,
     printcolumn = r#"{"name": "TPM", "type": "integer", "priority": 1, "jsonPath": ".status.limits.tokensPerMinute", "description": "Tokens per minute the Gateways enforce for this key"}"#,
+    printcolumn = r#"{"name": "Class", "type": "string", "priority": 1, "jsonPath": ".spec.class", "description": "Priority class when a model is full"}"#,
     printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -54,9 +56,20 @@ pub struct ApiKeySpec {
     #[x_kube(merge_strategy = ListMerge::Set)]
     pub models: Option<Vec<String>>,
 
-    /// Rate limits for this key.
+    /// Rate and concurrency limits for this key. They only divide what its
+    /// namespace's policy on the Gateway (`Gateway.spec.tenants[].limits`)
+    /// allows all its keys together.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub limits: Option<Limits>,
+    pub limits: Option<KeyLimits>,
+
+    /// The priority class of this key's requests when a model is full (one
+    /// of the Gateway's `spec.sharing.classes`, and of the classes its
+    /// namespace's policy allows). Absent: the Gateway's default class.
+    /// A class the namespace may not use keeps the key from being served
+    /// (`Accepted=False`, reason `ClassNotAllowed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63), pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    pub class: Option<String>,
 
     /// When the key stops working (RFC 3339, e.g. `2027-01-01T00:00:00Z`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -103,7 +116,7 @@ pub struct ApiKeyStatus {
     /// pods (each pod enforces its share; see docs/rate-limits.md). Absent
     /// when the key is not served or has no limits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub limits: Option<Limits>,
+    pub limits: Option<KeyLimits>,
     /// The `metadata.generation` this status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,

@@ -171,3 +171,62 @@ pub struct Limits {
     #[schemars(range(min = 1, max = 1_000_000_000_000_i64))]
     pub tokens_per_minute: Option<i64>,
 }
+
+/// Requests and tokens per minute.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LimitsConfig {
+    /// Requests admitted per minute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_minute: Option<u64>,
+    /// Tokens admitted per minute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_minute: Option<u64>,
+    /// Requests in flight at once (keys and tenants; not models, whose
+    /// concurrency is their `capacity`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent: Option<u64>,
+}
+
+impl LimitsConfig {
+    /// `per_minute` requests a minute, nothing else limited.
+    pub fn requests(per_minute: u64) -> Self {
+        Self { requests_per_minute: Some(per_minute), ..Self::default() }
+    }
+
+    /// `per_minute` tokens a minute, nothing else limited.
+    pub fn tokens(per_minute: u64) -> Self {
+        Self { tokens_per_minute: Some(per_minute), ..Self::default() }
+    }
+
+    /// `most` requests in flight at once, nothing else limited.
+    pub fn concurrent(most: u64) -> Self {
+        Self { max_concurrent: Some(most), ..Self::default() }
+    }
+}
+
+/// Which namespaces a Gateway takes objects from.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, kube::KubeSchema)]
+#[x_kube(validation = kube::core::Rule::new("self.from == 'Selector' ? has(self.selector) : !has(self.selector)").message("namespaces.selector is required when from is Selector, and allowed only then"))]
+#[serde(rename_all = "camelCase")]
+pub struct NamespacePolicy {
+    /// `Same`: the Gateway's namespace; `All`: every namespace; `Selector`:
+    /// namespaces whose labels match `selector`.
+    #[serde(default)]
+    pub from: NamespaceFrom,
+    /// Namespace label selector, used when `from` is `Selector`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>,
+}
+
+/// Where selected objects may live.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum NamespaceFrom {
+    /// The Gateway's own namespace.
+    #[default]
+    Same,
+    /// Every namespace.
+    All,
+    /// Namespaces whose labels match the selector.
+    Selector,
+}

@@ -57,6 +57,9 @@ pub mod reasons {
     pub const DUPLICATE_KEY: &str = "DuplicateKey";
     /// The key Secret `<name>-key` exists but is not owned by this ApiKey.
     pub const SECRET_NOT_OWNED: &str = "SecretNotOwned";
+    /// `spec.class` is not a class of the Gateway, or not one its
+    /// namespace's policy allows.
+    pub const CLASS_NOT_ALLOWED: &str = "ClassNotAllowed";
 
     // === ModelEndpoint and ApiKey parents ===
     /// The object names the Gateway, but the Gateway's namespace rules (or

@@ -29,8 +29,6 @@ pub const SECRET_KEYS_PLAIN: &[&str] = &["config.json", "config.yaml"];
 /// The largest config a gateway reads, uncompressed (a bound against gzip
 /// bombs); the operator writes no config larger, whatever it compresses to.
 pub const MAX_CONFIG_JSON_BYTES: u64 = 64 * 1024 * 1024;
-/// Default largest request body: 10 MiB.
-pub const DEFAULT_MAX_REQUEST_BODY_BYTES: u64 = 10 * 1024 * 1024;
 
 /// The whole config of one gateway fleet.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -100,6 +98,10 @@ pub struct ModelConfig {
     /// `endpoints`.
     #[serde(default, skip_serializing_if = "LoadBalancingConfig::is_default")]
     pub load_balancing: LoadBalancingConfig,
+    /// When the model is full (then its requests queue fairly in each pod).
+    /// Absent: never queued.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<CapacityConfig>,
 }
 
 impl ModelConfig {
@@ -119,6 +121,7 @@ impl ModelConfig {
             forward_query_parameters: Vec::new(),
             output_token_reservation: None,
             load_balancing: LoadBalancingConfig::default(),
+            capacity: None,
         }
     }
 
@@ -130,6 +133,9 @@ impl ModelConfig {
 }
 
 pub use crate::balancing::{LoadBalancingConfig, LoadBalancingPolicy};
+pub use crate::common::LimitsConfig;
+pub use crate::settings::{ClientTlsConfig, DEFAULT_MAX_REQUEST_BODY_BYTES, RedisConfig, Settings};
+pub use crate::sharing::{CapacityConfig, SharingConfig, TenantConfig};
 
 /// One upstream.
 #[derive(Serialize, Deserialize, Clone, PartialEq, Eq, Hash)]
@@ -257,174 +263,31 @@ pub struct KeyConfig {
     /// Limits for this key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<LimitsConfig>,
+    /// Its priority class (one of `settings.sharing.classes`); absent: the
+    /// default class, or the lowest its tenant may use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<String>,
 }
 
 impl KeyConfig {
     /// The key `id` with SHA-256 `sha256` (lowercase hex), every other
     /// field at its default.
     pub fn new(id: impl Into<String>, sha256: impl Into<String>) -> Self {
-        Self { id: id.into(), sha256: sha256.into(), models: None, expires_at: None, disabled: false, limits: None }
+        Self {
+            id: id.into(),
+            sha256: sha256.into(),
+            models: None,
+            expires_at: None,
+            disabled: false,
+            limits: None,
+            class: None,
+        }
     }
 
     /// The namespace of the key: its id up to the first `/` (ids are
     /// `namespace/name` in operator-written configs); a bare id has none.
     pub fn namespace(&self) -> &str {
         self.id.split_once('/').map_or("", |(namespace, _)| namespace)
-    }
-}
-
-/// Requests and tokens per minute.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct LimitsConfig {
-    /// Requests admitted per minute.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub requests_per_minute: Option<u64>,
-    /// Tokens admitted per minute.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tokens_per_minute: Option<u64>,
-}
-
-/// Fleet-wide settings.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct Settings {
-    /// Largest request body accepted; larger ones get 413.
-    #[serde(default = "Settings::default_max_request_body_bytes")]
-    pub max_request_body_bytes: u64,
-    /// One info-level log line per request.
-    #[serde(default = "Settings::default_access_log")]
-    pub access_log: bool,
-    /// Counting rate limits in Redis. Absent: each pod counts its share.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub redis: Option<RedisConfig>,
-    /// Address ranges no `url` backend may reach, by name or address, on
-    /// top of the fixed link-local/metadata guard (e.g. `["10.0.0.0/8"]`).
-    #[serde(default, rename = "deniedCIDRs", skip_serializing_if = "Vec::is_empty")]
-    pub denied_cidrs: Vec<String>,
-    /// Address ranges `url` backends may not reach unless `allowedCIDRs` or
-    /// `allowedHosts` opens them: the operator writes loopback, the
-    /// cluster's Service and Pod ranges and the API server's addresses.
-    #[serde(default, rename = "closedCIDRs", skip_serializing_if = "Vec::is_empty")]
-    pub closed_cidrs: Vec<String>,
-    /// Opens `closedCIDRs` for these ranges.
-    #[serde(default, rename = "allowedCIDRs", skip_serializing_if = "Vec::is_empty")]
-    pub allowed_cidrs: Vec<String>,
-    /// Opens `closedCIDRs` for `url` backends naming these hosts (exact
-    /// names, or `*.example.com`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub allowed_hosts: Vec<String>,
-}
-
-/// Rate limits counted in Redis.
-#[derive(Serialize, Deserialize, Clone, PartialEq, Eq)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct RedisConfig {
-    /// `host:port`.
-    pub address: String,
-    /// `AUTH` password, if the server wants one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub password: Option<String>,
-    /// The ACL user for `AUTH` (Redis 6+); absent: the default user.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub username: Option<String>,
-    /// Longest a request waits for Redis.
-    #[serde(with = "crate::duration::serde_text", default = "RedisConfig::default_timeout")]
-    pub timeout: Duration,
-    /// Admit (`open`) or refuse with 503 (`closed`) while Redis is unreachable.
-    #[serde(default)]
-    pub fail_closed: bool,
-    /// TLS to Redis (`rediss://`); absent: plain TCP.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tls: Option<ClientTlsConfig>,
-    /// What every Redis key starts with (default `waycast:`): the operator
-    /// writes `waycast:<namespace>/<gateway>:`, so two Gateways sharing one
-    /// Redis never count against each other's limits.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub key_prefix: Option<String>,
-}
-
-impl RedisConfig {
-    /// The prefix of every key this config counts under.
-    pub fn key_prefix(&self) -> &str {
-        self.key_prefix.as_deref().unwrap_or("waycast:")
-    }
-}
-
-/// TLS from the gateway to a server it calls, with the PEM material inline.
-#[derive(Serialize, Deserialize, Clone, Default, PartialEq, Eq, Hash)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct ClientTlsConfig {
-    /// PEM CA certificates trusted to sign the server's certificate;
-    /// absent: the public web PKI roots.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ca_pem: Option<String>,
-    /// PEM certificate chain presented to the server (mutual TLS).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub client_cert_pem: Option<String>,
-    /// PEM private key of `client_cert_pem`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub client_key_pem: Option<String>,
-    /// The name the server's certificate must carry; absent: the host the
-    /// gateway connects to.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub server_name: Option<String>,
-}
-
-impl std::fmt::Debug for ClientTlsConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The private key never reaches a log line.
-        f.debug_struct("ClientTlsConfig")
-            .field("ca_pem", &self.ca_pem.as_ref().map(|pem| pem.len()))
-            .field("client_cert_pem", &self.client_cert_pem.as_ref().map(|pem| pem.len()))
-            .field("client_key_pem", &self.client_key_pem.as_ref().map(|_| "<redacted>"))
-            .field("server_name", &self.server_name)
-            .finish()
-    }
-}
-
-impl RedisConfig {
-    /// 100 ms.
-    pub fn default_timeout() -> Duration {
-        Duration::from_millis(100)
-    }
-}
-
-impl std::fmt::Debug for RedisConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The password never reaches a log line.
-        f.debug_struct("RedisConfig")
-            .field("address", &self.address)
-            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
-            .field("username", &self.username)
-            .field("timeout", &self.timeout)
-            .field("fail_closed", &self.fail_closed)
-            .field("tls", &self.tls)
-            .field("key_prefix", &self.key_prefix)
-            .finish()
-    }
-}
-
-impl Settings {
-    fn default_max_request_body_bytes() -> u64 {
-        DEFAULT_MAX_REQUEST_BODY_BYTES
-    }
-    fn default_access_log() -> bool {
-        true
-    }
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Self {
-            max_request_body_bytes: Self::default_max_request_body_bytes(),
-            access_log: Self::default_access_log(),
-            redis: None,
-            denied_cidrs: Vec::new(),
-            closed_cidrs: Vec::new(),
-            allowed_cidrs: Vec::new(),
-            allowed_hosts: Vec::new(),
-        }
     }
 }
 
@@ -581,7 +444,11 @@ settings:
 
         fn limits(&mut self) -> Option<LimitsConfig> {
             let per_minute = |random: &mut Self| (!random.chance(3)).then(|| 1 + random.below(100_000));
-            let limits = LimitsConfig { requests_per_minute: per_minute(self), tokens_per_minute: per_minute(self) };
+            let limits = LimitsConfig {
+                requests_per_minute: per_minute(self),
+                tokens_per_minute: per_minute(self),
+                max_concurrent: self.chance(3).then(|| 1 + self.below(64)),
+            };
             (limits != LimitsConfig::default() && self.chance(2)).then_some(limits)
         }
 
@@ -615,7 +482,11 @@ settings:
                 model.aliases = (0..self.below(3)).map(|alias| format!("alias-{index}-{alias}")).collect();
                 model.timeouts =
                     TimeoutsConfig { connect: self.duration(), first_byte: self.duration(), idle: self.duration() };
-                model.limits = self.limits();
+                // A model's concurrency is its capacity, never a limit.
+                model.limits = self
+                    .limits()
+                    .map(|limits| LimitsConfig { max_concurrent: None, ..limits })
+                    .filter(|limits| *limits != LimitsConfig::default());
                 if self.chance(2) {
                     model.namespace = Some(format!("team-{}", self.below(3)));
                     model.source = Some(format!("{}/{}", model.namespace.as_deref().unwrap_or_default(), model.name));
@@ -628,6 +499,10 @@ settings:
                 }
                 if self.chance(4) {
                     model.output_token_reservation = Some(self.below(100_000));
+                }
+                if self.chance(3) {
+                    let most = u32::try_from(1 + self.below(64)).unwrap();
+                    model.capacity = Some(CapacityConfig { max_in_flight_per_endpoint: most });
                 }
                 config.models.push(model);
             }
@@ -644,10 +519,24 @@ settings:
                 }
                 key.disabled = self.chance(5);
                 key.limits = self.limits();
+                if self.chance(3) {
+                    // Both are open to every tenant generated below.
+                    key.class = Some(self.pick(&["interactive", "standard"]).to_owned());
+                }
                 config.keys.push(key);
             }
             config.settings.max_request_body_bytes = 1 + self.below(DEFAULT_MAX_REQUEST_BODY_BYTES);
             config.settings.access_log = self.chance(2);
+            if self.chance(3) {
+                let mut gold = TenantConfig::new("team-0");
+                gold.weight = u32::try_from(1 + self.below(1000)).unwrap();
+                gold.classes = Some(vec!["interactive".into(), "standard".into()]);
+                let mut capped = TenantConfig::new("team-1");
+                capped.limits = self.limits();
+                config.settings.tenants = vec![gold, capped];
+                config.settings.sharing.max_wait = self.duration();
+                config.settings.sharing.burst_percent = u32::try_from(self.below(401)).unwrap();
+            }
             if self.chance(3) {
                 config.settings.denied_cidrs = vec!["192.0.2.0/24".into()];
                 config.settings.allowed_hosts = vec!["api.example.com".into(), "*.example.net".into()];

@@ -8,6 +8,8 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use crate::common::{NamespaceFrom, NamespacePolicy};
+
 /// A fleet of waycast gateway pods, and which ModelEndpoints and ApiKeys it serves.
 ///
 /// The operator turns each Gateway into a Deployment (or an HPA-driven one),
@@ -77,6 +79,19 @@ pub struct GatewaySpec {
     /// Extra egress rules for `url` backends (external providers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<GatewayEgress>,
+
+    /// The platform's policy per team (namespace): its share of a saturated
+    /// model (`weight`), the priority classes its keys may use, and caps for
+    /// all its keys together. The first policy that selects a namespace
+    /// applies; a namespace none selects has weight 1, every class, no caps.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub tenants: Vec<crate::sharing::TenantPolicy>,
+
+    /// How a saturated model is shared: priority classes, the queue's
+    /// bounds, the headroom kept for teams under their share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sharing: Option<crate::sharing::GatewaySharing>,
 
     /// Log level and access log of the gateway pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -170,32 +185,6 @@ pub struct RouteSelector {
     /// Only objects whose labels match this selector. Default: all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<LabelSelector>,
-}
-
-/// Which namespaces a Gateway takes objects from.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, kube::KubeSchema)]
-#[x_kube(validation = Rule::new("self.from == 'Selector' ? has(self.selector) : !has(self.selector)").message("namespaces.selector is required when from is Selector, and allowed only then"))]
-#[serde(rename_all = "camelCase")]
-pub struct NamespacePolicy {
-    /// `Same`: the Gateway's namespace; `All`: every namespace; `Selector`:
-    /// namespaces whose labels match `selector`.
-    #[serde(default)]
-    pub from: NamespaceFrom,
-    /// Namespace label selector, used when `from` is `Selector`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub selector: Option<LabelSelector>,
-}
-
-/// Where selected objects may live.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
-pub enum NamespaceFrom {
-    /// The Gateway's own namespace.
-    #[default]
-    Same,
-    /// Every namespace.
-    All,
-    /// Namespaces whose labels match the selector.
-    Selector,
 }
 
 /// The Service in front of the gateway pods.
@@ -398,6 +387,10 @@ pub struct GatewayStatus {
     /// Where clients connect: the Service's address and port.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<String>,
+    /// Per policy of `spec.tenants`: the namespaces (with ApiKeys on this
+    /// Gateway) it applies to.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tenants: Vec<crate::sharing::TenantPolicyStatus>,
     /// The `metadata.generation` this status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,

@@ -27,6 +27,8 @@ pub mod glob;
 pub mod heartbeat;
 pub mod model_endpoint;
 pub mod problems;
+pub mod settings;
+pub mod sharing;
 pub mod tls;
 pub mod validate;
 

@@ -61,6 +61,12 @@ pub struct ModelEndpointSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<Limits>,
 
+    /// When this model is full: past it, each gateway pod queues the
+    /// model's requests and sends them on fairly (by class, then by the
+    /// teams' weights) as requests end. Absent: never queued.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<crate::sharing::ModelCapacity>,
+
     /// The Gateways that may serve this model. A Gateway serves it only
     /// when its `modelEndpoints` rules admit this namespace AND this list
     /// names it; an empty list means the Gateways of this namespace.

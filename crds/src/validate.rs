@@ -126,6 +126,10 @@ impl GatewayConfig {
             let path = format!("keys[{index}]");
             let mut problems = Collector::default();
             check_key(&path, key, &mut problems);
+            let tenant = self.settings.tenant(key.namespace());
+            if let Err(message) = crate::sharing::key_class(&self.settings.sharing, tenant, key.class.as_deref()) {
+                problems.add(format!("{path}.class"), message);
+            }
             if let Some(first) = ids.get(key.id.as_str()) {
                 problems.add(format!("{path}.id"), format!("{:?} is also the id of keys[{first}]", key.id));
             }
@@ -187,6 +191,7 @@ fn check_settings(settings: &crate::config::Settings, problems: &mut Collector) 
             problems.add(format!("settings.allowedHosts[{index}]"), "must be a host name or *.suffix");
         }
     }
+    check_sharing(settings, problems);
 }
 
 impl ModelConfig {
@@ -245,6 +250,14 @@ fn check_model(path: &str, model: &ModelConfig, problems: &mut Collector) {
     }
     if let Some(limits) = &model.limits {
         check_limits(&join(path, "limits"), limits, problems);
+        if limits.max_concurrent.is_some() {
+            problems.add(join(path, "limits.maxConcurrent"), "a model's concurrency is its capacity, not a limit");
+        }
+    }
+    if let Some(capacity) = &model.capacity
+        && !(1..=100_000).contains(&capacity.max_in_flight_per_endpoint)
+    {
+        problems.add(join(path, "capacity.maxInFlightPerEndpoint"), "must be from 1 to 100000");
     }
     for (index, pattern) in model.forward_headers.iter().enumerate() {
         if let Some(message) = crate::common::forward_header_problem(pattern) {
@@ -376,11 +389,76 @@ fn check_key(path: &str, key: &KeyConfig, problems: &mut Collector) {
     if let Some(limits) = &key.limits {
         check_limits(&join(path, "limits"), limits, problems);
     }
+    if let Some(class) = &key.class
+        && let Some(message) = class_name_problem(class)
+    {
+        problems.add(join(path, "class"), message);
+    }
+}
+
+/// Why `class` cannot name a priority class (a DNS label), if it cannot.
+fn class_name_problem(class: &str) -> Option<&'static str> {
+    let label = !class.is_empty()
+        && class.len() <= 63
+        && class.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !class.starts_with('-')
+        && !class.ends_with('-');
+    (!label).then_some("must be a lowercase DNS label (a-z, 0-9, '-'), at most 63 characters")
+}
+
+/// The checks of `settings.sharing` and `settings.tenants`.
+fn check_sharing(settings: &crate::config::Settings, problems: &mut Collector) {
+    let sharing = &settings.sharing;
+    if sharing.classes.is_empty() || sharing.classes.len() > crate::sharing::MAX_CLASSES {
+        problems.add("settings.sharing.classes", format!("must name 1 to {} classes", crate::sharing::MAX_CLASSES));
+    }
+    for (index, class) in sharing.classes.iter().enumerate() {
+        if let Some(message) = class_name_problem(class) {
+            problems.add(format!("settings.sharing.classes[{index}]"), message);
+        } else if sharing.classes[..index].contains(class) {
+            problems.add(format!("settings.sharing.classes[{index}]"), format!("{class:?} is named twice"));
+        }
+    }
+    if sharing.class_index(&sharing.default_class).is_none() {
+        problems.add("settings.sharing.defaultClass", "must be one of the classes");
+    }
+    if sharing.max_wait.is_zero() || sharing.max_wait > Duration::from_secs(3600) {
+        problems.add("settings.sharing.maxWait", "must be more than 0 and at most 1h");
+    }
+    if sharing.max_queued == 0 || sharing.max_queued > 1_000_000 {
+        problems.add("settings.sharing.maxQueued", "must be from 1 to 1000000");
+    }
+    if sharing.burst_percent > 400 {
+        problems.add("settings.sharing.burstPercent", "must be from 0 to 400");
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for (index, tenant) in settings.tenants.iter().enumerate() {
+        let path = format!("settings.tenants[{index}]");
+        if tenant.namespace.is_empty() || tenant.namespace.contains('/') {
+            problems.add(format!("{path}.namespace"), "must be a namespace name");
+        } else if !seen.insert(tenant.namespace.as_str()) {
+            problems.add(format!("{path}.namespace"), format!("{:?} has a policy already", tenant.namespace));
+        }
+        if !(1..=1000).contains(&tenant.weight) {
+            problems.add(format!("{path}.weight"), "must be from 1 to 1000");
+        }
+        for (at, class) in tenant.classes.iter().flatten().enumerate() {
+            if sharing.class_index(class).is_none() {
+                problems.add(format!("{path}.classes[{at}]"), format!("{class:?} is not one of the classes"));
+            }
+        }
+        if let Some(limits) = &tenant.limits {
+            check_limits(&format!("{path}.limits"), limits, problems);
+        }
+    }
 }
 
 fn check_limits(path: &str, limits: &LimitsConfig, problems: &mut Collector) {
-    if limits.requests_per_minute.is_none() && limits.tokens_per_minute.is_none() {
-        problems.add(path, "must set requestsPerMinute, tokensPerMinute or both");
+    if *limits == LimitsConfig::default() {
+        problems.add(path, "must set requestsPerMinute, tokensPerMinute or maxConcurrent");
+    }
+    if limits.max_concurrent == Some(0) {
+        problems.add(join(path, "maxConcurrent"), "must be at least 1");
     }
     if limits.requests_per_minute == Some(0) {
         problems.add(join(path, "requestsPerMinute"), "must be at least 1");
@@ -427,7 +505,7 @@ mod tests {
             vec![backend("ftp://example.com/v1"), backend("http:///v1"), backend("http://169.254.169.254/v1")];
         broken_backend.backends[0].headers.insert("bad header".into(), "secret-value\n".into());
         broken_backend.timeouts.idle = Duration::ZERO;
-        broken_backend.limits = Some(LimitsConfig { requests_per_minute: Some(0), tokens_per_minute: None });
+        broken_backend.limits = Some(LimitsConfig::requests(0));
         broken_backend.load_balancing.retry_on_status = vec![503, 404];
         let config = GatewayConfig {
             api_version: "waycast.dev/v0".into(),

@@ -92,11 +92,31 @@ pub enum GatewayError {
     #[error("gateway is starting: no configuration loaded yet")]
     NotReady,
     /// A rate limit refused the request (429 with `Retry-After`).
-    #[error("rate limit reached: the {} limit of {} {} per minute; try again in {}", owner_text(.0.owner), .0.limit, .0.unit.as_str(), crate::limit::duration_text(.0.retry_after_nanos))]
+    #[error("rate limit reached: {}; try again in {}", .0.describe(), crate::limit::duration_text(.0.retry_after_nanos))]
     RateLimited(crate::limit::Refusal),
     /// The rate-limit store did not answer and the Gateway fails closed.
     #[error("rate limits cannot be checked right now ({0}); try again shortly")]
     RateLimitUnavailable(crate::limit::redis::StoreError),
+    /// The model is full and its queue refused the request (429 with
+    /// `Retry-After`, in seconds).
+    #[error("model '{model}' is at capacity: {}; try again in {retry_after}s", busy_text(*.reason))]
+    ModelBusy {
+        /// The model.
+        model: String,
+        /// Why the queue refused.
+        reason: crate::sharing::Refused,
+        /// Seconds to wait before trying again.
+        retry_after: u64,
+    },
+}
+
+fn busy_text(reason: crate::sharing::Refused) -> &'static str {
+    use crate::sharing::{Refused, scheduler::Shed};
+    match reason {
+        Refused::Shed(Shed::Full) => "its queue is full",
+        Refused::Shed(Shed::Displaced) => "a request of a higher priority class took this one's place in its queue",
+        Refused::Timeout | Refused::Closed => "the request waited in its queue for as long as the gateway allows",
+    }
 }
 
 impl From<crate::limit::Refused> for GatewayError {
@@ -105,13 +125,6 @@ impl From<crate::limit::Refused> for GatewayError {
             crate::limit::Refused::Limit(refusal) => Self::RateLimited(refusal),
             crate::limit::Refused::StoreFailed(failure) => Self::RateLimitUnavailable(failure),
         }
-    }
-}
-
-fn owner_text(owner: crate::limit::Owner) -> &'static str {
-    match owner {
-        crate::limit::Owner::Key => "API key's",
-        crate::limit::Owner::Model => "model's",
     }
 }
 
@@ -133,7 +146,7 @@ impl GatewayError {
             UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             UpstreamNotJson(_, status) => StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_GATEWAY),
             NotReady => StatusCode::SERVICE_UNAVAILABLE,
-            RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
+            RateLimited(_) | ModelBusy { .. } => StatusCode::TOO_MANY_REQUESTS,
             RateLimitUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
@@ -153,6 +166,7 @@ impl GatewayError {
             UpstreamNotJson(_, status) if *status >= 500 => "server_error",
             // As OpenAI's own 429s: the type names what ran out.
             RateLimited(refusal) => refusal.unit.as_str(),
+            ModelBusy { .. } => "requests",
             _ => "invalid_request_error",
         }
     }
@@ -189,6 +203,7 @@ impl GatewayError {
             NotReady => "not_ready",
             RateLimited(_) => "rate_limit_exceeded",
             RateLimitUnavailable(_) => "rate_limit_unavailable",
+            ModelBusy { .. } => "model_at_capacity",
         }
     }
 
@@ -228,6 +243,9 @@ impl GatewayError {
         match self {
             GatewayError::RateLimited(refusal) => refusal.apply(headers),
             GatewayError::RateLimitUnavailable(_) => drop(headers.insert(header::RETRY_AFTER, HeaderValue::from(1))),
+            GatewayError::ModelBusy { retry_after, .. } => {
+                drop(headers.insert(header::RETRY_AFTER, HeaderValue::from(*retry_after)));
+            }
             _ => {}
         }
         response

@@ -28,6 +28,7 @@ pub(crate) mod registry;
 pub(crate) mod request_id;
 pub(crate) mod server;
 pub(crate) mod shared;
+pub(crate) mod sharing;
 pub(crate) mod snapshot;
 pub(crate) mod tls;
 pub(crate) mod upstream;

@@ -130,6 +130,14 @@ pub struct Metrics {
     pub rate_limit_store_up: IntGauge,
     /// Failed attempts to connect to the rate-limit Redis.
     pub rate_limit_store_failed_connects: IntGauge,
+    /// Requests waiting for a full model, by model and class.
+    pub queue_depth: IntGaugeVec,
+    /// Time requests of a model with a capacity waited for their turn, by
+    /// model and class (0 for those sent at once).
+    pub queue_wait: HistogramVec,
+    /// Requests a full model's queue refused, by model, the key's
+    /// namespace and reason (`queue_full`, `displaced`, `timeout`).
+    pub queue_shed: IntCounterVec,
 }
 
 impl Metrics {
@@ -224,7 +232,7 @@ impl Metrics {
         let rate_limit_requests = IntCounterVec::new(
             Opts::new(
                 "waycast_gateway_rate_limit_requests_total",
-                "Requests under a rate limit, by model, key id and decision (admitted, or the limit that refused: key_requests, key_tokens, model_requests, model_tokens).",
+                "Requests under a rate limit, by model, key id and decision (admitted, or the limit that refused: key_requests, key_tokens, key_concurrent, tenant_requests, tenant_tokens, tenant_concurrent, model_requests, model_tokens).",
             ),
             &["model", "key", "decision"],
         )?;
@@ -255,6 +263,28 @@ impl Metrics {
             "waycast_gateway_rate_limit_store_failed_connects",
             "Attempts to connect to (and authenticate with) the rate-limit Redis that failed since its settings last changed: connection refused, TLS or authentication refused.",
         )?;
+        let queue_depth = IntGaugeVec::new(
+            Opts::new(
+                "waycast_gateway_queue_depth",
+                "Requests waiting in this pod for a full model (one with a capacity), by model and class.",
+            ),
+            &["model", "class"],
+        )?;
+        let queue_wait = HistogramVec::new(
+            HistogramOpts::new(
+                "waycast_gateway_queue_wait_seconds",
+                "Time requests of a model with a capacity waited for their turn (0 when sent at once), by model and class.",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["model", "class"],
+        )?;
+        let queue_shed = IntCounterVec::new(
+            Opts::new(
+                "waycast_gateway_queue_shed_total",
+                "Requests a full model's queue answered with 429, by model, the key's namespace and reason (queue_full, displaced by a higher class, timeout after maxWait).",
+            ),
+            &["model", "namespace", "reason"],
+        )?;
         static SETS: AtomicU64 = AtomicU64::new(0);
         let metrics = Self {
             id: SETS.fetch_add(1, Ordering::Relaxed),
@@ -284,6 +314,9 @@ impl Metrics {
             rate_limit_store_errors,
             rate_limit_store_up,
             rate_limit_store_failed_connects,
+            queue_depth,
+            queue_wait,
+            queue_shed,
         };
         for collector in metrics.collectors() {
             metrics.registry.register(collector)?;
@@ -320,6 +353,9 @@ impl Metrics {
             Box::new(self.rate_limit_store_errors.clone()),
             Box::new(self.rate_limit_store_up.clone()),
             Box::new(self.rate_limit_store_failed_connects.clone()),
+            Box::new(self.queue_depth.clone()),
+            Box::new(self.queue_wait.clone()),
+            Box::new(self.queue_shed.clone()),
         ]
     }
 

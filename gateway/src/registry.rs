@@ -6,7 +6,8 @@
 //! ```text
 //! config ─► Registry::lend ─► Resources ─► Snapshot::build (pure) ─► stored ─► Registry::keep
 //!             keeps: a pool per connect timeout (while the egress rules stay),
-//!                    a key's / model's limiter state (by id / name),
+//!                    a key's / tenant's / model's limiter state (by id / namespace / name),
+//!                    a model's fair queue (by id, while it has a capacity),
 //!                    the Redis connection and its task (while its settings stay)
 //! ```
 //!
@@ -35,7 +36,9 @@ pub struct Resources {
     unbuildable: Vec<(ClientKey, String)>,
     redis: Option<Arc<RedisCounter>>,
     key_limits: HashMap<Arc<str>, Limits>,
+    tenant_limits: HashMap<Arc<str>, Limits>,
     model_limits: HashMap<Arc<str>, Limits>,
+    gates: HashMap<Arc<str>, Arc<crate::sharing::ModelGate>>,
 }
 
 /// What tells two upstream clients apart: the connect timeout and the TLS
@@ -72,6 +75,16 @@ impl Resources {
         self.key_limits.get(id).map(|limits| limits.state.clone())
     }
 
+    /// The limiter state of the tenant `namespace` (all its keys together).
+    pub fn tenant_limits(&self, namespace: &str) -> Option<Arc<LimitSet>> {
+        self.tenant_limits.get(namespace).map(|limits| limits.state.clone())
+    }
+
+    /// The fair queue of the model with this id, when it has a capacity.
+    pub fn gate(&self, id: &str) -> Option<Arc<crate::sharing::ModelGate>> {
+        self.gates.get(id).cloned()
+    }
+
     /// The limiter state of the model with this id (over all keys; see
     /// [`model_id`]).
     pub fn model_limits(&self, id: &str) -> Option<Arc<LimitSet>> {
@@ -88,9 +101,17 @@ impl Resources {
 #[derive(Default)]
 pub struct Registry {
     held: Resources,
+    /// Where models' gates report their queues' depth.
+    queue_depth: Option<prometheus::IntGaugeVec>,
 }
 
 impl Registry {
+    /// A registry whose models' gates report their queues' depth in
+    /// `queue_depth` (labels `model`, `class`).
+    pub fn reporting(queue_depth: prometheus::IntGaugeVec) -> Self {
+        Self { held: Resources::default(), queue_depth: Some(queue_depth) }
+    }
+
     /// The resources for `config`: what it shares with the serving config is
     /// reused, the rest is made (a limit that changed continues from the
     /// old state). Starts a Redis connection task when the settings ask for
@@ -130,6 +151,13 @@ impl Registry {
             .filter_map(|key| Some((key.id.as_str(), key.limits?)))
             .map(|(id, wanted)| (Arc::from(id), continued(held.key_limits.get(id), wanted)))
             .collect();
+        let tenant_limits = config
+            .settings
+            .tenants
+            .iter()
+            .filter_map(|tenant| Some((tenant.namespace.as_str(), tenant.limits?)))
+            .map(|(namespace, wanted)| (Arc::from(namespace), continued(held.tenant_limits.get(namespace), wanted)))
+            .collect();
         let model_limits = config
             .models
             .iter()
@@ -137,6 +165,21 @@ impl Registry {
             .map(|(id, wanted)| {
                 let state = continued(held.model_limits.get(id.as_ref()), wanted);
                 (Arc::from(id.as_ref()), state)
+            })
+            .collect();
+        // A model's queue (its waiters, its requests in flight) is kept while
+        // it has a capacity; a new one starts its task here.
+        let gates = config
+            .models
+            .iter()
+            .filter(|model| model.capacity.is_some())
+            .map(|model| {
+                let id = model_id(model);
+                let gate = match held.gates.get(id.as_ref()) {
+                    Some(kept) => kept.clone(),
+                    None => crate::sharing::ModelGate::start(&id, self.queue_depth.clone()),
+                };
+                (Arc::from(id.as_ref()), gate)
             })
             .collect();
         // The connection (and its task) is kept while the Redis settings stay.
@@ -150,7 +193,7 @@ impl Registry {
                 )),
             },
         };
-        Ok(Resources { egress, clients, unbuildable, redis, key_limits, model_limits })
+        Ok(Resources { egress, clients, unbuildable, redis, key_limits, tenant_limits, model_limits, gates })
     }
 
     /// Records what the config now serving was built with; what it does not
@@ -191,7 +234,7 @@ mod tests {
             config.models.push(model);
         }
         let mut key = waycast_crds::config::KeyConfig::new("team/key", "00".repeat(32));
-        key.limits = key_limit.map(|n| LimitsConfig { requests_per_minute: Some(n), tokens_per_minute: None });
+        key.limits = key_limit.map(LimitsConfig::requests);
         config.keys.push(key);
         config
     }

@@ -43,8 +43,7 @@ fn with_hostile_model(config: &mut waycast_crds::GatewayConfig, address: SocketA
     model.forward_headers = vec!["x-hostile".into()];
     model.timeouts.idle = Duration::from_secs(2);
     config.models.push(model);
-    config.keys[0].limits =
-        Some(LimitsConfig { requests_per_minute: None, tokens_per_minute: Some(tokens_per_minute) });
+    config.keys[0].limits = Some(LimitsConfig::tokens(tokens_per_minute));
 }
 
 #[tokio::test]

@@ -17,7 +17,7 @@ use waycast_mock::fixtures::{ALICE_KEY, BOB_KEY};
 const CHAT: &str = r#"{"model":"llama3","messages":[{"role":"user","content":"hi"}]}"#;
 
 fn limits(requests: Option<u64>, tokens: Option<u64>) -> Option<LimitsConfig> {
-    Some(LimitsConfig { requests_per_minute: requests, tokens_per_minute: tokens })
+    Some(LimitsConfig { requests_per_minute: requests, tokens_per_minute: tokens, max_concurrent: None })
 }
 
 /// A gateway whose key `team-a/alice` has these limits.

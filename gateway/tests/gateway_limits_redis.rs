@@ -115,8 +115,7 @@ async fn gateway(redis: &Redis, fail_closed: bool, requests_per_minute: u64) -> 
     let config = redis.config(fail_closed);
     Fixture::start(FixtureOptions::default(), move |gateway, _| {
         gateway.settings.redis = Some(config);
-        gateway.keys[0].limits =
-            Some(LimitsConfig { requests_per_minute: Some(requests_per_minute), tokens_per_minute: None });
+        gateway.keys[0].limits = Some(LimitsConfig::requests(requests_per_minute));
     })
     .await
 }
@@ -249,7 +248,7 @@ async fn token_reservations_in_redis_hold_across_gateways() {
         let config = config.clone();
         Fixture::start(FixtureOptions::default(), move |gateway, _| {
             gateway.settings.redis = Some(config);
-            gateway.keys[0].limits = Some(LimitsConfig { requests_per_minute: None, tokens_per_minute: Some(1000) });
+            gateway.keys[0].limits = Some(LimitsConfig::tokens(1000));
         })
     };
     let (first, second) = (start().await, start().await);
@@ -293,7 +292,7 @@ async fn an_acl_user_authenticates_and_a_wrong_one_does_not() {
         config.password = Some(ACL_PASSWORD.into());
         Fixture::start(FixtureOptions::default(), move |gateway, _| {
             gateway.settings.redis = Some(config);
-            gateway.keys[0].limits = Some(LimitsConfig { requests_per_minute: Some(1), tokens_per_minute: None });
+            gateway.keys[0].limits = Some(LimitsConfig::requests(1));
         })
     };
     let limiter = as_user(ACL_USER).await;
@@ -322,7 +321,7 @@ async fn tls_to_redis_with_a_private_ca_and_a_client_certificate() {
         config.tls = Some(tls);
         Fixture::start(FixtureOptions::default(), move |gateway, _| {
             gateway.settings.redis = Some(config);
-            gateway.keys[0].limits = Some(LimitsConfig { requests_per_minute: Some(1), tokens_per_minute: None });
+            gateway.keys[0].limits = Some(LimitsConfig::requests(1));
         })
     };
 

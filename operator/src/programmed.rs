@@ -422,6 +422,7 @@ mod tests {
             models: [(id("vision"), Verdict::accepted("Accepted", "served"))].into(),
             keys: [(id("a"), served()), (id("b"), served())].into(),
             gateway: None,
+            tenants: Vec::new(),
         };
         let report = |entry: &str| {
             ("gw-0".to_owned(), DroppedEntry { entry: entry.into(), reason: "backends[0].tls: bad".into() })

@@ -48,7 +48,7 @@ where
     S: AsRef<ConfigStore> + AsRef<Metrics> + Send + Sync + 'static,
 {
     let (store, metrics): (&ConfigStore, &Metrics) = ((*serving).as_ref(), (*serving).as_ref());
-    let mut registry = Registry::default();
+    let mut registry = Registry::reporting(metrics.queue_depth.clone());
     while let Some(Update { source, bytes }) = updates.recv().await {
         match bytes {
             // Errors are logged and counted by the store.

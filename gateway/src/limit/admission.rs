@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use super::charge::Reservation;
-use super::decision::{Admitted, Counted, RateHeaders, Refusal};
+use super::decision::{Admitted, Counted, Held, RateHeaders, Refusal};
 use super::in_redis::{self, Subject};
 use super::limiter::LimitSet;
 use super::local;
@@ -80,34 +80,31 @@ impl<'a> Counters<'a> {
         }
     }
 
-    /// Admits the request under the key's and the model's limits (the
-    /// key's request already counted, if `counted`), reserving
-    /// `reservation` against token limits. `None` when neither has limits.
+    /// Admits the request under the key's, its tenant's and the model's
+    /// limits (the key's request already counted, if `counted`), reserving
+    /// `reservation` against token limits and holding a place under
+    /// concurrency limits. `None` when none of them has limits.
     ///
     /// # Errors
     /// [`Refused`]: a limit refused (nothing is charged to any), or the
     /// store failed closed.
     pub async fn admit(
         self,
-        key: (&str, Option<&Arc<LimitSet>>),
-        model: (&str, Option<&Arc<LimitSet>>),
+        subject: &Subject<'_>,
         reservation: Reservation,
         counted: Option<&Counted>,
     ) -> Result<Passed<Option<Admitted>>, Refused> {
-        if key.1.is_none() && model.1.is_none() {
+        let sets = local::Sets { key: subject.key.1, tenant: subject.tenant.1, model: subject.model.1 };
+        if sets.is_empty() {
             return Ok(Passed::clean(None));
         }
         let decision = match self {
-            Self::Local { shares } => local::admit(key.1, model.1, shares, reservation, counted),
-            Self::Redis(counter) => match in_redis::admit(counter, &Subject { key, model }, reservation, counted).await
-            {
+            Self::Local { shares } => local::admit(sets, shares, reservation, counted),
+            Self::Redis(counter) => match in_redis::admit(counter, subject, reservation, counted).await {
                 Ok(decision) => decision,
                 Err(error) => {
-                    return on_store_failure(
-                        counter,
-                        error,
-                        Some(Admitted { headers: RateHeaders::default(), charge: None }),
-                    );
+                    let unlimited = Admitted { headers: RateHeaders::default(), charge: None, held: Held::default() };
+                    return on_store_failure(counter, error, Some(unlimited));
                 }
             },
         };

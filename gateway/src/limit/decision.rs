@@ -1,6 +1,6 @@
 //! What admission decides: a request admitted, with the `x-ratelimit-*`
-//! headers of its tightest limits and what to charge, or refused by one
-//! limit, with its retry time.
+//! headers of its tightest limits, what to charge and the concurrency it
+//! holds, or refused by one limit, with its retry time.
 
 use std::sync::Arc;
 
@@ -17,6 +17,8 @@ use super::redis::RedisCounter;
 pub enum Owner {
     /// The API key's.
     Key,
+    /// The tenant's: every key of the key's namespace together.
+    Tenant,
     /// The model's (over all keys).
     Model,
 }
@@ -28,13 +30,16 @@ pub enum Unit {
     Requests,
     /// Tokens.
     Tokens,
+    /// Requests in flight at once.
+    Concurrent,
 }
 
 impl Unit {
-    /// `requests` or `tokens` (OpenAI's error type, header suffix).
+    /// `requests` or `tokens` (OpenAI's error type, header suffix); a
+    /// concurrency limit counts requests.
     pub fn as_str(self) -> &'static str {
         match self {
-            Unit::Requests => "requests",
+            Unit::Requests | Unit::Concurrent => "requests",
             Unit::Tokens => "tokens",
         }
     }
@@ -62,6 +67,7 @@ impl RateHeaders {
         let slot = match unit {
             Unit::Requests => &mut self.requests,
             Unit::Tokens => &mut self.tokens,
+            Unit::Concurrent => return,
         };
         // The tightest: fewest left relative to its limit.
         let tighter = slot.is_none_or(|(old_limit, old)| {
@@ -114,24 +120,61 @@ impl Refusal {
         headers.insert(RETRY_AFTER_MS.clone(), HeaderValue::from(millis));
     }
 
-    /// The `limit` label of the metric: `key_requests`, `model_tokens`, ...
+    /// The `limit` label of the metric: `key_requests`, `model_tokens`,
+    /// `tenant_concurrent`, ...
     pub fn label(&self) -> &'static str {
         match (self.owner, self.unit) {
             (Owner::Key, Unit::Requests) => "key_requests",
             (Owner::Key, Unit::Tokens) => "key_tokens",
+            (Owner::Key, Unit::Concurrent) => "key_concurrent",
+            (Owner::Tenant, Unit::Requests) => "tenant_requests",
+            (Owner::Tenant, Unit::Tokens) => "tenant_tokens",
+            (Owner::Tenant, Unit::Concurrent) => "tenant_concurrent",
             (Owner::Model, Unit::Requests) => "model_requests",
             (Owner::Model, Unit::Tokens) => "model_tokens",
+            (Owner::Model, Unit::Concurrent) => "model_concurrent",
+        }
+    }
+
+    /// What ran out, for the error message: "the API key's limit of 3
+    /// requests per minute", "the namespace's limit of 8 concurrent requests".
+    pub fn describe(&self) -> String {
+        let owner = match self.owner {
+            Owner::Key => "API key's",
+            Owner::Tenant => "namespace's",
+            Owner::Model => "model's",
+        };
+        match self.unit {
+            Unit::Concurrent => format!("the {owner} limit of {} concurrent requests", self.limit),
+            unit => format!("the {owner} limit of {} {} per minute", self.limit, unit.as_str()),
         }
     }
 }
 
-/// An admitted request: headers for its response, and what to charge.
-#[derive(Debug, Clone)]
+/// A refusal by a concurrency limit: retried after a second (a request in
+/// flight may end any time).
+pub(super) fn concurrency_refusal(owner: Owner, limit: u64, headers: RateHeaders) -> Refusal {
+    Refusal { owner, unit: Unit::Concurrent, limit, retry_after_nanos: 1_000_000_000, headers }
+}
+
+/// The concurrency an admitted request holds: counted out when it is
+/// dropped (the request's exchange ends).
+#[derive(Debug, Default)]
+pub struct Held {
+    pub(super) local: Vec<super::limiter::LocalHold>,
+    pub(super) redis: Option<super::redis::RedisHold>,
+}
+
+/// An admitted request: headers for its response, what to charge, and
+/// the concurrency it holds.
+#[derive(Debug)]
 pub struct Admitted {
     /// `x-ratelimit-*` for the response.
     pub headers: RateHeaders,
     /// Token charging, when a token limit applies.
     pub charge: Option<Charge>,
+    /// Concurrency held until the request ends.
+    pub held: Held,
 }
 
 /// A key's request, counted before its body was read (so a key over its

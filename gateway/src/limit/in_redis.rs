@@ -1,12 +1,15 @@
 //! Limits counted in Redis, for the whole fleet: one script call per
-//! admission, checking and charging every limiter of the request at once.
+//! admission, checking and charging every limiter of the request at once
+//! (rates, and concurrency held until the request ends).
 
 use std::sync::Arc;
 
 use super::charge::{Charge, Reservation};
-use super::decision::{Admitted, Counted, CountedIn, Owner, RateHeaders, Refusal, Unit, counted_or_refused};
+use super::decision::{
+    Admitted, Counted, CountedIn, Held, Owner, RateHeaders, Refusal, Unit, concurrency_refusal, counted_or_refused,
+};
 use super::limiter::LimitSet;
-use super::redis::{RedisCounter, ScriptLimiter, StoreError};
+use super::redis::{RedisCounter, RedisHold, ScriptLimiter, StoreError};
 
 /// A key's request counted before its body is read, in Redis (the local
 /// form: `local::count_key_request`).
@@ -21,7 +24,7 @@ pub async fn count_key_request(
     let Some(limiter) = key.and_then(|set| set.requests.as_ref()) else { return Ok(Ok(None)) };
     let redis_key = format!("{}key:{key_id}:requests", counter.config.key_prefix());
     let script = [ScriptLimiter { key: &redis_key, units: 1, per_minute: limiter.per_minute }];
-    let verdict = counter.admit(&script).await?.first().copied().ok_or(StoreError::Reply)?;
+    let verdict = counter.admit(&script, &[]).await?.verdicts.first().copied().ok_or(StoreError::Reply)?;
     Ok(counted_or_refused(limiter.per_minute, verdict, CountedIn::Redis(counter.clone(), redis_key)))
 }
 
@@ -29,6 +32,8 @@ pub async fn count_key_request(
 pub struct Subject<'a> {
     /// The key's id and limits.
     pub key: (&'a str, Option<&'a Arc<LimitSet>>),
+    /// The tenant's namespace and limits (all its keys together).
+    pub tenant: (&'a str, Option<&'a Arc<LimitSet>>),
     /// The model's name and limits.
     pub model: (&'a str, Option<&'a Arc<LimitSet>>),
 }
@@ -45,16 +50,25 @@ pub async fn admit(
     counted: Option<&Counted>,
 ) -> Result<Result<Admitted, Refusal>, StoreError> {
     // (owner, unit, Redis key, limit): token limits first, as `admit` checks them.
-    let mut limiters: Vec<(Owner, Unit, String, u64)> = Vec::with_capacity(4);
+    let mut limiters: Vec<(Owner, Unit, String, u64)> = Vec::with_capacity(6);
+    let mut concurrent: Vec<(Owner, String, u64)> = Vec::new();
     let prefix = counter.config.key_prefix();
-    for (owner, (id, set)) in [(Owner::Key, subject.key), (Owner::Model, subject.model)] {
+    let owned = [(Owner::Key, subject.key), (Owner::Tenant, subject.tenant), (Owner::Model, subject.model)];
+    for (owner, (id, set)) in owned {
         let Some(set) = set else { continue };
-        let scope = if owner == Owner::Key { "key" } else { "model" };
+        let scope = match owner {
+            Owner::Key => "key",
+            Owner::Tenant => "tenant",
+            Owner::Model => "model",
+        };
         if let Some(limiter) = &set.tokens {
             limiters.push((owner, Unit::Tokens, format!("{prefix}{scope}:{id}:tokens"), limiter.per_minute));
         }
         if let Some(limiter) = set.requests.as_ref().filter(|_| owner != Owner::Key || counted.is_none()) {
             limiters.push((owner, Unit::Requests, format!("{prefix}{scope}:{id}:requests"), limiter.per_minute));
+        }
+        if let Some(concurrency) = &set.concurrent {
+            concurrent.push((owner, format!("{prefix}{scope}:{id}:concurrent"), concurrency.limit));
         }
     }
     let script: Vec<ScriptLimiter<'_>> = limiters
@@ -65,23 +79,39 @@ pub async fn admit(
             per_minute: *per_minute,
         })
         .collect();
-    let verdicts = if script.is_empty() { Vec::new() } else { counter.admit(&script).await? };
+    let held_keys: Vec<(&str, u64)> = concurrent.iter().map(|(_, key, limit)| (key.as_str(), *limit)).collect();
+    let admission =
+        if script.is_empty() && held_keys.is_empty() { None } else { Some(counter.admit(&script, &held_keys).await?) };
     let mut headers = RateHeaders::default();
     if let Some(counted) = counted {
         headers.note(Unit::Requests, counted.limit, counted.verdict);
     }
     let mut refusal = None;
-    for ((owner, unit, _, limit), verdict) in limiters.iter().zip(&verdicts) {
+    let verdicts = admission.as_ref().map(|a| a.verdicts.as_slice()).unwrap_or_default();
+    for ((owner, unit, _, limit), verdict) in limiters.iter().zip(verdicts) {
         headers.note(*unit, *limit, *verdict);
         if !verdict.allowed && refusal.is_none() {
-            refusal = Some((*owner, *unit, *limit, verdict.retry_after_nanos));
+            refusal = Some(Refusal {
+                owner: *owner,
+                unit: *unit,
+                limit: *limit,
+                retry_after_nanos: verdict.retry_after_nanos,
+                headers,
+            });
         }
     }
-    if let Some((owner, unit, limit, retry_after_nanos)) = refusal {
+    let held = admission.as_ref().map(|a| a.held.as_slice()).unwrap_or_default();
+    if refusal.is_none()
+        && let Some(((owner, _, limit), _)) = concurrent.iter().zip(held).find(|(_, (admitted, _))| !admitted)
+    {
+        refusal = Some(concurrency_refusal(*owner, *limit, headers));
+    }
+    if let Some(mut refusal) = refusal {
         if let Some(counted) = counted {
             counted.refund();
         }
-        return Ok(Err(Refusal { owner, unit, limit, retry_after_nanos, headers }));
+        refusal.headers = headers;
+        return Ok(Err(refusal));
     }
     let tokens: Vec<(String, u64)> = limiters
         .into_iter()
@@ -94,5 +124,13 @@ pub async fn admit(
         reservation,
         redis: Some((counter.clone(), tokens)),
     });
-    Ok(Ok(Admitted { headers, charge }))
+    let mut hold = Held::default();
+    if let Some(admission) = admission.filter(|_| !concurrent.is_empty()) {
+        hold.redis = Some(RedisHold {
+            counter: counter.clone(),
+            keys: concurrent.into_iter().map(|(_, key, _)| key).collect(),
+            holder: admission.holder,
+        });
+    }
+    Ok(Ok(Admitted { headers, charge, held: hold }))
 }

@@ -1,6 +1,7 @@
-//! One limit's state (a GCRA's theoretical arrival time, one atomic) and
-//! the limits of one key or model.
+//! One limit's state (a GCRA's theoretical arrival time, one atomic; a
+//! count of requests in flight) and the limits of one key, tenant or model.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use waycast_crds::config::LimitsConfig;
@@ -57,24 +58,77 @@ impl Limiter {
     }
 }
 
-/// The limits of one key or one model.
+/// A limit on requests in flight at once, and this pod's count of those
+/// holding it: the count is carried from config to config (a reload must
+/// not forget the streams still open).
+#[derive(Debug)]
+pub struct Concurrency {
+    /// The limit, for the whole fleet.
+    pub limit: u64,
+    held: Arc<AtomicU64>,
+}
+
+/// One request counted against a local [`Concurrency`]: dropping it (when
+/// the request, its stream included, has ended) counts it out.
+#[derive(Debug)]
+pub struct LocalHold(Arc<AtomicU64>);
+
+impl Drop for LocalHold {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Concurrency {
+    fn new(limit: u64, previous: Option<&Concurrency>) -> Self {
+        Self { limit, held: previous.map_or_else(Arc::default, |p| p.held.clone()) }
+    }
+
+    /// This pod's share of the limit with `shares` live pods: the limit
+    /// divided among them, rounded down, at least 1 (so the fleet never
+    /// holds more than the limit unless the limit is below the pods).
+    pub fn share(&self, shares: u32) -> u64 {
+        (self.limit / u64::from(shares.max(1))).max(1)
+    }
+
+    /// Counts one more request in flight if this pod holds fewer than its
+    /// share, else `None`.
+    pub(super) fn take(&self, shares: u32) -> Option<LocalHold> {
+        let share = self.share(shares);
+        self.held.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| (held < share).then_some(held + 1)).ok()?;
+        Some(LocalHold(self.held.clone()))
+    }
+
+    /// Requests this pod counts in flight now.
+    pub fn held(&self) -> u64 {
+        self.held.load(Ordering::Relaxed)
+    }
+}
+
+/// The limits of one key, one tenant (a namespace's keys together) or one
+/// model.
 #[derive(Debug)]
 pub struct LimitSet {
     /// Requests per minute.
     pub requests: Option<Limiter>,
     /// Tokens per minute.
     pub tokens: Option<Limiter>,
+    /// Requests in flight at once (keys and tenants).
+    pub concurrent: Option<Concurrency>,
 }
 
 impl LimitSet {
     /// The limiters for `config`, continuing the state of `previous` (the
-    /// same key or model in the last snapshot).
+    /// same key, tenant or model in the last snapshot).
     pub fn new(config: &LimitsConfig, previous: Option<&LimitSet>) -> Self {
         Self {
             requests: config
                 .requests_per_minute
                 .map(|limit| Limiter::new(limit, previous.and_then(|p| p.requests.as_ref()))),
             tokens: config.tokens_per_minute.map(|limit| Limiter::new(limit, previous.and_then(|p| p.tokens.as_ref()))),
+            concurrent: config
+                .max_concurrent
+                .map(|limit| Concurrency::new(limit, previous.and_then(|p| p.concurrent.as_ref()))),
         }
     }
 }

@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use super::charge::{Charge, Reservation};
 use super::clock::now_nanos;
-use super::decision::{Admitted, Counted, CountedIn, Owner, RateHeaders, Refusal, Unit, counted_or_refused};
+use super::decision::{
+    Admitted, Counted, CountedIn, Held, Owner, RateHeaders, Refusal, Unit, concurrency_refusal, counted_or_refused,
+};
 use super::limiter::{LimitSet, Limiter};
 
 /// Counts a request against the key's request limit, before its body is
@@ -20,16 +22,35 @@ pub fn count_key_request(key: Option<&Arc<LimitSet>>, shares: u32) -> Result<Opt
     counted_or_refused(limiter.per_minute, verdict, CountedIn::Local(set.clone(), cost))
 }
 
-/// Admits a request under the key's and the model's limits, each pod
-/// enforcing `1 / shares` of them: counts it against request limits and
-/// reserves `reservation` against token limits. A request refused by one
-/// limit is charged to none.
+/// The limit sets a request is under: its key's, its tenant's (every key
+/// of the namespace together) and its model's.
+#[derive(Clone, Copy, Default)]
+pub struct Sets<'a> {
+    /// The key's limits.
+    pub key: Option<&'a Arc<LimitSet>>,
+    /// The tenant's limits.
+    pub tenant: Option<&'a Arc<LimitSet>>,
+    /// The model's limits.
+    pub model: Option<&'a Arc<LimitSet>>,
+}
+
+impl Sets<'_> {
+    /// Whether no limit applies.
+    pub fn is_empty(&self) -> bool {
+        self.key.is_none() && self.tenant.is_none() && self.model.is_none()
+    }
+}
+
+/// Admits a request under the key's, the tenant's and the model's limits,
+/// each pod enforcing `1 / shares` of them: counts it against request
+/// limits, reserves `reservation` against token limits, and holds a place
+/// under concurrency limits. A request refused by one limit is charged to
+/// none.
 ///
 /// # Errors
 /// The first limit that refused, with its retry time.
 pub fn admit(
-    key: Option<&Arc<LimitSet>>,
-    model: Option<&Arc<LimitSet>>,
+    sets: Sets<'_>,
     shares: u32,
     reservation: Reservation,
     counted: Option<&Counted>,
@@ -39,12 +60,12 @@ pub fn admit(
     if let Some(counted) = counted {
         headers.note(Unit::Requests, counted.limit, counted.verdict);
     }
-    // At most four limiters: (limiter, cost charged), to give back on a refusal.
-    let mut charged: [Option<(&Limiter, u64)>; 4] = [None; 4];
+    // At most six limiters: (limiter, cost charged), to give back on a refusal.
+    let mut charged: [Option<(&Limiter, u64)>; 6] = [None; 6];
     let mut reserved = Vec::new();
-    let sets = [(Owner::Key, key), (Owner::Model, model)];
+    let owned = [(Owner::Key, sets.key), (Owner::Tenant, sets.tenant), (Owner::Model, sets.model)];
     let mut refusal = None;
-    'check: for (slot, (owner, set)) in sets.iter().enumerate() {
+    'check: for (slot, (owner, set)) in owned.iter().enumerate() {
         let Some(set) = set else { continue };
         if let Some(limiter) = &set.tokens {
             let (verdict, cost) = limiter.reserve(now, reservation.tokens, shares);
@@ -66,15 +87,34 @@ pub fn admit(
             charged[slot * 2 + 1] = Some((limiter, cost));
         }
     }
-    if let Some((owner, unit, limit, retry_after_nanos)) = refusal {
+    let mut held = Held::default();
+    let refusal = refusal.map(|(owner, unit, limit, retry_after_nanos)| Refusal {
+        owner,
+        unit,
+        limit,
+        retry_after_nanos,
+        headers,
+    });
+    let refusal = refusal.or_else(|| {
+        for (owner, set) in [(Owner::Key, sets.key), (Owner::Tenant, sets.tenant)] {
+            let Some(concurrency) = set.and_then(|set| set.concurrent.as_ref()) else { continue };
+            match concurrency.take(shares) {
+                Some(hold) => held.local.push(hold),
+                // Dropping `held` counts out what was taken.
+                None => return Some(concurrency_refusal(owner, concurrency.limit, headers)),
+            }
+        }
+        None
+    });
+    if let Some(refusal) = refusal {
         for (limiter, cost) in charged.into_iter().flatten() {
             limiter.refund(cost);
         }
         if let Some(counted) = counted {
             counted.refund();
         }
-        return Err(Refusal { owner, unit, limit, retry_after_nanos, headers });
+        return Err(refusal);
     }
     let charge = (!reserved.is_empty()).then_some(Charge { reserved, shares, reservation, redis: None });
-    Ok(Admitted { headers, charge })
+    Ok(Admitted { headers, charge, held })
 }

@@ -1,4 +1,6 @@
-//! Rate limits: requests and tokens per minute, per key and per model.
+//! Rate and concurrency limits: requests and tokens per minute, and
+//! requests in flight, per key, per tenant (a namespace's keys together)
+//! and per model.
 //!
 //! ```text
 //! request ─► admit(key limits, model limits, shares, reservation) ──refused──► 429 + Retry-After + x-ratelimit-*
@@ -32,11 +34,14 @@ mod in_redis;
 mod limiter;
 mod local;
 pub mod redis;
+mod redis_link;
+mod redis_scripts;
 pub mod resp;
 
 pub use admission::{Counters, Passed, Refused};
 pub use charge::{Charge, Relayed, Reservation};
-pub use decision::{Admitted, Owner, Refusal, duration_text};
+pub use decision::{Admitted, Held, Refusal, duration_text};
+pub use in_redis::Subject;
 pub use limiter::LimitSet;
 
 #[cfg(test)]

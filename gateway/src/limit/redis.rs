@@ -1,5 +1,6 @@
-//! Exact fleet-wide counting in Redis: the same GCRA as `gcra.rs`, run by
-//! a Lua script on the server's clock, one round trip per limited request.
+//! Exact fleet-wide counting in Redis: the same GCRA as `gcra.rs`, and
+//! concurrency counted per live pod, run by one Lua script on the server's
+//! clock (`redis_scripts.rs`), one round trip per limited request.
 //!
 //! ```text
 //! requests ─► bounded queue ─► connection task ─► one socket, pipelined:
@@ -8,7 +9,7 @@
 //! ```
 //!
 //! Bounded: at most [`MAX_QUEUED`] calls wait to be written and
-//! [`MAX_IN_FLIGHT`] await replies; past that a call fails at once
+//! `redis_link::MAX_IN_FLIGHT` await replies; past that a call fails at once
 //! (`queue_full`) and the Gateway's failure mode applies, so a Redis that
 //! stalls costs neither memory nor time without end.
 //!
@@ -16,131 +17,31 @@
 //! rustls client config is built once with the counter, so a bad CA or
 //! client pair refuses the config rather than failing every connect.
 //!
-//! The connection task reconnects with backoff (loading the scripts again
+//! The connection task (`redis_link.rs`) reconnects with backoff (loading the scripts again
 //! on each connection); while it is down, calls fail at once, so no request
 //! waits on a dead server. A call that gets no reply within the timeout
 //! fails too. What a failure means for the request is the caller's
 //! `fail_closed`.
 //!
 //! NB: the client is ours (about 200 lines with `resp.rs`) rather than the
-//! `redis` crate: the gateway needs two scripts over one pipelined
+//! `redis` crate: the gateway needs three scripts over one pipelined
 //! connection with strict timeouts, and the crate's dependency tree (url,
 //! idna, combine …) is several times the gateway's own.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::atomic::Ordering;
 
-use bytes::{Buf as _, BytesMut};
-use rustls::pki_types::ServerName;
-use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
-use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
-use tokio_rustls::TlsConnector;
 use waycast_crds::config::RedisConfig;
 
-use crate::tls::{TlsError, client_config};
+use crate::tls::TlsError;
 
 use super::gcra::{self, Verdict};
-use super::resp::{self, Reply};
+use super::redis_link::{self, Call, Link, Transport, command};
+use super::redis_scripts;
+use super::resp::Reply;
 
-/// Checks every limiter of a request and, only if all admit, charges each
-/// its cost: one request, or the tokens a request reserves. KEYS: one per
-/// limiter. ARGV[1]: the window (µs); then per limiter its cost (µs).
-/// Returns per limiter: admitted (1/0), window used (µs, after the charge
-/// when admitted), and the wait until it would admit (µs). The TAT is kept
-/// in µs since 2023-11 (small enough for Lua's doubles to count fractions
-/// of a µs) and expires when the limiter is full.
-const ADMIT: &str = r"
-local t = redis.call('TIME')
-local now = (tonumber(t[1]) - 1700000000) * 1000000 + tonumber(t[2])
-local window = tonumber(ARGV[1])
-local out, tats, all = {}, {}, true
-for i = 1, #KEYS do
-  local cost = tonumber(ARGV[i + 1])
-  local tat = tonumber(redis.call('GET', KEYS[i]) or '0')
-  if tat < now then tat = now end
-  tats[i] = tat
-  local used = tat + cost - now
-  local retry = 0
-  if used > window then
-    all = false
-    retry = used - window
-    used = tat - now
-    out[#out + 1] = 0
-  else
-    out[#out + 1] = 1
-  end
-  out[#out + 1] = math.floor(used)
-  out[#out + 1] = math.ceil(retry)
-end
-if all then
-  for i = 1, #KEYS do
-    local tat = tats[i] + tonumber(ARGV[i + 1])
-    redis.call('SET', KEYS[i], string.format('%.3f', tat), 'PX', math.ceil((tat - now) / 1000) + 1000)
-  end
-end
-return out
-";
-
-/// Settles token reservations after a response. KEYS: token limiters;
-/// ARGV[i]: the change (µs of window, negative to give back) for KEYS[i].
-/// A limiter is never given back more than makes it full.
-const SETTLE: &str = r"
-local t = redis.call('TIME')
-local now = (tonumber(t[1]) - 1700000000) * 1000000 + tonumber(t[2])
-for i = 1, #KEYS do
-  local tat = tonumber(redis.call('GET', KEYS[i]) or '0')
-  if tat < now then tat = now end
-  tat = tat + tonumber(ARGV[i])
-  if tat > now then
-    redis.call('SET', KEYS[i], string.format('%.3f', tat), 'PX', math.ceil((tat - now) / 1000) + 1000)
-  else
-    redis.call('DEL', KEYS[i])
-  end
-end
-return 1
-";
-
-/// Why Redis did not answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum StoreError {
-    /// No connection (being re-established).
-    #[error("Redis is unreachable")]
-    Unreachable,
-    /// No reply within the timeout.
-    #[error("Redis did not answer in time")]
-    Timeout,
-    /// An error reply or a reply of the wrong shape.
-    #[error("Redis answered with an error")]
-    Reply,
-    /// Too many calls already wait for Redis.
-    #[error("too many calls wait for Redis")]
-    Busy,
-}
-
-/// Calls that may wait to be written to Redis.
-pub const MAX_QUEUED: usize = 4096;
-/// Calls that may await their replies at once.
-pub const MAX_IN_FLIGHT: usize = 4096;
-
-impl StoreError {
-    /// The metric's `reason` label.
-    pub fn label(self) -> &'static str {
-        match self {
-            StoreError::Unreachable => "unreachable",
-            StoreError::Timeout => "timeout",
-            StoreError::Reply => "error_reply",
-            StoreError::Busy => "queue_full",
-        }
-    }
-}
-
-struct Call {
-    command: BytesMut,
-    reply: Option<oneshot::Sender<Result<Reply, StoreError>>>,
-}
+pub use super::redis_link::{MAX_QUEUED, StoreError};
 
 /// One limiter of a request, as the script sees it.
 pub struct ScriptLimiter<'a> {
@@ -152,19 +53,43 @@ pub struct ScriptLimiter<'a> {
     pub per_minute: u64,
 }
 
+/// What the admission script decided.
+#[derive(Debug)]
+pub struct Admission {
+    /// Per rate limiter, its verdict.
+    pub verdicts: Vec<Verdict>,
+    /// Per concurrency limit: admitted, and the requests it holds.
+    pub held: Vec<(bool, u64)>,
+    /// The holder the request is counted under, to release it by.
+    pub holder: Arc<String>,
+}
+
+/// A request held under concurrency limits in Redis: counted out when
+/// dropped (its exchange ended).
+pub struct RedisHold {
+    pub(super) counter: Arc<RedisCounter>,
+    pub(super) keys: Vec<String>,
+    pub(super) holder: Arc<String>,
+}
+
+impl std::fmt::Debug for RedisHold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisHold").field("keys", &self.keys).field("holder", &self.holder).finish()
+    }
+}
+
+impl Drop for RedisHold {
+    fn drop(&mut self) {
+        self.counter.release(&self.keys, &self.holder);
+    }
+}
+
 /// A connection to the Redis that counts, shared by every request.
 pub struct RedisCounter {
     /// What it was built from (a config reload keeps it when unchanged).
     pub config: RedisConfig,
     calls: mpsc::Sender<Call>,
     link: Arc<Link>,
-}
-
-/// What the connection task tells of its connection.
-#[derive(Default)]
-struct Link {
-    connected: AtomicBool,
-    failed_connects: AtomicU64,
 }
 
 impl std::fmt::Debug for RedisCounter {
@@ -182,8 +107,8 @@ impl RedisCounter {
     pub fn start(config: RedisConfig) -> Result<Self, TlsError> {
         let transport = Transport::new(&config)?;
         let (calls, queue) = mpsc::channel(MAX_QUEUED);
-        let link = Arc::new(Link::default());
-        tokio::spawn(run(config.clone(), transport, queue, link.clone()));
+        let link = Arc::new(Link::new());
+        tokio::spawn(redis_link::run(config.clone(), transport, queue, link.clone()));
         Ok(Self { config, calls, link })
     }
 
@@ -197,35 +122,50 @@ impl RedisCounter {
         self.link.failed_connects.load(Ordering::Relaxed)
     }
 
-    /// Runs the admission script over `limiters`: a verdict per limiter.
+    /// Runs the admission script over the rate limiters `rates` and the
+    /// concurrency limits `concurrent` (Redis key, limit): a verdict per
+    /// rate limiter, and per concurrency limit whether it admitted and the
+    /// requests it holds. Only when every one admits is each charged (and
+    /// the request held, under `Admission::held`).
     ///
     /// # Errors
     /// Redis unreachable, slow or answering an error.
-    pub async fn admit(&self, limiters: &[ScriptLimiter<'_>]) -> Result<Vec<Verdict>, StoreError> {
-        let window = (gcra::WINDOW_NANOS / 1000).to_string();
-        let mut args: Vec<Vec<u8>> = Vec::with_capacity(3 + limiters.len() * 3);
+    pub async fn admit(
+        &self,
+        rates: &[ScriptLimiter<'_>],
+        concurrent: &[(&str, u64)],
+    ) -> Result<Admission, StoreError> {
+        let holder = self.link.holder.load_full();
+        let count = rates.len() + concurrent.len();
+        let mut args: Vec<Vec<u8>> = Vec::with_capacity(7 + count * 2);
         args.push(b"EVALSHA".to_vec());
-        args.push(script_sha(ADMIT).into_bytes());
-        args.push(limiters.len().to_string().into_bytes());
-        args.extend(limiters.iter().map(|l| l.key.as_bytes().to_vec()));
-        args.push(window.into_bytes());
-        for limiter in limiters {
+        args.push(redis_scripts::sha(redis_scripts::ADMIT).into_bytes());
+        args.push(count.to_string().into_bytes());
+        args.extend(rates.iter().map(|l| l.key.as_bytes().to_vec()));
+        args.extend(concurrent.iter().map(|(key, _)| key.as_bytes().to_vec()));
+        args.push((gcra::WINDOW_NANOS / 1000).to_string().into_bytes());
+        args.push(rates.len().to_string().into_bytes());
+        args.push(holder.as_bytes().to_vec());
+        args.push(redis_link::alive_key(&self.config, "").into_bytes());
+        for limiter in rates {
             let cost = gcra::unit_cost(limiter.per_minute, 1).saturating_mul(limiter.units).min(gcra::WINDOW_NANOS);
             args.push(micros(cost).into_bytes());
         }
+        args.extend(concurrent.iter().map(|(_, limit)| limit.to_string().into_bytes()));
         let reply = self.call(&args).await?;
         let Reply::Array(Some(items)) = reply else { return Err(StoreError::Reply) };
         let numbers: Vec<i64> = items
             .iter()
             .map(|i| if let Reply::Integer(n) = i { Ok(*n) } else { Err(StoreError::Reply) })
             .collect::<Result<_, _>>()?;
-        if numbers.len() != limiters.len() * 3 {
+        if numbers.len() != count * 3 {
             return Err(StoreError::Reply);
         }
         let nanos = |micros: i64| u64::try_from(micros).unwrap_or(0).saturating_mul(1000);
-        Ok(numbers
+        let (rate_numbers, concurrent_numbers) = numbers.split_at(rates.len() * 3);
+        let verdicts = rate_numbers
             .chunks_exact(3)
-            .zip(limiters)
+            .zip(rates)
             .map(|(n, limiter)| {
                 let used = nanos(n[1]);
                 Verdict {
@@ -235,7 +175,27 @@ impl RedisCounter {
                     retry_after_nanos: nanos(n[2]),
                 }
             })
-            .collect())
+            .collect();
+        let held = concurrent_numbers.chunks_exact(3).map(|n| (n[0] == 1, u64::try_from(n[1]).unwrap_or(0))).collect();
+        Ok(Admission { verdicts, held, holder })
+    }
+
+    /// Counts a request out of the concurrency limits it was held under
+    /// (by `holder`), without waiting for the reply.
+    pub fn release(&self, keys: &[String], holder: &str) {
+        if keys.is_empty() {
+            return;
+        }
+        let mut args: Vec<Vec<u8>> = vec![
+            b"EVALSHA".to_vec(),
+            redis_scripts::sha(redis_scripts::RELEASE).into_bytes(),
+            keys.len().to_string().into_bytes(),
+        ];
+        args.extend(keys.iter().map(|key| key.as_bytes().to_vec()));
+        args.push(holder.as_bytes().to_vec());
+        // Best effort: a release lost with the queue or the connection is
+        // forgotten with its holder (see `redis_link`).
+        let _ = self.calls.try_send(Call { command: command(&args), reply: None });
     }
 
     /// Settles a reservation: `tokens` more (positive) or fewer (negative)
@@ -245,8 +205,11 @@ impl RedisCounter {
         if tokens == 0 {
             return;
         }
-        let mut args: Vec<Vec<u8>> =
-            vec![b"EVALSHA".to_vec(), script_sha(SETTLE).into_bytes(), limiters.len().to_string().into_bytes()];
+        let mut args: Vec<Vec<u8>> = vec![
+            b"EVALSHA".to_vec(),
+            redis_scripts::sha(redis_scripts::SETTLE).into_bytes(),
+            limiters.len().to_string().into_bytes(),
+        ];
         args.extend(limiters.iter().map(|(key, _)| key.as_bytes().to_vec()));
         for (_, per_minute) in limiters {
             let nanos = i128::from(gcra::WINDOW_NANOS) * tokens / i128::from((*per_minute).max(1));
@@ -269,7 +232,7 @@ impl RedisCounter {
             Ok(Ok(Ok(Reply::Error(error)))) => {
                 if error.starts_with("NOSCRIPT") {
                     // The scripts were flushed (SCRIPT FLUSH): load them again.
-                    for script in [ADMIT, SETTLE] {
+                    for script in redis_scripts::ALL {
                         let load = command(&[b"SCRIPT".to_vec(), b"LOAD".to_vec(), script.as_bytes().to_vec()]);
                         let _ = self.calls.try_send(Call { command: load, reply: None });
                     }
@@ -283,195 +246,6 @@ impl RedisCounter {
     }
 }
 
-/// The SHA-1 Redis names a script by (EVALSHA), in hex.
-fn script_sha(script: &str) -> String {
-    let digest = ring::digest::digest(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY, script.as_bytes());
-    digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
-}
-
 fn micros(nanos: u64) -> String {
     format!("{:.3}", nanos as f64 / 1000.0)
-}
-
-fn command(args: &[Vec<u8>]) -> BytesMut {
-    let parts: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
-    let mut out = BytesMut::with_capacity(args.iter().map(|a| a.len() + 16).sum());
-    resp::encode(&mut out, &parts);
-    out
-}
-
-/// Connects, authenticates and serves calls until the connection breaks;
-/// again after a backoff; until the counter is dropped.
-async fn run(config: RedisConfig, transport: Transport, mut queue: mpsc::Receiver<Call>, link: Arc<Link>) {
-    let mut backoff = Duration::from_millis(50);
-    let mut was_up = true;
-    loop {
-        match connect(&config, &transport).await {
-            Ok(stream) => {
-                tracing::info!(address = %config.address, "rate limits: connected to Redis");
-                link.connected.store(true, Ordering::Relaxed);
-                backoff = Duration::from_millis(50);
-                was_up = true;
-                let ended = serve(stream, &mut queue).await;
-                link.connected.store(false, Ordering::Relaxed);
-                match ended {
-                    None => return,
-                    Some(error) => {
-                        tracing::warn!(address = %config.address, %error, "rate limits: lost Redis; reconnecting")
-                    }
-                }
-            }
-            Err(error) => {
-                link.failed_connects.fetch_add(1, Ordering::Relaxed);
-                if was_up {
-                    tracing::warn!(address = %config.address, %error, "rate limits: cannot reach Redis; retrying");
-                    was_up = false;
-                }
-            }
-        }
-        // Calls made meanwhile fail at once rather than wait.
-        let pause = tokio::time::sleep(backoff);
-        tokio::pin!(pause);
-        loop {
-            tokio::select! {
-                () = &mut pause => break,
-                call = queue.recv() => match call {
-                    None => return,
-                    Some(call) => {
-                        if let Some(reply) = call.reply {
-                            let _ = reply.send(Err(StoreError::Unreachable));
-                        }
-                    }
-                },
-            }
-        }
-        backoff = (backoff * 2).min(Duration::from_secs(1));
-    }
-}
-
-/// How the connection task reaches Redis.
-enum Transport {
-    Plain,
-    Tls { connector: TlsConnector, server_name: ServerName<'static> },
-}
-
-impl Transport {
-    fn new(config: &RedisConfig) -> Result<Self, TlsError> {
-        let Some(tls) = &config.tls else { return Ok(Self::Plain) };
-        let host = config.address.rsplit_once(':').map_or(config.address.as_str(), |(host, _)| host);
-        let name = tls.server_name.as_deref().unwrap_or(host);
-        let server_name = ServerName::try_from(name.to_owned())
-            .map_err(|e| TlsError::Field { what: "serverName", reason: format!("{name:?}: {e}") })?;
-        let connector = TlsConnector::from(Arc::new(client_config(Some(tls))?));
-        Ok(Self::Tls { connector, server_name })
-    }
-}
-
-/// A connection to Redis, plain or TLS.
-trait Connection: AsyncRead + AsyncWrite + Unpin + Send {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> Connection for T {}
-
-async fn connect(config: &RedisConfig, transport: &Transport) -> std::io::Result<Box<dyn Connection>> {
-    let timed_out = |what: &str| std::io::Error::new(std::io::ErrorKind::TimedOut, format!("{what} timed out"));
-    let connecting = TcpStream::connect(&config.address);
-    let tcp = tokio::time::timeout(Duration::from_secs(1), connecting).await.map_err(|_| timed_out("connect"))??;
-    tcp.set_nodelay(true)?;
-    let mut stream: Box<dyn Connection> = match transport {
-        Transport::Plain => Box::new(tcp),
-        Transport::Tls { connector, server_name } => {
-            let handshake = connector.connect(server_name.clone(), tcp);
-            Box::new(
-                tokio::time::timeout(Duration::from_secs(1), handshake)
-                    .await
-                    .map_err(|_| timed_out("TLS handshake"))??,
-            )
-        }
-    };
-    if let Some(password) = &config.password {
-        let mut auth = vec![b"AUTH".to_vec()];
-        auth.extend(config.username.as_ref().map(|user| user.as_bytes().to_vec()));
-        auth.push(password.as_bytes().to_vec());
-        let reply = roundtrip(&mut stream, &auth).await?;
-        if reply != Reply::Status("OK".into()) {
-            return Err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, "AUTH refused"));
-        }
-    }
-    // Loaded on every connection: a restarted Redis has forgotten them.
-    for script in [ADMIT, SETTLE] {
-        let reply = roundtrip(&mut stream, &[b"SCRIPT".to_vec(), b"LOAD".to_vec(), script.as_bytes().to_vec()]).await?;
-        if reply != Reply::Bulk(Some(script_sha(script).into_bytes())) {
-            return Err(std::io::Error::other(format!("SCRIPT LOAD answered {reply:?}")));
-        }
-    }
-    Ok(stream)
-}
-
-/// One command and its reply, before the connection is shared.
-async fn roundtrip(stream: &mut Box<dyn Connection>, args: &[Vec<u8>]) -> std::io::Result<Reply> {
-    stream.write_all(&command(args)).await?;
-    let mut buffer = BytesMut::with_capacity(256);
-    tokio::time::timeout(Duration::from_secs(1), async {
-        loop {
-            if stream.read_buf(&mut buffer).await? == 0 {
-                return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "closed"));
-            }
-            if let Some((reply, _)) = resp::parse(&buffer).map_err(std::io::Error::other)? {
-                return Ok(reply);
-            }
-        }
-    })
-    .await
-    .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no reply"))?
-}
-
-/// Pipelines calls over `stream` until it breaks (`Some(error)`) or the
-/// counter is dropped (`None`).
-async fn serve(stream: Box<dyn Connection>, queue: &mut mpsc::Receiver<Call>) -> Option<std::io::Error> {
-    let (mut reader, mut writer) = tokio::io::split(stream);
-    let mut waiting: VecDeque<Option<oneshot::Sender<Result<Reply, StoreError>>>> = VecDeque::new();
-    let mut incoming = BytesMut::with_capacity(4096);
-    let mut outgoing = BytesMut::with_capacity(4096);
-    let error = loop {
-        tokio::select! {
-            // NB: while MAX_IN_FLIGHT replies are owed, nothing more is sent;
-            // the queue fills and callers fail fast instead.
-            call = queue.recv(), if waiting.len() < MAX_IN_FLIGHT => {
-                let call = call?;
-                outgoing.extend_from_slice(&call.command);
-                waiting.push_back(call.reply);
-                // Everything queued meanwhile goes in the same write.
-                while waiting.len() < MAX_IN_FLIGHT && let Ok(call) = queue.try_recv() {
-                    outgoing.extend_from_slice(&call.command);
-                    waiting.push_back(call.reply);
-                }
-                if let Err(error) = writer.write_all(&outgoing).await {
-                    break error;
-                }
-                outgoing.clear();
-            }
-            read = reader.read_buf(&mut incoming) => {
-                match read {
-                    Ok(0) => break std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "Redis closed the connection"),
-                    Err(error) => break error,
-                    Ok(_) => {}
-                }
-                loop {
-                    match resp::parse(&incoming) {
-                        Ok(Some((reply, used))) => {
-                            incoming.advance(used);
-                            if let Some(Some(caller)) = waiting.pop_front() {
-                                let _ = caller.send(Ok(reply));
-                            }
-                        }
-                        Ok(None) => break,
-                        Err(error) => return Some(std::io::Error::other(error)),
-                    }
-                }
-            }
-        }
-    };
-    for caller in waiting.into_iter().flatten() {
-        let _ = caller.send(Err(StoreError::Unreachable));
-    }
-    Some(error)
 }

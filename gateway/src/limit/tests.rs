@@ -7,12 +7,28 @@ use http::HeaderMap;
 use waycast_crds::config::LimitsConfig;
 
 use super::charge::{DEFAULT_OUTPUT_RESERVATION, PROMPT_ALLOWANCE};
-use super::decision::Unit;
-use super::local::{admit, count_key_request};
+use super::decision::{Admitted, Counted, Owner, Unit};
+use super::local::{self, count_key_request};
 use super::*;
 
 fn set(requests: Option<u64>, tokens: Option<u64>) -> Arc<LimitSet> {
-    Arc::new(LimitSet::new(&LimitsConfig { requests_per_minute: requests, tokens_per_minute: tokens }, None))
+    let limits = LimitsConfig { requests_per_minute: requests, tokens_per_minute: tokens, max_concurrent: None };
+    Arc::new(LimitSet::new(&limits, None))
+}
+
+fn concurrent(most: u64) -> Arc<LimitSet> {
+    Arc::new(LimitSet::new(&LimitsConfig::concurrent(most), None))
+}
+
+/// A key's and a model's limits, no tenant's.
+fn admit(
+    key: Option<&Arc<LimitSet>>,
+    model: Option<&Arc<LimitSet>>,
+    shares: u32,
+    reservation: Reservation,
+    counted: Option<&Counted>,
+) -> Result<Admitted, Refusal> {
+    local::admit(local::Sets { key, tenant: None, model }, shares, reservation, counted)
 }
 
 #[test]
@@ -144,9 +160,72 @@ fn a_pods_share_is_its_part_of_the_limit() {
 fn state_carries_over_to_the_next_snapshot() {
     let key = set(Some(1), None);
     admit(Some(&key), None, 1, Reservation::default(), None).unwrap();
-    let next =
-        Arc::new(LimitSet::new(&LimitsConfig { requests_per_minute: Some(1), tokens_per_minute: None }, Some(&key)));
+    let next = Arc::new(LimitSet::new(&LimitsConfig::requests(1), Some(&key)));
     assert!(admit(Some(&next), None, 1, Reservation::default(), None).is_err());
+}
+
+/// A tenant's cap is shared by all its keys: ten keys with their own
+/// generous limits still get the tenant's count between them.
+#[test]
+fn a_tenants_cap_holds_across_its_keys() {
+    let tenant = set(Some(60), None);
+    let keys: Vec<Arc<LimitSet>> = (0..10).map(|_| set(Some(600), None)).collect();
+    let sets = |key| local::Sets { key: Some(key), tenant: Some(&tenant), model: None };
+    let admitted =
+        (0..600).filter(|i| local::admit(sets(&keys[i % 10]), 1, Reservation::default(), None).is_ok()).count();
+    assert_eq!(admitted, 60, "the tenant's 60, not 10 × 600");
+    let refusal = local::admit(sets(&keys[0]), 1, Reservation::default(), None).unwrap_err();
+    assert_eq!((refusal.owner, refusal.unit, refusal.label()), (Owner::Tenant, Unit::Requests, "tenant_requests"));
+    // The keys' own counts were given back with each refusal: a key's
+    // limit is not used up by requests its tenant refused.
+    let fresh_tenant = set(Some(1_000), None);
+    let key_only = local::Sets { key: Some(&keys[0]), tenant: Some(&fresh_tenant), model: None };
+    let more = (0..600).filter(|_| local::admit(key_only, 1, Reservation::default(), None).is_ok()).count();
+    assert_eq!(more, 600 - 6, "the key's six admitted requests, and no more, were counted");
+}
+
+/// Concurrency counts requests until their holds drop; each pod holds its
+/// share (at least one), and a refusal by it gives back what was counted.
+#[test]
+fn concurrency_is_held_until_the_request_ends() {
+    let key = concurrent(4);
+    let first: Vec<Admitted> =
+        (0..4).map(|_| admit(Some(&key), None, 1, Reservation::default(), None).unwrap()).collect();
+    let refusal = admit(Some(&key), None, 1, Reservation::default(), None).unwrap_err();
+    assert_eq!((refusal.owner, refusal.unit, refusal.label()), (Owner::Key, Unit::Concurrent, "key_concurrent"));
+    assert_eq!(refusal.describe(), "the API key's limit of 4 concurrent requests");
+    let mut headers = HeaderMap::new();
+    refusal.apply(&mut headers);
+    assert_eq!(headers["retry-after"], "1");
+    drop(first);
+    assert_eq!(key.concurrent.as_ref().unwrap().held(), 0);
+    // Two pods: two each.
+    let held: Vec<Admitted> =
+        (0..2).map(|_| admit(Some(&key), None, 2, Reservation::default(), None).unwrap()).collect();
+    assert!(admit(Some(&key), None, 2, Reservation::default(), None).is_err());
+    drop(held);
+    // A rate limit admits, the tenant's concurrency refuses: the rate
+    // limit's charge is given back.
+    let rate = set(Some(1), None);
+    let full_tenant = concurrent(1);
+    let _holding =
+        local::admit(local::Sets { tenant: Some(&full_tenant), ..Default::default() }, 1, Reservation::default(), None)
+            .unwrap();
+    let refused = local::admit(
+        local::Sets { key: Some(&rate), tenant: Some(&full_tenant), model: None },
+        1,
+        Reservation::default(),
+        None,
+    );
+    assert_eq!(refused.unwrap_err().owner, Owner::Tenant);
+    assert!(admit(Some(&rate), None, 1, Reservation::default(), None).is_ok(), "the key's one request is still there");
+    // A new config's set continues the count of the streams still open.
+    let before = concurrent(3);
+    let open = admit(Some(&before), None, 1, Reservation::default(), None).unwrap();
+    let after = Arc::new(LimitSet::new(&LimitsConfig::concurrent(1), Some(&before)));
+    assert!(admit(Some(&after), None, 1, Reservation::default(), None).is_err());
+    drop(open);
+    assert!(admit(Some(&after), None, 1, Reservation::default(), None).is_ok());
 }
 
 #[test]

@@ -52,6 +52,19 @@ pub struct Facts {
     pub charge: Option<crate::limit::Charge>,
     /// The endpoint answering, counted in flight until the exchange ends.
     pub endpoint: Option<crate::upstream::pick::InFlight>,
+    /// What the request reserved against token limits and its model's
+    /// queue: settled from its usage when it ends.
+    pub reservation: Option<crate::limit::Reservation>,
+    /// Concurrency it holds until the exchange ends.
+    pub held: crate::limit::Held,
+    /// Its place at a model with a capacity, given back (with the tokens
+    /// used) when the exchange ends.
+    pub seat: Option<crate::sharing::Seat>,
+    /// The key's namespace, where a model's queue counts it.
+    pub tenant: Option<Arc<str>>,
+    /// How long it waited for a model's queue, and in which class (index
+    /// into the names).
+    pub queued: Option<(Arc<[String]>, usize, Duration)>,
     /// Gateway time before the upstream was asked; once a relayed
     /// response has ended, the gateway's time in all (what the overhead
     /// histogram records).
@@ -70,6 +83,11 @@ impl Default for Facts {
             admitted: false,
             charge: None,
             endpoint: None,
+            reservation: None,
+            held: crate::limit::Held::default(),
+            seat: None,
+            tenant: None,
+            queued: None,
             overhead_before: Duration::ZERO,
             tallies: Tallies::default(),
         }
@@ -89,6 +107,8 @@ pub enum Tally {
     Retry(&'static str),
     /// An endpoint was ejected after failures in a row.
     Ejection,
+    /// A full model's queue refused the request (why).
+    QueueShed(&'static str),
 }
 
 impl Tally {
@@ -97,6 +117,7 @@ impl Tally {
         match error {
             GatewayError::RateLimited(refusal) => Some(Self::RateLimited(refusal.label())),
             GatewayError::RateLimitUnavailable(failure) => Some(Self::StoreFailed(failure.label())),
+            GatewayError::ModelBusy { reason, .. } => Some(Self::QueueShed(reason.label())),
             GatewayError::UpstreamNotJson(..) => Some(Self::UpstreamError("not_json")),
             GatewayError::UpstreamUnreachable(_)
             | GatewayError::UpstreamFailed(_)
@@ -214,22 +235,34 @@ impl Exchange {
         if facts.admitted {
             series.count_admitted();
         }
+        let tenant = facts.tenant.as_deref().unwrap_or("none");
         for tally in &facts.tallies.0 {
-            count(metrics, model, key, *tally);
+            count(metrics, (model, key, tenant), *tally);
         }
-        if let Some(charge) = &facts.charge {
+        if let Some((classes, class, waited)) = &facts.queued {
+            let class = classes.get(*class).map_or("", String::as_str);
+            metrics.queue_wait.with_label_values(&[model, class]).observe(waited.as_secs_f64());
+        }
+        if facts.charge.is_some() || facts.seat.is_some() {
             // What was served is charged: a response that went out (whole,
             // or until the client left) by its usage or an estimate; one the
             // upstream refused or never sent, nothing.
             let served = (200..300).contains(&outcome.status) || outcome.status == CLIENT_CLOSED_REQUEST;
-            let used = if served {
-                let relayed = crate::limit::Relayed { bytes: outcome.bytes, events: outcome.events };
-                charge.reservation.used(outcome.usage.map(|u| (u.prompt, u.completion)), relayed)
-            } else {
-                0
+            let reservation = facts.charge.as_ref().map(|charge| charge.reservation).or(facts.reservation);
+            let used = match reservation {
+                Some(reservation) if served => {
+                    let relayed = crate::limit::Relayed { bytes: outcome.bytes, events: outcome.events };
+                    reservation.used(outcome.usage.map(|u| (u.prompt, u.completion)), relayed)
+                }
+                _ => 0,
             };
-            charge.settle(used);
-            series.count_rate_limit_tokens(used);
+            if let Some(charge) = &facts.charge {
+                charge.settle(used);
+                series.count_rate_limit_tokens(used);
+            }
+            if let Some(seat) = &facts.seat {
+                seat.settle(used);
+            }
         }
         // Counts go out now when no other request of this worker is in
         // flight (so a client that reads /metrics after its answer sees
@@ -260,9 +293,11 @@ impl Exchange {
 }
 
 /// Writes one tally's metric: a limit's refusal and the upstream's errors
-/// under the request's model (`unknown` before it was known) and key.
-fn count(metrics: &Metrics, model: &str, key: &str, tally: Tally) {
+/// under the request's model (`unknown` before it was known) and key; a
+/// queue's refusal under the model and the key's namespace.
+fn count(metrics: &Metrics, (model, key, namespace): (&str, &str, &str), tally: Tally) {
     match tally {
+        Tally::QueueShed(reason) => metrics.queue_shed.with_label_values(&[model, namespace, reason]).inc(),
         Tally::RateLimited(limit) => metrics.rate_limit_requests.with_label_values(&[model, key, limit]).inc(),
         Tally::StoreFailed(label) => metrics.rate_limit_store_errors.with_label_values(&[label]).inc(),
         Tally::UpstreamError(reason) => metrics.upstream_errors.with_label_values(&[model, reason]).inc(),

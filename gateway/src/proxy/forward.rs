@@ -49,7 +49,33 @@ pub struct Outgoing<'a> {
     pub client: &'a super::connection::Client,
     /// The prefix-affinity key, under `PrefixAffinity`.
     pub affinity: Option<u64>,
+    /// The Inference Extension's headers to stamp, when the Gateway says so.
+    pub inference: Option<Inference<'a>>,
 }
+
+/// What an llm-d or endpoint-picker backend reads of a request's owner:
+/// the key's namespace and class, never the client's say.
+#[derive(Debug, Clone, Copy)]
+pub struct Inference<'a> {
+    /// `x-gateway-inference-fairness-id`: the key's namespace.
+    pub fairness_id: &'a str,
+    /// `x-gateway-inference-objective`: the key's class.
+    pub objective: &'a str,
+}
+
+impl<'a> Inference<'a> {
+    /// The headers for `key`'s requests, when `sharing` stamps them.
+    pub fn of(sharing: &'a waycast_crds::config::SharingConfig, key: &'a crate::snapshot::KeyEntry) -> Option<Self> {
+        if !sharing.inference_headers {
+            return None;
+        }
+        let objective = sharing.classes.get(usize::from(key.class)).map_or("", String::as_str);
+        Some(Self { fairness_id: &key.tenant.namespace, objective })
+    }
+}
+
+static FAIRNESS_ID: HeaderName = HeaderName::from_static("x-gateway-inference-fairness-id");
+static OBJECTIVE: HeaderName = HeaderName::from_static("x-gateway-inference-objective");
 
 /// How many endpoints of one backend a request may try.
 pub const MAX_ENDPOINT_ATTEMPTS: usize = 3;
@@ -251,10 +277,12 @@ fn build_request(
     if !backend.guarded {
         head.for_own_service();
     }
+    let stamped = |name: &HeaderName| outgoing.inference.is_some() && (name == FAIRNESS_ID || name == OBJECTIVE);
     for (name, value) in outgoing.headers {
         if (forwardable(name) || (extra.allows(name.as_str()) && !is_client_credential(name)))
             && !backend.headers.contains_key(name)
             && !is_set_by_gateway(name)
+            && !stamped(name)
         {
             head.header(name, value);
         }
@@ -263,6 +291,14 @@ fn build_request(
     for (name, value) in &backend.headers {
         if !is_set_by_gateway(name) {
             head.header(name, value);
+        }
+    }
+    if let Some(inference) = &outgoing.inference {
+        // Namespaces and class names are DNS labels: valid header values.
+        for (name, value) in [(&FAIRNESS_ID, inference.fairness_id), (&OBJECTIVE, inference.objective)] {
+            if let Ok(value) = HeaderValue::from_str(value) {
+                head.header(name, &value);
+            }
         }
     }
     head.header(&header::HOST, &backend.host);
@@ -403,6 +439,7 @@ mod tests {
             request_id: &request_id,
             client: &client,
             affinity: None,
+            inference: None,
         };
         let backend = &route.backends[0];
         let request = build_request(route, backend, backend.authority.clone(), &outgoing).unwrap();

@@ -10,7 +10,8 @@
 //! body      read within maxRequestBodyBytes and a deadline       (413, 408)    request_body::read
 //! scan      top-level "model"/"stream"/… from the JSON          (400)         body::scan
 //! route     model → Route; visibility and allow-list            (404, 403)    route::route
-//! limits    key and model limits, token reservation             (429, 503)    limit::Counters::admit
+//! limits    key, tenant and model limits, tokens, concurrency  (429, 503)    limit::Counters::admit
+//! queue     a full model's fair queue: wait for a turn          (429)         queue::take_turn
 //! forward   pick backend, rewrite, failover, first-byte timeout (502, 504)    forward::send
 //! respond   the upstream's head made the client's               (the upstream's status) respond::relay
 //! stream    relay frames as they come; idle timeout; usage tap                stream::RelayBody
@@ -27,6 +28,7 @@ pub mod body;
 pub mod connection;
 pub mod exchange;
 pub mod forward;
+pub mod queue;
 pub mod request_body;
 pub mod respond;
 pub mod route;
@@ -44,7 +46,7 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 
 use crate::error::GatewayError;
-use crate::limit::{Counters, Passed, Refused, Reservation};
+use crate::limit::{Counters, Passed, Refused, Reservation, Subject};
 use crate::per_worker::own_name;
 use crate::request_id::REQUEST_ID;
 use crate::shared::{Shared, WorkerShared};
@@ -105,11 +107,17 @@ async fn serve(
 
     let reservation =
         Reservation::for_request(body.len(), fields.max_tokens, fields.choices, route.output_token_reservation);
-    let (key_limits, model_limits) = ((&*key.id, key.limits.as_ref()), (&*route.name, route.limits.as_ref()));
-    let admission = counters.admit(key_limits, model_limits, reservation, counted.as_ref()).await;
-    let mut admitted = passed(facts, admission)?;
-    facts.admitted = admitted.is_some();
-    facts.charge = admitted.as_mut().and_then(|admitted| admitted.charge.take());
+    let subject = Subject {
+        key: (&key.id, key.limits.as_ref()),
+        tenant: (&key.tenant.namespace, key.tenant.limits.as_ref()),
+        model: (&route.name, route.limits.as_ref()),
+    };
+    let mut admitted = passed(facts, counters.admit(&subject, reservation, counted.as_ref()).await)?;
+    (facts.admitted, facts.reservation) = (admitted.is_some(), Some(reservation));
+    if let Some(admitted) = admitted.as_mut() {
+        (facts.charge, facts.held) = (admitted.charge.take(), std::mem::take(&mut admitted.held));
+    }
+    queue::take_turn(route, key, reservation, shared, facts).await?;
     let (body, model_span, strip_usage) = usage::body_to_send(&body, &fields, endpoint_index, facts.charge.is_some());
 
     let outgoing = Outgoing {
@@ -122,6 +130,7 @@ async fn serve(
         request_id,
         client,
         affinity: route.balancing.affinity(&parts.headers, &body, fields.prompt_start),
+        inference: forward::Inference::of(&snapshot.settings.sharing, key),
     };
     let forwarded = forward::send(route, &outgoing, &shared.endpoints, &mut facts.tallies).await?;
     respond::relay(forwarded, route, admitted.as_ref(), strip_usage, body_done, facts)

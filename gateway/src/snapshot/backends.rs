@@ -53,6 +53,8 @@ pub struct Route {
     /// Retries to other endpoints against requests, so retries stay a
     /// small share of the load when a fleet is failing.
     pub retry_budget: crate::upstream::balancing::RetryBudget,
+    /// Its fair queue and capacity, when it has one.
+    pub gate: Option<crate::sharing::Gated>,
     /// Index ranges of `backends` (sorted by priority) with one priority each.
     tiers: Vec<std::ops::Range<usize>>,
     next: AtomicU64,
@@ -230,6 +232,7 @@ pub(super) fn build_route(model: &ModelConfig, owner: NamespaceId, lent: &Resour
         output_token_reservation: model.output_token_reservation,
         balancing: crate::upstream::balancing::Balancing::from_config(&model.load_balancing),
         retry_budget: crate::upstream::balancing::RetryBudget::default(),
+        gate: None,
         tiers,
         next: AtomicU64::new(0),
     })

@@ -32,6 +32,58 @@ pub struct KeyEntry {
     pub disabled: bool,
     /// Its rate limits, if any.
     pub limits: Option<Arc<LimitSet>>,
+    /// Its namespace's policy: weight and caps (shared by the namespace's keys).
+    pub tenant: Arc<Tenant>,
+    /// Its priority class, an index into `settings.sharing.classes`.
+    pub class: u8,
+    /// A number for the key that stays across configs (its fair-queue line).
+    pub fair_id: u64,
+}
+
+/// A namespace's policy on the Gateway, shared by its keys.
+#[derive(Debug)]
+pub struct Tenant {
+    /// The namespace.
+    pub namespace: Arc<str>,
+    /// Its share of a saturated model against other tenants.
+    pub weight: u32,
+    /// Caps for all its keys together, if any.
+    pub limits: Option<Arc<LimitSet>>,
+    /// A number for the namespace that stays across configs (its place in
+    /// a fair queue).
+    pub fair_id: u64,
+}
+
+impl Tenant {
+    /// The tenant `namespace` under `settings` (weight 1 and no caps when
+    /// no policy names it), with its limiter state from `lent`.
+    ///
+    /// # Errors
+    /// Its limits were not lent (a bug).
+    pub fn build(
+        namespace: &str,
+        settings: &waycast_crds::config::Settings,
+        lent: &crate::registry::Resources,
+    ) -> Result<Self, crate::error::BuildError> {
+        let policy = settings.tenant(namespace);
+        let limits = match policy.and_then(|p| p.limits) {
+            Some(_) => {
+                Some(lent.tenant_limits(namespace).ok_or(crate::error::BuildError::NotLent("a tenant's limits"))?)
+            }
+            None => None,
+        };
+        Ok(Self {
+            namespace: Arc::from(namespace),
+            weight: policy.map_or(1, |p| p.weight.max(1)),
+            limits,
+            fair_id: stable_id(namespace),
+        })
+    }
+}
+
+/// A 64-bit FNV-1a hash of `text`: the same in every config and process.
+pub fn stable_id(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3))
 }
 
 impl KeyEntry {
@@ -88,6 +140,7 @@ pub(super) fn visible_routes(routes: &[Route], namespace: &str) -> Option<Arc<[u
 /// allows them.
 pub(super) fn build_key(
     key: &KeyConfig,
+    tenant: Arc<Tenant>,
     namespace: NamespaceId,
     routes: &[Route],
     namespace_of: impl Fn(&str) -> Option<NamespaceId>,
@@ -127,6 +180,9 @@ pub(super) fn build_key(
         expires_at: key.expires_at,
         disabled: key.disabled,
         limits: None,
+        tenant,
+        class: 0,
+        fair_id: stable_id(&key.id),
     }
 }
 

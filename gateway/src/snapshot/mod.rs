@@ -28,7 +28,7 @@ use waycast_crds::config::{GatewayConfig, Settings};
 use waycast_crds::validate::Problems;
 
 pub use backends::{Backend, PROXIED_PATHS, Route};
-pub use keys::{DigestHasher, KeyEntry};
+pub use keys::{DigestHasher, KeyEntry, Tenant};
 use names::{Candidates, Namespaces, PLATFORM};
 
 use crate::error::BuildError;
@@ -120,6 +120,7 @@ impl Snapshot {
         let mut namespaces = Namespaces::default();
         let mut routes = Vec::with_capacity(config.models.len());
         let mut by_name: HashMap<Box<str>, Candidates> = HashMap::new();
+        let classes: Arc<[String]> = Arc::from(config.settings.sharing.classes.clone());
         for model in &config.models {
             let owner = model.owner_namespace().map_or(PLATFORM, |namespace| namespaces.id(namespace));
             let mut route = match backends::build_route(model, owner, lent) {
@@ -131,6 +132,12 @@ impl Snapshot {
             };
             if model.limits.is_some() {
                 route.limits = Some(lent.model_limits(&route.name).ok_or(BuildError::NotLent("model limits"))?);
+            }
+            if let Some(capacity) = model.capacity {
+                let gate = lent.gate(&route.name).ok_or(BuildError::NotLent("a model's queue"))?;
+                let endpoints = route.backends.iter().map(|backend| backend.endpoints.clone());
+                let sharing = &config.settings.sharing;
+                route.gate = Some(crate::sharing::Gated::new(gate, capacity, endpoints, sharing, classes.clone()));
             }
             let index = routes.len();
             for name in &route.names {
@@ -144,8 +151,9 @@ impl Snapshot {
             routes.push(route);
         }
         let mut keys = HashMap::with_capacity_and_hasher(config.keys.len(), BuildHasherDefault::default());
-        // What each namespace's keys may see, computed once per namespace.
+        // What each namespace's keys may see, and its tenant, made once per namespace.
         let mut visible: HashMap<&str, Option<Arc<[u64]>>> = HashMap::new();
+        let mut tenants: HashMap<&str, (Arc<Tenant>, Option<&waycast_crds::config::TenantConfig>)> = HashMap::new();
         for key in &config.keys {
             let Some(digest) = waycast_crds::digest::parse_sha256_hex(&key.sha256) else {
                 dropped.push(Dropped::key(key, "sha256: not a hex SHA-256".to_owned()));
@@ -153,12 +161,27 @@ impl Snapshot {
             };
             let namespace = key.namespace();
             let namespace_id = namespaces.id(namespace);
-            let mut entry = keys::build_key(key, namespace_id, &routes, |owner| namespaces.get(owner));
+            let (tenant, policy) = match tenants.get(namespace) {
+                Some((tenant, policy)) => (tenant.clone(), *policy),
+                None => {
+                    let tenant = Arc::new(Tenant::build(namespace, &config.settings, lent)?);
+                    let policy = config.settings.tenant(namespace);
+                    tenants.insert(namespace, (tenant.clone(), policy));
+                    (tenant, policy)
+                }
+            };
+            let mut entry = keys::build_key(key, tenant, namespace_id, &routes, |owner| namespaces.get(owner));
             entry.visible_routes =
                 visible.entry(namespace).or_insert_with(|| keys::visible_routes(&routes, namespace)).clone();
             if key.limits.is_some() {
                 entry.limits = Some(lent.key_limits(&key.id).ok_or(BuildError::NotLent("key limits"))?);
             }
+            // Screening left out keys whose class cannot be served.
+            let sharing = &config.settings.sharing;
+            let class = waycast_crds::sharing::key_class(sharing, policy, key.class.as_deref())
+                .ok()
+                .and_then(|class| sharing.class_index(class));
+            entry.class = u8::try_from(class.unwrap_or(0)).unwrap_or(0);
             keys.insert(digest, entry);
         }
         let redis = match config.settings.redis {

@@ -12,9 +12,10 @@ use waycast_crds::condition::{MIN_KEY_LENGTH, reasons};
 use waycast_crds::config::KeyConfig;
 
 use super::inputs::Inputs;
-use super::models::limits;
+use super::models::key_limits;
 use super::secrets::index;
 use super::select;
+use super::tenants::Tenants;
 use super::verdict::{ObjectKey, Verdict};
 
 pub use waycast_crds::api_key::GENERATED_DATA_KEY;
@@ -69,8 +70,13 @@ pub fn key_secrets(inputs: &Inputs<'_>) -> impl Iterator<Item = (String, String)
     selected(inputs).into_iter().map(|api_key| (api_key.namespace().unwrap_or_default(), key_source(api_key).0))
 }
 
-/// Compiles every selected ApiKey (in namespace/name order).
-pub fn compile(inputs: &Inputs<'_>, now: jiff::Timestamp) -> (Vec<KeyConfig>, BTreeMap<ObjectKey, KeyVerdict>) {
+/// Compiles every selected ApiKey (in namespace/name order); `tenants`
+/// decides which classes each namespace's keys may use.
+pub fn compile(
+    inputs: &Inputs<'_>,
+    now: jiff::Timestamp,
+    tenants: &mut Tenants<'_>,
+) -> (Vec<KeyConfig>, BTreeMap<ObjectKey, KeyVerdict>) {
     // NB: decided oldest first, so that two ApiKeys with one key text keep
     // the older one served (a name sorting first takes nothing over); the
     // config lists the keys in namespace/name order all the same.
@@ -136,6 +142,8 @@ pub fn compile(inputs: &Inputs<'_>, now: jiff::Timestamp) -> (Vec<KeyConfig>, BT
             Verdict::refused(reasons::DISABLED, "spec.disabled is true")
         } else if api_key.spec.expires_at.as_ref().is_some_and(|expires| expires.0 <= now) {
             Verdict::refused(reasons::EXPIRED, "spec.expiresAt has passed")
+        } else if let Err(refused) = tenants.key_class(&id.namespace, api_key.spec.class.as_deref()) {
+            refused
         } else {
             let sha256 = waycast_crds::digest::sha256_hex(text.as_bytes());
             match hashes.get(&sha256) {
@@ -148,7 +156,8 @@ pub fn compile(inputs: &Inputs<'_>, now: jiff::Timestamp) -> (Vec<KeyConfig>, BT
                     let mut entry = KeyConfig::new(id.to_string(), sha256);
                     entry.models = api_key.spec.models.clone();
                     entry.expires_at = api_key.spec.expires_at.as_ref().map(|t| t.0);
-                    entry.limits = api_key.spec.limits.as_ref().map(limits);
+                    entry.limits = api_key.spec.limits.as_ref().map(key_limits);
+                    entry.class = api_key.spec.class.clone();
                     // The gateway's own check on this entry alone.
                     match entry.validate() {
                         Ok(()) => {

@@ -10,8 +10,10 @@
 //!   ─► secrets.rs   opted-in credentials, CA and client certificates; lookups
 //!   ─► keys.rs      key Secrets (owned, when generated) → SHA-256, length, expiry, disabled,
 //!                   per-entry validation, duplicates (oldest first)
+//!   ─► tenants.rs   sharing (classes, queue) and the policy of each served key's namespace;
+//!                   a key's class checked against both (ClassNotAllowed)
 //!   ─► settings.rs  the Gateway's own settings: body limit, access log, egress ranges, Redis
-//!   ─► Compiled { config, verdicts (verdict.rs) }
+//!   ─► Compiled { config, verdicts (verdict.rs), what each tenant policy matched }
 //!   ─► fit.rs       (by the shell) the newest team objects left out until the config fits its Secret
 //! ```
 //!
@@ -26,6 +28,7 @@ pub mod models;
 pub mod secrets;
 pub mod select;
 pub mod settings;
+pub mod tenants;
 pub mod verdict;
 
 pub use inputs::Inputs;
@@ -54,15 +57,24 @@ pub struct Compiled {
     /// Why the Gateway's own spec is not served as written (its `Accepted`
     /// condition), if it is not.
     pub gateway: Option<Verdict>,
+    /// What each of the Gateway's tenant policies matched.
+    pub tenants: Vec<waycast_crds::sharing::TenantPolicyStatus>,
 }
 
 /// Compiles one Gateway.
 pub fn gateway(inputs: &Inputs<'_>, now: jiff::Timestamp) -> Compiled {
     let (models, model_verdicts) = models::compile(inputs);
-    let (keys, key_verdicts) = keys::compile(inputs, now);
-    let (settings, gateway) = settings::settings(inputs);
+    let (sharing, sharing_refused) = tenants::sharing(inputs);
+    let policy_refused = tenants::policy_problems(inputs, &sharing);
+    let mut policies = tenants::Tenants::new(inputs, sharing);
+    let (keys, key_verdicts) = keys::compile(inputs, now, &mut policies);
+    let (mut settings, refused) = settings::settings(inputs);
+    settings.sharing = policies.sharing().clone();
+    let (tenant_entries, tenants) = policies.compile(keys.iter().map(|key| key.namespace()));
+    settings.tenants = tenant_entries;
     let config = GatewayConfig { models, keys, settings, ..GatewayConfig::empty() };
-    Compiled { config, models: model_verdicts, keys: key_verdicts, gateway }
+    let gateway = refused.or(sharing_refused).or(policy_refused);
+    Compiled { config, models: model_verdicts, keys: key_verdicts, gateway, tenants }
 }
 
 #[cfg(test)]

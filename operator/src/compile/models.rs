@@ -145,6 +145,10 @@ fn route(endpoint: &ModelEndpoint, key: &ObjectKey, inputs: &Inputs<'_>) -> Resu
     model.backends = backends;
     model.timeouts = timeouts;
     model.limits = spec.limits.as_ref().map(limits);
+    model.capacity = spec.capacity.as_ref().and_then(|capacity| {
+        let most = u32::try_from(capacity.max_in_flight_per_endpoint).ok()?;
+        Some(waycast_crds::config::CapacityConfig { max_in_flight_per_endpoint: most })
+    });
     model.source = Some(key.to_string());
     model.key_namespaces = key_namespaces;
     model.forward_headers = spec.forward_headers.clone();
@@ -196,11 +200,23 @@ pub(super) fn load_balancing(wanted: Option<&waycast_crds::model_endpoint::LoadB
     }
 }
 
-/// CRD limits → config limits (the schema keeps them positive).
+/// A model's CRD limits → config limits (the schema keeps them positive).
 pub fn limits(limits: &waycast_crds::common::Limits) -> LimitsConfig {
     LimitsConfig {
         requests_per_minute: limits.requests_per_minute.and_then(|v| u64::try_from(v).ok()),
         tokens_per_minute: limits.tokens_per_minute.and_then(|v| u64::try_from(v).ok()),
+        max_concurrent: None,
+    }
+}
+
+/// A key's or a tenant's CRD limits → config limits (the schema keeps them
+/// positive).
+pub fn key_limits(limits: &waycast_crds::sharing::KeyLimits) -> LimitsConfig {
+    let positive = |value: Option<i64>| value.and_then(|v| u64::try_from(v).ok());
+    LimitsConfig {
+        requests_per_minute: positive(limits.requests_per_minute),
+        tokens_per_minute: positive(limits.tokens_per_minute),
+        max_concurrent: positive(limits.max_concurrent),
     }
 }
 

@@ -5,11 +5,12 @@ use std::collections::BTreeMap;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service, ServicePort, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, Time};
-use waycast_crds::common::{Limits, ParentReference, SecretKeyRef};
+use waycast_crds::common::{ParentReference, SecretKeyRef};
 use waycast_crds::condition::reasons;
 use waycast_crds::config::RedisConfig;
 use waycast_crds::gateway::{NamespaceFrom, NamespacePolicy, RouteSelector};
 use waycast_crds::model_endpoint::{Backend, BackendAuth, ServiceBackend};
+use waycast_crds::sharing::KeyLimits;
 use waycast_crds::{ApiKey, ApiKeySpec, Gateway, GatewaySpec, ModelEndpoint};
 
 use super::*;
@@ -305,7 +306,7 @@ fn key_verdicts() {
             "demo",
             "partner",
             ApiKeySpec {
-                limits: Some(Limits { requests_per_minute: Some(60), tokens_per_minute: None }),
+                limits: Some(KeyLimits { requests_per_minute: Some(60), ..KeyLimits::default() }),
                 ..user_key("partner")
             },
         ),
@@ -861,4 +862,115 @@ fn load_balancing_keeps_the_defaults_and_takes_what_is_set() {
     assert_eq!(compiled.retry_on_status, [500, 502]);
     let none = LoadBalancing { retry_on_status: Some(Vec::new()), ..LoadBalancing::default() };
     assert!(models::load_balancing(Some(&none)).retry_on_status.is_empty(), "[] retries no status");
+}
+
+/// A Gateway's tenant policies: the first that selects a namespace applies
+/// to it (weight, classes, caps); a key whose class its namespace may not
+/// use is left out (`ClassNotAllowed`) and its neighbours are served; the
+/// status lists what each policy matched.
+#[test]
+fn tenant_policies_give_each_namespace_its_weight_classes_and_caps() {
+    use waycast_crds::sharing::{GatewaySharing, SharingQueue, TenantPolicy};
+    let mut world = World::quickstart();
+    world.gateway = gateway("platform", GatewaySpec::default());
+    world.namespaces = vec![
+        namespace("platform", &[]),
+        namespace("gold-team", &[("tier", "gold")]),
+        namespace("batch-team", &[]),
+        namespace("other", &[]),
+    ];
+    world.gateway.spec.api_keys = Some(RouteSelector {
+        namespaces: Some(NamespacePolicy { from: NamespaceFrom::All, selector: None }),
+        selector: None,
+    });
+    let gold = NamespacePolicy {
+        from: NamespaceFrom::Selector,
+        selector: Some(LabelSelector {
+            match_labels: Some([("tier".to_owned(), "gold".to_owned())].into()),
+            ..LabelSelector::default()
+        }),
+    };
+    world.gateway.spec.tenants = vec![
+        TenantPolicy {
+            namespaces: gold,
+            weight: Some(4),
+            classes: vec!["interactive".into(), "standard".into()],
+            limits: Some(KeyLimits {
+                requests_per_minute: Some(6000),
+                max_concurrent: Some(200),
+                ..KeyLimits::default()
+            }),
+        },
+        TenantPolicy {
+            namespaces: NamespacePolicy { from: NamespaceFrom::All, selector: None },
+            classes: vec!["batch".into()],
+            ..TenantPolicy::default()
+        },
+        // Never reached: the policy before it selects every namespace.
+        TenantPolicy { namespaces: NamespacePolicy::default(), weight: Some(9), ..TenantPolicy::default() },
+    ];
+    world.gateway.spec.sharing = Some(GatewaySharing {
+        queue: Some(SharingQueue { max_wait: Some("2s".into()), max_queued: Some(50) }),
+        burst_percent: Some(25),
+        inference_headers: Some(true),
+        ..GatewaySharing::default()
+    });
+    let team_key = |namespace: &str, name: &str, class: Option<&str>| {
+        let mut key = api_key(namespace, name, ApiKeySpec { class: class.map(str::to_owned), ..ApiKeySpec::default() });
+        key.spec.parent_refs = parent("platform", "gw");
+        key
+    };
+    world.keys = vec![
+        team_key("gold-team", "chat", Some("interactive")),
+        team_key("gold-team", "plain", None),
+        team_key("batch-team", "jobs", None),
+        team_key("batch-team", "sneaky", Some("interactive")),
+        team_key("batch-team", "unknown", Some("gold")),
+    ];
+    let texts = [
+        KEY_A,
+        KEY_B,
+        "wc_ccccccccccccccccccccccccccccccccccccccccccc",
+        "wc_ddddddddddddddddddddddddddddddddddddddddddd",
+        "wc_eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee",
+    ];
+    world.secrets = world
+        .keys
+        .iter()
+        .zip(texts)
+        .map(|(key, text)| {
+            key_secret(&key.metadata.namespace.clone().unwrap(), &key.metadata.name.clone().unwrap(), text)
+        })
+        .collect();
+    let compiled = world.compile();
+    let verdict = |namespace: &str, name: &str| compiled.keys[&key(namespace, name)].verdict.clone();
+    assert!(verdict("gold-team", "chat").accepted && verdict("gold-team", "plain").accepted);
+    assert!(verdict("batch-team", "jobs").accepted, "no class: the lowest its namespace may use");
+    for (name, says) in [("sneaky", "not one this namespace may use"), ("unknown", "not one of the Gateway's classes")]
+    {
+        let refused = verdict("batch-team", name);
+        assert_eq!((refused.accepted, refused.reason), (false, reasons::CLASS_NOT_ALLOWED), "{name}");
+        assert!(refused.message.contains(says), "{name}: {}", refused.message);
+    }
+    let settings = &compiled.config.settings;
+    assert_eq!(settings.sharing.max_wait, std::time::Duration::from_secs(2));
+    assert_eq!((settings.sharing.max_queued, settings.sharing.burst_percent), (50, 25));
+    assert!(settings.sharing.inference_headers);
+    let tenants: Vec<(&str, u32, Option<u64>)> = settings
+        .tenants
+        .iter()
+        .map(|t| (t.namespace.as_str(), t.weight, t.limits.and_then(|l| l.max_concurrent)))
+        .collect();
+    assert_eq!(tenants, [("batch-team", 1, None), ("gold-team", 4, Some(200))]);
+    assert_eq!(settings.tenants[0].classes.as_deref(), Some(&["batch".to_owned()][..]));
+    let matched: Vec<(i32, Vec<String>)> = compiled.tenants.iter().map(|t| (t.index, t.namespaces.clone())).collect();
+    assert_eq!(matched, [(0, vec!["gold-team".to_owned()]), (1, vec!["batch-team".to_owned()]), (2, vec![])]);
+    assert!(compiled.gateway.is_none(), "{:?}", compiled.gateway);
+
+    // A class the Gateway lacks in a policy: ignored, and the Gateway says so.
+    world.gateway.spec.tenants[1].classes.push("gold".into());
+    let compiled = world.compile();
+    let refused = compiled.gateway.expect("the Gateway names the unknown class");
+    assert!(refused.message.contains("spec.tenants[1].classes[1]"), "{}", refused.message);
+    assert!(compiled.keys[&key("batch-team", "jobs")].verdict.accepted);
 }

@@ -118,6 +118,7 @@ pub(crate) async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Contex
             let port = s.ports.as_ref()?.first()?.port;
             Some(format!("{}:{port}", s.cluster_ip.as_deref()?))
         }),
+        tenants: &compiled.tenants,
     };
     write_status(&context, gateway.as_ref(), gateway.status.as_ref(), &status::gateway_status(&gateway, &facts, now))
         .await?;

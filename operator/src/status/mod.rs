@@ -85,6 +85,8 @@ pub struct GatewayFacts<'a> {
     pub wanted: i32,
     /// `clusterIP:port` of its Service.
     pub address: Option<String>,
+    /// What each tenant policy matched.
+    pub tenants: &'a [waycast_crds::sharing::TenantPolicyStatus],
 }
 
 /// The status of `gateway` given `facts`, at `now`.
@@ -170,6 +172,7 @@ pub fn gateway_status(gateway: &Gateway, facts: &GatewayFacts<'_>, now: jiff::Ti
         model_count: count(facts.models),
         api_key_count: count(facts.keys),
         address: facts.address.clone(),
+        tenants: facts.tenants.to_vec(),
         observed_generation: generation,
     }
 }

@@ -40,6 +40,7 @@ fn gateway_status_table() {
         ready: 2,
         wanted: 2,
         address: Some("10.96.0.10:80".into()),
+        tenants: &[],
     };
     type Row<'a> = (&'a str, GatewayFacts<'a>, [(bool, &'a str, &'a str); 3]);
     let rows: [Row<'_>; 5] = [
@@ -144,7 +145,8 @@ fn api_key_status_table() {
     let mut api_key = ApiKey::new("alice", waycast_crds::ApiKeySpec::default());
     api_key.metadata.namespace = Some("team".into());
     api_key.metadata.generation = Some(2);
-    api_key.spec.limits = Some(waycast_crds::common::Limits { requests_per_minute: Some(60), tokens_per_minute: None });
+    api_key.spec.limits =
+        Some(waycast_crds::sharing::KeyLimits { requests_per_minute: Some(60), ..Default::default() });
     let served = key_verdict(true, reasons::ACCEPTED, "the key is served");
     let expired = key_verdict(false, reasons::EXPIRED, "expired at 2020-01-01");
     let refused = acceptance("ops/gw", false, reasons::NOT_ALLOWED_BY_GATEWAY, "team is not allowed");

@@ -1,0 +1,59 @@
+//! The queue stage: a request for a model with a capacity takes its turn at
+//! the model's gate (`crate::sharing`) before it goes upstream — at once
+//! while the model has room, else after waiting in its fair queue, or a
+//! 429 when the queue refuses it. Its class and tenant come from its key
+//! (the key's `class` and namespace), never from the client.
+
+use std::time::Instant;
+
+use super::exchange::Facts;
+use crate::error::GatewayError;
+use crate::limit::Reservation;
+use crate::per_worker::own_name;
+use crate::shared::Shared;
+use crate::sharing::Refused;
+use crate::sharing::fair_queue::Flow;
+use crate::snapshot::{KeyEntry, Route};
+
+/// Waits for the request's turn at `route`'s gate, if it has one; the place
+/// it takes is held in `facts` until the request ends.
+///
+/// # Errors
+/// [`GatewayError::ModelBusy`]: the queue was full, a higher class took
+/// the request's place, or it waited `maxWait`.
+pub async fn take_turn(
+    route: &Route,
+    key: &KeyEntry,
+    reservation: Reservation,
+    shared: &Shared,
+    facts: &mut Facts,
+) -> Result<(), GatewayError> {
+    let Some(gated) = &route.gate else { return Ok(()) };
+    let tenant = &key.tenant;
+    let flow = Flow {
+        class: usize::from(key.class),
+        tenant: tenant.fair_id,
+        weight: tenant.weight,
+        key: key.fair_id,
+        cost: reservation.tokens.max(1),
+    };
+    facts.tenant = Some(own_name(&tenant.namespace));
+    let started = Instant::now();
+    let bounds = gated.bounds(&shared.endpoints, shared.fleet.shares());
+    let entered = gated.gate.enter(flow, bounds, &gated.classes, gated.max_wait).await;
+    facts.queued = Some((gated.classes.clone(), flow.class, started.elapsed()));
+    match entered {
+        Ok(seat) => {
+            facts.seat = Some(seat);
+            Ok(())
+        }
+        // The model lost its capacity meanwhile: nothing to wait for.
+        Err(Refused::Closed) => Ok(()),
+        Err(reason) => Err(GatewayError::ModelBusy {
+            model: route.name.to_string(),
+            reason,
+            // Half the longest wait: the queue moves as requests end.
+            retry_after: gated.max_wait.as_secs().div_ceil(2).clamp(1, 60),
+        }),
+    }
+}

@@ -1,0 +1,305 @@
+//! The per-model fair queue: which waiting request goes next when a model
+//! is full.
+//!
+//! ```text
+//! classes in strict priority ─► tenants by weighted fair queueing on tokens ─► a tenant's keys round-robin ─► FIFO per key
+//! ```
+//!
+//! Within a class, tenants share by start-time fair queueing: each tenant
+//! carries a virtual finish tag; its next request's start tag is the larger
+//! of the class's virtual time and that finish tag, the smallest start tag
+//! goes first, and dispatching it moves the class's virtual time to the tag
+//! and the tenant's finish tag on by `cost / weight`. A tenant that was idle
+//! re-enters at the class's virtual time, so idleness banks no credit; a
+//! tenant whose request used more (or fewer) tokens than estimated is
+//! charged the difference when it settles ([`FairQueue::settle`]).
+//!
+//! The queue holds no clock and does no I/O: the caller owns the waiters
+//! (a channel per request), their deadlines and the capacity that decides
+//! when to [`FairQueue::pop`] (`scheduler.rs`).
+
+use std::collections::{HashMap, VecDeque};
+
+/// One waiting request's handle: [`FairQueue::remove`] takes it out when
+/// its client leaves or its wait runs out.
+pub type Ticket = u64;
+
+/// Virtual time per token at weight 1: tags stay integers, and a weight up
+/// to this value still moves a tag by at least 1 per token.
+const TAG_SCALE: u64 = 1 << 16;
+
+/// Who a request belongs to and how much it is expected to cost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Flow {
+    /// Index of the priority class: 0 is the highest.
+    pub class: usize,
+    /// The tenant (the key's namespace), by a number that stays across configs.
+    pub tenant: u64,
+    /// The tenant's weight, at least 1.
+    pub weight: u32,
+    /// The key, by a number that stays across configs.
+    pub key: u64,
+    /// Estimated tokens (prompt estimate + output reservation).
+    pub cost: u64,
+}
+
+/// What [`FairQueue::push`] did with an arrival.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Pushed<T> {
+    /// Waiting, under this ticket.
+    Queued(Ticket),
+    /// Waiting, under this ticket; the queue was full, so the newest
+    /// request of a lower class made room and is handed back to be refused.
+    QueuedShedding(Ticket, T),
+    /// The queue is full of requests of this class or higher: the arrival's
+    /// waiter comes back, to be refused.
+    Full(T),
+}
+
+/// A request leaving the queue to be sent.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Dispatched<T> {
+    /// The ticket it waited under.
+    pub ticket: Ticket,
+    /// Who it belongs to.
+    pub flow: Flow,
+    /// The caller's waiter, to be woken.
+    pub waiter: T,
+}
+
+struct Waiting<T> {
+    flow: Flow,
+    waiter: T,
+}
+
+/// One key's requests, oldest first.
+struct KeyLine {
+    key: u64,
+    tickets: VecDeque<Ticket>,
+}
+
+#[derive(Default)]
+struct Tenant {
+    weight: u32,
+    /// Virtual finish tag of its last dispatched request (plus corrections).
+    finish: u64,
+    queued: usize,
+    /// Keys with requests waiting; the front one goes next.
+    keys: VecDeque<KeyLine>,
+}
+
+impl Tenant {
+    /// Its oldest waiting ticket at the front of the line: equal tags go
+    /// oldest first.
+    fn head(&self) -> Ticket {
+        self.keys.front().and_then(|line| line.tickets.front()).copied().unwrap_or(Ticket::MAX)
+    }
+}
+
+#[derive(Default)]
+struct Class {
+    virtual_time: u64,
+    queued: usize,
+    tenants: HashMap<u64, Tenant>,
+}
+
+/// Requests waiting for a full model, dispatched by class, tenant weight,
+/// key and age. Bounded: at most `max_queued` wait.
+pub struct FairQueue<T> {
+    classes: Vec<Class>,
+    waiting: HashMap<Ticket, Waiting<T>>,
+    next_ticket: Ticket,
+    max_queued: usize,
+}
+
+impl<T> FairQueue<T> {
+    /// A queue for `classes` priority classes holding at most `max_queued`
+    /// requests.
+    pub fn new(classes: usize, max_queued: usize) -> Self {
+        Self {
+            classes: (0..classes.max(1)).map(|_| Class::default()).collect(),
+            waiting: HashMap::new(),
+            next_ticket: 0,
+            max_queued,
+        }
+    }
+
+    /// Changes how many may wait (those waiting beyond it stay).
+    pub fn set_max_queued(&mut self, max_queued: usize) {
+        self.max_queued = max_queued.max(1);
+    }
+
+    /// Requests waiting.
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Whether nothing waits.
+    pub fn is_empty(&self) -> bool {
+        self.waiting.is_empty()
+    }
+
+    /// Requests of `class` waiting.
+    pub fn queued_in(&self, class: usize) -> usize {
+        self.classes.get(class).map_or(0, |c| c.queued)
+    }
+
+    /// Queues a request. A class beyond the configured ones counts as the
+    /// lowest.
+    pub fn push(&mut self, mut flow: Flow, waiter: T) -> Pushed<T> {
+        flow.class = flow.class.min(self.classes.len() - 1);
+        flow.weight = flow.weight.max(1);
+        let mut shed = None;
+        if self.waiting.len() >= self.max_queued {
+            match self.newest_below(flow.class) {
+                Some(victim) => shed = self.remove(victim),
+                None => return Pushed::Full(waiter),
+            }
+        }
+        let ticket = self.next_ticket;
+        self.next_ticket += 1;
+        let class = &mut self.classes[flow.class];
+        let tenant = class.tenants.entry(flow.tenant).or_default();
+        tenant.weight = flow.weight;
+        if tenant.queued == 0 {
+            // Back from idle: no credit for the time it waited for nothing.
+            tenant.finish = tenant.finish.max(class.virtual_time);
+        }
+        match tenant.keys.iter_mut().find(|line| line.key == flow.key) {
+            Some(line) => line.tickets.push_back(ticket),
+            None => tenant.keys.push_back(KeyLine { key: flow.key, tickets: VecDeque::from([ticket]) }),
+        }
+        tenant.queued += 1;
+        class.queued += 1;
+        self.waiting.insert(ticket, Waiting { flow, waiter });
+        match shed {
+            Some(shed) => Pushed::QueuedShedding(ticket, shed),
+            None => Pushed::Queued(ticket),
+        }
+    }
+
+    /// The request [`FairQueue::pop`] would send next, without taking it.
+    pub fn peek(&self) -> Option<&Flow> {
+        let (class, tenant) = self.next()?;
+        let tenant = self.classes[class].tenants.get(&tenant)?;
+        let ticket = tenant.keys.front()?.tickets.front()?;
+        self.waiting.get(ticket).map(|waiting| &waiting.flow)
+    }
+
+    /// The tenants with requests of `class` waiting, and their weights.
+    pub fn waiting_tenants(&self, class: usize) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.classes
+            .get(class)
+            .into_iter()
+            .flat_map(|c| c.tenants.iter().filter(|(_, t)| t.queued > 0).map(|(id, t)| (*id, t.weight)))
+    }
+
+    /// The class and tenant whose request goes next.
+    fn next(&self) -> Option<(usize, u64)> {
+        let index = self.classes.iter().position(|class| class.queued > 0)?;
+        let class = &self.classes[index];
+        let virtual_time = class.virtual_time;
+        let (&tenant, _) = class
+            .tenants
+            .iter()
+            .filter(|(_, tenant)| tenant.queued > 0)
+            .min_by_key(|(_, tenant)| (tenant.finish.max(virtual_time), tenant.head()))?;
+        Some((index, tenant))
+    }
+
+    /// The next request to send: the highest class with one waiting, in it
+    /// the tenant with the smallest start tag, its next key in turn, that
+    /// key's oldest request.
+    pub fn pop(&mut self) -> Option<Dispatched<T>> {
+        let (index, tenant_id) = self.next()?;
+        let class = &mut self.classes[index];
+        let virtual_time = class.virtual_time;
+        let tenant = class.tenants.get_mut(&tenant_id)?;
+        let mut line = tenant.keys.pop_front()?;
+        let ticket = line.tickets.pop_front()?;
+        if !line.tickets.is_empty() {
+            tenant.keys.push_back(line);
+        }
+        let waiting = self.waiting.remove(&ticket)?;
+        let start = tenant.finish.max(virtual_time);
+        class.virtual_time = start;
+        tenant.finish = start.saturating_add(tag_span(waiting.flow.cost, tenant.weight));
+        tenant.queued -= 1;
+        class.queued -= 1;
+        forget_caught_up(class);
+        Some(Dispatched { ticket, flow: waiting.flow, waiter: waiting.waiter })
+    }
+
+    /// Takes a waiting request out (its client left, or its wait ran out);
+    /// `None` when it is no longer waiting.
+    pub fn remove(&mut self, ticket: Ticket) -> Option<T> {
+        let waiting = self.waiting.remove(&ticket)?;
+        let class = &mut self.classes[waiting.flow.class];
+        if let Some(tenant) = class.tenants.get_mut(&waiting.flow.tenant) {
+            if let Some(index) = tenant.keys.iter().position(|line| line.key == waiting.flow.key) {
+                let line = &mut tenant.keys[index];
+                line.tickets.retain(|t| *t != ticket);
+                if line.tickets.is_empty() {
+                    tenant.keys.remove(index);
+                }
+            }
+            tenant.queued -= 1;
+        }
+        class.queued -= 1;
+        forget_caught_up(class);
+        Some(waiting.waiter)
+    }
+
+    /// Corrects a dispatched request's charge once its real token count is
+    /// known: the tenant's finish tag moves by the difference, so estimates
+    /// that are too low (or too high) do not shift the shares.
+    pub fn settle(&mut self, flow: Flow, used: u64) {
+        let index = flow.class.min(self.classes.len() - 1);
+        let Some(class) = self.classes.get_mut(index) else { return };
+        let weight = flow.weight.max(1);
+        if used > flow.cost {
+            let virtual_time = class.virtual_time;
+            let tenant = class.tenants.entry(flow.tenant).or_insert_with(|| Tenant {
+                weight,
+                finish: virtual_time,
+                ..Tenant::default()
+            });
+            tenant.finish = tenant.finish.saturating_add(tag_span(used - flow.cost, weight));
+        } else if let Some(tenant) = class.tenants.get_mut(&flow.tenant) {
+            tenant.finish = tenant.finish.saturating_sub(tag_span(flow.cost - used, weight));
+            forget_caught_up(class);
+        }
+    }
+
+    /// The newest request of the lowest class below `class` that has one.
+    fn newest_below(&self, class: usize) -> Option<Ticket> {
+        let lowest = (class + 1..self.classes.len()).rev().find(|c| self.classes[*c].queued > 0)?;
+        self.waiting.iter().filter(|(_, w)| w.flow.class == lowest).map(|(ticket, _)| *ticket).max()
+    }
+}
+
+fn tag_span(tokens: u64, weight: u32) -> u64 {
+    tokens.saturating_mul(TAG_SCALE) / u64::from(weight.max(1))
+}
+
+/// Drops idle tenants whose finish tag the class has caught up with: they
+/// would re-enter at the virtual time anyway, so the map holds only
+/// tenants with requests waiting or a charge still ahead. When nothing
+/// waits, the busy period is over: the virtual time moves to the largest
+/// finish tag and every tenant starts the next one even (no credit and no
+/// debt carried across an idle class).
+fn forget_caught_up(class: &mut Class) {
+    if class.queued == 0 {
+        let largest = class.tenants.values().map(|tenant| tenant.finish).max().unwrap_or(0);
+        class.virtual_time = class.virtual_time.max(largest);
+        class.tenants.clear();
+        return;
+    }
+    let virtual_time = class.virtual_time;
+    class.tenants.retain(|_, tenant| tenant.queued > 0 || tenant.finish > virtual_time);
+}
+
+#[cfg(test)]
+#[path = "fair_queue_tests.rs"]
+mod tests;

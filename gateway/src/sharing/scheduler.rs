@@ -1,0 +1,229 @@
+//! When a request of a model with a capacity goes upstream: at once, after
+//! waiting in the model's [`FairQueue`], or not at all. Pure: no clock, no
+//! I/O; the gate's task (`gate.rs`) feeds it arrivals, departures and
+//! releases and hands the dispatched waiters their turn.
+//!
+//! ```text
+//! arrival ─► nothing waits and in flight < capacity ──────────────────────────► now
+//!        └─► in flight < capacity + burst and its tenant (class) under its share ─► now (headroom)
+//!        └─► the queue (full: the newest of a lower class makes room, or a refusal)
+//! release ─► while in flight < capacity: the queue's next
+//!         └─► while in flight < capacity + burst: the queue's next if it is under its share
+//! ```
+//!
+//! A tenant's share of the model: within its class, the capacity left by
+//! the classes above (their requests in flight) divided among the tenants
+//! active in the class (in flight or waiting) by weight. Inference servers
+//! are not preemptible, so a tenant that arrives below its share is sent at
+//! once into the headroom (`burst`) above the capacity instead of waiting
+//! for another tenant's long generations to end; the headroom is bounded,
+//! and as the other tenant's requests end the model comes back under its
+//! capacity (a freed place goes to the queue only below it).
+
+use std::collections::HashMap;
+
+use super::fair_queue::{Dispatched, FairQueue, Flow, Pushed, Ticket};
+
+/// Why a request was not queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shed {
+    /// The queue was full of requests of its class or higher.
+    Full,
+    /// A request of a higher class took its place in a full queue.
+    Displaced,
+}
+
+impl Shed {
+    /// The metric's `reason` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Shed::Full => "queue_full",
+            Shed::Displaced => "displaced",
+        }
+    }
+}
+
+/// What became of an arrival.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Arrival<T> {
+    /// Sent at once: the waiter, to be woken.
+    Now(T),
+    /// Waiting under this ticket; a lower-class waiter it displaced, if any.
+    Queued(Ticket, Option<T>),
+    /// Not queued: its waiter, to be refused.
+    Refused(T),
+}
+
+/// One model's requests in flight from this pod and its queue.
+pub struct Scheduler<T> {
+    queue: FairQueue<T>,
+    in_flight: u32,
+    per_class: Vec<u32>,
+    /// (class, tenant) → (in flight, weight).
+    per_tenant: HashMap<(usize, u64), (u32, u32)>,
+    capacity: u32,
+    burst: u32,
+}
+
+impl<T> Scheduler<T> {
+    /// A scheduler for `classes` priority classes holding at most
+    /// `max_queued` waiters, with this pod's `capacity` and `burst`.
+    pub fn new(classes: usize, max_queued: usize, capacity: u32, burst: u32) -> Self {
+        Self {
+            queue: FairQueue::new(classes, max_queued),
+            in_flight: 0,
+            per_class: vec![0; classes.max(1)],
+            per_tenant: HashMap::new(),
+            capacity: capacity.max(1),
+            burst,
+        }
+    }
+
+    /// Requests sent and not yet released.
+    #[cfg(test)]
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight
+    }
+
+    /// Requests of `class` waiting.
+    pub fn queued_in(&self, class: usize) -> usize {
+        self.queue.queued_in(class)
+    }
+
+    /// Requests waiting.
+    #[cfg(test)]
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Changes how many may wait.
+    pub fn set_max_queued(&mut self, max_queued: usize) {
+        self.queue.set_max_queued(max_queued);
+    }
+
+    /// A new capacity and headroom (endpoints or pods came or went); what
+    /// may now go is returned.
+    pub fn resize(&mut self, capacity: u32, burst: u32) -> Vec<Dispatched<T>> {
+        self.capacity = capacity.max(1);
+        self.burst = burst;
+        self.pump()
+    }
+
+    /// A request arrives.
+    pub fn arrive(&mut self, flow: Flow, waiter: T) -> Arrival<T> {
+        let flow = self.clamped(flow);
+        let room = self.in_flight < self.capacity && self.queue.is_empty();
+        let headroom = self.in_flight < self.capacity.saturating_add(self.burst) && self.under_share(&flow);
+        if room || headroom {
+            self.start(&flow);
+            return Arrival::Now(waiter);
+        }
+        match self.queue.push(flow, waiter) {
+            Pushed::Queued(ticket) => Arrival::Queued(ticket, None),
+            Pushed::QueuedShedding(ticket, victim) => Arrival::Queued(ticket, Some(victim)),
+            Pushed::Full(waiter) => Arrival::Refused(waiter),
+        }
+    }
+
+    /// A waiting request leaves (its client went, its wait ran out): its
+    /// waiter, if it was still waiting.
+    pub fn leave(&mut self, ticket: Ticket) -> Option<T> {
+        self.queue.remove(ticket)
+    }
+
+    /// A request sent upstream has ended, having used `used` tokens; what
+    /// may now go is returned.
+    pub fn release(&mut self, flow: Flow, used: u64) -> Vec<Dispatched<T>> {
+        let flow = self.clamped(flow);
+        self.finish(&flow);
+        self.queue.settle(flow, used);
+        self.pump()
+    }
+
+    /// A dispatched request whose client had gone before it was told:
+    /// counted out again (nothing was sent).
+    pub fn undo(&mut self, flow: Flow) -> Vec<Dispatched<T>> {
+        let flow = self.clamped(flow);
+        self.finish(&flow);
+        self.queue.settle(flow, 0);
+        self.pump()
+    }
+
+    fn clamped(&self, mut flow: Flow) -> Flow {
+        flow.class = flow.class.min(self.per_class.len() - 1);
+        flow.weight = flow.weight.max(1);
+        flow
+    }
+
+    fn start(&mut self, flow: &Flow) {
+        self.in_flight += 1;
+        self.per_class[flow.class] += 1;
+        let entry = self.per_tenant.entry((flow.class, flow.tenant)).or_insert((0, flow.weight));
+        entry.0 += 1;
+        entry.1 = flow.weight;
+    }
+
+    fn finish(&mut self, flow: &Flow) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        self.per_class[flow.class] = self.per_class[flow.class].saturating_sub(1);
+        if let Some(entry) = self.per_tenant.get_mut(&(flow.class, flow.tenant)) {
+            entry.0 = entry.0.saturating_sub(1);
+            if entry.0 == 0 {
+                self.per_tenant.remove(&(flow.class, flow.tenant));
+            }
+        }
+    }
+
+    /// Whether `flow`'s tenant holds less than its share of its class's
+    /// capacity (the capacity less what the classes above hold, divided by
+    /// weight among the class's active tenants, `flow`'s own counted).
+    fn under_share(&self, flow: &Flow) -> bool {
+        if self.burst == 0 {
+            return false;
+        }
+        let above: u32 = self.per_class[..flow.class].iter().sum();
+        let available = u64::from(self.capacity.saturating_sub(above));
+        let mut weights = u64::from(flow.weight);
+        let mut seen = |tenant: u64, weight: u32| {
+            if tenant != flow.tenant {
+                weights += u64::from(weight);
+            }
+        };
+        let mut active: Vec<u64> = Vec::new();
+        for (&(class, tenant), &(_, weight)) in &self.per_tenant {
+            if class == flow.class {
+                seen(tenant, weight);
+                active.push(tenant);
+            }
+        }
+        for (tenant, weight) in self.queue.waiting_tenants(flow.class) {
+            if !active.contains(&tenant) {
+                seen(tenant, weight);
+            }
+        }
+        let mine = u64::from(self.per_tenant.get(&(flow.class, flow.tenant)).map_or(0, |entry| entry.0));
+        // mine / available < weight / weights, without division.
+        mine * weights < available * u64::from(flow.weight)
+    }
+
+    /// Sends what may go: below the capacity, the queue's next; in the
+    /// headroom, the queue's next only when it is under its share.
+    fn pump(&mut self) -> Vec<Dispatched<T>> {
+        let mut sent = Vec::new();
+        while let Some(next) = self.queue.peek().copied() {
+            let below = self.in_flight < self.capacity;
+            let headroom = self.in_flight < self.capacity.saturating_add(self.burst) && self.under_share(&next);
+            if !(below || headroom) {
+                break;
+            }
+            let Some(dispatched) = self.queue.pop() else { break };
+            self.start(&dispatched.flow);
+            sent.push(dispatched);
+        }
+        sent
+    }
+}
+
+#[cfg(test)]
+#[path = "scheduler_tests.rs"]
+mod tests;
