@@ -348,3 +348,92 @@ async fn tls_to_redis_with_a_private_ca_and_a_client_certificate() {
         assert_eq!(timed(fixture).await.0, StatusCode::SERVICE_UNAVAILABLE, "{what}: fails closed");
     }
 }
+
+/// `maxConcurrent` in Redis holds exactly across gateways: a key of 3 has
+/// at most 3 requests in flight over an in-process gateway and a gateway
+/// process; when the process is killed (SIGKILL, nothing released) with
+/// its requests open, their places come back once its liveness key
+/// expires (`ALIVE_TTL`, 10 s), not before and not never.
+#[tokio::test]
+async fn concurrency_in_redis_holds_across_gateways_and_a_killed_pods_places_come_back() {
+    let redis = Redis::start();
+    let config = redis.config(false);
+    let in_process = {
+        let config = config.clone();
+        Fixture::start(FixtureOptions::default(), move |gateway, _| {
+            gateway.settings.redis = Some(config);
+            gateway.keys[0].limits = Some(LimitsConfig::concurrent(3));
+        })
+        .await
+    };
+    connected(&in_process).await;
+    let mut process_config = waycast_mock::fixtures::default_config(&in_process.mock.base_url());
+    process_config.settings.redis = Some(config);
+    process_config.keys[0].limits = Some(LimitsConfig::concurrent(3));
+    let mut process = support::GatewayProcess::start(&process_config, &[]).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while process.metric("waycast_gateway_rate_limit_store_up").await != Some(1.0) {
+        assert!(Instant::now() < deadline, "the process never connected to Redis");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let long = [("x-mock-delay-ms", "60000")];
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Full<bytes::Bytes>>();
+    // Two held by the process (answers after a minute), then one here.
+    let mut held_by_process = Vec::new();
+    for _ in 0..2 {
+        let request = in_process.request("/v1/chat/completions", Some(ALICE_KEY), CHAT, &long);
+        let (mut parts, body) = request.into_parts();
+        parts.uri = process.url("/v1/chat/completions").parse().unwrap();
+        held_by_process.push(tokio::spawn(client.request(http::Request::from_parts(parts, body))));
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while in_process.mock.recorder.requests().await.len() < 2 {
+        assert!(Instant::now() < deadline, "the process's requests never reached the mock");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let here = in_process.send(in_process.request("/v1/chat/completions", Some(ALICE_KEY), CHAT, &long));
+    let checks = async {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while in_process.mock.recorder.requests().await.len() < 3 {
+            assert!(Instant::now() < deadline, "the third request never reached the mock");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // The fourth, on either gateway: 429.
+        assert_eq!(timed(&in_process).await.0, StatusCode::TOO_MANY_REQUESTS, "3 in flight across the fleet");
+        let (status, _, body) = {
+            let request = in_process.request("/v1/chat/completions", Some(ALICE_KEY), CHAT, &[]);
+            let (mut parts, body) = request.into_parts();
+            parts.uri = process.url("/v1/chat/completions").parse().unwrap();
+            let response = client.request(http::Request::from_parts(parts, body)).await.unwrap();
+            let status = response.status();
+            (status, (), http_body_util::BodyExt::collect(response.into_body()).await.unwrap().to_bytes())
+        };
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{}", String::from_utf8_lossy(&body));
+        // The process dies with its two requests open.
+        process.child.start_kill().unwrap();
+        let _ = process.child.wait().await;
+        let killed = Instant::now();
+        assert_eq!(timed(&in_process).await.0, StatusCode::TOO_MANY_REQUESTS, "its places still count at first");
+        let deadline = killed + Duration::from_secs(20);
+        loop {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            let (status, _, body, _) = timed(&in_process).await;
+            if status == StatusCode::OK {
+                break;
+            }
+            assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{}", String::from_utf8_lossy(&body));
+            assert!(Instant::now() < deadline, "the killed gateway's places never came back");
+        }
+        let back = killed.elapsed();
+        println!("a killed gateway's places came back after {back:?}");
+        assert!(back >= Duration::from_secs(5), "not before its liveness key could expire: {back:?}");
+    };
+    tokio::select! {
+        _ = here => panic!("the long request ended early"),
+        () = checks => {}
+    }
+    for held in held_by_process {
+        held.abort();
+    }
+}

@@ -179,12 +179,18 @@ impl<T> FairQueue<T> {
         }
     }
 
-    /// The request [`FairQueue::pop`] would send next, without taking it.
-    pub fn peek(&self) -> Option<&Flow> {
-        let (class, tenant) = self.next()?;
-        let tenant = self.classes[class].tenants.get(&tenant)?;
-        let ticket = tenant.keys.front()?.tickets.front()?;
-        self.waiting.get(ticket).map(|waiting| &waiting.flow)
+    /// Each waiting tenant's next request, in the order [`FairQueue::pop`]
+    /// would reach them: classes highest first, within a class by start
+    /// tag (then age).
+    pub fn heads(&self) -> Vec<Flow> {
+        let mut heads = Vec::new();
+        for class in &self.classes {
+            let virtual_time = class.virtual_time;
+            let mut tenants: Vec<&Tenant> = class.tenants.values().filter(|tenant| tenant.queued > 0).collect();
+            tenants.sort_by_key(|tenant| (tenant.finish.max(virtual_time), tenant.head()));
+            heads.extend(tenants.iter().filter_map(|tenant| self.waiting.get(&tenant.head()).map(|w| w.flow)));
+        }
+        heads
     }
 
     /// The tenants with requests of `class` waiting, and their weights.
@@ -213,7 +219,13 @@ impl<T> FairQueue<T> {
     /// key's oldest request.
     pub fn pop(&mut self) -> Option<Dispatched<T>> {
         let (index, tenant_id) = self.next()?;
-        let class = &mut self.classes[index];
+        self.pop_of(index, tenant_id)
+    }
+
+    /// The next request of tenant `tenant_id` in class `index` (its next
+    /// key in turn, that key's oldest), passing those before it.
+    pub fn pop_of(&mut self, index: usize, tenant_id: u64) -> Option<Dispatched<T>> {
+        let class = self.classes.get_mut(index)?;
         let virtual_time = class.virtual_time;
         let tenant = class.tenants.get_mut(&tenant_id)?;
         let mut line = tenant.keys.pop_front()?;

@@ -8,17 +8,19 @@
 //!        └─► in flight < capacity + burst and its tenant (class) under its share ─► now (headroom)
 //!        └─► the queue (full: the newest of a lower class makes room, or a refusal)
 //! release ─► while in flight < capacity: the queue's next
-//!         └─► while in flight < capacity + burst: the queue's next if it is under its share
+//!         └─► while in flight < capacity + burst: the first waiter (in the queue's order) under its share
 //! ```
 //!
-//! A tenant's share of the model: within its class, the capacity left by
-//! the classes above (their requests in flight) divided among the tenants
-//! active in the class (in flight or waiting) by weight. Inference servers
-//! are not preemptible, so a tenant that arrives below its share is sent at
-//! once into the headroom (`burst`) above the capacity instead of waiting
-//! for another tenant's long generations to end; the headroom is bounded,
-//! and as the other tenant's requests end the model comes back under its
-//! capacity (a freed place goes to the queue only below it).
+//! A tenant's share of the model, while another tenant or class is active
+//! in it: within its class, the capacity and headroom left by the classes
+//! above (their requests in flight) divided among the tenants active in
+//! the class (in flight or waiting) by weight. Inference servers are not
+//! preemptible, so a tenant that arrives below its share is sent at once
+//! into the headroom (`burst`) above the capacity instead of waiting for
+//! another tenant's long generations to end; the headroom is bounded, a
+//! tenant alone never uses it, and as the other tenants' requests end the
+//! model comes back under its capacity (a freed place goes to the queue
+//! below it, or to a waiter under its share).
 
 use std::collections::HashMap;
 
@@ -174,49 +176,60 @@ impl<T> Scheduler<T> {
         }
     }
 
-    /// Whether `flow`'s tenant holds less than its share of its class's
-    /// capacity (the capacity less what the classes above hold, divided by
-    /// weight among the class's active tenants, `flow`'s own counted).
+    /// Whether `flow`'s tenant may use the headroom: another tenant (or
+    /// class) is active in the model, and `flow`'s tenant holds less than
+    /// its share — the capacity and headroom less what the classes above
+    /// hold, divided by weight among the class's active tenants (in flight
+    /// or waiting), `flow`'s own counted. A tenant alone never goes above
+    /// the capacity: there is nobody to keep the headroom for.
     fn under_share(&self, flow: &Flow) -> bool {
         if self.burst == 0 {
             return false;
         }
+        let own = (flow.class, flow.tenant);
+        let classes = self.per_class.len();
+        let others_active = self.per_tenant.keys().any(|group| *group != own)
+            || (0..classes).any(|class| self.queue.waiting_tenants(class).any(|(tenant, _)| (class, tenant) != own));
+        if !others_active {
+            return false;
+        }
         let above: u32 = self.per_class[..flow.class].iter().sum();
-        let available = u64::from(self.capacity.saturating_sub(above));
+        let available = u64::from(self.capacity.saturating_add(self.burst).saturating_sub(above));
         let mut weights = u64::from(flow.weight);
-        let mut seen = |tenant: u64, weight: u32| {
-            if tenant != flow.tenant {
-                weights += u64::from(weight);
-            }
-        };
-        let mut active: Vec<u64> = Vec::new();
+        let mut counted: Vec<u64> = vec![flow.tenant];
         for (&(class, tenant), &(_, weight)) in &self.per_tenant {
-            if class == flow.class {
-                seen(tenant, weight);
-                active.push(tenant);
+            if class == flow.class && !counted.contains(&tenant) {
+                weights += u64::from(weight);
+                counted.push(tenant);
             }
         }
         for (tenant, weight) in self.queue.waiting_tenants(flow.class) {
-            if !active.contains(&tenant) {
-                seen(tenant, weight);
+            if !counted.contains(&tenant) {
+                weights += u64::from(weight);
+                counted.push(tenant);
             }
         }
-        let mine = u64::from(self.per_tenant.get(&(flow.class, flow.tenant)).map_or(0, |entry| entry.0));
+        let mine = u64::from(self.per_tenant.get(&own).map_or(0, |entry| entry.0));
         // mine / available < weight / weights, without division.
         mine * weights < available * u64::from(flow.weight)
     }
 
     /// Sends what may go: below the capacity, the queue's next; in the
-    /// headroom, the queue's next only when it is under its share.
+    /// headroom, the first waiter (in the queue's order) whose tenant is
+    /// under its share.
     fn pump(&mut self) -> Vec<Dispatched<T>> {
         let mut sent = Vec::new();
-        while let Some(next) = self.queue.peek().copied() {
-            let below = self.in_flight < self.capacity;
-            let headroom = self.in_flight < self.capacity.saturating_add(self.burst) && self.under_share(&next);
-            if !(below || headroom) {
-                break;
-            }
-            let Some(dispatched) = self.queue.pop() else { break };
+        loop {
+            let dispatched = if self.in_flight < self.capacity {
+                self.queue.pop()
+            } else if self.in_flight < self.capacity.saturating_add(self.burst) {
+                let heads = self.queue.heads();
+                let under = heads.into_iter().find(|flow| self.under_share(flow));
+                under.and_then(|flow| self.queue.pop_of(flow.class, flow.tenant))
+            } else {
+                None
+            };
+            let Some(dispatched) = dispatched else { break };
             self.start(&dispatched.flow);
             sent.push(dispatched);
         }

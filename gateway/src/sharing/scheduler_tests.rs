@@ -52,67 +52,83 @@ fn a_quiet_tenant_under_its_share_goes_at_once_into_the_headroom() {
     for _ in 0..10 {
         queued(scheduler.arrive(flow(BATCH, NOISY, 1), "noisy-waiting"));
     }
-    // Two tenants of weight 1: the quiet one's share is 2 of the 4.
+    // Two tenants of weight 1: the quiet one's share is 3 of the 6.
     now(scheduler.arrive(flow(BATCH, QUIET, 1), "quiet-1"));
     now(scheduler.arrive(flow(BATCH, QUIET, 1), "quiet-2"));
     assert_eq!(scheduler.in_flight(), 6, "the headroom is bounded by the burst");
     queued(scheduler.arrive(flow(BATCH, QUIET, 1), "quiet-3"));
-    // Above the capacity a freed place is not refilled...
-    assert!(scheduler.release(flow(BATCH, NOISY, 1), 100).is_empty());
-    assert!(scheduler.release(flow(BATCH, NOISY, 1), 100).is_empty());
-    // ...until the model is back under it: then in the fair queue's order
-    // (by tokens dispatched from it: the two are even, the older waiter
-    // first), taking turns.
+    // A freed place goes to the first waiter under its share: the quiet
+    // one's (the noisy one holds its 3, though its waiter is older); then,
+    // the noisy one back under its share, the noisy one's.
+    assert_eq!(names(scheduler.release(flow(BATCH, NOISY, 1), 100)), ["quiet-3"]);
     assert_eq!(names(scheduler.release(flow(BATCH, NOISY, 1), 100)), ["noisy-waiting"]);
-    // Then the quiet one's; the noisy one, down to one in flight, is under
-    // its share of two again and takes the headroom left.
-    assert_eq!(names(scheduler.release(flow(BATCH, NOISY, 1), 100)), ["quiet-3", "noisy-waiting"]);
-    assert_eq!(scheduler.in_flight(), 5);
-    for _ in 0..2 {
+    assert_eq!(scheduler.in_flight(), 6);
+    for _ in 0..3 {
         scheduler.release(flow(BATCH, NOISY, 1), 100);
         assert!(scheduler.in_flight() <= 6, "never above capacity + burst");
     }
+    assert!(scheduler.queued_in(BATCH) >= 6, "the noisy tenant's backlog waits");
 }
 
 #[test]
 fn weights_size_the_shares() {
-    let mut scheduler = Scheduler::new(3, 100, 8, 8);
+    // Capacity 8 and 4 above it: shares of 12, 9 for weight 3 and 3 for weight 1.
+    let mut scheduler = Scheduler::new(3, 100, 8, 4);
     for _ in 0..8 {
         now(scheduler.arrive(flow(BATCH, NOISY, 1), "noisy"));
     }
-    queued(scheduler.arrive(flow(BATCH, NOISY, 1), "noisy-waiting"));
-    // Weight 3 against 1: a share of 6 of the 8.
-    for _ in 0..6 {
+    for _ in 0..20 {
+        queued(scheduler.arrive(flow(BATCH, NOISY, 1), "noisy-waiting"));
+    }
+    // Gold takes the headroom at once, then waits.
+    for _ in 0..4 {
         now(scheduler.arrive(flow(BATCH, QUIET, 3), "gold"));
     }
-    queued(scheduler.arrive(flow(BATCH, QUIET, 3), "gold"));
+    for _ in 0..20 {
+        queued(scheduler.arrive(flow(BATCH, QUIET, 3), "gold-waiting"));
+    }
+    // As the noisy tenant's requests end, gold's waiters take the places
+    // until each holds its share: 9 and 3.
+    let mut gold = 4;
+    for _ in 0..5 {
+        gold += names(scheduler.release(flow(BATCH, NOISY, 1), 100)).iter().filter(|n| **n == "gold-waiting").count();
+    }
+    assert_eq!(gold, 9, "gold holds its share of 9");
+    assert_eq!(scheduler.in_flight(), 12);
 }
 
 #[test]
 fn a_higher_class_is_not_held_behind_a_lower_one() {
     let mut scheduler = Scheduler::new(3, 100, 4, 2);
-    // Batch takes all of the capacity while nothing else wants it.
+    // Batch takes all of the capacity while nothing else wants it, and no
+    // more (alone, it has nobody to leave the headroom for).
     for _ in 0..4 {
         now(scheduler.arrive(flow(BATCH, NOISY, 1), "batch"));
     }
     queued(scheduler.arrive(flow(BATCH, NOISY, 1), "batch-waiting"));
-    // Interactive is entitled to the whole capacity: it goes at once.
+    // Interactive is entitled to the capacity and headroom: it goes at once.
     now(scheduler.arrive(flow(INTERACTIVE, QUIET, 1), "chat-1"));
     now(scheduler.arrive(flow(INTERACTIVE, QUIET, 1), "chat-2"));
     let chat = queued(scheduler.arrive(flow(INTERACTIVE, QUIET, 1), "chat-3"));
-    // The first place batch frees goes to interactive (still under its
-    // share: the whole capacity), none to batch while interactive holds
-    // what the classes above it leave (4 − 3 = 1 for batch, which holds 2).
+    // The first place batch frees goes to interactive, though batch's
+    // waiter is older; batch keeps what interactive leaves of the capacity
+    // and headroom (6 − 3), no more.
     assert_eq!(names(scheduler.release(flow(BATCH, NOISY, 1), 100)), ["chat-3"]);
     assert_eq!(scheduler.leave(chat), None, "dispatched already");
-    assert!(scheduler.release(flow(BATCH, NOISY, 1), 100).is_empty());
-    assert!(scheduler.release(flow(BATCH, NOISY, 1), 100).is_empty());
-    assert_eq!(scheduler.queued_in(BATCH), 1);
-    // Interactive done: batch gets the capacity back.
+    assert_eq!(names(scheduler.release(flow(BATCH, NOISY, 1), 100)), ["batch-waiting"]);
+    assert_eq!(scheduler.in_flight(), 6);
+    // Interactive done: batch alone again, it comes back to the capacity
+    // (a freed place refills only below it).
+    for _ in 0..3 {
+        queued(scheduler.arrive(flow(BATCH, NOISY, 1), "batch-waiting"));
+    }
     for _ in 0..3 {
         scheduler.release(flow(INTERACTIVE, QUIET, 1), 100);
     }
-    assert_eq!(scheduler.queued_in(BATCH), 0);
+    assert_eq!((scheduler.in_flight(), scheduler.queued_in(BATCH)), (5, 1), "nobody to keep the headroom for");
+    assert!(scheduler.release(flow(BATCH, NOISY, 1), 100).is_empty(), "4 in flight: not below the capacity");
+    assert_eq!(names(scheduler.release(flow(BATCH, NOISY, 1), 100)), ["batch-waiting"]);
+    assert_eq!((scheduler.in_flight(), scheduler.queued_in(BATCH)), (4, 0));
 }
 
 #[test]
