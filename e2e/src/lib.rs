@@ -18,4 +18,5 @@ pub mod harness;
 pub mod manifest;
 pub mod node;
 pub mod process;
+pub mod redis;
 pub mod workloads;
