@@ -3,7 +3,7 @@ CARGO ?= cargo
 CARGO_FLAGS ?= -j2
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 
-.PHONY: demo test bench bench-peers bench-scale bench-routing lint deny images crds generate k8s-bins helm-bin node-deps clean-e2e
+.PHONY: demo test bench bench-peers bench-scale bench-routing bench-fairness lint deny images crds generate k8s-bins helm-bin node-deps clean-e2e
 
 ## demo: waycast on a local cluster (control plane + node), ending with a working curl; Ctrl-C stops it
 demo: k8s-bins node-deps
@@ -52,6 +52,11 @@ bench-scale: k8s-bins
 bench-routing: k8s-bins node-deps
 	$(CARGO) build $(CARGO_FLAGS) --workspace --bins
 	$(CARGO) test $(CARGO_FLAGS) -p waycast-e2e --test routing_bench -- --ignored --nocapture
+
+## bench-fairness: a saturated model shared by teams on the e2e node (2 vLLM-like mock pods, 2 gateway pods, Redis): noisy neighbour, weights, classes, maxConcurrent, a tenant's cap, maxWait
+bench-fairness: k8s-bins node-deps
+	$(CARGO) build $(CARGO_FLAGS) --workspace --bins
+	$(CARGO) test $(CARGO_FLAGS) -p waycast-e2e --test fairness_bench -- --ignored --nocapture
 
 CRATE_ROOTS = $(wildcard */src/lib.rs */src/main.rs */src/bin/*.rs)
 

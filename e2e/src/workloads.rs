@@ -349,3 +349,25 @@ pub async fn pod_logs(client: &Client, namespace: &str, selector: &str, lines: i
     }
     out
 }
+
+/// The key text the operator generated for ApiKey `namespace/name` (its
+/// Secret `<name>-key`), waiting up to `timeout` for the Secret.
+///
+/// # Errors
+/// The API server failing, or no such Secret (with an `api-key`) in time.
+pub async fn generated_key(client: &Client, namespace: &str, name: &str, timeout: Duration) -> anyhow::Result<String> {
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), namespace);
+    let deadline = Instant::now() + timeout;
+    loop {
+        let secret = secrets.get_opt(&format!("{name}-key")).await?;
+        if let Some(key) =
+            secret.and_then(|s| s.data).and_then(|mut data| data.remove(waycast_crds::api_key::GENERATED_DATA_KEY))
+        {
+            return String::from_utf8(key.0).context("a key that is not UTF-8");
+        }
+        if Instant::now() > deadline {
+            bail!("the operator never generated {namespace}/{name}-key");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -36,11 +36,7 @@ async fn programmed(keys: &Api<ApiKey>, name: &str) -> bool {
 }
 
 async fn key_text(client: &kube::Client, namespace: &str, name: &str) -> String {
-    let secret = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), namespace)
-        .get(&format!("{name}-key"))
-        .await
-        .unwrap();
-    String::from_utf8(secret.data.unwrap()["api-key"].0.clone()).unwrap()
+    waycast_e2e::workloads::generated_key(client, namespace, name, Duration::from_secs(60)).await.unwrap()
 }
 
 #[tokio::test]

@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::DeleteParams;
 use serde_json::json;
@@ -36,15 +36,7 @@ async fn status_of(ip: &str, key: &str, delay_ms: u64) -> Option<StatusCode> {
 }
 
 async fn key_text(client: &kube::Client, namespace: &str, name: &str) -> String {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Some(data) = secrets.get_opt(&format!("{name}-key")).await.unwrap().and_then(|s| s.data) {
-            return String::from_utf8(data["api-key"].0.clone()).unwrap();
-        }
-        assert!(Instant::now() < deadline, "no key Secret for {namespace}/{name}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    waycast_e2e::workloads::generated_key(client, namespace, name, Duration::from_secs(60)).await.unwrap()
 }
 
 #[tokio::test]

@@ -11,10 +11,9 @@
 //!         └─► while in flight < capacity + burst: the first waiter (in the queue's order) under its share
 //! ```
 //!
-//! A tenant's share of the model, while another tenant or class is active
-//! in it: within its class, the capacity and headroom left by the classes
-//! above (their requests in flight) divided among the tenants active in
-//! the class (in flight or waiting) by weight. Inference servers are not
+//! A tenant's share of the model, while another tenant or a lower class is
+//! active in it and no higher class is: the capacity and headroom divided
+//! among the tenants active in its class (in flight or waiting) by weight. Inference servers are not
 //! preemptible, so a tenant that arrives below its share is sent at once
 //! into the headroom (`burst`) above the capacity instead of waiting for
 //! another tenant's long generations to end; the headroom is bounded, a
@@ -176,18 +175,26 @@ impl<T> Scheduler<T> {
         }
     }
 
-    /// Whether `flow`'s tenant may use the headroom: another tenant (or
-    /// class) is active in the model, and `flow`'s tenant holds less than
-    /// its share — the capacity and headroom less what the classes above
-    /// hold, divided by weight among the class's active tenants (in flight
-    /// or waiting), `flow`'s own counted. A tenant alone never goes above
-    /// the capacity: there is nobody to keep the headroom for.
+    /// Whether `flow`'s tenant may use the headroom: no higher class is
+    /// active, another tenant (or a lower class) is, and `flow`'s tenant
+    /// holds less than its share — the capacity and headroom divided by
+    /// weight among the class's active tenants (in flight or waiting),
+    /// `flow`'s own counted. A tenant alone never goes above the capacity:
+    /// there is nobody to keep the headroom for; a lower class never uses
+    /// it while a higher one is active: it is kept for the higher one.
     fn under_share(&self, flow: &Flow) -> bool {
         if self.burst == 0 {
             return false;
         }
         let own = (flow.class, flow.tenant);
         let classes = self.per_class.len();
+        // The headroom is kept for the highest class active: a lower class
+        // never takes what a higher one's next request would need.
+        let higher_active = self.per_class[..flow.class].iter().any(|held| *held > 0)
+            || (0..flow.class).any(|c| self.queue.queued_in(c) > 0);
+        if higher_active {
+            return false;
+        }
         let others_active = self.per_tenant.keys().any(|group| *group != own)
             || (0..classes).any(|class| self.queue.waiting_tenants(class).any(|(tenant, _)| (class, tenant) != own));
         if !others_active {
