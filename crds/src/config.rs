@@ -520,8 +520,9 @@ settings:
                 key.disabled = self.chance(5);
                 key.limits = self.limits();
                 if self.chance(3) {
-                    // Both are open to every tenant generated below.
-                    key.class = Some(self.pick(&["interactive", "standard"]).to_owned());
+                    // The default class: open to every namespace, with a
+                    // policy or without.
+                    key.class = Some("standard".to_owned());
                 }
                 config.keys.push(key);
             }

@@ -83,7 +83,8 @@ pub struct GatewaySpec {
     /// The platform's policy per team (namespace): its share of a saturated
     /// model (`weight`), the priority classes its keys may use, and caps for
     /// all its keys together. The first policy that selects a namespace
-    /// applies; a namespace none selects has weight 1, every class, no caps.
+    /// applies; a namespace none selects has weight 1, the default class
+    /// only, no caps.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     pub tenants: Vec<crate::sharing::TenantPolicy>,

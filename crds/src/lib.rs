@@ -26,6 +26,7 @@ pub mod gateway_pod;
 pub mod glob;
 pub mod heartbeat;
 pub mod model_endpoint;
+pub mod money;
 pub mod problems;
 pub mod settings;
 pub mod sharing;

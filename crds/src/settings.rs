@@ -45,7 +45,7 @@ pub struct Settings {
     #[serde(default, skip_serializing_if = "SharingConfig::is_default")]
     pub sharing: SharingConfig,
     /// Each team namespace's policy (weight, classes, caps); a namespace
-    /// not listed has weight 1, every class, no caps.
+    /// not listed has weight 1, the default class only, no caps.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tenants: Vec<TenantConfig>,
 }

@@ -47,8 +47,8 @@ pub const MAX_CLASSES: usize = 8;
 /// The platform team's policy for the teams (namespaces) it selects: their
 /// share of a saturated model, the classes their keys may use, and caps for
 /// each namespace as a whole. The first policy that selects a namespace
-/// applies to it; a namespace no policy selects has weight 1, every class
-/// and no caps.
+/// applies to it; a namespace no policy selects has weight 1, the default
+/// class only and no caps.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TenantPolicy {
@@ -282,10 +282,12 @@ pub struct CapacityConfig {
 }
 
 /// The class a key of `tenant` that names `wanted` (or none) is served in,
-/// or why it is not served: the key's own class must be one of the
-/// Gateway's and allowed to its tenant; a key that names none gets the
-/// default class, or, when its tenant may not use that, the lowest class
-/// its tenant may use.
+/// or why it is not served. A namespace no policy selects (`tenant` is
+/// `None`) may use the default class only (DESIGN: "a namespace matching
+/// none gets weight 1, class standard"): priority is the platform's to
+/// grant. A key's own class must be one of the Gateway's and allowed to
+/// its tenant; a key that names none gets the default class, or, when its
+/// tenant may not use that, the lowest class its tenant may use.
 ///
 /// # Errors
 /// A message naming the class and what is allowed.
@@ -294,15 +296,21 @@ pub fn key_class<'a>(
     tenant: Option<&TenantConfig>,
     wanted: Option<&str>,
 ) -> Result<&'a str, String> {
-    let allowed = |class: &str| tenant.is_none_or(|tenant| tenant.allows_class(class));
+    let allowed = |class: &str| match tenant {
+        Some(tenant) => tenant.allows_class(class),
+        None => class == sharing.default_class,
+    };
+    let allowed_list = || match tenant {
+        Some(tenant) => format!("{:?}", tenant.classes.clone().unwrap_or_else(|| sharing.classes.clone())),
+        None => format!("[{:?}] (no tenant policy of the Gateway selects this namespace)", sharing.default_class),
+    };
     match wanted {
         Some(class) => {
             let Some(index) = sharing.class_index(class) else {
                 return Err(format!("class {class:?} is not one of the Gateway's classes {:?}", sharing.classes));
             };
             if !allowed(class) {
-                let classes = tenant.and_then(|t| t.classes.clone()).unwrap_or_default();
-                return Err(format!("class {class:?} is not one this namespace may use: {classes:?}"));
+                return Err(format!("class {class:?} is not one this namespace may use: {}", allowed_list()));
             }
             Ok(&sharing.classes[index])
         }
@@ -367,7 +375,11 @@ mod tests {
         }
         let none_left = tenant(Some(&["gold"]));
         assert!(key_class(&sharing, Some(&none_left), None).is_err());
+        // No policy: the default class, and only it.
         assert_eq!(key_class(&sharing, None, None), Ok("standard"));
+        assert_eq!(key_class(&sharing, None, Some("standard")), Ok("standard"));
+        let refused = key_class(&sharing, None, Some("interactive")).unwrap_err();
+        assert!(refused.contains("no tenant policy"), "{refused}");
     }
 
     #[test]

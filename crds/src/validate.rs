@@ -678,4 +678,82 @@ mod tests {
         assert_eq!(config.review().config[0].path, "settings.maxRequestBodyBytes");
         assert!(config.validate().is_err());
     }
+
+    /// Sharing and tenant settings are the platform's: a value the gateway
+    /// cannot use refuses the config with its path; a key or model whose
+    /// own class, capacity or limits cannot be served is left out alone.
+    #[test]
+    fn sharing_tenants_classes_and_capacities_are_checked() {
+        use crate::config::{CapacityConfig, TenantConfig};
+        let paths =
+            |config: &GatewayConfig| -> Vec<String> { config.review().config.into_iter().map(|p| p.path).collect() };
+        let mut config = GatewayConfig::empty();
+        assert_eq!(paths(&config), Vec::<String>::new());
+        let sharing = &mut config.settings.sharing;
+        sharing.classes = vec!["gold".into(), "Bad Name".into(), "gold".into()];
+        sharing.default_class = "standard".into();
+        sharing.max_wait = Duration::ZERO;
+        sharing.max_queued = 0;
+        sharing.burst_percent = 500;
+        let mut weighed = TenantConfig::new("team-a");
+        weighed.weight = 0;
+        weighed.classes = Some(vec!["silver".into()]);
+        weighed.limits = Some(LimitsConfig::concurrent(0));
+        config.settings.tenants =
+            vec![weighed, TenantConfig::new("team-a"), TenantConfig::new("a/b"), TenantConfig::new("")];
+        assert_eq!(
+            paths(&config),
+            [
+                "settings.sharing.classes[1]",
+                "settings.sharing.classes[2]",
+                "settings.sharing.defaultClass",
+                "settings.sharing.maxWait",
+                "settings.sharing.maxQueued",
+                "settings.sharing.burstPercent",
+                "settings.tenants[0].weight",
+                "settings.tenants[0].classes[0]",
+                "settings.tenants[0].limits.maxConcurrent",
+                "settings.tenants[1].namespace",
+                "settings.tenants[2].namespace",
+                "settings.tenants[3].namespace",
+            ]
+        );
+        config.settings.sharing.classes = Vec::new();
+        assert!(paths(&config).contains(&"settings.sharing.classes".to_owned()));
+        config.settings.sharing.classes = (0..9).map(|i| format!("c{i}")).collect();
+        assert!(paths(&config).contains(&"settings.sharing.classes".to_owned()), "at most 8 classes");
+        config.settings.sharing.max_wait = Duration::from_secs(3601);
+        assert!(paths(&config).contains(&"settings.sharing.maxWait".to_owned()));
+
+        // Entries: a key's class, a model's capacity and concurrency.
+        let mut config = GatewayConfig::empty();
+        let mut gold = TenantConfig::new("team-a");
+        gold.classes = Some(vec!["interactive".into()]);
+        config.settings.tenants = vec![gold];
+        let class = |id: &str, sha: &str, class: &str| KeyConfig { class: Some(class.into()), ..key(id, sha) };
+        config.keys = vec![
+            class("team-a/chat", HASH_A, "interactive"),
+            class("team-a/bulk", &"1".repeat(64), "batch"),
+            class("team-b/chat", &"2".repeat(64), "interactive"),
+            class("team-b/plain", &"3".repeat(64), "standard"),
+            class("team-b/odd", &"4".repeat(64), "Not A Label"),
+        ];
+        let mut zero = model("zero", &[]);
+        zero.capacity = Some(CapacityConfig { max_in_flight_per_endpoint: 0 });
+        let mut concurrent = model("concurrent", &[]);
+        concurrent.limits = Some(LimitsConfig::concurrent(4));
+        let mut sized = model("sized", &[]);
+        sized.capacity = Some(CapacityConfig { max_in_flight_per_endpoint: 32 });
+        config.models = vec![zero, concurrent, sized];
+        let review = config.review();
+        assert_eq!(review.config, Vec::new());
+        assert_eq!(review.models.keys().copied().collect::<Vec<_>>(), [0, 1], "{review:?}");
+        assert_eq!(review.models[&0][0].path, "models[0].capacity.maxInFlightPerEndpoint");
+        assert_eq!(review.models[&1][0].path, "models[1].limits.maxConcurrent");
+        // team-a may use interactive only; team-b has no policy: the
+        // default class only.
+        assert_eq!(review.keys.keys().copied().collect::<Vec<_>>(), [1, 2, 4], "{review:?}");
+        assert!(review.keys[&2].iter().any(|p| p.message.contains("no tenant policy")), "{review:?}");
+        assert_eq!(review.keys[&4][0].path, "keys[4].class");
+    }
 }

@@ -95,7 +95,7 @@ async fn a_shared_gateway_caps_teams_refuses_classes_and_gives_back_a_killed_pod
     assert!(ready.message.contains("\"interactive\""), "{}", ready.message);
     let status = Api::<Gateway>::namespaced(client.clone(), &home).get("gateway").await.unwrap().status.unwrap();
     assert_eq!(status.tenants.len(), 1);
-    assert_eq!(status.tenants[0].namespaces, [team_a.clone()], "the policy shows what it matched");
+    assert_eq!(status.tenants[0].namespaces, std::slice::from_ref(&team_a), "the policy shows what it matched");
 
     let pods = wait_pods_ready(&client, &home, "app.kubernetes.io/instance=gateway", 2, Duration::from_secs(120))
         .await

@@ -114,7 +114,9 @@ fn busy_text(reason: crate::sharing::Refused) -> &'static str {
     use crate::sharing::{Refused, scheduler::Shed};
     match reason {
         Refused::Shed(Shed::Full) => "its queue is full",
-        Refused::Shed(Shed::Displaced) => "a request of a higher priority class took this one's place in its queue",
+        Refused::Shed(Shed::Displaced) => {
+            "another request took this one's place in its full queue (a higher class's, or a team's holding less of it)"
+        }
         Refused::Timeout | Refused::Closed => "the request waited in its queue for as long as the gateway allows",
     }
 }

@@ -151,20 +151,28 @@ impl Registry {
             .filter_map(|key| Some((key.id.as_str(), key.limits?)))
             .map(|(id, wanted)| (Arc::from(id), continued(held.key_limits.get(id), wanted)))
             .collect();
-        let tenant_limits = config
+        let mut tenant_limits: HashMap<Arc<str>, Limits> = config
             .settings
             .tenants
             .iter()
             .filter_map(|tenant| Some((tenant.namespace.as_str(), tenant.limits?)))
             .map(|(namespace, wanted)| (Arc::from(namespace), continued(held.tenant_limits.get(namespace), wanted)))
             .collect();
+        // A team whose keys all left the config (disabled, deleted) keeps
+        // what it counted while anything is counted: the platform's caps
+        // must not start over because a team toggled its keys.
+        for (namespace, limits) in &held.tenant_limits {
+            if !tenant_limits.contains_key(namespace) && !limits.state.is_idle() {
+                tenant_limits.insert(namespace.clone(), limits.clone());
+            }
+        }
         let model_limits = config
             .models
             .iter()
-            .filter_map(|model| Some((model_id(model), model.limits?)))
+            .filter_map(|model| Some((state_id(model), model.limits?)))
             .map(|(id, wanted)| {
-                let state = continued(held.model_limits.get(id.as_ref()), wanted);
-                (Arc::from(id.as_ref()), state)
+                let state = continued(held.model_limits.get(id.as_str()), wanted);
+                (Arc::from(id.as_str()), state)
             })
             .collect();
         // A model's queue (its waiters, its requests in flight) is kept while
@@ -174,12 +182,12 @@ impl Registry {
             .iter()
             .filter(|model| model.capacity.is_some())
             .map(|model| {
-                let id = model_id(model);
-                let gate = match held.gates.get(id.as_ref()) {
+                let id = state_id(model);
+                let gate = match held.gates.get(id.as_str()) {
                     Some(kept) => kept.clone(),
-                    None => crate::sharing::ModelGate::start(&id, self.queue_depth.clone()),
+                    None => crate::sharing::ModelGate::start(&model_id(model), self.queue_depth.clone()),
                 };
-                (Arc::from(id.as_ref()), gate)
+                (Arc::from(id.as_str()), gate)
             })
             .collect();
         // The connection (and its task) is kept while the Redis settings stay.
@@ -209,6 +217,18 @@ pub fn model_id(model: &ModelConfig) -> std::borrow::Cow<'_, str> {
     match model.owner_namespace() {
         None => std::borrow::Cow::Borrowed(&model.name),
         Some(namespace) => std::borrow::Cow::Owned(format!("{namespace}/{}", model.name)),
+    }
+}
+
+/// What names a model's state (its limiters, its queue, its Redis keys):
+/// `namespace/name` for a team's model, `/name` for a platform model. Its
+/// [`model_id`] would do for a label but not here: a platform model named
+/// `meta-llama/Llama-3.1-8B` and the model `Llama-3.1-8B` of a namespace
+/// `meta-llama` share a `model_id`, and must not share a limit or a queue.
+pub fn state_id(model: &ModelConfig) -> String {
+    match model.owner_namespace() {
+        None => format!("/{}", model.name),
+        Some(namespace) => format!("{namespace}/{}", model.name),
     }
 }
 

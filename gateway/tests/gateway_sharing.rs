@@ -36,7 +36,11 @@ async fn status_and_body(fixture: &Fixture, key: &str, delay_ms: &str) -> (Statu
 }
 
 async fn wait_for(fixture: &Fixture, series: &str, value: f64) {
-    let deadline = Instant::now() + Duration::from_secs(5);
+    wait_within(fixture, series, value, Duration::from_secs(5)).await;
+}
+
+async fn wait_within(fixture: &Fixture, series: &str, value: f64, within: Duration) {
+    let deadline = Instant::now() + within;
     while fixture.metric(series).await != Some(value) {
         assert!(Instant::now() < deadline, "{series} never reached {value}: {:?}", fixture.metric(series).await);
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -75,6 +79,8 @@ async fn a_full_model_queues_its_requests_and_keeps_headroom_for_a_team_under_it
         assert!(body["error"]["message"].as_str().unwrap().contains("waited"), "{body}");
         assert_eq!(headers["retry-after"], "1");
         assert!(waited >= Duration::from_millis(780) && waited < Duration::from_millis(1_500), "waited {waited:?}");
+        // A request whose wait ran out has left the queue.
+        assert_eq!(fixture.metric(DEPTH).await, Some(0.0));
 
         // Team-b is under its share (none of the two places): at once.
         let started = Instant::now();
@@ -88,7 +94,9 @@ async fn a_full_model_queues_its_requests_and_keeps_headroom_for_a_team_under_it
             answered = leaving => panic!("answered while the model is full: {:?}", answered.0),
             () = wait_for(&fixture, DEPTH, 1.0) => {}
         }
-        wait_for(&fixture, DEPTH, 0.0).await;
+        // Out of the queue at once, long before a place frees (the model is
+        // full for another second).
+        wait_within(&fixture, DEPTH, 0.0, Duration::from_millis(300)).await;
     };
     let (filled, ()) = tokio::join!(filling, meanwhile);
     assert!(filled.iter().all(|(status, _, _)| *status == StatusCode::OK));
@@ -208,7 +216,9 @@ async fn the_inference_headers_come_from_the_key_never_the_client() {
         gateway.keys[0].class = Some("interactive".into());
         let mut team_b = TenantConfig::new("team-b");
         team_b.classes = Some(vec!["batch".into()]);
-        gateway.settings.tenants = vec![team_b];
+        // Team A's policy grants every class (a namespace without one gets
+        // the default class only).
+        gateway.settings.tenants = vec![TenantConfig::new("team-a"), team_b];
         // …and bob asks for a class his namespace may not use.
         gateway.keys[1].class = Some("interactive".into());
     })

@@ -162,6 +162,7 @@ pub(super) fn concurrency_refusal(owner: Owner, limit: u64, headers: RateHeaders
 #[derive(Debug, Default)]
 pub struct Held {
     pub(super) local: Vec<super::limiter::LocalHold>,
+    #[allow(dead_code, reason = "held for its Drop, which releases the places in Redis")]
     pub(super) redis: Option<super::redis::RedisHold>,
 }
 

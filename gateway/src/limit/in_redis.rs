@@ -24,7 +24,8 @@ pub async fn count_key_request(
     let Some(limiter) = key.and_then(|set| set.requests.as_ref()) else { return Ok(Ok(None)) };
     let redis_key = format!("{}key:{key_id}:requests", counter.config.key_prefix());
     let script = [ScriptLimiter { key: &redis_key, units: 1, per_minute: limiter.per_minute }];
-    let verdict = counter.admit(&script, &[]).await?.verdicts.first().copied().ok_or(StoreError::Reply)?;
+    let holder = counter.holder();
+    let verdict = counter.admit(&script, &[], &holder).await?.verdicts.first().copied().ok_or(StoreError::Reply)?;
     Ok(counted_or_refused(limiter.per_minute, verdict, CountedIn::Redis(counter.clone(), redis_key)))
 }
 
@@ -80,8 +81,21 @@ pub async fn admit(
         })
         .collect();
     let held_keys: Vec<(&str, u64)> = concurrent.iter().map(|(_, key, limit)| (key.as_str(), *limit)).collect();
-    let admission =
-        if script.is_empty() && held_keys.is_empty() { None } else { Some(counter.admit(&script, &held_keys).await?) };
+    // The places the script may count are released unless it is known that
+    // it did not count them: when its answer is lost (a timeout, the client
+    // gone, the connection broken) a release is owed all the same (one of a
+    // place never counted removes nothing: counts at or below 0 are deleted).
+    let holder = counter.holder();
+    let mut pending = RedisHold {
+        counter: counter.clone(),
+        keys: concurrent.iter().map(|(_, key, _)| key.clone()).collect(),
+        holder: holder.clone(),
+    };
+    let admission = if script.is_empty() && held_keys.is_empty() {
+        None
+    } else {
+        Some(counter.admit(&script, &held_keys, &holder).await?)
+    };
     let mut headers = RateHeaders::default();
     if let Some(counted) = counted {
         headers.note(Unit::Requests, counted.limit, counted.verdict);
@@ -107,6 +121,8 @@ pub async fn admit(
         refusal = Some(concurrency_refusal(*owner, *limit, headers));
     }
     if let Some(mut refusal) = refusal {
+        // The script counted nothing: nothing to release.
+        pending.keys.clear();
         if let Some(counted) = counted {
             counted.refund();
         }
@@ -124,13 +140,6 @@ pub async fn admit(
         reservation,
         redis: Some((counter.clone(), tokens)),
     });
-    let mut hold = Held::default();
-    if let Some(admission) = admission.filter(|_| !concurrent.is_empty()) {
-        hold.redis = Some(RedisHold {
-            counter: counter.clone(),
-            keys: concurrent.into_iter().map(|(_, key, _)| key).collect(),
-            holder: admission.holder,
-        });
-    }
-    Ok(Ok(Admitted { headers, charge, held: hold }))
+    let held = Held { local: Vec::new(), redis: (!pending.keys.is_empty()).then_some(pending) };
+    Ok(Ok(Admitted { headers, charge, held }))
 }

@@ -46,6 +46,11 @@ impl Limiter {
         }
     }
 
+    /// Whether nothing is counted against it at `now` (its bucket is full).
+    fn is_full(&self, now: u64) -> bool {
+        self.tat.load(Ordering::Relaxed) <= now
+    }
+
     pub(super) fn refund(&self, cost: u64) {
         let _ = self.tat.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tat| Some(gcra::refund(tat, cost)));
     }
@@ -118,6 +123,17 @@ pub struct LimitSet {
 }
 
 impl LimitSet {
+    /// Whether nothing is counted against any of its limits: every bucket
+    /// full, no request in flight. A set that is not idle must outlive a
+    /// config that leaves its owner out, or the owner would come back with
+    /// its counts forgotten.
+    pub fn is_idle(&self) -> bool {
+        let now = super::clock::now_nanos();
+        self.requests.as_ref().is_none_or(|limiter| limiter.is_full(now))
+            && self.tokens.as_ref().is_none_or(|limiter| limiter.is_full(now))
+            && self.concurrent.as_ref().is_none_or(|concurrency| concurrency.held() == 0)
+    }
+
     /// The limiters for `config`, continuing the state of `previous` (the
     /// same key, tenant or model in the last snapshot).
     pub fn new(config: &LimitsConfig, previous: Option<&LimitSet>) -> Self {

@@ -31,13 +31,14 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use bytes::BytesMut;
 use tokio::sync::{mpsc, oneshot};
 use waycast_crds::config::RedisConfig;
 
 use crate::tls::TlsError;
 
 use super::gcra::{self, Verdict};
-use super::redis_link::{self, Call, Link, Transport, command};
+use super::redis_link::{self, Call, Link, Queues, Transport, command};
 use super::redis_scripts;
 use super::resp::Reply;
 
@@ -60,8 +61,6 @@ pub struct Admission {
     pub verdicts: Vec<Verdict>,
     /// Per concurrency limit: admitted, and the requests it holds.
     pub held: Vec<(bool, u64)>,
-    /// The holder the request is counted under, to release it by.
-    pub holder: Arc<String>,
 }
 
 /// A request held under concurrency limits in Redis: counted out when
@@ -89,6 +88,7 @@ pub struct RedisCounter {
     /// What it was built from (a config reload keeps it when unchanged).
     pub config: RedisConfig,
     calls: mpsc::Sender<Call>,
+    after: mpsc::UnboundedSender<BytesMut>,
     link: Arc<Link>,
 }
 
@@ -106,10 +106,17 @@ impl RedisCounter {
     /// The TLS settings being unusable (a bad PEM, a bad server name).
     pub fn start(config: RedisConfig) -> Result<Self, TlsError> {
         let transport = Transport::new(&config)?;
-        let (calls, queue) = mpsc::channel(MAX_QUEUED);
+        let (calls, calls_out) = mpsc::channel(MAX_QUEUED);
+        let (after, after_out) = mpsc::unbounded_channel();
         let link = Arc::new(Link::new());
-        tokio::spawn(redis_link::run(config.clone(), transport, queue, link.clone()));
-        Ok(Self { config, calls, link })
+        let queues = Queues { calls: calls_out, after: after_out };
+        tokio::spawn(redis_link::run(config.clone(), transport, queues, link.clone()));
+        Ok(Self { config, calls, after, link })
+    }
+
+    /// The name this pod's current connection counts concurrency under.
+    pub fn holder(&self) -> Arc<String> {
+        self.link.holder.load_full()
     }
 
     /// Whether the connection is up.
@@ -134,8 +141,8 @@ impl RedisCounter {
         &self,
         rates: &[ScriptLimiter<'_>],
         concurrent: &[(&str, u64)],
+        holder: &Arc<String>,
     ) -> Result<Admission, StoreError> {
-        let holder = self.link.holder.load_full();
         let count = rates.len() + concurrent.len();
         let mut args: Vec<Vec<u8>> = Vec::with_capacity(7 + count * 2);
         args.push(b"EVALSHA".to_vec());
@@ -177,7 +184,7 @@ impl RedisCounter {
             })
             .collect();
         let held = concurrent_numbers.chunks_exact(3).map(|n| (n[0] == 1, u64::try_from(n[1]).unwrap_or(0))).collect();
-        Ok(Admission { verdicts, held, holder })
+        Ok(Admission { verdicts, held })
     }
 
     /// Counts a request out of the concurrency limits it was held under
@@ -193,9 +200,9 @@ impl RedisCounter {
         ];
         args.extend(keys.iter().map(|key| key.as_bytes().to_vec()));
         args.push(holder.as_bytes().to_vec());
-        // Best effort: a release lost with the queue or the connection is
-        // forgotten with its holder (see `redis_link`).
-        let _ = self.calls.try_send(Call { command: command(&args), reply: None });
+        // Owed, never dropped for want of room; one lost with the connection
+        // is forgotten with its holder (see `redis_link`).
+        let _ = self.after.send(command(&args));
     }
 
     /// Settles a reservation: `tokens` more (positive) or fewer (negative)
@@ -215,8 +222,8 @@ impl RedisCounter {
             let nanos = i128::from(gcra::WINDOW_NANOS) * tokens / i128::from((*per_minute).max(1));
             args.push(format!("{:.3}", nanos as f64 / 1000.0).into_bytes());
         }
-        // Best effort: a full queue drops the settlement, as a lost Redis does.
-        let _ = self.calls.try_send(Call { command: command(&args), reply: None });
+        // Owed, never dropped for want of room (a lost Redis loses it).
+        let _ = self.after.send(command(&args));
     }
 
     async fn call(&self, args: &[Vec<u8>]) -> Result<Reply, StoreError> {

@@ -84,6 +84,16 @@ pub(super) struct Call {
     pub(super) reply: Option<oneshot::Sender<Result<Reply, StoreError>>>,
 }
 
+/// What the connection task reads: calls that wait for a reply (bounded:
+/// past [`MAX_QUEUED`] a caller fails at once), and the settlements and
+/// releases owed for admissions already made (one at most per admitted
+/// request, so bounded by the requests in flight; never dropped for want
+/// of room, which would leave a count behind).
+pub(super) struct Queues {
+    pub(super) calls: mpsc::Receiver<Call>,
+    pub(super) after: mpsc::UnboundedReceiver<BytesMut>,
+}
+
 /// What the connection task tells of its connection.
 pub(super) struct Link {
     pub(super) connected: AtomicBool,
@@ -131,7 +141,7 @@ fn alive_command(config: &RedisConfig, holder: &str) -> BytesMut {
 
 /// Connects, authenticates and serves calls until the connection breaks;
 /// again after a backoff; until the counter is dropped.
-pub(super) async fn run(config: RedisConfig, transport: Transport, mut queue: mpsc::Receiver<Call>, link: Arc<Link>) {
+pub(super) async fn run(config: RedisConfig, transport: Transport, mut queues: Queues, link: Arc<Link>) {
     let mut backoff = Duration::from_millis(50);
     let mut was_up = true;
     loop {
@@ -143,7 +153,7 @@ pub(super) async fn run(config: RedisConfig, transport: Transport, mut queue: mp
                 link.connected.store(true, Ordering::Relaxed);
                 backoff = Duration::from_millis(50);
                 was_up = true;
-                let ended = serve(stream, &mut queue, alive_command(&config, &holder)).await;
+                let ended = serve(stream, &mut queues, alive_command(&config, &holder)).await;
                 link.connected.store(false, Ordering::Relaxed);
                 match ended {
                     None => return,
@@ -160,13 +170,15 @@ pub(super) async fn run(config: RedisConfig, transport: Transport, mut queue: mp
                 }
             }
         }
-        // Calls made meanwhile fail at once rather than wait.
+        // Calls made meanwhile fail at once rather than wait; settlements
+        // and releases made meanwhile are dropped (what this holder counted
+        // stops counting when its liveness key expires).
         let pause = tokio::time::sleep(backoff);
         tokio::pin!(pause);
         loop {
             tokio::select! {
                 () = &mut pause => break,
-                call = queue.recv() => match call {
+                call = queues.calls.recv() => match call {
                     None => return,
                     Some(call) => {
                         if let Some(reply) = call.reply {
@@ -174,6 +186,7 @@ pub(super) async fn run(config: RedisConfig, transport: Transport, mut queue: mp
                         }
                     }
                 },
+                after = queues.after.recv() => if after.is_none() { return },
             }
         }
         backoff = (backoff * 2).min(Duration::from_secs(1));
@@ -266,11 +279,7 @@ async fn read_reply(stream: &mut Box<dyn Connection>, buffer: &mut BytesMut) -> 
 
 /// Pipelines calls over `stream` until it breaks (`Some(error)`) or the
 /// counter is dropped (`None`).
-async fn serve(
-    stream: Box<dyn Connection>,
-    queue: &mut mpsc::Receiver<Call>,
-    alive: BytesMut,
-) -> Option<std::io::Error> {
+async fn serve(stream: Box<dyn Connection>, queues: &mut Queues, alive: BytesMut) -> Option<std::io::Error> {
     let (mut reader, mut writer) = tokio::io::split(stream);
     let mut waiting: VecDeque<Option<oneshot::Sender<Result<Reply, StoreError>>>> = VecDeque::new();
     let mut incoming = BytesMut::with_capacity(4096);
@@ -286,12 +295,24 @@ async fn serve(
             }
             // NB: while MAX_IN_FLIGHT replies are owed, nothing more is sent;
             // the queue fills and callers fail fast instead.
-            call = queue.recv(), if waiting.len() < MAX_IN_FLIGHT => {
+            after = queues.after.recv(), if waiting.len() < MAX_IN_FLIGHT => {
+                outgoing.extend_from_slice(&after?);
+                waiting.push_back(None);
+                while waiting.len() < MAX_IN_FLIGHT && let Ok(after) = queues.after.try_recv() {
+                    outgoing.extend_from_slice(&after);
+                    waiting.push_back(None);
+                }
+                if let Err(error) = writer.write_all(&outgoing).await {
+                    break error;
+                }
+                outgoing.clear();
+            }
+            call = queues.calls.recv(), if waiting.len() < MAX_IN_FLIGHT => {
                 let call = call?;
                 outgoing.extend_from_slice(&call.command);
                 waiting.push_back(call.reply);
                 // Everything queued meanwhile goes in the same write.
-                while waiting.len() < MAX_IN_FLIGHT && let Ok(call) = queue.try_recv() {
+                while waiting.len() < MAX_IN_FLIGHT && let Ok(call) = queues.calls.try_recv() {
                     outgoing.extend_from_slice(&call.command);
                     waiting.push_back(call.reply);
                 }

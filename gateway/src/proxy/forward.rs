@@ -289,7 +289,7 @@ fn build_request(
     }
     // One value per name: the snapshot inserts them.
     for (name, value) in &backend.headers {
-        if !is_set_by_gateway(name) {
+        if !is_set_by_gateway(name) && !stamped(name) {
             head.header(name, value);
         }
     }

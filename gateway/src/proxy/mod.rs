@@ -110,7 +110,7 @@ async fn serve(
     let subject = Subject {
         key: (&key.id, key.limits.as_ref()),
         tenant: (&key.tenant.namespace, key.tenant.limits.as_ref()),
-        model: (&route.name, route.limits.as_ref()),
+        model: (&route.state_id, route.limits.as_ref()),
     };
     let mut admitted = passed(facts, counters.admit(&subject, reservation, counted.as_ref()).await)?;
     (facts.admitted, facts.reservation) = (admitted.is_some(), Some(reservation));

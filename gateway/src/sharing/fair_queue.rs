@@ -27,6 +27,10 @@ pub type Ticket = u64;
 /// Virtual time per token at weight 1: tags stay integers, and a weight up
 /// to this value still moves a tag by at least 1 per token.
 const TAG_SCALE: u64 = 1 << 16;
+/// The most tokens one request is charged in the queue (above any model's
+/// context): a client's `max_tokens` of 10¹⁴ must not push its tenant's
+/// tag to the end of time.
+pub const MAX_COST: u64 = 1 << 22;
 
 /// Who a request belongs to and how much it is expected to cost.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -150,9 +154,14 @@ impl<T> FairQueue<T> {
     pub fn push(&mut self, mut flow: Flow, waiter: T) -> Pushed<T> {
         flow.class = flow.class.min(self.classes.len() - 1);
         flow.weight = flow.weight.max(1);
+        flow.cost = flow.cost.min(MAX_COST);
         let mut shed = None;
         if self.waiting.len() >= self.max_queued {
-            match self.newest_below(flow.class) {
+            // A lower class makes room first; else, in the newcomer's class,
+            // a tenant holding more of the queue than the newcomer's would
+            // with one more (by weight): one tenant cannot fill the queue and
+            // have every other tenant's requests refused.
+            match self.newest_below(flow.class).or_else(|| self.newest_of_the_greediest(&flow)) {
                 Some(victim) => shed = self.remove(victim),
                 None => return Pushed::Full(waiter),
             }
@@ -266,7 +275,9 @@ impl<T> FairQueue<T> {
     /// Corrects a dispatched request's charge once its real token count is
     /// known: the tenant's finish tag moves by the difference, so estimates
     /// that are too low (or too high) do not shift the shares.
-    pub fn settle(&mut self, flow: Flow, used: u64) {
+    pub fn settle(&mut self, mut flow: Flow, used: u64) {
+        flow.cost = flow.cost.min(MAX_COST);
+        let used = used.min(MAX_COST);
         let index = flow.class.min(self.classes.len() - 1);
         let Some(class) = self.classes.get_mut(index) else { return };
         let weight = flow.weight.max(1);
@@ -284,6 +295,24 @@ impl<T> FairQueue<T> {
         }
     }
 
+    /// In `flow`'s class, the newest request of the tenant with the most
+    /// waiting by weight, if that is another tenant holding more than
+    /// `flow`'s would with `flow` added.
+    fn newest_of_the_greediest(&self, flow: &Flow) -> Option<Ticket> {
+        let class = self.classes.get(flow.class)?;
+        let share = |queued: usize, weight: u32| (queued as u128) * 1_000_000 / u128::from(weight.max(1));
+        let own = class.tenants.get(&flow.tenant).map_or(0, |tenant| tenant.queued) + 1;
+        let (_, greediest) = class
+            .tenants
+            .iter()
+            .filter(|(id, tenant)| **id != flow.tenant && tenant.queued > 0)
+            .max_by_key(|(_, tenant)| share(tenant.queued, tenant.weight))?;
+        if share(greediest.queued, greediest.weight) <= share(own, flow.weight) {
+            return None;
+        }
+        greediest.keys.iter().filter_map(|line| line.tickets.back().copied()).max()
+    }
+
     /// The newest request of the lowest class below `class` that has one.
     fn newest_below(&self, class: usize) -> Option<Ticket> {
         let lowest = (class + 1..self.classes.len()).rev().find(|c| self.classes[*c].queued > 0)?;
@@ -298,13 +327,12 @@ fn tag_span(tokens: u64, weight: u32) -> u64 {
 /// Drops idle tenants whose finish tag the class has caught up with: they
 /// would re-enter at the virtual time anyway, so the map holds only
 /// tenants with requests waiting or a charge still ahead. When nothing
-/// waits, the busy period is over: the virtual time moves to the largest
-/// finish tag and every tenant starts the next one even (no credit and no
-/// debt carried across an idle class).
+/// waits, the busy period is over: every tenant starts the next one even
+/// at virtual time 0 (no credit and no debt carried across an idle class,
+/// and tags never grow without end).
 fn forget_caught_up(class: &mut Class) {
     if class.queued == 0 {
-        let largest = class.tenants.values().map(|tenant| tenant.finish).max().unwrap_or(0);
-        class.virtual_time = class.virtual_time.max(largest);
+        class.virtual_time = 0;
         class.tenants.clear();
         return;
     }

@@ -205,3 +205,39 @@ fn tenants_are_forgotten_when_their_class_empties() {
     queued(queue.push(flow(0, 2_000, 1, 2_000, 10), "new"));
     assert_eq!(drain(&mut queue, 2), ["used-before", "new"]);
 }
+
+/// A request naming an absurd output bound is charged at most `MAX_COST`:
+/// once it has gone, the shares by weight hold again (the tags were
+/// neither pushed to the end of time nor left there).
+#[test]
+fn a_huge_request_does_not_break_the_shares() {
+    let mut queue = FairQueue::new(3, 10_000);
+    queued(queue.push(flow(STANDARD, 9, 1, 90, u64::MAX / 2), "huge"));
+    assert_eq!(drain(&mut queue, 1), ["huge"]);
+    queue.settle(flow(STANDARD, 9, 1, 90, u64::MAX / 2), 10);
+    for _ in 0..200 {
+        queued(queue.push(flow(STANDARD, 1, 3, 10, 100), "gold"));
+        queued(queue.push(flow(STANDARD, 2, 1, 20, 100), "bronze"));
+    }
+    let served = drain(&mut queue, 200);
+    let gold = served.iter().filter(|w| **w == "gold").count();
+    assert!((145..=155).contains(&gold), "3 : 1 again: {gold} of 200");
+}
+
+/// A full queue refuses nobody's request while one tenant holds more of it
+/// than its weight gives: its newest waiter makes room.
+#[test]
+fn one_tenant_cannot_fill_the_queue_against_the_others() {
+    let mut queue = FairQueue::new(3, 4);
+    for _ in 0..4 {
+        queued(queue.push(flow(STANDARD, 1, 1, 10, 100), "flood"));
+    }
+    match queue.push(flow(STANDARD, 2, 1, 20, 100), "quiet") {
+        Pushed::QueuedShedding(_, shed) => assert_eq!(shed, "flood"),
+        other => panic!("expected the flood to make room, got {other:?}"),
+    }
+    assert!(matches!(queue.push(flow(STANDARD, 2, 1, 20, 100), "quiet"), Pushed::QueuedShedding(_, "flood")));
+    // Two each now: neither holds more than the other would with one more.
+    assert!(matches!(queue.push(flow(STANDARD, 2, 1, 20, 100), "quiet"), Pushed::Full("quiet")));
+    assert!(matches!(queue.push(flow(STANDARD, 1, 1, 10, 100), "flood"), Pushed::Full("flood")));
+}

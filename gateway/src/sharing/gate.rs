@@ -218,6 +218,10 @@ async fn run(mut commands: mpsc::UnboundedReceiver<Command>, model: String, dept
         let sent = match command {
             Command::Arrive { token, flow, bounds, classes: names, reply } => {
                 if !Arc::ptr_eq(&names, &classes) {
+                    // A class renamed or removed shows 0, not its last depth.
+                    for (gauge, _) in &gauges {
+                        gauge.set(0);
+                    }
                     classes = names;
                     gauges = depth.iter().flat_map(|depth| gauges_for(depth, &model, &classes)).collect();
                 }

@@ -186,7 +186,6 @@ impl<T> Scheduler<T> {
         if self.burst == 0 {
             return false;
         }
-        let own = (flow.class, flow.tenant);
         let classes = self.per_class.len();
         // The headroom is kept for the highest class active: a lower class
         // never takes what a higher one's next request would need.
@@ -195,8 +194,11 @@ impl<T> Scheduler<T> {
         if higher_active {
             return false;
         }
-        let others_active = self.per_tenant.keys().any(|group| *group != own)
-            || (0..classes).any(|class| self.queue.waiting_tenants(class).any(|(tenant, _)| (class, tenant) != own));
+        // Another tenant, not another class of the same tenant: a team that
+        // fills the capacity in one class does not earn the headroom for its
+        // requests of another.
+        let others_active = self.per_tenant.keys().any(|(_, tenant)| *tenant != flow.tenant)
+            || (0..classes).any(|class| self.queue.waiting_tenants(class).any(|(tenant, _)| tenant != flow.tenant));
         if !others_active {
             return false;
         }
@@ -216,7 +218,14 @@ impl<T> Scheduler<T> {
                 counted.push(tenant);
             }
         }
-        let mine = u64::from(self.per_tenant.get(&own).map_or(0, |entry| entry.0));
+        // What the tenant holds in this class and the ones below it counts
+        // against its share here.
+        let mine: u64 = self
+            .per_tenant
+            .iter()
+            .filter(|((class, tenant), _)| *tenant == flow.tenant && *class >= flow.class)
+            .map(|(_, (held, _))| u64::from(*held))
+            .sum();
         // mine / available < weight / weights, without division.
         mine * weights < available * u64::from(flow.weight)
     }

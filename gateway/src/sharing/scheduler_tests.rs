@@ -165,3 +165,20 @@ fn more_capacity_sends_waiters_and_an_undo_frees_a_place() {
     assert_eq!(names(scheduler.undo(flow(BATCH, NOISY, 1))), ["c"]);
     assert_eq!(scheduler.in_flight(), 2);
 }
+
+/// A team that fills the capacity with one class does not take the
+/// headroom with another: the headroom is for other teams.
+#[test]
+fn a_team_cannot_take_the_headroom_by_using_two_classes() {
+    const STANDARD: usize = 1;
+    let mut scheduler = Scheduler::new(3, 100, 4, 2);
+    for _ in 0..4 {
+        now(scheduler.arrive(flow(BATCH, NOISY, 1), "noisy-batch"));
+    }
+    queued(scheduler.arrive(flow(STANDARD, NOISY, 1), "noisy-standard"));
+    assert_eq!(scheduler.in_flight(), 4, "alone, even in another class: no headroom");
+    // Another team arrives: its request goes at once into the headroom; the
+    // noisy team's standard request, counted with its batch ones, does not.
+    now(scheduler.arrive(flow(STANDARD, QUIET, 1), "quiet"));
+    assert_eq!((scheduler.in_flight(), scheduler.queued_in(STANDARD)), (5, 1));
+}

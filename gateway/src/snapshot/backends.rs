@@ -28,6 +28,9 @@ pub struct Route {
     /// What metrics and logs call it: its name, or `namespace/name` for a
     /// team's model (two teams may both have a `llama`).
     pub name: Arc<str>,
+    /// What its state is kept under (`registry::state_id`): its limiters,
+    /// its queue, its Redis keys.
+    pub state_id: Arc<str>,
     /// Name and aliases, as clients ask for it and `/v1/models` lists them.
     pub names: Vec<String>,
     /// The namespace whose keys resolve its names first ([`PLATFORM`]: none).
@@ -221,6 +224,7 @@ pub(super) fn build_route(model: &ModelConfig, owner: NamespaceId, lent: &Resour
     names.extend(model.aliases.iter().cloned());
     Ok(Route {
         name: Arc::from(crate::registry::model_id(model).as_ref()),
+        state_id: Arc::from(crate::registry::state_id(model)),
         names,
         owner,
         key_namespaces: model.key_namespaces.clone(),

@@ -81,9 +81,14 @@ impl Tenant {
     }
 }
 
-/// A 64-bit FNV-1a hash of `text`: the same in every config and process.
+/// A 64-bit keyed hash of `text` (SipHash with keys drawn once per
+/// process): the same in every config of this process, and not a value a
+/// team can aim at by choosing a name, so it cannot share another team's
+/// place in a fair queue.
 pub fn stable_id(text: &str) -> u64 {
-    text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3))
+    use std::hash::BuildHasher as _;
+    static KEYS: std::sync::OnceLock<std::collections::hash_map::RandomState> = std::sync::OnceLock::new();
+    KEYS.get_or_init(std::collections::hash_map::RandomState::new).hash_one(text)
 }
 
 impl KeyEntry {

@@ -131,10 +131,10 @@ impl Snapshot {
                 }
             };
             if model.limits.is_some() {
-                route.limits = Some(lent.model_limits(&route.name).ok_or(BuildError::NotLent("model limits"))?);
+                route.limits = Some(lent.model_limits(&route.state_id).ok_or(BuildError::NotLent("model limits"))?);
             }
             if let Some(capacity) = model.capacity {
-                let gate = lent.gate(&route.name).ok_or(BuildError::NotLent("a model's queue"))?;
+                let gate = lent.gate(&route.state_id).ok_or(BuildError::NotLent("a model's queue"))?;
                 let endpoints = route.backends.iter().map(|backend| backend.endpoints.clone());
                 let sharing = &config.settings.sharing;
                 route.gate = Some(crate::sharing::Gated::new(gate, capacity, endpoints, sharing, classes.clone()));

@@ -105,8 +105,13 @@ impl<'i> Tenants<'i> {
         let mut tenant = TenantConfig::new(namespace);
         tenant.weight = policy.weight.and_then(|w| u32::try_from(w).ok()).unwrap_or(1).clamp(1, 1000);
         if !policy.classes.is_empty() {
-            let known: Vec<String> =
+            let mut known: Vec<String> =
                 policy.classes.iter().filter(|class| self.sharing.class_index(class).is_some()).cloned().collect();
+            // None of them the Gateway's (it says so): the default class,
+            // what a namespace without a policy gets.
+            if known.is_empty() {
+                known.push(self.sharing.default_class.clone());
+            }
             tenant.classes = Some(known);
         }
         tenant.limits = policy.limits.as_ref().map(key_limits);
