@@ -102,6 +102,10 @@ pub struct ModelConfig {
     /// Absent: never queued.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity: Option<CapacityConfig>,
+    /// What its tokens cost (each request's cost is in its usage record
+    /// and counted by key and model). Absent: not priced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pricing: Option<crate::money::PricingConfig>,
 }
 
 impl ModelConfig {
@@ -122,6 +126,7 @@ impl ModelConfig {
             output_token_reservation: None,
             load_balancing: LoadBalancingConfig::default(),
             capacity: None,
+            pricing: None,
         }
     }
 

@@ -30,6 +30,7 @@ pub mod money;
 pub mod problems;
 pub mod settings;
 pub mod sharing;
+pub mod spend;
 pub mod tls;
 pub mod validate;
 

@@ -67,6 +67,11 @@ pub struct ModelEndpointSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity: Option<crate::sharing::ModelCapacity>,
 
+    /// What this model's tokens cost: each request's cost goes in its
+    /// usage record and the cost counters. Absent: not priced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pricing: Option<crate::spend::Pricing>,
+
     /// The Gateways that may serve this model. A Gateway serves it only
     /// when its `modelEndpoints` rules admit this namespace AND this list
     /// names it; an empty list means the Gateways of this namespace.

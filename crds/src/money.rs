@@ -115,6 +115,44 @@ impl TokenPrices {
     }
 }
 
+/// A model's prices as a config writes them: decimal strings per million
+/// tokens, and the currency they are in.
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug, PartialEq, Eq, Hash)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PricingConfig {
+    /// ISO 4217 code, e.g. `USD`.
+    pub currency: String,
+    /// Per million prompt tokens, e.g. `"0.20"`.
+    pub input_per_million_tokens: String,
+    /// Per million completion tokens.
+    pub output_per_million_tokens: String,
+    /// Per million prompt tokens the server read from its cache; absent:
+    /// the input price.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_input_per_million_tokens: Option<String>,
+}
+
+impl PricingConfig {
+    /// The prices per token.
+    ///
+    /// # Errors
+    /// The first price that is not a decimal amount, with its field.
+    pub fn prices(&self) -> Result<TokenPrices, (&'static str, MoneyError)> {
+        let input = Money::parse(&self.input_per_million_tokens).map_err(|e| ("inputPerMillionTokens", e))?;
+        let output = Money::parse(&self.output_per_million_tokens).map_err(|e| ("outputPerMillionTokens", e))?;
+        let cached = match &self.cached_input_per_million_tokens {
+            Some(text) => Money::parse(text).map_err(|e| ("cachedInputPerMillionTokens", e))?,
+            None => input,
+        };
+        Ok(TokenPrices::per_million(input, output, cached))
+    }
+}
+
+/// Whether `code` is written like an ISO 4217 currency code (three capital letters).
+pub fn is_currency_code(code: &str) -> bool {
+    code.len() == 3 && code.bytes().all(|b| b.is_ascii_uppercase())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -259,6 +259,14 @@ fn check_model(path: &str, model: &ModelConfig, problems: &mut Collector) {
     {
         problems.add(join(path, "capacity.maxInFlightPerEndpoint"), "must be from 1 to 100000");
     }
+    if let Some(pricing) = &model.pricing {
+        if !crate::money::is_currency_code(&pricing.currency) {
+            problems.add(join(path, "pricing.currency"), "must be an ISO 4217 code such as USD");
+        }
+        if let Err((field, error)) = pricing.prices() {
+            problems.add(join(path, &format!("pricing.{field}")), error.to_string());
+        }
+    }
     for (index, pattern) in model.forward_headers.iter().enumerate() {
         if let Some(message) = crate::common::forward_header_problem(pattern) {
             problems.add(join(path, &format!("forwardHeaders[{index}]")), message);

@@ -61,6 +61,11 @@ pub struct AccessLine<'a> {
     pub prompt_tokens: u64,
     /// Completion tokens the response reported.
     pub completion_tokens: u64,
+    /// Prompt tokens the server read from its cache, as reported (written
+    /// when not 0).
+    pub cached_tokens: u64,
+    /// What the request cost, and the currency (a priced model's requests).
+    pub cost: Option<(waycast_crds::money::Money, &'a str)>,
     /// Why it ended, if not normally.
     pub error: Option<&'a str>,
 }
@@ -101,6 +106,15 @@ impl AccessLine<'_> {
         decimal(self.prompt_tokens, out);
         out.extend_from_slice(b",\"completion_tokens\":");
         decimal(self.completion_tokens, out);
+        if self.cached_tokens > 0 {
+            out.extend_from_slice(b",\"cached_tokens\":");
+            decimal(self.cached_tokens, out);
+        }
+        if let Some((cost, currency)) = self.cost {
+            // A decimal string: money is never a float, not even in JSON.
+            let _ = write!(out, ",\"cost\":\"{cost}\",\"currency\":");
+            json_string(currency, out);
+        }
         out.extend_from_slice(b",\"error\":");
         match self.error {
             Some(error) => json_string(error, out),
@@ -323,6 +337,8 @@ mod tests {
             upstream_us: 7,
             prompt_tokens: 16,
             completion_tokens: 0,
+            cached_tokens: 12,
+            cost: Some((waycast_crds::money::Money(3_200), "USD")),
             error,
         };
         let mut out = Vec::new();
@@ -344,6 +360,8 @@ mod tests {
         assert_eq!(value["duration_ms"], 12.345);
         assert_eq!(value["upstream_ms"], 0.007);
         assert_eq!(value["prompt_tokens"], 16);
+        assert_eq!((value["cached_tokens"].as_u64(), value["cost"].as_str()), (Some(12), Some("0.0000032")));
+        assert_eq!(value["currency"], "USD");
         assert_eq!(value["completion_tokens"], 0);
         assert_eq!(value["error"], serde_json::Value::Null);
     }

@@ -83,8 +83,11 @@ pub struct Metrics {
     /// Time spent in the gateway itself per request (excluding waiting on the
     /// client's upload and on the upstream).
     pub overhead: Histogram,
-    /// Tokens by model, key and kind (`prompt`, `completion`).
+    /// Tokens by model, key and kind (`prompt`, `completion`, `cached_prompt`).
     pub tokens: IntCounterVec,
+    /// What requests of priced models cost, in nano-units, by model, key
+    /// and currency.
+    pub cost: IntCounterVec,
     /// Requests being served now.
     pub inflight: WorkerGauge,
     /// Upstream failures by model and reason.
@@ -175,8 +178,18 @@ impl Metrics {
             .buckets(OVERHEAD_BUCKETS.to_vec()),
         )?;
         let tokens = IntCounterVec::new(
-            Opts::new("waycast_gateway_tokens_total", "Tokens from responses' usage, by model, key id and kind."),
+            Opts::new(
+                "waycast_gateway_tokens_total",
+                "Tokens from responses' usage, by model, key id and kind (prompt, completion, cached_prompt: prompt tokens the server read from its cache).",
+            ),
             &["model", "key", "kind"],
+        )?;
+        let cost = IntCounterVec::new(
+            Opts::new(
+                "waycast_gateway_cost_nanos_total",
+                "What requests of priced models cost (ModelEndpoint pricing), in nano-units of the currency (1e-9), by model, key id and currency: an integer, so sums are exact.",
+            ),
+            &["model", "key", "currency"],
         )?;
         let inflight = WorkerGauge::new("waycast_gateway_inflight_requests", "Requests being served now.")?;
         let upstream_errors = IntCounterVec::new(
@@ -294,6 +307,7 @@ impl Metrics {
             time_to_first_byte,
             overhead,
             tokens,
+            cost,
             inflight,
             upstream_errors,
             upstream_retries,
@@ -333,6 +347,7 @@ impl Metrics {
             Box::new(self.time_to_first_byte.clone()),
             Box::new(self.overhead.clone()),
             Box::new(self.tokens.clone()),
+            Box::new(self.cost.clone()),
             Box::new(self.inflight.collector.clone()),
             Box::new(self.upstream_errors.clone()),
             Box::new(self.upstream_retries.clone()),

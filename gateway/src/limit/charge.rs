@@ -63,17 +63,38 @@ impl Reservation {
     /// token per event relayed (streams) or per four bytes. Never capped at
     /// the reservation: a client that reads more than it reserved and
     /// leaves pays for what it read.
+    #[cfg(test)]
     pub fn used(&self, usage: Option<(u64, u64)>, relayed: Relayed) -> u64 {
+        let charged = self.charged(usage.map(|(prompt, completion)| (prompt, 0, completion)), relayed);
+        charged.prompt.saturating_add(charged.completion)
+    }
+
+    /// [`Reservation::used`], by kind: prompt tokens (of which `cached` the
+    /// server read from its cache, at most the prompt), completion tokens.
+    pub fn charged(&self, usage: Option<(u64, u64, u64)>, relayed: Relayed) -> Charged {
         match usage {
-            Some((prompt, completion)) => prompt
-                .min(self.request_bytes.saturating_add(PROMPT_ALLOWANCE))
-                .saturating_add(completion.min(relayed.bytes)),
-            None => {
-                let output = relayed.events.unwrap_or_else(|| relayed.bytes.div_ceil(4));
-                self.request_bytes.div_ceil(4).saturating_add(output)
+            Some((prompt, cached, completion)) => {
+                let prompt = prompt.min(self.request_bytes.saturating_add(PROMPT_ALLOWANCE));
+                Charged { prompt, cached: cached.min(prompt), completion: completion.min(relayed.bytes) }
             }
+            None => Charged {
+                prompt: self.request_bytes.div_ceil(4),
+                cached: 0,
+                completion: relayed.events.unwrap_or_else(|| relayed.bytes.div_ceil(4)),
+            },
         }
     }
+}
+
+/// The tokens a finished request is charged, by kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Charged {
+    /// Prompt tokens.
+    pub prompt: u64,
+    /// Of them, read from the server's cache.
+    pub cached: u64,
+    /// Completion tokens.
+    pub completion: u64,
 }
 
 /// The token limiters an admitted request reserved its tokens with, to

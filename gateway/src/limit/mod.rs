@@ -39,7 +39,7 @@ mod redis_scripts;
 pub mod resp;
 
 pub use admission::{Counters, Passed, Refused};
-pub use charge::{Charge, Relayed, Reservation};
+pub use charge::{Charge, Charged, Relayed, Reservation};
 pub use decision::{Admitted, Held, Refusal, duration_text};
 pub use in_redis::Subject;
 pub use limiter::LimitSet;

@@ -62,6 +62,8 @@ pub struct Facts {
     pub seat: Option<crate::sharing::Seat>,
     /// The key's namespace, where a model's queue counts it.
     pub tenant: Option<Arc<str>>,
+    /// The model's prices and their currency, when it is priced.
+    pub priced: Option<(waycast_crds::money::TokenPrices, Arc<str>)>,
     /// How long it waited for a model's queue, and in which class (index
     /// into the names).
     pub queued: Option<(Arc<[String]>, usize, Duration)>,
@@ -87,6 +89,7 @@ impl Default for Facts {
             held: crate::limit::Held::default(),
             seat: None,
             tenant: None,
+            priced: None,
             queued: None,
             overhead_before: Duration::ZERO,
             tallies: Tallies::default(),
@@ -231,6 +234,9 @@ impl Exchange {
         }
         if let Some(usage) = outcome.usage {
             series.count_tokens(usage.prompt, usage.completion);
+            if usage.cached > 0 {
+                series.count_cached_tokens(usage.cached);
+            }
         }
         if facts.admitted {
             series.count_admitted();
@@ -243,25 +249,32 @@ impl Exchange {
             let class = classes.get(*class).map_or("", String::as_str);
             metrics.queue_wait.with_label_values(&[model, class]).observe(waited.as_secs_f64());
         }
-        if facts.charge.is_some() || facts.seat.is_some() {
+        let mut cost = None;
+        if facts.charge.is_some() || facts.seat.is_some() || facts.priced.is_some() {
             // What was served is charged: a response that went out (whole,
             // or until the client left) by its usage or an estimate; one the
             // upstream refused or never sent, nothing.
             let served = (200..300).contains(&outcome.status) || outcome.status == CLIENT_CLOSED_REQUEST;
             let reservation = facts.charge.as_ref().map(|charge| charge.reservation).or(facts.reservation);
-            let used = match reservation {
+            let charged = match reservation {
                 Some(reservation) if served => {
                     let relayed = crate::limit::Relayed { bytes: outcome.bytes, events: outcome.events };
-                    reservation.used(outcome.usage.map(|u| (u.prompt, u.completion)), relayed)
+                    reservation.charged(outcome.usage.map(|u| (u.prompt, u.cached, u.completion)), relayed)
                 }
-                _ => 0,
+                _ => crate::limit::Charged::default(),
             };
+            let used = charged.prompt.saturating_add(charged.completion);
             if let Some(charge) = &facts.charge {
                 charge.settle(used);
                 series.count_rate_limit_tokens(used);
             }
             if let Some(seat) = &facts.seat {
                 seat.settle(used);
+            }
+            if let Some((prices, currency)) = &facts.priced {
+                let money = prices.cost(charged.prompt, charged.cached, charged.completion);
+                series.count_cost(money.0, currency);
+                cost = Some((money, &**currency));
             }
         }
         // Counts go out now when no other request of this worker is in
@@ -286,6 +299,8 @@ impl Exchange {
                 upstream_us: outcome.upstream.map_or(0, micros),
                 prompt_tokens: usage.prompt,
                 completion_tokens: usage.completion,
+                cached_tokens: usage.cached,
+                cost,
                 error: outcome.error,
             });
         }

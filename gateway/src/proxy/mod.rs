@@ -104,6 +104,7 @@ async fn serve(
     let fields = body::scan(&body)?;
     let route = route::route(&snapshot, key, &fields.model)?.route;
     (facts.model, facts.stream) = (Some(own_name(&route.name)), fields.stream);
+    facts.priced = route.prices.as_ref().map(|(prices, currency)| (*prices, own_name(currency)));
 
     let reservation =
         Reservation::for_request(body.len(), fields.max_tokens, fields.choices, route.output_token_reservation);

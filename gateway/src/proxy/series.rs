@@ -54,6 +54,10 @@ pub struct PairSeries {
     other_codes: RefCell<Vec<(u16, PendingCounter)>>,
     prompt_tokens: PendingCounter,
     completion_tokens: PendingCounter,
+    cached_tokens: PendingCounter,
+    /// Cost in nano-units, in the currency it was first counted in.
+    cost: PendingCounter,
+    cost_currency: OnceCell<Arc<str>>,
     rate_limit_tokens: PendingCounter,
     admitted: PendingCounter,
     duration: PendingHistogram,
@@ -68,6 +72,7 @@ pub struct PairSeries {
 struct Families {
     requests: prometheus::IntCounterVec,
     tokens: prometheus::IntCounterVec,
+    cost: prometheus::IntCounterVec,
     rate_limit_tokens: prometheus::IntCounterVec,
     rate_limit_requests: prometheus::IntCounterVec,
     duration: prometheus::HistogramVec,
@@ -241,6 +246,7 @@ impl PairSeries {
             families: Families {
                 requests: metrics.requests.clone(),
                 tokens: metrics.tokens.clone(),
+                cost: metrics.cost.clone(),
                 rate_limit_tokens: metrics.rate_limit_tokens.clone(),
                 rate_limit_requests: metrics.rate_limit_requests.clone(),
                 duration: metrics.request_duration.clone(),
@@ -251,6 +257,9 @@ impl PairSeries {
             other_codes: RefCell::new(Vec::new()),
             prompt_tokens: PendingCounter::default(),
             completion_tokens: PendingCounter::default(),
+            cached_tokens: PendingCounter::default(),
+            cost: PendingCounter::default(),
+            cost_currency: OnceCell::new(),
             rate_limit_tokens: PendingCounter::default(),
             admitted: PendingCounter::default(),
             duration: PendingHistogram::default(),
@@ -286,6 +295,23 @@ impl PairSeries {
     pub fn count_tokens(&self, prompt: u64, completion: u64) {
         self.prompt_tokens.add(prompt);
         self.completion_tokens.add(completion);
+    }
+
+    /// Prompt tokens the server read from its cache.
+    pub fn count_cached_tokens(&self, tokens: u64) {
+        self.cached_tokens.add(tokens);
+    }
+
+    /// A request's cost, in nano-units of `currency`. A pair counts in the
+    /// currency it first saw; a model repriced in another currency counts
+    /// under that one's series directly.
+    pub fn count_cost(&self, nanos: u64, currency: &Arc<str>) {
+        let first = self.cost_currency.get_or_init(|| currency.clone());
+        if **first == **currency {
+            self.cost.add(nanos);
+        } else {
+            self.families.cost.with_label_values(&[&*self.model, &*self.key, &**currency]).inc_by(nanos);
+        }
     }
 
     /// Tokens charged to the key's rate limits for the model.
@@ -331,6 +357,10 @@ impl PairSeries {
         }
         self.prompt_tokens.publish(|| families.tokens.with_label_values(&[model, key, "prompt"]));
         self.completion_tokens.publish(|| families.tokens.with_label_values(&[model, key, "completion"]));
+        self.cached_tokens.publish(|| families.tokens.with_label_values(&[model, key, "cached_prompt"]));
+        if let Some(currency) = self.cost_currency.get() {
+            self.cost.publish(|| families.cost.with_label_values(&[model, key, currency]));
+        }
         self.rate_limit_tokens.publish(|| families.rate_limit_tokens.with_label_values(&[model, key]));
         self.admitted.publish(|| families.rate_limit_requests.with_label_values(&[model, key, "admitted"]));
         self.publish_histograms();

@@ -28,10 +28,14 @@ const TAIL_BYTES: usize = 4 * 1024;
 /// Token counts of one response.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
-    /// Prompt (input) tokens.
+    /// Prompt (input) tokens, those read from the server's cache included.
     pub prompt: u64,
     /// Completion (output) tokens.
     pub completion: u64,
+    /// Prompt tokens the server read from its cache (OpenAI's
+    /// `*_tokens_details.cached_tokens`, Anthropic's
+    /// `cache_read_input_tokens`), at most `prompt`.
+    pub cached: u64,
 }
 
 /// Watches a response body go by.
@@ -88,9 +92,11 @@ fn usage_in(head: &[u8], tail: &[u8]) -> Option<Usage> {
         (first, last) => {
             let first = first.unwrap_or_default();
             let last = last.unwrap_or_default();
+            let prompt = last.prompt().or(first.prompt()).unwrap_or(0);
             Some(Usage {
-                prompt: last.prompt().or(first.prompt()).unwrap_or(0),
+                prompt,
                 completion: last.completion().or(first.completion()).unwrap_or(0),
+                cached: last.cached().or(first.cached()).unwrap_or(0).min(prompt),
             })
         }
     }
@@ -184,11 +190,26 @@ struct UsageFields {
     completion_tokens: Option<u64>,
     input_tokens: Option<u64>,
     output_tokens: Option<u64>,
+    /// Anthropic: prompt tokens read from, and written to, its cache (not
+    /// in its `input_tokens`).
+    cache_read_input_tokens: Option<u64>,
+    cache_creation_input_tokens: Option<u64>,
+    /// OpenAI: `prompt_tokens_details` / `input_tokens_details`
+    /// `.cached_tokens` (in its prompt count).
+    cached_tokens: Option<u64>,
 }
 
 impl UsageFields {
     fn prompt(&self) -> Option<u64> {
-        self.prompt_tokens.or(self.input_tokens)
+        self.prompt_tokens.or_else(|| {
+            let input = self.input_tokens?;
+            let cache =
+                self.cache_read_input_tokens.unwrap_or(0).saturating_add(self.cache_creation_input_tokens.unwrap_or(0));
+            Some(input.saturating_add(cache))
+        })
+    }
+    fn cached(&self) -> Option<u64> {
+        self.cached_tokens.or(self.cache_read_input_tokens)
     }
     fn completion(&self) -> Option<u64> {
         self.completion_tokens.or(self.output_tokens)
@@ -251,13 +272,29 @@ fn parse_after(bytes: &[u8]) -> Option<UsageFields> {
     }
     let mut fields = UsageFields::default();
     let mut trusted = true;
-    let mut named = [false; 4];
+    let mut named = [false; 7];
     super::body::object_members(rest, |key, value| {
         let (slot, index) = match key {
             b"prompt_tokens" => (&mut fields.prompt_tokens, 0),
             b"completion_tokens" => (&mut fields.completion_tokens, 1),
             b"input_tokens" => (&mut fields.input_tokens, 2),
             b"output_tokens" => (&mut fields.output_tokens, 3),
+            b"cache_read_input_tokens" => (&mut fields.cache_read_input_tokens, 4),
+            b"cache_creation_input_tokens" => (&mut fields.cache_creation_input_tokens, 5),
+            b"prompt_tokens_details" | b"input_tokens_details" => {
+                trusted &= !std::mem::replace(&mut named[6], true);
+                // `{"cached_tokens": N, ...}`, or null; anything else is
+                // not a report we can read a cached count from.
+                if value.starts_with(b"{") {
+                    let nested = super::body::object_members(value, |inner, count| {
+                        if inner == b"cached_tokens" && count != b"null" {
+                            fields.cached_tokens = crate::json_text::non_negative_integer(count);
+                        }
+                    });
+                    trusted &= nested.is_ok();
+                }
+                return;
+            }
             _ => return,
         };
         trusted &= !std::mem::replace(&mut named[index], true);
@@ -285,9 +322,30 @@ mod tests {
     }
 
     #[test]
+    fn cached_prompt_tokens_are_read_from_each_shape() {
+        let openai =
+            r#"{"usage":{"prompt_tokens":100,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":60}}}"#;
+        assert_eq!(tap(&[openai]).usage(), Some(Usage { prompt: 100, completion: 5, cached: 60 }));
+        let responses =
+            r#"{"usage":{"input_tokens":80,"input_tokens_details":{"cached_tokens":64},"output_tokens":7}}"#;
+        assert_eq!(tap(&[responses]).usage(), Some(Usage { prompt: 80, completion: 7, cached: 64 }));
+        // Anthropic counts cache reads and writes beside its input tokens.
+        let anthropic = [
+            "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":10,\"cache_read_input_tokens\":90,\"cache_creation_input_tokens\":5,\"output_tokens\":1}}}\n\n",
+            "event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":15}}\n\n",
+        ];
+        assert_eq!(tap(&anthropic).usage(), Some(Usage { prompt: 105, completion: 15, cached: 90 }));
+        // More cached than prompt tokens: capped; details of another shape: no cached count.
+        let odd = r#"{"usage":{"prompt_tokens":3,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":9}}}"#;
+        assert_eq!(tap(&[odd]).usage(), Some(Usage { prompt: 3, completion: 1, cached: 3 }));
+        let other = r#"{"usage":{"prompt_tokens":3,"completion_tokens":1,"prompt_tokens_details":"x"}}"#;
+        assert_eq!(tap(&[other]).usage(), Some(Usage { prompt: 3, completion: 1, cached: 0 }));
+    }
+
+    #[test]
     fn openai_non_streaming() {
         let body = r#"{"id":"x","choices":[{"message":{"content":"the \"usage\" is"}}],"usage":{"prompt_tokens":12,"completion_tokens":34,"total_tokens":46}}"#;
-        assert_eq!(tap(&[body]).usage(), Some(Usage { prompt: 12, completion: 34 }));
+        assert_eq!(tap(&[body]).usage(), Some(Usage { prompt: 12, completion: 34, cached: 0 }));
     }
 
     #[test]
@@ -298,7 +356,7 @@ mod tests {
             "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2}}\n\n",
             "data: [DONE]\n\n",
         ];
-        assert_eq!(tap(&frames).usage(), Some(Usage { prompt: 5, completion: 2 }));
+        assert_eq!(tap(&frames).usage(), Some(Usage { prompt: 5, completion: 2, cached: 0 }));
     }
 
     #[test]
@@ -309,7 +367,7 @@ mod tests {
             "event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":15}}\n\n",
             "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
         ];
-        assert_eq!(tap(&frames).usage(), Some(Usage { prompt: 25, completion: 15 }));
+        assert_eq!(tap(&frames).usage(), Some(Usage { prompt: 25, completion: 15, cached: 0 }));
     }
 
     #[test]
@@ -320,12 +378,12 @@ mod tests {
             usage(
                 r#"{"prompt_tokens":7,"prompt_tokens_details":{"cached_tokens":2,"x":[1,{"y":null}]},"completion_tokens":9}"#
             ),
-            Some(Usage { prompt: 7, completion: 9 })
+            Some(Usage { prompt: 7, completion: 9, cached: 2 })
         );
         // `null` is no count; escaped keys are keys.
         assert_eq!(
             usage(r#"{"prompt_tokens":null,"\u0063ompletion_tokens":3}"#),
-            Some(Usage { prompt: 0, completion: 3 })
+            Some(Usage { prompt: 0, completion: 3, cached: 0 })
         );
         // Not integers, negative, repeated or malformed: not a usage report.
         for untrusted in [
@@ -344,7 +402,7 @@ mod tests {
     #[test]
     fn responses_api_and_no_usage() {
         let body = r#"{"object":"response","output":[],"usage":{"input_tokens":3,"output_tokens":4,"total_tokens":7}}"#;
-        assert_eq!(tap(&[body]).usage(), Some(Usage { prompt: 3, completion: 4 }));
+        assert_eq!(tap(&[body]).usage(), Some(Usage { prompt: 3, completion: 4, cached: 0 }));
         assert_eq!(tap(&["{\"data\":[]}"]).usage(), None);
         assert_eq!(tap(&[]).usage(), None);
     }
@@ -358,7 +416,7 @@ mod tests {
         }
         assert!(tap.tail.len() <= 2 * TAIL_BYTES && tap.head.len() == 1000, "{}", tap.tail.len());
         tap.observe(b"\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}");
-        assert_eq!(tap.usage(), Some(Usage { prompt: 1, completion: 2 }));
+        assert_eq!(tap.usage(), Some(Usage { prompt: 1, completion: 2, cached: 0 }));
     }
 
     /// The backward scan finds what a plain search from the end does.
@@ -425,7 +483,7 @@ mod tests {
         read_buffer
             .extend_from_slice(b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":20}}\n\n");
         tap.observe(&read_buffer.split().freeze());
-        assert_eq!(tap.usage(), Some(Usage { prompt: 3, completion: 20 }));
+        assert_eq!(tap.usage(), Some(Usage { prompt: 3, completion: 20, cached: 0 }));
     }
 
     fn injected(body: &str) -> (String, String, bool) {

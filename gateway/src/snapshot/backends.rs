@@ -58,6 +58,8 @@ pub struct Route {
     pub retry_budget: crate::upstream::balancing::RetryBudget,
     /// Its fair queue and capacity, when it has one.
     pub gate: Option<crate::sharing::Gated>,
+    /// What its tokens cost, and in which currency, when it is priced.
+    pub prices: Option<(waycast_crds::money::TokenPrices, Arc<str>)>,
     /// Index ranges of `backends` (sorted by priority) with one priority each.
     tiers: Vec<std::ops::Range<usize>>,
     next: AtomicU64,
@@ -237,6 +239,13 @@ pub(super) fn build_route(model: &ModelConfig, owner: NamespaceId, lent: &Resour
         balancing: crate::upstream::balancing::Balancing::from_config(&model.load_balancing),
         retry_budget: crate::upstream::balancing::RetryBudget::default(),
         gate: None,
+        prices: match &model.pricing {
+            None => None,
+            Some(pricing) => Some((
+                pricing.prices().map_err(|(field, error)| format!("pricing.{field}: {error}"))?,
+                Arc::from(pricing.currency.as_str()),
+            )),
+        },
         tiers,
         next: AtomicU64::new(0),
     })

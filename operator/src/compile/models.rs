@@ -149,6 +149,7 @@ fn route(endpoint: &ModelEndpoint, key: &ObjectKey, inputs: &Inputs<'_>) -> Resu
         let most = u32::try_from(capacity.max_in_flight_per_endpoint).ok()?;
         Some(waycast_crds::config::CapacityConfig { max_in_flight_per_endpoint: most })
     });
+    model.pricing = spec.pricing.as_ref().map(waycast_crds::spend::Pricing::config);
     model.source = Some(key.to_string());
     model.key_namespaces = key_namespaces;
     model.forward_headers = spec.forward_headers.clone();
