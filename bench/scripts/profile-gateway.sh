@@ -5,10 +5,11 @@
 # no stream) from waycast-bench's sink, and prints Ir per request and the
 # top functions.
 #
-#   bench/scripts/profile-gateway.sh [REQUESTS] [access-log: on|off] [stream: no|yes] [limits: off|on]
+#   bench/scripts/profile-gateway.sh [REQUESTS] [access-log: on|off] [stream: no|yes] [limits: off|on|budget]
 #
 # With limits on, the key has generous request and token limits (never
-# reached): the difference is the cost of the limit check. Streams have
+# reached): the difference is the cost of the limit check; with budget,
+# the key has a daily token budget never reached (the cost of a budget). Streams have
 # CHUNKS chunks (default 5; the sink's x-bench-* headers are forwarded for
 # streams only, so the request figures stay comparable); two runs with
 # different CHUNKS give the cost of one relayed chunk. CHUNK_MS (default 0)
@@ -47,7 +48,7 @@ cat >"$work/config.json" <<JSON
 {"apiVersion":"waycast.dev/config-v1",
  "models":[{"name":"benchmark-model","backends":[{"url":"http://127.0.0.1:$sink_port/v1","weight":1}],
             "timeouts":{"connect":"5s","firstByte":"300s","idle":"60s"}$([[ $stream == yes ]] && echo ',"forwardHeaders":["x-bench-*"]')}],
- "keys":[{"id":"bench/load","sha256":"$(printf %s "$key" | sha256sum | cut -d' ' -f1)"$([[ $limits == on ]] && echo ',"limits":{"requestsPerMinute":1000000000,"tokensPerMinute":1000000000000}')}],
+ "keys":[{"id":"bench/load","sha256":"$(printf %s "$key" | sha256sum | cut -d' ' -f1)"$([[ $limits == on ]] && echo ',"limits":{"requestsPerMinute":1000000000,"tokensPerMinute":1000000000000}')$([[ $limits == budget ]] && echo ',"budgets":[{"period":"Day","tokens":1000000000000}]')}],
  "settings":{"maxRequestBodyBytes":10485760,"accessLog":$([[ $access_log == on ]] && echo true || echo false)}}
 JSON
 valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$work/callgrind.out" \

@@ -71,6 +71,14 @@ pub struct ApiKeySpec {
     #[schemars(length(min = 1, max = 63), pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
     pub class: Option<String>,
 
+    /// What this key may spend per calendar period (tokens, money or both),
+    /// on top of its namespace's budgets on the Gateway
+    /// (`Gateway.spec.tenants[].budgets`). Past one, 429
+    /// `insufficient_quota` until the period starts over.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 4))]
+    pub budgets: Vec<crate::spend::Budget>,
+
     /// When the key stops working (RFC 3339, e.g. `2027-01-01T00:00:00Z`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<Time>,

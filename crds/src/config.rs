@@ -272,6 +272,9 @@ pub struct KeyConfig {
     /// default class, or the lowest its tenant may use.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub class: Option<String>,
+    /// What it may spend per calendar period.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub budgets: Vec<crate::spend::BudgetConfig>,
 }
 
 impl KeyConfig {
@@ -286,6 +289,7 @@ impl KeyConfig {
             disabled: false,
             limits: None,
             class: None,
+            budgets: Vec::new(),
         }
     }
 

@@ -94,6 +94,11 @@ pub struct GatewaySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sharing: Option<crate::sharing::GatewaySharing>,
 
+    /// The time zone budget periods start in, and the currency cost
+    /// budgets count in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budgets: Option<crate::spend::GatewayBudgets>,
+
     /// Log level and access log of the gateway pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logging: Option<GatewayLogging>,

@@ -27,6 +27,7 @@ pub mod glob;
 pub mod heartbeat;
 pub mod model_endpoint;
 pub mod money;
+pub mod period;
 pub mod problems;
 pub mod settings;
 pub mod sharing;

@@ -35,3 +35,17 @@ impl fmt::Display for Problems {
 }
 
 impl std::error::Error for Problems {}
+
+/// Problems found so far, each at its path.
+#[derive(Default)]
+pub(crate) struct Collector(pub(crate) Vec<Problem>);
+
+impl Collector {
+    pub(crate) fn add(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.0.push(Problem { path: path.into(), message: message.into() });
+    }
+
+    pub(crate) fn into_result(self) -> Result<(), Problems> {
+        if self.0.is_empty() { Ok(()) } else { Err(Problems(self.0)) }
+    }
+}

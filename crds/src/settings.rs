@@ -48,6 +48,9 @@ pub struct Settings {
     /// not listed has weight 1, the default class only, no caps.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tenants: Vec<TenantConfig>,
+    /// The time zone and currency of every budget.
+    #[serde(default, skip_serializing_if = "crate::spend::BudgetSettings::is_default")]
+    pub budgets: crate::spend::BudgetSettings,
 }
 
 impl Settings {
@@ -167,6 +170,7 @@ impl Default for Settings {
             allowed_hosts: Vec::new(),
             sharing: SharingConfig::default(),
             tenants: Vec::new(),
+            budgets: crate::spend::BudgetSettings::default(),
         }
     }
 }

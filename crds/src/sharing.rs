@@ -72,6 +72,11 @@ pub struct TenantPolicy {
     /// keys' own limits only divide what these allow.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<KeyLimits>,
+    /// What all the namespace's keys together may spend per calendar
+    /// period: its keys' own budgets never let it exceed these.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 4))]
+    pub budgets: Vec<crate::spend::Budget>,
 }
 
 /// Requests, tokens and concurrent requests of a key, or of a namespace's
@@ -255,6 +260,9 @@ pub struct TenantConfig {
     /// Caps for all its keys together.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<crate::common::LimitsConfig>,
+    /// Budgets for all its keys together.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub budgets: Vec<crate::spend::BudgetConfig>,
 }
 
 fn default_weight() -> u32 {
@@ -264,7 +272,7 @@ fn default_weight() -> u32 {
 impl TenantConfig {
     /// The namespace with weight 1, every class and no caps.
     pub fn new(namespace: impl Into<String>) -> Self {
-        Self { namespace: namespace.into(), weight: 1, classes: None, limits: None }
+        Self { namespace: namespace.into(), weight: 1, classes: None, limits: None, budgets: Vec::new() }
     }
 
     /// Whether its keys may use `class`.

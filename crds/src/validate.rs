@@ -19,23 +19,11 @@ use std::time::Duration;
 use crate::common::{RESERVED_HEADERS, is_forbidden_in_name};
 use crate::config::{BackendConfig, CONFIG_API_VERSION, GatewayConfig, KeyConfig, LimitsConfig, ModelConfig};
 use crate::egress::{self, Cidr};
+use crate::problems::Collector;
 pub use crate::problems::{Problem, Problems};
 
 /// Largest request body a config may allow: 1 GiB.
 pub const MAX_REQUEST_BODY_LIMIT: u64 = 1024 * 1024 * 1024;
-
-#[derive(Default)]
-struct Collector(Vec<Problem>);
-
-impl Collector {
-    fn add(&mut self, path: impl Into<String>, message: impl Into<String>) {
-        self.0.push(Problem { path: path.into(), message: message.into() });
-    }
-
-    fn into_result(self) -> Result<(), Problems> {
-        if self.0.is_empty() { Ok(()) } else { Err(Problems(self.0)) }
-    }
-}
 
 /// A config as a gateway reads it: the problems that refuse it whole
 /// (its version, its settings), and each entry left out with its own.
@@ -402,6 +390,7 @@ fn check_key(path: &str, key: &KeyConfig, problems: &mut Collector) {
     {
         problems.add(join(path, "class"), message);
     }
+    crate::spend::check_budgets(&join(path, "budgets"), &key.budgets, problems);
 }
 
 /// Why `class` cannot name a priority class (a DNS label), if it cannot.
@@ -458,7 +447,9 @@ fn check_sharing(settings: &crate::config::Settings, problems: &mut Collector) {
         if let Some(limits) = &tenant.limits {
             check_limits(&format!("{path}.limits"), limits, problems);
         }
+        crate::spend::check_budgets(&format!("{path}.budgets"), &tenant.budgets, problems);
     }
+    settings.budgets.check(problems);
 }
 
 fn check_limits(path: &str, limits: &LimitsConfig, problems: &mut Collector) {

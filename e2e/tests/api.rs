@@ -276,6 +276,36 @@ fn refusals() -> Vec<Refusal> {
             expected: &["spec.pricing.inputPerMillionTokens"],
         },
         Refusal {
+            what: "a budget of nothing",
+            kind: key.clone(),
+            spec: json!({"budgets": [{"period": "Day"}]}),
+            expected: &["a budget sets tokens, cost or both"],
+        },
+        Refusal {
+            what: "a budget in floating point",
+            kind: key.clone(),
+            spec: json!({"budgets": [{"period": "Month", "cost": "5e1"}]}),
+            expected: &["spec.budgets[0].cost"],
+        },
+        Refusal {
+            what: "a budget past a billion",
+            kind: key.clone(),
+            spec: json!({"budgets": [{"period": "Month", "cost": "5000000000"}]}),
+            expected: &["spec.budgets[0].cost"],
+        },
+        Refusal {
+            what: "a budget of a year",
+            kind: key.clone(),
+            spec: json!({"budgets": [{"period": "Year", "tokens": 5}]}),
+            expected: &["spec.budgets[0].period", "Unsupported value"],
+        },
+        Refusal {
+            what: "a currency that is not a code",
+            kind: gateway.clone(),
+            spec: json!({"budgets": {"currency": "usd"}}),
+            expected: &["spec.budgets.currency"],
+        },
+        Refusal {
             what: "a team's weight of zero",
             kind: gateway.clone(),
             spec: json!({"tenants": [{"namespaces": {"from": "All"}, "weight": 0}]}),

@@ -6,7 +6,7 @@
 //! unchanged. These are the gateway's own decisions and failures.
 
 use bytes::Bytes;
-use http::{HeaderValue, Response, StatusCode, header};
+use http::{HeaderName, HeaderValue, Response, StatusCode, header};
 use waycast_crds::validate::Problems;
 
 /// An error the gateway answers itself.
@@ -97,6 +97,23 @@ pub enum GatewayError {
     /// The rate-limit store did not answer and the Gateway fails closed.
     #[error("rate limits cannot be checked right now ({0}); try again shortly")]
     RateLimitUnavailable(crate::limit::redis::StoreError),
+    /// A budget of the key or its namespace is spent for its period (429
+    /// `insufficient_quota`, with `Retry-After` until the period starts over).
+    #[error("budget reached: {} is spent; it starts over at {}", .0.describe(), .0.resets_at)]
+    InsufficientQuota(crate::limit::Exhausted),
+    /// A cost budget applies and the model is priced in another currency
+    /// than the budgets count in (403: no spend of it can be counted).
+    #[error(
+        "model '{model}' is priced in {currency} and this key's budgets count {counted_in}: its cost cannot be counted against them"
+    )]
+    BudgetCurrency {
+        /// The model.
+        model: String,
+        /// Its prices' currency.
+        currency: String,
+        /// The budgets' currency.
+        counted_in: String,
+    },
     /// The model is full and its queue refused the request (429 with
     /// `Retry-After`, in seconds).
     #[error("model '{model}' is at capacity: {}; try again in {retry_after}s", busy_text(*.reason))]
@@ -126,6 +143,7 @@ impl From<crate::limit::Refused> for GatewayError {
         match refused {
             crate::limit::Refused::Limit(refusal) => Self::RateLimited(refusal),
             crate::limit::Refused::StoreFailed(failure) => Self::RateLimitUnavailable(failure),
+            crate::limit::Refused::Budget(exhausted) => Self::InsufficientQuota(exhausted),
         }
     }
 }
@@ -136,7 +154,7 @@ impl GatewayError {
         use GatewayError::*;
         match self {
             MissingKey | InvalidKey | ExpiredKey | DisabledKey => StatusCode::UNAUTHORIZED,
-            ModelNotAllowed(_) => StatusCode::FORBIDDEN,
+            ModelNotAllowed(_) | BudgetCurrency { .. } => StatusCode::FORBIDDEN,
             UnknownModel(_) | NotFound(_) => StatusCode::NOT_FOUND,
             BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             InvalidJson(_) | NotAnObject | MissingModel | ModelNotString | InvalidField(..) | DuplicateModel
@@ -148,7 +166,7 @@ impl GatewayError {
             UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             UpstreamNotJson(_, status) => StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_GATEWAY),
             NotReady => StatusCode::SERVICE_UNAVAILABLE,
-            RateLimited(_) | ModelBusy { .. } => StatusCode::TOO_MANY_REQUESTS,
+            RateLimited(_) | ModelBusy { .. } | InsufficientQuota(_) => StatusCode::TOO_MANY_REQUESTS,
             RateLimitUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
@@ -169,6 +187,8 @@ impl GatewayError {
             // As OpenAI's own 429s: the type names what ran out.
             RateLimited(refusal) => refusal.unit.as_str(),
             ModelBusy { .. } => "requests",
+            // As OpenAI's own answer when an account's quota is spent.
+            InsufficientQuota(_) => "insufficient_quota",
             _ => "invalid_request_error",
         }
     }
@@ -206,6 +226,8 @@ impl GatewayError {
             RateLimited(_) => "rate_limit_exceeded",
             RateLimitUnavailable(_) => "rate_limit_unavailable",
             ModelBusy { .. } => "model_at_capacity",
+            InsufficientQuota(_) => "insufficient_quota",
+            BudgetCurrency { .. } => "model_priced_in_another_currency",
         }
     }
 
@@ -245,6 +267,13 @@ impl GatewayError {
         match self {
             GatewayError::RateLimited(refusal) => refusal.apply(headers),
             GatewayError::RateLimitUnavailable(_) => drop(headers.insert(header::RETRY_AFTER, HeaderValue::from(1))),
+            GatewayError::InsufficientQuota(exhausted) => {
+                let seconds = exhausted.retry_after_seconds(jiff::Timestamp::now());
+                drop(headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds)));
+                // The OpenAI SDKs retry a 429 at once unless told not to;
+                // a spent budget comes back only with its period.
+                drop(headers.insert(HeaderName::from_static("x-should-retry"), HeaderValue::from_static("false")));
+            }
             GatewayError::ModelBusy { retry_after, .. } => {
                 drop(headers.insert(header::RETRY_AFTER, HeaderValue::from(*retry_after)));
             }

@@ -23,8 +23,10 @@ use waycast_crds::egress::EgressPolicy;
 
 use crate::error::BuildError;
 use crate::limit::LimitSet;
+use crate::limit::budget::BudgetState;
 use crate::limit::redis::RedisCounter;
 use crate::upstream::{UpstreamClient, effective_tls};
+use waycast_crds::period::Period;
 
 /// The resources a config is built with. Cloning shares them.
 #[derive(Clone, Default)]
@@ -39,6 +41,8 @@ pub struct Resources {
     tenant_limits: HashMap<Arc<str>, Limits>,
     model_limits: HashMap<Arc<str>, Limits>,
     gates: HashMap<Arc<str>, Arc<crate::sharing::ModelGate>>,
+    /// Budget counts by scope (`key:<id>`, `tenant:<namespace>`), per period.
+    budgets: HashMap<Arc<str>, Vec<(Period, Arc<BudgetState>)>>,
 }
 
 /// What tells two upstream clients apart: the connect timeout and the TLS
@@ -78,6 +82,17 @@ impl Resources {
     /// The limiter state of the tenant `namespace` (all its keys together).
     pub fn tenant_limits(&self, namespace: &str) -> Option<Arc<LimitSet>> {
         self.tenant_limits.get(namespace).map(|limits| limits.state.clone())
+    }
+
+    /// The counts of the budget of `scope` (`key:<id>`, `tenant:<namespace>`)
+    /// over `period` (fresh when none was lent: a budget the config did
+    /// not name).
+    pub fn budget_state(&self, scope: &str, period: Period) -> Arc<BudgetState> {
+        self.budgets
+            .get(scope)
+            .and_then(|states| states.iter().find(|(p, _)| *p == period))
+            .map(|(_, state)| state.clone())
+            .unwrap_or_default()
     }
 
     /// The fair queue of the model with this id, when it has a capacity.
@@ -201,7 +216,37 @@ impl Registry {
                 )),
             },
         };
-        Ok(Resources { egress, clients, unbuildable, redis, key_limits, tenant_limits, model_limits, gates })
+        // Budget counts: kept while the config names them, and while they
+        // hold anything in a period not yet over (a key or team toggled off
+        // and on mid-period must not start its period over; keys created
+        // and deleted in turn must not pile up).
+        let named = config
+            .keys
+            .iter()
+            .flat_map(|key| key.budgets.iter().map(move |b| (format!("key:{}", key.id), b.period)))
+            .chain(config.settings.tenants.iter().flat_map(|tenant| {
+                tenant.budgets.iter().map(move |b| (format!("tenant:{}", tenant.namespace), b.period))
+            }));
+        let mut budgets: HashMap<Arc<str>, Vec<(Period, Arc<BudgetState>)>> = HashMap::new();
+        let find = |map: &HashMap<Arc<str>, Vec<(Period, Arc<BudgetState>)>>, scope: &str, period: Period| {
+            map.get(scope).and_then(|states| states.iter().find(|(p, _)| *p == period)).map(|(_, state)| state.clone())
+        };
+        for (scope, period) in named {
+            if find(&budgets, &scope, period).is_some() {
+                continue;
+            }
+            let state = find(&held.budgets, &scope, period).unwrap_or_default();
+            budgets.entry(Arc::from(scope)).or_default().push((period, state));
+        }
+        let now = jiff::Timestamp::now();
+        for (scope, states) in &held.budgets {
+            for (period, state) in states {
+                if find(&budgets, scope, *period).is_none() && state.counted() != (0, 0) && !state.ended(now) {
+                    budgets.entry(scope.clone()).or_default().push((*period, state.clone()));
+                }
+            }
+        }
+        Ok(Resources { egress, clients, unbuildable, redis, key_limits, tenant_limits, model_limits, gates, budgets })
     }
 
     /// Records what the config now serving was built with; what it does not

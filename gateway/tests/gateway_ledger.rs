@@ -25,6 +25,7 @@ use waycast_mock::upstream::{self as mock_upstream, MockOptions};
 async fn every_request_of_a_priced_model_has_a_record_and_the_records_sum_to_the_counter() {
     let mock = mock_upstream::start(SocketAddr::from(([127, 0, 0, 1], 0)), MockOptions::default()).await.unwrap();
     let mut config = fixture::default_config(&mock.base_url());
+    config.settings.budgets.currency = "EUR".into();
     config.models[0].pricing = Some(PricingConfig {
         currency: "EUR".into(),
         input_per_million_tokens: "0.20".into(),

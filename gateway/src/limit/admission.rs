@@ -6,8 +6,9 @@
 
 use std::sync::Arc;
 
+use super::budget::{self, BudgetHold};
 use super::charge::Reservation;
-use super::decision::{Admitted, Counted, Held, RateHeaders, Refusal};
+use super::decision::{Admitted, Counted, Refused};
 use super::in_redis::{self, Subject};
 use super::limiter::LimitSet;
 use super::local;
@@ -23,15 +24,6 @@ pub enum Counters<'a> {
     },
     /// In Redis, for the whole fleet.
     Redis(&'a Arc<RedisCounter>),
-}
-
-/// Why a request was not admitted.
-#[derive(Debug)]
-pub enum Refused {
-    /// A limit refused it (429).
-    Limit(Refusal),
-    /// The store did not answer and the Gateway fails closed (503).
-    StoreFailed(StoreError),
 }
 
 /// An admission decision that let the request on, and the store failure it
@@ -95,20 +87,34 @@ impl<'a> Counters<'a> {
         counted: Option<&Counted>,
     ) -> Result<Passed<Option<Admitted>>, Refused> {
         let sets = local::Sets { key: subject.key.1, tenant: subject.tenant.1, model: subject.model.1 };
-        if sets.is_empty() {
+        if sets.is_empty() && subject.budgets.is_none() {
             return Ok(Passed::clean(None));
         }
-        let decision = match self {
-            Self::Local { shares } => local::admit(sets, shares, reservation, counted),
+        match self {
+            Self::Local { shares } => {
+                // Budgets first: a refusal by one charges no limit; a
+                // refusal by a limit drops the reservations (given back).
+                let budget = match &subject.budgets {
+                    None => None,
+                    Some(ask) => {
+                        let reserved = budget::reserve(&ask.owned(), ask.need, shares, ask.now, ask.zone)
+                            .map_err(Refused::Budget)?;
+                        Some(BudgetHold::local(reserved, ask.zone))
+                    }
+                };
+                let mut admitted = if sets.is_empty() {
+                    Admitted::default()
+                } else {
+                    local::admit(sets, shares, reservation, counted).map_err(Refused::Limit)?
+                };
+                admitted.budget = budget;
+                Ok(Passed::clean(Some(admitted)))
+            }
             Self::Redis(counter) => match in_redis::admit(counter, subject, reservation, counted).await {
-                Ok(decision) => decision,
-                Err(error) => {
-                    let unlimited = Admitted { headers: RateHeaders::default(), charge: None, held: Held::default() };
-                    return on_store_failure(counter, error, Some(unlimited));
-                }
+                Ok(decision) => decision.map(|admitted| Passed::clean(Some(admitted))),
+                Err(error) => on_store_failure(counter, error, Some(Admitted::default())),
             },
-        };
-        decision.map(|admitted| Passed::clean(Some(admitted))).map_err(Refused::Limit)
+        }
     }
 }
 

@@ -12,6 +12,17 @@ use super::gcra::Verdict;
 use super::limiter::LimitSet;
 use super::redis::RedisCounter;
 
+/// Why a request was not admitted.
+#[derive(Debug)]
+pub enum Refused {
+    /// A limit refused it (429).
+    Limit(Refusal),
+    /// A budget is spent for its period (429 `insufficient_quota`).
+    Budget(super::budget::Exhausted),
+    /// The store did not answer and the Gateway fails closed (503).
+    StoreFailed(super::redis::StoreError),
+}
+
 /// Whose limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Owner {
@@ -166,9 +177,9 @@ pub struct Held {
     pub(super) redis: Option<super::redis::RedisHold>,
 }
 
-/// An admitted request: headers for its response, what to charge, and
-/// the concurrency it holds.
-#[derive(Debug)]
+/// An admitted request: headers for its response, what to charge, the
+/// concurrency it holds and what it reserved in its budgets.
+#[derive(Debug, Default)]
 pub struct Admitted {
     /// `x-ratelimit-*` for the response.
     pub headers: RateHeaders,
@@ -176,6 +187,8 @@ pub struct Admitted {
     pub charge: Option<Charge>,
     /// Concurrency held until the request ends.
     pub held: Held,
+    /// Budgets reserved, settled when the request ends.
+    pub budget: Option<super::budget::BudgetHold>,
 }
 
 /// A key's request, counted before its body was read (so a key over its

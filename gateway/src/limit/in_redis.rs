@@ -4,12 +4,13 @@
 
 use std::sync::Arc;
 
+use super::budget::{Budget, BudgetHold, BudgetOwner, Exhausted, Need};
 use super::charge::{Charge, Reservation};
 use super::decision::{
     Admitted, Counted, CountedIn, Held, Owner, RateHeaders, Refusal, Unit, concurrency_refusal, counted_or_refused,
 };
 use super::limiter::LimitSet;
-use super::redis::{RedisCounter, RedisHold, ScriptLimiter, StoreError};
+use super::redis::{RedisCounter, RedisHold, RedisSpend, ScriptBudget, ScriptLimiter, StoreError};
 
 /// A key's request counted before its body is read, in Redis (the local
 /// form: `local::count_key_request`).
@@ -25,8 +26,14 @@ pub async fn count_key_request(
     let redis_key = format!("{}key:{key_id}:requests", counter.config.key_prefix());
     let script = [ScriptLimiter { key: &redis_key, units: 1, per_minute: limiter.per_minute }];
     let holder = counter.holder();
-    let verdict = counter.admit(&script, &[], &holder).await?.verdicts.first().copied().ok_or(StoreError::Reply)?;
+    let verdict =
+        counter.admit(&script, &[], &[], &holder, "").await?.verdicts.first().copied().ok_or(StoreError::Reply)?;
     Ok(counted_or_refused(limiter.per_minute, verdict, CountedIn::Redis(counter.clone(), redis_key)))
+}
+
+/// Never called: a refusal was found before this is reached.
+fn unreachable_refusal() -> super::decision::Refused {
+    super::decision::Refused::StoreFailed(StoreError::Reply)
 }
 
 /// Whose limits a request is under, for counting in Redis.
@@ -37,6 +44,30 @@ pub struct Subject<'a> {
     pub tenant: (&'a str, Option<&'a Arc<LimitSet>>),
     /// The model's name and limits.
     pub model: (&'a str, Option<&'a Arc<LimitSet>>),
+    /// The key's and the tenant's budgets and the request's worst case,
+    /// when either has a budget.
+    pub budgets: Option<BudgetAsk<'a>>,
+}
+
+/// What a request asks of its budgets.
+pub struct BudgetAsk<'a> {
+    /// The key's budgets.
+    pub key: &'a [Budget],
+    /// The tenant's budgets.
+    pub tenant: &'a [Budget],
+    /// The request's worst case.
+    pub need: Need,
+    /// The time zone periods start in.
+    pub zone: &'a jiff::tz::TimeZone,
+    /// Now.
+    pub now: jiff::Timestamp,
+}
+
+impl BudgetAsk<'_> {
+    /// Whose budgets, in the order they are checked.
+    pub(super) fn owned(&self) -> [(BudgetOwner, &[Budget]); 2] {
+        [(BudgetOwner::Key, self.key), (BudgetOwner::Tenant, self.tenant)]
+    }
 }
 
 /// Admission counted in Redis for the whole fleet (no shares; the local
@@ -49,7 +80,7 @@ pub async fn admit(
     subject: &Subject<'_>,
     reservation: Reservation,
     counted: Option<&Counted>,
-) -> Result<Result<Admitted, Refusal>, StoreError> {
+) -> Result<Result<Admitted, super::decision::Refused>, StoreError> {
     // (owner, unit, Redis key, limit): token limits first, as `admit` checks them.
     let mut limiters: Vec<(Owner, Unit, String, u64)> = Vec::with_capacity(6);
     let mut concurrent: Vec<(Owner, String, u64)> = Vec::new();
@@ -81,6 +112,40 @@ pub async fn admit(
         })
         .collect();
     let held_keys: Vec<(&str, u64)> = concurrent.iter().map(|(_, key, limit)| (key.as_str(), *limit)).collect();
+    // (owner, the budget, its hash in the current period, the period's end).
+    let mut budgets: Vec<(BudgetOwner, &Budget, String, jiff::Timestamp)> = Vec::new();
+    if let Some(ask) = &subject.budgets {
+        let ids = [subject.key.0, subject.tenant.0];
+        for ((owner, list), id) in ask.owned().into_iter().zip(ids) {
+            let scope = match owner {
+                BudgetOwner::Key => "key",
+                BudgetOwner::Tenant => "tenant",
+            };
+            for budget in list {
+                let window = budget.period.window(ask.now, ask.zone);
+                let key = format!("{prefix}budget:{scope}:{id}:{:?}:{}", budget.period, window.key);
+                budgets.push((owner, budget, key, window.end));
+            }
+        }
+    }
+    let need = subject.budgets.as_ref().map(|ask| ask.need).unwrap_or_default();
+    let now = subject.budgets.as_ref().map_or_else(jiff::Timestamp::now, |ask| ask.now);
+    // A day past the period's end: a late settlement still finds its hash.
+    let ttl_ms = |end: jiff::Timestamp| {
+        u64::try_from(end.as_millisecond().saturating_sub(now.as_millisecond())).unwrap_or(0) + 86_400_000
+    };
+    let script_budgets: Vec<ScriptBudget<'_>> = budgets
+        .iter()
+        .map(|(_, budget, key, end)| ScriptBudget {
+            key,
+            tokens: budget.tokens,
+            cost: budget.cost,
+            // Nothing reserved where the budget sets no limit.
+            need_tokens: if budget.tokens.is_some() { need.tokens } else { 0 },
+            need_cost: if budget.cost.is_some() { need.cost } else { 0 },
+            ttl_ms: ttl_ms(*end),
+        })
+        .collect();
     // The places the script may count are released unless it is known that
     // it did not count them: when its answer is lost (a timeout, the client
     // gone, the connection broken) a release is owed all the same (one of a
@@ -91,10 +156,23 @@ pub async fn admit(
         keys: concurrent.iter().map(|(_, key, _)| key.clone()).collect(),
         holder: holder.clone(),
     };
-    let admission = if script.is_empty() && held_keys.is_empty() {
+    // The same for budgets: a reservation whose answer is lost is given
+    // back (one never made gives back nothing: each request's reservation
+    // is its own field, and the give-back reaches Redis after the
+    // admission it answers, `redis_link::serve`).
+    let request = if script_budgets.is_empty() { String::new() } else { counter.request_name(&holder) };
+    let mut hold = BudgetHold::default();
+    let admission = if script.is_empty() && held_keys.is_empty() && script_budgets.is_empty() {
         None
     } else {
-        Some(counter.admit(&script, &held_keys, &holder).await?)
+        let asked = counter.admit(&script, &held_keys, &script_budgets, &holder, &request);
+        // Armed while the answer is awaited (its drop settles 0: a give-back).
+        hold.redis = Some(RedisSpend {
+            counter: counter.clone(),
+            request: request.clone(),
+            budgets: script_budgets.iter().map(|b| (b.key.to_owned(), b.ttl_ms)).collect(),
+        });
+        Some(asked.await?)
     };
     let mut headers = RateHeaders::default();
     if let Some(counted) = counted {
@@ -120,14 +198,32 @@ pub async fn admit(
     {
         refusal = Some(concurrency_refusal(*owner, *limit, headers));
     }
-    if let Some(mut refusal) = refusal {
-        // The script counted nothing: nothing to release.
+    let budget_verdicts = admission.as_ref().map(|a| a.budgets.as_slice()).unwrap_or_default();
+    let exhausted =
+        budgets.iter().zip(script_budgets.iter()).zip(budget_verdicts).find(|(_, (admitted, ..))| !admitted).map(
+            |(((owner, budget, _, end), asked), (_, tokens, _))| {
+                let over_tokens = budget.tokens.is_some_and(|limit| tokens.saturating_add(asked.need_tokens) > limit);
+                let what = if over_tokens { "tokens" } else { "cost" };
+                Exhausted { owner: *owner, period: budget.period, resets_at: *end, what }
+            },
+        );
+    if refusal.is_some() || exhausted.is_some() {
+        // The script counted nothing: nothing to release or give back.
         pending.keys.clear();
+        if let Some(spend) = hold.redis.as_mut() {
+            spend.budgets.clear();
+        }
         if let Some(counted) = counted {
             counted.refund();
         }
-        refusal.headers = headers;
-        return Ok(Err(refusal));
+        return Ok(Err(match (refusal, exhausted) {
+            (Some(mut refusal), _) => {
+                refusal.headers = headers;
+                super::decision::Refused::Limit(refusal)
+            }
+            (None, Some(exhausted)) => super::decision::Refused::Budget(exhausted),
+            (None, None) => unreachable_refusal(),
+        }));
     }
     let tokens: Vec<(String, u64)> = limiters
         .into_iter()
@@ -141,5 +237,6 @@ pub async fn admit(
         redis: Some((counter.clone(), tokens)),
     });
     let held = Held { local: Vec::new(), redis: (!pending.keys.is_empty()).then_some(pending) };
-    Ok(Ok(Admitted { headers, charge, held }))
+    let budget = hold.redis.as_ref().is_some_and(|spend| !spend.budgets.is_empty()).then_some(hold);
+    Ok(Ok(Admitted { headers, charge, held, budget }))
 }

@@ -116,5 +116,5 @@ pub fn admit(
         return Err(refusal);
     }
     let charge = (!reserved.is_empty()).then_some(Charge { reserved, shares, reservation, redis: None });
-    Ok(Admitted { headers, charge, held })
+    Ok(Admitted { headers, charge, held, budget: None })
 }

@@ -25,6 +25,7 @@
 //! model id, so a config change does not reset a limit.
 
 mod admission;
+pub mod budget;
 mod charge;
 pub mod clock;
 mod decision;
@@ -38,10 +39,11 @@ mod redis_link;
 mod redis_scripts;
 pub mod resp;
 
-pub use admission::{Counters, Passed, Refused};
+pub use admission::{Counters, Passed};
+pub use budget::{Budget, BudgetHold, Exhausted, Need};
 pub use charge::{Charge, Charged, Relayed, Reservation};
-pub use decision::{Admitted, Held, Refusal, duration_text};
-pub use in_redis::Subject;
+pub use decision::{Admitted, Held, Refusal, Refused, duration_text};
+pub use in_redis::{BudgetAsk, Subject};
 pub use limiter::LimitSet;
 
 #[cfg(test)]

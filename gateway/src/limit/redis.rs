@@ -61,6 +61,66 @@ pub struct Admission {
     pub verdicts: Vec<Verdict>,
     /// Per concurrency limit: admitted, and the requests it holds.
     pub held: Vec<(bool, u64)>,
+    /// Per budget: admitted, and the tokens and cost it counted before.
+    pub budgets: Vec<(bool, u64, u64)>,
+}
+
+/// One budget of a request, as the admission script sees it.
+pub struct ScriptBudget<'a> {
+    /// Its hash (the budget's scope and current period).
+    pub key: &'a str,
+    /// Its tokens and cost (nano-units), if it sets them.
+    pub tokens: Option<u64>,
+    /// Its cost, in nano-units.
+    pub cost: Option<u64>,
+    /// The request's worst case.
+    pub need_tokens: u64,
+    /// The request's worst-case cost.
+    pub need_cost: u64,
+    /// How long the hash lives: past the period's end.
+    pub ttl_ms: u64,
+}
+
+/// What a request reserved in budgets counted in Redis, to settle when it
+/// ends (the `SPEND` script, on the queue that is never dropped for want
+/// of room).
+pub struct RedisSpend {
+    pub(super) counter: Arc<RedisCounter>,
+    /// The request's name its reservations are kept under.
+    pub(super) request: String,
+    /// (hash, ttl in ms).
+    pub(super) budgets: Vec<(String, u64)>,
+}
+
+impl std::fmt::Debug for RedisSpend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisSpend").field("budgets", &self.budgets).finish_non_exhaustive()
+    }
+}
+
+/// Past this a spend is clamped (the script's counts are 64-bit integers).
+const MOST_SPENT: u64 = 9_000_000_000_000_000_000;
+
+impl RedisSpend {
+    /// The request used `tokens` and cost `cost`.
+    pub fn settle(&self, tokens: u64, cost: u64) {
+        if self.budgets.is_empty() {
+            return;
+        }
+        let mut args: Vec<Vec<u8>> = vec![
+            b"EVALSHA".to_vec(),
+            redis_scripts::sha(redis_scripts::SPEND).into_bytes(),
+            self.budgets.len().to_string().into_bytes(),
+        ];
+        args.extend(self.budgets.iter().map(|(key, _)| key.as_bytes().to_vec()));
+        args.push(self.request.as_bytes().to_vec());
+        for (_, ttl) in &self.budgets {
+            args.push(tokens.min(MOST_SPENT).to_string().into_bytes());
+            args.push(cost.min(MOST_SPENT).to_string().into_bytes());
+            args.push(ttl.to_string().into_bytes());
+        }
+        let _ = self.counter.after.send(command(&args));
+    }
 }
 
 /// A request held under concurrency limits in Redis: counted out when
@@ -90,6 +150,8 @@ pub struct RedisCounter {
     calls: mpsc::Sender<Call>,
     after: mpsc::UnboundedSender<BytesMut>,
     link: Arc<Link>,
+    /// Numbers the requests whose budget reservations it keeps.
+    requests: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for RedisCounter {
@@ -109,14 +171,19 @@ impl RedisCounter {
         let (calls, calls_out) = mpsc::channel(MAX_QUEUED);
         let (after, after_out) = mpsc::unbounded_channel();
         let link = Arc::new(Link::new());
-        let queues = Queues { calls: calls_out, after: after_out };
+        let queues = Queues { calls: calls_out, after: after_out, held_back: None };
         tokio::spawn(redis_link::run(config.clone(), transport, queues, link.clone()));
-        Ok(Self { config, calls, after, link })
+        Ok(Self { config, calls, after, link, requests: std::sync::atomic::AtomicU64::new(0) })
     }
 
     /// The name this pod's current connection counts concurrency under.
     pub fn holder(&self) -> Arc<String> {
         self.link.holder.load_full()
+    }
+
+    /// A name of its own for a request, under `holder`.
+    pub fn request_name(&self, holder: &str) -> String {
+        format!("{holder}|{}", self.requests.fetch_add(1, Ordering::Relaxed))
     }
 
     /// Whether the connection is up.
@@ -141,24 +208,37 @@ impl RedisCounter {
         &self,
         rates: &[ScriptLimiter<'_>],
         concurrent: &[(&str, u64)],
+        budgets: &[ScriptBudget<'_>],
         holder: &Arc<String>,
+        request: &str,
     ) -> Result<Admission, StoreError> {
-        let count = rates.len() + concurrent.len();
-        let mut args: Vec<Vec<u8>> = Vec::with_capacity(7 + count * 2);
+        let count = rates.len() + concurrent.len() + budgets.len();
+        let mut args: Vec<Vec<u8>> = Vec::with_capacity(8 + count * 3 + budgets.len() * 5);
         args.push(b"EVALSHA".to_vec());
         args.push(redis_scripts::sha(redis_scripts::ADMIT).into_bytes());
         args.push(count.to_string().into_bytes());
         args.extend(rates.iter().map(|l| l.key.as_bytes().to_vec()));
         args.extend(concurrent.iter().map(|(key, _)| key.as_bytes().to_vec()));
+        args.extend(budgets.iter().map(|budget| budget.key.as_bytes().to_vec()));
         args.push((gcra::WINDOW_NANOS / 1000).to_string().into_bytes());
         args.push(rates.len().to_string().into_bytes());
         args.push(holder.as_bytes().to_vec());
         args.push(redis_link::alive_key(&self.config, "").into_bytes());
+        args.push(concurrent.len().to_string().into_bytes());
+        args.push(request.as_bytes().to_vec());
         for limiter in rates {
             let cost = gcra::unit_cost(limiter.per_minute, 1).saturating_mul(limiter.units).min(gcra::WINDOW_NANOS);
             args.push(micros(cost).into_bytes());
         }
         args.extend(concurrent.iter().map(|(_, limit)| limit.to_string().into_bytes()));
+        let limit = |value: Option<u64>| value.map_or_else(|| "-1".to_owned(), |v| v.to_string()).into_bytes();
+        for budget in budgets {
+            args.push(limit(budget.tokens));
+            args.push(limit(budget.cost));
+            args.push(budget.need_tokens.to_string().into_bytes());
+            args.push(budget.need_cost.to_string().into_bytes());
+            args.push(budget.ttl_ms.to_string().into_bytes());
+        }
         let reply = self.call(&args).await?;
         let Reply::Array(Some(items)) = reply else { return Err(StoreError::Reply) };
         let numbers: Vec<i64> = items
@@ -169,7 +249,8 @@ impl RedisCounter {
             return Err(StoreError::Reply);
         }
         let nanos = |micros: i64| u64::try_from(micros).unwrap_or(0).saturating_mul(1000);
-        let (rate_numbers, concurrent_numbers) = numbers.split_at(rates.len() * 3);
+        let (rate_numbers, rest) = numbers.split_at(rates.len() * 3);
+        let (concurrent_numbers, budget_numbers) = rest.split_at(concurrent.len() * 3);
         let verdicts = rate_numbers
             .chunks_exact(3)
             .zip(rates)
@@ -184,7 +265,9 @@ impl RedisCounter {
             })
             .collect();
         let held = concurrent_numbers.chunks_exact(3).map(|n| (n[0] == 1, u64::try_from(n[1]).unwrap_or(0))).collect();
-        Ok(Admission { verdicts, held })
+        let count = |n: i64| u64::try_from(n).unwrap_or(0);
+        let budgets = budget_numbers.chunks_exact(3).map(|n| (n[0] == 1, count(n[1]), count(n[2]))).collect();
+        Ok(Admission { verdicts, held, budgets })
     }
 
     /// Counts a request out of the concurrency limits it was held under

@@ -92,6 +92,37 @@ pub(super) struct Call {
 pub(super) struct Queues {
     pub(super) calls: mpsc::Receiver<Call>,
     pub(super) after: mpsc::UnboundedReceiver<BytesMut>,
+    /// One taken from `after` and not yet written: calls queued before it
+    /// go first.
+    pub(super) held_back: Option<BytesMut>,
+}
+
+/// A reply owed, and who waits for it (none: nobody).
+type Waiting = VecDeque<Option<oneshot::Sender<Result<Reply, StoreError>>>>;
+
+impl Queues {
+    /// Moves what is queued into `outgoing`: calls first, then settlements
+    /// and releases. A release owed for an admission whose answer was lost
+    /// is queued after that admission; taking the calls first writes the
+    /// admission first, and Redis runs a connection's commands in order, so
+    /// a release never runs before what it releases (which would then stay
+    /// counted until its holder expires).
+    fn take_queued(&mut self, waiting: &mut Waiting, outgoing: &mut BytesMut) {
+        while waiting.len() < MAX_IN_FLIGHT
+            && let Ok(call) = self.calls.try_recv()
+        {
+            outgoing.extend_from_slice(&call.command);
+            waiting.push_back(call.reply);
+        }
+        if !self.calls.is_empty() {
+            return;
+        }
+        while waiting.len() < MAX_IN_FLIGHT {
+            let Some(after) = self.held_back.take().or_else(|| self.after.try_recv().ok()) else { break };
+            outgoing.extend_from_slice(&after);
+            waiting.push_back(None);
+        }
+    }
 }
 
 /// What the connection task tells of its connection.
@@ -171,8 +202,10 @@ pub(super) async fn run(config: RedisConfig, transport: Transport, mut queues: Q
             }
         }
         // Calls made meanwhile fail at once rather than wait; settlements
-        // and releases made meanwhile are dropped (what this holder counted
-        // stops counting when its liveness key expires).
+        // and releases wait for the next connection (a spend must be
+        // counted; a release of a holder gone by then removes nothing).
+        // They are bounded: one at most per request admitted while Redis
+        // answered.
         let pause = tokio::time::sleep(backoff);
         tokio::pin!(pause);
         loop {
@@ -186,7 +219,6 @@ pub(super) async fn run(config: RedisConfig, transport: Transport, mut queues: Q
                         }
                     }
                 },
-                after = queues.after.recv() => if after.is_none() { return },
             }
         }
         backoff = (backoff * 2).min(Duration::from_secs(1));
@@ -281,7 +313,7 @@ async fn read_reply(stream: &mut Box<dyn Connection>, buffer: &mut BytesMut) -> 
 /// counter is dropped (`None`).
 async fn serve(stream: Box<dyn Connection>, queues: &mut Queues, alive: BytesMut) -> Option<std::io::Error> {
     let (mut reader, mut writer) = tokio::io::split(stream);
-    let mut waiting: VecDeque<Option<oneshot::Sender<Result<Reply, StoreError>>>> = VecDeque::new();
+    let mut waiting: Waiting = VecDeque::new();
     let mut incoming = BytesMut::with_capacity(4096);
     let mut outgoing = BytesMut::with_capacity(4096);
     let mut refresh = tokio::time::interval_at(tokio::time::Instant::now() + ALIVE_REFRESH, ALIVE_REFRESH);
@@ -295,13 +327,9 @@ async fn serve(stream: Box<dyn Connection>, queues: &mut Queues, alive: BytesMut
             }
             // NB: while MAX_IN_FLIGHT replies are owed, nothing more is sent;
             // the queue fills and callers fail fast instead.
-            after = queues.after.recv(), if waiting.len() < MAX_IN_FLIGHT => {
-                outgoing.extend_from_slice(&after?);
-                waiting.push_back(None);
-                while waiting.len() < MAX_IN_FLIGHT && let Ok(after) = queues.after.try_recv() {
-                    outgoing.extend_from_slice(&after);
-                    waiting.push_back(None);
-                }
+            after = queues.after.recv(), if queues.held_back.is_none() && waiting.len() < MAX_IN_FLIGHT => {
+                queues.held_back = Some(after?);
+                queues.take_queued(&mut waiting, &mut outgoing);
                 if let Err(error) = writer.write_all(&outgoing).await {
                     break error;
                 }
@@ -312,10 +340,14 @@ async fn serve(stream: Box<dyn Connection>, queues: &mut Queues, alive: BytesMut
                 outgoing.extend_from_slice(&call.command);
                 waiting.push_back(call.reply);
                 // Everything queued meanwhile goes in the same write.
-                while waiting.len() < MAX_IN_FLIGHT && let Ok(call) = queues.calls.try_recv() {
-                    outgoing.extend_from_slice(&call.command);
-                    waiting.push_back(call.reply);
+                queues.take_queued(&mut waiting, &mut outgoing);
+                if let Err(error) = writer.write_all(&outgoing).await {
+                    break error;
                 }
+                outgoing.clear();
+            }
+            () = std::future::ready(()), if queues.held_back.is_some() && waiting.len() < MAX_IN_FLIGHT => {
+                queues.take_queued(&mut waiting, &mut outgoing);
                 if let Err(error) = writer.write_all(&outgoing).await {
                     break error;
                 }

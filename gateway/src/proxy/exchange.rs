@@ -64,6 +64,8 @@ pub struct Facts {
     pub tenant: Option<Arc<str>>,
     /// The model's prices and their currency, when it is priced.
     pub priced: Option<(waycast_crds::money::TokenPrices, Arc<str>)>,
+    /// What it reserved in its budgets, settled when it ends.
+    pub budget: Option<crate::limit::BudgetHold>,
     /// How long it waited for a model's queue, and in which class (index
     /// into the names).
     pub queued: Option<(Arc<[String]>, usize, Duration)>,
@@ -90,6 +92,7 @@ impl Default for Facts {
             seat: None,
             tenant: None,
             priced: None,
+            budget: None,
             queued: None,
             overhead_before: Duration::ZERO,
             tallies: Tallies::default(),
@@ -121,6 +124,7 @@ impl Tally {
             GatewayError::RateLimited(refusal) => Some(Self::RateLimited(refusal.label())),
             GatewayError::RateLimitUnavailable(failure) => Some(Self::StoreFailed(failure.label())),
             GatewayError::ModelBusy { reason, .. } => Some(Self::QueueShed(reason.label())),
+            GatewayError::InsufficientQuota(exhausted) => Some(Self::RateLimited(exhausted.label())),
             GatewayError::UpstreamNotJson(..) => Some(Self::UpstreamError("not_json")),
             GatewayError::UpstreamUnreachable(_)
             | GatewayError::UpstreamFailed(_)
@@ -250,7 +254,7 @@ impl Exchange {
             metrics.queue_wait.with_label_values(&[model, class]).observe(waited.as_secs_f64());
         }
         let mut cost = None;
-        if facts.charge.is_some() || facts.seat.is_some() || facts.priced.is_some() {
+        if facts.charge.is_some() || facts.seat.is_some() || facts.priced.is_some() || facts.budget.is_some() {
             // What was served is charged: a response that went out (whole,
             // or until the client left) by its usage or an estimate; one the
             // upstream refused or never sent, nothing.
@@ -275,6 +279,9 @@ impl Exchange {
                 let money = prices.cost(charged.prompt, charged.cached, charged.completion);
                 series.count_cost(money.0, currency);
                 cost = Some((money, &**currency));
+            }
+            if let Some(budget) = &facts.budget {
+                budget.settle(used, cost.map_or(0, |(money, _)| money.0));
             }
         }
         // Counts go out now when no other request of this worker is in

@@ -112,11 +112,13 @@ async fn serve(
         key: (&key.id, key.limits.as_ref()),
         tenant: (&key.tenant.namespace, key.tenant.limits.as_ref()),
         model: (&route.state_id, route.limits.as_ref()),
+        budgets: route::budgets_asked(&snapshot, key, route, reservation, jiff::Timestamp::now)?,
     };
     let mut admitted = passed(facts, counters.admit(&subject, reservation, counted.as_ref()).await)?;
     (facts.admitted, facts.reservation) = (admitted.is_some(), Some(reservation));
     if let Some(admitted) = admitted.as_mut() {
         (facts.charge, facts.held) = (admitted.charge.take(), std::mem::take(&mut admitted.held));
+        facts.budget = admitted.budget.take();
     }
     queue::take_turn(route, key, reservation, shared, facts).await?;
     let (body, model_span, strip_usage) = usage::body_to_send(&body, &fields, endpoint_index, facts.charge.is_some());

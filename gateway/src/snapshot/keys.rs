@@ -38,6 +38,8 @@ pub struct KeyEntry {
     pub class: u8,
     /// A number for the key that stays across configs (its fair-queue line).
     pub fair_id: u64,
+    /// Its budgets (one per period).
+    pub budgets: Box<[crate::limit::Budget]>,
 }
 
 /// A namespace's policy on the Gateway, shared by its keys.
@@ -52,6 +54,8 @@ pub struct Tenant {
     /// A number for the namespace that stays across configs (its place in
     /// a fair queue).
     pub fair_id: u64,
+    /// Budgets for all its keys together (one per period).
+    pub budgets: Box<[crate::limit::Budget]>,
 }
 
 impl Tenant {
@@ -72,11 +76,16 @@ impl Tenant {
             }
             None => None,
         };
+        let scope = format!("tenant:{namespace}");
+        let budgets = policy.map_or_else(Box::default, |p| {
+            crate::limit::Budget::merged(&p.budgets, |period| lent.budget_state(&scope, period))
+        });
         Ok(Self {
             namespace: Arc::from(namespace),
             weight: policy.map_or(1, |p| p.weight.max(1)),
             limits,
             fair_id: stable_id(namespace),
+            budgets,
         })
     }
 }
@@ -188,6 +197,7 @@ pub(super) fn build_key(
         tenant,
         class: 0,
         fair_id: stable_id(&key.id),
+        budgets: Box::default(),
     }
 }
 

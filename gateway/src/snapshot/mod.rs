@@ -48,6 +48,8 @@ pub struct Snapshot {
     pub redis: Option<Arc<RedisCounter>>,
     /// The entries of the config left out, and why.
     pub dropped: Vec<Dropped>,
+    /// The time zone budget periods start in.
+    pub zone: jiff::tz::TimeZone,
 }
 
 /// An entry of the config this pod does not serve.
@@ -176,6 +178,10 @@ impl Snapshot {
             if key.limits.is_some() {
                 entry.limits = Some(lent.key_limits(&key.id).ok_or(BuildError::NotLent("key limits"))?);
             }
+            if !key.budgets.is_empty() {
+                let scope = format!("key:{}", key.id);
+                entry.budgets = crate::limit::Budget::merged(&key.budgets, |period| lent.budget_state(&scope, period));
+            }
             // Screening left out keys whose class cannot be served.
             let sharing = &config.settings.sharing;
             let class = waycast_crds::sharing::key_class(sharing, policy, key.class.as_deref())
@@ -191,7 +197,10 @@ impl Snapshot {
         for drop in &dropped {
             tracing::warn!(entry = %drop.entry, reason = %drop.reason, "config entry left out; the rest is served");
         }
-        Ok(Self { hash, settings: config.settings.clone(), keys, routes, by_name, redis, dropped })
+        // Validation checked the name: UTC stands in only for a bug.
+        let zone =
+            waycast_crds::period::time_zone(&config.settings.budgets.time_zone).unwrap_or(jiff::tz::TimeZone::UTC);
+        Ok(Self { hash, settings: config.settings.clone(), keys, routes, by_name, redis, dropped, zone })
     }
 
     /// A snapshot of `config` with resources of its own (tests, tools).

@@ -4,6 +4,8 @@
 
 #![allow(dead_code, reason = "each test binary uses part of the support module")]
 
+pub mod redis;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;

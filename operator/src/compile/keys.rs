@@ -158,6 +158,7 @@ pub fn compile(
                     entry.expires_at = api_key.spec.expires_at.as_ref().map(|t| t.0);
                     entry.limits = api_key.spec.limits.as_ref().map(key_limits);
                     entry.class = api_key.spec.class.clone();
+                    entry.budgets = api_key.spec.budgets.iter().map(waycast_crds::spend::Budget::config).collect();
                     // The gateway's own check on this entry alone.
                     match entry.validate() {
                         Ok(()) => {

@@ -69,11 +69,13 @@ pub fn gateway(inputs: &Inputs<'_>, now: jiff::Timestamp) -> Compiled {
     let mut policies = tenants::Tenants::new(inputs, sharing);
     let (keys, key_verdicts) = keys::compile(inputs, now, &mut policies);
     let (mut settings, refused) = settings::settings(inputs);
+    let (budgets, budgets_refused) = tenants::budgets(inputs);
+    settings.budgets = budgets;
     settings.sharing = policies.sharing().clone();
     let (tenant_entries, tenants) = policies.compile(keys.iter().map(|key| key.namespace()));
     settings.tenants = tenant_entries;
     let config = GatewayConfig { models, keys, settings, ..GatewayConfig::empty() };
-    let gateway = refused.or(sharing_refused).or(policy_refused);
+    let gateway = refused.or(sharing_refused).or(policy_refused).or(budgets_refused);
     Compiled { config, models: model_verdicts, keys: key_verdicts, gateway, tenants }
 }
 

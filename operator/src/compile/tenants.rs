@@ -115,6 +115,7 @@ impl<'i> Tenants<'i> {
             tenant.classes = Some(known);
         }
         tenant.limits = policy.limits.as_ref().map(key_limits);
+        tenant.budgets = policy.budgets.iter().map(waycast_crds::spend::Budget::config).collect();
         Some((index, tenant))
     }
 
@@ -157,6 +158,24 @@ impl<'i> Tenants<'i> {
             .collect();
         (tenants, statuses)
     }
+}
+
+/// `spec.budgets` as compiled, and why it is not served as written (an
+/// unknown time zone: UTC stands in).
+pub fn budgets(inputs: &Inputs<'_>) -> (waycast_crds::spend::BudgetSettings, Option<Verdict>) {
+    let mut settings = waycast_crds::spend::BudgetSettings::default();
+    let Some(spec) = inputs.gateway.spec.budgets.as_ref() else { return (settings, None) };
+    let mut refused = None;
+    if let Some(zone) = &spec.time_zone {
+        match waycast_crds::period::time_zone(zone) {
+            Ok(_) => settings.time_zone = zone.clone(),
+            Err(error) => refused = Some(invalid(format!("spec.budgets.timeZone: {error}; UTC stands in"))),
+        }
+    }
+    if let Some(currency) = &spec.currency {
+        settings.currency = currency.clone();
+    }
+    (settings, refused)
 }
 
 /// What the Gateway's tenant policies say that cannot be served as

@@ -10,7 +10,9 @@ use waycast_crds::condition::reasons;
 use waycast_crds::config::RedisConfig;
 use waycast_crds::gateway::{NamespaceFrom, NamespacePolicy, RouteSelector};
 use waycast_crds::model_endpoint::{Backend, BackendAuth, ServiceBackend};
+use waycast_crds::period::Period;
 use waycast_crds::sharing::KeyLimits;
+use waycast_crds::spend::{Budget, BudgetConfig, GatewayBudgets};
 use waycast_crds::{ApiKey, ApiKeySpec, Gateway, GatewaySpec, ModelEndpoint};
 
 use super::*;
@@ -900,6 +902,7 @@ fn tenant_policies_give_each_namespace_its_weight_classes_and_caps() {
                 max_concurrent: Some(200),
                 ..KeyLimits::default()
             }),
+            budgets: vec![Budget { period: Period::Month, tokens: Some(50_000_000), cost: Some("1250.00".into()) }],
         },
         TenantPolicy {
             namespaces: NamespacePolicy { from: NamespaceFrom::All, selector: None },
@@ -920,8 +923,12 @@ fn tenant_policies_give_each_namespace_its_weight_classes_and_caps() {
         key.spec.parent_refs = parent("platform", "gw");
         key
     };
+    world.gateway.spec.budgets =
+        Some(GatewayBudgets { time_zone: Some("Europe/Berlin".into()), currency: Some("EUR".into()) });
+    let mut chat = team_key("gold-team", "chat", Some("interactive"));
+    chat.spec.budgets = vec![Budget { period: Period::Day, tokens: Some(200_000), cost: None }];
     world.keys = vec![
-        team_key("gold-team", "chat", Some("interactive")),
+        chat,
         team_key("gold-team", "plain", None),
         team_key("batch-team", "jobs", None),
         team_key("batch-team", "sneaky", Some("interactive")),
@@ -963,9 +970,25 @@ fn tenant_policies_give_each_namespace_its_weight_classes_and_caps() {
         .collect();
     assert_eq!(tenants, [("batch-team", 1, None), ("gold-team", 4, Some(200))]);
     assert_eq!(settings.tenants[0].classes.as_deref(), Some(&["batch".to_owned()][..]));
+    // Budgets: the namespace's and the key's, in the Gateway's zone and currency.
+    let month = BudgetConfig { period: Period::Month, tokens: Some(50_000_000), cost: Some("1250.00".into()) };
+    assert_eq!((settings.tenants[0].budgets.as_slice(), &settings.tenants[1].budgets[..]), (&[][..], &[month][..]));
+    let day = BudgetConfig { period: Period::Day, tokens: Some(200_000), cost: None };
+    let chat = compiled.config.keys.iter().find(|k| k.id == "gold-team/chat").unwrap();
+    assert_eq!(chat.budgets, [day]);
+    assert_eq!((settings.budgets.time_zone.as_str(), settings.budgets.currency.as_str()), ("Europe/Berlin", "EUR"));
     let matched: Vec<(i32, Vec<String>)> = compiled.tenants.iter().map(|t| (t.index, t.namespaces.clone())).collect();
     assert_eq!(matched, [(0, vec!["gold-team".to_owned()]), (1, vec!["batch-team".to_owned()]), (2, vec![])]);
     assert!(compiled.gateway.is_none(), "{:?}", compiled.gateway);
+
+    // A time zone the database does not know: UTC stands in, and the Gateway says so.
+    world.gateway.spec.budgets = Some(GatewayBudgets { time_zone: Some("Mars/Olympus".into()), currency: None });
+    let compiled = world.compile();
+    assert_eq!(compiled.config.settings.budgets.time_zone, "UTC");
+    let refused = compiled.gateway.clone().expect("the Gateway names the unknown zone");
+    assert!(refused.message.contains("spec.budgets.timeZone"), "{}", refused.message);
+    assert!(compiled.keys[&key("gold-team", "chat")].verdict.accepted, "the keys are served in UTC");
+    world.gateway.spec.budgets = None;
 
     // A class the Gateway lacks in a policy: ignored, and the Gateway says so.
     world.gateway.spec.tenants[1].classes.push("gold".into());
