@@ -30,6 +30,10 @@ use crate::sharing::KeyLimits;
     printcolumn = r#"{"name": "RPM", "type": "integer", "priority": 1, "jsonPath": ".status.limits.requestsPerMinute", "description": "Requests per minute the Gateways enforce for this key"}"#,
     printcolumn = r#"{"name": "TPM", "type": "integer", "priority": 1, "jsonPath": ".status.limits.tokensPerMinute", "description": "Tokens per minute the Gateways enforce for this key"}"#,
     printcolumn = r#"{"name": "Class", "type": "string", "priority": 1, "jsonPath": ".spec.class", "description": "Priority class when a model is full"}"#,
+    printcolumn = r#"{"name": "Requests", "type": "integer", "priority": 1, "jsonPath": ".status.usage.requests", "description": "Requests this month"}"#,
+    printcolumn = r#"{"name": "Input", "type": "integer", "priority": 1, "jsonPath": ".status.usage.inputTokens", "description": "Prompt tokens this month"}"#,
+    printcolumn = r#"{"name": "Output", "type": "integer", "priority": 1, "jsonPath": ".status.usage.outputTokens", "description": "Completion tokens this month"}"#,
+    printcolumn = r#"{"name": "Cost", "type": "string", "jsonPath": ".status.usage.cost", "description": "Cost this month at the models' prices"}"#,
     printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -125,6 +129,11 @@ pub struct ApiKeyStatus {
     /// when the key is not served or has no limits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<KeyLimits>,
+    /// What the key used this month over every Gateway that serves it, as
+    /// the operator last collected it from the gateway pods (written
+    /// apart from the rest of the status, at most every few seconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<crate::usage::KeyUsageStatus>,
     /// The `metadata.generation` this status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,

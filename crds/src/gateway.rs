@@ -397,6 +397,10 @@ pub struct GatewayStatus {
     /// Gateway) it applies to.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tenants: Vec<crate::sharing::TenantPolicyStatus>,
+    /// This month's usage per namespace, as the operator last collected
+    /// it from the pods (written apart from the rest of the status).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<crate::usage::GatewayUsageStatus>,
     /// The `metadata.generation` this status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,

@@ -8,6 +8,8 @@ pub mod flag {
     pub const CONFIG_SECRET: &str = "config-secret";
     /// `NAMESPACE/NAME` of the ConfigMap holding the endpoints document.
     pub const ENDPOINTS_CONFIGMAP: &str = "endpoints-configmap";
+    /// `NAMESPACE/NAME` of the ConfigMap holding the fleet's budget spend.
+    pub const USAGE_CONFIGMAP: &str = "usage-configmap";
     /// The public listener's address.
     pub const LISTEN: &str = "listen";
     /// The admin listener's address.

@@ -33,6 +33,7 @@ pub mod settings;
 pub mod sharing;
 pub mod spend;
 pub mod tls;
+pub mod usage;
 pub mod validate;
 
 pub use api_key::{ApiKey, ApiKeySpec, ApiKeyStatus};

@@ -130,6 +130,7 @@ async fn follows_its_secret_with_a_token_that_can_read_only_that_secret() {
         admin_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         config: ConfigSource::Secret { client: restricted, namespace: namespace.clone(), name: "gw-config".into() },
         endpoints: None,
+        usage: None,
         tls: None,
         drain_timeout: Duration::from_secs(5),
         body_timeout: Duration::from_secs(5),

@@ -1,6 +1,7 @@
-//! The admin endpoints: `/metrics` (Prometheus text), `/healthz` (the
-//! process is alive), `/readyz` (a config is loaded and the gateway is not
-//! draining).
+//! The admin endpoints: `/metrics` (Prometheus text), `/usage` (what this
+//! process counted per key and budget, for the operator: `crate::usage`),
+//! `/healthz` (the process is alive), `/readyz` (a config is loaded and
+//! the gateway is not draining).
 
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode, header};
@@ -20,6 +21,13 @@ pub fn respond<B>(shared: &Shared, request: &Request<B>) -> Response<Full<Bytes>
             shared.metrics.rate_limit_store_failed_connects.set(i64::try_from(failed).unwrap_or(i64::MAX));
             (StatusCode::OK, "text/plain; version=0.0.4", shared.metrics.render())
         }
+        "/usage" => match shared.config.current() {
+            Some(snapshot) => {
+                let report = shared.ledger.report(&snapshot, jiff::Timestamp::now());
+                (StatusCode::OK, "application/json", serde_json::to_string(&report).unwrap_or_default())
+            }
+            None => (StatusCode::SERVICE_UNAVAILABLE, "text/plain", "no config loaded yet\n".to_owned()),
+        },
         "/healthz" => (StatusCode::OK, "text/plain", "ok\n".to_owned()),
         "/readyz" => {
             if shared.is_ready() {

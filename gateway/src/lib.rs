@@ -32,6 +32,7 @@ pub(crate) mod sharing;
 pub(crate) mod snapshot;
 pub(crate) mod tls;
 pub(crate) mod upstream;
+pub(crate) mod usage;
 pub(crate) mod worker;
 
 use std::net::SocketAddr;
@@ -94,6 +95,9 @@ pub struct GatewayOptions {
     pub config: ConfigSource,
     /// Where the endpoints of `endpoints` backends come from, if anywhere.
     pub endpoints: Option<EndpointsSource>,
+    /// Where the fleet's budget spend comes from (the operator's usage
+    /// ConfigMap, `waycast_crds::usage`), if anywhere.
+    pub usage: Option<EndpointsSource>,
     /// TLS certificate and key files.
     pub tls: Option<(PathBuf, PathBuf)>,
     /// Longest wait for in-flight requests on shutdown.
@@ -201,7 +205,10 @@ pub async fn start(options: GatewayOptions) -> Result<RunningGateway, StartError
         idle_timeout: options.idle_timeout,
     };
     let workers = options.workers.map_or(1, std::num::NonZeroUsize::get);
-    let shared = Arc::new(Shared::new(Metrics::new()?, connections, options.body_timeout, workers));
+    let instance = usage::Ledger::instance_name(
+        options.heartbeat.as_ref().map_or("gateway", |(_, identity)| identity.pod.as_str()),
+    );
+    let shared = Arc::new(Shared::new(Metrics::new()?, connections, options.body_timeout, workers, instance));
     let bind = |address| server::bind(address).map_err(|source| StartError::Bind { address, source });
     let bind_error = |source| StartError::Bind { address: options.listen, source };
     let (public, public_addr) = match options.workers {
@@ -237,7 +244,30 @@ pub async fn start(options: GatewayOptions) -> Result<RunningGateway, StartError
         background.push(match source {
             EndpointsSource::File(path) => tokio::spawn(config::file::watch(path, updates)),
             EndpointsSource::ConfigMap { client, namespace, name } => {
-                tokio::spawn(config::endpoints::watch_config_map(client, namespace, name, updates))
+                tokio::spawn(config::endpoints::watch_config_map(
+                    client,
+                    namespace,
+                    name,
+                    waycast_crds::endpoints::ENDPOINTS_DATA_KEY,
+                    updates,
+                ))
+            }
+        });
+    }
+    if let Some(source) = options.usage {
+        shared.ledger.expect_baseline();
+        let (updates, updated) = mpsc::channel(config::UPDATE_QUEUE);
+        background.push(tokio::spawn(config::usage::apply_updates(updated, shared.clone())));
+        background.push(match source {
+            EndpointsSource::File(path) => tokio::spawn(config::file::watch(path, updates)),
+            EndpointsSource::ConfigMap { client, namespace, name } => {
+                tokio::spawn(config::endpoints::watch_config_map(
+                    client,
+                    namespace,
+                    name,
+                    waycast_crds::usage::BASELINE_DATA_KEY,
+                    updates,
+                ))
             }
         });
     }

@@ -52,6 +52,13 @@ struct Args {
     /// A ConfigMap NAMESPACE/NAME holding the endpoints document, followed through the Kubernetes API.
     #[arg(long = flag::ENDPOINTS_CONFIGMAP, env = "WAYCAST_ENDPOINTS_CONFIGMAP", value_parser = parse_secret_ref)]
     endpoints_configmap: Option<(String, String)>,
+    /// A JSON usage baseline (the fleet's spend of each budget, as the
+    /// operator hands it back), reloaded when it changes and on SIGHUP.
+    #[arg(long, env = "WAYCAST_USAGE_FILE", conflicts_with = "usage_configmap")]
+    usage_file: Option<PathBuf>,
+    /// A ConfigMap NAMESPACE/NAME holding the usage baseline, followed through the Kubernetes API.
+    #[arg(long = flag::USAGE_CONFIGMAP, env = "WAYCAST_USAGE_CONFIGMAP", value_parser = parse_secret_ref)]
+    usage_configmap: Option<(String, String)>,
     /// PEM certificate chain for TLS (re-read when it changes).
     #[arg(long = flag::TLS_CERT, env = "WAYCAST_TLS_CERT", requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -160,11 +167,23 @@ async fn run(args: Args) -> ExitCode {
         },
         (None, None) => None,
     };
+    let usage = match (args.usage_file, args.usage_configmap) {
+        (Some(path), _) => Some(EndpointsSource::File(path)),
+        (None, Some((namespace, name))) => match kube::Client::try_default().await {
+            Ok(client) => Some(EndpointsSource::ConfigMap { client, namespace, name }),
+            Err(error) => {
+                tracing::error!(%error, "cannot reach the Kubernetes API (in-cluster config or KUBECONFIG)");
+                return ExitCode::FAILURE;
+            }
+        },
+        (None, None) => None,
+    };
     let options = GatewayOptions {
         listen: args.listen,
         admin_listen: args.admin_listen,
         config,
         endpoints,
+        usage,
         tls: args.tls_cert.zip(args.tls_key),
         drain_timeout: args.drain_timeout,
         body_timeout: args.body_timeout,

@@ -24,6 +24,7 @@ use waycast_crds::egress::EgressPolicy;
 use crate::error::BuildError;
 use crate::limit::LimitSet;
 use crate::limit::budget::BudgetState;
+use crate::limit::key_usage::KeyUsage;
 use crate::limit::redis::RedisCounter;
 use crate::upstream::{UpstreamClient, effective_tls};
 use waycast_crds::period::Period;
@@ -43,6 +44,19 @@ pub struct Resources {
     gates: HashMap<Arc<str>, Arc<crate::sharing::ModelGate>>,
     /// Budget counts by scope (`key:<id>`, `tenant:<namespace>`), per period.
     budgets: HashMap<Arc<str>, Vec<(Period, Arc<BudgetState>)>>,
+    /// Each key's usage this month, by key id.
+    usage: HashMap<Arc<str>, Arc<KeyUsage>>,
+}
+
+/// The counts a config's budgets and keys are built on, for the usage
+/// report (`crate::usage`): every one lent, including those kept for keys
+/// the config no longer names.
+#[derive(Clone, Default)]
+pub struct Counts {
+    /// Budget counts by scope, per period.
+    pub budgets: HashMap<Arc<str>, Vec<(Period, Arc<BudgetState>)>>,
+    /// Each key's usage this month, by key id.
+    pub usage: HashMap<Arc<str>, Arc<KeyUsage>>,
 }
 
 /// What tells two upstream clients apart: the connect timeout and the TLS
@@ -93,6 +107,16 @@ impl Resources {
             .and_then(|states| states.iter().find(|(p, _)| *p == period))
             .map(|(_, state)| state.clone())
             .unwrap_or_default()
+    }
+
+    /// The usage counts of the key with this id (fresh when none was lent).
+    pub fn key_usage(&self, id: &str) -> Arc<KeyUsage> {
+        self.usage.get(id).cloned().unwrap_or_default()
+    }
+
+    /// Every budget and usage count lent.
+    pub fn counts(&self) -> Counts {
+        Counts { budgets: self.budgets.clone(), usage: self.usage.clone() }
     }
 
     /// The fair queue of the model with this id, when it has a capacity.
@@ -246,7 +270,31 @@ impl Registry {
                 }
             }
         }
-        Ok(Resources { egress, clients, unbuildable, redis, key_limits, tenant_limits, model_limits, gates, budgets })
+        // Usage counts: one per key the config names, and kept for a key it
+        // no longer names until its month is over.
+        let mut usage: HashMap<Arc<str>, Arc<KeyUsage>> = HashMap::with_capacity(config.keys.len());
+        for key in &config.keys {
+            let id: Arc<str> = Arc::from(key.id.as_str());
+            let state = held.usage.get(&id).cloned().unwrap_or_default();
+            usage.insert(id, state);
+        }
+        for (id, state) in &held.usage {
+            if !usage.contains_key(id) && !state.idle(now) {
+                usage.insert(id.clone(), state.clone());
+            }
+        }
+        Ok(Resources {
+            egress,
+            clients,
+            unbuildable,
+            redis,
+            key_limits,
+            tenant_limits,
+            model_limits,
+            gates,
+            budgets,
+            usage,
+        })
     }
 
     /// Records what the config now serving was built with; what it does not

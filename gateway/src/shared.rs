@@ -30,12 +30,20 @@ pub struct Shared {
     /// Data-plane workers (`crate::worker`): each gets its own upstream
     /// pools. 1 when the gateway serves on its caller's runtime.
     pub workers: usize,
+    /// The usage reports of this process (`crate::usage`).
+    pub ledger: crate::usage::Ledger,
     draining: AtomicBool,
 }
 
 impl AsRef<ConfigStore> for Shared {
     fn as_ref(&self) -> &ConfigStore {
         &self.config
+    }
+}
+
+impl AsRef<crate::usage::Ledger> for Shared {
+    fn as_ref(&self) -> &crate::usage::Ledger {
+        &self.ledger
     }
 }
 
@@ -86,7 +94,13 @@ pub struct ConnectionLimits {
 
 impl Shared {
     /// Fresh state: no config yet, not draining.
-    pub fn new(metrics: Metrics, connections: ConnectionLimits, body_timeout: Duration, workers: usize) -> Self {
+    pub fn new(
+        metrics: Metrics,
+        connections: ConnectionLimits,
+        body_timeout: Duration,
+        workers: usize,
+        instance: String,
+    ) -> Self {
         let endpoints = metrics.endpoint_series.table().clone();
         Self {
             workers: workers.max(1),
@@ -97,6 +111,7 @@ impl Shared {
             connections,
             endpoints,
             fleet: Arc::default(),
+            ledger: crate::usage::Ledger::new(instance),
             draining: AtomicBool::new(false),
         }
     }
@@ -108,7 +123,7 @@ impl Shared {
 
     /// A config is loaded and the gateway is not draining.
     pub fn is_ready(&self) -> bool {
-        !self.is_draining() && self.config.current().is_some()
+        !self.is_draining() && self.config.current().is_some() && self.ledger.settled()
     }
 
     /// SIGTERM (or [`crate::RunningGateway::shutdown`]) was received.

@@ -110,4 +110,13 @@ async fn every_request_of_a_priced_model_has_a_record_and_the_records_sum_to_the
         .await
         .unwrap();
     assert_eq!(counted as u64, total, "the records sum to the counter");
+    // And to the key's month in the report the operator collects
+    // (`ApiKey.status.usage`): requests that reached the model, tokens, cost.
+    let report: waycast_crds::usage::UsageReport =
+        serde_json::from_str(&gateway.admin_get("/usage").await.unwrap()).unwrap();
+    let month = report.keys["team-a/alice"];
+    let sum = |field: &str| lines.iter().map(|line| line[field].as_u64().unwrap_or(0)).sum::<u64>();
+    assert_eq!(month.requests, sent as u64, "{month:?}");
+    assert_eq!((month.input_tokens, month.output_tokens), (sum("prompt_tokens"), sum("completion_tokens")));
+    assert_eq!(month.cost_nanos, total, "the records sum to the key's month");
 }

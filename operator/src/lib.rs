@@ -24,6 +24,7 @@ pub mod render;
 pub mod secret_data;
 pub mod status;
 pub(crate) mod stores;
+pub mod usage;
 /// What each store keeps of the objects it watches (the goldens apply the same views).
 pub use stores::views as store_views;
 

@@ -131,8 +131,13 @@ fn network_policy_settings(
     if !args.gateway_network_policy {
         return Ok(None);
     }
-    let metrics_from = serde_json::from_str(&args.gateway_metrics_from)
-        .map_err(|error| format!("--gateway-metrics-from is not a JSON list of NetworkPolicy peers: {error}"))?;
+    let mut metrics_from: Vec<k8s_openapi::api::networking::v1::NetworkPolicyPeer> =
+        serde_json::from_str(&args.gateway_metrics_from)
+            .map_err(|error| format!("--gateway-metrics-from is not a JSON list of NetworkPolicy peers: {error}"))?;
+    // The operator collects the pods' usage from the admin port.
+    if let Ok(namespace) = std::env::var("POD_NAMESPACE") {
+        metrics_from.push(waycast_operator::render::network_policy::operator_peer(&namespace));
+    }
     let egress = serde_json::from_str(&args.gateway_egress)
         .map_err(|error| format!("--gateway-egress is not a JSON list of NetworkPolicy egress rules: {error}"))?;
     Ok(Some(waycast_operator::render::network_policy::NetworkPolicySettings { metrics_from, egress }))

@@ -38,6 +38,12 @@ pub async fn first_conflict(client: &Client, gateway: &Gateway) -> Result<Option
     let name = gateway.name_any();
     let config = render::config_secret_name(gateway);
     let endpoints = render::meta::config_map_name(gateway);
+    let usage = render::meta::usage_config_map_name(gateway);
+    let ledger = render::meta::usage_ledger_name(gateway);
+    let (usage, ledger) = tokio::join!(
+        check::<ConfigMap>(client, &namespace, &usage, &uid),
+        check::<ConfigMap>(client, &namespace, &ledger, &uid),
+    );
     let (account, role, binding, secret, endpoints, deployment, service, hpa, pdb, policy) = tokio::join!(
         check::<ServiceAccount>(client, &namespace, &name, &uid),
         check::<Role>(client, &namespace, &name, &uid),
@@ -50,7 +56,7 @@ pub async fn first_conflict(client: &Client, gateway: &Gateway) -> Result<Option
         check::<PodDisruptionBudget>(client, &namespace, &name, &uid),
         check::<k8s_openapi::api::networking::v1::NetworkPolicy>(client, &namespace, &name, &uid),
     );
-    for found in [account, role, binding, secret, endpoints, deployment, service, hpa, pdb, policy] {
+    for found in [account, role, binding, secret, endpoints, deployment, service, hpa, pdb, policy, usage, ledger] {
         if let Some(conflict) = found? {
             return Ok(Some(conflict));
         }

@@ -18,7 +18,7 @@ use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use tokio::sync::mpsc;
-use waycast_crds::endpoints::{ENDPOINTS_DATA_KEY, EndpointsDocument};
+use waycast_crds::endpoints::EndpointsDocument;
 
 use super::Update;
 use super::load::LoadError;
@@ -55,8 +55,15 @@ where
     }
 }
 
-/// `--endpoints-configmap NS/NAME`: a watch on exactly that ConfigMap.
-pub async fn watch_config_map(client: Client, namespace: String, name: String, updates: mpsc::Sender<Update>) {
+/// `--endpoints-configmap NS/NAME` (and `--usage-configmap`): a watch on
+/// exactly that ConfigMap, sending its `data_key`.
+pub async fn watch_config_map(
+    client: Client,
+    namespace: String,
+    name: String,
+    data_key: &'static str,
+    updates: mpsc::Sender<Update>,
+) {
     let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
     let source: Arc<str> = Arc::from(format!("configmap:{namespace}/{name}"));
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
@@ -67,16 +74,16 @@ pub async fn watch_config_map(client: Client, namespace: String, name: String, u
                 let bytes = map
                     .data
                     .as_ref()
-                    .and_then(|data| data.get(ENDPOINTS_DATA_KEY))
+                    .and_then(|data| data.get(data_key))
                     .map(|text| text.clone().into_bytes())
-                    .ok_or_else(|| LoadError::Missing(format!("no {ENDPOINTS_DATA_KEY} data key")));
+                    .ok_or_else(|| LoadError::Missing(format!("no {data_key} data key")));
                 if updates.send(Update { source: source.clone(), bytes }).await.is_err() {
                     return;
                 }
             }
-            Ok(Event::Delete(_)) => tracing::warn!(%source, "endpoints ConfigMap deleted; keeping the last endpoints"),
+            Ok(Event::Delete(_)) => tracing::warn!(%source, "ConfigMap deleted; keeping what it said last"),
             Ok(Event::Init | Event::InitDone) => {}
-            Err(error) => tracing::warn!(%source, %error, "endpoints ConfigMap watch failed; retrying"),
+            Err(error) => tracing::warn!(%source, %error, "ConfigMap watch failed; retrying"),
         }
     }
 }

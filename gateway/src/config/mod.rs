@@ -19,6 +19,7 @@ pub mod endpoints;
 pub mod file;
 pub mod load;
 pub mod secret;
+pub mod usage;
 
 use std::sync::Arc;
 
@@ -45,15 +46,21 @@ pub const UPDATE_QUEUE: usize = 4;
 /// owner of the [`Registry`].
 pub async fn apply_updates<S>(mut updates: mpsc::Receiver<Update>, serving: Arc<S>)
 where
-    S: AsRef<ConfigStore> + AsRef<Metrics> + Send + Sync + 'static,
+    S: AsRef<ConfigStore> + AsRef<Metrics> + AsRef<crate::usage::Ledger> + Send + Sync + 'static,
 {
     let (store, metrics): (&ConfigStore, &Metrics) = ((*serving).as_ref(), (*serving).as_ref());
+    let ledger: &crate::usage::Ledger = (*serving).as_ref();
     let mut registry = Registry::reporting(metrics.queue_depth.clone());
     while let Some(Update { source, bytes }) = updates.recv().await {
         match bytes {
             // Errors are logged and counted by the store.
             Ok(bytes) => {
-                let _ = store.apply(&mut registry, &bytes, &source, metrics);
+                if let Ok(Applied::Changed(_)) = store.apply(&mut registry, &bytes, &source, metrics)
+                    && let Some(snapshot) = store.current()
+                {
+                    // The fleet's spend for budgets this config adds.
+                    ledger.reapply(&snapshot);
+                }
             }
             Err(error) => {
                 metrics.config_reload_errors.inc();

@@ -18,13 +18,17 @@
 //! period, so a config change never starts a period over.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use arc_swap::ArcSwapOption;
 
 use jiff::Timestamp;
 use jiff::tz::TimeZone;
 use waycast_crds::money::Money;
 use waycast_crds::period::Period;
 use waycast_crds::spend::BudgetConfig;
+
+use super::period_clock::{PeriodClock, add, sub};
 
 /// One budget of a key or a tenant, as a config sets it.
 #[derive(Debug)]
@@ -76,14 +80,26 @@ fn tighter(a: Option<u64>, b: Option<u64>) -> Option<u64> {
 /// A budget's counts in its current period.
 #[derive(Debug, Default)]
 pub struct BudgetState {
-    /// The current period's first and next-period instants, in seconds
-    /// since 1970 (0 before the first request).
-    start: AtomicI64,
-    end: AtomicI64,
+    clock: PeriodClock,
     spent_tokens: AtomicU64,
     spent_cost: AtomicU64,
     reserved_tokens: AtomicU64,
     reserved_cost: AtomicU64,
+    /// What the rest of the fleet had spent when the operator last
+    /// collected (`waycast_crds::usage`); none in a standalone gateway.
+    fleet: ArcSwapOption<FleetSpend>,
+}
+
+/// A budget's spend over the whole fleet as the operator last collected
+/// it, and what of it this process had spent then.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FleetSpend {
+    /// The period it is of (its first instant).
+    pub start: i64,
+    /// Tokens and nano-units spent by every process.
+    pub total: (u64, u64),
+    /// Of which this process's.
+    pub mine: (u64, u64),
 }
 
 /// What one request reserved in one budget.
@@ -161,38 +177,56 @@ impl Exhausted {
 }
 
 impl BudgetState {
-    /// Brings the state to the period that holds `now` (a new period
-    /// starts from nothing), and returns that period's bounds.
     fn current(&self, period: Period, now: Timestamp, zone: &TimeZone) -> (i64, i64) {
-        let second = now.as_second();
-        let (start, end) = (self.start.load(Ordering::Acquire), self.end.load(Ordering::Acquire));
-        if start <= second && second < end {
-            return (start, end);
-        }
-        let window = period.window(now, zone);
-        let (new_start, new_end) = (window.start.as_second(), window.end.as_second());
-        // One request turns the period over; a racing one that finds it
-        // turned (the start already new, the end maybe not yet) leaves the
-        // counts alone, and a clock read before the turn never turns it back.
-        if new_start <= start {
-            // Counted in the newer period: what is reserved now is given
-            // back into it.
-            return (start, self.end.load(Ordering::Acquire));
-        }
-        if self.start.compare_exchange(start, new_start, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-            for count in [&self.spent_tokens, &self.spent_cost, &self.reserved_tokens, &self.reserved_cost] {
-                count.store(0, Ordering::Relaxed);
-            }
-            self.end.store(new_end, Ordering::Release);
-        }
-        (new_start, new_end)
+        let counts = [&self.spent_tokens, &self.spent_cost, &self.reserved_tokens, &self.reserved_cost];
+        self.clock.current(period, now, zone, &counts)
     }
 
     /// Whether the period it counts has ended by `now` (its counts can go:
     /// nothing reserved in it is given back into a newer one).
     pub fn ended(&self, now: Timestamp) -> bool {
-        let end = self.end.load(Ordering::Acquire);
-        end != 0 && now.as_second() >= end
+        self.clock.ended(now)
+    }
+
+    /// The first instant of the period it counts (0 before any count).
+    pub fn period_start(&self) -> i64 {
+        self.clock.start()
+    }
+
+    /// What the fleet spent in the `period` that holds `now`: the rest of
+    /// the fleet's as last collected, and this process's own.
+    pub fn spent_in_fleet(&self, period: Period, now: Timestamp, zone: &TimeZone) -> (u64, u64) {
+        let (start, _) = self.current(period, now, zone);
+        let fleet = self.fleet.load().as_deref().copied().filter(|fleet| fleet.start == start).unwrap_or_default();
+        let (tokens, cost) = self.spent();
+        (
+            fleet.total.0.saturating_sub(fleet.mine.0).saturating_add(tokens),
+            fleet.total.1.saturating_sub(fleet.mine.1).saturating_add(cost),
+        )
+    }
+
+    /// The fleet's spend as last collected (replacing the one before).
+    pub fn set_fleet(&self, spend: FleetSpend) {
+        self.fleet.store(Some(Arc::new(spend)));
+    }
+
+    /// Whether `limit` holds what this process counts (`spent`, with
+    /// `reserved` and the request's worst case already in it) beside what
+    /// the rest of the fleet spent by the last collection (`fleet`), and
+    /// this process keeps to its share of what was left then. Without a
+    /// collection this is the share of the budget: each of `shares` pods
+    /// may count `limit / shares`. With one, the fleet's total holds a
+    /// process's spend across restarts and scale-ups (a new process starts
+    /// from the total, not from nothing), and since each process spends at
+    /// most its share of what was left, the fleet never passes the limit
+    /// however late the next collection comes.
+    fn fits(limit: u64, spent: u64, reserved: u64, fleet: (u64, u64), shares: u32) -> bool {
+        let (total, mine) = fleet;
+        let others = total.saturating_sub(mine);
+        let since = spent.saturating_sub(mine).saturating_add(reserved);
+        let left_at_collection = limit.saturating_sub(total);
+        others.saturating_add(spent).saturating_add(reserved) <= limit
+            && since <= left_at_collection / u64::from(shares.max(1))
     }
 
     /// Spent and reserved, in tokens and nano-units.
@@ -221,7 +255,6 @@ pub(super) fn reserve(
     now: Timestamp,
     zone: &TimeZone,
 ) -> Result<Vec<Reserved>, Exhausted> {
-    let share = |limit: u64| limit / u64::from(shares.max(1));
     let mut reserved: Vec<Reserved> = Vec::new();
     for (owner, list) in budgets {
         for budget in *list {
@@ -236,16 +269,24 @@ pub(super) fn reserve(
                 tokens: if budget.tokens.is_some() { need.tokens } else { 0 },
                 cost: if budget.cost.is_some() { need.cost } else { 0 },
             };
-            add(&budget.state.reserved_tokens, taken.tokens);
-            add(&budget.state.reserved_cost, taken.cost);
-            let (tokens, cost) = budget.state.counted();
-            let over = if budget.tokens.is_some_and(|limit| tokens > share(limit)) {
-                Some("tokens")
-            } else if budget.cost.is_some_and(|limit| cost > share(limit)) {
-                Some("cost")
-            } else {
-                None
+            let state = &budget.state;
+            add(&state.reserved_tokens, taken.tokens);
+            add(&state.reserved_cost, taken.cost);
+            let fleet = state.fleet.load().as_deref().copied().filter(|fleet| fleet.start == start).unwrap_or_default();
+            let fits = |limit: Option<u64>, spent: &AtomicU64, reserved: &AtomicU64, fleet: (u64, u64)| {
+                limit.is_none_or(|limit| {
+                    let (spent, reserved) = (spent.load(Ordering::Relaxed), reserved.load(Ordering::Relaxed));
+                    BudgetState::fits(limit, spent, reserved, fleet, shares)
+                })
             };
+            let over =
+                if !fits(budget.tokens, &state.spent_tokens, &state.reserved_tokens, (fleet.total.0, fleet.mine.0)) {
+                    Some("tokens")
+                } else if !fits(budget.cost, &state.spent_cost, &state.reserved_cost, (fleet.total.1, fleet.mine.1)) {
+                    Some("cost")
+                } else {
+                    None
+                };
             if let Some(what) = over {
                 taken.give_back();
                 for taken in reserved {
@@ -264,7 +305,7 @@ impl Reserved {
     /// Takes the reservation back (in the period it was made in; a period
     /// that has started over since holds none of it).
     fn give_back(&self) {
-        if self.state.start.load(Ordering::Acquire) == self.start {
+        if self.state.period_start() == self.start {
             sub(&self.state.reserved_tokens, self.tokens);
             sub(&self.state.reserved_cost, self.cost);
         }
@@ -322,15 +363,6 @@ impl Drop for BudgetHold {
     fn drop(&mut self) {
         self.settle(0, 0);
     }
-}
-
-/// Adds without wrapping (an upstream may report any usage).
-fn add(count: &AtomicU64, amount: u64) {
-    let _ = count.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| Some(held.saturating_add(amount)));
-}
-
-fn sub(count: &AtomicU64, amount: u64) {
-    let _ = count.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| Some(held.saturating_sub(amount)));
 }
 
 #[cfg(test)]
@@ -437,9 +469,62 @@ mod tests {
         let huge = Need { tokens: 10, cost: u64::MAX };
         let held = reserve(&budgets, huge, 1, now, &utc).unwrap();
         assert_eq!(tokens_only[0].state.counted(), (10, 0), "no cost limit: no cost reserved");
-        held[0].settle(u64::MAX, u64::MAX, now, &utc);
+        held[0].settle(5, 5, now, &utc);
+        let more = reserve(&budgets, Need { tokens: 10, cost: 0 }, 1, now, &utc).unwrap();
+        more[0].settle(u64::MAX, u64::MAX, now, &utc);
         let again = reserve(&budgets, huge, 1, now, &utc).unwrap_err();
         assert_eq!(again.what, "tokens");
         assert_eq!(tokens_only[0].state.spent(), (u64::MAX, u64::MAX), "saturated, not wrapped");
+    }
+
+    #[test]
+    fn with_the_fleets_spend_a_process_keeps_to_its_share_of_what_was_left() {
+        let utc = TimeZone::UTC;
+        let now = at("2026-11-26T10:00:00Z");
+        let day = [budget(Period::Day, Some(1_000), None)];
+        let budgets = [(BudgetOwner::Key, &day[..])];
+        let start = Period::Day.window(now, &utc).start.as_second();
+        // The fleet spent 600, 100 of it this process's; two pods live.
+        day[0].state.current(Period::Day, now, &utc);
+        let spent = reserve(&budgets, Need { tokens: 100, cost: 0 }, 1, now, &utc).unwrap();
+        spent[0].settle(100, 0, now, &utc);
+        day[0].state.set_fleet(FleetSpend { start, total: (600, 0), mine: (100, 0) });
+        assert_eq!(day[0].state.spent_in_fleet(Period::Day, now, &utc), (600, 0));
+        // 400 were left: this process may spend 200 more of them.
+        let need = Need { tokens: 50, cost: 0 };
+        let admitted = (0..10).filter_map(|_| reserve(&budgets, need, 2, now, &utc).ok()).count();
+        assert_eq!(admitted, 4, "200 of the 400 left, at 50 each");
+        // A fleet's spend of another day is not counted.
+        day[0].state.set_fleet(FleetSpend { start: start - 86_400, total: (900, 0), mine: (0, 0) });
+        assert_eq!(day[0].state.spent_in_fleet(Period::Day, now, &utc), (100, 0));
+        // Past the budget in total, nothing more, whatever the share.
+        day[0].state.set_fleet(FleetSpend { start, total: (1_000, 0), mine: (100, 0) });
+        assert!(reserve(&budgets, Need { tokens: 1, cost: 0 }, 1, now, &utc).is_err());
+    }
+
+    #[test]
+    fn a_refusal_gives_back_what_the_request_reserved_in_budgets_checked_before() {
+        let utc = TimeZone::UTC;
+        let now = at("2026-11-26T10:00:00Z");
+        let key = [budget(Period::Day, Some(1_000), None)];
+        let tenant = [budget(Period::Month, Some(50), None)];
+        let budgets = [(BudgetOwner::Key, &key[..]), (BudgetOwner::Tenant, &tenant[..])];
+        let refused = reserve(&budgets, Need { tokens: 60, cost: 0 }, 1, now, &utc).unwrap_err();
+        assert_eq!(refused.owner, BudgetOwner::Tenant);
+        assert_eq!(key[0].state.counted(), (0, 0), "the key's reservation was given back");
+        assert_eq!(tenant[0].state.counted(), (0, 0));
+    }
+
+    #[test]
+    fn budgets_of_one_period_are_one_with_the_tighter_of_each() {
+        let configs = [
+            BudgetConfig { period: Period::Day, tokens: Some(100), cost: Some("1".into()) },
+            BudgetConfig { period: Period::Month, tokens: Some(7), cost: None },
+            BudgetConfig { period: Period::Day, tokens: Some(50), cost: Some("2".into()) },
+        ];
+        let merged = Budget::merged(&configs, |_| Arc::new(BudgetState::default()));
+        assert_eq!(merged.len(), 2);
+        assert_eq!((merged[0].period, merged[0].tokens, merged[0].cost), (Period::Day, Some(50), Some(1_000_000_000)));
+        assert_eq!((merged[1].period, merged[1].tokens), (Period::Month, Some(7)));
     }
 }

@@ -70,6 +70,22 @@ impl BudgetAsk<'_> {
     }
 }
 
+/// The Redis hash of the budget of `owner` `id` (a key id, a namespace)
+/// over `period` in its window `window`.
+pub fn budget_hash(
+    prefix: &str,
+    owner: BudgetOwner,
+    id: &str,
+    period: waycast_crds::period::Period,
+    window: &str,
+) -> String {
+    let scope = match owner {
+        BudgetOwner::Key => "key",
+        BudgetOwner::Tenant => "tenant",
+    };
+    format!("{prefix}budget:{scope}:{id}:{period:?}:{window}")
+}
+
 /// Admission counted in Redis for the whole fleet (no shares; the local
 /// form: `local::admit`).
 ///
@@ -117,13 +133,9 @@ pub async fn admit(
     if let Some(ask) = &subject.budgets {
         let ids = [subject.key.0, subject.tenant.0];
         for ((owner, list), id) in ask.owned().into_iter().zip(ids) {
-            let scope = match owner {
-                BudgetOwner::Key => "key",
-                BudgetOwner::Tenant => "tenant",
-            };
             for budget in list {
                 let window = budget.period.window(ask.now, ask.zone);
-                let key = format!("{prefix}budget:{scope}:{id}:{:?}:{}", budget.period, window.key);
+                let key = budget_hash(prefix, owner, id, budget.period, &window.key);
                 budgets.push((owner, budget, key, window.end));
             }
         }

@@ -32,8 +32,10 @@ mod decision;
 pub mod fleet;
 pub mod gcra;
 mod in_redis;
+pub mod key_usage;
 mod limiter;
 mod local;
+pub mod period_clock;
 pub mod redis;
 mod redis_link;
 mod redis_scripts;
@@ -43,7 +45,7 @@ pub use admission::{Counters, Passed};
 pub use budget::{Budget, BudgetHold, Exhausted, Need};
 pub use charge::{Charge, Charged, Relayed, Reservation};
 pub use decision::{Admitted, Held, Refusal, Refused, duration_text};
-pub use in_redis::{BudgetAsk, Subject};
+pub use in_redis::{BudgetAsk, Subject, budget_hash};
 pub use limiter::LimitSet;
 
 #[cfg(test)]

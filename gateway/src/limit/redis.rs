@@ -309,6 +309,20 @@ impl RedisCounter {
         let _ = self.after.send(command(&args));
     }
 
+    /// What the budget hash `hash` spent: tokens, nano-units.
+    ///
+    /// # Errors
+    /// Redis did not answer, or answered something else.
+    pub async fn budget_spent(&self, hash: &str) -> Result<(u64, u64), StoreError> {
+        let args = [b"HMGET".to_vec(), hash.as_bytes().to_vec(), b"t".to_vec(), b"c".to_vec()];
+        let Reply::Array(Some(items)) = self.call(&args).await? else { return Err(StoreError::Reply) };
+        let number = |item: Option<&Reply>| match item {
+            Some(Reply::Bulk(Some(text))) => std::str::from_utf8(text).ok().and_then(|t| t.parse::<u64>().ok()),
+            _ => None,
+        };
+        Ok((number(items.first()).unwrap_or(0), number(items.get(1)).unwrap_or(0)))
+    }
+
     async fn call(&self, args: &[Vec<u8>]) -> Result<Reply, StoreError> {
         if !self.is_connected() {
             return Err(StoreError::Unreachable);

@@ -66,6 +66,8 @@ pub struct Facts {
     pub priced: Option<(waycast_crds::money::TokenPrices, Arc<str>)>,
     /// What it reserved in its budgets, settled when it ends.
     pub budget: Option<crate::limit::BudgetHold>,
+    /// Where its key's usage this month is counted, once it was admitted.
+    pub usage: Option<UsageTap>,
     /// How long it waited for a model's queue, and in which class (index
     /// into the names).
     pub queued: Option<(Arc<[String]>, usize, Duration)>,
@@ -93,11 +95,22 @@ impl Default for Facts {
             tenant: None,
             priced: None,
             budget: None,
+            usage: None,
             queued: None,
             overhead_before: Duration::ZERO,
             tallies: Tallies::default(),
         }
     }
+}
+
+/// Where a request's use is counted in its key's usage this month.
+pub struct UsageTap {
+    /// The key's counts.
+    pub counts: Arc<crate::limit::key_usage::KeyUsage>,
+    /// The zone months start in.
+    pub zone: jiff::tz::TimeZone,
+    /// Whether its cost is in the budget currency (counted) or not.
+    pub counts_cost: bool,
 }
 
 /// An event of a request counted in a metric of its own.
@@ -254,7 +267,16 @@ impl Exchange {
             metrics.queue_wait.with_label_values(&[model, class]).observe(waited.as_secs_f64());
         }
         let mut cost = None;
-        if facts.charge.is_some() || facts.seat.is_some() || facts.priced.is_some() || facts.budget.is_some() {
+        // What the record says was used: what was charged when anything
+        // counts it (the upstream's usage, or the estimate for a client
+        // that left before it), so the records sum to every count.
+        let mut billed = None;
+        if facts.charge.is_some()
+            || facts.seat.is_some()
+            || facts.priced.is_some()
+            || facts.budget.is_some()
+            || facts.usage.is_some()
+        {
             // What was served is charged: a response that went out (whole,
             // or until the client left) by its usage or an estimate; one the
             // upstream refused or never sent, nothing.
@@ -268,6 +290,7 @@ impl Exchange {
                 _ => crate::limit::Charged::default(),
             };
             let used = charged.prompt.saturating_add(charged.completion);
+            billed = Some(charged);
             if let Some(charge) = &facts.charge {
                 charge.settle(used);
                 series.count_rate_limit_tokens(used);
@@ -283,13 +306,26 @@ impl Exchange {
             if let Some(budget) = &facts.budget {
                 budget.settle(used, cost.map_or(0, |(money, _)| money.0));
             }
+            if let Some(tap) = &facts.usage {
+                let used = waycast_crds::usage::UsageTotals {
+                    requests: 1,
+                    input_tokens: charged.prompt,
+                    output_tokens: charged.completion,
+                    cached_input_tokens: charged.cached,
+                    cost_nanos: cost.filter(|_| tap.counts_cost).map_or(0, |(money, _)| money.0),
+                };
+                tap.counts.count(used, jiff::Timestamp::now(), &tap.zone);
+            }
         }
         // Counts go out now when no other request of this worker is in
         // flight (so a client that reads /metrics after its answer sees
         // them), else with the worker's next flush.
         super::series::written(&series, metrics.inflight.mine() == 0);
         if facts.access_log && crate::access_log::enabled() {
-            let usage = outcome.usage.unwrap_or_default();
+            let usage = billed.map_or_else(
+                || outcome.usage.map(|u| (u.prompt, u.cached, u.completion)).unwrap_or_default(),
+                |charged| (charged.prompt, charged.cached, charged.completion),
+            );
             let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
             crate::access_log::record(&crate::access_log::AccessLine {
                 at: std::time::SystemTime::now(),
@@ -304,9 +340,9 @@ impl Exchange {
                 bytes: outcome.bytes,
                 duration_us: micros(elapsed),
                 upstream_us: outcome.upstream.map_or(0, micros),
-                prompt_tokens: usage.prompt,
-                completion_tokens: usage.completion,
-                cached_tokens: usage.cached,
+                prompt_tokens: usage.0,
+                completion_tokens: usage.2,
+                cached_tokens: usage.1,
                 cost,
                 error: outcome.error,
             });

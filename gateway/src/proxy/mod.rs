@@ -93,11 +93,18 @@ async fn serve(
     facts.access_log = snapshot.settings.access_log;
     let key = route::admit(&snapshot, &parts.headers, jiff::Timestamp::now)?;
     facts.key = Some(own_name(&key.id));
-    let Endpoint::Proxy(endpoint_index) = endpoint else { return Ok(respond::models_list(&snapshot, key)) };
+    let endpoint_index = match endpoint {
+        Endpoint::Proxy(index) => Some(index),
+        Endpoint::Models => return Ok(respond::models_list(&snapshot, key)),
+        Endpoint::Usage => None,
+    };
 
-    // A key over its request limit costs no body read.
+    // A key over its request limit costs no body read (nor a Redis read).
     let counters = Counters::of(snapshot.redis.as_ref(), shared.fleet.shares());
     let counted = passed(facts, counters.count_key_request(&key.id, key.limits.as_ref()).await)?;
+    let Some(endpoint_index) = endpoint_index else {
+        return Ok(respond::budgets_of(&snapshot, key, jiff::Timestamp::now()).await);
+    };
     let limit = snapshot.settings.max_request_body_bytes;
     let body = request_body::read(&mut body, &parts.headers, limit, shared.body_timeout).await?;
     let body_done = Instant::now();
@@ -120,6 +127,14 @@ async fn serve(
         (facts.charge, facts.held) = (admitted.charge.take(), std::mem::take(&mut admitted.held));
         facts.budget = admitted.budget.take();
     }
+    facts.usage = Some(exchange::UsageTap {
+        counts: key.usage.clone(),
+        zone: snapshot.zone.clone(),
+        counts_cost: route
+            .prices
+            .as_ref()
+            .is_some_and(|(_, currency)| **currency == *snapshot.settings.budgets.currency),
+    });
     queue::take_turn(route, key, reservation, shared, facts).await?;
     let (body, model_span, strip_usage) = usage::body_to_send(&body, &fields, endpoint_index, facts.charge.is_some());
 

@@ -135,6 +135,63 @@ pub fn models_list(snapshot: &Snapshot, key: &KeyEntry) -> Answer {
     Answer::Own(Bytes::from(serde_json::json!({"object": "list", "data": data}).to_string()))
 }
 
+/// `GET /v1/usage`: each budget of the key and of its namespace, as of
+/// `now` — its period, when it starts over, its limits, what the fleet
+/// spent (this pod's count beside the rest of the fleet's as the operator
+/// last collected it; exact across pods in Redis mode only at admission)
+/// and what is left. Nothing of any other key.
+pub async fn budgets_of(snapshot: &Snapshot, key: &KeyEntry, now: jiff::Timestamp) -> Answer {
+    use crate::limit::budget::BudgetOwner;
+    let owned =
+        [(BudgetOwner::Key, &key.id, &key.budgets), (BudgetOwner::Tenant, &key.tenant.namespace, &key.tenant.budgets)];
+    let mut budgets: Vec<serde_json::Value> = Vec::new();
+    for (owner, id, list) in owned {
+        for budget in list.iter() {
+            let window = budget.period.window(now, &snapshot.zone);
+            let spent = match &snapshot.redis {
+                // Counted in Redis: what it holds (unknown while it does not answer).
+                Some(counter) => {
+                    let prefix = counter.config.key_prefix();
+                    let hash = crate::limit::budget_hash(prefix, owner, id, budget.period, &window.key);
+                    counter.budget_spent(&hash).await.ok()
+                }
+                None => Some(budget.state.spent_in_fleet(budget.period, now, &snapshot.zone)),
+            };
+            let money = |nanos: u64| waycast_crds::money::Money(nanos).to_string();
+            let owner = if owner == BudgetOwner::Key { "key" } else { "namespace" };
+            let mut entry = serde_json::json!({
+                "owner": owner,
+                "period": budget.period,
+                "window": window.key,
+                "resets_at": window.end.to_string(),
+            });
+            if let Some(limit) = budget.tokens {
+                entry["tokens"] = limit.into();
+            }
+            if let Some(limit) = budget.cost {
+                entry["cost"] = money(limit).into();
+            }
+            // Unknown (the store did not answer): said so, never "all left".
+            entry["spent_tokens"] = spent.map(|(tokens, _)| tokens).into();
+            entry["spent_cost"] = spent.map(|(_, cost)| money(cost)).into();
+            if let (Some(limit), Some((tokens, _))) = (budget.tokens, spent) {
+                entry["remaining_tokens"] = limit.saturating_sub(tokens).into();
+            }
+            if let (Some(limit), Some((_, cost))) = (budget.cost, spent) {
+                entry["remaining_cost"] = money(limit.saturating_sub(cost)).into();
+            }
+            budgets.push(entry);
+        }
+    }
+    let body = serde_json::json!({
+        "object": "usage",
+        "key": &*key.id,
+        "currency": snapshot.settings.budgets.currency,
+        "budgets": budgets,
+    });
+    Answer::Own(Bytes::from(body.to_string()))
+}
+
 /// Whether a response says its body is JSON (`application/json`, or a
 /// `+json` type such as `application/problem+json`).
 fn is_json(headers: &HeaderMap) -> bool {

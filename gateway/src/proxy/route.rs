@@ -26,6 +26,8 @@ pub enum Endpoint {
     Proxy(usize),
     /// `GET /v1/models`.
     Models,
+    /// `GET /v1/usage`: the key's budgets, what they spent and what is left.
+    Usage,
 }
 
 impl Endpoint {
@@ -33,6 +35,7 @@ impl Endpoint {
     pub fn of(path: &str) -> Option<Self> {
         match path {
             "/v1/models" => Some(Self::Models),
+            "/v1/usage" => Some(Self::Usage),
             _ => PROXIED_PATHS.iter().position(|known| *known == path).map(Self::Proxy),
         }
     }
@@ -42,11 +45,12 @@ impl Endpoint {
         match self {
             Self::Proxy(index) => PROXIED_PATHS[index],
             Self::Models => "/v1/models",
+            Self::Usage => "/v1/usage",
         }
     }
 
     fn method(self) -> Method {
-        if self == Self::Models { Method::GET } else { Method::POST }
+        if matches!(self, Self::Models | Self::Usage) { Method::GET } else { Method::POST }
     }
 }
 

@@ -40,6 +40,8 @@ pub struct KeyEntry {
     pub fair_id: u64,
     /// Its budgets (one per period).
     pub budgets: Box<[crate::limit::Budget]>,
+    /// What it used this month.
+    pub usage: Arc<crate::limit::key_usage::KeyUsage>,
 }
 
 /// A namespace's policy on the Gateway, shared by its keys.
@@ -198,6 +200,7 @@ pub(super) fn build_key(
         class: 0,
         fair_id: stable_id(&key.id),
         budgets: Box::default(),
+        usage: Arc::default(),
     }
 }
 

@@ -50,6 +50,8 @@ pub struct Snapshot {
     pub dropped: Vec<Dropped>,
     /// The time zone budget periods start in.
     pub zone: jiff::tz::TimeZone,
+    /// The budget and usage counts it was built on.
+    pub counts: crate::registry::Counts,
 }
 
 /// An entry of the config this pod does not serve.
@@ -178,6 +180,7 @@ impl Snapshot {
             if key.limits.is_some() {
                 entry.limits = Some(lent.key_limits(&key.id).ok_or(BuildError::NotLent("key limits"))?);
             }
+            entry.usage = lent.key_usage(&key.id);
             if !key.budgets.is_empty() {
                 let scope = format!("key:{}", key.id);
                 entry.budgets = crate::limit::Budget::merged(&key.budgets, |period| lent.budget_state(&scope, period));
@@ -200,7 +203,8 @@ impl Snapshot {
         // Validation checked the name: UTC stands in only for a bug.
         let zone =
             waycast_crds::period::time_zone(&config.settings.budgets.time_zone).unwrap_or(jiff::tz::TimeZone::UTC);
-        Ok(Self { hash, settings: config.settings.clone(), keys, routes, by_name, redis, dropped, zone })
+        let counts = lent.counts();
+        Ok(Self { hash, settings: config.settings.clone(), keys, routes, by_name, redis, dropped, zone, counts })
     }
 
     /// A snapshot of `config` with resources of its own (tests, tools).

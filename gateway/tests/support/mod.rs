@@ -56,6 +56,9 @@ pub struct FixtureOptions {
     /// Read endpoints from `endpoints.json` in the fixture's directory
     /// (write it with [`Fixture::write_endpoints`]).
     pub endpoints_file: bool,
+    /// Read the fleet's budget spend from `usage.json` in the fixture's
+    /// directory (write it with [`Fixture::write_usage`]).
+    pub usage_file: bool,
     /// Data-plane workers (the binary's layout, two by default); None:
     /// served on the test's runtime.
     pub workers: Option<std::num::NonZeroUsize>,
@@ -72,6 +75,7 @@ impl Default for FixtureOptions {
             drain_timeout: Duration::from_secs(10),
             tls: None,
             endpoints_file: false,
+            usage_file: false,
             workers: std::num::NonZeroUsize::new(2),
         }
     }
@@ -91,11 +95,16 @@ impl Fixture {
         let dir = temp_dir("gateway");
         let config_path = dir.join("gateway.yaml");
         write_atomically(&config_path, serde_yaml_ng::to_string(&config).expect("yaml").as_bytes());
+        if options.usage_file {
+            // The operator writes one before the pods start: none spent yet.
+            write_atomically(&dir.join("usage.json"), br#"{"budgets": [], "reports": {}}"#);
+        }
         let gateway = waycast_gateway::start(GatewayOptions {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             config: ConfigSource::File(config_path.clone()),
             endpoints: options.endpoints_file.then(|| EndpointsSource::File(dir.join("endpoints.json"))),
+            usage: options.usage_file.then(|| EndpointsSource::File(dir.join("usage.json"))),
             tls: options.tls,
             drain_timeout: options.drain_timeout,
             body_timeout: options.body_timeout,
@@ -158,6 +167,11 @@ impl Fixture {
     /// Replaces the endpoints file (with `endpoints_file` set).
     pub fn write_endpoints(&self, bytes: &[u8]) {
         write_atomically(&self.dir.join("endpoints.json"), bytes);
+    }
+
+    /// Writes the usage baseline the gateway follows (with `usage_file`).
+    pub fn write_usage(&self, bytes: &[u8]) {
+        write_atomically(&self.dir.join("usage.json"), bytes);
     }
 
     /// `http://<gateway><path>`.
@@ -344,10 +358,15 @@ impl GatewayProcess {
 
     /// The value of one metric line (`name{labels}` exactly as rendered).
     pub async fn metric(&self, series: &str) -> Option<f64> {
+        metric_value(&self.admin_get("/metrics").await?, series)
+    }
+
+    /// The body of an admin endpoint (`/metrics`, `/usage`).
+    pub async fn admin_get(&self, path: &str) -> Option<String> {
         let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-        let request = Request::get(format!("http://{}/metrics", self.admin)).body(Full::new(Bytes::new())).ok()?;
+        let request = Request::get(format!("http://{}{path}", self.admin)).body(Full::new(Bytes::new())).ok()?;
         let body = client.request(request).await.ok()?.into_body().collect().await.ok()?.to_bytes();
-        metric_value(&String::from_utf8_lossy(&body), series)
+        Some(String::from_utf8_lossy(&body).into_owned())
     }
 }
 

@@ -52,5 +52,6 @@ pub async fn run(context: Arc<Context>) {
         model_endpoint::reconcile_model_endpoint,
     );
     let endpoints = endpoints::follow_endpoints(context.clone());
-    tokio::join!(gateway_controller, key_controller, key_secrets, model_controller, endpoints);
+    let usage = crate::usage::run(context.clone());
+    tokio::join!(gateway_controller, key_controller, key_secrets, model_controller, endpoints, usage);
 }

@@ -91,6 +91,8 @@ pub fn deployment(gateway: &Gateway, settings: &RenderSettings) -> Deployment {
         format!("{namespace}/{}", config_secret_name(gateway)),
         arg(flag::ENDPOINTS_CONFIGMAP),
         format!("{namespace}/{}", super::meta::config_map_name(gateway)),
+        arg(flag::USAGE_CONFIGMAP),
+        format!("{namespace}/{}", super::meta::usage_config_map_name(gateway)),
         arg(flag::LISTEN),
         format!("0.0.0.0:{PUBLIC_PORT}"),
         arg(flag::ADMIN_LISTEN),

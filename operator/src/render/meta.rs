@@ -68,3 +68,14 @@ pub fn config_secret_name(gateway: &Gateway) -> String {
 pub fn config_map_name(gateway: &Gateway) -> String {
     format!("{}-endpoints", gateway.name_any())
 }
+
+/// The name of a Gateway's usage ConfigMap: the fleet's budget spend the
+/// pods count (`crate::usage`).
+pub fn usage_config_map_name(gateway: &Gateway) -> String {
+    format!("{}-usage", gateway.name_any())
+}
+
+/// The name of a Gateway's usage ledger ConfigMap (the operator's own).
+pub fn usage_ledger_name(gateway: &Gateway) -> String {
+    format!("{}-usage-ledger", gateway.name_any())
+}

@@ -29,6 +29,20 @@ pub struct NetworkPolicySettings {
     pub egress: Vec<NetworkPolicyEgressRule>,
 }
 
+/// The operator's pods in `namespace`, which collect the gateway pods'
+/// usage from their admin port (`crate::usage`).
+pub fn operator_peer(namespace: &str) -> NetworkPolicyPeer {
+    let labels = |key: &str, value: &str| LabelSelector {
+        match_labels: Some([(key.to_owned(), value.to_owned())].into()),
+        ..Default::default()
+    };
+    NetworkPolicyPeer {
+        namespace_selector: Some(labels("kubernetes.io/metadata.name", namespace)),
+        pod_selector: Some(labels("app.kubernetes.io/name", "waycast-operator")),
+        ..Default::default()
+    }
+}
+
 /// The NetworkPolicy of `gateway`'s pods, when `settings` ask for one.
 pub fn network_policy(gateway: &Gateway, settings: Option<&NetworkPolicySettings>) -> Option<NetworkPolicy> {
     let settings = settings?;

@@ -7,7 +7,7 @@ use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject
 use kube::ResourceExt as _;
 use waycast_crds::Gateway;
 
-use super::meta::{config_map_name, config_secret_name, owned_meta};
+use super::meta::{config_map_name, config_secret_name, owned_meta, usage_config_map_name};
 
 /// The ServiceAccount gateway pods run as (named like the Gateway).
 pub fn service_account(gateway: &Gateway) -> ServiceAccount {
@@ -37,7 +37,7 @@ pub fn role(gateway: &Gateway) -> Role {
             PolicyRule {
                 api_groups: Some(vec![String::new()]),
                 resources: Some(vec!["configmaps".into()]),
-                resource_names: Some(vec![config_map_name(gateway)]),
+                resource_names: Some(vec![config_map_name(gateway), usage_config_map_name(gateway)]),
                 verbs: verbs(&["get", "list", "watch"]),
                 ..PolicyRule::default()
             },
@@ -92,7 +92,8 @@ mod tests {
         assert_eq!(rules[0].resource_names.as_deref(), Some(&["shared-config".to_owned()][..]));
         assert!(!rules[0].verbs.iter().any(|v| v == "update" || v == "*"));
         assert_eq!(rules[1].resources.as_deref(), Some(&["configmaps".to_owned()][..]));
-        assert_eq!(rules[1].resource_names.as_deref(), Some(&["shared-endpoints".to_owned()][..]));
+        let maps = ["shared-endpoints".to_owned(), "shared-usage".to_owned()];
+        assert_eq!(rules[1].resource_names.as_deref(), Some(&maps[..]));
         assert!(!rules[1].verbs.iter().any(|v| v == "update" || v == "patch" || v == "*"));
         assert_eq!(rules[2].resources.as_deref(), Some(&["leases".to_owned()][..]));
         assert_eq!(rules[3].resources.as_deref(), Some(&["pods".to_owned()][..]));

@@ -173,6 +173,8 @@ pub fn gateway_status(gateway: &Gateway, facts: &GatewayFacts<'_>, now: jiff::Ti
         api_key_count: count(facts.keys),
         address: facts.address.clone(),
         tenants: facts.tenants.to_vec(),
+        // The usage collector's own to write.
+        usage: None,
         observed_generation: generation,
     }
 }
@@ -191,6 +193,7 @@ pub fn gateway_name_conflict(gateway: &Gateway, conflict: &str, now: jiff::Times
         .map(|kind| condition(previous, kind, false, reasons::NAME_CONFLICT, message.clone(), generation, now))
         .collect();
     status.observed_generation = generation;
+    status.usage = None;
     status
 }
 
@@ -270,6 +273,7 @@ pub fn api_key_status(
         limits: if ready { api_key.spec.limits.clone() } else { None },
         gateways: served_by,
         parents: entries,
+        usage: None,
         observed_generation: generation,
     }
 }
@@ -326,20 +330,24 @@ pub trait WithConditions: Clone + PartialEq {
 }
 
 macro_rules! with_conditions {
-    ($($status:ty),*) => {$(
+    ($status:ty $(, $apart:ident)*) => {
         impl WithConditions for $status {
             fn conditions(&self) -> &[Condition] {
                 &self.conditions
             }
 
+            // What another writer keeps (`usage`: the usage collector's,
+            // under a field manager of its own) is not this writer's to compare.
             fn without_conditions(&self) -> Self {
-                Self { conditions: Vec::new(), ..self.clone() }
+                Self { conditions: Vec::new(), $($apart: None,)* ..self.clone() }
             }
         }
-    )*};
+    };
 }
 
-with_conditions!(GatewayStatus, ApiKeyStatus, ModelEndpointStatus);
+with_conditions!(GatewayStatus, usage);
+with_conditions!(ApiKeyStatus, usage);
+with_conditions!(ModelEndpointStatus);
 
 /// Whether writing `new` over `old` changes anything a reader sees: the
 /// conditions apart from their times, or anything else.

@@ -1,0 +1,262 @@
+//! The usage contract between gateway pods and the operator.
+//!
+//! ```text
+//! gateway pod  GET /usage (admin port) ─► UsageReport: what this process counted
+//!                                          this month per key, and per budget
+//!                                          in its current period, since it started
+//! operator     collects every pod's report ─► the ledger (per Gateway): each
+//!              process's last report, and the processes gone, folded
+//!          ─► ApiKey.status.usage, Gateway.status.usage (per namespace)
+//!          ─► ConfigMap <gateway>-usage: UsageBaseline, the fleet's totals of
+//!             each budget and which report of each process they hold
+//! gateway pod  watches it ─► a budget counts the fleet's total + what this
+//!              process spent since the report the total holds
+//! ```
+//!
+//! Reports are cumulative since the process started, so collecting one
+//! twice, or missing one, loses nothing; a process is named by an
+//! instance id drawn when it starts, so a restarted container is a new
+//! process and the old one's counts stay in the ledger.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::period::Period;
+
+/// The data key of the usage ConfigMap holding a [`UsageBaseline`].
+pub const BASELINE_DATA_KEY: &str = "usage.json";
+/// The most keys one report lists (the rest are counted in the total
+/// under [`OTHER_KEYS`]): bounds a report's size.
+pub const MAX_REPORTED_KEYS: usize = 100_000;
+/// Where usage of keys past [`MAX_REPORTED_KEYS`] is added up.
+pub const OTHER_KEYS: &str = "-";
+
+/// What a key used: requests finished, tokens, and cost in the Gateway's
+/// budget currency (nano-units; a model priced in another currency adds
+/// no cost).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct UsageTotals {
+    /// Requests that reached a model (admitted, whatever their answer).
+    pub requests: u64,
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Completion tokens.
+    pub output_tokens: u64,
+    /// Prompt tokens served from the upstream's cache (part of `inputTokens`).
+    pub cached_input_tokens: u64,
+    /// Cost, in nano-units of the budget currency.
+    pub cost_nanos: u64,
+}
+
+impl UsageTotals {
+    /// Both added (saturating: a count never wraps).
+    #[must_use]
+    pub fn plus(self, other: Self) -> Self {
+        Self {
+            requests: self.requests.saturating_add(other.requests),
+            input_tokens: self.input_tokens.saturating_add(other.input_tokens),
+            output_tokens: self.output_tokens.saturating_add(other.output_tokens),
+            cached_input_tokens: self.cached_input_tokens.saturating_add(other.cached_input_tokens),
+            cost_nanos: self.cost_nanos.saturating_add(other.cost_nanos),
+        }
+    }
+
+    /// `self` less `other`, never below zero.
+    #[must_use]
+    pub fn minus(self, other: Self) -> Self {
+        Self {
+            requests: self.requests.saturating_sub(other.requests),
+            input_tokens: self.input_tokens.saturating_sub(other.input_tokens),
+            output_tokens: self.output_tokens.saturating_sub(other.output_tokens),
+            cached_input_tokens: self.cached_input_tokens.saturating_sub(other.cached_input_tokens),
+            cost_nanos: self.cost_nanos.saturating_sub(other.cost_nanos),
+        }
+    }
+
+    /// Whether nothing was used.
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// What a budget has spent in one of its periods.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "camelCase")]
+pub struct BudgetSpend {
+    /// `key:<namespace/name>` or `tenant:<namespace>`.
+    pub scope: String,
+    /// The budget's period.
+    pub period: Period,
+    /// Which one (`2026-11-26`, `2026-W48`, `2026-11`).
+    pub window: String,
+    /// Tokens spent.
+    pub tokens: u64,
+    /// Nano-units spent.
+    pub cost_nanos: u64,
+}
+
+/// What one gateway process counted since it started.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct UsageReport {
+    /// The process: drawn when it starts.
+    pub instance: String,
+    /// This report's number (each one taken gets the next).
+    pub sequence: u64,
+    /// The month the key totals are of (`2026-11`), in the Gateway's zone.
+    pub month: String,
+    /// Per key id (`namespace/name`), what it used this month.
+    pub keys: BTreeMap<String, UsageTotals>,
+    /// Per budget, what it spent in its current period.
+    pub budgets: Vec<BudgetSpend>,
+}
+
+/// What the operator hands back to the pods: per budget, the fleet's total
+/// in its current period, and per process the report of its that the
+/// totals hold.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct UsageBaseline {
+    /// The budgets' totals over every process, gone ones included.
+    pub budgets: Vec<BudgetSpend>,
+    /// Per live process, the sequence of its report in `budgets`.
+    pub reports: BTreeMap<String, u64>,
+}
+
+impl UsageBaseline {
+    /// The document in a ConfigMap (untrusted bytes: anything else is
+    /// refused with the parser's message).
+    ///
+    /// # Errors
+    /// Not such a document.
+    pub fn from_slice(bytes: &[u8]) -> Result<Self, serde_json::Error> {
+        serde_json::from_slice(bytes)
+    }
+}
+
+/// `ApiKey.status.usage`: what the key used this month over every
+/// Gateway that serves it, as the operator last collected it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KeyUsageStatus {
+    /// The month (`2026-11`), in the Gateway's budget time zone.
+    pub period: String,
+    /// Requests that reached a model.
+    pub requests: u64,
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Completion tokens.
+    pub output_tokens: u64,
+    /// Prompt tokens served from the upstream's cache (part of `inputTokens`).
+    pub cached_input_tokens: u64,
+    /// Cost at the models' prices, as a decimal string.
+    pub cost: String,
+    /// The currency of `cost`.
+    pub currency: String,
+    /// When it was collected (RFC 3339).
+    pub as_of: String,
+}
+
+/// What one namespace's keys used this month on a Gateway.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NamespaceUsage {
+    /// The namespace.
+    pub namespace: String,
+    /// Requests that reached a model.
+    pub requests: u64,
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Completion tokens.
+    pub output_tokens: u64,
+    /// Prompt tokens served from the upstream's cache.
+    pub cached_input_tokens: u64,
+    /// Cost, as a decimal string.
+    pub cost: String,
+}
+
+/// `Gateway.status.usage`: this month's usage per namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayUsageStatus {
+    /// The month (`2026-11`), in `spec.budgets.timeZone`.
+    pub period: String,
+    /// The currency of the costs.
+    pub currency: String,
+    /// When it was collected (RFC 3339).
+    pub as_of: String,
+    /// Per namespace with usage, sorted (at most [`MAX_STATUS_NAMESPACES`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub namespaces: Vec<NamespaceUsage>,
+}
+
+/// The most namespaces `Gateway.status.usage` lists (the status stays small).
+pub const MAX_STATUS_NAMESPACES: usize = 500;
+
+impl UsageTotals {
+    /// As `ApiKey.status.usage` shows it.
+    pub fn key_status(&self, period: &str, currency: &str, as_of: &str) -> KeyUsageStatus {
+        KeyUsageStatus {
+            period: period.to_owned(),
+            requests: self.requests,
+            input_tokens: self.input_tokens,
+            output_tokens: self.output_tokens,
+            cached_input_tokens: self.cached_input_tokens,
+            cost: crate::money::Money(self.cost_nanos).to_string(),
+            currency: currency.to_owned(),
+            as_of: as_of.to_owned(),
+        }
+    }
+
+    /// As a namespace's line of `Gateway.status.usage`.
+    pub fn namespace_status(&self, namespace: &str) -> NamespaceUsage {
+        NamespaceUsage {
+            namespace: namespace.to_owned(),
+            requests: self.requests,
+            input_tokens: self.input_tokens,
+            output_tokens: self.output_tokens,
+            cached_input_tokens: self.cached_input_tokens,
+            cost: crate::money::Money(self.cost_nanos).to_string(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
+
+    use super::*;
+
+    #[test]
+    fn totals_add_and_subtract_without_wrapping() {
+        let a = UsageTotals { requests: 2, input_tokens: 10, output_tokens: 5, cached_input_tokens: 1, cost_nanos: 7 };
+        let max = UsageTotals { requests: u64::MAX, ..UsageTotals::default() };
+        assert_eq!(a.plus(max).requests, u64::MAX);
+        assert_eq!(a.minus(max), UsageTotals { requests: 0, ..a });
+        assert_eq!(a.plus(a).minus(a), a);
+        assert!(UsageTotals::default().is_empty() && !a.is_empty());
+    }
+
+    #[test]
+    fn a_report_reads_back_as_written() {
+        let report = UsageReport {
+            instance: "gw-abc-1".into(),
+            sequence: 3,
+            month: "2026-11".into(),
+            keys: [("team-a/alice".to_owned(), UsageTotals { requests: 1, ..UsageTotals::default() })].into(),
+            budgets: vec![BudgetSpend {
+                scope: "tenant:team-a".into(),
+                period: Period::Day,
+                window: "2026-11-26".into(),
+                tokens: 40,
+                cost_nanos: 0,
+            }],
+        };
+        let text = serde_json::to_string(&report).unwrap();
+        assert!(text.contains(r#""cachedInputTokens":0"#), "{text}");
+        assert_eq!(serde_json::from_str::<UsageReport>(&text).unwrap(), report);
+        assert!(UsageBaseline::from_slice(b"{\"budgets\":7}").is_err());
+    }
+}

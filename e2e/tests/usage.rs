@@ -1,0 +1,197 @@
+//! Usage and budgets on the e2e node without Redis: the operator collects
+//! each gateway pod's usage, shows it in `ApiKey.status.usage` and in
+//! `Gateway.status.usage` (per namespace) equal to what the answers
+//! reported, and hands the fleet's spend back to the pods, so a
+//! namespace's daily budget holds across two pods and a pod killed and
+//! replaced mid-period does not start its spend over.
+
+#![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
+
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+use http_body_util::BodyExt as _;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::DeleteParams;
+use serde_json::{Value, json};
+use waycast_crds::{ApiKey, Gateway};
+use waycast_e2e::harness::{condition_true, operator_in_process, shared_cluster_with_node, test_namespace};
+use waycast_e2e::manifest;
+use waycast_e2e::workloads::{deploy_mock, wait_pods_ready};
+use waycast_mock::fixtures as fixture;
+
+const CHAT: &str = r#"{"model":"priced-llm","max_tokens":20,"messages":[{"role":"user","content":"hi"}]}"#;
+/// The namespace's daily budget, in tokens: about 25 requests of ~40.
+const BUDGET: u64 = 1_000;
+
+fn object(value: Value) -> kube::api::DynamicObject {
+    serde_json::from_value(value).unwrap()
+}
+
+/// One chat through the pod at `ip`: its status and answer.
+async fn chat(ip: &str, key: &str) -> (StatusCode, Value) {
+    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+    let mut request = fixture::post_request(&format!("http://{ip}:8080/v1/chat/completions"), Some(key), CHAT);
+    request.headers_mut().insert("x-mock-chunks", "20".parse().unwrap());
+    let response = tokio::time::timeout(Duration::from_secs(30), http.request(request)).await.unwrap().unwrap();
+    let status = response.status();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+}
+
+/// `GET /v1/usage` on the pod at `ip`: what the namespace's budget spent.
+async fn namespace_spent(ip: &str, key: &str) -> u64 {
+    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+    let request = http::Request::get(format!("http://{ip}:8080/v1/usage"))
+        .header("authorization", format!("Bearer {key}"))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let response = http.request(request).await.unwrap();
+    let body: Value = serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    let budgets = body["budgets"].as_array().unwrap();
+    budgets.iter().find(|b| b["owner"] == "namespace").unwrap()["spent_tokens"].as_u64().unwrap()
+}
+
+#[tokio::test]
+async fn usage_reaches_the_statuses_and_a_budget_holds_across_pods_and_a_replaced_pod() {
+    let cluster = shared_cluster_with_node(env!("CARGO_BIN_EXE_waycast-cluster"));
+    operator_in_process(cluster);
+    let client = cluster.client().await;
+    let home = test_namespace(&client, "usage").await.unwrap();
+    let team = test_namespace(&client, "team-u").await.unwrap();
+    deploy_mock(&client, &home).await.unwrap();
+    let gateway = object(
+        json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "Gateway", "metadata": {"name": "gateway"},
+        "spec": {"replicas": 2, "apiKeys": {"namespaces": {"from": "All"}},
+                 "budgets": {"timeZone": "UTC", "currency": "USD"},
+                 "tenants": [{"namespaces": {"from": "Selector", "selector": {"matchLabels": {"kubernetes.io/metadata.name": team}}},
+                              "budgets": [{"period": "Day", "tokens": BUDGET}]}]}}),
+    );
+    let model = object(
+        json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ModelEndpoint", "metadata": {"name": "priced-llm"},
+        "spec": {"model": "priced-llm", "backends": [{"service": {"name": "mock", "port": 8000}}],
+                 "forwardHeaders": ["x-mock-*"], "apiKeys": {"namespaces": {"from": "All"}},
+                 "pricing": {"currency": "USD", "inputPerMillionTokens": "1000", "outputPerMillionTokens": "2000"}}}),
+    );
+    manifest::apply_all(&client, &[gateway, model], &home).await.unwrap();
+    let parent = json!([{"name": "gateway", "namespace": home}]);
+    let keys: Vec<_> = ["one", "two"]
+        .iter()
+        .map(|name| {
+            object(json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey", "metadata": {"name": name},
+                          "spec": {"parentRefs": parent}}))
+        })
+        .collect();
+    manifest::apply_all(&client, &keys, &team).await.unwrap();
+    let api_keys: Api<ApiKey> = Api::namespaced(client.clone(), &team);
+    let deadline = Instant::now() + Duration::from_secs(180);
+    for name in ["one", "two"] {
+        while !condition_true(&api_keys.get(name).await.unwrap().status.unwrap_or_default().conditions, "Programmed") {
+            assert!(Instant::now() < deadline, "{name} was never programmed");
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+    let pods = wait_pods_ready(&client, &home, "app.kubernetes.io/instance=gateway", 2, Duration::from_secs(120))
+        .await
+        .unwrap();
+    let ips: Vec<String> = pods.iter().map(|p| p.status.as_ref().unwrap().pod_ip.clone().unwrap()).collect();
+    let texts = [
+        waycast_e2e::workloads::generated_key(&client, &team, "one", Duration::from_secs(60)).await.unwrap(),
+        waycast_e2e::workloads::generated_key(&client, &team, "two", Duration::from_secs(60)).await.unwrap(),
+    ];
+
+    // Spend the namespace's day over both pods and both keys, until refused.
+    let mut used = [(0_u64, 0_u64, 0_u64); 2];
+    let mut refused = None;
+    for round in 0..60 {
+        // Pods in turn, keys every other round: each key on both pods.
+        let key = (round / 2) % 2;
+        let (status, body) = chat(&ips[round % 2], &texts[key]).await;
+        match status {
+            StatusCode::OK => {
+                let entry = &mut used[key];
+                entry.0 += 1;
+                entry.1 += body["usage"]["prompt_tokens"].as_u64().unwrap();
+                entry.2 += body["usage"]["completion_tokens"].as_u64().unwrap();
+            }
+            StatusCode::TOO_MANY_REQUESTS => {
+                refused = Some(body);
+                break;
+            }
+            other => panic!("round {round}: {other}: {body}"),
+        }
+    }
+    let refusal = refused.expect("the namespace's budget never refused");
+    assert_eq!(refusal["error"]["code"], "insufficient_quota", "{refusal}");
+    let spent: u64 = used.iter().map(|(_, prompt, completion)| prompt + completion).sum();
+    println!("spent {spent} of the namespace's {BUDGET} tokens over two pods, then {refusal}");
+    assert!(spent <= BUDGET, "spent {spent}: the budget passed without Redis");
+
+    // The operator collects it: each key's month in its status, the
+    // namespace's on the Gateway, equal to what the answers reported.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for (index, name) in ["one", "two"].iter().enumerate() {
+        let (requests, input, output) = used[index];
+        loop {
+            let usage = api_keys.get(name).await.unwrap().status.unwrap_or_default().usage;
+            if let Some(usage) = usage.filter(|u| u.requests == requests) {
+                assert_eq!((usage.input_tokens, usage.output_tokens), (input, output), "{name}: {usage:?}");
+                let cost = waycast_crds::money::Money::parse(&usage.cost).unwrap().0;
+                assert_eq!(cost, input * 1_000_000 + output * 2_000_000, "{name}: {usage:?}");
+                assert_eq!(usage.currency, "USD");
+                break;
+            }
+            assert!(Instant::now() < deadline, "{name}'s status.usage never showed {requests} requests");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    let gateways: Api<Gateway> = Api::namespaced(client.clone(), &home);
+    let status = gateways.get("gateway").await.unwrap().status.unwrap().usage.unwrap();
+    let line = status.namespaces.iter().find(|n| n.namespace == team).unwrap();
+    assert_eq!(line.requests, used[0].0 + used[1].0);
+    assert_eq!(line.input_tokens + line.output_tokens, spent);
+
+    // A pod is killed and replaced: the new process starts from the
+    // fleet's spend (handed back by the operator), not from nothing.
+    let pods_api: Api<Pod> = Api::namespaced(client.clone(), &home);
+    let victim = pods[0].metadata.name.clone().unwrap();
+    pods_api.delete(&victim, &DeleteParams::default().grace_period(0)).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let fresh_ip = loop {
+        let ready = wait_pods_ready(&client, &home, "app.kubernetes.io/instance=gateway", 2, Duration::from_secs(120))
+            .await
+            .unwrap();
+        if let Some(pod) = ready.iter().find(|p| {
+            p.metadata.name.as_deref() != Some(victim.as_str())
+                && p.status.as_ref().and_then(|s| s.pod_ip.clone()).is_some_and(|ip| ip != ips[1])
+        }) {
+            break pod.status.as_ref().unwrap().pod_ip.clone().unwrap();
+        }
+        assert!(Instant::now() < deadline, "no replacement pod");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let replaced = Instant::now();
+    while namespace_spent(&fresh_ip, &texts[0]).await < spent {
+        assert!(replaced.elapsed() < Duration::from_secs(60), "the new pod never counted the fleet's spend");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    println!("a replacement pod counted the fleet's spend {:?} after it was ready", replaced.elapsed());
+    // It spends at most what the fleet left (a process starting the day
+    // over would have its share of the whole budget: about 12 requests).
+    let mut more = 0;
+    let mut refusal = None;
+    for _ in 0..10 {
+        let (status, body) = chat(&fresh_ip, &texts[1]).await;
+        match status {
+            StatusCode::OK => more += body["usage"]["total_tokens"].as_u64().unwrap(),
+            _ => {
+                refusal = Some(body);
+                break;
+            }
+        }
+    }
+    let refusal = refusal.expect("the replacement started the day over: it never refused");
+    assert_eq!(refusal["error"]["code"], "insufficient_quota", "{refusal}");
+    assert!(spent + more <= BUDGET, "the replacement spent {more} more of the {} left", BUDGET - spent);
+}

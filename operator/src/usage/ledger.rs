@@ -1,0 +1,237 @@
+//! One Gateway's usage ledger: each gateway process's last report, and the
+//! processes gone folded into one retired total. Pure: the collector
+//! (`mod.rs`) feeds it reports and the live pods, and writes what it
+//! derives (the baseline the pods count, the status totals).
+//!
+//! Reports are cumulative since a process started, so the fleet's total is
+//! the sum of each process's last report: collecting one twice changes
+//! nothing, missing one delays it. A process is gone when its pod is, or
+//! when its pod reports as a new process (a restarted container); its last
+//! report then moves into the retired total, which a process never
+//! reports into again.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use waycast_crds::period::Period;
+use waycast_crds::usage::{BudgetSpend, UsageBaseline, UsageReport, UsageTotals};
+
+/// A budget's identity: scope, period, window.
+type BudgetId = (String, Period, String);
+
+/// What one process last reported, and from which pod.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ProcessEntry {
+    /// The pod it runs in.
+    pub pod: String,
+    /// Its last report.
+    pub report: UsageReport,
+}
+
+/// The ledger of one Gateway (persisted by the collector, so an operator
+/// restart loses nothing).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Ledger {
+    /// Live processes by instance.
+    pub processes: BTreeMap<String, ProcessEntry>,
+    /// Per month, per key, what processes gone had counted.
+    pub retired_keys: BTreeMap<String, BTreeMap<String, UsageTotals>>,
+    /// What processes gone had spent, per budget and window.
+    pub retired_budgets: Vec<BudgetSpend>,
+}
+
+impl Ledger {
+    /// Takes `report`, collected from `pod`: it replaces the process's
+    /// older one (a late answer older than what is held is ignored); a
+    /// different process reporting from the same pod retires the one
+    /// before it.
+    pub fn record(&mut self, pod: &str, report: UsageReport) {
+        let replaced: Vec<String> = self
+            .processes
+            .iter()
+            .filter(|(instance, entry)| entry.pod == pod && **instance != report.instance)
+            .map(|(instance, _)| instance.clone())
+            .collect();
+        for instance in replaced {
+            self.retire(&instance);
+        }
+        if let Some(held) = self.processes.get(&report.instance)
+            && held.report.sequence >= report.sequence
+        {
+            return;
+        }
+        self.processes.insert(report.instance.clone(), ProcessEntry { pod: pod.to_owned(), report });
+    }
+
+    /// Retires every process whose pod is not in `live`.
+    pub fn keep_pods(&mut self, live: &[String]) {
+        let gone: Vec<String> = self
+            .processes
+            .iter()
+            .filter(|(_, entry)| !live.contains(&entry.pod))
+            .map(|(instance, _)| instance.clone())
+            .collect();
+        for instance in gone {
+            self.retire(&instance);
+        }
+    }
+
+    fn retire(&mut self, instance: &str) {
+        let Some(entry) = self.processes.remove(instance) else { return };
+        let month = self.retired_keys.entry(entry.report.month.clone()).or_default();
+        for (key, totals) in entry.report.keys {
+            let held = month.entry(key).or_default();
+            *held = held.plus(totals);
+        }
+        let mut budgets = budget_map(&self.retired_budgets);
+        for spend in entry.report.budgets {
+            let held = budgets.entry((spend.scope, spend.period, spend.window)).or_default();
+            *held = (held.0.saturating_add(spend.tokens), held.1.saturating_add(spend.cost_nanos));
+        }
+        self.retired_budgets = budget_list(budgets);
+    }
+
+    /// Drops what no longer counts: retired key totals of other months
+    /// than `month`, and retired budget spends of windows not in `current`
+    /// (the window each period is in now).
+    pub fn forget_past(&mut self, month: &str, current: &[(Period, String)]) {
+        self.retired_keys.retain(|held, _| held == month);
+        self.retired_budgets.retain(|spend| current.iter().any(|(p, w)| *p == spend.period && *w == spend.window));
+    }
+
+    /// Each key's usage in `month` over every process, gone ones included.
+    pub fn key_totals(&self, month: &str) -> BTreeMap<String, UsageTotals> {
+        let mut totals = self.retired_keys.get(month).cloned().unwrap_or_default();
+        for entry in self.processes.values().filter(|entry| entry.report.month == month) {
+            for (key, used) in &entry.report.keys {
+                let held = totals.entry(key.clone()).or_default();
+                *held = held.plus(*used);
+            }
+        }
+        totals
+    }
+
+    /// What the pods count: each budget's total, and which report of each
+    /// live process it holds.
+    pub fn baseline(&self) -> UsageBaseline {
+        let mut budgets = budget_map(&self.retired_budgets);
+        for entry in self.processes.values() {
+            for spend in &entry.report.budgets {
+                let held = budgets.entry((spend.scope.clone(), spend.period, spend.window.clone())).or_default();
+                *held = (held.0.saturating_add(spend.tokens), held.1.saturating_add(spend.cost_nanos));
+            }
+        }
+        let reports =
+            self.processes.iter().map(|(instance, entry)| (instance.clone(), entry.report.sequence)).collect();
+        UsageBaseline { budgets: budget_list(budgets), reports }
+    }
+}
+
+fn budget_map(spends: &[BudgetSpend]) -> BTreeMap<BudgetId, (u64, u64)> {
+    spends
+        .iter()
+        .map(|spend| ((spend.scope.clone(), spend.period, spend.window.clone()), (spend.tokens, spend.cost_nanos)))
+        .collect()
+}
+
+fn budget_list(map: BTreeMap<BudgetId, (u64, u64)>) -> Vec<BudgetSpend> {
+    map.into_iter()
+        .map(|((scope, period, window), (tokens, cost_nanos))| BudgetSpend {
+            scope,
+            period,
+            window,
+            tokens,
+            cost_nanos,
+        })
+        .collect()
+}
+
+/// Per namespace (the part of a key id before `/`), the sum of its keys.
+pub fn by_namespace(keys: &BTreeMap<String, UsageTotals>) -> BTreeMap<String, UsageTotals> {
+    let mut namespaces: BTreeMap<String, UsageTotals> = BTreeMap::new();
+    for (key, used) in keys {
+        let Some((namespace, _)) = key.split_once('/') else { continue };
+        let held = namespaces.entry(namespace.to_owned()).or_default();
+        *held = held.plus(*used);
+    }
+    namespaces
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(instance: &str, sequence: u64, requests: u64, tokens: u64) -> UsageReport {
+        UsageReport {
+            instance: instance.into(),
+            sequence,
+            month: "2026-11".into(),
+            keys: [(
+                "team-a/alice".to_owned(),
+                UsageTotals { requests, input_tokens: tokens, ..UsageTotals::default() },
+            )]
+            .into(),
+            budgets: vec![BudgetSpend {
+                scope: "tenant:team-a".into(),
+                period: Period::Day,
+                window: "2026-11-26".into(),
+                tokens,
+                cost_nanos: 0,
+            }],
+        }
+    }
+
+    fn alice(ledger: &Ledger) -> (u64, u64) {
+        let totals = ledger.key_totals("2026-11")["team-a/alice"];
+        (totals.requests, ledger.baseline().budgets[0].tokens)
+    }
+
+    #[test]
+    fn reports_are_cumulative_so_a_repeat_or_a_late_one_changes_nothing() {
+        let mut ledger = Ledger::default();
+        ledger.record("gw-1", report("gw-1-a", 1, 2, 100));
+        ledger.record("gw-2", report("gw-2-a", 1, 1, 40));
+        assert_eq!(alice(&ledger), (3, 140));
+        ledger.record("gw-1", report("gw-1-a", 2, 5, 250));
+        ledger.record("gw-1", report("gw-1-a", 2, 5, 250));
+        ledger.record("gw-1", report("gw-1-a", 1, 2, 100));
+        assert_eq!(alice(&ledger), (6, 290), "the newest report of each process, once");
+        let baseline = ledger.baseline();
+        assert_eq!(baseline.reports, [("gw-1-a".to_owned(), 2), ("gw-2-a".to_owned(), 1)].into());
+    }
+
+    #[test]
+    fn a_process_gone_keeps_its_count_in_the_total_and_the_next_one_adds_to_it() {
+        let mut ledger = Ledger::default();
+        ledger.record("gw-1", report("gw-1-a", 3, 5, 250));
+        ledger.record("gw-2", report("gw-2-a", 1, 1, 40));
+        // gw-1's container restarts: a new process reports from the same pod.
+        ledger.record("gw-1", report("gw-1-b", 1, 1, 10));
+        assert_eq!(alice(&ledger), (7, 300));
+        assert!(!ledger.baseline().reports.contains_key("gw-1-a"), "the old process is retired");
+        // gw-2 is deleted and replaced by gw-3.
+        ledger.keep_pods(&["gw-1".into(), "gw-3".into()]);
+        ledger.record("gw-3", report("gw-3-a", 1, 2, 20));
+        assert_eq!(alice(&ledger), (9, 320), "nothing lost, nothing twice");
+        assert!(!ledger.baseline().reports.contains_key("gw-2-a"));
+        // It survives being written and read back (an operator restart).
+        let text = serde_json::to_string(&ledger).unwrap_or_default();
+        let read: Ledger = serde_json::from_str(&text).unwrap_or_default();
+        assert_eq!(read, ledger);
+        // Still the same day and month: nothing retired goes.
+        ledger.forget_past("2026-11", &[(Period::Day, "2026-11-26".into())]);
+        assert_eq!(alice(&ledger), (9, 320));
+        // A new day: the budget's past window and another month's keys go.
+        ledger.forget_past("2026-12", &[(Period::Day, "2026-12-01".into())]);
+        assert!(ledger.retired_keys.is_empty() && ledger.retired_budgets.is_empty());
+    }
+
+    #[test]
+    fn namespaces_sum_their_keys() {
+        let used = |requests| UsageTotals { requests, ..UsageTotals::default() };
+        let keys = [("a/x".to_owned(), used(1)), ("a/y".to_owned(), used(2)), ("b/z".to_owned(), used(4))].into();
+        assert_eq!(by_namespace(&keys), [("a".to_owned(), used(3)), ("b".to_owned(), used(4))].into());
+    }
+}
