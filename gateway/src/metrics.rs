@@ -180,7 +180,7 @@ impl Metrics {
         let tokens = IntCounterVec::new(
             Opts::new(
                 "waycast_gateway_tokens_total",
-                "Tokens from responses' usage, by model, key id and kind (prompt, completion, cached_prompt: prompt tokens the server read from its cache).",
+                "Tokens charged (a response's usage; for a client that left before it, the estimate it was charged; nothing for an upstream's refusal), by model, key id and kind (prompt, completion, cached_prompt: prompt tokens the server read from its cache).",
             ),
             &["model", "key", "kind"],
         )?;
@@ -258,7 +258,7 @@ impl Metrics {
         )?;
         let rate_limit_pods = IntGauge::new(
             "waycast_gateway_rate_limit_pods",
-            "Pods sharing each rate limit: the live pods of this Gateway (each enforces its share).",
+            "Pods sharing each rate limit and budget: the live pods of this Gateway, at least the fewest it runs (each enforces its share).",
         )?;
         rate_limit_pods.set(1);
         let rate_limit_store_errors = IntCounterVec::new(

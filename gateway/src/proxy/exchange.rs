@@ -249,12 +249,6 @@ impl Exchange {
         if outcome.upstream.is_some() {
             series.observe_overhead(facts.overhead_before.as_secs_f64());
         }
-        if let Some(usage) = outcome.usage {
-            series.count_tokens(usage.prompt, usage.completion);
-            if usage.cached > 0 {
-                series.count_cached_tokens(usage.cached);
-            }
-        }
         if facts.admitted {
             series.count_admitted();
         }
@@ -266,6 +260,9 @@ impl Exchange {
             let class = classes.get(*class).map_or("", String::as_str);
             metrics.queue_wait.with_label_values(&[model, class]).observe(waited.as_secs_f64());
         }
+        // The wall clock, read once for the key's month and the record.
+        let read = std::cell::OnceCell::new();
+        let wall = || *read.get_or_init(std::time::SystemTime::now);
         let mut cost = None;
         // What the record says was used: what was charged when anything
         // counts it (the upstream's usage, or the estimate for a client
@@ -314,7 +311,20 @@ impl Exchange {
                     cached_input_tokens: charged.cached,
                     cost_nanos: cost.filter(|_| tap.counts_cost).map_or(0, |(money, _)| money.0),
                 };
-                tap.counts.count(used, jiff::Timestamp::now(), &tap.zone);
+                let now = jiff::Timestamp::try_from(wall()).unwrap_or_else(|_| jiff::Timestamp::now());
+                tap.counts.count(used, now, &tap.zone);
+            }
+        }
+        // The record, the token counters and the key's month all say what
+        // was charged, so they sum to one another.
+        let usage = billed.map_or_else(
+            || outcome.usage.map(|u| (u.prompt, u.cached, u.completion)).unwrap_or_default(),
+            |charged| (charged.prompt, charged.cached, charged.completion),
+        );
+        if usage != (0, 0, 0) {
+            series.count_tokens(usage.0, usage.2);
+            if usage.1 > 0 {
+                series.count_cached_tokens(usage.1);
             }
         }
         // Counts go out now when no other request of this worker is in
@@ -322,13 +332,9 @@ impl Exchange {
         // them), else with the worker's next flush.
         super::series::written(&series, metrics.inflight.mine() == 0);
         if facts.access_log && crate::access_log::enabled() {
-            let usage = billed.map_or_else(
-                || outcome.usage.map(|u| (u.prompt, u.cached, u.completion)).unwrap_or_default(),
-                |charged| (charged.prompt, charged.cached, charged.completion),
-            );
             let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
             crate::access_log::record(&crate::access_log::AccessLine {
-                at: std::time::SystemTime::now(),
+                at: wall(),
                 request_id: self.request_id.to_str().unwrap_or("-"),
                 method: self.method.as_str(),
                 path: self.path,
