@@ -118,6 +118,17 @@ pub struct GatewaySpec {
     pub pod_template: Option<GatewayPodTemplate>,
 }
 
+impl GatewaySpec {
+    /// The fewest gateway pods it runs: its replicas, or its autoscaler's
+    /// minimum (1 when unset).
+    pub fn minimum_replicas(&self) -> i32 {
+        match &self.autoscaling {
+            Some(autoscaling) => autoscaling.min_replicas.unwrap_or(1),
+            None => self.replicas.unwrap_or(1),
+        }
+    }
+}
+
 /// Egress rules for `url` backends, on top of the fixed guard that no
 /// backend reaches link-local or cloud metadata addresses.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, kube::KubeSchema)]

@@ -51,9 +51,24 @@ pub struct Settings {
     /// The time zone and currency of every budget.
     #[serde(default, skip_serializing_if = "crate::spend::BudgetSettings::is_default")]
     pub budgets: crate::spend::BudgetSettings,
+    /// The fewest pods the Gateway runs (its replicas, or its autoscaler's
+    /// minimum): each pod counts at least this many sharing the limits and
+    /// budgets, also before it has seen its siblings' heartbeats (a pod
+    /// that took itself for the only one would spend the whole of each).
+    #[serde(default = "Settings::one_pod", skip_serializing_if = "Settings::one_or_none")]
+    pub minimum_pods: u32,
 }
 
 impl Settings {
+    fn one_pod() -> u32 {
+        1
+    }
+
+    #[expect(clippy::trivially_copy_pass_by_ref, reason = "serde's skip_serializing_if passes a reference")]
+    fn one_or_none(pods: &u32) -> bool {
+        *pods <= 1
+    }
+
     /// The policy of `namespace`, if it has one.
     pub fn tenant(&self, namespace: &str) -> Option<&TenantConfig> {
         self.tenants.iter().find(|tenant| tenant.namespace == namespace)
@@ -171,6 +186,7 @@ impl Default for Settings {
             sharing: SharingConfig::default(),
             tenants: Vec::new(),
             budgets: crate::spend::BudgetSettings::default(),
+            minimum_pods: 1,
         }
     }
 }

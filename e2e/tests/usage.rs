@@ -101,6 +101,15 @@ async fn usage_reaches_the_statuses_and_a_budget_holds_across_pods_and_a_replace
         waycast_e2e::workloads::generated_key(&client, &team, "two", Duration::from_secs(60)).await.unwrap(),
     ];
 
+    // What each pod counts of its fleet as the spending starts (printed: a
+    // budget passed shows why).
+    let mut fleet_seen = Vec::new();
+    for ip in &ips {
+        let admin = format!("http://{ip}:9090/metrics");
+        fleet_seen.push(waycast_e2e::workloads::metric_sample(&admin, "waycast_gateway_rate_limit_pods").await);
+    }
+    println!("pods sharing the limits, as each pod counts them as the spending starts: {fleet_seen:?}");
+
     // Spend the namespace's day over both pods and both keys, until refused.
     let mut used = [(0_u64, 0_u64, 0_u64); 2];
     let mut refused = None;
@@ -126,7 +135,10 @@ async fn usage_reaches_the_statuses_and_a_budget_holds_across_pods_and_a_replace
     assert_eq!(refusal["error"]["code"], "insufficient_quota", "{refusal}");
     let spent: u64 = used.iter().map(|(_, prompt, completion)| prompt + completion).sum();
     println!("spent {spent} of the namespace's {BUDGET} tokens over two pods, then {refusal}");
-    assert!(spent <= BUDGET, "spent {spent}: the budget passed without Redis");
+    if spent > BUDGET {
+        let logs = waycast_e2e::workloads::pod_logs(&client, &home, "app.kubernetes.io/instance=gateway", 60).await;
+        panic!("spent {spent}: the budget passed without Redis (pods counted {fleet_seen:?})\n{logs}");
+    }
 
     // The operator collects it: each key's month in its status, the
     // namespace's on the Gateway, equal to what the answers reported.

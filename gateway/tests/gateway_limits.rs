@@ -268,3 +268,22 @@ async fn a_key_over_its_request_limit_is_refused_before_its_body_is_read() {
     assert!(text.starts_with("HTTP/1.1 429"), "{text}");
     assert!(text.contains("rate_limit_exceeded"), "{text}");
 }
+
+/// A pod of a Gateway that runs at least two (`settings.minimumPods`, from
+/// the Gateway's replicas) enforces half of each limit before it has
+/// counted any sibling: a standalone process here, alone in its fleet.
+#[tokio::test]
+async fn a_pod_divides_its_limits_by_the_pods_its_gateway_runs_at_least() {
+    let fixture = Fixture::start(FixtureOptions::default(), |config, _| {
+        config.keys[0].limits = limits(Some(10), None);
+        config.settings.minimum_pods = 2;
+    })
+    .await;
+    let mut admitted = 0;
+    for _ in 0..10 {
+        if fixture.post("/v1/chat/completions", Some(ALICE_KEY), CHAT).await.0 == StatusCode::OK {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 5, "half of the key's 10 a minute");
+}

@@ -64,7 +64,8 @@ pub async fn watch(client: Client, identity: PodIdentity, shared: std::sync::Arc
             }
         }
         set_pods(&shared.fleet, siblings.saturating_add(1), &identity);
-        shared.metrics.rate_limit_pods.set(i64::from(shared.fleet.shares()));
+        let minimum = shared.config.current().map_or(1, |snapshot| snapshot.settings.minimum_pods);
+        shared.metrics.rate_limit_pods.set(i64::from(shared.fleet.shares_at_least(minimum)));
         tokio::time::sleep(RECOUNT).await;
     }
 }

@@ -22,6 +22,13 @@ impl Fleet {
         self.pods.load(Ordering::Relaxed).max(1)
     }
 
+    /// Pods sharing each limit, at least `minimum` (the pods the Gateway
+    /// runs at least: a pod that has not yet seen its siblings' heartbeats
+    /// does not take itself for the only one).
+    pub fn shares_at_least(&self, minimum: u32) -> u32 {
+        self.shares().max(minimum)
+    }
+
     /// Sets the count (tests and the Lease watch).
     pub fn set(&self, pods: u32) {
         self.pods.store(pods.max(1), Ordering::Relaxed);
@@ -39,5 +46,6 @@ mod tests {
         assert_eq!(fleet.shares(), 1);
         fleet.set(3);
         assert_eq!(fleet.shares(), 3);
+        assert_eq!((fleet.shares_at_least(2), fleet.shares_at_least(5)), (3, 5));
     }
 }

@@ -100,7 +100,8 @@ async fn serve(
     };
 
     // A key over its request limit costs no body read (nor a Redis read).
-    let counters = Counters::of(snapshot.redis.as_ref(), shared.fleet.shares());
+    let shares = shared.fleet.shares_at_least(snapshot.settings.minimum_pods);
+    let counters = Counters::of(snapshot.redis.as_ref(), shares);
     let counted = passed(facts, counters.count_key_request(&key.id, key.limits.as_ref()).await)?;
     let Some(endpoint_index) = endpoint_index else {
         return Ok(respond::budgets_of(&snapshot, key, jiff::Timestamp::now()).await);
@@ -135,7 +136,7 @@ async fn serve(
             .as_ref()
             .is_some_and(|(_, currency)| **currency == *snapshot.settings.budgets.currency),
     });
-    queue::take_turn(route, key, reservation, shared, facts).await?;
+    queue::take_turn(route, key, reservation, (shared, shares), facts).await?;
     let (body, model_span, strip_usage) = usage::body_to_send(&body, &fields, endpoint_index, facts.charge.is_some());
 
     let outgoing = Outgoing {

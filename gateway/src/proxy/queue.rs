@@ -15,8 +15,9 @@ use crate::sharing::Refused;
 use crate::sharing::fair_queue::Flow;
 use crate::snapshot::{KeyEntry, Route};
 
-/// Waits for the request's turn at `route`'s gate, if it has one; the place
-/// it takes is held in `facts` until the request ends.
+/// Waits for the request's turn at `route`'s gate, if it has one, the
+/// model's capacity divided among `shares` pods; the place it takes is
+/// held in `facts` until the request ends.
 ///
 /// # Errors
 /// [`GatewayError::ModelBusy`]: the queue was full, a higher class took
@@ -25,7 +26,7 @@ pub async fn take_turn(
     route: &Route,
     key: &KeyEntry,
     reservation: Reservation,
-    shared: &Shared,
+    (shared, shares): (&Shared, u32),
     facts: &mut Facts,
 ) -> Result<(), GatewayError> {
     let Some(gated) = &route.gate else { return Ok(()) };
@@ -39,7 +40,7 @@ pub async fn take_turn(
     };
     facts.tenant = Some(own_name(&tenant.namespace));
     let started = Instant::now();
-    let bounds = gated.bounds(&shared.endpoints, shared.fleet.shares());
+    let bounds = gated.bounds(&shared.endpoints, shares);
     let entered = gated.gate.enter(flow, bounds, &gated.classes, gated.max_wait).await;
     facts.queued = Some((gated.classes.clone(), flow.class, started.elapsed()));
     match entered {

@@ -24,6 +24,7 @@ pub fn settings(inputs: &Inputs<'_>) -> (Settings, Option<Verdict>) {
     if let Some(access_log) = spec.logging.as_ref().and_then(|l| l.access_log) {
         settings.access_log = access_log;
     }
+    settings.minimum_pods = u32::try_from(spec.minimum_replicas()).unwrap_or(1);
     let mut refused = None;
     if let Err(invalid) = egress_settings(inputs, &mut settings) {
         refused = Some(invalid);

@@ -75,10 +75,7 @@ pub fn hpa(gateway: &Gateway) -> Option<HorizontalPodAutoscaler> {
 
 /// The fewest replicas the Gateway runs.
 pub fn minimum_replicas(gateway: &Gateway) -> i32 {
-    match &gateway.spec.autoscaling {
-        Some(autoscaling) => autoscaling.min_replicas.unwrap_or(1),
-        None => gateway.spec.replicas.unwrap_or(1),
-    }
+    gateway.spec.minimum_replicas()
 }
 
 /// A PDB allowing one pod down at a time, when there is more than one.
