@@ -24,6 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::StreamExt as _;
 use http_body_util::{BodyExt as _, Empty, Limited};
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -57,6 +58,8 @@ pub const WRITES_PER_SECOND: u32 = 20;
 pub const USAGE_MANAGER: &str = "waycast-usage";
 /// The largest report taken from a pod.
 const MAX_REPORT_BYTES: usize = 16 * 1024 * 1024;
+/// Gateways whose pods are asked at the same time.
+const ASK_GATEWAYS_AT_ONCE: usize = 4;
 /// The ledger's data key in its ConfigMap.
 const LEDGER_DATA_KEY: &str = "ledger.json.gz";
 
@@ -141,9 +144,20 @@ async fn collect_round(
     let now = jiff::Timestamp::now();
     let as_of = now.to_string();
     let mut keys: BTreeMap<String, KeyUsageStatus> = BTreeMap::new();
-    let gateways = context.stores.gateways.state();
+    let mut gateways = context.stores.gateways.state();
+    // In name order: a key served by several Gateways shows the cost of
+    // the first's currency.
+    gateways.sort_by_key(|gateway| gateway_id(gateway));
     books.gateways.retain(|id, _| gateways.iter().any(|gateway| gateway_id(gateway) == *id));
-    for gateway in gateways {
+    // Several Gateways' pods asked at once (one whose pods do not answer
+    // holds up only its own turn), their reports taken in order.
+    let mut answered = futures_util::stream::iter(gateways)
+        .map(|gateway| async move {
+            let answers = reports(context, http, &gateway).await;
+            (gateway, answers)
+        })
+        .buffered(ASK_GATEWAYS_AT_ONCE);
+    while let Some((gateway, answers)) = answered.next().await {
         let id = gateway_id(&gateway);
         let budgets = gateway.spec.budgets.as_ref();
         let zone = budgets
@@ -161,7 +175,7 @@ async fn collect_round(
             books.gateways.insert(id.clone(), book);
         }
         let Some(book) = books.gateways.get_mut(&id) else { continue };
-        match reports(context, http, &gateway).await {
+        match answers {
             Ok((live, reports)) => {
                 for (pod, report) in reports {
                     book.ledger.record(&pod, report);
@@ -176,10 +190,16 @@ async fn collect_round(
             [Period::Day, Period::Week, Period::Month].into_iter().map(|p| (p, p.window(now, &zone).key)).collect();
         book.ledger.forget_past(&month, &current);
         write_gateway(context, &gateway, book, &month, &currency, &as_of).await;
-        for (key, used) in book.ledger.key_totals(&month) {
+        for (key, mut used) in book.ledger.key_totals(&month) {
             let held = keys.entry(key).or_insert_with(|| UsageTotals::default().key_status(&month, &currency, &as_of));
+            if held.currency != currency {
+                // Money in another currency is not added as if one: that
+                // Gateway's cost shows in its own status.usage lines.
+                used.cost_nanos = 0;
+            }
+            let shown = held.currency.clone();
             let sum = parse_status(held).plus(used);
-            *held = sum.key_status(&month, &currency, &as_of);
+            *held = sum.key_status(&month, &shown, &as_of);
         }
     }
     keys
