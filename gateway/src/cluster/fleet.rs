@@ -27,6 +27,10 @@ use crate::limit::fleet::Fleet;
 
 /// How often the live count is recomputed (Leases expire without an event).
 const RECOUNT: Duration = Duration::from_secs(1);
+/// How long a starting pod counts at least its Gateway's fewest pods while
+/// it has not seen that many (their Leases appear a second or more after
+/// they are ready).
+const FLOOR_WHILE_STARTING: Duration = Duration::from_secs(30);
 
 /// Whether `lease` was renewed within its duration at `now`.
 pub fn is_live(lease: &Lease, now: jiff::Timestamp) -> bool {
@@ -47,6 +51,7 @@ pub async fn watch(client: Client, identity: PodIdentity, shared: std::sync::Arc
     let events = reflector::reflector(writer, watcher::watcher(api, config)).default_backoff().touched_objects();
     tokio::spawn(events.for_each(|_| futures_util::future::ready(())));
     let mut checked = Checked::default();
+    let started = std::time::Instant::now();
     loop {
         let now = jiff::Timestamp::now();
         let leases = reader.state();
@@ -64,8 +69,13 @@ pub async fn watch(client: Client, identity: PodIdentity, shared: std::sync::Arc
             }
         }
         set_pods(&shared.fleet, siblings.saturating_add(1), &identity);
-        let minimum = shared.config.current().map_or(1, |snapshot| snapshot.settings.minimum_pods);
-        shared.metrics.rate_limit_pods.set(i64::from(shared.fleet.shares_at_least(minimum)));
+        // The minimum comes with the config: before one, nothing is known.
+        let minimum = shared.config.current().map(|snapshot| snapshot.settings.minimum_pods);
+        let seen_enough = minimum.is_some_and(|minimum| siblings.saturating_add(1) >= minimum);
+        if seen_enough || started.elapsed() >= FLOOR_WHILE_STARTING {
+            shared.fleet.counted();
+        }
+        shared.metrics.rate_limit_pods.set(i64::from(shared.fleet.shares_at_least(minimum.unwrap_or(1))));
         tokio::time::sleep(RECOUNT).await;
     }
 }
