@@ -35,7 +35,7 @@ pub const OTHER_KEYS: &str = "-";
 /// What a key used: requests finished, tokens, and cost in the Gateway's
 /// budget currency (nano-units; a model priced in another currency adds
 /// no cost).
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[serde(rename_all = "camelCase")]
 pub struct UsageTotals {
     /// Requests that reached a model (admitted, whatever their answer).
@@ -82,7 +82,7 @@ impl UsageTotals {
 }
 
 /// What a budget has spent in one of its periods.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[serde(rename_all = "camelCase")]
 pub struct BudgetSpend {
     /// `key:<namespace/name>` or `tenant:<namespace>`.
@@ -98,7 +98,7 @@ pub struct BudgetSpend {
 }
 
 /// What one gateway process counted since it started.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, Hash)]
 #[serde(rename_all = "camelCase")]
 pub struct UsageReport {
     /// The process: drawn when it starts.

@@ -20,7 +20,7 @@ use waycast_crds::usage::{BudgetSpend, UsageBaseline, UsageReport, UsageTotals};
 type BudgetId = (String, Period, String);
 
 /// What one process last reported, and from which pod.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, Hash)]
 #[serde(rename_all = "camelCase")]
 pub struct ProcessEntry {
     /// The pod it runs in.
@@ -31,7 +31,7 @@ pub struct ProcessEntry {
 
 /// The ledger of one Gateway (persisted by the collector, so an operator
 /// restart loses nothing).
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, Hash)]
 #[serde(rename_all = "camelCase")]
 pub struct Ledger {
     /// Live processes by instance.
@@ -43,6 +43,13 @@ pub struct Ledger {
 }
 
 impl Ledger {
+    /// Equal for equal ledgers (within one process): whether it changed
+    /// since it was last written, without a copy of it.
+    pub fn digest(&self) -> u64 {
+        use std::hash::BuildHasher as _;
+        std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default().hash_one(self)
+    }
+
     /// Takes `report`, collected from `pod`: it replaces the process's
     /// older one (a late answer older than what is held is ignored); a
     /// different process reporting from the same pod retires the one
@@ -91,6 +98,27 @@ impl Ledger {
             *held = (held.0.saturating_add(spend.tokens), held.1.saturating_add(spend.cost_nanos));
         }
         self.retired_budgets = budget_list(budgets);
+    }
+
+    /// Raises each budget's total to at least what `floor` (the pods'
+    /// last baseline) says the fleet had spent: what the ledger lacks (one
+    /// lost or unreadable, the processes it knew gone) is taken as spent by
+    /// processes gone. Called once every live process has reported, so what
+    /// they reported is not counted twice; what they spent after the floor
+    /// was written and before this report is the one part not counted.
+    pub fn raise_to(&mut self, floor: &[BudgetSpend]) {
+        let counted = budget_map(&self.baseline().budgets);
+        let mut retired = budget_map(&self.retired_budgets);
+        for spend in floor {
+            let id = (spend.scope.clone(), spend.period, spend.window.clone());
+            let (tokens, cost) = counted.get(&id).copied().unwrap_or_default();
+            let lacking = (spend.tokens.saturating_sub(tokens), spend.cost_nanos.saturating_sub(cost));
+            if lacking != (0, 0) {
+                let held = retired.entry(id).or_default();
+                *held = (held.0.saturating_add(lacking.0), held.1.saturating_add(lacking.1));
+            }
+        }
+        self.retired_budgets = budget_list(retired);
     }
 
     /// Drops what no longer counts: retired key totals of other months
@@ -226,6 +254,34 @@ mod tests {
         // A new day: the budget's past window and another month's keys go.
         ledger.forget_past("2026-12", &[(Period::Day, "2026-12-01".into())]);
         assert!(ledger.retired_keys.is_empty() && ledger.retired_budgets.is_empty());
+    }
+
+    #[test]
+    fn a_lost_ledger_is_raised_to_the_pods_last_baseline_and_live_processes_count_once() {
+        // The fleet had spent 500: 300 by processes gone, 200 by gw-1-a.
+        let mut before = Ledger::default();
+        before.record("gw-0", report("gw-0-a", 1, 3, 300));
+        before.record("gw-1", report("gw-1-a", 1, 2, 200));
+        before.keep_pods(&["gw-1".into()]);
+        let floor = before.baseline().budgets;
+        assert_eq!(floor[0].tokens, 500);
+        // The ledger is lost; the live process reports again, having spent
+        // 50 more. The baseline does not say which part of its 500 was the
+        // live process's: the 50 it spent since is the one thing not counted
+        // (at most a collection's spend of the live processes).
+        let mut ledger = Ledger::default();
+        ledger.record("gw-1", report("gw-1-a", 2, 3, 250));
+        ledger.raise_to(&floor);
+        assert_eq!(ledger.baseline().budgets[0].tokens, 500, "never below what the pods were last told");
+        // Raised once more (a repeat), nothing changes.
+        ledger.raise_to(&floor);
+        assert_eq!(ledger.baseline().budgets[0].tokens, 500);
+        // From here on the live process's spend adds to it, and the retired
+        // part holds when it goes too.
+        ledger.record("gw-1", report("gw-1-a", 3, 4, 300));
+        assert_eq!(ledger.baseline().budgets[0].tokens, 550);
+        ledger.keep_pods(&[]);
+        assert_eq!(ledger.baseline().budgets[0].tokens, 550);
     }
 
     #[test]

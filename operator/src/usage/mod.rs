@@ -60,6 +60,8 @@ pub const USAGE_MANAGER: &str = "waycast-usage";
 const MAX_REPORT_BYTES: usize = 16 * 1024 * 1024;
 /// Gateways whose pods are asked at the same time.
 const ASK_GATEWAYS_AT_ONCE: usize = 4;
+/// Pods of one Gateway asked at the same time.
+const ASK_PODS_AT_ONCE: usize = 4;
 /// The ledger's data key in its ConfigMap.
 const LEDGER_DATA_KEY: &str = "ledger.json.gz";
 
@@ -71,32 +73,61 @@ struct Books {
 }
 
 /// The key statuses to write, in the order they changed (each key once,
-/// its newest status), and those written (per ApiKey `namespace/name`).
+/// its newest usage), and a digest of what was written (per ApiKey
+/// `namespace/name`: 10,000 keys cost a number each, not a status).
 #[derive(Default)]
 struct KeyWrites {
-    pending: BTreeMap<String, KeyUsageStatus>,
+    pending: BTreeMap<String, KeyUsage>,
     order: std::collections::VecDeque<String>,
-    written: BTreeMap<String, KeyUsageStatus>,
+    written: BTreeMap<String, u64>,
+}
+
+/// A key's usage over the Gateways, in the currency and month of the
+/// first Gateway that counts it, and when it was collected.
+#[derive(Clone, Debug)]
+struct KeyUsage {
+    totals: UsageTotals,
+    shown: Arc<(String, String)>,
+    as_of: Arc<str>,
+}
+
+impl KeyUsage {
+    /// Equal for equal usage, whenever collected.
+    fn digest(&self) -> u64 {
+        use std::hash::BuildHasher as _;
+        // Fixed keys: the digest compares rounds of one process.
+        std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default()
+            .hash_one((&self.totals, &self.shown))
+    }
+
+    fn status(&self) -> KeyUsageStatus {
+        let (currency, month) = &*self.shown;
+        self.totals.key_status(month, currency, &self.as_of)
+    }
 }
 
 impl KeyWrites {
-    fn queue(&mut self, key: String, status: KeyUsageStatus) {
-        if self.pending.insert(key.clone(), status).is_none() {
+    fn queue(&mut self, key: String, usage: KeyUsage) {
+        if self.pending.insert(key.clone(), usage).is_none() {
             self.order.push_back(key);
         }
     }
 
-    fn next(&mut self) -> Option<(String, KeyUsageStatus)> {
+    fn next(&mut self) -> Option<(String, KeyUsage)> {
         let key = self.order.pop_front()?;
-        let status = self.pending.remove(&key)?;
-        Some((key, status))
+        let usage = self.pending.remove(&key)?;
+        Some((key, usage))
     }
 }
 
 struct GatewayBook {
+    /// The budgets' totals of the baseline found when this book was
+    /// opened, until the ledger has been raised to them.
+    floor: Option<Vec<waycast_crds::usage::BudgetSpend>>,
     ledger: Ledger,
     baseline: Option<String>,
-    persisted: Option<Ledger>,
+    /// The digest of the ledger as last persisted (or read).
+    persisted: Option<u64>,
     /// False when the persisted ledger could not be read: it is never
     /// overwritten by this process (a person may recover it).
     writable: bool,
@@ -114,15 +145,15 @@ pub async fn run(context: Arc<Context>) {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let keys = collect_round(&context, &http, &mut books).await;
+            let Some(keys) = collect_round(&context, &http, &mut books).await else { continue };
             let mut writes = writes.lock().await;
             // Keys no Gateway counts any more (deleted, or a new month) are
             // forgotten: one made again under the name gets its own status.
             writes.written.retain(|key, _| keys.contains_key(key));
             // The sum of keys past what a report lists has no ApiKey.
-            for (key, status) in keys.into_iter().filter(|(key, _)| key.contains('/')) {
-                if writes.written.get(&key).is_none_or(|held| !same_usage(held, &status)) {
-                    writes.queue(key, status);
+            for (key, usage) in keys.into_iter().filter(|(key, _)| key.contains('/')) {
+                if writes.written.get(&key) != Some(&usage.digest()) {
+                    writes.queue(key, usage);
                 }
             }
         }
@@ -130,34 +161,49 @@ pub async fn run(context: Arc<Context>) {
     tokio::join!(writer, collector);
 }
 
-/// Equal but for when it was collected.
-fn same_usage(a: &KeyUsageStatus, b: &KeyUsageStatus) -> bool {
-    KeyUsageStatus { as_of: String::new(), ..a.clone() } == KeyUsageStatus { as_of: String::new(), ..b.clone() }
-}
-
-/// One round over every Gateway; each key's usage over them all.
+/// One round over every Gateway; each key's usage over them all, or
+/// `None` when a Gateway's ledger could not be read this round (its keys'
+/// sums would be short: nothing is written for the keys then).
 async fn collect_round(
-    context: &Context,
+    context: &Arc<Context>,
     http: &HttpClient<HttpConnector, Empty<Bytes>>,
     books: &mut Books,
-) -> BTreeMap<String, KeyUsageStatus> {
+) -> Option<BTreeMap<String, KeyUsage>> {
     let now = jiff::Timestamp::now();
     let as_of = now.to_string();
-    let mut keys: BTreeMap<String, KeyUsageStatus> = BTreeMap::new();
-    let mut gateways = context.stores.gateways.state();
-    // In name order: a key served by several Gateways shows the cost of
-    // the first's currency.
+    let as_of_shared: Arc<str> = Arc::from(as_of.as_str());
+    // Per key: the sum in nano-units, in the currency and month of the
+    // first Gateway (by namespace and name) that counts it.
+    let mut keys: BTreeMap<String, KeyUsage> = BTreeMap::new();
+    let mut complete = true;
+    let mut gateways: Vec<_> = context
+        .stores
+        .gateways
+        .state()
+        .into_iter()
+        // A Gateway being deleted, or one whose objects' names belong to
+        // someone else, gets no usage objects written in its name.
+        .filter(|gateway| gateway.metadata.deletion_timestamp.is_none() && !name_conflict(gateway))
+        .collect();
     gateways.sort_by_key(|gateway| gateway_id(gateway));
     books.gateways.retain(|id, _| gateways.iter().any(|gateway| gateway_id(gateway) == *id));
-    // Several Gateways' pods asked at once (one whose pods do not answer
-    // holds up only its own turn), their reports taken in order.
+    // Several Gateways' pods asked at once, each ask a task of its own (so
+    // it runs on while earlier Gateways are written), taken in order.
     let mut answered = futures_util::stream::iter(gateways)
-        .map(|gateway| async move {
-            let answers = reports(context, http, &gateway).await;
-            (gateway, answers)
+        .map(|gateway| {
+            let (context, http) = (context.clone(), http.clone());
+            let asked = tokio::spawn(async move {
+                let answers = reports(&context, &http, &gateway).await;
+                (gateway, answers)
+            });
+            async move { asked.await.ok() }
         })
         .buffered(ASK_GATEWAYS_AT_ONCE);
-    while let Some((gateway, answers)) = answered.next().await {
+    while let Some(answered) = answered.next().await {
+        let Some((gateway, answers)) = answered else {
+            complete = false;
+            continue;
+        };
         let id = gateway_id(&gateway);
         let budgets = gateway.spec.budgets.as_ref();
         let zone = budgets
@@ -168,19 +214,30 @@ async fn collect_round(
         if !books.gateways.contains_key(&id) {
             // Not read (the API server did not answer): not started from
             // nothing either, which would write over the month; next round.
-            let Ok(loaded) = load_ledger(context, &gateway).await else { continue };
+            let (Ok(loaded), Ok(floor)) = (load_ledger(context, &gateway).await, load_floor(context, &gateway).await)
+            else {
+                complete = false;
+                continue;
+            };
             let writable = loaded.is_some();
             let ledger = loaded.unwrap_or_default();
-            let book = GatewayBook { persisted: Some(ledger.clone()), ledger, baseline: None, writable, status: None };
+            let persisted = Some(ledger.digest());
+            let book = GatewayBook { persisted, ledger, baseline: None, writable, status: None, floor };
             books.gateways.insert(id.clone(), book);
         }
         let Some(book) = books.gateways.get_mut(&id) else { continue };
         match answers {
-            Ok((live, reports)) => {
+            Ok((listed, reports)) => {
+                let everyone = listed.iter().all(|pod| reports.iter().any(|(reported, _)| reported == pod));
                 for (pod, report) in reports {
                     book.ledger.record(&pod, report);
                 }
-                book.ledger.keep_pods(&live);
+                book.ledger.keep_pods(&listed);
+                // A ledger lost or behind never tells the pods less than
+                // they were last told (once every live pod has reported).
+                if everyone && let Some(floor) = book.floor.take() {
+                    book.ledger.raise_to(&floor);
+                }
             }
             // The keys' totals still count what this Gateway's ledger holds.
             Err(error) => tracing::warn!(gateway = %id, %error, "usage: cannot list the gateway pods; retrying"),
@@ -189,31 +246,31 @@ async fn collect_round(
         let current: Vec<(Period, String)> =
             [Period::Day, Period::Week, Period::Month].into_iter().map(|p| (p, p.window(now, &zone).key)).collect();
         book.ledger.forget_past(&month, &current);
-        write_gateway(context, &gateway, book, &month, &currency, &as_of).await;
-        for (key, mut used) in book.ledger.key_totals(&month) {
-            let held = keys.entry(key).or_insert_with(|| UsageTotals::default().key_status(&month, &currency, &as_of));
-            if held.currency != currency {
+        let totals = book.ledger.key_totals(&month);
+        write_gateway(context, &gateway, book, (&totals, &month), &currency, &as_of).await;
+        let shown = Arc::new((currency, month));
+        for (key, mut used) in totals {
+            let held = keys.entry(key).or_insert_with(|| KeyUsage {
+                totals: UsageTotals::default(),
+                shown: shown.clone(),
+                as_of: as_of_shared.clone(),
+            });
+            if held.shown.0 != shown.0 {
                 // Money in another currency is not added as if one: that
                 // Gateway's cost shows in its own status.usage lines.
                 used.cost_nanos = 0;
             }
-            let shown = held.currency.clone();
-            let sum = parse_status(held).plus(used);
-            *held = sum.key_status(&month, &shown, &as_of);
+            held.totals = held.totals.plus(used);
         }
     }
-    keys
+    complete.then_some(keys)
 }
 
-/// The totals a status line shows (cost parsed back to nano-units).
-fn parse_status(status: &KeyUsageStatus) -> UsageTotals {
-    UsageTotals {
-        requests: status.requests,
-        input_tokens: status.input_tokens,
-        output_tokens: status.output_tokens,
-        cached_input_tokens: status.cached_input_tokens,
-        cost_nanos: waycast_crds::money::Money::parse(&status.cost).map_or(0, |money| money.0),
-    }
+/// Whether the Gateway says an object it would own belongs to someone else.
+fn name_conflict(gateway: &Gateway) -> bool {
+    gateway.status.as_ref().is_some_and(|status| {
+        status.conditions.iter().any(|c| c.reason == waycast_crds::condition::reasons::NAME_CONFLICT)
+    })
 }
 
 fn gateway_id(gateway: &Gateway) -> String {
@@ -231,7 +288,11 @@ async fn reports(
     let api: Api<Pod> = Api::namespaced(context.client.clone(), &namespace);
     let selector = selector_labels(gateway).iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
     let pods = bounded(api.list(&ListParams::default().labels(&selector))).await?;
-    let live: Vec<(String, String)> = pods
+    let phase = |pod: &Pod| pod.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+    // Genuine pods whose process may still run: a pod briefly Unknown or
+    // Pending keeps its processes in the ledger (retired and then reporting
+    // again, a process would count twice); one that ended does not.
+    let listed: Vec<&Pod> = pods
         .items
         .iter()
         .filter(|pod| {
@@ -240,26 +301,33 @@ async fn reports(
             let mut meta = pod.metadata.clone();
             meta.deletion_timestamp = None;
             let uid = meta.uid.clone().unwrap_or_default();
-            let running = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
-            running && is_gateway_pod(&meta, &uid, &namespace, &gateway.name_any())
+            let ended = matches!(phase(pod).as_str(), "Succeeded" | "Failed");
+            !ended && is_gateway_pod(&meta, &uid, &namespace, &gateway.name_any())
         })
+        .collect();
+    let running: Vec<(String, String)> = listed
+        .iter()
+        .filter(|pod| phase(pod) == "Running")
         .filter_map(|pod| Some((pod.name_any(), pod.status.as_ref()?.pod_ip.clone()?)))
         .collect();
-    let asked = live.iter().map(|(pod, ip)| async move {
-        let report = ask(http, ip).await;
-        if let Err(error) = &report {
-            tracing::debug!(%pod, %error, "usage: no report from a gateway pod; asking again next round");
-        }
-        (pod.clone(), report.ok())
-    });
-    let answers = futures_util::future::join_all(asked).await;
-    let reports = answers
-        .into_iter()
-        .filter_map(|(pod, report)| Some((pod.clone(), report?)))
+    let reports = futures_util::stream::iter(running)
+        .map(|(pod, ip)| async move {
+            let report = ask(http, &ip).await;
+            if let Err(error) = &report {
+                tracing::debug!(%pod, %error, "usage: no report from a gateway pod; asking again next round");
+            }
+            (pod, report.ok())
+        })
+        // A few pods at a time: each report may be megabytes.
+        .buffer_unordered(ASK_PODS_AT_ONCE)
+        .filter_map(|(pod, report)| std::future::ready(report.map(|report| (pod, report))))
         // A pod reports for its own processes only.
-        .filter(|(pod, report)| report.instance.strip_prefix(pod.as_str()).is_some_and(|rest| rest.starts_with('-')))
-        .collect();
-    Ok((live.into_iter().map(|(pod, _)| pod).collect(), reports))
+        .filter(|(pod, report)| {
+            std::future::ready(report.instance.strip_prefix(pod.as_str()).is_some_and(|rest| rest.starts_with('-')))
+        })
+        .collect()
+        .await;
+    Ok((listed.iter().map(|pod| pod.name_any()).collect(), reports))
 }
 
 async fn ask(http: &HttpClient<HttpConnector, Empty<Bytes>>, ip: &str) -> Result<UsageReport, String> {
@@ -274,6 +342,21 @@ async fn ask(http: &HttpClient<HttpConnector, Empty<Bytes>>, ip: &str) -> Result
         serde_json::from_slice::<UsageReport>(&body.to_bytes()).map_err(|e| format!("not a usage report: {e}"))
     };
     tokio::time::timeout(Duration::from_secs(3), call).await.map_err(|_| "timed out".to_owned())?
+}
+
+/// The budgets' totals of the pods' baseline as written last (`None`
+/// when there is none or it does not parse).
+///
+/// # Errors
+/// The API server failing.
+async fn load_floor(
+    context: &Context,
+    gateway: &Gateway,
+) -> Result<Option<Vec<waycast_crds::usage::BudgetSpend>>, crate::error::Error> {
+    let maps: Api<ConfigMap> = Api::namespaced(context.client.clone(), &gateway.namespace().unwrap_or_default());
+    let map = bounded(maps.get_opt(&usage_config_map_name(gateway))).await?;
+    let text = map.and_then(|map| map.data).and_then(|mut data| data.remove(BASELINE_DATA_KEY));
+    Ok(text.and_then(|text| waycast_crds::usage::UsageBaseline::from_slice(text.as_bytes()).ok()).map(|b| b.budgets))
 }
 
 /// The ledger persisted for `gateway`: empty when there is none yet,
@@ -312,7 +395,7 @@ async fn write_gateway(
     context: &Context,
     gateway: &Gateway,
     book: &mut GatewayBook,
-    month: &str,
+    (totals, month): (&BTreeMap<String, UsageTotals>, &str),
     currency: &str,
     as_of: &str,
 ) {
@@ -332,13 +415,13 @@ async fn write_gateway(
             Err(error) => tracing::warn!(gateway = %id, %error, "usage: cannot write the pods' baseline; retrying"),
         }
     }
-    if book.writable && book.persisted.as_ref() != Some(&book.ledger) {
+    if book.writable && book.persisted != Some(book.ledger.digest()) {
         match persist(&maps, &params, gateway, &book.ledger).await {
-            Ok(()) => book.persisted = Some(book.ledger.clone()),
+            Ok(()) => book.persisted = Some(book.ledger.digest()),
             Err(error) => tracing::warn!(gateway = %id, %error, "usage: cannot persist the ledger; retrying"),
         }
     }
-    let namespaces: Vec<_> = ledger::by_namespace(&book.ledger.key_totals(month))
+    let namespaces: Vec<_> = ledger::by_namespace(totals)
         .iter()
         .take(MAX_STATUS_NAMESPACES)
         .map(|(namespace, used)| used.namespace_status(namespace))
@@ -390,23 +473,25 @@ async fn write_key_statuses(context: Arc<Context>, writes: Arc<tokio::sync::Mute
     loop {
         tick.tick().await;
         let next = writes.lock().await.next();
-        let Some((key, status)) = next else { continue };
+        let Some((key, usage)) = next else { continue };
         let Some((namespace, name)) = key.split_once('/') else { continue };
         let api: Api<ApiKey> = Api::namespaced(context.client.clone(), namespace);
         let body = serde_json::json!({
-            "apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey", "status": {"usage": &status},
+            "apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey", "status": {"usage": usage.status()},
         });
         match bounded(api.patch_status(name, &params, &Patch::Apply(body))).await {
-            Ok(_) => drop(writes.lock().await.written.insert(key, status)),
+            Ok(_) => {
+                writes.lock().await.written.insert(key, usage.digest());
+            }
             // A key gone, or one the Gateway serves under an id no ApiKey has: nothing to write.
             Err(crate::error::Error::Kube(kube::Error::Api(refused))) if refused.code == 404 => {
-                drop(writes.lock().await.written.insert(key, status));
+                writes.lock().await.written.insert(key, usage.digest());
             }
             Err(error) => {
                 tracing::warn!(%key, %error, "usage: cannot write the key's status; retrying");
                 let mut writes = writes.lock().await;
                 if !writes.pending.contains_key(&key) {
-                    writes.queue(key, status);
+                    writes.queue(key, usage);
                 }
             }
         }
