@@ -277,6 +277,21 @@ async fn run(mode: &str, redis: Option<&HostRedis>) {
         texts.push(generated_key(&client, &team, name, Duration::from_secs(60)).await.unwrap());
     }
 
+    // With Redis, every pod counts there (a Redis left out would leave the
+    // budgets to the collector, which also holds them).
+    if redis.is_some() {
+        for ip in &ips {
+            let admin = format!("http://{ip}:9090/metrics");
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while waycast_e2e::workloads::metric_sample(&admin, "waycast_gateway_rate_limit_store_up").await
+                != Some(1.0)
+            {
+                assert!(Instant::now() < deadline, "{ip} is not connected to Redis");
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+    }
+
     // A key's month, then a namespace's over five keys: each spent by 20
     // streams over the three pods until refused.
     let mut results = Vec::new();

@@ -109,6 +109,7 @@ async fn usage_reaches_the_statuses_and_a_budget_holds_across_pods_and_a_replace
         fleet_seen.push(waycast_e2e::workloads::metric_sample(&admin, "waycast_gateway_rate_limit_pods").await);
     }
     println!("pods sharing the limits, as each pod counts them as the spending starts: {fleet_seen:?}");
+    assert_eq!(fleet_seen, [Some(2.0), Some(2.0)], "each pod divides by the Gateway's two pods from the start");
 
     // Spend the namespace's day over both pods and both keys, until refused.
     let mut used = [(0_u64, 0_u64, 0_u64); 2];
@@ -139,6 +140,10 @@ async fn usage_reaches_the_statuses_and_a_budget_holds_across_pods_and_a_replace
         let logs = waycast_e2e::workloads::pod_logs(&client, &home, "app.kubernetes.io/instance=gateway", 60).await;
         panic!("spent {spent}: the budget passed without Redis (pods counted {fleet_seen:?})\n{logs}");
     }
+    // Refused only when the rest could not hold another request's worst
+    // case (about 40 tokens) on the pod that refused it, whose share of
+    // what is left is half.
+    assert!(spent + 2 * 45 > BUDGET, "refused at {spent}: too early");
 
     // The operator collects it: each key's month in its status, the
     // namespace's on the Gateway, equal to what the answers reported.
@@ -184,7 +189,8 @@ async fn usage_reaches_the_statuses_and_a_budget_holds_across_pods_and_a_replace
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
     let replaced = Instant::now();
-    while namespace_spent(&fresh_ip, &texts[0]).await < spent {
+    // Exactly the fleet's spend: neither from nothing nor counted twice.
+    while namespace_spent(&fresh_ip, &texts[0]).await != spent {
         assert!(replaced.elapsed() < Duration::from_secs(60), "the new pod never counted the fleet's spend");
         tokio::time::sleep(Duration::from_millis(250)).await;
     }

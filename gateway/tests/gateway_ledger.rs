@@ -55,6 +55,9 @@ async fn every_request_of_a_priced_model_has_a_record_and_the_records_sum_to_the
     sent += 1;
 
     let lines = records(&gateway, sent).await;
+    let mut statuses: Vec<u64> = lines.iter().map(|line| line["status"].as_u64().unwrap()).collect();
+    statuses.sort_unstable();
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 200, 499, 500], "six answers, a client gone, an upstream error");
     let mut total = 0_u64;
     for line in &lines {
         assert_eq!(line["currency"], "EUR", "{line}");
@@ -69,7 +72,7 @@ async fn every_request_of_a_priced_model_has_a_record_and_the_records_sum_to_the
             let expected =
                 (u128::from(prompt) * 200_000_000 + u128::from(completion) * 600_000_000).div_ceil(1_000_000);
             assert_eq!(u128::from(cost.0), expected, "{line}");
-            assert!(cost > Money::ZERO);
+            assert_eq!(completion, 7, "the mock's seven chunks, a token each: {line}");
         } else {
             assert_eq!(status, 499, "{line}");
             assert!(cost > Money::ZERO, "the early leaver pays for what it read: {line}");
@@ -198,6 +201,7 @@ async fn assert_sums_agree(gateway: &GatewayProcess, lines: &[serde_json::Value]
     let sum = |field: &str| lines.iter().map(|line| line[field].as_u64().unwrap_or(0)).sum::<u64>();
     let cost: u64 = lines.iter().map(|line| Money::parse(line["cost"].as_str().unwrap()).unwrap().0).sum();
     let (prompt, completion) = (sum("prompt_tokens"), sum("completion_tokens"));
+    assert!(prompt > 0 && completion > 0 && cost > 0, "something was charged");
     let metric = |name: String| async move { gateway.metric(&name).await.map_or(0, |value| value as u64) };
     let counted_cost =
         metric(r#"waycast_gateway_cost_nanos_total{currency="EUR",key="team-a/alice",model="llama-3.1-8b"}"#.into())
