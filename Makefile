@@ -41,12 +41,12 @@ bench-peers:
 	  $$(sed 's/^\([a-z]*\)=/--\1 /' $(TARGET_DIR)/peers.list) --peer-cpus $(PEER_CPUS) --load-cpus $(LOAD_CPUS) \
 	  --cell-seconds $(PEER_CELL_SECONDS) --held-streams $(HELD_STREAMS) --rounds $(PEER_ROUNDS) --out $(TARGET_DIR)/bench-peers.json
 
-## bench-scale: 10,000 ApiKeys and 500 ModelEndpoints on one Gateway against the real API server (release operator and gateway)
-bench-scale: k8s-bins
+## bench-scale: 10,000 ApiKeys and 500 ModelEndpoints on one Gateway against the real API server (release operator and gateway), then 10,000 keys' usage collected from a gateway pod on the node
+bench-scale: k8s-bins node-deps
 	$(CARGO) build $(CARGO_FLAGS) --release -p waycast-operator -p waycast-gateway
-	$(CARGO) build $(CARGO_FLAGS) -p waycast-e2e --bins
+	$(CARGO) build $(CARGO_FLAGS) --workspace --bins
 	WAYCAST_OPERATOR_BIN=$(abspath $(TARGET_DIR))/release/waycast-operator WAYCAST_GATEWAY_BIN=$(abspath $(TARGET_DIR))/release/waycast-gateway \
-	  $(CARGO) test $(CARGO_FLAGS) -p waycast-e2e --test scale -- --ignored --nocapture
+	  $(CARGO) test $(CARGO_FLAGS) -p waycast-e2e --test scale --test scale_usage -- --ignored --nocapture
 
 ## bench-routing: 4 vLLM-like mock pods behind one Service under ~80 % load: kube-proxy vs the gateway's picking (TTFT, load spread, prefix-cache hits)
 bench-routing: k8s-bins node-deps

@@ -33,7 +33,9 @@ pub struct Cluster {
     _node_lock: Option<std::fs::File>,
 }
 
-/// Packs the images a node needs into `dir`.
+/// Packs the images a node needs into `dir`: the workspace's binaries of
+/// this build, the gateway's from `WAYCAST_GATEWAY_BIN` when set (the
+/// benchmarks' release build).
 ///
 /// # Errors
 /// A binary missing or packing failing.
@@ -48,7 +50,10 @@ pub fn pack_images(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
         },
         ImageSpec {
             name: images::GATEWAY.into(),
-            binary: crate::process::workspace_binary("waycast-gateway")?,
+            binary: match std::env::var_os("WAYCAST_GATEWAY_BIN") {
+                Some(path) => PathBuf::from(path),
+                None => crate::process::workspace_binary("waycast-gateway")?,
+            },
             args: vec![],
             user: NONROOT,
         },

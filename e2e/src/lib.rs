@@ -16,6 +16,7 @@ pub mod cluster;
 pub mod control_plane;
 pub mod harness;
 pub mod manifest;
+pub mod memory;
 pub mod node;
 pub mod process;
 pub mod redis;

@@ -131,3 +131,14 @@ pub fn run(program: &str, args: &[&str]) -> anyhow::Result<String> {
     }
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
+
+/// A child process killed (and reaped) when dropped: a benchmark's
+/// operator or gateway run as a process.
+pub struct KilledOnDrop(pub std::process::Child);
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

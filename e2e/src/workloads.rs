@@ -371,3 +371,40 @@ pub async fn generated_key(client: &Client, namespace: &str, name: &str, timeout
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// `GET /v1/usage` through the gateway pod at `ip` with `key`: the key's
+/// budgets as JSON.
+///
+/// # Errors
+/// The pod not answering, or an answer that is not JSON.
+pub async fn key_usage(ip: &str, key: &str) -> anyhow::Result<Value> {
+    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+    let request = http::Request::get(format!("http://{ip}:8080/v1/usage"))
+        .header("authorization", format!("Bearer {key}"))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))?;
+    let response = http.request(request).await?;
+    let body = http_body_util::BodyExt::collect(response.into_body()).await?.to_bytes();
+    serde_json::from_slice(&body).context("GET /v1/usage did not answer JSON")
+}
+
+/// Waits until Gateway `name` says it compiled `keys` ApiKeys.
+///
+/// # Errors
+/// The API server failing, or not so by `deadline`.
+pub async fn wait_keys_compiled(
+    gateways: &Api<waycast_crds::Gateway>,
+    name: &str,
+    keys: usize,
+    deadline: Instant,
+) -> anyhow::Result<()> {
+    loop {
+        let status = gateways.get(name).await?.status.unwrap_or_default();
+        if status.api_key_count.and_then(|n| usize::try_from(n).ok()) == Some(keys) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("the Gateway never compiled every key: {:?}", status.api_key_count);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

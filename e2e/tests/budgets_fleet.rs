@@ -176,13 +176,7 @@ async fn spend_until_refused(ips: &[String], keys: &[String]) -> Arc<Charged> {
 /// `GET /v1/usage` on the pod at `ip`: the spend of the budget `owner`
 /// (`key` or `namespace`) says, `None` when it does not know (Redis away).
 async fn spent(ip: &str, key: &str, owner: &str) -> Option<u64> {
-    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
-    let request = http::Request::get(format!("http://{ip}:8080/v1/usage"))
-        .header("authorization", format!("Bearer {key}"))
-        .body(http_body_util::Full::new(bytes::Bytes::new()))
-        .unwrap();
-    let response = http.request(request).await.unwrap();
-    let body: Value = serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    let body = waycast_e2e::workloads::key_usage(ip, key).await.unwrap();
     let budget = body["budgets"].as_array().unwrap().iter().find(|b| b["owner"] == owner).cloned().unwrap();
     budget["spent_tokens"].as_u64()
 }

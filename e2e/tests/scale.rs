@@ -11,7 +11,7 @@
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt as _;
@@ -21,18 +21,11 @@ use kube::api::PostParams;
 use waycast_crds::{ApiKey, Gateway, ModelEndpoint};
 use waycast_e2e::control_plane::free_port;
 use waycast_e2e::harness::{condition_true, shared_cluster, test_namespace};
+use waycast_e2e::memory::{RssSampler, status_mib};
+use waycast_e2e::process::KilledOnDrop;
 use waycast_mock::fixtures as fixture;
 use waycast_mock::sink::{self, SinkOptions};
 use waycast_xtask::scale;
-
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn binary(variable: &str, name: &str) -> PathBuf {
     std::env::var_os(variable)
@@ -41,54 +34,6 @@ fn binary(variable: &str, name: &str) -> PathBuf {
 
 fn env_number(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-/// Samples a process's resident memory every 20 ms, so each phase of the
-/// benchmark can report its own peak (VmHWM only gives the whole run's).
-struct RssSampler {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    sampler: std::thread::JoinHandle<Vec<(Instant, f64)>>,
-}
-
-impl RssSampler {
-    fn start(pid: u32) -> Self {
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let stopped = stop.clone();
-        let sampler = std::thread::spawn(move || {
-            let mut samples = Vec::new();
-            while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
-                samples.push((Instant::now(), status_of(pid, "VmRSS:")));
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            samples
-        });
-        Self { stop, sampler }
-    }
-
-    fn finish(self) -> RssSamples {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        RssSamples(self.sampler.join().unwrap())
-    }
-}
-
-struct RssSamples(Vec<(Instant, f64)>);
-
-impl RssSamples {
-    /// The highest resident memory seen between `from` and `to`, and the last.
-    fn peak_and_last(&self, from: Instant, to: Instant) -> (f64, f64) {
-        let phase: Vec<f64> = self.0.iter().filter(|(at, _)| *at >= from && *at <= to).map(|(_, rss)| *rss).collect();
-        (phase.iter().copied().fold(0.0, f64::max), phase.last().copied().unwrap_or(0.0))
-    }
-}
-
-fn status_of(pid: u32, field: &str) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0.0);
-    kib / 1024.0
 }
 
 async fn chat(gateway: SocketAddr, key: &str, model: &str) -> Option<u16> {
@@ -140,7 +85,7 @@ async fn ten_thousand_keys_and_five_hundred_models_on_one_gateway() {
     let gateway_addr = SocketAddr::from((Ipv4Addr::LOCALHOST, gateway_port));
     let operator_admin = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port(Ipv4Addr::LOCALHOST.into()).unwrap()));
     let log_dir = std::env::temp_dir();
-    let operator = Process(
+    let operator = KilledOnDrop(
         Command::new(binary("WAYCAST_OPERATOR_BIN", "waycast-operator"))
             .args([
                 "--admin-listen",
@@ -154,7 +99,7 @@ async fn ten_thousand_keys_and_five_hundred_models_on_one_gateway() {
             .spawn()
             .unwrap(),
     );
-    let gateway = Process(
+    let gateway = KilledOnDrop(
         Command::new(binary("WAYCAST_GATEWAY_BIN", "waycast-gateway"))
             .args(["--config-secret", &format!("{namespace}/gateway-config")])
             .args(["--listen", &gateway_addr.to_string()])
@@ -194,14 +139,7 @@ async fn ten_thousand_keys_and_five_hundred_models_on_one_gateway() {
     // generated text works on the last model.
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
     let deadline = Instant::now() + Duration::from_secs(900);
-    loop {
-        let status = gateways.get("gateway").await.unwrap().status.unwrap_or_default();
-        if status.api_key_count == Some(i32::try_from(keys).unwrap()) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the Gateway never compiled every key: {:?}", status.api_key_count);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    waycast_e2e::workloads::wait_keys_compiled(&gateways, "gateway", keys, deadline).await.unwrap();
     let last_key = key_text(&secrets, &format!("key-{}", keys - 1), deadline).await;
     let last_model = format!("model-{}", models - 1);
     while chat(gateway_addr, &last_key, &last_model).await != Some(200) {
@@ -268,7 +206,7 @@ async fn ten_thousand_keys_and_five_hundred_models_on_one_gateway() {
     );
     println!(
         "operator: peak RSS {:.1} MiB, {count} Gateway reconciles averaging {:.1} ms (compile, render, 8 applies, status)",
-        status_of(operator.0.id(), "VmHWM:"),
+        status_mib(operator.0.id(), "VmHWM:"),
         if count > 0.0 { sum / count * 1e3 } else { 0.0 }
     );
     let operator_rss = operator_rss.finish();
@@ -285,8 +223,8 @@ async fn ten_thousand_keys_and_five_hundred_models_on_one_gateway() {
     let after_each: Vec<String> =
         trial_ends.iter().map(|end| format!("{:.0}", operator_rss.peak_and_last(settled_at, *end).1)).collect();
     println!("operator RSS after each trial (MiB): {}", after_each.join(" "));
-    let operator_peak = status_of(operator.0.id(), "VmHWM:");
-    println!("gateway: peak RSS {:.1} MiB with {keys} keys", status_of(gateway.0.id(), "VmHWM:"));
+    let operator_peak = status_mib(operator.0.id(), "VmHWM:");
+    println!("gateway: peak RSS {:.1} MiB with {keys} keys", status_mib(gateway.0.id(), "VmHWM:"));
 
     // The targets (docs/performance.md): a benchmark that misses one fails.
     let mut missed = Vec::new();

@@ -42,13 +42,7 @@ async fn chat(ip: &str, key: &str) -> (StatusCode, Value) {
 
 /// `GET /v1/usage` on the pod at `ip`: what the namespace's budget spent.
 async fn namespace_spent(ip: &str, key: &str) -> u64 {
-    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
-    let request = http::Request::get(format!("http://{ip}:8080/v1/usage"))
-        .header("authorization", format!("Bearer {key}"))
-        .body(http_body_util::Full::new(bytes::Bytes::new()))
-        .unwrap();
-    let response = http.request(request).await.unwrap();
-    let body: Value = serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    let body = waycast_e2e::workloads::key_usage(ip, key).await.unwrap();
     let budgets = body["budgets"].as_array().unwrap();
     budgets.iter().find(|b| b["owner"] == "namespace").unwrap()["spent_tokens"].as_u64().unwrap()
 }

@@ -85,6 +85,21 @@ pub enum EndpointsSource {
     },
 }
 
+/// Watches `source` (a file, or the `data_key` of a ConfigMap) and sends
+/// each new document to `updates`.
+fn watch_document(
+    source: EndpointsSource,
+    data_key: &'static str,
+    updates: mpsc::Sender<config::Update>,
+) -> JoinHandle<()> {
+    match source {
+        EndpointsSource::File(path) => tokio::spawn(config::file::watch(path, updates)),
+        EndpointsSource::ConfigMap { client, namespace, name } => {
+            tokio::spawn(config::endpoints::watch_config_map(client, namespace, name, data_key, updates))
+        }
+    }
+}
+
 /// How to run a gateway.
 pub struct GatewayOptions {
     /// Public listener address.
@@ -241,35 +256,13 @@ pub async fn start(options: GatewayOptions) -> Result<RunningGateway, StartError
     if let Some(source) = options.endpoints {
         let (updates, updated) = mpsc::channel(config::UPDATE_QUEUE);
         background.push(tokio::spawn(config::endpoints::apply_updates(updated, shared.clone())));
-        background.push(match source {
-            EndpointsSource::File(path) => tokio::spawn(config::file::watch(path, updates)),
-            EndpointsSource::ConfigMap { client, namespace, name } => {
-                tokio::spawn(config::endpoints::watch_config_map(
-                    client,
-                    namespace,
-                    name,
-                    waycast_crds::endpoints::ENDPOINTS_DATA_KEY,
-                    updates,
-                ))
-            }
-        });
+        background.push(watch_document(source, waycast_crds::endpoints::ENDPOINTS_DATA_KEY, updates));
     }
     if let Some(source) = options.usage {
         shared.ledger.expect_baseline();
         let (updates, updated) = mpsc::channel(config::UPDATE_QUEUE);
         background.push(tokio::spawn(config::usage::apply_updates(updated, shared.clone())));
-        background.push(match source {
-            EndpointsSource::File(path) => tokio::spawn(config::file::watch(path, updates)),
-            EndpointsSource::ConfigMap { client, namespace, name } => {
-                tokio::spawn(config::endpoints::watch_config_map(
-                    client,
-                    namespace,
-                    name,
-                    waycast_crds::usage::BASELINE_DATA_KEY,
-                    updates,
-                ))
-            }
-        });
+        background.push(watch_document(source, waycast_crds::usage::BASELINE_DATA_KEY, updates));
     }
     if let Some(tls) = &tls {
         background.push(tokio::spawn(tls.clone().watch(Duration::from_secs(1))));

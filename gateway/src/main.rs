@@ -156,27 +156,11 @@ async fn run(args: Args) -> ExitCode {
         },
         (None, None) => return ExitCode::from(64),
     };
-    let endpoints = match (args.endpoints_file, args.endpoints_configmap) {
-        (Some(path), _) => Some(EndpointsSource::File(path)),
-        (None, Some((namespace, name))) => match kube::Client::try_default().await {
-            Ok(client) => Some(EndpointsSource::ConfigMap { client, namespace, name }),
-            Err(error) => {
-                tracing::error!(%error, "cannot reach the Kubernetes API (in-cluster config or KUBECONFIG)");
-                return ExitCode::FAILURE;
-            }
-        },
-        (None, None) => None,
+    let Ok(endpoints) = document_source(args.endpoints_file, args.endpoints_configmap).await else {
+        return ExitCode::FAILURE;
     };
-    let usage = match (args.usage_file, args.usage_configmap) {
-        (Some(path), _) => Some(EndpointsSource::File(path)),
-        (None, Some((namespace, name))) => match kube::Client::try_default().await {
-            Ok(client) => Some(EndpointsSource::ConfigMap { client, namespace, name }),
-            Err(error) => {
-                tracing::error!(%error, "cannot reach the Kubernetes API (in-cluster config or KUBECONFIG)");
-                return ExitCode::FAILURE;
-            }
-        },
-        (None, None) => None,
+    let Ok(usage) = document_source(args.usage_file, args.usage_configmap).await else {
+        return ExitCode::FAILURE;
     };
     let options = GatewayOptions {
         listen: args.listen,
@@ -239,4 +223,26 @@ fn keygen() -> ExitCode {
     println!("  - id: local/new-key");
     println!("    sha256: {hash}");
     ExitCode::SUCCESS
+}
+
+/// A document read from a file, or watched in a ConfigMap (`namespace`,
+/// `name`); neither: none.
+///
+/// # Errors
+/// A ConfigMap named and the Kubernetes API out of reach (logged).
+async fn document_source(
+    file: Option<std::path::PathBuf>,
+    configmap: Option<(String, String)>,
+) -> Result<Option<EndpointsSource>, ()> {
+    match (file, configmap) {
+        (Some(path), _) => Ok(Some(EndpointsSource::File(path))),
+        (None, Some((namespace, name))) => match kube::Client::try_default().await {
+            Ok(client) => Ok(Some(EndpointsSource::ConfigMap { client, namespace, name })),
+            Err(error) => {
+                tracing::error!(%error, "cannot reach the Kubernetes API (in-cluster config or KUBECONFIG)");
+                Err(())
+            }
+        },
+        (None, None) => Ok(None),
+    }
 }
