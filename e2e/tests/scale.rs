@@ -23,6 +23,7 @@ use waycast_e2e::control_plane::free_port;
 use waycast_e2e::harness::{condition_true, shared_cluster, test_namespace};
 use waycast_e2e::memory::{RssSampler, status_mib};
 use waycast_e2e::process::KilledOnDrop;
+use waycast_e2e::workloads::{env_number, p99, plain_api_key};
 use waycast_mock::fixtures as fixture;
 use waycast_mock::sink::{self, SinkOptions};
 use waycast_xtask::scale;
@@ -30,10 +31,6 @@ use waycast_xtask::scale;
 fn binary(variable: &str, name: &str) -> PathBuf {
     std::env::var_os(variable)
         .map_or_else(|| std::path::Path::new(env!("CARGO_BIN_EXE_waycast-cluster")).with_file_name(name), PathBuf::from)
-}
-
-fn env_number(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
 async fn chat(gateway: SocketAddr, key: &str, model: &str) -> Option<u16> {
@@ -173,11 +170,7 @@ async fn ten_thousand_keys_and_five_hundred_models_on_one_gateway() {
     let mut trial_ends = Vec::new();
     for trial in 0..env_number("WAYCAST_SCALE_TRIALS", 20) {
         let name = format!("extra-{trial}");
-        let extra: ApiKey = serde_json::from_value(serde_json::json!({
-            "apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey",
-            "metadata": {"name": name, "namespace": namespace}, "spec": {}
-        }))
-        .unwrap();
+        let extra = plain_api_key(&namespace, &name).unwrap();
         let applied = Instant::now();
         key_api.create(&post, &extra).await.unwrap();
         let deadline = applied + Duration::from_secs(30);
@@ -193,7 +186,7 @@ async fn ten_thousand_keys_and_five_hundred_models_on_one_gateway() {
     let trials_done = Instant::now();
     latencies.sort_by(f64::total_cmp);
     let p50 = latencies[latencies.len() / 2];
-    let p99 = latencies[((latencies.len() as f64 * 0.99).ceil() as usize).min(latencies.len()) - 1];
+    let p99 = p99(&latencies);
     println!("apply → served, one more key among {keys}: p50 {p50:.3}s p99 {p99:.3}s over {} trials", latencies.len());
 
     let metrics = metric_text(operator_admin).await;

@@ -26,11 +26,8 @@ use waycast_e2e::harness::{shared_cluster_with_node, test_namespace};
 use waycast_e2e::memory::{RssSampler, status_mib};
 use waycast_e2e::process::KilledOnDrop;
 use waycast_e2e::workloads::{deploy_mock, wait_pods_ready};
+use waycast_e2e::workloads::{env_number, p99, plain_api_key};
 use waycast_mock::fixtures as fixture;
-
-fn env_number(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
 
 async fn chat(ip: &str, key: &str) -> Option<u16> {
     let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
@@ -191,11 +188,7 @@ async fn usage_of_ten_thousand_keys_costs_the_api_server_twenty_writes_a_second(
     let mut latencies = Vec::new();
     for trial in 0..env_number("WAYCAST_SCALE_TRIALS", 20) {
         let name = format!("extra-{trial}");
-        let extra: ApiKey = serde_json::from_value(json!({
-            "apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey",
-            "metadata": {"name": name, "namespace": namespace}, "spec": {}
-        }))
-        .unwrap();
+        let extra = plain_api_key(&namespace, &name).unwrap();
         let applied = Instant::now();
         key_api.create(&post, &extra).await.unwrap();
         let deadline = applied + Duration::from_secs(30);
@@ -209,7 +202,7 @@ async fn usage_of_ten_thousand_keys_costs_the_api_server_twenty_writes_a_second(
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     latencies.sort_by(f64::total_cmp);
-    let p99 = latencies[((latencies.len() as f64 * 0.99).ceil() as usize).min(latencies.len()) - 1];
+    let p99 = p99(&latencies);
     println!(
         "apply → served, one more key among {keys} while usage is written: p50 {:.3}s p99 {p99:.3}s",
         latencies[latencies.len() / 2]
