@@ -20,7 +20,7 @@ use std::cell::RefCell;
 use std::io::Write as _;
 use std::sync::mpsc::{Receiver, Sender, SyncSender, channel, sync_channel};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use tokio::sync::Notify;
 
@@ -32,8 +32,9 @@ const BATCH_WINDOW: Duration = Duration::from_millis(5);
 /// One request, as logged.
 #[derive(Debug, Clone, Copy)]
 pub struct AccessLine<'a> {
-    /// When the request ended.
-    pub at: SystemTime,
+    /// When the request ended, since the Unix epoch (the wall clock is
+    /// read once per request, for this line and the key's month).
+    pub at: Duration,
     /// `X-Request-Id`.
     pub request_id: &'a str,
     /// HTTP method.
@@ -277,8 +278,7 @@ fn two(value: u64, out: &mut Vec<u8>) {
 }
 
 /// `2026-11-22T07:01:14.960129Z`.
-fn rfc3339_micros(at: SystemTime, out: &mut Vec<u8>) {
-    let since = at.duration_since(UNIX_EPOCH).unwrap_or_default();
+fn rfc3339_micros(since: Duration, out: &mut Vec<u8>) {
     let seconds = since.as_secs();
     let (year, month, day) = civil_from_days(seconds / 86_400);
     let of_day = seconds % 86_400;
@@ -321,7 +321,7 @@ mod tests {
     use super::*;
 
     fn line(request_id: &str, error: Option<&str>) -> String {
-        let at = UNIX_EPOCH + Duration::from_micros(1_795_331_274_960_129);
+        let at = Duration::from_micros(1_795_331_274_960_129);
         let line = AccessLine {
             at,
             request_id,

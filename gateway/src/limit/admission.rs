@@ -87,7 +87,7 @@ impl<'a> Counters<'a> {
         counted: Option<&Counted>,
     ) -> Result<Passed<Option<Admitted>>, Refused> {
         let sets = local::Sets { key: subject.key.1, tenant: subject.tenant.1, model: subject.model.1 };
-        if sets.is_empty() && subject.budgets.is_none() {
+        if subject.asks_nothing() {
             return Ok(Passed::clean(None));
         }
         match self {
@@ -99,7 +99,7 @@ impl<'a> Counters<'a> {
                     Some(ask) => {
                         let reserved = budget::reserve(&ask.owned(), ask.need, shares, ask.now, ask.zone)
                             .map_err(Refused::Budget)?;
-                        Some(BudgetHold::local(reserved, ask.zone))
+                        Some(Box::new(BudgetHold::local(reserved, ask.zone)))
                     }
                 };
                 let mut admitted = if sets.is_empty() {

@@ -187,8 +187,9 @@ pub struct Admitted {
     pub charge: Option<Charge>,
     /// Concurrency held until the request ends.
     pub held: Held,
-    /// Budgets reserved, settled when the request ends.
-    pub budget: Option<super::budget::BudgetHold>,
+    /// Budgets reserved, settled when the request ends (boxed: most keys
+    /// have none, and every admission and request carries the field).
+    pub budget: Option<Box<super::budget::BudgetHold>>,
 }
 
 /// A key's request, counted before its body was read (so a key over its

@@ -49,6 +49,14 @@ pub struct Subject<'a> {
     pub budgets: Option<BudgetAsk<'a>>,
 }
 
+impl Subject<'_> {
+    /// Whether no limit and no budget applies: nothing to admit (the
+    /// request path then skips admission altogether).
+    pub fn asks_nothing(&self) -> bool {
+        self.key.1.is_none() && self.tenant.1.is_none() && self.model.1.is_none() && self.budgets.is_none()
+    }
+}
+
 /// What a request asks of its budgets.
 pub struct BudgetAsk<'a> {
     /// The key's budgets.
@@ -249,6 +257,6 @@ pub async fn admit(
         redis: Some((counter.clone(), tokens)),
     });
     let held = Held { local: Vec::new(), redis: (!pending.keys.is_empty()).then_some(pending) };
-    let budget = hold.redis.as_ref().is_some_and(|spend| !spend.budgets.is_empty()).then_some(hold);
+    let budget = hold.redis.as_ref().is_some_and(|spend| !spend.budgets.is_empty()).then(|| Box::new(hold));
     Ok(Ok(Admitted { headers, charge, held, budget }))
 }

@@ -1,5 +1,6 @@
-//! Bearer authentication: the presented key's SHA-256 is looked up in the
-//! snapshot. No I/O, no clock except through the `now` the caller passes.
+//! Bearer authentication: the presented key's SHA-256 (remembered per
+//! worker for known keys, `key_digests`) is looked up in the snapshot. No
+//! I/O, no clock except through the `now` the caller passes.
 
 use http::HeaderMap;
 use http::header::AUTHORIZATION;
@@ -32,7 +33,7 @@ pub fn authenticate<'s>(
     now: impl FnOnce() -> jiff::Timestamp,
 ) -> Result<&'s KeyEntry, GatewayError> {
     let key = presented_key(headers).ok_or(GatewayError::MissingKey)?;
-    let entry = snapshot.key(&waycast_crds::digest::sha256(key)).ok_or(GatewayError::InvalidKey)?;
+    let entry = super::key_digests::find(snapshot, key).ok_or(GatewayError::InvalidKey)?;
     if entry.disabled {
         return Err(GatewayError::DisabledKey);
     }

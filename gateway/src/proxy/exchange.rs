@@ -65,7 +65,7 @@ pub struct Facts {
     /// The model's prices and their currency, when it is priced.
     pub priced: Option<(waycast_crds::money::TokenPrices, Arc<str>)>,
     /// What it reserved in its budgets, settled when it ends.
-    pub budget: Option<crate::limit::BudgetHold>,
+    pub budget: Option<Box<crate::limit::BudgetHold>>,
     /// Where its key's usage this month is counted, once it was admitted.
     pub usage: Option<UsageTap>,
     /// How long it waited for a model's queue, and in which class (index
@@ -262,7 +262,11 @@ impl Exchange {
         }
         // The wall clock, read once for the key's month and the record.
         let read = std::cell::OnceCell::new();
-        let wall = || *read.get_or_init(std::time::SystemTime::now);
+        let wall = || {
+            *read.get_or_init(|| {
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default()
+            })
+        };
         let mut cost = None;
         // What the record says was used: what was charged when anything
         // counts it (the upstream's usage, or the estimate for a client
@@ -311,7 +315,8 @@ impl Exchange {
                     cached_input_tokens: charged.cached,
                     cost_nanos: cost.filter(|_| tap.counts_cost).map_or(0, |(money, _)| money.0),
                 };
-                let now = jiff::Timestamp::try_from(wall()).unwrap_or_else(|_| jiff::Timestamp::now());
+                let second = i64::try_from(wall().as_secs()).unwrap_or(i64::MAX);
+                let now = jiff::Timestamp::from_second(second).unwrap_or_else(|_| jiff::Timestamp::now());
                 tap.counts.count(used, now, &tap.zone);
             }
         }

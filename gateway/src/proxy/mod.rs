@@ -5,7 +5,7 @@
 //! ```text
 //! endpoint  path + method → what to do                          (404, 405)    route::endpoint
 //! snapshot  the worker's own handle on the served snapshot, kept for the whole request   (503 before the first config)
-//! admit     framing, then SHA-256(key) → KeyEntry               (431, 400, 401) route::admit
+//! admit     framing, then SHA-256(key) (remembered) → KeyEntry  (431, 400, 401) route::admit
 //! count     the key's request limit, before the body            (429, 503)    limit::Counters::count_key_request
 //! body      read within maxRequestBodyBytes and a deadline       (413, 408)    request_body::read
 //! scan      top-level "model"/"stream"/… from the JSON          (400)         body::scan
@@ -28,6 +28,7 @@ pub mod body;
 pub mod connection;
 pub mod exchange;
 pub mod forward;
+mod key_digests;
 pub mod queue;
 pub mod request_body;
 pub mod respond;
@@ -122,7 +123,12 @@ async fn serve(
         model: (&route.state_id, route.limits.as_ref()),
         budgets: route::budgets_asked(&snapshot, key, route, reservation, jiff::Timestamp::now)?,
     };
-    let mut admitted = passed(facts, counters.admit(&subject, reservation, counted.as_ref()).await)?;
+    // Most keys have no limit and no budget: no admission future is made.
+    let mut admitted = if subject.asks_nothing() {
+        None
+    } else {
+        passed(facts, counters.admit(&subject, reservation, counted.as_ref()).await)?
+    };
     (facts.admitted, facts.reservation) = (admitted.is_some(), Some(reservation));
     if let Some(admitted) = admitted.as_mut() {
         (facts.charge, facts.held) = (admitted.charge.take(), std::mem::take(&mut admitted.held));
