@@ -21,6 +21,8 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 
 use crate::apply::bounded;
+use crate::compile::secrets::CREDENTIAL_LABEL;
+use crate::stores::KEY_SECRET_LABEL;
 
 /// The most data a referenced Secret may hold (all its values): keys,
 /// credentials and PEM bundles are far smaller.
@@ -160,8 +162,17 @@ fn kept(mut secret: Secret) -> Option<Read> {
     if size > MAX_SECRET_BYTES {
         return Some(Read::TooLarge { version });
     }
+    // What compile reads of the metadata: name, namespace, owners (whose
+    // generated key it is) and the credential label. At 10,000 key
+    // Secrets each label map alone was half a kilobyte.
     let meta = &mut secret.metadata;
-    (meta.annotations, meta.managed_fields) = (None, None);
+    (meta.annotations, meta.managed_fields, meta.uid, meta.creation_timestamp) = (None, None, None, None);
+    (meta.finalizers, meta.generate_name, meta.generation) = (None, None, None);
+    // NB: a key Secret keeps no label, not even the credential one: a key
+    // is never sent upstream as a credential.
+    meta.labels = meta.labels.take().filter(|labels| !labels.contains_key(KEY_SECRET_LABEL)).and_then(|labels| {
+        labels.get_key_value(CREDENTIAL_LABEL).map(|(name, value)| [(name.clone(), value.clone())].into())
+    });
     Some(Read::Data { version, secret: Arc::new(secret) })
 }
 
@@ -194,5 +205,39 @@ mod tests {
         assert_eq!(secret.metadata.annotations, None, "only what compile reads is kept");
         assert_eq!(secret.data.as_ref().unwrap()["k"].0.len(), 100);
         assert!(kept(Secret::default()).is_none(), "no resource version: not cached");
+    }
+
+    #[test]
+    fn only_the_metadata_compile_reads_is_kept() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+        let labelled = |labels: &[(&str, &str)]| {
+            let mut secret = secret(10);
+            let meta = &mut secret.metadata;
+            meta.labels = Some(labels.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect());
+            meta.uid = Some("uid-1".into());
+            meta.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH));
+            (meta.finalizers, meta.generation) = (Some(vec!["f".into()]), Some(3));
+            meta.owner_references = Some(vec![OwnerReference { uid: "owner".into(), ..Default::default() }]);
+            let Some(Read::Data { secret, .. }) = kept(secret) else { panic!("kept") };
+            secret
+        };
+        let key = labelled(&[("waycast.dev/api-key", "true"), ("team", "a")]);
+        assert_eq!(key.metadata.labels, None, "a key Secret's labels are not kept");
+        let meta = &key.metadata;
+        assert_eq!((&meta.uid, &meta.creation_timestamp, &meta.finalizers, meta.generation), (&None, &None, &None, None));
+        assert_eq!(
+            (meta.name.as_deref(), meta.namespace.as_deref(), meta.resource_version.as_deref()),
+            (Some("s"), Some("team"), Some("7")),
+            "what names it stays"
+        );
+        assert_eq!(key.metadata.owner_references.as_ref().map(Vec::len), Some(1), "whose key it is stays");
+        let both = labelled(&[("waycast.dev/api-key", "true"), (CREDENTIAL_LABEL, "true")]);
+        assert_eq!(both.metadata.labels, None, "a key is never a credential");
+        let credential = labelled(&[(CREDENTIAL_LABEL, "true"), ("team", "a")]);
+        assert_eq!(
+            credential.metadata.labels,
+            Some([(CREDENTIAL_LABEL.to_owned(), "true".to_owned())].into()),
+            "the opt-in label stays"
+        );
     }
 }

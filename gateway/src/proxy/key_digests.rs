@@ -3,24 +3,31 @@
 //! every request (a twentieth of a proxied one), and the same few keys
 //! come back request after request.
 //!
-//! The memo is keyed by a 128-bit tag of the presented bytes — SipHash
-//! under this process's random keys, twice with a domain byte — never by
-//! the key itself, so no plaintext outlives its request. It holds only
-//! digests: every request is still looked up in the current snapshot, so
-//! a key revoked or changed since is refused as before. Unknown keys are
-//! never remembered, so a flood of bad keys neither grows the memo nor
-//! evicts the good ones (each still pays its hash, as before).
+//! The memo is keyed by a 128-bit tag of the presented bytes — SipHash-1-3
+//! with a 128-bit output under a key drawn from the system's random source
+//! at start — never by the key itself, so no plaintext outlives its
+//! request. It holds only digests: every request is still looked up in the
+//! current snapshot, so a key revoked or changed since is refused as
+//! before. Unknown keys are never remembered, so a flood of bad keys
+//! neither grows the memo nor evicts the good ones (each still pays its
+//! hash, as before).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::hash::{BuildHasher as _, BuildHasherDefault, Hasher, RandomState};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::OnceLock;
+
+use siphasher::sip128::{Hasher128 as _, SipHasher13};
 
 use crate::snapshot::{KeyEntry, Snapshot};
 
-/// Digests remembered per worker thread; when full it starts over (about
-/// 64 KB a worker).
+/// Digests remembered per worker thread (about 100 KB a worker); when
+/// full, one is let go for each new one.
 const REMEMBERED_KEYS: usize = 1024;
+
+/// Presented values longer than this are not remembered (no key is this
+/// long; a bogus one pays only its hash, not a tag as well).
+const LONGEST_REMEMBERED: usize = 256;
 
 thread_local! {
     static MEMO: RefCell<HashMap<u128, [u8; 32], BuildHasherDefault<TagHasher>>> = RefCell::default();
@@ -28,40 +35,46 @@ thread_local! {
 
 /// The snapshot's entry for `presented`, if it has one.
 pub fn find<'s>(snapshot: &'s Snapshot, presented: &[u8]) -> Option<&'s KeyEntry> {
-    let tag = tag_of(presented);
-    if let Some(digest) = MEMO.with_borrow(|memo| memo.get(&tag).copied())
-        && let Some(entry) = snapshot.key(&digest)
-    {
+    let Some(tag) = tag_of(presented).filter(|_| presented.len() <= LONGEST_REMEMBERED) else {
+        return snapshot.key(&waycast_crds::digest::sha256(presented));
+    };
+    let remembered = MEMO.with_borrow(|memo| memo.get(&tag).copied());
+    if let Some(entry) = remembered.and_then(|digest| snapshot.key(&digest)) {
         return Some(entry);
     }
     let digest = waycast_crds::digest::sha256(presented);
     let Some(entry) = snapshot.key(&digest) else {
-        // Revoked since it was remembered (or never known).
-        MEMO.with_borrow_mut(|memo| memo.remove(&tag));
+        if remembered.is_some() {
+            // Revoked since it was remembered.
+            MEMO.with_borrow_mut(|memo| memo.remove(&tag));
+        }
         return None;
     };
     MEMO.with_borrow_mut(|memo| {
-        if memo.len() >= REMEMBERED_KEYS {
-            memo.clear();
+        // Tags are random: the first one found is as good as any to let go.
+        if memo.len() >= REMEMBERED_KEYS
+            && let Some(&old) = memo.keys().next()
+        {
+            memo.remove(&old);
         }
         memo.insert(tag, digest);
     });
     Some(entry)
 }
 
-/// 128 bits naming `presented` in this process: two SipHash-1-3 values
-/// under the process's secret keys, told apart by a domain byte (an
-/// accidental or forced collision is a 2^-128 chance per pair).
-fn tag_of(presented: &[u8]) -> u128 {
-    static STATE: OnceLock<RandomState> = OnceLock::new();
-    let state = STATE.get_or_init(RandomState::new);
-    let half = |domain: u8| {
-        let mut hasher = state.build_hasher();
-        hasher.write_u8(domain);
-        hasher.write(presented);
-        hasher.finish()
-    };
-    (u128::from(half(1)) << 64) | u128::from(half(2))
+/// 128 bits naming `presented` in this process: SipHash-1-3's 128-bit
+/// output under a secret key (a keyed PRF: an accidental or forced
+/// collision is a 2^-128 chance per pair). `None` when the system gave no
+/// randomness for the key: nothing is remembered then.
+fn tag_of(presented: &[u8]) -> Option<u128> {
+    static KEY: OnceLock<Option<[u8; 16]>> = OnceLock::new();
+    let key = KEY.get_or_init(|| {
+        let mut key = [0; 16];
+        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut key).ok().map(|()| key)
+    });
+    let mut hasher = SipHasher13::new_with_key(key.as_ref()?);
+    hasher.write(presented);
+    Some(hasher.finish128().as_u128())
 }
 
 /// A tag is already uniformly random: the map uses its low bits as they are.
@@ -114,6 +127,13 @@ mod tests {
         assert_eq!(remembered(), before + 1, "a found key's digest is remembered");
         assert_eq!(&*find(&served, b"alice-key").unwrap().id, "t/alice", "found again from the memo");
         assert_eq!(remembered(), before + 1);
+        // What the memo names is what is found: a tag remembered with
+        // alice's digest finds alice without hashing what was presented.
+        let alias = tag_of(b"an-alias").unwrap();
+        let alice = waycast_crds::digest::sha256(b"alice-key");
+        MEMO.with_borrow_mut(|memo| memo.insert(alias, alice));
+        assert_eq!(&*find(&served, b"an-alias").unwrap().id, "t/alice");
+        MEMO.with_borrow_mut(|memo| memo.remove(&alias));
         // The next config revokes alice: the memo does not let her in.
         let revoked = snapshot(&[("t/bob", "bob-key")]);
         assert!(find(&revoked, b"alice-key").is_none());
@@ -138,17 +158,24 @@ mod tests {
         for (id, text) in &pairs {
             assert_eq!(&*find(&large, text.as_bytes()).unwrap().id, *id);
         }
-        assert!(remembered() <= REMEMBERED_KEYS, "{} remembered", remembered());
+        assert_eq!(remembered(), REMEMBERED_KEYS, "full, it lets one go for each new one");
+        // A value longer than any key is looked up, never remembered.
+        let long = "k".repeat(LONGEST_REMEMBERED + 1);
+        let with_long = snapshot(&[("t/long", long.as_str())]);
+        assert_eq!(&*find(&with_long, long.as_bytes()).unwrap().id, "t/long");
+        assert_eq!(remembered(), REMEMBERED_KEYS);
     }
 
     #[test]
     fn tags_differ_for_keys_that_differ_by_one_byte_or_length() {
-        let tags = [tag_of(b"key"), tag_of(b"kez"), tag_of(b"key "), tag_of(b"ke"), tag_of(b"")];
+        let tags = [tag_of(b"key"), tag_of(b"kez"), tag_of(b"key "), tag_of(b"ke"), tag_of(b"")].map(Option::unwrap);
         for (i, a) in tags.iter().enumerate() {
             for b in &tags[i + 1..] {
                 assert_ne!(a, b);
             }
         }
         assert_eq!(tag_of(b"key"), tag_of(b"key"), "stable within the process");
+        let tag = tags[0];
+        assert_ne!(tag >> 64, tag & u128::from(u64::MAX), "128 bits, not one 64-bit value twice");
     }
 }

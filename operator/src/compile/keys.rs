@@ -83,7 +83,9 @@ pub fn compile(
     let mut selected: Vec<(usize, &ApiKey)> = selected(inputs).into_iter().enumerate().collect();
     let created = |key: &ApiKey| key.metadata.creation_timestamp.as_ref().map(|t| t.0);
     selected.sort_by(|(a_order, a), (b_order, b)| created(a).cmp(&created(b)).then(a_order.cmp(b_order)));
-    let mut entries: Vec<(usize, KeyConfig)> = Vec::new();
+    // Sized once: growing by doubling held the old and the new copy of
+    // 10,000 entries at once, on every compile.
+    let mut entries: Vec<(usize, KeyConfig)> = Vec::with_capacity(selected.len());
     let mut verdicts = BTreeMap::new();
     let mut hashes: BTreeMap<String, ObjectKey> = BTreeMap::new();
     let secrets = index::<Secret>(inputs.secrets);
@@ -177,6 +179,8 @@ pub fn compile(
         };
         verdicts.insert(id, KeyVerdict { verdict, key_prefix });
     }
-    entries.sort_by_key(|(order, _)| *order);
+    // The orders are distinct: an unstable sort is the same order, without
+    // a stable sort's scratch copy of half the entries.
+    entries.sort_unstable_by_key(|(order, _)| *order);
     (entries.into_iter().map(|(_, entry)| entry).collect(), verdicts)
 }

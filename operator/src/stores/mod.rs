@@ -318,8 +318,11 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
         store_of(all(client, watcher::Config::default()), spec_and_labels, announce_self(vec![feeds.gateways.clone()]));
     let (models, models_changed) =
         store_of(all(client, watcher::Config::default()), spec_and_labels, announce_self(vec![feeds.models.clone()]));
+    // NB: without their `status.usage` (the usage collector's, never read
+    // back): at 10,000 keys it was megabytes, and every collection that
+    // moved it replaced each object.
     let (keys, keys_changed) = store_of(
-        all(client, watcher::Config::default()),
+        all(client, watcher::Config::default()).modify(views::api_key),
         spec_and_labels,
         announce_self(vec![feeds.keys.clone(), feeds.key_secrets.clone()]),
     );

@@ -17,6 +17,14 @@ use crate::render::endpoints::{SERVICE_NAME_LABEL, is_controller_managed};
 /// Longest heartbeat annotation kept.
 pub const MAX_ANNOTATION_BYTES: usize = 64 * 1024;
 
+/// An ApiKey, without the usage the collector wrote into its status (the
+/// operator compares and writes its own status without it).
+pub fn api_key(key: &mut waycast_crds::ApiKey) {
+    if let Some(status) = key.status.as_mut() {
+        status.usage = None;
+    }
+}
+
 /// A key Secret: its name, namespace, owner and version. At 10,000 of them
 /// their label maps alone were 5 MB (a B-tree node each), and the watch
 /// selects them by that label already.
@@ -153,5 +161,26 @@ mod tests {
         lease(&mut forged);
         let kept = forged.metadata.annotations.unwrap();
         assert_eq!(kept.keys().collect::<Vec<_>>(), [REFUSED_HASH_ANNOTATION]);
+    }
+
+    #[test]
+    fn an_api_key_is_kept_without_its_usage_but_with_the_rest_of_its_status() {
+        let mut key: waycast_crds::ApiKey = serde_json::from_value(serde_json::json!({
+            "apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey",
+            "metadata": {"name": "alice", "namespace": "team-a"},
+            "spec": {},
+            "status": {
+                "secretName": "alice-key",
+                "conditions": [{"type": "Ready", "status": "True", "reason": "KeyReady", "message": "",
+                                "lastTransitionTime": "2026-11-26T00:00:00Z"}],
+                "usage": {"period": "2026-11", "requests": 3, "inputTokens": 30, "outputTokens": 9,
+                          "cachedInputTokens": 0, "cost": "0.01", "currency": "USD", "asOf": "2026-11-26T00:00:00Z"}
+            }
+        }))
+        .unwrap();
+        api_key(&mut key);
+        let status = key.status.unwrap();
+        assert!(status.usage.is_none());
+        assert_eq!((status.secret_name.as_deref(), status.conditions.len()), (Some("alice-key"), 1));
     }
 }

@@ -19,7 +19,7 @@
 pub mod ledger;
 
 use std::collections::BTreeMap;
-use std::io::{Read as _, Write as _};
+use std::io::Read as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -338,8 +338,17 @@ async fn ask(http: &HttpClient<HttpConnector, Empty<Bytes>>, ip: &str) -> Result
         if !response.status().is_success() {
             return Err(format!("status {}", response.status()));
         }
-        let body = Limited::new(response.into_body(), MAX_REPORT_BYTES).collect().await.map_err(|e| e.to_string())?;
-        serde_json::from_slice::<UsageReport>(&body.to_bytes()).map_err(|e| format!("not a usage report: {e}"))
+        // Read into one buffer sized by the report's length: collecting
+        // the frames and then joining them held a large report twice.
+        let length = response.headers().get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse().ok());
+        let mut body = Limited::new(response.into_body(), MAX_REPORT_BYTES);
+        let mut read = Vec::with_capacity(length.unwrap_or(0).min(MAX_REPORT_BYTES));
+        while let Some(frame) = body.frame().await {
+            if let Ok(data) = frame.map_err(|e| e.to_string())?.into_data() {
+                read.extend_from_slice(&data);
+            }
+        }
+        serde_json::from_slice::<UsageReport>(&read).map_err(|e| format!("not a usage report: {e}"))
     };
     tokio::time::timeout(Duration::from_secs(3), call).await.map_err(|_| "timed out".to_owned())?
 }
@@ -454,8 +463,10 @@ async fn persist(
     gateway: &Gateway,
     ledger: &Ledger,
 ) -> Result<(), crate::error::Error> {
+    // Written into the compressor as it is made: the whole JSON of 10,000
+    // keys was never needed at once.
     let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-    encoder.write_all(&serde_json::to_vec(ledger)?)?;
+    serde_json::to_writer(&mut encoder, ledger)?;
     let map = ConfigMap {
         metadata: owned_meta(gateway, usage_ledger_name(gateway)),
         binary_data: Some([(LEDGER_DATA_KEY.to_owned(), ByteString(encoder.finish()?))].into()),
