@@ -3,7 +3,7 @@ CARGO ?= cargo
 CARGO_FLAGS ?= -j2
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 
-.PHONY: demo test bench bench-peers bench-scale bench-routing bench-fairness lint deny images crds generate k8s-bins helm-bin node-deps clean-e2e
+.PHONY: demo test bench bench-peers bench-scale bench-routing bench-fairness lint deny images crds generate k8s-bins helm-bin otelcol-bin node-deps clean-e2e
 
 ## demo: waycast on a local cluster (control plane + node), ending with a working curl; Ctrl-C stops it
 demo: k8s-bins node-deps
@@ -11,7 +11,7 @@ demo: k8s-bins node-deps
 	bash e2e/scripts/demo.sh
 
 ## test: every test — unit, generated-file checks, e2e on a real cluster with a node
-test: k8s-bins helm-bin node-deps
+test: k8s-bins helm-bin otelcol-bin node-deps
 	$(CARGO) build $(CARGO_FLAGS) --workspace --bins
 	$(CARGO) test $(CARGO_FLAGS) --workspace
 	@# The last e2e node tears down after its test binary exits; wait for it.
@@ -97,6 +97,10 @@ k8s-bins:
 ## helm-bin: build the Helm CLI from the Go module proxy (cached)
 helm-bin:
 	bash e2e/scripts/build-helm.sh >/dev/null
+
+## otelcol-bin: build a minimal OpenTelemetry Collector from the Go module proxy (cached; the telemetry tests send to it)
+otelcol-bin:
+	bash e2e/scripts/build-otelcol.sh >/dev/null
 
 ## node-deps: containerd, runc, CNI plugins, iptables, conntrack from Debian's packages
 node-deps:

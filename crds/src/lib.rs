@@ -32,6 +32,7 @@ pub mod problems;
 pub mod settings;
 pub mod sharing;
 pub mod spend;
+pub mod telemetry;
 pub mod tls;
 pub mod usage;
 pub mod validate;

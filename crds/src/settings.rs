@@ -57,6 +57,10 @@ pub struct Settings {
     /// that took itself for the only one would spend the whole of each).
     #[serde(default = "Settings::one_pod", skip_serializing_if = "Settings::one_or_none")]
     pub minimum_pods: u32,
+    /// Where the pods send traces and usage records (OTLP/HTTP); absent:
+    /// nowhere (or the standalone gateway's flags).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub telemetry: Option<crate::telemetry::TelemetryConfig>,
 }
 
 impl Settings {
@@ -187,6 +191,7 @@ impl Default for Settings {
             tenants: Vec::new(),
             budgets: crate::spend::BudgetSettings::default(),
             minimum_pods: 1,
+            telemetry: None,
         }
     }
 }

@@ -173,6 +173,11 @@ fn check_settings(settings: &crate::config::Settings, problems: &mut Collector) 
             }
         }
     }
+    if let Some(telemetry) = &settings.telemetry {
+        for problem in telemetry.problems() {
+            problems.add("settings.telemetry", problem);
+        }
+    }
     for (index, host) in settings.allowed_hosts.iter().enumerate() {
         let name = host.strip_prefix("*.").unwrap_or(host);
         if crate::tls::server_name_problem(name).is_some() {

@@ -139,6 +139,7 @@ async fn follows_its_secret_with_a_token_that_can_read_only_that_secret() {
         idle_timeout: waycast_gateway::DEFAULT_IDLE_TIMEOUT,
         heartbeat: None,
         workers: None,
+        telemetry: None,
     })
     .await
     .unwrap();

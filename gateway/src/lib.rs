@@ -30,6 +30,7 @@ pub(crate) mod server;
 pub(crate) mod shared;
 pub(crate) mod sharing;
 pub(crate) mod snapshot;
+pub(crate) mod telemetry;
 pub(crate) mod tls;
 pub(crate) mod upstream;
 pub(crate) mod usage;
@@ -130,6 +131,9 @@ pub struct GatewayOptions {
     /// Data-plane worker threads, each with its own runtime, listener and
     /// upstream pools (`--workers`); None: serve on the current runtime.
     pub workers: Option<std::num::NonZeroUsize>,
+    /// Where traces and usage records go when the config says nothing
+    /// (`--otlp-endpoint`; the config's `settings.telemetry` wins).
+    pub telemetry: Option<waycast_crds::telemetry::TelemetryConfig>,
 }
 
 /// Why a gateway could not start.
@@ -149,6 +153,9 @@ pub enum StartError {
     /// Metrics registration failed (a bug).
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
+    /// The telemetry flags are not usable.
+    #[error("telemetry flags: {0}")]
+    Telemetry(String),
     /// A worker thread or its runtime could not start.
     #[error("cannot start the data-plane workers: {0}")]
     Workers(std::io::Error),
@@ -223,7 +230,13 @@ pub async fn start(options: GatewayOptions) -> Result<RunningGateway, StartError
     let instance = usage::Ledger::instance_name(
         options.heartbeat.as_ref().map_or("gateway", |(_, identity)| identity.pod.as_str()),
     );
-    let shared = Arc::new(Shared::new(Metrics::new()?, connections, options.body_timeout, workers, instance));
+    let telemetry = match options.telemetry.as_ref().map(telemetry::Destination::of) {
+        None => None,
+        Some(Ok(destination)) => Some(Arc::new(destination)),
+        Some(Err(problems)) => return Err(StartError::Telemetry(problems)),
+    };
+    let shared =
+        Arc::new(Shared::new(Metrics::new()?, connections, options.body_timeout, workers, instance, telemetry));
     let bind = |address| server::bind(address).map_err(|source| StartError::Bind { address, source });
     let bind_error = |source| StartError::Bind { address: options.listen, source };
     let (public, public_addr) = match options.workers {

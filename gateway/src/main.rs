@@ -87,6 +87,17 @@ struct Args {
     /// use (its cgroup's CPU limit, else the node's cores).
     #[arg(long = flag::WORKERS, env = "WAYCAST_WORKERS", value_parser = clap::value_parser!(u16).range(1..=1024))]
     workers: Option<u16>,
+    /// OTLP/HTTP base URL to send traces (`/v1/traces`) and usage records
+    /// (`/v1/logs`) to, when the config has no `settings.telemetry`.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
+    /// Share of new traces recorded, 0 to 1.
+    #[arg(long, env = "OTEL_TRACES_SAMPLER_ARG", default_value_t = 1.0)]
+    otlp_sampling: f64,
+    /// Headers of every export, `name=value,name=value` (as
+    /// `OTEL_EXPORTER_OTLP_HEADERS`).
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_HEADERS", value_parser = parse_headers, default_value = "")]
+    otlp_headers: std::collections::BTreeMap<String, String>,
     /// Log filter (error, warn, info, debug, trace, or a tracing directive).
     #[arg(long = flag::LOG, env = "WAYCAST_LOG", default_value = "info")]
     log: String,
@@ -105,6 +116,36 @@ fn parse_secret_ref(text: &str) -> Result<(String, String), String> {
         }
         _ => Err("expected NAMESPACE/NAME".to_owned()),
     }
+}
+
+/// `name=value,name=value`, values percent-decoded as the OTLP exporter
+/// specification says (`%20` for a space).
+fn parse_headers(text: &str) -> Result<std::collections::BTreeMap<String, String>, String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            let (name, value) = pair.split_once('=').ok_or_else(|| format!("{pair:?} is not name=value"))?;
+            Ok((name.trim().to_ascii_lowercase(), percent_decoded(value.trim())?))
+        })
+        .collect()
+}
+
+fn percent_decoded(text: &str) -> Result<String, String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut at = 0;
+    while at < bytes.len() {
+        if bytes[at] == b'%' {
+            let hex = text.get(at + 1..at + 3).ok_or("a % without two hex digits")?;
+            out.push(u8::from_str_radix(hex, 16).map_err(|_| format!("%{hex} is not a hex escape"))?);
+            at += 3;
+        } else {
+            out.push(bytes[at]);
+            at += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| "not UTF-8 once decoded".to_owned())
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -176,6 +217,12 @@ async fn run(args: Args) -> ExitCode {
         idle_timeout: args.idle_timeout,
         heartbeat,
         workers: Some(workers(args.workers)),
+        telemetry: args.otlp_endpoint.map(|endpoint| waycast_crds::telemetry::TelemetryConfig {
+            endpoint,
+            sampling: waycast_crds::telemetry::Ratio(args.otlp_sampling),
+            headers: args.otlp_headers,
+            ..waycast_crds::telemetry::TelemetryConfig::default()
+        }),
     };
     let gateway = match waycast_gateway::start(options).await {
         Ok(gateway) => gateway,

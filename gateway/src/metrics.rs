@@ -141,6 +141,10 @@ pub struct Metrics {
     /// Requests a full model's queue refused, by model, the key's
     /// namespace and reason (`queue_full`, `displaced`, `timeout`).
     pub queue_shed: IntCounterVec,
+    /// Spans and usage records the collector accepted, by signal.
+    pub telemetry_exported: IntCounterVec,
+    /// Spans and usage records dropped, by signal and reason.
+    pub telemetry_dropped: IntCounterVec,
 }
 
 impl Metrics {
@@ -298,6 +302,20 @@ impl Metrics {
             ),
             &["model", "namespace", "reason"],
         )?;
+        let telemetry_exported = IntCounterVec::new(
+            Opts::new(
+                "waycast_gateway_telemetry_exported_total",
+                "Spans (signal traces) and usage records (signal logs) the OTLP collector accepted.",
+            ),
+            &["signal"],
+        )?;
+        let telemetry_dropped = IntCounterVec::new(
+            Opts::new(
+                "waycast_gateway_telemetry_dropped_total",
+                "Spans and usage records dropped, by signal and reason: queue_full (the collector is slower than the requests), export_failed (down, refusing, or past the deadline).",
+            ),
+            &["signal", "reason"],
+        )?;
         static SETS: AtomicU64 = AtomicU64::new(0);
         let metrics = Self {
             id: SETS.fetch_add(1, Ordering::Relaxed),
@@ -331,6 +349,8 @@ impl Metrics {
             queue_depth,
             queue_wait,
             queue_shed,
+            telemetry_exported,
+            telemetry_dropped,
         };
         for collector in metrics.collectors() {
             metrics.registry.register(collector)?;
@@ -371,6 +391,8 @@ impl Metrics {
             Box::new(self.queue_depth.clone()),
             Box::new(self.queue_wait.clone()),
             Box::new(self.queue_shed.clone()),
+            Box::new(self.telemetry_exported.clone()),
+            Box::new(self.telemetry_dropped.clone()),
         ]
     }
 

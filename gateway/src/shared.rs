@@ -32,6 +32,8 @@ pub struct Shared {
     pub workers: usize,
     /// The usage reports of this process (`crate::usage`).
     pub ledger: crate::usage::Ledger,
+    /// Where traces and usage records go (`crate::telemetry`).
+    pub telemetry: crate::telemetry::Telemetry,
     draining: AtomicBool,
 }
 
@@ -100,8 +102,13 @@ impl Shared {
         body_timeout: Duration,
         workers: usize,
         instance: String,
+        telemetry: Option<Arc<crate::telemetry::Destination>>,
     ) -> Self {
         let endpoints = metrics.endpoint_series.table().clone();
+        let counts = crate::telemetry::Counts {
+            exported: metrics.telemetry_exported.clone(),
+            dropped: metrics.telemetry_dropped.clone(),
+        };
         Self {
             workers: workers.max(1),
             config: ConfigStore::default(),
@@ -112,6 +119,7 @@ impl Shared {
             endpoints,
             fleet: Arc::default(),
             ledger: crate::usage::Ledger::new(instance),
+            telemetry: crate::telemetry::Telemetry::new(telemetry, counts),
             draining: AtomicBool::new(false),
         }
     }

@@ -215,7 +215,8 @@ mod tests {
             let meta = &mut secret.metadata;
             meta.labels = Some(labels.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect());
             meta.uid = Some("uid-1".into());
-            meta.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH));
+            meta.creation_timestamp =
+                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH));
             (meta.finalizers, meta.generation) = (Some(vec!["f".into()]), Some(3));
             meta.owner_references = Some(vec![OwnerReference { uid: "owner".into(), ..Default::default() }]);
             let Some(Read::Data { secret, .. }) = kept(secret) else { panic!("kept") };
@@ -224,7 +225,10 @@ mod tests {
         let key = labelled(&[("waycast.dev/api-key", "true"), ("team", "a")]);
         assert_eq!(key.metadata.labels, None, "a key Secret's labels are not kept");
         let meta = &key.metadata;
-        assert_eq!((&meta.uid, &meta.creation_timestamp, &meta.finalizers, meta.generation), (&None, &None, &None, None));
+        assert_eq!(
+            (&meta.uid, &meta.creation_timestamp, &meta.finalizers, meta.generation),
+            (&None, &None, &None, None)
+        );
         assert_eq!(
             (meta.name.as_deref(), meta.namespace.as_deref(), meta.resource_version.as_deref()),
             (Some("s"), Some("team"), Some("7")),

@@ -77,6 +77,10 @@ pub struct Facts {
     pub overhead_before: Duration,
     /// Events counted besides the request itself.
     pub tallies: Tallies,
+    /// Its trace, when telemetry is on (`crate::telemetry`).
+    pub trace: Option<Box<crate::telemetry::RequestTrace>>,
+    /// The output bound the client asked for.
+    pub max_tokens: Option<u64>,
 }
 
 impl Default for Facts {
@@ -99,6 +103,8 @@ impl Default for Facts {
             queued: None,
             overhead_before: Duration::ZERO,
             tallies: Tallies::default(),
+            trace: None,
+            max_tokens: None,
         }
     }
 }
@@ -263,9 +269,7 @@ impl Exchange {
         // The wall clock, read once for the key's month and the record.
         let read = std::cell::OnceCell::new();
         let wall = || {
-            *read.get_or_init(|| {
-                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default()
-            })
+            *read.get_or_init(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default())
         };
         let mut cost = None;
         // What the record says was used: what was charged when anything
@@ -336,6 +340,33 @@ impl Exchange {
         // flight (so a client that reads /metrics after its answer sees
         // them), else with the worker's next flush.
         super::series::written(&series, metrics.inflight.mine() == 0);
+        if let Some(trace) = facts.trace.as_deref()
+            && let Some(exporter) = self.shared.telemetry.exporter()
+        {
+            let done = crate::telemetry::Done {
+                wall: wall(),
+                started: self.started,
+                ended,
+                first_byte: outcome.first_byte,
+                method: self.method.as_str(),
+                path: self.path,
+                request_id: self.request_id.to_str().unwrap_or("-"),
+                model,
+                key,
+                tenant: facts.tenant.as_deref(),
+                class: facts.queued.as_ref().and_then(|(names, class, _)| names.get(*class)).map(String::as_str),
+                queued: facts.queued.as_ref().map(|(_, _, waited)| *waited),
+                stream: facts.stream,
+                status: outcome.status,
+                error: outcome.error,
+                tokens: usage,
+                max_tokens: facts.max_tokens,
+                cost: cost.map(|(money, currency)| (money.to_string(), currency)),
+                budgeted: facts.budget.is_some(),
+                endpoint: facts.endpoint.as_ref().map(|e| e.endpoint().address.to_string()),
+            };
+            crate::telemetry::finish(trace, &done, exporter);
+        }
         if facts.access_log && crate::access_log::enabled() {
             let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
             crate::access_log::record(&crate::access_log::AccessLine {

@@ -13,6 +13,7 @@ use super::exchange::{Tallies, Tally};
 use crate::error::GatewayError;
 use crate::request_id::REQUEST_ID;
 use crate::snapshot::{Backend, Route};
+use crate::telemetry::RequestTrace;
 use crate::upstream::endpoints::EndpointTable;
 use crate::upstream::pick::{InFlight, SetHandle};
 use crate::upstream::{UpstreamBody, UpstreamRequest};
@@ -94,7 +95,7 @@ pub async fn send(
     route: &Route,
     outgoing: &Outgoing<'_>,
     table: &EndpointTable,
-    tallies: &mut Tallies,
+    (tallies, mut trace): (&mut Tallies, Option<&mut RequestTrace>),
 ) -> Result<Forwarded, GatewayError> {
     route.retry_budget.request();
     let mut last_error = None;
@@ -105,8 +106,11 @@ pub async fn send(
         let backend = &route.backends[index];
         let endpoints = backend.endpoints.as_deref().and_then(|key| table.get_here(key)).filter(|set| !set.is_empty());
         let outcome = match endpoints {
-            None => send_to(route, backend, crate::per_worker::own_authority(&backend.authority), outgoing, None).await,
-            Some(set) => send_to_endpoints(route, backend, &set, outgoing, tallies).await,
+            None => {
+                let authority = crate::per_worker::own_authority(&backend.authority);
+                send_to(route, backend, authority, outgoing, None, trace.as_deref_mut()).await
+            }
+            Some(set) => send_to_endpoints(route, backend, &set, outgoing, (tallies, trace.as_deref_mut())).await,
         };
         match outcome {
             Ok(forwarded) => return Ok(forwarded),
@@ -142,7 +146,7 @@ async fn send_to_endpoints(
     backend: &Backend,
     set: &std::sync::Arc<SetHandle>,
     outgoing: &Outgoing<'_>,
-    tallies: &mut Tallies,
+    (tallies, mut trace): (&mut Tallies, Option<&mut RequestTrace>),
 ) -> Result<Forwarded, Failure> {
     let attempts = set.endpoints().len().min(MAX_ENDPOINT_ATTEMPTS);
     let mut tried = Vec::with_capacity(attempts);
@@ -153,7 +157,7 @@ async fn send_to_endpoints(
         tried.push(pick);
         let endpoint = &set.endpoints()[pick];
         let Some(authority) = endpoint.authority.as_ref().map(crate::per_worker::own_authority) else { continue };
-        let sent = send_to(route, backend, authority, outgoing, Some(set.start(pick))).await;
+        let sent = send_to(route, backend, authority, outgoing, Some(set.start(pick)), trace.as_deref_mut()).await;
         let retried = sent.as_ref().ok().and_then(|forwarded| route.balancing.retries(forwarded.response.status()));
         let reason = match (sent, retried) {
             (Ok(forwarded), Some(reason)) => {
@@ -186,6 +190,9 @@ async fn send_to_endpoints(
             }
         };
         tallies.note(Tally::Retry(reason));
+        if let Some(trace) = trace.as_deref_mut() {
+            trace.note_retry(reason);
+        }
     }
     Err(Failure::TryNextBackend(last))
 }
@@ -204,10 +211,33 @@ async fn send_to(
     authority: http::uri::Authority,
     outgoing: &Outgoing<'_>,
     in_flight: Option<InFlight>,
+    trace: Option<&mut RequestTrace>,
 ) -> Result<Forwarded, Failure> {
-    let request = build_request(route, backend, authority, outgoing)
+    let begun = trace.as_deref().map(RequestTrace::begin_attempt);
+    let endpoint = begun.as_ref().map(|_| authority.to_string());
+    let request = build_request(route, backend, authority, outgoing, begun.as_ref())
         .ok_or_else(|| Failure::Final(GatewayError::UpstreamFailed(route.name.to_string())))?;
     let sent_at = Instant::now();
+    let sent = attempt(route, backend, request, sent_at, in_flight).await;
+    if let (Some(trace), Some(begun), Some(endpoint)) = (trace, begun, endpoint) {
+        let (status, error) = match &sent {
+            Ok(forwarded) => (Some(forwarded.response.status().as_u16()), None),
+            Err(Failure::TryNextBackend(error) | Failure::Final(error)) => (None, Some(error.code())),
+            Err(Failure::Overloaded(forwarded)) => (Some(forwarded.response.status().as_u16()), None),
+        };
+        trace.end_attempt(begun, endpoint, status, error);
+    }
+    sent
+}
+
+/// The request sent, and how it went.
+async fn attempt(
+    route: &Route,
+    backend: &Backend,
+    request: UpstreamRequest,
+    sent_at: Instant,
+    in_flight: Option<InFlight>,
+) -> Result<Forwarded, Failure> {
     match tokio::time::timeout(route.timeouts.first_byte, backend.client.request(request)).await {
         Ok(Ok(response)) => {
             let headers_at = Instant::now();
@@ -249,6 +279,7 @@ fn build_request(
     backend: &Backend,
     authority: http::uri::Authority,
     outgoing: &Outgoing<'_>,
+    traced: Option<&crate::telemetry::Upstream>,
 ) -> Option<UpstreamRequest> {
     let extra = &route.forward_headers;
     let path = backend.paths.get(outgoing.endpoint)?;
@@ -280,6 +311,7 @@ fn build_request(
     let stamped = |name: &HeaderName| outgoing.inference.is_some() && (name == FAIRNESS_ID || name == OBJECTIVE);
     for (name, value) in outgoing.headers {
         if (forwardable(name) || (extra.allows(name.as_str()) && !is_client_credential(name)))
+            && !(traced.is_some() && (name == TRACEPARENT || name == TRACESTATE))
             && !backend.headers.contains_key(name)
             && !is_set_by_gateway(name)
             && !stamped(name)
@@ -299,6 +331,13 @@ fn build_request(
             if let Ok(value) = HeaderValue::from_str(value) {
                 head.header(name, &value);
             }
+        }
+    }
+    if let Some(traced) = traced {
+        // This attempt's span is the upstream's parent.
+        head.header(&TRACEPARENT, &traced.traceparent);
+        if let Some(state) = &traced.tracestate {
+            head.header(&TRACESTATE, state);
         }
     }
     head.header(&header::HOST, &backend.host);
@@ -337,6 +376,8 @@ fn is_set_by_gateway(name: &HeaderName) -> bool {
         || name == FORWARDED_PROTO
 }
 
+static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+static TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 static FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
@@ -442,7 +483,7 @@ mod tests {
             inference: None,
         };
         let backend = &route.backends[0];
-        let request = build_request(route, backend, backend.authority.clone(), &outgoing).unwrap();
+        let request = build_request(route, backend, backend.authority.clone(), &outgoing, None).unwrap();
         let wire = String::from_utf8(request.wire().to_vec()).unwrap();
         let (head, sent_body) = wire.split_once("\r\n\r\n").unwrap();
         let mut lines = head.split("\r\n");

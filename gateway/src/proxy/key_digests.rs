@@ -152,7 +152,8 @@ mod tests {
             assert!(find(&served, format!("bad-key-{n}").as_bytes()).is_none());
         }
         assert_eq!(remembered(), before, "a flood of bad keys leaves the memo as it was");
-        let many: Vec<(String, String)> = (0..REMEMBERED_KEYS + 10).map(|n| (format!("t/k{n}"), format!("key-{n}"))).collect();
+        let many: Vec<(String, String)> =
+            (0..REMEMBERED_KEYS + 10).map(|n| (format!("t/k{n}"), format!("key-{n}"))).collect();
         let pairs: Vec<(&str, &str)> = many.iter().map(|(id, text)| (id.as_str(), text.as_str())).collect();
         let large = snapshot(&pairs);
         for (id, text) in &pairs {

@@ -92,6 +92,7 @@ async fn serve(
     let endpoint = route::endpoint(&parts.method, parts.uri.path())?;
     let snapshot = shared.config.current_here().ok_or(GatewayError::NotReady)?;
     facts.access_log = snapshot.settings.access_log;
+    facts.trace = crate::telemetry::start(shared.telemetry.destination(snapshot.telemetry.as_ref()), &parts.headers);
     let key = route::admit(&snapshot, &parts.headers, jiff::Timestamp::now)?;
     facts.key = Some(own_name(&key.id));
     let endpoint_index = match endpoint {
@@ -112,7 +113,7 @@ async fn serve(
     let body_done = Instant::now();
     let fields = body::scan(&body)?;
     let route = route::route(&snapshot, key, &fields.model)?.route;
-    (facts.model, facts.stream) = (Some(own_name(&route.name)), fields.stream);
+    (facts.model, facts.stream, facts.max_tokens) = (Some(own_name(&route.name)), fields.stream, fields.max_tokens);
     facts.priced = route.prices.as_ref().map(|(prices, currency)| (*prices, own_name(currency)));
 
     let reservation =
@@ -157,7 +158,8 @@ async fn serve(
         affinity: route.balancing.affinity(&parts.headers, &body, fields.prompt_start),
         inference: forward::Inference::of(&snapshot.settings.sharing, key),
     };
-    let forwarded = forward::send(route, &outgoing, &shared.endpoints, &mut facts.tallies).await?;
+    let forwarded =
+        forward::send(route, &outgoing, &shared.endpoints, (&mut facts.tallies, facts.trace.as_deref_mut())).await?;
     respond::relay(forwarded, route, admitted.as_ref(), strip_usage, body_done, facts)
 }
 

@@ -52,6 +52,8 @@ pub struct Snapshot {
     pub zone: jiff::tz::TimeZone,
     /// The budget and usage counts it was built on.
     pub counts: crate::registry::Counts,
+    /// Where traces and usage records go (`settings.telemetry`).
+    pub telemetry: Option<Arc<crate::telemetry::Destination>>,
 }
 
 /// An entry of the config this pod does not serve.
@@ -204,7 +206,11 @@ impl Snapshot {
         let zone =
             waycast_crds::period::time_zone(&config.settings.budgets.time_zone).unwrap_or(jiff::tz::TimeZone::UTC);
         let counts = lent.counts();
-        Ok(Self { hash, settings: config.settings.clone(), keys, routes, by_name, redis, dropped, zone, counts })
+        // Validation refused a config whose telemetry has problems.
+        let telemetry =
+            config.settings.telemetry.as_ref().and_then(|t| crate::telemetry::Destination::of(t).ok()).map(Arc::new);
+        let settings = config.settings.clone();
+        Ok(Self { hash, settings, keys, routes, by_name, redis, dropped, zone, counts, telemetry })
     }
 
     /// A snapshot of `config` with resources of its own (tests, tools).

@@ -62,6 +62,8 @@ pub struct FixtureOptions {
     /// Data-plane workers (the binary's layout, two by default); None:
     /// served on the test's runtime.
     pub workers: Option<std::num::NonZeroUsize>,
+    /// The telemetry flags (the config's `settings.telemetry` wins).
+    pub telemetry: Option<waycast_crds::telemetry::TelemetryConfig>,
 }
 
 impl Default for FixtureOptions {
@@ -77,6 +79,7 @@ impl Default for FixtureOptions {
             endpoints_file: false,
             usage_file: false,
             workers: std::num::NonZeroUsize::new(2),
+            telemetry: None,
         }
     }
 }
@@ -113,6 +116,7 @@ impl Fixture {
             idle_timeout: options.idle_timeout,
             heartbeat: None,
             workers: options.workers,
+            telemetry: options.telemetry.clone(),
         })
         .await
         .expect("gateway starts");

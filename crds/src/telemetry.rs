@@ -1,0 +1,170 @@
+//! Telemetry: where a Gateway's pods send their traces and usage records
+//! (OTLP over HTTP), as the platform team writes it
+//! (`Gateway.spec.telemetry`) and as the pods read it
+//! (`settings.telemetry` of the config).
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Most resource attributes a Gateway adds to what its pods send.
+pub const MAX_RESOURCE_ATTRIBUTES: usize = 32;
+/// Most headers sent with each export.
+pub const MAX_HEADERS: usize = 16;
+
+/// `Gateway.spec.telemetry`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayTelemetry {
+    /// The OTLP/HTTP base URL, as `OTEL_EXPORTER_OTLP_ENDPOINT` (e.g.
+    /// `http://otel-collector.observability:4318`): traces go to
+    /// `/v1/traces`, usage records to `/v1/logs`.
+    #[schemars(length(min = 8, max = 2048), pattern(r"^https?://[^\s]+$"))]
+    pub endpoint: String,
+    /// The share of new traces recorded, from 0 to 1. A request that
+    /// continues a client's trace follows the client's decision (when
+    /// `trustClientTraceContext`). Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub sampling: Option<f64>,
+    /// A Secret in the Gateway's namespace whose entries are sent as
+    /// headers with every export (e.g. `authorization`). It must carry the
+    /// label `waycast.dev/credential: "true"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headers_secret_ref: Option<crate::common::SecretRef>,
+    /// Attributes added to the resource of everything the pods send
+    /// (`service.name` is `waycast-gateway` unless set here).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(length(max = 32))]
+    pub resource_attributes: BTreeMap<String, String>,
+    /// Continue the trace a client's `traceparent` names, and its sampling
+    /// decision. False: every request starts a trace of its own (the
+    /// client's header is still not passed upstream). Default true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trust_client_trace_context: Option<bool>,
+    /// Send each finished request's usage record as an OTLP log record.
+    /// Default true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage_logs: Option<bool>,
+}
+
+/// A sampling ratio from 0 to 1 (validated: never NaN, so equality holds).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq)]
+#[serde(transparent)]
+pub struct Ratio(pub f64);
+
+impl Eq for Ratio {}
+
+impl Default for Ratio {
+    fn default() -> Self {
+        Self(1.0)
+    }
+}
+
+/// `settings.telemetry` of the config.
+#[derive(Serialize, Deserialize, Clone, Default, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TelemetryConfig {
+    /// The OTLP/HTTP base URL.
+    pub endpoint: String,
+    /// The share of new traces recorded.
+    #[serde(default)]
+    pub sampling: Ratio,
+    /// Headers sent with every export.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
+    /// Resource attributes.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub resource_attributes: BTreeMap<String, String>,
+    /// Whether a client's `traceparent` is continued.
+    #[serde(default = "yes")]
+    pub trust_client_trace_context: bool,
+    /// Whether usage records are exported as logs.
+    #[serde(default = "yes")]
+    pub usage_logs: bool,
+}
+
+impl std::fmt::Debug for TelemetryConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Header values (tokens) never reach a log line.
+        let headers: Vec<&str> = self.headers.keys().map(String::as_str).collect();
+        f.debug_struct("TelemetryConfig")
+            .field("endpoint", &self.endpoint)
+            .field("sampling", &self.sampling.0)
+            .field("headers", &headers)
+            .field("resource_attributes", &self.resource_attributes)
+            .field("trust_client_trace_context", &self.trust_client_trace_context)
+            .field("usage_logs", &self.usage_logs)
+            .finish()
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// At most 64 characters of what was written, for a message.
+fn shown(text: &str) -> String {
+    text.chars().take(64).collect()
+}
+
+impl TelemetryConfig {
+    /// What is wrong with it, each problem on its own line (empty: fine).
+    pub fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        let scheme_ok = self.endpoint.starts_with("http://") || self.endpoint.starts_with("https://");
+        if !scheme_ok || self.endpoint.parse::<http::Uri>().is_err() || self.endpoint.len() > 2048 {
+            problems.push(format!("endpoint {:?} is not an http(s) URL", shown(&self.endpoint)));
+        }
+        if !(0.0..=1.0).contains(&self.sampling.0) {
+            problems.push(format!("sampling {} is not between 0 and 1", self.sampling.0));
+        }
+        if self.headers.len() > MAX_HEADERS {
+            problems.push(format!("{} headers: at most {MAX_HEADERS}", self.headers.len()));
+        }
+        for (name, value) in &self.headers {
+            if http::HeaderName::from_bytes(name.as_bytes()).is_err() || http::HeaderValue::from_str(value).is_err() {
+                problems.push(format!("header {:?} is not a valid HTTP header", shown(name)));
+            }
+        }
+        if self.resource_attributes.len() > MAX_RESOURCE_ATTRIBUTES {
+            problems.push(format!(
+                "{} resource attributes: at most {MAX_RESOURCE_ATTRIBUTES}",
+                self.resource_attributes.len()
+            ));
+        }
+        for (key, value) in &self.resource_attributes {
+            if key.is_empty() || key.len() > 256 || value.len() > 1024 {
+                let key = shown(key);
+                problems.push(format!("resource attribute {key:?}: a key of 1 to 256 bytes, a value of at most 1,024"));
+            }
+        }
+        problems
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
+
+    use super::*;
+
+    fn config(endpoint: &str) -> TelemetryConfig {
+        TelemetryConfig { endpoint: endpoint.into(), ..TelemetryConfig::default() }
+    }
+
+    #[test]
+    fn defaults_and_the_problems_of_each_field() {
+        let read: TelemetryConfig = serde_json::from_str(r#"{"endpoint":"http://collector:4318"}"#).unwrap();
+        assert_eq!((read.sampling, read.trust_client_trace_context, read.usage_logs), (Ratio(1.0), true, true));
+        assert!(read.problems().is_empty());
+        assert_eq!(config("ftp://collector").problems().len(), 1);
+        assert_eq!(config("http://bad host").problems().len(), 1);
+        let mut bad = config("https://collector:4318");
+        bad.sampling = Ratio(1.5);
+        bad.headers.insert("bad header".into(), "v".into());
+        bad.resource_attributes.insert(String::new(), "v".into());
+        assert_eq!(bad.problems().len(), 3, "{:?}", bad.problems());
+    }
+}

@@ -1,0 +1,27 @@
+//! The HTTP client exports go through: hyper's, over rustls for `https`
+//! endpoints (the public roots), plain for `http`.
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+/// A pooled client for the collector.
+pub struct Http(Client<HttpsConnector<HttpConnector>, Full<Bytes>>);
+
+impl Http {
+    pub fn new() -> Self {
+        let connector =
+            hyper_rustls::HttpsConnectorBuilder::new().with_webpki_roots().https_or_http().enable_http1().build();
+        Self(Client::builder(TokioExecutor::new()).build(connector))
+    }
+
+    pub async fn request(
+        &self,
+        request: http::Request<Full<Bytes>>,
+    ) -> Result<http::Response<hyper::body::Incoming>, hyper_util::client::legacy::Error> {
+        self.0.request(request).await
+    }
+}

@@ -1,0 +1,176 @@
+//! Sends spans and usage records to the collector, off the request path: a
+//! request hands its records to a bounded queue and never waits; a thread
+//! of its own batches them (up to [`BATCH`] or every [`EVERY`]) and POSTs
+//! each batch once, with a deadline. A full queue, or a collector that is
+//! down, slow or refusing, drops the records and counts them
+//! (`waycast_gateway_telemetry_dropped_total`): memory stays bounded
+//! whatever the collector does.
+
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Full};
+use prometheus::IntCounterVec;
+
+use super::Destination;
+use super::otlp::{self, LogRecord, Span};
+
+/// Records waiting at most (spans and log records together).
+pub const QUEUE: usize = 8192;
+/// Records in one export at most.
+const BATCH: usize = 512;
+/// Longest a record waits for its batch.
+const EVERY: Duration = Duration::from_secs(1);
+/// Longest one export may take.
+const DEADLINE: Duration = Duration::from_secs(5);
+
+/// What a finished request sends.
+pub enum Item {
+    Span(Span),
+    Log(LogRecord),
+}
+
+impl Item {
+    fn signal(&self) -> &'static str {
+        match self {
+            Self::Span(_) => "traces",
+            Self::Log(_) => "logs",
+        }
+    }
+}
+
+/// The counts the exporter keeps.
+#[derive(Clone)]
+pub struct Counts {
+    /// Records sent and accepted, by signal.
+    pub exported: IntCounterVec,
+    /// Records dropped, by signal and reason (`queue_full`, `export_failed`).
+    pub dropped: IntCounterVec,
+}
+
+/// The request path's end of the queue.
+pub struct Exporter {
+    queue: SyncSender<(Arc<Destination>, Item)>,
+    counts: Counts,
+}
+
+impl Exporter {
+    /// Starts the sending thread.
+    ///
+    /// # Errors
+    /// The thread could not be started.
+    pub fn start(counts: Counts) -> std::io::Result<Self> {
+        let (queue, receiver) = sync_channel(QUEUE);
+        let sender_counts = counts.clone();
+        std::thread::Builder::new()
+            .name("otlp-export".into())
+            .spawn(move || send_batches(&receiver, &sender_counts))?;
+        Ok(Self { queue, counts })
+    }
+
+    /// Queues `item` for `destination`, or drops it (counted) when the
+    /// queue is full.
+    pub fn send(&self, destination: &Arc<Destination>, item: Item) {
+        let signal = item.signal();
+        if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) =
+            self.queue.try_send((destination.clone(), item))
+        {
+            self.counts.dropped.with_label_values(&[signal, "queue_full"]).inc();
+        }
+    }
+}
+
+fn send_batches(receiver: &Receiver<(Arc<Destination>, Item)>, counts: &Counts) {
+    let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+        tracing::error!("telemetry: cannot start the export runtime; records are dropped");
+        return;
+    };
+    let http = super::client::Http::new();
+    let mut batch: Vec<(Arc<Destination>, Item)> = Vec::with_capacity(BATCH);
+    let mut deadline = Instant::now() + EVERY;
+    loop {
+        match receiver.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(item) => {
+                batch.push(item);
+                if batch.len() < BATCH {
+                    continue;
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => {
+                runtime.block_on(export(&http, std::mem::take(&mut batch), counts));
+                return;
+            }
+        }
+        if !batch.is_empty() {
+            runtime.block_on(export(&http, std::mem::take(&mut batch), counts));
+        }
+        deadline = Instant::now() + EVERY;
+    }
+}
+
+/// One POST per destination and signal.
+async fn export(http: &super::client::Http, batch: Vec<(Arc<Destination>, Item)>, counts: &Counts) {
+    let mut groups: Vec<(Arc<Destination>, Vec<Span>, Vec<LogRecord>)> = Vec::new();
+    for (destination, item) in batch {
+        let at = match groups.iter().position(|(d, ..)| Arc::ptr_eq(d, &destination) || **d == *destination) {
+            Some(at) => at,
+            None => {
+                groups.push((destination, Vec::new(), Vec::new()));
+                groups.len() - 1
+            }
+        };
+        match item {
+            Item::Span(span) => groups[at].1.push(span),
+            Item::Log(record) => groups[at].2.push(record),
+        }
+    }
+    for (destination, spans, records) in groups {
+        if !spans.is_empty() {
+            let body = otlp::traces(&destination.source, &spans);
+            post(http, &destination, "traces", body, spans.len(), counts).await;
+        }
+        if !records.is_empty() {
+            let body = otlp::logs(&destination.source, &records);
+            post(http, &destination, "logs", body, records.len(), counts).await;
+        }
+    }
+}
+
+async fn post(
+    http: &super::client::Http,
+    destination: &Destination,
+    signal: &'static str,
+    body: Vec<u8>,
+    records: usize,
+    counts: &Counts,
+) {
+    let count = u64::try_from(records).unwrap_or(u64::MAX);
+    let url = format!("{}/v1/{signal}", destination.endpoint.trim_end_matches('/'));
+    let mut request = http::Request::post(&url).header(http::header::CONTENT_TYPE, "application/x-protobuf");
+    for (name, value) in &destination.headers {
+        request = request.header(name, value);
+    }
+    let Ok(request) = request.body(Full::new(Bytes::from(body))) else {
+        counts.dropped.with_label_values(&[signal, "export_failed"]).inc_by(count);
+        return;
+    };
+    let sent = tokio::time::timeout(DEADLINE, async {
+        let response = http.request(request).await.map_err(|e| e.to_string())?;
+        let status = response.status();
+        // The answer is read (an empty partial success is success).
+        let _ = response.into_body().collect().await;
+        if status.is_success() { Ok(()) } else { Err(format!("status {status}")) }
+    })
+    .await
+    .unwrap_or_else(|_| Err("timed out".into()));
+    match sent {
+        Ok(()) => counts.exported.with_label_values(&[signal]).inc_by(count),
+        Err(error) => {
+            tracing::debug!(%url, %error, "telemetry: export failed; its records are dropped");
+            counts.dropped.with_label_values(&[signal, "export_failed"]).inc_by(count);
+        }
+    }
+}

@@ -1,0 +1,414 @@
+//! Traces and usage records over OTLP/HTTP.
+//!
+//! ```text
+//! request ─► start: traceparent (trusted?) → trace id, parent, sampled?
+//!   forward ─► each attempt: a span id, `traceparent` sent upstream
+//!   record ─► finish: server span + attempt spans (sampled) and the usage
+//!             record (every request) ─► Exporter queue (bounded, try_send)
+//!                                        └─► thread: batch ─► POST /v1/traces, /v1/logs
+//! ```
+//!
+//! Off (no endpoint in the config or the flags), a request pays one
+//! branch. Every attribute comes from what the gateway decided or
+//! counted: no client-controlled text but the model name the route
+//! matched and the ids it logs anyway.
+
+pub mod client;
+pub mod exporter;
+pub mod otlp;
+pub mod trace_context;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::HeaderMap;
+use waycast_crds::telemetry::TelemetryConfig;
+
+pub use exporter::{Counts, Exporter, Item};
+use otlp::{LogRecord, Span, SpanKind, Value};
+use trace_context::SpanContext;
+
+/// Where and how a Gateway's records go (its config's, or the flags').
+#[derive(Debug, PartialEq)]
+pub struct Destination {
+    /// The OTLP/HTTP base URL.
+    pub endpoint: String,
+    /// Headers of every export.
+    pub headers: Vec<(http::HeaderName, http::HeaderValue)>,
+    /// The resource and scope.
+    pub source: otlp::Source,
+    /// The share of new traces recorded.
+    pub sampling: f64,
+    /// Whether a client's trace is continued.
+    pub trust_client: bool,
+    /// Whether usage records are sent.
+    pub usage_logs: bool,
+}
+
+impl Destination {
+    /// From the config's (or the flags') settings.
+    ///
+    /// # Errors
+    /// What is wrong with them.
+    pub fn of(config: &TelemetryConfig) -> Result<Self, String> {
+        let problems = config.problems();
+        if !problems.is_empty() {
+            return Err(problems.join("; "));
+        }
+        let headers = config
+            .headers
+            .iter()
+            .filter_map(|(name, value)| {
+                Some((http::HeaderName::from_bytes(name.as_bytes()).ok()?, http::HeaderValue::from_str(value).ok()?))
+            })
+            .collect();
+        let mut resource: Vec<(String, Value)> = Vec::new();
+        if !config.resource_attributes.contains_key("service.name") {
+            resource.push(("service.name".into(), "waycast-gateway".into()));
+        }
+        resource.push(("service.version".into(), env!("CARGO_PKG_VERSION").into()));
+        resource.extend(config.resource_attributes.iter().map(|(k, v)| (k.clone(), Value::from(v.as_str()))));
+        Ok(Self {
+            endpoint: config.endpoint.clone(),
+            headers,
+            source: otlp::Source { resource, scope_name: "waycast", scope_version: env!("CARGO_PKG_VERSION") },
+            sampling: config.sampling.0,
+            trust_client: config.trust_client_trace_context,
+            usage_logs: config.usage_logs,
+        })
+    }
+}
+
+/// A gateway's telemetry: the flags' destination, and the exporter,
+/// started when the first record is sent.
+pub struct Telemetry {
+    flags: Option<Arc<Destination>>,
+    counts: Counts,
+    exporter: std::sync::OnceLock<Option<Exporter>>,
+}
+
+impl Telemetry {
+    pub fn new(flags: Option<Arc<Destination>>, counts: Counts) -> Self {
+        Self { flags, counts, exporter: std::sync::OnceLock::new() }
+    }
+
+    /// Where this request's records go: the config's destination, else
+    /// the flags'.
+    pub fn destination<'a>(&'a self, configured: Option<&'a Arc<Destination>>) -> Option<&'a Arc<Destination>> {
+        configured.or(self.flags.as_ref())
+    }
+
+    /// The exporter (`None` when its thread could not start: logged once).
+    pub fn exporter(&self) -> Option<&Exporter> {
+        self.exporter
+            .get_or_init(|| {
+                Exporter::start(self.counts.clone())
+                    .inspect_err(|error| tracing::error!(%error, "telemetry: cannot start the exporter"))
+                    .ok()
+            })
+            .as_ref()
+    }
+}
+
+/// One request's trace, from its start to its record.
+pub struct RequestTrace {
+    pub destination: Arc<Destination>,
+    /// The request's own (server) span.
+    pub context: SpanContext,
+    /// The client's span it continues.
+    pub parent: Option<[u8; 8]>,
+    /// The client's `tracestate`, passed on.
+    pub state: Option<String>,
+    /// Each upstream attempt, in order.
+    pub attempts: Vec<Attempt>,
+}
+
+/// One upstream attempt (a child span).
+pub struct Attempt {
+    pub span_id: [u8; 8],
+    pub started: Instant,
+    pub ended: Instant,
+    /// `host:port` tried.
+    pub endpoint: String,
+    /// The status it answered, if it did.
+    pub status: Option<u16>,
+    /// Why it failed, if it did.
+    pub error: Option<&'static str>,
+    /// Why another attempt followed it, if one did.
+    pub retried: Option<&'static str>,
+}
+
+/// An attempt begun: its span, and the headers that make it the
+/// upstream's parent.
+pub struct Upstream {
+    pub span_id: [u8; 8],
+    pub started: Instant,
+    pub traceparent: http::HeaderValue,
+    pub tracestate: Option<http::HeaderValue>,
+}
+
+impl RequestTrace {
+    /// A new attempt's span and headers.
+    pub fn begin_attempt(&self) -> Upstream {
+        let span_id = trace_context::new_span_id();
+        let traceparent = SpanContext { span_id, ..self.context }.traceparent();
+        Upstream {
+            span_id,
+            started: Instant::now(),
+            // Hex and dashes: always a valid header value.
+            traceparent: http::HeaderValue::from_str(&traceparent).unwrap_or(http::HeaderValue::from_static("")),
+            tracestate: self.state.as_deref().and_then(|state| http::HeaderValue::from_str(state).ok()),
+        }
+    }
+
+    /// The attempt `begun` at `endpoint` ended now: with a response's
+    /// `status`, or an `error`.
+    pub fn end_attempt(&mut self, begun: Upstream, endpoint: String, status: Option<u16>, error: Option<&'static str>) {
+        self.attempts.push(Attempt {
+            span_id: begun.span_id,
+            started: begun.started,
+            ended: Instant::now(),
+            endpoint,
+            status,
+            error,
+            retried: None,
+        });
+    }
+
+    /// Another attempt follows the last one, for `reason`.
+    pub fn note_retry(&mut self, reason: &'static str) {
+        if let Some(last) = self.attempts.last_mut() {
+            last.retried = Some(reason);
+        }
+    }
+}
+
+/// The trace a request starts (or continues), when telemetry is on.
+pub fn start(destination: Option<&Arc<Destination>>, headers: &HeaderMap) -> Option<Box<RequestTrace>> {
+    let destination = destination?;
+    let mut parents = headers.get_all("traceparent").iter();
+    // Two traceparent headers: a trace of its own, as the recommendation says.
+    let parent = match (parents.next(), parents.next()) {
+        (Some(value), None) if destination.trust_client => trace_context::parse_traceparent(value.as_bytes()),
+        _ => None,
+    };
+    let state = parent
+        .and(headers.get("tracestate"))
+        .and_then(|value| trace_context::usable_trace_state(value.as_bytes()))
+        .map(str::to_owned);
+    let trace_id = parent.map_or_else(trace_context::new_trace_id, |p| p.trace_id);
+    let sampled = parent.map_or_else(|| trace_context::sampled_at(destination.sampling, &trace_id), |p| p.sampled);
+    Some(Box::new(RequestTrace {
+        destination: destination.clone(),
+        context: SpanContext { trace_id, span_id: trace_context::new_span_id(), sampled },
+        parent: parent.map(|p| p.span_id),
+        state,
+        attempts: Vec::new(),
+    }))
+}
+
+/// What the request was, once it ended: the record's fields.
+pub struct Done<'a> {
+    /// The wall clock at `ended`, since the Unix epoch.
+    pub wall: Duration,
+    pub started: Instant,
+    pub ended: Instant,
+    pub first_byte: Option<Instant>,
+    pub method: &'a str,
+    pub path: &'a str,
+    pub request_id: &'a str,
+    pub model: &'a str,
+    pub key: &'a str,
+    pub tenant: Option<&'a str>,
+    pub class: Option<&'a str>,
+    pub queued: Option<Duration>,
+    pub stream: bool,
+    pub status: u16,
+    pub error: Option<&'a str>,
+    /// (prompt, cached, completion).
+    pub tokens: (u64, u64, u64),
+    pub max_tokens: Option<u64>,
+    /// Decimal text and currency.
+    pub cost: Option<(String, &'a str)>,
+    /// Whether budgets were reserved for it.
+    pub budgeted: bool,
+    pub endpoint: Option<String>,
+}
+
+impl Done<'_> {
+    /// Nanoseconds since the Unix epoch of `at` (at or before `ended`).
+    fn unix_nanos(&self, at: Instant) -> u64 {
+        let wall = u64::try_from(self.wall.as_nanos()).unwrap_or(u64::MAX);
+        let before = u64::try_from(self.ended.saturating_duration_since(at).as_nanos()).unwrap_or(u64::MAX);
+        wall.saturating_sub(before)
+    }
+}
+
+/// The GenAI operation a path is.
+pub fn operation(path: &str) -> &'static str {
+    match path {
+        "/v1/chat/completions" | "/v1/responses" | "/v1/messages" => "chat",
+        "/v1/completions" => "text_completion",
+        "/v1/embeddings" => "embeddings",
+        _ => "other",
+    }
+}
+
+/// Sends what the request leaves: its spans when sampled, its usage record
+/// when usage logs are on.
+pub fn finish(trace: &RequestTrace, done: &Done<'_>, exporter: &Exporter) {
+    for item in items(trace, done) {
+        exporter.send(&trace.destination, item);
+    }
+}
+
+/// What [`finish`] sends.
+fn items(trace: &RequestTrace, done: &Done<'_>) -> Vec<Item> {
+    let mut items = Vec::with_capacity(2 + trace.attempts.len());
+    if trace.context.sampled {
+        items.push(Item::Span(server_span(trace, done)));
+        for attempt in &trace.attempts {
+            items.push(Item::Span(attempt_span(trace, attempt, done)));
+        }
+    }
+    // A request that never named a model used nothing: no usage record.
+    if trace.destination.usage_logs && done.model != "unknown" {
+        let traced = trace.context.sampled.then_some((trace.context.trace_id, trace.context.span_id));
+        items.push(Item::Log(usage_record(done, traced)));
+    }
+    items
+}
+
+fn server_span(trace: &RequestTrace, done: &Done<'_>) -> Span {
+    let operation = operation(done.path);
+    let mut attributes: otlp::Attributes = vec![
+        ("gen_ai.operation.name", operation.into()),
+        ("gen_ai.provider.name", "waycast".into()),
+        ("gen_ai.request.model", done.model.into()),
+        ("gen_ai.response.model", done.model.into()),
+        ("gen_ai.usage.input_tokens", done.tokens.0.into()),
+        ("gen_ai.usage.output_tokens", done.tokens.2.into()),
+        ("http.request.method", done.method.into()),
+        ("http.route", done.path.into()),
+        ("http.response.status_code", u64::from(done.status).into()),
+        ("waycast.request_id", done.request_id.into()),
+        ("waycast.key", done.key.into()),
+        ("waycast.stream", done.stream.into()),
+    ];
+    if let Some(max) = done.max_tokens {
+        attributes.push(("gen_ai.request.max_tokens", max.into()));
+    }
+    if done.tokens.1 > 0 {
+        attributes.push(("gen_ai.usage.cache_read.input_tokens", done.tokens.1.into()));
+    }
+    if let Some(tenant) = done.tenant {
+        attributes.push(("waycast.tenant", tenant.into()));
+    }
+    if let Some(class) = done.class {
+        attributes.push(("waycast.class", class.into()));
+    }
+    if let Some(waited) = done.queued {
+        attributes.push(("waycast.queue_wait_seconds", waited.as_secs_f64().into()));
+    }
+    if done.budgeted {
+        attributes.push(("waycast.budget", "reserved".into()));
+    }
+    if let Some((cost, currency)) = &done.cost {
+        attributes.push(("waycast.cost", cost.clone().into()));
+        attributes.push(("waycast.currency", (*currency).into()));
+    }
+    if let Some(error) = done.error {
+        attributes.push(("error.type", error.into()));
+    }
+    let events =
+        done.first_byte.map(|at| (done.unix_nanos(at), "gen_ai.first_token", Vec::new())).into_iter().collect();
+    Span {
+        trace_id: trace.context.trace_id,
+        span_id: trace.context.span_id,
+        parent_span_id: trace.parent,
+        trace_state: trace.state.clone(),
+        name: format!("{operation} {}", done.model),
+        kind: SpanKind::Server,
+        start_unix_nanos: done.unix_nanos(done.started),
+        end_unix_nanos: done.unix_nanos(done.ended),
+        attributes,
+        events,
+        error: done.error.filter(|_| done.status >= 500 || done.status == 0).map(str::to_owned),
+    }
+}
+
+fn attempt_span(trace: &RequestTrace, attempt: &Attempt, done: &Done<'_>) -> Span {
+    let (address, port) = attempt.endpoint.rsplit_once(':').unwrap_or((attempt.endpoint.as_str(), ""));
+    let mut attributes: otlp::Attributes = vec![
+        ("gen_ai.operation.name", operation(done.path).into()),
+        ("gen_ai.request.model", done.model.into()),
+        ("server.address", address.into()),
+    ];
+    if let Ok(port) = port.parse::<u64>() {
+        attributes.push(("server.port", port.into()));
+    }
+    if let Some(status) = attempt.status {
+        attributes.push(("http.response.status_code", u64::from(status).into()));
+    }
+    if let Some(error) = attempt.error {
+        attributes.push(("error.type", error.into()));
+    }
+    if let Some(reason) = attempt.retried {
+        attributes.push(("waycast.retry_reason", reason.into()));
+    }
+    Span {
+        trace_id: trace.context.trace_id,
+        span_id: attempt.span_id,
+        parent_span_id: Some(trace.context.span_id),
+        trace_state: trace.state.clone(),
+        name: format!("{} {}", operation(done.path), done.model),
+        kind: SpanKind::Client,
+        start_unix_nanos: done.unix_nanos(attempt.started),
+        end_unix_nanos: done.unix_nanos(attempt.ended),
+        attributes,
+        events: Vec::new(),
+        error: attempt.error.map(str::to_owned),
+    }
+}
+
+/// The usage record: the access line's fields, as a log record.
+fn usage_record(done: &Done<'_>, traced: Option<([u8; 16], [u8; 8])>) -> LogRecord {
+    let mut attributes: otlp::Attributes = vec![
+        ("waycast.request_id", done.request_id.into()),
+        ("waycast.key", done.key.into()),
+        ("gen_ai.request.model", done.model.into()),
+        ("http.response.status_code", u64::from(done.status).into()),
+        ("gen_ai.usage.input_tokens", done.tokens.0.into()),
+        ("gen_ai.usage.output_tokens", done.tokens.2.into()),
+        ("gen_ai.usage.cache_read.input_tokens", done.tokens.1.into()),
+        ("waycast.duration_seconds", done.ended.saturating_duration_since(done.started).as_secs_f64().into()),
+        ("waycast.stream", done.stream.into()),
+    ];
+    if let Some(endpoint) = &done.endpoint {
+        attributes.push(("waycast.backend", endpoint.clone().into()));
+    }
+    if let Some(first) = done.first_byte {
+        attributes.push((
+            "waycast.time_to_first_token_seconds",
+            first.saturating_duration_since(done.started).as_secs_f64().into(),
+        ));
+    }
+    if let Some((cost, currency)) = &done.cost {
+        attributes.push(("waycast.cost", cost.clone().into()));
+        attributes.push(("waycast.currency", (*currency).into()));
+    }
+    if let Some(error) = done.error {
+        attributes.push(("error.type", error.into()));
+    }
+    LogRecord {
+        time_unix_nanos: done.unix_nanos(done.ended),
+        event_name: "waycast.usage",
+        body: done.request_id.into(),
+        attributes,
+        trace: traced,
+    }
+}
+
+#[cfg(test)]
+#[path = "tests.rs"]
+mod tests;

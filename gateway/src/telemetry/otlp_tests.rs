@@ -1,0 +1,214 @@
+#![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
+
+use super::*;
+
+/// A protobuf field as the wire has it: a number or bytes (nested
+/// messages are decoded again from their bytes). An independent reading
+/// of the wire format, so that the encoder is not checked against itself.
+#[derive(Debug, Clone, PartialEq)]
+enum Wire {
+    Varint(u64),
+    Fixed64(u64),
+    Bytes(Vec<u8>),
+}
+
+fn read_varint(bytes: &[u8], at: &mut usize) -> u64 {
+    let (mut value, mut shift) = (0_u64, 0);
+    loop {
+        let byte = bytes[*at];
+        *at += 1;
+        value |= u64::from(byte & 0x7f) << shift;
+        if byte < 0x80 {
+            return value;
+        }
+        shift += 7;
+    }
+}
+
+fn decode(bytes: &[u8]) -> Vec<(u64, Wire)> {
+    let (mut fields, mut at) = (Vec::new(), 0);
+    while at < bytes.len() {
+        let tag = read_varint(bytes, &mut at);
+        let value = match tag & 7 {
+            0 => Wire::Varint(read_varint(bytes, &mut at)),
+            1 => {
+                let value = u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
+                at += 8;
+                Wire::Fixed64(value)
+            }
+            2 => {
+                let len = usize::try_from(read_varint(bytes, &mut at)).unwrap();
+                let value = bytes[at..at + len].to_vec();
+                at += len;
+                Wire::Bytes(value)
+            }
+            other => panic!("wire type {other} is not written"),
+        };
+        fields.push((tag >> 3, value));
+    }
+    fields
+}
+
+fn all(bytes: &[u8], field: u64) -> Vec<Wire> {
+    decode(bytes).into_iter().filter(|(f, _)| *f == field).map(|(_, v)| v).collect()
+}
+
+fn one(bytes: &[u8], field: u64) -> Wire {
+    let mut found = all(bytes, field);
+    assert_eq!(found.len(), 1, "field {field} once in {:?}", decode(bytes));
+    found.remove(0)
+}
+
+fn bytes_of(wire: Wire) -> Vec<u8> {
+    match wire {
+        Wire::Bytes(bytes) => bytes,
+        other => panic!("not bytes: {other:?}"),
+    }
+}
+
+fn text(bytes: &[u8], field: u64) -> String {
+    String::from_utf8(bytes_of(one(bytes, field))).unwrap()
+}
+
+/// The attributes of a message (repeated KeyValue at `field`) by key.
+fn attributes(bytes: &[u8], field: u64) -> Vec<(String, Wire)> {
+    all(bytes, field)
+        .into_iter()
+        .map(|kv| {
+            let kv = bytes_of(kv);
+            let value = decode(&bytes_of(one(&kv, 2)));
+            assert_eq!(value.len(), 1, "one of AnyValue's fields");
+            let (number, wire) = value.into_iter().next().unwrap();
+            let wire = match (number, wire) {
+                (1, Wire::Bytes(text)) => Wire::Bytes(text),
+                (2 | 3, Wire::Varint(n)) => Wire::Varint(n),
+                (4, Wire::Fixed64(n)) => Wire::Fixed64(n),
+                other => panic!("unexpected AnyValue {other:?}"),
+            };
+            (text(&kv, 1), wire)
+        })
+        .collect()
+}
+
+fn source() -> Source {
+    Source {
+        resource: vec![("service.name".into(), "waycast-gateway".into())],
+        scope_name: "waycast",
+        scope_version: "0.1.0",
+    }
+}
+
+#[test]
+fn a_span_is_written_with_every_field_in_its_place() {
+    let span = Span {
+        trace_id: [1; 16],
+        span_id: [2; 8],
+        parent_span_id: Some([3; 8]),
+        trace_state: Some("rojo=1".into()),
+        name: "chat llama".into(),
+        kind: SpanKind::Server,
+        start_unix_nanos: 1_800_000_000_000_000_000,
+        end_unix_nanos: 1_800_000_000_500_000_000,
+        attributes: vec![
+            ("gen_ai.request.model", "llama".into()),
+            ("gen_ai.usage.input_tokens", Value::Int(-1)),
+            ("waycast.streamed", true.into()),
+            ("waycast.cost", 0.25.into()),
+        ],
+        events: vec![(1_800_000_000_100_000_000, "gen_ai.first_token", vec![])],
+        error: Some("upstream_timeout".into()),
+    };
+    let request = traces(&source(), &[span]);
+    let resource_spans = bytes_of(one(&request, 1));
+    let resource = bytes_of(one(&resource_spans, 1));
+    assert_eq!(attributes(&resource, 1), vec![("service.name".into(), Wire::Bytes(b"waycast-gateway".to_vec()))]);
+    let scope_spans = bytes_of(one(&resource_spans, 2));
+    let scope = bytes_of(one(&scope_spans, 1));
+    assert_eq!((text(&scope, 1), text(&scope, 2)), ("waycast".into(), "0.1.0".into()));
+    let written = bytes_of(one(&scope_spans, 2));
+    assert_eq!(one(&written, 1), Wire::Bytes(vec![1; 16]));
+    assert_eq!(one(&written, 2), Wire::Bytes(vec![2; 8]));
+    assert_eq!(text(&written, 3), "rojo=1");
+    assert_eq!(one(&written, 4), Wire::Bytes(vec![3; 8]));
+    assert_eq!(text(&written, 5), "chat llama");
+    assert_eq!(one(&written, 6), Wire::Varint(2));
+    assert_eq!(one(&written, 7), Wire::Fixed64(1_800_000_000_000_000_000));
+    assert_eq!(one(&written, 8), Wire::Fixed64(1_800_000_000_500_000_000));
+    assert_eq!(
+        attributes(&written, 9),
+        vec![
+            ("gen_ai.request.model".into(), Wire::Bytes(b"llama".to_vec())),
+            ("gen_ai.usage.input_tokens".into(), Wire::Varint(u64::MAX)),
+            ("waycast.streamed".into(), Wire::Varint(1)),
+            ("waycast.cost".into(), Wire::Fixed64(0.25_f64.to_bits())),
+        ]
+    );
+    let event = bytes_of(one(&written, 11));
+    assert_eq!(one(&event, 1), Wire::Fixed64(1_800_000_000_100_000_000));
+    assert_eq!(text(&event, 2), "gen_ai.first_token");
+    let status = bytes_of(one(&written, 15));
+    assert_eq!((text(&status, 2), one(&status, 3)), ("upstream_timeout".into(), Wire::Varint(2)));
+}
+
+#[test]
+fn a_span_without_parent_state_or_error_leaves_those_fields_out() {
+    let span = Span {
+        trace_id: [1; 16],
+        span_id: [2; 8],
+        parent_span_id: None,
+        trace_state: None,
+        name: "POST".into(),
+        kind: SpanKind::Client,
+        start_unix_nanos: 1,
+        end_unix_nanos: 2,
+        attributes: Vec::new(),
+        events: Vec::new(),
+        error: None,
+    };
+    let request = traces(&source(), &[span.clone(), span]);
+    let scope_spans = bytes_of(one(&bytes_of(one(&request, 1)), 2));
+    let spans = all(&scope_spans, 2);
+    assert_eq!(spans.len(), 2);
+    let written = bytes_of(spans[0].clone());
+    for absent in [3, 4, 9, 11, 15] {
+        assert!(all(&written, absent).is_empty(), "field {absent}");
+    }
+    assert_eq!(one(&written, 6), Wire::Varint(3));
+}
+
+#[test]
+fn a_log_record_carries_its_trace_and_attributes() {
+    let record = LogRecord {
+        time_unix_nanos: 1_800_000_000_000_000_000,
+        event_name: "waycast.usage",
+        body: "POST /v1/chat/completions 200".into(),
+        attributes: vec![("waycast.request_id", "req-1".into()), ("gen_ai.usage.output_tokens", 7_u64.into())],
+        trace: Some(([4; 16], [5; 8])),
+    };
+    let request = logs(&source(), &[record]);
+    let scope_logs = bytes_of(one(&bytes_of(one(&request, 1)), 2));
+    let written = bytes_of(one(&scope_logs, 2));
+    assert_eq!(one(&written, 1), Wire::Fixed64(1_800_000_000_000_000_000));
+    assert_eq!(one(&written, 2), Wire::Varint(9));
+    assert_eq!(text(&written, 3), "INFO");
+    assert_eq!(decode(&bytes_of(one(&written, 5))), vec![(1, Wire::Bytes(b"POST /v1/chat/completions 200".to_vec()))]);
+    assert_eq!(
+        attributes(&written, 6),
+        vec![
+            ("waycast.request_id".into(), Wire::Bytes(b"req-1".to_vec())),
+            ("gen_ai.usage.output_tokens".into(), Wire::Varint(7)),
+        ]
+    );
+    assert_eq!((one(&written, 9), one(&written, 10)), (Wire::Bytes(vec![4; 16]), Wire::Bytes(vec![5; 8])));
+    assert_eq!(text(&written, 12), "waycast.usage");
+}
+
+#[test]
+fn varints_across_their_byte_boundaries() {
+    for value in [0, 1, 127, 128, 16_383, 16_384, u64::from(u32::MAX), u64::MAX] {
+        let mut out = Vec::new();
+        varint(&mut out, value);
+        assert_eq!(read_varint(&out, &mut 0), value);
+        assert_eq!(out.len(), (64 - value.leading_zeros()).max(1).div_ceil(7) as usize);
+    }
+}

@@ -1,0 +1,223 @@
+//! W3C Trace Context (`traceparent`, `tracestate`): read from a client's
+//! request when the Gateway trusts it, made afresh otherwise, and sent
+//! upstream so the inference server's own spans join the trace. Parsing
+//! is strict where the recommendation is (lower-case hex, no all-zero id,
+//! version `ff` invalid) and lenient where it asks to be (a later version
+//! may carry more fields after the four we read).
+
+use std::cell::Cell;
+
+/// The longest `tracestate` passed on (the recommendation's 32 members of
+/// at most 256 characters would be 8 KB; vendors keep it far shorter).
+pub const MAX_TRACE_STATE: usize = 512;
+
+/// A span's place in a trace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpanContext {
+    /// The trace, 16 bytes, never all zero.
+    pub trace_id: [u8; 16],
+    /// The span, 8 bytes, never all zero.
+    pub span_id: [u8; 8],
+    /// Whether the trace is recorded (`traceparent`'s sampled flag).
+    pub sampled: bool,
+}
+
+impl SpanContext {
+    /// `traceparent` of version 00 naming this span as the parent.
+    pub fn traceparent(&self) -> String {
+        let mut text = String::with_capacity(55);
+        text.push_str("00-");
+        push_hex(&mut text, &self.trace_id);
+        text.push('-');
+        push_hex(&mut text, &self.span_id);
+        text.push_str(if self.sampled { "-01" } else { "-00" });
+        text
+    }
+}
+
+fn push_hex(text: &mut String, bytes: &[u8]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for byte in bytes {
+        text.push(char::from(HEX[usize::from(byte >> 4)]));
+        text.push(char::from(HEX[usize::from(byte & 0xf)]));
+    }
+}
+
+/// The parent a `traceparent` header names, or `None` when it is not a
+/// valid one (the request then starts a trace of its own).
+pub fn parse_traceparent(value: &[u8]) -> Option<SpanContext> {
+    // version "-" trace-id "-" parent-id "-" flags: 2+1+32+1+16+1+2 = 55.
+    if value.len() < 55 {
+        return None;
+    }
+    let version = hex_byte(&value[0..2])?;
+    if version == 0xff || value[2] != b'-' || value[35] != b'-' || value[52] != b'-' {
+        return None;
+    }
+    // Version 00 is exactly 55 characters; a later one may go on, after a dash.
+    if (version == 0 && value.len() != 55) || (value.len() > 55 && value[55] != b'-') {
+        return None;
+    }
+    let mut trace_id = [0; 16];
+    for (at, byte) in trace_id.iter_mut().enumerate() {
+        *byte = hex_byte(&value[3 + 2 * at..5 + 2 * at])?;
+    }
+    let mut span_id = [0; 8];
+    for (at, byte) in span_id.iter_mut().enumerate() {
+        *byte = hex_byte(&value[36 + 2 * at..38 + 2 * at])?;
+    }
+    let flags = hex_byte(&value[53..55])?;
+    if trace_id == [0; 16] || span_id == [0; 8] {
+        return None;
+    }
+    Some(SpanContext { trace_id, span_id, sampled: flags & 1 == 1 })
+}
+
+/// Two lower-case hex digits.
+fn hex_byte(pair: &[u8]) -> Option<u8> {
+    let digit = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    };
+    Some(digit(pair[0])? << 4 | digit(*pair.get(1)?)?)
+}
+
+/// `tracestate` passed on as it came when it is printable ASCII within
+/// [`MAX_TRACE_STATE`]; dropped otherwise (never an error for the request).
+pub fn usable_trace_state(value: &[u8]) -> Option<&str> {
+    (!value.is_empty() && value.len() <= MAX_TRACE_STATE && value.iter().all(|&b| (0x20..0x7f).contains(&b)))
+        .then(|| std::str::from_utf8(value).ok())
+        .flatten()
+}
+
+/// Whether a new trace (no trusted parent) with `trace_id` is recorded at
+/// `ratio` (0 to 1): as OpenTelemetry's `TraceIdRatioBased`, by the trace
+/// id's last 8 bytes, so every service sampling by ratio agrees.
+pub fn sampled_at(ratio: f64, trace_id: &[u8; 16]) -> bool {
+    if ratio >= 1.0 {
+        return true;
+    }
+    if ratio.is_nan() || ratio <= 0.0 {
+        return false;
+    }
+    let mut low = [0; 8];
+    low.copy_from_slice(&trace_id[8..]);
+    // Compared on 63 bits, as the SDKs do.
+    let bound = (ratio * (1_u64 << 63) as f64) as u64;
+    (u64::from_be_bytes(low) >> 1) < bound
+}
+
+thread_local! {
+    static IDS: Cell<u64> = Cell::new(seed());
+}
+
+fn seed() -> u64 {
+    let mut bytes = [0; 8];
+    // Without the system's randomness, the clock and the thread: ids then
+    // only need to differ, not to be unguessable.
+    if ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes).is_err() {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        bytes = (nanos.as_nanos() as u64 ^ (std::ptr::from_ref(&bytes) as u64)).to_le_bytes();
+    }
+    u64::from_le_bytes(bytes) | 1
+}
+
+/// The next 64 random bits of this thread (wyrand: ids need to be unique
+/// and spread, not secret).
+fn next_random() -> u64 {
+    IDS.with(|state| {
+        let next = state.get().wrapping_add(0xa076_1d64_78bd_642f);
+        state.set(next);
+        let product = u128::from(next) * u128::from(next ^ 0xe703_7ed1_a0b4_28db);
+        (product as u64) ^ ((product >> 64) as u64)
+    })
+}
+
+/// A new span id (never all zero).
+pub fn new_span_id() -> [u8; 8] {
+    loop {
+        let id = next_random();
+        if id != 0 {
+            return id.to_be_bytes();
+        }
+    }
+}
+
+/// A new trace id (never all zero).
+pub fn new_trace_id() -> [u8; 16] {
+    let mut id = [0; 16];
+    id[..8].copy_from_slice(&next_random().to_be_bytes());
+    id[8..].copy_from_slice(&new_span_id());
+    id
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
+
+    use super::*;
+
+    const GOOD: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    #[test]
+    fn a_traceparent_reads_back_as_it_was_written() {
+        let parent = parse_traceparent(GOOD.as_bytes()).unwrap();
+        assert_eq!(parent.span_id, [0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7]);
+        assert!(parent.sampled);
+        assert_eq!(parent.traceparent(), GOOD);
+        let unsampled = GOOD.replace("-01", "-00");
+        assert!(!parse_traceparent(unsampled.as_bytes()).unwrap().sampled);
+    }
+
+    #[test]
+    fn invalid_traceparents_start_a_trace_of_their_own() {
+        let cases = [
+            ("", "empty"),
+            ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7", "no flags"),
+            ("ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "version ff"),
+            ("00-00000000000000000000000000000000-00f067aa0ba902b7-01", "all-zero trace id"),
+            ("00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01", "all-zero span id"),
+            ("00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01", "upper-case hex"),
+            ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra", "version 00 with more"),
+            ("00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "wrong separator"),
+            ("00-4bf92f3577b34da6a3ce929d0e0e473g-00f067aa0ba902b7-01", "not hex"),
+            ("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01x", "later version, no dash after"),
+        ];
+        for (value, why) in cases {
+            assert_eq!(parse_traceparent(value.as_bytes()), None, "{why}");
+        }
+        let later = "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-more-fields";
+        assert!(parse_traceparent(later.as_bytes()).is_some(), "a later version's extra fields are ignored");
+    }
+
+    #[test]
+    fn trace_state_is_passed_on_only_when_printable_and_short() {
+        assert_eq!(
+            usable_trace_state(b"rojo=00f067aa0ba902b7,congo=t61rcWkgMzE"),
+            Some("rojo=00f067aa0ba902b7,congo=t61rcWkgMzE")
+        );
+        assert_eq!(usable_trace_state(&vec![b'a'; MAX_TRACE_STATE + 1]), None);
+        assert_eq!(usable_trace_state(b"a=b\nc=d"), None);
+        assert_eq!(usable_trace_state(b""), None);
+    }
+
+    #[test]
+    fn ratio_sampling_keeps_about_the_ratio_and_agrees_for_one_trace() {
+        let ids: Vec<[u8; 16]> = (0..20_000).map(|_| new_trace_id()).collect();
+        let kept = |ratio: f64| ids.iter().filter(|id| sampled_at(ratio, id)).count();
+        assert_eq!(kept(0.0), 0);
+        assert_eq!(kept(1.0), ids.len());
+        let quarter = kept(0.25);
+        assert!((4_500..5_500).contains(&quarter), "{quarter} of 20,000 at 0.25");
+        // A trace kept at a ratio is kept at every higher one.
+        assert!(ids.iter().all(|id| !sampled_at(0.1, id) || sampled_at(0.5, id)));
+    }
+
+    #[test]
+    fn new_ids_are_never_zero_and_do_not_repeat() {
+        let spans: std::collections::HashSet<[u8; 8]> = (0..10_000).map(|_| new_span_id()).collect();
+        assert_eq!(spans.len(), 10_000);
+        assert!(!spans.contains(&[0; 8]));
+    }
+}

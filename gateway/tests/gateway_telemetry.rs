@@ -1,0 +1,267 @@
+//! Traces and usage records through a real OpenTelemetry Collector (built
+//! from the Go module proxy by `e2e/scripts/build-otelcol.sh`; `make test`
+//! builds it first): a streamed chat request continuing a client's trace
+//! arrives as a server span with the GenAI attributes and a span per
+//! upstream attempt (two after a retry), the upstream received the
+//! attempt's `traceparent`, the usage record arrives as a log record with
+//! the request's id; and a collector that is down costs requests nothing
+//! but dropped, counted records.
+
+#![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
+
+mod support;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use support::{Fixture, FixtureOptions};
+use waycast_crds::telemetry::TelemetryConfig;
+use waycast_mock::fixtures::{ALICE_KEY, free_port};
+use waycast_mock::upstream::{self as mock_upstream, MockOptions, MockUpstream};
+
+const SERVICE: &str = "models/vllm:8000";
+const MODEL: &str = "mistral-7b";
+const CLIENT_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const CLIENT_SPAN: &str = "00f067aa0ba902b7";
+
+/// A collector writing what it receives to files, killed on drop.
+struct Collector {
+    child: Child,
+    dir: PathBuf,
+    endpoint: String,
+}
+
+impl Collector {
+    fn start() -> Self {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../e2e/scripts/build-otelcol.sh");
+        let built = Command::new("bash").arg(script).stderr(Stdio::inherit()).output().unwrap();
+        assert!(built.status.success(), "building the collector failed");
+        let binary = String::from_utf8(built.stdout).unwrap().lines().last().unwrap().to_owned();
+        let dir = std::env::temp_dir().join(format!("waycast-otelcol-{}-{}", std::process::id(), loopback_port()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let port = loopback_port();
+        let config = format!(
+            "receivers:\n  otlp:\n    protocols:\n      http:\n        endpoint: 127.0.0.1:{port}\n\
+             exporters:\n  file/traces:\n    path: {traces}\n    flush_interval: 100ms\n  file/logs:\n    path: {logs}\n    flush_interval: 100ms\n\
+             service:\n  telemetry:\n    metrics:\n      level: none\n  pipelines:\n    traces:\n      receivers: [otlp]\n      exporters: [file/traces]\n    logs:\n      receivers: [otlp]\n      exporters: [file/logs]\n",
+            traces = dir.join("traces.jsonl").display(),
+            logs = dir.join("logs.jsonl").display(),
+        );
+        std::fs::write(dir.join("config.yaml"), config).unwrap();
+        let log = std::fs::File::create(dir.join("collector.log")).unwrap();
+        let child = Command::new(binary)
+            .arg(format!("--config=file:{}", dir.join("config.yaml").display()))
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "the collector did not listen: {}",
+                std::fs::read_to_string(dir.join("collector.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Self { child, dir, endpoint: format!("http://127.0.0.1:{port}") }
+    }
+
+    /// Every span (or log record) received so far, across the file's lines.
+    fn received(&self, signal: &str) -> Vec<Value> {
+        let (file, outer, scoped, items) = match signal {
+            "traces" => ("traces.jsonl", "resourceSpans", "scopeSpans", "spans"),
+            _ => ("logs.jsonl", "resourceLogs", "scopeLogs", "logRecords"),
+        };
+        let text = std::fs::read_to_string(self.dir.join(file)).unwrap_or_default();
+        let mut found = Vec::new();
+        for line in text.lines().filter(|line| !line.trim().is_empty()) {
+            let document: Value = serde_json::from_str(line).unwrap();
+            for resource in document[outer].as_array().into_iter().flatten() {
+                for scope in resource[scoped].as_array().into_iter().flatten() {
+                    found.extend(scope[items].as_array().into_iter().flatten().cloned());
+                }
+            }
+        }
+        found
+    }
+
+    /// Waits until `check` holds of what was received.
+    async fn until(&self, signal: &str, what: &str, check: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let received = self.received(signal);
+            if check(&received) {
+                return received;
+            }
+            assert!(Instant::now() < deadline, "{what}: the collector has {received:#?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for Collector {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn loopback_port() -> u16 {
+    free_port(std::net::Ipv4Addr::LOCALHOST.into()).unwrap()
+}
+
+fn attribute<'a>(item: &'a Value, key: &str) -> Option<&'a Value> {
+    let attributes = item["attributes"].as_array()?;
+    let value = &attributes.iter().find(|a| a["key"] == key)?["value"];
+    value.get("stringValue").or_else(|| value.get("intValue")).or_else(|| value.get("boolValue"))
+}
+
+fn telemetry(endpoint: &str) -> TelemetryConfig {
+    TelemetryConfig {
+        endpoint: endpoint.to_owned(),
+        trust_client_trace_context: true,
+        usage_logs: true,
+        ..TelemetryConfig::default()
+    }
+}
+
+async fn pods(count: usize) -> Vec<MockUpstream> {
+    let mut pods = Vec::new();
+    for _ in 0..count {
+        pods.push(mock_upstream::start(SocketAddr::from(([127, 0, 0, 1], 0)), MockOptions::default()).await.unwrap());
+    }
+    pods
+}
+
+#[tokio::test]
+async fn a_streamed_request_reaches_the_collector_as_spans_and_a_usage_record() {
+    let collector = Collector::start();
+    let options = FixtureOptions {
+        endpoints_file: true,
+        telemetry: Some(telemetry(&collector.endpoint)),
+        ..FixtureOptions::default()
+    };
+    let fixture = Fixture::start(options, |config, _| {
+        let model = config.models.iter_mut().find(|m| m.name == MODEL).unwrap();
+        model.backends[0].endpoints = Some(SERVICE.into());
+    })
+    .await;
+    // One pod answers 503 (retried on the other), one serves.
+    let pods = pods(2).await;
+    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+    let status = http_body_util::Full::new(bytes::Bytes::new());
+    let put = http::Request::put(format!("{}/_mock/status/503", pods[0].base_url().trim_end_matches("/v1")))
+        .body(status)
+        .unwrap();
+    assert!(http.request(put).await.unwrap().status().is_success());
+    let document = serde_json::json!({
+        "apiVersion": "waycast.dev/endpoints-v1",
+        "services": {SERVICE: pods.iter().map(|p| p.addr.to_string()).collect::<Vec<_>>()},
+    });
+    fixture.write_endpoints(document.to_string().as_bytes());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while fixture.metric("waycast_gateway_endpoints").await != Some(2.0) {
+        assert!(Instant::now() < deadline, "the gateway did not take the endpoints document");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let body =
+        format!(r#"{{"model":"{MODEL}","stream":true,"max_tokens":32,"messages":[{{"role":"user","content":"hi"}}]}}"#);
+    let traceparent = format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01");
+    let mut request_ids = Vec::new();
+    // Until one request was retried (the first pick is the 503 pod).
+    for _ in 0..8 {
+        let request = fixture.request("/v1/chat/completions", Some(ALICE_KEY), &body, &[("traceparent", &traceparent)]);
+        let (status, headers, answer) = fixture.send(request).await;
+        assert_eq!(status, 200, "{answer:?}");
+        request_ids.push(headers["x-request-id"].to_str().unwrap().to_owned());
+        if !pods[0].recorder.requests().await.is_empty() {
+            break;
+        }
+    }
+    assert!(!pods[0].recorder.requests().await.is_empty(), "no request was sent to the 503 pod first");
+
+    let spans = collector
+        .until("traces", "a server span with two attempts", |spans| {
+            spans.iter().filter(|s| s["kind"] == 3).count() > request_ids.len()
+        })
+        .await;
+    for span in &spans {
+        assert_eq!(span["traceId"], CLIENT_TRACE, "every span continues the client's trace: {span:#}");
+    }
+    let servers: Vec<&Value> = spans.iter().filter(|s| s["kind"] == 2).collect();
+    assert_eq!(servers.len(), request_ids.len());
+    let server = servers[0];
+    assert_eq!(server["parentSpanId"], CLIENT_SPAN);
+    assert_eq!(server["name"], format!("chat {MODEL}"));
+    assert_eq!(attribute(server, "gen_ai.operation.name").unwrap(), "chat");
+    assert_eq!(attribute(server, "gen_ai.request.model").unwrap(), MODEL);
+    assert_eq!(attribute(server, "gen_ai.response.model").unwrap(), MODEL);
+    assert_eq!(attribute(server, "gen_ai.request.max_tokens").unwrap(), "32");
+    assert_ne!(attribute(server, "gen_ai.usage.input_tokens").unwrap(), "0");
+    assert_ne!(attribute(server, "gen_ai.usage.output_tokens").unwrap(), "0");
+    assert_eq!(attribute(server, "waycast.key").unwrap(), "team-a/alice");
+    assert_eq!(attribute(server, "waycast.stream").unwrap(), true);
+    assert!(server["events"].as_array().unwrap().iter().any(|e| e["name"] == "gen_ai.first_token"), "{server:#}");
+    assert!(!server.to_string().contains(ALICE_KEY), "the key itself never leaves");
+
+    // The retried request: two attempt spans under its server span, the
+    // first a 503 retried, and the pod that served got the second's id.
+    let retried =
+        servers.iter().find(|s| spans.iter().filter(|c| c["parentSpanId"] == s["spanId"]).count() == 2).unwrap();
+    let attempts: Vec<&Value> = spans.iter().filter(|c| c["parentSpanId"] == retried["spanId"]).collect();
+    let first =
+        attempts.iter().find(|a| attribute(a, "http.response.status_code") == Some(&Value::from("503"))).unwrap();
+    assert!(attribute(first, "waycast.retry_reason").is_some(), "{first:#}");
+    let second =
+        attempts.iter().find(|a| attribute(a, "http.response.status_code") == Some(&Value::from("200"))).unwrap();
+    let seen_upstream: Vec<String> = pods[1]
+        .recorder
+        .requests()
+        .await
+        .iter()
+        .filter_map(|r| r.headers.get("traceparent").map(|v| v.to_str().unwrap().to_owned()))
+        .collect();
+    let expected = format!("00-{CLIENT_TRACE}-{}-01", second["spanId"].as_str().unwrap());
+    assert!(seen_upstream.contains(&expected), "{expected} not among {seen_upstream:?}");
+    assert!(
+        !seen_upstream.iter().any(|t| t.contains(CLIENT_SPAN)),
+        "the client's own span is not passed on as the parent"
+    );
+
+    let records =
+        collector.until("logs", "a usage record per request", |records| records.len() >= request_ids.len()).await;
+    for id in &request_ids {
+        let record = records.iter().find(|r| r["body"]["stringValue"] == id.as_str()).unwrap();
+        assert_eq!(attribute(record, "waycast.request_id").unwrap(), id.as_str());
+        assert_eq!(record["eventName"], "waycast.usage");
+        assert_eq!(record["traceId"], CLIENT_TRACE);
+    }
+    assert!(fixture.metric("waycast_gateway_telemetry_exported_total{signal=\"traces\"}").await.unwrap() >= 3.0);
+}
+
+#[tokio::test]
+async fn a_collector_that_is_down_costs_requests_nothing_but_counted_drops() {
+    // Nothing listens there.
+    let endpoint = format!("http://127.0.0.1:{}", loopback_port());
+    let options = FixtureOptions { telemetry: Some(telemetry(&endpoint)), ..FixtureOptions::default() };
+    let fixture = Fixture::start(options, |_, _| {}).await;
+    let body = format!(r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":"hi"}}]}}"#);
+    for _ in 0..20 {
+        let (status, _, answer) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), &body).await;
+        assert_eq!(status, 200, "{answer:?}");
+    }
+    let dropped = "waycast_gateway_telemetry_dropped_total{reason=\"export_failed\",signal=\"traces\"}";
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while fixture.metric(dropped).await.unwrap_or(0.0) < 20.0 {
+        assert!(Instant::now() < deadline, "the spans were not counted as dropped");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let logs = "waycast_gateway_telemetry_dropped_total{reason=\"export_failed\",signal=\"logs\"}";
+    assert!(fixture.metric(logs).await.unwrap_or(0.0) >= 20.0);
+}
