@@ -99,6 +99,10 @@ pub struct GatewaySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budgets: Option<crate::spend::GatewayBudgets>,
 
+    /// Where the gateway pods send traces and usage records (OTLP/HTTP).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub telemetry: Option<crate::telemetry::GatewayTelemetry>,
+
     /// Log level and access log of the gateway pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logging: Option<GatewayLogging>,

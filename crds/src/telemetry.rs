@@ -29,14 +29,14 @@ pub struct GatewayTelemetry {
     #[schemars(range(min = 0.0, max = 1.0))]
     pub sampling: Option<f64>,
     /// A Secret in the Gateway's namespace whose entries are sent as
-    /// headers with every export (e.g. `authorization`). It must carry the
-    /// label `waycast.dev/credential: "true"`.
+    /// headers with every export (each key a header name, e.g.
+    /// `authorization`; at most 16).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub headers_secret_ref: Option<crate::common::SecretRef>,
     /// Attributes added to the resource of everything the pods send
     /// (`service.name` is `waycast-gateway` unless set here).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    #[schemars(length(max = 32))]
+    #[schemars(extend("maxProperties" = 32))]
     pub resource_attributes: BTreeMap<String, String>,
     /// Continue the trace a client's `traceparent` names, and its sampling
     /// decision. False: every request starts a trace of its own (the

@@ -132,18 +132,18 @@ pub fn find<'a, K: kube::Resource>(objects: &[&'a K], namespace: &str, name: &st
         .find(|o| o.meta().namespace.as_deref() == Some(namespace) && o.meta().name.as_deref() == Some(name))
 }
 
-/// The Secrets a Gateway's Redis settings name (password, CA, client
-/// certificate; the platform team's own: no label needed), as
-/// `(namespace, name)`.
+/// The Secrets a Gateway's own settings name (Redis password, CA, client
+/// certificate; the telemetry export's headers; the platform team's own:
+/// no label needed), as `(namespace, name)`.
 pub fn redis_secrets(gateway: &waycast_crds::Gateway) -> Vec<(String, String)> {
-    let Some(redis) = gateway.spec.rate_limit.as_ref().and_then(|limits| limits.redis.as_ref()) else {
-        return Vec::new();
-    };
-    let tls = redis.tls.as_ref();
+    let redis = gateway.spec.rate_limit.as_ref().and_then(|limits| limits.redis.as_ref());
+    let tls = redis.and_then(|redis| redis.tls.as_ref());
+    let telemetry = gateway.spec.telemetry.as_ref().and_then(|t| t.headers_secret_ref.as_ref());
     let mut names: Vec<&str> = [
-        redis.password_secret_ref.as_ref().map(|r| r.name.as_str()),
+        redis.and_then(|redis| redis.password_secret_ref.as_ref()).map(|r| r.name.as_str()),
         tls.and_then(|tls| tls.ca_secret_ref.as_ref()).map(|r| r.name.as_str()),
         tls.and_then(|tls| tls.client_cert_secret_ref.as_ref()).map(|r| r.name.as_str()),
+        telemetry.map(|r| r.name.as_str()),
     ]
     .into_iter()
     .flatten()

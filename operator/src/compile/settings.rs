@@ -8,6 +8,7 @@ use kube::ResourceExt as _;
 use waycast_crds::common::SecretKeyRef;
 use waycast_crds::condition::reasons;
 use waycast_crds::config::{ClientTlsConfig, RedisConfig, Settings};
+use waycast_crds::telemetry::{Ratio, TelemetryConfig};
 
 use super::inputs::Inputs;
 use super::verdict::Verdict;
@@ -34,7 +35,52 @@ pub fn settings(inputs: &Inputs<'_>) -> (Settings, Option<Verdict>) {
         // The pods keep counting each their share; the Gateway says why.
         Err(invalid) => refused = Some(invalid),
     }
+    match telemetry(inputs) {
+        Ok(telemetry) => settings.telemetry = telemetry,
+        // The pods send nothing meanwhile; the Gateway says why.
+        Err(invalid) => refused = Some(invalid),
+    }
     (settings, refused)
+}
+
+/// Where the pods send traces and usage records, with the headers of the
+/// Secret the Gateway names.
+fn telemetry(inputs: &Inputs<'_>) -> Result<Option<TelemetryConfig>, Verdict> {
+    let Some(spec) = &inputs.gateway.spec.telemetry else { return Ok(None) };
+    let namespace = inputs.gateway.metadata.namespace.as_deref().unwrap_or_default();
+    let mut headers = std::collections::BTreeMap::new();
+    if let Some(reference) = &spec.headers_secret_ref {
+        let secret = super::secrets::find::<Secret>(inputs.secrets, namespace, &reference.name).ok_or_else(|| {
+            Verdict::refused(
+                reasons::AUTH_SECRET_MISSING,
+                format!(
+                    "spec.telemetry.headersSecretRef: no Secret {namespace}/{}; nothing is sent meanwhile",
+                    reference.name
+                ),
+            )
+        })?;
+        for (name, value) in secret.data.iter().flatten() {
+            let value = std::str::from_utf8(&value.0).map(str::trim).unwrap_or_default();
+            headers.insert(name.to_ascii_lowercase(), value.to_owned());
+        }
+    }
+    let config = TelemetryConfig {
+        endpoint: spec.endpoint.clone(),
+        sampling: Ratio(spec.sampling.unwrap_or(1.0)),
+        headers,
+        resource_attributes: spec.resource_attributes.clone(),
+        trust_client_trace_context: spec.trust_client_trace_context.unwrap_or(true),
+        usage_logs: spec.usage_logs.unwrap_or(true),
+    };
+    let problems = config.problems();
+    if !problems.is_empty() {
+        // Never the header values: they are secrets.
+        return Err(Verdict::refused(
+            reasons::INVALID,
+            format!("spec.telemetry: {}; nothing is sent meanwhile", problems.join("; ")),
+        ));
+    }
+    Ok(Some(config))
 }
 
 /// Where `url` backends may connect: the Gateway's `deniedCIDRs`; closed

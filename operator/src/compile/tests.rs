@@ -997,3 +997,41 @@ fn tenant_policies_give_each_namespace_its_weight_classes_and_caps() {
     assert!(refused.message.contains("spec.tenants[1].classes[1]"), "{}", refused.message);
     assert!(compiled.keys[&key("batch-team", "jobs")].verdict.accepted);
 }
+
+#[test]
+fn telemetry_reaches_the_config_with_its_headers_or_the_gateway_says_why_not() {
+    use waycast_crds::telemetry::{GatewayTelemetry, Ratio};
+    let mut world = World::quickstart();
+    world.gateway.spec.telemetry = Some(GatewayTelemetry {
+        endpoint: "http://otel-collector.observability:4318".into(),
+        sampling: Some(0.25),
+        headers_secret_ref: Some(waycast_crds::common::SecretRef { name: "otlp-auth".into() }),
+        resource_attributes: [("deployment.environment".to_owned(), "prod".to_owned())].into(),
+        trust_client_trace_context: Some(false),
+        usage_logs: None,
+    });
+    assert!(secrets::redis_secrets(&world.gateway).contains(&("demo".to_owned(), "otlp-auth".to_owned())));
+    let missing = world.compile();
+    assert_eq!(missing.config.settings.telemetry, None, "nothing is sent without its headers");
+    let refused = missing.gateway.expect("the Gateway says why");
+    assert_eq!(refused.reason, reasons::AUTH_SECRET_MISSING);
+
+    world.secrets.push(secret("demo", "otlp-auth", "Authorization", "Bearer t0ken\n"));
+    let compiled = world.compile();
+    assert_eq!(compiled.gateway, None);
+    let telemetry = compiled.config.settings.telemetry.unwrap();
+    assert_eq!(telemetry.endpoint, "http://otel-collector.observability:4318");
+    assert_eq!(
+        (telemetry.sampling, telemetry.trust_client_trace_context, telemetry.usage_logs),
+        (Ratio(0.25), false, true)
+    );
+    assert_eq!(telemetry.headers, [("authorization".to_owned(), "Bearer t0ken".to_owned())].into());
+    assert_eq!(telemetry.resource_attributes["deployment.environment"], "prod");
+
+    // A header value that is not one is refused without showing it.
+    world.secrets.retain(|s| s.metadata.name.as_deref() != Some("otlp-auth"));
+    world.secrets.push(secret("demo", "otlp-auth", "authorization", "line\nbreak-s3cret"));
+    let refused = world.compile().gateway.expect("refused");
+    assert_eq!(refused.reason, reasons::INVALID);
+    assert!(!refused.message.contains("s3cret"), "{}", refused.message);
+}
