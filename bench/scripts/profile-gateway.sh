@@ -23,6 +23,11 @@
 # one build repeats within about 100 instructions, at 8 runs differed by
 # up to 900 (how requests batch per wake-up varies), so compare builds at 1.
 #
+# TELEMETRY=off|on|sampled: off (default) no telemetry; on, an OTLP
+# endpoint configured (the sink stands in for the collector) with sampling
+# 0 (each request still sends its usage record); sampled, every request
+# traced as well. The exporter thread's instructions count too.
+#
 # GATEWAY=PATH counts another build (e.g. a copy of an earlier profiling
 # build, for an A/B in one session).
 #
@@ -49,7 +54,7 @@ cat >"$work/config.json" <<JSON
  "models":[{"name":"benchmark-model","backends":[{"url":"http://127.0.0.1:$sink_port/v1","weight":1}],
             "timeouts":{"connect":"5s","firstByte":"300s","idle":"60s"}$([[ $stream == yes ]] && echo ',"forwardHeaders":["x-bench-*"]')}],
  "keys":[{"id":"bench/load","sha256":"$(printf %s "$key" | sha256sum | cut -d' ' -f1)"$([[ $limits == on ]] && echo ',"limits":{"requestsPerMinute":1000000000,"tokensPerMinute":1000000000000}')$([[ $limits == budget ]] && echo ',"budgets":[{"period":"Day","tokens":1000000000000}]')}],
- "settings":{"maxRequestBodyBytes":10485760,"accessLog":$([[ $access_log == on ]] && echo true || echo false)}}
+ "settings":{"maxRequestBodyBytes":10485760,"accessLog":$([[ $access_log == on ]] && echo true || echo false)$(case "${TELEMETRY:-off}" in on) echo ",\"telemetry\":{\"endpoint\":\"http://127.0.0.1:$sink_port\",\"sampling\":0}";; sampled) echo ",\"telemetry\":{\"endpoint\":\"http://127.0.0.1:$sink_port\",\"sampling\":1}";; esac)}}
 JSON
 valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$work/callgrind.out" \
   "$gateway" --config-file "$work/config.json" --listen "127.0.0.1:$gw_port" \
@@ -75,6 +80,6 @@ callgrind_control -d >/dev/null
 sleep 1
 annotated="$(callgrind_annotate --inclusive=no "$work"/callgrind.out.1 2>/dev/null || true)"
 total="$(awk '/PROGRAM TOTALS/ {gsub(",","",$1); print $1}' <<<"$annotated")"
-echo "requests: $requests  access log: $access_log  stream: $stream$([[ $stream == yes ]] && echo " (${CHUNKS:-5} chunks)")  limits: $limits"
+echo "requests: $requests  access log: $access_log  stream: $stream$([[ $stream == yes ]] && echo " (${CHUNKS:-5} chunks)")  limits: $limits  telemetry: ${TELEMETRY:-off}"
 echo "instructions per request: $((total / requests))"
 sed -n '/^Ir  *file:function/,$p' <<<"$annotated" | head -28

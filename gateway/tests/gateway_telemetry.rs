@@ -12,13 +12,12 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use support::{Fixture, FixtureOptions};
 use waycast_crds::telemetry::TelemetryConfig;
+use waycast_mock::collector::{Collector, attribute};
 use waycast_mock::fixtures::{ALICE_KEY, free_port};
 use waycast_mock::upstream::{self as mock_upstream, MockOptions, MockUpstream};
 
@@ -27,98 +26,8 @@ const MODEL: &str = "mistral-7b";
 const CLIENT_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const CLIENT_SPAN: &str = "00f067aa0ba902b7";
 
-/// A collector writing what it receives to files, killed on drop.
-struct Collector {
-    child: Child,
-    dir: PathBuf,
-    endpoint: String,
-}
-
-impl Collector {
-    fn start() -> Self {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../e2e/scripts/build-otelcol.sh");
-        let built = Command::new("bash").arg(script).stderr(Stdio::inherit()).output().unwrap();
-        assert!(built.status.success(), "building the collector failed");
-        let binary = String::from_utf8(built.stdout).unwrap().lines().last().unwrap().to_owned();
-        let dir = std::env::temp_dir().join(format!("waycast-otelcol-{}-{}", std::process::id(), loopback_port()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let port = loopback_port();
-        let config = format!(
-            "receivers:\n  otlp:\n    protocols:\n      http:\n        endpoint: 127.0.0.1:{port}\n\
-             exporters:\n  file/traces:\n    path: {traces}\n    flush_interval: 100ms\n  file/logs:\n    path: {logs}\n    flush_interval: 100ms\n\
-             service:\n  telemetry:\n    metrics:\n      level: none\n  pipelines:\n    traces:\n      receivers: [otlp]\n      exporters: [file/traces]\n    logs:\n      receivers: [otlp]\n      exporters: [file/logs]\n",
-            traces = dir.join("traces.jsonl").display(),
-            logs = dir.join("logs.jsonl").display(),
-        );
-        std::fs::write(dir.join("config.yaml"), config).unwrap();
-        let log = std::fs::File::create(dir.join("collector.log")).unwrap();
-        let child = Command::new(binary)
-            .arg(format!("--config=file:{}", dir.join("config.yaml").display()))
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "the collector did not listen: {}",
-                std::fs::read_to_string(dir.join("collector.log")).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Self { child, dir, endpoint: format!("http://127.0.0.1:{port}") }
-    }
-
-    /// Every span (or log record) received so far, across the file's lines.
-    fn received(&self, signal: &str) -> Vec<Value> {
-        let (file, outer, scoped, items) = match signal {
-            "traces" => ("traces.jsonl", "resourceSpans", "scopeSpans", "spans"),
-            _ => ("logs.jsonl", "resourceLogs", "scopeLogs", "logRecords"),
-        };
-        let text = std::fs::read_to_string(self.dir.join(file)).unwrap_or_default();
-        let mut found = Vec::new();
-        for line in text.lines().filter(|line| !line.trim().is_empty()) {
-            let document: Value = serde_json::from_str(line).unwrap();
-            for resource in document[outer].as_array().into_iter().flatten() {
-                for scope in resource[scoped].as_array().into_iter().flatten() {
-                    found.extend(scope[items].as_array().into_iter().flatten().cloned());
-                }
-            }
-        }
-        found
-    }
-
-    /// Waits until `check` holds of what was received.
-    async fn until(&self, signal: &str, what: &str, check: impl Fn(&[Value]) -> bool) -> Vec<Value> {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            let received = self.received(signal);
-            if check(&received) {
-                return received;
-            }
-            assert!(Instant::now() < deadline, "{what}: the collector has {received:#?}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-}
-
-impl Drop for Collector {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 fn loopback_port() -> u16 {
     free_port(std::net::Ipv4Addr::LOCALHOST.into()).unwrap()
-}
-
-fn attribute<'a>(item: &'a Value, key: &str) -> Option<&'a Value> {
-    let attributes = item["attributes"].as_array()?;
-    let value = &attributes.iter().find(|a| a["key"] == key)?["value"];
-    value.get("stringValue").or_else(|| value.get("intValue")).or_else(|| value.get("boolValue"))
 }
 
 fn telemetry(endpoint: &str) -> TelemetryConfig {
@@ -140,7 +49,7 @@ async fn pods(count: usize) -> Vec<MockUpstream> {
 
 #[tokio::test]
 async fn a_streamed_request_reaches_the_collector_as_spans_and_a_usage_record() {
-    let collector = Collector::start();
+    let collector = Collector::start(std::net::Ipv4Addr::LOCALHOST.into()).unwrap();
     let options = FixtureOptions {
         endpoints_file: true,
         telemetry: Some(telemetry(&collector.endpoint)),

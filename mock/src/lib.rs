@@ -10,6 +10,7 @@
 //!
 //! Mocks only the inference upstream: everything else in the tests is real.
 
+pub mod collector;
 pub mod desync;
 pub mod fixtures;
 pub mod hostile;

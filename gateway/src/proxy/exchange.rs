@@ -348,7 +348,6 @@ impl Exchange {
                 started: self.started,
                 ended,
                 first_byte: outcome.first_byte,
-                method: self.method.as_str(),
                 path: self.path,
                 request_id: self.request_id.to_str().unwrap_or("-"),
                 model,
@@ -363,7 +362,6 @@ impl Exchange {
                 max_tokens: facts.max_tokens,
                 cost: cost.map(|(money, currency)| (money.to_string(), currency)),
                 budgeted: facts.budget.is_some(),
-                endpoint: facts.endpoint.as_ref().map(|e| e.endpoint().address.to_string()),
             };
             crate::telemetry::finish(trace, &done, exporter);
         }

@@ -214,7 +214,7 @@ async fn send_to(
     trace: Option<&mut RequestTrace>,
 ) -> Result<Forwarded, Failure> {
     let begun = trace.as_deref().map(RequestTrace::begin_attempt);
-    let endpoint = begun.as_ref().map(|_| authority.to_string());
+    let endpoint = begun.as_ref().map(|_| authority.clone());
     let request = build_request(route, backend, authority, outgoing, begun.as_ref())
         .ok_or_else(|| Failure::Final(GatewayError::UpstreamFailed(route.name.to_string())))?;
     let sent_at = Instant::now();

@@ -15,30 +15,27 @@ use http_body_util::{BodyExt as _, Full};
 use prometheus::IntCounterVec;
 
 use super::Destination;
-use super::otlp::{self, LogRecord, Span};
+use super::otlp;
 
-/// Records waiting at most (spans and log records together).
+/// Records waiting at most (a request's spans and record are one).
 pub const QUEUE: usize = 8192;
-/// Records in one export at most.
+/// Requests' records in one export at most.
 const BATCH: usize = 512;
-/// Longest a record waits for its batch.
-const EVERY: Duration = Duration::from_secs(1);
+/// Longest a record waits for its batch (the OpenTelemetry SDKs' batch
+/// span processor's default delay).
+const EVERY: Duration = Duration::from_secs(5);
 /// Longest one export may take.
 const DEADLINE: Duration = Duration::from_secs(5);
 
-/// What a finished request sends.
-pub enum Item {
-    Span(Span),
-    Log(LogRecord),
-}
-
-impl Item {
-    fn signal(&self) -> &'static str {
-        match self {
-            Self::Span(_) => "traces",
-            Self::Log(_) => "logs",
-        }
-    }
+/// What a finished request sends, encoded ([`otlp::span`], [`otlp::record`]).
+#[derive(Default)]
+pub struct Item {
+    /// Its spans, as `ScopeSpans.spans` entries.
+    pub spans: Vec<u8>,
+    /// How many spans `spans` holds.
+    pub span_count: usize,
+    /// Its usage record, as a `ScopeLogs.log_records` entry (or empty).
+    pub records: Vec<u8>,
 }
 
 /// The counts the exporter keeps.
@@ -73,11 +70,12 @@ impl Exporter {
     /// Queues `item` for `destination`, or drops it (counted) when the
     /// queue is full.
     pub fn send(&self, destination: &Arc<Destination>, item: Item) {
-        let signal = item.signal();
+        let (spans, records) = (item.span_count as u64, u64::from(!item.records.is_empty()));
         if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) =
             self.queue.try_send((destination.clone(), item))
         {
-            self.counts.dropped.with_label_values(&[signal, "queue_full"]).inc();
+            self.counts.dropped.with_label_values(&["traces", "queue_full"]).inc_by(spans);
+            self.counts.dropped.with_label_values(&["logs", "queue_full"]).inc_by(records);
         }
     }
 }
@@ -113,25 +111,21 @@ fn send_batches(receiver: &Receiver<(Arc<Destination>, Item)>, counts: &Counts) 
 
 /// One POST per destination and signal.
 async fn export(http: &super::client::Http, batch: Vec<(Arc<Destination>, Item)>, counts: &Counts) {
-    let mut groups: Vec<(Arc<Destination>, Vec<Span>, Vec<LogRecord>)> = Vec::new();
+    let mut groups: Vec<(Arc<Destination>, Vec<Item>)> = Vec::new();
     for (destination, item) in batch {
-        let at = match groups.iter().position(|(d, ..)| Arc::ptr_eq(d, &destination) || **d == *destination) {
-            Some(at) => at,
-            None => {
-                groups.push((destination, Vec::new(), Vec::new()));
-                groups.len() - 1
-            }
-        };
-        match item {
-            Item::Span(span) => groups[at].1.push(span),
-            Item::Log(record) => groups[at].2.push(record),
+        match groups.iter_mut().find(|(d, _)| Arc::ptr_eq(d, &destination) || **d == *destination) {
+            Some((_, items)) => items.push(item),
+            None => groups.push((destination, vec![item])),
         }
     }
-    for (destination, spans, records) in groups {
-        if !spans.is_empty() {
+    for (destination, items) in groups {
+        let spans: Vec<&[u8]> = items.iter().map(|item| item.spans.as_slice()).filter(|s| !s.is_empty()).collect();
+        let span_count: usize = items.iter().map(|item| item.span_count).sum();
+        if span_count > 0 {
             let body = otlp::traces(&destination.source, &spans);
-            post(http, &destination, "traces", body, spans.len(), counts).await;
+            post(http, &destination, "traces", body, span_count, counts).await;
         }
+        let records: Vec<&[u8]> = items.iter().map(|item| item.records.as_slice()).filter(|r| !r.is_empty()).collect();
         if !records.is_empty() {
             let body = otlp::logs(&destination.source, &records);
             post(http, &destination, "logs", body, records.len(), counts).await;

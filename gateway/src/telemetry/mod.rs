@@ -25,7 +25,7 @@ use http::HeaderMap;
 use waycast_crds::telemetry::TelemetryConfig;
 
 pub use exporter::{Counts, Exporter, Item};
-use otlp::{LogRecord, Span, SpanKind, Value};
+use otlp::{Attributes, RecordHead, SpanHead, SpanKind};
 use trace_context::SpanContext;
 
 /// Where and how a Gateway's records go (its config's, or the flags').
@@ -62,12 +62,12 @@ impl Destination {
                 Some((http::HeaderName::from_bytes(name.as_bytes()).ok()?, http::HeaderValue::from_str(value).ok()?))
             })
             .collect();
-        let mut resource: Vec<(String, Value)> = Vec::new();
+        let mut resource: Vec<(String, String)> = Vec::new();
         if !config.resource_attributes.contains_key("service.name") {
             resource.push(("service.name".into(), "waycast-gateway".into()));
         }
         resource.push(("service.version".into(), env!("CARGO_PKG_VERSION").into()));
-        resource.extend(config.resource_attributes.iter().map(|(k, v)| (k.clone(), Value::from(v.as_str()))));
+        resource.extend(config.resource_attributes.iter().map(|(k, v)| (k.clone(), v.clone())));
         Ok(Self {
             endpoint: config.endpoint.clone(),
             headers,
@@ -129,7 +129,7 @@ pub struct Attempt {
     pub started: Instant,
     pub ended: Instant,
     /// `host:port` tried.
-    pub endpoint: String,
+    pub endpoint: http::uri::Authority,
     /// The status it answered, if it did.
     pub status: Option<u16>,
     /// Why it failed, if it did.
@@ -151,19 +151,25 @@ impl RequestTrace {
     /// A new attempt's span and headers.
     pub fn begin_attempt(&self) -> Upstream {
         let span_id = trace_context::new_span_id();
-        let traceparent = SpanContext { span_id, ..self.context }.traceparent();
+        let traceparent = SpanContext { span_id, ..self.context }.traceparent_bytes();
         Upstream {
             span_id,
             started: Instant::now(),
             // Hex and dashes: always a valid header value.
-            traceparent: http::HeaderValue::from_str(&traceparent).unwrap_or(http::HeaderValue::from_static("")),
+            traceparent: http::HeaderValue::from_bytes(&traceparent).unwrap_or(http::HeaderValue::from_static("")),
             tracestate: self.state.as_deref().and_then(|state| http::HeaderValue::from_str(state).ok()),
         }
     }
 
     /// The attempt `begun` at `endpoint` ended now: with a response's
     /// `status`, or an `error`.
-    pub fn end_attempt(&mut self, begun: Upstream, endpoint: String, status: Option<u16>, error: Option<&'static str>) {
+    pub fn end_attempt(
+        &mut self,
+        begun: Upstream,
+        endpoint: http::uri::Authority,
+        status: Option<u16>,
+        error: Option<&'static str>,
+    ) {
         self.attempts.push(Attempt {
             span_id: begun.span_id,
             started: begun.started,
@@ -183,17 +189,20 @@ impl RequestTrace {
     }
 }
 
+static TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
+static TRACESTATE: http::HeaderName = http::HeaderName::from_static("tracestate");
+
 /// The trace a request starts (or continues), when telemetry is on.
 pub fn start(destination: Option<&Arc<Destination>>, headers: &HeaderMap) -> Option<Box<RequestTrace>> {
     let destination = destination?;
-    let mut parents = headers.get_all("traceparent").iter();
+    let mut parents = headers.get_all(&TRACEPARENT).iter();
     // Two traceparent headers: a trace of its own, as the recommendation says.
     let parent = match (parents.next(), parents.next()) {
         (Some(value), None) if destination.trust_client => trace_context::parse_traceparent(value.as_bytes()),
         _ => None,
     };
     let state = parent
-        .and(headers.get("tracestate"))
+        .and(headers.get(&TRACESTATE))
         .and_then(|value| trace_context::usable_trace_state(value.as_bytes()))
         .map(str::to_owned);
     let trace_id = parent.map_or_else(trace_context::new_trace_id, |p| p.trace_id);
@@ -214,7 +223,6 @@ pub struct Done<'a> {
     pub started: Instant,
     pub ended: Instant,
     pub first_byte: Option<Instant>,
-    pub method: &'a str,
     pub path: &'a str,
     pub request_id: &'a str,
     pub model: &'a str,
@@ -232,7 +240,6 @@ pub struct Done<'a> {
     pub cost: Option<(String, &'a str)>,
     /// Whether budgets were reserved for it.
     pub budgeted: bool,
-    pub endpoint: Option<String>,
 }
 
 impl Done<'_> {
@@ -257,156 +264,152 @@ pub fn operation(path: &str) -> &'static str {
 /// Sends what the request leaves: its spans when sampled, its usage record
 /// when usage logs are on.
 pub fn finish(trace: &RequestTrace, done: &Done<'_>, exporter: &Exporter) {
-    for item in items(trace, done) {
+    if let Some(item) = encoded(trace, done) {
         exporter.send(&trace.destination, item);
     }
 }
 
-/// What [`finish`] sends.
-fn items(trace: &RequestTrace, done: &Done<'_>) -> Vec<Item> {
-    let mut items = Vec::with_capacity(2 + trace.attempts.len());
+/// What [`finish`] sends, encoded: `None` when nothing is.
+fn encoded(trace: &RequestTrace, done: &Done<'_>) -> Option<Item> {
+    let mut item = Item::default();
     if trace.context.sampled {
-        items.push(Item::Span(server_span(trace, done)));
+        item.spans = Vec::with_capacity(1024);
+        server_span(&mut item.spans, trace, done);
         for attempt in &trace.attempts {
-            items.push(Item::Span(attempt_span(trace, attempt, done)));
+            attempt_span(&mut item.spans, trace, attempt, done);
         }
+        item.span_count = 1 + trace.attempts.len();
     }
     // A request that never named a model used nothing: no usage record.
     if trace.destination.usage_logs && done.model != "unknown" {
-        let traced = trace.context.sampled.then_some((trace.context.trace_id, trace.context.span_id));
-        items.push(Item::Log(usage_record(done, traced)));
+        item.records = Vec::with_capacity(512);
+        let traced = trace.context.sampled.then_some((&trace.context.trace_id, &trace.context.span_id));
+        let backend = trace.attempts.last().map(|attempt| attempt.endpoint.as_str());
+        usage_record(&mut item.records, done, traced, backend);
     }
-    items
+    (!item.spans.is_empty() || !item.records.is_empty()).then_some(item)
 }
 
-fn server_span(trace: &RequestTrace, done: &Done<'_>) -> Span {
+fn server_span(out: &mut Vec<u8>, trace: &RequestTrace, done: &Done<'_>) {
     let operation = operation(done.path);
-    let mut attributes: otlp::Attributes = vec![
-        ("gen_ai.operation.name", operation.into()),
-        ("gen_ai.provider.name", "waycast".into()),
-        ("gen_ai.request.model", done.model.into()),
-        ("gen_ai.response.model", done.model.into()),
-        ("gen_ai.usage.input_tokens", done.tokens.0.into()),
-        ("gen_ai.usage.output_tokens", done.tokens.2.into()),
-        ("http.request.method", done.method.into()),
-        ("http.route", done.path.into()),
-        ("http.response.status_code", u64::from(done.status).into()),
-        ("waycast.request_id", done.request_id.into()),
-        ("waycast.key", done.key.into()),
-        ("waycast.stream", done.stream.into()),
-    ];
-    if let Some(max) = done.max_tokens {
-        attributes.push(("gen_ai.request.max_tokens", max.into()));
-    }
-    if done.tokens.1 > 0 {
-        attributes.push(("gen_ai.usage.cache_read.input_tokens", done.tokens.1.into()));
-    }
-    if let Some(tenant) = done.tenant {
-        attributes.push(("waycast.tenant", tenant.into()));
-    }
-    if let Some(class) = done.class {
-        attributes.push(("waycast.class", class.into()));
-    }
-    if let Some(waited) = done.queued {
-        attributes.push(("waycast.queue_wait_seconds", waited.as_secs_f64().into()));
-    }
-    if done.budgeted {
-        attributes.push(("waycast.budget", "reserved".into()));
-    }
-    if let Some((cost, currency)) = &done.cost {
-        attributes.push(("waycast.cost", cost.clone().into()));
-        attributes.push(("waycast.currency", (*currency).into()));
-    }
-    if let Some(error) = done.error {
-        attributes.push(("error.type", error.into()));
-    }
-    let events =
-        done.first_byte.map(|at| (done.unix_nanos(at), "gen_ai.first_token", Vec::new())).into_iter().collect();
-    Span {
-        trace_id: trace.context.trace_id,
-        span_id: trace.context.span_id,
-        parent_span_id: trace.parent,
-        trace_state: trace.state.clone(),
-        name: format!("{operation} {}", done.model),
+    let first_token = done.first_byte.map(|at| [(done.unix_nanos(at), "gen_ai.first_token")]);
+    let head = SpanHead {
+        trace_id: &trace.context.trace_id,
+        span_id: &trace.context.span_id,
+        parent_span_id: trace.parent.as_ref(),
+        trace_state: trace.state.as_deref(),
+        name: (operation, done.model),
         kind: SpanKind::Server,
         start_unix_nanos: done.unix_nanos(done.started),
         end_unix_nanos: done.unix_nanos(done.ended),
-        attributes,
-        events,
-        error: done.error.filter(|_| done.status >= 500 || done.status == 0).map(str::to_owned),
+        events: first_token.as_ref().map_or(&[], |event| event.as_slice()),
+        error: done.error.filter(|_| done.status >= 500 || done.status == 0),
+    };
+    otlp::span(out, &head, |attributes| {
+        attributes.text("gen_ai.operation.name", operation);
+        attributes.text("gen_ai.provider.name", "waycast");
+        attributes.text("gen_ai.request.model", done.model);
+        attributes.text("gen_ai.response.model", done.model);
+        attributes.int("gen_ai.usage.input_tokens", done.tokens.0);
+        attributes.int("gen_ai.usage.output_tokens", done.tokens.2);
+        if done.tokens.1 > 0 {
+            attributes.int("gen_ai.usage.cache_read.input_tokens", done.tokens.1);
+        }
+        if let Some(max) = done.max_tokens {
+            attributes.int("gen_ai.request.max_tokens", max);
+        }
+        attributes.int("http.response.status_code", u64::from(done.status));
+        attributes.text("waycast.request_id", done.request_id);
+        attributes.text("waycast.key", done.key);
+        attributes.flag("waycast.stream", done.stream);
+        if let Some(tenant) = done.tenant {
+            attributes.text("waycast.tenant", tenant);
+        }
+        if let Some(class) = done.class {
+            attributes.text("waycast.class", class);
+        }
+        if let Some(waited) = done.queued {
+            attributes.double("waycast.queue_wait_seconds", waited.as_secs_f64());
+        }
+        if done.budgeted {
+            attributes.text("waycast.budget", "reserved");
+        }
+        cost_and_error(attributes, done);
+    });
+}
+
+fn cost_and_error(attributes: &mut Attributes<'_>, done: &Done<'_>) {
+    if let Some((cost, currency)) = &done.cost {
+        attributes.text("waycast.cost", cost);
+        attributes.text("waycast.currency", currency);
+    }
+    if let Some(error) = done.error {
+        attributes.text("error.type", error);
     }
 }
 
-fn attempt_span(trace: &RequestTrace, attempt: &Attempt, done: &Done<'_>) -> Span {
-    let (address, port) = attempt.endpoint.rsplit_once(':').unwrap_or((attempt.endpoint.as_str(), ""));
-    let mut attributes: otlp::Attributes = vec![
-        ("gen_ai.operation.name", operation(done.path).into()),
-        ("gen_ai.request.model", done.model.into()),
-        ("server.address", address.into()),
-    ];
-    if let Ok(port) = port.parse::<u64>() {
-        attributes.push(("server.port", port.into()));
-    }
-    if let Some(status) = attempt.status {
-        attributes.push(("http.response.status_code", u64::from(status).into()));
-    }
-    if let Some(error) = attempt.error {
-        attributes.push(("error.type", error.into()));
-    }
-    if let Some(reason) = attempt.retried {
-        attributes.push(("waycast.retry_reason", reason.into()));
-    }
-    Span {
-        trace_id: trace.context.trace_id,
-        span_id: attempt.span_id,
-        parent_span_id: Some(trace.context.span_id),
-        trace_state: trace.state.clone(),
-        name: format!("{} {}", operation(done.path), done.model),
+fn attempt_span(out: &mut Vec<u8>, trace: &RequestTrace, attempt: &Attempt, done: &Done<'_>) {
+    let operation = operation(done.path);
+    let head = SpanHead {
+        trace_id: &trace.context.trace_id,
+        span_id: &attempt.span_id,
+        parent_span_id: Some(&trace.context.span_id),
+        trace_state: trace.state.as_deref(),
+        name: (operation, done.model),
         kind: SpanKind::Client,
         start_unix_nanos: done.unix_nanos(attempt.started),
         end_unix_nanos: done.unix_nanos(attempt.ended),
-        attributes,
-        events: Vec::new(),
-        error: attempt.error.map(str::to_owned),
-    }
+        events: &[],
+        error: attempt.error,
+    };
+    // `host:port` (an address in brackets for IPv6), as picked.
+    let (address, port) = attempt.endpoint.as_str().rsplit_once(':').unwrap_or((attempt.endpoint.as_str(), ""));
+    otlp::span(out, &head, |attributes| {
+        attributes.text("gen_ai.operation.name", operation);
+        attributes.text("server.address", address.trim_start_matches('[').trim_end_matches(']'));
+        if let Some(port) = crate::json_text::non_negative_integer(port.as_bytes()) {
+            attributes.int("server.port", port);
+        }
+        if let Some(status) = attempt.status {
+            attributes.int("http.response.status_code", u64::from(status));
+        }
+        if let Some(error) = attempt.error {
+            attributes.text("error.type", error);
+        }
+        if let Some(reason) = attempt.retried {
+            attributes.text("waycast.retry_reason", reason);
+        }
+    });
 }
 
 /// The usage record: the access line's fields, as a log record.
-fn usage_record(done: &Done<'_>, traced: Option<([u8; 16], [u8; 8])>) -> LogRecord {
-    let mut attributes: otlp::Attributes = vec![
-        ("waycast.request_id", done.request_id.into()),
-        ("waycast.key", done.key.into()),
-        ("gen_ai.request.model", done.model.into()),
-        ("http.response.status_code", u64::from(done.status).into()),
-        ("gen_ai.usage.input_tokens", done.tokens.0.into()),
-        ("gen_ai.usage.output_tokens", done.tokens.2.into()),
-        ("gen_ai.usage.cache_read.input_tokens", done.tokens.1.into()),
-        ("waycast.duration_seconds", done.ended.saturating_duration_since(done.started).as_secs_f64().into()),
-        ("waycast.stream", done.stream.into()),
-    ];
-    if let Some(endpoint) = &done.endpoint {
-        attributes.push(("waycast.backend", endpoint.clone().into()));
-    }
-    if let Some(first) = done.first_byte {
-        attributes.push((
-            "waycast.time_to_first_token_seconds",
-            first.saturating_duration_since(done.started).as_secs_f64().into(),
-        ));
-    }
-    if let Some((cost, currency)) = &done.cost {
-        attributes.push(("waycast.cost", cost.clone().into()));
-        attributes.push(("waycast.currency", (*currency).into()));
-    }
-    if let Some(error) = done.error {
-        attributes.push(("error.type", error.into()));
-    }
-    LogRecord {
+fn usage_record(out: &mut Vec<u8>, done: &Done<'_>, traced: Option<(&[u8; 16], &[u8; 8])>, backend: Option<&str>) {
+    let head = RecordHead {
         time_unix_nanos: done.unix_nanos(done.ended),
         event_name: "waycast.usage",
-        body: done.request_id.into(),
-        attributes,
+        body: done.request_id,
         trace: traced,
-    }
+    };
+    otlp::record(out, &head, |attributes| {
+        attributes.text("waycast.request_id", done.request_id);
+        attributes.text("waycast.key", done.key);
+        attributes.text("gen_ai.request.model", done.model);
+        attributes.int("http.response.status_code", u64::from(done.status));
+        attributes.int("gen_ai.usage.input_tokens", done.tokens.0);
+        attributes.int("gen_ai.usage.output_tokens", done.tokens.2);
+        if done.tokens.1 > 0 {
+            attributes.int("gen_ai.usage.cache_read.input_tokens", done.tokens.1);
+        }
+        attributes.double("waycast.duration_seconds", done.ended.saturating_duration_since(done.started).as_secs_f64());
+        if let Some(backend) = backend {
+            attributes.text("waycast.backend", backend);
+        }
+        if let Some(first) = done.first_byte {
+            let seconds = first.saturating_duration_since(done.started).as_secs_f64();
+            attributes.double("waycast.time_to_first_token_seconds", seconds);
+        }
+        cost_and_error(attributes, done);
+    });
 }
 
 #[cfg(test)]

@@ -6,13 +6,13 @@ use super::*;
 /// messages are decoded again from their bytes). An independent reading
 /// of the wire format, so that the encoder is not checked against itself.
 #[derive(Debug, Clone, PartialEq)]
-enum Wire {
+pub(crate) enum Wire {
     Varint(u64),
     Fixed64(u64),
     Bytes(Vec<u8>),
 }
 
-fn read_varint(bytes: &[u8], at: &mut usize) -> u64 {
+pub(crate) fn read_varint(bytes: &[u8], at: &mut usize) -> u64 {
     let (mut value, mut shift) = (0_u64, 0);
     loop {
         let byte = bytes[*at];
@@ -25,7 +25,7 @@ fn read_varint(bytes: &[u8], at: &mut usize) -> u64 {
     }
 }
 
-fn decode(bytes: &[u8]) -> Vec<(u64, Wire)> {
+pub(crate) fn decode(bytes: &[u8]) -> Vec<(u64, Wire)> {
     let (mut fields, mut at) = (Vec::new(), 0);
     while at < bytes.len() {
         let tag = read_varint(bytes, &mut at);
@@ -49,29 +49,29 @@ fn decode(bytes: &[u8]) -> Vec<(u64, Wire)> {
     fields
 }
 
-fn all(bytes: &[u8], field: u64) -> Vec<Wire> {
+pub(crate) fn all(bytes: &[u8], field: u64) -> Vec<Wire> {
     decode(bytes).into_iter().filter(|(f, _)| *f == field).map(|(_, v)| v).collect()
 }
 
-fn one(bytes: &[u8], field: u64) -> Wire {
+pub(crate) fn one(bytes: &[u8], field: u64) -> Wire {
     let mut found = all(bytes, field);
     assert_eq!(found.len(), 1, "field {field} once in {:?}", decode(bytes));
     found.remove(0)
 }
 
-fn bytes_of(wire: Wire) -> Vec<u8> {
+pub(crate) fn bytes_of(wire: Wire) -> Vec<u8> {
     match wire {
         Wire::Bytes(bytes) => bytes,
         other => panic!("not bytes: {other:?}"),
     }
 }
 
-fn text(bytes: &[u8], field: u64) -> String {
+pub(crate) fn text(bytes: &[u8], field: u64) -> String {
     String::from_utf8(bytes_of(one(bytes, field))).unwrap()
 }
 
 /// The attributes of a message (repeated KeyValue at `field`) by key.
-fn attributes(bytes: &[u8], field: u64) -> Vec<(String, Wire)> {
+pub(crate) fn attributes(bytes: &[u8], field: u64) -> Vec<(String, Wire)> {
     all(bytes, field)
         .into_iter()
         .map(|kv| {
@@ -100,25 +100,27 @@ fn source() -> Source {
 
 #[test]
 fn a_span_is_written_with_every_field_in_its_place() {
-    let span = Span {
-        trace_id: [1; 16],
-        span_id: [2; 8],
-        parent_span_id: Some([3; 8]),
-        trace_state: Some("rojo=1".into()),
-        name: "chat llama".into(),
+    let mut spans = Vec::new();
+    let head = SpanHead {
+        trace_id: &[1; 16],
+        span_id: &[2; 8],
+        parent_span_id: Some(&[3; 8]),
+        trace_state: Some("rojo=1"),
+        name: ("chat", "llama"),
         kind: SpanKind::Server,
         start_unix_nanos: 1_800_000_000_000_000_000,
         end_unix_nanos: 1_800_000_000_500_000_000,
-        attributes: vec![
-            ("gen_ai.request.model", "llama".into()),
-            ("gen_ai.usage.input_tokens", Value::Int(-1)),
-            ("waycast.streamed", true.into()),
-            ("waycast.cost", 0.25.into()),
-        ],
-        events: vec![(1_800_000_000_100_000_000, "gen_ai.first_token", vec![])],
-        error: Some("upstream_timeout".into()),
+        events: &[(1_800_000_000_100_000_000, "gen_ai.first_token")],
+        error: Some("upstream_timeout"),
     };
-    let request = traces(&source(), &[span]);
+    span(&mut spans, &head, |attributes| {
+        attributes.text("gen_ai.request.model", "llama");
+        attributes.int("gen_ai.usage.input_tokens", u64::MAX);
+        attributes.flag("waycast.streamed", true);
+        attributes.double("waycast.cost", 0.25);
+        attributes.text("long", &"x".repeat(300));
+    });
+    let request = traces(&source(), &[&spans]);
     let resource_spans = bytes_of(one(&request, 1));
     let resource = bytes_of(one(&resource_spans, 1));
     assert_eq!(attributes(&resource, 1), vec![("service.name".into(), Wire::Bytes(b"waycast-gateway".to_vec()))]);
@@ -138,9 +140,10 @@ fn a_span_is_written_with_every_field_in_its_place() {
         attributes(&written, 9),
         vec![
             ("gen_ai.request.model".into(), Wire::Bytes(b"llama".to_vec())),
-            ("gen_ai.usage.input_tokens".into(), Wire::Varint(u64::MAX)),
+            ("gen_ai.usage.input_tokens".into(), Wire::Varint(i64::MAX as u64)),
             ("waycast.streamed".into(), Wire::Varint(1)),
             ("waycast.cost".into(), Wire::Fixed64(0.25_f64.to_bits())),
+            ("long".into(), Wire::Bytes(vec![b'x'; 300])),
         ]
     );
     let event = bytes_of(one(&written, 11));
@@ -151,47 +154,54 @@ fn a_span_is_written_with_every_field_in_its_place() {
 }
 
 #[test]
-fn a_span_without_parent_state_or_error_leaves_those_fields_out() {
-    let span = Span {
-        trace_id: [1; 16],
-        span_id: [2; 8],
+fn spans_without_parent_state_or_error_leave_those_fields_out_and_add_up() {
+    let head = SpanHead {
+        trace_id: &[1; 16],
+        span_id: &[2; 8],
         parent_span_id: None,
         trace_state: None,
-        name: "POST".into(),
+        name: ("chat", "m"),
         kind: SpanKind::Client,
         start_unix_nanos: 1,
         end_unix_nanos: 2,
-        attributes: Vec::new(),
-        events: Vec::new(),
+        events: &[],
         error: None,
     };
-    let request = traces(&source(), &[span.clone(), span]);
+    let mut spans = Vec::new();
+    span(&mut spans, &head, |_| {});
+    span(&mut spans, &head, |attributes| attributes.text("k", "v"));
+    let request = traces(&source(), &[&spans]);
     let scope_spans = bytes_of(one(&bytes_of(one(&request, 1)), 2));
     let spans = all(&scope_spans, 2);
-    assert_eq!(spans.len(), 2);
+    assert_eq!(spans.len(), 2, "entries written apart are one list");
     let written = bytes_of(spans[0].clone());
     for absent in [3, 4, 9, 11, 15] {
         assert!(all(&written, absent).is_empty(), "field {absent}");
     }
     assert_eq!(one(&written, 6), Wire::Varint(3));
+    assert_eq!(attributes(&bytes_of(spans[1].clone()), 9), vec![("k".into(), Wire::Bytes(b"v".to_vec()))]);
 }
 
 #[test]
 fn a_log_record_carries_its_trace_and_attributes() {
-    let record = LogRecord {
+    let mut records = Vec::new();
+    let head = RecordHead {
         time_unix_nanos: 1_800_000_000_000_000_000,
         event_name: "waycast.usage",
-        body: "POST /v1/chat/completions 200".into(),
-        attributes: vec![("waycast.request_id", "req-1".into()), ("gen_ai.usage.output_tokens", 7_u64.into())],
-        trace: Some(([4; 16], [5; 8])),
+        body: "req-1",
+        trace: Some((&[4; 16], &[5; 8])),
     };
-    let request = logs(&source(), &[record]);
+    record(&mut records, &head, |attributes| {
+        attributes.text("waycast.request_id", "req-1");
+        attributes.int("gen_ai.usage.output_tokens", 7);
+    });
+    let request = logs(&source(), &[&records]);
     let scope_logs = bytes_of(one(&bytes_of(one(&request, 1)), 2));
     let written = bytes_of(one(&scope_logs, 2));
     assert_eq!(one(&written, 1), Wire::Fixed64(1_800_000_000_000_000_000));
     assert_eq!(one(&written, 2), Wire::Varint(9));
     assert_eq!(text(&written, 3), "INFO");
-    assert_eq!(decode(&bytes_of(one(&written, 5))), vec![(1, Wire::Bytes(b"POST /v1/chat/completions 200".to_vec()))]);
+    assert_eq!(decode(&bytes_of(one(&written, 5))), vec![(1, Wire::Bytes(b"req-1".to_vec()))]);
     assert_eq!(
         attributes(&written, 6),
         vec![
@@ -204,11 +214,18 @@ fn a_log_record_carries_its_trace_and_attributes() {
 }
 
 #[test]
-fn varints_across_their_byte_boundaries() {
+fn varints_and_nested_lengths_across_their_byte_boundaries() {
     for value in [0, 1, 127, 128, 16_383, 16_384, u64::from(u32::MAX), u64::MAX] {
         let mut out = Vec::new();
         varint(&mut out, value);
         assert_eq!(read_varint(&out, &mut 0), value);
-        assert_eq!(out.len(), (64 - value.leading_zeros()).max(1).div_ceil(7) as usize);
+        assert_eq!(out.len(), varint_len(value));
+    }
+    // A message of 127, 128 and 16,384 bytes: its length in one, two and
+    // three bytes in front of it.
+    for size in [127, 128, 16_384] {
+        let mut out = Vec::new();
+        nested(&mut out, 2, |out| out.extend(std::iter::repeat_n(7, size)));
+        assert_eq!(decode(&out), vec![(2, Wire::Bytes(vec![7; size]))]);
     }
 }

@@ -65,10 +65,10 @@ fn an_attempt_names_itself_upstream_and_is_recorded_with_its_retry() {
     let sent = first.traceparent.to_str().unwrap().to_owned();
     let parsed = trace_context::parse_traceparent(sent.as_bytes()).unwrap();
     assert_eq!((parsed.trace_id, parsed.span_id, parsed.sampled), (trace.context.trace_id, first.span_id, true));
-    trace.end_attempt(first, "10.0.0.7:8000".into(), Some(503), None);
+    trace.end_attempt(first, http::uri::Authority::from_static("10.0.0.7:8000"), Some(503), None);
     trace.note_retry("status_503");
     let second = trace.begin_attempt();
-    trace.end_attempt(second, "10.0.0.8:8000".into(), Some(200), None);
+    trace.end_attempt(second, http::uri::Authority::from_static("10.0.0.8:8000"), Some(200), None);
     assert_eq!(trace.attempts.len(), 2);
     assert_eq!((trace.attempts[0].retried, trace.attempts[1].retried), (Some("status_503"), None));
     assert_ne!(trace.attempts[0].span_id, trace.attempts[1].span_id);
@@ -80,7 +80,6 @@ fn done(now: Instant) -> Done<'static> {
         started: now,
         ended: now + Duration::from_millis(500),
         first_byte: Some(now + Duration::from_millis(100)),
-        method: "POST",
         path: "/v1/chat/completions",
         request_id: "req-1",
         model: "llama",
@@ -95,40 +94,55 @@ fn done(now: Instant) -> Done<'static> {
         max_tokens: Some(64),
         cost: Some(("0.000017".into(), "USD")),
         budgeted: false,
-        endpoint: Some("10.0.0.8:8000".into()),
     }
+}
+
+/// The spans and the record an item holds, decoded.
+fn decoded(item: &Item) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+    let entries = |bytes: &[u8]| otlp::tests::all(bytes, 2).into_iter().map(otlp::tests::bytes_of).collect();
+    (entries(&item.spans), entries(&item.records))
+}
+
+fn attribute(message: &[u8], field: u64, key: &str) -> Option<otlp::tests::Wire> {
+    otlp::tests::attributes(message, field).into_iter().find(|(k, _)| k == key).map(|(_, v)| v)
+}
+
+fn text(value: &str) -> Option<otlp::tests::Wire> {
+    Some(otlp::tests::Wire::Bytes(value.as_bytes().to_vec()))
 }
 
 #[test]
 fn a_sampled_request_sends_its_spans_and_its_usage_record() {
+    use otlp::tests::{Wire, one, text as field_text};
     let on = destination(|_| {});
     let mut trace = start(Some(&on), &headers(&[("traceparent", PARENT)])).unwrap();
     let attempt = trace.begin_attempt();
-    trace.end_attempt(attempt, "10.0.0.8:8000".into(), Some(200), None);
+    trace.end_attempt(attempt, http::uri::Authority::from_static("10.0.0.8:8000"), Some(200), None);
     let now = Instant::now();
-    let items = items(&trace, &done(now));
-    let [Item::Span(server), Item::Span(client), Item::Log(record)] = items.as_slice() else {
-        panic!("a server span, an attempt span, a record");
-    };
-    assert_eq!(
-        (server.kind, server.name.as_str(), server.parent_span_id),
-        (SpanKind::Server, "chat llama", trace.parent)
-    );
-    assert_eq!(server.end_unix_nanos, 1_800_000_000_000_000_000);
-    assert_eq!(server.start_unix_nanos, 1_800_000_000_000_000_000 - 500_000_000);
-    assert_eq!(server.events, vec![(1_800_000_000_000_000_000 - 400_000_000, "gen_ai.first_token", Vec::new())]);
-    let attribute =
-        |span: &Span, name: &str| span.attributes.iter().find(|(key, _)| *key == name).map(|(_, v)| v.clone());
-    assert_eq!(attribute(server, "gen_ai.usage.input_tokens"), Some(Value::Int(12)));
-    assert_eq!(attribute(server, "gen_ai.usage.output_tokens"), Some(Value::Int(5)));
-    assert_eq!(attribute(server, "gen_ai.request.max_tokens"), Some(Value::Int(64)));
-    assert_eq!(attribute(server, "waycast.key"), Some(Value::from("team-a/alice")));
-    assert_eq!(attribute(server, "waycast.cost"), Some(Value::from("0.000017")));
-    assert_eq!((client.kind, client.parent_span_id), (SpanKind::Client, Some(trace.context.span_id)));
-    assert_eq!(attribute(client, "server.address"), Some(Value::from("10.0.0.8")));
-    assert_eq!(attribute(client, "server.port"), Some(Value::Int(8000)));
-    assert_eq!(record.trace, Some((trace.context.trace_id, trace.context.span_id)));
-    assert_eq!(record.body, Value::from("req-1"));
+    let item = encoded(&trace, &done(now)).unwrap();
+    assert_eq!(item.span_count, 2);
+    let (spans, records) = decoded(&item);
+    let [server, client] = spans.as_slice() else { panic!("a server span and an attempt span") };
+    assert_eq!(one(server, 6), Wire::Varint(2));
+    assert_eq!(field_text(server, 5), "chat llama");
+    assert_eq!(one(server, 4), Wire::Bytes(trace.parent.unwrap().to_vec()));
+    assert_eq!(one(server, 8), Wire::Fixed64(1_800_000_000_000_000_000));
+    assert_eq!(one(server, 7), Wire::Fixed64(1_800_000_000_000_000_000 - 500_000_000));
+    let event = otlp::tests::bytes_of(one(server, 11));
+    assert_eq!(one(&event, 1), Wire::Fixed64(1_800_000_000_000_000_000 - 400_000_000));
+    assert_eq!(attribute(server, 9, "gen_ai.usage.input_tokens"), Some(Wire::Varint(12)));
+    assert_eq!(attribute(server, 9, "gen_ai.usage.output_tokens"), Some(Wire::Varint(5)));
+    assert_eq!(attribute(server, 9, "gen_ai.request.max_tokens"), Some(Wire::Varint(64)));
+    assert_eq!(attribute(server, 9, "waycast.key"), text("team-a/alice"));
+    assert_eq!(attribute(server, 9, "waycast.cost"), text("0.000017"));
+    assert_eq!(one(client, 6), Wire::Varint(3));
+    assert_eq!(one(client, 4), Wire::Bytes(trace.context.span_id.to_vec()));
+    assert_eq!(attribute(client, 9, "server.address"), text("10.0.0.8"));
+    assert_eq!(attribute(client, 9, "server.port"), Some(Wire::Varint(8000)));
+    let [record] = records.as_slice() else { panic!("one usage record") };
+    assert_eq!(one(record, 9), Wire::Bytes(trace.context.trace_id.to_vec()));
+    assert_eq!(attribute(record, 6, "waycast.request_id"), text("req-1"));
+    assert_eq!(attribute(record, 6, "waycast.backend"), text("10.0.0.8:8000"));
 }
 
 #[test]
@@ -136,11 +150,14 @@ fn an_unsampled_request_sends_its_usage_record_only_and_one_without_a_model_noth
     let unsampled = destination(|config| config.sampling = Ratio(0.0));
     let trace = start(Some(&unsampled), &HeaderMap::new()).unwrap();
     let now = Instant::now();
-    let items = items(&trace, &done(now));
-    assert!(matches!(items.as_slice(), [Item::Log(record)] if record.trace.is_none()));
+    let item = encoded(&trace, &done(now)).unwrap();
+    let (spans, records) = decoded(&item);
+    assert!(spans.is_empty() && item.span_count == 0);
+    assert_eq!(records.len(), 1);
+    assert!(otlp::tests::all(&records[0], 9).is_empty(), "not traced: no trace id");
     let refused = Done { model: "unknown", ..done(now) };
-    assert!(super::items(&trace, &refused).is_empty());
+    assert!(encoded(&trace, &refused).is_none());
     let no_logs = destination(|config| (config.sampling, config.usage_logs) = (Ratio(0.0), false));
     let quiet = start(Some(&no_logs), &HeaderMap::new()).unwrap();
-    assert!(super::items(&quiet, &done(now)).is_empty());
+    assert!(encoded(&quiet, &done(now)).is_none());
 }

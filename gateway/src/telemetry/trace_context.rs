@@ -24,22 +24,24 @@ pub struct SpanContext {
 
 impl SpanContext {
     /// `traceparent` of version 00 naming this span as the parent.
+    #[cfg(test)]
     pub fn traceparent(&self) -> String {
-        let mut text = String::with_capacity(55);
-        text.push_str("00-");
-        push_hex(&mut text, &self.trace_id);
-        text.push('-');
-        push_hex(&mut text, &self.span_id);
-        text.push_str(if self.sampled { "-01" } else { "-00" });
-        text
+        String::from_utf8_lossy(&self.traceparent_bytes()).into_owned()
     }
-}
 
-fn push_hex(text: &mut String, bytes: &[u8]) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    for byte in bytes {
-        text.push(char::from(HEX[usize::from(byte >> 4)]));
-        text.push(char::from(HEX[usize::from(byte & 0xf)]));
+    /// The same, on the stack (ASCII).
+    pub fn traceparent_bytes(&self) -> [u8; 55] {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut text = [b'-'; 55];
+        text[..2].copy_from_slice(b"00");
+        for (at, byte) in self.trace_id.iter().chain(&self.span_id).enumerate() {
+            // The span id starts after the trace id's 32 digits and a dash.
+            let place = 3 + 2 * at + usize::from(at >= 16);
+            text[place] = HEX[usize::from(byte >> 4)];
+            text[place + 1] = HEX[usize::from(byte & 0xf)];
+        }
+        text[53..].copy_from_slice(if self.sampled { b"01" } else { b"00" });
+        text
     }
 }
 
