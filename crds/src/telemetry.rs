@@ -63,7 +63,7 @@ impl Default for Ratio {
 }
 
 /// `settings.telemetry` of the config.
-#[derive(Serialize, Deserialize, Clone, Default, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, Clone, PartialEq, Eq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct TelemetryConfig {
     /// The OTLP/HTTP base URL.
@@ -84,6 +84,24 @@ pub struct TelemetryConfig {
     #[serde(default = "yes")]
     pub usage_logs: bool,
 }
+
+impl Default for TelemetryConfig {
+    /// Nowhere yet; the defaults a written config gets.
+    fn default() -> Self {
+        Self {
+            endpoint: String::new(),
+            sampling: Ratio::default(),
+            headers: BTreeMap::new(),
+            resource_attributes: BTreeMap::new(),
+            trust_client_trace_context: true,
+            usage_logs: true,
+        }
+    }
+}
+
+/// Headers the exporter writes itself: one of these from a Secret or the
+/// flags would corrupt the export.
+const SET_BY_EXPORTER: [&str; 6] = ["host", "content-length", "content-type", "transfer-encoding", "connection", "te"];
 
 impl std::fmt::Debug for TelemetryConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -126,6 +144,8 @@ impl TelemetryConfig {
         for (name, value) in &self.headers {
             if http::HeaderName::from_bytes(name.as_bytes()).is_err() || http::HeaderValue::from_str(value).is_err() {
                 problems.push(format!("header {:?} is not a valid HTTP header", shown(name)));
+            } else if SET_BY_EXPORTER.contains(&name.to_ascii_lowercase().as_str()) {
+                problems.push(format!("header {:?} is set by the exporter itself", shown(name)));
             }
         }
         if self.resource_attributes.len() > MAX_RESOURCE_ATTRIBUTES {
@@ -165,6 +185,19 @@ mod tests {
         bad.sampling = Ratio(1.5);
         bad.headers.insert("bad header".into(), "v".into());
         bad.resource_attributes.insert(String::new(), "v".into());
-        assert_eq!(bad.problems().len(), 3, "{:?}", bad.problems());
+        bad.headers.insert("Content-Length".into(), "5".into());
+        assert_eq!(bad.problems().len(), 4, "{:?}", bad.problems());
+        let mut many = config("http://collector:4318");
+        many.headers = (0..=MAX_HEADERS).map(|n| (format!("x-h{n}"), "v".into())).collect();
+        many.resource_attributes = (0..=MAX_RESOURCE_ATTRIBUTES).map(|n| (format!("k{n}"), "v".into())).collect();
+        assert_eq!(many.problems().len(), 2, "{:?}", many.problems());
+    }
+
+    #[test]
+    fn header_values_never_reach_debug_output() {
+        let mut secret = config("http://collector:4318");
+        secret.headers.insert("authorization".into(), "Bearer s3cret".into());
+        let shown = format!("{secret:?}");
+        assert!(shown.contains("authorization") && !shown.contains("s3cret"), "{shown}");
     }
 }

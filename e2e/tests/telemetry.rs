@@ -145,6 +145,12 @@ async fn a_traced_request_through_a_gateway_pod_reaches_a_real_collector() {
         "the serving pod got no {expected}"
     );
 
+    // The Gateway's resource attributes beside the gateway's own.
+    for resource in collector.resources("traces") {
+        assert_eq!(attribute(&resource, "deployment.environment").unwrap(), "e2e");
+        assert_eq!(attribute(&resource, "service.name").unwrap(), "waycast-gateway");
+    }
+
     // Each request's usage record, with the request id of its access line.
     let records = collector.until("logs", "a usage record per request", |r| r.len() >= request_ids.len()).await;
     let logs = pod_logs(&client, &namespace, "app.kubernetes.io/instance=gateway", 500).await;

@@ -339,6 +339,8 @@ impl RunningGateway {
         }
         // The access log is written in batches; nothing queued is lost on a graceful stop.
         tokio::task::spawn_blocking(access_log::flush).await.ok();
+        let shared = self.shared.clone();
+        tokio::task::spawn_blocking(move || shared.telemetry.flush(Duration::from_secs(5))).await.ok();
         drained
     }
 }

@@ -96,8 +96,8 @@ struct Args {
     otlp_sampling: f64,
     /// Headers of every export, `name=value,name=value` (as
     /// `OTEL_EXPORTER_OTLP_HEADERS`).
-    #[arg(long, env = "OTEL_EXPORTER_OTLP_HEADERS", value_parser = parse_headers, default_value = "")]
-    otlp_headers: std::collections::BTreeMap<String, String>,
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_HEADERS", hide_env_values = true, default_value = "")]
+    otlp_headers: HiddenText,
     /// Log filter (error, warn, info, debug, trace, or a tracing directive).
     #[arg(long = flag::LOG, env = "WAYCAST_LOG", default_value = "info")]
     log: String,
@@ -118,15 +118,37 @@ fn parse_secret_ref(text: &str) -> Result<(String, String), String> {
     }
 }
 
+/// A flag's text that is never shown (`--help`, Debug, errors): the OTLP
+/// headers carry the collector's token.
+#[derive(Clone, Default)]
+struct HiddenText(String);
+
+impl std::str::FromStr for HiddenText {
+    type Err = std::convert::Infallible;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Ok(Self(text.to_owned()))
+    }
+}
+
+impl std::fmt::Debug for HiddenText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<hidden>")
+    }
+}
+
 /// `name=value,name=value`, values percent-decoded as the OTLP exporter
-/// specification says (`%20` for a space).
+/// specification says (`%20` for a space). Errors name the entry's place
+/// or header, never a value.
 fn parse_headers(text: &str) -> Result<std::collections::BTreeMap<String, String>, String> {
     text.split(',')
         .map(str::trim)
         .filter(|pair| !pair.is_empty())
-        .map(|pair| {
-            let (name, value) = pair.split_once('=').ok_or_else(|| format!("{pair:?} is not name=value"))?;
-            Ok((name.trim().to_ascii_lowercase(), percent_decoded(value.trim())?))
+        .enumerate()
+        .map(|(index, pair)| {
+            let (name, value) = pair.split_once('=').ok_or_else(|| format!("entry {} is not name=value", index + 1))?;
+            let name = name.trim().to_ascii_lowercase();
+            let value = percent_decoded(value.trim()).map_err(|why| format!("header {name:?}: {why}"))?;
+            Ok((name, value))
         })
         .collect()
 }
@@ -138,7 +160,7 @@ fn percent_decoded(text: &str) -> Result<String, String> {
     while at < bytes.len() {
         if bytes[at] == b'%' {
             let hex = text.get(at + 1..at + 3).ok_or("a % without two hex digits")?;
-            out.push(u8::from_str_radix(hex, 16).map_err(|_| format!("%{hex} is not a hex escape"))?);
+            out.push(u8::from_str_radix(hex, 16).map_err(|_| "a % without two hex digits".to_owned())?);
             at += 3;
         } else {
             out.push(bytes[at]);
@@ -203,6 +225,13 @@ async fn run(args: Args) -> ExitCode {
     let Ok(usage) = document_source(args.usage_file, args.usage_configmap).await else {
         return ExitCode::FAILURE;
     };
+    let otlp_headers = match parse_headers(&args.otlp_headers.0) {
+        Ok(headers) => headers,
+        Err(why) => {
+            eprintln!("--otlp-headers: {why}");
+            return ExitCode::from(64);
+        }
+    };
     let options = GatewayOptions {
         listen: args.listen,
         admin_listen: args.admin_listen,
@@ -220,7 +249,7 @@ async fn run(args: Args) -> ExitCode {
         telemetry: args.otlp_endpoint.map(|endpoint| waycast_crds::telemetry::TelemetryConfig {
             endpoint,
             sampling: waycast_crds::telemetry::Ratio(args.otlp_sampling),
-            headers: args.otlp_headers,
+            headers: otlp_headers,
             ..waycast_crds::telemetry::TelemetryConfig::default()
         }),
     };

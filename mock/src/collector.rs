@@ -68,9 +68,6 @@ impl Collector {
     }
 
     /// Every span (`traces`) or log record (`logs`) received so far.
-    ///
-    /// # Panics
-    /// A line the collector wrote is not JSON.
     pub fn received(&self, signal: &str) -> Vec<Value> {
         let (file, outer, scoped, items) = match signal {
             "traces" => ("traces.jsonl", "resourceSpans", "scopeSpans", "spans"),
@@ -79,8 +76,8 @@ impl Collector {
         let text = std::fs::read_to_string(self.dir.join(file)).unwrap_or_default();
         let mut found = Vec::new();
         for line in text.lines().filter(|line| !line.trim().is_empty()) {
-            #[expect(clippy::expect_used, reason = "the collector writes JSON lines; anything else is a bug to see")]
-            let document: Value = serde_json::from_str(line).expect("a JSON line");
+            // The last line may be half written (flushed meanwhile): read next time.
+            let Ok(document) = serde_json::from_str::<Value>(line) else { continue };
             for resource in document[outer].as_array().into_iter().flatten() {
                 for scope in resource[scoped].as_array().into_iter().flatten() {
                     found.extend(scope[items].as_array().into_iter().flatten().cloned());
@@ -88,6 +85,18 @@ impl Collector {
             }
         }
         found
+    }
+
+    /// The resource of every export of `signal` received so far.
+    pub fn resources(&self, signal: &str) -> Vec<Value> {
+        let (file, outer) =
+            if signal == "traces" { ("traces.jsonl", "resourceSpans") } else { ("logs.jsonl", "resourceLogs") };
+        let text = std::fs::read_to_string(self.dir.join(file)).unwrap_or_default();
+        text.lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .flat_map(|document| document[outer].as_array().cloned().unwrap_or_default())
+            .map(|resource| resource["resource"].clone())
+            .collect()
     }
 
     /// What was received once `check` holds of it (within 15 s).

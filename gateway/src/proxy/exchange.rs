@@ -362,6 +362,7 @@ impl Exchange {
                 max_tokens: facts.max_tokens,
                 cost: cost.map(|(money, currency)| (money.to_string(), currency)),
                 budgeted: facts.budget.is_some(),
+                routed: facts.model.is_some(),
             };
             crate::telemetry::finish(trace, &done, exporter);
         }

@@ -118,6 +118,10 @@ pub async fn send(
             Err(Failure::Overloaded(forwarded)) => overloaded = Some(*forwarded),
             Err(Failure::Final(error)) => return Err(error),
         }
+        // The next backend (a failover tier) tries it, if there is one.
+        if let Some(trace) = trace.as_deref_mut() {
+            trace.note_retry("failover");
+        }
     }
     match overloaded {
         Some(forwarded) => Ok(forwarded),
@@ -311,7 +315,7 @@ fn build_request(
     let stamped = |name: &HeaderName| outgoing.inference.is_some() && (name == FAIRNESS_ID || name == OBJECTIVE);
     for (name, value) in outgoing.headers {
         if (forwardable(name) || (extra.allows(name.as_str()) && !is_client_credential(name)))
-            && !(traced.is_some() && (name == TRACEPARENT || name == TRACESTATE))
+            && !traced.is_some_and(|t| name == TRACEPARENT || name == TRACESTATE || (name == BAGGAGE && !t.trusted))
             && !backend.headers.contains_key(name)
             && !is_set_by_gateway(name)
             && !stamped(name)
@@ -378,6 +382,7 @@ fn is_set_by_gateway(name: &HeaderName) -> bool {
 
 static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 static TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
+static BAGGAGE: HeaderName = HeaderName::from_static("baggage");
 static FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 

@@ -92,8 +92,8 @@ async fn serve(
     let endpoint = route::endpoint(&parts.method, parts.uri.path())?;
     let snapshot = shared.config.current_here().ok_or(GatewayError::NotReady)?;
     facts.access_log = snapshot.settings.access_log;
-    facts.trace = crate::telemetry::start(shared.telemetry.destination(snapshot.telemetry.as_ref()), &parts.headers);
     let key = route::admit(&snapshot, &parts.headers, jiff::Timestamp::now)?;
+    facts.trace = crate::telemetry::start(shared.telemetry.destination(snapshot.telemetry.as_ref()), &parts.headers);
     facts.key = Some(own_name(&key.id));
     let endpoint_index = match endpoint {
         Endpoint::Proxy(index) => Some(index),

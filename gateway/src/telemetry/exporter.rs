@@ -7,11 +7,12 @@
 //! whatever the collector does.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt as _, Full};
+use http_body_util::{BodyExt as _, Full, Limited};
 use prometheus::IntCounterVec;
 
 use super::Destination;
@@ -24,6 +25,8 @@ const BATCH: usize = 512;
 /// Longest a record waits for its batch (the OpenTelemetry SDKs' batch
 /// span processor's default delay).
 const EVERY: Duration = Duration::from_secs(5);
+/// The most of a collector's answer read.
+const MAX_ANSWER_BYTES: usize = 64 * 1024;
 /// Longest one export may take.
 const DEADLINE: Duration = Duration::from_secs(5);
 
@@ -47,9 +50,19 @@ pub struct Counts {
     pub dropped: IntCounterVec,
 }
 
+/// What the queue carries.
+enum Message {
+    Record(Arc<Destination>, Item),
+    /// Send what is batched now, then say so.
+    Flush(SyncSender<()>),
+}
+
 /// The request path's end of the queue.
 pub struct Exporter {
-    queue: SyncSender<(Arc<Destination>, Item)>,
+    queue: SyncSender<Message>,
+    /// Items queued and not yet taken (an estimate: spans are shed first
+    /// when the queue is half full, so usage records keep their room).
+    queued: Arc<AtomicUsize>,
     counts: Counts,
 }
 
@@ -60,27 +73,47 @@ impl Exporter {
     /// The thread could not be started.
     pub fn start(counts: Counts) -> std::io::Result<Self> {
         let (queue, receiver) = sync_channel(QUEUE);
-        let sender_counts = counts.clone();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let (sender_counts, taken) = (counts.clone(), queued.clone());
         std::thread::Builder::new()
             .name("otlp-export".into())
-            .spawn(move || send_batches(&receiver, &sender_counts))?;
-        Ok(Self { queue, counts })
+            .spawn(move || send_batches(&receiver, &sender_counts, &taken))?;
+        Ok(Self { queue, queued, counts })
     }
 
     /// Queues `item` for `destination`, or drops it (counted) when the
-    /// queue is full.
-    pub fn send(&self, destination: &Arc<Destination>, item: Item) {
+    /// queue is full; past half full, its spans are dropped (counted) and
+    /// its usage record still queued.
+    pub fn send(&self, destination: &Arc<Destination>, mut item: Item) {
+        if item.span_count > 0 && self.queued.load(Ordering::Relaxed) >= QUEUE / 2 {
+            self.counts.dropped.with_label_values(&["traces", "queue_full"]).inc_by(item.span_count as u64);
+            (item.spans, item.span_count) = (Vec::new(), 0);
+            if item.records.is_empty() {
+                return;
+            }
+        }
         let (spans, records) = (item.span_count as u64, u64::from(!item.records.is_empty()));
+        self.queued.fetch_add(1, Ordering::Relaxed);
         if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) =
-            self.queue.try_send((destination.clone(), item))
+            self.queue.try_send(Message::Record(destination.clone(), item))
         {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
             self.counts.dropped.with_label_values(&["traces", "queue_full"]).inc_by(spans);
             self.counts.dropped.with_label_values(&["logs", "queue_full"]).inc_by(records);
         }
     }
+
+    /// Sends what is queued now, waiting at most `deadline` (a draining
+    /// pod's last records).
+    pub fn flush(&self, deadline: Duration) {
+        let (done, wait) = sync_channel(1);
+        if self.queue.send(Message::Flush(done)).is_ok() {
+            let _ = wait.recv_timeout(deadline);
+        }
+    }
 }
 
-fn send_batches(receiver: &Receiver<(Arc<Destination>, Item)>, counts: &Counts) {
+fn send_batches(receiver: &Receiver<Message>, counts: &Counts, queued: &AtomicUsize) {
     let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
         tracing::error!("telemetry: cannot start the export runtime; records are dropped");
         return;
@@ -89,13 +122,16 @@ fn send_batches(receiver: &Receiver<(Arc<Destination>, Item)>, counts: &Counts) 
     let mut batch: Vec<(Arc<Destination>, Item)> = Vec::with_capacity(BATCH);
     let mut deadline = Instant::now() + EVERY;
     loop {
+        let mut flushed = None;
         match receiver.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(item) => {
-                batch.push(item);
+            Ok(Message::Record(destination, item)) => {
+                queued.fetch_sub(1, Ordering::Relaxed);
+                batch.push((destination, item));
                 if batch.len() < BATCH {
                     continue;
                 }
             }
+            Ok(Message::Flush(done)) => flushed = Some(done),
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => {
                 runtime.block_on(export(&http, std::mem::take(&mut batch), counts));
@@ -104,6 +140,9 @@ fn send_batches(receiver: &Receiver<(Arc<Destination>, Item)>, counts: &Counts) 
         }
         if !batch.is_empty() {
             runtime.block_on(export(&http, std::mem::take(&mut batch), counts));
+        }
+        if let Some(done) = flushed {
+            let _ = done.send(());
         }
         deadline = Instant::now() + EVERY;
     }
@@ -154,8 +193,9 @@ async fn post(
     let sent = tokio::time::timeout(DEADLINE, async {
         let response = http.request(request).await.map_err(|e| e.to_string())?;
         let status = response.status();
-        // The answer is read (an empty partial success is success).
-        let _ = response.into_body().collect().await;
+        // The answer is read, bounded (an empty partial success is
+        // success; a collector that talks on is cut off).
+        let _ = Limited::new(response.into_body(), MAX_ANSWER_BYTES).collect().await;
         if status.is_success() { Ok(()) } else { Err(format!("status {status}")) }
     })
     .await

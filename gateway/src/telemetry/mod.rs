@@ -29,7 +29,7 @@ use otlp::{Attributes, RecordHead, SpanHead, SpanKind};
 use trace_context::SpanContext;
 
 /// Where and how a Gateway's records go (its config's, or the flags').
-#[derive(Debug, PartialEq)]
+#[derive(PartialEq)]
 pub struct Destination {
     /// The OTLP/HTTP base URL.
     pub endpoint: String,
@@ -43,6 +43,17 @@ pub struct Destination {
     pub trust_client: bool,
     /// Whether usage records are sent.
     pub usage_logs: bool,
+}
+
+impl std::fmt::Debug for Destination {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Header values (tokens) never reach a log line.
+        let headers: Vec<&str> = self.headers.iter().map(|(name, _)| name.as_str()).collect();
+        f.debug_struct("Destination")
+            .field("endpoint", &self.endpoint)
+            .field("headers", &headers)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Destination {
@@ -59,14 +70,18 @@ impl Destination {
             .headers
             .iter()
             .filter_map(|(name, value)| {
-                Some((http::HeaderName::from_bytes(name.as_bytes()).ok()?, http::HeaderValue::from_str(value).ok()?))
+                let mut value = http::HeaderValue::from_str(value).ok()?;
+                value.set_sensitive(true);
+                Some((http::HeaderName::from_bytes(name.as_bytes()).ok()?, value))
             })
             .collect();
         let mut resource: Vec<(String, String)> = Vec::new();
         if !config.resource_attributes.contains_key("service.name") {
             resource.push(("service.name".into(), "waycast-gateway".into()));
         }
-        resource.push(("service.version".into(), env!("CARGO_PKG_VERSION").into()));
+        if !config.resource_attributes.contains_key("service.version") {
+            resource.push(("service.version".into(), env!("CARGO_PKG_VERSION").into()));
+        }
         resource.extend(config.resource_attributes.iter().map(|(k, v)| (k.clone(), v.clone())));
         Ok(Self {
             endpoint: config.endpoint.clone(),
@@ -96,6 +111,13 @@ impl Telemetry {
     /// the flags'.
     pub fn destination<'a>(&'a self, configured: Option<&'a Arc<Destination>>) -> Option<&'a Arc<Destination>> {
         configured.or(self.flags.as_ref())
+    }
+
+    /// Sends what is queued, waiting at most `deadline` (on drain).
+    pub fn flush(&self, deadline: Duration) {
+        if let Some(Some(exporter)) = self.exporter.get() {
+            exporter.flush(deadline);
+        }
     }
 
     /// The exporter (`None` when its thread could not start: logged once).
@@ -143,6 +165,8 @@ pub struct Attempt {
 pub struct Upstream {
     pub span_id: [u8; 8],
     pub started: Instant,
+    /// The client's trace is continued: its `baggage` goes upstream too.
+    pub trusted: bool,
     pub traceparent: http::HeaderValue,
     pub tracestate: Option<http::HeaderValue>,
 }
@@ -155,6 +179,7 @@ impl RequestTrace {
         Upstream {
             span_id,
             started: Instant::now(),
+            trusted: self.parent.is_some() && self.destination.trust_client,
             // Hex and dashes: always a valid header value.
             traceparent: http::HeaderValue::from_bytes(&traceparent).unwrap_or(http::HeaderValue::from_static("")),
             tracestate: self.state.as_deref().and_then(|state| http::HeaderValue::from_str(state).ok()),
@@ -201,10 +226,17 @@ pub fn start(destination: Option<&Arc<Destination>>, headers: &HeaderMap) -> Opt
         (Some(value), None) if destination.trust_client => trace_context::parse_traceparent(value.as_bytes()),
         _ => None,
     };
-    let state = parent
-        .and(headers.get(&TRACESTATE))
-        .and_then(|value| trace_context::usable_trace_state(value.as_bytes()))
-        .map(str::to_owned);
+    // Several tracestate headers are one list.
+    let state = parent.and_then(|_| {
+        let mut values = headers.get_all(&TRACESTATE).iter();
+        let first = values.next()?;
+        let mut joined = first.as_bytes().to_vec();
+        for value in values {
+            joined.push(b',');
+            joined.extend_from_slice(value.as_bytes());
+        }
+        trace_context::usable_trace_state(&joined).map(str::to_owned)
+    });
     let trace_id = parent.map_or_else(trace_context::new_trace_id, |p| p.trace_id);
     let sampled = parent.map_or_else(|| trace_context::sampled_at(destination.sampling, &trace_id), |p| p.sampled);
     Some(Box::new(RequestTrace {
@@ -240,6 +272,8 @@ pub struct Done<'a> {
     pub cost: Option<(String, &'a str)>,
     /// Whether budgets were reserved for it.
     pub budgeted: bool,
+    /// Whether it was routed to a model (else it has no usage record).
+    pub routed: bool,
 }
 
 impl Done<'_> {
@@ -280,8 +314,8 @@ fn encoded(trace: &RequestTrace, done: &Done<'_>) -> Option<Item> {
         }
         item.span_count = 1 + trace.attempts.len();
     }
-    // A request that never named a model used nothing: no usage record.
-    if trace.destination.usage_logs && done.model != "unknown" {
+    // A request that never reached a model used nothing: no usage record.
+    if trace.destination.usage_logs && done.routed {
         item.records = Vec::with_capacity(512);
         let traced = trace.context.sampled.then_some((&trace.context.trace_id, &trace.context.span_id));
         let backend = trace.attempts.last().map(|attempt| attempt.endpoint.as_str());

@@ -152,6 +152,9 @@ pub fn record(out: &mut Vec<u8>, head: &RecordHead<'_>, attributes: impl FnOnce(
         bytes_field(out, 1, head.body.as_bytes());
         attributes(&mut Attributes { out, field: 6 });
         if let Some((trace_id, span_id)) = head.trace {
+            // flags: sampled.
+            out.push(8 << 3 | 5);
+            out.extend_from_slice(&1_u32.to_le_bytes());
             bytes_field(out, 9, trace_id);
             bytes_field(out, 10, span_id);
         }

@@ -8,7 +8,10 @@ use super::*;
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Wire {
     Varint(u64),
+    /// An `AnyValue.bool_value` (told apart from an int in `attributes`).
+    Flag(u64),
     Fixed64(u64),
+    Fixed32(u32),
     Bytes(Vec<u8>),
 }
 
@@ -41,6 +44,11 @@ pub(crate) fn decode(bytes: &[u8]) -> Vec<(u64, Wire)> {
                 let value = bytes[at..at + len].to_vec();
                 at += len;
                 Wire::Bytes(value)
+            }
+            5 => {
+                let value = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+                at += 4;
+                Wire::Fixed32(value)
             }
             other => panic!("wire type {other} is not written"),
         };
@@ -81,7 +89,8 @@ pub(crate) fn attributes(bytes: &[u8], field: u64) -> Vec<(String, Wire)> {
             let (number, wire) = value.into_iter().next().unwrap();
             let wire = match (number, wire) {
                 (1, Wire::Bytes(text)) => Wire::Bytes(text),
-                (2 | 3, Wire::Varint(n)) => Wire::Varint(n),
+                (2, Wire::Varint(n)) => Wire::Flag(n),
+                (3, Wire::Varint(n)) => Wire::Varint(n),
                 (4, Wire::Fixed64(n)) => Wire::Fixed64(n),
                 other => panic!("unexpected AnyValue {other:?}"),
             };
@@ -141,7 +150,7 @@ fn a_span_is_written_with_every_field_in_its_place() {
         vec![
             ("gen_ai.request.model".into(), Wire::Bytes(b"llama".to_vec())),
             ("gen_ai.usage.input_tokens".into(), Wire::Varint(i64::MAX as u64)),
-            ("waycast.streamed".into(), Wire::Varint(1)),
+            ("waycast.streamed".into(), Wire::Flag(1)),
             ("waycast.cost".into(), Wire::Fixed64(0.25_f64.to_bits())),
             ("long".into(), Wire::Bytes(vec![b'x'; 300])),
         ]
@@ -210,6 +219,8 @@ fn a_log_record_carries_its_trace_and_attributes() {
         ]
     );
     assert_eq!((one(&written, 9), one(&written, 10)), (Wire::Bytes(vec![4; 16]), Wire::Bytes(vec![5; 8])));
+    assert_eq!(one(&written, 8), Wire::Fixed32(1), "flags: sampled");
+    assert_eq!(one(&written, 11), Wire::Fixed64(1_800_000_000_000_000_000));
     assert_eq!(text(&written, 12), "waycast.usage");
 }
 

@@ -40,11 +40,25 @@ fn a_trusted_client_trace_is_continued_with_its_decision() {
 }
 
 #[test]
+fn a_trusted_client_that_did_not_sample_is_not_sampled_and_tracestates_join() {
+    let always = destination(|_| {});
+    let unsampled = PARENT.replace("-01", "-00");
+    let trace =
+        start(Some(&always), &headers(&[("traceparent", &unsampled), ("tracestate", "a=1"), ("tracestate", "b=2")]))
+            .unwrap();
+    assert!(!trace.context.sampled, "the client's decision, not the ratio");
+    assert_eq!(trace.state.as_deref(), Some("a=1,b=2"));
+    let attempt = trace.begin_attempt();
+    assert!(attempt.traceparent.to_str().unwrap().ends_with("-00"), "upstream told it is not sampled");
+    assert!(attempt.trusted, "a trusted client's baggage goes upstream");
+}
+
+#[test]
 fn an_untrusted_or_doubled_or_bad_traceparent_starts_a_new_trace() {
     let distrusting = destination(|config| config.trust_client_trace_context = false);
     let trusting = destination(|_| {});
     let cases = [
-        (&distrusting, headers(&[("traceparent", PARENT)]), "not trusted"),
+        (&distrusting, headers(&[("traceparent", PARENT), ("tracestate", "rojo=1")]), "not trusted"),
         (&trusting, headers(&[("traceparent", PARENT), ("traceparent", PARENT)]), "two traceparents"),
         (&trusting, headers(&[("traceparent", "00-zz"), ("tracestate", "rojo=1")]), "not valid"),
     ];
@@ -94,6 +108,7 @@ fn done(now: Instant) -> Done<'static> {
         max_tokens: Some(64),
         cost: Some(("0.000017".into(), "USD")),
         budgeted: false,
+        routed: true,
     }
 }
 
@@ -135,6 +150,9 @@ fn a_sampled_request_sends_its_spans_and_its_usage_record() {
     assert_eq!(attribute(server, 9, "gen_ai.request.max_tokens"), Some(Wire::Varint(64)));
     assert_eq!(attribute(server, 9, "waycast.key"), text("team-a/alice"));
     assert_eq!(attribute(server, 9, "waycast.cost"), text("0.000017"));
+    assert_eq!(attribute(server, 9, "waycast.tenant"), text("team-a"));
+    assert_eq!(attribute(server, 9, "gen_ai.usage.cache_read.input_tokens"), Some(Wire::Varint(2)));
+    assert_eq!(attribute(server, 9, "error.type"), None);
     assert_eq!(one(client, 6), Wire::Varint(3));
     assert_eq!(one(client, 4), Wire::Bytes(trace.context.span_id.to_vec()));
     assert_eq!(attribute(client, 9, "server.address"), text("10.0.0.8"));
@@ -155,7 +173,7 @@ fn an_unsampled_request_sends_its_usage_record_only_and_one_without_a_model_noth
     assert!(spans.is_empty() && item.span_count == 0);
     assert_eq!(records.len(), 1);
     assert!(otlp::tests::all(&records[0], 9).is_empty(), "not traced: no trace id");
-    let refused = Done { model: "unknown", ..done(now) };
+    let refused = Done { routed: false, ..done(now) };
     assert!(encoded(&trace, &refused).is_none());
     let no_logs = destination(|config| (config.sampling, config.usage_logs) = (Ratio(0.0), false));
     let quiet = start(Some(&no_logs), &HeaderMap::new()).unwrap();

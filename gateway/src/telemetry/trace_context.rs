@@ -185,6 +185,8 @@ mod tests {
             ("00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "wrong separator"),
             ("00-4bf92f3577b34da6a3ce929d0e0e473g-00f067aa0ba902b7-01", "not hex"),
             ("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01x", "later version, no dash after"),
+            ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0g", "flags not hex"),
+            ("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0", "later version, too short"),
         ];
         for (value, why) in cases {
             assert_eq!(parse_traceparent(value.as_bytes()), None, "{why}");

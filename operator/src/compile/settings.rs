@@ -37,8 +37,9 @@ pub fn settings(inputs: &Inputs<'_>) -> (Settings, Option<Verdict>) {
     }
     match telemetry(inputs) {
         Ok(telemetry) => settings.telemetry = telemetry,
-        // The pods send nothing meanwhile; the Gateway says why.
-        Err(invalid) => refused = Some(invalid),
+        // The pods send nothing meanwhile; the Gateway says why (the
+        // first problem found, if there are several).
+        Err(invalid) => refused = refused.or(Some(invalid)),
     }
     (settings, refused)
 }
