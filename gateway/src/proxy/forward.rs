@@ -222,7 +222,8 @@ async fn send_to(
     let request = build_request(route, backend, authority, outgoing, begun.as_ref())
         .ok_or_else(|| Failure::Final(GatewayError::UpstreamFailed(route.name.to_string())))?;
     let sent_at = Instant::now();
-    let sent = attempt(route, backend, request, sent_at, in_flight).await;
+    let answered = tokio::time::timeout(route.timeouts.first_byte, backend.client.request(request)).await;
+    let sent = answered_as(route, answered, sent_at, in_flight);
     if let (Some(trace), Some(begun), Some(endpoint)) = (trace, begun, endpoint) {
         let (status, error) = match &sent {
             Ok(forwarded) => (Some(forwarded.response.status().as_u16()), None),
@@ -234,15 +235,18 @@ async fn send_to(
     sent
 }
 
-/// The request sent, and how it went.
-async fn attempt(
+/// How an attempt went, from the upstream client's answer (or its
+/// deadline): a plain function, so the attempt is one future.
+fn answered_as(
     route: &Route,
-    backend: &Backend,
-    request: UpstreamRequest,
+    answered: Result<
+        Result<Response<UpstreamBody>, crate::upstream::http1::UpstreamError>,
+        tokio::time::error::Elapsed,
+    >,
     sent_at: Instant,
     in_flight: Option<InFlight>,
 ) -> Result<Forwarded, Failure> {
-    match tokio::time::timeout(route.timeouts.first_byte, backend.client.request(request)).await {
+    match answered {
         Ok(Ok(response)) => {
             let headers_at = Instant::now();
             if let Some(flight) = &in_flight {
