@@ -230,3 +230,7 @@ pub enum NamespaceFrom {
     /// Namespaces whose labels match the selector.
     Selector,
 }
+
+/// The label (`"true"`) a team puts on a Secret it lets the operator send
+/// upstream as a credential or TLS material of its ModelEndpoints.
+pub const CREDENTIAL_LABEL: &str = "waycast.dev/credential";

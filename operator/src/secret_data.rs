@@ -21,8 +21,8 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 
 use crate::apply::bounded;
-use crate::compile::secrets::CREDENTIAL_LABEL;
-use crate::stores::KEY_SECRET_LABEL;
+use waycast_crds::api_key::KEY_SECRET_LABEL;
+use waycast_crds::common::CREDENTIAL_LABEL;
 
 /// The most data a referenced Secret may hold (all its values): keys,
 /// credentials and PEM bundles are far smaller.

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full, Limited};
 use prometheus::IntCounterVec;
 
-use super::Destination;
+use super::destination::Destination;
 use super::otlp;
 
 /// Records waiting at most (a request's spans and record are one).

@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
 
 use http::HeaderValue;
-use waycast_crds::telemetry::Ratio;
+use waycast_crds::telemetry::{Ratio, TelemetryConfig};
 
 use super::*;
 

@@ -11,8 +11,7 @@ use waycast_crds::model_endpoint::BackendAuth;
 use super::inputs::Inputs;
 use super::verdict::Verdict;
 
-/// The label a Secret needs before its value may be sent upstream.
-pub const CREDENTIAL_LABEL: &str = "waycast.dev/credential";
+pub use waycast_crds::common::CREDENTIAL_LABEL;
 
 /// The header an upstream credential is sent in: `Authorization: Bearer
 /// <value>` by default, the value as it is in any other header.

@@ -17,6 +17,7 @@
 //! reconcilers' status writes neither own nor compare it.
 
 pub mod ledger;
+mod report;
 
 use std::collections::BTreeMap;
 use std::io::Read as _;
@@ -25,7 +26,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt as _;
-use http_body_util::{BodyExt as _, Empty, Limited};
+use http_body_util::Empty;
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -42,7 +43,7 @@ use waycast_crds::{ApiKey, Gateway};
 
 use crate::apply::bounded;
 use crate::context::Context;
-use crate::render::meta::{ADMIN_PORT, owned_meta, usage_config_map_name, usage_ledger_name};
+use crate::render::meta::{owned_meta, usage_config_map_name, usage_ledger_name};
 use crate::render::selector_labels;
 use ledger::Ledger;
 
@@ -56,8 +57,6 @@ pub const COLLECT_EVERY: Duration = Duration::from_secs(5);
 pub const WRITES_PER_SECOND: u32 = 20;
 /// The field manager of usage writes.
 pub const USAGE_MANAGER: &str = "waycast-usage";
-/// The largest report taken from a pod.
-const MAX_REPORT_BYTES: usize = 16 * 1024 * 1024;
 /// Gateways whose pods are asked at the same time.
 const ASK_GATEWAYS_AT_ONCE: usize = 4;
 /// Pods of one Gateway asked at the same time.
@@ -312,7 +311,7 @@ async fn reports(
         .collect();
     let reports = futures_util::stream::iter(running)
         .map(|(pod, ip)| async move {
-            let report = ask(http, &ip).await;
+            let report = report::ask(http, &ip).await;
             if let Err(error) = &report {
                 tracing::debug!(%pod, %error, "usage: no report from a gateway pod; asking again next round");
             }
@@ -328,29 +327,6 @@ async fn reports(
         .collect()
         .await;
     Ok((listed.iter().map(|pod| pod.name_any()).collect(), reports))
-}
-
-async fn ask(http: &HttpClient<HttpConnector, Empty<Bytes>>, ip: &str) -> Result<UsageReport, String> {
-    let host = if ip.contains(':') { format!("[{ip}]") } else { ip.to_owned() };
-    let uri: http::Uri = format!("http://{host}:{ADMIN_PORT}/usage").parse().map_err(|e| format!("{e}"))?;
-    let call = async {
-        let response = http.get(uri).await.map_err(|e| e.to_string())?;
-        if !response.status().is_success() {
-            return Err(format!("status {}", response.status()));
-        }
-        // Read into one buffer sized by the report's length: collecting
-        // the frames and then joining them held a large report twice.
-        let length = response.headers().get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse().ok());
-        let mut body = Limited::new(response.into_body(), MAX_REPORT_BYTES);
-        let mut read = Vec::with_capacity(length.unwrap_or(0).min(MAX_REPORT_BYTES));
-        while let Some(frame) = body.frame().await {
-            if let Ok(data) = frame.map_err(|e| e.to_string())?.into_data() {
-                read.extend_from_slice(&data);
-            }
-        }
-        serde_json::from_slice::<UsageReport>(&read).map_err(|e| format!("not a usage report: {e}"))
-    };
-    tokio::time::timeout(Duration::from_secs(3), call).await.map_err(|_| "timed out".to_owned())?
 }
 
 /// The budgets' totals of the pods' baseline as written last (`None`
@@ -384,7 +360,7 @@ async fn load_ledger(context: &Context, gateway: &Gateway) -> Result<Option<Ledg
     };
     let mut text = Vec::new();
     let read = flate2::read::GzDecoder::new(compressed.as_slice())
-        .take(u64::try_from(MAX_REPORT_BYTES).unwrap_or(u64::MAX))
+        .take(u64::try_from(report::MAX_REPORT_BYTES).unwrap_or(u64::MAX))
         .read_to_end(&mut text);
     let ledger = read.ok().and_then(|_| serde_json::from_slice(&text).ok());
     if ledger.is_none() {
