@@ -84,7 +84,7 @@ async fn a_streamed_request_reaches_the_collector_as_spans_and_a_usage_record() 
     let traceparent = format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01");
     let mut request_ids = Vec::new();
     // Until one request was retried (the first pick is the 503 pod).
-    for _ in 0..8 {
+    for _ in 0..40 {
         let request = fixture.request("/v1/chat/completions", Some(ALICE_KEY), &body, &[("traceparent", &traceparent)]);
         let (status, headers, answer) = fixture.send(request).await;
         assert_eq!(status, 200, "{answer:?}");
