@@ -35,7 +35,8 @@ thread_local! {
 
 /// The snapshot's entry for `presented`, if it has one.
 pub fn find<'s>(snapshot: &'s Snapshot, presented: &[u8]) -> Option<&'s KeyEntry> {
-    let Some(tag) = tag_of(presented).filter(|_| presented.len() <= LONGEST_REMEMBERED) else {
+    // The length first: a value no key is this long costs no tag.
+    let Some(tag) = (presented.len() <= LONGEST_REMEMBERED).then(|| tag_of(presented)).flatten() else {
         return snapshot.key(&waycast_crds::digest::sha256(presented));
     };
     let remembered = MEMO.with_borrow(|memo| memo.get(&tag).copied());
