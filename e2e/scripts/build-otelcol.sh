@@ -16,16 +16,10 @@ OTELCOL_STABLE="${WAYCAST_OTELCOL_STABLE:-v1.67.0}"
 CACHE_ROOT="${WAYCAST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/waycast}"
 OTELCOL_BIN="$CACHE_ROOT/otelcol-$OTELCOL_VERSION/bin/otelcol"
 
-if [[ "${1:-}" == "--print" ]]; then
-  echo "$OTELCOL_BIN"
-  exit 0
-fi
+source "$(dirname "$0")/go-tool.sh"
+go_tool_begin otelcol "$OTELCOL_VERSION" "$OTELCOL_BIN" "$@"
 
-if [[ ! -x "$OTELCOL_BIN" ]]; then
-  export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local GOCACHE="$CACHE_ROOT/go-build"
-  work="$CACHE_ROOT/src/otelcol-$OTELCOL_VERSION"
-  mkdir -p "$work" "$(dirname "$OTELCOL_BIN")"
-  cat >"$work/go.mod" <<GOMOD
+cat >"$GO_TOOL_WORK/go.mod" <<GOMOD
 module waycast.dev/e2e/otelcol
 
 go 1.26
@@ -44,7 +38,7 @@ require (
 	go.opentelemetry.io/collector/service $OTELCOL_VERSION
 )
 GOMOD
-  cat >"$work/main.go" <<'GOMAIN'
+cat >"$GO_TOOL_WORK/main.go" <<'GOMAIN'
 // Command otelcol is a minimal OpenTelemetry Collector: the OTLP receiver
 // and the debug and file exporters.
 package main
@@ -91,13 +85,6 @@ func main() {
 	}
 }
 GOMAIN
-  (
-    cd "$work"
-    echo "build-otelcol: building the collector $OTELCOL_VERSION" >&2
-    go mod tidy >/dev/null 2>"$work/tidy.log" || { cat "$work/tidy.log" >&2; exit 1; }
-    go build -trimpath -ldflags "-s -w" -o "$OTELCOL_BIN.tmp" .
-    mv "$OTELCOL_BIN.tmp" "$OTELCOL_BIN"
-  )
-fi
+go_tool_build . "$OTELCOL_BIN" -ldflags "-s -w"
 
 echo "$OTELCOL_BIN"

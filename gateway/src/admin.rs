@@ -19,6 +19,7 @@ pub fn respond<B>(shared: &Shared, request: &Request<B>) -> Response<Full<Bytes>
             shared.metrics.rate_limit_store_up.set(i64::from(redis.is_some_and(|r| r.is_connected())));
             let failed = redis.map_or(0, |r| r.failed_connects());
             shared.metrics.rate_limit_store_failed_connects.set(i64::try_from(failed).unwrap_or(i64::MAX));
+            set_budgets_used(&shared.metrics.budget_used, snapshot.as_deref());
             (StatusCode::OK, "text/plain; version=0.0.4", shared.metrics.render())
         }
         "/usage" => match shared.config.current() {
@@ -44,4 +45,20 @@ pub fn respond<B>(shared: &Shared, request: &Request<B>) -> Response<Full<Bytes>
     *response.status_mut() = status;
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     response
+}
+
+/// Budgets half spent or more: a series each, the rest none (so a Gateway
+/// of many keys with budgets shows only those worth a look).
+fn set_budgets_used(gauge: &prometheus::GaugeVec, snapshot: Option<&crate::snapshot::Snapshot>) {
+    const SHOWN_FROM: f64 = 0.5;
+    gauge.reset();
+    let Some(snapshot) = snapshot else { return };
+    for (scope, period, ratio) in snapshot.budgets_used(jiff::Timestamp::now(), SHOWN_FROM) {
+        let period = match period {
+            waycast_crds::period::Period::Day => "day",
+            waycast_crds::period::Period::Week => "week",
+            waycast_crds::period::Period::Month => "month",
+        };
+        gauge.with_label_values(&[scope.as_str(), period]).set(ratio);
+    }
 }

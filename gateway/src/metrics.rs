@@ -19,6 +19,13 @@ use crate::per_worker::PerWorker;
 /// minutes for long generations.
 const LATENCY_BUCKETS: &[f64] =
     &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0];
+/// Time between output tokens: a fast model streams a token every few
+/// milliseconds, a loaded one every few hundred.
+const PER_TOKEN_BUCKETS: &[f64] =
+    &[0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5];
+/// Tokens in one request's prompt or completion: one to a long context.
+const TOKEN_COUNT_BUCKETS: &[f64] =
+    &[1.0, 16.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0, 32768.0, 131_072.0, 1_048_576.0];
 /// Buckets for the gateway's own overhead per request.
 const OVERHEAD_BUCKETS: &[f64] =
     &[0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.1];
@@ -80,6 +87,11 @@ pub struct Metrics {
     pub request_duration: HistogramVec,
     /// Arrival → first response body byte, by model.
     pub time_to_first_byte: HistogramVec,
+    /// Mean time between output tokens after the first, per streamed
+    /// response of two tokens or more, by model.
+    pub time_per_output_token: HistogramVec,
+    /// Tokens of one request, by model and kind (`prompt`, `completion`).
+    pub tokens_per_request: HistogramVec,
     /// Time spent in the gateway itself per request (excluding waiting on the
     /// client's upload and on the upstream).
     pub overhead: Histogram,
@@ -141,6 +153,9 @@ pub struct Metrics {
     /// Requests a full model's queue refused, by model, the key's
     /// namespace and reason (`queue_full`, `displaced`, `timeout`).
     pub queue_shed: IntCounterVec,
+    /// Budgets of keys and tenants half spent or more, by scope and period
+    /// (set when `/metrics` is read).
+    pub budget_used: prometheus::GaugeVec,
     /// Spans and usage records the collector accepted, by signal.
     pub telemetry_exported: IntCounterVec,
     /// Spans and usage records dropped, by signal and reason.
@@ -173,6 +188,22 @@ impl Metrics {
             )
             .buckets(LATENCY_BUCKETS.to_vec()),
             &["model"],
+        )?;
+        let time_per_output_token = HistogramVec::new(
+            HistogramOpts::new(
+                "waycast_gateway_time_per_output_token_seconds",
+                "Mean time between output tokens after the first (first token to last byte, over completion tokens less one), per streamed response of two tokens or more, by model.",
+            )
+            .buckets(PER_TOKEN_BUCKETS.to_vec()),
+            &["model"],
+        )?;
+        let tokens_per_request = HistogramVec::new(
+            HistogramOpts::new(
+                "waycast_gateway_tokens_per_request",
+                "Tokens of one served request (what it was charged), by model and kind (prompt, completion).",
+            )
+            .buckets(TOKEN_COUNT_BUCKETS.to_vec()),
+            &["model", "kind"],
         )?;
         let overhead = Histogram::with_opts(
             HistogramOpts::new(
@@ -302,6 +333,13 @@ impl Metrics {
             ),
             &["model", "namespace", "reason"],
         )?;
+        let budget_used = prometheus::GaugeVec::new(
+            Opts::new(
+                "waycast_gateway_budget_used_ratio",
+                "How much of each budget the fleet has spent in its current period (1 is all of it; the larger of its token and cost parts), for the budgets of keys and tenants half spent or more (the bound on its series), by scope (key:<namespace/name> or tenant:<namespace>) and period (day, week, month).",
+            ),
+            &["scope", "period"],
+        )?;
         let telemetry_exported = IntCounterVec::new(
             Opts::new(
                 "waycast_gateway_telemetry_exported_total",
@@ -323,6 +361,8 @@ impl Metrics {
             requests,
             request_duration,
             time_to_first_byte,
+            time_per_output_token,
+            tokens_per_request,
             overhead,
             tokens,
             cost,
@@ -349,6 +389,7 @@ impl Metrics {
             queue_depth,
             queue_wait,
             queue_shed,
+            budget_used,
             telemetry_exported,
             telemetry_dropped,
         };
@@ -365,6 +406,8 @@ impl Metrics {
             Box::new(self.requests.clone()),
             Box::new(self.request_duration.clone()),
             Box::new(self.time_to_first_byte.clone()),
+            Box::new(self.time_per_output_token.clone()),
+            Box::new(self.tokens_per_request.clone()),
             Box::new(self.overhead.clone()),
             Box::new(self.tokens.clone()),
             Box::new(self.cost.clone()),
@@ -391,6 +434,7 @@ impl Metrics {
             Box::new(self.queue_depth.clone()),
             Box::new(self.queue_wait.clone()),
             Box::new(self.queue_shed.clone()),
+            Box::new(self.budget_used.clone()),
             Box::new(self.telemetry_exported.clone()),
             Box::new(self.telemetry_dropped.clone()),
         ]

@@ -140,6 +140,12 @@ async fn a_keys_daily_token_budget_refuses_with_insufficient_quota_until_midnigh
     assert_eq!(fixture.send(bob).await.0, StatusCode::OK);
     let refused = r#"waycast_gateway_rate_limit_requests_total{decision="key_budget_tokens",key="team-a/alice",model="llama-3.1-8b"}"#;
     assert_eq!(fixture.metric(refused).await, Some(1.0));
+    // The budget alert's gauge: nearly all spent (the refused request's
+    // reservation did not fit the rest), shown for alice's budget alone.
+    let used = fixture.metric(r#"waycast_gateway_budget_used_ratio{period="day",scope="key:team-a/alice"}"#).await;
+    assert!(used.is_some_and(|ratio| (0.9..=1.0).contains(&ratio)), "{used:?}");
+    let (_, text) = fixture.admin_get("/metrics").await;
+    assert_eq!(text.matches("waycast_gateway_budget_used_ratio{").count(), 1, "{text}");
 }
 
 /// A namespace's budget covers all its keys together, whatever budgets the
@@ -165,6 +171,11 @@ async fn a_namespaces_budget_covers_all_its_keys_and_a_keys_own_cannot_exceed_it
     assert_eq!(chat(&fixture, ALICE_KEY).await.0, StatusCode::TOO_MANY_REQUESTS);
     let bob = fixture.request("/v1/chat/completions", Some(BOB_KEY), &CHAT.replace("llama3", "mistral-7b"), &[CHUNKS]);
     assert_eq!(fixture.send(bob).await.0, StatusCode::OK);
+    let used = fixture.metric(r#"waycast_gateway_budget_used_ratio{period="month",scope="tenant:team-a"}"#).await;
+    assert!(used.is_some_and(|ratio| (0.9..=1.0).contains(&ratio)), "{used:?}");
+    // Alice's own month is hardly touched: under half, no series.
+    let (_, text) = fixture.admin_get("/metrics").await;
+    assert!(!text.contains(r#"scope="key:team-a/alice""#), "{text}");
 
     // A key whose own budget is tighter is refused by its own first.
     let fixture = Fixture::start(FixtureOptions::default(), |gateway, _| {

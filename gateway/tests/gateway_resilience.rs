@@ -508,6 +508,18 @@ async fn usage_and_request_metrics_are_counted() {
     let requests =
         fixture.metric(r#"waycast_gateway_requests_total{code="200",key="team-a/alice",model="mistral-7b"}"#).await;
     assert_eq!(requests, Some(3.0));
+    // Each request's tokens; the pace of the two streams (5 tokens, the
+    // mock's chunks 1 ms apart), not of the whole answer.
+    let per_request = |kind: &str, part: &str| {
+        format!(r#"waycast_gateway_tokens_per_request_{part}{{kind="{kind}",model="mistral-7b"}}"#)
+    };
+    assert_eq!(fixture.metric(&per_request("completion", "count")).await, Some(3.0));
+    assert_eq!(fixture.metric(&per_request("completion", "sum")).await, Some(15.0));
+    assert_eq!(fixture.metric(&per_request("prompt", "sum")).await, Some(prompt));
+    let paced = r#"waycast_gateway_time_per_output_token_seconds_count{model="mistral-7b"}"#;
+    assert_eq!(fixture.metric(paced).await, Some(2.0));
+    let pace = fixture.metric(r#"waycast_gateway_time_per_output_token_seconds_sum{model="mistral-7b"}"#).await;
+    assert!(pace.is_some_and(|seconds| seconds > 0.0 && seconds < 1.0), "{pace:?}");
     let (_, text) = fixture.admin_get("/metrics").await;
     for family in [
         "waycast_gateway_request_duration_seconds_bucket",

@@ -70,6 +70,18 @@ impl Budget {
     }
 }
 
+impl Budget {
+    /// How much of it the fleet has spent in the period that holds `now`:
+    /// the larger of its token and cost parts (1.0 is all of it).
+    pub fn used_ratio(&self, now: Timestamp, zone: &TimeZone) -> f64 {
+        let (tokens, cost) = self.state.spent_in_fleet(self.period, now, zone);
+        // A ratio for a dashboard: precision past 2^53 is of no matter.
+        #[allow(clippy::cast_precision_loss)]
+        let part = |spent: u64, limit: Option<u64>| limit.map_or(0.0, |limit| spent as f64 / limit.max(1) as f64);
+        part(tokens, self.tokens).max(part(cost, self.cost))
+    }
+}
+
 fn tighter(a: Option<u64>, b: Option<u64>) -> Option<u64> {
     match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),

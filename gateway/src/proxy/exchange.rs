@@ -335,6 +335,17 @@ impl Exchange {
             if usage.1 > 0 {
                 series.count_cached_tokens(usage.1);
             }
+            series.observe_request_tokens(usage.0, usage.2);
+            // The pace of a stream: its tokens after the first, over the time
+            // from the first byte to the last.
+            if facts.stream
+                && usage.2 >= 2
+                && let Some(first_byte) = outcome.first_byte
+            {
+                #[allow(clippy::cast_precision_loss)]
+                let per_token = ended.saturating_duration_since(first_byte).as_secs_f64() / (usage.2 - 1) as f64;
+                series.observe_per_output_token(per_token);
+            }
         }
         // Counts go out now when no other request of this worker is in
         // flight (so a client that reads /metrics after its answer sees

@@ -62,6 +62,9 @@ pub struct PairSeries {
     admitted: PendingCounter,
     duration: PendingHistogram,
     first_byte: PendingHistogram,
+    per_output_token: PendingHistogram,
+    prompt_per_request: PendingHistogram,
+    completion_per_request: PendingHistogram,
     overhead: PendingHistogram,
     /// Written since its last flush, and on the thread's list to flush.
     listed: Cell<bool>,
@@ -77,6 +80,8 @@ struct Families {
     rate_limit_requests: prometheus::IntCounterVec,
     duration: prometheus::HistogramVec,
     first_byte: prometheus::HistogramVec,
+    per_output_token: prometheus::HistogramVec,
+    tokens_per_request: prometheus::HistogramVec,
     overhead: Histogram,
 }
 
@@ -251,6 +256,8 @@ impl PairSeries {
                 rate_limit_requests: metrics.rate_limit_requests.clone(),
                 duration: metrics.request_duration.clone(),
                 first_byte: metrics.time_to_first_byte.clone(),
+                per_output_token: metrics.time_per_output_token.clone(),
+                tokens_per_request: metrics.tokens_per_request.clone(),
                 overhead: metrics.overhead.clone(),
             },
             ok: PendingCounter::default(),
@@ -264,6 +271,9 @@ impl PairSeries {
             admitted: PendingCounter::default(),
             duration: PendingHistogram::default(),
             first_byte: PendingHistogram::default(),
+            per_output_token: PendingHistogram::default(),
+            prompt_per_request: PendingHistogram::default(),
+            completion_per_request: PendingHistogram::default(),
             overhead: PendingHistogram::default(),
             listed: Cell::new(false),
         }
@@ -338,6 +348,25 @@ impl PairSeries {
         }
     }
 
+    /// The model's mean time between output tokens after the first, in
+    /// seconds, of one response.
+    pub fn observe_per_output_token(&self, seconds: f64) {
+        if self.per_output_token.observe(seconds) {
+            self.publish_histograms();
+        }
+    }
+
+    /// The prompt and completion tokens of one request of the model.
+    pub fn observe_request_tokens(&self, prompt: u64, completion: u64) {
+        // Precision past 2^53 tokens is of no matter to a bucket.
+        #[allow(clippy::cast_precision_loss)]
+        let full =
+            self.prompt_per_request.observe(prompt as f64) | self.completion_per_request.observe(completion as f64);
+        if full {
+            self.publish_histograms();
+        }
+    }
+
     /// The gateway's own time on a request, in seconds (unlabelled: every
     /// pair's copy adds to the one histogram).
     pub fn observe_overhead(&self, seconds: f64) {
@@ -370,6 +399,9 @@ impl PairSeries {
         let (model, families) = (&*self.model, &self.families);
         self.duration.publish(|| families.duration.with_label_values(&[model]));
         self.first_byte.publish(|| families.first_byte.with_label_values(&[model]));
+        self.per_output_token.publish(|| families.per_output_token.with_label_values(&[model]));
+        self.prompt_per_request.publish(|| families.tokens_per_request.with_label_values(&[model, "prompt"]));
+        self.completion_per_request.publish(|| families.tokens_per_request.with_label_values(&[model, "completion"]));
         self.overhead.publish(|| families.overhead.clone());
     }
 }

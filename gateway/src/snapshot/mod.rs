@@ -34,6 +34,7 @@ use names::{Candidates, Namespaces, PLATFORM};
 use crate::error::BuildError;
 use crate::limit::redis::RedisCounter;
 use crate::registry::{Registry, Resources};
+use waycast_crds::period::Period;
 
 /// A built config.
 pub struct Snapshot {
@@ -110,6 +111,32 @@ pub fn screen(mut config: GatewayConfig) -> Result<(GatewayConfig, Vec<Dropped>)
 }
 
 impl Snapshot {
+    /// Every budget of its keys and tenants used to `at_least` or more of
+    /// it, as (`key:<namespace/name>` or `tenant:<namespace>`, period,
+    /// ratio): what `waycast_gateway_budget_used_ratio` shows.
+    pub fn budgets_used(&self, now: jiff::Timestamp, at_least: f64) -> Vec<(String, Period, f64)> {
+        let mut used = Vec::new();
+        let mut tenants_seen: std::collections::HashSet<&str> = std::collections::HashSet::new();
+        for entry in self.keys.values() {
+            for budget in &entry.budgets {
+                let ratio = budget.used_ratio(now, &self.zone);
+                if ratio >= at_least {
+                    used.push((format!("key:{}", entry.id), budget.period, ratio));
+                }
+            }
+            let tenant = &entry.tenant;
+            if !tenant.budgets.is_empty() && tenants_seen.insert(&tenant.namespace) {
+                for budget in &tenant.budgets {
+                    let ratio = budget.used_ratio(now, &self.zone);
+                    if ratio >= at_least {
+                        used.push((format!("tenant:{}", tenant.namespace), budget.period, ratio));
+                    }
+                }
+            }
+        }
+        used
+    }
+
     /// Builds a snapshot from a screened config and the resources the
     /// registry lent for it; `dropped` are the entries screening left out.
     /// A model whose route cannot be built (a backend's TLS fails to set
