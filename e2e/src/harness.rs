@@ -176,8 +176,9 @@ pub fn operator_in_process(cluster: &SharedCluster) {
                     leader_election: None,
                     cluster_cidrs: Vec::new(),
                     network_policy: None,
+                    telemetry: None,
                 };
-                if let Err(error) = waycast_operator::run(client, options).await {
+                if let Err(error) = waycast_operator::run(client, options, std::future::pending()).await {
                     panic!("the operator stopped: {error}");
                 }
             });

@@ -27,6 +27,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use waycast_crds::gateway_pod::flag;
 use waycast_gateway::{ConfigSource, Drained, EndpointsSource, GatewayOptions};
+use waycast_otlp::headers::{HiddenText, parse_headers};
 
 #[derive(Parser, Debug)]
 #[command(name = "waycast-gateway", version, about = "waycast's OpenAI-compatible AI gateway")]
@@ -116,58 +117,6 @@ fn parse_secret_ref(text: &str) -> Result<(String, String), String> {
         }
         _ => Err("expected NAMESPACE/NAME".to_owned()),
     }
-}
-
-/// A flag's text that is never shown (`--help`, Debug, errors): the OTLP
-/// headers carry the collector's token.
-#[derive(Clone, Default)]
-struct HiddenText(String);
-
-impl std::str::FromStr for HiddenText {
-    type Err = std::convert::Infallible;
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        Ok(Self(text.to_owned()))
-    }
-}
-
-impl std::fmt::Debug for HiddenText {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("<hidden>")
-    }
-}
-
-/// `name=value,name=value`, values percent-decoded as the OTLP exporter
-/// specification says (`%20` for a space). Errors name the entry's place
-/// or header, never a value.
-fn parse_headers(text: &str) -> Result<std::collections::BTreeMap<String, String>, String> {
-    text.split(',')
-        .map(str::trim)
-        .filter(|pair| !pair.is_empty())
-        .enumerate()
-        .map(|(index, pair)| {
-            let (name, value) = pair.split_once('=').ok_or_else(|| format!("entry {} is not name=value", index + 1))?;
-            let name = name.trim().to_ascii_lowercase();
-            let value = percent_decoded(value.trim()).map_err(|why| format!("header {name:?}: {why}"))?;
-            Ok((name, value))
-        })
-        .collect()
-}
-
-fn percent_decoded(text: &str) -> Result<String, String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut at = 0;
-    while at < bytes.len() {
-        if bytes[at] == b'%' {
-            let hex = text.get(at + 1..at + 3).ok_or("a % without two hex digits")?;
-            out.push(u8::from_str_radix(hex, 16).map_err(|_| "a % without two hex digits".to_owned())?);
-            at += 3;
-        } else {
-            out.push(bytes[at]);
-            at += 1;
-        }
-    }
-    String::from_utf8(out).map_err(|_| "not UTF-8 once decoded".to_owned())
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {

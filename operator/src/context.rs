@@ -1,5 +1,6 @@
 //! What every reconcile shares: the client, the stores, the per-Gateway
-//! bookkeeping of compiles and writes, failure counts for backoff, Events.
+//! bookkeeping of compiles and writes, failure counts for backoff, Events,
+//! the reconcile spans' exporter.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -34,6 +35,9 @@ pub struct Context {
     pub gateways: tokio::sync::RwLock<BTreeMap<ObjectKey, GatewayMemory>>,
     /// Consecutive failed reconciles per object, for exponential backoff.
     pub failures: arc_swap::ArcSwap<BTreeMap<String, u32>>,
+    /// Where each Gateway reconcile's span goes (`--otlp-endpoint`);
+    /// `None`: no traces.
+    pub traces: Option<crate::telemetry::Traces>,
 }
 
 /// The retry delay after `failures` consecutive transient errors: 1 s,

@@ -24,6 +24,7 @@ pub mod render;
 pub mod secret_data;
 pub mod status;
 pub(crate) mod stores;
+pub(crate) mod telemetry;
 pub mod usage;
 /// What each store keeps of the objects it watches (the goldens apply the same views).
 pub use stores::views as store_views;
@@ -47,14 +48,27 @@ pub struct OperatorOptions {
     pub cluster_cidrs: Vec<String>,
     /// The gateway pods' NetworkPolicy; `None`: none.
     pub network_policy: Option<render::network_policy::NetworkPolicySettings>,
+    /// The collector each Gateway reconcile's span goes to (OTLP/HTTP);
+    /// `None`: no traces, and no exporter thread.
+    pub telemetry: Option<waycast_crds::telemetry::TelemetryConfig>,
 }
 
-/// Runs the operator with `client` until the process ends (or the returned
-/// future is dropped).
+/// How long the reconcile spans still queued may take to send on shutdown
+/// (the chart gives the pod 10 s to stop).
+const FLUSH_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Runs the operator with `client` until `shutdown` completes (then the
+/// reconcile spans still queued are sent, 5 s at most) or the returned
+/// future is dropped.
 ///
 /// # Errors
-/// The admin listener cannot bind or the stores cannot be filled.
-pub async fn run(client: kube::Client, options: OperatorOptions) -> Result<(), error::Error> {
+/// The admin listener cannot bind, the stores cannot be filled, the
+/// exporter's thread cannot start, or the leader Lease was lost.
+pub async fn run(
+    client: kube::Client,
+    options: OperatorOptions,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), error::Error> {
     let metrics = metrics::Metrics::new().map_err(|_| error::Error::Incomplete("metrics registry"))?;
     let listener = tokio::net::TcpListener::bind(options.admin_listen).await?;
     let ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -65,6 +79,10 @@ pub async fn run(client: kube::Client, options: OperatorOptions) -> Result<(), e
         networks::ClusterNetworks::discovered()
     } else {
         networks::ClusterNetworks::fixed(options.cluster_cidrs)
+    };
+    let traces = match &options.telemetry {
+        Some(config) => Some(telemetry::Traces::start(config, metrics.telemetry_counts())?),
+        None => None,
     };
     let context = Arc::new(Context {
         events,
@@ -79,29 +97,48 @@ pub async fn run(client: kube::Client, options: OperatorOptions) -> Result<(), e
         metrics,
         gateways: tokio::sync::RwLock::default(),
         failures: arc_swap::ArcSwap::from_pointee(std::collections::BTreeMap::new()),
+        traces,
     });
     tokio::spawn(admin(listener, context.clone(), ready.clone()));
     let discovering = context.clone();
     tokio::spawn(async move { discovering.networks.keep_current(discovering.client.clone()).await });
     ready.store(true, std::sync::atomic::Ordering::Relaxed);
-    match options.leader_election {
-        None => {
-            tracing::info!("operator running");
-            controller::run(context).await;
-        }
-        Some((namespace, identity)) => {
-            let lost = leader::lead(context.client.clone(), &namespace, identity).await;
-            tracing::info!("operator running as the leader");
-            tokio::select! {
-                () = controller::run(context) => {}
-                () = lost => {
-                    tracing::error!("lost the leader Lease; exiting so that only one replica reconciles");
-                    return Err(error::Error::Incomplete("leadership"));
+    let flushing = context.clone();
+    let operating = async move {
+        match options.leader_election {
+            None => {
+                tracing::info!("operator running");
+                controller::run(context).await;
+            }
+            Some((namespace, identity)) => {
+                let lost = leader::lead(context.client.clone(), &namespace, identity).await;
+                tracing::info!("operator running as the leader");
+                tokio::select! {
+                    () = controller::run(context) => {}
+                    () = lost => {
+                        tracing::error!("lost the leader Lease; exiting so that only one replica reconciles");
+                        return Err(error::Error::Incomplete("leadership"));
+                    }
                 }
             }
         }
+        Ok(())
+    };
+    let stopped = tokio::select! {
+        stopped = operating => stopped,
+        () = shutdown => Ok(()),
+    };
+    // The last reconciles' spans, before the process exits (the flush
+    // blocks: off the runtime's one thread).
+    if flushing.traces.is_some() {
+        let flushed = tokio::task::spawn_blocking(move || {
+            if let Some(traces) = &flushing.traces {
+                traces.flush(FLUSH_DEADLINE);
+            }
+        });
+        let _ = flushed.await;
     }
-    Ok(())
+    stopped
 }
 
 async fn admin(listener: tokio::net::TcpListener, context: Arc<Context>, ready: Arc<std::sync::atomic::AtomicBool>) {

@@ -2,15 +2,18 @@
 //!
 //! ```text
 //! waycast-operator [--gateway-image IMAGE] [--admin-listen 0.0.0.0:8080] [--leader-elect]
+//!                  [--otlp-endpoint URL [--otlp-sampling 1] [--otlp-headers name=value,...]]
 //! ```
 //!
 //! Flags can also be set by environment variable; the cluster is found the
 //! usual way (in-cluster config, else `KUBECONFIG`). Bad arguments exit 64.
+//! SIGTERM or SIGINT stops it, after the reconcile spans still queued are sent.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use clap::Parser;
+use waycast_otlp::headers::{HiddenText, parse_headers};
 
 /// mimalloc instead of glibc's malloc: with 10,000 objects churning through
 /// the stores, glibc's per-thread arenas held on to freed memory (operator
@@ -60,6 +63,18 @@ struct Args {
     /// rules; empty: egress is not restricted.
     #[arg(long, env = "WAYCAST_GATEWAY_EGRESS", default_value = "[]")]
     gateway_egress: String,
+    /// OTLP/HTTP base URL to send a span per Gateway reconcile to
+    /// (`/v1/traces`). Unset: no traces.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
+    /// Share of reconciles traced, 0 to 1. All by default: a reconcile is
+    /// rare next to a request (a change, or each Gateway every 5 minutes).
+    #[arg(long, env = "OTEL_TRACES_SAMPLER_ARG", default_value_t = 1.0)]
+    otlp_sampling: f64,
+    /// Headers of every export, `name=value,name=value` (as
+    /// `OTEL_EXPORTER_OTLP_HEADERS`).
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_HEADERS", hide_env_values = true, default_value = "")]
+    otlp_headers: HiddenText,
 }
 
 fn main() -> ExitCode {
@@ -104,24 +119,59 @@ fn main() -> ExitCode {
                 return ExitCode::from(64);
             }
         };
+        let telemetry = match telemetry_settings(&args) {
+            Ok(settings) => settings,
+            Err(error) => {
+                eprintln!("waycast-operator: {error}");
+                return ExitCode::from(64);
+            }
+        };
         let options = waycast_operator::OperatorOptions {
             gateway_image: args.gateway_image,
             admin_listen: args.admin_listen,
             leader_election: args.leader_elect.then(|| (args.leader_namespace.clone(), identity)),
             cluster_cidrs: args.cluster_cidrs.clone(),
             network_policy,
+            telemetry,
         };
-        tokio::select! {
-            result = waycast_operator::run(client, options) => match result {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(error) => {
-                    tracing::error!(%error, "operator stopped");
-                    ExitCode::FAILURE
-                }
-            },
-            _ = tokio::signal::ctrl_c() => ExitCode::SUCCESS,
+        match waycast_operator::run(client, options, termination_signal()).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                tracing::error!(%error, "operator stopped");
+                ExitCode::FAILURE
+            }
         }
     })
+}
+
+/// SIGTERM (the kubelet stopping the pod) or SIGINT.
+async fn termination_signal() {
+    let Ok(mut terminate) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) else {
+        let _ = tokio::signal::ctrl_c().await;
+        return;
+    };
+    tokio::select! {
+        _ = terminate.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+/// Where the reconcile spans go, from the flags: `None` without
+/// `--otlp-endpoint`. Errors name a flag and a header, never a value.
+fn telemetry_settings(args: &Args) -> Result<Option<waycast_crds::telemetry::TelemetryConfig>, String> {
+    let Some(endpoint) = &args.otlp_endpoint else { return Ok(None) };
+    let headers = parse_headers(&args.otlp_headers.0).map_err(|why| format!("--otlp-headers: {why}"))?;
+    let config = waycast_crds::telemetry::TelemetryConfig {
+        endpoint: endpoint.clone(),
+        sampling: waycast_crds::telemetry::Ratio(args.otlp_sampling),
+        headers,
+        ..waycast_crds::telemetry::TelemetryConfig::default()
+    };
+    let problems = config.problems();
+    if !problems.is_empty() {
+        return Err(format!("--otlp-*: {}", problems.join("; ")));
+    }
+    Ok(Some(config))
 }
 
 /// The NetworkPolicy settings the flags give.

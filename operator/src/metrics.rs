@@ -12,6 +12,10 @@ pub struct Metrics {
     pub reconcile_errors: IntCounterVec,
     /// Reconcile durations by kind.
     pub reconcile_duration: HistogramVec,
+    /// Reconcile spans the collector accepted, by signal (`--otlp-endpoint`).
+    pub telemetry_exported: IntCounterVec,
+    /// Reconcile spans dropped, by signal and reason.
+    pub telemetry_dropped: IntCounterVec,
     /// Compressed config size per Gateway.
     pub config_bytes: IntGaugeVec,
     /// Config writes (a new hash) per Gateway.
@@ -38,6 +42,20 @@ impl Metrics {
                 .buckets(vec![0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0]),
             &["kind"],
         )?;
+        let telemetry_exported = IntCounterVec::new(
+            Opts::new(
+                "waycast_operator_telemetry_exported_total",
+                "Reconcile spans the OTLP collector accepted (--otlp-endpoint), by signal.",
+            ),
+            &["signal"],
+        )?;
+        let telemetry_dropped = IntCounterVec::new(
+            Opts::new(
+                "waycast_operator_telemetry_dropped_total",
+                "Reconcile spans dropped: queue_full (the collector is slower than the reconciles) or export_failed (down, refusing, past the deadline).",
+            ),
+            &["signal", "reason"],
+        )?;
         let config_bytes = IntGaugeVec::new(
             Opts::new("waycast_operator_config_bytes", "Size of each Gateway's compressed config Secret."),
             &["gateway"],
@@ -58,6 +76,8 @@ impl Metrics {
             reconciles,
             reconcile_errors,
             reconcile_duration,
+            telemetry_exported,
+            telemetry_dropped,
             config_bytes,
             config_writes,
             propagation,
@@ -66,6 +86,11 @@ impl Metrics {
             metrics.registry.register(collector)?;
         }
         Ok(metrics)
+    }
+
+    /// The counters the reconcile spans' exporter keeps.
+    pub fn telemetry_counts(&self) -> waycast_otlp::Counts {
+        waycast_otlp::Counts { exported: self.telemetry_exported.clone(), dropped: self.telemetry_dropped.clone() }
     }
 
     /// Every metric, for registering and for the generated reference
@@ -77,6 +102,8 @@ impl Metrics {
             Box::new(self.reconciles.clone()),
             Box::new(self.reconcile_errors.clone()),
             Box::new(self.reconcile_duration.clone()),
+            Box::new(self.telemetry_exported.clone()),
+            Box::new(self.telemetry_dropped.clone()),
             Box::new(self.config_bytes.clone()),
         ]
     }

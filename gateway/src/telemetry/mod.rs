@@ -13,10 +13,7 @@
 //! counted: no client-controlled text but the model name the route
 //! matched and the ids it logs anyway.
 
-pub mod client;
 mod destination;
-pub mod exporter;
-pub mod otlp;
 pub mod trace_context;
 
 use std::sync::Arc;
@@ -25,9 +22,12 @@ use std::time::{Duration, Instant};
 use http::HeaderMap;
 
 pub use destination::Destination;
-pub use exporter::{Counts, Exporter, Item};
+// The encoder and the exporter are waycast-otlp's (the operator sends its
+// reconciles through them too); the rest of the gateway names them here.
 use otlp::{Attributes, RecordHead, SpanHead, SpanKind};
 use trace_context::SpanContext;
+pub use waycast_otlp::proto as otlp;
+pub use waycast_otlp::{Counts, Exporter, Item};
 
 /// A gateway's telemetry: the flags' destination, and the exporter,
 /// started when the first record is sent.
@@ -234,7 +234,7 @@ pub fn operation(path: &str) -> &'static str {
 /// when usage logs are on.
 pub fn finish(trace: &RequestTrace, done: &Done<'_>, exporter: &Exporter) {
     if let Some(item) = encoded(trace, done) {
-        exporter.send(&trace.destination, item);
+        exporter.send(&trace.destination.export, item);
     }
 }
 

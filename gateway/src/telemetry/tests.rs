@@ -2,6 +2,7 @@
 
 use http::HeaderValue;
 use waycast_crds::telemetry::{Ratio, TelemetryConfig};
+use waycast_otlp::wire;
 
 use super::*;
 
@@ -114,21 +115,21 @@ fn done(now: Instant) -> Done<'static> {
 
 /// The spans and the record an item holds, decoded.
 fn decoded(item: &Item) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
-    let entries = |bytes: &[u8]| otlp::tests::all(bytes, 2).into_iter().map(otlp::tests::bytes_of).collect();
+    let entries = |bytes: &[u8]| wire::all(bytes, 2).into_iter().map(wire::bytes_of).collect();
     (entries(&item.spans), entries(&item.records))
 }
 
-fn attribute(message: &[u8], field: u64, key: &str) -> Option<otlp::tests::Wire> {
-    otlp::tests::attributes(message, field).into_iter().find(|(k, _)| k == key).map(|(_, v)| v)
+fn attribute(message: &[u8], field: u64, key: &str) -> Option<wire::Wire> {
+    wire::attribute(message, field, key)
 }
 
-fn text(value: &str) -> Option<otlp::tests::Wire> {
-    Some(otlp::tests::Wire::Bytes(value.as_bytes().to_vec()))
+fn text(value: &str) -> Option<wire::Wire> {
+    Some(wire::Wire::Bytes(value.as_bytes().to_vec()))
 }
 
 #[test]
 fn a_sampled_request_sends_its_spans_and_its_usage_record() {
-    use otlp::tests::{Wire, one, text as field_text};
+    use wire::{Wire, one, text as field_text};
     let on = destination(|_| {});
     let mut trace = start(Some(&on), &headers(&[("traceparent", PARENT)])).unwrap();
     let attempt = trace.begin_attempt();
@@ -143,7 +144,7 @@ fn a_sampled_request_sends_its_spans_and_its_usage_record() {
     assert_eq!(one(server, 4), Wire::Bytes(trace.parent.unwrap().to_vec()));
     assert_eq!(one(server, 8), Wire::Fixed64(1_800_000_000_000_000_000));
     assert_eq!(one(server, 7), Wire::Fixed64(1_800_000_000_000_000_000 - 500_000_000));
-    let event = otlp::tests::bytes_of(one(server, 11));
+    let event = wire::bytes_of(one(server, 11));
     assert_eq!(one(&event, 1), Wire::Fixed64(1_800_000_000_000_000_000 - 400_000_000));
     assert_eq!(attribute(server, 9, "gen_ai.usage.input_tokens"), Some(Wire::Varint(12)));
     assert_eq!(attribute(server, 9, "gen_ai.usage.output_tokens"), Some(Wire::Varint(5)));
@@ -172,7 +173,7 @@ fn an_unsampled_request_sends_its_usage_record_only_and_one_without_a_model_noth
     let (spans, records) = decoded(&item);
     assert!(spans.is_empty() && item.span_count == 0);
     assert_eq!(records.len(), 1);
-    assert!(otlp::tests::all(&records[0], 9).is_empty(), "not traced: no trace id");
+    assert!(wire::all(&records[0], 9).is_empty(), "not traced: no trace id");
     let refused = Done { routed: false, ..done(now) };
     assert!(encoded(&trace, &refused).is_none());
     let no_logs = destination(|config| (config.sampling, config.usage_logs) = (Ratio(0.0), false));

@@ -22,6 +22,7 @@ use crate::programmed;
 use crate::render::{self, FIELD_MANAGER};
 use crate::status;
 use crate::stores::{Stores, once, signals};
+use crate::telemetry::Reconcile;
 
 pub(crate) async fn gateway_controller(context: Arc<Context>) {
     let client = context.client.clone();
@@ -60,9 +61,21 @@ fn at_most_every(
     })
 }
 
-/// Stores → compile → desired objects → apply → status, and the
-/// bookkeeping that tells ApiKeys and ModelEndpoints where they stand.
+/// A Gateway's reconcile, and its span when the operator traces
+/// (`--otlp-endpoint`): its outcome is known once it returns, by any path.
 pub(crate) async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Context>) -> Result<Action, Error> {
+    let mut traced = Reconcile::begin(&gateway);
+    let reconciled = reconcile(gateway, context.clone(), &mut traced).await;
+    if let Some(traces) = &context.traces {
+        traces.reconciled(&traced, reconciled.as_ref().map(|_| ()));
+    }
+    reconciled
+}
+
+/// Stores → compile → desired objects → apply → status, and the
+/// bookkeeping that tells ApiKeys and ModelEndpoints where they stand;
+/// what it learns on the way is noted in `traced`.
+async fn reconcile(gateway: Arc<Gateway>, context: Arc<Context>, traced: &mut Reconcile) -> Result<Action, Error> {
     let started = std::time::Instant::now();
     let key = ObjectKey::of(&gateway.metadata);
     if let Some(conflict) = owned_by_another(&context, &gateway).await? {
@@ -72,11 +85,13 @@ pub(crate) async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Contex
     fetch_secrets(&mut catalog, &context, &gateway).await?;
     let mut compiled = catalog.compile(&gateway, jiff::Timestamp::now());
     let left_out = fit_in_secret(&catalog, &gateway, &mut compiled);
+    (traced.keys, traced.models) = (Some(compiled.config.keys.len()), Some(compiled.config.models.len()));
     let compiled_at = started.elapsed();
 
     let endpoints = catalog.endpoints(&compiled.config);
     let desired = render::desired(&gateway, &compiled.config, &endpoints, &context.settings)?;
     let (hash, write_config, write_endpoints) = what_to_write(&context, &gateway, &desired).await;
+    traced.config_hash = (!hash.is_empty()).then(|| hash.clone());
     let rendered_at = started.elapsed();
     let observed = crate::apply::apply_all(&context.client, &desired, write_config, write_endpoints).await?;
     let applied_at = started.elapsed();

@@ -12,12 +12,17 @@ use hyper_util::rt::TokioExecutor;
 pub struct Http(Client<HttpsConnector<HttpConnector>, Full<Bytes>>);
 
 impl Http {
+    /// A client over rustls with the public roots (webpki-roots), HTTP/1.
     pub fn new() -> Self {
         let connector =
             hyper_rustls::HttpsConnectorBuilder::new().with_webpki_roots().https_or_http().enable_http1().build();
         Self(Client::builder(TokioExecutor::new()).build(connector))
     }
 
+    /// Sends `request`.
+    ///
+    /// # Errors
+    /// The connection or the exchange failed.
     pub async fn request(
         &self,
         request: http::Request<Full<Bytes>>,

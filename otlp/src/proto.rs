@@ -1,30 +1,35 @@
 //! OTLP/HTTP protobuf bodies (`ExportTraceServiceRequest` for
 //! `/v1/traces`, `ExportLogsServiceRequest` for `/v1/logs`), written by
-//! hand: the few messages the gateway sends are a page of field numbers
+//! hand: the few messages waycast sends are a page of field numbers
 //! (opentelemetry-proto's `trace.proto`, `logs.proto`, `common.proto`,
 //! `resource.proto`), and the SDK crates would have added an HTTP client
 //! and a runtime of their own.
 //!
-//! A request's spans and record are encoded where it ends, straight into
-//! one buffer (no value of theirs is copied into a struct first): an
-//! attribute's length is computed before it is written, and a message
-//! whose length is not known up front (a span) is written in place and its
-//! length put in front of it after. The exporter only wraps what requests
-//! encoded into the resource and scope. The tests decode what is written
-//! with an independent decoder, and a real collector reads it in the
-//! gateway and e2e tests.
+//! A span or record is encoded where it ends (a gateway request, an
+//! operator reconcile), straight into one buffer (no value of theirs is
+//! copied into a struct first): an attribute's length is computed before it
+//! is written, and a message whose length is not known up front (a span) is
+//! written in place and its length put in front of it after. The exporter
+//! only wraps what was encoded into the resource and scope. The tests decode
+//! what is written with an independent decoder ([`crate::wire`]), and a real
+//! collector reads it in the gateway's and the operator's tests.
 
 /// Who sends: the resource's attributes and the instrumentation scope.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Source {
+    /// The resource's attributes (`service.name` first).
     pub resource: Vec<(String, String)>,
+    /// The instrumentation scope's name.
     pub scope_name: &'static str,
+    /// The instrumentation scope's version.
     pub scope_version: &'static str,
 }
 
 /// `Span.SpanKind`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SpanKind {
+    /// `SPAN_KIND_INTERNAL`: work of the process's own (an operator's reconcile).
+    Internal = 1,
     /// `SPAN_KIND_SERVER`.
     Server = 2,
     /// `SPAN_KIND_CLIENT`.
@@ -33,14 +38,21 @@ pub enum SpanKind {
 
 /// A span's fields but its attributes.
 pub struct SpanHead<'a> {
+    /// The trace (16 bytes, never all zero).
     pub trace_id: &'a [u8; 16],
+    /// The span (8 bytes, never all zero).
     pub span_id: &'a [u8; 8],
+    /// The parent span, when it has one.
     pub parent_span_id: Option<&'a [u8; 8]>,
+    /// The W3C `tracestate` passed on, when there is one.
     pub trace_state: Option<&'a str>,
     /// The name, in two parts joined by a space (`chat` `llama`).
     pub name: (&'a str, &'a str),
+    /// What kind of span.
     pub kind: SpanKind,
+    /// When it started, in nanoseconds since the Unix epoch.
     pub start_unix_nanos: u64,
+    /// When it ended, in nanoseconds since the Unix epoch.
     pub end_unix_nanos: u64,
     /// Events without attributes: (when, name).
     pub events: &'a [(u64, &'static str)],
@@ -50,7 +62,9 @@ pub struct SpanHead<'a> {
 
 /// A log record's fields but its attributes (`SEVERITY_NUMBER_INFO`).
 pub struct RecordHead<'a> {
+    /// When, in nanoseconds since the Unix epoch.
     pub time_unix_nanos: u64,
+    /// The event's name (`waycast.usage`).
     pub event_name: &'static str,
     /// The body, a string.
     pub body: &'a str,
@@ -259,5 +273,5 @@ fn varint_len(value: u64) -> usize {
 }
 
 #[cfg(test)]
-#[path = "otlp_tests.rs"]
-pub(super) mod tests;
+#[path = "proto_tests.rs"]
+mod tests;

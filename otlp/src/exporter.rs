@@ -1,9 +1,11 @@
-//! Sends spans and usage records to the collector, off the request path: a
-//! request hands its records to a bounded queue and never waits; a thread
-//! of its own batches them (up to [`BATCH`] or every [`EVERY`]) and POSTs
-//! each batch once, with a deadline. A full queue, or a collector that is
-//! down, slow or refusing, drops the records and counts them
-//! (`waycast_gateway_telemetry_dropped_total`): memory stays bounded
+//! Sends spans and usage records to the collector, off the caller's path:
+//! a request (or a reconcile) hands its records to a bounded queue and
+//! never waits; a thread of its own batches them (up to 512 items, or
+//! every 5 s) and POSTs each batch once, with a deadline. A full queue, or a
+//! collector that is down, slow or refusing, drops the records and counts
+//! them on the caller's counters ([`Counts`]:
+//! `waycast_gateway_telemetry_dropped_total`,
+//! `waycast_operator_telemetry_dropped_total`): memory stays bounded
 //! whatever the collector does.
 
 use std::sync::Arc;
@@ -15,8 +17,8 @@ use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full, Limited};
 use prometheus::IntCounterVec;
 
-use super::destination::Destination;
-use super::otlp;
+use crate::destination::Destination;
+use crate::proto;
 
 /// Records waiting at most (a request's spans and record are one).
 pub const QUEUE: usize = 8192;
@@ -30,7 +32,8 @@ const MAX_ANSWER_BYTES: usize = 64 * 1024;
 /// Longest one export may take.
 const DEADLINE: Duration = Duration::from_secs(5);
 
-/// What a finished request sends, encoded ([`otlp::span`], [`otlp::record`]).
+/// What a finished request (or reconcile) sends, encoded ([`proto::span`],
+/// [`proto::record`]).
 #[derive(Default)]
 pub struct Item {
     /// Its spans, as `ScopeSpans.spans` entries.
@@ -57,7 +60,7 @@ enum Message {
     Flush(SyncSender<()>),
 }
 
-/// The request path's end of the queue.
+/// The senders' end of the queue.
 pub struct Exporter {
     queue: SyncSender<Message>,
     /// Items queued and not yet taken (an estimate: spans are shed first
@@ -118,7 +121,7 @@ fn send_batches(receiver: &Receiver<Message>, counts: &Counts, queued: &AtomicUs
         tracing::error!("telemetry: cannot start the export runtime; records are dropped");
         return;
     };
-    let http = super::client::Http::new();
+    let http = crate::client::Http::new();
     let mut batch: Vec<(Arc<Destination>, Item)> = Vec::with_capacity(BATCH);
     let mut deadline = Instant::now() + EVERY;
     loop {
@@ -149,7 +152,7 @@ fn send_batches(receiver: &Receiver<Message>, counts: &Counts, queued: &AtomicUs
 }
 
 /// One POST per destination and signal.
-async fn export(http: &super::client::Http, batch: Vec<(Arc<Destination>, Item)>, counts: &Counts) {
+async fn export(http: &crate::client::Http, batch: Vec<(Arc<Destination>, Item)>, counts: &Counts) {
     let mut groups: Vec<(Arc<Destination>, Vec<Item>)> = Vec::new();
     for (destination, item) in batch {
         match groups.iter_mut().find(|(d, _)| Arc::ptr_eq(d, &destination) || **d == *destination) {
@@ -161,19 +164,19 @@ async fn export(http: &super::client::Http, batch: Vec<(Arc<Destination>, Item)>
         let spans: Vec<&[u8]> = items.iter().map(|item| item.spans.as_slice()).filter(|s| !s.is_empty()).collect();
         let span_count: usize = items.iter().map(|item| item.span_count).sum();
         if span_count > 0 {
-            let body = otlp::traces(&destination.source, &spans);
+            let body = proto::traces(&destination.source, &spans);
             post(http, &destination, "traces", body, span_count, counts).await;
         }
         let records: Vec<&[u8]> = items.iter().map(|item| item.records.as_slice()).filter(|r| !r.is_empty()).collect();
         if !records.is_empty() {
-            let body = otlp::logs(&destination.source, &records);
+            let body = proto::logs(&destination.source, &records);
             post(http, &destination, "logs", body, records.len(), counts).await;
         }
     }
 }
 
 async fn post(
-    http: &super::client::Http,
+    http: &crate::client::Http,
     destination: &Destination,
     signal: &'static str,
     body: Vec<u8>,
