@@ -3,7 +3,7 @@ CARGO ?= cargo
 CARGO_FLAGS ?= -j2
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 
-.PHONY: demo test bench bench-peers bench-scale bench-routing bench-fairness lint deny images crds generate k8s-bins helm-bin otelcol-bin node-deps clean-e2e
+.PHONY: demo test bench bench-peers bench-scale bench-routing bench-fairness lint deny images crds generate k8s-bins helm-bin otelcol-bin prometheus-bin node-deps clean-e2e
 
 ## demo: waycast on a local cluster (control plane + node), ending with a working curl; Ctrl-C stops it
 demo: k8s-bins node-deps
@@ -11,7 +11,7 @@ demo: k8s-bins node-deps
 	bash e2e/scripts/demo.sh
 
 ## test: every test — unit, generated-file checks, e2e on a real cluster with a node
-test: k8s-bins helm-bin otelcol-bin node-deps
+test: k8s-bins helm-bin otelcol-bin prometheus-bin node-deps
 	$(CARGO) build $(CARGO_FLAGS) --workspace --bins
 	$(CARGO) test $(CARGO_FLAGS) --workspace
 	@# The last e2e node tears down after its test binary exits; wait for it.
@@ -85,9 +85,10 @@ crds:
 	$(CARGO) run $(CARGO_FLAGS) -q -p waycast-xtask -- crds crds/yaml docs/api.md
 	cp crds/yaml/*.yaml charts/waycast/crds/
 
-## generate: every generated file (CRDs, docs/api.md, docs/metrics.md, deploy/operator.yaml); tests fail when one is stale
+## generate: every generated file (CRDs, docs/api.md, docs/metrics.md, the chart's dashboards and rules, docs/dashboards.md, deploy/operator.yaml); tests fail when one is stale
 generate: crds helm-bin
 	$(CARGO) run $(CARGO_FLAGS) -q -p waycast-xtask -- metrics-doc docs/metrics.md
+	$(CARGO) run $(CARGO_FLAGS) -q -p waycast-xtask -- observability .
 	bash e2e/scripts/render-operator-manifest.sh
 
 ## k8s-bins: build etcd and the Kubernetes binaries from the Go module proxy (cached)
@@ -101,6 +102,10 @@ helm-bin:
 ## otelcol-bin: build a minimal OpenTelemetry Collector from the Go module proxy (cached; the telemetry tests send to it)
 otelcol-bin:
 	bash e2e/scripts/build-otelcol.sh >/dev/null
+
+## prometheus-bin: build Prometheus and promtool from the Go module proxy (cached; the dashboard and alert tests query it)
+prometheus-bin:
+	bash e2e/scripts/build-prometheus.sh >/dev/null
 
 ## node-deps: containerd, runc, CNI plugins, iptables, conntrack from Debian's packages
 node-deps:

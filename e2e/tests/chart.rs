@@ -391,3 +391,72 @@ async fn helm_install_upgrade_and_uninstall_on_a_real_node() {
     assert!(Api::<Gateway>::namespaced(client.clone(), DEMO_NAMESPACE).get_opt("gateway").await.unwrap().is_some());
     assert_eq!(chat_status(&demo.gateway_ip, &demo.key).await, Some(http::StatusCode::OK));
 }
+
+/// The dashboards, the PrometheusRule and the PodMonitor render only when
+/// asked, as the generated files say: the rule groups pass `promtool check
+/// rules`, each dashboard is the generated JSON, the PodMonitor selects
+/// the gateway pods' admin port.
+#[test]
+fn dashboards_rules_and_the_pod_monitor_render_when_asked() {
+    let (ok, plain) = template(&[]);
+    assert!(ok, "{plain}");
+    for kind in ["kind: PrometheusRule", "kind: PodMonitor", "grafana_dashboard"] {
+        assert!(!plain.contains(kind), "{kind} rendered unasked");
+    }
+    let (ok, text) = template(&[
+        "--set",
+        "dashboards.enabled=true",
+        "--set",
+        "prometheusRule.enabled=true",
+        "--set",
+        "metrics.podMonitor.enabled=true",
+        "--set",
+        "prometheusRule.labels.release=kube-prometheus-stack",
+    ]);
+    assert!(ok, "{text}");
+    let documents: Vec<serde_json::Value> = text
+        .split("\n---")
+        .filter_map(|doc| serde_yaml_ng::from_str::<serde_json::Value>(doc).ok())
+        .filter(|doc| doc.is_object())
+        .collect();
+    let of_kind =
+        |kind: &str| -> Vec<&serde_json::Value> { documents.iter().filter(|doc| doc["kind"] == kind).collect() };
+
+    let rule = *of_kind("PrometheusRule").first().expect("a PrometheusRule");
+    assert_eq!(rule["metadata"]["labels"]["release"], "kube-prometheus-stack");
+    let rules_file = std::env::temp_dir().join(format!("waycast-rules-{}.yaml", std::process::id()));
+    std::fs::write(&rules_file, serde_yaml_ng::to_string(&rule["spec"]).unwrap()).unwrap();
+    let promtool = Command::new("bash")
+        .arg(repository_root().join("e2e/scripts/build-prometheus.sh"))
+        .output()
+        .expect("bash runs build-prometheus.sh");
+    assert!(promtool.status.success(), "{}", String::from_utf8_lossy(&promtool.stderr));
+    let promtool = PathBuf::from(String::from_utf8_lossy(&promtool.stdout).trim()).join("promtool");
+    let checked = Command::new(promtool).args(["check", "rules"]).arg(&rules_file).output().unwrap();
+    let _ = std::fs::remove_file(&rules_file);
+    let said = String::from_utf8_lossy(&checked.stdout);
+    assert!(checked.status.success(), "promtool check rules: {said}{}", String::from_utf8_lossy(&checked.stderr));
+    let alerts = waycast_xtask::observability::ALERTS.len();
+    assert!(said.contains(&format!("SUCCESS: {alerts} rules found")), "{said}");
+
+    let dashboards: Vec<&serde_json::Value> =
+        of_kind("ConfigMap").into_iter().filter(|doc| doc["metadata"]["labels"]["grafana_dashboard"] == "1").collect();
+    assert_eq!(dashboards.len(), waycast_xtask::observability::DASHBOARDS.len(), "{text}");
+    for dashboard in waycast_xtask::observability::DASHBOARDS {
+        let generated = std::fs::read_to_string(
+            repository_root().join(waycast_xtask::observability::DASHBOARD_DIR).join(dashboard.file),
+        )
+        .unwrap();
+        let shipped = dashboards.iter().find_map(|doc| doc["data"][dashboard.file].as_str()).expect(dashboard.file);
+        let shipped: serde_json::Value = serde_json::from_str(shipped).unwrap();
+        assert_eq!(shipped, serde_json::from_str::<serde_json::Value>(&generated).unwrap(), "{}", dashboard.file);
+        assert_eq!(shipped["uid"], dashboard.uid);
+    }
+
+    let monitor = *of_kind("PodMonitor").first().expect("a PodMonitor");
+    assert_eq!(
+        monitor["spec"]["selector"]["matchLabels"][waycast_crds::heartbeat::POD_NAME_LABEL],
+        waycast_crds::heartbeat::GATEWAY_POD_NAME
+    );
+    assert_eq!(monitor["spec"]["podMetricsEndpoints"][0]["port"], "admin");
+}

@@ -159,6 +159,11 @@ async fn admin(listener: tokio::net::TcpListener, context: Arc<Context>, ready: 
                 };
                 let mut response = http::Response::new(Full::new(bytes::Bytes::from(body)));
                 *response.status_mut() = http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::OK);
+                // Prometheus 3 refuses a scrape without one.
+                response.headers_mut().insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+                );
                 async move { Ok::<_, std::convert::Infallible>(response) }
             });
             let _ = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())

@@ -22,6 +22,8 @@ pub struct Metrics {
     pub config_writes: IntCounterVec,
     /// From writing a config to every pod of the Gateway reporting it.
     pub propagation: prometheus::Histogram,
+    /// Each Gateway's conditions as last written: 1 true, 0 false.
+    pub gateway_condition: IntGaugeVec,
 }
 
 impl Metrics {
@@ -71,6 +73,13 @@ impl Metrics {
             )
             .buckets(vec![0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0]),
         )?;
+        let gateway_condition = IntGaugeVec::new(
+            Opts::new(
+                "waycast_operator_gateway_condition",
+                "Each Gateway's status conditions as last written (Accepted, Programmed, Ready): 1 true, 0 false or unknown, by Gateway (namespace/name) and condition.",
+            ),
+            &["gateway", "condition"],
+        )?;
         let metrics = Self {
             registry,
             reconciles,
@@ -81,6 +90,7 @@ impl Metrics {
             config_bytes,
             config_writes,
             propagation,
+            gateway_condition,
         };
         for collector in metrics.collectors() {
             metrics.registry.register(collector)?;
@@ -105,7 +115,28 @@ impl Metrics {
             Box::new(self.telemetry_exported.clone()),
             Box::new(self.telemetry_dropped.clone()),
             Box::new(self.config_bytes.clone()),
+            Box::new(self.gateway_condition.clone()),
         ]
+    }
+
+    /// Shows the Gateway `gateway`'s `conditions`.
+    pub fn show_conditions(
+        &self,
+        gateway: &str,
+        conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    ) {
+        for condition in conditions {
+            let value = i64::from(condition.status == "True");
+            self.gateway_condition.with_label_values(&[gateway, condition.type_.as_str()]).set(value);
+        }
+    }
+
+    /// Forgets a deleted Gateway's series.
+    pub fn forget_gateway(&self, gateway: &str) {
+        for condition in ["Accepted", "Programmed", "Ready"] {
+            let _ = self.gateway_condition.remove_label_values(&[gateway, condition]);
+        }
+        let _ = self.config_bytes.remove_label_values(&[gateway]);
     }
 
     /// The text exposition format.

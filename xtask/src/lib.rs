@@ -6,5 +6,6 @@
 
 pub mod docs;
 pub mod image;
+pub mod observability;
 pub mod scale;
 pub mod structure;

@@ -4,6 +4,7 @@
 //! ```text
 //! xtask crds DIR API_MD            # CRD YAML, one file per kind, and docs/api.md   (make crds)
 //! xtask metrics-doc METRICS_MD     # docs/metrics.md from both binaries' registries (make generate)
+//! xtask observability ROOT        # the chart's dashboards and PrometheusRule, docs/dashboards.md (make generate)
 //! xtask image BINARY NAME OUT.tar  # an OCI image archive without Docker           (make images)
 //! xtask compile-figures [KEYS] [MODELS] [RUNS]  # the operator's compile at scale, in memory
 //! xtask structure ROOT.rs...      # no import cycle between a crate's files, none over 500 lines (make lint)
@@ -18,7 +19,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use waycast_xtask::image::{ImageSpec, NONROOT, pack, shared_libraries};
 
-const USAGE: &str = "usage: xtask crds DIR API_MD | metrics-doc METRICS_MD | image BINARY NAME OUT.tar | compile-figures [KEYS] [MODELS] [RUNS] | structure ROOT.rs...";
+const USAGE: &str = "usage: xtask crds DIR API_MD | metrics-doc METRICS_MD | observability ROOT | image BINARY NAME OUT.tar | compile-figures [KEYS] [MODELS] [RUNS] | structure ROOT.rs...";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -27,6 +28,7 @@ fn main() -> ExitCode {
         ["crds", dir, api_doc] => crds(Path::new(dir), Path::new(api_doc)),
         ["metrics-doc", path] => waycast_xtask::docs::metrics_reference()
             .and_then(|text| std::fs::write(path, text).with_context(|| format!("writing {path}"))),
+        ["observability", root] => observability(Path::new(root)),
         ["image", binary, name, out] => image(binary, name, Path::new(out)),
         ["compile-figures", numbers @ ..] if numbers.len() <= 3 => {
             let parsed: Result<Vec<usize>, _> = numbers.iter().map(|n| n.parse::<usize>()).collect();
@@ -60,6 +62,19 @@ fn crds(dir: &Path, api_doc: &Path) -> anyhow::Result<()> {
     }
     let reference = waycast_crds::docs::api_reference(&waycast_crds::crds());
     std::fs::write(api_doc, reference).with_context(|| format!("writing {}", api_doc.display()))
+}
+
+fn observability(root: &Path) -> anyhow::Result<()> {
+    let mut files = waycast_xtask::observability::generated()?;
+    files.push(("docs/dashboards.md".to_owned(), waycast_xtask::observability::dashboards_doc()));
+    for (path, text) in files {
+        let path = root.join(path);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
 }
 
 fn structure(roots: &[&str]) -> anyhow::Result<()> {

@@ -14,3 +14,17 @@ fn committed_metrics_reference_is_current() {
     assert!(rows.iter().all(|row| row.starts_with("| `waycast_")), "{rendered}");
     assert!(rendered.contains("| `waycast_gateway_inflight_requests` | gauge |"), "{rendered}");
 }
+
+/// The chart's dashboards and rules, and their docs, are what the one
+/// source renders now (so a panel cannot drift from the metric it reads).
+#[test]
+fn committed_dashboards_and_rules_are_current() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut files = waycast_xtask::observability::generated().unwrap();
+    files.push(("docs/dashboards.md".to_owned(), waycast_xtask::observability::dashboards_doc()));
+    assert!(files.len() >= 5, "three dashboards, the rules and their docs");
+    for (path, rendered) in files {
+        let committed = std::fs::read_to_string(root.join(&path)).unwrap_or_default();
+        assert!(committed == rendered, "{path} is stale: run `make generate` and commit the result");
+    }
+}

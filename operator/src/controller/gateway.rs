@@ -135,8 +135,9 @@ async fn reconcile(gateway: Arc<Gateway>, context: Arc<Context>, traced: &mut Re
         }),
         tenants: &compiled.tenants,
     };
-    write_status(&context, gateway.as_ref(), gateway.status.as_ref(), &status::gateway_status(&gateway, &facts, now))
-        .await?;
+    let written = status::gateway_status(&gateway, &facts, now);
+    write_status(&context, gateway.as_ref(), gateway.status.as_ref(), &written).await?;
+    context.metrics.show_conditions(&key.to_string(), &written.conditions);
     tracing::debug!(
         gateway = %key,
         compile_ms = compiled_at.as_secs_f64() * 1e3,
@@ -257,7 +258,13 @@ fn verified_as(gateway: &Gateway) -> (String, i64) {
 /// when another one changes.
 async fn remember<T>(context: &Context, key: &ObjectKey, change: impl FnOnce(&mut GatewayMemory) -> T) -> T {
     let mut gateways = context.gateways.write().await;
-    gateways.retain(|key, _| gateway_exists(&context.stores, key));
+    gateways.retain(|key, _| {
+        let exists = gateway_exists(&context.stores, key);
+        if !exists {
+            context.metrics.forget_gateway(&key.to_string());
+        }
+        exists
+    });
     change(gateways.entry(key.clone()).or_default())
 }
 
@@ -387,5 +394,6 @@ pub(crate) async fn refuse_name_conflict(
     tracing::warn!(gateway = %ObjectKey::of(&gateway.metadata), conflict, "an object the Gateway would own exists and is not its own; nothing applied");
     let refused = status::gateway_name_conflict(gateway, conflict, jiff::Timestamp::now());
     write_status(context, gateway, gateway.status.as_ref(), &refused).await?;
+    context.metrics.show_conditions(&ObjectKey::of(&gateway.metadata).to_string(), &refused.conditions);
     Ok(Action::requeue(Duration::from_secs(30)))
 }
