@@ -11,7 +11,7 @@
 
 mod support;
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -154,16 +154,23 @@ async fn a_streamed_request_reaches_the_collector_as_spans_and_a_usage_record() 
     assert!(fixture.metric("waycast_gateway_telemetry_exported_total{signal=\"traces\"}").await.unwrap() >= 3.0);
 }
 
+/// A collector down costs requests nothing: the spans are dropped and
+/// counted, the usage records kept and sent again until it is back, then
+/// every one arrives (at least once: by request id) and none is counted
+/// dropped.
 #[tokio::test]
-async fn a_collector_that_is_down_costs_requests_nothing_but_counted_drops() {
-    // Nothing listens there.
-    let endpoint = format!("http://127.0.0.1:{}", loopback_port());
+async fn a_collector_that_is_down_costs_requests_nothing_and_loses_no_usage_record() {
+    // Nothing listens there, yet.
+    let port = loopback_port();
+    let endpoint = format!("http://127.0.0.1:{port}");
     let options = FixtureOptions { telemetry: Some(telemetry(&endpoint)), ..FixtureOptions::default() };
     let fixture = Fixture::start(options, |_, _| {}).await;
     let body = format!(r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":"hi"}}]}}"#);
+    let mut request_ids = Vec::new();
     for _ in 0..20 {
-        let (status, _, answer) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), &body).await;
+        let (status, headers, answer) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), &body).await;
         assert_eq!(status, 200, "{answer:?}");
+        request_ids.push(headers["x-request-id"].to_str().unwrap().to_owned());
     }
     let dropped = "waycast_gateway_telemetry_dropped_total{reason=\"export_failed\",signal=\"traces\"}";
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -171,6 +178,18 @@ async fn a_collector_that_is_down_costs_requests_nothing_but_counted_drops() {
         assert!(Instant::now() < deadline, "the spans were not counted as dropped");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let logs = "waycast_gateway_telemetry_dropped_total{reason=\"export_failed\",signal=\"logs\"}";
-    assert!(fixture.metric(logs).await.unwrap_or(0.0) >= 20.0);
+    let logs_dropped = "waycast_gateway_telemetry_dropped_total{reason=\"export_failed\",signal=\"logs\"}";
+    assert_eq!(fixture.metric(logs_dropped).await, None, "usage records were dropped, not kept");
+
+    // The collector comes back where it was: the kept records reach it.
+    let collector = Collector::start_at(IpAddr::from([127, 0, 0, 1]), port).unwrap();
+    let records = collector
+        .until("logs", "every usage record, sent again", |records| {
+            request_ids.iter().all(|id| records.iter().any(|r| r["body"]["stringValue"] == id.as_str()))
+        })
+        .await;
+    assert!(records.len() >= request_ids.len());
+    let exported = "waycast_gateway_telemetry_exported_total{signal=\"logs\"}";
+    assert_eq!(fixture.metric(exported).await, Some(20.0));
+    assert_eq!(fixture.metric(logs_dropped).await, None);
 }

@@ -26,6 +26,14 @@ impl Collector {
     /// # Errors
     /// The build failed, or the collector did not listen within 20 s.
     pub fn start(address: IpAddr) -> anyhow::Result<Self> {
+        Self::start_at(address, crate::fixtures::free_port(address)?)
+    }
+
+    /// The same, on `port` (a collector that comes back where one was).
+    ///
+    /// # Errors
+    /// The build failed, or the collector did not listen within 20 s.
+    pub fn start_at(address: IpAddr, port: u16) -> anyhow::Result<Self> {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../e2e/scripts/build-otelcol.sh");
         let built = Command::new("bash").arg(script).stderr(Stdio::inherit()).output().context("build-otelcol.sh")?;
         if !built.status.success() {
@@ -33,7 +41,6 @@ impl Collector {
         }
         let stdout = String::from_utf8(built.stdout)?;
         let binary = stdout.lines().last().context("build-otelcol.sh printed no path")?.to_owned();
-        let port = crate::fixtures::free_port(address)?;
         let dir = std::env::temp_dir().join(format!("waycast-otelcol-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
         let host = match address {

@@ -1,13 +1,21 @@
 //! Sends spans and usage records to the collector, off the caller's path:
 //! a request (or a reconcile) hands its records to a bounded queue and
 //! never waits; a thread of its own batches them (up to 512 items, or
-//! every 5 s) and POSTs each batch once, with a deadline. A full queue, or a
-//! collector that is down, slow or refusing, drops the records and counts
-//! them on the caller's counters ([`Counts`]:
-//! `waycast_gateway_telemetry_dropped_total`,
-//! `waycast_operator_telemetry_dropped_total`): memory stays bounded
-//! whatever the collector does.
+//! every 5 s) and POSTs each batch with a deadline. A full queue drops and
+//! counts ([`Counts`]: `waycast_gateway_telemetry_dropped_total`,
+//! `waycast_operator_telemetry_dropped_total`).
+//!
+//! Usage records are delivered at least once (each carries its request id
+//! for de-duplication): a batch of them the collector did not take — it was
+//! down, timed out, or answered 429, 502, 503 or 504, as the OTLP
+//! specification has it — is kept and sent again after 1 s, 2 s, 4 s … up to
+//! 30 s apart (a `Retry-After` is honoured, up to a minute), for about five
+//! minutes, within [`RETRY_BYTES`] of encoded records; past either bound the
+//! oldest are dropped and counted. Spans are not kept: a failed batch of
+//! them is dropped and counted. Memory stays bounded whatever the collector
+//! does.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
@@ -31,6 +39,18 @@ const EVERY: Duration = Duration::from_secs(5);
 const MAX_ANSWER_BYTES: usize = 64 * 1024;
 /// Longest one export may take.
 const DEADLINE: Duration = Duration::from_secs(5);
+/// Encoded usage records kept for another try at most (about 50,000
+/// records: a minute of a busy pod's requests).
+pub const RETRY_BYTES: usize = 16 * 1024 * 1024;
+/// The first wait before a batch is sent again; each next one doubles.
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+/// The longest wait between two tries.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// The longest `Retry-After` honoured.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+/// Tries of one batch at most (1 + 2 + 4 + 8 + 16 + 30 × 9 s of waits: about
+/// five minutes).
+const MAX_TRIES: u32 = 15;
 
 /// What a finished request (or reconcile) sends, encoded ([`proto::span`],
 /// [`proto::record`]).
@@ -123,10 +143,12 @@ fn send_batches(receiver: &Receiver<Message>, counts: &Counts, queued: &AtomicUs
     };
     let http = crate::client::Http::new();
     let mut batch: Vec<(Arc<Destination>, Item)> = Vec::with_capacity(BATCH);
+    let mut retries = Retries::default();
     let mut deadline = Instant::now() + EVERY;
     loop {
         let mut flushed = None;
-        match receiver.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        let wake = retries.next_due().map_or(deadline, |due| due.min(deadline));
+        match receiver.recv_timeout(wake.saturating_duration_since(Instant::now())) {
             Ok(Message::Record(destination, item)) => {
                 queued.fetch_sub(1, Ordering::Relaxed);
                 batch.push((destination, item));
@@ -137,22 +159,114 @@ fn send_batches(receiver: &Receiver<Message>, counts: &Counts, queued: &AtomicUs
             Ok(Message::Flush(done)) => flushed = Some(done),
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => {
-                runtime.block_on(export(&http, std::mem::take(&mut batch), counts));
+                runtime.block_on(async {
+                    export(&http, std::mem::take(&mut batch), counts, &mut retries).await;
+                    retries.send_due(&http, counts, None).await;
+                });
                 return;
             }
         }
-        if !batch.is_empty() {
-            runtime.block_on(export(&http, std::mem::take(&mut batch), counts));
+        let now = Instant::now();
+        if !batch.is_empty() && (batch.len() >= BATCH || now >= deadline || flushed.is_some()) {
+            runtime.block_on(export(&http, std::mem::take(&mut batch), counts, &mut retries));
+            deadline = Instant::now() + EVERY;
+        } else if batch.is_empty() && now >= deadline {
+            deadline = now + EVERY;
         }
+        // A draining pod tries what waits for a retry once more, now.
+        let due = if flushed.is_some() { None } else { Some(Instant::now()) };
+        runtime.block_on(retries.send_due(&http, counts, due));
         if let Some(done) = flushed {
             let _ = done.send(());
         }
-        deadline = Instant::now() + EVERY;
     }
 }
 
+/// Usage-record batches the collector did not take, oldest first.
+#[derive(Default)]
+struct Retries {
+    waiting: VecDeque<Retry>,
+    bytes: usize,
+}
+
+struct Retry {
+    destination: Arc<Destination>,
+    body: Bytes,
+    records: u64,
+    tries: u32,
+    due: Instant,
+}
+
+impl Retries {
+    fn next_due(&self) -> Option<Instant> {
+        self.waiting.iter().map(|retry| retry.due).min()
+    }
+
+    /// Keeps a batch for another try after `tries`, dropping the oldest
+    /// (counted) past the bounds.
+    fn keep(&mut self, mut retry: Retry, after: Option<Duration>, counts: &Counts) {
+        if retry.tries >= MAX_TRIES {
+            tracing::warn!(records = retry.records, "telemetry: usage records dropped after {MAX_TRIES} tries");
+            counts.dropped.with_label_values(&["logs", "export_failed"]).inc_by(retry.records);
+            return;
+        }
+        retry.due = Instant::now() + after.map_or_else(|| backoff(retry.tries), |after| after.min(MAX_RETRY_AFTER));
+        self.bytes += retry.body.len();
+        self.waiting.push_back(retry);
+        while self.bytes > RETRY_BYTES
+            && let Some(oldest) = self.waiting.pop_front()
+        {
+            self.bytes -= oldest.body.len();
+            counts.dropped.with_label_values(&["logs", "retry_full"]).inc_by(oldest.records);
+        }
+    }
+
+    /// Sends the batches due by `now` (every one when `None`), oldest
+    /// first; a destination that fails again holds its other batches back
+    /// with it.
+    async fn send_due(&mut self, http: &crate::client::Http, counts: &Counts, now: Option<Instant>) {
+        let mut held: Vec<Arc<Destination>> = Vec::new();
+        let mut later = VecDeque::with_capacity(self.waiting.len());
+        let due = std::mem::take(&mut self.waiting);
+        self.bytes = 0;
+        for mut retry in due {
+            let ready = now.is_none_or(|now| retry.due <= now);
+            if !ready || held.iter().any(|d| Arc::ptr_eq(d, &retry.destination)) {
+                self.bytes += retry.body.len();
+                later.push_back(retry);
+                continue;
+            }
+            retry.tries += 1;
+            match post(http, &retry.destination, "logs", retry.body.clone(), retry.records, counts).await {
+                Sent::Taken | Sent::Refused => {}
+                Sent::Again(after) => {
+                    held.push(retry.destination.clone());
+                    self.waiting = later;
+                    self.keep(retry, after, counts);
+                    later = std::mem::take(&mut self.waiting);
+                }
+            }
+        }
+        self.waiting = later;
+    }
+}
+
+/// The wait before try `tries + 1`: doubling from [`FIRST_BACKOFF`] to
+/// [`MAX_BACKOFF`], less up to a fifth at random so pods that lost the
+/// same collector do not all come back at once.
+fn backoff(tries: u32) -> Duration {
+    let full = FIRST_BACKOFF.saturating_mul(1 << tries.saturating_sub(1).min(16)).min(MAX_BACKOFF);
+    let spread = u32::from(crate::ids::new_span_id()[0]);
+    full - full / 5 * spread / 255
+}
+
 /// One POST per destination and signal.
-async fn export(http: &crate::client::Http, batch: Vec<(Arc<Destination>, Item)>, counts: &Counts) {
+async fn export(
+    http: &crate::client::Http,
+    batch: Vec<(Arc<Destination>, Item)>,
+    counts: &Counts,
+    retries: &mut Retries,
+) {
     let mut groups: Vec<(Arc<Destination>, Vec<Item>)> = Vec::new();
     for (destination, item) in batch {
         match groups.iter_mut().find(|(d, _)| Arc::ptr_eq(d, &destination) || **d == *destination) {
@@ -164,50 +278,130 @@ async fn export(http: &crate::client::Http, batch: Vec<(Arc<Destination>, Item)>
         let spans: Vec<&[u8]> = items.iter().map(|item| item.spans.as_slice()).filter(|s| !s.is_empty()).collect();
         let span_count: usize = items.iter().map(|item| item.span_count).sum();
         if span_count > 0 {
-            let body = proto::traces(&destination.source, &spans);
-            post(http, &destination, "traces", body, span_count, counts).await;
+            let body = Bytes::from(proto::traces(&destination.source, &spans));
+            let spans = u64::try_from(span_count).unwrap_or(u64::MAX);
+            if let Sent::Again(_) = post(http, &destination, "traces", body, spans, counts).await {
+                counts.dropped.with_label_values(&["traces", "export_failed"]).inc_by(spans);
+            }
         }
         let records: Vec<&[u8]> = items.iter().map(|item| item.records.as_slice()).filter(|r| !r.is_empty()).collect();
         if !records.is_empty() {
-            let body = proto::logs(&destination.source, &records);
-            post(http, &destination, "logs", body, records.len(), counts).await;
+            let body = Bytes::from(proto::logs(&destination.source, &records));
+            let count = u64::try_from(records.len()).unwrap_or(u64::MAX);
+            if let Sent::Again(after) = post(http, &destination, "logs", body.clone(), count, counts).await {
+                let retry =
+                    Retry { destination: destination.clone(), body, records: count, tries: 1, due: Instant::now() };
+                retries.keep(retry, after, counts);
+            }
         }
     }
+}
+
+/// What became of one POST.
+enum Sent {
+    /// The collector took it (counted exported).
+    Taken,
+    /// The collector refused it for good (counted dropped).
+    Refused,
+    /// Worth another try, after the collector's `Retry-After` if it gave
+    /// one (counted by the caller: kept or dropped).
+    Again(Option<Duration>),
 }
 
 async fn post(
     http: &crate::client::Http,
     destination: &Destination,
     signal: &'static str,
-    body: Vec<u8>,
-    records: usize,
+    body: Bytes,
+    count: u64,
     counts: &Counts,
-) {
-    let count = u64::try_from(records).unwrap_or(u64::MAX);
+) -> Sent {
     let url = format!("{}/v1/{signal}", destination.endpoint.trim_end_matches('/'));
     let mut request = http::Request::post(&url).header(http::header::CONTENT_TYPE, "application/x-protobuf");
     for (name, value) in &destination.headers {
         request = request.header(name, value);
     }
-    let Ok(request) = request.body(Full::new(Bytes::from(body))) else {
+    let Ok(request) = request.body(Full::new(body)) else {
         counts.dropped.with_label_values(&[signal, "export_failed"]).inc_by(count);
-        return;
+        return Sent::Refused;
     };
-    let sent = tokio::time::timeout(DEADLINE, async {
+    let answered = tokio::time::timeout(DEADLINE, async {
         let response = http.request(request).await.map_err(|e| e.to_string())?;
         let status = response.status();
+        let retry_after = response
+            .headers()
+            .get(http::header::RETRY_AFTER)
+            .and_then(|value| value.to_str().ok()?.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
         // The answer is read, bounded (an empty partial success is
         // success; a collector that talks on is cut off).
         let _ = Limited::new(response.into_body(), MAX_ANSWER_BYTES).collect().await;
-        if status.is_success() { Ok(()) } else { Err(format!("status {status}")) }
+        Ok::<_, String>((status, retry_after))
     })
     .await
     .unwrap_or_else(|_| Err("timed out".into()));
-    match sent {
-        Ok(()) => counts.exported.with_label_values(&[signal]).inc_by(count),
-        Err(error) => {
-            tracing::debug!(%url, %error, "telemetry: export failed; its records are dropped");
-            counts.dropped.with_label_values(&[signal, "export_failed"]).inc_by(count);
+    match answered {
+        Ok((status, _)) if status.is_success() => {
+            counts.exported.with_label_values(&[signal]).inc_by(count);
+            Sent::Taken
         }
+        Ok((status, retry_after)) if matches!(status.as_u16(), 429 | 502 | 503 | 504) => {
+            tracing::debug!(%url, %status, "telemetry: the collector asks for another try");
+            Sent::Again(retry_after)
+        }
+        Ok((status, _)) => {
+            tracing::warn!(%url, %status, "telemetry: the collector refused a batch; its records are dropped");
+            counts.dropped.with_label_values(&[signal, "export_failed"]).inc_by(count);
+            Sent::Refused
+        }
+        Err(error) => {
+            tracing::debug!(%url, %error, "telemetry: export failed");
+            Sent::Again(None)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counts() -> Counts {
+        let opts = |name: &str| prometheus::Opts::new(name, "test");
+        Counts {
+            exported: IntCounterVec::new(opts("exported"), &["signal"]).unwrap(),
+            dropped: IntCounterVec::new(opts("dropped"), &["signal", "reason"]).unwrap(),
+        }
+    }
+
+    fn retry(bytes: usize, tries: u32) -> Retry {
+        let destination =
+            Arc::new(Destination::new("http://127.0.0.1:9", &Default::default(), &Default::default(), "test"));
+        Retry { destination, body: Bytes::from(vec![0; bytes]), records: 10, tries, due: Instant::now() }
+    }
+
+    #[test]
+    fn waits_double_to_half_a_minute_less_a_random_fifth() {
+        for (tries, full) in [(1, 1), (2, 2), (3, 4), (5, 16), (6, 30), (40, 30)] {
+            let wait = backoff(tries);
+            let full = Duration::from_secs(full);
+            assert!(wait <= full && wait >= full - full / 5, "try {tries}: {wait:?}");
+        }
+    }
+
+    #[test]
+    fn kept_batches_stay_within_their_bytes_and_tries_dropping_the_oldest_counted() {
+        let counts = counts();
+        let mut retries = Retries::default();
+        retries.keep(retry(RETRY_BYTES / 2, 1), None, &counts);
+        retries.keep(retry(RETRY_BYTES / 2, 1), Some(Duration::from_secs(600)), &counts);
+        assert_eq!((retries.waiting.len(), retries.bytes), (2, RETRY_BYTES));
+        // A Retry-After is honoured up to a minute.
+        assert!(retries.waiting[1].due <= Instant::now() + MAX_RETRY_AFTER);
+        retries.keep(retry(1, 1), None, &counts);
+        assert_eq!(retries.waiting.len(), 2, "the oldest went");
+        assert_eq!(counts.dropped.with_label_values(&["logs", "retry_full"]).get(), 10);
+        retries.keep(retry(1, MAX_TRIES), None, &counts);
+        assert_eq!(retries.waiting.len(), 2);
+        assert_eq!(counts.dropped.with_label_values(&["logs", "export_failed"]).get(), 10);
     }
 }
