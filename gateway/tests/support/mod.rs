@@ -281,7 +281,10 @@ impl GatewayProcess {
         let loopback = std::net::IpAddr::from([127, 0, 0, 1]);
         let port = || waycast_mock::fixtures::free_port(loopback).expect("a free port");
         let (public, admin) = (SocketAddr::new(loopback, port()), SocketAddr::new(loopback, port()));
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_waycast-gateway"))
+        // WAYCAST_GATEWAY_BIN: another build (release, for the benchmarks' figures).
+        let binary = std::env::var_os("WAYCAST_GATEWAY_BIN")
+            .map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_waycast-gateway")), PathBuf::from);
+        let child = tokio::process::Command::new(binary)
             .args(["--config-file", &config_path.display().to_string()])
             .args(["--listen", &public.to_string(), "--admin-listen", &admin.to_string()])
             .args(args)
