@@ -7,9 +7,11 @@
 //! prints each phase's requests, p50 and p99, the gateway's resident memory
 //! at its peak, and what the exporter counted: spans and records
 //! exported, dropped, and records still held for a retry at the end.
+//! `OUTAGE=silent`: the collector's port accepts connections and never
+//! answers instead (each export waits out its deadline).
 //!
 //! ```text
-//! WAYCAST_GATEWAY_BIN=target/release/waycast-gateway OUTAGE_SECONDS=60 \
+//! WAYCAST_GATEWAY_BIN=target/release/waycast-gateway OUTAGE_SECONDS=60 [OUTAGE=silent] \
 //!   cargo test -p waycast-gateway --test telemetry_outage -- --ignored --nocapture
 //! ```
 //!
@@ -74,6 +76,24 @@ fn percentile(sorted: &[u64], p: f64) -> f64 {
     micros / 1000.0
 }
 
+/// Accepts connections on `address` and holds them, never answering,
+/// until the flag is set (and one more connection arrives).
+fn silent_listener(address: SocketAddr) -> Arc<AtomicBool> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let listener = std::net::TcpListener::bind(address).unwrap();
+    let stopped = stop.clone();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming() {
+            if stopped.load(Ordering::Relaxed) {
+                break;
+            }
+            held.extend(stream.ok());
+        }
+    });
+    stop
+}
+
 #[tokio::test]
 #[ignore = "a benchmark: minutes long, prints figures"]
 async fn the_collector_down_for_a_minute_under_load() {
@@ -96,10 +116,25 @@ async fn the_collector_down_for_a_minute_under_load() {
     println!("|---|---|---|---|---|");
     let mut requests = 0;
     let mut p99s = Vec::new();
+    let silent = std::env::var("OUTAGE").is_ok_and(|kind| kind == "silent");
+    let mut hole = None;
     for phase in ["collector up", "collector down", "collector back"] {
         match phase {
-            "collector down" => collector = None,
-            "collector back" => collector = Some(Collector::start_at(loopback, port).unwrap()),
+            "collector down" => {
+                collector = None;
+                if silent {
+                    hole = Some(silent_listener(SocketAddr::new(loopback, port)));
+                }
+            }
+            "collector back" => {
+                if let Some(stop) = hole.take() {
+                    stop.store(true, Ordering::Relaxed);
+                    // The listener's thread notices at its next accept.
+                    let _ = std::net::TcpStream::connect(SocketAddr::new(loopback, port));
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                collector = Some(Collector::start_at(loopback, port).unwrap());
+            }
             _ => {}
         }
         let took = load(url.clone(), if phase == "collector down" { seconds } else { seconds / 2 }).await;
