@@ -27,7 +27,6 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use waycast_crds::gateway_pod::flag;
 use waycast_gateway::{ConfigSource, Drained, EndpointsSource, GatewayOptions};
-use waycast_otlp::headers::{HiddenText, parse_headers};
 
 #[derive(Parser, Debug)]
 #[command(name = "waycast-gateway", version, about = "waycast's OpenAI-compatible AI gateway")]
@@ -88,17 +87,10 @@ struct Args {
     /// use (its cgroup's CPU limit, else the node's cores).
     #[arg(long = flag::WORKERS, env = "WAYCAST_WORKERS", value_parser = clap::value_parser!(u16).range(1..=1024))]
     workers: Option<u16>,
-    /// OTLP/HTTP base URL to send traces (`/v1/traces`) and usage records
-    /// (`/v1/logs`) to, when the config has no `settings.telemetry`.
-    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
-    otlp_endpoint: Option<String>,
-    /// Share of new traces recorded, 0 to 1.
-    #[arg(long, env = "OTEL_TRACES_SAMPLER_ARG", default_value_t = 1.0)]
-    otlp_sampling: f64,
-    /// Headers of every export, `name=value,name=value` (as
-    /// `OTEL_EXPORTER_OTLP_HEADERS`).
-    #[arg(long, env = "OTEL_EXPORTER_OTLP_HEADERS", hide_env_values = true, default_value = "")]
-    otlp_headers: HiddenText,
+    /// Where traces and usage records go when the config names no
+    /// `settings.telemetry`.
+    #[command(flatten)]
+    otlp: waycast_otlp::flags::OtlpFlags,
     /// Log filter (error, warn, info, debug, trace, or a tracing directive).
     #[arg(long = flag::LOG, env = "WAYCAST_LOG", default_value = "info")]
     log: String,
@@ -174,10 +166,10 @@ async fn run(args: Args) -> ExitCode {
     let Ok(usage) = document_source(args.usage_file, args.usage_configmap).await else {
         return ExitCode::FAILURE;
     };
-    let otlp_headers = match parse_headers(&args.otlp_headers.0) {
-        Ok(headers) => headers,
+    let otlp = match args.otlp.read() {
+        Ok(otlp) => otlp,
         Err(why) => {
-            eprintln!("--otlp-headers: {why}");
+            eprintln!("{why}");
             return ExitCode::from(64);
         }
     };
@@ -195,10 +187,10 @@ async fn run(args: Args) -> ExitCode {
         idle_timeout: args.idle_timeout,
         heartbeat,
         workers: Some(workers(args.workers)),
-        telemetry: args.otlp_endpoint.map(|endpoint| waycast_crds::telemetry::TelemetryConfig {
-            endpoint,
-            sampling: waycast_crds::telemetry::Ratio(args.otlp_sampling),
-            headers: otlp_headers,
+        telemetry: otlp.map(|otlp| waycast_crds::telemetry::TelemetryConfig {
+            endpoint: otlp.endpoint,
+            sampling: waycast_crds::telemetry::Ratio(otlp.sampling),
+            headers: otlp.headers,
             ..waycast_crds::telemetry::TelemetryConfig::default()
         }),
     };

@@ -13,7 +13,6 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use clap::Parser;
-use waycast_otlp::headers::{HiddenText, parse_headers};
 
 /// mimalloc instead of glibc's malloc: with 10,000 objects churning through
 /// the stores, glibc's per-thread arenas held on to freed memory (operator
@@ -63,18 +62,10 @@ struct Args {
     /// rules; empty: egress is not restricted.
     #[arg(long, env = "WAYCAST_GATEWAY_EGRESS", default_value = "[]")]
     gateway_egress: String,
-    /// OTLP/HTTP base URL to send a span per Gateway reconcile to
-    /// (`/v1/traces`). Unset: no traces.
-    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
-    otlp_endpoint: Option<String>,
-    /// Share of reconciles traced, 0 to 1. All by default: a reconcile is
-    /// rare next to a request (a change, or each Gateway every 5 minutes).
-    #[arg(long, env = "OTEL_TRACES_SAMPLER_ARG", default_value_t = 1.0)]
-    otlp_sampling: f64,
-    /// Headers of every export, `name=value,name=value` (as
-    /// `OTEL_EXPORTER_OTLP_HEADERS`).
-    #[arg(long, env = "OTEL_EXPORTER_OTLP_HEADERS", hide_env_values = true, default_value = "")]
-    otlp_headers: HiddenText,
+    /// Where a span per Gateway reconcile goes (sampling: all by default,
+    /// a reconcile is rare next to a request).
+    #[command(flatten)]
+    otlp: waycast_otlp::flags::OtlpFlags,
 }
 
 fn main() -> ExitCode {
@@ -159,12 +150,11 @@ async fn termination_signal() {
 /// Where the reconcile spans go, from the flags: `None` without
 /// `--otlp-endpoint`. Errors name a flag and a header, never a value.
 fn telemetry_settings(args: &Args) -> Result<Option<waycast_crds::telemetry::TelemetryConfig>, String> {
-    let Some(endpoint) = &args.otlp_endpoint else { return Ok(None) };
-    let headers = parse_headers(&args.otlp_headers.0).map_err(|why| format!("--otlp-headers: {why}"))?;
+    let Some(otlp) = args.otlp.read()? else { return Ok(None) };
     let config = waycast_crds::telemetry::TelemetryConfig {
-        endpoint: endpoint.clone(),
-        sampling: waycast_crds::telemetry::Ratio(args.otlp_sampling),
-        headers,
+        endpoint: otlp.endpoint,
+        sampling: waycast_crds::telemetry::Ratio(otlp.sampling),
+        headers: otlp.headers,
         ..waycast_crds::telemetry::TelemetryConfig::default()
     };
     let problems = config.problems();

@@ -16,6 +16,7 @@
 mod client;
 pub mod destination;
 pub mod exporter;
+pub mod flags;
 pub mod headers;
 pub mod ids;
 pub mod proto;
