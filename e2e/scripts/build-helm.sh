@@ -15,20 +15,7 @@ go_tool_begin helm "$HELM_VERSION" "$HELM_BIN" "$@"
 
 # Building the command from a module that requires helm keeps helm's own
 # dependency pins; the ldflags stamp the version `helm version` reports.
-cat >"$GO_TOOL_WORK/go.mod" <<GOMOD
-module waycast.dev/e2e/helm
-
-go 1.26
-
-require helm.sh/helm/v3 $HELM_VERSION
-GOMOD
-cat >"$GO_TOOL_WORK/tools.go" <<'GOTOOLS'
-//go:build tools
-
-package tools
-
-import _ "helm.sh/helm/v3/cmd/helm"
-GOTOOLS
+go_tool_module helm.sh/helm/v3 "$HELM_VERSION" helm.sh/helm/v3/cmd/helm
 go_tool_build helm.sh/helm/v3/cmd/helm "$HELM_BIN" -tags tools \
   -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
 

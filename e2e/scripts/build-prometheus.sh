@@ -23,23 +23,8 @@ fi
 source "$(dirname "$0")/go-tool.sh"
 # promtool is built last: when it is there, both are.
 (go_tool_begin prometheus "$PROMETHEUS_MODULE_VERSION" "$BIN_DIR/promtool" "$@" >/dev/null
-cat >"$GO_TOOL_WORK/go.mod" <<GOMOD
-module waycast.dev/e2e/prometheus
-
-go 1.26
-
-require github.com/prometheus/prometheus $PROMETHEUS_MODULE_VERSION
-GOMOD
-cat >"$GO_TOOL_WORK/tools.go" <<'GOTOOLS'
-//go:build tools
-
-package tools
-
-import (
-	_ "github.com/prometheus/prometheus/cmd/prometheus"
-	_ "github.com/prometheus/prometheus/cmd/promtool"
-)
-GOTOOLS
+go_tool_module github.com/prometheus/prometheus "$PROMETHEUS_MODULE_VERSION" \
+  github.com/prometheus/prometheus/cmd/prometheus github.com/prometheus/prometheus/cmd/promtool
 stamp="github.com/prometheus/common/version"
 ldflags="-s -w -X $stamp.Version=$PROMETHEUS_VERSION -X $stamp.Revision=$PROMETHEUS_MODULE_VERSION -X $stamp.Branch=HEAD"
 for tool in prometheus promtool; do

@@ -8,6 +8,10 @@
 #     the script was called with --print; otherwise sets up the Go
 #     environment (its own build cache, no cgo, no toolchain download) and
 #     $GO_TOOL_WORK, and returns.
+#   go_tool_module MODULE_REQUIREMENT VERSION PACKAGE...
+#     writes the throwaway module: a go.mod requiring MODULE_REQUIREMENT at
+#     VERSION (so the tool keeps its own dependency pins) and a tools.go
+#     importing each PACKAGE.
 #   go_tool_build PACKAGE OUTPUT [go build flags ...]
 #     tidies the module (printing the log on failure) and builds PACKAGE
 #     into OUTPUT, atomically.
@@ -24,6 +28,18 @@ go_tool_begin() {
   GO_TOOL_WORK="$CACHE_ROOT/src/$name-$version"
   mkdir -p "$GO_TOOL_WORK" "$(dirname "$binary")"
   echo "build-$name: building $name $version" >&2
+}
+
+go_tool_module() {
+  local requirement="$1" version="$2"
+  shift 2
+  printf 'module waycast.dev/e2e/%s\n\ngo 1.26\n\nrequire %s %s\n' "$GO_TOOL_NAME" "$requirement" "$version" \
+    >"$GO_TOOL_WORK/go.mod"
+  {
+    printf '//go:build tools\n\npackage tools\n\nimport (\n'
+    printf '\t_ "%s"\n' "$@"
+    printf ')\n'
+  } >"$GO_TOOL_WORK/tools.go"
 }
 
 go_tool_tidied=""
