@@ -132,7 +132,16 @@ impl TelemetryConfig {
     pub fn problems(&self) -> Vec<String> {
         let mut problems = Vec::new();
         let scheme_ok = self.endpoint.starts_with("http://") || self.endpoint.starts_with("https://");
-        if !scheme_ok || self.endpoint.parse::<http::Uri>().is_err() || self.endpoint.len() > 2048 {
+        let parsed = self.endpoint.parse::<http::Uri>();
+        // Credentials belong in headersSecretRef: an endpoint carrying them
+        // would be shown in conditions and logs. Its text is not repeated.
+        let carries_credentials = parsed.as_ref().is_ok_and(|uri| {
+            uri.authority().is_some_and(|authority| authority.as_str().contains('@')) || uri.query().is_some()
+        });
+        if carries_credentials {
+            problems
+                .push("endpoint carries user info or a query: put credentials in headersSecretRef instead".to_owned());
+        } else if !scheme_ok || parsed.is_err() || self.endpoint.len() > 2048 {
             problems.push(format!("endpoint {:?} is not an http(s) URL", shown(&self.endpoint)));
         }
         if !(0.0..=1.0).contains(&self.sampling.0) {
@@ -141,9 +150,14 @@ impl TelemetryConfig {
         if self.headers.len() > MAX_HEADERS {
             problems.push(format!("{} headers: at most {MAX_HEADERS}", self.headers.len()));
         }
-        for (name, value) in &self.headers {
-            if http::HeaderName::from_bytes(name.as_bytes()).is_err() || http::HeaderValue::from_str(value).is_err() {
-                problems.push(format!("header {:?} is not a valid HTTP header", shown(name)));
+        for (place, (name, value)) in self.headers.iter().enumerate() {
+            if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                // A mistyped entry (`authorization:Bearer …`) can hold the
+                // token in its name: named by its place, never its text.
+                problems
+                    .push(format!("header {} (in name order) has a name that is not an HTTP header name", place + 1));
+            } else if http::HeaderValue::from_str(value).is_err() {
+                problems.push(format!("header {:?} has a value that is not an HTTP header value", shown(name)));
             } else if SET_BY_EXPORTER.contains(&name.to_ascii_lowercase().as_str()) {
                 problems.push(format!("header {:?} is set by the exporter itself", shown(name)));
             }
@@ -187,6 +201,16 @@ mod tests {
         bad.resource_attributes.insert(String::new(), "v".into());
         bad.headers.insert("Content-Length".into(), "5".into());
         assert_eq!(bad.problems().len(), 4, "{:?}", bad.problems());
+        // A token typed into a name is never repeated.
+        let mut mistyped = config("https://collector:4318");
+        mistyped.headers.insert("authorization:Bearer s3cret".into(), "x".into());
+        let said = mistyped.problems().join("; ");
+        assert!(said.contains("header 1") && !said.contains("s3cret"), "{said}");
+        // Credentials in the endpoint are refused, and not repeated.
+        for endpoint in ["https://user:s3cret@collector:4318", "https://collector:4318/?api_key=s3cret"] {
+            let said = config(endpoint).problems().join("; ");
+            assert!(said.contains("headersSecretRef") && !said.contains("s3cret"), "{said}");
+        }
         let mut many = config("http://collector:4318");
         many.headers = (0..=MAX_HEADERS).map(|n| (format!("x-h{n}"), "v".into())).collect();
         many.resource_attributes = (0..=MAX_RESOURCE_ATTRIBUTES).map(|n| (format!("k{n}"), "v".into())).collect();

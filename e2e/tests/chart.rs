@@ -459,4 +459,6 @@ fn dashboards_rules_and_the_pod_monitor_render_when_asked() {
         waycast_crds::heartbeat::GATEWAY_POD_NAME
     );
     assert_eq!(monitor["spec"]["podMetricsEndpoints"][0]["port"], "admin");
+    assert_eq!(monitor["spec"]["podMetricsEndpoints"][0]["path"], "/metrics");
+    assert!(monitor["spec"]["sampleLimit"].as_u64().is_some_and(|limit| limit > 0), "{monitor}");
 }

@@ -48,17 +48,44 @@ pub fn respond<B>(shared: &Shared, request: &Request<B>) -> Response<Full<Bytes>
 }
 
 /// Budgets half spent or more: a series each, the rest none (so a Gateway
-/// of many keys with budgets shows only those worth a look).
+/// of many keys with budgets shows only those worth a look). Series are set,
+/// then those no longer shown removed — never cleared first, so a scrape
+/// beside another (an HA pair) sees no budget vanish and return.
 fn set_budgets_used(gauge: &prometheus::GaugeVec, snapshot: Option<&crate::snapshot::Snapshot>) {
     const SHOWN_FROM: f64 = 0.5;
-    gauge.reset();
-    let Some(snapshot) = snapshot else { return };
-    for (scope, period, ratio) in snapshot.budgets_used(jiff::Timestamp::now(), SHOWN_FROM) {
-        let period = match period {
-            waycast_crds::period::Period::Day => "day",
-            waycast_crds::period::Period::Week => "week",
-            waycast_crds::period::Period::Month => "month",
-        };
-        gauge.with_label_values(&[scope.as_str(), period]).set(ratio);
+    let mut shown = std::collections::HashSet::new();
+    if let Some(snapshot) = snapshot {
+        for (scope, period, ratio) in snapshot.budgets_used(jiff::Timestamp::now(), SHOWN_FROM) {
+            let period = match period {
+                waycast_crds::period::Period::Day => "day",
+                waycast_crds::period::Period::Week => "week",
+                waycast_crds::period::Period::Month => "month",
+            };
+            gauge.with_label_values(&[scope.as_str(), period]).set(ratio);
+            shown.insert((scope, period.to_owned()));
+        }
+    }
+    for family in prometheus::core::Collector::collect(gauge) {
+        for metric in family.get_metric() {
+            let label = |name: &str| metric.get_label().iter().find(|l| l.name() == name).map(|l| l.value().to_owned());
+            if let (Some(scope), Some(period)) = (label("scope"), label("period"))
+                && !shown.contains(&(scope.clone(), period.clone()))
+            {
+                let _ = gauge.remove_label_values(&[scope.as_str(), period.as_str()]);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_budget_shown_at_one_scrape_is_gone_at_the_next_when_no_longer_half_spent() {
+        let gauge = prometheus::GaugeVec::new(prometheus::Opts::new("used", "test"), &["scope", "period"]).unwrap();
+        gauge.with_label_values(&["key:team/k", "day"]).set(0.9);
+        set_budgets_used(&gauge, None);
+        assert!(prometheus::core::Collector::collect(&gauge).iter().all(|family| family.get_metric().is_empty()));
     }
 }

@@ -122,7 +122,9 @@ async fn a_keys_daily_token_budget_refuses_with_insufficient_quota_until_midnigh
     let budget = 10 * tokens_per_request() + tokens_per_request() / 2;
     // (About 16 requests: each uses about 25 of its 40 reserved.)
     let fixture = Fixture::start(FixtureOptions::default(), |gateway, _| {
-        gateway.keys[0].budgets = vec![tokens(Period::Day, budget)]
+        gateway.keys[0].budgets = vec![tokens(Period::Day, budget)];
+        // Bob's day is hardly touched: under half, no series for it.
+        gateway.keys[1].budgets = vec![tokens(Period::Day, 1_000 * tokens_per_request())];
     })
     .await;
     let run = until_refused(&fixture, &[ALICE_KEY], 30).await;

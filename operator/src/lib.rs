@@ -151,7 +151,17 @@ async fn admin(listener: tokio::net::TcpListener, context: Arc<Context>, ready: 
         tokio::spawn(async move {
             let service = service_fn(move |request: http::Request<hyper::body::Incoming>| {
                 let (status, body) = match request.uri().path() {
-                    "/metrics" => (200, context.metrics.render()),
+                    "/metrics" => {
+                        let live = context
+                            .stores
+                            .gateways
+                            .state()
+                            .iter()
+                            .map(|gateway| crate::compile::verdict::ObjectKey::of(&gateway.metadata).to_string())
+                            .collect();
+                        context.metrics.keep_gateways(&live);
+                        (200, context.metrics.render())
+                    }
                     "/healthz" => (200, "ok\n".to_owned()),
                     "/readyz" if ready.load(std::sync::atomic::Ordering::Relaxed) => (200, "ready\n".to_owned()),
                     "/readyz" => (503, "starting\n".to_owned()),

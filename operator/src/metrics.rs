@@ -131,6 +131,26 @@ impl Metrics {
         }
     }
 
+    /// Forgets the series of Gateways not in `live` (namespace/name): one
+    /// deleted while refused was never reconciled again to forget them.
+    pub fn keep_gateways(&self, live: &std::collections::HashSet<String>) {
+        let mut gone = std::collections::BTreeSet::new();
+        use prometheus::core::Collector as _;
+        let families = [self.gateway_condition.collect(), self.config_bytes.collect()];
+        for family in families.iter().flatten() {
+            for metric in family.get_metric() {
+                for label in metric.get_label() {
+                    if label.name() == "gateway" && !live.contains(label.value()) {
+                        gone.insert(label.value().to_owned());
+                    }
+                }
+            }
+        }
+        for gateway in gone {
+            self.forget_gateway(&gateway);
+        }
+    }
+
     /// Forgets a deleted Gateway's series.
     pub fn forget_gateway(&self, gateway: &str) {
         for condition in ["Accepted", "Programmed", "Ready"] {

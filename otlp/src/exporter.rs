@@ -129,10 +129,22 @@ impl Exporter {
     /// Sends what is queued now, waiting at most `deadline` (a draining
     /// pod's last records).
     pub fn flush(&self, deadline: Duration) {
+        let until = Instant::now() + deadline;
         let (done, wait) = sync_channel(1);
-        if self.queue.send(Message::Flush(done)).is_ok() {
-            let _ = wait.recv_timeout(deadline);
+        let mut flush = Message::Flush(done);
+        // A full queue (a silent collector) must not hold the pod past its
+        // deadline: the flush waits for room within it too.
+        loop {
+            match self.queue.try_send(flush) {
+                Ok(()) => break,
+                Err(TrySendError::Full(again)) if Instant::now() < until => {
+                    flush = again;
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(_) => return,
+            }
         }
+        let _ = wait.recv_timeout(until.saturating_duration_since(Instant::now()));
     }
 }
 
@@ -202,6 +214,13 @@ impl Retries {
         self.waiting.iter().map(|retry| retry.due).min()
     }
 
+    /// When `destination` is next tried, while it has a batch waiting: it
+    /// is down, and new batches for it wait too instead of each paying a
+    /// deadline.
+    fn failing(&self, destination: &Destination) -> Option<Instant> {
+        self.waiting.iter().filter(|retry| *retry.destination == *destination).map(|retry| retry.due).min()
+    }
+
     /// Keeps a batch for another try after `tries`, dropping the oldest
     /// (counted) past the bounds.
     fn keep(&mut self, mut retry: Retry, after: Option<Duration>, counts: &Counts) {
@@ -210,9 +229,26 @@ impl Retries {
             counts.dropped.with_label_values(&["logs", "export_failed"]).inc_by(retry.records);
             return;
         }
-        retry.due = Instant::now() + after.map_or_else(|| backoff(retry.tries), |after| after.min(MAX_RETRY_AFTER));
+        // A Retry-After shorter than the backoff (0, say) does not hurry it.
+        let wait = backoff(retry.tries).max(after.map_or(Duration::ZERO, |after| after.min(MAX_RETRY_AFTER)));
+        retry.due = Instant::now() + wait;
         self.bytes += retry.body.len();
         self.waiting.push_back(retry);
+        self.shed(counts);
+    }
+
+    /// Keeps a batch never tried (its destination is down) until `due`,
+    /// with the others of its destination.
+    fn wait_with(&mut self, mut retry: Retry, due: Instant, counts: &Counts) {
+        retry.due = due;
+        self.bytes += retry.body.len();
+        self.waiting.push_back(retry);
+        self.shed(counts);
+    }
+
+    /// Drops the oldest batches (counted) while more than [`RETRY_BYTES`]
+    /// are kept.
+    fn shed(&mut self, counts: &Counts) {
         while self.bytes > RETRY_BYTES
             && let Some(oldest) = self.waiting.pop_front()
         {
@@ -231,7 +267,7 @@ impl Retries {
         self.bytes = 0;
         for mut retry in due {
             let ready = now.is_none_or(|now| retry.due <= now);
-            if !ready || held.iter().any(|d| Arc::ptr_eq(d, &retry.destination)) {
+            if !ready || held.iter().any(|d| **d == *retry.destination) {
                 self.bytes += retry.body.len();
                 later.push_back(retry);
                 continue;
@@ -248,6 +284,14 @@ impl Retries {
             }
         }
         self.waiting = later;
+        // The destination's other batches wait for its next probe.
+        for destination in held {
+            if let Some(probe) = self.waiting.iter().rev().find(|r| *r.destination == *destination).map(|r| r.due) {
+                for retry in self.waiting.iter_mut().filter(|r| *r.destination == *destination) {
+                    retry.due = retry.due.max(probe);
+                }
+            }
+        }
     }
 }
 
@@ -277,21 +321,41 @@ async fn export(
     for (destination, items) in groups {
         let spans: Vec<&[u8]> = items.iter().map(|item| item.spans.as_slice()).filter(|s| !s.is_empty()).collect();
         let span_count: usize = items.iter().map(|item| item.span_count).sum();
+        // A destination with records waiting for a retry is down: its spans
+        // are dropped without a try, its records join the wait, and only
+        // the oldest waiting batch probes it.
+        let failing = retries.failing(&destination);
         if span_count > 0 {
-            let body = Bytes::from(proto::traces(&destination.source, &spans));
-            let spans = u64::try_from(span_count).unwrap_or(u64::MAX);
-            if let Sent::Again(_) = post(http, &destination, "traces", body, spans, counts).await {
-                counts.dropped.with_label_values(&["traces", "export_failed"]).inc_by(spans);
+            let spans_count = u64::try_from(span_count).unwrap_or(u64::MAX);
+            let sent = match failing {
+                Some(_) => Sent::Again(None),
+                None => {
+                    let body = Bytes::from(proto::traces(&destination.source, &spans));
+                    post(http, &destination, "traces", body, spans_count, counts).await
+                }
+            };
+            if let Sent::Again(_) = sent {
+                counts.dropped.with_label_values(&["traces", "export_failed"]).inc_by(spans_count);
             }
         }
         let records: Vec<&[u8]> = items.iter().map(|item| item.records.as_slice()).filter(|r| !r.is_empty()).collect();
         if !records.is_empty() {
             let body = Bytes::from(proto::logs(&destination.source, &records));
             let count = u64::try_from(records.len()).unwrap_or(u64::MAX);
-            if let Sent::Again(after) = post(http, &destination, "logs", body.clone(), count, counts).await {
-                let retry =
-                    Retry { destination: destination.clone(), body, records: count, tries: 1, due: Instant::now() };
-                retries.keep(retry, after, counts);
+            let retry = |tries| Retry {
+                destination: destination.clone(),
+                body: body.clone(),
+                records: count,
+                tries,
+                due: Instant::now(),
+            };
+            match failing {
+                Some(due) => retries.wait_with(retry(0), due, counts),
+                None => {
+                    if let Sent::Again(after) = post(http, &destination, "logs", body.clone(), count, counts).await {
+                        retries.keep(retry(1), after, counts);
+                    }
+                }
             }
         }
     }
@@ -380,6 +444,39 @@ mod tests {
     }
 
     #[test]
+    fn a_destination_with_a_batch_waiting_is_failing_and_new_batches_wait_with_it() {
+        let counts = counts();
+        let mut retries = Retries::default();
+        let down = retry(100, 1);
+        let other = Destination::new("http://127.0.0.1:10", &Default::default(), &Default::default(), "test");
+        assert_eq!(retries.failing(&down.destination), None);
+        let (same, due) = (
+            Destination::new("http://127.0.0.1:9", &Default::default(), &Default::default(), "test"),
+            Instant::now() + Duration::from_secs(7),
+        );
+        retries.keep(down, None, &counts);
+        // Equal by value: a config reload's new Arc is the same collector.
+        let probe = retries.failing(&same).expect("failing");
+        assert_eq!(retries.failing(&other), None);
+        retries.wait_with(retry(100, 0), due, &counts);
+        assert_eq!(retries.waiting.len(), 2);
+        assert_eq!(retries.waiting[1].due, due);
+        assert_eq!(retries.failing(&same), Some(probe.min(due)));
+    }
+
+    #[test]
+    fn a_retry_after_shorter_than_the_backoff_does_not_hurry_it() {
+        let counts = counts();
+        let mut retries = Retries::default();
+        let before = Instant::now();
+        retries.keep(retry(1, 3), Some(Duration::ZERO), &counts);
+        // The third try's wait: 4 s less up to a fifth.
+        assert!(retries.waiting[0].due >= before + Duration::from_millis(3200));
+        retries.keep(retry(1, 3), None, &counts);
+        assert!(retries.waiting[1].due >= before + Duration::from_millis(3200));
+    }
+
+    #[test]
     fn waits_double_to_half_a_minute_less_a_random_fifth() {
         for (tries, full) in [(1, 1), (2, 2), (3, 4), (5, 16), (6, 30), (40, 30)] {
             let wait = backoff(tries);
@@ -399,6 +496,8 @@ mod tests {
         assert!(retries.waiting[1].due <= Instant::now() + MAX_RETRY_AFTER);
         retries.keep(retry(1, 1), None, &counts);
         assert_eq!(retries.waiting.len(), 2, "the oldest went");
+        assert_eq!(retries.bytes, RETRY_BYTES / 2 + 1);
+        assert_eq!(retries.waiting.back().map(|r| r.body.len()), Some(1), "the newest stays");
         assert_eq!(counts.dropped.with_label_values(&["logs", "retry_full"]).get(), 10);
         retries.keep(retry(1, MAX_TRIES), None, &counts);
         assert_eq!(retries.waiting.len(), 2);
