@@ -306,6 +306,10 @@ async fn three_gateways_counting_in_redis_hold_one_budget_exactly() {
         for key in [ALICE_KEY, CAROL_KEY] {
             assert_eq!(chat(fixture, key).await.0, StatusCode::TOO_MANY_REQUESTS);
         }
+        // Each gateway's budget gauge shows what Redis counted for all
+        // (past the alert's 80 %: the last refusal's request did not fit).
+        let used = fixture.metric(r#"waycast_gateway_budget_used_ratio{period="month",scope="tenant:team-a"}"#).await;
+        assert!(used.is_some_and(|ratio| (0.8..=1.0).contains(&ratio)), "{used:?}");
     }
 }
 

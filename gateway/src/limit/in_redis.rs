@@ -138,12 +138,14 @@ pub async fn admit(
     let held_keys: Vec<(&str, u64)> = concurrent.iter().map(|(_, key, limit)| (key.as_str(), *limit)).collect();
     // (owner, the budget, its hash in the current period, the period's end).
     let mut budgets: Vec<(BudgetOwner, &Budget, String, jiff::Timestamp)> = Vec::new();
+    let mut starts: Vec<i64> = Vec::new();
     if let Some(ask) = &subject.budgets {
         let ids = [subject.key.0, subject.tenant.0];
         for ((owner, list), id) in ask.owned().into_iter().zip(ids) {
             for budget in list {
                 let window = budget.period.window(ask.now, ask.zone);
                 let key = budget_hash(prefix, owner, id, budget.period, &window.key);
+                starts.push(window.start.as_second());
                 budgets.push((owner, budget, key, window.end));
             }
         }
@@ -219,6 +221,11 @@ pub async fn admit(
         refusal = Some(concurrency_refusal(*owner, *limit, headers));
     }
     let budget_verdicts = admission.as_ref().map(|a| a.budgets.as_slice()).unwrap_or_default();
+    // What Redis had counted in each budget is what the fleet spent: the
+    // budget gauge (`waycast_gateway_budget_used_ratio`) reads it.
+    for (((_, budget, _, _), start), (_, tokens, cost)) in budgets.iter().zip(&starts).zip(budget_verdicts) {
+        budget.state.set_fleet(super::budget::FleetSpend { start: *start, total: (*tokens, *cost), mine: (0, 0) });
+    }
     let exhausted =
         budgets.iter().zip(script_budgets.iter()).zip(budget_verdicts).find(|(_, (admitted, ..))| !admitted).map(
             |(((owner, budget, _, end), asked), (_, tokens, _))| {
