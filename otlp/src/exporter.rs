@@ -39,8 +39,8 @@ const EVERY: Duration = Duration::from_secs(5);
 const MAX_ANSWER_BYTES: usize = 64 * 1024;
 /// Longest one export may take.
 const DEADLINE: Duration = Duration::from_secs(5);
-/// Encoded usage records kept for another try at most (about 50,000
-/// records: a minute of a busy pod's requests).
+/// Encoded usage records kept for another try at most (about 35,000 of
+/// some 480 bytes: most of a minute of one busy worker's requests).
 pub const RETRY_BYTES: usize = 16 * 1024 * 1024;
 /// The first wait before a batch is sent again; each next one doubles.
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
