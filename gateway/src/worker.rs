@@ -57,6 +57,8 @@ pub fn spawn(
         let listener = listener.into_std()?;
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let (shared, tls, drain, alive) = (shared.clone(), tls.cloned(), drain.clone(), alive.clone());
+        // Kept past the runtime: the worker hands its last records over.
+        let kept = shared.clone();
         let mut closing = closing.clone();
         let thread = std::thread::Builder::new().name(format!("waycast-worker-{index}")).spawn(move || {
             become_worker(index);
@@ -65,6 +67,8 @@ pub fn spawn(
                 // Spawned on this thread's runtime: it gathers this thread's lines.
                 let access_lines = tokio::spawn(crate::access_log::gather_on_this_thread());
                 let metric_counts = tokio::spawn(crate::proxy::series::flush_on_this_thread());
+                let records =
+                    tokio::spawn(crate::telemetry::gather_on_this_thread(shared.clone(), |s| s.telemetry.exporter()));
                 match tokio::net::TcpListener::from_std(listener) {
                     Ok(listener) => crate::server::serve_public(listener, shared, tls, drain, alive).await,
                     Err(error) => tracing::error!(%error, worker = index, "cannot serve the public listener"),
@@ -75,11 +79,13 @@ pub fn spawn(
                 sweeper.abort();
                 access_lines.abort();
                 metric_counts.abort();
+                records.abort();
             });
             // Connections dropped with the runtime log their last lines.
             drop(runtime);
             crate::access_log::send_gathered();
             crate::proxy::series::flush_this_thread();
+            crate::telemetry::send_gathered(|| kept.telemetry.exporter());
         })?;
         threads.push(thread);
     }

@@ -144,3 +144,117 @@ fn varints_and_nested_lengths_across_their_byte_boundaries() {
         assert_eq!(decode(&out), vec![(2, Wire::Bytes(vec![7; size]))]);
     }
 }
+
+#[test]
+fn the_short_paths_write_what_the_general_one_does_at_every_length() {
+    let general = |key: &str, any: usize, value: &dyn Fn(&mut Vec<u8>)| {
+        let mut out = Vec::new();
+        Attributes { out: &mut out, tag: 9 << 3 | 2 }.key_value(key, any, value);
+        out
+    };
+    let short = |write: &dyn Fn(&mut Attributes<'_>)| {
+        let mut out = Vec::new();
+        write(&mut Attributes { out: &mut out, tag: 9 << 3 | 2 });
+        out
+    };
+    // Around each short path's bounds (a key of 40 bytes, a key and value
+    // of 121 bytes together) and well past them.
+    for k in [0, 1, 36, 40, 41, 112, 113, 114, 115, 121, 122, 200] {
+        let key = "k".repeat(k);
+        for v in [0, 1, 20, 85, 86, 120, 121, 122, 127, 128, 300] {
+            let value = "v".repeat(v);
+            let written = short(&|a| a.text(&key, &value));
+            let any = 1 + varint_len(v as u64) + v;
+            assert_eq!(written, general(&key, any, &|out| bytes_field(out, 1, value.as_bytes())), "text {k}+{v}");
+            assert_eq!(attributes(&written, 9), vec![(key.clone(), Wire::Bytes(value.clone().into_bytes()))]);
+        }
+        for value in [0, 1, 127, 128, 16_384, u64::from(u32::MAX), i64::MAX as u64, u64::MAX] {
+            let written = short(&|a| a.int(&key, value));
+            let kept = value.min(i64::MAX as u64);
+            let any = 1 + varint_len(kept);
+            assert_eq!(written, general(&key, any, &|out| varint_field(out, 3, kept)), "int {k}: {value}");
+            assert_eq!(attributes(&written, 9), vec![(key.clone(), Wire::Varint(kept))]);
+        }
+        for value in [false, true] {
+            let written = short(&|a| a.flag(&key, value));
+            assert_eq!(written, general(&key, 2, &|out| varint_field(out, 2, u64::from(value))), "flag {k}");
+        }
+        let written = short(&|a| a.double(&key, 0.125));
+        assert_eq!(written, general(&key, 9, &|out| fixed64_field(out, 4, 0.125_f64.to_bits())), "double {k}");
+        assert_eq!(attributes(&written, 9), vec![(key.clone(), Wire::Fixed64(0.125_f64.to_bits()))]);
+    }
+}
+
+#[test]
+fn nested_messages_of_every_length_class_read_back() {
+    for size in [0, 1, 126, 127, 128, 129, 16_383, 16_384, 2_097_151, 2_097_152] {
+        let mut out = vec![9];
+        nested(&mut out, 2, |out| out.extend((0..size).map(|at| at as u8)));
+        assert_eq!(decode(&out[1..]), vec![(2, Wire::Bytes((0..size).map(|at| at as u8).collect()))], "{size}");
+    }
+}
+
+#[test]
+fn attributes_encoded_apart_read_back_in_their_message() {
+    let (mut for_span, mut for_record) = (Vec::new(), Vec::new());
+    span_attributes(&mut for_span, |attributes| attributes.text("gen_ai.request.model", "llama"));
+    record_attributes(&mut for_record, |attributes| attributes.int("http.response.status_code", 200));
+    let head = SpanHead {
+        trace_id: &[1; 16],
+        span_id: &[2; 8],
+        parent_span_id: None,
+        trace_state: None,
+        name: ("chat", "llama"),
+        kind: SpanKind::Server,
+        start_unix_nanos: 1,
+        end_unix_nanos: 2,
+        events: &[],
+        error: None,
+    };
+    let mut spans = Vec::new();
+    span(&mut spans, &head, |attributes| {
+        attributes.encoded(&for_span);
+        attributes.flag("waycast.stream", false);
+    });
+    let written = bytes_of(one(&spans, 2));
+    assert_eq!(
+        attributes(&written, 9),
+        vec![("gen_ai.request.model".into(), Wire::Bytes(b"llama".to_vec())), ("waycast.stream".into(), Wire::Flag(0)),]
+    );
+    let mut records = Vec::new();
+    let head = RecordHead { time_unix_nanos: 1, event_name: "waycast.usage", body: "req-1", trace: None };
+    record(&mut records, &head, |attributes| attributes.encoded(&for_record));
+    let written = bytes_of(one(&records, 2));
+    assert_eq!(attributes(&written, 6), vec![("http.response.status_code".into(), Wire::Varint(200))]);
+}
+
+#[test]
+fn long_names_and_bodies_take_the_general_path_and_read_back() {
+    let long: &'static str = Box::leak("e".repeat(150).into_boxed_str());
+    let name = "m".repeat(130);
+    for (event, body) in [("gen_ai.first_token", "req-1".to_owned()), (long, "b".repeat(200))] {
+        let head = SpanHead {
+            trace_id: &[1; 16],
+            span_id: &[2; 8],
+            parent_span_id: None,
+            trace_state: None,
+            name: ("chat", &name),
+            kind: SpanKind::Server,
+            start_unix_nanos: 1,
+            end_unix_nanos: 2,
+            events: &[(7, event)],
+            error: None,
+        };
+        let mut spans = Vec::new();
+        span(&mut spans, &head, |_| {});
+        let written = bytes_of(one(&spans, 2));
+        assert_eq!(text(&written, 5), format!("chat {name}"));
+        let written_event = bytes_of(one(&written, 11));
+        assert_eq!((one(&written_event, 1), text(&written_event, 2)), (Wire::Fixed64(7), event.to_owned()));
+        let mut records = Vec::new();
+        record(&mut records, &RecordHead { time_unix_nanos: 3, event_name: event, body: &body, trace: None }, |_| {});
+        let written = bytes_of(one(&records, 2));
+        assert_eq!(decode(&bytes_of(one(&written, 5))), vec![(1, Wire::Bytes(body.clone().into_bytes()))]);
+        assert_eq!((one(&written, 11), text(&written, 12)), (Wire::Fixed64(3), event.to_owned()));
+    }
+}

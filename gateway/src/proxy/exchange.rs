@@ -244,12 +244,14 @@ impl Exchange {
         let key_name = facts.key.as_ref().unwrap_or_else(|| super::series::no_key());
         let (model, key) = (&**model_name, &**key_name);
         let elapsed = ended.saturating_duration_since(self.started);
+        // Taken once, for the metrics and the trace.
+        let first_byte = outcome.first_byte.map(|at| at.saturating_duration_since(self.started));
         let series = super::series::pair(metrics, model_name, key_name);
         series.count_status(outcome.status);
         if facts.model.is_some() {
             series.observe_duration(elapsed.as_secs_f64());
-            if let Some(first_byte) = outcome.first_byte {
-                series.observe_first_byte((first_byte - self.started).as_secs_f64());
+            if let Some(first_byte) = first_byte {
+                series.observe_first_byte(first_byte.as_secs_f64());
             }
         }
         if outcome.upstream.is_some() {
@@ -351,18 +353,20 @@ impl Exchange {
         // flight (so a client that reads /metrics after its answer sees
         // them), else with the worker's next flush.
         super::series::written(&series, metrics.inflight.mine() == 0);
+        // Checked once, for the record and the access line.
+        let request_id = self.request_id.to_str().unwrap_or("-");
         if let Some(trace) = facts.trace.as_deref()
             && let Some(exporter) = self.shared.telemetry.exporter()
         {
             let done = crate::telemetry::Done {
                 wall: wall(),
-                started: self.started,
                 ended,
-                first_byte: outcome.first_byte,
+                took: elapsed,
+                first_byte,
                 path: self.path,
-                request_id: self.request_id.to_str().unwrap_or("-"),
-                model,
-                key,
+                request_id,
+                model: model_name,
+                key: key_name,
                 tenant: facts.tenant.as_deref(),
                 class: facts.queued.as_ref().and_then(|(names, class, _)| names.get(*class)).map(String::as_str),
                 queued: facts.queued.as_ref().map(|(_, _, waited)| *waited),
@@ -381,7 +385,7 @@ impl Exchange {
             let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
             crate::access_log::record(&crate::access_log::AccessLine {
                 at: wall(),
-                request_id: self.request_id.to_str().unwrap_or("-"),
+                request_id,
                 method: self.method.as_str(),
                 path: self.path,
                 model,

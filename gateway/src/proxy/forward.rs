@@ -225,12 +225,16 @@ async fn send_to(
     let answered = tokio::time::timeout(route.timeouts.first_byte, backend.client.request(request)).await;
     let sent = answered_as(route, answered, sent_at, in_flight);
     if let (Some(trace), Some(begun), Some(endpoint)) = (trace, begun, endpoint) {
-        let (status, error) = match &sent {
-            Ok(forwarded) => (Some(forwarded.response.status().as_u16()), None),
-            Err(Failure::TryNextBackend(error) | Failure::Final(error)) => (None, Some(error.code())),
-            Err(Failure::Overloaded(forwarded)) => (Some(forwarded.response.status().as_u16()), None),
+        // The span runs from the request sent to the response head (the
+        // clock readings taken for the metrics), or to the failure.
+        let (status, error, ended) = match &sent {
+            Ok(forwarded) => (Some(forwarded.response.status().as_u16()), None, forwarded.headers_at),
+            Err(Failure::Overloaded(forwarded)) => {
+                (Some(forwarded.response.status().as_u16()), None, forwarded.headers_at)
+            }
+            Err(Failure::TryNextBackend(error) | Failure::Final(error)) => (None, Some(error.code()), Instant::now()),
         };
-        trace.end_attempt(begun, endpoint, status, error);
+        trace.end_attempt(begun, endpoint, (sent_at, ended), status, error);
     }
     sent
 }
@@ -343,7 +347,7 @@ fn build_request(
     }
     if let Some(traced) = traced {
         // This attempt's span is the upstream's parent.
-        head.header(&TRACEPARENT, &traced.traceparent);
+        head.line(&traced.traceparent_line());
         if let Some(state) = &traced.tracestate {
             head.header(&TRACESTATE, state);
         }

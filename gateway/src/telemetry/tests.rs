@@ -1,8 +1,10 @@
 #![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
 
+use std::time::Instant;
+
 use http::HeaderValue;
 use waycast_crds::telemetry::{Ratio, TelemetryConfig};
-use waycast_otlp::wire;
+use waycast_otlp::{Item, wire};
 
 use super::*;
 
@@ -22,6 +24,12 @@ fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
         map.append(*name, HeaderValue::from_str(value).unwrap());
     }
     map
+}
+
+/// The value of an attempt's `traceparent` line.
+fn traceparent_of(attempt: &Upstream) -> String {
+    let line = String::from_utf8(attempt.traceparent_line().to_vec()).unwrap();
+    line.strip_prefix("traceparent: ").unwrap().strip_suffix("\r\n").unwrap().to_owned()
 }
 
 #[test]
@@ -50,7 +58,7 @@ fn a_trusted_client_that_did_not_sample_is_not_sampled_and_tracestates_join() {
     assert!(!trace.context.sampled, "the client's decision, not the ratio");
     assert_eq!(trace.state.as_deref(), Some("a=1,b=2"));
     let attempt = trace.begin_attempt();
-    assert!(attempt.traceparent.to_str().unwrap().ends_with("-00"), "upstream told it is not sampled");
+    assert!(traceparent_of(&attempt).ends_with("-00"), "upstream told it is not sampled");
     assert!(attempt.trusted, "a trusted client's baggage goes upstream");
 }
 
@@ -73,32 +81,61 @@ fn an_untrusted_or_doubled_or_bad_traceparent_starts_a_new_trace() {
 }
 
 #[test]
+fn a_traceparent_among_many_headers_is_found_and_a_second_one_still_counts() {
+    let on = destination(|_| {});
+    let filler: Vec<(&'static str, String)> =
+        (0..20).map(|at| (["x-a", "x-b", "x-c", "x-d", "x-e"][at % 5], at.to_string())).collect();
+    for many in [false, true] {
+        let mut map = headers(&[("traceparent", PARENT)]);
+        if many {
+            for (name, value) in &filler {
+                map.append(*name, HeaderValue::from_str(value).unwrap());
+            }
+        }
+        assert!(start(Some(&on), &map).unwrap().parent.is_some(), "one of {}", map.len());
+        map.append("traceparent", HeaderValue::from_static(PARENT));
+        assert_eq!(start(Some(&on), &map).unwrap().parent, None, "two of {}", map.len());
+    }
+}
+
+#[test]
 fn an_attempt_names_itself_upstream_and_is_recorded_with_its_retry() {
     let on = destination(|_| {});
     let mut trace = start(Some(&on), &headers(&[("traceparent", PARENT)])).unwrap();
     let first = trace.begin_attempt();
-    let sent = first.traceparent.to_str().unwrap().to_owned();
+    let sent = traceparent_of(&first).to_owned();
     let parsed = trace_context::parse_traceparent(sent.as_bytes()).unwrap();
-    assert_eq!((parsed.trace_id, parsed.span_id, parsed.sampled), (trace.context.trace_id, first.span_id, true));
-    trace.end_attempt(first, http::uri::Authority::from_static("10.0.0.7:8000"), Some(503), None);
+    assert_eq!((parsed.trace_id, parsed.span_id, parsed.sampled), (trace.context.trace_id, first.span.span_id, true));
+    trace.end_attempt(first, http::uri::Authority::from_static("10.0.0.7:8000"), span(), Some(503), None);
     trace.note_retry("status_503");
     let second = trace.begin_attempt();
-    trace.end_attempt(second, http::uri::Authority::from_static("10.0.0.8:8000"), Some(200), None);
+    trace.end_attempt(second, http::uri::Authority::from_static("10.0.0.8:8000"), span(), Some(200), None);
     assert_eq!(trace.attempts.len(), 2);
     assert_eq!((trace.attempts[0].retried, trace.attempts[1].retried), (Some("status_503"), None));
     assert_ne!(trace.attempts[0].span_id, trace.attempts[1].span_id);
 }
 
-fn done(now: Instant) -> Done<'static> {
+/// An attempt's clock readings: sent, answered.
+fn span() -> (Instant, Instant) {
+    let now = Instant::now();
+    (now, now + Duration::from_millis(1))
+}
+
+/// The names a request's `Done` borrows (a worker's own copies).
+fn names() -> (Arc<str>, Arc<str>) {
+    (Arc::from("llama"), Arc::from("team-a/alice"))
+}
+
+fn done<'a>(now: Instant, (model, key): &'a (Arc<str>, Arc<str>)) -> Done<'a> {
     Done {
         wall: Duration::from_secs(1_800_000_000),
-        started: now,
         ended: now + Duration::from_millis(500),
-        first_byte: Some(now + Duration::from_millis(100)),
+        took: Duration::from_millis(500),
+        first_byte: Some(Duration::from_millis(100)),
         path: "/v1/chat/completions",
         request_id: "req-1",
-        model: "llama",
-        key: "team-a/alice",
+        model,
+        key,
         tenant: Some("team-a"),
         class: None,
         queued: None,
@@ -133,9 +170,9 @@ fn a_sampled_request_sends_its_spans_and_its_usage_record() {
     let on = destination(|_| {});
     let mut trace = start(Some(&on), &headers(&[("traceparent", PARENT)])).unwrap();
     let attempt = trace.begin_attempt();
-    trace.end_attempt(attempt, http::uri::Authority::from_static("10.0.0.8:8000"), Some(200), None);
-    let now = Instant::now();
-    let item = encoded(&trace, &done(now)).unwrap();
+    trace.end_attempt(attempt, http::uri::Authority::from_static("10.0.0.8:8000"), span(), Some(200), None);
+    let (now, names) = (Instant::now(), names());
+    let item = encode::encoded(&trace, &done(now, &names)).unwrap();
     assert_eq!(item.span_count, 2);
     let (spans, records) = decoded(&item);
     let [server, client] = spans.as_slice() else { panic!("a server span and an attempt span") };
@@ -168,15 +205,15 @@ fn a_sampled_request_sends_its_spans_and_its_usage_record() {
 fn an_unsampled_request_sends_its_usage_record_only_and_one_without_a_model_nothing() {
     let unsampled = destination(|config| config.sampling = Ratio(0.0));
     let trace = start(Some(&unsampled), &HeaderMap::new()).unwrap();
-    let now = Instant::now();
-    let item = encoded(&trace, &done(now)).unwrap();
+    let (now, names) = (Instant::now(), names());
+    let item = encode::encoded(&trace, &done(now, &names)).unwrap();
     let (spans, records) = decoded(&item);
     assert!(spans.is_empty() && item.span_count == 0);
     assert_eq!(records.len(), 1);
     assert!(wire::all(&records[0], 9).is_empty(), "not traced: no trace id");
-    let refused = Done { routed: false, ..done(now) };
-    assert!(encoded(&trace, &refused).is_none());
+    let refused = Done { routed: false, ..done(now, &names) };
+    assert!(encode::encoded(&trace, &refused).is_none());
     let no_logs = destination(|config| (config.sampling, config.usage_logs) = (Ratio(0.0), false));
     let quiet = start(Some(&no_logs), &HeaderMap::new()).unwrap();
-    assert!(encoded(&quiet, &done(now)).is_none());
+    assert!(encode::encoded(&quiet, &done(now, &names)).is_none());
 }

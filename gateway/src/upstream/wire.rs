@@ -101,6 +101,14 @@ impl RequestHead {
         wire.extend_from_slice(b"\r\n");
     }
 
+    /// Adds a header line the gateway composed itself (`name: value`
+    /// and CRLF, visible ASCII: a `traceparent`), as it is, in one copy:
+    /// no `HeaderValue` is built (checked and allocated) for it.
+    pub fn line(&mut self, line: &[u8]) {
+        debug_assert!(line.ends_with(b"\r\n"), "a whole header line");
+        self.request.wire.extend_from_slice(line);
+    }
+
     /// Ends the head with the body's `Content-Length`.
     pub fn finish(self) -> UpstreamRequest {
         let mut request = self.request;
