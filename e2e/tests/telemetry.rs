@@ -155,8 +155,14 @@ async fn a_traced_request_through_a_gateway_pod_reaches_a_real_collector() {
     let records = collector.until("logs", "a usage record per request", |r| r.len() >= request_ids.len()).await;
     let logs = pod_logs(&client, &namespace, "app.kubernetes.io/instance=gateway", 500).await;
     for id in &request_ids {
-        let record = records.iter().find(|r| r["body"]["stringValue"] == id.as_str()).unwrap();
-        assert_eq!(attribute(record, "waycast.request_id").unwrap(), id.as_str());
+        let record = records
+            .iter()
+            .find(|r| attribute(r, "waycast.request_id") == Some(&Value::from(id.as_str())))
+            .unwrap_or_else(|| panic!("no usage record of request {id}"));
+        // Known by the gateway's own record id, not the request id.
+        let body = record["body"]["stringValue"].as_str().unwrap();
+        assert_eq!(attribute(record, "waycast.record_id").unwrap(), body);
+        assert_ne!(body, id.as_str());
         assert_eq!(attribute(record, "http.response.status_code").unwrap(), "200");
         assert!(logs.contains(&format!("\"request_id\":\"{id}\"")), "no access line for {id}");
     }

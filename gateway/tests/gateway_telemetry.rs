@@ -146,12 +146,46 @@ async fn a_streamed_request_reaches_the_collector_as_spans_and_a_usage_record() 
     let records =
         collector.until("logs", "a usage record per request", |records| records.len() >= request_ids.len()).await;
     for id in &request_ids {
-        let record = records.iter().find(|r| r["body"]["stringValue"] == id.as_str()).unwrap();
-        assert_eq!(attribute(record, "waycast.request_id").unwrap(), id.as_str());
+        let record = usage_record(&records, id);
         assert_eq!(record["eventName"], "waycast.usage");
         assert_eq!(record["traceId"], CLIENT_TRACE);
     }
     assert!(fixture.metric("waycast_gateway_telemetry_exported_total{signal=\"traces\"}").await.unwrap() >= 3.0);
+
+    // Two requests a client gave the same X-Request-Id: two records, each
+    // known by an id of the gateway's (what a pipeline de-duplicates by),
+    // so one cannot be taken for a copy of the other.
+    let chosen = "the-same-id-twice";
+    for _ in 0..2 {
+        let request = fixture.request("/v1/chat/completions", Some(ALICE_KEY), &body, &[("x-request-id", chosen)]);
+        let (status, headers, answer) = fixture.send(request).await;
+        assert_eq!(status, 200, "{answer:?}");
+        assert_eq!(headers["x-request-id"], chosen);
+    }
+    let records = collector
+        .until("logs", "both records of the chosen id", |records| {
+            records.iter().filter(|r| attribute(r, "waycast.request_id") == Some(&Value::from(chosen))).count() == 2
+        })
+        .await;
+    let bodies: Vec<&Value> = records
+        .iter()
+        .filter(|r| attribute(r, "waycast.request_id") == Some(&Value::from(chosen)))
+        .map(|r| &r["body"]["stringValue"])
+        .collect();
+    assert_ne!(bodies[0], bodies[1], "records of one chosen request id share a body");
+}
+
+/// The usage record of a request, found by its request id attribute; its
+/// body is the gateway's record id, never the request id.
+fn usage_record<'a>(records: &'a [Value], request_id: &str) -> &'a Value {
+    let record = records
+        .iter()
+        .find(|r| attribute(r, "waycast.request_id") == Some(&Value::from(request_id)))
+        .unwrap_or_else(|| panic!("no usage record of request {request_id}"));
+    let body = record["body"]["stringValue"].as_str().unwrap();
+    assert_eq!(body.len(), 32, "{record:#}");
+    assert_eq!(attribute(record, "waycast.record_id").unwrap(), body);
+    record
 }
 
 /// A collector down costs requests nothing: the spans are dropped and
@@ -185,7 +219,9 @@ async fn a_collector_that_is_down_costs_requests_nothing_and_loses_no_usage_reco
     let collector = Collector::start_at(IpAddr::from([127, 0, 0, 1]), port).unwrap();
     let records = collector
         .until("logs", "every usage record, sent again", |records| {
-            request_ids.iter().all(|id| records.iter().any(|r| r["body"]["stringValue"] == id.as_str()))
+            request_ids
+                .iter()
+                .all(|id| records.iter().any(|r| attribute(r, "waycast.request_id") == Some(&Value::from(id.as_str()))))
         })
         .await;
     assert!(records.len() >= request_ids.len());

@@ -13,6 +13,7 @@ use waycast_otlp::proto::{self as otlp, Attributes, RecordHead, SpanHead, SpanKi
 
 use super::fixed::{self, Fixed};
 use super::request::{Attempt, Done, RequestTrace};
+use super::trace_context;
 
 /// Instants as Unix nanoseconds: the wall clock is read once, at `ended`,
 /// and every other instant placed by its distance from it.
@@ -174,12 +175,15 @@ fn usage_record(
     traced: Option<(&[u8; 16], &[u8; 8])>,
     fixed: &Fixed,
 ) {
-    let head =
-        RecordHead { time_unix_nanos: times.ended, event_name: "waycast.usage", body: done.request_id, trace: traced };
+    let record_id = trace_context::new_record_id();
+    // Hex digits only: always UTF-8.
+    let record_id = std::str::from_utf8(&record_id).unwrap_or_default();
+    let head = RecordHead { time_unix_nanos: times.ended, event_name: "waycast.usage", body: record_id, trace: traced };
     otlp::record(out, &head, |attributes| {
         // waycast.key, gen_ai.request.model, waycast.backend (the endpoint
         // that answered last, when one was tried).
         attributes.encoded(fixed.record());
+        attributes.text("waycast.record_id", record_id);
         attributes.text("waycast.request_id", done.request_id);
         attributes.int("http.response.status_code", u64::from(done.status));
         attributes.int("gen_ai.usage.input_tokens", done.tokens.0);

@@ -201,6 +201,32 @@ fn a_sampled_request_sends_its_spans_and_its_usage_record() {
     assert_eq!(attribute(record, 6, "waycast.backend"), text("10.0.0.8:8000"));
 }
 
+/// The body a pipeline de-duplicates by is the gateway's own id, never the
+/// request id a client may choose: two requests sent with the same
+/// `X-Request-Id` leave records with different bodies.
+#[test]
+fn a_usage_record_is_known_by_an_id_the_client_cannot_choose() {
+    use wire::{Wire, one};
+    let on = destination(|_| {});
+    let trace = start(Some(&on), &HeaderMap::new()).unwrap();
+    let (now, names) = (Instant::now(), names());
+    let bodies: Vec<Vec<u8>> = (0..2)
+        .map(|_| {
+            let item = encode::encoded(&trace, &done(now, &names)).unwrap();
+            let (_, records) = decoded(&item);
+            let [record] = records.as_slice() else { panic!("one usage record") };
+            let body = wire::bytes_of(one(record, 5));
+            let Wire::Bytes(id) = one(&body, 1) else { panic!("a string body") };
+            assert_eq!(id.len(), 32);
+            assert!(id.iter().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b)), "{id:?}");
+            assert_eq!(attribute(record, 6, "waycast.record_id"), Some(Wire::Bytes(id.clone())));
+            assert_eq!(attribute(record, 6, "waycast.request_id"), text("req-1"));
+            id
+        })
+        .collect();
+    assert_ne!(bodies[0], bodies[1]);
+}
+
 #[test]
 fn an_unsampled_request_sends_its_usage_record_only_and_one_without_a_model_nothing() {
     let unsampled = destination(|config| config.sampling = Ratio(0.0));

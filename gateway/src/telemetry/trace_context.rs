@@ -7,6 +7,19 @@
 
 pub use waycast_otlp::ids::{new_span_id, new_trace_id, sampled_at};
 
+/// A usage record's own id: 128 bits the gateway draws, as 32 lower-case
+/// hex digits. It is the record's body, what a pipeline de-duplicates a
+/// batch sent twice by; the request id cannot be, for a client may set it
+/// (`X-Request-Id`) and so make its other records look like copies.
+pub fn new_record_id() -> [u8; 32] {
+    let id = new_trace_id();
+    let mut text = [0; 32];
+    for (pair, &byte) in text.chunks_exact_mut(2).zip(&id) {
+        pair.copy_from_slice(&PAIRS[usize::from(byte)]);
+    }
+    text
+}
+
 /// The longest `tracestate` passed on (the recommendation's 32 members of
 /// at most 256 characters would be 8 KB; vendors keep it far shorter).
 pub const MAX_TRACE_STATE: usize = 512;
