@@ -183,7 +183,6 @@ fn usage_record(
         // waycast.key, gen_ai.request.model, waycast.backend (the endpoint
         // that answered last, when one was tried).
         attributes.encoded(fixed.record());
-        attributes.text("waycast.record_id", record_id);
         attributes.text("waycast.request_id", done.request_id);
         attributes.int("http.response.status_code", u64::from(done.status));
         attributes.int("gen_ai.usage.input_tokens", done.tokens.0);
