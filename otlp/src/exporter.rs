@@ -5,15 +5,17 @@
 //! counts ([`Counts`]: `waycast_gateway_telemetry_dropped_total`,
 //! `waycast_operator_telemetry_dropped_total`).
 //!
-//! Usage records are delivered at least once (each carries its request id
-//! for de-duplication): a batch of them the collector did not take — it was
+//! Usage records are delivered at least once (each carries a record id of
+//! its own for de-duplication): a batch of them the collector did not take — it was
 //! down, timed out, or answered 429, 502, 503 or 504, as the OTLP
 //! specification has it — is kept and sent again after 1 s, 2 s, 4 s … up to
 //! 30 s apart (a `Retry-After` is honoured, up to a minute), for about five
 //! minutes, within [`RETRY_BYTES`] of encoded records; past either bound the
 //! oldest are dropped and counted. Spans are not kept: a failed batch of
-//! them is dropped and counted. Memory stays bounded whatever the collector
-//! does.
+//! them is dropped and counted. While an export waits on the collector, the
+//! queue is still emptied ([`Arrived`]), so a collector that never answers
+//! fills the retry store (dropping the oldest) before the queue (dropping
+//! the newest). Memory stays bounded whatever the collector does.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -156,13 +158,21 @@ fn send_batches(receiver: &Receiver<Message>, counts: &Counts, queued: &AtomicUs
     let http = crate::client::Http::new();
     let mut batch: Vec<(Arc<Destination>, Item)> = Vec::with_capacity(BATCH);
     let mut retries = Retries::default();
+    let mut arrived = Arrived::default();
     let mut deadline = Instant::now() + EVERY;
     loop {
         let mut flushed = None;
         let wake = retries.next_due().map_or(deadline, |due| due.min(deadline));
-        match receiver.recv_timeout(wake.saturating_duration_since(Instant::now())) {
+        // What arrived during the last exports first, in order.
+        let (next, from_arrived) = match arrived.messages.pop_front() {
+            Some(message) => (Ok(message), true),
+            None => (receiver.recv_timeout(wake.saturating_duration_since(Instant::now())), false),
+        };
+        match next {
             Ok(Message::Record(destination, item)) => {
-                queued.fetch_sub(1, Ordering::Relaxed);
+                if !from_arrived {
+                    queued.fetch_sub(1, Ordering::Relaxed);
+                }
                 batch.push((destination, item));
                 if batch.len() < BATCH {
                     continue;
@@ -180,16 +190,97 @@ fn send_batches(receiver: &Receiver<Message>, counts: &Counts, queued: &AtomicUs
         }
         let now = Instant::now();
         if !batch.is_empty() && (batch.len() >= BATCH || now >= deadline || flushed.is_some()) {
-            runtime.block_on(export(&http, std::mem::take(&mut batch), counts, &mut retries));
+            let exported = export(&http, std::mem::take(&mut batch), counts, &mut retries);
+            arrived.drain_while(&runtime, receiver, queued, counts, Box::pin(exported));
             deadline = Instant::now() + EVERY;
         } else if batch.is_empty() && now >= deadline {
             deadline = now + EVERY;
         }
-        // A draining pod tries what waits for a retry once more, now.
-        let due = if flushed.is_some() { None } else { Some(Instant::now()) };
-        runtime.block_on(retries.send_due(&http, counts, due));
+        // What arrived during the last tries is batched first (kept for a
+        // retry, its destination down) before that destination is tried
+        // again: one batch between two probes of a silent collector would
+        // leave the queue to fill.
+        if arrived.messages.is_empty() || flushed.is_some() {
+            // A draining pod tries what waits for a retry once more, now.
+            let due = if flushed.is_some() { None } else { Some(Instant::now()) };
+            let retried = retries.send_due(&http, counts, due);
+            arrived.drain_while(&runtime, receiver, queued, counts, Box::pin(retried));
+        }
         if let Some(done) = flushed {
             let _ = done.send(());
+        }
+    }
+}
+
+/// Messages taken off the queue while an export was in flight: a collector
+/// that takes its 5 s deadline to answer (or never answers) must not leave
+/// the queue full meanwhile, dropping the newest records, when they could
+/// be batched and kept for a retry ([`Retries`], larger and dropping the
+/// oldest).
+#[derive(Default)]
+struct Arrived {
+    messages: VecDeque<Message>,
+}
+
+/// Messages kept aside at most (usage records, a few hundred bytes each).
+const ARRIVED: usize = 2 * QUEUE;
+/// Messages kept aside with their spans at most (a few KB each): a healthy
+/// collector's export leaves some tens aside; past two batches, it is
+/// slow or gone and the records are what is worth the memory.
+const ARRIVED_SPANS: usize = 2 * BATCH;
+/// How often the queue is drained while an export is in flight.
+const DRAIN_EVERY: Duration = Duration::from_millis(10);
+
+impl Arrived {
+    /// Runs `export` to its end, taking what the queue holds every
+    /// [`DRAIN_EVERY`] meanwhile.
+    fn drain_while(
+        &mut self,
+        runtime: &tokio::runtime::Runtime,
+        receiver: &Receiver<Message>,
+        queued: &AtomicUsize,
+        counts: &Counts,
+        mut export: std::pin::Pin<Box<dyn Future<Output = ()> + '_>>,
+    ) {
+        runtime.block_on(async {
+            let mut tick = tokio::time::interval(DRAIN_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            std::future::poll_fn(|context| {
+                if export.as_mut().poll(context).is_ready() {
+                    return std::task::Poll::Ready(());
+                }
+                while tick.poll_tick(context).is_ready() {
+                    self.take(receiver, queued, counts);
+                }
+                std::task::Poll::Pending
+            })
+            .await;
+        });
+    }
+
+    /// Takes what the queue holds, within [`ARRIVED`]; past
+    /// [`ARRIVED_SPANS`], spans are dropped (counted) and usage records
+    /// kept.
+    fn take(&mut self, receiver: &Receiver<Message>, queued: &AtomicUsize, counts: &Counts) {
+        while self.messages.len() < ARRIVED
+            && let Ok(mut message) = receiver.try_recv()
+        {
+            if let Message::Record(_, item) = &mut message {
+                queued.fetch_sub(1, Ordering::Relaxed);
+                if item.span_count > 0 && self.messages.len() >= ARRIVED_SPANS {
+                    counts.dropped.with_label_values(&["traces", "queue_full"]).inc_by(item.span_count as u64);
+                    (item.spans, item.span_count) = (Vec::new(), 0);
+                }
+                // Kept long past the spans' bound (a collector that hangs):
+                // the record's own bytes, not its encoder's spare room.
+                if self.messages.len() >= ARRIVED_SPANS {
+                    item.records.shrink_to_fit();
+                }
+                if item.span_count == 0 && item.records.is_empty() {
+                    continue;
+                }
+            }
+            self.messages.push_back(message);
         }
     }
 }
@@ -325,6 +416,7 @@ async fn export(
         // are dropped without a try, its records join the wait, and only
         // the oldest waiting batch probes it.
         let failing = retries.failing(&destination);
+        let mut retried_after = None;
         if span_count > 0 {
             let spans_count = u64::try_from(span_count).unwrap_or(u64::MAX);
             let sent = match failing {
@@ -334,8 +426,11 @@ async fn export(
                     post(http, &destination, "traces", body, spans_count, counts).await
                 }
             };
-            if let Sent::Again(_) = sent {
+            if let Sent::Again(after) = sent {
                 counts.dropped.with_label_values(&["traces", "export_failed"]).inc_by(spans_count);
+                // The same collector: the records do not wait out a
+                // second deadline now, they are kept for its retry.
+                retried_after = Some(after);
             }
         }
         let records: Vec<&[u8]> = items.iter().map(|item| item.records.as_slice()).filter(|r| !r.is_empty()).collect();
@@ -349,9 +444,10 @@ async fn export(
                 tries,
                 due: Instant::now(),
             };
-            match failing {
-                Some(due) => retries.wait_with(retry(0), due, counts),
-                None => {
+            match (failing, retried_after) {
+                (Some(due), _) => retries.wait_with(retry(0), due, counts),
+                (None, Some(after)) => retries.keep(retry(0), after, counts),
+                (None, None) => {
                     if let Sent::Again(after) = post(http, &destination, "logs", body.clone(), count, counts).await {
                         retries.keep(retry(1), after, counts);
                     }
@@ -462,6 +558,74 @@ mod tests {
         assert_eq!(retries.waiting.len(), 2);
         assert_eq!(retries.waiting[1].due, due);
         assert_eq!(retries.failing(&same), Some(probe.min(due)));
+    }
+
+    /// A collector that accepts and never answers holds an export for its
+    /// whole deadline; the queue is emptied meanwhile, so records sent
+    /// then (more than the queue holds) wait for a retry instead of being
+    /// dropped as the queue fills.
+    #[test]
+    fn records_sent_while_an_export_hangs_are_taken_off_the_queue() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let held: Vec<_> = listener.incoming().collect();
+            drop(held);
+        });
+        let counts = counts();
+        let exporter = Exporter::start(counts.clone()).unwrap();
+        let destination =
+            Arc::new(Destination::new(&format!("http://{address}"), &Default::default(), &Default::default(), "test"));
+        let record = || Item { records: vec![0x0a, 0], spans: vec![0x0a, 0], span_count: 1 };
+        // A full batch: its export starts and hangs.
+        for _ in 0..BATCH {
+            exporter.send(&destination, record());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        // More than the queue holds, well within the export's deadline.
+        for _ in 0..12 {
+            for _ in 0..1000 {
+                exporter.send(&destination, record());
+            }
+            std::thread::sleep(Duration::from_millis(30));
+        }
+        let queue_full = counts.dropped.with_label_values(&["logs", "queue_full"]).get();
+        assert_eq!(queue_full, 0, "records dropped at a full queue while an export hung");
+        assert_eq!(counts.exported.with_label_values(&["logs"]).get(), 0, "the silent collector took nothing");
+    }
+
+    #[test]
+    fn messages_kept_aside_past_their_bound_lose_their_spans_and_keep_their_records() {
+        let counts = counts();
+        let (queue, receiver) = sync_channel(ARRIVED + 10);
+        let queued = AtomicUsize::new(0);
+        let destination =
+            Arc::new(Destination::new("http://127.0.0.1:9", &Default::default(), &Default::default(), "test"));
+        let send = |spans: bool, records: bool| {
+            let (spans, span_count) = if spans { (vec![1, 2], 2) } else { (Vec::new(), 0) };
+            let item = Item { spans, span_count, records: if records { vec![1] } else { Vec::new() } };
+            queued.fetch_add(1, Ordering::Relaxed);
+            queue.try_send(Message::Record(destination.clone(), item)).unwrap();
+        };
+        // Whole up to the spans' bound, then ten spans only and ten with a
+        // record too.
+        (0..ARRIVED_SPANS).for_each(|_| send(true, true));
+        (0..10).for_each(|_| send(true, false));
+        (0..10).for_each(|_| send(true, true));
+        let mut arrived = Arrived::default();
+        arrived.take(&receiver, &queued, &counts);
+        assert_eq!(arrived.messages.len(), ARRIVED_SPANS + 10);
+        let with_spans = arrived.messages.iter().filter(|m| matches!(m, Message::Record(_, i) if i.span_count > 0));
+        assert_eq!(with_spans.count(), ARRIVED_SPANS);
+        assert_eq!(counts.dropped.with_label_values(&["traces", "queue_full"]).get(), 40);
+        assert_eq!(queued.load(Ordering::Relaxed), 0);
+        // No more than ARRIVED are kept aside; the rest wait in the queue.
+        (0..ARRIVED).for_each(|_| send(false, true));
+        arrived.take(&receiver, &queued, &counts);
+        assert_eq!(arrived.messages.len(), ARRIVED);
+        let left = ARRIVED - (ARRIVED - ARRIVED_SPANS - 10);
+        assert_eq!(queued.load(Ordering::Relaxed), left);
+        assert_eq!(receiver.try_iter().count(), left);
     }
 
     #[test]
