@@ -30,6 +30,7 @@ pub mod money;
 pub mod period;
 pub mod problems;
 pub mod settings;
+pub mod shards;
 pub mod sharing;
 pub mod spend;
 pub mod telemetry;
