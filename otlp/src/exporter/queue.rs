@@ -1,0 +1,40 @@
+//! What the exporter's queue carries, and its bounds.
+
+use std::sync::Arc;
+use std::sync::mpsc::SyncSender;
+
+use prometheus::IntCounterVec;
+
+use crate::destination::Destination;
+
+/// Records waiting at most (a request's spans and record are one).
+pub const QUEUE: usize = 8192;
+/// Requests' records in one export at most.
+pub const BATCH: usize = 512;
+/// What a finished request (or reconcile) sends, encoded ([`crate::proto::span`],
+/// [`crate::proto::record`]).
+#[derive(Default)]
+pub struct Item {
+    /// Its spans, as `ScopeSpans.spans` entries.
+    pub spans: Vec<u8>,
+    /// How many spans `spans` holds.
+    pub span_count: usize,
+    /// Its usage record, as a `ScopeLogs.log_records` entry (or empty).
+    pub records: Vec<u8>,
+}
+
+/// The counts the exporter keeps.
+#[derive(Clone)]
+pub struct Counts {
+    /// Records sent and accepted, by signal.
+    pub exported: IntCounterVec,
+    /// Records dropped, by signal and reason (`queue_full`, `export_failed`).
+    pub dropped: IntCounterVec,
+}
+
+/// What the queue carries.
+pub enum Message {
+    Record(Arc<Destination>, Item),
+    /// Send what is batched now, then say so.
+    Flush(SyncSender<()>),
+}
