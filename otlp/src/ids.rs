@@ -21,6 +21,10 @@ pub fn sampled_at(ratio: f64, trace_id: &[u8; 16]) -> bool {
 
 thread_local! {
     static IDS: Cell<u64> = Cell::new(seed());
+    /// This thread's stream: record ids are unique as 128 bits, not as
+    /// the 64 of one generator's state, which every thread of every pod
+    /// draws from the same cycle of.
+    static STREAM: u64 = seed();
 }
 
 fn seed() -> u64 {
@@ -34,11 +38,15 @@ fn seed() -> u64 {
     u64::from_le_bytes(bytes) | 1
 }
 
+/// wyrand's increment (odd: the state walks all 2^64 values before one
+/// repeats).
+const STEP: u64 = 0xa076_1d64_78bd_642f;
+
 /// The next 64 random bits of this thread (wyrand: ids need to be unique
 /// and spread, not secret).
 fn next_random() -> u64 {
     IDS.with(|state| {
-        let next = state.get().wrapping_add(0xa076_1d64_78bd_642f);
+        let next = state.get().wrapping_add(STEP);
         state.set(next);
         let product = u128::from(next) * u128::from(next ^ 0xe703_7ed1_a0b4_28db);
         (product as u64) ^ ((product >> 64) as u64)
@@ -53,6 +61,24 @@ pub fn new_span_id() -> [u8; 8] {
             return id.to_be_bytes();
         }
     }
+}
+
+/// A new id for a usage record, unique among all a fleet ever draws: this
+/// thread's random stream (64 bits, from the system's randomness) and the
+/// generator's next state, which never repeats within 2^64 draws of one
+/// thread. Not secret: only the gateway draws it, a client never chooses it.
+pub fn new_record_id() -> [u8; 16] {
+    let mut id = [0; 16];
+    id[..8].copy_from_slice(&STREAM.with(|stream| *stream).to_be_bytes());
+    id[8..].copy_from_slice(
+        &IDS.with(|state| {
+            let next = state.get().wrapping_add(STEP);
+            state.set(next);
+            next
+        })
+        .to_be_bytes(),
+    );
+    id
 }
 
 /// A new trace id (never all zero).
@@ -86,5 +112,24 @@ mod tests {
         assert!(!spans.contains(&[0; 8]));
         let traces: std::collections::HashSet<[u8; 16]> = (0..10_000).map(|_| new_trace_id()).collect();
         assert_eq!(traces.len(), 10_000);
+    }
+
+    #[test]
+    fn record_ids_differ_across_threads_even_from_one_generator_state() {
+        let here: Vec<[u8; 16]> = (0..1_000).map(|_| new_record_id()).collect();
+        let there = std::thread::spawn(|| {
+            // Another thread that happened to hold this thread's state
+            // still draws other ids: its stream differs.
+            IDS.with(|state| state.set(0));
+            new_record_id()
+        })
+        .join()
+        .unwrap();
+        IDS.with(|state| state.set(0));
+        let again = new_record_id();
+        assert_eq!(again[8..], there[8..], "the same generator state");
+        assert_ne!(again, there, "yet two ids");
+        let all: std::collections::HashSet<_> = here.iter().chain([&again, &there]).collect();
+        assert_eq!(all.len(), 1_002);
     }
 }

@@ -12,11 +12,8 @@ pub use waycast_otlp::ids::{new_span_id, new_trace_id, sampled_at};
 /// batch sent twice by; the request id cannot be, for a client may set it
 /// (`X-Request-Id`) and so make its other records look like copies.
 pub fn new_record_id() -> [u8; 32] {
-    let id = new_trace_id();
     let mut text = [0; 32];
-    for (pair, &byte) in text.chunks_exact_mut(2).zip(&id) {
-        pair.copy_from_slice(&PAIRS[usize::from(byte)]);
-    }
+    hex_into(&waycast_otlp::ids::new_record_id(), &mut text);
     text
 }
 
@@ -75,10 +72,15 @@ const PAIRS: [[u8; 2]; 256] = {
 /// about 30 for eight bytes.
 fn hex(bytes: &[u8; 8]) -> [u8; 16] {
     let mut text = [0; 16];
+    hex_into(bytes, &mut text);
+    text
+}
+
+/// `bytes` as lower-case hex digits into `text` (twice as long).
+fn hex_into(bytes: &[u8], text: &mut [u8]) {
     for (pair, &byte) in text.chunks_exact_mut(2).zip(bytes) {
         pair.copy_from_slice(&PAIRS[usize::from(byte)]);
     }
-    text
 }
 
 /// The parent a `traceparent` header names, or `None` when it is not a

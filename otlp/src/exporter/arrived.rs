@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
-use super::queue::{BATCH, Counts, Message, QUEUE};
+use super::queue::{Counts, Message, QUEUE};
 
 /// Messages taken off the queue while an export was in flight: a collector
 /// that takes its 5 s deadline to answer (or never answers) must not leave
@@ -15,19 +15,37 @@ use super::queue::{BATCH, Counts, Message, QUEUE};
 /// oldest).
 #[derive(Default)]
 pub(super) struct Arrived {
-    pub(super) messages: VecDeque<Message>,
+    messages: VecDeque<Message>,
+    /// How many of `messages` still carry spans.
+    with_spans: usize,
 }
 
 /// Messages kept aside at most (usage records, a few hundred bytes each).
 const ARRIVED: usize = 2 * QUEUE;
-/// Messages kept aside with their spans at most (a few KB each): a healthy
-/// collector's export leaves some tens aside; past two batches, it is
-/// slow or gone and the records are what is worth the memory.
-const ARRIVED_SPANS: usize = 2 * BATCH;
+/// Messages with spans (a few KB each) held at most, aside and queued
+/// together, at the time one is taken: the queue's own bound for spans
+/// ([`super::Exporter::send`] sheds them past half full), so a slow
+/// collector's export sheds spans only when a full half queue of them
+/// waits, not while the queue is nearly empty; the queue may fill again
+/// after, so spans held stay within [`QUEUE`] messages in all.
+const SPANS_HELD: usize = QUEUE / 2;
 /// How often the queue is drained while an export is in flight.
 const DRAIN_EVERY: Duration = Duration::from_millis(10);
 
 impl Arrived {
+    pub(super) fn is_empty(&self) -> bool {
+        self.messages.is_empty()
+    }
+
+    /// The oldest message kept aside.
+    pub(super) fn pop(&mut self) -> Option<Message> {
+        let message = self.messages.pop_front()?;
+        if matches!(&message, Message::Record(_, item) if item.span_count > 0) {
+            self.with_spans -= 1;
+        }
+        Some(message)
+    }
+
     /// Runs `export` to its end, taking what the queue holds every
     /// [`DRAIN_EVERY`] meanwhile.
     pub(super) fn drain_while(
@@ -55,26 +73,27 @@ impl Arrived {
     }
 
     /// Takes what the queue holds, within [`ARRIVED`]; past
-    /// [`ARRIVED_SPANS`], spans are dropped (counted) and usage records
-    /// kept.
+    /// [`SPANS_HELD`], spans are dropped (counted) and usage records kept.
     fn take(&mut self, receiver: &Receiver<Message>, queued: &AtomicUsize, counts: &Counts) {
         while self.messages.len() < ARRIVED
             && let Ok(mut message) = receiver.try_recv()
         {
             if let Message::Record(_, item) = &mut message {
-                queued.fetch_sub(1, Ordering::Relaxed);
-                if item.span_count > 0 && self.messages.len() >= ARRIVED_SPANS {
+                let still_queued = queued.fetch_sub(1, Ordering::Relaxed).saturating_sub(1);
+                let spans_full = self.with_spans + still_queued >= SPANS_HELD;
+                if item.span_count > 0 && spans_full {
                     counts.dropped.with_label_values(&["traces", "queue_full"]).inc_by(item.span_count as u64);
                     (item.spans, item.span_count) = (Vec::new(), 0);
                 }
                 // Kept long past the spans' bound (a collector that hangs):
                 // the record's own bytes, not its encoder's spare room.
-                if self.messages.len() >= ARRIVED_SPANS {
+                if spans_full {
                     item.records.shrink_to_fit();
                 }
                 if item.span_count == 0 && item.records.is_empty() {
                     continue;
                 }
+                self.with_spans += usize::from(item.span_count > 0);
             }
             self.messages.push_back(message);
         }
@@ -92,7 +111,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn messages_kept_aside_past_their_bound_lose_their_spans_and_keep_their_records() {
+    fn spans_are_kept_aside_within_the_queues_bound_for_them_and_records_always() {
         let counts = counts();
         let (queue, receiver) = sync_channel(ARRIVED + 10);
         let queued = AtomicUsize::new(0);
@@ -104,24 +123,29 @@ mod tests {
             queued.fetch_add(1, Ordering::Relaxed);
             queue.try_send(Message::Record(destination.clone(), item)).unwrap();
         };
-        // Whole up to the spans' bound, then ten spans only and ten with a
-        // record too.
-        (0..ARRIVED_SPANS).for_each(|_| send(true, true));
-        (0..10).for_each(|_| send(true, false));
-        (0..10).for_each(|_| send(true, true));
+        let dropped = || counts.dropped.with_label_values(&["traces", "queue_full"]).get();
         let mut arrived = Arrived::default();
+        // A slow export with the queue drained as it goes: two batches'
+        // worth and more keep their spans.
+        (0..2000).for_each(|_| send(true, true));
         arrived.take(&receiver, &queued, &counts);
-        assert_eq!(arrived.messages.len(), ARRIVED_SPANS + 10);
-        let with_spans = arrived.messages.iter().filter(|m| matches!(m, Message::Record(_, i) if i.span_count > 0));
-        assert_eq!(with_spans.count(), ARRIVED_SPANS);
-        assert_eq!(counts.dropped.with_label_values(&["traces", "queue_full"]).get(), 40);
+        assert_eq!((arrived.messages.len(), arrived.with_spans, dropped()), (2000, 2000, 0));
+        // More than the bound at once: spans are shed until those aside
+        // and those queued fit it; a message of spans alone then goes.
+        (0..10).for_each(|_| send(true, false));
+        (0..SPANS_HELD).for_each(|_| send(true, true));
+        arrived.take(&receiver, &queued, &counts);
+        assert_eq!(arrived.with_spans, SPANS_HELD);
+        assert_eq!(arrived.messages.len(), 2000 + SPANS_HELD);
+        assert_eq!(dropped(), 2 * (2000 + 10) as u64);
         assert_eq!(queued.load(Ordering::Relaxed), 0);
         // No more than ARRIVED are kept aside; the rest wait in the queue.
-        (0..ARRIVED).for_each(|_| send(false, true));
+        (0..ARRIVED - arrived.messages.len() + 5).for_each(|_| send(false, true));
         arrived.take(&receiver, &queued, &counts);
         assert_eq!(arrived.messages.len(), ARRIVED);
-        let left = ARRIVED - (ARRIVED - ARRIVED_SPANS - 10);
-        assert_eq!(queued.load(Ordering::Relaxed), left);
-        assert_eq!(receiver.try_iter().count(), left);
+        assert_eq!(queued.load(Ordering::Relaxed), 5);
+        assert_eq!(receiver.try_iter().count(), 5);
+        while arrived.pop().is_some() {}
+        assert_eq!(arrived.with_spans, 0);
     }
 }

@@ -19,7 +19,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
 use std::time::{Duration, Instant};
 
@@ -62,6 +62,9 @@ pub struct Exporter {
     /// Items queued and not yet taken (an estimate: spans are shed first
     /// when the queue is half full, so usage records keep their room).
     queued: Arc<AtomicUsize>,
+    /// Usage records queued since the start, so a flush that runs out of
+    /// time knows how many it leaves undelivered.
+    accepted: AtomicU64,
     counts: Counts,
 }
 
@@ -77,7 +80,7 @@ impl Exporter {
         std::thread::Builder::new()
             .name("otlp-export".into())
             .spawn(move || send_batches(&receiver, &sender_counts, &taken))?;
-        Ok(Self { queue, queued, counts })
+        Ok(Self { queue, queued, accepted: AtomicU64::new(0), counts })
     }
 
     /// Queues `item` for `destination`, or drops it (counted) when the
@@ -93,18 +96,43 @@ impl Exporter {
         }
         let (spans, records) = (item.span_count as u64, u64::from(!item.records.is_empty()));
         self.queued.fetch_add(1, Ordering::Relaxed);
-        if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) =
-            self.queue.try_send(Message::Record(destination.clone(), item))
-        {
-            self.queued.fetch_sub(1, Ordering::Relaxed);
-            self.counts.dropped.with_label_values(&["traces", "queue_full"]).inc_by(spans);
-            self.counts.dropped.with_label_values(&["logs", "queue_full"]).inc_by(records);
+        match self.queue.try_send(Message::Record(destination.clone(), item)) {
+            Ok(()) => {
+                self.accepted.fetch_add(records, Ordering::Relaxed);
+            }
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                self.queued.fetch_sub(1, Ordering::Relaxed);
+                self.counts.dropped.with_label_values(&["traces", "queue_full"]).inc_by(spans);
+                self.counts.dropped.with_label_values(&["logs", "queue_full"]).inc_by(records);
+            }
         }
     }
 
     /// Sends what is queued now, waiting at most `deadline` (a draining
-    /// pod's last records).
+    /// pod's last records). Usage records not delivered by then (the
+    /// collector is down or slow, or more waited than the time allowed)
+    /// are counted dropped (`shutdown`) and logged: the pod may exit next.
     pub fn flush(&self, deadline: Duration) {
+        let flushed = self.flushed_by(deadline);
+        let undelivered = self.undelivered();
+        if undelivered > 0 {
+            tracing::warn!(undelivered, flushed, "telemetry: usage records not delivered before shutdown");
+            self.counts.dropped.with_label_values(&["logs", "shutdown"]).inc_by(undelivered);
+        }
+    }
+
+    /// Usage records queued and neither exported nor dropped yet.
+    fn undelivered(&self) -> u64 {
+        let dropped = |reason| self.counts.dropped.with_label_values(&["logs", reason]).get();
+        let settled = self.counts.exported.with_label_values(&["logs"]).get()
+            + dropped("export_failed")
+            + dropped("retry_full")
+            + dropped("shutdown");
+        self.accepted.load(Ordering::Relaxed).saturating_sub(settled)
+    }
+
+    /// Whether the flush was done within `deadline`.
+    fn flushed_by(&self, deadline: Duration) -> bool {
         let until = Instant::now() + deadline;
         let (done, wait) = sync_channel(1);
         let mut flush = Message::Flush(done);
@@ -117,10 +145,10 @@ impl Exporter {
                     flush = again;
                     std::thread::sleep(Duration::from_millis(10));
                 }
-                Err(_) => return,
+                Err(_) => return false,
             }
         }
-        let _ = wait.recv_timeout(until.saturating_duration_since(Instant::now()));
+        wait.recv_timeout(until.saturating_duration_since(Instant::now())).is_ok()
     }
 }
 
@@ -134,11 +162,12 @@ fn send_batches(receiver: &Receiver<Message>, counts: &Counts, queued: &AtomicUs
     let mut retries = Retries::default();
     let mut arrived = Arrived::default();
     let mut deadline = Instant::now() + EVERY;
+    let mut retried_at = Instant::now();
     loop {
         let mut flushed = None;
         let wake = retries.next_due().map_or(deadline, |due| due.min(deadline));
         // What arrived during the last exports first, in order.
-        let (next, from_arrived) = match arrived.messages.pop_front() {
+        let (next, from_arrived) = match arrived.pop() {
             Some(message) => (Ok(message), true),
             None => (receiver.recv_timeout(wake.saturating_duration_since(Instant::now())), false),
         };
@@ -173,8 +202,11 @@ fn send_batches(receiver: &Receiver<Message>, counts: &Counts, queued: &AtomicUs
         // What arrived during the last tries is batched first (kept for a
         // retry, its destination down) before that destination is tried
         // again: one batch between two probes of a silent collector would
-        // leave the queue to fill.
-        if arrived.messages.is_empty() || flushed.is_some() {
+        // leave the queue to fill. Yet retries wait no longer than a batch
+        // delay: another destination slow enough to keep messages aside
+        // must not hold a recovered one's records back for good.
+        if arrived.is_empty() || flushed.is_some() || retried_at.elapsed() >= EVERY {
+            retried_at = Instant::now();
             // A draining pod tries what waits for a retry once more, now.
             let due = if flushed.is_some() { None } else { Some(Instant::now()) };
             let retried = retries.send_due(&http, counts, due);
@@ -265,14 +297,12 @@ impl Retries {
                 continue;
             }
             retry.tries += 1;
-            match post(http, &retry.destination, "logs", retry.body.clone(), retry.records, counts).await {
-                Sent::Taken | Sent::Refused => {}
-                Sent::Again(after) => {
-                    held.push(retry.destination.clone());
-                    self.waiting = later;
-                    self.keep(retry, after, counts);
-                    later = std::mem::take(&mut self.waiting);
-                }
+            let sent = post(http, &retry.destination, "logs", retry.body.clone(), retry.records, counts).await;
+            if let Some(after) = sent.again() {
+                held.push(retry.destination.clone());
+                self.waiting = later;
+                self.keep(retry, after, counts);
+                later = std::mem::take(&mut self.waiting);
             }
         }
         self.waiting = later;
@@ -317,22 +347,24 @@ async fn export(
         // are dropped without a try, its records join the wait, and only
         // the oldest waiting batch probes it.
         let failing = retries.failing(&destination);
-        let mut retried_after = None;
+        let mut unreached = false;
         if span_count > 0 {
             let spans_count = u64::try_from(span_count).unwrap_or(u64::MAX);
             let sent = match failing {
-                Some(_) => Sent::Again(None),
+                Some(_) => Sent::Unreached,
                 None => {
                     let body = Bytes::from(proto::traces(&destination.source, &spans));
                     post(http, &destination, "traces", body, spans_count, counts).await
                 }
             };
-            if let Sent::Again(after) = sent {
+            if sent.again().is_some() {
                 counts.dropped.with_label_values(&["traces", "export_failed"]).inc_by(spans_count);
-                // The same collector: the records do not wait out a
-                // second deadline now, they are kept for its retry.
-                retried_after = Some(after);
             }
+            // A collector that did not answer will not answer the records
+            // now either: they are kept for its retry rather than wait out
+            // a second deadline. One that answered (its traces pipeline
+            // alone pushing back, say) is sent them now.
+            unreached = matches!(sent, Sent::Unreached);
         }
         let records: Vec<&[u8]> = items.iter().map(|item| item.records.as_slice()).filter(|r| !r.is_empty()).collect();
         if !records.is_empty() {
@@ -345,11 +377,11 @@ async fn export(
                 tries,
                 due: Instant::now(),
             };
-            match (failing, retried_after) {
-                (Some(due), _) => retries.wait_with(retry(0), due, counts),
-                (None, Some(after)) => retries.keep(retry(0), after, counts),
-                (None, None) => {
-                    if let Sent::Again(after) = post(http, &destination, "logs", body.clone(), count, counts).await {
+            match failing {
+                Some(due) => retries.wait_with(retry(0), due, counts),
+                None if unreached => retries.keep(retry(0), None, counts),
+                None => {
+                    if let Some(after) = post(http, &destination, "logs", body.clone(), count, counts).await.again() {
                         retries.keep(retry(1), after, counts);
                     }
                 }
@@ -364,9 +396,25 @@ enum Sent {
     Taken,
     /// The collector refused it for good (counted dropped).
     Refused,
-    /// Worth another try, after the collector's `Retry-After` if it gave
-    /// one (counted by the caller: kept or dropped).
-    Again(Option<Duration>),
+    /// The collector answered and asks for another try (429, 502, 503,
+    /// 504), after its `Retry-After` if it gave one (counted by the
+    /// caller: kept or dropped).
+    Busy(Option<Duration>),
+    /// No answer: no connection, or none within the deadline (counted by
+    /// the caller).
+    Unreached,
+}
+
+impl Sent {
+    /// When the batch is worth another try, the wait the collector asked
+    /// for, if any.
+    fn again(&self) -> Option<Option<Duration>> {
+        match self {
+            Self::Busy(after) => Some(*after),
+            Self::Unreached => Some(None),
+            Self::Taken | Self::Refused => None,
+        }
+    }
 }
 
 async fn post(
@@ -408,7 +456,7 @@ async fn post(
         }
         Ok((status, retry_after)) if matches!(status.as_u16(), 429 | 502 | 503 | 504) => {
             tracing::debug!(%url, %status, "telemetry: the collector asks for another try");
-            Sent::Again(retry_after)
+            Sent::Busy(retry_after)
         }
         Ok((status, _)) => {
             tracing::warn!(%url, %status, "telemetry: the collector refused a batch; its records are dropped");
@@ -417,123 +465,10 @@ async fn post(
         }
         Err(error) => {
             tracing::debug!(%url, %error, "telemetry: export failed");
-            Sent::Again(None)
+            Sent::Unreached
         }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use prometheus::IntCounterVec;
-
-    use super::*;
-
-    pub(super) fn counts() -> Counts {
-        let opts = |name: &str| prometheus::Opts::new(name, "test");
-        Counts {
-            exported: IntCounterVec::new(opts("exported"), &["signal"]).unwrap(),
-            dropped: IntCounterVec::new(opts("dropped"), &["signal", "reason"]).unwrap(),
-        }
-    }
-
-    fn retry(bytes: usize, tries: u32) -> Retry {
-        let destination =
-            Arc::new(Destination::new("http://127.0.0.1:9", &Default::default(), &Default::default(), "test"));
-        Retry { destination, body: Bytes::from(vec![0; bytes]), records: 10, tries, due: Instant::now() }
-    }
-
-    #[test]
-    fn a_destination_with_a_batch_waiting_is_failing_and_new_batches_wait_with_it() {
-        let counts = counts();
-        let mut retries = Retries::default();
-        let down = retry(100, 1);
-        let other = Destination::new("http://127.0.0.1:10", &Default::default(), &Default::default(), "test");
-        assert_eq!(retries.failing(&down.destination), None);
-        let (same, due) = (
-            Destination::new("http://127.0.0.1:9", &Default::default(), &Default::default(), "test"),
-            Instant::now() + Duration::from_secs(7),
-        );
-        retries.keep(down, None, &counts);
-        // Equal by value: a config reload's new Arc is the same collector.
-        let probe = retries.failing(&same).expect("failing");
-        assert_eq!(retries.failing(&other), None);
-        retries.wait_with(retry(100, 0), due, &counts);
-        assert_eq!(retries.waiting.len(), 2);
-        assert_eq!(retries.waiting[1].due, due);
-        assert_eq!(retries.failing(&same), Some(probe.min(due)));
-    }
-
-    /// A collector that accepts and never answers holds an export for its
-    /// whole deadline; the queue is emptied meanwhile, so records sent
-    /// then (more than the queue holds) wait for a retry instead of being
-    /// dropped as the queue fills.
-    #[test]
-    fn records_sent_while_an_export_hangs_are_taken_off_the_queue() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let address = listener.local_addr().unwrap();
-        std::thread::spawn(move || {
-            let held: Vec<_> = listener.incoming().collect();
-            drop(held);
-        });
-        let counts = counts();
-        let exporter = Exporter::start(counts.clone()).unwrap();
-        let destination =
-            Arc::new(Destination::new(&format!("http://{address}"), &Default::default(), &Default::default(), "test"));
-        let record = || Item { records: vec![0x0a, 0], spans: vec![0x0a, 0], span_count: 1 };
-        // A full batch: its export starts and hangs.
-        for _ in 0..BATCH {
-            exporter.send(&destination, record());
-        }
-        std::thread::sleep(Duration::from_millis(200));
-        // More than the queue holds, well within the export's deadline.
-        for _ in 0..12 {
-            for _ in 0..1000 {
-                exporter.send(&destination, record());
-            }
-            std::thread::sleep(Duration::from_millis(30));
-        }
-        let queue_full = counts.dropped.with_label_values(&["logs", "queue_full"]).get();
-        assert_eq!(queue_full, 0, "records dropped at a full queue while an export hung");
-        assert_eq!(counts.exported.with_label_values(&["logs"]).get(), 0, "the silent collector took nothing");
-    }
-
-    #[test]
-    fn a_retry_after_shorter_than_the_backoff_does_not_hurry_it() {
-        let counts = counts();
-        let mut retries = Retries::default();
-        let before = Instant::now();
-        retries.keep(retry(1, 3), Some(Duration::ZERO), &counts);
-        // The third try's wait: 4 s less up to a fifth.
-        assert!(retries.waiting[0].due >= before + Duration::from_millis(3200));
-        retries.keep(retry(1, 3), None, &counts);
-        assert!(retries.waiting[1].due >= before + Duration::from_millis(3200));
-    }
-
-    #[test]
-    fn waits_double_to_half_a_minute_less_a_random_fifth() {
-        for (tries, full) in [(1, 1), (2, 2), (3, 4), (5, 16), (6, 30), (40, 30)] {
-            let wait = backoff(tries);
-            let full = Duration::from_secs(full);
-            assert!(wait <= full && wait >= full - full / 5, "try {tries}: {wait:?}");
-        }
-    }
-
-    #[test]
-    fn kept_batches_stay_within_their_bytes_and_tries_dropping_the_oldest_counted() {
-        let counts = counts();
-        let mut retries = Retries::default();
-        retries.keep(retry(RETRY_BYTES / 2, 1), None, &counts);
-        retries.keep(retry(RETRY_BYTES / 2, 1), Some(Duration::from_secs(600)), &counts);
-        assert_eq!((retries.waiting.len(), retries.bytes), (2, RETRY_BYTES));
-        // A Retry-After is honoured up to a minute.
-        assert!(retries.waiting[1].due <= Instant::now() + MAX_RETRY_AFTER);
-        retries.keep(retry(1, 1), None, &counts);
-        assert_eq!(retries.waiting.len(), 2, "the oldest went");
-        assert_eq!(retries.bytes, RETRY_BYTES / 2 + 1);
-        assert_eq!(retries.waiting.back().map(|r| r.body.len()), Some(1), "the newest stays");
-        assert_eq!(counts.dropped.with_label_values(&["logs", "retry_full"]).get(), 10);
-        retries.keep(retry(1, MAX_TRIES), None, &counts);
-        assert_eq!(retries.waiting.len(), 2);
-        assert_eq!(counts.dropped.with_label_values(&["logs", "export_failed"]).get(), 10);
-    }
-}
+mod tests;
