@@ -1,12 +1,12 @@
 //! A Gateway's config in parts, so that it is not bounded by what one
 //! Secret holds and a key change rewrites a small part of it: the base
 //! (models, settings — every field but the keys), the keys in shards by a
-//! hash of their id, and a manifest naming each part by the SHA-256 of its
-//! canonical JSON. The manifest's own digest is the config's identity (what
-//! pods report in heartbeats). A reader assembles a config only from a
-//! consistent set — the base and every shard the manifest names, each
-//! with the digest it names and holding only keys that hash to it — so a
-//! pod never serves half of a change.
+//! salted hash of their id, and a manifest naming the salt and each part by
+//! the SHA-256 of its canonical JSON. The manifest's own digest is the
+//! config's identity (what pods report in heartbeats). A reader assembles a
+//! config only from a consistent set — the base and every shard the
+//! manifest names, each with the digest it names and holding only keys that
+//! hash to it — so a pod never serves half of a change.
 
 use serde::{Deserialize, Serialize};
 
@@ -23,6 +23,19 @@ pub const SHARD_API_VERSION: &str = "waycast.dev/config-keys-v1";
 pub const KEYS_PER_SHARD: usize = 1024;
 /// Shards at most (a million keys at the aim above).
 pub const MAX_SHARDS: u32 = 1024;
+/// The length of a manifest's salt: lowercase hex of 8 random bytes. Its
+/// fixed length is what makes salt-then-id an unambiguous hash input.
+pub const SALT_LEN: usize = 16;
+/// The most a key shard's JSON may be. The API server refuses a Secret
+/// whose `.data` values total over 1 MiB, counted decoded (base64 is only
+/// their form on the wire), and gzip grows no input by more than a few
+/// bytes per 64 KiB block: a shard within this bound fits a Secret stored
+/// plain or gzipped, with a quarter of the limit left for the Secret's
+/// other entries, and the stored object (with its labels, owner references
+/// and managed fields) stays well under etcd's 1.5 MiB request limit. At
+/// twice [`KEYS_PER_SHARD`], the most [`shard_count`] lets a shard grow to,
+/// each key may take some 380 bytes.
+pub const MAX_SHARD_BYTES: usize = 768 * 1024;
 
 /// What names a config's parts.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -30,6 +43,12 @@ pub const MAX_SHARDS: u32 = 1024;
 pub struct Manifest {
     /// Always [`MANIFEST_API_VERSION`].
     pub api_version: String,
+    /// Mixed into each key's placement ([`shard_of`]), [`SALT_LEN`]
+    /// lowercase hex digits. Drawn at random by the writer when the shard
+    /// count changes and kept otherwise (a new salt moves every key, so
+    /// rewrites every shard): a tenant who does not hold it cannot grind
+    /// key names that pile into one shard.
+    pub salt: String,
     /// The base part's digest.
     pub base: String,
     /// Each shard's digest, by index.
@@ -46,7 +65,7 @@ pub struct KeyShard {
     pub index: u32,
     /// Of how many.
     pub of: u32,
-    /// Its keys, in the config's order.
+    /// Its keys, by id.
     pub keys: Vec<KeyConfig>,
 }
 
@@ -62,6 +81,32 @@ pub struct Parts {
     pub shards: Vec<Vec<u8>>,
 }
 
+/// Why a config was not split.
+#[derive(Debug, thiserror::Error)]
+pub enum SplitError {
+    /// The salt is not one a manifest may hold. Not echoed: a valid one is
+    /// kept from tenants, and a near miss may be most of one.
+    #[error("the shard salt is not {SALT_LEN} lowercase hex digits")]
+    Salt,
+    /// The shard count is not one a manifest may hold.
+    #[error("{0} key shards, expected a power of two from 1 to {MAX_SHARDS}")]
+    ShardCount(u32),
+    /// Two keys share an id, so the set would not assemble.
+    #[error("key id {0:?} appears more than once")]
+    DuplicateKey(String),
+    /// A shard would not fit a Secret: its keys are too many or too large.
+    #[error("key shard {index} would be {bytes} bytes, over the {MAX_SHARD_BYTES} a shard may be")]
+    ShardTooLarge {
+        /// Which shard.
+        index: u32,
+        /// Its JSON's length.
+        bytes: usize,
+    },
+    /// Serialization failed (it does not for these types).
+    #[error("config part does not serialize: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
 /// Why a set of parts is not a config.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum AssembleError {
@@ -75,6 +120,15 @@ pub enum AssembleError {
     /// A shard the manifest names is missing.
     #[error("key shard {0} is missing")]
     ShardMissing(u32),
+    /// More shards were given than the manifest names: the caller did not
+    /// pick them by this manifest.
+    #[error("{given} key shards given, the manifest names {named}")]
+    ShardsNotNamed {
+        /// How many the manifest names.
+        named: u32,
+        /// How many were given.
+        given: usize,
+    },
     /// A shard is not the one the manifest names.
     #[error("key shard {0} is not the one the manifest names")]
     ShardNotNamed(u32),
@@ -97,6 +151,15 @@ pub enum AssembleError {
         /// The shard it hashes to.
         belongs: u32,
     },
+    /// A key id appears twice: which of the two is served would be up to
+    /// the order of the set. Placement puts both copies in one shard.
+    #[error("key shard {index} holds key {id:?} more than once")]
+    DuplicateKey {
+        /// The shard holding it.
+        index: u32,
+        /// The key's id.
+        id: String,
+    },
 }
 
 /// The number of shards for `keys` keys: a power of two near
@@ -116,90 +179,155 @@ pub fn shard_count(keys: usize, current: Option<u32>) -> u32 {
     u32::try_from(wanted.next_power_of_two()).unwrap_or(MAX_SHARDS).min(MAX_SHARDS)
 }
 
-/// The shard of the key `id` among `shards`: the first eight bytes of its
-/// SHA-256, modulo. Stable across versions: a pod and the operator of
-/// different builds must agree.
-pub fn shard_of(id: &str, shards: u32) -> u32 {
-    let digest = crate::digest::sha256(id.as_bytes());
+/// The shard of the key `id` among `shards` under the manifest's `salt`:
+/// the first eight bytes of SHA-256(salt, id), modulo. Stable across
+/// versions: a pod and the operator of different builds must agree.
+///
+/// Unsalted, the placement was public and, the count being a power of two,
+/// keys that collide at one count collide at every smaller one, so ground
+/// names stayed piled up however the count changed.
+pub fn shard_of(salt: &str, id: &str, shards: u32) -> u32 {
+    let mut context = ring::digest::Context::new(&ring::digest::SHA256);
+    context.update(salt.as_bytes());
+    context.update(id.as_bytes());
+    let digest = context.finish();
     let mut first = [0; 8];
-    first.copy_from_slice(&digest[..8]);
+    first.copy_from_slice(&digest.as_ref()[..8]);
     u32::try_from(u64::from_be_bytes(first) % u64::from(shards.max(1))).unwrap_or(0)
 }
 
-/// `config` split into a base and `shards` key shards.
+/// `config` split into a base and `shards` key shards placed by `salt`
+/// (the manifest's; kept by the caller across writes, see
+/// [`Manifest::salt`]). Each shard lists its keys by id, so equal key sets
+/// give equal bytes whatever the config's order.
 ///
 /// # Errors
-/// Only if serialization itself fails (it does not for these types).
-pub fn split(config: &GatewayConfig, shards: u32) -> Result<Parts, serde_json::Error> {
-    let shards = shards.clamp(1, MAX_SHARDS);
+/// [`SplitError`] for a salt or count a manifest may not hold, a key id
+/// that appears twice, or a shard over [`MAX_SHARD_BYTES`]: a set that
+/// would not assemble, or not fit its Secrets, is not produced.
+pub fn split(config: &GatewayConfig, salt: &str, shards: u32) -> Result<Parts, SplitError> {
+    if !salt_ok(salt) {
+        return Err(SplitError::Salt);
+    }
+    if !count_ok(shards) {
+        return Err(SplitError::ShardCount(shards));
+    }
     let base = GatewayConfig { keys: Vec::new(), ..config.clone() }.to_canonical_json()?;
     let mut by_shard: Vec<Vec<KeyConfig>> = vec![Vec::new(); shards as usize];
     for key in &config.keys {
-        by_shard[shard_of(&key.id, shards) as usize].push(key.clone());
+        by_shard[shard_of(salt, &key.id, shards) as usize].push(key.clone());
     }
-    let shards: Vec<Vec<u8>> = (0..shards)
-        .zip(by_shard)
-        .map(|(index, keys)| {
-            serde_json::to_vec(&KeyShard { api_version: SHARD_API_VERSION.into(), index, of: shards, keys })
-        })
-        .collect::<Result<_, _>>()?;
+    let mut encoded = Vec::with_capacity(by_shard.len());
+    for (index, mut keys) in (0..shards).zip(by_shard) {
+        keys.sort_unstable_by(|a, b| a.id.cmp(&b.id));
+        if let Some(twice) = first_repeated(&keys) {
+            return Err(SplitError::DuplicateKey(twice.to_owned()));
+        }
+        let shard = serde_json::to_vec(&KeyShard { api_version: SHARD_API_VERSION.into(), index, of: shards, keys })?;
+        if shard.len() > MAX_SHARD_BYTES {
+            return Err(SplitError::ShardTooLarge { index, bytes: shard.len() });
+        }
+        encoded.push(shard);
+    }
     let manifest = Manifest {
         api_version: MANIFEST_API_VERSION.into(),
+        salt: salt.into(),
         base: sha256_hex(&base),
-        shards: shards.iter().map(|shard| sha256_hex(shard)).collect(),
+        shards: encoded.iter().map(|shard| sha256_hex(shard)).collect(),
     };
-    Ok(Parts { manifest, base, shards })
+    Ok(Parts { manifest, base, shards: encoded })
+}
+
+fn salt_ok(salt: &str) -> bool {
+    salt.len() == SALT_LEN && salt.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+fn count_ok(shards: u32) -> bool {
+    shards.is_power_of_two() && shards <= MAX_SHARDS
+}
+
+/// The first id that appears twice in `keys`, sorted by id.
+fn first_repeated(keys: &[KeyConfig]) -> Option<&str> {
+    keys.windows(2).find(|pair| pair[0].id == pair[1].id).map(|pair| pair[0].id.as_str())
 }
 
 impl Manifest {
     /// The config's identity: the digest of the manifest's canonical JSON.
-    pub fn hash(&self) -> String {
-        sha256_hex(&self.to_canonical_json())
+    ///
+    /// # Errors
+    /// Only if serialization itself fails (it does not for this type).
+    pub fn hash(&self) -> Result<String, serde_json::Error> {
+        Ok(sha256_hex(&self.to_canonical_json()?))
     }
 
     /// Canonical JSON (struct order).
-    pub fn to_canonical_json(&self) -> Vec<u8> {
-        serde_json::to_vec(self).unwrap_or_default()
+    ///
+    /// # Errors
+    /// Only if serialization itself fails (it does not for this type).
+    pub fn to_canonical_json(&self) -> Result<Vec<u8>, serde_json::Error> {
+        serde_json::to_vec(self)
     }
 
-    /// A manifest from its JSON, checked: this version, a digest per part,
-    /// within [`MAX_SHARDS`].
+    /// A manifest from its JSON, [checked](Self::check).
     ///
     /// # Errors
     /// [`AssembleError::Manifest`].
     pub fn parse(bytes: &[u8]) -> Result<Self, AssembleError> {
         let manifest: Self = serde_json::from_slice(bytes).map_err(|e| AssembleError::Manifest(e.to_string()))?;
-        if manifest.api_version != MANIFEST_API_VERSION {
+        manifest.check()?;
+        Ok(manifest)
+    }
+
+    /// Whether this version reads the manifest: its apiVersion, a salt, a
+    /// power of two of shards within [`MAX_SHARDS`], a digest per part.
+    ///
+    /// # Errors
+    /// [`AssembleError::Manifest`] saying what is wrong.
+    pub fn check(&self) -> Result<(), AssembleError> {
+        if self.api_version != MANIFEST_API_VERSION {
             return Err(AssembleError::Manifest(format!(
                 "apiVersion {:?}, expected {MANIFEST_API_VERSION}",
-                manifest.api_version
+                self.api_version
             )));
         }
-        if manifest.shards.is_empty() || manifest.shards.len() > MAX_SHARDS as usize {
+        if !salt_ok(&self.salt) {
+            return Err(AssembleError::Manifest(format!("the salt is not {SALT_LEN} lowercase hex digits")));
+        }
+        if !u32::try_from(self.shards.len()).is_ok_and(count_ok) {
             return Err(AssembleError::Manifest(format!(
-                "{} shards, expected 1 to {MAX_SHARDS}",
-                manifest.shards.len()
+                "{} shards, expected a power of two from 1 to {MAX_SHARDS}",
+                self.shards.len()
             )));
         }
         let digest = |d: &String| crate::digest::parse_sha256_hex(d).is_some() && d.len() == 64;
-        if !digest(&manifest.base) || !manifest.shards.iter().all(digest) {
+        if !digest(&self.base) || !self.shards.iter().all(digest) {
             return Err(AssembleError::Manifest("a part's digest is not 64 hex digits".into()));
         }
-        Ok(manifest)
+        Ok(())
     }
 }
 
 /// The config `manifest` names, from its base and its shards by index
-/// (`None`: not held yet).
+/// (`None`: not held yet; one slot per shard the manifest names). Its keys
+/// are sorted by id, so equal sets assemble to equal configs, and splitting
+/// it again with the manifest's salt and count gives the same parts.
+///
+/// The manifest is [checked](Manifest::check) here too: a caller may have
+/// built or edited it rather than parsed it.
 ///
 /// # Errors
-/// [`AssembleError`] when a part is missing, is not the one named, does
-/// not read, or holds a key that belongs elsewhere.
+/// [`AssembleError`] when the manifest is not one this version reads, a
+/// part is missing, is not the one named, does not read, or holds a key
+/// that belongs elsewhere or appears twice.
 pub fn assemble(manifest: &Manifest, base: &[u8], shards: &[Option<&[u8]>]) -> Result<GatewayConfig, AssembleError> {
+    manifest.check()?;
+    let of = u32::try_from(manifest.shards.len()).map_err(|e| AssembleError::Manifest(e.to_string()))?;
+    if shards.len() > manifest.shards.len() {
+        return Err(AssembleError::ShardsNotNamed { named: of, given: shards.len() });
+    }
     if sha256_hex(base) != manifest.base {
         return Err(AssembleError::BaseNotNamed);
     }
-    let of = u32::try_from(manifest.shards.len()).map_err(|e| AssembleError::Manifest(e.to_string()))?;
     let unreadable =
         |part: String| move |e: serde_json::Error| AssembleError::Unreadable { part, reason: e.to_string() };
     let mut config: GatewayConfig = serde_json::from_slice(base).map_err(unreadable("base".into()))?;
@@ -216,10 +344,17 @@ pub fn assemble(manifest: &Manifest, base: &[u8], shards: &[Option<&[u8]>]) -> R
             let reason = format!("says it is shard {} of {} ({})", shard.index, shard.of, shard.api_version);
             return Err(AssembleError::Unreadable { part: format!("shard {index}"), reason });
         }
-        if let Some(key) = shard.keys.iter().find(|key| shard_of(&key.id, of) != index) {
-            return Err(AssembleError::Misplaced { index, id: key.id.clone(), belongs: shard_of(&key.id, of) });
+        let belongs = |key: &KeyConfig| shard_of(&manifest.salt, &key.id, of);
+        if let Some(key) = shard.keys.iter().find(|key| belongs(key) != index) {
+            return Err(AssembleError::Misplaced { index, id: key.id.clone(), belongs: belongs(key) });
         }
         config.keys.extend(shard.keys);
+    }
+    // NB: unstable is enough: equal ids are refused below, so no two keys
+    // the sort could swap survive.
+    config.keys.sort_unstable_by(|a, b| a.id.cmp(&b.id));
+    if let Some(id) = first_repeated(&config.keys) {
+        return Err(AssembleError::DuplicateKey { index: shard_of(&manifest.salt, id, of), id: id.to_owned() });
     }
     Ok(config)
 }
