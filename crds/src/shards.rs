@@ -37,6 +37,32 @@ pub const SALT_LEN: usize = 16;
 /// each key may take some 380 bytes.
 pub const MAX_SHARD_BYTES: usize = 768 * 1024;
 
+/// In a cluster each part is a Secret of its own, named after the config
+/// Secret `C` a gateway is given (`--config-secret NS/C`): `C` holds the
+/// manifest ([`SECRET_KEY_MANIFEST`], plain JSON, small), `C-base` the
+/// base and `C-keys-N-I` shard `I` of `N` ([`SECRET_KEY_PART`], gzipped
+/// canonical JSON, its digest in [`PART_DIGEST_ANNOTATION`]). The count in
+/// a shard's name means a new shard count writes a new set beside the one
+/// served, never over it. Names, not labels: a pod's Role can grant `get`
+/// on these names and nothing else in its namespace.
+pub const SECRET_KEY_MANIFEST: &str = "manifest.json";
+/// A part's data key in its Secret.
+pub const SECRET_KEY_PART: &str = "part.json.gz";
+/// The digest of the part a Secret holds (what the writer compares before
+/// writing it again).
+pub const PART_DIGEST_ANNOTATION: &str = "waycast.dev/part-digest";
+
+/// The name of the Secret holding the base of config Secret `config`.
+pub fn base_secret_name(config: &str) -> String {
+    format!("{config}-base")
+}
+
+/// The name of the Secret holding shard `index` of `of` of config Secret
+/// `config`.
+pub fn shard_secret_name(config: &str, index: u32, of: u32) -> String {
+    format!("{config}-keys-{of}-{index}")
+}
+
 /// What names a config's parts.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
