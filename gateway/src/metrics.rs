@@ -350,7 +350,7 @@ impl Metrics {
         let telemetry_dropped = IntCounterVec::new(
             Opts::new(
                 "waycast_gateway_telemetry_dropped_total",
-                "Spans and usage records dropped, by signal and reason: queue_full (the collector is slower than the requests), export_failed (spans: down, refusing or past the deadline; usage records: refused for good or still failing after 15 tries), retry_full (usage records kept for another try past 16 MiB).",
+                "Spans and usage records dropped, by signal and reason: queue_full (the collector is slower than the requests), export_failed (spans: down, refusing or past the deadline; usage records: refused for good or still failing after 15 tries), retry_full (usage records kept for another try past 16 MiB), shutdown (left undelivered when the pod stopped, or sent after).",
             ),
             &["signal", "reason"],
         )?;

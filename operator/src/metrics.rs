@@ -54,7 +54,7 @@ impl Metrics {
         let telemetry_dropped = IntCounterVec::new(
             Opts::new(
                 "waycast_operator_telemetry_dropped_total",
-                "Reconcile spans dropped: queue_full (the collector is slower than the reconciles) or export_failed (down, refusing, past the deadline).",
+                "Reconcile spans dropped: queue_full (the collector is slower than the reconciles), export_failed (down, refusing, past the deadline) or shutdown (ended as the operator stopped).",
             ),
             &["signal", "reason"],
         )?;

@@ -25,6 +25,8 @@ thread_local! {
     /// the 64 of one generator's state, which every thread of every pod
     /// draws from the same cycle of.
     static STREAM: u64 = seed();
+    /// Record ids this thread drew.
+    static RECORDS: Cell<u64> = const { Cell::new(0) };
 }
 
 fn seed() -> u64 {
@@ -64,20 +66,14 @@ pub fn new_span_id() -> [u8; 8] {
 }
 
 /// A new id for a usage record, unique among all a fleet ever draws: this
-/// thread's random stream (64 bits, from the system's randomness) and the
-/// generator's next state, which never repeats within 2^64 draws of one
-/// thread. Not secret: only the gateway draws it, a client never chooses it.
+/// thread's random stream (64 bits, from the system's randomness) and how
+/// many it drew before. Not the id generator's state, which would let a
+/// collector predict the thread's next trace ids (and so its sampling).
+/// Not secret: only the gateway draws it, a client never chooses it.
 pub fn new_record_id() -> [u8; 16] {
     let mut id = [0; 16];
     id[..8].copy_from_slice(&STREAM.with(|stream| *stream).to_be_bytes());
-    id[8..].copy_from_slice(
-        &IDS.with(|state| {
-            let next = state.get().wrapping_add(STEP);
-            state.set(next);
-            next
-        })
-        .to_be_bytes(),
-    );
+    id[8..].copy_from_slice(&RECORDS.with(|drawn| drawn.replace(drawn.get().wrapping_add(1))).to_be_bytes());
     id
 }
 
@@ -115,21 +111,16 @@ mod tests {
     }
 
     #[test]
-    fn record_ids_differ_across_threads_even_from_one_generator_state() {
-        let here: Vec<[u8; 16]> = (0..1_000).map(|_| new_record_id()).collect();
-        let there = std::thread::spawn(|| {
-            // Another thread that happened to hold this thread's state
-            // still draws other ids: its stream differs.
-            IDS.with(|state| state.set(0));
-            new_record_id()
-        })
-        .join()
-        .unwrap();
-        IDS.with(|state| state.set(0));
-        let again = new_record_id();
-        assert_eq!(again[8..], there[8..], "the same generator state");
-        assert_ne!(again, there, "yet two ids");
-        let all: std::collections::HashSet<_> = here.iter().chain([&again, &there]).collect();
-        assert_eq!(all.len(), 1_002);
+    fn record_ids_are_unique_across_threads_and_say_nothing_of_the_trace_ids() {
+        let threads: Vec<_> =
+            (0..4).map(|_| std::thread::spawn(|| (0..1_000).map(|_| new_record_id()).collect::<Vec<_>>())).collect();
+        let all: std::collections::HashSet<[u8; 16]> = threads.into_iter().flat_map(|t| t.join().unwrap()).collect();
+        assert_eq!(all.len(), 4_000);
+        IDS.with(|state| state.set(41));
+        let record = new_record_id();
+        let span = new_span_id();
+        IDS.with(|state| state.set(41));
+        assert_eq!(new_span_id(), span, "a record id does not step the generator");
+        assert_ne!(record[8..], (41 + STEP).to_be_bytes(), "nor is its state");
     }
 }

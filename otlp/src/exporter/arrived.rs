@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
-use super::queue::{Counts, Message, QUEUE};
+use super::queue::{Message, QUEUE, Tally};
 
 /// Messages taken off the queue while an export was in flight: a collector
 /// that takes its 5 s deadline to answer (or never answers) must not leave
@@ -53,7 +53,7 @@ impl Arrived {
         runtime: &tokio::runtime::Runtime,
         receiver: &Receiver<Message>,
         queued: &AtomicUsize,
-        counts: &Counts,
+        counts: &Tally,
         mut export: std::pin::Pin<Box<dyn Future<Output = ()> + '_>>,
     ) {
         runtime.block_on(async {
@@ -74,7 +74,7 @@ impl Arrived {
 
     /// Takes what the queue holds, within [`ARRIVED`]; past
     /// [`SPANS_HELD`], spans are dropped (counted) and usage records kept.
-    fn take(&mut self, receiver: &Receiver<Message>, queued: &AtomicUsize, counts: &Counts) {
+    fn take(&mut self, receiver: &Receiver<Message>, queued: &AtomicUsize, counts: &Tally) {
         while self.messages.len() < ARRIVED
             && let Ok(mut message) = receiver.try_recv()
         {
@@ -82,7 +82,7 @@ impl Arrived {
                 let still_queued = queued.fetch_sub(1, Ordering::Relaxed).saturating_sub(1);
                 let spans_full = self.with_spans + still_queued >= SPANS_HELD;
                 if item.span_count > 0 && spans_full {
-                    counts.dropped.with_label_values(&["traces", "queue_full"]).inc_by(item.span_count as u64);
+                    counts.dropped("traces", "queue_full", item.span_count as u64);
                     (item.spans, item.span_count) = (Vec::new(), 0);
                 }
                 // Kept long past the spans' bound (a collector that hangs):
@@ -107,12 +107,13 @@ mod tests {
 
     use super::super::Destination;
     use super::super::queue::Item;
-    use super::super::tests::counts;
+    use super::super::tests::tally;
     use super::*;
 
     #[test]
     fn spans_are_kept_aside_within_the_queues_bound_for_them_and_records_always() {
-        let counts = counts();
+        let tally = tally();
+        let counts = &tally.counts;
         let (queue, receiver) = sync_channel(ARRIVED + 10);
         let queued = AtomicUsize::new(0);
         let destination =
@@ -128,20 +129,20 @@ mod tests {
         // A slow export with the queue drained as it goes: two batches'
         // worth and more keep their spans.
         (0..2000).for_each(|_| send(true, true));
-        arrived.take(&receiver, &queued, &counts);
+        arrived.take(&receiver, &queued, &tally);
         assert_eq!((arrived.messages.len(), arrived.with_spans, dropped()), (2000, 2000, 0));
         // More than the bound at once: spans are shed until those aside
         // and those queued fit it; a message of spans alone then goes.
         (0..10).for_each(|_| send(true, false));
         (0..SPANS_HELD).for_each(|_| send(true, true));
-        arrived.take(&receiver, &queued, &counts);
+        arrived.take(&receiver, &queued, &tally);
         assert_eq!(arrived.with_spans, SPANS_HELD);
         assert_eq!(arrived.messages.len(), 2000 + SPANS_HELD);
         assert_eq!(dropped(), 2 * (2000 + 10) as u64);
         assert_eq!(queued.load(Ordering::Relaxed), 0);
         // No more than ARRIVED are kept aside; the rest wait in the queue.
         (0..ARRIVED - arrived.messages.len() + 5).for_each(|_| send(false, true));
-        arrived.take(&receiver, &queued, &counts);
+        arrived.take(&receiver, &queued, &tally);
         assert_eq!(arrived.messages.len(), ARRIVED);
         assert_eq!(queued.load(Ordering::Relaxed), 5);
         assert_eq!(receiver.try_iter().count(), 5);

@@ -19,7 +19,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
 use std::time::{Duration, Instant};
 
@@ -33,7 +33,7 @@ mod arrived;
 mod queue;
 
 use arrived::Arrived;
-use queue::{BATCH, Message};
+use queue::{BATCH, Message, Tally};
 pub use queue::{Counts, Item, QUEUE};
 
 /// Longest a record waits for its batch (the OpenTelemetry SDKs' batch
@@ -65,6 +65,9 @@ pub struct Exporter {
     /// Usage records queued since the start, so a flush that runs out of
     /// time knows how many it leaves undelivered.
     accepted: AtomicU64,
+    /// Set by a flush, the pod's last act: what is sent after is counted
+    /// dropped (`shutdown`) at once, and the thread counts nothing more.
+    closed: Arc<AtomicBool>,
     counts: Counts,
 }
 
@@ -76,17 +79,24 @@ impl Exporter {
     pub fn start(counts: Counts) -> std::io::Result<Self> {
         let (queue, receiver) = sync_channel(QUEUE);
         let queued = Arc::new(AtomicUsize::new(0));
-        let (sender_counts, taken) = (counts.clone(), queued.clone());
+        let closed = Arc::new(AtomicBool::new(false));
+        let tally = Tally { counts: counts.clone(), closed: closed.clone() };
+        let taken = queued.clone();
         std::thread::Builder::new()
             .name("otlp-export".into())
-            .spawn(move || send_batches(&receiver, &sender_counts, &taken))?;
-        Ok(Self { queue, queued, accepted: AtomicU64::new(0), counts })
+            .spawn(move || send_batches(&receiver, &tally, &taken))?;
+        Ok(Self { queue, queued, accepted: AtomicU64::new(0), closed, counts })
     }
 
     /// Queues `item` for `destination`, or drops it (counted) when the
     /// queue is full; past half full, its spans are dropped (counted) and
     /// its usage record still queued.
     pub fn send(&self, destination: &Arc<Destination>, mut item: Item) {
+        if self.closed.load(Ordering::Relaxed) {
+            self.counts.dropped.with_label_values(&["traces", "shutdown"]).inc_by(item.span_count as u64);
+            self.counts.dropped.with_label_values(&["logs", "shutdown"]).inc_by(u64::from(!item.records.is_empty()));
+            return;
+        }
         if item.span_count > 0 && self.queued.load(Ordering::Relaxed) >= QUEUE / 2 {
             self.counts.dropped.with_label_values(&["traces", "queue_full"]).inc_by(item.span_count as u64);
             (item.spans, item.span_count) = (Vec::new(), 0);
@@ -112,8 +122,10 @@ impl Exporter {
     /// pod's last records). Usage records not delivered by then (the
     /// collector is down or slow, or more waited than the time allowed)
     /// are counted dropped (`shutdown`) and logged: the pod may exit next.
+    /// The exporter is closed after: it sends nothing more.
     pub fn flush(&self, deadline: Duration) {
         let flushed = self.flushed_by(deadline);
+        self.closed.store(true, Ordering::Relaxed);
         let undelivered = self.undelivered();
         if undelivered > 0 {
             tracing::warn!(undelivered, flushed, "telemetry: usage records not delivered before shutdown");
@@ -152,7 +164,7 @@ impl Exporter {
     }
 }
 
-fn send_batches(receiver: &Receiver<Message>, counts: &Counts, queued: &AtomicUsize) {
+fn send_batches(receiver: &Receiver<Message>, counts: &Tally, queued: &AtomicUsize) {
     let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
         tracing::error!("telemetry: cannot start the export runtime; records are dropped");
         return;
@@ -164,6 +176,17 @@ fn send_batches(receiver: &Receiver<Message>, counts: &Counts, queued: &AtomicUs
     let mut deadline = Instant::now() + EVERY;
     let mut retried_at = Instant::now();
     loop {
+        if counts.closed.load(Ordering::Relaxed) {
+            // Everything held was counted by the closing flush.
+            (batch, retries) = (Vec::new(), Retries::default());
+            while arrived.pop().is_some() {}
+            match receiver.recv() {
+                Ok(Message::Flush(done)) => drop(done.send(())),
+                Ok(Message::Record(..)) => {}
+                Err(_) => return,
+            }
+            continue;
+        }
         let mut flushed = None;
         let wake = retries.next_due().map_or(deadline, |due| due.min(deadline));
         // What arrived during the last exports first, in order.
@@ -206,11 +229,13 @@ fn send_batches(receiver: &Receiver<Message>, counts: &Counts, queued: &AtomicUs
         // delay: another destination slow enough to keep messages aside
         // must not hold a recovered one's records back for good.
         if arrived.is_empty() || flushed.is_some() || retried_at.elapsed() >= EVERY {
-            retried_at = Instant::now();
             // A draining pod tries what waits for a retry once more, now.
             let due = if flushed.is_some() { None } else { Some(Instant::now()) };
             let retried = retries.send_due(&http, counts, due);
             arrived.drain_while(&runtime, receiver, queued, counts, Box::pin(retried));
+            // From the end of the turn: a probe that waits out its deadline
+            // is followed by a batch delay of what arrived meanwhile.
+            retried_at = Instant::now();
         }
         if let Some(done) = flushed {
             let _ = done.send(());
@@ -223,6 +248,11 @@ fn send_batches(receiver: &Receiver<Message>, counts: &Counts, queued: &AtomicUs
 struct Retries {
     waiting: VecDeque<Retry>,
     bytes: usize,
+    /// Destinations whose traces pipeline pushed back or did not answer,
+    /// and until when their spans are dropped without a try: a collector
+    /// that asked for a minute is not asked again each batch, nor a
+    /// traces endpoint that hangs waited on for each.
+    traces_paused: Vec<(Arc<Destination>, Instant)>,
 }
 
 struct Retry {
@@ -247,10 +277,10 @@ impl Retries {
 
     /// Keeps a batch for another try after `tries`, dropping the oldest
     /// (counted) past the bounds.
-    fn keep(&mut self, mut retry: Retry, after: Option<Duration>, counts: &Counts) {
+    fn keep(&mut self, mut retry: Retry, after: Option<Duration>, counts: &Tally) {
         if retry.tries >= MAX_TRIES {
             tracing::warn!(records = retry.records, "telemetry: usage records dropped after {MAX_TRIES} tries");
-            counts.dropped.with_label_values(&["logs", "export_failed"]).inc_by(retry.records);
+            counts.dropped("logs", "export_failed", retry.records);
             return;
         }
         // A Retry-After shorter than the backoff (0, say) does not hurry it.
@@ -263,7 +293,7 @@ impl Retries {
 
     /// Keeps a batch never tried (its destination is down) until `due`,
     /// with the others of its destination.
-    fn wait_with(&mut self, mut retry: Retry, due: Instant, counts: &Counts) {
+    fn wait_with(&mut self, mut retry: Retry, due: Instant, counts: &Tally) {
         retry.due = due;
         self.bytes += retry.body.len();
         self.waiting.push_back(retry);
@@ -272,25 +302,35 @@ impl Retries {
 
     /// Drops the oldest batches (counted) while more than [`RETRY_BYTES`]
     /// are kept.
-    fn shed(&mut self, counts: &Counts) {
+    fn shed(&mut self, counts: &Tally) {
         while self.bytes > RETRY_BYTES
             && let Some(oldest) = self.waiting.pop_front()
         {
             self.bytes -= oldest.body.len();
-            counts.dropped.with_label_values(&["logs", "retry_full"]).inc_by(oldest.records);
+            counts.dropped("logs", "retry_full", oldest.records);
         }
     }
 
+    /// Whether `destination`'s spans are to be dropped without a try now.
+    fn traces_paused(&mut self, destination: &Destination) -> bool {
+        let now = Instant::now();
+        self.traces_paused.retain(|(_, until)| *until > now);
+        self.traces_paused.iter().any(|(paused, _)| **paused == *destination)
+    }
+
     /// Sends the batches due by `now` (every one when `None`), oldest
-    /// first; a destination that fails again holds its other batches back
-    /// with it.
-    async fn send_due(&mut self, http: &crate::client::Http, counts: &Counts, now: Option<Instant>) {
+    /// first, for one batch delay at most (the rest wait for the next
+    /// turn: a collector that answers each just within its deadline must
+    /// not hold the thread for minutes); a destination that fails again
+    /// holds its other batches back with it.
+    async fn send_due(&mut self, http: &crate::client::Http, counts: &Tally, now: Option<Instant>) {
         let mut held: Vec<Arc<Destination>> = Vec::new();
         let mut later = VecDeque::with_capacity(self.waiting.len());
         let due = std::mem::take(&mut self.waiting);
         self.bytes = 0;
+        let started = Instant::now();
         for mut retry in due {
-            let ready = now.is_none_or(|now| retry.due <= now);
+            let ready = now.is_none_or(|now| retry.due <= now) && started.elapsed() < EVERY;
             if !ready || held.iter().any(|d| **d == *retry.destination) {
                 self.bytes += retry.body.len();
                 later.push_back(retry);
@@ -330,7 +370,7 @@ fn backoff(tries: u32) -> Duration {
 async fn export(
     http: &crate::client::Http,
     batch: Vec<(Arc<Destination>, Item)>,
-    counts: &Counts,
+    counts: &Tally,
     retries: &mut Retries,
 ) {
     let mut groups: Vec<(Arc<Destination>, Vec<Item>)> = Vec::new();
@@ -352,13 +392,19 @@ async fn export(
             let spans_count = u64::try_from(span_count).unwrap_or(u64::MAX);
             let sent = match failing {
                 Some(_) => Sent::Unreached,
+                None if retries.traces_paused(&destination) => Sent::Busy(None),
                 None => {
                     let body = Bytes::from(proto::traces(&destination.source, &spans));
-                    post(http, &destination, "traces", body, spans_count, counts).await
+                    let sent = post(http, &destination, "traces", body, spans_count, counts).await;
+                    if let Some(after) = sent.again() {
+                        let pause = after.unwrap_or(EVERY).min(MAX_RETRY_AFTER);
+                        retries.traces_paused.push((destination.clone(), Instant::now() + pause));
+                    }
+                    sent
                 }
             };
             if sent.again().is_some() {
-                counts.dropped.with_label_values(&["traces", "export_failed"]).inc_by(spans_count);
+                counts.dropped("traces", "export_failed", spans_count);
             }
             // A collector that did not answer will not answer the records
             // now either: they are kept for its retry rather than wait out
@@ -423,7 +469,7 @@ async fn post(
     signal: &'static str,
     body: Bytes,
     count: u64,
-    counts: &Counts,
+    counts: &Tally,
 ) -> Sent {
     let url = format!("{}/v1/{signal}", destination.endpoint.trim_end_matches('/'));
     let mut request = http::Request::post(&url).header(http::header::CONTENT_TYPE, "application/x-protobuf");
@@ -431,7 +477,7 @@ async fn post(
         request = request.header(name, value);
     }
     let Ok(request) = request.body(Full::new(body)) else {
-        counts.dropped.with_label_values(&[signal, "export_failed"]).inc_by(count);
+        counts.dropped(signal, "export_failed", count);
         return Sent::Refused;
     };
     let answered = tokio::time::timeout(DEADLINE, async {
@@ -451,7 +497,7 @@ async fn post(
     .unwrap_or_else(|_| Err("timed out".into()));
     match answered {
         Ok((status, _)) if status.is_success() => {
-            counts.exported.with_label_values(&[signal]).inc_by(count);
+            counts.exported(signal, count);
             Sent::Taken
         }
         Ok((status, retry_after)) if matches!(status.as_u16(), 429 | 502 | 503 | 504) => {
@@ -460,7 +506,7 @@ async fn post(
         }
         Ok((status, _)) => {
             tracing::warn!(%url, %status, "telemetry: the collector refused a batch; its records are dropped");
-            counts.dropped.with_label_values(&[signal, "export_failed"]).inc_by(count);
+            counts.dropped(signal, "export_failed", count);
             Sent::Refused
         }
         Err(error) => {

@@ -1,6 +1,7 @@
 //! What the exporter's queue carries, and its bounds.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::SyncSender;
 
 use prometheus::IntCounterVec;
@@ -28,8 +29,31 @@ pub struct Item {
 pub struct Counts {
     /// Records sent and accepted, by signal.
     pub exported: IntCounterVec,
-    /// Records dropped, by signal and reason (`queue_full`, `export_failed`).
+    /// Records dropped, by signal and reason (`queue_full`,
+    /// `export_failed`, `retry_full`, `shutdown`).
     pub dropped: IntCounterVec,
+}
+
+/// The export thread's counting: nothing once the exporter is closed, for
+/// a closing flush has counted everything the thread held (`shutdown`),
+/// and an export that ends after it must not count its records twice.
+pub(super) struct Tally {
+    pub(super) counts: Counts,
+    pub(super) closed: Arc<AtomicBool>,
+}
+
+impl Tally {
+    pub(super) fn exported(&self, signal: &str, count: u64) {
+        if !self.closed.load(Ordering::Relaxed) {
+            self.counts.exported.with_label_values(&[signal]).inc_by(count);
+        }
+    }
+
+    pub(super) fn dropped(&self, signal: &str, reason: &str, count: u64) {
+        if !self.closed.load(Ordering::Relaxed) {
+            self.counts.dropped.with_label_values(&[signal, reason]).inc_by(count);
+        }
+    }
 }
 
 /// What the queue carries.

@@ -10,6 +10,11 @@ pub(super) fn counts() -> Counts {
     }
 }
 
+/// The export thread's counting over fresh [`counts`].
+pub(super) fn tally() -> Tally {
+    Tally { counts: counts(), closed: Arc::default() }
+}
+
 fn retry(bytes: usize, tries: u32) -> Retry {
     let destination =
         Arc::new(Destination::new("http://127.0.0.1:9", &Default::default(), &Default::default(), "test"));
@@ -18,7 +23,7 @@ fn retry(bytes: usize, tries: u32) -> Retry {
 
 #[test]
 fn a_destination_with_a_batch_waiting_is_failing_and_new_batches_wait_with_it() {
-    let counts = counts();
+    let tally = tally();
     let mut retries = Retries::default();
     let down = retry(100, 1);
     let other = Destination::new("http://127.0.0.1:10", &Default::default(), &Default::default(), "test");
@@ -27,11 +32,11 @@ fn a_destination_with_a_batch_waiting_is_failing_and_new_batches_wait_with_it() 
         Destination::new("http://127.0.0.1:9", &Default::default(), &Default::default(), "test"),
         Instant::now() + Duration::from_secs(7),
     );
-    retries.keep(down, None, &counts);
+    retries.keep(down, None, &tally);
     // Equal by value: a config reload's new Arc is the same collector.
     let probe = retries.failing(&same).expect("failing");
     assert_eq!(retries.failing(&other), None);
-    retries.wait_with(retry(100, 0), due, &counts);
+    retries.wait_with(retry(100, 0), due, &tally);
     assert_eq!(retries.waiting.len(), 2);
     assert_eq!(retries.waiting[1].due, due);
     assert_eq!(retries.failing(&same), Some(probe.min(due)));
@@ -73,13 +78,13 @@ fn records_sent_while_an_export_hangs_are_taken_off_the_queue() {
 
 #[test]
 fn a_retry_after_shorter_than_the_backoff_does_not_hurry_it() {
-    let counts = counts();
+    let tally = tally();
     let mut retries = Retries::default();
     let before = Instant::now();
-    retries.keep(retry(1, 3), Some(Duration::ZERO), &counts);
+    retries.keep(retry(1, 3), Some(Duration::ZERO), &tally);
     // The third try's wait: 4 s less up to a fifth.
     assert!(retries.waiting[0].due >= before + Duration::from_millis(3200));
-    retries.keep(retry(1, 3), None, &counts);
+    retries.keep(retry(1, 3), None, &tally);
     assert!(retries.waiting[1].due >= before + Duration::from_millis(3200));
 }
 
@@ -94,33 +99,32 @@ fn waits_double_to_half_a_minute_less_a_random_fifth() {
 
 #[test]
 fn kept_batches_stay_within_their_bytes_and_tries_dropping_the_oldest_counted() {
-    let counts = counts();
+    let tally = tally();
+    let counts = &tally.counts;
     let mut retries = Retries::default();
-    retries.keep(retry(RETRY_BYTES / 2, 1), None, &counts);
-    retries.keep(retry(RETRY_BYTES / 2, 1), Some(Duration::from_secs(600)), &counts);
+    retries.keep(retry(RETRY_BYTES / 2, 1), None, &tally);
+    retries.keep(retry(RETRY_BYTES / 2, 1), Some(Duration::from_secs(600)), &tally);
     assert_eq!((retries.waiting.len(), retries.bytes), (2, RETRY_BYTES));
     // A Retry-After is honoured up to a minute.
     assert!(retries.waiting[1].due <= Instant::now() + MAX_RETRY_AFTER);
-    retries.keep(retry(1, 1), None, &counts);
+    retries.keep(retry(1, 1), None, &tally);
     assert_eq!(retries.waiting.len(), 2, "the oldest went");
     assert_eq!(retries.bytes, RETRY_BYTES / 2 + 1);
     assert_eq!(retries.waiting.back().map(|r| r.body.len()), Some(1), "the newest stays");
     assert_eq!(counts.dropped.with_label_values(&["logs", "retry_full"]).get(), 10);
-    retries.keep(retry(1, MAX_TRIES), None, &counts);
+    retries.keep(retry(1, MAX_TRIES), None, &tally);
     assert_eq!(retries.waiting.len(), 2);
     assert_eq!(counts.dropped.with_label_values(&["logs", "export_failed"]).get(), 10);
 }
 
 /// A collector on a socket of its own: `answer` gives, for each request's
 /// path (`/v1/traces`, `/v1/logs`), the status, a `Retry-After` if any and
-/// how long to wait before answering; the logs posts are counted.
-fn collector(
-    answer: impl Fn(&str) -> (u16, Option<u64>, Duration) + Send + Sync + 'static,
-) -> (String, Arc<AtomicUsize>) {
+/// how long to wait before answering; the posts are counted.
+fn collector(answer: impl Fn(&str) -> (u16, Option<u64>, Duration) + Send + Sync + 'static) -> (String, Arc<Asked>) {
     use std::io::{BufRead as _, BufReader, Read as _, Write as _};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let endpoint = format!("http://{}", listener.local_addr().unwrap());
-    let (answer, asked) = (Arc::new(answer), Arc::new(AtomicUsize::new(0)));
+    let (answer, asked) = (Arc::new(answer), Arc::new(Asked::default()));
     let kept = asked.clone();
     std::thread::spawn(move || {
         for stream in listener.incoming().flatten() {
@@ -148,9 +152,10 @@ fn collector(
                         }
                     }
                     reader.by_ref().take(length).read_to_end(&mut Vec::new()).unwrap();
-                    if path == "/v1/logs" {
-                        asked.fetch_add(1, Ordering::Relaxed);
-                    }
+                    match path.as_str() {
+                        "/v1/logs" => asked.logs.fetch_add(1, Ordering::Relaxed),
+                        _ => asked.traces.fetch_add(1, Ordering::Relaxed),
+                    };
                     let (status, retry_after, wait) = answer(&path);
                     std::thread::sleep(wait);
                     let retry_after = retry_after.map(|s| format!("retry-after: {s}\r\n")).unwrap_or_default();
@@ -165,6 +170,13 @@ fn collector(
     (endpoint, kept)
 }
 
+/// Posts a [`collector`] was sent.
+#[derive(Default)]
+struct Asked {
+    traces: AtomicUsize,
+    logs: AtomicUsize,
+}
+
 fn destination(endpoint: &str) -> Arc<Destination> {
     Arc::new(Destination::new(endpoint, &Default::default(), &Default::default(), "test"))
 }
@@ -174,7 +186,8 @@ fn item() -> Item {
 }
 
 /// A collector whose traces pipeline alone pushes back (429 or 503 with a
-/// `Retry-After`) still takes the records, sent now.
+/// `Retry-After`) still takes the records, sent now, not after its wait;
+/// its traces are not asked again before the wait is over.
 #[test]
 fn records_are_sent_when_only_the_traces_pipeline_pushes_back() {
     let (endpoint, asked) = collector(|path| match path {
@@ -184,28 +197,41 @@ fn records_are_sent_when_only_the_traces_pipeline_pushes_back() {
     let counts = counts();
     let exporter = Exporter::start(counts.clone()).unwrap();
     let destination = destination(&endpoint);
-    (0..10).for_each(|_| exporter.send(&destination, item()));
-    exporter.flush(Duration::from_secs(5));
-    assert_eq!(counts.exported.with_label_values(&["logs"]).get(), 10);
-    assert_eq!(asked.load(Ordering::Relaxed), 1);
-    assert_eq!(counts.dropped.with_label_values(&["traces", "export_failed"]).get(), 10);
-    assert_eq!(counts.dropped.with_label_values(&["logs", "shutdown"]).get(), 0);
+    // Two full batches: each sent at once, no flush (which would send
+    // what waits for a retry regardless of its wait).
+    let started = Instant::now();
+    (0..2 * BATCH).for_each(|_| exporter.send(&destination, item()));
+    while counts.exported.with_label_values(&["logs"]).get() < 2 * BATCH as u64 {
+        assert!(started.elapsed() < Duration::from_secs(3), "records held back by the traces' Retry-After");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(asked.logs.load(Ordering::Relaxed), 2);
+    assert_eq!(asked.traces.load(Ordering::Relaxed), 1, "traces asked again within their Retry-After");
+    assert_eq!(counts.dropped.with_label_values(&["traces", "export_failed"]).get(), 2 * BATCH as u64);
 }
 
 /// A flush that runs out of time (the collector holds the export) counts
-/// the records it leaves: the pod exits next.
+/// the records it leaves, and closes the exporter: what is sent after is
+/// counted at once, and the export that ends after is not counted again.
 #[test]
-fn records_a_flush_leaves_undelivered_are_counted() {
-    let (endpoint, _) = collector(|_| (200, None, Duration::from_secs(30)));
+fn records_a_flush_leaves_undelivered_are_counted_once() {
+    let (endpoint, _) = collector(|_| (200, None, Duration::from_millis(800)));
     let counts = counts();
     let exporter = Exporter::start(counts.clone()).unwrap();
     let destination = destination(&endpoint);
-    (0..10).for_each(|_| exporter.send(&destination, item()));
+    let record = || Item { records: vec![0x0a, 0], ..Item::default() };
+    (0..10).for_each(|_| exporter.send(&destination, record()));
     let started = Instant::now();
     exporter.flush(Duration::from_millis(300));
     assert!(started.elapsed() < Duration::from_secs(2), "the flush kept to its deadline");
-    assert_eq!(counts.dropped.with_label_values(&["logs", "shutdown"]).get(), 10);
+    let shutdown = || counts.dropped.with_label_values(&["logs", "shutdown"]).get();
+    assert_eq!(shutdown(), 10);
+    exporter.send(&destination, record());
+    assert_eq!(shutdown(), 11, "sent after the flush");
+    // The held export is answered 200 after the flush: already counted.
+    std::thread::sleep(Duration::from_millis(1200));
     assert_eq!(counts.exported.with_label_values(&["logs"]).get(), 0);
+    assert_eq!(shutdown(), 11);
 }
 
 /// One destination slow enough that messages are always waiting aside
@@ -225,15 +251,15 @@ fn a_slow_destination_does_not_hold_back_anothers_retries() {
     // A full batch is sent at once, refused, and kept for a retry in a
     // second or so.
     (0..BATCH).for_each(|_| exporter.send(&recovered, Item { records: vec![0x0a, 0], ..Item::default() }));
-    while asked.load(Ordering::Relaxed) == 0 {
+    while asked.logs.load(Ordering::Relaxed) == 0 {
         std::thread::sleep(Duration::from_millis(5));
     }
     // Some 4,000 a second to a collector that takes 400 ms an export:
     // more arrive during each export than one batch takes.
     let started = Instant::now();
-    while started.elapsed() < Duration::from_secs(8) && asked.load(Ordering::Relaxed) < 2 {
+    while started.elapsed() < Duration::from_secs(8) && asked.logs.load(Ordering::Relaxed) < 2 {
         (0..4).for_each(|_| exporter.send(&slow, item()));
         std::thread::sleep(Duration::from_millis(1));
     }
-    assert_eq!(asked.load(Ordering::Relaxed), 2, "the recovered collector was not tried again under load");
+    assert_eq!(asked.logs.load(Ordering::Relaxed), 2, "the recovered collector was not tried again under load");
 }
