@@ -17,6 +17,7 @@ use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use waycast_crds::GatewayConfig;
 use waycast_crds::config::KeyConfig;
+use waycast_crds::shards;
 use waycast_e2e::control_plane::client_from_kubeconfig;
 use waycast_e2e::harness::{shared_cluster, test_namespace};
 use waycast_gateway::{ConfigSource, GatewayOptions};
@@ -69,19 +70,10 @@ async fn service_account_client(
     client_from_kubeconfig(&path).await.unwrap()
 }
 
-#[tokio::test]
-async fn follows_its_secret_with_a_token_that_can_read_only_that_secret() {
-    let cluster = shared_cluster(env!("CARGO_BIN_EXE_waycast-cluster"));
-    let admin = cluster.client().await;
-    let namespace = test_namespace(&admin, "config-secret").await.unwrap();
-    let mock = mock_upstream::start(SocketAddr::from(([127, 0, 0, 1], 0)), MockOptions::default()).await.unwrap();
-    let mut config = fixture::default_config(&mock.base_url());
-    config.keys.retain(|k| k.id == "team-a/alice");
-
-    let secrets: Api<Secret> = Api::namespaced(admin.clone(), &namespace);
-    secrets.create(&PostParams::default(), &config_secret("gw-config", &config)).await.unwrap();
-    secrets.create(&PostParams::default(), &config_secret("someone-elses", &config)).await.unwrap();
-    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), &namespace);
+/// A ServiceAccount `gateway` whose Role may read the Secrets `readable`
+/// and nothing else.
+async fn restrict(admin: &Client, namespace: &str, readable: Vec<String>) {
+    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), namespace);
     accounts
         .create(
             &PostParams::default(),
@@ -97,12 +89,12 @@ async fn follows_its_secret_with_a_token_that_can_read_only_that_secret() {
         rules: Some(vec![PolicyRule {
             api_groups: Some(vec![String::new()]),
             resources: Some(vec!["secrets".into()]),
-            resource_names: Some(vec!["gw-config".into()]),
+            resource_names: Some(readable),
             verbs: vec!["get".into(), "list".into(), "watch".into()],
             ..PolicyRule::default()
         }]),
     };
-    Api::<Role>::namespaced(admin.clone(), &namespace).create(&PostParams::default(), &role).await.unwrap();
+    Api::<Role>::namespaced(admin.clone(), namespace).create(&PostParams::default(), &role).await.unwrap();
     let binding = RoleBinding {
         metadata: ObjectMeta { name: Some("gateway".into()), ..ObjectMeta::default() },
         role_ref: RoleRef {
@@ -113,22 +105,19 @@ async fn follows_its_secret_with_a_token_that_can_read_only_that_secret() {
         subjects: Some(vec![Subject {
             kind: "ServiceAccount".into(),
             name: "gateway".into(),
-            namespace: Some(namespace.clone()),
+            namespace: Some(namespace.to_owned()),
             ..Subject::default()
         }]),
     };
-    Api::<RoleBinding>::namespaced(admin.clone(), &namespace).create(&PostParams::default(), &binding).await.unwrap();
+    Api::<RoleBinding>::namespaced(admin.clone(), namespace).create(&PostParams::default(), &binding).await.unwrap();
+}
 
-    let restricted = service_account_client(&admin, &namespace, "gateway", &cluster.kubeconfig).await;
-    // The token is as narrow as promised.
-    let visible: Api<Secret> = Api::namespaced(restricted.clone(), &namespace);
-    let refused = visible.get("someone-elses").await.unwrap_err();
-    assert!(matches!(refused, kube::Error::Api(ref status) if status.code == 403), "{refused}");
-
-    let gateway = waycast_gateway::start(GatewayOptions {
+/// A gateway following config Secret `gw-config` with `restricted`.
+async fn start_gateway(restricted: Client, namespace: &str) -> waycast_gateway::RunningGateway {
+    waycast_gateway::start(GatewayOptions {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         admin_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-        config: ConfigSource::Secret { client: restricted, namespace: namespace.clone(), name: "gw-config".into() },
+        config: ConfigSource::Secret { client: restricted, namespace: namespace.to_owned(), name: "gw-config".into() },
         endpoints: None,
         usage: None,
         tls: None,
@@ -142,14 +131,44 @@ async fn follows_its_secret_with_a_token_that_can_read_only_that_secret() {
         telemetry: None,
     })
     .await
-    .unwrap();
+    .unwrap()
+}
+
+/// The status a chat request with a key gets from the gateway at `addr`.
+fn status_probe(
+    addr: SocketAddr,
+) -> impl Fn(&'static str) -> std::pin::Pin<Box<dyn Future<Output = Option<StatusCode>>>> {
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
-    let url = format!("http://{}/v1/chat/completions", gateway.public_addr);
-    let status_for = |key: &'static str| {
-        let client = client.clone();
-        let url = url.clone();
-        async move { client.request(fixture::post_request(&url, Some(key), CHAT)).await.map(|r| r.status()).ok() }
-    };
+    let url = format!("http://{addr}/v1/chat/completions");
+    move |key| {
+        let (client, url) = (client.clone(), url.clone());
+        Box::pin(
+            async move { client.request(fixture::post_request(&url, Some(key), CHAT)).await.map(|r| r.status()).ok() },
+        )
+    }
+}
+
+#[tokio::test]
+async fn follows_its_secret_with_a_token_that_can_read_only_that_secret() {
+    let cluster = shared_cluster(env!("CARGO_BIN_EXE_waycast-cluster"));
+    let admin = cluster.client().await;
+    let namespace = test_namespace(&admin, "config-secret").await.unwrap();
+    let mock = mock_upstream::start(SocketAddr::from(([127, 0, 0, 1], 0)), MockOptions::default()).await.unwrap();
+    let mut config = fixture::default_config(&mock.base_url());
+    config.keys.retain(|k| k.id == "team-a/alice");
+
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), &namespace);
+    secrets.create(&PostParams::default(), &config_secret("gw-config", &config)).await.unwrap();
+    secrets.create(&PostParams::default(), &config_secret("someone-elses", &config)).await.unwrap();
+    restrict(&admin, &namespace, vec!["gw-config".into()]).await;
+    let restricted = service_account_client(&admin, &namespace, "gateway", &cluster.kubeconfig).await;
+    // The token is as narrow as promised.
+    let visible: Api<Secret> = Api::namespaced(restricted.clone(), &namespace);
+    let refused = visible.get("someone-elses").await.unwrap_err();
+    assert!(matches!(refused, kube::Error::Api(ref status) if status.code == 403), "{refused}");
+
+    let gateway = start_gateway(restricted, &namespace).await;
+    let status_for = status_probe(gateway.public_addr);
     let deadline = Instant::now() + Duration::from_secs(10);
     while status_for(ALICE_KEY).await != Some(StatusCode::OK) {
         assert!(Instant::now() < deadline, "the gateway never loaded its config from the Secret");
@@ -206,6 +225,151 @@ async fn follows_its_secret_with_a_token_that_can_read_only_that_secret() {
             break;
         }
         assert!(errors_seen.elapsed() < Duration::from_secs(5), "the broken config was not noticed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(status_for(ALICE_KEY).await, Some(StatusCode::OK));
+    gateway.shutdown().await;
+}
+
+/// A part of a config in parts, as the operator writes it.
+fn part_secret(name: &str, json: &[u8]) -> Secret {
+    let digest = waycast_crds::digest::sha256_hex(json);
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            annotations: Some([(shards::PART_DIGEST_ANNOTATION.to_owned(), digest)].into()),
+            ..ObjectMeta::default()
+        },
+        data: Some([(shards::SECRET_KEY_PART.to_owned(), ByteString(gzip(json)))].into()),
+        ..Secret::default()
+    }
+}
+
+fn manifest_secret(name: &str, manifest: &shards::Manifest) -> Secret {
+    Secret {
+        metadata: ObjectMeta { name: Some(name.into()), ..ObjectMeta::default() },
+        data: Some(
+            [(shards::SECRET_KEY_MANIFEST.to_owned(), ByteString(manifest.to_canonical_json().unwrap()))].into(),
+        ),
+        ..Secret::default()
+    }
+}
+
+async fn put(secrets: &Api<Secret>, secret: &Secret) {
+    let name = secret.metadata.name.clone().unwrap();
+    secrets.patch(&name, &PatchParams::apply("waycast-e2e").force(), &Patch::Apply(secret)).await.unwrap();
+}
+
+/// A config in parts: the gateway reads the base and the key shards a
+/// manifest names, by name, with a token that may read only those; it
+/// swaps a new config in only once every part the manifest names is the
+/// one named (a manifest ahead of its shard leaves the last good config
+/// serving), and a one-shard change reaches it within a second.
+#[tokio::test]
+async fn a_config_in_parts_is_served_only_whole() {
+    const SALT: &str = "0123456789abcdef";
+    const SHARDS: u32 = 4;
+    let cluster = shared_cluster(env!("CARGO_BIN_EXE_waycast-cluster"));
+    let admin = cluster.client().await;
+    let namespace = test_namespace(&admin, "config-parts").await.unwrap();
+    let mock = mock_upstream::start(SocketAddr::from(([127, 0, 0, 1], 0)), MockOptions::default()).await.unwrap();
+    let mut config = fixture::default_config(&mock.base_url());
+    config.keys.retain(|k| k.id == "team-a/alice");
+    for filler in 0..200 {
+        config.keys.push(KeyConfig::new(format!("team-c/filler-{filler}"), fixture::sha256_hex(&format!("k{filler}"))));
+    }
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), &namespace);
+    let names: Vec<String> = std::iter::once(shards::base_secret_name("gw-config"))
+        .chain((0..SHARDS).map(|index| shards::shard_secret_name("gw-config", index, SHARDS)))
+        .collect();
+    // Writes the parts (those in `only` when given), then the manifest.
+    let write = |config: GatewayConfig, only: Option<Vec<usize>>, manifest: bool| {
+        let (secrets, names) = (secrets.clone(), names.clone());
+        async move {
+            let parts = shards::split(&config, SALT, SHARDS).unwrap();
+            let bodies: Vec<&Vec<u8>> = std::iter::once(&parts.base).chain(&parts.shards).collect();
+            for (at, (name, body)) in names.iter().zip(bodies).enumerate() {
+                if only.as_ref().is_none_or(|only| only.contains(&at)) {
+                    put(&secrets, &part_secret(name, body)).await;
+                }
+            }
+            if manifest {
+                put(&secrets, &manifest_secret("gw-config", &parts.manifest)).await;
+            }
+            parts
+        }
+    };
+    write(config.clone(), None, true).await;
+    let mut readable = names.clone();
+    readable.push("gw-config".into());
+    restrict(&admin, &namespace, readable).await;
+    let restricted = service_account_client(&admin, &namespace, "gateway", &cluster.kubeconfig).await;
+    let gateway = start_gateway(restricted, &namespace).await;
+    let status_for = status_probe(gateway.public_addr);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while status_for(ALICE_KEY).await != Some(StatusCode::OK) {
+        assert!(Instant::now() < deadline, "the gateway never assembled its config from its parts");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let served = gateway.shared.config.current().unwrap();
+    let first = shards::split(&config, SALT, SHARDS).unwrap().manifest.hash().unwrap();
+    assert_eq!(served.hash, first, "known by its manifest's digest");
+
+    // Bob's shard changes; the manifest naming it is written first.
+    let mut bob = KeyConfig::new("team-b/bob", fixture::sha256_hex(BOB_KEY));
+    bob.models = Some(vec!["*".into()]);
+    config.keys.push(bob);
+    let bobs = 1 + shards::shard_of(SALT, "team-b/bob", SHARDS) as usize;
+    let parts = write(config.clone(), Some(vec![]), true).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(status_for(BOB_KEY).await, Some(StatusCode::UNAUTHORIZED), "a manifest ahead of its shard");
+    assert_eq!(status_for(ALICE_KEY).await, Some(StatusCode::OK), "the last good config serves meanwhile");
+    assert_eq!(gateway.shared.config.current().unwrap().hash, first);
+    // Its shard, then: the config is whole.
+    let written = Instant::now();
+    write(config.clone(), Some(vec![bobs]), false).await;
+    while status_for(BOB_KEY).await != Some(StatusCode::OK) {
+        assert!(written.elapsed() < Duration::from_secs(5), "the whole set was not swapped in");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(gateway.shared.config.current().unwrap().hash, parts.manifest.hash().unwrap());
+
+    // One key at a time, its shard then the manifest, as the operator does.
+    let mut latencies = Vec::new();
+    for round in 0..6 {
+        let adding = round % 2 == 1;
+        if adding {
+            config.keys.push(KeyConfig::new("team-b/bob", fixture::sha256_hex(BOB_KEY)));
+            if let Some(key) = config.keys.last_mut() {
+                key.models = Some(vec!["*".into()]);
+            }
+        } else {
+            config.keys.retain(|k| k.id != "team-b/bob");
+        }
+        let expected = if adding { StatusCode::OK } else { StatusCode::UNAUTHORIZED };
+        let applied = Instant::now();
+        write(config.clone(), Some(vec![bobs]), true).await;
+        while status_for(BOB_KEY).await != Some(expected) {
+            assert!(applied.elapsed() < Duration::from_secs(5), "change {round} not served within 5 s");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        latencies.push(applied.elapsed());
+    }
+    latencies.sort();
+    eprintln!("one-shard change → served: p50 {:?}, max {:?}", latencies[latencies.len() / 2], latencies[5]);
+    assert!(latencies[5] < Duration::from_secs(1), "{latencies:?}");
+
+    // A shard that is not gzip: refused, counted, the last config serves.
+    let errors = gateway.shared.metrics.config_reload_errors.get();
+    let mut broken = part_secret(&names[bobs], b"{}");
+    broken.data = Some([(shards::SECRET_KEY_PART.to_owned(), ByteString(b"not gzip".to_vec()))].into());
+    put(&secrets, &broken).await;
+    let mut manifest = shards::split(&config, SALT, SHARDS).unwrap().manifest;
+    manifest.shards[bobs - 1] = waycast_crds::digest::sha256_hex(b"another");
+    put(&secrets, &manifest_secret("gw-config", &manifest)).await;
+    let seen = Instant::now();
+    while gateway.shared.metrics.config_reload_errors.get() == errors {
+        assert!(seen.elapsed() < Duration::from_secs(5), "the unreadable shard was not noticed");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(status_for(ALICE_KEY).await, Some(StatusCode::OK));

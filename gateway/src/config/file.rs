@@ -31,10 +31,10 @@ fn stamp(path: &PathBuf) -> Option<Stamp> {
 
 /// Reads `path` now, then again whenever it changes or SIGHUP comes, until
 /// the applier is gone.
-pub async fn watch(path: PathBuf, updates: mpsc::Sender<Update>) {
+pub async fn watch<T: From<Update>>(path: PathBuf, updates: mpsc::Sender<T>) {
     let source: Arc<str> = Arc::from(format!("file:{}", path.display()));
     let mut last = stamp(&path);
-    if updates.send(read(&path, &source)).await.is_err() {
+    if updates.send(read(&path, &source).into()).await.is_err() {
         return;
     }
     let mut hangups = signal(SignalKind::hangup()).ok();
@@ -48,7 +48,7 @@ pub async fn watch(path: PathBuf, updates: mpsc::Sender<Update>) {
         let now = stamp(&path);
         if forced || now != last {
             last = now;
-            if updates.send(read(&path, &source)).await.is_err() {
+            if updates.send(read(&path, &source).into()).await.is_err() {
                 return;
             }
         }

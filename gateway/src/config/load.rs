@@ -46,11 +46,32 @@ pub fn load(bytes: &[u8], previous: Option<&Snapshot>, registry: &mut Registry) 
     if previous.is_some_and(|p| p.hash == hash) {
         return Ok(None);
     }
-    let (config, dropped) = snapshot::screen(GatewayConfig::parse(bytes)?)?;
+    build(GatewayConfig::parse(bytes)?, hash, registry).map(Some)
+}
+
+/// The same for a config assembled from its parts, known by `identity`
+/// (its manifest's digest, what the operator expects pods to report).
+///
+/// # Errors
+/// As [`load`].
+pub fn load_assembled(
+    config: GatewayConfig,
+    identity: String,
+    previous: Option<&Snapshot>,
+    registry: &mut Registry,
+) -> Result<Option<Snapshot>, LoadError> {
+    if previous.is_some_and(|p| p.hash == identity) {
+        return Ok(None);
+    }
+    build(config, identity, registry).map(Some)
+}
+
+fn build(config: GatewayConfig, hash: String, registry: &mut Registry) -> Result<Snapshot, LoadError> {
+    let (config, dropped) = snapshot::screen(config)?;
     let lent = registry.lend(&config)?;
     let snapshot = Snapshot::build(&config, hash, &lent, dropped)?;
     registry.keep(lent);
-    Ok(Some(snapshot))
+    Ok(snapshot)
 }
 
 /// Decompresses gzip, refusing output over [`MAX_CONFIG_BYTES`].
@@ -58,13 +79,21 @@ pub fn load(bytes: &[u8], previous: Option<&Snapshot>, registry: &mut Registry) 
 /// # Errors
 /// [`LoadError::Gzip`].
 pub fn gunzip(compressed: &[u8]) -> Result<Vec<u8>, LoadError> {
+    gunzip_within(compressed, MAX_CONFIG_BYTES)
+}
+
+/// Decompresses gzip, refusing output over `limit` bytes.
+///
+/// # Errors
+/// [`LoadError::Gzip`].
+pub fn gunzip_within(compressed: &[u8], limit: u64) -> Result<Vec<u8>, LoadError> {
     let mut out = Vec::new();
     flate2::read::GzDecoder::new(compressed)
-        .take(MAX_CONFIG_BYTES + 1)
+        .take(limit + 1)
         .read_to_end(&mut out)
         .map_err(|e| LoadError::Gzip(e.to_string()))?;
-    if out.len() as u64 > MAX_CONFIG_BYTES {
-        return Err(LoadError::Gzip("too large".into()));
+    if out.len() as u64 > limit {
+        return Err(LoadError::Gzip(format!("larger than {limit} bytes unpacked")));
     }
     Ok(out)
 }

@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! file.rs   (--config-file: poll + SIGHUP) ─┐
-//! secret.rs (--config-secret: kube watch)  ─┴─► Update (bytes) ─► apply_updates (one task, owns the Registry)
+//! secret.rs (--config-secret: kube watch,  ─┴─► ConfigUpdate (bytes, or a config
+//!   parts.rs: a manifest's parts by name)        assembled from its parts) ─► apply_updates (one task, owns the Registry)
 //!                                                 ─► load.rs (parse, validate, lend, build) ─► ConfigStore (one ArcSwap)
 //! ```
 //!
@@ -18,6 +19,7 @@
 pub mod endpoints;
 pub mod file;
 pub mod load;
+pub mod parts;
 pub mod secret;
 pub mod usage;
 
@@ -39,33 +41,60 @@ pub struct Update {
     pub bytes: Result<Vec<u8>, LoadError>,
 }
 
+/// What the config's applier is handed.
+pub enum ConfigUpdate {
+    /// A whole config's bytes (a file, a single config Secret).
+    Whole(Update),
+    /// A config a source assembled from its parts (`parts.rs`), known by
+    /// its manifest's digest.
+    Assembled {
+        /// Where from, for logs.
+        source: Arc<str>,
+        /// The config.
+        config: Box<waycast_crds::GatewayConfig>,
+        /// Its manifest's digest.
+        identity: String,
+    },
+}
+
+impl From<Update> for ConfigUpdate {
+    fn from(update: Update) -> Self {
+        Self::Whole(update)
+    }
+}
+
 /// How many updates may wait for the applier; a source waits beyond.
 pub const UPDATE_QUEUE: usize = 4;
 
 /// Applies each update in turn until every source has ended; the only
 /// owner of the [`Registry`].
-pub async fn apply_updates<S>(mut updates: mpsc::Receiver<Update>, serving: Arc<S>)
+pub async fn apply_updates<S>(mut updates: mpsc::Receiver<ConfigUpdate>, serving: Arc<S>)
 where
     S: AsRef<ConfigStore> + AsRef<Metrics> + AsRef<crate::usage::Ledger> + Send + Sync + 'static,
 {
     let (store, metrics): (&ConfigStore, &Metrics) = ((*serving).as_ref(), (*serving).as_ref());
     let ledger: &crate::usage::Ledger = (*serving).as_ref();
     let mut registry = Registry::reporting(metrics.queue_depth.clone());
-    while let Some(Update { source, bytes }) = updates.recv().await {
-        match bytes {
-            // Errors are logged and counted by the store.
-            Ok(bytes) => {
-                if let Ok(Applied::Changed(_)) = store.apply(&mut registry, &bytes, &source, metrics)
-                    && let Some(snapshot) = store.current()
-                {
-                    // The fleet's spend for budgets this config adds.
-                    ledger.reapply(&snapshot);
-                }
+    while let Some(update) = updates.recv().await {
+        // Errors are logged and counted by the store.
+        let applied = match update {
+            ConfigUpdate::Whole(Update { source, bytes: Ok(bytes) }) => {
+                store.apply(&mut registry, &bytes, &source, metrics)
             }
-            Err(error) => {
+            ConfigUpdate::Assembled { source, config, identity } => {
+                store.apply_assembled(&mut registry, *config, identity, &source, metrics)
+            }
+            ConfigUpdate::Whole(Update { source, bytes: Err(error) }) => {
                 metrics.config_reload_errors.inc();
                 tracing::error!(%source, %error, "config source gave no usable config; keeping the last good config");
+                continue;
             }
+        };
+        if let Ok(Applied::Changed(_)) = applied
+            && let Some(snapshot) = store.current()
+        {
+            // The fleet's spend for budgets this config adds.
+            ledger.reapply(&snapshot);
         }
     }
 }
@@ -139,7 +168,40 @@ impl ConfigStore {
         metrics: &Metrics,
     ) -> Result<Applied, LoadError> {
         let previous = self.current.load_full();
-        match load::load(bytes, previous.as_deref(), registry) {
+        let loaded = load::load(bytes, previous.as_deref(), registry);
+        self.settle(loaded, previous, || waycast_crds::digest::config_hash(bytes), source, metrics)
+    }
+
+    /// The same for a config assembled from its parts, known by its
+    /// manifest's digest `identity`.
+    ///
+    /// # Errors
+    /// [`LoadError`] when the config is not valid.
+    pub fn apply_assembled(
+        &self,
+        registry: &mut Registry,
+        config: waycast_crds::GatewayConfig,
+        identity: String,
+        source: &str,
+        metrics: &Metrics,
+    ) -> Result<Applied, LoadError> {
+        let previous = self.current.load_full();
+        let refused_hash = identity.clone();
+        let loaded = load::load_assembled(config, identity, previous.as_deref(), registry);
+        self.settle(loaded, previous, || refused_hash, source, metrics)
+    }
+
+    /// Swaps in what was loaded, or keeps the current config and remembers
+    /// the refusal (under `refused_hash`, what the operator knows it by).
+    fn settle(
+        &self,
+        loaded: Result<Option<Snapshot>, LoadError>,
+        previous: Option<Arc<Snapshot>>,
+        refused_hash: impl FnOnce() -> String,
+        source: &str,
+        metrics: &Metrics,
+    ) -> Result<Applied, LoadError> {
+        match loaded {
             Ok(None) => Ok(Applied::Unchanged),
             Ok(Some(snapshot)) => {
                 let hash = snapshot.hash.clone();
@@ -172,10 +234,7 @@ impl ConfigStore {
                 tracing::error!(source, %error, config.kept = %keeping, "config rejected; keeping the last good config");
                 let reason = error.to_string();
                 let reason = waycast_crds::heartbeat::truncate(&reason, waycast_crds::heartbeat::MAX_REASON_BYTES);
-                self.refused.store(Some(Arc::new(Refused {
-                    hash: waycast_crds::digest::config_hash(bytes),
-                    reason: reason.to_owned(),
-                })));
+                self.refused.store(Some(Arc::new(Refused { hash: refused_hash(), reason: reason.to_owned() })));
                 Err(error)
             }
         }

@@ -1,5 +1,6 @@
 //! `--config-secret NS/NAME`: a watch on exactly one Secret, so the pod's
-//! ServiceAccount needs get/list/watch on that name and nothing else.
+//! ServiceAccount needs get/list/watch on that name — and, for a config in
+//! parts, `get` on the parts' names — and nothing else.
 
 use std::sync::Arc;
 
@@ -8,34 +9,127 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
+use std::time::Duration;
+
 use waycast_crds::config::{SECRET_KEY_GZIP, SECRET_KEYS_PLAIN};
+use waycast_crds::shards::{Manifest, SECRET_KEY_MANIFEST};
 
 use tokio::sync::mpsc;
 
-use super::Update;
 use super::load::{LoadError, gunzip};
+use super::parts::Parts;
+use super::{ConfigUpdate, Update};
 
-/// Follows the Secret until the applier is gone.
-pub async fn watch(client: Client, namespace: String, name: String, updates: mpsc::Sender<Update>) {
+/// Follows the Secret until the applier is gone. A Secret holding a
+/// manifest ([`SECRET_KEY_MANIFEST`]) names a config in parts
+/// ([`super::parts`]), read and assembled here; one holding a whole config
+/// is sent as it is.
+pub async fn watch(client: Client, namespace: String, name: String, updates: mpsc::Sender<ConfigUpdate>) {
     let api: Api<Secret> = Api::namespaced(client, &namespace);
     let source: Arc<str> = Arc::from(format!("secret:{namespace}/{name}"));
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let mut events = watcher::watcher(api, config).default_backoff().boxed();
-    while let Some(event) = events.next().await {
-        match event {
-            Ok(Event::Apply(secret) | Event::InitApply(secret)) => {
-                let update = Update { source: source.clone(), bytes: config_bytes(&secret) };
+    let mut events = watcher::watcher(api.clone(), config).default_backoff().boxed();
+    let mut parts = Parts::default();
+    // The manifest whose parts were not all there yet, and how often that
+    // was found: tried again until they are, or a newer one comes.
+    let mut pending: Option<(Manifest, u32)> = None;
+    // The manifest last assembled (a re-list sends it again).
+    let mut assembled: Option<Manifest> = None;
+    loop {
+        let again = async {
+            match &pending {
+                Some((_, tries)) => tokio::time::sleep(retry_wait(*tries)).await,
+                None => std::future::pending().await,
+            }
+        };
+        let (manifest, tries) = tokio::select! {
+            event = events.next() => match event {
+                None => return,
+                Some(Ok(Event::Apply(secret) | Event::InitApply(secret))) => match manifest_in(&secret) {
+                    Some(Ok(manifest)) => (manifest, 0),
+                    Some(Err(error)) => {
+                        pending = None;
+                        let update = Update { source: source.clone(), bytes: Err(error) };
+                        if updates.send(update.into()).await.is_err() {
+                            return;
+                        }
+                        continue;
+                    }
+                    None => {
+                        (pending, assembled) = (None, None);
+                        let update = Update { source: source.clone(), bytes: config_bytes(&secret) };
+                        if updates.send(update.into()).await.is_err() {
+                            return;
+                        }
+                        continue;
+                    }
+                },
+                Some(Ok(Event::Delete(_))) => {
+                    tracing::warn!(%source, "config Secret deleted; keeping the last good config");
+                    continue;
+                }
+                Some(Ok(Event::Init | Event::InitDone)) => continue,
+                Some(Err(error)) => {
+                    tracing::warn!(%source, %error, "config Secret watch failed; retrying");
+                    continue;
+                }
+            },
+            () = again => match pending.take() {
+                Some((manifest, tries)) => (manifest, tries),
+                None => continue,
+            },
+        };
+        if assembled.as_ref() == Some(&manifest) {
+            pending = None;
+            continue;
+        }
+        let identity = match manifest.hash() {
+            Ok(identity) => identity,
+            Err(error) => {
+                tracing::error!(%source, %error, "config manifest does not serialize");
+                continue;
+            }
+        };
+        match parts.read(&api, &name, &manifest).await {
+            Ok(config) => {
+                (pending, assembled) = (None, Some(manifest));
+                let update = ConfigUpdate::Assembled { source: source.clone(), config: Box::new(config), identity };
                 if updates.send(update).await.is_err() {
                     return;
                 }
             }
-            Ok(Event::Delete(_)) => {
-                tracing::warn!(%source, "config Secret deleted; keeping the last good config");
+            // The writer is between its writes (parts go first, the
+            // manifest last; a newer write may have overtaken this one):
+            // the last good config serves meanwhile.
+            Err(error) if error.is_transient() && tries < PATIENCE => {
+                tracing::debug!(%source, %error, tries, "config parts not all there yet; trying again");
+                pending = Some((manifest, tries + 1));
             }
-            Ok(Event::Init | Event::InitDone) => {}
-            Err(error) => tracing::warn!(%source, %error, "config Secret watch failed; retrying"),
+            Err(error) => {
+                pending = None;
+                let update = Update { source: source.clone(), bytes: Err(LoadError::Missing(error.to_string())) };
+                if updates.send(update.into()).await.is_err() {
+                    return;
+                }
+            }
         }
     }
+}
+
+/// Tries of one manifest's parts before its failure is reported (the
+/// waits below add up to some 30 s; a newer manifest is tried at once).
+const PATIENCE: u32 = 12;
+
+/// The wait before try `tries + 1` of a manifest's parts: 100 ms doubling
+/// to 5 s.
+fn retry_wait(tries: u32) -> Duration {
+    Duration::from_millis(100).saturating_mul(1 << tries.min(6)).min(Duration::from_secs(5))
+}
+
+/// The manifest a config Secret holds, if it holds one.
+fn manifest_in(secret: &Secret) -> Option<Result<Manifest, LoadError>> {
+    let bytes = secret.data.as_ref()?.get(SECRET_KEY_MANIFEST)?;
+    Some(Manifest::parse(&bytes.0).map_err(|error| LoadError::Missing(error.to_string())))
 }
 
 /// The config inside a config Secret.
