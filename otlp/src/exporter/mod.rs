@@ -23,41 +23,23 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt as _, Full, Limited};
 
 use crate::destination::Destination;
 use crate::proto;
 
 mod arrived;
+mod post;
 mod queue;
 mod retries;
 
 use arrived::Arrived;
-use queue::{BATCH, Message, Tally};
+use post::{Sent, post};
+use queue::{BATCH, EVERY, Message, Tally};
 pub use queue::{Counts, Item, QUEUE};
+pub use retries::RETRY_BYTES;
+use retries::{MAX_RETRY_AFTER, Retries, Retry};
 #[cfg(test)]
-use retries::backoff;
-use retries::{Retries, Retry};
-
-/// Longest a record waits for its batch (the OpenTelemetry SDKs' batch
-/// span processor's default delay).
-const EVERY: Duration = Duration::from_secs(5);
-/// The most of a collector's answer read.
-const MAX_ANSWER_BYTES: usize = 64 * 1024;
-/// Longest one export may take.
-const DEADLINE: Duration = Duration::from_secs(5);
-/// Encoded usage records kept for another try at most (about 35,000 of
-/// some 480 bytes: most of a minute of one busy worker's requests).
-pub const RETRY_BYTES: usize = 16 * 1024 * 1024;
-/// The first wait before a batch is sent again; each next one doubles.
-const FIRST_BACKOFF: Duration = Duration::from_secs(1);
-/// The longest wait between two tries.
-const MAX_BACKOFF: Duration = Duration::from_secs(30);
-/// The longest `Retry-After` honoured.
-const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
-/// Tries of one batch at most (1 + 2 + 4 + 8 + 16 + 30 × 9 s of waits: about
-/// five minutes).
-const MAX_TRIES: u32 = 15;
+use retries::{MAX_TRIES, backoff};
 
 /// The senders' end of the queue.
 pub struct Exporter {
@@ -312,86 +294,6 @@ async fn export(
                     }
                 }
             }
-        }
-    }
-}
-
-/// What became of one POST.
-enum Sent {
-    /// The collector took it (counted exported).
-    Taken,
-    /// The collector refused it for good (counted dropped).
-    Refused,
-    /// The collector answered and asks for another try (429, 502, 503,
-    /// 504), after its `Retry-After` if it gave one (counted by the
-    /// caller: kept or dropped).
-    Busy(Option<Duration>),
-    /// No answer: no connection, or none within the deadline (counted by
-    /// the caller).
-    Unreached,
-}
-
-impl Sent {
-    /// When the batch is worth another try, the wait the collector asked
-    /// for, if any.
-    fn again(&self) -> Option<Option<Duration>> {
-        match self {
-            Self::Busy(after) => Some(*after),
-            Self::Unreached => Some(None),
-            Self::Taken | Self::Refused => None,
-        }
-    }
-}
-
-async fn post(
-    http: &crate::client::Http,
-    destination: &Destination,
-    signal: &'static str,
-    body: Bytes,
-    count: u64,
-    counts: &Tally,
-) -> Sent {
-    let url = format!("{}/v1/{signal}", destination.endpoint.trim_end_matches('/'));
-    let mut request = http::Request::post(&url).header(http::header::CONTENT_TYPE, "application/x-protobuf");
-    for (name, value) in &destination.headers {
-        request = request.header(name, value);
-    }
-    let Ok(request) = request.body(Full::new(body)) else {
-        counts.dropped(signal, "export_failed", count);
-        return Sent::Refused;
-    };
-    let answered = tokio::time::timeout(DEADLINE, async {
-        let response = http.request(request).await.map_err(|e| e.to_string())?;
-        let status = response.status();
-        let retry_after = response
-            .headers()
-            .get(http::header::RETRY_AFTER)
-            .and_then(|value| value.to_str().ok()?.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
-        // The answer is read, bounded (an empty partial success is
-        // success; a collector that talks on is cut off).
-        let _ = Limited::new(response.into_body(), MAX_ANSWER_BYTES).collect().await;
-        Ok::<_, String>((status, retry_after))
-    })
-    .await
-    .unwrap_or_else(|_| Err("timed out".into()));
-    match answered {
-        Ok((status, _)) if status.is_success() => {
-            counts.exported(signal, count);
-            Sent::Taken
-        }
-        Ok((status, retry_after)) if matches!(status.as_u16(), 429 | 502 | 503 | 504) => {
-            tracing::debug!(%url, %status, "telemetry: the collector asks for another try");
-            Sent::Busy(retry_after)
-        }
-        Ok((status, _)) => {
-            tracing::warn!(%url, %status, "telemetry: the collector refused a batch; its records are dropped");
-            counts.dropped(signal, "export_failed", count);
-            Sent::Refused
-        }
-        Err(error) => {
-            tracing::debug!(%url, %error, "telemetry: export failed");
-            Sent::Unreached
         }
     }
 }

@@ -3,11 +3,15 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::SyncSender;
+use std::time::Duration;
 
 use prometheus::IntCounterVec;
 
 use crate::destination::Destination;
 
+/// Longest a record waits for its batch (the OpenTelemetry SDKs' batch
+/// span processor's default delay).
+pub(super) const EVERY: Duration = Duration::from_secs(5);
 /// Records waiting at most (a request's spans and record are one).
 pub const QUEUE: usize = 8192;
 /// Requests' records in one export at most.

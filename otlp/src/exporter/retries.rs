@@ -7,9 +7,22 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use super::queue::Tally;
-use super::{EVERY, FIRST_BACKOFF, MAX_BACKOFF, MAX_RETRY_AFTER, MAX_TRIES, RETRY_BYTES, post};
+use super::post::post;
+use super::queue::{EVERY, Tally};
 use crate::destination::Destination;
+
+/// Encoded usage records kept for another try at most (about 35,000 of
+/// some 480 bytes: most of a minute of one busy worker's requests).
+pub const RETRY_BYTES: usize = 16 * 1024 * 1024;
+/// The first wait before a batch is sent again; each next one doubles.
+pub(super) const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+/// The longest wait between two tries.
+pub(super) const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// The longest `Retry-After` honoured.
+pub(super) const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+/// Tries of one batch at most (1 + 2 + 4 + 8 + 16 + 30 × 9 s of waits: about
+/// five minutes).
+pub(super) const MAX_TRIES: u32 = 15;
 
 /// Usage-record batches the collector did not take, oldest first.
 #[derive(Default)]
