@@ -95,7 +95,7 @@ pub struct Observed {
 ///
 /// The config's manifest is written after the first round — after every
 /// part it names, and after the Role that lets the pods read them — and the
-/// shards it no longer names are deleted only once it is written. A part
+/// shards it no longer names are emptied only once it is written. A part
 /// that fails leaves the manifest as it was: the pods keep a whole config.
 ///
 /// # Errors
@@ -138,8 +138,9 @@ pub async fn apply_all(
             apply(client, &parts.manifest).await?;
             written = data_bytes(&parts.manifest);
         }
-        let deletes = plan.delete.iter().map(|stale| prune::<Secret>(client, &namespace, stale));
-        futures_util::future::join_all(deletes).await.into_iter().collect::<Result<Vec<()>, _>>()?;
+        let retired: Vec<Secret> = plan.retire.iter().map(|stale| parts.retired(stale)).collect();
+        let retiring = retired.iter().map(|secret| apply(client, secret));
+        futures_util::future::join_all(retiring).await.into_iter().collect::<Result<Vec<_>, _>>()?;
         Ok::<_, Error>(written)
     };
     let hpa = async {

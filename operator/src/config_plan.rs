@@ -1,4 +1,4 @@
-//! Which of a config's Secrets to write and which to delete, decided from
+//! Which of a config's Secrets to write and which to retire, decided from
 //! what the operator's store holds (metadata only): a part is written only
 //! when the store does not show the Gateway's own Secret of that name with
 //! the same digest, so a key change writes one shard and the manifest.
@@ -7,8 +7,9 @@
 //! desired parts + store (name, digest annotation, controller uid)
 //!   ─► write: base, changed shards by index, the manifest last (a pod that
 //!             sees a manifest can fetch every part it names)
-//!   ─► delete: the Gateway's shards no manifest names now (another count),
-//!              only once the manifest is written
+//!   ─► retire: the Gateway's shards no manifest names now (another count),
+//!              emptied (the operator may not delete Secrets), only once
+//!              the manifest is written
 //! ```
 //!
 //! Pure: the writes are `apply::apply_all`'s.
@@ -47,7 +48,7 @@ pub fn digest_of(meta: &ObjectMeta) -> Option<&str> {
     annotations.get(PART_DIGEST_ANNOTATION).or_else(|| annotations.get(CONFIG_HASH_ANNOTATION)).map(String::as_str)
 }
 
-/// What to write and delete.
+/// What to write and retire.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Plan {
     /// The Secrets to write, in order: the base, the shards by index, the
@@ -55,9 +56,9 @@ pub struct Plan {
     pub write: Vec<String>,
     /// The manifest Secret's name (written last when in `write`).
     pub manifest: String,
-    /// The Gateway's part Secrets no longer named, deleted once the
-    /// manifest is written.
-    pub delete: Vec<String>,
+    /// The Gateway's key shard Secrets no longer named and not yet emptied
+    /// (`ConfigParts::retired`), emptied once the manifest is written.
+    pub retire: Vec<String>,
     /// The Secrets in `write` the store does not show as the Gateway's own:
     /// checked for another owner before anything is written (server-side
     /// apply with force would take another's Secret over).
@@ -98,10 +99,11 @@ pub fn plan(desired: &ConfigParts, existing: &[Existing<'_>], gateway_uid: &str)
             plan.write.push(name.to_owned());
         }
     }
-    plan.delete = ours
-        .keys()
-        .filter(|name| !named.contains(*name) && is_shard_of(name, &manifest))
-        .map(|name| (*name).to_owned())
+    // An emptied shard has no digest left: not emptied again.
+    plan.retire = ours
+        .iter()
+        .filter(|(name, digest)| digest.is_some() && !named.contains(*name) && is_shard_of(name, &manifest))
+        .map(|(name, _)| (*name).to_owned())
         .collect();
     plan
 }
@@ -146,7 +148,7 @@ mod tests {
     }
 
     #[test]
-    fn a_first_write_writes_every_part_then_the_manifest_and_deletes_nothing() {
+    fn a_first_write_writes_every_part_then_the_manifest_and_retires_nothing() {
         let desired = parts(1200, 2);
         let plan = plan(&desired, &[], UID);
         assert_eq!(
@@ -156,7 +158,7 @@ mod tests {
         assert!(plan.writes_manifest());
         assert_eq!(plan.parts().count(), 3);
         assert_eq!(plan.unseen, plan.write, "none is known to be the Gateway's own");
-        assert!(plan.delete.is_empty());
+        assert!(plan.retire.is_empty());
     }
 
     #[test]
@@ -189,26 +191,28 @@ mod tests {
         assert_eq!(plan.write.len(), 2, "{plan:?}");
         assert!(plan.write[0].starts_with("shared-config-keys-4-"));
         assert_eq!(plan.write[1], "shared-config");
-        assert!(plan.unseen.is_empty() && plan.delete.is_empty());
+        assert!(plan.unseen.is_empty() && plan.retire.is_empty());
     }
 
     #[test]
-    fn a_new_count_writes_a_new_set_and_deletes_the_old_shards_only() {
+    fn a_new_count_writes_a_new_set_and_retires_the_old_shards_only() {
         let before = parts(1200, 2);
         let mut store = written(&before);
         // Secrets of the Gateway that are no shards of this config stay.
         store.push(("shared-config-keys-x".into(), None));
         store.push(("shared-endpoints".into(), None));
+        // A shard of an older count, emptied already: not emptied again.
+        store.push(("shared-config-keys-1-0".into(), None));
         let after = parts(1200, 4);
         let plan = plan(&after, &existing(&store, UID), UID);
         let shards: Vec<String> = (0..4).map(|i| format!("shared-config-keys-4-{i}")).collect();
         assert_eq!(plan.write[..4], shards[..], "the base did not change: not written");
         assert_eq!(plan.write[4..], ["shared-config"]);
         assert_eq!(plan.unseen, shards);
-        assert_eq!(plan.delete, ["shared-config-keys-2-0", "shared-config-keys-2-1"]);
-        // Another owner's stale-looking Secrets are never deleted.
+        assert_eq!(plan.retire, ["shared-config-keys-2-0", "shared-config-keys-2-1"]);
+        // Another owner's stale-looking Secrets are never touched.
         let foreign = plan_for_other_owner(&after, &store);
-        assert!(foreign.delete.is_empty());
+        assert!(foreign.retire.is_empty());
     }
 
     #[test]

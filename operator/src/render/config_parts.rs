@@ -141,6 +141,22 @@ impl ConfigParts {
     }
 }
 
+impl ConfigParts {
+    /// A key shard Secret no manifest names any more, emptied: its data and
+    /// digest gone, the Secret kept (the Gateway's, collected with it).
+    ///
+    /// NB: emptied rather than deleted: the operator may not delete
+    /// Secrets (its ClusterRole grants no `delete` on them, and the chart's
+    /// test holds it to that), and applying this with the field manager
+    /// that wrote the data removes the data.
+    pub fn retired(&self, name: &str) -> Secret {
+        let mut metadata = self.manifest.metadata.clone();
+        metadata.name = Some(name.to_owned());
+        metadata.annotations = None;
+        Secret { metadata, type_: Some("Opaque".into()), ..Secret::default() }
+    }
+}
+
 /// `config` as Secrets of `gateway`, in a layout chosen from `layouts`.
 ///
 /// # Errors

@@ -180,3 +180,14 @@ fn models_outgrowing_their_secret_do_not_fit() {
     assert!(matches!(refused, Err(TooLarge::Base { gzipped }) if gzipped > MAX_BASE_BYTES), "{refused:?}");
     assert!(!fits(&config, &fresh(None)));
 }
+
+#[test]
+fn a_retired_shard_keeps_its_owner_and_labels_and_loses_its_data_and_digest() {
+    let parts = render(&config(10), &fresh(None));
+    let retired = parts.retired("shared-config-keys-2-1");
+    assert_eq!(retired.metadata.name.as_deref(), Some("shared-config-keys-2-1"));
+    assert_eq!(retired.metadata.labels, parts.manifest.metadata.labels);
+    assert_eq!(retired.metadata.owner_references, parts.manifest.metadata.owner_references);
+    assert_eq!(retired.metadata.annotations, None);
+    assert_eq!(retired.data, None);
+}
