@@ -136,7 +136,7 @@ pub fn gateway_status(gateway: &Gateway, facts: &GatewayFacts<'_>, now: jiff::Ti
             match facts.left_out {
                 0 => format!("config {} written", abbreviated(hash)),
                 left_out => format!(
-                    "config {} written without the {left_out} newest object(s): with them it would outgrow its Secret (each says ConfigTooLarge)",
+                    "config {} written without the {left_out} newest object(s): with them it would outgrow its Secrets (each says ConfigTooLarge)",
                     abbreviated(hash)
                 ),
             },
