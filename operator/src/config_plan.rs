@@ -215,6 +215,34 @@ mod tests {
         assert!(foreign.retire.is_empty());
     }
 
+    /// DESIGN's target: a key change among 100,000 writes at most 64 KB
+    /// (one shard and the manifest, at the count chosen for 100,000 keys).
+    ///
+    /// NB: `shard_count` keeps a count while shards hold up to twice
+    /// `KEYS_PER_SHARD`; near that bound a shard is some 94 KB gzipped.
+    #[test]
+    fn a_key_change_among_100_000_writes_at_most_64_kb() {
+        let mut config = GatewayConfig::empty();
+        config.keys = (0..100_000_u32)
+            .map(|n| KeyConfig::new(format!("team/key-{n}"), waycast_crds::digest::sha256_hex(&n.to_le_bytes())))
+            .collect();
+        let layouts = Layouts { current: None, fresh_salt: SALT.into() };
+        let gateway = fixtures::gateway(Default::default());
+        let before = config_parts(&gateway, &config, &layouts).unwrap().unwrap();
+        let store = written(&before);
+        config.keys[4321].disabled = true;
+        let layouts = Layouts { current: Some(before.layout.clone()), fresh_salt: "fedcba9876543210".into() };
+        let after = config_parts(&gateway, &config, &layouts).unwrap().unwrap();
+        let plan = plan(&after, &existing(&store, UID), UID);
+        assert_eq!(plan.write.len(), 2, "{:?}", plan.write);
+        let bytes: usize = after
+            .in_write_order()
+            .filter(|s| plan.write.contains(s.metadata.name.as_ref().unwrap()))
+            .map(crate::render::config_parts::data_bytes)
+            .sum();
+        assert!(bytes <= 64_000, "{bytes} bytes written for one key's change");
+    }
+
     #[test]
     fn shard_names_are_told_apart_from_other_names() {
         assert!(is_shard_of("gw-config-keys-8-7", "gw-config"));
