@@ -1,6 +1,5 @@
 //! Server-side apply, prune and status patches, each bounded in time.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
@@ -185,15 +184,17 @@ const PARALLEL_PART_WRITES: usize = 8;
 /// # Errors
 /// The first that failed.
 async fn write_parts(client: &Client, parts: &ConfigParts, plan: &Plan) -> Result<usize, Error> {
-    let by_name: BTreeMap<&str, &Secret> =
-        parts.in_write_order().filter_map(|secret| Some((secret.metadata.name.as_deref()?, secret))).collect();
-    let wanted: Vec<&Secret> = plan.parts().filter_map(|name| by_name.get(name).copied()).collect();
+    // Gzipped here, for the parts written only.
+    let mut wanted = Vec::new();
+    for name in plan.parts() {
+        wanted.extend(parts.secret(name)?);
+    }
     // NB: indices, not references, flow through the stream: a stream of
     // borrowed items made the reconcile future not `Send` for every
     // lifetime, as the controller needs.
     let results: Vec<Result<usize, Error>> = futures_util::stream::iter(0..wanted.len())
         .map(|index| {
-            let secret = wanted[index];
+            let secret = &wanted[index];
             async move { apply(client, secret).await.map(|_| data_bytes(secret)) }
         })
         .buffer_unordered(PARALLEL_PART_WRITES)

@@ -88,14 +88,14 @@ pub fn plan(desired: &ConfigParts, existing: &[Existing<'_>], gateway_uid: &str)
     let manifest = desired.manifest.metadata.name.clone().unwrap_or_default();
     let mut plan = Plan { manifest: manifest.clone(), ..Plan::default() };
     let mut named = BTreeSet::new();
-    for secret in desired.in_write_order() {
-        let Some(name) = secret.metadata.name.as_deref() else { continue };
+    for meta in desired.in_write_order() {
+        let Some(name) = meta.name.as_deref() else { continue };
         named.insert(name);
         let held = ours.get(name);
         if held.is_none() {
             plan.unseen.push(name.to_owned());
         }
-        if held.copied().flatten() != digest_of(&secret.metadata) {
+        if held.copied().flatten() != digest_of(meta) {
             plan.write.push(name.to_owned());
         }
     }
@@ -137,10 +137,7 @@ mod tests {
 
     /// The store as it is once `parts` are written.
     fn written(parts: &ConfigParts) -> Vec<(String, Option<String>)> {
-        parts
-            .in_write_order()
-            .map(|s| (s.metadata.name.clone().unwrap(), digest_of(&s.metadata).map(str::to_owned)))
-            .collect()
+        parts.in_write_order().map(|meta| (meta.name.clone().unwrap(), digest_of(meta).map(str::to_owned))).collect()
     }
 
     fn existing<'a>(secrets: &'a [(String, Option<String>)], owner: &'a str) -> Vec<Existing<'a>> {
@@ -235,10 +232,10 @@ mod tests {
         let after = config_parts(&gateway, &config, &layouts).unwrap().unwrap();
         let plan = plan(&after, &existing(&store, UID), UID);
         assert_eq!(plan.write.len(), 2, "{:?}", plan.write);
-        let bytes: usize = after
-            .in_write_order()
-            .filter(|s| plan.write.contains(s.metadata.name.as_ref().unwrap()))
-            .map(crate::render::config_parts::data_bytes)
+        let bytes: usize = plan
+            .write
+            .iter()
+            .map(|name| crate::render::config_parts::data_bytes(&after.secret(name).unwrap().unwrap()))
             .sum();
         assert!(bytes <= 64_000, "{bytes} bytes written for one key's change");
     }

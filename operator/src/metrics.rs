@@ -16,7 +16,7 @@ pub struct Metrics {
     pub telemetry_exported: IntCounterVec,
     /// Reconcile spans dropped, by signal and reason.
     pub telemetry_dropped: IntCounterVec,
-    /// The size of each Gateway's config Secrets' data.
+    /// The size of each Gateway's config: its parts' JSON, uncompressed.
     pub config_bytes: IntGaugeVec,
     /// Data bytes of config Secrets written per Gateway: what a change
     /// costs (a key change writes one shard and the manifest).
@@ -64,7 +64,7 @@ impl Metrics {
         let config_bytes = IntGaugeVec::new(
             Opts::new(
                 "waycast_operator_config_bytes",
-                "Size of each Gateway's config Secrets' data in all (the manifest, and the base and key shards gzipped).",
+                "Size of each Gateway's config: its parts' JSON in all, uncompressed (each part is gzipped into a Secret of its own; waycast_operator_config_bytes_written_total counts what is written).",
             ),
             &["gateway"],
         )?;

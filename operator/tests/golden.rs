@@ -69,7 +69,7 @@ fn render_case(input: &str) -> String {
         serde_yaml_ng::to_string(&desired.role_binding).unwrap(),
     ];
     // The config's Secrets, metadata only (their data is the config above).
-    documents.extend(parts.in_write_order().map(|secret| serde_yaml_ng::to_string(&secret.metadata).unwrap()));
+    documents.extend(parts.in_write_order().map(|meta| serde_yaml_ng::to_string(meta).unwrap()));
     documents.extend([
         serde_yaml_ng::to_string(&desired.deployment).unwrap(),
         serde_yaml_ng::to_string(&desired.service).unwrap(),
@@ -138,7 +138,9 @@ fn an_oversized_config_is_not_written_and_the_status_says_why() {
     let parts = sharded.config.as_ref().unwrap();
     let sizes = format!(
         "# 30000 keys: {} shards, {} bytes of Secret data, {} of JSON\n",
-        parts.layout.shards, parts.bytes, parts.json_bytes
+        parts.layout.shards,
+        parts.data_bytes_in_all().unwrap(),
+        parts.json_bytes
     );
     compiled.config.models[0].aliases =
         (0..40_000_u32).map(|n| waycast_crds::digest::sha256_hex(&n.to_le_bytes())).collect();

@@ -60,7 +60,7 @@ pub fn compile_figures(fleet: &Fleet, runs: usize) -> anyhow::Result<CompileFigu
         let parts = config_parts::config_parts(&fleet.gateway, &compiled.config, &layouts)?
             .map_err(|too_large| anyhow::anyhow!("the config does not fit its Secrets: {too_large}"))?;
         render_times.push(started.elapsed().as_secs_f64() * 1e3);
-        sizes = (parts.json_bytes, parts.bytes);
+        sizes = (parts.json_bytes, parts.data_bytes_in_all()?);
     }
     let median = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);

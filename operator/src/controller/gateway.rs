@@ -154,7 +154,7 @@ async fn reconcile(gateway: Arc<Gateway>, context: Arc<Context>, traced: &mut Re
     );
     let metrics = &context.metrics;
     if let Ok(parts) = &desired.config {
-        metrics.config_bytes.with_label_values(&[&key.to_string()]).set(parts.bytes as i64);
+        metrics.config_bytes.with_label_values(&[&key.to_string()]).set(parts.json_bytes as i64);
     }
     metrics.config_bytes_written.with_label_values(&[&key.to_string()]).inc_by(observed.config_bytes_written as u64);
     metrics.reconciles.with_label_values(&["gateway"]).inc();

@@ -21,6 +21,7 @@ use std::io::Write as _;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use waycast_crds::config::MAX_CONFIG_JSON_BYTES;
 use waycast_crds::shards::{
     self, MAX_SHARD_BYTES, MAX_SHARDS, PART_DIGEST_ANNOTATION, Parts, SALT_LEN, SECRET_KEY_MANIFEST, SECRET_KEY_PART,
@@ -120,24 +121,61 @@ pub struct ConfigParts {
     pub manifest: Secret,
     /// The base, in `C-base`.
     pub base: Secret,
-    /// Each shard, by index, in `C-keys-N-I`.
-    pub shards: Vec<Secret>,
+    /// Each shard's Secret's metadata (its name `C-keys-N-I`, its digest),
+    /// by index. Its data is gzipped only when it is written
+    /// ([`shard_secret`](Self::shard_secret)): a key change writes one
+    /// shard of a hundred, and gzipping every one was most of a render.
+    pub shards: Vec<ObjectMeta>,
+    /// Each shard's JSON, by index.
+    shard_json: Vec<Vec<u8>>,
     /// The manifest's hash: the config's identity, what pods report.
     pub hash: String,
     /// The layout split by.
     pub layout: Layout,
-    /// The Secrets' data in all (the manifest plain, the parts gzipped).
-    pub bytes: usize,
     /// The parts' JSON in all, uncompressed.
     pub json_bytes: usize,
 }
 
 impl ConfigParts {
-    /// Every Secret in the order they are written: the base and the shards
-    /// first, the manifest last, so a pod that sees a manifest can fetch
-    /// every part it names.
-    pub fn in_write_order(&self) -> impl Iterator<Item = &Secret> {
-        std::iter::once(&self.base).chain(&self.shards).chain(std::iter::once(&self.manifest))
+    /// Every Secret's metadata in the order they are written: the base and
+    /// the shards first, the manifest last, so a pod that sees a manifest
+    /// can fetch every part it names.
+    pub fn in_write_order(&self) -> impl Iterator<Item = &ObjectMeta> {
+        std::iter::once(&self.base.metadata).chain(&self.shards).chain(std::iter::once(&self.manifest.metadata))
+    }
+
+    /// Shard `index`'s Secret, its JSON gzipped now.
+    ///
+    /// # Errors
+    /// Only if compression into memory fails (it does not).
+    pub fn shard_secret(&self, index: usize) -> std::io::Result<Option<Secret>> {
+        let (Some(metadata), Some(json)) = (self.shards.get(index), self.shard_json.get(index)) else {
+            return Ok(None);
+        };
+        Ok(Some(Secret {
+            metadata: metadata.clone(),
+            type_: Some("Opaque".into()),
+            data: Some([(SECRET_KEY_PART.to_owned(), ByteString(gzip(json)?))].into()),
+            ..Secret::default()
+        }))
+    }
+
+    /// The Secret of the part or manifest named `name`, if it is one.
+    ///
+    /// # Errors
+    /// Only if compression into memory fails (it does not).
+    pub fn secret(&self, name: &str) -> std::io::Result<Option<Secret>> {
+        let named = |meta: &ObjectMeta| meta.name.as_deref() == Some(name);
+        if named(&self.manifest.metadata) {
+            return Ok(Some(self.manifest.clone()));
+        }
+        if named(&self.base.metadata) {
+            return Ok(Some(self.base.clone()));
+        }
+        match self.shards.iter().position(named) {
+            Some(index) => self.shard_secret(index),
+            None => Ok(None),
+        }
     }
 }
 
@@ -154,6 +192,22 @@ impl ConfigParts {
         metadata.name = Some(name.to_owned());
         metadata.annotations = None;
         Secret { metadata, type_: Some("Opaque".into()), ..Secret::default() }
+    }
+}
+
+impl ConfigParts {
+    /// The data bytes of every Secret, each shard gzipped for it: what
+    /// writing the whole config costs (benchmarks and goldens; a reconcile
+    /// writes only what changed).
+    ///
+    /// # Errors
+    /// Only if compression into memory fails (it does not).
+    pub fn data_bytes_in_all(&self) -> std::io::Result<usize> {
+        let mut bytes = data_bytes(&self.manifest) + data_bytes(&self.base);
+        for index in 0..self.shards.len() {
+            bytes += self.shard_secret(index)?.as_ref().map_or(0, data_bytes);
+        }
+        Ok(bytes)
     }
 }
 
@@ -175,15 +229,12 @@ pub fn config_parts(
     let json_bytes = parts.base.len() + parts.shards.iter().map(Vec::len).sum::<usize>();
     let base = part_secret(gateway, shards::base_secret_name(&name), base, &parts.manifest.base);
     let of = layout.shards;
-    let shards = (0..of)
-        .zip(parts.shards.iter().zip(&parts.manifest.shards))
-        .map(|(index, (json, digest))| {
-            Ok(part_secret(gateway, shards::shard_secret_name(&name, index, of), gzip(json)?, digest))
-        })
-        .collect::<std::io::Result<Vec<_>>>()?;
+    let shard_meta = (0..of)
+        .zip(&parts.manifest.shards)
+        .map(|(index, digest)| part_meta(gateway, shards::shard_secret_name(&name, index, of), digest))
+        .collect();
     let manifest_json = parts.manifest.to_canonical_json().map_err(std::io::Error::other)?;
     let hash = waycast_crds::digest::sha256_hex(&manifest_json);
-    let bytes = manifest_json.len() + data_bytes(&base) + shards.iter().map(data_bytes).sum::<usize>();
     let mut metadata = owned_meta(gateway, name);
     metadata.annotations = Some(BTreeMap::from([
         (CONFIG_HASH_ANNOTATION.to_owned(), hash.clone()),
@@ -196,7 +247,8 @@ pub fn config_parts(
         data: Some([(SECRET_KEY_MANIFEST.to_owned(), ByteString(manifest_json))].into()),
         ..Secret::default()
     };
-    Ok(Ok(ConfigParts { manifest, base, shards, hash, layout, bytes, json_bytes }))
+    let shard_json = parts.shards;
+    Ok(Ok(ConfigParts { manifest, base, shards: shard_meta, shard_json, hash, layout, json_bytes }))
 }
 
 /// Whether `config` fits its Secrets (what `compile::fit` leaves entries
@@ -262,12 +314,17 @@ fn split(config: &GatewayConfig, layouts: &Layouts) -> std::io::Result<Result<(P
     }
 }
 
-/// A part's Secret: its gzipped JSON, its digest annotated.
-fn part_secret(gateway: &Gateway, name: String, gzipped: Vec<u8>, digest: &str) -> Secret {
+/// A part's Secret's metadata: the Gateway's, its digest annotated.
+fn part_meta(gateway: &Gateway, name: String, digest: &str) -> ObjectMeta {
     let mut metadata = owned_meta(gateway, name);
     metadata.annotations = Some([(PART_DIGEST_ANNOTATION.to_owned(), digest.to_owned())].into());
+    metadata
+}
+
+/// A part's Secret: its gzipped JSON, its digest annotated.
+fn part_secret(gateway: &Gateway, name: String, gzipped: Vec<u8>, digest: &str) -> Secret {
     Secret {
-        metadata,
+        metadata: part_meta(gateway, name, digest),
         type_: Some("Opaque".into()),
         data: Some([(SECRET_KEY_PART.to_owned(), ByteString(gzipped))].into()),
         ..Secret::default()

@@ -32,6 +32,11 @@ fn gunzip(secret: &Secret) -> Vec<u8> {
     json
 }
 
+/// Every shard's Secret, gzipped.
+fn shard_secrets(parts: &ConfigParts) -> Vec<Secret> {
+    (0..parts.shards.len()).map(|index| parts.shard_secret(index).unwrap().unwrap()).collect()
+}
+
 fn manifest_of(parts: &ConfigParts) -> Manifest {
     Manifest::parse(&parts.manifest.data.as_ref().unwrap()[SECRET_KEY_MANIFEST].0).unwrap()
 }
@@ -48,7 +53,7 @@ fn the_manifest_base_and_shards_assemble_to_the_config() {
     assert_eq!(parts.layout, Layout { shards: 4, salt: FRESH.into() }, "3000 keys: 4 shards, the fresh salt");
     assert_eq!(parts.manifest.metadata.name.as_deref(), Some("shared-config"));
     assert_eq!(parts.base.metadata.name.as_deref(), Some("shared-config-base"));
-    let names: Vec<_> = parts.shards.iter().map(|s| s.metadata.name.clone().unwrap()).collect();
+    let names: Vec<_> = parts.shards.iter().map(|meta| meta.name.clone().unwrap()).collect();
     assert_eq!(names, (0..4).map(|i| format!("shared-config-keys-4-{i}")).collect::<Vec<_>>());
     let manifest = manifest_of(&parts);
     assert_eq!(annotation(&parts.manifest, CONFIG_HASH_ANNOTATION), manifest.hash().unwrap());
@@ -57,8 +62,8 @@ fn the_manifest_base_and_shards_assemble_to_the_config() {
     assert_eq!(annotation(&parts.manifest, SALT_ANNOTATION), FRESH);
     let base = gunzip(&parts.base);
     assert_eq!(annotation(&parts.base, PART_DIGEST_ANNOTATION), manifest.base);
-    let shards: Vec<Vec<u8>> = parts.shards.iter().map(gunzip).collect();
-    for (shard, digest) in parts.shards.iter().zip(&manifest.shards) {
+    let shards: Vec<Vec<u8>> = shard_secrets(&parts).iter().map(gunzip).collect();
+    for (shard, digest) in shard_secrets(&parts).iter().zip(&manifest.shards) {
         assert_eq!(annotation(shard, PART_DIGEST_ANNOTATION), digest);
     }
     let held: Vec<Option<&[u8]>> = shards.iter().map(|s| Some(s.as_slice())).collect();
@@ -66,12 +71,14 @@ fn the_manifest_base_and_shards_assemble_to_the_config() {
     let mut by_id = original.clone();
     by_id.keys.sort_by(|a, b| a.id.cmp(&b.id));
     assert_eq!(assembled, by_id);
-    for secret in parts.in_write_order() {
-        assert_eq!(secret.metadata.labels.as_ref(), Some(&labels(&fixtures::gateway(Default::default()))));
-        assert_eq!(secret.metadata.owner_references.as_ref().unwrap()[0].kind, "Gateway");
-        assert_eq!(secret.metadata.owner_references.as_ref().unwrap()[0].controller, Some(true));
+    for meta in parts.in_write_order() {
+        assert_eq!(meta.labels.as_ref(), Some(&labels(&fixtures::gateway(Default::default()))));
+        assert_eq!(meta.owner_references.as_ref().unwrap()[0].kind, "Gateway");
+        assert_eq!(meta.owner_references.as_ref().unwrap()[0].controller, Some(true));
+        let secret = parts.secret(meta.name.as_ref().unwrap()).unwrap().unwrap();
+        assert_eq!(&secret.metadata, meta, "a Secret is built with the metadata the plan compares");
     }
-    let order: Vec<_> = parts.in_write_order().map(|s| s.metadata.name.clone().unwrap()).collect();
+    let order: Vec<_> = parts.in_write_order().map(|meta| meta.name.clone().unwrap()).collect();
     assert_eq!(order.first().map(String::as_str), Some("shared-config-base"));
     assert_eq!(order.last().map(String::as_str), Some("shared-config"), "the manifest last");
     assert!(fits(&original, &fresh(None)));
@@ -83,7 +90,7 @@ fn equal_inputs_give_byte_identical_secrets() {
     let b = render(&config(500), &fresh(None));
     assert_eq!(a.manifest, b.manifest);
     assert_eq!(a.base, b.base);
-    assert_eq!(a.shards, b.shards);
+    assert_eq!(shard_secrets(&a), shard_secrets(&b));
 }
 
 #[test]
@@ -97,8 +104,10 @@ fn one_key_changed_changes_one_shard_secret_and_the_manifest() {
     let after = render(&config, &Layouts { current, fresh_salt: "00000000000000aa".into() });
     assert_eq!(after.layout, before.layout, "count and salt kept");
     assert_eq!(after.base, before.base);
-    let changed = before.shards.iter().zip(&after.shards).filter(|(a, b)| a != b).count();
+    let changed = shard_secrets(&before).iter().zip(&shard_secrets(&after)).filter(|(a, b)| a != b).count();
     assert_eq!(changed, 1);
+    let digests = before.shards.iter().zip(&after.shards).filter(|(a, b)| a != b).count();
+    assert_eq!(digests, 1, "the metadata the plan compares moves with the data");
     assert_ne!(after.manifest, before.manifest);
     assert_ne!(after.hash, before.hash);
 }
@@ -158,10 +167,10 @@ fn a_shard_too_large_for_a_secret_moves_the_count_up() {
     let parts = render(&config, &fresh(None));
     assert!(parts.layout.shards >= 4, "{:?}", parts.layout);
     assert_eq!(parts.layout.salt, FRESH);
-    assert!(parts.shards.iter().all(|shard| gunzip(shard).len() <= MAX_SHARD_BYTES));
+    assert!(shard_secrets(&parts).iter().all(|shard| gunzip(shard).len() <= MAX_SHARD_BYTES));
     let again = render(&config, &Layouts { current: Some(parts.layout.clone()), fresh_salt: SALT.into() });
     assert_eq!(again.layout, parts.layout, "kept, not given a fresh salt every reconcile");
-    assert_eq!(again.shards, parts.shards);
+    assert_eq!(shard_secrets(&again), shard_secrets(&parts));
 }
 
 #[test]
