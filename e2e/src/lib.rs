@@ -13,6 +13,7 @@
 
 pub mod argocd;
 pub mod cluster;
+pub mod config_secrets;
 pub mod control_plane;
 pub mod harness;
 pub mod manifest;

@@ -245,9 +245,11 @@ async fn the_quickstart_serves_and_key_changes_reach_every_pod_without_restarts(
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let deployment = Api::<Deployment>::namespaced(client.clone(), &namespace).get_opt("gateway").await.unwrap();
+        // The manifest Secret and the parts it named.
         let config = Api::<Secret>::namespaced(client.clone(), &namespace).get_opt("gateway-config").await.unwrap();
+        let base = Api::<Secret>::namespaced(client.clone(), &namespace).get_opt("gateway-config-base").await.unwrap();
         let service = Api::<Service>::namespaced(client.clone(), &namespace).get_opt("gateway").await.unwrap();
-        if deployment.is_none() && config.is_none() && service.is_none() {
+        if deployment.is_none() && config.is_none() && base.is_none() && service.is_none() {
             break;
         }
         assert!(Instant::now() < deadline, "owned objects were not garbage-collected");
@@ -666,7 +668,6 @@ async fn tenants_cannot_break_read_or_redirect_each_other() {
 
     // What only the gateway's own check sees (a control character in a
     // credential) is left out on its own, with the field named...
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &home);
     let credential = |name: &str, value: &str, labelled: bool| {
         let labels = if labelled { json!({"waycast.dev/credential": "true"}) } else { json!({}) };
         object(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "labels": labels},
@@ -729,11 +730,9 @@ async fn tenants_cannot_break_read_or_redirect_each_other() {
     // (alice's allow-list is llama-*; bob may call any model of his namespace.)
     wait_model_status(&urls, &bob, "azure-style", StatusCode::OK).await;
     wait_condition(&client, &home, "Gateway", "gateway", ("Programmed", "True", "ConfigWritten")).await;
-    // An unlabelled Secret's value never reaches the config Secret.
-    let config = secrets.get("gateway-config").await.unwrap();
-    let compressed = &config.data.unwrap()["config.json.gz"].0;
-    let mut text = String::new();
-    std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&compressed[..]), &mut text).unwrap();
+    // An unlabelled Secret's value never reaches the config's Secrets.
+    let written = waycast_e2e::config_secrets::read_config(&client, &home, "gateway-config").await.unwrap();
+    let text = String::from_utf8(written.config.to_canonical_json().unwrap()).unwrap();
     assert!(!text.contains("sk-never-sent") && text.contains("api-version=2024-06-01"), "{text}");
 
     // A Gateway in another namespace with from: All gets nothing that did
@@ -831,8 +830,7 @@ async fn tenants_cannot_break_read_or_redirect_each_other() {
     // A forged heartbeat — a Lease labelled for the Gateway, naming no live
     // pod of it, claiming a refusal — changes neither Programmed nor the
     // pods' count of their fleet (each shares the rate limits by it).
-    let written = secrets.get("gateway-config").await.unwrap();
-    let hash = written.metadata.annotations.unwrap()["waycast.dev/config-hash"].clone();
+    let hash = waycast_e2e::config_secrets::read_config(&client, &home, "gateway-config").await.unwrap().hash;
     // A MicroTime: the API server parses exactly six fractional digits.
     let renewed = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string();
     let forged = object(json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",

@@ -32,7 +32,9 @@ async fn a_burst_of_keys_is_coalesced_into_a_handful_of_config_writes() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
-    // Count writes to the config Secret while the burst lands.
+    // Count writes to the config Secret while the burst lands: it holds
+    // the manifest, written once per new config (after the parts it
+    // names).
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
     let watch = kube::runtime::watcher::watcher(
         secrets,
@@ -82,6 +84,8 @@ async fn a_burst_of_keys_is_coalesced_into_a_handful_of_config_writes() {
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
     let config_writes = writes.load(std::sync::atomic::Ordering::Relaxed) - before;
+    let written = waycast_e2e::config_secrets::read_config(&client, &namespace, "gateway-config").await.unwrap();
+    assert_eq!(written.config.keys.len(), count as usize + 1, "the config's Secrets assemble to every key");
     counter.abort();
     eprintln!(
         "{count} ApiKeys applied → all served in {:?} with {config_writes} config Secret writes",

@@ -2,16 +2,19 @@
 
 use std::time::Duration;
 
+use futures_util::StreamExt as _;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, Client, Resource, ResourceExt as _};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::config_plan::Plan;
 use crate::error::Error;
+use crate::render::config_parts::{ConfigParts, data_bytes};
 use crate::render::{self, FIELD_MANAGER};
 
 pub(crate) async fn apply<K>(client: &Client, object: &K) -> Result<K, Error>
@@ -74,34 +77,41 @@ pub struct Observed {
     /// asked to be): a failure to write it is logged and retried, and
     /// fails nothing else.
     pub endpoints_current: bool,
+    /// The data bytes of the config Secrets written.
+    pub config_bytes_written: usize,
 }
 
-/// Applies every object of `desired` (the config Secret only when
-/// `write_config`, the endpoints ConfigMap only when `write_endpoints`)
-/// and prunes the optional ones it leaves out.
+/// Applies every object of `desired` (of its config's Secrets those
+/// `config` plans, none without a plan; the endpoints ConfigMap only when
+/// `write_endpoints`) and prunes the optional ones it leaves out.
 ///
 /// Independent objects go together, in two rounds: what others refer to
 /// (the ServiceAccount, the Role a RoleBinding names — the API server checks
-/// a binding against its Role — and the config) before what refers to them.
-/// Every apply of a round runs to its end (join, not try_join): cancelling
-/// the Role's apply when the binding failed kept the Role from ever being
-/// created.
+/// a binding against its Role — and the config's parts) before what refers
+/// to them. Every apply of a round runs to its end (join, not try_join):
+/// cancelling the Role's apply when the binding failed kept the Role from
+/// ever being created.
+///
+/// The config's manifest is written after the first round — after every
+/// part it names, and after the Role that lets the pods read them — and the
+/// shards it no longer names are emptied only once it is written. A part
+/// that fails leaves the manifest as it was: the pods keep a whole config.
 ///
 /// # Errors
 /// The first failed call of a round, after the whole round ran.
 pub async fn apply_all(
     client: &Client,
     desired: &render::Desired,
-    write_config: bool,
+    config: Option<&Plan>,
     write_endpoints: bool,
 ) -> Result<Observed, Error> {
     let namespace = desired.deployment.metadata.namespace.clone().ok_or(Error::Incomplete("namespace"))?;
     let name = desired.deployment.metadata.name.clone().ok_or(Error::Incomplete("name"))?;
-    let config = async {
-        if write_config {
-            apply(client, &desired.config_secret).await?;
-        }
-        Ok::<_, Error>(())
+    // A plan is made only for a config that fits.
+    let config = config.zip(desired.config.as_ref().ok());
+    let parts = async {
+        let Some((plan, parts)) = config else { return Ok(0) };
+        write_parts(client, parts, plan).await
     };
     let endpoints = async {
         if !write_endpoints {
@@ -115,11 +125,23 @@ pub async fn apply_all(
             }
         }
     };
-    let (account, role, config, endpoints_current) =
-        tokio::join!(apply(client, &desired.service_account), apply(client, &desired.role), config, endpoints);
+    let (account, role, parts_written, endpoints_current) =
+        tokio::join!(apply(client, &desired.service_account), apply(client, &desired.role), parts, endpoints);
     account?;
     role?;
-    config?;
+    let parts_written = parts_written?;
+    let manifest = async {
+        let Some((plan, parts)) = config else { return Ok(0) };
+        let mut written = 0;
+        if plan.writes_manifest() {
+            apply(client, &parts.manifest).await?;
+            written = data_bytes(&parts.manifest);
+        }
+        let retired: Vec<Secret> = plan.retire.iter().map(|stale| parts.retired(stale)).collect();
+        let retiring = retired.iter().map(|secret| apply(client, secret));
+        futures_util::future::join_all(retiring).await.into_iter().collect::<Result<Vec<_>, _>>()?;
+        Ok::<_, Error>(written)
+    };
     let hpa = async {
         match &desired.hpa {
             Some(hpa) => apply(client, hpa).await.map(drop),
@@ -138,7 +160,8 @@ pub async fn apply_all(
             None => prune::<k8s_openapi::api::networking::v1::NetworkPolicy>(client, &namespace, &name).await,
         }
     };
-    let (binding, deployment, service, hpa, pdb, network_policy) = tokio::join!(
+    let (manifest_written, binding, deployment, service, hpa, pdb, network_policy) = tokio::join!(
+        manifest,
         apply(client, &desired.role_binding),
         apply(client, &desired.deployment),
         apply(client, &desired.service),
@@ -146,6 +169,36 @@ pub async fn apply_all(
         pdb,
         network_policy
     );
+    let manifest_written = manifest_written?;
     let (_, deployment, service, (), (), ()) = (binding?, deployment?, service?, hpa?, pdb?, network_policy?);
-    Ok(Observed { deployment, service, endpoints_current })
+    let config_bytes_written = parts_written + manifest_written;
+    Ok(Observed { deployment, service, endpoints_current, config_bytes_written })
+}
+
+/// Parts written at once: a new shard count writes up to a thousand.
+const PARALLEL_PART_WRITES: usize = 8;
+
+/// Writes the parts `plan` names (not the manifest), every one to its end;
+/// their data bytes.
+///
+/// # Errors
+/// The first that failed.
+async fn write_parts(client: &Client, parts: &ConfigParts, plan: &Plan) -> Result<usize, Error> {
+    // Gzipped here, for the parts written only.
+    let mut wanted = Vec::new();
+    for name in plan.parts() {
+        wanted.extend(parts.secret(name)?);
+    }
+    // NB: indices, not references, flow through the stream: a stream of
+    // borrowed items made the reconcile future not `Send` for every
+    // lifetime, as the controller needs.
+    let results: Vec<Result<usize, Error>> = futures_util::stream::iter(0..wanted.len())
+        .map(|index| {
+            let secret = &wanted[index];
+            async move { apply(client, secret).await.map(|_| data_bytes(secret)) }
+        })
+        .buffer_unordered(PARALLEL_PART_WRITES)
+        .collect()
+        .await;
+    results.into_iter().sum()
 }

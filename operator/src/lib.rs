@@ -9,6 +9,7 @@
 pub(crate) mod apply;
 pub mod catalog;
 pub mod compile;
+pub mod config_plan;
 pub(crate) mod context;
 pub(crate) mod controller;
 pub mod error;

@@ -16,8 +16,11 @@ pub struct Metrics {
     pub telemetry_exported: IntCounterVec,
     /// Reconcile spans dropped, by signal and reason.
     pub telemetry_dropped: IntCounterVec,
-    /// Compressed config size per Gateway.
+    /// The size of each Gateway's config: its parts' JSON, uncompressed.
     pub config_bytes: IntGaugeVec,
+    /// Data bytes of config Secrets written per Gateway: what a change
+    /// costs (a key change writes one shard and the manifest).
+    pub config_bytes_written: IntCounterVec,
     /// Config writes (a new hash) per Gateway.
     pub config_writes: IntCounterVec,
     /// From writing a config to every pod of the Gateway reporting it.
@@ -59,11 +62,21 @@ impl Metrics {
             &["signal", "reason"],
         )?;
         let config_bytes = IntGaugeVec::new(
-            Opts::new("waycast_operator_config_bytes", "Size of each Gateway's compressed config Secret."),
+            Opts::new(
+                "waycast_operator_config_bytes",
+                "Size of each Gateway's config: its parts' JSON in all, uncompressed (each part is gzipped into a Secret of its own; waycast_operator_config_bytes_written_total counts what is written).",
+            ),
+            &["gateway"],
+        )?;
+        let config_bytes_written = IntCounterVec::new(
+            Opts::new(
+                "waycast_operator_config_bytes_written_total",
+                "Data bytes of config Secrets (manifest, base, key shards) written, per Gateway: only changed parts are written.",
+            ),
             &["gateway"],
         )?;
         let config_writes = IntCounterVec::new(
-            Opts::new("waycast_operator_config_writes_total", "Config Secret writes with a new config, per Gateway."),
+            Opts::new("waycast_operator_config_writes_total", "Config manifest writes with a new config, per Gateway."),
             &["gateway"],
         )?;
         let propagation = prometheus::Histogram::with_opts(
@@ -88,6 +101,7 @@ impl Metrics {
             telemetry_exported,
             telemetry_dropped,
             config_bytes,
+            config_bytes_written,
             config_writes,
             propagation,
             gateway_condition,
@@ -115,6 +129,7 @@ impl Metrics {
             Box::new(self.telemetry_exported.clone()),
             Box::new(self.telemetry_dropped.clone()),
             Box::new(self.config_bytes.clone()),
+            Box::new(self.config_bytes_written.clone()),
             Box::new(self.gateway_condition.clone()),
         ]
     }
@@ -157,6 +172,7 @@ impl Metrics {
             let _ = self.gateway_condition.remove_label_values(&[gateway, condition]);
         }
         let _ = self.config_bytes.remove_label_values(&[gateway]);
+        let _ = self.config_bytes_written.remove_label_values(&[gateway]);
     }
 
     /// The text exposition format.

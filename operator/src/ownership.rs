@@ -7,6 +7,11 @@
 //! ```text
 //! desired names ─► metadata GET each (concurrently) ─► foreign()? ─► NameConflict, nothing applied
 //! ```
+//!
+//! The names of a config's key shards hold their count, which moves with
+//! the number of keys, not with the Gateway's generation: they are checked
+//! when they are about to be written and the store does not show them as
+//! the Gateway's own ([`first_foreign_secret`]).
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
@@ -37,12 +42,14 @@ pub async fn first_conflict(client: &Client, gateway: &Gateway) -> Result<Option
     let uid = gateway.metadata.uid.clone().ok_or(Error::Incomplete("uid"))?;
     let name = gateway.name_any();
     let config = render::config_secret_name(gateway);
+    let base = waycast_crds::shards::base_secret_name(&config);
     let endpoints = render::meta::config_map_name(gateway);
     let usage = render::meta::usage_config_map_name(gateway);
     let ledger = render::meta::usage_ledger_name(gateway);
-    let (usage, ledger) = tokio::join!(
+    let (usage, ledger, base) = tokio::join!(
         check::<ConfigMap>(client, &namespace, &usage, &uid),
         check::<ConfigMap>(client, &namespace, &ledger, &uid),
+        check::<Secret>(client, &namespace, &base, &uid),
     );
     let (account, role, binding, secret, endpoints, deployment, service, hpa, pdb, policy) = tokio::join!(
         check::<ServiceAccount>(client, &namespace, &name, &uid),
@@ -56,7 +63,37 @@ pub async fn first_conflict(client: &Client, gateway: &Gateway) -> Result<Option
         check::<PodDisruptionBudget>(client, &namespace, &name, &uid),
         check::<k8s_openapi::api::networking::v1::NetworkPolicy>(client, &namespace, &name, &uid),
     );
-    for found in [account, role, binding, secret, endpoints, deployment, service, hpa, pdb, policy, usage, ledger] {
+    let found = [account, role, binding, secret, base, endpoints, deployment, service, hpa, pdb, policy, usage, ledger];
+    for found in found {
+        if let Some(conflict) = found? {
+            return Ok(Some(conflict));
+        }
+    }
+    Ok(None)
+}
+
+/// Secrets looked up at once.
+const PARALLEL_LOOKUPS: usize = 16;
+
+/// The first of the Secrets `names` in `namespace` that exists and is not
+/// the Gateway's with `uid`, as `Secret namespace/name`.
+///
+/// # Errors
+/// An API call failed or timed out.
+pub async fn first_foreign_secret(
+    client: &Client,
+    namespace: &str,
+    names: &[String],
+    uid: &str,
+) -> Result<Option<String>, Error> {
+    use futures_util::StreamExt as _;
+    // NB: owned names flow through the stream (see `apply::write_parts`).
+    let found: Vec<Result<Option<String>, Error>> = futures_util::stream::iter(names.to_vec())
+        .map(|name| async move { check::<Secret>(client, namespace, &name, uid).await })
+        .buffered(PARALLEL_LOOKUPS)
+        .collect()
+        .await;
+    for found in found {
         if let Some(conflict) = found? {
             return Ok(Some(conflict));
         }

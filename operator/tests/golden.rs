@@ -16,6 +16,12 @@ use waycast_operator::catalog::Catalog;
 use waycast_operator::render::{self, RenderSettings};
 use waycast_operator::status;
 
+/// The layout chosen afresh, with a fixed salt (the operator draws one at
+/// random), so the goldens are stable.
+fn layouts() -> render::config_parts::Layouts {
+    render::config_parts::Layouts { current: None, fresh_salt: "0123456789abcdef".into() }
+}
+
 fn render_case(input: &str) -> String {
     let (mut gateways, mut models, mut keys, mut services, mut secrets) = (vec![], vec![], vec![], vec![], vec![]);
     let mut namespaces = vec![];
@@ -52,17 +58,23 @@ fn render_case(input: &str) -> String {
         gateway_image: "docker.io/waycast/gateway:dev".into(),
         network_policy: Some(render::network_policy::NetworkPolicySettings { metrics_from, egress: Vec::new() }),
     };
-    let desired = render::desired(gateway, &compiled.config, &catalog.endpoints(&compiled.config), &settings).unwrap();
+    let desired =
+        render::desired(gateway, &compiled.config, &layouts(), &catalog.endpoints(&compiled.config), &settings)
+            .unwrap();
+    let parts = desired.config.as_ref().unwrap();
     let mut documents = vec![
         format!("# config hash {}\n{}", desired.config_hash, serde_yaml_ng::to_string(&compiled.config).unwrap()),
         serde_yaml_ng::to_string(&desired.service_account).unwrap(),
         serde_yaml_ng::to_string(&desired.role).unwrap(),
         serde_yaml_ng::to_string(&desired.role_binding).unwrap(),
-        serde_yaml_ng::to_string(&desired.config_secret.metadata).unwrap(),
+    ];
+    // The config's Secrets, metadata only (their data is the config above).
+    documents.extend(parts.in_write_order().map(|meta| serde_yaml_ng::to_string(meta).unwrap()));
+    documents.extend([
         serde_yaml_ng::to_string(&desired.deployment).unwrap(),
         serde_yaml_ng::to_string(&desired.service).unwrap(),
         serde_yaml_ng::to_string(&desired.network_policy).unwrap(),
-    ];
+    ]);
     // The endpoints ConfigMap, from the Services' EndpointSlices.
     documents.push(serde_yaml_ng::to_string(&desired.endpoints).unwrap());
     // Each object's verdict, as its status will show it.
@@ -84,10 +96,8 @@ fn render_case(input: &str) -> String {
     let facts = status::GatewayFacts {
         refused: compiled.gateway.as_ref(),
         hash: &desired.config_hash,
-        config_bytes: desired.config_bytes,
-        config_json_bytes: desired.config_json_bytes,
+        too_large: desired.config.as_ref().err(),
         left_out: 0,
-        config_fits: desired.config_fits(),
         models: compiled.config.models.len(),
         keys: compiled.config.keys.len(),
         refusing: &[],
@@ -104,10 +114,13 @@ fn render_case(input: &str) -> String {
     documents.join("---\n")
 }
 
-/// A Gateway whose config outgrows a Secret: 30,000 keys (random hashes, so
-/// gzip cannot shrink them much) make more than 1 MiB gzipped. Its config is
-/// not written, the pods keep the last one, and the status says why. The
-/// golden holds the sizes and the status, not the megabytes of config.
+/// A Gateway whose config outgrows its Secrets. 30,000 keys (random
+/// hashes, so gzip cannot shrink them much: more than 1 MiB gzipped) no
+/// longer do — they are split into shards — but models and settings are
+/// one part, and a model with 40,000 aliases of random text makes it more
+/// than a Secret holds. Its config is not written, the pods keep the last
+/// one, and the status says why. The golden holds the sizes and the
+/// status, not the megabytes of config.
 #[test]
 fn an_oversized_config_is_not_written_and_the_status_says_why() {
     let fleet = waycast_operator::fleet::fleet("ai", 30_000, 2, "http://upstream.ai:8000/v1");
@@ -117,17 +130,22 @@ fn an_oversized_config_is_not_written_and_the_status_says_why() {
     };
     let now = jiff::Timestamp::from_second(1_800_000_000).unwrap();
     let catalog = Catalog::from_objects(&[namespace], &fleet.models, &fleet.keys, &[], &fleet.secrets);
-    let compiled = catalog.compile(&fleet.gateway, now);
+    let mut compiled = catalog.compile(&fleet.gateway, now);
     assert_eq!(compiled.config.keys.len(), 30_000);
     let settings = RenderSettings { gateway_image: "docker.io/waycast/gateway:dev".into(), network_policy: None };
-    let desired = render::desired(
-        &fleet.gateway,
-        &compiled.config,
-        &waycast_crds::endpoints::EndpointsDocument::new(),
-        &settings,
-    )
-    .unwrap();
-    assert!(!desired.config_fits(), "{} bytes fit in a Secret: make the case larger", desired.config_bytes);
+    let endpoints = waycast_crds::endpoints::EndpointsDocument::new();
+    let sharded = render::desired(&fleet.gateway, &compiled.config, &layouts(), &endpoints, &settings).unwrap();
+    let parts = sharded.config.as_ref().unwrap();
+    let sizes = format!(
+        "# 30000 keys: {} shards, {} bytes of Secret data, {} of JSON\n",
+        parts.layout.shards,
+        parts.data_bytes_in_all().unwrap(),
+        parts.json_bytes
+    );
+    compiled.config.models[0].aliases =
+        (0..40_000_u32).map(|n| waycast_crds::digest::sha256_hex(&n.to_le_bytes())).collect();
+    let desired = render::desired(&fleet.gateway, &compiled.config, &layouts(), &endpoints, &settings).unwrap();
+    let Err(too_large) = &desired.config else { panic!("the config fits its Secrets: make the case larger") };
     let wanted = render::scaling::minimum_replicas(&fleet.gateway);
     // The hash the pods are told to serve is the last one written (the
     // reconciler's `what_to_write`), and they all serve it.
@@ -135,10 +153,8 @@ fn an_oversized_config_is_not_written_and_the_status_says_why() {
     let facts = status::GatewayFacts {
         refused: compiled.gateway.as_ref(),
         hash: &last_written,
-        config_bytes: desired.config_bytes,
-        config_json_bytes: desired.config_json_bytes,
+        too_large: Some(too_large),
         left_out: 0,
-        config_fits: desired.config_fits(),
         models: compiled.config.models.len(),
         keys: compiled.config.keys.len(),
         refusing: &[],
@@ -151,10 +167,7 @@ fn an_oversized_config_is_not_written_and_the_status_says_why() {
     };
     let gateway_status = status::gateway_status(&fleet.gateway, &facts, now);
     let rendered = format!(
-        "# compiled config {}: {} bytes gzipped, fits in a Secret: {}\n# Gateway status, every pod serving the last config written\n{}",
-        desired.config_hash,
-        desired.config_bytes,
-        desired.config_fits(),
+        "{sizes}# with 40000 aliases: {too_large}\n# Gateway status, every pod serving the last config written\n{}",
         serde_yaml_ng::to_string(&gateway_status).unwrap()
     );
     let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden-oversized.yaml");

@@ -1,4 +1,6 @@
-//! A config that outgrows its Secret still gets written: the newest
+//! A config that outgrows its Secrets (`render::config_parts::fits`: its
+//! models and settings too large for one, a key too large for any shard,
+//! or more than a gateway reads) still gets written: the newest
 //! objects are left out until it fits, the platform's last.
 //!
 //! ```text
@@ -74,7 +76,7 @@ pub fn fit(
     }
     let fitting = without(low);
     compiled.config = fitting;
-    let message = "left out of the Gateway's config, which would outgrow its Secret with it: the Gateway's own \
+    let message = "left out of the Gateway's config, which would outgrow its Secrets with it: the Gateway's own \
                    namespace's objects and older objects are served first";
     for (_, _, kind, id) in ranked.drain(..low) {
         match kind {

@@ -14,7 +14,7 @@
 //!                   a key's class checked against both (ClassNotAllowed)
 //!   ─► settings.rs  the Gateway's own settings: body limit, access log, egress ranges, Redis
 //!   ─► Compiled { config, verdicts (verdict.rs), what each tenant policy matched }
-//!   ─► fit.rs       (by the shell) the newest team objects left out until the config fits its Secret
+//!   ─► fit.rs       (by the shell) the newest team objects left out until the config fits its Secrets
 //! ```
 //!
 //! No I/O, no clock (`now` is passed in), no randomness, and `BTreeMap`

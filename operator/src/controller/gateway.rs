@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use futures_util::StreamExt as _;
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Secret;
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
@@ -15,10 +17,12 @@ use super::shell::{CONCURRENCY, DEBOUNCE, RESYNC, error_policy, succeeded, write
 use crate::apply::bounded;
 use crate::catalog::Catalog;
 use crate::compile::{self, ObjectKey};
+use crate::config_plan;
 use crate::context::{Context, GatewayMemory, Written};
 use crate::error::Error;
 use crate::heartbeats;
 use crate::programmed;
+use crate::render::config_parts::{Layout, Layouts, fresh_salt};
 use crate::render::{self, FIELD_MANAGER};
 use crate::status;
 use crate::stores::{Stores, once, signals};
@@ -83,17 +87,21 @@ async fn reconcile(gateway: Arc<Gateway>, context: Arc<Context>, traced: &mut Re
     }
     let mut catalog = Catalog::from_stores(&context.stores, &context.networks);
     fetch_secrets(&mut catalog, &context, &gateway).await?;
+    let layouts = layouts(&context.stores, &gateway)?;
     let mut compiled = catalog.compile(&gateway, jiff::Timestamp::now());
-    let left_out = fit_in_secret(&catalog, &gateway, &mut compiled);
+    let left_out = fit_in_secret(&catalog, &gateway, &layouts, &mut compiled);
     (traced.keys, traced.models) = (Some(compiled.config.keys.len()), Some(compiled.config.models.len()));
     let compiled_at = started.elapsed();
 
     let endpoints = catalog.endpoints(&compiled.config);
-    let desired = render::desired(&gateway, &compiled.config, &endpoints, &context.settings)?;
-    let (hash, write_config, write_endpoints) = what_to_write(&context, &gateway, &desired).await;
+    let desired = render::desired(&gateway, &compiled.config, &layouts, &endpoints, &context.settings)?;
+    let (hash, plan, write_endpoints) = what_to_write(&context, &gateway, &desired).await;
     traced.config_hash = (!hash.is_empty()).then(|| hash.clone());
+    if let Some(conflict) = foreign_part(&context, &gateway, plan.as_ref()).await? {
+        return refuse_name_conflict(&context, &gateway, &conflict).await;
+    }
     let rendered_at = started.elapsed();
-    let observed = crate::apply::apply_all(&context.client, &desired, write_config, write_endpoints).await?;
+    let observed = crate::apply::apply_all(&context.client, &desired, plan.as_ref(), write_endpoints).await?;
     let applied_at = started.elapsed();
 
     let beats = heartbeats::heartbeats(&context.stores.leases, &context.stores.gateway_pods, &gateway);
@@ -118,9 +126,7 @@ async fn reconcile(gateway: Arc<Gateway>, context: Arc<Context>, traced: &mut Re
     let facts = status::GatewayFacts {
         refused: compiled.gateway.as_ref(),
         hash: &hash,
-        config_bytes: desired.config_bytes,
-        config_json_bytes: desired.config_json_bytes,
-        config_fits: desired.config_fits(),
+        too_large: desired.config.as_ref().err(),
         left_out,
         models: compiled.config.models.len(),
         keys: compiled.config.keys.len(),
@@ -147,7 +153,10 @@ async fn reconcile(gateway: Arc<Gateway>, context: Arc<Context>, traced: &mut Re
         "gateway reconciled"
     );
     let metrics = &context.metrics;
-    metrics.config_bytes.with_label_values(&[&key.to_string()]).set(desired.config_bytes as i64);
+    if let Ok(parts) = &desired.config {
+        metrics.config_bytes.with_label_values(&[&key.to_string()]).set(parts.json_bytes as i64);
+    }
+    metrics.config_bytes_written.with_label_values(&[&key.to_string()]).inc_by(observed.config_bytes_written as u64);
     metrics.reconciles.with_label_values(&["gateway"]).inc();
     metrics.reconcile_duration.with_label_values(&["gateway"]).observe(started.elapsed().as_secs_f64());
     succeeded(&context, gateway.as_ref());
@@ -158,9 +167,14 @@ async fn reconcile(gateway: Arc<Gateway>, context: Arc<Context>, traced: &mut Re
 /// (to tell "not labelled" from "missing" in a status).
 const MAX_METADATA_LOOKUPS: usize = 64;
 
-/// Leaves out the newest objects while the config outgrows its Secret
+/// Leaves out the newest objects while the config outgrows its Secrets
 /// (`compile::fit`): how many.
-fn fit_in_secret(catalog: &Catalog, gateway: &Gateway, compiled: &mut compile::Compiled) -> usize {
+fn fit_in_secret(
+    catalog: &Catalog,
+    gateway: &Gateway,
+    layouts: &render::config_parts::Layouts,
+    compiled: &mut compile::Compiled,
+) -> usize {
     use std::collections::HashMap;
     let seconds = |meta: &kube::api::ObjectMeta| meta.creation_timestamp.as_ref().map(|t| t.0.as_second());
     let models: HashMap<(&str, &str), Option<i64>> =
@@ -173,9 +187,9 @@ fn fit_in_secret(catalog: &Catalog, gateway: &Gateway, compiled: &mut compile::C
     };
     let namespace = gateway.namespace().unwrap_or_default();
     let left_out =
-        compile::fit::fit(compiled, &namespace, created, |config| render::config_secret::fits(gateway, config));
+        compile::fit::fit(compiled, &namespace, created, |config| render::config_parts::fits(config, layouts));
     if left_out > 0 {
-        tracing::warn!(gateway = %ObjectKey::of(&gateway.metadata), left_out, "the config outgrew its Secret; the newest objects are left out");
+        tracing::warn!(gateway = %ObjectKey::of(&gateway.metadata), left_out, "the config outgrew its Secrets; the newest objects are left out");
     }
     left_out
 }
@@ -191,7 +205,6 @@ fn fit_in_secret(catalog: &Catalog, gateway: &Gateway, compiled: &mut compile::C
 /// # Errors
 /// A failed read of a Redis Secret (the platform team's own).
 async fn fetch_secrets(catalog: &mut Catalog, context: &Context, gateway: &Gateway) -> Result<(), Error> {
-    use k8s_openapi::api::core::v1::Secret;
     let (client, stores) = (&context.client, &context.stores);
     for (namespace, name) in compile::secrets::redis_secrets(gateway) {
         if let Some(secret) = bounded(Api::<Secret>::namespaced(client.clone(), &namespace).get_opt(&name)).await? {
@@ -268,42 +281,77 @@ async fn remember<T>(context: &Context, key: &ObjectKey, change: impl FnOnce(&mu
     change(gateways.entry(key.clone()).or_default())
 }
 
-/// Whether the config Secret already holds `hash` for this Gateway. The
-/// unchanged config Secret is not sent again: at 10,000 keys it is 433 KB,
-/// and applying it was the largest part of a reconcile.
-fn config_secret_current(stores: &Stores, gateway: &Gateway, hash: &str) -> bool {
+/// The config Secrets of the Gateway's namespace the store holds
+/// (metadata: the digest each is annotated with, its owner).
+fn config_secrets_of(stores: &Stores, gateway: &Gateway) -> Vec<Arc<PartialObjectMeta<Secret>>> {
+    let namespace = gateway.namespace();
+    stores.config_secrets.state().into_iter().filter(|secret| secret.metadata.namespace == namespace).collect()
+}
+
+/// The layout of the config last written for this Gateway (from its
+/// manifest Secret's annotations in the store), and a fresh salt for a new
+/// layout. Drawn here, in the shell: render is free of randomness.
+///
+/// # Errors
+/// The OS random number generator failed.
+fn layouts(stores: &Stores, gateway: &Gateway) -> Result<Layouts, Error> {
     let namespace = gateway.namespace().unwrap_or_default();
-    stores.config_secrets.get(&ObjectRef::new(&render::config_secret_name(gateway)).within(&namespace)).is_some_and(
-        |secret| {
-            secret.annotations().get(render::CONFIG_HASH_ANNOTATION).map(String::as_str) == Some(hash)
-                && secret.owner_references().iter().any(|owner| Some(&owner.uid) == gateway.metadata.uid.as_ref())
-        },
-    )
+    let manifest = stores.config_secrets.get(&ObjectRef::new(&render::config_secret_name(gateway)).within(&namespace));
+    let current = manifest
+        .filter(|secret| !crate::ownership::foreign(&secret.metadata, gateway.metadata.uid.as_deref().unwrap_or("")))
+        .and_then(|secret| Layout::from_annotations(secret.annotations()));
+    let fresh_salt = fresh_salt(&ring::rand::SystemRandom::new()).map_err(|_| Error::Random)?;
+    Ok(Layouts { current, fresh_salt })
 }
 
 /// The hash the pods are to serve — the new config's, or, when it does not
-/// fit in a Secret and is not written, the last one written — and whether
-/// the config Secret and the endpoints ConfigMap need writing. An
-/// unchanged config Secret is not sent again: at 10,000 keys it is 433 KB,
-/// and applying it was the largest part of a reconcile.
-async fn what_to_write(context: &Context, gateway: &Gateway, desired: &render::Desired) -> (String, bool, bool) {
+/// fit its Secrets and is not written, the last one written — the plan of
+/// the config Secrets to write (none when it does not fit), and whether
+/// the endpoints ConfigMap needs writing. An unchanged part is not sent
+/// again (`config_plan`): at 100,000 keys the config is megabytes, and a
+/// key change is to write one shard.
+async fn what_to_write(
+    context: &Context,
+    gateway: &Gateway,
+    desired: &render::Desired,
+) -> (String, Option<config_plan::Plan>, bool) {
     let key = ObjectKey::of(&gateway.metadata);
     let gateways = context.gateways.read().await;
     let memory = gateways.get(&key);
-    let hash = if desired.config_fits() {
-        desired.config_hash.clone()
-    } else {
-        tracing::warn!(gateway = %key, config_bytes = desired.config_bytes, "compiled config too large for a Secret; keeping the last one");
-        memory.and_then(|m| m.written.as_ref()).map(|w| w.hash.clone()).unwrap_or_default()
+    let (hash, plan) = match &desired.config {
+        Ok(parts) => {
+            let store = config_secrets_of(&context.stores, gateway);
+            let existing: Vec<_> =
+                store.iter().filter_map(|secret| config_plan::Existing::of(&secret.metadata)).collect();
+            let uid = gateway.metadata.uid.as_deref().unwrap_or_default();
+            (parts.hash.clone(), Some(config_plan::plan(parts, &existing, uid)))
+        }
+        Err(too_large) => {
+            tracing::warn!(gateway = %key, %too_large, "compiled config too large for its Secrets; keeping the last one");
+            (memory.and_then(|m| m.written.as_ref()).map(|w| w.hash.clone()).unwrap_or_default(), None)
+        }
     };
-    let write_config = desired.config_fits() && !config_secret_current(&context.stores, gateway, &hash);
     // Written for this very Gateway (one deleted and made again under its
     // name gets its ConfigMap anew: the old one went with the old one).
     let uid = gateway.metadata.uid.as_ref();
     let same_gateway = memory.and_then(|m| m.verified.as_ref()).is_some_and(|(verified, _)| uid == Some(verified));
     let written = memory.filter(|_| same_gateway).and_then(|m| m.endpoints_written.as_deref());
     let write_endpoints = written != Some(desired.endpoints_hash.as_str());
-    (hash, write_config, write_endpoints)
+    (hash, plan, write_endpoints)
+}
+
+/// A config Secret about to be written that the store does not show as
+/// the Gateway's own and that exists under another owner, if any: looked
+/// up only for such Secrets (a first write, a new shard count).
+async fn foreign_part(
+    context: &Context,
+    gateway: &Gateway,
+    plan: Option<&config_plan::Plan>,
+) -> Result<Option<String>, Error> {
+    let Some(plan) = plan.filter(|plan| !plan.unseen.is_empty()) else { return Ok(None) };
+    let namespace = gateway.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let uid = gateway.metadata.uid.as_deref().ok_or(Error::Incomplete("uid"))?;
+    crate::ownership::first_foreign_secret(&context.client, &namespace, &plan.unseen, uid).await
 }
 
 /// Everything a reconcile leaves to remember of its Gateway, under one

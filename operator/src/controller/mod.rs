@@ -4,7 +4,8 @@
 //! ```text
 //! reflectors (Gateway, ModelEndpoint, ApiKey, Namespace, Service, key Secrets,
 //!             config Secret metadata, heartbeat Leases) ─► Stores ─► Feeds + change signals
-//! Gateway controller:       stores ─► compile ─► render ─► apply (SSA, prune HPA/PDB) ─► Gateway status
+//! Gateway controller:       stores ─► compile ─► render ─► apply (SSA: changed config parts, then their
+//!                           manifest; prune HPA/PDB, empty old shards) ─► Gateway status
 //!                           └─ stores every verdict in `compiled`, announces the objects whose
 //!                              verdict or Programmed state moved (programmed.rs)
 //! key Secret controller:    generate <name>-key if needed (its own queue: never behind status work)

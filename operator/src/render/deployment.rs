@@ -1,5 +1,5 @@
 //! The gateway Deployment. Config changes never reach the pod template (the
-//! pods follow their config Secret), so they never restart pods; image,
+//! pods follow their config manifest Secret), so they never restart pods; image,
 //! resources and scheduling changes roll them. With autoscaling the replica
 //! count is left to the HPA.
 

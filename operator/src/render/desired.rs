@@ -6,30 +6,31 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use std::collections::BTreeSet;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use waycast_crds::endpoints::EndpointsDocument;
 use waycast_crds::{Gateway, GatewayConfig};
 
+use super::config_parts::{ConfigParts, Layouts, TooLarge};
 use super::settings::RenderSettings;
-use super::{config_secret, deployment, network_policy, rbac, scaling, service};
+use super::{config_parts, deployment, network_policy, rbac, scaling, service};
 
 /// Every object a Gateway owns, as it should be.
 #[derive(Debug, Clone)]
 pub struct Desired {
-    /// The compiled config, gzipped.
-    pub config_secret: Secret,
-    /// The hash of the config in `config_secret`.
+    /// The compiled config's Secrets: its manifest and parts; why it does
+    /// not fit them, when it does not (then it is not written: the pods
+    /// keep the last one, and the Gateway says why).
+    pub config: Result<ConfigParts, TooLarge>,
+    /// The hash of the config in `config` (its manifest's); empty when it
+    /// does not fit.
     pub config_hash: String,
-    /// Its gzipped size.
-    pub config_bytes: usize,
-    /// Its size uncompressed, as a gateway reads it.
-    pub config_json_bytes: usize,
     /// The pods' identity.
     pub service_account: ServiceAccount,
-    /// What the pods may read and write (their config Secret, their Leases).
+    /// What the pods may read and write (their config's Secrets, their
+    /// Leases).
     pub role: Role,
     /// `role` bound to `service_account`.
     pub role_binding: RoleBinding,
@@ -53,37 +54,39 @@ pub struct Desired {
 }
 
 impl Desired {
-    /// Whether the config fits in a Secret, and uncompressed within what a
-    /// gateway reads (`MAX_CONFIG_JSON_BYTES`: a config of repeated text
-    /// can compress a hundredfold). When it does not, it is not written:
-    /// the pods keep the last one, and the Gateway says why.
+    /// Whether the config fits its Secrets (`config_parts::fits`).
     pub fn config_fits(&self) -> bool {
-        self.config_bytes <= config_secret::MAX_CONFIG_BYTES
-            && self.config_json_bytes as u64 <= waycast_crds::config::MAX_CONFIG_JSON_BYTES
+        self.config.is_ok()
     }
 }
 
-/// Renders every object `gateway` owns, serving `config`, with the
-/// `endpoints` of the Services it routes to.
+/// Renders every object `gateway` owns, serving `config` (split in a
+/// layout chosen from `layouts`), with the `endpoints` of the Services it
+/// routes to.
 ///
 /// # Errors
 /// Only if compressing the config, or serializing the endpoints, fails.
 pub fn desired(
     gateway: &Gateway,
     config: &GatewayConfig,
+    layouts: &Layouts,
     endpoints: &EndpointsDocument,
     settings: &RenderSettings,
 ) -> std::io::Result<Desired> {
-    let (config_secret, config_hash, config_json_bytes) = config_secret::config_secret(gateway, config)?;
+    let config_parts = config_parts::config_parts(gateway, config, layouts)?;
     let (endpoints, endpoints_hash) = super::endpoints::config_map(gateway, endpoints)?;
-    let config_bytes = config_secret.data.as_ref().and_then(|d| d.values().next()).map_or(0, |b| b.0.len());
+    let config_hash = config_parts.as_ref().map(|parts| parts.hash.clone()).unwrap_or_default();
+    // The pods may read the parts of the config they are to serve: the new
+    // one, or, when it is not written, the last one.
+    let shards = match &config_parts {
+        Ok(parts) => parts.layout.shards,
+        Err(_) => layouts.current.as_ref().map_or(1, |layout| layout.shards),
+    };
     Ok(Desired {
-        config_secret,
+        config: config_parts,
         config_hash,
-        config_bytes,
-        config_json_bytes,
         service_account: rbac::service_account(gateway),
-        role: rbac::role(gateway),
+        role: rbac::role(gateway, shards),
         role_binding: rbac::role_binding(gateway),
         deployment: deployment::deployment(gateway, settings),
         service: service::service(gateway),

@@ -1,6 +1,6 @@
 //! The endpoints ConfigMap a Gateway owns: the ready addresses of every
 //! Service its config routes to (`waycast_crds::endpoints`), from the
-//! Services' EndpointSlices. Kept apart from the config Secret so that pod
+//! Services' EndpointSlices. Kept apart from the config's Secrets so that pod
 //! churn never rewrites the config; the gateway pods watch it by name.
 //!
 //! ```text

@@ -11,7 +11,8 @@ use waycast_crds::Gateway;
 /// The label every gateway pod, owned object and heartbeat Lease carries
 /// with its Gateway's name (one contract, in `waycast_crds::heartbeat`).
 pub use waycast_crds::heartbeat::GATEWAY_LABEL;
-/// The annotation carrying the config hash on the config Secret.
+/// The annotation carrying the config hash (its manifest's) on the config
+/// Secret, which holds the manifest.
 pub const CONFIG_HASH_ANNOTATION: &str = "waycast.dev/config-hash";
 /// The field manager of everything the operator applies.
 pub const FIELD_MANAGER: &str = "waycast-operator";
@@ -59,7 +60,8 @@ fn owner_reference(gateway: &Gateway) -> Option<OwnerReference> {
     gateway.controller_owner_ref(&())
 }
 
-/// The config Secret's name: `<gateway>-config`.
+/// The config Secret's name, `<gateway>-config`: it holds the manifest;
+/// the parts' Secrets are named after it (`waycast_crds::shards`).
 pub fn config_secret_name(gateway: &Gateway) -> String {
     format!("{}-config", gateway.name_any())
 }

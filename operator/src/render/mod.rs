@@ -3,9 +3,10 @@
 //! No I/O; same inputs, same objects.
 //!
 //! ```text
-//! Gateway ─► meta.rs ─┬─► rbac: service_account, role, role_binding (its config Secret and endpoints
-//!                     │        ConfigMap by name, its Leases, pods read by name)
-//!                     ├─► config_secret                   (gzipped canonical JSON + hash annotation)
+//! Gateway ─► meta.rs ─┬─► rbac: service_account, role, role_binding (its config manifest, its current
+//!                     │        parts and endpoints ConfigMap by name, its Leases, pods read by name)
+//!                     ├─► config_parts                    (manifest Secret + hash annotation; base and key
+//!                     │                                    shard Secrets, gzipped, each with its digest)
 //!                     ├─► endpoints::config_map           (ready addresses of the Services it routes to)
 //!                     ├─► deployment                      (never the config hash: config changes don't roll pods)
 //!                     ├─► service, network_policy         (the admin port only from the named peers)
@@ -15,7 +16,7 @@
 //! `meta.rs` holds what every owned object carries (labels, owner, names,
 //! ports); `desired.rs` renders them all in one call.
 
-pub mod config_secret;
+pub mod config_parts;
 pub mod deployment;
 pub mod desired;
 pub mod endpoints;

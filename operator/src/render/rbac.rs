@@ -1,11 +1,11 @@
 //! The gateway pods' identity: a ServiceAccount, and a Role that lets them
-//! read their own config Secret and endpoints ConfigMap (by name) and keep
-//! their heartbeat Leases — nothing else.
+//! read their own config's Secrets and endpoints ConfigMap (by name) and
+//! keep their heartbeat Leases — nothing else.
 
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use kube::ResourceExt as _;
-use waycast_crds::Gateway;
+use waycast_crds::{Gateway, shards};
 
 use super::meta::{config_map_name, config_secret_name, owned_meta, usage_config_map_name};
 
@@ -14,7 +14,9 @@ pub fn service_account(gateway: &Gateway) -> ServiceAccount {
     ServiceAccount { metadata: owned_meta(gateway, gateway.name_any()), ..ServiceAccount::default() }
 }
 
-/// Read its config Secret; create and renew Leases for its heartbeats; read
+/// Watch its config's manifest Secret and get the parts of the current
+/// shard count, `shards` (`C-base`, `C-keys-N-0` … `C-keys-N-(N-1)`:
+/// fetched by name, never listed or watched); create and renew Leases for its heartbeats; read
 /// a pod's metadata by name (to tell a sibling's heartbeat from a forged one).
 ///
 /// NB: `create` cannot be limited to names (they are the pods' names, not
@@ -22,16 +24,27 @@ pub fn service_account(gateway: &Gateway) -> ServiceAccount {
 /// could so write another's Lease: the operator and the pods count a
 /// Lease only when it is named after, and owned by, a live pod of the
 /// Gateway's Deployment.
-pub fn role(gateway: &Gateway) -> Role {
+pub fn role(gateway: &Gateway, shards: u32) -> Role {
     let verbs = |list: &[&str]| list.iter().map(|v| (*v).to_owned()).collect::<Vec<_>>();
+    let config = config_secret_name(gateway);
+    let parts = std::iter::once(shards::base_secret_name(&config))
+        .chain((0..shards).map(|index| shards::shard_secret_name(&config, index, shards)))
+        .collect();
     Role {
         metadata: owned_meta(gateway, gateway.name_any()),
         rules: Some(vec![
             PolicyRule {
                 api_groups: Some(vec![String::new()]),
                 resources: Some(vec!["secrets".into()]),
-                resource_names: Some(vec![config_secret_name(gateway)]),
+                resource_names: Some(vec![config]),
                 verbs: verbs(&["get", "list", "watch"]),
+                ..PolicyRule::default()
+            },
+            PolicyRule {
+                api_groups: Some(vec![String::new()]),
+                resources: Some(vec!["secrets".into()]),
+                resource_names: Some(parts),
+                verbs: verbs(&["get"]),
                 ..PolicyRule::default()
             },
             PolicyRule {
@@ -85,19 +98,30 @@ mod tests {
     use crate::render::fixtures;
 
     #[test]
-    fn the_role_grants_one_secret_one_config_map_leases_and_pod_reads_by_name_only() {
-        let role = role(&fixtures::gateway(Default::default()));
+    fn the_role_grants_the_config_secrets_one_config_map_leases_and_pod_reads_by_name_only() {
+        let role = role(&fixtures::gateway(Default::default()), 4);
         let rules = role.rules.unwrap();
-        assert_eq!(rules.len(), 4);
+        assert_eq!(rules.len(), 5);
         assert_eq!(rules[0].resource_names.as_deref(), Some(&["shared-config".to_owned()][..]));
-        assert!(!rules[0].verbs.iter().any(|v| v == "update" || v == "*"));
-        assert_eq!(rules[1].resources.as_deref(), Some(&["configmaps".to_owned()][..]));
+        assert_eq!(rules[0].verbs, ["get", "list", "watch"], "the manifest is watched by name");
+        let parts = ["shared-config-base", "shared-config-keys-4-0", "shared-config-keys-4-1"]
+            .into_iter()
+            .chain(["shared-config-keys-4-2", "shared-config-keys-4-3"])
+            .map(str::to_owned)
+            .collect::<Vec<_>>();
+        assert_eq!(rules[1].resources.as_deref(), Some(&["secrets".to_owned()][..]));
+        assert_eq!(rules[1].resource_names.as_deref(), Some(&parts[..]), "the parts of the current count only");
+        assert_eq!(rules[1].verbs, ["get"], "parts are fetched by name: no list, no watch");
+        assert_eq!(rules[2].resources.as_deref(), Some(&["configmaps".to_owned()][..]));
         let maps = ["shared-endpoints".to_owned(), "shared-usage".to_owned()];
-        assert_eq!(rules[1].resource_names.as_deref(), Some(&maps[..]));
-        assert!(!rules[1].verbs.iter().any(|v| v == "update" || v == "patch" || v == "*"));
-        assert_eq!(rules[2].resources.as_deref(), Some(&["leases".to_owned()][..]));
-        assert_eq!(rules[3].resources.as_deref(), Some(&["pods".to_owned()][..]));
-        assert_eq!(rules[3].verbs, ["get"], "pods are read by name: no list, no watch");
+        assert_eq!(rules[2].resource_names.as_deref(), Some(&maps[..]));
+        assert!(!rules[2].verbs.iter().any(|v| v == "update" || v == "patch" || v == "*"));
+        assert_eq!(rules[3].resources.as_deref(), Some(&["leases".to_owned()][..]));
+        assert_eq!(rules[4].resources.as_deref(), Some(&["pods".to_owned()][..]));
+        assert_eq!(rules[4].verbs, ["get"], "pods are read by name: no list, no watch");
+        let one = super::role(&fixtures::gateway(Default::default()), 1).rules.unwrap();
+        let one_parts = ["shared-config-base".to_owned(), "shared-config-keys-1-0".to_owned()];
+        assert_eq!(one[1].resource_names.as_deref(), Some(&one_parts[..]));
         assert!(
             rules.iter().all(|r| !r.verbs.iter().any(|v| v == "*") && !r.resources.iter().flatten().any(|x| x == "*"))
         );

@@ -61,12 +61,9 @@ pub struct GatewayFacts<'a> {
     pub refused: Option<&'a crate::compile::Verdict>,
     /// The hash of the config the pods are to serve.
     pub hash: &'a str,
-    /// The gzipped size of the compiled config.
-    pub config_bytes: usize,
-    /// Its size uncompressed.
-    pub config_json_bytes: usize,
-    /// Whether it fit in a Secret (and so was written).
-    pub config_fits: bool,
+    /// Why the compiled config does not fit its Secrets (and so was not
+    /// written); `None`: it fits.
+    pub too_large: Option<&'a crate::render::config_parts::TooLarge>,
     /// Objects left out so that it fits (`ConfigTooLarge` on each).
     pub left_out: usize,
     /// Models and keys in the compiled config.
@@ -100,20 +97,15 @@ pub fn gateway_status(gateway: &Gateway, facts: &GatewayFacts<'_>, now: jiff::Ti
             condition(previous, types::ACCEPTED, false, refused.reason, refused.message.to_string(), generation, now)
         }
     };
-    let programmed = if !facts.config_fits {
+    let programmed = if let Some(too_large) = facts.too_large {
         condition(
             previous,
             types::PROGRAMMED,
             false,
             reasons::CONFIG_ERROR,
             format!(
-                "the compiled config is {} bytes gzipped, {} uncompressed ({} keys, {} models); a Secret holds at most {} and a gateway reads at most {}: the pods keep the last config",
-                facts.config_bytes,
-                facts.config_json_bytes,
-                facts.keys,
-                facts.models,
-                crate::render::config_secret::MAX_CONFIG_BYTES,
-                waycast_crds::config::MAX_CONFIG_JSON_BYTES
+                "the compiled config ({} keys, {} models) does not fit its Secrets: {too_large}; the pods keep the last config",
+                facts.keys, facts.models,
             ),
             generation,
             now,
@@ -144,7 +136,7 @@ pub fn gateway_status(gateway: &Gateway, facts: &GatewayFacts<'_>, now: jiff::Ti
             match facts.left_out {
                 0 => format!("config {} written", abbreviated(hash)),
                 left_out => format!(
-                    "config {} written without the {left_out} newest object(s): with them it would outgrow its Secret (each says ConfigTooLarge)",
+                    "config {} written without the {left_out} newest object(s): with them it would outgrow its Secrets (each says ConfigTooLarge)",
                     abbreviated(hash)
                 ),
             },

@@ -24,14 +24,13 @@ fn gateway_status_table() {
     let mut gateway = crate::render::fixtures::gateway(Default::default());
     gateway.metadata.generation = Some(3);
     let refusal = Verdict { accepted: false, reason: reasons::AUTH_SECRET_MISSING, message: "no password".into() };
+    let too_large = crate::render::config_parts::TooLarge::Base { gzipped: 2_000_000 };
     let refusing = [RefusingPod { pod: "gw-1".into(), reason: "bad CIDR".into(), serving: "f".repeat(64) }];
     let base = GatewayFacts {
         refused: None,
         hash: "0123456789abcdef",
-        config_bytes: 1_000,
-        config_json_bytes: 4_000,
+        too_large: None,
         left_out: 0,
-        config_fits: true,
         models: 2,
         keys: 3,
         refusing: &[],
@@ -64,13 +63,13 @@ fn gateway_status_table() {
         ),
         (
             "config too large",
-            GatewayFacts { config_fits: false, config_bytes: 2_000_000, ..base.clone() },
+            GatewayFacts { too_large: Some(&too_large), ..base.clone() },
             [
                 (true, reasons::ACCEPTED, "the spec is valid"),
                 (
                     false,
                     reasons::CONFIG_ERROR,
-                    "the compiled config is 2000000 bytes gzipped, 4000 uncompressed (3 keys",
+                    "the compiled config (3 keys, 2 models) does not fit its Secrets: its models and settings are 2000000 bytes gzipped",
                 ),
                 (true, reasons::REPLICAS_READY, "2 of 2 replicas ready"),
             ],

@@ -64,7 +64,9 @@ pub struct Stores {
     /// The metadata of gateway pods (`app.kubernetes.io/name=waycast-gateway`):
     /// a heartbeat counts only when it is a live one's own.
     pub gateway_pods: Store<PartialObjectMeta<Pod>>,
-    /// The metadata of Secrets the operator owns (config Secrets).
+    /// The metadata of Secrets the operator owns (each Gateway's config
+    /// manifest, base and key shard Secrets: their digest annotations and
+    /// owners, never their data).
     pub config_secrets: Store<PartialObjectMeta<Secret>>,
     /// EndpointSlices, trimmed to their Service, ports and endpoints'
     /// addresses and conditions (gateway pods pick among them).
@@ -280,7 +282,8 @@ impl<K: Resource<DynamicType = ()> + Send + Sync + 'static> Feed<K> {
 /// watches of their own (ApiKeys were held three times, key Secrets twice).
 #[derive(Clone, Default)]
 pub struct Feeds {
-    /// Gateways whose spec or labels changed, or whose config Secret was deleted.
+    /// Gateways whose spec or labels changed, or one of whose config Secrets
+    /// was deleted.
     pub gateways: Feed<Gateway>,
     /// ModelEndpoints whose spec or labels changed.
     pub models: Feed<ModelEndpoint>,
