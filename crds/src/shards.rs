@@ -21,6 +21,9 @@ pub const SHARD_API_VERSION: &str = "waycast.dev/config-keys-v1";
 /// 40 KB of gzipped JSON (a key's digest does not compress), so one key's
 /// change rewrites that, not the whole table.
 pub const KEYS_PER_SHARD: usize = 1024;
+/// Keys a shard holds on average at most before the count is chosen
+/// afresh ([`shard_count`]).
+pub const MOST_PER_SHARD: usize = KEYS_PER_SHARD + KEYS_PER_SHARD / 4;
 /// Shards at most (a million keys at the aim above).
 pub const MAX_SHARDS: u32 = 1024;
 /// The length of a manifest's salt: lowercase hex of 8 random bytes. Its
@@ -33,8 +36,9 @@ pub const SALT_LEN: usize = 16;
 /// plain or gzipped, with a quarter of the limit left for the Secret's
 /// other entries, and the stored object (with its labels, owner references
 /// and managed fields) stays well under etcd's 1.5 MiB request limit. At
-/// twice [`KEYS_PER_SHARD`], the most [`shard_count`] lets a shard grow to,
-/// each key may take some 380 bytes.
+/// [`MOST_PER_SHARD`], the most [`shard_count`] lets a shard grow to on
+/// average, each key may take some 600 bytes (a salted hash spreads keys
+/// evenly; a shard past this is refused, and the writer moves the count up).
 pub const MAX_SHARD_BYTES: usize = 768 * 1024;
 
 /// In a cluster each part is a Secret of its own, named after the config
@@ -190,12 +194,14 @@ pub enum AssembleError {
 
 /// The number of shards for `keys` keys: a power of two near
 /// `keys / KEYS_PER_SHARD`, kept from `current` while each shard would hold
-/// between a quarter and twice the aim (a change of count rewrites every
-/// shard, so it is not made for a key or two).
+/// between a quarter and a quarter more than the aim (a change of count
+/// rewrites every shard, so it is not made for a key or two; the upper
+/// bound keeps a key change within 64 KB written: at twice the aim a shard
+/// was some 73 KB gzipped).
 pub fn shard_count(keys: usize, current: Option<u32>) -> u32 {
     let per_shard = |shards: u32| keys / shards.max(1) as usize;
     if let Some(current) = current.filter(|c| c.is_power_of_two() && *c <= MAX_SHARDS) {
-        let fits_above = per_shard(current) <= 2 * KEYS_PER_SHARD || current == MAX_SHARDS;
+        let fits_above = per_shard(current) <= MOST_PER_SHARD || current == MAX_SHARDS;
         let fits_below = per_shard(current) >= KEYS_PER_SHARD / 4 || current == 1;
         if fits_above && fits_below {
             return current;

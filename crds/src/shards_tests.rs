@@ -245,10 +245,16 @@ fn the_shard_count_follows_the_keys_in_powers_of_two_and_holds_against_small_cha
     assert_eq!(shard_count(10_000, None), 16);
     assert_eq!(shard_count(100_000, None), 128);
     assert_eq!(shard_count(u32::MAX as usize, None), MAX_SHARDS);
-    // Kept while each shard holds a quarter to twice the aim.
+    // Kept while each shard holds a quarter to a quarter more than the aim.
     assert_eq!(shard_count(100_001, Some(128)), 128);
     assert_eq!(shard_count(70_000, Some(128)), 128);
-    assert_eq!(shard_count(2 * KEYS_PER_SHARD * 128 + 128, Some(128)), 512);
+    assert_eq!(shard_count(MOST_PER_SHARD * 64, Some(64)), 64);
+    // Past it the count is chosen afresh: 100,000 keys do not stay in 64
+    // shards of some 73 KB gzipped each (a key change would write more
+    // than 64 KB).
+    assert_eq!(shard_count(MOST_PER_SHARD * 64 + 64, Some(64)), 128);
+    assert_eq!(shard_count(100_000, Some(64)), 128);
+    assert_eq!(shard_count(MOST_PER_SHARD * 128 + 128, Some(128)), 256);
     assert_eq!(shard_count(KEYS_PER_SHARD / 4 * 128 - 128, Some(128)), 32);
     assert_eq!(shard_count(10, Some(1)), 1);
     // A count that is not one this version writes is chosen afresh.
