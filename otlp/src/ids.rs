@@ -101,6 +101,21 @@ mod tests {
         assert!(ids.iter().all(|id| !sampled_at(0.1, id) || sampled_at(0.5, id)));
     }
 
+    /// As the SDKs' `TraceIdRatioBased`: the id's last eight bytes, big
+    /// endian, shifted to 63 bits, below the ratio's share.
+    #[test]
+    fn sampling_reads_the_trace_ids_last_eight_bytes_as_the_sdks_do() {
+        let id = |high: u8, low: [u8; 8]| {
+            let mut id = [high; 16];
+            id[8..].copy_from_slice(&low);
+            id
+        };
+        assert!(sampled_at(0.5, &id(0xff, [0x7f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff])));
+        assert!(!sampled_at(0.5, &id(0x00, [0x80, 0, 0, 0, 0, 0, 0, 0])));
+        assert!(sampled_at(0.25, &id(0xff, [0x3f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff])));
+        assert!(!sampled_at(0.25, &id(0x00, [0x40, 0, 0, 0, 0, 0, 0, 0])));
+    }
+
     #[test]
     fn new_ids_are_never_zero_and_do_not_repeat() {
         let spans: std::collections::HashSet<[u8; 8]> = (0..10_000).map(|_| new_span_id()).collect();

@@ -77,6 +77,7 @@ fn an_untrusted_or_doubled_or_bad_traceparent_starts_a_new_trace() {
         assert_ne!(trace.context.trace_id[..4], [0x4b, 0xf9, 0x2f, 0x35], "{why}");
         assert_eq!(trace.state, None, "{why}: no tracestate without the parent it belongs to");
         assert!(trace.context.sampled, "{why}: sampled at the default ratio 1");
+        assert!(!trace.begin_attempt().trusted, "{why}: the client's baggage is not passed on");
     }
 }
 
@@ -241,4 +242,26 @@ fn an_unsampled_request_sends_its_usage_record_only_and_one_without_a_model_noth
     let no_logs = destination(|config| (config.sampling, config.usage_logs) = (Ratio(0.0), false));
     let quiet = start(Some(&no_logs), &HeaderMap::new()).unwrap();
     assert!(encode::encoded(&quiet, &done(now, &names)).is_none());
+}
+
+/// A client's error (a 4xx) is not the server's: the server span's status
+/// stays unset (its `error.type` still says how it ended); a 5xx sets
+/// ERROR.
+#[test]
+fn only_a_server_error_marks_the_server_span() {
+    use wire::{Wire, all, one};
+    let on = destination(|_| {});
+    let trace = start(Some(&on), &HeaderMap::new()).unwrap();
+    let (now, names) = (Instant::now(), names());
+    for (status, marked) in [(429, false), (400, false), (502, true)] {
+        let done = Done { status, error: Some("upstream_error"), ..done(now, &names) };
+        let item = encode::encoded(&trace, &done).unwrap();
+        let (spans, _) = decoded(&item);
+        let server = &spans[0];
+        assert_eq!(!all(server, 15).is_empty(), marked, "status field for {status}");
+        assert_eq!(attribute(server, 9, "error.type"), text("upstream_error"), "{status}");
+        if marked {
+            assert_eq!(one(&wire::bytes_of(one(server, 15)), 3), Wire::Varint(2), "ERROR");
+        }
+    }
 }

@@ -257,9 +257,54 @@ fn a_slow_destination_does_not_hold_back_anothers_retries() {
     // Some 4,000 a second to a collector that takes 400 ms an export:
     // more arrive during each export than one batch takes.
     let started = Instant::now();
-    while started.elapsed() < Duration::from_secs(8) && asked.logs.load(Ordering::Relaxed) < 2 {
+    while started.elapsed() < Duration::from_secs(15) && asked.logs.load(Ordering::Relaxed) < 2 {
         (0..4).for_each(|_| exporter.send(&slow, item()));
         std::thread::sleep(Duration::from_millis(1));
     }
     assert_eq!(asked.logs.load(Ordering::Relaxed), 2, "the recovered collector was not tried again under load");
+}
+
+/// One export to a collector whose traces pipeline alone pushes back: its
+/// records are taken in that export, nothing waits for a retry, and its
+/// traces are paused.
+#[test]
+fn an_export_sends_the_records_at_once_when_only_traces_push_back() {
+    let (endpoint, asked) = collector(|path| match path {
+        "/v1/traces" => (503, Some(60), Duration::ZERO),
+        _ => (200, None, Duration::ZERO),
+    });
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let (http, tally, mut retries) = (crate::client::Http::new(), tally(), Retries::default());
+    let destination = destination(&endpoint);
+    let batch = (0..3).map(|_| (destination.clone(), item())).collect();
+    runtime.block_on(export(&http, batch, &tally, &mut retries));
+    assert!(retries.waiting.is_empty(), "records kept for a retry");
+    assert_eq!(tally.counts.exported.with_label_values(&["logs"]).get(), 3);
+    assert_eq!((asked.traces.load(Ordering::Relaxed), asked.logs.load(Ordering::Relaxed)), (1, 1));
+    assert!(retries.traces_paused(&destination));
+}
+
+/// A destination with a batch waiting for its retry is down: a new export
+/// for it posts nothing, drops its spans (counted) and its records wait
+/// with the others, due with them.
+#[test]
+fn an_export_for_a_failing_destination_posts_nothing_and_waits_with_it() {
+    let (endpoint, asked) = collector(|_| (200, None, Duration::ZERO));
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let (http, tally, mut retries) = (crate::client::Http::new(), tally(), Retries::default());
+    let destination = destination(&endpoint);
+    let waiting = Retry {
+        destination: destination.clone(),
+        body: Bytes::from_static(b"x"),
+        records: 1,
+        tries: 1,
+        due: Instant::now(),
+    };
+    retries.keep(waiting, Some(Duration::from_secs(30)), &tally);
+    let batch = (0..3).map(|_| (destination.clone(), item())).collect();
+    runtime.block_on(export(&http, batch, &tally, &mut retries));
+    assert_eq!(asked.traces.load(Ordering::Relaxed) + asked.logs.load(Ordering::Relaxed), 0, "posted");
+    assert_eq!(retries.waiting.len(), 2);
+    assert_eq!(retries.waiting[0].due, retries.waiting[1].due, "due with the batch before");
+    assert_eq!(tally.counts.dropped.with_label_values(&["traces", "export_failed"]).get(), 3);
 }
