@@ -373,5 +373,9 @@ async fn a_config_in_parts_is_served_only_whole() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(status_for(ALICE_KEY).await, Some(StatusCode::OK));
+    // Refused under the manifest's digest: the heartbeat says why.
+    let refused = gateway.shared.config.refused().expect("the refusal is kept for the heartbeat");
+    assert_eq!(refused.hash, manifest.hash().unwrap());
+    assert!(refused.reason.contains(&names[bobs]), "{}", refused.reason);
     gateway.shutdown().await;
 }

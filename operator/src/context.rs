@@ -113,6 +113,10 @@ pub struct GatewayMemory {
     pub services: std::collections::BTreeSet<String>,
     /// The hash of the endpoints document last written for it.
     pub endpoints_written: Option<String>,
+    /// The salt its config takes when its shard count changes, drawn once:
+    /// a count change whose writes failed is retried with the same salt, so
+    /// the parts already written are not written again.
+    pub fresh_salt: Option<String>,
 }
 
 /// When a Gateway's current config was written, until every pod reports it.

@@ -55,6 +55,16 @@ pub enum ConfigUpdate {
         /// Its manifest's digest.
         identity: String,
     },
+    /// A manifest whose parts did not make a config: why, for the logs,
+    /// the metrics and the heartbeat.
+    Unassembled {
+        /// Where from, for logs.
+        source: Arc<str>,
+        /// The manifest's digest.
+        identity: String,
+        /// Why.
+        reason: String,
+    },
 }
 
 impl From<Update> for ConfigUpdate {
@@ -87,6 +97,12 @@ where
             ConfigUpdate::Whole(Update { source, bytes: Err(error) }) => {
                 metrics.config_reload_errors.inc();
                 tracing::error!(%source, %error, "config source gave no usable config; keeping the last good config");
+                continue;
+            }
+            ConfigUpdate::Unassembled { source, identity, reason } => {
+                metrics.config_reload_errors.inc();
+                tracing::error!(%source, config.manifest = %identity, %reason, "config parts refused; keeping the last good config");
+                store.refuse(identity, &reason);
                 continue;
             }
         };
@@ -148,6 +164,13 @@ impl ConfigStore {
         let current = self.current.load();
         let snapshot = current.as_ref()?;
         Some(HANDLE.with_borrow_mut(|handles| handles.on(0, snapshot)))
+    }
+
+    /// Remembers that the config known by `hash` was refused, for the
+    /// heartbeat (the current one keeps serving).
+    pub fn refuse(&self, hash: String, reason: &str) {
+        let reason = waycast_crds::heartbeat::truncate(reason, waycast_crds::heartbeat::MAX_REASON_BYTES);
+        self.refused.store(Some(Arc::new(Refused { hash, reason: reason.to_owned() })));
     }
 
     /// The newest config refused since the last one applied, if any.
@@ -232,9 +255,7 @@ impl ConfigStore {
                 metrics.config_reload_errors.inc();
                 let keeping = previous.map_or_else(|| "none yet".to_owned(), |p| p.hash.clone());
                 tracing::error!(source, %error, config.kept = %keeping, "config rejected; keeping the last good config");
-                let reason = error.to_string();
-                let reason = waycast_crds::heartbeat::truncate(&reason, waycast_crds::heartbeat::MAX_REASON_BYTES);
-                self.refused.store(Some(Arc::new(Refused { hash: refused_hash(), reason: reason.to_owned() })));
+                self.refuse(refused_hash(), &error.to_string());
                 Err(error)
             }
         }

@@ -99,16 +99,26 @@ pub async fn watch(client: Client, namespace: String, name: String, updates: mps
                 }
             }
             // The writer is between its writes (parts go first, the
-            // manifest last; a newer write may have overtaken this one):
-            // the last good config serves meanwhile.
-            Err(error) if error.is_transient() && tries < PATIENCE => {
+            // manifest last; a newer write may have overtaken this one),
+            // or the API server is busy: the last good config serves
+            // meanwhile, and the parts are tried again until they are
+            // there or a newer manifest comes — a part rewritten later
+            // (the operator's resync) mends it without a manifest event.
+            Err(error) if error.is_transient() => {
                 tracing::debug!(%source, %error, tries, "config parts not all there yet; trying again");
-                pending = Some((manifest, tries + 1));
+                pending = Some((manifest, tries.saturating_add(1)));
+                if tries + 1 == PATIENCE {
+                    let update =
+                        ConfigUpdate::Unassembled { source: source.clone(), identity, reason: error.to_string() };
+                    if updates.send(update).await.is_err() {
+                        return;
+                    }
+                }
             }
             Err(error) => {
                 pending = None;
-                let update = Update { source: source.clone(), bytes: Err(LoadError::Missing(error.to_string())) };
-                if updates.send(update.into()).await.is_err() {
+                let update = ConfigUpdate::Unassembled { source: source.clone(), identity, reason: error.to_string() };
+                if updates.send(update).await.is_err() {
                     return;
                 }
             }
@@ -116,13 +126,17 @@ pub async fn watch(client: Client, namespace: String, name: String, updates: mps
     }
 }
 
-/// Tries of one manifest's parts before its failure is reported (the
-/// waits below add up to some 30 s; a newer manifest is tried at once).
+/// Tries of one manifest's parts before its failure is reported, in the
+/// heartbeat too (the waits below add up to some 40 s; a newer manifest is
+/// tried at once).
 const PATIENCE: u32 = 12;
 
 /// The wait before try `tries + 1` of a manifest's parts: 100 ms doubling
-/// to 5 s.
+/// to 5 s, then every 30 s once its failure is reported.
 fn retry_wait(tries: u32) -> Duration {
+    if tries >= PATIENCE {
+        return Duration::from_secs(30);
+    }
     Duration::from_millis(100).saturating_mul(1 << tries.min(6)).min(Duration::from_secs(5))
 }
 
@@ -147,4 +161,20 @@ pub fn config_bytes(secret: &Secret) -> Result<Vec<u8>, LoadError> {
         }
     }
     Err(LoadError::Missing(format!("no {SECRET_KEY_GZIP} or {} data key", SECRET_KEYS_PLAIN.join("/"))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A manifest whose parts are not there is tried again soon, then,
+    /// once its failure is reported, still every half minute: a part the
+    /// writer mends later is picked up without a new manifest.
+    #[test]
+    fn a_manifests_parts_are_tried_again_for_good() {
+        assert_eq!(retry_wait(0), Duration::from_millis(100));
+        assert_eq!(retry_wait(PATIENCE - 1), Duration::from_secs(5));
+        assert_eq!(retry_wait(PATIENCE), Duration::from_secs(30));
+        assert_eq!(retry_wait(u32::MAX), Duration::from_secs(30));
+    }
 }

@@ -87,7 +87,7 @@ async fn reconcile(gateway: Arc<Gateway>, context: Arc<Context>, traced: &mut Re
     }
     let mut catalog = Catalog::from_stores(&context.stores, &context.networks);
     fetch_secrets(&mut catalog, &context, &gateway).await?;
-    let layouts = layouts(&context.stores, &gateway)?;
+    let layouts = layouts(&context.stores, &gateway, fresh_salt_of(&context, &gateway).await?);
     let mut compiled = catalog.compile(&gateway, jiff::Timestamp::now());
     let left_out = fit_in_secret(&catalog, &gateway, &layouts, &mut compiled);
     (traced.keys, traced.models) = (Some(compiled.config.keys.len()), Some(compiled.config.models.len()));
@@ -288,20 +288,31 @@ fn config_secrets_of(stores: &Stores, gateway: &Gateway) -> Vec<Arc<PartialObjec
     stores.config_secrets.state().into_iter().filter(|secret| secret.metadata.namespace == namespace).collect()
 }
 
-/// The layout of the config last written for this Gateway (from its
-/// manifest Secret's annotations in the store), and a fresh salt for a new
-/// layout. Drawn here, in the shell: render is free of randomness.
+/// The salt a new layout of this Gateway takes: drawn here, in the shell
+/// (render is free of randomness), once per Gateway and kept in its memory.
 ///
 /// # Errors
 /// The OS random number generator failed.
-fn layouts(stores: &Stores, gateway: &Gateway) -> Result<Layouts, Error> {
+async fn fresh_salt_of(context: &Context, gateway: &Gateway) -> Result<String, Error> {
+    let key = ObjectKey::of(&gateway.metadata);
+    if let Some(salt) = context.gateways.read().await.get(&key).and_then(|memory| memory.fresh_salt.clone()) {
+        return Ok(salt);
+    }
+    let salt = fresh_salt(&ring::rand::SystemRandom::new()).map_err(|_| Error::Random)?;
+    context.gateways.write().await.entry(key).or_default().fresh_salt = Some(salt.clone());
+    Ok(salt)
+}
+
+/// The layout of the config last written for this Gateway (from its
+/// manifest Secret's annotations in the store), and the salt for a new
+/// layout.
+fn layouts(stores: &Stores, gateway: &Gateway, fresh_salt: String) -> Layouts {
     let namespace = gateway.namespace().unwrap_or_default();
     let manifest = stores.config_secrets.get(&ObjectRef::new(&render::config_secret_name(gateway)).within(&namespace));
     let current = manifest
         .filter(|secret| !crate::ownership::foreign(&secret.metadata, gateway.metadata.uid.as_deref().unwrap_or("")))
         .and_then(|secret| Layout::from_annotations(secret.annotations()));
-    let fresh_salt = fresh_salt(&ring::rand::SystemRandom::new()).map_err(|_| Error::Random)?;
-    Ok(Layouts { current, fresh_salt })
+    Layouts { current, fresh_salt }
 }
 
 /// The hash the pods are to serve — the new config's, or, when it does not

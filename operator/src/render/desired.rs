@@ -76,17 +76,20 @@ pub fn desired(
     let config_parts = config_parts::config_parts(gateway, config, layouts)?;
     let (endpoints, endpoints_hash) = super::endpoints::config_map(gateway, endpoints)?;
     let config_hash = config_parts.as_ref().map(|parts| parts.hash.clone()).unwrap_or_default();
-    // The pods may read the parts of the config they are to serve: the new
-    // one, or, when it is not written, the last one.
-    let shards = match &config_parts {
-        Ok(parts) => parts.layout.shards,
-        Err(_) => layouts.current.as_ref().map_or(1, |layout| layout.shards),
+    // The pods may read the parts of the config they serve (the last one
+    // written) and of the one they are to serve: a new shard count names a
+    // new set, and until its manifest is written a starting pod reads the
+    // old one. The next reconcile after that drops the old names.
+    let current = layouts.current.as_ref().map(|layout| layout.shards);
+    let shards: Vec<u32> = match &config_parts {
+        Ok(parts) => std::iter::once(parts.layout.shards).chain(current).collect(),
+        Err(_) => vec![current.unwrap_or(1)],
     };
     Ok(Desired {
         config: config_parts,
         config_hash,
         service_account: rbac::service_account(gateway),
-        role: rbac::role(gateway, shards),
+        role: rbac::role(gateway, &shards),
         role_binding: rbac::role_binding(gateway),
         deployment: deployment::deployment(gateway, settings),
         service: service::service(gateway),

@@ -24,11 +24,19 @@ pub fn service_account(gateway: &Gateway) -> ServiceAccount {
 /// could so write another's Lease: the operator and the pods count a
 /// Lease only when it is named after, and owned by, a live pod of the
 /// Gateway's Deployment.
-pub fn role(gateway: &Gateway, shards: u32) -> Role {
+pub fn role(gateway: &Gateway, shard_counts: &[u32]) -> Role {
     let verbs = |list: &[&str]| list.iter().map(|v| (*v).to_owned()).collect::<Vec<_>>();
     let config = config_secret_name(gateway);
+    let mut counts = shard_counts.to_vec();
+    counts.sort_unstable();
+    counts.dedup();
     let parts = std::iter::once(shards::base_secret_name(&config))
-        .chain((0..shards).map(|index| shards::shard_secret_name(&config, index, shards)))
+        .chain(
+            counts
+                .into_iter()
+                .flat_map(|of| (0..of).map(move |index| (index, of)))
+                .map(|(index, of)| shards::shard_secret_name(&config, index, of)),
+        )
         .collect();
     Role {
         metadata: owned_meta(gateway, gateway.name_any()),
@@ -99,7 +107,7 @@ mod tests {
 
     #[test]
     fn the_role_grants_the_config_secrets_one_config_map_leases_and_pod_reads_by_name_only() {
-        let role = role(&fixtures::gateway(Default::default()), 4);
+        let role = role(&fixtures::gateway(Default::default()), &[4, 4]);
         let rules = role.rules.unwrap();
         assert_eq!(rules.len(), 5);
         assert_eq!(rules[0].resource_names.as_deref(), Some(&["shared-config".to_owned()][..]));
@@ -110,7 +118,7 @@ mod tests {
             .map(str::to_owned)
             .collect::<Vec<_>>();
         assert_eq!(rules[1].resources.as_deref(), Some(&["secrets".to_owned()][..]));
-        assert_eq!(rules[1].resource_names.as_deref(), Some(&parts[..]), "the parts of the current count only");
+        assert_eq!(rules[1].resource_names.as_deref(), Some(&parts[..]), "the parts of one count, named once");
         assert_eq!(rules[1].verbs, ["get"], "parts are fetched by name: no list, no watch");
         assert_eq!(rules[2].resources.as_deref(), Some(&["configmaps".to_owned()][..]));
         let maps = ["shared-endpoints".to_owned(), "shared-usage".to_owned()];
@@ -119,9 +127,15 @@ mod tests {
         assert_eq!(rules[3].resources.as_deref(), Some(&["leases".to_owned()][..]));
         assert_eq!(rules[4].resources.as_deref(), Some(&["pods".to_owned()][..]));
         assert_eq!(rules[4].verbs, ["get"], "pods are read by name: no list, no watch");
-        let one = super::role(&fixtures::gateway(Default::default()), 1).rules.unwrap();
+        let one = super::role(&fixtures::gateway(Default::default()), &[1]).rules.unwrap();
         let one_parts = ["shared-config-base".to_owned(), "shared-config-keys-1-0".to_owned()];
         assert_eq!(one[1].resource_names.as_deref(), Some(&one_parts[..]));
+        // While a new count's manifest is not yet written, both sets.
+        let both = super::role(&fixtures::gateway(Default::default()), &[2, 1]).rules.unwrap();
+        let both_parts =
+            ["shared-config-base", "shared-config-keys-1-0", "shared-config-keys-2-0", "shared-config-keys-2-1"]
+                .map(str::to_owned);
+        assert_eq!(both[1].resource_names.as_deref(), Some(&both_parts[..]));
         assert!(
             rules.iter().all(|r| !r.verbs.iter().any(|v| v == "*") && !r.resources.iter().flatten().any(|x| x == "*"))
         );
