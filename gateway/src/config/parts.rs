@@ -48,6 +48,9 @@ pub enum PartsError {
         /// Why.
         error: String,
     },
+    /// Reading the parts took longer than it may.
+    #[error("reading the config's parts took longer than {0:?}")]
+    TimedOut(std::time::Duration),
     /// The parts are each the one named, and still not one config.
     #[error(transparent)]
     Assemble(#[from] AssembleError),
@@ -57,7 +60,7 @@ impl PartsError {
     /// Whether waiting may mend it: the writer is between two writes, or
     /// the API server did not answer.
     pub fn is_transient(&self) -> bool {
-        matches!(self, Self::Fetch { .. } | Self::Missing(_) | Self::Stale(_))
+        matches!(self, Self::Fetch { .. } | Self::Missing(_) | Self::Stale(_) | Self::TimedOut(_))
     }
 }
 

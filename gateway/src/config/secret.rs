@@ -17,7 +17,7 @@ use waycast_crds::shards::{Manifest, SECRET_KEY_MANIFEST};
 use tokio::sync::mpsc;
 
 use super::load::{LoadError, gunzip};
-use super::parts::Parts;
+use super::parts::{Parts, PartsError};
 use super::{ConfigUpdate, Update};
 
 /// Follows the Secret until the applier is gone. A Secret holding a
@@ -90,7 +90,9 @@ pub async fn watch(client: Client, namespace: String, name: String, updates: mps
                 continue;
             }
         };
-        match parts.read(&api, &name, &manifest).await {
+        // Bounded: a read that hangs must not keep a newer manifest waiting.
+        let read = tokio::time::timeout(READ_DEADLINE, parts.read(&api, &name, &manifest)).await;
+        match read.unwrap_or(Err(PartsError::TimedOut(READ_DEADLINE))) {
             Ok(config) => {
                 (pending, assembled) = (None, Some(manifest));
                 let update = ConfigUpdate::Assembled { source: source.clone(), config: Box::new(config), identity };
@@ -125,6 +127,10 @@ pub async fn watch(client: Client, namespace: String, name: String, updates: mps
         }
     }
 }
+
+/// Longest one read of a manifest's parts may take (a thousand parts,
+/// eight at a time, take a second or two).
+const READ_DEADLINE: Duration = Duration::from_secs(20);
 
 /// Tries of one manifest's parts before its failure is reported, in the
 /// heartbeat too (the waits below add up to some 40 s; a newer manifest is
