@@ -113,7 +113,11 @@ async fn ten_thousand_keys_and_five_hundred_models_on_one_gateway() {
     let started = Instant::now();
     let post = PostParams::default();
     let gateways: Api<Gateway> = Api::namespaced(client.clone(), &namespace);
-    gateways.create(&post, &fleet.gateway).await.unwrap();
+    // The mock upstream listens on loopback, closed to `url` backends
+    // unless the Gateway opens it.
+    let mut opened = fleet.gateway.clone();
+    opened.spec.egress.get_or_insert_default().allowed_cidrs = vec!["127.0.0.0/8".into()];
+    gateways.create(&post, &opened).await.unwrap();
     let model_api: Api<ModelEndpoint> = Api::namespaced(client.clone(), &namespace);
     futures_util::stream::iter(fleet.models.iter())
         .for_each_concurrent(32, |model| {
