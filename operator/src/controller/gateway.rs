@@ -89,12 +89,23 @@ async fn reconcile(gateway: Arc<Gateway>, context: Arc<Context>, traced: &mut Re
     fetch_secrets(&mut catalog, &context, &gateway).await?;
     let layouts = layouts(&context.stores, &gateway, fresh_salt_of(&context, &gateway).await?);
     let mut compiled = catalog.compile(&gateway, jiff::Timestamp::now());
-    let left_out = fit_in_secret(&catalog, &gateway, &layouts, &mut compiled);
+    // One split serves both whether the config fits and what its Secrets
+    // are; only a config that does not fit is split again as entries are
+    // left out.
+    let mut checked = render::config_parts::check(&compiled.config, &layouts)?;
+    let left_out = if checked.fits() {
+        0
+    } else {
+        let left_out = fit_in_secret(&catalog, &gateway, &layouts, &mut compiled);
+        checked = render::config_parts::check(&compiled.config, &layouts)?;
+        left_out
+    };
     (traced.keys, traced.models) = (Some(compiled.config.keys.len()), Some(compiled.config.models.len()));
     let compiled_at = started.elapsed();
 
     let endpoints = catalog.endpoints(&compiled.config);
-    let desired = render::desired(&gateway, &compiled.config, &layouts, &endpoints, &context.settings)?;
+    let desired =
+        render::desired_checked(&gateway, &compiled.config, checked, &layouts, &endpoints, &context.settings)?;
     let (hash, plan, write_endpoints) = what_to_write(&context, &gateway, &desired).await;
     traced.config_hash = (!hash.is_empty()).then(|| hash.clone());
     if let Some(conflict) = foreign_part(&context, &gateway, plan.as_ref()).await? {

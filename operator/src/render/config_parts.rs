@@ -221,7 +221,37 @@ pub fn config_parts(
     config: &GatewayConfig,
     layouts: &Layouts,
 ) -> std::io::Result<Result<ConfigParts, TooLarge>> {
-    let Split { parts, layout, base_gzipped: base } = match checked_split(config, layouts)? {
+    parts_of(gateway, check(config, layouts)?)
+}
+
+/// A config split and checked against its Secrets' bounds: made once per
+/// reconcile for both questions, whether it fits ([`Checked::fits`]) and
+/// what its Secrets are ([`parts_of`]); at 10,000 keys a second split was
+/// some megabytes of a reconcile's peak.
+pub struct Checked(Result<Split, TooLarge>);
+
+impl Checked {
+    /// Whether the config fits its Secrets.
+    pub fn fits(&self) -> bool {
+        self.0.is_ok()
+    }
+}
+
+/// `config` split in a layout chosen from `layouts`, and checked.
+///
+/// # Errors
+/// Only if serialization or compression into memory fails (they do not).
+pub fn check(config: &GatewayConfig, layouts: &Layouts) -> std::io::Result<Checked> {
+    checked_split(config, layouts).map(Checked)
+}
+
+/// The Secrets of `gateway` for a config [`check`]ed.
+///
+/// # Errors
+/// The outer error only if serialization fails (it does not); the inner
+/// one when the config does not fit its Secrets.
+pub fn parts_of(gateway: &Gateway, checked: Checked) -> std::io::Result<Result<ConfigParts, TooLarge>> {
+    let Split { parts, layout, base_gzipped: base } = match checked.0 {
         Ok(split) => split,
         Err(too_large) => return Ok(Err(too_large)),
     };
@@ -260,7 +290,7 @@ pub fn fits(config: &GatewayConfig, layouts: &Layouts) -> bool {
 }
 
 /// A config split, in the layout it was split by, with its base gzipped.
-struct Split {
+pub struct Split {
     parts: Parts,
     layout: Layout,
     base_gzipped: Vec<u8>,

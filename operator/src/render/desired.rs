@@ -73,7 +73,23 @@ pub fn desired(
     endpoints: &EndpointsDocument,
     settings: &RenderSettings,
 ) -> std::io::Result<Desired> {
-    let config_parts = config_parts::config_parts(gateway, config, layouts)?;
+    let checked = config_parts::check(config, layouts)?;
+    desired_checked(gateway, config, checked, layouts, endpoints, settings)
+}
+
+/// The same, for a config already split and checked ([`config_parts::check`]).
+///
+/// # Errors
+/// Only if serializing the config or the endpoints fails.
+pub fn desired_checked(
+    gateway: &Gateway,
+    config: &GatewayConfig,
+    checked: config_parts::Checked,
+    layouts: &Layouts,
+    endpoints: &EndpointsDocument,
+    settings: &RenderSettings,
+) -> std::io::Result<Desired> {
+    let config_parts = config_parts::parts_of(gateway, checked)?;
     let (endpoints, endpoints_hash) = super::endpoints::config_map(gateway, endpoints)?;
     let config_hash = config_parts.as_ref().map(|parts| parts.hash.clone()).unwrap_or_default();
     // The pods may read the parts of the config they serve (the last one

@@ -27,7 +27,7 @@ pub mod scaling;
 pub mod service;
 pub mod settings;
 
-pub use desired::{Desired, desired};
+pub use desired::{Desired, desired, desired_checked};
 pub use meta::{CONFIG_HASH_ANNOTATION, FIELD_MANAGER, GATEWAY_LABEL, config_secret_name, selector_labels};
 pub use settings::RenderSettings;
 
