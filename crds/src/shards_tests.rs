@@ -82,7 +82,7 @@ fn one_key_changed_rewrites_one_shard_and_the_manifest() {
     let changed: Vec<usize> = (0..4).filter(|&i| before.shards[i] != after.shards[i]).collect();
     assert_eq!(changed, vec![shard_of(SALT, &config.keys[1234].id, 4) as usize]);
     assert_ne!(before.manifest.hash().unwrap(), after.manifest.hash().unwrap());
-    // A model change rewrites the base alone.
+    // A settings change rewrites the base alone.
     config.settings.max_request_body_bytes = 1234;
     let settings = split_at(&config, 4);
     assert_ne!(settings.base, after.base);

@@ -148,14 +148,23 @@ fn status_probe(
     }
 }
 
-#[tokio::test]
-async fn follows_its_secret_with_a_token_that_can_read_only_that_secret() {
+/// The shared cluster, an admin client, a fresh namespace `prefix-…`, a
+/// mock upstream and a config whose one key is Alice's.
+async fn cluster_and_config(
+    prefix: &str,
+) -> (&'static waycast_e2e::harness::SharedCluster, Client, String, mock_upstream::MockUpstream, GatewayConfig) {
     let cluster = shared_cluster(env!("CARGO_BIN_EXE_waycast-cluster"));
     let admin = cluster.client().await;
-    let namespace = test_namespace(&admin, "config-secret").await.unwrap();
+    let namespace = test_namespace(&admin, prefix).await.unwrap();
     let mock = mock_upstream::start(SocketAddr::from(([127, 0, 0, 1], 0)), MockOptions::default()).await.unwrap();
     let mut config = fixture::default_config(&mock.base_url());
     config.keys.retain(|k| k.id == "team-a/alice");
+    (cluster, admin, namespace, mock, config)
+}
+
+#[tokio::test]
+async fn follows_its_secret_with_a_token_that_can_read_only_that_secret() {
+    let (cluster, admin, namespace, _mock, mut config) = cluster_and_config("config-secret").await;
 
     let secrets: Api<Secret> = Api::namespaced(admin.clone(), &namespace);
     secrets.create(&PostParams::default(), &config_secret("gw-config", &config)).await.unwrap();
@@ -269,12 +278,7 @@ async fn put(secrets: &Api<Secret>, secret: &Secret) {
 async fn a_config_in_parts_is_served_only_whole() {
     const SALT: &str = "0123456789abcdef";
     const SHARDS: u32 = 4;
-    let cluster = shared_cluster(env!("CARGO_BIN_EXE_waycast-cluster"));
-    let admin = cluster.client().await;
-    let namespace = test_namespace(&admin, "config-parts").await.unwrap();
-    let mock = mock_upstream::start(SocketAddr::from(([127, 0, 0, 1], 0)), MockOptions::default()).await.unwrap();
-    let mut config = fixture::default_config(&mock.base_url());
-    config.keys.retain(|k| k.id == "team-a/alice");
+    let (cluster, admin, namespace, _mock, mut config) = cluster_and_config("config-parts").await;
     for filler in 0..200 {
         config.keys.push(KeyConfig::new(format!("team-c/filler-{filler}"), fixture::sha256_hex(&format!("k{filler}"))));
     }
