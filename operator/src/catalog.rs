@@ -10,6 +10,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use waycast_crds::endpoints::EndpointsDocument;
 use waycast_crds::{ApiKey, Gateway, GatewayConfig, ModelEndpoint};
 
+use crate::compile::keys::{KeySecret, is_key_secret};
 use crate::compile::{self, Compiled, Inputs};
 use crate::render::endpoints::ServiceIndex;
 use crate::stores::Stores;
@@ -31,6 +32,8 @@ pub struct Catalog {
     /// read (the shell fills this: see `secret_data`), and the Gateway's
     /// Redis Secrets.
     pub secrets: Vec<Arc<Secret>>,
+    /// The key Secrets served ApiKeys reference, as kept (`secret_data`).
+    pub key_secrets: Vec<Arc<KeySecret>>,
     /// Referenced Secrets too large to be read.
     pub too_large: std::collections::BTreeSet<(String, String)>,
     /// The cluster's Service and Pod ranges (empty: not known).
@@ -50,13 +53,15 @@ impl Catalog {
             services: stores.services.state(),
             endpoint_slices: stores.endpoint_slices.state(),
             secrets: Vec::new(),
+            key_secrets: Vec::new(),
             too_large: std::collections::BTreeSet::new(),
             cluster_ranges: networks.ranges(),
             api_server: crate::networks::api_server(&stores.endpoint_slices),
         }
     }
 
-    /// Plain objects (tests, benchmarks), copied.
+    /// Plain objects (tests, benchmarks), copied; Secrets labelled as key
+    /// Secrets are kept as the operator keeps them (`secret_data`).
     pub fn from_objects(
         namespaces: &[Namespace],
         models: &[ModelEndpoint],
@@ -73,7 +78,8 @@ impl Catalog {
             keys: shared(keys),
             services: shared(services),
             endpoint_slices: Vec::new(),
-            secrets: shared(secrets),
+            secrets: shared(&secrets.iter().filter(|s| !is_key_secret(s)).cloned().collect::<Vec<_>>()),
+            key_secrets: secrets.iter().filter(|s| is_key_secret(s)).filter_map(KeySecret::of).map(Arc::new).collect(),
             too_large: std::collections::BTreeSet::new(),
             cluster_ranges: Arc::default(),
             api_server: Vec::new(),
@@ -87,6 +93,7 @@ impl Catalog {
         }
         let (namespaces, models, keys) = (borrowed(&self.namespaces), borrowed(&self.models), borrowed(&self.keys));
         let (services, secrets) = (borrowed(&self.services), borrowed(&self.secrets));
+        let key_secrets = borrowed(&self.key_secrets);
         f(&Inputs {
             gateway,
             namespaces: &namespaces,
@@ -94,6 +101,7 @@ impl Catalog {
             api_keys: &keys,
             services: &services,
             secrets: &secrets,
+            key_secrets: &key_secrets,
             cluster_ranges: &self.cluster_ranges,
             api_server: &self.api_server,
             too_large: &self.too_large,

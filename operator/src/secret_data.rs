@@ -6,11 +6,14 @@
 //! reconciles serves an object that references it — an ApiKey's key
 //! Secret, a ModelEndpoint's credential and TLS Secrets — keeps it under
 //! the resource version it read, and keeps nothing of a Secret whose data
-//! exceeds [`MAX_SECRET_BYTES`] but that fact (the object says why).
+//! exceeds [`MAX_SECRET_BYTES`] but that fact (the object says why). Of a
+//! key Secret it keeps the digests of its values, never the text: a
+//! [`KeySecret`] (~0.3 KB, where the Secret was ~1.5 KB).
 //!
 //! ```text
 //! compile: referenced (ns, name) ─► metadata store: resourceVersion ─► cache hit? ─► data
 //!                                                                      └─ GET (bounded) ─► ≤ cap: kept │ > cap: too large
+//! kept: key Secret ─► KeySecret (owner uid, SHA-256 + prefix + length per value) │ other ─► its data
 //! ```
 
 use std::collections::{BTreeSet, HashMap};
@@ -21,12 +24,10 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 
 use crate::apply::bounded;
-use waycast_crds::api_key::KEY_SECRET_LABEL;
+use crate::compile::keys::{KeySecret, is_key_secret};
 use waycast_crds::common::CREDENTIAL_LABEL;
 
-/// The most data a referenced Secret may hold (all its values): keys,
-/// credentials and PEM bundles are far smaller.
-pub const MAX_SECRET_BYTES: usize = 256 * 1024;
+pub use crate::compile::secrets::MAX_SECRET_BYTES;
 
 /// Reads at once.
 const CONCURRENT_READS: usize = 16;
@@ -51,6 +52,8 @@ struct Entry {
 enum Read {
     /// Its data (labels and annotations left out), at `version`.
     Data { version: String, secret: Arc<Secret> },
+    /// A key Secret's digests, at `version`.
+    Key { version: String, secret: Arc<KeySecret> },
     /// More than [`MAX_SECRET_BYTES`] at `version`: not kept.
     TooLarge { version: String },
 }
@@ -58,7 +61,7 @@ enum Read {
 impl Read {
     fn version(&self) -> &str {
         match self {
-            Read::Data { version, .. } | Read::TooLarge { version } => version,
+            Read::Data { version, .. } | Read::Key { version, .. } | Read::TooLarge { version } => version,
         }
     }
 }
@@ -68,6 +71,8 @@ impl Read {
 pub struct Fetched {
     /// Referenced Secrets with their data.
     pub secrets: Vec<Arc<Secret>>,
+    /// Referenced key Secrets, as kept.
+    pub key_secrets: Vec<Arc<KeySecret>>,
     /// Referenced Secrets whose data is over [`MAX_SECRET_BYTES`].
     pub too_large: BTreeSet<SecretName>,
 }
@@ -122,6 +127,7 @@ impl SecretData {
             entry.wanted_at = now;
             match &entry.read {
                 Read::Data { secret, .. } => fetched.secrets.push(secret.clone()),
+                Read::Key { secret, .. } => fetched.key_secrets.push(secret.clone()),
                 Read::TooLarge { .. } => {
                     fetched.too_large.insert(name.clone());
                 }
@@ -153,14 +159,24 @@ async fn read_one(client: &kube::Client, namespace: String, name: String) -> (Se
     ((namespace, name), read)
 }
 
-/// What is kept of `secret`: its data and what compile reads of its
-/// metadata, or only that it is too large.
+/// The bytes of `secret`'s data, keys and values.
+fn data_size(secret: &Secret) -> usize {
+    secret.data.iter().flatten().map(|(key, value)| key.len() + value.0.len()).sum::<usize>()
+        + secret.string_data.iter().flatten().map(|(key, value)| key.len() + value.len()).sum::<usize>()
+}
+
+/// What is kept of `secret`: of a key Secret its digests, of another its
+/// data and what compile reads of its metadata; of either only that it is
+/// too large.
 fn kept(mut secret: Secret) -> Option<Read> {
     let version = secret.metadata.resource_version.clone()?;
-    let size: usize = secret.data.iter().flatten().map(|(key, value)| key.len() + value.0.len()).sum::<usize>()
-        + secret.string_data.iter().flatten().map(|(key, value)| key.len() + value.len()).sum::<usize>();
-    if size > MAX_SECRET_BYTES {
+    if data_size(&secret) > MAX_SECRET_BYTES {
         return Some(Read::TooLarge { version });
+    }
+    // NB: a key Secret is never kept as a Secret, so a key is never sent
+    // upstream as a credential, whatever its labels.
+    if is_key_secret(&secret) {
+        return Some(Read::Key { version, secret: Arc::new(KeySecret::of(&secret)?) });
     }
     // What compile reads of the metadata: name, namespace, owners (whose
     // generated key it is) and the credential label. At 10,000 key
@@ -168,9 +184,7 @@ fn kept(mut secret: Secret) -> Option<Read> {
     let meta = &mut secret.metadata;
     (meta.annotations, meta.managed_fields, meta.uid, meta.creation_timestamp) = (None, None, None, None);
     (meta.finalizers, meta.generate_name, meta.generation) = (None, None, None);
-    // NB: a key Secret keeps no label, not even the credential one: a key
-    // is never sent upstream as a credential.
-    meta.labels = meta.labels.take().filter(|labels| !labels.contains_key(KEY_SECRET_LABEL)).and_then(|labels| {
+    meta.labels = meta.labels.take().and_then(|labels| {
         labels.get_key_value(CREDENTIAL_LABEL).map(|(name, value)| [(name.clone(), value.clone())].into())
     });
     Some(Read::Data { version, secret: Arc::new(secret) })
@@ -181,6 +195,7 @@ mod tests {
     use super::*;
     use k8s_openapi::ByteString;
     use kube::api::ObjectMeta;
+    use waycast_crds::api_key::KEY_SECRET_LABEL;
 
     fn secret(bytes: usize) -> Secret {
         Secret {
@@ -207,24 +222,36 @@ mod tests {
         assert!(kept(Secret::default()).is_none(), "no resource version: not cached");
     }
 
+    fn labelled(labels: &[(&str, &str)], value: &[u8]) -> Secret {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+        let mut secret = secret(10);
+        secret.data = Some([("api-key".to_owned(), ByteString(value.to_vec()))].into());
+        let meta = &mut secret.metadata;
+        meta.labels = Some(labels.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect());
+        meta.uid = Some("uid-1".into());
+        meta.creation_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH));
+        (meta.finalizers, meta.generation) = (Some(vec!["f".into()]), Some(3));
+        meta.owner_references = Some(vec![
+            OwnerReference { uid: "other".into(), ..Default::default() },
+            OwnerReference { uid: "owner".into(), controller: Some(true), ..Default::default() },
+        ]);
+        secret
+    }
+
     #[test]
     fn only_the_metadata_compile_reads_is_kept() {
-        use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-        let labelled = |labels: &[(&str, &str)]| {
-            let mut secret = secret(10);
-            let meta = &mut secret.metadata;
-            meta.labels = Some(labels.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect());
-            meta.uid = Some("uid-1".into());
-            meta.creation_timestamp =
-                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH));
-            (meta.finalizers, meta.generation) = (Some(vec!["f".into()]), Some(3));
-            meta.owner_references = Some(vec![OwnerReference { uid: "owner".into(), ..Default::default() }]);
-            let Some(Read::Data { secret, .. }) = kept(secret) else { panic!("kept") };
+        let kept_data = |secret| {
+            let Some(Read::Data { secret, .. }) = kept(secret) else { panic!("kept as data") };
             secret
         };
-        let key = labelled(&[("waycast.dev/api-key", "true"), ("team", "a")]);
-        assert_eq!(key.metadata.labels, None, "a key Secret's labels are not kept");
-        let meta = &key.metadata;
+        let credential = kept_data(labelled(&[(CREDENTIAL_LABEL, "true"), ("team", "a")], b"token"));
+        let meta = &credential.metadata;
+        assert_eq!(
+            meta.labels,
+            Some([(CREDENTIAL_LABEL.to_owned(), "true".to_owned())].into()),
+            "the opt-in label stays"
+        );
         assert_eq!(
             (&meta.uid, &meta.creation_timestamp, &meta.finalizers, meta.generation),
             (&None, &None, &None, None)
@@ -234,14 +261,28 @@ mod tests {
             (Some("s"), Some("team"), Some("7")),
             "what names it stays"
         );
-        assert_eq!(key.metadata.owner_references.as_ref().map(Vec::len), Some(1), "whose key it is stays");
-        let both = labelled(&[("waycast.dev/api-key", "true"), (CREDENTIAL_LABEL, "true")]);
-        assert_eq!(both.metadata.labels, None, "a key is never a credential");
-        let credential = labelled(&[(CREDENTIAL_LABEL, "true"), ("team", "a")]);
-        assert_eq!(
-            credential.metadata.labels,
-            Some([(CREDENTIAL_LABEL.to_owned(), "true".to_owned())].into()),
-            "the opt-in label stays"
-        );
+        assert_eq!(credential.data.as_ref().unwrap()["api-key"].0, b"token");
+    }
+
+    #[test]
+    fn a_key_secret_is_kept_as_its_digests_never_its_text() {
+        let text = b"  wc-0123456789abcdefghijklmnop\n";
+        for labels in [&[(KEY_SECRET_LABEL, "true")][..], &[(KEY_SECRET_LABEL, "true"), (CREDENTIAL_LABEL, "true")]] {
+            let Some(Read::Key { version, secret }) = kept(labelled(labels, text)) else { panic!("kept as a key") };
+            assert_eq!(version, "7");
+            assert_eq!((secret.namespace.as_str(), secret.name.as_str()), ("team", "s"));
+            assert_eq!(secret.controller.as_deref(), Some("owner"), "whose key it is: the controller owner");
+            let kept = &secret.texts["api-key"];
+            assert_eq!(kept.sha256, waycast_crds::digest::sha256_hex(b"wc-0123456789abcdefghijklmnop"), "trimmed");
+            assert_eq!((kept.prefix.as_str(), kept.chars), ("wc-012", 29));
+            assert!(!format!("{secret:?}").contains("abcdefghijklmnop"), "no text kept: {secret:?}");
+        }
+        let Some(Read::Key { secret, .. }) = kept(labelled(&[(KEY_SECRET_LABEL, "true")], b"  \n")) else {
+            panic!("kept as a key")
+        };
+        assert!(secret.texts.is_empty(), "an empty value is no key text");
+        let mut large = labelled(&[(KEY_SECRET_LABEL, "true")], b"x");
+        large.data = Some([("api-key".to_owned(), ByteString(vec![b'a'; MAX_SECRET_BYTES + 1]))].into());
+        assert!(matches!(kept(large), Some(Read::TooLarge { .. })), "over the cap: only that fact");
     }
 }

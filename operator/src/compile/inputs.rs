@@ -15,10 +15,13 @@ pub struct Inputs<'a> {
     pub api_keys: &'a [&'a ApiKey],
     /// Services that backends may name.
     pub services: &'a [&'a Service],
-    /// Key Secrets (labels stripped), upstream credential Secrets (with
+    /// Upstream credential Secrets (with
     /// their labels: only those with `waycast.dev/credential: "true"` are
     /// used), and referenced Secrets known only by their metadata.
     pub secrets: &'a [&'a Secret],
+    /// Key Secrets as the operator keeps them (digests, never the text);
+    /// an ApiKey's key is looked up here first, then in `secrets`.
+    pub key_secrets: &'a [&'a super::key_secret::KeySecret],
     /// The cluster's Service and Pod ranges (empty: not known, and every
     /// private range is closed to `url` backends instead).
     pub cluster_ranges: &'a [String],

@@ -1,17 +1,19 @@
 //! ApiKeys → key entries: the key text read from its Secret (generated or
 //! user-supplied), checked (length, expiry, disabled, duplicates) and
-//! reduced to its SHA-256. The plaintext goes no further.
+//! reduced to its SHA-256. The plaintext goes no further: the operator
+//! keeps a key Secret as a [`KeySecret`] (its digests), never its text.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt as _;
 use waycast_crds::ApiKey;
-use waycast_crds::api_key::SHOWN_PREFIX_LEN;
 use waycast_crds::condition::{MIN_KEY_LENGTH, reasons};
 use waycast_crds::config::KeyConfig;
 
 use super::inputs::Inputs;
+pub use super::key_secret::{KeySecret, KeyText, is_key_secret};
 use super::models::key_limits;
 use super::secrets::index;
 use super::select;
@@ -32,6 +34,32 @@ pub struct KeyVerdict {
     pub verdict: Verdict,
     /// The key's first characters, when it was found.
     pub key_prefix: Option<String>,
+}
+
+/// Where an ApiKey's key comes from: a key Secret as kept, or a Secret
+/// with its data (tests, and Secrets known only by their metadata).
+#[derive(Clone, Copy)]
+enum Source<'a> {
+    Kept(&'a KeySecret),
+    Read(&'a Secret),
+}
+
+impl<'a> Source<'a> {
+    fn controlled_by(self, uid: Option<&String>) -> bool {
+        match self {
+            Source::Kept(kept) => kept.controller.is_some() && kept.controller.as_ref() == uid,
+            Source::Read(secret) => {
+                secret.owner_references().iter().any(|owner| owner.controller == Some(true) && Some(&owner.uid) == uid)
+            }
+        }
+    }
+
+    fn text(self, data_key: &str) -> Option<Cow<'a, KeyText>> {
+        match self {
+            Source::Kept(kept) => kept.texts.get(data_key).map(Cow::Borrowed),
+            Source::Read(secret) => KeyText::of(&secret.data.as_ref()?.get(data_key)?.0).map(Cow::Owned),
+        }
+    }
 }
 
 /// The Secret name and data key an ApiKey reads its key from.
@@ -89,19 +117,17 @@ pub fn compile(
     let mut verdicts = BTreeMap::new();
     let mut hashes: BTreeMap<String, ObjectKey> = BTreeMap::new();
     let secrets = index::<Secret>(inputs.secrets);
+    let kept: std::collections::HashMap<(&str, &str), &KeySecret> =
+        inputs.key_secrets.iter().map(|kept| ((kept.namespace.as_str(), kept.name.as_str()), *kept)).collect();
     for (order, api_key) in selected {
         let id = ObjectKey::of(&api_key.metadata);
         let (secret_name, data_key) = key_source(api_key);
-        let secret = secrets.get(&(id.namespace.as_str(), secret_name.as_str()));
+        let at = (id.namespace.as_str(), secret_name.as_str());
+        let source = kept.get(&at).map(|k| Source::Kept(k)).or_else(|| secrets.get(&at).map(|s| Source::Read(s)));
         // NB: a generated key's Secret must be this ApiKey's own: an ApiKey
         // named after someone else's `<name>-key` Secret must not serve it.
         let foreign = api_key.spec.secret_ref.is_none()
-            && secret.is_some_and(|secret| {
-                !secret
-                    .owner_references()
-                    .iter()
-                    .any(|owner| owner.controller == Some(true) && Some(&owner.uid) == api_key.metadata.uid.as_ref())
-            });
+            && source.is_some_and(|source| !source.controlled_by(api_key.metadata.uid.as_ref()));
         if foreign {
             let message = format!(
                 "Secret {}/{secret_name} exists and is not owned by this ApiKey: it is left untouched and not used; rename the ApiKey or remove the Secret",
@@ -117,7 +143,7 @@ pub fn compile(
             let message = format!(
                 "Secret {}/{secret_name} holds more than {} bytes: it is not read",
                 id.namespace,
-                crate::secret_data::MAX_SECRET_BYTES
+                super::secrets::MAX_SECRET_BYTES
             );
             verdicts.insert(
                 id,
@@ -125,11 +151,7 @@ pub fn compile(
             );
             continue;
         }
-        let text = secret
-            .and_then(|secret| secret.data.as_ref()?.get(&data_key))
-            .map(|bytes| String::from_utf8_lossy(&bytes.0).trim().to_owned())
-            .filter(|text| !text.is_empty());
-        let Some(text) = text else {
+        let Some(text) = source.and_then(|source| source.text(&data_key)) else {
             let message = format!("Secret {}/{secret_name} has no key {data_key:?}", id.namespace);
             verdicts.insert(
                 id,
@@ -137,8 +159,8 @@ pub fn compile(
             );
             continue;
         };
-        let key_prefix = Some(text.chars().take(SHOWN_PREFIX_LEN).collect());
-        let verdict = if text.chars().count() < MIN_KEY_LENGTH {
+        let key_prefix = Some(text.prefix.clone());
+        let verdict = if text.chars < MIN_KEY_LENGTH {
             Verdict::refused(reasons::KEY_TOO_SHORT, format!("the key is shorter than {MIN_KEY_LENGTH} characters"))
         } else if api_key.spec.disabled {
             Verdict::refused(reasons::DISABLED, "spec.disabled is true")
@@ -147,7 +169,7 @@ pub fn compile(
         } else if let Err(refused) = tenants.key_class(&id.namespace, api_key.spec.class.as_deref()) {
             refused
         } else {
-            let sha256 = waycast_crds::digest::sha256_hex(text.as_bytes());
+            let sha256 = text.sha256.clone();
             match hashes.get(&sha256) {
                 // NB: another team's object is never named, nor that one exists.
                 Some(owner) if owner.namespace == id.namespace => {

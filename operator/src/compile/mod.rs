@@ -23,6 +23,7 @@
 
 pub mod fit;
 pub mod inputs;
+pub mod key_secret;
 pub mod keys;
 pub mod models;
 pub mod secrets;

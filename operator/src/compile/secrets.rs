@@ -13,6 +13,11 @@ use super::verdict::Verdict;
 
 pub use waycast_crds::common::CREDENTIAL_LABEL;
 
+/// The most data a referenced Secret may hold (all its values): keys,
+/// credentials and PEM bundles are far smaller. The operator reads no more
+/// of one (`secret_data`).
+pub const MAX_SECRET_BYTES: usize = 256 * 1024;
+
 /// The header an upstream credential is sent in: `Authorization: Bearer
 /// <value>` by default, the value as it is in any other header.
 pub(super) fn credential(
@@ -23,7 +28,7 @@ pub(super) fn credential(
 ) -> Result<(String, String), Verdict> {
     let field = format!("spec.backends[{index}].auth");
     let reference = &auth.secret_ref;
-    let secret = opted_in_secret(&field, namespace, &reference.name, inputs.secrets)?;
+    let secret = opted_in_secret(&field, namespace, &reference.name, inputs)?;
     let value = secret_text(&field, namespace, secret, &reference.key, inputs)?.trim().to_owned();
     let header = auth.header.as_deref().unwrap_or("authorization").to_ascii_lowercase();
     if header == "authorization" { Ok((header, format!("Bearer {value}"))) } else { Ok((header, value)) }
@@ -38,12 +43,11 @@ pub(super) fn backend_tls(
     inputs: &Inputs<'_>,
 ) -> Result<ClientTlsConfig, Verdict> {
     let field = format!("spec.backends[{index}].tls");
-    let secrets = inputs.secrets;
     let ca_pem = match &tls.ca_secret_ref {
         None => None,
         Some(reference) => {
             let path = format!("{field}.caSecretRef");
-            let secret = opted_in_secret(&path, namespace, &reference.name, secrets)?;
+            let secret = opted_in_secret(&path, namespace, &reference.name, inputs)?;
             Some(secret_text(&path, namespace, secret, &reference.key, inputs)?.to_owned())
         }
     };
@@ -51,7 +55,7 @@ pub(super) fn backend_tls(
         None => (None, None),
         Some(reference) => {
             let path = format!("{field}.clientCertSecretRef");
-            let secret = opted_in_secret(&path, namespace, &reference.name, secrets)?;
+            let secret = opted_in_secret(&path, namespace, &reference.name, inputs)?;
             let certificate = secret_text(&path, namespace, secret, "tls.crt", inputs)?.to_owned();
             (Some(certificate), Some(secret_text(&path, namespace, secret, "tls.key", inputs)?.to_owned()))
         }
@@ -63,31 +67,34 @@ pub(super) fn backend_tls(
 /// credential label.
 ///
 /// NB: a team's Secret is read only when the team opted it in with the
-/// label; the key Secrets' copies in `secrets` carry no labels, so a key
-/// can never be named here.
-fn opted_in_secret<'a>(
-    field: &str,
-    namespace: &str,
-    name: &str,
-    secrets: &[&'a Secret],
-) -> Result<&'a Secret, Verdict> {
-    let mut matches = secrets
-        .iter()
-        .copied()
-        .filter(|o| o.metadata.namespace.as_deref() == Some(namespace) && o.metadata.name.as_deref() == Some(name));
-    let first = matches.next().ok_or_else(|| {
-        Verdict::refused(reasons::AUTH_SECRET_MISSING, format!("{field}: no such Secret in Secret {namespace}/{name}"))
-    })?;
-    let opted_in =
-        |s: &Secret| s.metadata.labels.as_ref().and_then(|l| l.get(CREDENTIAL_LABEL)).is_some_and(|v| v == "true");
-    std::iter::once(first).chain(matches).find(|s| opted_in(s)).ok_or_else(|| {
+/// label; key Secrets are kept apart as digests (`inputs.key_secrets`), so
+/// a key can never be named here.
+fn opted_in_secret<'a>(field: &str, namespace: &str, name: &str, inputs: &Inputs<'a>) -> Result<&'a Secret, Verdict> {
+    let not_labelled = || {
         Verdict::refused(
             reasons::SECRET_NOT_LABELLED,
             format!(
                 "{field}: Secret {namespace}/{name} lacks the label {CREDENTIAL_LABEL}: \"true\"; only Secrets with it are sent upstream"
             ),
         )
-    })
+    };
+    let mut matches = inputs
+        .secrets
+        .iter()
+        .copied()
+        .filter(|o| o.metadata.namespace.as_deref() == Some(namespace) && o.metadata.name.as_deref() == Some(name));
+    let Some(first) = matches.next() else {
+        if inputs.key_secrets.iter().any(|kept| kept.namespace == namespace && kept.name == name) {
+            return Err(not_labelled());
+        }
+        return Err(Verdict::refused(
+            reasons::AUTH_SECRET_MISSING,
+            format!("{field}: no such Secret in Secret {namespace}/{name}"),
+        ));
+    };
+    let opted_in =
+        |s: &Secret| s.metadata.labels.as_ref().and_then(|l| l.get(CREDENTIAL_LABEL)).is_some_and(|v| v == "true");
+    std::iter::once(first).chain(matches).find(|s| opted_in(s)).ok_or_else(not_labelled)
 }
 
 /// The text under `key` of `secret`.
@@ -100,10 +107,8 @@ pub(super) fn secret_text<'a>(
 ) -> Result<&'a str, Verdict> {
     let name = secret.metadata.name.as_deref().unwrap_or_default();
     if inputs.too_large.contains(&(namespace.to_owned(), name.to_owned())) {
-        let message = format!(
-            "{field}: Secret {namespace}/{name} holds more than {} bytes: it is not read",
-            crate::secret_data::MAX_SECRET_BYTES
-        );
+        let message =
+            format!("{field}: Secret {namespace}/{name} holds more than {} bytes: it is not read", MAX_SECRET_BYTES);
         return Err(Verdict::refused(reasons::SECRET_TOO_LARGE, message));
     }
     let missing = |what: &str| {

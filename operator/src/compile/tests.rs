@@ -613,14 +613,25 @@ fn credentials_need_the_opt_in_label() {
             Some(BackendAuth { secret_ref: SecretKeyRef { name: secret.into(), key: key.into() }, header: None });
         endpoint
     };
+    // A key Secret opted in as a credential too: kept as digests, never
+    // sent upstream.
+    let mut both = secret("demo", "both", "k", "sk-both-labels");
+    both.metadata.labels = Some(
+        [(waycast_crds::api_key::KEY_SECRET_LABEL, "true"), (super::secrets::CREDENTIAL_LABEL, "true")]
+            .map(|(label, value)| (label.to_owned(), value.to_owned()))
+            .into(),
+    );
+    world.secrets.push(both);
     world.models.push(with_auth("plain", "plain", "k"));
     world.models.push(with_auth("steal", "alice-key", "api-key"));
+    world.models.push(with_auth("both", "both", "k"));
     let compiled = world.compile();
-    for name in ["plain", "steal"] {
+    for name in ["plain", "steal", "both"] {
         let verdict = &compiled.models[&key("demo", name)];
         assert_eq!((verdict.accepted, verdict.reason), (false, reasons::SECRET_NOT_LABELLED), "{name}");
     }
-    assert!(!String::from_utf8_lossy(&compiled.config.to_canonical_json().unwrap()).contains("sk-plain"));
+    let config = String::from_utf8_lossy(&compiled.config.to_canonical_json().unwrap()).into_owned();
+    assert!(!config.contains("sk-plain") && !config.contains("sk-both-labels"));
 }
 
 /// TLS to a Service backend: https to the Service's DNS name, through its
@@ -839,11 +850,37 @@ fn an_object_naming_a_secret_too_large_to_read_is_refused_alone() {
 
 #[test]
 fn a_key_secret_the_api_key_does_not_own_is_not_used() {
+    let labelled = |mut secret: Secret| {
+        secret.metadata.labels = Some([(waycast_crds::api_key::KEY_SECRET_LABEL.to_owned(), "true".to_owned())].into());
+        secret
+    };
+    let owned_by = |uid: &str, controller: bool| {
+        let mut secret = secret("demo", "alice-key", "api-key", KEY_A);
+        secret.metadata.owner_references = Some(vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            uid: uid.into(),
+            controller: Some(controller),
+            ..Default::default()
+        }]);
+        secret
+    };
+    // As read, and as the operator keeps a labelled one (its digests).
+    for foreign in [
+        secret("demo", "alice-key", "api-key", KEY_A),
+        labelled(secret("demo", "alice-key", "api-key", KEY_A)),
+        labelled(owned_by("uid-mallory", true)),
+        labelled(owned_by("uid-alice", false)),
+    ] {
+        let mut world = World::quickstart();
+        world.secrets = vec![foreign];
+        let compiled = world.compile();
+        assert_eq!(compiled.keys[&key("demo", "alice")].verdict.reason, reasons::SECRET_NOT_OWNED);
+        assert!(compiled.config.keys.is_empty());
+    }
     let mut world = World::quickstart();
-    world.secrets = vec![secret("demo", "alice-key", "api-key", KEY_A)];
+    world.secrets = vec![labelled(owned_by("uid-alice", true))];
     let compiled = world.compile();
-    assert_eq!(compiled.keys[&key("demo", "alice")].verdict.reason, reasons::SECRET_NOT_OWNED);
-    assert!(compiled.config.keys.is_empty());
+    assert_eq!(compiled.keys[&key("demo", "alice")].verdict.reason, reasons::KEY_READY, "its own, kept as digests");
+    assert_eq!(compiled.config.keys[0].sha256, waycast_crds::digest::sha256_hex(KEY_A.trim().as_bytes()));
 }
 
 #[test]

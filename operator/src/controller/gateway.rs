@@ -258,6 +258,7 @@ async fn fetch_secrets(catalog: &mut Catalog, context: &Context, gateway: &Gatew
     let fetched =
         context.secret_data.fetch(client, wanted, |(namespace, name)| labelled(namespace, name).is_some()).await;
     catalog.secrets.extend(fetched.secrets);
+    catalog.key_secrets = fetched.key_secrets;
     catalog.too_large = fetched.too_large;
     Ok(())
 }
