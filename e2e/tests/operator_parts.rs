@@ -1,0 +1,211 @@
+//! The operator writes a Gateway's config in parts, the manifest last. Here
+//! the API server refuses one part's write (a ValidatingAdmissionPolicy)
+//! after another part of the same change was written, and the operator is
+//! then killed there: the gateway keeps serving the last whole config —
+//! never the written part without the rest — and a restarted operator
+//! finishes the change once the write is allowed.
+//!
+//! Against the real API server, with the operator and the gateway as
+//! processes (the operator must be killable, so not the in-process one).
+
+#![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use waycast_crds::shards::{self, PART_DIGEST_ANNOTATION};
+use waycast_crds::{ApiKey, Gateway, ModelEndpoint};
+use waycast_e2e::control_plane::free_port;
+use waycast_e2e::harness::{shared_cluster, test_namespace};
+use waycast_e2e::process::{KilledOnDrop, workspace_binary};
+use waycast_mock::fixtures as fixture;
+use waycast_mock::sink::{self, SinkOptions};
+use waycast_xtask::scale;
+
+const CONFIG: &str = "gateway-config";
+
+fn start(binary: &str, args: &[&str], kubeconfig: &std::path::Path, log: &str) -> KilledOnDrop {
+    KilledOnDrop(
+        Command::new(workspace_binary(binary).unwrap())
+            .args(args)
+            .env("KUBECONFIG", kubeconfig)
+            .stdout(std::fs::File::create(std::env::temp_dir().join(log)).unwrap())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+fn start_operator(kubeconfig: &std::path::Path, namespace: &str, run: u32) -> KilledOnDrop {
+    let admin = format!("127.0.0.1:{}", free_port(Ipv4Addr::LOCALHOST.into()).unwrap());
+    let log = format!("waycast-{namespace}-operator-{run}.log");
+    start("waycast-operator", &["--admin-listen", &admin, "--log", "info"], kubeconfig, &log)
+}
+
+async fn chat(gateway: SocketAddr, key: &str, model: &str) -> Option<u16> {
+    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+    let request = fixture::post_request(
+        &format!("http://{gateway}/v1/chat/completions"),
+        Some(key),
+        &format!(r#"{{"model":"{model}","messages":[]}}"#),
+    );
+    let response = tokio::time::timeout(Duration::from_secs(2), http.request(request)).await.ok()?.ok()?;
+    Some(response.status().as_u16())
+}
+
+async fn until_status(gateway: SocketAddr, key: &str, model: &str, status: u16, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let got = chat(gateway, key, model).await;
+        if got == Some(status) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{model}: {got:?}, not {status}, within {within:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn key_text(secrets: &Api<Secret>, key: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(data) = secrets.get_opt(&format!("{key}-key")).await.unwrap().and_then(|s| s.data) {
+            return String::from_utf8(data["api-key"].0.clone()).unwrap();
+        }
+        assert!(Instant::now() < deadline, "the operator never generated {key}-key");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn part_digest(secrets: &Api<Secret>, name: &str) -> Option<String> {
+    let secret = secrets.get_opt(name).await.unwrap()?;
+    secret.metadata.annotations?.get(PART_DIGEST_ANNOTATION).cloned()
+}
+
+/// Refuses updates of the Secrets `names` in `namespace` until deleted.
+async fn refuse_updates(client: &Client, namespace: &str, names: &[String]) -> String {
+    let name = format!("hold-{namespace}");
+    let policy: ValidatingAdmissionPolicy = serde_json::from_value(serde_json::json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
+                "resources": ["secrets"], "resourceNames": names,
+            }]},
+            "validations": [{"expression": "false", "message": "held back by the test"}],
+        },
+    }))
+    .unwrap();
+    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(serde_json::json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {
+            "policyName": name, "validationActions": ["Deny"],
+            "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}},
+        },
+    }))
+    .unwrap();
+    Api::<ValidatingAdmissionPolicy>::all(client.clone()).create(&PostParams::default(), &policy).await.unwrap();
+    Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    // In force once a dry-run update of one of them is refused.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let probe = serde_json::json!({"metadata": {"annotations": {"e2e/probe": "1"}}});
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while secrets.patch(&names[0], &PatchParams::default().dry_run(), &Patch::Merge(&probe)).await.is_ok() {
+        assert!(Instant::now() < deadline, "the admission policy was not in force within 30 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    name
+}
+
+async fn allow_updates(client: &Client, name: &str) {
+    let delete = DeleteParams::default();
+    Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()).delete(name, &delete).await.unwrap();
+    Api::<ValidatingAdmissionPolicy>::all(client.clone()).delete(name, &delete).await.unwrap();
+}
+
+#[tokio::test]
+async fn an_operator_killed_between_two_part_writes_leaves_the_last_config_serving() {
+    let cluster = shared_cluster(env!("CARGO_BIN_EXE_waycast-cluster"));
+    let client = cluster.client().await;
+    let namespace = test_namespace(&client, "parts").await.unwrap();
+    let upstream = sink::start("127.0.0.1:0".parse().unwrap(), SinkOptions::default()).await.unwrap();
+    let fleet = scale::fleet(&namespace, 2, 2, &format!("http://{upstream}/v1"));
+    let post = PostParams::default();
+    let (gateways, models, keys): (Api<Gateway>, Api<ModelEndpoint>, Api<ApiKey>) = (
+        Api::namespaced(client.clone(), &namespace),
+        Api::namespaced(client.clone(), &namespace),
+        Api::namespaced(client.clone(), &namespace),
+    );
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+
+    let mut operator = start_operator(&cluster.kubeconfig, &namespace, 1);
+    let mut opened = fleet.gateway.clone();
+    opened.spec.egress.get_or_insert_default().allowed_cidrs = vec!["127.0.0.0/8".into()];
+    gateways.create(&post, &opened).await.unwrap();
+    models.create(&post, &fleet.models[0]).await.unwrap();
+    keys.create(&post, &fleet.keys[0]).await.unwrap();
+    let gateway_addr = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port(Ipv4Addr::LOCALHOST.into()).unwrap()));
+    let gateway_admin = format!("127.0.0.1:{}", free_port(Ipv4Addr::LOCALHOST.into()).unwrap());
+    let _gateway = start(
+        "waycast-gateway",
+        &[
+            "--config-secret",
+            &format!("{namespace}/{CONFIG}"),
+            "--listen",
+            &gateway_addr.to_string(),
+            "--admin-listen",
+            &gateway_admin,
+        ],
+        &cluster.kubeconfig,
+        &format!("waycast-{namespace}-gateway.log"),
+    );
+    let first_key = key_text(&secrets, "key-0").await;
+    until_status(gateway_addr, &first_key, "model-0", 200, Duration::from_secs(60)).await;
+
+    // The shard and the manifest may not be written: a change to the base
+    // and to the shard gets its base written and stops at its shard.
+    let (base, shard) = (shards::base_secret_name(CONFIG), shards::shard_secret_name(CONFIG, 0, 1));
+    let base_before = part_digest(&secrets, &base).await.unwrap();
+    assert!(part_digest(&secrets, &shard).await.is_some(), "two keys are in one shard");
+    let hold = refuse_updates(&client, &namespace, &[shard.clone(), CONFIG.to_owned()]).await;
+    let manifest_before = part_digest(&secrets, CONFIG).await;
+    models.create(&post, &fleet.models[1]).await.unwrap();
+    keys.create(&post, &fleet.keys[1]).await.unwrap();
+    let second_key = key_text(&secrets, "key-1").await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while part_digest(&secrets, &base).await.as_ref() == Some(&base_before) {
+        assert!(Instant::now() < deadline, "the operator never wrote the new base");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Its shard refused (it tries again meanwhile), then killed there.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    drop(operator);
+    assert_eq!(part_digest(&secrets, CONFIG).await, manifest_before, "the manifest was held back");
+
+    // The last whole config is served: the new model is unknown, the new
+    // key is refused, the old key still works — for a while, not once.
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(3) {
+        assert_eq!(chat(gateway_addr, &first_key, "model-0").await, Some(200), "the old config stopped serving");
+        assert_eq!(chat(gateway_addr, &first_key, "model-1").await, Some(404), "the written base alone was served");
+        assert_eq!(chat(gateway_addr, &second_key, "model-0").await, Some(401), "a key no manifest names was served");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Allowed again, a new operator finishes the change.
+    allow_updates(&client, &hold).await;
+    operator = start_operator(&cluster.kubeconfig, &namespace, 2);
+    until_status(gateway_addr, &second_key, "model-1", 200, Duration::from_secs(60)).await;
+    until_status(gateway_addr, &first_key, "model-1", 200, Duration::from_secs(5)).await;
+    drop(operator);
+}
