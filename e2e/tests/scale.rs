@@ -2,10 +2,13 @@
 //! test`): 10,000 ApiKeys and 500 ModelEndpoints on one Gateway against the
 //! real API server, with the operator and a gateway as processes (release
 //! builds when `WAYCAST_OPERATOR_BIN` / `WAYCAST_GATEWAY_BIN` name them).
-//! Prints: time until all are served, the config Secret's size, the
-//! operator's peak RSS and reconcile times, and apply → served latency for
-//! one more key while the 10,000 exist. Sizes: `WAYCAST_SCALE_KEYS`,
-//! `WAYCAST_SCALE_MODELS`, `WAYCAST_SCALE_TRIALS`.
+//! Prints: time until all are served and every status says Ready, the
+//! config Secrets' size, apply → served for one more key and revoke → 401
+//! for it while the others exist, config bytes written per key change, the
+//! operator's and the gateway's peak RSS, and a restarted gateway's time to
+//! serve. Sizes: `WAYCAST_SCALE_KEYS`, `WAYCAST_SCALE_MODELS`,
+//! `WAYCAST_SCALE_TRIALS`; the targets it checks are docs/performance.md's
+//! for that size (10,000 keys or fewer, or up to 100,000).
 
 #![allow(clippy::unwrap_used, reason = "a benchmark fails loudly on any unexpected error")]
 
@@ -17,7 +20,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt as _;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams, PostParams};
 use waycast_crds::{ApiKey, Gateway, ModelEndpoint};
 use waycast_e2e::control_plane::free_port;
 use waycast_e2e::harness::{condition_true, shared_cluster, test_namespace};
@@ -50,6 +53,30 @@ async fn metric_text(admin: SocketAddr) -> String {
     let Ok(response) = http.get(format!("http://{admin}/metrics").parse().unwrap()).await else { return String::new() };
     let body = http_body_util::BodyExt::collect(response.into_body()).await.unwrap().to_bytes();
     String::from_utf8_lossy(&body).into_owned()
+}
+
+/// A gateway process reading `namespace`'s config, serving on `listen`.
+fn start_gateway(kubeconfig: &std::path::Path, namespace: &str, listen: SocketAddr, log: &str) -> KilledOnDrop {
+    KilledOnDrop(
+        Command::new(binary("WAYCAST_GATEWAY_BIN", "waycast-gateway"))
+            .args(["--config-secret", &format!("{namespace}/gateway-config")])
+            .args(["--listen", &listen.to_string()])
+            .args(["--admin-listen", &format!("127.0.0.1:{}", free_port(Ipv4Addr::LOCALHOST.into()).unwrap())])
+            .args(["--log", "warn"])
+            .env("KUBECONFIG", kubeconfig)
+            .stdout(std::fs::File::create(std::env::temp_dir().join(log)).unwrap())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// Asks until `key` gets `status` on `model`, or panics at `deadline`.
+async fn until_status(gateway: SocketAddr, key: &str, model: &str, status: u16, deadline: Instant, what: &str) {
+    while chat(gateway, key, model).await != Some(status) {
+        assert!(Instant::now() < deadline, "{what}: no {status} before the deadline");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 async fn key_text(secrets: &Api<Secret>, name: &str, deadline: Instant) -> String {
@@ -91,23 +118,14 @@ async fn ten_thousand_keys_and_five_hundred_models_on_one_gateway() {
                 &std::env::var("WAYCAST_SCALE_LOG").unwrap_or_else(|_| "warn".into()),
             ])
             .env("KUBECONFIG", &cluster.kubeconfig)
+            // As the chart runs it: freed pages handed back at once.
+            .env("MIMALLOC_PURGE_DELAY", "0")
             .stdout(std::fs::File::create(log_dir.join("waycast-scale-operator.log")).unwrap())
             .stderr(Stdio::null())
             .spawn()
             .unwrap(),
     );
-    let gateway = KilledOnDrop(
-        Command::new(binary("WAYCAST_GATEWAY_BIN", "waycast-gateway"))
-            .args(["--config-secret", &format!("{namespace}/gateway-config")])
-            .args(["--listen", &gateway_addr.to_string()])
-            .args(["--admin-listen", &format!("127.0.0.1:{}", free_port(Ipv4Addr::LOCALHOST.into()).unwrap())])
-            .args(["--log", "warn"])
-            .env("KUBECONFIG", &cluster.kubeconfig)
-            .stdout(std::fs::File::create(log_dir.join("waycast-scale-gateway.log")).unwrap())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let mut gateway = start_gateway(&cluster.kubeconfig, &namespace, gateway_addr, "waycast-scale-gateway.log");
 
     let operator_rss = RssSampler::start(operator.0.id());
     let started = Instant::now();
@@ -139,14 +157,11 @@ async fn ten_thousand_keys_and_five_hundred_models_on_one_gateway() {
     // All served: the Gateway compiled every key, and the last key's
     // generated text works on the last model.
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
-    let deadline = Instant::now() + Duration::from_secs(900);
+    let deadline = Instant::now() + Duration::from_secs((keys as u64 / 50).max(900));
     waycast_e2e::workloads::wait_keys_compiled(&gateways, "gateway", keys, deadline).await.unwrap();
     let last_key = key_text(&secrets, &format!("key-{}", keys - 1), deadline).await;
     let last_model = format!("model-{}", models - 1);
-    while chat(gateway_addr, &last_key, &last_model).await != Some(200) {
-        assert!(Instant::now() < deadline, "the gateway never served the last key");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until_status(gateway_addr, &last_key, &last_model, 200, deadline, "the last key").await;
     let served_at = Instant::now();
     println!("all served {:.1}s after the first create", started.elapsed().as_secs_f64());
 
@@ -161,7 +176,8 @@ async fn ten_thousand_keys_and_five_hundred_models_on_one_gateway() {
             break;
         }
         assert!(Instant::now() < deadline, "only {ready} of {keys} ApiKeys say Ready");
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        // A list of 100,000 ApiKeys is itself a load on the API server.
+        tokio::time::sleep(Duration::from_secs((keys as u64 / 10_000).clamp(2, 10))).await;
     }
     let settled_at = Instant::now();
     println!("every ApiKey's status says Ready {:.1}s after the first create", started.elapsed().as_secs_f64());
@@ -184,7 +200,7 @@ async fn ten_thousand_keys_and_five_hundred_models_on_one_gateway() {
             .unwrap_or(0.0)
     };
     let written_before = bytes_written(&metric_text(operator_admin).await);
-    let mut latencies = Vec::new();
+    let (mut latencies, mut revokes) = (Vec::new(), Vec::new());
     let mut trial_ends = Vec::new();
     for trial in 0..env_number("WAYCAST_SCALE_TRIALS", 20) {
         let name = format!("extra-{trial}");
@@ -193,23 +209,38 @@ async fn ten_thousand_keys_and_five_hundred_models_on_one_gateway() {
         key_api.create(&post, &extra).await.unwrap();
         let deadline = applied + Duration::from_secs(30);
         let text = key_text(&secrets, &name, deadline).await;
-        while chat(gateway_addr, &text, "model-0").await != Some(200) {
-            assert!(Instant::now() < deadline, "{name} was not served within 30 s");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        until_status(gateway_addr, &text, "model-0", 200, deadline, &name).await;
         latencies.push(applied.elapsed().as_secs_f64());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Revoked: the same key disabled.
+        let revoked = Instant::now();
+        let disable = serde_json::json!({"spec": {"disabled": true}});
+        key_api.patch(&name, &PatchParams::default(), &Patch::Merge(&disable)).await.unwrap();
+        until_status(gateway_addr, &text, "model-0", 401, revoked + Duration::from_secs(30), &name).await;
+        revokes.push(revoked.elapsed().as_secs_f64());
         tokio::time::sleep(Duration::from_millis(300)).await;
         trial_ends.push(Instant::now());
     }
     let trials_done = Instant::now();
     latencies.sort_by(f64::total_cmp);
     let p50 = latencies[latencies.len() / 2];
-    let p99 = p99(&latencies);
-    println!("apply → served, one more key among {keys}: p50 {p50:.3}s p99 {p99:.3}s over {} trials", latencies.len());
+    let served_p99 = p99(&latencies);
+    println!(
+        "apply → served, one more key among {keys}: p50 {p50:.3}s p99 {served_p99:.3}s over {} trials",
+        latencies.len()
+    );
+    revokes.sort_by(f64::total_cmp);
+    let revoke_p99 = p99(&revokes);
+    println!(
+        "revoke → 401, that key disabled: p50 {:.3}s p99 {revoke_p99:.3}s over {} trials",
+        revokes[revokes.len() / 2],
+        revokes.len()
+    );
 
     let metrics = metric_text(operator_admin).await;
-    let per_key = (bytes_written(&metrics) - written_before) / latencies.len().max(1) as f64;
-    println!("config Secrets written per key added: {per_key:.0} bytes (target ≤ 64 KB)");
+    // Each trial is two key changes: added, then disabled.
+    let per_key = (bytes_written(&metrics) - written_before) / (2 * latencies.len()).max(1) as f64;
+    println!("config Secrets written per key change: {per_key:.0} bytes (target ≤ 64 KB)");
     let series = |name: &str| {
         metrics.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.trim().parse::<f64>().ok()).unwrap_or(0.0)
     };
@@ -237,21 +268,47 @@ async fn ten_thousand_keys_and_five_hundred_models_on_one_gateway() {
         trial_ends.iter().map(|end| format!("{:.0}", operator_rss.peak_and_last(settled_at, *end).1)).collect();
     println!("operator RSS after each trial (MiB): {}", after_each.join(" "));
     let operator_peak = status_mib(operator.0.id(), "VmHWM:");
-    println!("gateway: peak RSS {:.1} MiB with {keys} keys", status_mib(gateway.0.id(), "VmHWM:"));
+    let gateway_peak = status_mib(gateway.0.id(), "VmHWM:");
+    println!("gateway: peak RSS {gateway_peak:.1} MiB with {keys} keys");
 
-    // The targets (docs/performance.md): a benchmark that misses one fails.
+    // A gateway restarted among them: from its start to its first answer
+    // with the last key.
+    drop(gateway);
+    let restarted = Instant::now();
+    gateway = start_gateway(&cluster.kubeconfig, &namespace, gateway_addr, "waycast-scale-gateway-restarted.log");
+    until_status(gateway_addr, &last_key, &last_model, 200, restarted + Duration::from_secs(60), "restarted").await;
+    let restart = restarted.elapsed().as_secs_f64();
+    println!(
+        "a restarted gateway served {restart:.2}s after its start (peak RSS {:.1} MiB)",
+        status_mib(gateway.0.id(), "VmHWM:")
+    );
+
+    // The targets (docs/performance.md) for this size: a benchmark that
+    // misses one fails.
+    let small = keys <= 10_000;
+    let (served_target, operator_target) = if small { (0.35, 100.0) } else { (1.0, 512.0) };
     let mut missed = Vec::new();
-    if p99 > 1.0 {
-        missed.push(format!("apply → served p99 {p99:.3} s (target ≤ 1 s)"));
+    if served_p99 > served_target {
+        missed.push(format!("apply → served p99 {served_p99:.3} s (target ≤ {served_target} s)"));
     }
-    if operator_peak * 1_048_576.0 > 100e6 {
-        missed.push(format!("operator peak RSS {operator_peak:.1} MiB (target ≤ 100 MB)"));
+    if revoke_p99 > 1.0 {
+        missed.push(format!("revoke → 401 p99 {revoke_p99:.3} s (target ≤ 1 s)"));
+    }
+    if operator_peak > operator_target {
+        missed.push(format!("operator peak RSS {operator_peak:.1} MiB (target ≤ {operator_target} MiB)"));
+    }
+    if gateway_peak > 96.0 {
+        missed.push(format!("gateway peak RSS {gateway_peak:.1} MiB (target ≤ 96 MiB)"));
+    }
+    if restart > 5.0 {
+        missed.push(format!("a restarted gateway served after {restart:.2} s (target ≤ 5 s)"));
     }
     // Each part is checked against its Secret's bound when it is written;
     // what is left to check is that a key change writes a shard, not the
     // whole config.
     if per_key > 64_000.0 {
-        missed.push(format!("{per_key:.0} config bytes written per key added ({config_bytes} in all; target ≤ 64 KB)"));
+        missed
+            .push(format!("{per_key:.0} config bytes written per key change ({config_bytes} in all; target ≤ 64 KB)"));
     }
     assert!(missed.is_empty(), "targets missed: {}", missed.join("; "));
 }
