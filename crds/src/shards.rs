@@ -420,9 +420,12 @@ pub fn assemble_each<'a, E: From<AssembleError>>(
         }
         // Sized once from the first shard, an eighth over (keys are spread
         // by a hash: 3σ at 1,024 keys a shard is a tenth): growing 100,000
-        // entries by doubling held two copies of most of them.
+        // entries by doubling held two copies of most of them. Bounded by
+        // what the writer puts in a shard, and only tried: a forged first
+        // shard must not make it reserve gigabytes.
         if index == 0 {
-            config.keys.reserve(shard.keys.len().saturating_mul(of as usize).saturating_mul(9) / 8);
+            let expected = shard.keys.len().min(MOST_PER_SHARD * 2).saturating_mul(of as usize).saturating_mul(9) / 8;
+            let _ = config.keys.try_reserve_exact(expected);
         }
         config.keys.extend(shard.keys);
     }

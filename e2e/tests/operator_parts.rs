@@ -1,9 +1,11 @@
 //! The operator writes a Gateway's config in parts, the manifest last. Here
 //! the API server refuses one part's write (a ValidatingAdmissionPolicy)
 //! after another part of the same change was written, and the operator is
-//! then killed there: the gateway keeps serving the last whole config —
-//! never the written part without the rest — and a restarted operator
-//! finishes the change once the write is allowed.
+//! then killed there: the manifest is still the last one (it is written
+//! only after every part), the running gateway keeps serving the last
+//! whole config, a gateway started meanwhile never serves the written
+//! part without the rest, and a restarted operator finishes the change
+//! once the write is allowed.
 //!
 //! Against the real API server, with the operator and the gateway as
 //! processes (the operator must be killable, so not the in-process one).
@@ -25,6 +27,7 @@ use waycast_e2e::harness::{shared_cluster, test_namespace};
 use waycast_e2e::process::{KilledOnDrop, workspace_binary};
 use waycast_mock::fixtures as fixture;
 use waycast_mock::sink::{self, SinkOptions};
+use waycast_operator::render::CONFIG_HASH_ANNOTATION;
 use waycast_xtask::scale;
 
 const CONFIG: &str = "gateway-config";
@@ -81,9 +84,18 @@ async fn key_text(secrets: &Api<Secret>, key: &str) -> String {
     }
 }
 
-async fn part_digest(secrets: &Api<Secret>, name: &str) -> Option<String> {
+async fn annotation(secrets: &Api<Secret>, name: &str, key: &str) -> Option<String> {
     let secret = secrets.get_opt(name).await.unwrap()?;
-    secret.metadata.annotations?.get(PART_DIGEST_ANNOTATION).cloned()
+    secret.metadata.annotations?.get(key).cloned()
+}
+
+async fn part_digest(secrets: &Api<Secret>, name: &str) -> Option<String> {
+    annotation(secrets, name, PART_DIGEST_ANNOTATION).await
+}
+
+/// The manifest's own digest: the config's identity.
+async fn manifest_hash(secrets: &Api<Secret>) -> Option<String> {
+    annotation(secrets, CONFIG, CONFIG_HASH_ANNOTATION).await
 }
 
 /// Refuses updates of the Secrets `names` in `namespace` until deleted.
@@ -116,12 +128,15 @@ async fn refuse_updates(client: &Client, namespace: &str, names: &[String]) -> S
         .create(&PostParams::default(), &binding)
         .await
         .unwrap();
-    // In force once a dry-run update of one of them is refused.
+    // In force once a dry-run update of one of them is refused by it.
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
     let probe = serde_json::json!({"metadata": {"annotations": {"e2e/probe": "1"}}});
     let deadline = Instant::now() + Duration::from_secs(30);
-    while secrets.patch(&names[0], &PatchParams::default().dry_run(), &Patch::Merge(&probe)).await.is_ok() {
-        assert!(Instant::now() < deadline, "the admission policy was not in force within 30 s");
+    loop {
+        match secrets.patch(&names[0], &PatchParams::default().dry_run(), &Patch::Merge(&probe)).await {
+            Err(kube::Error::Api(refusal)) if refusal.message.contains("held back by the test") => break,
+            other => assert!(Instant::now() < deadline, "the admission policy not in force within 30 s: {other:?}"),
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     name
@@ -172,13 +187,13 @@ async fn an_operator_killed_between_two_part_writes_leaves_the_last_config_servi
     let first_key = key_text(&secrets, "key-0").await;
     until_status(gateway_addr, &first_key, "model-0", 200, Duration::from_secs(60)).await;
 
-    // The shard and the manifest may not be written: a change to the base
-    // and to the shard gets its base written and stops at its shard.
+    // The shard may not be written: a change to the base and to the shard
+    // gets its base written and stops at its shard, before the manifest.
     let (base, shard) = (shards::base_secret_name(CONFIG), shards::shard_secret_name(CONFIG, 0, 1));
     let base_before = part_digest(&secrets, &base).await.unwrap();
-    assert!(part_digest(&secrets, &shard).await.is_some(), "two keys are in one shard");
-    let hold = refuse_updates(&client, &namespace, &[shard.clone(), CONFIG.to_owned()]).await;
-    let manifest_before = part_digest(&secrets, CONFIG).await;
+    let shard_before = part_digest(&secrets, &shard).await.unwrap();
+    let manifest_before = manifest_hash(&secrets).await.unwrap();
+    let hold = refuse_updates(&client, &namespace, std::slice::from_ref(&shard)).await;
     models.create(&post, &fleet.models[1]).await.unwrap();
     keys.create(&post, &fleet.keys[1]).await.unwrap();
     let second_key = key_text(&secrets, "key-1").await;
@@ -190,17 +205,45 @@ async fn an_operator_killed_between_two_part_writes_leaves_the_last_config_servi
     // Its shard refused (it tries again meanwhile), then killed there.
     tokio::time::sleep(Duration::from_secs(2)).await;
     drop(operator);
-    assert_eq!(part_digest(&secrets, CONFIG).await, manifest_before, "the manifest was held back");
+    assert_eq!(part_digest(&secrets, &shard).await.as_ref(), Some(&shard_before), "the shard write was refused");
+    assert_eq!(
+        manifest_hash(&secrets).await.as_ref(),
+        Some(&manifest_before),
+        "the manifest is written only after every part"
+    );
 
     // The last whole config is served: the new model is unknown, the new
-    // key is refused, the old key still works — for a while, not once.
+    // key is refused, the old key still works — for a while, not once. A
+    // gateway started now finds the manifest's base rewritten: it serves
+    // nothing rather than the new base without its shard.
+    let fresh_addr = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port(Ipv4Addr::LOCALHOST.into()).unwrap()));
+    let fresh_admin = format!("127.0.0.1:{}", free_port(Ipv4Addr::LOCALHOST.into()).unwrap());
+    let fresh = start(
+        "waycast-gateway",
+        &[
+            "--config-secret",
+            &format!("{namespace}/{CONFIG}"),
+            "--listen",
+            &fresh_addr.to_string(),
+            "--admin-listen",
+            &fresh_admin,
+        ],
+        &cluster.kubeconfig,
+        &format!("waycast-{namespace}-gateway-fresh.log"),
+    );
     let watched = Instant::now();
-    while watched.elapsed() < Duration::from_secs(3) {
+    let mut fresh_answered = false;
+    while watched.elapsed() < Duration::from_secs(4) {
         assert_eq!(chat(gateway_addr, &first_key, "model-0").await, Some(200), "the old config stopped serving");
         assert_eq!(chat(gateway_addr, &first_key, "model-1").await, Some(404), "the written base alone was served");
         assert_eq!(chat(gateway_addr, &second_key, "model-0").await, Some(401), "a key no manifest names was served");
+        let fresh_model = chat(fresh_addr, &first_key, "model-1").await;
+        assert_ne!(fresh_model, Some(200), "a gateway started meanwhile served the written base alone");
+        fresh_answered |= fresh_model.is_some();
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    assert!(fresh_answered, "the gateway started meanwhile never answered");
+    drop(fresh);
 
     // Allowed again, a new operator finishes the change.
     allow_updates(&client, &hold).await;
