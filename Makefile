@@ -41,7 +41,7 @@ bench-peers:
 	  $$(sed 's/^\([a-z]*\)=/--\1 /' $(TARGET_DIR)/peers.list) --peer-cpus $(PEER_CPUS) --load-cpus $(LOAD_CPUS) \
 	  --cell-seconds $(PEER_CELL_SECONDS) --held-streams $(HELD_STREAMS) --rounds $(PEER_ROUNDS) --out $(TARGET_DIR)/bench-peers.json
 
-## bench-scale: 10,000 ApiKeys and 500 ModelEndpoints on one Gateway against the real API server (release operator and gateway), then 10,000 keys' usage collected from a gateway pod on the node
+## bench-scale: 10,000 ApiKeys and 500 ModelEndpoints on one Gateway (WAYCAST_SCALE_KEYS, WAYCAST_SCALE_MODELS: e.g. 100000 and 2000) against the real API server (release operator and gateway), then 10,000 keys' usage collected from a gateway pod on the node
 bench-scale: k8s-bins node-deps
 	$(CARGO) build $(CARGO_FLAGS) --release -p waycast-operator -p waycast-gateway
 	$(CARGO) build $(CARGO_FLAGS) --workspace --bins
