@@ -272,7 +272,7 @@ mod tests {
             assert_eq!(version, "7");
             assert_eq!((secret.namespace.as_str(), secret.name.as_str()), ("team", "s"));
             assert_eq!(secret.controller.as_deref(), Some("owner"), "whose key it is: the controller owner");
-            let kept = &secret.texts["api-key"];
+            let kept = secret.text("api-key").unwrap();
             assert_eq!(kept.sha256, waycast_crds::digest::sha256_hex(b"wc-0123456789abcdefghijklmnop"), "trimmed");
             assert_eq!((kept.prefix.as_str(), kept.chars), ("wc-012", 29));
             assert!(!format!("{secret:?}").contains("abcdefghijklmnop"), "no text kept: {secret:?}");

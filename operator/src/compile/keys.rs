@@ -56,7 +56,7 @@ impl<'a> Source<'a> {
 
     fn text(self, data_key: &str) -> Option<Cow<'a, KeyText>> {
         match self {
-            Source::Kept(kept) => kept.texts.get(data_key).map(Cow::Borrowed),
+            Source::Kept(kept) => kept.text(data_key).map(Cow::Borrowed),
             Source::Read(secret) => KeyText::of(&secret.data.as_ref()?.get(data_key)?.0).map(Cow::Owned),
         }
     }
