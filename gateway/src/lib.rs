@@ -216,6 +216,22 @@ pub async fn termination_signal() {
     }
 }
 
+/// A config built as a pod builds it to serve it (checked, its keys'
+/// table made), held until dropped: for tools that measure what a config
+/// costs a pod (`xtask memory-figures`).
+pub struct BuiltConfig {
+    _snapshot: snapshot::Snapshot,
+}
+
+/// Builds `config` as a pod would serve it.
+///
+/// # Errors
+/// The config not being servable, as a pod would refuse it.
+pub fn build_config(config: &waycast_crds::GatewayConfig) -> Result<BuiltConfig, String> {
+    let snapshot = snapshot::Snapshot::standalone(config, String::new()).map_err(|e| e.to_string())?;
+    Ok(BuiltConfig { _snapshot: snapshot })
+}
+
 /// Binds the listeners and starts serving on the current runtime.
 ///
 /// # Errors

@@ -6,6 +6,7 @@
 
 pub mod docs;
 pub mod image;
+pub mod memory;
 pub mod observability;
 pub mod scale;
 pub mod structure;

@@ -7,6 +7,7 @@
 //! xtask observability ROOT        # the chart's dashboards and PrometheusRule, docs/dashboards.md (make generate)
 //! xtask image BINARY NAME OUT.tar  # an OCI image archive without Docker           (make images)
 //! xtask compile-figures [KEYS] [MODELS] [RUNS]  # the operator's compile at scale, in memory
+//! xtask memory-figures [KEYS] [MODELS]           # what a key costs the operator and a pod, in bytes
 //! xtask structure ROOT.rs...      # no import cycle between a crate's files, none over 500 lines (make lint)
 //! xtask structure --edges ROOT.rs # every dependency between a crate's files
 //! ```
@@ -19,7 +20,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use waycast_xtask::image::{ImageSpec, NONROOT, pack, shared_libraries};
 
-const USAGE: &str = "usage: xtask crds DIR API_MD | metrics-doc METRICS_MD | observability ROOT | image BINARY NAME OUT.tar | compile-figures [KEYS] [MODELS] [RUNS] | structure ROOT.rs...";
+const USAGE: &str = "usage: xtask crds DIR API_MD | metrics-doc METRICS_MD | observability ROOT | image BINARY NAME OUT.tar | compile-figures [KEYS] [MODELS] [RUNS] | memory-figures [KEYS] [MODELS] | structure ROOT.rs...";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -38,6 +39,15 @@ fn main() -> ExitCode {
             };
             let pick = |index: usize, default: usize| parsed.get(index).copied().unwrap_or(default);
             compile_figures(pick(0, 10_000), pick(1, 500), pick(2, 5).max(1))
+        }
+        ["memory-figures", numbers @ ..] if numbers.len() <= 2 => {
+            let parsed: Result<Vec<usize>, _> = numbers.iter().map(|n| n.parse::<usize>()).collect();
+            let Ok(parsed) = parsed else {
+                eprintln!("{USAGE}");
+                return ExitCode::from(64);
+            };
+            let pick = |index: usize, default: usize| parsed.get(index).copied().unwrap_or(default);
+            memory_figures(pick(0, 10_000), pick(1, 500))
         }
         ["structure", "--edges", root] => structure_edges(root),
         ["structure", roots @ ..] if !roots.is_empty() => structure(roots),
@@ -132,4 +142,15 @@ fn compile_figures(keys: usize, models: usize, runs: usize) -> anyhow::Result<()
 #[allow(clippy::cast_precision_loss, reason = "sizes for display")]
 fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
+}
+
+/// Counts live bytes (what `memory-figures` reads); no limit.
+#[global_allocator]
+static ALLOCATOR: cap::Cap<std::alloc::System> = cap::Cap::new(std::alloc::System, usize::MAX);
+
+fn memory_figures(keys: usize, models: usize) -> anyhow::Result<()> {
+    let fleet = waycast_xtask::scale::fleet("scale", keys, models, "http://10.96.0.10:8000/v1");
+    let costs = waycast_xtask::memory::memory_figures(&|| ALLOCATOR.allocated(), &fleet)?;
+    println!("{}", serde_json::to_string_pretty(&costs)?);
+    Ok(())
 }

@@ -1,0 +1,76 @@
+//! What a key costs in memory, measured with a counting allocator (the
+//! `xtask` binary installs one: `main.rs`): an ApiKey object, the
+//! operator's kept form of a key Secret, a compile's result, a gateway
+//! pod's built config and the parsed config it builds from.
+//!
+//! ```text
+//! fleet(N keys) ─► for each part: live bytes once built − before ─► bytes per key
+//! ```
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::ObjectMeta;
+use serde::Serialize;
+use waycast_operator::catalog::Catalog;
+use waycast_operator::compile::key_secret::KeySecret;
+use waycast_operator::fleet::Fleet;
+
+/// One part's cost.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Cost {
+    /// What was measured.
+    pub part: &'static str,
+    /// Bytes held once built, per key.
+    pub bytes_per_key: f64,
+}
+
+/// What holding `value` costs, per key of `keys`; `live` is the bytes the
+/// allocator counts live.
+#[allow(clippy::cast_precision_loss, reason = "sizes for display")]
+fn cost<T>(live: &dyn Fn() -> usize, part: &'static str, keys: usize, build: impl FnOnce() -> T) -> (Cost, T) {
+    let before = live();
+    let value = build();
+    let held = live().saturating_sub(before);
+    (Cost { part, bytes_per_key: held as f64 / keys.max(1) as f64 }, value)
+}
+
+/// The costs of `fleet`'s keys.
+///
+/// # Errors
+/// The fleet not compiling whole, or a pod refusing its config.
+pub fn memory_figures(live: &dyn Fn() -> usize, fleet: &Fleet) -> anyhow::Result<Vec<Cost>> {
+    let keys = fleet.keys.len();
+    let mut costs = Vec::new();
+    let (api_keys, kept_api_keys) = cost(live, "ApiKey objects (as applied, no status)", keys, || {
+        fleet.keys.iter().cloned().map(Arc::new).collect::<Vec<_>>()
+    });
+    costs.push(api_keys);
+    let (key_secrets, kept_secrets) = cost(live, "key Secrets as the operator keeps them (digests)", keys, || {
+        fleet.secrets.iter().filter_map(KeySecret::of).map(Arc::new).collect::<Vec<_>>()
+    });
+    costs.push(key_secrets);
+    drop((kept_api_keys, kept_secrets));
+    let name = fleet.gateway.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+    let namespace =
+        Namespace { metadata: ObjectMeta { name: Some(name), ..ObjectMeta::default() }, ..Namespace::default() };
+    let catalog = Catalog::from_objects(&[namespace], &fleet.models, &fleet.keys, &[], &fleet.secrets);
+    let (compiled_cost, compiled) = cost(live, "a compile's result (config and verdicts)", keys, || {
+        catalog.compile(&fleet.gateway, jiff::Timestamp::now())
+    });
+    costs.push(compiled_cost);
+    anyhow::ensure!(compiled.config.keys.len() == keys, "not every key compiled");
+    let config = compiled.config;
+    drop((compiled.keys, compiled.models, catalog));
+    let (built_cost, built) =
+        cost(live, "a gateway pod's built config", keys, || waycast_gateway::build_config(&config));
+    built.map_err(|reason| anyhow::anyhow!("a pod refuses the config: {reason}"))?;
+    costs.push(built_cost);
+    let (config_cost, parsed) = cost(live, "a gateway pod's parsed config (while it builds)", keys, || {
+        serde_json::from_slice::<waycast_crds::GatewayConfig>(&config.to_canonical_json().unwrap_or_default())
+    });
+    drop(parsed);
+    costs.push(config_cost);
+    Ok(costs)
+}
