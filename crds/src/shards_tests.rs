@@ -278,3 +278,18 @@ fn the_layout_is_stable_across_builds() {
 
 const GOLDEN_PLACES: [u32; 4] = [11, 1, 12, 14];
 const GOLDEN_FIRST_SHARD: &str = "3e71af2c84aebcae44e9220d097e630049c88558d9f46cdd6bf6ea7833b3540c";
+
+/// The key list is sized from the first shard, but no further than a
+/// shard the writer makes: a forged first shard of many keys in a
+/// manifest of many shards reserves no more than that bound.
+#[test]
+fn a_forged_first_shard_does_not_size_the_key_list_past_the_bound() {
+    let of = 4;
+    let mut parts = split_at(&config(0), of);
+    let many = ground(SALT, of, 3 * MOST_PER_SHARD, "forged-");
+    rewrite_shard(&mut parts, 0, |shard| shard.keys = many.iter().map(|id| key(id)).collect());
+    let config = assembled(&parts).unwrap();
+    assert_eq!(config.keys.len(), 3 * MOST_PER_SHARD, "what it holds is read");
+    let bound = 2 * MOST_PER_SHARD * of as usize * 9 / 8;
+    assert!(config.keys.capacity() <= bound, "reserved {} over {bound}", config.keys.capacity());
+}

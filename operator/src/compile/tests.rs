@@ -855,7 +855,7 @@ fn a_key_secret_the_api_key_does_not_own_is_not_used() {
         secret
     };
     let owned_by = |uid: &str, controller: bool| {
-        let mut secret = secret("demo", "alice-key", "api-key", KEY_A);
+        let mut secret = secret("demo", "alice-key", "api-key", &format!("  {KEY_A}\n"));
         secret.metadata.owner_references = Some(vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
             uid: uid.into(),
             controller: Some(controller),
@@ -869,6 +869,7 @@ fn a_key_secret_the_api_key_does_not_own_is_not_used() {
         labelled(secret("demo", "alice-key", "api-key", KEY_A)),
         labelled(owned_by("uid-mallory", true)),
         labelled(owned_by("uid-alice", false)),
+        owned_by("uid-alice", false),
     ] {
         let mut world = World::quickstart();
         world.secrets = vec![foreign];
@@ -876,11 +877,14 @@ fn a_key_secret_the_api_key_does_not_own_is_not_used() {
         assert_eq!(compiled.keys[&key("demo", "alice")].verdict.reason, reasons::SECRET_NOT_OWNED);
         assert!(compiled.config.keys.is_empty());
     }
-    let mut world = World::quickstart();
-    world.secrets = vec![labelled(owned_by("uid-alice", true))];
-    let compiled = world.compile();
-    assert_eq!(compiled.keys[&key("demo", "alice")].verdict.reason, reasons::KEY_READY, "its own, kept as digests");
-    assert_eq!(compiled.config.keys[0].sha256, waycast_crds::digest::sha256_hex(KEY_A.trim().as_bytes()));
+    // Its own, as read and as kept: the text trimmed either way.
+    for own in [owned_by("uid-alice", true), labelled(owned_by("uid-alice", true))] {
+        let mut world = World::quickstart();
+        world.secrets = vec![own];
+        let compiled = world.compile();
+        assert_eq!(compiled.keys[&key("demo", "alice")].verdict.reason, reasons::KEY_READY);
+        assert_eq!(compiled.config.keys[0].sha256, waycast_crds::digest::sha256_hex(KEY_A.as_bytes()));
+    }
 }
 
 #[test]
