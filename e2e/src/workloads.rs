@@ -430,3 +430,16 @@ pub fn p99(sorted: &[f64]) -> f64 {
     let rank = (sorted.len() as f64 * 0.99).ceil() as usize;
     sorted.get(rank.clamp(1, sorted.len().max(1)) - 1).copied().unwrap_or(0.0)
 }
+
+/// The status `gateway` answers a chat completion for `model` with `key`
+/// (`None`: no answer within 2 s).
+pub async fn chat_status(gateway: std::net::SocketAddr, key: &str, model: &str) -> Option<u16> {
+    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+    let request = waycast_mock::fixtures::post_request(
+        &format!("http://{gateway}/v1/chat/completions"),
+        Some(key),
+        &format!(r#"{{"model":"{model}","messages":[]}}"#),
+    );
+    let response = tokio::time::timeout(Duration::from_secs(2), http.request(request)).await.ok()?.ok()?;
+    Some(response.status().as_u16())
+}

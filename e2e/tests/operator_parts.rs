@@ -25,7 +25,7 @@ use waycast_crds::{ApiKey, Gateway, ModelEndpoint};
 use waycast_e2e::control_plane::free_port;
 use waycast_e2e::harness::{shared_cluster, test_namespace};
 use waycast_e2e::process::{KilledOnDrop, workspace_binary};
-use waycast_mock::fixtures as fixture;
+use waycast_e2e::workloads::chat_status;
 use waycast_mock::sink::{self, SinkOptions};
 use waycast_operator::render::CONFIG_HASH_ANNOTATION;
 use waycast_xtask::scale;
@@ -50,21 +50,10 @@ fn start_operator(kubeconfig: &std::path::Path, namespace: &str, run: u32) -> Ki
     start("waycast-operator", &["--admin-listen", &admin, "--log", "info"], kubeconfig, &log)
 }
 
-async fn chat(gateway: SocketAddr, key: &str, model: &str) -> Option<u16> {
-    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
-    let request = fixture::post_request(
-        &format!("http://{gateway}/v1/chat/completions"),
-        Some(key),
-        &format!(r#"{{"model":"{model}","messages":[]}}"#),
-    );
-    let response = tokio::time::timeout(Duration::from_secs(2), http.request(request)).await.ok()?.ok()?;
-    Some(response.status().as_u16())
-}
-
 async fn until_status(gateway: SocketAddr, key: &str, model: &str, status: u16, within: Duration) {
     let deadline = Instant::now() + within;
     loop {
-        let got = chat(gateway, key, model).await;
+        let got = chat_status(gateway, key, model).await;
         if got == Some(status) {
             return;
         }
@@ -234,10 +223,18 @@ async fn an_operator_killed_between_two_part_writes_leaves_the_last_config_servi
     let watched = Instant::now();
     let mut fresh_answered = false;
     while watched.elapsed() < Duration::from_secs(4) {
-        assert_eq!(chat(gateway_addr, &first_key, "model-0").await, Some(200), "the old config stopped serving");
-        assert_eq!(chat(gateway_addr, &first_key, "model-1").await, Some(404), "the written base alone was served");
-        assert_eq!(chat(gateway_addr, &second_key, "model-0").await, Some(401), "a key no manifest names was served");
-        let fresh_model = chat(fresh_addr, &first_key, "model-1").await;
+        assert_eq!(chat_status(gateway_addr, &first_key, "model-0").await, Some(200), "the old config stopped serving");
+        assert_eq!(
+            chat_status(gateway_addr, &first_key, "model-1").await,
+            Some(404),
+            "the written base alone was served"
+        );
+        assert_eq!(
+            chat_status(gateway_addr, &second_key, "model-0").await,
+            Some(401),
+            "a key no manifest names was served"
+        );
+        let fresh_model = chat_status(fresh_addr, &first_key, "model-1").await;
         assert_ne!(fresh_model, Some(200), "a gateway started meanwhile served the written base alone");
         fresh_answered |= fresh_model.is_some();
         tokio::time::sleep(Duration::from_millis(100)).await;

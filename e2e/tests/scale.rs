@@ -26,25 +26,13 @@ use waycast_e2e::control_plane::free_port;
 use waycast_e2e::harness::{condition_true, shared_cluster, test_namespace};
 use waycast_e2e::memory::{RssSampler, status_mib};
 use waycast_e2e::process::KilledOnDrop;
-use waycast_e2e::workloads::{env_number, p99, plain_api_key};
-use waycast_mock::fixtures as fixture;
+use waycast_e2e::workloads::{chat_status, env_number, p99, plain_api_key};
 use waycast_mock::sink::{self, SinkOptions};
 use waycast_xtask::scale;
 
 fn binary(variable: &str, name: &str) -> PathBuf {
     std::env::var_os(variable)
         .map_or_else(|| std::path::Path::new(env!("CARGO_BIN_EXE_waycast-cluster")).with_file_name(name), PathBuf::from)
-}
-
-async fn chat(gateway: SocketAddr, key: &str, model: &str) -> Option<u16> {
-    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
-    let request = fixture::post_request(
-        &format!("http://{gateway}/v1/chat/completions"),
-        Some(key),
-        &format!(r#"{{"model":"{model}","messages":[]}}"#),
-    );
-    let response = tokio::time::timeout(Duration::from_secs(2), http.request(request)).await.ok()?.ok()?;
-    Some(response.status().as_u16())
 }
 
 async fn metric_text(admin: SocketAddr) -> String {
@@ -73,7 +61,7 @@ fn start_gateway(kubeconfig: &std::path::Path, namespace: &str, listen: SocketAd
 
 /// Asks until `key` gets `status` on `model`, or panics at `deadline`.
 async fn until_status(gateway: SocketAddr, key: &str, model: &str, status: u16, deadline: Instant, what: &str) {
-    while chat(gateway, key, model).await != Some(status) {
+    while chat_status(gateway, key, model).await != Some(status) {
         assert!(Instant::now() < deadline, "{what}: no {status} before the deadline");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }

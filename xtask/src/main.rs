@@ -31,24 +31,20 @@ fn main() -> ExitCode {
             .and_then(|text| std::fs::write(path, text).with_context(|| format!("writing {path}"))),
         ["observability", root] => observability(Path::new(root)),
         ["image", binary, name, out] => image(binary, name, Path::new(out)),
-        ["compile-figures", numbers @ ..] if numbers.len() <= 3 => {
-            let parsed: Result<Vec<usize>, _> = numbers.iter().map(|n| n.parse::<usize>()).collect();
-            let Ok(parsed) = parsed else {
+        ["compile-figures", numbers @ ..] => match sizes(numbers, &[10_000, 500, 5]) {
+            Some([keys, models, runs]) => compile_figures(keys, models, runs.max(1)),
+            _ => {
                 eprintln!("{USAGE}");
                 return ExitCode::from(64);
-            };
-            let pick = |index: usize, default: usize| parsed.get(index).copied().unwrap_or(default);
-            compile_figures(pick(0, 10_000), pick(1, 500), pick(2, 5).max(1))
-        }
-        ["memory-figures", numbers @ ..] if numbers.len() <= 2 => {
-            let parsed: Result<Vec<usize>, _> = numbers.iter().map(|n| n.parse::<usize>()).collect();
-            let Ok(parsed) = parsed else {
+            }
+        },
+        ["memory-figures", numbers @ ..] => match sizes(numbers, &[10_000, 500]) {
+            Some([keys, models]) => memory_figures(keys, models),
+            _ => {
                 eprintln!("{USAGE}");
                 return ExitCode::from(64);
-            };
-            let pick = |index: usize, default: usize| parsed.get(index).copied().unwrap_or(default);
-            memory_figures(pick(0, 10_000), pick(1, 500))
-        }
+            }
+        },
         ["structure", "--edges", root] => structure_edges(root),
         ["structure", roots @ ..] if !roots.is_empty() => structure(roots),
         _ => {
@@ -132,6 +128,19 @@ fn image(binary: &str, name: &str, out: &Path) -> anyhow::Result<()> {
 /// ApiKeys and ModelEndpoints (no API server) and prints JSON. Kept here, not
 /// in `waycast-bench`, so the user-facing load generator does not build the
 /// operator.
+/// `numbers` parsed, each missing one taken from `defaults`; `None` when
+/// one does not parse or there are more than `defaults`.
+fn sizes<const N: usize>(numbers: &[&str], defaults: &[usize; N]) -> Option<[usize; N]> {
+    if numbers.len() > N {
+        return None;
+    }
+    let mut sizes = *defaults;
+    for (size, number) in sizes.iter_mut().zip(numbers) {
+        *size = number.parse().ok()?;
+    }
+    Some(sizes)
+}
+
 fn compile_figures(keys: usize, models: usize, runs: usize) -> anyhow::Result<()> {
     let fleet = waycast_xtask::scale::fleet("bench", keys, models, "http://127.0.0.1:8000/v1");
     let figures = waycast_xtask::scale::compile_figures(&fleet, runs)?;
