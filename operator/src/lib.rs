@@ -20,7 +20,7 @@ pub(crate) mod leader;
 pub mod metrics;
 pub mod networks;
 pub(crate) mod ownership;
-pub(crate) mod programmed;
+pub mod programmed;
 pub mod render;
 pub mod secret_data;
 pub mod status;

@@ -73,15 +73,23 @@ pub struct CompiledFrom {
     /// Every pod serves a config at or after this sequence number (0: some
     /// pod serves none we remember, or not every ready pod reports yet).
     pub served_through: u64,
-    /// ApiKey → what was compiled.
-    pub keys: BTreeMap<ObjectKey, Decision>,
-    /// ModelEndpoint → what was compiled.
-    pub models: BTreeMap<ObjectKey, Decision>,
-    /// ApiKey → its verdict. ApiKey statuses read this instead of compiling
-    /// again: one compile per Gateway change, not one per key.
-    pub key_verdicts: BTreeMap<ObjectKey, KeyVerdict>,
-    /// ModelEndpoint → its verdict.
-    pub model_verdicts: BTreeMap<ObjectKey, Verdict>,
+    /// ApiKey → what was compiled, and its verdict. ApiKey statuses read
+    /// this instead of compiling again: one compile per Gateway change,
+    /// not one per key.
+    pub keys: BTreeMap<ObjectKey, Record<KeyVerdict>>,
+    /// ModelEndpoint → what was compiled, and its verdict.
+    pub models: BTreeMap<ObjectKey, Record<Verdict>>,
+}
+
+/// What one compile made of an object: its decision and its verdict, kept
+/// under one id (at 100,000 keys, a second map of the same ids was some
+/// 10 MB and a copy of every id on every compile).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Record<V> {
+    /// The decision, for `Programmed`.
+    pub decision: Decision,
+    /// The verdict, for `Accepted`/`Ready`.
+    pub verdict: V,
 }
 
 impl CompiledFrom {
@@ -104,14 +112,10 @@ pub struct Compile {
     /// Whether that config was written (a config too large for a Secret is
     /// not: its decisions are carried by no config).
     pub written: bool,
-    /// ApiKey decisions.
-    pub keys: BTreeMap<ObjectKey, Decision>,
-    /// ModelEndpoint decisions.
-    pub models: BTreeMap<ObjectKey, Decision>,
-    /// ApiKey verdicts.
-    pub key_verdicts: BTreeMap<ObjectKey, KeyVerdict>,
-    /// ModelEndpoint verdicts.
-    pub model_verdicts: BTreeMap<ObjectKey, Verdict>,
+    /// ApiKey decisions and verdicts.
+    pub keys: BTreeMap<ObjectKey, Record<KeyVerdict>>,
+    /// ModelEndpoint decisions and verdicts.
+    pub models: BTreeMap<ObjectKey, Record<Verdict>>,
 }
 
 /// Marks the objects a pod reports it left out of the config it serves
@@ -175,34 +179,41 @@ pub fn next(previous: Option<&CompiledFrom>, compile: Compile, pods: &Pods<'_>) 
         history.pop_front();
     }
     let since = if compile.written { seq } else { NEVER };
-    let settle = |decisions: BTreeMap<ObjectKey, Decision>, before: &BTreeMap<ObjectKey, Decision>| {
-        decisions
-            .into_iter()
-            .map(|(id, mut decision)| {
-                decision.since = match before.get(&id) {
-                    Some(old) if old.same_outcome(&decision) => old.since,
-                    _ => since,
-                };
-                (id, decision)
-            })
-            .collect::<BTreeMap<_, _>>()
-    };
     let mut next = CompiledFrom {
         hash: compile.hash,
         seq,
         history,
         served_through: 0,
-        keys: settle(compile.keys, &previous.keys),
-        models: settle(compile.models, &previous.models),
-        key_verdicts: compile.key_verdicts,
-        model_verdicts: compile.model_verdicts,
+        keys: carried_since(compile.keys, &previous.keys, since),
+        models: carried_since(compile.models, &previous.models, since),
     };
     next.served_through = served_through(&next, pods);
-    let moved = Moved {
-        keys: moved(previous, &next, |c| &c.keys, |c| &c.key_verdicts),
-        models: moved(previous, &next, |c| &c.models, |c| &c.model_verdicts),
-    };
+    let moved = Moved { keys: moved(previous, &next, |c| &c.keys), models: moved(previous, &next, |c| &c.models) };
     (next, moved)
+}
+
+/// `records` with each decision's `since`: its previous one's when the
+/// outcome is the same, else `since`. Both maps are in id order and walked
+/// at once (a look-up of each of 100,000 ids in the other map was most of
+/// [`next`]).
+fn carried_since<V>(
+    records: BTreeMap<ObjectKey, Record<V>>,
+    before: &BTreeMap<ObjectKey, Record<V>>,
+    since: u64,
+) -> BTreeMap<ObjectKey, Record<V>> {
+    let mut before = before.iter().peekable();
+    records
+        .into_iter()
+        .map(|(id, mut record)| {
+            while before.next_if(|(old_id, _)| **old_id < id).is_some() {}
+            let old = before.next_if(|(old_id, _)| **old_id == id).map(|(_, old)| &old.decision);
+            record.decision.since = match old {
+                Some(old) if old.same_outcome(&record.decision) => old.since,
+                _ => since,
+            };
+            (id, record)
+        })
+        .collect()
 }
 
 /// The oldest config any pod serves, if every ready pod reports one we know.
@@ -219,27 +230,56 @@ fn served_through(compiled: &CompiledFrom, pods: &Pods<'_>) -> u64 {
 fn moved<V: PartialEq>(
     before: &CompiledFrom,
     after: &CompiledFrom,
-    decisions: impl Fn(&CompiledFrom) -> &BTreeMap<ObjectKey, Decision>,
-    verdicts: impl Fn(&CompiledFrom) -> &BTreeMap<ObjectKey, V>,
+    records: impl Fn(&CompiledFrom) -> &BTreeMap<ObjectKey, Record<V>>,
 ) -> Vec<ObjectKey> {
-    let outcome = |compiled: &CompiledFrom, id: &ObjectKey| {
-        decisions(compiled).get(id).map(|d| {
-            let programmed = d.as_intended && d.since <= compiled.served_through;
-            (d.generation, d.as_intended, d.entry, programmed)
-        })
+    // What a status shows of a record: its decision's outcome, whether it
+    // is programmed, and its verdict.
+    let shown = |compiled: &CompiledFrom, record: &Record<V>| {
+        let d = &record.decision;
+        let programmed = d.as_intended && d.since <= compiled.served_through;
+        (d.generation, d.as_intended, d.entry, programmed)
     };
-    let mut ids: Vec<&ObjectKey> = decisions(after).keys().chain(decisions(before).keys()).collect();
-    ids.sort();
-    ids.dedup();
-    ids.into_iter()
-        .filter(|id| outcome(before, id) != outcome(after, id) || verdicts(before).get(*id) != verdicts(after).get(*id))
-        .cloned()
+    joined(records(before).iter(), records(after).iter())
+        .filter(|(_, was, is)| {
+            let was = was.map(|record| (shown(before, record), &record.verdict));
+            let is = is.map(|record| (shown(after, record), &record.verdict));
+            was != is
+        })
+        .map(|(id, _, _)| id.clone())
         .collect()
 }
 
+/// Two sequences in ascending id order (each id at most once in each),
+/// walked at once: every id of either, with what each holds of it.
+fn joined<'a, A, B>(
+    left: impl Iterator<Item = (&'a ObjectKey, A)>,
+    right: impl Iterator<Item = (&'a ObjectKey, B)>,
+) -> impl Iterator<Item = (&'a ObjectKey, Option<A>, Option<B>)> {
+    let (mut left, mut right) = (left.peekable(), right.peekable());
+    std::iter::from_fn(move || {
+        let order = match (left.peek(), right.peek()) {
+            (None, None) => return None,
+            (Some(_), None) => std::cmp::Ordering::Less,
+            (None, Some(_)) => std::cmp::Ordering::Greater,
+            (Some((l, _)), Some((r, _))) => l.cmp(r),
+        };
+        Some(match order {
+            std::cmp::Ordering::Less => left.next().map(|(id, a)| (id, Some(a), None))?,
+            std::cmp::Ordering::Greater => right.next().map(|(id, b)| (id, None, Some(b)))?,
+            std::cmp::Ordering::Equal => {
+                let (id, a) = left.next()?;
+                let (_, b) = right.next()?;
+                (id, Some(a), Some(b))
+            }
+        })
+    })
+}
+
 /// What `compiled` decided about each object, for the `Programmed`
-/// bookkeeping (the verdict maps are moved out of `compiled`: at 10,000
-/// keys they are the bulk of it).
+/// bookkeeping. Its verdicts are moved out: `compiled.keys` and
+/// `compiled.models` are empty after. A key's generation is the one its
+/// verdict was compiled at; `catalog` gives the models' (the catalog
+/// `compiled` came from).
 pub fn decisions(
     catalog: &crate::catalog::Catalog,
     compiled: &mut crate::compile::Compiled,
@@ -247,44 +287,47 @@ pub fn decisions(
     written: bool,
 ) -> Compile {
     use std::collections::HashMap;
-    use std::fmt::Write as _;
-    // Borrowed keys throughout: this runs over every key on every compile.
-    let key_generations: HashMap<(&str, &str), Option<i64>> =
-        catalog.keys.iter().map(|k| (ObjectKey::sort_key(&k.metadata), k.metadata.generation)).collect();
     let model_generations: HashMap<(&str, &str), Option<i64>> =
         catalog.models.iter().map(|m| (ObjectKey::sort_key(&m.metadata), m.metadata.generation)).collect();
-    let key_entries: HashMap<&str, u64> =
-        compiled.config.keys.iter().map(|k| (k.id.as_str(), entry_print(k))).collect();
-    let model_entries: HashMap<&str, u64> =
-        compiled.config.models.iter().filter_map(|m| Some((m.source.as_deref()?, entry_print(m)))).collect();
-    let mut id_text = String::new();
-    let mut entry_of = |entries: &HashMap<&str, u64>, id: &ObjectKey| {
-        id_text.clear();
-        let _ = write!(id_text, "{id}");
-        entries.get(id_text.as_str()).copied().unwrap_or(0)
-    };
+    let model_entries: HashMap<(&str, &str), u64> = compiled
+        .config
+        .models
+        .iter()
+        .filter_map(|m| Some((m.source.as_deref()?.split_once('/')?, entry_print(m))))
+        .collect();
+    // The config's keys by id, in the verdicts' order (compile lists them
+    // so: the sort finds them sorted in one pass), walked beside them: a
+    // map of 100,000 entries built and looked up on every compile was
+    // most of this function.
+    let mut key_entries: Vec<((&str, &str), &waycast_crds::config::KeyConfig)> =
+        compiled.config.keys.iter().filter_map(|k| Some((k.id.split_once('/')?, k))).collect();
+    key_entries.sort_unstable_by_key(|(at, _)| *at);
+    let mut key_entries = key_entries.into_iter().peekable();
     let turned_off = |reason: &str| {
         reason == waycast_crds::condition::reasons::DISABLED || reason == waycast_crds::condition::reasons::EXPIRED
     };
-    let mut keys = BTreeMap::new();
-    for (id, v) in &compiled.keys {
-        let as_intended = v.verdict.accepted || turned_off(v.verdict.reason);
-        let generation = key_generations.get(&(id.namespace.as_str(), id.name.as_str())).copied().flatten();
-        keys.insert(id.clone(), Decision::new(generation, as_intended, entry_of(&key_entries, id)));
-    }
-    let mut models = BTreeMap::new();
-    for (id, v) in &compiled.models {
-        let generation = model_generations.get(&(id.namespace.as_str(), id.name.as_str())).copied().flatten();
-        models.insert(id.clone(), Decision::new(generation, v.accepted, entry_of(&model_entries, id)));
-    }
-    Compile {
-        hash,
-        written,
-        keys,
-        models,
-        key_verdicts: std::mem::take(&mut compiled.keys),
-        model_verdicts: compiled.models.clone(),
-    }
+    // The verdicts are moved in, not copied: at 100,000 keys they are the
+    // bulk of a compile's result.
+    let keys = std::mem::take(&mut compiled.keys)
+        .into_iter()
+        .map(|(id, verdict)| {
+            let as_intended = verdict.verdict.accepted || turned_off(verdict.verdict.reason);
+            while key_entries.next_if(|(at, _)| *at < id.as_pair()).is_some() {}
+            let entry = key_entries.next_if(|(at, _)| *at == id.as_pair()).map_or(0, |(_, key)| entry_print(key));
+            let decision = Decision::new(verdict.generation, as_intended, entry);
+            (id, Record { decision, verdict })
+        })
+        .collect();
+    let models = std::mem::take(&mut compiled.models)
+        .into_iter()
+        .map(|(id, verdict)| {
+            let generation = model_generations.get(&id.as_pair()).copied().flatten();
+            let entry = model_entries.get(&id.as_pair()).copied().unwrap_or(0);
+            let decision = Decision::new(generation, verdict.accepted, entry);
+            (id, Record { decision, verdict })
+        })
+        .collect();
+    Compile { hash, written, keys, models }
 }
 
 /// What a reconcile learned from its pods, between apply and status: the
@@ -303,7 +346,8 @@ pub struct Settled {
 
 /// The pure step after a Gateway's apply: `beats` are its pods' genuine
 /// heartbeats, `hash` the config they are to serve, `written` whether it
-/// was written.
+/// was written. The verdicts move from `compiled` into the decisions
+/// ([`decisions`]).
 pub fn settle(
     catalog: &crate::catalog::Catalog,
     compiled: &mut crate::compile::Compiled,
@@ -332,7 +376,11 @@ mod tests {
     }
 
     fn served() -> KeyVerdict {
-        KeyVerdict { verdict: Verdict::accepted("KeyReady", "the key is served"), key_prefix: None }
+        KeyVerdict {
+            verdict: Verdict::accepted("KeyReady", "the key is served"),
+            key_prefix: None,
+            generation: Some(1),
+        }
     }
 
     /// A compile of `hash` serving each named key at generation 1.
@@ -340,11 +388,14 @@ mod tests {
         Compile {
             hash: hash.into(),
             written: true,
-            keys: names.iter().map(|n| (id(n), Decision::new(Some(1), true, entry_print(n)))).collect(),
+            keys: names.iter().map(|n| (id(n), record(entry_print(n)))).collect(),
             models: BTreeMap::new(),
-            key_verdicts: names.iter().map(|n| (id(n), served())).collect(),
-            model_verdicts: BTreeMap::new(),
         }
+    }
+
+    /// A served key's record at generation 1 with entry `entry`.
+    fn record(entry: u64) -> Record<KeyVerdict> {
+        Record { decision: Decision::new(Some(1), true, entry), verdict: served() }
     }
 
     fn pods(reporting: &[String]) -> Pods<'_> {
@@ -352,7 +403,7 @@ mod tests {
     }
 
     fn programmed(compiled: &CompiledFrom, name: &str) -> bool {
-        compiled.programmed(compiled.keys.get(&id(name)), Some(1))
+        compiled.programmed(compiled.keys.get(&id(name)).map(|r| &r.decision), Some(1))
     }
 
     #[test]
@@ -393,7 +444,7 @@ mod tests {
     fn a_changed_entry_without_a_new_generation_waits_for_the_pods() {
         let (first, _) = next(None, compile("h1", &["a"]), &pods(&["h1".into()]));
         let mut rotated = compile("h2", &["a"]);
-        rotated.keys.insert(id("a"), Decision::new(Some(1), true, entry_print(&"new text")));
+        rotated.keys.insert(id("a"), record(entry_print(&"new text")));
         let (second, moved) = next(Some(&first), rotated, &pods(&["h1".into()]));
         assert_eq!(moved.keys, [id("a")]);
         assert!(!programmed(&second, "a"));
@@ -444,5 +495,64 @@ mod tests {
         assert_eq!(third.seq, 3);
         assert_eq!(third.served_through, 3);
         assert!(programmed(&third, "a"));
+    }
+
+    /// Each key's decision takes its own config entry's fingerprint and its
+    /// verdict's generation, with namespaces that sort differently as
+    /// `namespace/name` text than as pairs (`a-b/x` < `a/x`, yet `a` < `a-b`),
+    /// and a refused key (no entry) between served ones.
+    #[test]
+    fn decisions_take_each_key_its_own_entry() {
+        use waycast_crds::config::KeyConfig;
+        let key = |namespace: &str, name: &str| ObjectKey { namespace: namespace.into(), name: name.into() };
+        let entry = |id: &str, sha: char| KeyConfig::new(id, sha.to_string().repeat(64));
+        let mut config = waycast_crds::GatewayConfig::empty();
+        // Compile's order: by (namespace, name).
+        config.keys = vec![entry("a/x", '1'), entry("a/z", '3'), entry("a-b/x", '2')];
+        let refused = KeyVerdict {
+            verdict: Verdict::refused("Disabled", "spec.disabled is true"),
+            key_prefix: None,
+            generation: Some(4),
+        };
+        let served_at = |generation| KeyVerdict { generation: Some(generation), ..served() };
+        let mut compiled = crate::compile::Compiled {
+            config: config.clone(),
+            models: BTreeMap::new(),
+            keys: [
+                (key("a", "x"), served_at(1)),
+                (key("a", "y"), refused),
+                (key("a", "z"), served_at(3)),
+                (key("a-b", "x"), served_at(2)),
+            ]
+            .into(),
+            gateway: None,
+            tenants: Vec::new(),
+        };
+        let decided = decisions(&crate::catalog::Catalog::default(), &mut compiled, "h".into(), true);
+        let decision = |namespace: &str, name: &str| decided.keys[&key(namespace, name)].decision;
+        for (at, (namespace, name)) in [("a/x", ("a", "x")), ("a/z", ("a", "z")), ("a-b/x", ("a-b", "x"))] {
+            let own = config.keys.iter().find(|k| k.id == at).map(entry_print);
+            assert_eq!(Some(decision(namespace, name).entry), own, "{at}");
+        }
+        assert_eq!(decision("a", "y").entry, 0, "a refused key has no entry");
+        assert!(decision("a", "y").as_intended, "disabled is as intended");
+        let generations: Vec<_> = decided.keys.values().map(|r| r.decision.generation).collect();
+        assert_eq!(generations, [Some(1), Some(4), Some(3), Some(2)]);
+        assert!(compiled.keys.is_empty(), "the verdicts are moved, not copied");
+    }
+
+    /// Two id-ordered sequences walked at once give every id of either,
+    /// once, in order, with what each side holds.
+    #[test]
+    fn joined_walks_both_sides_in_order() {
+        let ids = [id("a"), id("b"), id("c"), id("d")];
+        let left = [(&ids[0], 1), (&ids[2], 3)];
+        let right = [(&ids[1], 'b'), (&ids[2], 'c'), (&ids[3], 'd')];
+        let walked: Vec<_> =
+            joined(left.into_iter(), right.into_iter()).map(|(id, l, r)| (id.name.as_str(), l, r)).collect();
+        assert_eq!(
+            walked,
+            [("a", Some(1), None), ("b", None, Some('b')), ("c", Some(3), Some('c')), ("d", None, Some('d'))]
+        );
     }
 }

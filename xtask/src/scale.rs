@@ -10,6 +10,7 @@ use kube::api::ObjectMeta;
 use serde::Serialize;
 use waycast_operator::catalog::Catalog;
 pub use waycast_operator::fleet::{Fleet, fleet};
+use waycast_operator::programmed;
 use waycast_operator::render::config_parts;
 
 /// What compiling one Gateway's fleet costs.
@@ -25,6 +26,17 @@ pub struct CompileFigures {
     /// Rendering the config's Secrets (split into a manifest, a base and key
     /// shards: canonical JSON, SHA-256, gzip), median, in milliseconds.
     pub render_ms: f64,
+    /// Listing the Secrets the served objects reference (what a reconcile
+    /// looks up before compiling), median, in milliseconds.
+    pub referenced_ms: f64,
+    /// The `Programmed` bookkeeping after a compile (`programmed::settle`
+    /// and `programmed::next` against the previous compile's), median, in
+    /// milliseconds.
+    pub bookkeeping_ms: f64,
+    /// A gateway pod's side of a change: the parts parsed and assembled
+    /// into one config, and the config built as a pod serves it, median,
+    /// in milliseconds.
+    pub pod_ms: f64,
     /// The config's parts as canonical JSON, in bytes.
     pub json_bytes: usize,
     /// The config Secrets' data in all, in bytes (the parts gzipped; each
@@ -44,10 +56,18 @@ pub fn compile_figures(fleet: &Fleet, runs: usize) -> anyhow::Result<CompileFigu
     let now = jiff::Timestamp::now();
     let mut compile_times = Vec::new();
     let mut render_times = Vec::new();
+    let mut referenced_times = Vec::new();
+    let mut bookkeeping_times = Vec::new();
+    let mut pod_times = Vec::new();
     let mut sizes = (0, 0);
+    let mut previous = None;
     for _ in 0..runs.max(1) {
         let started = Instant::now();
-        let compiled = catalog.compile(&fleet.gateway, now);
+        let referenced = catalog.with_inputs(&fleet.gateway, waycast_operator::compile::referenced_secrets);
+        referenced_times.push(started.elapsed().as_secs_f64() * 1e3);
+        drop(referenced);
+        let started = Instant::now();
+        let mut compiled = catalog.compile(&fleet.gateway, now);
         compile_times.push(started.elapsed().as_secs_f64() * 1e3);
         anyhow::ensure!(
             compiled.config.keys.len() == fleet.keys.len(),
@@ -61,6 +81,20 @@ pub fn compile_figures(fleet: &Fleet, runs: usize) -> anyhow::Result<CompileFigu
             .map_err(|too_large| anyhow::anyhow!("the config does not fit its Secrets: {too_large}"))?;
         render_times.push(started.elapsed().as_secs_f64() * 1e3);
         sizes = (parts.json_bytes, parts.data_bytes_in_all()?);
+        let started = Instant::now();
+        let reporting = [parts.hash.clone()];
+        let settled = programmed::settle(&catalog, &mut compiled, &[], &parts.hash, true);
+        let pods = programmed::Pods { reporting: &reporting, ready: 1 };
+        let (next, moved) = programmed::next(previous.as_ref(), settled.decisions, &pods);
+        bookkeeping_times.push(started.elapsed().as_secs_f64() * 1e3);
+        drop(moved);
+        previous = Some(next);
+        let split = waycast_crds::shards::split(&compiled.config, &parts.layout.salt, parts.layout.shards)?;
+        let started = Instant::now();
+        let shards: Vec<Option<&[u8]>> = split.shards.iter().map(|shard| Some(shard.as_slice())).collect();
+        let assembled = waycast_crds::shards::assemble(&split.manifest, &split.base, &shards)?;
+        waycast_gateway::build_config(&assembled).map_err(|reason| anyhow::anyhow!("a pod refuses it: {reason}"))?;
+        pod_times.push(started.elapsed().as_secs_f64() * 1e3);
     }
     let median = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
@@ -71,6 +105,9 @@ pub fn compile_figures(fleet: &Fleet, runs: usize) -> anyhow::Result<CompileFigu
         models: fleet.models.len(),
         compile_ms: median(compile_times),
         render_ms: median(render_times),
+        referenced_ms: median(referenced_times),
+        bookkeeping_ms: median(bookkeeping_times),
+        pod_ms: median(pod_times),
         json_bytes: sizes.0,
         secret_bytes: sizes.1,
     })

@@ -110,7 +110,8 @@ mod tests {
 
     fn compiled(models: &[&str], keys: &[&str]) -> Compiled {
         let served = Verdict::accepted("Accepted", "served");
-        let key_served = KeyVerdict { verdict: Verdict::accepted("KeyReady", "served"), key_prefix: None };
+        let key_served =
+            KeyVerdict { verdict: Verdict::accepted("KeyReady", "served"), key_prefix: None, generation: None };
         Compiled {
             config: GatewayConfig {
                 models: models

@@ -34,6 +34,8 @@ pub struct KeyVerdict {
     pub verdict: Verdict,
     /// The key's first characters, when it was found.
     pub key_prefix: Option<String>,
+    /// The ApiKey's generation compiled.
+    pub generation: Option<i64>,
 }
 
 /// Where an ApiKey's key comes from: a key Secret as kept, or a Secret
@@ -88,7 +90,9 @@ fn selected<'a>(inputs: &Inputs<'a>) -> Vec<&'a ApiKey> {
                 == select::Parent::Admitted
         })
         .collect();
-    selected.sort_by(|a, b| ObjectKey::sort_key(&a.metadata).cmp(&ObjectKey::sort_key(&b.metadata)));
+    // No two ApiKeys share a namespace and name: an unstable sort is the
+    // same order, without a stable sort's scratch copy.
+    selected.sort_unstable_by(|a, b| ObjectKey::sort_key(&a.metadata).cmp(&ObjectKey::sort_key(&b.metadata)));
     selected
 }
 
@@ -114,13 +118,20 @@ pub fn compile(
     // Sized once: growing by doubling held the old and the new copy of
     // 10,000 entries at once, on every compile.
     let mut entries: Vec<(usize, KeyConfig)> = Vec::with_capacity(selected.len());
-    let mut verdicts = BTreeMap::new();
-    let mut hashes: BTreeMap<String, ObjectKey> = BTreeMap::new();
+    // Each verdict at its key's place in namespace/name order: the map is
+    // then built from sorted entries at once, not by 100,000 inserts in
+    // creation order.
+    let mut verdicts: Vec<Option<(ObjectKey, KeyVerdict)>> = (0..selected.len()).map(|_| None).collect();
+    // Each served key's SHA-256 → the ApiKey serving it (its id is made
+    // only for a duplicate's message).
+    let mut hashes: std::collections::HashMap<String, &ApiKey> =
+        std::collections::HashMap::with_capacity(selected.len());
     let secrets = index::<Secret>(inputs.secrets);
     let kept: std::collections::HashMap<(&str, &str), &KeySecret> =
         inputs.key_secrets.iter().map(|kept| ((kept.namespace.as_str(), kept.name.as_str()), *kept)).collect();
     for (order, api_key) in selected {
         let id = ObjectKey::of(&api_key.metadata);
+        let generation = api_key.metadata.generation;
         let (secret_name, data_key) = key_source(api_key);
         let at = (id.namespace.as_str(), secret_name.as_str());
         let source = kept.get(&at).map(|k| Source::Kept(k)).or_else(|| secrets.get(&at).map(|s| Source::Read(s)));
@@ -133,30 +144,42 @@ pub fn compile(
                 "Secret {}/{secret_name} exists and is not owned by this ApiKey: it is left untouched and not used; rename the ApiKey or remove the Secret",
                 id.namespace
             );
-            verdicts.insert(
+            verdicts[order] = Some((
                 id,
-                KeyVerdict { verdict: Verdict::refused(reasons::SECRET_NOT_OWNED, message), key_prefix: None },
-            );
+                KeyVerdict {
+                    verdict: Verdict::refused(reasons::SECRET_NOT_OWNED, message),
+                    key_prefix: None,
+                    generation,
+                },
+            ));
             continue;
         }
-        if inputs.too_large.contains(&(id.namespace.clone(), secret_name.clone())) {
+        if !inputs.too_large.is_empty() && inputs.too_large.contains(&(id.namespace.clone(), secret_name.clone())) {
             let message = format!(
                 "Secret {}/{secret_name} holds more than {} bytes: it is not read",
                 id.namespace,
                 super::secrets::MAX_SECRET_BYTES
             );
-            verdicts.insert(
+            verdicts[order] = Some((
                 id,
-                KeyVerdict { verdict: Verdict::refused(reasons::SECRET_TOO_LARGE, message), key_prefix: None },
-            );
+                KeyVerdict {
+                    verdict: Verdict::refused(reasons::SECRET_TOO_LARGE, message),
+                    key_prefix: None,
+                    generation,
+                },
+            ));
             continue;
         }
         let Some(text) = source.and_then(|source| source.text(&data_key)) else {
             let message = format!("Secret {}/{secret_name} has no key {data_key:?}", id.namespace);
-            verdicts.insert(
+            verdicts[order] = Some((
                 id,
-                KeyVerdict { verdict: Verdict::refused(reasons::SECRET_MISSING, message), key_prefix: None },
-            );
+                KeyVerdict {
+                    verdict: Verdict::refused(reasons::SECRET_MISSING, message),
+                    key_prefix: None,
+                    generation,
+                },
+            ));
             continue;
         };
         let key_prefix = Some(text.prefix.clone());
@@ -170,7 +193,7 @@ pub fn compile(
             refused
         } else {
             let sha256 = text.sha256.clone();
-            match hashes.get(&sha256) {
+            match hashes.get(&sha256).map(|owner| ObjectKey::of(&owner.metadata)) {
                 // NB: another team's object is never named, nor that one exists.
                 Some(owner) if owner.namespace == id.namespace => {
                     Verdict::refused(reasons::DUPLICATE_KEY, format!("{owner} already uses the same key"))
@@ -186,7 +209,7 @@ pub fn compile(
                     // The gateway's own check on this entry alone.
                     match entry.validate() {
                         Ok(()) => {
-                            hashes.insert(entry.sha256.clone(), id.clone());
+                            hashes.insert(entry.sha256.clone(), api_key);
                             entries.push((order, entry));
                             Verdict::accepted(reasons::KEY_READY, "the key is served")
                         }
@@ -199,10 +222,10 @@ pub fn compile(
                 }
             }
         };
-        verdicts.insert(id, KeyVerdict { verdict, key_prefix });
+        verdicts[order] = Some((id, KeyVerdict { verdict, key_prefix, generation }));
     }
     // The orders are distinct: an unstable sort is the same order, without
     // a stable sort's scratch copy of half the entries.
     entries.sort_unstable_by_key(|(order, _)| *order);
-    (entries.into_iter().map(|(_, entry)| entry).collect(), verdicts)
+    (entries.into_iter().map(|(_, entry)| entry).collect(), verdicts.into_iter().flatten().collect())
 }

@@ -16,6 +16,12 @@ impl ObjectKey {
         Self { namespace: meta.namespace.clone().unwrap_or_default(), name: meta.name.clone().unwrap_or_default() }
     }
 
+    /// This key as `(namespace, name)`, borrowed (a look-up in a map keyed
+    /// by [`sort_key`](Self::sort_key)).
+    pub fn as_pair(&self) -> (&str, &str) {
+        (&self.namespace, &self.name)
+    }
+
     /// `(namespace, name)`, borrowed: sorts objects in `ObjectKey` order
     /// without allocating (sorting 10,000 keys by owned keys made over half
     /// a million small allocations).

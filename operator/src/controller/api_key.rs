@@ -86,7 +86,7 @@ pub(crate) async fn reconcile_api_key(api_key: Arc<ApiKey>, context: Arc<Context
     let now = jiff::Timestamp::now();
     let decisions =
         parent_decisions(&context, select::Kind::ApiKeys, api_key.as_ref(), &api_key.spec.parent_refs, |from, id| {
-            from.key_verdicts.get(id).cloned()
+            from.keys.get(id).map(|record| record.verdict.clone())
         });
     let Some(decisions) = decisions.await else { return Ok(Action::await_change()) };
     let new_status = status::api_key_status(&api_key, decisions.refused, &decisions.decided, decisions.programmed, now);

@@ -19,7 +19,7 @@ pub(crate) async fn reconcile_model_endpoint(
     let now = jiff::Timestamp::now();
     let kind = select::Kind::ModelEndpoints;
     let decisions = parent_decisions(&context, kind, endpoint.as_ref(), &endpoint.spec.parent_refs, |from, id| {
-        from.model_verdicts.get(id).cloned()
+        from.models.get(id).map(|record| record.verdict.clone())
     });
     let Some(decisions) = decisions.await else { return Ok(Action::await_change()) };
     let mut entries = decisions.refused;

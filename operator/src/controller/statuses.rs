@@ -82,8 +82,8 @@ pub(crate) async fn parent_decisions<K: Resource, T>(
     for gateway in parents.admitted {
         let from = memory.get(&ObjectKey::of(&gateway.metadata)).and_then(|m| m.compiled.as_ref());
         let entry = from.and_then(|from| match kind {
-            select::Kind::ModelEndpoints => from.models.get(&id),
-            select::Kind::ApiKeys => from.keys.get(&id),
+            select::Kind::ModelEndpoints => from.models.get(&id).map(|record| &record.decision),
+            select::Kind::ApiKeys => from.keys.get(&id).map(|record| &record.decision),
         });
         decisions.programmed.0 += 1;
         decisions.programmed.1 &= from.is_some_and(|from| from.programmed(entry, generation));

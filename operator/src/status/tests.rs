@@ -133,6 +133,7 @@ fn key_verdict(accepted: bool, reason: &'static str, message: &'static str) -> K
     KeyVerdict {
         verdict: crate::compile::Verdict { accepted, reason, message: message.into() },
         key_prefix: accepted.then(|| "wc_abc".to_owned()),
+        generation: None,
     }
 }
 
