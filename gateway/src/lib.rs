@@ -223,6 +223,36 @@ pub struct BuiltConfig {
     _snapshot: snapshot::Snapshot,
 }
 
+/// A pod's configs in turn, swapped as its config applier swaps them: the
+/// next built while the last still serves, then the last let go (tools
+/// that measure what a swap costs; `xtask swap-figures`).
+#[derive(Default)]
+pub struct ConfigSwaps {
+    registry: registry::Registry,
+    serving: Option<snapshot::Snapshot>,
+}
+
+impl ConfigSwaps {
+    /// Builds `config` (known by `identity`) beside the one serving, and
+    /// serves it.
+    ///
+    /// # Errors
+    /// The config not being servable, as a pod would refuse it.
+    pub fn swap(&mut self, config: waycast_crds::GatewayConfig, identity: String) -> Result<(), String> {
+        let built = config::load::load_assembled(config, identity, self.serving.as_ref(), &mut self.registry)
+            .map_err(|e| e.to_string())?;
+        if let Some(next) = built {
+            self.serving = Some(next);
+        }
+        Ok(())
+    }
+
+    /// Keys served.
+    pub fn keys(&self) -> usize {
+        self.serving.as_ref().map_or(0, snapshot::Snapshot::key_count)
+    }
+}
+
 /// Builds `config` as a pod would serve it.
 ///
 /// # Errors

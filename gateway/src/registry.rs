@@ -29,6 +29,9 @@ use crate::limit::redis::RedisCounter;
 use crate::upstream::{UpstreamClient, effective_tls};
 use waycast_crds::period::Period;
 
+/// Budget counts by scope (`key:<id>`, `tenant:<namespace>`), per period.
+pub type BudgetCounts = HashMap<Arc<str>, Vec<(Period, Arc<BudgetState>)>>;
+
 /// The resources a config is built with. Cloning shares them.
 #[derive(Clone, Default)]
 pub struct Resources {
@@ -43,20 +46,22 @@ pub struct Resources {
     model_limits: HashMap<Arc<str>, Limits>,
     gates: HashMap<Arc<str>, Arc<crate::sharing::ModelGate>>,
     /// Budget counts by scope (`key:<id>`, `tenant:<namespace>`), per period.
-    budgets: HashMap<Arc<str>, Vec<(Period, Arc<BudgetState>)>>,
-    /// Each key's usage this month, by key id.
-    usage: HashMap<Arc<str>, Arc<KeyUsage>>,
+    budgets: Arc<BudgetCounts>,
+    /// Each key's usage this month, by key id (whose text the key's entry
+    /// shares).
+    usage: Arc<HashMap<Arc<str>, Arc<KeyUsage>>>,
 }
 
 /// The counts a config's budgets and keys are built on, for the usage
 /// report (`crate::usage`): every one lent, including those kept for keys
-/// the config no longer names.
+/// the config no longer names. Shared with the registry, not copied: at
+/// 100,000 keys a copy per snapshot was megabytes.
 #[derive(Clone, Default)]
 pub struct Counts {
     /// Budget counts by scope, per period.
-    pub budgets: HashMap<Arc<str>, Vec<(Period, Arc<BudgetState>)>>,
+    pub budgets: Arc<BudgetCounts>,
     /// Each key's usage this month, by key id.
-    pub usage: HashMap<Arc<str>, Arc<KeyUsage>>,
+    pub usage: Arc<HashMap<Arc<str>, Arc<KeyUsage>>>,
 }
 
 /// What tells two upstream clients apart: the connect timeout and the TLS
@@ -109,9 +114,13 @@ impl Resources {
             .unwrap_or_default()
     }
 
-    /// The usage counts of the key with this id (fresh when none was lent).
-    pub fn key_usage(&self, id: &str) -> Arc<KeyUsage> {
-        self.usage.get(id).cloned().unwrap_or_default()
+    /// The usage counts of the key with this id (fresh when none was lent),
+    /// and its id as the registry holds it (shared, not allocated again).
+    pub fn key_usage(&self, id: &str) -> (Arc<str>, Arc<KeyUsage>) {
+        match self.usage.get_key_value(id) {
+            Some((held, usage)) => (held.clone(), usage.clone()),
+            None => (Arc::from(id), Arc::default()),
+        }
     }
 
     /// Every budget and usage count lent.
@@ -251,8 +260,8 @@ impl Registry {
             .chain(config.settings.tenants.iter().flat_map(|tenant| {
                 tenant.budgets.iter().map(move |b| (format!("tenant:{}", tenant.namespace), b.period))
             }));
-        let mut budgets: HashMap<Arc<str>, Vec<(Period, Arc<BudgetState>)>> = HashMap::new();
-        let find = |map: &HashMap<Arc<str>, Vec<(Period, Arc<BudgetState>)>>, scope: &str, period: Period| {
+        let mut budgets: BudgetCounts = HashMap::new();
+        let find = |map: &BudgetCounts, scope: &str, period: Period| {
             map.get(scope).and_then(|states| states.iter().find(|(p, _)| *p == period)).map(|(_, state)| state.clone())
         };
         for (scope, period) in named {
@@ -263,7 +272,7 @@ impl Registry {
             budgets.entry(Arc::from(scope)).or_default().push((period, state));
         }
         let now = jiff::Timestamp::now();
-        for (scope, states) in &held.budgets {
+        for (scope, states) in held.budgets.iter() {
             for (period, state) in states {
                 if find(&budgets, scope, *period).is_none() && state.counted() != (0, 0) && !state.ended(now) {
                     budgets.entry(scope.clone()).or_default().push((*period, state.clone()));
@@ -278,7 +287,7 @@ impl Registry {
             let state = held.usage.get(&id).cloned().unwrap_or_default();
             usage.insert(id, state);
         }
-        for (id, state) in &held.usage {
+        for (id, state) in held.usage.iter() {
             if !usage.contains_key(id) && !state.idle(now) {
                 usage.insert(id.clone(), state.clone());
             }
@@ -292,8 +301,8 @@ impl Registry {
             tenant_limits,
             model_limits,
             gates,
-            budgets,
-            usage,
+            budgets: Arc::new(budgets),
+            usage: Arc::new(usage),
         })
     }
 

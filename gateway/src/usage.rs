@@ -104,7 +104,7 @@ impl Ledger {
         let zone = &snapshot.zone;
         let mut keys = std::collections::BTreeMap::new();
         let mut other = UsageTotals::default();
-        for (id, usage) in &snapshot.counts.usage {
+        for (id, usage) in snapshot.counts.usage.iter() {
             let totals = usage.totals(now, zone);
             if totals.is_empty() {
                 continue;
@@ -120,7 +120,7 @@ impl Ledger {
         }
         let mut spends = HashMap::new();
         let mut budgets = Vec::new();
-        for (scope, states) in &snapshot.counts.budgets {
+        for (scope, states) in snapshot.counts.budgets.iter() {
             for (period, state) in states {
                 let window = period.window(now, zone);
                 if state.period_start() != window.start.as_second() {
@@ -185,7 +185,7 @@ impl Ledger {
                 ((spend.scope.as_str(), spend.period, spend.window.as_str()), (spend.tokens, spend.cost_nanos))
             })
             .collect();
-        for (scope, states) in &snapshot.counts.budgets {
+        for (scope, states) in snapshot.counts.budgets.iter() {
             for (period, state) in states {
                 let window = period.window(now, zone);
                 let total = totals.get(&(&**scope, *period, window.key.as_str())).copied().unwrap_or_default();

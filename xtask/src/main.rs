@@ -8,6 +8,7 @@
 //! xtask image BINARY NAME OUT.tar  # an OCI image archive without Docker           (make images)
 //! xtask compile-figures [KEYS] [MODELS] [RUNS]  # the operator's compile at scale, in memory
 //! xtask memory-figures [KEYS] [MODELS]           # what a key costs the operator and a pod, in bytes
+//! xtask swap-figures [KEYS] [MODELS]             # what a pod holds for its config, and what a swap adds
 //! xtask structure ROOT.rs...      # no import cycle between a crate's files, none over 500 lines (make lint)
 //! xtask structure --edges ROOT.rs # every dependency between a crate's files
 //! ```
@@ -20,7 +21,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use waycast_xtask::image::{ImageSpec, NONROOT, pack, shared_libraries};
 
-const USAGE: &str = "usage: xtask crds DIR API_MD | metrics-doc METRICS_MD | observability ROOT | image BINARY NAME OUT.tar | compile-figures [KEYS] [MODELS] [RUNS] | memory-figures [KEYS] [MODELS] | structure ROOT.rs...";
+const USAGE: &str = "usage: xtask crds DIR API_MD | metrics-doc METRICS_MD | observability ROOT | image BINARY NAME OUT.tar | compile-figures [KEYS] [MODELS] [RUNS] | memory-figures [KEYS] [MODELS] | swap-figures [KEYS] [MODELS] | structure ROOT.rs...";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -40,6 +41,14 @@ fn main() -> ExitCode {
         },
         ["memory-figures", numbers @ ..] => match sizes(numbers, &[10_000, 500]) {
             Some([keys, models]) => memory_figures(keys, models),
+            _ => {
+                eprintln!("{USAGE}");
+                return ExitCode::from(64);
+            }
+        },
+        ["swap-figures", "--from", dir] => swap_figures_from(Path::new(dir)),
+        ["swap-figures", numbers @ ..] => match sizes(numbers, &[10_000, 500]) {
+            Some([keys, models]) => swap_figures(keys, models),
             _ => {
                 eprintln!("{USAGE}");
                 return ExitCode::from(64);
@@ -153,7 +162,8 @@ fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
 }
 
-/// Counts live bytes (what `memory-figures` reads); no limit.
+/// Counts live bytes and their peak (what `memory-figures` and
+/// `swap-figures` read); no limit.
 #[global_allocator]
 static ALLOCATOR: cap::Cap<std::alloc::System> = cap::Cap::new(std::alloc::System, usize::MAX);
 
@@ -161,5 +171,35 @@ fn memory_figures(keys: usize, models: usize) -> anyhow::Result<()> {
     let fleet = waycast_xtask::scale::fleet("scale", keys, models, "http://10.96.0.10:8000/v1");
     let costs = waycast_xtask::memory::memory_figures(&|| ALLOCATOR.allocated(), &fleet)?;
     println!("{}", serde_json::to_string_pretty(&costs)?);
+    Ok(())
+}
+
+/// Writes the two configs of a swap, then measures the swap in a process
+/// of its own: the allocator's peak there is the swap's, not the fleet's
+/// that made the configs.
+fn swap_figures(keys: usize, models: usize) -> anyhow::Result<()> {
+    let fleet = waycast_xtask::scale::fleet("scale", keys, models, "http://10.96.0.10:8000/v1");
+    let (first, second) = waycast_xtask::memory::swap_configs(&fleet)?;
+    drop(fleet);
+    let dir = std::env::temp_dir().join(format!("waycast-swap-figures-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::write(dir.join("first.json"), first)?;
+    std::fs::write(dir.join("second.json"), second)?;
+    let status = std::process::Command::new(std::env::current_exe()?)
+        .args(["swap-figures", "--from"])
+        .arg(&dir)
+        .status()
+        .context("running the swap in a process of its own")?;
+    std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+    anyhow::ensure!(status.success(), "the swap's process failed: {status}");
+    Ok(())
+}
+
+fn swap_figures_from(dir: &Path) -> anyhow::Result<()> {
+    let read = |name: &str| std::fs::read(dir.join(name)).with_context(|| format!("reading {name}"));
+    let (first, second) = (read("first.json")?, read("second.json")?);
+    let figures =
+        waycast_xtask::memory::swap_figures(&|| ALLOCATOR.allocated(), &|| ALLOCATOR.max_allocated(), &first, &second)?;
+    println!("{}", serde_json::to_string_pretty(&figures)?);
     Ok(())
 }

@@ -74,3 +74,74 @@ pub fn memory_figures(live: &dyn Fn() -> usize, fleet: &Fleet) -> anyhow::Result
     costs.push(config_cost);
     Ok(costs)
 }
+
+/// What a gateway pod holds for its config, and what a swap to the next
+/// config adds on top while the last one still serves.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SwapFigures {
+    /// Keys served.
+    pub keys: usize,
+    /// Bytes held at rest per key: the snapshot and what the registry keeps
+    /// for it (limiter, usage and budget states).
+    pub rest_bytes_per_key: f64,
+    /// The same in all, in MiB.
+    pub rest_mib: f64,
+    /// The most a swap to a config that changed one key held above the
+    /// bytes at rest: the parsed config, the new snapshot and the
+    /// registry's new loan, beside the snapshot serving, in MiB.
+    pub swap_peak_above_rest_mib: f64,
+}
+
+/// Swaps a pod to the config `first`, then to `second` (one key changed),
+/// both canonical JSON as assembled from their parts; `live` and `peak` are
+/// the bytes the allocator counts live and the most it counted since the
+/// process began (so this runs in a process of its own: see `xtask
+/// swap-figures`).
+///
+/// # Errors
+/// A config that does not parse, or that a pod refuses.
+#[allow(clippy::cast_precision_loss, reason = "sizes for display")]
+pub fn swap_figures(
+    live: &dyn Fn() -> usize,
+    peak: &dyn Fn() -> usize,
+    first: &[u8],
+    second: &[u8],
+) -> anyhow::Result<SwapFigures> {
+    let mib = |bytes: usize| bytes as f64 / (1024.0 * 1024.0);
+    let mut swaps = waycast_gateway::ConfigSwaps::default();
+    let before = live();
+    let config = waycast_crds::GatewayConfig::parse(first)?;
+    swaps.swap(config, "first".into()).map_err(|reason| anyhow::anyhow!("a pod refuses the config: {reason}"))?;
+    let keys = swaps.keys();
+    let rest = live().saturating_sub(before);
+    let held = live();
+    let config = waycast_crds::GatewayConfig::parse(second)?;
+    swaps.swap(config, "second".into()).map_err(|reason| anyhow::anyhow!("a pod refuses the config: {reason}"))?;
+    anyhow::ensure!(swaps.keys() == keys, "the second config serves {} keys, not {keys}", swaps.keys());
+    Ok(SwapFigures {
+        keys,
+        rest_bytes_per_key: rest as f64 / keys.max(1) as f64,
+        rest_mib: mib(rest),
+        swap_peak_above_rest_mib: mib(peak().saturating_sub(held)),
+    })
+}
+
+/// The compiled config of `fleet` as canonical JSON, and the same with its
+/// first key changed (disabled): what [`swap_figures`] swaps between.
+///
+/// # Errors
+/// The fleet not compiling whole.
+pub fn swap_configs(fleet: &Fleet) -> anyhow::Result<(Vec<u8>, Vec<u8>)> {
+    let name = fleet.gateway.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+    let namespace =
+        Namespace { metadata: ObjectMeta { name: Some(name), ..ObjectMeta::default() }, ..Namespace::default() };
+    let catalog = Catalog::from_objects(&[namespace], &fleet.models, &fleet.keys, &[], &fleet.secrets);
+    let mut config = catalog.compile(&fleet.gateway, jiff::Timestamp::now()).config;
+    anyhow::ensure!(config.keys.len() == fleet.keys.len(), "not every key compiled");
+    let first = config.to_canonical_json()?;
+    if let Some(key) = config.keys.first_mut() {
+        key.disabled = true;
+    }
+    Ok((first, config.to_canonical_json()?))
+}

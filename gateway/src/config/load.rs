@@ -69,7 +69,7 @@ pub fn load_assembled(
 fn build(config: GatewayConfig, hash: String, registry: &mut Registry) -> Result<Snapshot, LoadError> {
     let (config, dropped) = snapshot::screen(config)?;
     let lent = registry.lend(&config)?;
-    let snapshot = Snapshot::build(&config, hash, &lent, dropped)?;
+    let snapshot = Snapshot::build(config, hash, &lent, dropped)?;
     registry.keep(lent);
     Ok(snapshot)
 }

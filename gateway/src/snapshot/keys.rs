@@ -146,7 +146,7 @@ pub(super) fn visible_routes(routes: &[Route], namespace: &str) -> Option<Arc<[u
     Some(visible.into())
 }
 
-/// A key entry for `key` (of namespace `namespace`) over `routes`;
+/// A key entry for `key` (of namespace `namespace`, its id shared as `id`) over `routes`;
 /// `namespace_of` numbers the namespaces its opt-ins name.
 ///
 /// A `models` entry is a pattern over the names of the models of the key's
@@ -156,6 +156,7 @@ pub(super) fn visible_routes(routes: &[Route], namespace: &str) -> Option<Arc<[u
 /// allows them.
 pub(super) fn build_key(
     key: &KeyConfig,
+    id: Arc<str>,
     tenant: Arc<Tenant>,
     namespace: NamespaceId,
     routes: &[Route],
@@ -188,7 +189,7 @@ pub(super) fn build_key(
         allowed_routes = Some(allowed);
     }
     KeyEntry {
-        id: Arc::from(key.id.as_str()),
+        id,
         namespace,
         allowed_routes,
         opted_in,

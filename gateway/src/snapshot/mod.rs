@@ -29,7 +29,7 @@ use waycast_crds::validate::Problems;
 
 pub use backends::{Backend, PROXIED_PATHS, Route};
 pub use keys::{DigestHasher, KeyEntry, Tenant};
-use names::{Candidates, Namespaces, PLATFORM};
+use names::{Candidates, NamespaceId, Namespaces, PLATFORM};
 
 use crate::error::BuildError;
 use crate::limit::redis::RedisCounter;
@@ -140,12 +140,14 @@ impl Snapshot {
     /// Builds a snapshot from a screened config and the resources the
     /// registry lent for it; `dropped` are the entries screening left out.
     /// A model whose route cannot be built (a backend's TLS fails to set
-    /// up, say) and a key whose hash does not parse are left out too.
+    /// up, say) and a key whose hash does not parse are left out too. Each
+    /// key's config is dropped once its entry is built: the parsed keys and
+    /// the built ones are not held whole at once.
     ///
     /// # Errors
     /// [`BuildError`] for what fails the config as a whole.
     pub fn build(
-        config: &GatewayConfig,
+        mut config: GatewayConfig,
         hash: String,
         lent: &Resources,
         mut dropped: Vec<Dropped>,
@@ -183,33 +185,36 @@ impl Snapshot {
             }
             routes.push(route);
         }
-        let mut keys = HashMap::with_capacity_and_hasher(config.keys.len(), BuildHasherDefault::default());
+        let key_configs = std::mem::take(&mut config.keys);
+        let mut keys = HashMap::with_capacity_and_hasher(key_configs.len(), BuildHasherDefault::default());
         // What each namespace's keys may see, and its tenant, made once per namespace.
-        let mut visible: HashMap<&str, Option<Arc<[u64]>>> = HashMap::new();
-        let mut tenants: HashMap<&str, (Arc<Tenant>, Option<&waycast_crds::config::TenantConfig>)> = HashMap::new();
-        for key in &config.keys {
+        let mut visible: HashMap<NamespaceId, Option<Arc<[u64]>>> = HashMap::new();
+        let mut tenants: HashMap<NamespaceId, (Arc<Tenant>, Option<&waycast_crds::config::TenantConfig>)> =
+            HashMap::new();
+        for key in key_configs {
             let Some(digest) = waycast_crds::digest::parse_sha256_hex(&key.sha256) else {
-                dropped.push(Dropped::key(key, "sha256: not a hex SHA-256".to_owned()));
+                dropped.push(Dropped::key(&key, "sha256: not a hex SHA-256".to_owned()));
                 continue;
             };
             let namespace = key.namespace();
             let namespace_id = namespaces.id(namespace);
-            let (tenant, policy) = match tenants.get(namespace) {
+            let (tenant, policy) = match tenants.get(&namespace_id) {
                 Some((tenant, policy)) => (tenant.clone(), *policy),
                 None => {
                     let tenant = Arc::new(Tenant::build(namespace, &config.settings, lent)?);
                     let policy = config.settings.tenant(namespace);
-                    tenants.insert(namespace, (tenant.clone(), policy));
+                    tenants.insert(namespace_id, (tenant.clone(), policy));
                     (tenant, policy)
                 }
             };
-            let mut entry = keys::build_key(key, tenant, namespace_id, &routes, |owner| namespaces.get(owner));
+            let (id, usage) = lent.key_usage(&key.id);
+            let mut entry = keys::build_key(&key, id, tenant, namespace_id, &routes, |owner| namespaces.get(owner));
             entry.visible_routes =
-                visible.entry(namespace).or_insert_with(|| keys::visible_routes(&routes, namespace)).clone();
+                visible.entry(namespace_id).or_insert_with(|| keys::visible_routes(&routes, namespace)).clone();
             if key.limits.is_some() {
                 entry.limits = Some(lent.key_limits(&key.id).ok_or(BuildError::NotLent("key limits"))?);
             }
-            entry.usage = lent.key_usage(&key.id);
+            entry.usage = usage;
             if !key.budgets.is_empty() {
                 let scope = format!("key:{}", key.id);
                 entry.budgets = crate::limit::Budget::merged(&key.budgets, |period| lent.budget_state(&scope, period));
@@ -222,6 +227,7 @@ impl Snapshot {
             entry.class = u8::try_from(class.unwrap_or(0)).unwrap_or(0);
             keys.insert(digest, entry);
         }
+        drop(tenants);
         let redis = match config.settings.redis {
             Some(_) => Some(lent.redis().ok_or(BuildError::NotLent("a Redis counter"))?),
             None => None,
@@ -236,7 +242,7 @@ impl Snapshot {
         // Validation refused a config whose telemetry has problems.
         let telemetry =
             config.settings.telemetry.as_ref().and_then(|t| crate::telemetry::Destination::of(t).ok()).map(Arc::new);
-        let settings = config.settings.clone();
+        let settings = config.settings;
         Ok(Self { hash, settings, keys, routes, by_name, redis, dropped, zone, counts, telemetry })
     }
 
@@ -246,7 +252,8 @@ impl Snapshot {
     /// As [`screen`], [`Snapshot::build`] and [`Registry::lend`].
     pub fn standalone(config: &GatewayConfig, hash: String) -> Result<Self, BuildError> {
         let (config, dropped) = screen(config.clone())?;
-        Self::build(&config, hash, &Registry::default().lend(&config)?, dropped)
+        let lent = Registry::default().lend(&config)?;
+        Self::build(config, hash, &lent, dropped)
     }
 
     /// The key with this SHA-256 digest.

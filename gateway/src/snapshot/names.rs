@@ -21,15 +21,20 @@ pub type NamespaceId = u32;
 /// The owner of a platform model (no namespace).
 pub const PLATFORM: NamespaceId = NamespaceId::MAX;
 
-/// Namespaces numbered in the order first seen.
+/// Namespaces numbered in the order first seen. Owned: a key's config is
+/// dropped as soon as its entry is built.
 #[derive(Default)]
-pub struct Namespaces<'c>(HashMap<&'c str, NamespaceId>);
+pub struct Namespaces(HashMap<Box<str>, NamespaceId>);
 
-impl<'c> Namespaces<'c> {
+impl Namespaces {
     /// The number of `namespace` (numbered now if new).
-    pub fn id(&mut self, namespace: &'c str) -> NamespaceId {
+    pub fn id(&mut self, namespace: &str) -> NamespaceId {
+        if let Some(id) = self.0.get(namespace) {
+            return *id;
+        }
         let next = NamespaceId::try_from(self.0.len()).unwrap_or(PLATFORM - 1).min(PLATFORM - 1);
-        *self.0.entry(namespace).or_insert(next)
+        self.0.insert(namespace.into(), next);
+        next
     }
 
     /// The number of `namespace`, if it was seen.
