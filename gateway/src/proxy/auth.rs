@@ -37,7 +37,7 @@ pub fn authenticate<'s>(
     if entry.disabled {
         return Err(GatewayError::DisabledKey);
     }
-    if entry.expires_at.is_some_and(|expires| expires <= now()) {
+    if entry.expires_at().is_some_and(|expires| expires <= now()) {
         return Err(GatewayError::ExpiredKey);
     }
     Ok(entry)

@@ -104,7 +104,7 @@ async fn serve(
     // A key over its request limit costs no body read (nor a Redis read).
     let shares = shared.fleet.shares_at_least(snapshot.settings.minimum_pods);
     let counters = Counters::of(snapshot.redis.as_ref(), shares);
-    let counted = passed(facts, counters.count_key_request(&key.id, key.limits.as_ref()).await)?;
+    let counted = passed(facts, counters.count_key_request(&key.id, key.limits()).await)?;
     let Some(endpoint_index) = endpoint_index else {
         return Ok(respond::budgets_of(&snapshot, key, jiff::Timestamp::now()).await);
     };
@@ -119,7 +119,7 @@ async fn serve(
     let reservation =
         Reservation::for_request(body.len(), fields.max_tokens, fields.choices, route.output_token_reservation);
     let subject = Subject {
-        key: (&key.id, key.limits.as_ref()),
+        key: (&key.id, key.limits()),
         tenant: (&key.tenant.namespace, key.tenant.limits.as_ref()),
         model: (&route.state_id, route.limits.as_ref()),
         budgets: route::budgets_asked(&snapshot, key, route, reservation, jiff::Timestamp::now)?,

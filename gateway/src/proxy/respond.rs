@@ -143,7 +143,7 @@ pub fn models_list(snapshot: &Snapshot, key: &KeyEntry) -> Answer {
 pub async fn budgets_of(snapshot: &Snapshot, key: &KeyEntry, now: jiff::Timestamp) -> Answer {
     use crate::limit::budget::BudgetOwner;
     let owned =
-        [(BudgetOwner::Key, &key.id, &key.budgets), (BudgetOwner::Tenant, &key.tenant.namespace, &key.tenant.budgets)];
+        [(BudgetOwner::Key, &key.id, key.budgets()), (BudgetOwner::Tenant, &key.tenant.namespace, &key.tenant.budgets)];
     let mut budgets: Vec<serde_json::Value> = Vec::new();
     for (owner, id, list) in owned {
         for budget in list.iter() {

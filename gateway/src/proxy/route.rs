@@ -146,12 +146,12 @@ pub fn budgets_asked<'a>(
     reservation: crate::limit::Reservation,
     now: impl FnOnce() -> jiff::Timestamp,
 ) -> Result<Option<crate::limit::BudgetAsk<'a>>, GatewayError> {
-    if key.budgets.is_empty() && key.tenant.budgets.is_empty() {
+    if key.budgets().is_empty() && key.tenant.budgets.is_empty() {
         return Ok(None);
     }
     let counted_in = snapshot.settings.budgets.currency.as_str();
     if let Some((_, currency)) = route.prices.as_ref().filter(|(_, currency)| &**currency != counted_in)
-        && key.budgets.iter().chain(&*key.tenant.budgets).any(|budget| budget.cost.is_some())
+        && key.budgets().iter().chain(&*key.tenant.budgets).any(|budget| budget.cost.is_some())
     {
         return Err(GatewayError::BudgetCurrency {
             model: route.name.to_string(),
@@ -164,7 +164,7 @@ pub fn budgets_asked<'a>(
         .as_ref()
         .map_or(0, |(prices, _)| prices.cost(reservation.request_bytes.div_ceil(4), 0, reservation.output).0);
     Ok(Some(crate::limit::BudgetAsk {
-        key: &key.budgets,
+        key: key.budgets(),
         tenant: &key.tenant.budgets,
         need: crate::limit::Need { tokens: reservation.tokens, cost },
         zone: &snapshot.zone,

@@ -12,36 +12,58 @@ use super::backends::Route;
 use super::names::{NamespaceId, PLATFORM};
 use crate::limit::LimitSet;
 
-/// An accepted key.
+/// An accepted key. What few keys have (an allow-list, opt-ins, an expiry,
+/// limits, budgets) is boxed apart ([`Rare`]): every key has a slot in the
+/// key table, and at 100,000 keys each byte of it is 0.1 MB held twice
+/// while a config is swapped.
 #[derive(Debug)]
 pub struct KeyEntry {
     /// `namespace/name` (or the id a standalone config gives).
     pub id: Arc<str>,
     /// The key's namespace: its own models come first.
     pub namespace: NamespaceId,
-    /// Bit `i` set: route `i` allowed. `None`: every route it can reach.
-    allowed_routes: Option<Box<[u64]>>,
-    /// Bit `i` set: route `i`, another team's, was opted in to.
-    opted_in: Option<Box<[u64]>>,
+    /// Refused with 401.
+    pub disabled: bool,
+    /// Its priority class, an index into `settings.sharing.classes`.
+    pub class: u8,
     /// Bit `i` set: route `i` is shared with the key's namespace
     /// (`keyNamespaces`). `None`: every route. Shared by the keys of a namespace.
     pub(super) visible_routes: Option<Arc<[u64]>>,
-    /// When it stops working.
-    pub expires_at: Option<jiff::Timestamp>,
-    /// Refused with 401.
-    pub disabled: bool,
-    /// Its rate limits, if any.
-    pub limits: Option<Arc<LimitSet>>,
     /// Its namespace's policy: weight and caps (shared by the namespace's keys).
     pub tenant: Arc<Tenant>,
-    /// Its priority class, an index into `settings.sharing.classes`.
-    pub class: u8,
     /// A number for the key that stays across configs (its fair-queue line).
     pub fair_id: u64,
-    /// Its budgets (one per period).
-    pub budgets: Box<[crate::limit::Budget]>,
     /// What it used this month.
     pub usage: Arc<crate::limit::key_usage::KeyUsage>,
+    /// What few keys have; `None`: none of it.
+    pub(super) rare: Option<Box<Rare>>,
+}
+
+/// What few keys have.
+#[derive(Debug, Default)]
+pub(super) struct Rare {
+    /// Bit `i` set: route `i` allowed. `None`: every route it can reach.
+    pub(super) allowed_routes: Option<Box<[u64]>>,
+    /// Bit `i` set: route `i`, another team's, was opted in to.
+    pub(super) opted_in: Option<Box<[u64]>>,
+    /// When it stops working.
+    pub(super) expires_at: Option<jiff::Timestamp>,
+    /// Its rate limits, if any.
+    pub(super) limits: Option<Arc<LimitSet>>,
+    /// Its budgets (one per period).
+    pub(super) budgets: Box<[crate::limit::Budget]>,
+}
+
+impl Rare {
+    /// `None` when it holds nothing: the key needs no box.
+    pub(super) fn boxed(self) -> Option<Box<Self>> {
+        let nothing = self.allowed_routes.is_none()
+            && self.opted_in.is_none()
+            && self.expires_at.is_none()
+            && self.limits.is_none()
+            && self.budgets.is_empty();
+        (!nothing).then(|| Box::new(self))
+    }
 }
 
 /// A namespace's policy on the Gateway, shared by its keys.
@@ -105,7 +127,7 @@ pub fn stable_id(text: &str) -> u64 {
 impl KeyEntry {
     /// Whether the key's own allow-list (`models`) lets it use route `index`.
     pub fn allows(&self, index: usize) -> bool {
-        self.allowed_routes.as_deref().is_none_or(|bits| bit_set(bits, index))
+        self.rare.as_ref().and_then(|rare| rare.allowed_routes.as_deref()).is_none_or(|bits| bit_set(bits, index))
     }
 
     /// Whether route `index` is shared with the key's namespace at all. A
@@ -116,7 +138,22 @@ impl KeyEntry {
 
     /// Whether the key opted in to route `index` (another team's model).
     pub fn opted_in(&self, index: usize) -> bool {
-        self.opted_in.as_deref().is_some_and(|bits| bit_set(bits, index))
+        self.rare.as_ref().and_then(|rare| rare.opted_in.as_deref()).is_some_and(|bits| bit_set(bits, index))
+    }
+
+    /// When it stops working.
+    pub fn expires_at(&self) -> Option<jiff::Timestamp> {
+        self.rare.as_ref().and_then(|rare| rare.expires_at)
+    }
+
+    /// Its rate limits, if any.
+    pub fn limits(&self) -> Option<&Arc<LimitSet>> {
+        self.rare.as_ref().and_then(|rare| rare.limits.as_ref())
+    }
+
+    /// Its budgets (one per period).
+    pub fn budgets(&self) -> &[crate::limit::Budget] {
+        self.rare.as_ref().map_or(&[], |rare| &rare.budgets)
     }
 }
 
@@ -191,17 +228,13 @@ pub(super) fn build_key(
     KeyEntry {
         id,
         namespace,
-        allowed_routes,
-        opted_in,
-        visible_routes: None,
-        expires_at: key.expires_at,
         disabled: key.disabled,
-        limits: None,
-        tenant,
         class: 0,
+        visible_routes: None,
+        tenant,
         fair_id: stable_id(&key.id),
-        budgets: Box::default(),
         usage: Arc::default(),
+        rare: Rare { allowed_routes, opted_in, expires_at: key.expires_at, ..Rare::default() }.boxed(),
     }
 }
 

@@ -118,7 +118,7 @@ impl Snapshot {
         let mut used = Vec::new();
         let mut tenants_seen: std::collections::HashSet<&str> = std::collections::HashSet::new();
         for entry in self.keys.values() {
-            for budget in &entry.budgets {
+            for budget in entry.budgets() {
                 let ratio = budget.used_ratio(now, &self.zone);
                 if ratio >= at_least {
                     used.push((format!("key:{}", entry.id), budget.period, ratio));
@@ -211,13 +211,15 @@ impl Snapshot {
             let mut entry = keys::build_key(&key, id, tenant, namespace_id, &routes, |owner| namespaces.get(owner));
             entry.visible_routes =
                 visible.entry(namespace_id).or_insert_with(|| keys::visible_routes(&routes, namespace)).clone();
-            if key.limits.is_some() {
-                entry.limits = Some(lent.key_limits(&key.id).ok_or(BuildError::NotLent("key limits"))?);
-            }
             entry.usage = usage;
-            if !key.budgets.is_empty() {
+            if key.limits.is_some() || !key.budgets.is_empty() {
+                let mut rare = entry.rare.take().map_or_else(keys::Rare::default, |rare| *rare);
+                if key.limits.is_some() {
+                    rare.limits = Some(lent.key_limits(&key.id).ok_or(BuildError::NotLent("key limits"))?);
+                }
                 let scope = format!("key:{}", key.id);
-                entry.budgets = crate::limit::Budget::merged(&key.budgets, |period| lent.budget_state(&scope, period));
+                rare.budgets = crate::limit::Budget::merged(&key.budgets, |period| lent.budget_state(&scope, period));
+                entry.rare = rare.boxed();
             }
             // Screening left out keys whose class cannot be served.
             let sharing = &config.settings.sharing;

@@ -207,3 +207,20 @@ fn a_snapshot_shares_the_ids_and_counts_it_was_lent() {
         assert!(Arc::ptr_eq(usage, &entry.usage), "{}: its usage is the one lent", entry.id);
     }
 }
+
+/// A key with no allow-list, expiry, limits or budgets carries no box for
+/// them (most keys: the table stays small); one with any of them does,
+/// and reads them back.
+#[test]
+fn only_a_key_with_something_rare_carries_it_boxed() {
+    let mut expiring = key("team/expiring", None);
+    expiring.expires_at = Some("2030-01-01T00:00:00Z".parse().unwrap());
+    let config = config(vec![model("m", &[], &[1])], vec![key("team/a", None), key("team/bb", Some(&["m"])), expiring]);
+    let snapshot = Snapshot::standalone(&config, "h".into()).unwrap();
+    let plain = key_of(&snapshot, "team/a");
+    assert!(plain.rare.is_none(), "a plain key has no box");
+    assert!(plain.allows(0) && plain.expires_at().is_none() && plain.limits().is_none() && plain.budgets().is_empty());
+    assert!(key_of(&snapshot, "team/bb").rare.is_some(), "an allow-list is boxed");
+    let expiring = key_of(&snapshot, "team/expiring");
+    assert_eq!(expiring.expires_at(), Some("2030-01-01T00:00:00Z".parse().unwrap()));
+}
