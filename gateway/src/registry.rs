@@ -283,8 +283,12 @@ impl Registry {
         // no longer names until its month is over.
         let mut usage: HashMap<Arc<str>, Arc<KeyUsage>> = HashMap::with_capacity(config.keys.len());
         for key in &config.keys {
-            let id: Arc<str> = Arc::from(key.id.as_str());
-            let state = held.usage.get(&id).cloned().unwrap_or_default();
+            // A key named before keeps the id text it had (its entry
+            // shares it): no second copy of every id per swap.
+            let (id, state) = match held.usage.get_key_value(key.id.as_str()) {
+                Some((id, state)) => (id.clone(), state.clone()),
+                None => (Arc::from(key.id.as_str()), Arc::default()),
+            };
             usage.insert(id, state);
         }
         for (id, state) in held.usage.iter() {

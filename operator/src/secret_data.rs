@@ -120,7 +120,6 @@ impl SecretData {
                 }
             }
         }
-        cache.retain(|name, entry| exists(name) && now.saturating_duration_since(entry.wanted_at) < UNWANTED_FOR);
         let mut fetched = Fetched::default();
         for (name, _) in &wanted {
             let Some(entry) = cache.get_mut(name) else { continue };
@@ -133,6 +132,12 @@ impl SecretData {
                 }
             }
         }
+        // What this reconcile wanted exists (its metadata was just found):
+        // only the rest is looked up — at 100,000 key Secrets, a look-up of
+        // each on every reconcile was a large part of one.
+        cache.retain(|name, entry| {
+            entry.wanted_at == now || (now.saturating_duration_since(entry.wanted_at) < UNWANTED_FOR && exists(name))
+        });
         fetched
     }
 

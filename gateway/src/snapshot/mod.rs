@@ -217,8 +217,11 @@ impl Snapshot {
                 if key.limits.is_some() {
                     rare.limits = Some(lent.key_limits(&key.id).ok_or(BuildError::NotLent("key limits"))?);
                 }
-                let scope = format!("key:{}", key.id);
-                rare.budgets = crate::limit::Budget::merged(&key.budgets, |period| lent.budget_state(&scope, period));
+                if !key.budgets.is_empty() {
+                    let scope = format!("key:{}", key.id);
+                    rare.budgets =
+                        crate::limit::Budget::merged(&key.budgets, |period| lent.budget_state(&scope, period));
+                }
                 entry.rare = rare.boxed();
             }
             // Screening left out keys whose class cannot be served.

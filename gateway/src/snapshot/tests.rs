@@ -224,3 +224,18 @@ fn only_a_key_with_something_rare_carries_it_boxed() {
     let expiring = key_of(&snapshot, "team/expiring");
     assert_eq!(expiring.expires_at(), Some("2030-01-01T00:00:00Z".parse().unwrap()));
 }
+
+/// A key's id text is allocated once: the next config's loan keeps the
+/// one the last loan held (and the entries built on it share it).
+#[test]
+fn a_key_keeps_its_id_text_across_swaps() {
+    let config = config(vec![model("m", &[], &[1])], vec![key("team/a", None)]);
+    let (screened, _) = screen(config).unwrap();
+    let mut registry = Registry::default();
+    let first = registry.lend(&screened).unwrap();
+    let held = first.counts().usage.keys().next().cloned().unwrap();
+    registry.keep(first);
+    let second = registry.lend(&screened).unwrap();
+    let again = second.counts().usage.keys().next().cloned().unwrap();
+    assert!(Arc::ptr_eq(&held, &again), "the second loan has its own copy of the id");
+}
