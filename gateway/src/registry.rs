@@ -29,6 +29,9 @@ use crate::limit::redis::RedisCounter;
 use crate::upstream::{UpstreamClient, effective_tls};
 use waycast_crds::period::Period;
 
+/// Each key's usage this month, by key id.
+pub type UsageCounts = HashMap<Arc<str>, Arc<KeyUsage>>;
+
 /// Budget counts by scope (`key:<id>`, `tenant:<namespace>`), per period.
 pub type BudgetCounts = HashMap<Arc<str>, Vec<(Period, Arc<BudgetState>)>>;
 
@@ -49,7 +52,7 @@ pub struct Resources {
     budgets: Arc<BudgetCounts>,
     /// Each key's usage this month, by key id (whose text the key's entry
     /// shares).
-    usage: Arc<HashMap<Arc<str>, Arc<KeyUsage>>>,
+    usage: Arc<UsageCounts>,
 }
 
 /// The counts a config's budgets and keys are built on, for the usage
@@ -61,7 +64,7 @@ pub struct Counts {
     /// Budget counts by scope, per period.
     pub budgets: Arc<BudgetCounts>,
     /// Each key's usage this month, by key id.
-    pub usage: Arc<HashMap<Arc<str>, Arc<KeyUsage>>>,
+    pub usage: Arc<UsageCounts>,
 }
 
 /// What tells two upstream clients apart: the connect timeout and the TLS
@@ -281,14 +284,11 @@ impl Registry {
         }
         // Usage counts: one per key the config names, and kept for a key it
         // no longer names until its month is over.
-        let mut usage: HashMap<Arc<str>, Arc<KeyUsage>> = HashMap::with_capacity(config.keys.len());
+        let mut usage: UsageCounts = HashMap::with_capacity(config.keys.len());
         for key in &config.keys {
             // A key named before keeps the id text it had (its entry
             // shares it): no second copy of every id per swap.
-            let (id, state) = match held.usage.get_key_value(key.id.as_str()) {
-                Some((id, state)) => (id.clone(), state.clone()),
-                None => (Arc::from(key.id.as_str()), Arc::default()),
-            };
+            let (id, state) = held.key_usage(&key.id);
             usage.insert(id, state);
         }
         for (id, state) in held.usage.iter() {

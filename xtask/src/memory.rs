@@ -9,10 +9,7 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Namespace;
-use kube::api::ObjectMeta;
 use serde::Serialize;
-use waycast_operator::catalog::Catalog;
 use waycast_operator::compile::key_secret::KeySecret;
 use waycast_operator::fleet::Fleet;
 
@@ -52,10 +49,7 @@ pub fn memory_figures(live: &dyn Fn() -> usize, fleet: &Fleet) -> anyhow::Result
     });
     costs.push(key_secrets);
     drop((kept_api_keys, kept_secrets));
-    let name = fleet.gateway.metadata.namespace.clone().unwrap_or_else(|| "default".into());
-    let namespace =
-        Namespace { metadata: ObjectMeta { name: Some(name), ..ObjectMeta::default() }, ..Namespace::default() };
-    let catalog = Catalog::from_objects(&[namespace], &fleet.models, &fleet.keys, &[], &fleet.secrets);
+    let catalog = crate::scale::catalog_of(fleet);
     let (compiled_cost, compiled) = cost(live, "a compile's result (config and verdicts)", keys, || {
         catalog.compile(&fleet.gateway, jiff::Timestamp::now())
     });
@@ -133,10 +127,7 @@ pub fn swap_figures(
 /// # Errors
 /// The fleet not compiling whole.
 pub fn swap_configs(fleet: &Fleet) -> anyhow::Result<(Vec<u8>, Vec<u8>)> {
-    let name = fleet.gateway.metadata.namespace.clone().unwrap_or_else(|| "default".into());
-    let namespace =
-        Namespace { metadata: ObjectMeta { name: Some(name), ..ObjectMeta::default() }, ..Namespace::default() };
-    let catalog = Catalog::from_objects(&[namespace], &fleet.models, &fleet.keys, &[], &fleet.secrets);
+    let catalog = crate::scale::catalog_of(fleet);
     let mut config = catalog.compile(&fleet.gateway, jiff::Timestamp::now()).config;
     anyhow::ensure!(config.keys.len() == fleet.keys.len(), "not every key compiled");
     let first = config.to_canonical_json()?;

@@ -44,15 +44,21 @@ pub struct CompileFigures {
     pub secret_bytes: usize,
 }
 
+/// What the operator's stores would hold for `fleet`: its objects and the
+/// Gateway's namespace.
+pub fn catalog_of(fleet: &Fleet) -> Catalog {
+    let name = fleet.gateway.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+    let namespace =
+        Namespace { metadata: ObjectMeta { name: Some(name), ..ObjectMeta::default() }, ..Namespace::default() };
+    Catalog::from_objects(&[namespace], &fleet.models, &fleet.keys, &[], &fleet.secrets)
+}
+
 /// Times compile and render of `fleet`, `runs` times each (median).
 ///
 /// # Errors
 /// Render failing.
 pub fn compile_figures(fleet: &Fleet, runs: usize) -> anyhow::Result<CompileFigures> {
-    let name = fleet.gateway.metadata.namespace.clone().unwrap_or_else(|| "default".into());
-    let namespace =
-        Namespace { metadata: ObjectMeta { name: Some(name), ..ObjectMeta::default() }, ..Namespace::default() };
-    let catalog = Catalog::from_objects(&[namespace], &fleet.models, &fleet.keys, &[], &fleet.secrets);
+    let catalog = catalog_of(fleet);
     let now = jiff::Timestamp::now();
     let mut compile_times = Vec::new();
     let mut render_times = Vec::new();

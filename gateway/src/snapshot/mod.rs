@@ -141,8 +141,8 @@ impl Snapshot {
     /// registry lent for it; `dropped` are the entries screening left out.
     /// A model whose route cannot be built (a backend's TLS fails to set
     /// up, say) and a key whose hash does not parse are left out too. Each
-    /// key's config is dropped once its entry is built: the parsed keys and
-    /// the built ones are not held whole at once.
+    /// key's config is dropped once its entry is built (its text; the list
+    /// that held them goes at the end).
     ///
     /// # Errors
     /// [`BuildError`] for what fails the config as a whole.
