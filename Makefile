@@ -3,7 +3,7 @@ CARGO ?= cargo
 CARGO_FLAGS ?= -j2
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 
-.PHONY: demo test bench bench-peers bench-scale bench-routing bench-fairness lint deny images crds generate k8s-bins helm-bin otelcol-bin prometheus-bin node-deps clean-e2e
+.PHONY: demo test bench bench-peers bench-scale bench-routing bench-fairness lint deny images crds generate k8s-bins helm-bin otelcol-bin prometheus-bin node-deps browser-deps clean-e2e
 
 ## demo: waycast on a local cluster (control plane + node), ending with a working curl; Ctrl-C stops it
 demo: k8s-bins node-deps
@@ -11,7 +11,7 @@ demo: k8s-bins node-deps
 	bash e2e/scripts/demo.sh
 
 ## test: every test — unit, generated-file checks, e2e on a real cluster with a node
-test: k8s-bins helm-bin otelcol-bin prometheus-bin node-deps
+test: k8s-bins helm-bin otelcol-bin prometheus-bin node-deps browser-deps
 	$(CARGO) build $(CARGO_FLAGS) --workspace --bins
 	$(CARGO) test $(CARGO_FLAGS) --workspace
 	@# The last e2e node tears down after its test binary exits; wait for it.
@@ -110,6 +110,10 @@ prometheus-bin:
 ## node-deps: containerd, runc, CNI plugins, iptables, conntrack from Debian's packages
 node-deps:
 	bash e2e/scripts/install-node-deps.sh
+
+## browser-deps: Debian's Chromium, for the test that drives waycast-bench's page headless
+browser-deps:
+	bash bench/scripts/install-browser.sh
 
 ## clean-e2e: remove what a killed test run left behind
 clean-e2e:

@@ -15,12 +15,17 @@
 //! streams, a number of chunks apart; the source asks for those per request
 //! with headers, which a gateway forwards, so one sink serves every scenario.
 
+pub mod arrival;
+pub mod csv;
 pub mod peers;
 pub mod process;
 pub mod server;
 pub mod source;
+pub mod study;
 pub mod suite;
+pub mod tokens;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -41,6 +46,30 @@ pub struct Scenario {
     #[serde(default)]
     #[arg(long, env = "WAYCAST_BENCH_KEY")]
     pub key: Option<String>,
+    /// Base URL of the same server reached without the gateway (the
+    /// inference server itself, or the sink): run beside the target in
+    /// interleaved rounds, so the report says what the gateway added.
+    #[serde(default)]
+    #[arg(long)]
+    pub baseline: Option<String>,
+    /// Bearer key for the baseline (none when absent: a server reached
+    /// directly often wants none, or another one).
+    #[serde(default)]
+    #[arg(long, env = "WAYCAST_BENCH_BASELINE_KEY")]
+    pub baseline_key: Option<String>,
+    /// Rounds the run is split into; with a baseline, each round runs both
+    /// sides one after the other (which goes first alternates), so drift on
+    /// the machine or the server lands on both and the spread across rounds
+    /// shows what is noise.
+    #[serde(default = "default_rounds")]
+    #[arg(long, default_value_t = default_rounds())]
+    pub rounds: u32,
+    /// Requests sent to each side before the run, not counted: connections
+    /// opened and pools warmed, on the gateway and the server alike.
+    /// Absent: one per unit of concurrency; 0: none.
+    #[serde(default)]
+    #[arg(long)]
+    pub warmup: Option<u64>,
     /// The model every request names (a real server's model name when
     /// pointed straight at vLLM, SGLang or a provider).
     #[serde(default = "default_model")]
@@ -69,10 +98,26 @@ pub struct Scenario {
     #[serde(default)]
     #[arg(long)]
     pub rate: Option<f64>,
-    /// Size of each request body in bytes (padded prompt).
+    /// How requests arrive at a fixed rate: `poisson` (random gaps with
+    /// that mean, as users arrive) or `uniform` (evenly spaced).
+    #[serde(default)]
+    #[arg(long, default_value = "poisson", value_parser = Arrival::parse)]
+    pub arrival: Arrival,
+    /// A rate sweep instead of one load: `FROM:TO:STEPS` requests per
+    /// second (`{"from", "to", "steps"}` in JSON), `requests` at each rate;
+    /// the report gives the curve and the saturation point.
+    #[serde(default)]
+    #[arg(long, value_parser = Sweep::parse)]
+    pub sweep: Option<Sweep>,
+    /// Size of each request body in bytes (a padded prompt).
     #[serde(default = "default_body_bytes")]
     #[arg(long, default_value_t = default_body_bytes())]
     pub body_bytes: usize,
+    /// With it, body sizes spread evenly from `bodyBytes` to this many
+    /// bytes (a distribution of prompt sizes).
+    #[serde(default)]
+    #[arg(long)]
+    pub body_bytes_max: Option<usize>,
     /// The sink's wait before answering, in milliseconds.
     #[serde(default)]
     #[arg(long, default_value_t = 0)]
@@ -94,6 +139,9 @@ pub struct Scenario {
     pub timeout_ms: u64,
 }
 
+fn default_rounds() -> u32 {
+    1
+}
 fn default_model() -> String {
     BENCH_MODEL.to_owned()
 }
@@ -115,6 +163,27 @@ impl Scenario {
     pub fn validate(&self) -> Result<(), String> {
         if !(self.target.starts_with("http://")) {
             return Err("target must be an http:// URL".into());
+        }
+        if self.baseline.as_ref().is_some_and(|b| !b.starts_with("http://")) {
+            return Err("baseline must be an http:// URL".into());
+        }
+        if self.warmup.is_some_and(|n| n > 1_000_000) {
+            return Err("warmup must be at most 1000000 requests".into());
+        }
+        if self.rounds == 0 || self.rounds > 100 {
+            return Err("rounds must be between 1 and 100".into());
+        }
+        if u64::from(self.rounds) > self.requests {
+            return Err("rounds must not be more than requests (each round runs requests / rounds)".into());
+        }
+        if let Some(sweep) = &self.sweep {
+            sweep.validate()?;
+            if self.rate.is_some() {
+                return Err("a sweep sets the rate itself: give rate or sweep, not both".into());
+            }
+        }
+        if self.body_bytes_max.is_some_and(|max| max < self.body_bytes || max > 64 * 1024 * 1024) {
+            return Err("bodyBytesMax must be at least bodyBytes and at most 64 MiB".into());
         }
         if self.requests == 0 || self.requests > 100_000_000 {
             return Err("requests must be between 1 and 100000000".into());
@@ -145,6 +214,80 @@ impl Scenario {
             return Err("timeoutMs must be positive".into());
         }
         Ok(())
+    }
+}
+
+/// How requests arrive at a fixed rate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub enum Arrival {
+    /// Exponential gaps (a Poisson process): bursts and lulls, as users arrive.
+    #[default]
+    Poisson,
+    /// Evenly spaced.
+    Uniform,
+}
+
+impl Arrival {
+    /// `poisson` or `uniform`.
+    ///
+    /// # Errors
+    /// Any other text.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        serde_json::from_value(serde_json::Value::String(text.to_owned()))
+            .map_err(|_| format!("unknown arrival {text:?}: poisson or uniform"))
+    }
+}
+
+/// Offered rates of a sweep: `steps` rates evenly from `from` to `to`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Sweep {
+    /// The first rate, requests per second.
+    pub from: f64,
+    /// The last rate.
+    pub to: f64,
+    /// How many rates (at least 2).
+    pub steps: u32,
+}
+
+impl Sweep {
+    /// `FROM:TO:STEPS`, e.g. `10:100:10`.
+    ///
+    /// # Errors
+    /// Text of another shape, or numbers out of range.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let shape = || format!("sweep {text:?} is not FROM:TO:STEPS (e.g. 10:100:10)");
+        let mut parts = text.split(':');
+        let (Some(from), Some(to), Some(steps), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
+            return Err(shape());
+        };
+        let sweep = Self {
+            from: from.trim().parse().map_err(|_| shape())?,
+            to: to.trim().parse().map_err(|_| shape())?,
+            steps: steps.trim().parse().map_err(|_| shape())?,
+        };
+        sweep.validate()?;
+        Ok(sweep)
+    }
+
+    /// # Errors
+    /// Rates not positive or not rising, or fewer than 2 or more than 50 steps.
+    pub fn validate(&self) -> Result<(), String> {
+        let rate = |r: f64| r > 0.0 && r <= 10_000_000.0;
+        if !(rate(self.from) && rate(self.to) && self.from < self.to) {
+            return Err("sweep rates must be positive, from below to".into());
+        }
+        if !(2..=50).contains(&self.steps) {
+            return Err("sweep steps must be between 2 and 50".into());
+        }
+        Ok(())
+    }
+
+    /// The offered rates, in order.
+    pub fn rates(&self) -> Vec<f64> {
+        let gap = (self.to - self.from) / f64::from(self.steps - 1);
+        (0..self.steps).map(|i| self.from + gap * f64::from(i)).collect()
     }
 }
 
@@ -215,13 +358,39 @@ pub struct RunResult {
     pub duration_seconds: f64,
     /// Successful requests per second.
     pub requests_per_second: f64,
+    /// At a fixed rate, the rate the requests were sent at (a Poisson
+    /// run's arrivals come near the rate asked for, not exactly at it).
+    pub offered_requests_per_second: Option<f64>,
     /// Latency of successful requests (request start, or its scheduled start
     /// at a fixed rate, to the last body byte).
     pub latency: Option<Summary>,
     /// Time to the first body byte, for streams.
     pub time_to_first_byte: Option<Summary>,
+    /// Time to the first output token (the first event carrying output
+    /// text), for streams.
+    pub time_to_first_token: Option<Summary>,
+    /// Gaps between two events carrying output text, for streams
+    /// (inter-token latency: a server sending several tokens an event shows
+    /// longer gaps).
+    pub inter_token_latency: Option<Summary>,
+    /// Per request, (latency − time to first token) / (output tokens − 1),
+    /// for streams of at least two tokens.
+    pub time_per_output_token: Option<Summary>,
+    /// Output tokens of successful requests: the usage the server reported,
+    /// else (streams) the events that carried output text.
+    pub output_tokens: u64,
+    /// Output tokens per second of the run's wall time.
+    pub output_tokens_per_second: f64,
+    /// Successful requests per second between the first and the last
+    /// completion: what the target sustained, without the ramp at the start.
+    pub sustained_requests_per_second: f64,
+    /// Failed requests by kind: `status 404`, `timeout`, `connect`,
+    /// `broken stream`, `empty body`, `request`.
+    pub errors_by_kind: BTreeMap<String, u64>,
     /// (percentile, milliseconds) points for a latency plot.
     pub percentiles: Vec<(f64, f64)>,
+    /// (percentile, milliseconds) points for a time-to-first-token plot.
+    pub ttft_percentiles: Vec<(f64, f64)>,
 }
 
 /// Points for a latency-by-percentile plot, denser toward the tail.

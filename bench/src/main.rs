@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! waycast-bench sink  --listen 127.0.0.1:8000                    # the OpenAI-compatible sink alone
-//! waycast-bench run   --target http://GATEWAY --key KEY [...]     # one run from the command line
+//! waycast-bench run   --target http://GATEWAY --key KEY [--baseline http://SERVER --rounds 5] [--sweep 10:100:10] [...]
 //! waycast-bench serve --listen 0.0.0.0:8090                       # REST API + web page + sink
 //! waycast-bench suite --gateway target/release/waycast-gateway    # what `make bench` runs
 //! waycast-bench peers --waycast ... --nginx ... --onwards ...        # what `make bench-peers` runs
@@ -17,7 +17,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use waycast_bench::peers::{Peer, PeerKind};
 use waycast_bench::sink::SinkOptions;
-use waycast_bench::{Scenario, millis, peers, server, sink, source, suite};
+use waycast_bench::{Scenario, millis, peers, server, sink, study, suite};
 
 #[derive(Parser, Debug)]
 #[command(name = "waycast-bench", version, about = "Benchmark an OpenAI-compatible gateway against a sink")]
@@ -44,8 +44,17 @@ enum Command {
         #[command(flatten)]
         answers: Answers,
     },
-    /// One run; prints its result as JSON.
-    Run(Scenario),
+    /// One run (with a baseline, in rounds, or a rate sweep); prints a table, and the report as JSON on stdout.
+    Run {
+        #[command(flatten)]
+        scenario: Scenario,
+        /// Also write the report as JSON to this file.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Also write the report as CSV to this file.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+    },
     /// The `make bench` suite: every scenario against the sink and through a gateway process.
     Suite {
         /// The gateway binary (use a release build).
@@ -155,15 +164,24 @@ fn main() -> ExitCode {
                 }
                 Err(error) => fail(&format!("cannot listen on {listen}: {error}")),
             },
-            Command::Run(scenario) => {
+            Command::Run { scenario, out, csv } => {
                 if let Err(problem) = scenario.validate() {
                     eprintln!("waycast-bench: {problem}");
                     return ExitCode::from(64);
                 }
-                match source::run(scenario).await {
-                    Ok(result) => {
-                        println!("{}", serde_json::to_string_pretty(&result).unwrap_or_default());
-                        if result.errors > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS }
+                match study::run(scenario, |now| eprintln!("waycast-bench: {now}")).await {
+                    Ok(report) => {
+                        eprint!("{}", study::table(&report));
+                        let json = serde_json::to_string_pretty(&report).unwrap_or_default();
+                        println!("{json}");
+                        for (path, text) in [(out, json), (csv, waycast_bench::csv::report(&report))] {
+                            if let Some(path) = path
+                                && let Err(error) = std::fs::write(&path, text)
+                            {
+                                return fail(&format!("cannot write {}: {error}", path.display()));
+                            }
+                        }
+                        if study::errors(&report) > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS }
                     }
                     Err(problem) => fail(&problem),
                 }

@@ -4,9 +4,10 @@
 //!
 //! | route | |
 //! |---|---|
-//! | `POST /runs` | body: a [`Scenario`] as JSON → `202 {"id": N, "status": "running"}`; `400` with a message when invalid |
-//! | `GET /runs` | every run, newest first |
-//! | `GET /runs/{id}` | `{"id", "status": "running" \| "done" \| "failed", "scenario", "result"?, "error"?}` |
+//! | `POST /runs` | body: a [`Scenario`] as JSON → `202 {"id": N, "status": "running"}`; `400` with a message when invalid; `409` while another run is running (two at once would measure each other) |
+//! | `GET /runs` | every run kept (the last 200), newest first |
+//! | `GET /runs/{id}` | `{"id", "status": "running" \| "done" \| "failed", "progress"?, "scenario", "result"?, "error"?}`; `result` is a [`Report`] |
+//! | `GET /runs/{id}.json`, `GET /runs/{id}.csv` | a finished run as a file to keep ([`crate::csv`] for the columns) |
 //! | `GET /` | the web page |
 //! | `/v1/...` | the sink |
 
@@ -22,7 +23,11 @@ use tokio::net::TcpListener;
 use tokio::sync::Mutex;
 
 use crate::sink::{Sink, SinkBody, SinkOptions, json, not_found, serve_with};
-use crate::{RunResult, Scenario, source};
+use crate::study::{self, Report};
+use crate::{Scenario, csv};
+
+/// Finished runs kept; older ones are forgotten.
+const RUNS_KEPT: usize = 200;
 
 const PAGE: &str = include_str!("page.html");
 
@@ -34,11 +39,14 @@ pub struct RunRecord {
     pub id: u64,
     /// `running`, `done` or `failed`.
     pub status: &'static str,
+    /// What a running run is doing now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub progress: Option<String>,
     /// What was asked.
     pub scenario: Scenario,
     /// The figures, when done.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub result: Option<RunResult>,
+    pub result: Option<Report>,
     /// Why it failed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -72,14 +80,7 @@ impl BenchServer {
                 let newest_first: Vec<&RunRecord> = runs.iter().rev().collect();
                 to_json(StatusCode::OK, &newest_first)
             }
-            (Method::GET, p) if p.starts_with("/runs/") => {
-                let id = p.trim_start_matches("/runs/").parse::<u64>().ok();
-                let runs = self.runs.lock().await;
-                match id.and_then(|id| runs.iter().find(|r| r.id == id)) {
-                    Some(run) => to_json(StatusCode::OK, run),
-                    None => error(StatusCode::NOT_FOUND, "no such run"),
-                }
-            }
+            (Method::GET, p) if p.starts_with("/runs/") => self.run_file(p.trim_start_matches("/runs/")).await,
             _ => self.sink.handle(request).await.unwrap_or_else(not_found),
         }
     }
@@ -98,15 +99,37 @@ impl BenchServer {
         }
         let id = {
             let mut runs = self.runs.lock().await;
+            if let Some(running) = runs.iter().find(|r| r.status == "running") {
+                let message = format!("run {} is still running: two runs at once would measure each other", running.id);
+                return error(StatusCode::CONFLICT, &message);
+            }
             let id = runs.last().map_or(1, |r| r.id + 1);
-            runs.push(RunRecord { id, status: "running", scenario: scenario.clone(), result: None, error: None });
+            let record = RunRecord {
+                id,
+                status: "running",
+                progress: None,
+                scenario: scenario.clone(),
+                result: None,
+                error: None,
+            };
+            runs.push(record);
+            let excess = runs.len().saturating_sub(RUNS_KEPT);
+            runs.drain(..excess);
             id
         };
         let server = self.clone();
         tokio::spawn(async move {
-            let outcome = source::run(scenario).await;
-            let mut runs = server.runs.lock().await;
-            if let Some(run) = runs.iter_mut().find(|r| r.id == id) {
+            // Progress is for display: skipped when a reader holds the list.
+            let progress = |now: String| {
+                if let Ok(mut runs) = server.runs.try_lock()
+                    && let Some(run) = runs.iter_mut().find(|r| r.id == id)
+                {
+                    run.progress = Some(now);
+                }
+            };
+            let outcome = study::run(scenario, progress).await;
+            if let Some(run) = server.runs.lock().await.iter_mut().find(|r| r.id == id) {
+                run.progress = None;
                 match outcome {
                     Ok(result) => (run.status, run.result) = ("done", Some(result)),
                     Err(problem) => (run.status, run.error) = ("failed", Some(problem)),
@@ -114,6 +137,36 @@ impl BenchServer {
             }
         });
         to_json(StatusCode::ACCEPTED, &serde_json::json!({"id": id, "status": "running"}))
+    }
+
+    /// `ID` (the record), `ID.json` or `ID.csv` (a finished run's report, to keep).
+    async fn run_file(&self, name: &str) -> Response<SinkBody> {
+        let (id, extension) = name.split_once('.').map_or((name, None), |(id, extension)| (id, Some(extension)));
+        let runs = self.runs.lock().await;
+        let Some(run) = id.parse::<u64>().ok().and_then(|id| runs.iter().find(|r| r.id == id)) else {
+            return error(StatusCode::NOT_FOUND, "no such run");
+        };
+        let (content_type, bytes) = match (extension, &run.result) {
+            (None, _) => return to_json(StatusCode::OK, run),
+            (Some("json" | "csv"), None) => return error(StatusCode::CONFLICT, "the run has no report (yet)"),
+            (Some("json"), Some(_)) => match serde_json::to_vec_pretty(run) {
+                Ok(bytes) => ("application/json", bytes),
+                Err(_) => return error(StatusCode::INTERNAL_SERVER_ERROR, "cannot encode the report"),
+            },
+            (Some("csv"), Some(report)) => ("text/csv; charset=utf-8", csv::report(report).into_bytes()),
+            (Some(_), _) => return error(StatusCode::NOT_FOUND, "a run is there as ID, ID.json or ID.csv"),
+        };
+        let mut response = json(StatusCode::OK, Bytes::from(bytes));
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, http::HeaderValue::from_static(content_type));
+        if let Ok(disposition) = http::HeaderValue::from_str(&format!(
+            "attachment; filename=\"waycast-bench-run-{}.{}\"",
+            run.id,
+            extension.unwrap_or("json")
+        )) {
+            headers.insert(header::CONTENT_DISPOSITION, disposition);
+        }
+        response
     }
 }
 

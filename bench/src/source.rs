@@ -1,10 +1,13 @@
 //! The source: N workers, each on its own keep-alive connection, pulling
-//! tickets from a shared counter until a fixed number of requests is done.
-//! At a fixed arrival rate each ticket has a scheduled start and latency is
-//! counted from it, so queueing behind a slow target shows in the figures.
+//! tickets from a shared dispenser until a fixed number of requests is done.
+//! At a fixed arrival rate each ticket has a scheduled start (Poisson or
+//! evenly spaced) and latency is counted from it, so queueing behind a slow
+//! target shows in the figures. Streams are read as they arrive
+//! ([`crate::tokens`]): the first token, the gaps between tokens, and the
+//! output token count.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -14,19 +17,44 @@ use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
+use crate::arrival::Dispenser;
+use crate::tokens::{TokenReader, reported_tokens};
 use crate::{CHUNKS_HEADER, INTERVAL_HEADER, RunResult, Scenario, Summary, WAIT_HEADER, Workload, plot_points};
 
 /// A request body of about `scenario.body_bytes` bytes: a padded prompt for
 /// its workload, model and output length.
 pub fn request_body(scenario: &Scenario) -> Bytes {
+    prompt_body(scenario, scenario.body_bytes, 0)
+}
+
+/// Bodies of the sizes a run sends: one of `body_bytes`, or with
+/// `body_bytes_max` up to 64 sizes spread evenly between the two, each
+/// prompt starting with its own number (so a server's prefix cache does not
+/// see one prompt over and over).
+pub fn request_bodies(scenario: &Scenario) -> Vec<Bytes> {
+    let Some(max) = scenario.body_bytes_max.filter(|max| *max > scenario.body_bytes) else {
+        return vec![request_body(scenario)];
+    };
+    let sizes = (max - scenario.body_bytes + 1).min(64);
+    (0..sizes)
+        .map(|i| {
+            let size = scenario.body_bytes + (max - scenario.body_bytes) * i / (sizes - 1).max(1);
+            prompt_body(scenario, size, i + 1)
+        })
+        .collect()
+}
+
+fn prompt_body(scenario: &Scenario, size: usize, number: usize) -> Bytes {
     let (model, stream) = (&scenario.model, scenario.stream);
     let limit = |field: &str, default: Option<u32>| {
         scenario.max_tokens.or(default).map(|n| format!(r#""{field}":{n},"#)).unwrap_or_default()
     };
+    // Servers report a stream's usage at its end only when asked.
+    let usage = if stream { r#""stream_options":{"include_usage":true},"# } else { "" };
     let (head, tail) = match scenario.workload {
         Workload::Chat => (
             format!(
-                r#"{{"model":"{model}",{}"stream":{stream},"messages":[{{"role":"user","content":""#,
+                r#"{{"model":"{model}",{}"stream":{stream},{usage}"messages":[{{"role":"user","content":""#,
                 limit("max_tokens", None)
             ),
             r#""}]}"#,
@@ -42,28 +70,136 @@ pub fn request_body(scenario: &Scenario) -> Bytes {
             r#""}]}"#,
         ),
     };
-    let padding = scenario.body_bytes.saturating_sub(head.len() + tail.len());
-    let mut body = String::with_capacity(head.len() + padding + tail.len());
+    let lead = if number == 0 { String::new() } else { format!("prompt {number}: ") };
+    let padding = size.saturating_sub(head.len() + lead.len() + tail.len());
+    let mut body = String::with_capacity(head.len() + lead.len() + padding + tail.len());
     body.push_str(&head);
+    body.push_str(&lead);
     body.extend(std::iter::repeat_n('x', padding));
     body.push_str(tail);
     Bytes::from(body)
 }
 
-/// What one worker measured.
-#[derive(Default)]
+/// What one worker measured (nanoseconds).
+#[derive(Default, Clone)]
 struct Tally {
     latencies: Vec<u64>,
     first_bytes: Vec<u64>,
-    errors: u64,
+    first_tokens: Vec<u64>,
+    token_gaps: Vec<u64>,
+    per_token: Vec<u64>,
+    /// When each successful request ended, since the run started.
+    ends: Vec<u64>,
+    output_tokens: u64,
+    errors_by_kind: BTreeMap<String, u64>,
     error_samples: Vec<String>,
 }
 
 impl Tally {
-    fn error(&mut self, what: String) {
-        self.errors += 1;
+    fn error(&mut self, failure: Failure) {
+        *self.errors_by_kind.entry(failure.kind).or_default() += 1;
         if self.error_samples.len() < 5 {
-            self.error_samples.push(what);
+            self.error_samples.push(failure.detail);
+        }
+    }
+
+    fn absorb(&mut self, other: Self) {
+        self.latencies.extend(other.latencies);
+        self.first_bytes.extend(other.first_bytes);
+        self.first_tokens.extend(other.first_tokens);
+        self.token_gaps.extend(other.token_gaps);
+        self.per_token.extend(other.per_token);
+        self.ends.extend(other.ends);
+        self.output_tokens += other.output_tokens;
+        for (kind, count) in other.errors_by_kind {
+            *self.errors_by_kind.entry(kind).or_default() += count;
+        }
+        for sample in other.error_samples {
+            if self.error_samples.len() < 5 {
+                self.error_samples.push(sample);
+            }
+        }
+    }
+}
+
+/// A failed request: its kind (the key of `errorsByKind`) and what happened.
+struct Failure {
+    kind: String,
+    detail: String,
+}
+
+fn failure(kind: &str, detail: String) -> Failure {
+    Failure { kind: kind.to_owned(), detail }
+}
+
+/// What a run measured, before it is summed up: runs of the same target
+/// (rounds) pool into one with [`Measured::pool`].
+#[derive(Default, Clone)]
+pub struct Measured {
+    requests: u64,
+    offered: Option<f64>,
+    streamed: bool,
+    seconds: f64,
+    /// Completions counted toward the sustained rate, and the seconds they
+    /// were counted over (see [`completion_window`]).
+    window: (f64, f64),
+    tally: Tally,
+}
+
+impl Measured {
+    /// Adds another run's figures (its requests and wall time too).
+    pub fn pool(&mut self, other: Self) {
+        // Pooled runs at a rate offered it for their summed spans.
+        self.offered = match (self.offered, other.offered) {
+            (Some(a), Some(b)) => {
+                let (n, m) = (self.requests as f64, other.requests as f64);
+                Some((n + m) / (n / a + m / b))
+            }
+            (a, b) => a.or(b),
+        };
+        self.requests += other.requests;
+        self.streamed |= other.streamed;
+        self.seconds += other.seconds;
+        self.window = (self.window.0 + other.window.0, self.window.1 + other.window.1);
+        self.tally.absorb(other.tally);
+    }
+
+    /// The figures.
+    pub fn result(mut self) -> RunResult {
+        let tally = &mut self.tally;
+        for list in [
+            &mut tally.latencies,
+            &mut tally.first_bytes,
+            &mut tally.first_tokens,
+            &mut tally.token_gaps,
+            &mut tally.per_token,
+        ] {
+            list.sort_unstable();
+        }
+        let ok = tally.latencies.len() as u64;
+        let per_second = |count: f64| if self.seconds > 0.0 { count / self.seconds } else { 0.0 };
+        let streamed = |list: &[u64]| if self.streamed { Summary::of_sorted(list) } else { None };
+        let (counted, over) = self.window;
+        let sustained = if over > 0.0 { counted / over } else { per_second(ok as f64) };
+        RunResult {
+            requests: self.requests,
+            ok,
+            errors: tally.errors_by_kind.values().sum(),
+            error_samples: std::mem::take(&mut tally.error_samples),
+            duration_seconds: self.seconds,
+            requests_per_second: per_second(ok as f64),
+            offered_requests_per_second: self.offered,
+            latency: Summary::of_sorted(&tally.latencies),
+            time_to_first_byte: streamed(&tally.first_bytes),
+            time_to_first_token: streamed(&tally.first_tokens),
+            inter_token_latency: streamed(&tally.token_gaps),
+            time_per_output_token: streamed(&tally.per_token),
+            output_tokens: tally.output_tokens,
+            output_tokens_per_second: per_second(tally.output_tokens as f64),
+            sustained_requests_per_second: sustained,
+            errors_by_kind: std::mem::take(&mut tally.errors_by_kind),
+            percentiles: plot_points(&tally.latencies),
+            ttft_percentiles: if self.streamed { plot_points(&tally.first_tokens) } else { Vec::new() },
         }
     }
 }
@@ -74,9 +210,9 @@ struct Plan {
     authority: String,
     /// The API path under the target's base path.
     path: String,
-    body: Bytes,
+    bodies: Vec<Bytes>,
     authorization: Option<http::HeaderValue>,
-    tickets: AtomicU64,
+    tickets: Dispenser,
     start: Instant,
 }
 
@@ -94,11 +230,21 @@ fn request_target(target: &str, workload: Workload) -> Result<(String, String), 
     Ok((authority.to_owned(), format!("{prefix}{}", workload.path())))
 }
 
-/// Runs `scenario` to completion.
+/// Runs `scenario` to completion against its target, as one load (its
+/// baseline, rounds and sweep are [`crate::study`]'s).
 ///
 /// # Errors
 /// The scenario is invalid; failures of requests are counted, not returned.
 pub async fn run(scenario: Scenario) -> Result<RunResult, String> {
+    Ok(measure(scenario, 0).await?.result())
+}
+
+/// Runs `scenario` against its target and keeps the raw figures;
+/// `seed` picks the arrival gaps and bodies.
+///
+/// # Errors
+/// The scenario is invalid; failures of requests are counted, not returned.
+pub async fn measure(scenario: Scenario, seed: u64) -> Result<Measured, String> {
     scenario.validate()?;
     let (authority, path) = request_target(&scenario.target, scenario.workload)?;
     let authorization = match &scenario.key {
@@ -108,42 +254,48 @@ pub async fn run(scenario: Scenario) -> Result<RunResult, String> {
         None => None,
     };
     let plan = Arc::new(Plan {
-        body: request_body(&scenario),
+        bodies: request_bodies(&scenario),
         authority,
         path,
         authorization,
-        tickets: AtomicU64::new(0),
+        tickets: Dispenser::new(&scenario, seed),
         start: Instant::now(),
         scenario,
     });
     let workers: Vec<_> = (0..plan.scenario.concurrency).map(|_| tokio::spawn(worker(plan.clone()))).collect();
     let mut total = Tally::default();
     for handle in workers {
-        let tally = handle.await.map_err(|e| format!("a worker failed: {e}"))?;
-        total.latencies.extend(tally.latencies);
-        total.first_bytes.extend(tally.first_bytes);
-        total.errors += tally.errors;
-        for sample in tally.error_samples {
-            if total.error_samples.len() < 5 {
-                total.error_samples.push(sample);
-            }
+        total.absorb(handle.await.map_err(|e| format!("a worker failed: {e}"))?);
+    }
+    let requests = plan.scenario.requests;
+    let last_due = plan.tickets.last_due(requests).await;
+    total.ends.sort_unstable();
+    let window = completion_window(&total.ends, last_due);
+    Ok(Measured {
+        requests,
+        offered: last_due.filter(|span| *span > 0.0).map(|span| (requests - 1) as f64 / span),
+        streamed: plan.scenario.stream,
+        seconds: plan.start.elapsed().as_secs_f64(),
+        window,
+        tally: total,
+    })
+}
+
+/// The completions that count toward what a target sustained, and the
+/// seconds they came in: at a fixed rate, those after the first completion
+/// while requests were still arriving (so neither the ramp at the start
+/// nor the drain at the end dilutes it); otherwise, or when that window
+/// holds fewer than two, those after the first until the last.
+/// `ends` are sorted nanoseconds since the run started.
+pub fn completion_window(ends: &[u64], last_due: Option<f64>) -> (f64, f64) {
+    let (Some(&first), Some(&last)) = (ends.first(), ends.last()) else { return (0.0, 0.0) };
+    if let Some(due) = last_due.map(|seconds| (seconds * 1e9) as u64).filter(|due| *due > first) {
+        let counted = ends.iter().filter(|end| **end > first && **end <= due).count();
+        if counted >= 2 {
+            return (counted as f64, (due - first) as f64 / 1e9);
         }
     }
-    let elapsed = plan.start.elapsed().as_secs_f64();
-    total.latencies.sort_unstable();
-    total.first_bytes.sort_unstable();
-    let ok = total.latencies.len() as u64;
-    Ok(RunResult {
-        requests: plan.scenario.requests,
-        ok,
-        errors: total.errors,
-        error_samples: total.error_samples,
-        duration_seconds: elapsed,
-        requests_per_second: if elapsed > 0.0 { ok as f64 / elapsed } else { 0.0 },
-        latency: Summary::of_sorted(&total.latencies),
-        time_to_first_byte: if plan.scenario.stream { Summary::of_sorted(&total.first_bytes) } else { None },
-        percentiles: plot_points(&total.latencies),
-    })
+    if last > first { ((ends.len() - 1) as f64, (last - first) as f64 / 1e9) } else { (0.0, 0.0) }
 }
 
 type Sender = http1::SendRequest<Full<Bytes>>;
@@ -165,14 +317,14 @@ async fn worker(plan: Arc<Plan>) -> Tally {
     let timeout = Duration::from_millis(scenario.timeout_ms);
     let mut sender: Option<Sender> = None;
     loop {
-        let ticket = plan.tickets.fetch_add(1, Ordering::Relaxed);
+        let (ticket, due) = plan.tickets.take().await;
         if ticket >= scenario.requests {
             return tally;
         }
-        // At a fixed rate, ticket n starts at n / rate; latency counts from then.
-        let scheduled = match scenario.rate {
-            Some(rate) => {
-                let at = plan.start + Duration::from_secs_f64(ticket as f64 / rate);
+        // At a fixed rate, a ticket starts when due; latency counts from then.
+        let scheduled = match due {
+            Some(seconds) => {
+                let at = plan.start + Duration::from_secs_f64(seconds);
                 tokio::time::sleep_until(at.into()).await;
                 at
             }
@@ -182,7 +334,7 @@ async fn worker(plan: Arc<Plan>) -> Tally {
             match connect(&plan.authority).await {
                 Ok(s) => sender = Some(s),
                 Err(error) => {
-                    tally.error(error);
+                    tally.error(failure("connect", error));
                     // Do not spin on a target that is down.
                     tokio::time::sleep(Duration::from_millis(10)).await;
                     continue;
@@ -190,13 +342,9 @@ async fn worker(plan: Arc<Plan>) -> Tally {
             }
         }
         let Some(connection) = sender.as_mut() else { continue };
-        match exchange(connection, &plan, scheduled, timeout).await {
-            Ok((latency, first_byte)) => {
-                tally.latencies.push(latency);
-                if let Some(first_byte) = first_byte {
-                    tally.first_bytes.push(first_byte);
-                }
-            }
+        let body = plan.bodies[usize::try_from(ticket).unwrap_or(0) % plan.bodies.len()].clone();
+        match exchange(connection, &plan, body, scheduled, timeout, &mut tally).await {
+            Ok(()) => tally.ends.push(nanos(plan.start.elapsed())),
             Err(error) => {
                 tally.error(error);
                 sender = None;
@@ -205,27 +353,30 @@ async fn worker(plan: Arc<Plan>) -> Tally {
     }
 }
 
-/// One request; returns (latency, time to first body byte) in nanoseconds.
-/// A stream may take `timeout` for its headers and for each frame; any
-/// other answer `timeout` in all.
+/// One request; on success its figures go into `tally` (nanoseconds since
+/// `scheduled`). A stream may take `timeout` for its headers and for each
+/// frame; any other answer `timeout` in all.
 async fn exchange(
     sender: &mut Sender,
     plan: &Plan,
+    body: Bytes,
     scheduled: Instant,
     timeout: Duration,
-) -> Result<(u64, Option<u64>), String> {
+    tally: &mut Tally,
+) -> Result<(), Failure> {
     let scenario = &plan.scenario;
     let whole = tokio::time::Instant::now() + timeout;
     let deadline = || if scenario.stream { tokio::time::Instant::now() + timeout } else { whole };
     let timed_out = |what: &str| {
         let since = scheduled.elapsed().as_secs_f64();
-        if scenario.stream {
+        let detail = if scenario.stream {
             format!("timed out: no {what} for {} ms (--timeout-ms), {since:.1} s into the stream", scenario.timeout_ms)
         } else {
             format!("timed out: no whole answer within {} ms (--timeout-ms)", scenario.timeout_ms)
-        }
+        };
+        failure("timeout", detail)
     };
-    sender.ready().await.map_err(|e| format!("connection: {e}"))?;
+    sender.ready().await.map_err(|e| failure("request", format!("connection: {e}")))?;
     let mut builder = Request::post(plan.path.as_str())
         .header(header::HOST, &plan.authority)
         .header(header::CONTENT_TYPE, "application/json")
@@ -235,34 +386,70 @@ async fn exchange(
     if let Some(authorization) = &plan.authorization {
         builder = builder.header(header::AUTHORIZATION, authorization.clone());
     }
-    let request = builder.body(Full::new(plan.body.clone())).map_err(|e| format!("request: {e}"))?;
+    let request = builder.body(Full::new(body)).map_err(|e| failure("request", format!("request: {e}")))?;
     let response = tokio::time::timeout_at(deadline(), sender.send_request(request))
         .await
         .map_err(|_| timed_out("response headers"))?
-        .map_err(|e| format!("request: {e}"))?;
+        .map_err(|e| failure("request", format!("request: {e}")))?;
     let status = response.status();
     let mut body = response.into_body();
-    let mut first_byte = None;
+    let (mut first_byte, mut first_token, mut last_token) = (None, None, None);
+    let mut gaps = Vec::new();
+    let mut tokens = TokenReader::default();
+    // A whole answer's usage is read from its last bytes (where servers put it).
+    let mut tail = Vec::new();
     let mut received = 0_usize;
     while let Some(frame) = tokio::time::timeout_at(deadline(), body.frame()).await.map_err(|_| timed_out("byte"))? {
-        let frame = frame.map_err(|e| format!("response body: {e}"))?;
-        if let Some(data) = frame.data_ref()
-            && !data.is_empty()
-        {
-            received += data.len();
-            if first_byte.is_none() {
-                first_byte = Some(nanos(scheduled.elapsed()));
+        let broken = if scenario.stream { "broken stream" } else { "broken body" };
+        let frame = frame.map_err(|e| failure(broken, format!("response body: {e}")))?;
+        let Some(data) = frame.data_ref().filter(|data| !data.is_empty()) else { continue };
+        received += data.len();
+        let now = nanos(scheduled.elapsed());
+        first_byte.get_or_insert(now);
+        if scenario.stream {
+            if tokens.feed(data) > 0 {
+                if first_token.is_none() {
+                    first_token = Some(now);
+                } else if let Some(last) = last_token {
+                    gaps.push(now - last);
+                }
+                last_token = Some(now);
+            }
+        } else {
+            tail.extend_from_slice(data);
+            if tail.len() > 2 * TAIL_BYTES {
+                tail.drain(..tail.len() - TAIL_BYTES);
             }
         }
     }
     if status != StatusCode::OK {
-        return Err(format!("status {status}"));
+        return Err(failure(&format!("status {}", status.as_u16()), format!("status {status}")));
     }
     if received == 0 {
-        return Err("empty response body".into());
+        return Err(failure("empty body", "empty response body".into()));
     }
-    Ok((nanos(scheduled.elapsed()), first_byte))
+    if scenario.stream && !tokens.ended {
+        return Err(failure("broken stream", "the stream ended without its end event".into()));
+    }
+    let latency = nanos(scheduled.elapsed());
+    let output = if scenario.stream { tokens.tokens() } else { reported_tokens(&tail).unwrap_or(0) };
+    tally.latencies.push(latency);
+    tally.output_tokens += output;
+    if let Some(first_byte) = first_byte.filter(|_| scenario.stream) {
+        tally.first_bytes.push(first_byte);
+    }
+    if let Some(first_token) = first_token {
+        tally.first_tokens.push(first_token);
+        if output > 1 {
+            tally.per_token.push((latency - first_token) / (output - 1));
+        }
+    }
+    tally.token_gaps.extend(gaps);
+    Ok(())
 }
+
+/// How much of a whole answer's end is kept to read its usage from.
+const TAIL_BYTES: usize = 4096;
 
 fn nanos(duration: Duration) -> u64 {
     u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
@@ -283,5 +470,37 @@ mod tests {
         assert_eq!(chat("http://gw/team-a/v1/"), at("gw", "/team-a/v1/chat/completions"));
         assert_eq!(chat("http://gw/apiv1"), at("gw", "/apiv1/v1/chat/completions"));
         assert!(chat("http:///v1").is_err());
+    }
+}
+
+#[cfg(test)]
+mod body_tests {
+    use super::*;
+
+    #[test]
+    fn sizes_spread_from_the_least_to_the_most_and_prompts_differ() {
+        let json = serde_json::json!({"target": "http://x", "concurrency": 1, "requests": 1, "bodyBytes": 500, "bodyBytesMax": 4000});
+        let bodies = request_bodies(&serde_json::from_value(json).unwrap());
+        assert_eq!(bodies.len(), 64);
+        assert_eq!((bodies[0].len(), bodies[63].len()), (500, 4000));
+        assert!(bodies.windows(2).all(|w| w[0].len() <= w[1].len() && w[0][..100] != w[1][..100]));
+        for body in &bodies {
+            serde_json::from_slice::<serde_json::Value>(body).unwrap();
+        }
+    }
+
+    #[test]
+    fn the_sustained_rate_counts_completions_while_requests_arrived() {
+        let second = 1_000_000_000_u64;
+        // Ten a second for two seconds, then a tail of stragglers.
+        let mut ends: Vec<u64> = (1..=20).map(|i| i * second / 10).collect();
+        ends.extend([3 * second, 5 * second]);
+        let (counted, over) = completion_window(&ends, Some(2.0));
+        assert!((counted / over - 10.0).abs() < 1e-9, "{counted} over {over}");
+        // As fast as answered: first to last completion.
+        let (counted, over) = completion_window(&ends, None);
+        assert_eq!((counted, over), (21.0, 4.9));
+        assert_eq!(completion_window(&[], None), (0.0, 0.0));
+        assert_eq!(completion_window(&[5], Some(1.0)), (0.0, 0.0));
     }
 }

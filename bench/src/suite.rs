@@ -113,6 +113,12 @@ fn authorized_chat() -> Vec<u8> {
 
 /// The gateway config: one model to the sink, one key, access log on.
 pub fn gateway_config(sink: SocketAddr, limits: bool) -> anyhow::Result<Vec<u8>> {
+    gateway_config_for(sink, BENCH_MODEL, limits)
+}
+
+/// A standalone gateway's config: `model` routed to `upstream`'s `/v1`,
+/// [`SUITE_KEY`] allowed (with generous limits when `limits`), access log on.
+pub fn gateway_config_for(upstream: SocketAddr, model: &str, limits: bool) -> anyhow::Result<Vec<u8>> {
     let mut key = json!({"id": "bench/load", "sha256": waycast_mock::fixtures::sha256_hex(SUITE_KEY)});
     if limits {
         key["limits"] = json!({"requestsPerMinute": 1_000_000_000_u64, "tokensPerMinute": 1_000_000_000_000_u64});
@@ -120,8 +126,8 @@ pub fn gateway_config(sink: SocketAddr, limits: bool) -> anyhow::Result<Vec<u8>>
     let config = json!({
         "apiVersion": "waycast.dev/config-v1",
         "models": [{
-            "name": BENCH_MODEL,
-            "backends": [{"url": format!("http://{sink}/v1"), "weight": 1}],
+            "name": model,
+            "backends": [{"url": format!("http://{upstream}/v1"), "weight": 1}],
             "timeouts": {"connect": "5s", "firstByte": "300s", "idle": "60s"},
             // The sink's knobs are request headers.
             "forwardHeaders": ["x-bench-*"],
@@ -200,6 +206,11 @@ pub fn base_scenario(requests: u64, concurrency: u32) -> Scenario {
     Scenario {
         target: String::new(),
         key: Some(SUITE_KEY.to_owned()),
+        baseline: None,
+        baseline_key: None,
+        rounds: 1,
+        // The suite warms each side up itself.
+        warmup: Some(0),
         model: BENCH_MODEL.to_owned(),
         max_tokens: None,
         workload: Workload::Chat,
@@ -207,7 +218,11 @@ pub fn base_scenario(requests: u64, concurrency: u32) -> Scenario {
         requests,
         concurrency,
         rate: None,
+        // The proxy figures compare runs at the same evenly spaced rate.
+        arrival: crate::Arrival::Uniform,
+        sweep: None,
         body_bytes: 1024,
+        body_bytes_max: None,
         wait_ms: 0,
         chunks: 20,
         chunk_interval_ms: 0,

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use http_body_util::{BodyExt as _, Full};
 use waycast_bench::sink::SinkOptions;
-use waycast_bench::{Scenario, Workload, server, sink, source};
+use waycast_bench::{Arrival, Scenario, Sweep, Workload, server, sink, source, study};
 
 fn scenario(target: SocketAddr) -> Scenario {
     serde_json::from_value(serde_json::json!({"target": format!("http://{target}"), "requests": 300, "concurrency": 8}))
@@ -55,15 +55,169 @@ async fn the_sink_waits_and_spaces_chunks_as_asked() {
 async fn a_fixed_rate_is_held_and_an_unreachable_target_is_counted_not_fatal() {
     let sink = sink::start("127.0.0.1:0".parse().unwrap(), SinkOptions::default()).await.unwrap();
     let started = Instant::now();
-    let result = source::run(Scenario { rate: Some(200.0), requests: 100, ..scenario(sink) }).await.unwrap();
+    let evenly = Scenario { rate: Some(200.0), arrival: Arrival::Uniform, requests: 100, ..scenario(sink) };
+    let result = source::run(evenly).await.unwrap();
     let took = started.elapsed();
     assert_eq!(result.ok, 100);
     assert!(took >= Duration::from_millis(490) && took < Duration::from_millis(1500), "100 at 200/s took {took:?}");
+    assert!((result.offered_requests_per_second.unwrap() - 200.0).abs() < 1e-6, "{result:?}");
 
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     let result = source::run(Scenario { requests: 20, concurrency: 2, ..scenario(closed) }).await.unwrap();
     assert_eq!((result.ok, result.errors), (0, 20));
     assert!(result.error_samples[0].contains("connect"), "{:?}", result.error_samples);
+    assert_eq!(result.errors_by_kind, [("connect".to_owned(), 20)].into(), "{result:?}");
+}
+
+/// A server that answers every request with `answer` and closes.
+async fn answering(answer: &'static [u8]) -> SocketAddr {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buffer = vec![0; 65536];
+                let mut read = 0;
+                while !buffer[..read].windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buffer[read..]).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => read += n,
+                    }
+                }
+                let _ = stream.write_all(answer).await;
+            });
+        }
+    });
+    address
+}
+
+/// Failures are counted by kind: a status, a stream that ends without its
+/// end event, a stream cut off mid-body, an empty body.
+#[tokio::test]
+async fn failures_are_counted_by_kind() {
+    use waycast_mock::upstream::{MockOptions, start};
+    let mock = start("127.0.0.1:0".parse().unwrap(), MockOptions::default()).await.unwrap();
+    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+    let put = http::Request::put(format!("http://{}/_mock/status/503", mock.addr)).body(Full::new(bytes::Bytes::new()));
+    assert_eq!(http.request(put.unwrap()).await.unwrap().status(), 200);
+    let result = source::run(Scenario { requests: 10, concurrency: 2, ..scenario(mock.addr) }).await.unwrap();
+    assert_eq!(result.errors_by_kind, [("status 503".to_owned(), 10)].into(), "{result:?}");
+
+    let unended: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\ndata: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n";
+    let cut: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: 500\r\n\r\ndata: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n";
+    let empty: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+    for (answer, stream, kind) in [
+        (unended, true, "broken stream"),
+        (cut, true, "broken stream"),
+        (cut, false, "broken body"),
+        (empty, false, "empty body"),
+    ] {
+        let server = answering(answer).await;
+        let result = source::run(Scenario { stream, requests: 4, concurrency: 1, ..scenario(server) }).await.unwrap();
+        assert_eq!(result.errors_by_kind, [(kind.to_owned(), 4)].into(), "{kind}: {result:?}");
+    }
+}
+
+/// The vLLM-like mock with 8 slots and 10 tokens of 10 ms an answer serves
+/// 80 requests a second; a sweep from half to twice that finds it.
+#[tokio::test]
+async fn a_rate_sweep_finds_the_vllm_mocks_capacity() {
+    let (mock, capacity) = vllm_mock(8, 10, 10).await;
+    let sweep = Scenario {
+        model: "meta-llama/Llama-3.1-8B-Instruct".into(),
+        max_tokens: Some(10),
+        sweep: Some(Sweep { from: 40.0, to: 160.0, steps: 7 }),
+        requests: 100,
+        concurrency: 64,
+        ..scenario(mock)
+    };
+    let report = study::run(sweep, |_| {}).await.unwrap();
+    let sweep = report.sweep.unwrap();
+    assert_eq!(sweep.steps.iter().map(|s| s.rate).collect::<Vec<_>>(), [40.0, 60.0, 80.0, 100.0, 120.0, 140.0, 160.0]);
+    let saturation = sweep.saturation.unwrap();
+    let off = (saturation.requests_per_second - capacity).abs() / capacity;
+    assert!(off <= 0.1, "found {saturation:?}, the mock serves {capacity}/s");
+    assert!(saturation.first_saturated_rate >= 80.0 && saturation.first_saturated_rate <= 100.0, "{saturation:?}");
+    for step in &sweep.steps {
+        assert_eq!(step.target.errors, 0, "{step:?}");
+        // Below capacity, what was offered is served.
+        let offered = step.target.offered_requests_per_second.unwrap();
+        if offered < capacity * 0.85 {
+            assert!(step.target.sustained_requests_per_second >= offered * 0.9, "{step:?}");
+        }
+    }
+}
+
+/// The vLLM-like mock: `slots` at once, `tokens` output tokens `token_ms`
+/// apart, no prefill; returns where it listens and the requests per second
+/// it serves at `max_tokens = tokens`.
+async fn vllm_mock(slots: usize, tokens: u32, token_ms: u64) -> (SocketAddr, f64) {
+    use waycast_mock::upstream::{MockOptions, start};
+    use waycast_mock::vllm::{Engine, VllmOptions};
+    let engine = Engine::new(VllmOptions {
+        slots,
+        prefill_per_byte: Duration::ZERO,
+        token_time: Duration::from_millis(token_ms),
+        ..VllmOptions::default()
+    });
+    let options = MockOptions { vllm: Some(std::sync::Arc::new(engine)), ..MockOptions::default() };
+    let server = start("127.0.0.1:0".parse().unwrap(), options).await.unwrap();
+    let addr = server.addr;
+    // Kept running for the test's life.
+    std::mem::forget(server);
+    (addr, slots as f64 * 1000.0 / (f64::from(tokens) * token_ms as f64))
+}
+
+/// The CLI: a run with a baseline in rounds prints the table, writes JSON and CSV.
+#[tokio::test]
+async fn the_cli_runs_against_a_baseline_and_writes_json_and_csv() {
+    let (mock, _) = vllm_mock(4, 5, 2).await;
+    let dir = waycast_mock::fixtures::temp_dir("bench-cli");
+    let (json_path, csv_path) = (dir.join("run.json"), dir.join("run.csv"));
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_waycast-bench"))
+        .args(["run", "--target", &format!("http://{mock}"), "--baseline", &format!("http://{mock}/v1")])
+        .args([
+            "--model",
+            "m",
+            "--max-tokens",
+            "5",
+            "--stream",
+            "--requests",
+            "40",
+            "--concurrency",
+            "4",
+            "--rounds",
+            "2",
+        ])
+        .arg("--out")
+        .arg(&json_path)
+        .arg("--csv")
+        .arg(&csv_path)
+        .output()
+        .await
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "{stderr}");
+    assert!(stderr.contains("round 2 of 2") && stderr.contains("added by the target over the baseline"), "{stderr}");
+    assert!(stderr.contains("timeToFirstToken"), "{stderr}");
+    let printed: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let written: serde_json::Value = serde_json::from_slice(&std::fs::read(&json_path).unwrap()).unwrap();
+    assert_eq!(printed, written);
+    assert_eq!(written["target"]["outputTokens"], 40 * 5, "{written}");
+    assert!(written["baseline"]["timeToFirstToken"]["p50"].as_f64().is_some(), "{written}");
+    let csv = std::fs::read_to_string(&csv_path).unwrap();
+    assert!(csv.lines().any(|l| l.starts_with("pooled,baseline,,,40,40,0,")), "{csv}");
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // Bad flags exit 64 with the field named.
+    let bad = tokio::process::Command::new(env!("CARGO_BIN_EXE_waycast-bench"))
+        .args(["run", "--target", "http://127.0.0.1:1", "--sweep", "9:3:2"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("sweep"), "{bad:?}");
 }
 
 /// Pointed straight at an inference server (the mock in its vLLM-like mode,
@@ -151,8 +305,10 @@ async fn call(address: SocketAddr, method: &str, path: &str, body: &str) -> (u16
 #[tokio::test]
 async fn the_rest_api_runs_scenarios_and_the_page_drives_it() {
     let address = server::start("127.0.0.1:0".parse().unwrap(), SinkOptions::default()).await.unwrap();
-    // The server's own /v1 routes are a sink: a baseline run against itself.
-    let body = serde_json::json!({"target": format!("http://{address}"), "requests": 200, "concurrency": 4, "stream": true, "chunks": 2});
+    // The server's own /v1 routes are a sink: a run against itself, with
+    // itself as the baseline too, in two rounds.
+    let body = serde_json::json!({"target": format!("http://{address}"), "baseline": format!("http://{address}/v1"), "rounds": 2,
+        "requests": 200, "concurrency": 4, "stream": true, "chunks": 2});
     let (status, answer, _) = call(address, "POST", "/runs", &body.to_string()).await;
     assert_eq!(status, 202, "{answer}");
     let id = answer["id"].as_u64().unwrap();
@@ -167,16 +323,50 @@ async fn the_rest_api_runs_scenarios_and_the_page_drives_it() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert_eq!(run["status"], "done", "{run}");
-    assert_eq!(run["result"]["ok"], 200, "{run}");
-    assert!(run["result"]["timeToFirstByte"]["p99"].as_f64().is_some(), "{run}");
-    assert!(run["result"]["percentiles"].as_array().unwrap().len() > 10, "{run}");
+    for side in ["target", "baseline"] {
+        let result = &run["result"][side];
+        assert_eq!(result["ok"], 200, "{run}");
+        assert!(result["timeToFirstToken"]["p99"].as_f64().is_some(), "{run}");
+        assert!(result["interTokenLatency"]["p50"].as_f64().is_some(), "{run}");
+        // The sink reports 20 output tokens an answer.
+        assert_eq!(result["outputTokens"], 200 * 20, "{run}");
+        assert!(result["percentiles"].as_array().unwrap().len() > 10, "{run}");
+        assert!(result["ttftPercentiles"].as_array().unwrap().len() > 10, "{run}");
+    }
+    assert_eq!(run["result"]["rounds"].as_array().unwrap().len(), 2, "{run}");
+    let added = run["result"]["added"].as_array().unwrap();
+    let ttft = added.iter().find(|a| a["figure"] == "timeToFirstToken" && a["percentile"] == "p99").unwrap();
+    assert!(ttft["minMs"].as_f64().unwrap() <= ttft["medianMs"].as_f64().unwrap(), "{ttft}");
+    assert!(ttft["medianMs"].as_f64().unwrap() <= ttft["maxMs"].as_f64().unwrap(), "{ttft}");
     let (_, list, _) = call(address, "GET", "/runs", "").await;
     assert_eq!(list[0]["id"], id);
+
+    // The run as files to keep.
+    let (status, kept, _) = call(address, "GET", &format!("/runs/{id}.json"), "").await;
+    assert_eq!((status, &kept["result"]), (200, &run["result"]));
+    let (status, _, csv) = call(address, "GET", &format!("/runs/{id}.csv"), "").await;
+    assert_eq!(status, 200);
+    let lines: Vec<&str> = csv.lines().collect();
+    assert!(lines[0].starts_with("row,side,round,rate,requests,ok,errors"), "{csv}");
+    assert!(lines.iter().any(|l| l.starts_with("pooled,target,,,200,200,0,")), "{csv}");
+    assert!(lines.iter().any(|l| l.starts_with("round,baseline,2,")), "{csv}");
+    assert!(lines.iter().any(|l| l.starts_with("added,median,")), "{csv}");
+    let columns = lines[0].split(',').count();
+    assert!(lines.iter().all(|l| l.split(',').count() == columns), "{csv}");
+    let (status, _, _) = call(address, "GET", &format!("/runs/{id}.xml"), "").await;
+    assert_eq!(status, 404);
 
     // Bad scenarios are refused with a message, and nothing starts.
     for (bad, expected) in [
         (r#"{"target":"http://x","requests":0,"concurrency":1}"#, "requests"),
         (r#"{"target":"http://x","requests":1,"concurrency":1,"colour":"red"}"#, "unknown field"),
+        (r#"{"target":"http://x","requests":1,"concurrency":1,"baseline":"https://y"}"#, "baseline"),
+        (r#"{"target":"http://x","requests":10,"concurrency":1,"sweep":{"from":5,"to":1,"steps":3}}"#, "sweep"),
+        (
+            r#"{"target":"http://x","requests":10,"concurrency":1,"rate":5,"sweep":{"from":1,"to":5,"steps":3}}"#,
+            "not both",
+        ),
+        (r#"{"target":"http://x","requests":2,"concurrency":1,"rounds":3}"#, "rounds"),
         ("not json", "invalid scenario"),
     ] {
         let (status, answer, _) = call(address, "POST", "/runs", bad).await;
@@ -186,18 +376,16 @@ async fn the_rest_api_runs_scenarios_and_the_page_drives_it() {
     let (status, _, _) = call(address, "GET", "/runs/999", "").await;
     assert_eq!(status, 404);
 
-    // The page posts to /runs and polls /runs/ID, and has the table and plot.
-    let (status, _, page) = call(address, "GET", "/", "").await;
-    assert_eq!(status, 200);
-    for needle in [
-        "<form id=\"scenario\"",
-        "fetch(\"/runs\", { method: \"POST\"",
-        "fetch(`/runs/${id}`)",
-        "<table id=\"results\"",
-        "<svg id=\"plot\"",
-    ] {
-        assert!(page.contains(needle), "the page lacks {needle}");
-    }
+    // One run at a time: a second one while the first runs is refused.
+    let slow =
+        serde_json::json!({"target": format!("http://{address}"), "requests": 20, "concurrency": 1, "waitMs": 100});
+    let (status, first, _) = call(address, "POST", "/runs", &slow.to_string()).await;
+    assert_eq!(status, 202, "{first}");
+    let (status, answer, _) = call(address, "POST", "/runs", &slow.to_string()).await;
+    assert_eq!(status, 409, "{answer}");
+    assert!(answer["error"]["message"].as_str().unwrap().contains("still running"), "{answer}");
+    let (status, _, _) = call(address, "GET", "/", "").await;
+    assert_eq!(status, 200, "the page (driven in a browser by tests/page.rs)");
 }
 
 #[tokio::test]
