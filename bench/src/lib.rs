@@ -65,8 +65,9 @@ pub struct Scenario {
     #[arg(long, default_value_t = default_rounds())]
     pub rounds: u32,
     /// Requests sent to each side before the run, not counted: connections
-    /// opened and pools warmed, on the gateway and the server alike.
-    /// Absent: one per unit of concurrency; 0: none.
+    /// opened, pools warmed and every prompt seen once (a server's prefix
+    /// cache), on the gateway and the server alike. Absent: the larger of
+    /// the concurrency and the number of different prompts; 0: none.
     #[serde(default)]
     #[arg(long)]
     pub warmup: Option<u64>,
@@ -182,17 +183,25 @@ impl Scenario {
                 return Err("a sweep sets the rate itself: give rate or sweep, not both".into());
             }
         }
-        if self.body_bytes_max.is_some_and(|max| max < self.body_bytes || max > 64 * 1024 * 1024) {
-            return Err("bodyBytesMax must be at least bodyBytes and at most 64 MiB".into());
+        // Up to 64 bodies are built from a range: at most 256 MiB in all.
+        if self.body_bytes_max.is_some_and(|max| max < self.body_bytes || max > 4 * 1024 * 1024) {
+            return Err("bodyBytesMax must be at least bodyBytes and at most 4 MiB".into());
         }
-        if self.requests == 0 || self.requests > 100_000_000 {
-            return Err("requests must be between 1 and 100000000".into());
+        if self.requests == 0 || self.requests > 10_000_000 {
+            return Err("requests must be between 1 and 10000000".into());
         }
         if self.concurrency == 0 || self.concurrency > 10_000 {
             return Err("concurrency must be between 1 and 10000".into());
         }
-        if self.rate.is_some_and(|r| !(r > 0.0 && r <= 10_000_000.0)) {
-            return Err("rate must be positive (requests per second)".into());
+        let slowest = self.rate.or(self.sweep.map(|s| s.from));
+        if slowest.is_some_and(|r| !(MIN_RATE..=MAX_RATE).contains(&r)) {
+            return Err(format!("rates must be between {MIN_RATE} and {MAX_RATE} requests per second"));
+        }
+        if slowest.is_some_and(|r| self.requests as f64 / r > LONGEST_RUN_SECONDS) {
+            return Err("at that rate the requests would take more than a week: fewer requests or a higher rate".into());
+        }
+        if self.wait_ms > HOUR_MS || self.chunk_interval_ms > HOUR_MS {
+            return Err("waitMs and chunkIntervalMs must be at most an hour".into());
         }
         if self.body_bytes > 64 * 1024 * 1024 {
             return Err("bodyBytes must be at most 64 MiB".into());
@@ -210,12 +219,20 @@ impl Scenario {
         if self.max_tokens == Some(0) {
             return Err("maxTokens must be positive".into());
         }
-        if self.timeout_ms == 0 {
-            return Err("timeoutMs must be positive".into());
+        if self.timeout_ms == 0 || self.timeout_ms > 24 * HOUR_MS {
+            return Err("timeoutMs must be between 1 and 86400000 (a day)".into());
         }
         Ok(())
     }
 }
+
+/// The slowest and fastest arrival rates a run may ask for, per second.
+pub const MIN_RATE: f64 = 0.01;
+/// See [`MIN_RATE`].
+pub const MAX_RATE: f64 = 10_000_000.0;
+/// The longest a fixed-rate run may be scheduled to last: a week.
+const LONGEST_RUN_SECONDS: f64 = 7.0 * 24.0 * 3600.0;
+const HOUR_MS: u64 = 3_600_000;
 
 /// How requests arrive at a fixed rate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -274,9 +291,9 @@ impl Sweep {
     /// # Errors
     /// Rates not positive or not rising, or fewer than 2 or more than 50 steps.
     pub fn validate(&self) -> Result<(), String> {
-        let rate = |r: f64| r > 0.0 && r <= 10_000_000.0;
+        let rate = |r: f64| (MIN_RATE..=MAX_RATE).contains(&r);
         if !(rate(self.from) && rate(self.to) && self.from < self.to) {
-            return Err("sweep rates must be positive, from below to".into());
+            return Err(format!("sweep rates must be between {MIN_RATE} and {MAX_RATE}, from below to"));
         }
         if !(2..=50).contains(&self.steps) {
             return Err("sweep steps must be between 2 and 50".into());
@@ -384,8 +401,14 @@ pub struct RunResult {
     /// Successful requests per second between the first and the last
     /// completion: what the target sustained, without the ramp at the start.
     pub sustained_requests_per_second: f64,
+    /// At a fixed rate, requests that started more than 5 ms after they
+    /// were due because every worker was busy: the load generator's
+    /// concurrency held them back, not the target (raise `concurrency`).
+    pub late_starts: u64,
     /// Failed requests by kind: `status 404`, `timeout`, `connect`,
-    /// `broken stream`, `empty body`, `request`.
+    /// `broken stream` (ended without its end event, or cut off),
+    /// `stream error` (an error event in the stream), `broken body`,
+    /// `empty body`, `request`.
     pub errors_by_kind: BTreeMap<String, u64>,
     /// (percentile, milliseconds) points for a latency plot.
     pub percentiles: Vec<(f64, f64)>,

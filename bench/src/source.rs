@@ -17,7 +17,7 @@ use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use crate::arrival::Dispenser;
+use crate::arrival::{Dispenser, SplitMix};
 use crate::tokens::{TokenReader, reported_tokens};
 use crate::{CHUNKS_HEADER, INTERVAL_HEADER, RunResult, Scenario, Summary, WAIT_HEADER, Workload, plot_points};
 
@@ -30,18 +30,26 @@ pub fn request_body(scenario: &Scenario) -> Bytes {
 /// Bodies of the sizes a run sends: one of `body_bytes`, or with
 /// `body_bytes_max` up to 64 sizes spread evenly between the two, each
 /// prompt starting with its own number (so a server's prefix cache does not
-/// see one prompt over and over).
+/// see one prompt over and over). Requests take them in turn.
 pub fn request_bodies(scenario: &Scenario) -> Vec<Bytes> {
     let Some(max) = scenario.body_bytes_max.filter(|max| *max > scenario.body_bytes) else {
         return vec![request_body(scenario)];
     };
-    let sizes = (max - scenario.body_bytes + 1).min(64);
+    let sizes = distinct_bodies(scenario);
     (0..sizes)
         .map(|i| {
             let size = scenario.body_bytes + (max - scenario.body_bytes) * i / (sizes - 1).max(1);
             prompt_body(scenario, size, i + 1)
         })
         .collect()
+}
+
+/// How many different bodies a run sends ([`request_bodies`]).
+pub fn distinct_bodies(scenario: &Scenario) -> usize {
+    match scenario.body_bytes_max.filter(|max| *max > scenario.body_bytes) {
+        Some(max) => (max - scenario.body_bytes + 1).min(64),
+        None => 1,
+    }
 }
 
 fn prompt_body(scenario: &Scenario, size: usize, number: usize) -> Bytes {
@@ -81,21 +89,55 @@ fn prompt_body(scenario: &Scenario, size: usize, number: usize) -> Bytes {
 }
 
 /// What one worker measured (nanoseconds).
-#[derive(Default, Clone)]
+#[derive(Default)]
 struct Tally {
     latencies: Vec<u64>,
     first_bytes: Vec<u64>,
     first_tokens: Vec<u64>,
+    /// Gaps between output tokens: every one up to the worker's share of
+    /// [`GAPS_KEPT`], then a uniform sample of them (a run of millions of
+    /// long streams would hold gigabytes otherwise).
     token_gaps: Vec<u64>,
+    gaps_seen: u64,
     per_token: Vec<u64>,
     /// When each successful request ended, since the run started.
     ends: Vec<u64>,
     output_tokens: u64,
+    /// Requests that started later than scheduled because every worker was
+    /// busy: the load generator's concurrency, not the target, held them.
+    late_starts: u64,
     errors_by_kind: BTreeMap<String, u64>,
     error_samples: Vec<String>,
 }
 
+/// Token gaps a run keeps in all (8 bytes each); past it, a sample.
+const GAPS_KEPT: usize = 4_000_000;
+/// Gaps one stream may add; a stream of more (a hostile or broken server
+/// sending endless tiny events) adds its first ones only.
+const GAPS_PER_STREAM: usize = 100_000;
+/// A request's reported output above this is not believed (the text
+/// events are counted instead).
+const MOST_TOKENS_A_REQUEST: u64 = 10_000_000;
+/// A ticket starting this much after it was due started late.
+const LATE: Duration = Duration::from_millis(5);
+
 impl Tally {
+    /// Keeps `gaps` within `room` by reservoir sampling (each gap seen is
+    /// kept with the same chance); `random` picks.
+    fn keep_gaps(&mut self, gaps: &[u64], room: usize, random: &mut SplitMix) {
+        for &gap in gaps {
+            self.gaps_seen += 1;
+            if self.token_gaps.len() < room {
+                self.token_gaps.push(gap);
+            } else {
+                let slot = random.next_u64() % self.gaps_seen;
+                if let Some(kept) = usize::try_from(slot).ok().and_then(|slot| self.token_gaps.get_mut(slot)) {
+                    *kept = gap;
+                }
+            }
+        }
+    }
+
     fn error(&mut self, failure: Failure) {
         *self.errors_by_kind.entry(failure.kind).or_default() += 1;
         if self.error_samples.len() < 5 {
@@ -108,9 +150,11 @@ impl Tally {
         self.first_bytes.extend(other.first_bytes);
         self.first_tokens.extend(other.first_tokens);
         self.token_gaps.extend(other.token_gaps);
+        self.gaps_seen += other.gaps_seen;
         self.per_token.extend(other.per_token);
         self.ends.extend(other.ends);
-        self.output_tokens += other.output_tokens;
+        self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
+        self.late_starts += other.late_starts;
         for (kind, count) in other.errors_by_kind {
             *self.errors_by_kind.entry(kind).or_default() += count;
         }
@@ -134,7 +178,7 @@ fn failure(kind: &str, detail: String) -> Failure {
 
 /// What a run measured, before it is summed up: runs of the same target
 /// (rounds) pool into one with [`Measured::pool`].
-#[derive(Default, Clone)]
+#[derive(Default)]
 pub struct Measured {
     requests: u64,
     offered: Option<f64>,
@@ -166,6 +210,12 @@ impl Measured {
 
     /// The figures.
     pub fn result(mut self) -> RunResult {
+        self.summary()
+    }
+
+    /// The figures so far (sorting what it holds in place, so it can still
+    /// be pooled after).
+    pub fn summary(&mut self) -> RunResult {
         let tally = &mut self.tally;
         for list in [
             &mut tally.latencies,
@@ -185,7 +235,7 @@ impl Measured {
             requests: self.requests,
             ok,
             errors: tally.errors_by_kind.values().sum(),
-            error_samples: std::mem::take(&mut tally.error_samples),
+            error_samples: tally.error_samples.clone(),
             duration_seconds: self.seconds,
             requests_per_second: per_second(ok as f64),
             offered_requests_per_second: self.offered,
@@ -197,7 +247,8 @@ impl Measured {
             output_tokens: tally.output_tokens,
             output_tokens_per_second: per_second(tally.output_tokens as f64),
             sustained_requests_per_second: sustained,
-            errors_by_kind: std::mem::take(&mut tally.errors_by_kind),
+            late_starts: tally.late_starts,
+            errors_by_kind: tally.errors_by_kind.clone(),
             percentiles: plot_points(&tally.latencies),
             ttft_percentiles: if self.streamed { plot_points(&tally.first_tokens) } else { Vec::new() },
         }
@@ -262,10 +313,15 @@ pub async fn measure(scenario: Scenario, seed: u64) -> Result<Measured, String> 
         start: Instant::now(),
         scenario,
     });
-    let workers: Vec<_> = (0..plan.scenario.concurrency).map(|_| tokio::spawn(worker(plan.clone()))).collect();
+    // A set: dropping it (a run cancelled or failed) stops every worker.
+    let mut workers = tokio::task::JoinSet::new();
+    let room = (GAPS_KEPT / plan.scenario.concurrency as usize).max(10_000);
+    for index in 0..plan.scenario.concurrency {
+        workers.spawn(worker(plan.clone(), room, SplitMix(seed ^ (u64::from(index) << 32))));
+    }
     let mut total = Tally::default();
-    for handle in workers {
-        total.absorb(handle.await.map_err(|e| format!("a worker failed: {e}"))?);
+    while let Some(tally) = workers.join_next().await {
+        total.absorb(tally.map_err(|e| format!("a worker failed: {e}"))?);
     }
     let requests = plan.scenario.requests;
     let last_due = plan.tickets.last_due(requests).await;
@@ -300,8 +356,11 @@ pub fn completion_window(ends: &[u64], last_due: Option<f64>) -> (f64, f64) {
 
 type Sender = http1::SendRequest<Full<Bytes>>;
 
-async fn connect(authority: &str) -> Result<Sender, String> {
-    let stream = TcpStream::connect(authority).await.map_err(|e| format!("connect {authority}: {e}"))?;
+async fn connect(authority: &str, timeout: Duration) -> Result<Sender, String> {
+    let stream = tokio::time::timeout(timeout, TcpStream::connect(authority))
+        .await
+        .map_err(|_| format!("connect {authority}: no answer within the timeout"))?
+        .map_err(|e| format!("connect {authority}: {e}"))?;
     let _ = stream.set_nodelay(true);
     let (sender, connection) =
         http1::handshake(TokioIo::new(stream)).await.map_err(|e| format!("handshake with {authority}: {e}"))?;
@@ -311,7 +370,7 @@ async fn connect(authority: &str) -> Result<Sender, String> {
     Ok(sender)
 }
 
-async fn worker(plan: Arc<Plan>) -> Tally {
+async fn worker(plan: Arc<Plan>, gaps_room: usize, mut random: SplitMix) -> Tally {
     let mut tally = Tally::default();
     let scenario = &plan.scenario;
     let timeout = Duration::from_millis(scenario.timeout_ms);
@@ -324,14 +383,22 @@ async fn worker(plan: Arc<Plan>) -> Tally {
         // At a fixed rate, a ticket starts when due; latency counts from then.
         let scheduled = match due {
             Some(seconds) => {
-                let at = plan.start + Duration::from_secs_f64(seconds);
+                let Some(at) =
+                    Duration::try_from_secs_f64(seconds).ok().and_then(|after| plan.start.checked_add(after))
+                else {
+                    tally.error(failure("schedule", format!("a request due {seconds} s after the start")));
+                    continue;
+                };
+                if Instant::now() > at + LATE {
+                    tally.late_starts += 1;
+                }
                 tokio::time::sleep_until(at.into()).await;
                 at
             }
             None => Instant::now(),
         };
         if sender.as_ref().is_none_or(|s| s.is_closed()) {
-            match connect(&plan.authority).await {
+            match connect(&plan.authority, timeout).await {
                 Ok(s) => sender = Some(s),
                 Err(error) => {
                     tally.error(failure("connect", error));
@@ -343,8 +410,20 @@ async fn worker(plan: Arc<Plan>) -> Tally {
         }
         let Some(connection) = sender.as_mut() else { continue };
         let body = plan.bodies[usize::try_from(ticket).unwrap_or(0) % plan.bodies.len()].clone();
-        match exchange(connection, &plan, body, scheduled, timeout, &mut tally).await {
-            Ok(()) => tally.ends.push(nanos(plan.start.elapsed())),
+        match exchange(connection, &plan, body, scheduled, timeout).await {
+            Ok(answer) => {
+                tally.latencies.push(answer.latency);
+                tally.output_tokens = tally.output_tokens.saturating_add(answer.output_tokens);
+                tally.first_bytes.extend(answer.first_byte);
+                if let Some(first_token) = answer.first_token {
+                    tally.first_tokens.push(first_token);
+                    if answer.output_tokens > 1 {
+                        tally.per_token.push((answer.latency - first_token) / (answer.output_tokens - 1));
+                    }
+                }
+                tally.keep_gaps(&answer.token_gaps, gaps_room, &mut random);
+                tally.ends.push(nanos(plan.start.elapsed()));
+            }
             Err(error) => {
                 tally.error(error);
                 sender = None;
@@ -353,8 +432,17 @@ async fn worker(plan: Arc<Plan>) -> Tally {
     }
 }
 
-/// One request; on success its figures go into `tally` (nanoseconds since
-/// `scheduled`). A stream may take `timeout` for its headers and for each
+/// What one successful request measured (nanoseconds since it was scheduled).
+struct Answer {
+    latency: u64,
+    /// Streams only.
+    first_byte: Option<u64>,
+    first_token: Option<u64>,
+    token_gaps: Vec<u64>,
+    output_tokens: u64,
+}
+
+/// One request. A stream may take `timeout` for its headers and for each
 /// frame; any other answer `timeout` in all.
 async fn exchange(
     sender: &mut Sender,
@@ -362,8 +450,7 @@ async fn exchange(
     body: Bytes,
     scheduled: Instant,
     timeout: Duration,
-    tally: &mut Tally,
-) -> Result<(), Failure> {
+) -> Result<Answer, Failure> {
     let scenario = &plan.scenario;
     let whole = tokio::time::Instant::now() + timeout;
     let deadline = || if scenario.stream { tokio::time::Instant::now() + timeout } else { whole };
@@ -376,7 +463,10 @@ async fn exchange(
         };
         failure("timeout", detail)
     };
-    sender.ready().await.map_err(|e| failure("request", format!("connection: {e}")))?;
+    tokio::time::timeout(timeout, sender.ready())
+        .await
+        .map_err(|_| timed_out("ready connection"))?
+        .map_err(|e| failure("request", format!("connection: {e}")))?;
     let mut builder = Request::post(plan.path.as_str())
         .header(header::HOST, &plan.authority)
         .header(header::CONTENT_TYPE, "application/json")
@@ -410,7 +500,9 @@ async fn exchange(
             if tokens.feed(data) > 0 {
                 if first_token.is_none() {
                     first_token = Some(now);
-                } else if let Some(last) = last_token {
+                } else if let Some(last) = last_token
+                    && gaps.len() < GAPS_PER_STREAM
+                {
                     gaps.push(now - last);
                 }
                 last_token = Some(now);
@@ -428,24 +520,29 @@ async fn exchange(
     if received == 0 {
         return Err(failure("empty body", "empty response body".into()));
     }
-    if scenario.stream && !tokens.ended {
-        return Err(failure("broken stream", "the stream ended without its end event".into()));
-    }
-    let latency = nanos(scheduled.elapsed());
-    let output = if scenario.stream { tokens.tokens() } else { reported_tokens(&tail).unwrap_or(0) };
-    tally.latencies.push(latency);
-    tally.output_tokens += output;
-    if let Some(first_byte) = first_byte.filter(|_| scenario.stream) {
-        tally.first_bytes.push(first_byte);
-    }
-    if let Some(first_token) = first_token {
-        tally.first_tokens.push(first_token);
-        if output > 1 {
-            tally.per_token.push((latency - first_token) / (output - 1));
+    if scenario.stream {
+        tokens.finish();
+        if let Some(error) = tokens.error.take() {
+            return Err(failure("stream error", format!("the stream reported an error: {error}")));
+        }
+        if !tokens.ended {
+            return Err(failure("broken stream", "the stream ended without its end event".into()));
         }
     }
-    tally.token_gaps.extend(gaps);
-    Ok(())
+    let latency = nanos(scheduled.elapsed());
+    let believed = |count: u64| (count <= MOST_TOKENS_A_REQUEST).then_some(count);
+    let output_tokens = if scenario.stream {
+        tokens.reported.and_then(believed).unwrap_or(tokens.text_events)
+    } else {
+        reported_tokens(&tail).and_then(believed).unwrap_or(0)
+    };
+    Ok(Answer {
+        latency,
+        first_byte: first_byte.filter(|_| scenario.stream),
+        first_token,
+        token_gaps: gaps,
+        output_tokens,
+    })
 }
 
 /// How much of a whole answer's end is kept to read its usage from.

@@ -37,6 +37,8 @@ pub struct Report {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Round {
+    /// Which side ran first: `target` or `baseline` (they alternate).
+    pub first: String,
     /// The target's figures.
     pub target: RunResult,
     /// The baseline's, when there is one.
@@ -93,6 +95,10 @@ pub struct Saturation {
     pub requests_per_second: f64,
     /// The first rate asked for at which the target fell behind.
     pub first_saturated_rate: f64,
+    /// At that rate, more than a hundredth of the requests started late
+    /// because every worker was busy: the load generator's concurrency may
+    /// be what saturated, not the target (raise `concurrency` and rerun).
+    pub limited_by_concurrency: bool,
 }
 
 /// A step is saturated when what it sustained fell below this share of
@@ -106,7 +112,11 @@ pub const SATURATED_BELOW: f64 = 0.9;
 /// The scenario is invalid; failed requests are counted, not returned.
 pub async fn run(scenario: Scenario, progress: impl Fn(String)) -> Result<Report, String> {
     scenario.validate()?;
-    let warmup = scenario.warmup.unwrap_or(u64::from(scenario.concurrency));
+    // By default every connection opens and every prompt is sent once
+    // before anything counts: otherwise the side that runs first in round
+    // one pays for the server's cold prefix cache.
+    let every_prompt = source::distinct_bodies(&scenario) as u64;
+    let warmup = scenario.warmup.unwrap_or(u64::from(scenario.concurrency).max(every_prompt));
     if warmup > 0 {
         progress(format!("warming up: {warmup} requests a side, not counted"));
         let warm = Scenario { requests: warmup, rate: None, sweep: None, rounds: 1, ..scenario.clone() };
@@ -142,11 +152,13 @@ pub async fn run(scenario: Scenario, progress: impl Fn(String)) -> Result<Report
             let mut rounds = Vec::new();
             for round in 0..scenario.rounds {
                 progress(format!("round {} of {}", round + 1, scenario.rounds));
-                let share = Scenario { requests: round_requests(&scenario, round), ..scenario.clone() };
-                let (this, other) = both_sides(&share, round as usize, u64::from(round) + 1).await?;
+                let share = Scenario { requests: round_requests(&scenario, round), rounds: 1, ..scenario.clone() };
+                let (mut this, mut other) = both_sides(&share, round as usize, u64::from(round) + 1).await?;
+                let first = if other.is_some() && round % 2 == 1 { "baseline" } else { "target" };
                 rounds.push(Round {
-                    target: without_points(this.clone().result()),
-                    baseline: other.as_ref().map(|b| without_points(b.clone().result())),
+                    first: first.to_owned(),
+                    target: without_points(this.summary()),
+                    baseline: other.as_mut().map(|b| without_points(b.summary())),
                 });
                 target.pool(this);
                 if let (Some(pooled), Some(other)) = (baseline.as_mut(), other) {
@@ -249,9 +261,10 @@ pub fn saturation<'a>(steps: impl Iterator<Item = (f64, &'a RunResult)> + Clone)
         result.sustained_requests_per_second < SATURATED_BELOW * offered
             || result.errors as f64 > result.requests as f64 / 100.0
     };
-    let first_saturated_rate = steps.clone().find(|(rate, result)| behind(result, *rate))?.0;
+    let (first_saturated_rate, first) = steps.clone().find(|(rate, result)| behind(result, *rate))?;
+    let limited_by_concurrency = first.late_starts as f64 > first.requests as f64 / 100.0;
     let requests_per_second = steps.map(|(_, result)| result.sustained_requests_per_second).fold(0.0, f64::max);
-    Some(Saturation { requests_per_second, first_saturated_rate })
+    Some(Saturation { requests_per_second, first_saturated_rate, limited_by_concurrency })
 }
 
 /// Failed requests over the whole report.
@@ -286,6 +299,13 @@ pub fn table(report: &Report) -> String {
             ms(&r.latency, |s| s.p50),
             ms(&r.latency, |s| s.p99),
         );
+        if r.late_starts > 0 {
+            let _ = writeln!(
+                out,
+                "{:<16} {} requests started late, every worker busy: raise --concurrency",
+                "", r.late_starts
+            );
+        }
         if !r.errors_by_kind.is_empty() {
             let kinds: Vec<String> = r.errors_by_kind.iter().map(|(kind, n)| format!("{kind}: {n}")).collect();
             let _ = writeln!(out, "{:<16} errors by kind: {}", "", kinds.join(", "));
@@ -324,8 +344,14 @@ pub fn table(report: &Report) -> String {
                 Some(point) => {
                     let _ = writeln!(
                         out,
-                        "{side} saturated: {:.1} requests per second sustained at most; first behind at {:.1}/s offered",
-                        point.requests_per_second, point.first_saturated_rate
+                        "{side} saturated: {:.1} requests per second sustained at most; first behind at {:.1}/s offered{}",
+                        point.requests_per_second,
+                        point.first_saturated_rate,
+                        if point.limited_by_concurrency {
+                            " — but every worker was busy there: raise --concurrency, the limit may be this tool's"
+                        } else {
+                            ""
+                        }
                     );
                 }
                 None if side == "target"
@@ -377,6 +403,7 @@ mod tests {
             output_tokens: 0,
             output_tokens_per_second: 0.0,
             sustained_requests_per_second: 10.0,
+            late_starts: 0,
             errors_by_kind: std::collections::BTreeMap::new(),
             percentiles: Vec::new(),
             ttft_percentiles: Vec::new(),
@@ -388,6 +415,7 @@ mod tests {
         let rounds: Vec<Round> = [(10.0, 9.0), (10.0, 7.0), (12.0, 9.5), (10.0, 10.5)]
             .into_iter()
             .map(|(target, baseline)| Round {
+                first: "target".to_owned(),
                 target: result(target, Some(target)),
                 baseline: Some(result(baseline, Some(baseline))),
             })
@@ -417,7 +445,14 @@ mod tests {
         let bent =
             [step(10.0, 10.1, 0), step(20.0, 20.3, 0), step(30.0, 24.0, 0), step(40.0, 25.5, 0), step(50.0, 25.0, 0)];
         let found = saturation(bent.iter().enumerate().map(|(i, r)| (10.0 * (i + 1) as f64, r))).unwrap();
-        assert_eq!(found, Saturation { requests_per_second: 25.5, first_saturated_rate: 30.0 });
+        assert_eq!(
+            found,
+            Saturation { requests_per_second: 25.5, first_saturated_rate: 30.0, limited_by_concurrency: false }
+        );
+        // Requests held back by busy workers say the tool may be the limit.
+        let held = [step(10.0, 10.1, 0), RunResult { late_starts: 2, ..step(20.0, 15.0, 0) }];
+        let found = saturation(held.iter().enumerate().map(|(i, r)| (10.0 * (i + 1) as f64, r))).unwrap();
+        assert!(found.limited_by_concurrency, "{found:?}");
         // Failing requests saturate a step that otherwise kept up.
         let failing = [step(10.0, 10.1, 0), step(20.0, 20.3, 1)];
         let found = saturation(failing.iter().enumerate().map(|(i, r)| (10.0 * (i + 1) as f64, r))).unwrap();

@@ -136,6 +136,8 @@ async fn a_rate_sweep_finds_the_vllm_mocks_capacity() {
     let sweep = report.sweep.unwrap();
     assert_eq!(sweep.steps.iter().map(|s| s.rate).collect::<Vec<_>>(), [40.0, 60.0, 80.0, 100.0, 120.0, 140.0, 160.0]);
     let saturation = sweep.saturation.unwrap();
+    let most = sweep.steps.iter().map(|s| s.target.sustained_requests_per_second).fold(0.0, f64::max);
+    assert_eq!(saturation.requests_per_second, most, "the capacity is the most any step sustained");
     let off = (saturation.requests_per_second - capacity).abs() / capacity;
     assert!(off <= 0.1, "found {saturation:?}, the mock serves {capacity}/s");
     assert!(saturation.first_saturated_rate >= 80.0 && saturation.first_saturated_rate <= 100.0, "{saturation:?}");
@@ -173,10 +175,15 @@ async fn vllm_mock(slots: usize, tokens: u32, token_ms: u64) -> (SocketAddr, f64
 #[tokio::test]
 async fn the_cli_runs_against_a_baseline_and_writes_json_and_csv() {
     let (mock, _) = vllm_mock(4, 5, 2).await;
+    // The baseline is a server of its own, so the test sees that it was asked.
+    let baseline = {
+        use waycast_mock::upstream::{MockOptions, start};
+        start("127.0.0.1:0".parse().unwrap(), MockOptions { chunks: 5, ..MockOptions::default() }).await.unwrap()
+    };
     let dir = waycast_mock::fixtures::temp_dir("bench-cli");
     let (json_path, csv_path) = (dir.join("run.json"), dir.join("run.csv"));
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_waycast-bench"))
-        .args(["run", "--target", &format!("http://{mock}"), "--baseline", &format!("http://{mock}/v1")])
+        .args(["run", "--target", &format!("http://{mock}"), "--baseline", &format!("http://{}/v1", baseline.addr)])
         .args([
             "--model",
             "m",
@@ -208,6 +215,11 @@ async fn the_cli_runs_against_a_baseline_and_writes_json_and_csv() {
     assert!(written["baseline"]["timeToFirstToken"]["p50"].as_f64().is_some(), "{written}");
     let csv = std::fs::read_to_string(&csv_path).unwrap();
     assert!(csv.lines().any(|l| l.starts_with("pooled,baseline,,,40,40,0,")), "{csv}");
+    // The baseline's server got its warm-up (4, the concurrency) and its 40.
+    assert_eq!(baseline.recorder.requests().await.len(), 4 + 40);
+    let firsts: Vec<&str> =
+        written["rounds"].as_array().unwrap().iter().map(|r| r["first"].as_str().unwrap()).collect();
+    assert_eq!(firsts, ["target", "baseline"], "the sides take turns going first");
     let _ = std::fs::remove_dir_all(&dir);
 
     // Bad flags exit 64 with the field named.
@@ -218,6 +230,13 @@ async fn the_cli_runs_against_a_baseline_and_writes_json_and_csv() {
         .unwrap();
     assert_eq!(bad.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("sweep"), "{bad:?}");
+    let bad = tokio::process::Command::new(env!("CARGO_BIN_EXE_waycast-bench"))
+        .args(["run", "--target", "http://127.0.0.1:1", "--requests", "2", "--rounds", "3"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("rounds"), "{bad:?}");
 }
 
 /// Pointed straight at an inference server (the mock in its vLLM-like mode,
@@ -277,6 +296,10 @@ fn request_bodies_name_the_model_and_length_for_each_api_and_are_refused_when_un
         let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!((json["model"].as_str(), json[field].as_u64()), (Some("qwen/Qwen3-8B"), Some(7)), "{workload:?}");
     }
+    // A stream asks for its usage, which servers send only when asked.
+    let streamed: serde_json::Value =
+        serde_json::from_slice(&source::request_body(&Scenario { stream: true, ..base() })).unwrap();
+    assert_eq!(streamed["stream_options"]["include_usage"], true, "{streamed}");
     let unlimited = source::request_body(&Scenario { max_tokens: None, ..base() });
     assert!(serde_json::from_slice::<serde_json::Value>(&unlimited).unwrap().get("max_tokens").is_none());
     for bad in [
@@ -289,17 +312,41 @@ fn request_bodies_name_the_model_and_length_for_each_api_and_are_refused_when_un
 }
 
 async fn call(address: SocketAddr, method: &str, path: &str, body: &str) -> (u16, serde_json::Value, String) {
+    call_with(address, method, path, body, &[("content-type", "application/json")]).await
+}
+
+async fn call_with(
+    address: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+    headers: &[(&str, &str)],
+) -> (u16, serde_json::Value, String) {
     let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
-    let request = http::Request::builder()
-        .method(method)
-        .uri(format!("http://{address}{path}"))
-        .body(Full::new(bytes::Bytes::from(body.to_owned())))
-        .unwrap();
+    let mut request = http::Request::builder().method(method).uri(format!("http://{address}{path}"));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let request = request.body(Full::new(bytes::Bytes::from(body.to_owned()))).unwrap();
     let response = http.request(request).await.unwrap();
     let status = response.status().as_u16();
     let bytes = response.into_body().collect().await.unwrap().to_bytes();
     let text = String::from_utf8_lossy(&bytes).into_owned();
     (status, serde_json::from_str(&text).unwrap_or_default(), text)
+}
+
+/// Run `id` once it is no longer running.
+async fn finished(address: SocketAddr, id: u64) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, run, _) = call(address, "GET", &format!("/runs/{id}"), "").await;
+        assert_eq!(status, 200);
+        if run["status"] != "running" {
+            return run;
+        }
+        assert!(Instant::now() < deadline, "the run never finished: {run}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test]
@@ -308,20 +355,11 @@ async fn the_rest_api_runs_scenarios_and_the_page_drives_it() {
     // The server's own /v1 routes are a sink: a run against itself, with
     // itself as the baseline too, in two rounds.
     let body = serde_json::json!({"target": format!("http://{address}"), "baseline": format!("http://{address}/v1"), "rounds": 2,
-        "requests": 200, "concurrency": 4, "stream": true, "chunks": 2});
+        "requests": 200, "concurrency": 4, "stream": true, "chunks": 2, "key": "wc_secret", "baselineKey": "sk-secret"});
     let (status, answer, _) = call(address, "POST", "/runs", &body.to_string()).await;
     assert_eq!(status, 202, "{answer}");
     let id = answer["id"].as_u64().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let run = loop {
-        let (status, run, _) = call(address, "GET", &format!("/runs/{id}"), "").await;
-        assert_eq!(status, 200);
-        if run["status"] != "running" {
-            break run;
-        }
-        assert!(Instant::now() < deadline, "the run never finished: {run}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let run = finished(address, id).await;
     assert_eq!(run["status"], "done", "{run}");
     for side in ["target", "baseline"] {
         let result = &run["result"][side];
@@ -338,8 +376,14 @@ async fn the_rest_api_runs_scenarios_and_the_page_drives_it() {
     let ttft = added.iter().find(|a| a["figure"] == "timeToFirstToken" && a["percentile"] == "p99").unwrap();
     assert!(ttft["minMs"].as_f64().unwrap() <= ttft["medianMs"].as_f64().unwrap(), "{ttft}");
     assert!(ttft["medianMs"].as_f64().unwrap() <= ttft["maxMs"].as_f64().unwrap(), "{ttft}");
-    let (_, list, _) = call(address, "GET", "/runs", "").await;
+    let (_, list, text) = call(address, "GET", "/runs", "").await;
     assert_eq!(list[0]["id"], id);
+    // Keys are sent, never shown.
+    assert_eq!(
+        (list[0]["scenario"]["key"].as_str(), list[0]["scenario"]["baselineKey"].as_str()),
+        (Some("(redacted)"), Some("(redacted)"))
+    );
+    assert!(!text.contains("secret"), "{text}");
 
     // The run as files to keep.
     let (status, kept, _) = call(address, "GET", &format!("/runs/{id}.json"), "").await;
@@ -376,6 +420,23 @@ async fn the_rest_api_runs_scenarios_and_the_page_drives_it() {
     let (status, _, _) = call(address, "GET", "/runs/999", "").await;
     assert_eq!(status, 404);
 
+    // Fewer requests a round than rounds: each round still runs its share.
+    let thin = serde_json::json!({"target": format!("http://{address}"), "baseline": format!("http://{address}"),
+        "requests": 12, "rounds": 4, "concurrency": 2, "warmup": 0});
+    let (status, answer, _) = call(address, "POST", "/runs", &thin.to_string()).await;
+    assert_eq!(status, 202, "{answer}");
+    let thin = finished(address, answer["id"].as_u64().unwrap()).await;
+    assert_eq!((thin["status"].as_str(), thin["result"]["target"]["ok"].as_u64()), (Some("done"), Some(12)), "{thin}");
+    assert_eq!(thin["result"]["rounds"].as_array().unwrap().len(), 4, "{thin}");
+
+    // Only this server's own page, or a client that is no browser, starts runs.
+    let small = serde_json::json!({"target": format!("http://{address}"), "requests": 1, "concurrency": 1}).to_string();
+    let (status, answer, _) = call_with(address, "POST", "/runs", &small, &[("content-type", "text/plain")]).await;
+    assert_eq!(status, 415, "{answer}");
+    let foreign = [("content-type", "application/json"), ("origin", "http://evil.example")];
+    let (status, answer, _) = call_with(address, "POST", "/runs", &small, &foreign).await;
+    assert_eq!(status, 403, "{answer}");
+
     // One run at a time: a second one while the first runs is refused.
     let slow =
         serde_json::json!({"target": format!("http://{address}"), "requests": 20, "concurrency": 1, "waitMs": 100});
@@ -384,6 +445,14 @@ async fn the_rest_api_runs_scenarios_and_the_page_drives_it() {
     let (status, answer, _) = call(address, "POST", "/runs", &slow.to_string()).await;
     assert_eq!(status, 409, "{answer}");
     assert!(answer["error"]["message"].as_str().unwrap().contains("still running"), "{answer}");
+    // Cancelled, it stops (20 requests of 100 ms would take 2 s) and the next may start.
+    let first = first["id"].as_u64().unwrap();
+    let (status, cancelled, _) = call(address, "DELETE", &format!("/runs/{first}"), "").await;
+    assert_eq!((status, cancelled["status"].as_str()), (200, Some("cancelled")), "{cancelled}");
+    let (status, _, _) = call(address, "DELETE", &format!("/runs/{first}"), "").await;
+    assert_eq!(status, 409, "a run is cancelled once");
+    let (status, answer, _) = call(address, "POST", "/runs", &small).await;
+    assert_eq!(status, 202, "{answer}");
     let (status, _, _) = call(address, "GET", "/", "").await;
     assert_eq!(status, 200, "the page (driven in a browser by tests/page.rs)");
 }

@@ -208,6 +208,14 @@ fn number(cell: &str) -> Option<f64> {
 
 /// The vLLM-like mock: 8 slots, a token every 10 ms, no prefill.
 async fn vllm_mock() -> SocketAddr {
+    let server = vllm_server().await;
+    let address = server.addr;
+    // Kept serving for the test's life.
+    std::mem::forget(server);
+    address
+}
+
+async fn vllm_server() -> waycast_mock::upstream::MockUpstream {
     use waycast_mock::upstream::{MockOptions, start};
     use waycast_mock::vllm::{Engine, VllmOptions};
     let engine = Engine::new(VllmOptions {
@@ -217,10 +225,7 @@ async fn vllm_mock() -> SocketAddr {
         ..VllmOptions::default()
     });
     let options = MockOptions { vllm: Some(std::sync::Arc::new(engine)), ..MockOptions::default() };
-    let server = start("127.0.0.1:0".parse().unwrap(), options).await.unwrap();
-    let address = server.addr;
-    std::mem::forget(server);
-    address
+    start("127.0.0.1:0".parse().unwrap(), options).await.unwrap()
 }
 
 /// The gateway binary built beside this test's `waycast-bench`, routing
@@ -296,6 +301,7 @@ async fn a_user_benchmarks_the_gateway_against_the_server_and_sweeps_the_rate_fr
     let csv = browser.eval("fetch(document.getElementById('csv-1').href).then((r) => r.text())").await;
     let csv = csv.as_str().unwrap();
     assert!(csv.starts_with("row,side,round,rate") && csv.contains("\npooled,baseline,,,120,120,0,"), "{csv}");
+    assert!(csv.contains("\nround,baseline,3,") && !csv.contains("\nround,baseline,4,"), "three rounds: {csv}");
     assert!(csv.contains("\nadded,median,"), "{csv}");
 
     // A rate sweep against the mock: 8 slots × 10 tokens of 10 ms = 80 requests a second.
@@ -343,6 +349,7 @@ async fn a_user_benchmarks_the_gateway_against_the_server_and_sweeps_the_rate_fr
 async fn rest_run(bench: SocketAddr, scenario: Value) -> Value {
     let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
     let post = http::Request::post(format!("http://{bench}/runs"))
+        .header("content-type", "application/json")
         .body(http_body_util::Full::new(bytes::Bytes::from(scenario.to_string())))
         .unwrap();
     let answer = http.request(post).await.unwrap();
@@ -393,8 +400,13 @@ fn assert_compared(report: &Value, requests: u64, tokens: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rest_api_and_the_cli_compare_the_gateway_with_the_server() {
     let dir = waycast_mock::fixtures::temp_dir("bench-own-stack");
-    let mock = vllm_mock().await;
-    let (_gateway, public) = gateway(mock, &dir).await;
+    // Two alike servers, one behind the gateway and one for the baseline,
+    // so the test sees which side reached which.
+    let (behind, beside) = (vllm_server().await, vllm_server().await);
+    let mock = beside.addr;
+    let (_gateway, public) = gateway(behind.addr, &dir).await;
+    let asked = async |server: &waycast_mock::upstream::MockUpstream| server.recorder.requests().await.len();
+    let (behind_before, beside_before) = (asked(&behind).await, asked(&beside).await);
     let bench = waycast_bench::server::start("127.0.0.1:0".parse().unwrap(), SinkOptions::default()).await.unwrap();
     let scenario = json!({
         "target": format!("http://{public}"), "key": SUITE_KEY, "model": MODEL, "maxTokens": 4, "stream": true,
@@ -403,9 +415,14 @@ async fn the_rest_api_and_the_cli_compare_the_gateway_with_the_server() {
     });
     let report = rest_run(bench, scenario).await;
     assert_compared(&report, 90, 4);
-    assert_eq!(report["rounds"].as_array().unwrap().len(), 3);
+    // Each server got its side's warm-up (6, the concurrency) and 90 requests.
+    assert_eq!(asked(&behind).await - behind_before, 6 + 90, "through the gateway");
+    assert_eq!(asked(&beside).await - beside_before, 6 + 90, "the baseline, straight");
+    let firsts: Vec<&str> = report["rounds"].as_array().unwrap().iter().map(|r| r["first"].as_str().unwrap()).collect();
+    assert_eq!(firsts, ["target", "baseline", "target"]);
     let offered = report["target"]["offeredRequestsPerSecond"].as_f64().unwrap();
     assert!((40.0..90.0).contains(&offered), "Poisson arrivals near 60 a second: {offered}");
+    assert!((offered - 60.0).abs() > 1e-6, "Poisson arrivals are not evenly spaced: {offered}");
 
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_waycast-bench"))
         .args(["run", "--target", &format!("http://{public}"), "--key", SUITE_KEY, "--model", MODEL])
