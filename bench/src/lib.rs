@@ -19,6 +19,7 @@ pub mod arrival;
 pub mod csv;
 pub mod peers;
 pub mod process;
+pub mod prompt;
 pub mod server;
 pub mod source;
 pub mod study;
