@@ -123,19 +123,26 @@ impl Parts {
         if let Some(error) = first_error {
             return Err(error);
         }
-        // Together within what a whole config may be, as each part is; a
-        // shard unpacked only when its turn comes (one shard's text at a
-        // time, not every one's: 11 MB at 100,000 keys).
-        let mut left = MAX_CONFIG_BYTES;
+        let names: Vec<&str> = named.iter().map(|(name, _)| name.as_str()).collect();
+        self.assemble(manifest, &names, MAX_CONFIG_BYTES)
+    }
+
+    /// The config from the parts held under `names` (the base's, then each
+    /// shard's by index), together within `limit` bytes unpacked, as each
+    /// part is within its own bound; a shard unpacked only when its turn
+    /// comes (one shard's text at a time, not every one's: 11 MB at
+    /// 100,000 keys).
+    fn assemble(&self, manifest: &Manifest, names: &[&str], limit: u64) -> Result<GatewayConfig, PartsError> {
+        let mut left = limit;
         let mut unpack_at = |at: usize| -> Result<Vec<u8>, PartsError> {
-            let (name, _) = &named[at];
-            let (_, gzipped) = self.held.get(name).ok_or_else(|| PartsError::Missing(name.clone()))?;
+            let name = names.get(at).ok_or_else(|| PartsError::Missing(format!("part {at}")))?;
+            let (_, gzipped) = self.held.get(*name).ok_or_else(|| PartsError::Missing((*name).to_owned()))?;
             let part = unpack(name, gzipped, part_bound(at).min(left))?;
             left -= part.len() as u64;
             Ok(part)
         };
         let base = unpack_at(0)?;
-        let keys = named.len() - 1;
+        let keys = names.len().saturating_sub(1);
         shards::assemble_each(manifest, &base, |index| {
             if index < keys { unpack_at(index + 1).map(|part| Some(Cow::Owned(part))) } else { Ok(None) }
         })
@@ -166,4 +173,50 @@ fn part_bound(at: usize) -> u64 {
 
 fn unpack(name: &str, gzipped: &[u8], limit: u64) -> Result<Vec<u8>, PartsError> {
     gunzip_within(gzipped, limit).map_err(|e| PartsError::Unreadable { name: name.to_owned(), error: e.to_string() })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write as _;
+
+    use super::*;
+    use waycast_crds::config::KeyConfig;
+
+    fn gzip(bytes: &[u8]) -> Vec<u8> {
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        encoder.write_all(bytes).unwrap();
+        encoder.finish().unwrap()
+    }
+
+    /// A config of `keys` keys split in `shards`, held as a pod holds it.
+    fn held(keys: usize, shards: u32) -> (Parts, Manifest, Vec<String>, u64) {
+        let mut config = GatewayConfig::empty();
+        config.keys = (0..keys).map(|i| KeyConfig::new(format!("team/key-{i}"), "a".repeat(64))).collect();
+        let split = shards::split(&config, "0123456789abcdef", shards).unwrap();
+        let mut parts = Parts::default();
+        let mut names = vec![shards::base_secret_name("gw-config")];
+        parts.held.insert(names[0].clone(), (split.manifest.base.clone(), gzip(&split.base)));
+        for (index, shard) in split.shards.iter().enumerate() {
+            let name = shards::shard_secret_name("gw-config", index as u32, shards);
+            parts.held.insert(name.clone(), (split.manifest.shards[index].clone(), gzip(shard)));
+            names.push(name);
+        }
+        let total = (split.base.len() + split.shards.iter().map(Vec::len).sum::<usize>()) as u64;
+        (parts, split.manifest, names, total)
+    }
+
+    #[test]
+    fn the_parts_together_stay_within_what_a_whole_config_may_be() {
+        let (parts, manifest, names, total) = held(200, 4);
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let config = parts.assemble(&manifest, &names, total).unwrap();
+        assert_eq!(config.keys.len(), 200);
+        // Each part alone is within its bound; all of them together are a byte over.
+        let error = parts.assemble(&manifest, &names, total - 1).unwrap_err();
+        assert!(matches!(error, PartsError::Unreadable { .. }), "{error}");
+        assert!(error.to_string().contains("-keys-4-3"), "the part that crossed the bound is named: {error}");
+        // A part the manifest names that is not held is missing, not a panic.
+        let error = parts.assemble(&manifest, &names[..3], total).unwrap_err();
+        assert!(matches!(error, PartsError::Assemble(AssembleError::ShardMissing(2))), "{error}");
+    }
 }

@@ -156,9 +156,10 @@ pub fn compile(
         }
         if !inputs.too_large.is_empty() && inputs.too_large.contains(&(id.namespace.clone(), secret_name.clone())) {
             let message = format!(
-                "Secret {}/{secret_name} holds more than {} bytes: it is not read",
+                "Secret {}/{secret_name} holds more than {} bytes or {} values: it is not read",
                 id.namespace,
-                super::secrets::MAX_SECRET_BYTES
+                super::secrets::MAX_SECRET_BYTES,
+                super::secrets::MAX_KEY_SECRET_VALUES
             );
             verdicts[order] = Some((
                 id,

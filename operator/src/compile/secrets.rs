@@ -18,6 +18,11 @@ pub use waycast_crds::common::CREDENTIAL_LABEL;
 /// of one (`secret_data`).
 pub const MAX_SECRET_BYTES: usize = 256 * 1024;
 
+/// The most values a key Secret may hold and be read (`secret_data`): a
+/// team keeps a key or a few in one; thousands of tiny ones would cost the
+/// operator far more than their bytes.
+pub const MAX_KEY_SECRET_VALUES: usize = 64;
+
 /// The header an upstream credential is sent in: `Authorization: Bearer
 /// <value>` by default, the value as it is in any other header.
 pub(super) fn credential(
