@@ -2,7 +2,8 @@
 # The "Your own stack" figures of docs/performance.md, reproduced: the
 # vLLM-like mock (waycast-mock-upstream) as the inference server, a
 # standalone gateway routing a model to it, and `waycast-bench run`
-# comparing the two in interleaved rounds — each pinned to CPUs of its own.
+# comparing the two in interleaved rounds — each pinned to the CPUs given
+# (on two cores the defaults share CPU 1 between the mock and the load).
 #
 #   bench/scripts/own-stack-mock.sh [GATEWAY_CPUS] [MOCK_CPUS] [BENCH_CPUS]
 #
@@ -24,7 +25,9 @@ key=wc_own_stack_benchmark_key_0123456789abcdef
 dir=$(mktemp -d)
 pids=()
 cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in ${pids[@]+"${pids[@]}"}; do kill "$pid" 2>/dev/null || true; done
+  # Gone before the script is: a rerun binds the same ports.
+  for pid in ${pids[@]+"${pids[@]}"}; do wait "$pid" 2>/dev/null || true; done
   rm -rf "$dir"
 }
 trap cleanup EXIT
@@ -45,7 +48,9 @@ taskset -c "$gateway_cpus" "$bin/waycast-gateway" --config-file "$dir/gateway.js
   --listen "127.0.0.1:$gateway_port" --admin-listen "127.0.0.1:$admin_port" --log warn > "$dir/gateway.log" 2>&1 &
 pids+=($!)
 
-# Both answer before anything is measured.
+# Both answer before anything is measured (and are ours: a process left
+# behind by an earlier run may hold the ports, and ours would have exited).
+ready=
 for _ in $(seq 100); do
   if "$bin/waycast-bench" run --target "http://127.0.0.1:$gateway_port" --key "$key" --model "$model" \
     --max-tokens 1 --requests 1 --concurrency 1 --warmup 0 > /dev/null 2>&1; then
@@ -54,7 +59,10 @@ for _ in $(seq 100); do
   fi
   sleep 0.1
 done
-if [[ -z ${ready:-} ]]; then
+for pid in "${pids[@]}"; do
+  kill -0 "$pid" 2>/dev/null || { echo "own-stack: a process exited (ports $mock_port, $gateway_port in use?)" >&2; ready=; }
+done
+if [[ -z $ready ]]; then
   echo "own-stack: the gateway or the mock did not answer" >&2
   cat "$dir/gateway.log" "$dir/mock.log" >&2
   exit 1

@@ -24,6 +24,7 @@ pub mod server;
 pub mod source;
 pub mod study;
 pub mod suite;
+pub mod tally;
 pub mod tokens;
 
 use std::collections::BTreeMap;
@@ -198,8 +199,10 @@ impl Scenario {
         if slowest.is_some_and(|r| !(MIN_RATE..=MAX_RATE).contains(&r)) {
             return Err(format!("rates must be between {MIN_RATE} and {MAX_RATE} requests per second"));
         }
-        if slowest.is_some_and(|r| self.requests as f64 / r > LONGEST_RUN_SECONDS) {
-            return Err("at that rate the requests would take more than a week: fewer requests or a higher rate".into());
+        if self.scheduled_seconds() > LONGEST_RUN_SECONDS {
+            return Err(
+                "at those rates the requests would take more than a week: fewer requests or higher rates".into()
+            );
         }
         if self.wait_ms > HOUR_MS || self.chunk_interval_ms > HOUR_MS {
             return Err("waitMs and chunkIntervalMs must be at most an hour".into());
@@ -224,6 +227,21 @@ impl Scenario {
             return Err("timeoutMs must be between 1 and 86400000 (a day)".into());
         }
         Ok(())
+    }
+}
+
+impl Scenario {
+    /// How long a fixed-rate run or a sweep is scheduled to take, every
+    /// step and both sides counted (0 as fast as answers come).
+    fn scheduled_seconds(&self) -> f64 {
+        let sides = if self.baseline.is_some() { 2.0 } else { 1.0 };
+        let requests = self.requests as f64;
+        let one_side = match (self.rate, &self.sweep) {
+            (Some(rate), _) => requests / rate,
+            (None, Some(sweep)) => sweep.rates().iter().map(|rate| requests / rate).sum(),
+            (None, None) => 0.0,
+        };
+        one_side * sides
     }
 }
 

@@ -41,6 +41,10 @@ enum Command {
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:8090")]
         listen: SocketAddr,
+        /// A host name the REST API answers to besides IP addresses and
+        /// localhost (a Service's or an Ingress's; repeat for several).
+        #[arg(long = "allowed-host")]
+        allowed_hosts: Vec<String>,
         #[command(flatten)]
         answers: Answers,
     },
@@ -157,13 +161,15 @@ fn main() -> ExitCode {
                 }
                 Err(error) => fail(&format!("cannot listen on {listen}: {error}")),
             },
-            Command::Serve { listen, answers } => match server::start(listen, answers.options()).await {
-                Ok(address) => {
-                    eprintln!("waycast-bench: http://{address}/ (REST API at /runs, sink at /v1)");
-                    wait_for_signal().await
+            Command::Serve { listen, allowed_hosts, answers } => {
+                match server::start_allowing(listen, answers.options(), allowed_hosts).await {
+                    Ok(address) => {
+                        eprintln!("waycast-bench: http://{address}/ (REST API at /runs, sink at /v1)");
+                        wait_for_signal().await
+                    }
+                    Err(error) => fail(&format!("cannot listen on {listen}: {error}")),
                 }
-                Err(error) => fail(&format!("cannot listen on {listen}: {error}")),
-            },
+            }
             Command::Run { scenario, out, csv } => {
                 if let Err(problem) = scenario.validate() {
                     eprintln!("waycast-bench: {problem}");

@@ -6,6 +6,10 @@
 //! |---|---|
 //! | `POST /runs` | body: a [`Scenario`] as JSON (`Content-Type: application/json`) → `202 {"id": N, "status": "running"}`; `400` with a message when invalid; `409` while another run is running (two at once would measure each other); `415` without the JSON type and `403` from a page of another origin (so no other site can start runs from a user's browser) |
 //! | `DELETE /runs/{id}` | cancels a running run: its requests stop, its status becomes `cancelled` |
+//!
+//! `/runs` answers only requests that name this server by an IP address,
+//! `localhost` or a name given with `--allowed-host` (a web page at a name
+//! made to point here must not start runs: DNS rebinding).
 //! | `GET /runs` | every run kept (the last 200), newest first |
 //! | `GET /runs/{id}` | `{"id", "status": "running" \| "done" \| "failed" \| "cancelled", "progress"?, "scenario", "result"?, "error"?}`; `result` is a [`Report`]; the scenario's keys are not shown |
 //! | `GET /runs/{id}.json`, `GET /runs/{id}.csv` | a finished run as a file to keep ([`crate::csv`] for the columns) |
@@ -59,6 +63,9 @@ pub struct RunRecord {
 /// The server's state.
 pub struct BenchServer {
     sink: Sink,
+    /// Host names besides IP addresses and `localhost` that `/runs` answers
+    /// to (`--allowed-host`).
+    allowed_hosts: Vec<String>,
     runs: Mutex<Vec<RunRecord>>,
     /// The running run's id and what stops it (locked after `runs`).
     running: Mutex<Option<(u64, AbortHandle)>>,
@@ -66,12 +73,29 @@ pub struct BenchServer {
 
 impl BenchServer {
     /// A server whose sink answers with `options` by default.
-    pub fn new(options: SinkOptions) -> Arc<Self> {
-        Arc::new(Self { sink: Sink::new(options), runs: Mutex::new(Vec::new()), running: Mutex::new(None) })
+    pub fn new(options: SinkOptions, allowed_hosts: Vec<String>) -> Arc<Self> {
+        let (runs, running) = (Mutex::new(Vec::new()), Mutex::new(None));
+        Arc::new(Self { sink: Sink::new(options), allowed_hosts, runs, running })
+    }
+
+    /// Whether a request to `/runs` came by a name this server answers
+    /// to: an IP address, `localhost`, or an allowed host. A web page at a
+    /// name that was made to point here (DNS rebinding) must not start
+    /// runs or read them.
+    fn host_allowed(&self, headers: &http::HeaderMap) -> bool {
+        let Some(host) = headers.get(header::HOST).and_then(|v| v.to_str().ok()) else { return true };
+        let name = host_name(host);
+        name.eq_ignore_ascii_case("localhost")
+            || name.parse::<std::net::IpAddr>().is_ok()
+            || self.allowed_hosts.iter().any(|allowed| allowed.eq_ignore_ascii_case(name))
     }
 
     async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<SinkBody> {
         let path = request.uri().path().to_owned();
+        if path.starts_with("/runs") && !self.host_allowed(request.headers()) {
+            let message = "this server answers /runs by IP address or localhost: start it with --allowed-host NAME to use another name";
+            return error(StatusCode::FORBIDDEN, message);
+        }
         match (request.method().clone(), path.as_str()) {
             (Method::GET, "/") => {
                 let mut response = Response::new(Full::new(Bytes::from_static(PAGE.as_bytes())).boxed());
@@ -104,7 +128,10 @@ impl BenchServer {
         // A browser names the page that sent a request: only this server's own may start runs.
         if let Some(origin) = headers.get(header::ORIGIN) {
             let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or_default();
-            if origin.to_str().ok() != Some(format!("http://{host}").as_str()) {
+            let origin = origin.to_str().unwrap_or_default();
+            // Behind a proxy that ends TLS, the page's origin is https.
+            let own = ["http://", "https://"].iter().any(|scheme| origin.strip_prefix(scheme) == Some(host));
+            if !own {
                 return error(StatusCode::FORBIDDEN, "runs start only from this server's own page");
             }
         }
@@ -119,48 +146,51 @@ impl BenchServer {
         if let Err(problem) = scenario.validate() {
             return error(StatusCode::BAD_REQUEST, &format!("invalid scenario: {problem}"));
         }
-        let id = {
-            let mut runs = self.runs.lock().await;
-            if let Some(running) = runs.iter().find(|r| r.status == "running") {
-                let message = format!("run {} is still running: two runs at once would measure each other", running.id);
-                return error(StatusCode::CONFLICT, &message);
-            }
-            let id = runs.last().map_or(1, |r| r.id + 1);
-            let shown = Scenario {
-                key: scenario.key.as_ref().map(|_| REDACTED.to_owned()),
-                baseline_key: scenario.baseline_key.as_ref().map(|_| REDACTED.to_owned()),
-                ..scenario.clone()
-            };
-            let record =
-                RunRecord { id, status: "running", progress: None, scenario: shown, result: None, error: None };
-            runs.push(record);
-            let excess = runs.len().saturating_sub(RUNS_KEPT);
-            runs.drain(..excess);
-            id
+        let mut runs = self.runs.lock().await;
+        if let Some(running) = runs.iter().find(|r| r.status == "running") {
+            let message = format!("run {} is still running: two runs at once would measure each other", running.id);
+            return error(StatusCode::CONFLICT, &message);
+        }
+        let id = runs.last().map_or(1, |r| r.id + 1);
+        let shown = Scenario {
+            key: scenario.key.as_ref().map(|_| REDACTED.to_owned()),
+            baseline_key: scenario.baseline_key.as_ref().map(|_| REDACTED.to_owned()),
+            ..scenario.clone()
         };
+        runs.push(RunRecord { id, status: "running", progress: None, scenario: shown, result: None, error: None });
+        let excess = runs.len().saturating_sub(RUNS_KEPT);
+        runs.drain(..excess);
+        // Progress is for display: skipped when a reader holds the list,
+        // and once the run is no longer running.
         let server = self.clone();
-        let task = tokio::spawn(async move {
-            // Progress is for display: skipped when a reader holds the list.
-            let progress = |now: String| {
-                if let Ok(mut runs) = server.runs.try_lock()
-                    && let Some(run) = runs.iter_mut().find(|r| r.id == id)
-                {
-                    run.progress = Some(now);
-                }
+        let progress = move |now: String| {
+            if let Ok(mut runs) = server.runs.try_lock()
+                && let Some(run) = runs.iter_mut().find(|r| r.id == id && r.status == "running")
+            {
+                run.progress = Some(now);
+            }
+        };
+        let study = tokio::spawn(study::run(scenario, progress));
+        // Known as the running run before the list is let go: a DELETE
+        // that sees the record finds what stops it.
+        *self.running.lock().await = Some((id, study.abort_handle()));
+        drop(runs);
+        let server = self.clone();
+        tokio::spawn(async move {
+            let outcome = match study.await {
+                Ok(outcome) => outcome,
+                // Cancelled: the DELETE wrote the status.
+                Err(stopped) if stopped.is_cancelled() => return,
+                Err(panicked) => Err(format!("the run stopped on a fault of waycast-bench: {panicked}")),
             };
-            let outcome = study::run(scenario, progress).await;
-            if let Some(run) = server.runs.lock().await.iter_mut().find(|r| r.id == id) {
+            if let Some(run) = server.runs.lock().await.iter_mut().find(|r| r.id == id && r.status == "running") {
                 run.progress = None;
-                if run.status != "running" {
-                    return;
-                }
                 match outcome {
                     Ok(result) => (run.status, run.result) = ("done", Some(result)),
                     Err(problem) => (run.status, run.error) = ("failed", Some(problem)),
                 }
             }
         });
-        *self.running.lock().await = Some((id, task.abort_handle()));
         to_json(StatusCode::ACCEPTED, &serde_json::json!({"id": id, "status": "running"}))
     }
 
@@ -175,7 +205,7 @@ impl BenchServer {
         }
         let mut running = self.running.lock().await;
         let Some((_, stop)) = running.take_if(|(running, _)| *running == run.id) else {
-            return error(StatusCode::CONFLICT, "the run is starting: try again");
+            return error(StatusCode::INTERNAL_SERVER_ERROR, "the running run has nothing to stop it");
         };
         stop.abort();
         (run.status, run.progress) = ("cancelled", None);
@@ -213,6 +243,17 @@ impl BenchServer {
     }
 }
 
+/// The name in a Host header, without its port (`[::1]:8090` → `::1`).
+fn host_name(host: &str) -> &str {
+    if let Some(rest) = host.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or_default();
+    }
+    match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
+    }
+}
+
 fn to_json(status: StatusCode, value: &impl Serialize) -> Response<SinkBody> {
     match serde_json::to_vec(value) {
         Ok(bytes) => json(status, Bytes::from(bytes)),
@@ -231,9 +272,22 @@ fn error(status: StatusCode, message: &str) -> Response<SinkBody> {
 /// # Errors
 /// The address cannot be bound.
 pub async fn start(listen: SocketAddr, options: SinkOptions) -> std::io::Result<SocketAddr> {
+    start_allowing(listen, options, Vec::new()).await
+}
+
+/// [`start`], answering `/runs` by `allowed_hosts` too (names a browser or
+/// a client uses to reach it: a Service's, an Ingress's).
+///
+/// # Errors
+/// The address cannot be bound.
+pub async fn start_allowing(
+    listen: SocketAddr,
+    options: SinkOptions,
+    allowed_hosts: Vec<String>,
+) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind(listen).await?;
     let address = listener.local_addr()?;
-    let server = BenchServer::new(options);
+    let server = BenchServer::new(options, allowed_hosts);
     tokio::spawn(serve_with(listener, move |request| server.clone().handle(request)));
     Ok(address)
 }

@@ -6,7 +6,6 @@
 //! ([`crate::tokens`]): the first token, the gaps between tokens, and the
 //! output token count.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,175 +18,14 @@ use tokio::net::TcpStream;
 
 use crate::arrival::{Dispenser, SplitMix};
 pub use crate::prompt::{distinct_bodies, request_bodies, request_body};
+use crate::tally::{
+    Failure, GAPS_KEPT, GAPS_PER_STREAM, MOST_TOKENS_A_REQUEST, Measured, Tally, completion_window, failure,
+};
 use crate::tokens::{TokenReader, reported_tokens};
-use crate::{CHUNKS_HEADER, INTERVAL_HEADER, RunResult, Scenario, Summary, WAIT_HEADER, Workload, plot_points};
+use crate::{CHUNKS_HEADER, INTERVAL_HEADER, RunResult, Scenario, WAIT_HEADER, Workload};
 
-/// What one worker measured (nanoseconds).
-#[derive(Default)]
-struct Tally {
-    latencies: Vec<u64>,
-    first_bytes: Vec<u64>,
-    first_tokens: Vec<u64>,
-    /// Gaps between output tokens: every one up to the worker's share of
-    /// [`GAPS_KEPT`], then a uniform sample of them (a run of millions of
-    /// long streams would hold gigabytes otherwise).
-    token_gaps: Vec<u64>,
-    gaps_seen: u64,
-    per_token: Vec<u64>,
-    /// When each successful request ended, since the run started.
-    ends: Vec<u64>,
-    output_tokens: u64,
-    /// Requests that started later than scheduled because every worker was
-    /// busy: the load generator's concurrency, not the target, held them.
-    late_starts: u64,
-    errors_by_kind: BTreeMap<String, u64>,
-    error_samples: Vec<String>,
-}
-
-/// Token gaps a run keeps in all (8 bytes each); past it, a sample.
-const GAPS_KEPT: usize = 4_000_000;
-/// Gaps one stream may add; a stream of more (a hostile or broken server
-/// sending endless tiny events) adds its first ones only.
-const GAPS_PER_STREAM: usize = 100_000;
-/// A request's reported output above this is not believed (the text
-/// events are counted instead).
-const MOST_TOKENS_A_REQUEST: u64 = 10_000_000;
 /// A ticket starting this much after it was due started late.
 const LATE: Duration = Duration::from_millis(5);
-
-impl Tally {
-    /// Keeps `gaps` within `room` by reservoir sampling (each gap seen is
-    /// kept with the same chance); `random` picks.
-    fn keep_gaps(&mut self, gaps: &[u64], room: usize, random: &mut SplitMix) {
-        for &gap in gaps {
-            self.gaps_seen += 1;
-            if self.token_gaps.len() < room {
-                self.token_gaps.push(gap);
-            } else {
-                let slot = random.next_u64() % self.gaps_seen;
-                if let Some(kept) = usize::try_from(slot).ok().and_then(|slot| self.token_gaps.get_mut(slot)) {
-                    *kept = gap;
-                }
-            }
-        }
-    }
-
-    fn error(&mut self, failure: Failure) {
-        *self.errors_by_kind.entry(failure.kind).or_default() += 1;
-        if self.error_samples.len() < 5 {
-            self.error_samples.push(failure.detail);
-        }
-    }
-
-    fn absorb(&mut self, other: Self) {
-        self.latencies.extend(other.latencies);
-        self.first_bytes.extend(other.first_bytes);
-        self.first_tokens.extend(other.first_tokens);
-        self.token_gaps.extend(other.token_gaps);
-        self.gaps_seen += other.gaps_seen;
-        self.per_token.extend(other.per_token);
-        self.ends.extend(other.ends);
-        self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
-        self.late_starts += other.late_starts;
-        for (kind, count) in other.errors_by_kind {
-            *self.errors_by_kind.entry(kind).or_default() += count;
-        }
-        for sample in other.error_samples {
-            if self.error_samples.len() < 5 {
-                self.error_samples.push(sample);
-            }
-        }
-    }
-}
-
-/// A failed request: its kind (the key of `errorsByKind`) and what happened.
-struct Failure {
-    kind: String,
-    detail: String,
-}
-
-fn failure(kind: &str, detail: String) -> Failure {
-    Failure { kind: kind.to_owned(), detail }
-}
-
-/// What a run measured, before it is summed up: runs of the same target
-/// (rounds) pool into one with [`Measured::pool`].
-#[derive(Default)]
-pub struct Measured {
-    requests: u64,
-    offered: Option<f64>,
-    streamed: bool,
-    seconds: f64,
-    /// Completions counted toward the sustained rate, and the seconds they
-    /// were counted over (see [`completion_window`]).
-    window: (f64, f64),
-    tally: Tally,
-}
-
-impl Measured {
-    /// Adds another run's figures (its requests and wall time too).
-    pub fn pool(&mut self, other: Self) {
-        // Pooled runs at a rate offered it for their summed spans.
-        self.offered = match (self.offered, other.offered) {
-            (Some(a), Some(b)) => {
-                let (n, m) = (self.requests as f64, other.requests as f64);
-                Some((n + m) / (n / a + m / b))
-            }
-            (a, b) => a.or(b),
-        };
-        self.requests += other.requests;
-        self.streamed |= other.streamed;
-        self.seconds += other.seconds;
-        self.window = (self.window.0 + other.window.0, self.window.1 + other.window.1);
-        self.tally.absorb(other.tally);
-    }
-
-    /// The figures.
-    pub fn result(mut self) -> RunResult {
-        self.summary()
-    }
-
-    /// The figures so far (sorting what it holds in place, so it can still
-    /// be pooled after).
-    pub fn summary(&mut self) -> RunResult {
-        let tally = &mut self.tally;
-        for list in [
-            &mut tally.latencies,
-            &mut tally.first_bytes,
-            &mut tally.first_tokens,
-            &mut tally.token_gaps,
-            &mut tally.per_token,
-        ] {
-            list.sort_unstable();
-        }
-        let ok = tally.latencies.len() as u64;
-        let per_second = |count: f64| if self.seconds > 0.0 { count / self.seconds } else { 0.0 };
-        let streamed = |list: &[u64]| if self.streamed { Summary::of_sorted(list) } else { None };
-        let (counted, over) = self.window;
-        let sustained = if over > 0.0 { counted / over } else { per_second(ok as f64) };
-        RunResult {
-            requests: self.requests,
-            ok,
-            errors: tally.errors_by_kind.values().sum(),
-            error_samples: tally.error_samples.clone(),
-            duration_seconds: self.seconds,
-            requests_per_second: per_second(ok as f64),
-            offered_requests_per_second: self.offered,
-            latency: Summary::of_sorted(&tally.latencies),
-            time_to_first_byte: streamed(&tally.first_bytes),
-            time_to_first_token: streamed(&tally.first_tokens),
-            inter_token_latency: streamed(&tally.token_gaps),
-            time_per_output_token: streamed(&tally.per_token),
-            output_tokens: tally.output_tokens,
-            output_tokens_per_second: per_second(tally.output_tokens as f64),
-            sustained_requests_per_second: sustained,
-            late_starts: tally.late_starts,
-            errors_by_kind: tally.errors_by_kind.clone(),
-            percentiles: plot_points(&tally.latencies),
-            ttft_percentiles: if self.streamed { plot_points(&tally.first_tokens) } else { Vec::new() },
-        }
-    }
-}
 
 /// Everything workers share.
 struct Plan {
@@ -249,13 +87,14 @@ pub async fn measure(scenario: Scenario, seed: u64) -> Result<Measured, String> 
     });
     // A set: dropping it (a run cancelled or failed) stops every worker.
     let mut workers = tokio::task::JoinSet::new();
-    let room = (GAPS_KEPT / plan.scenario.concurrency as usize).max(10_000);
+    let room = (GAPS_KEPT / plan.scenario.concurrency as usize).max(1);
     for index in 0..plan.scenario.concurrency {
         workers.spawn(worker(plan.clone(), room, SplitMix(seed ^ (u64::from(index) << 32))));
     }
     let mut total = Tally::default();
+    let mut random = SplitMix(seed.wrapping_add(1));
     while let Some(tally) = workers.join_next().await {
-        total.absorb(tally.map_err(|e| format!("a worker failed: {e}"))?);
+        total.absorb(tally.map_err(|e| format!("a worker failed: {e}"))?, &mut random);
     }
     let requests = plan.scenario.requests;
     let last_due = plan.tickets.last_due(requests).await;
@@ -269,23 +108,6 @@ pub async fn measure(scenario: Scenario, seed: u64) -> Result<Measured, String> 
         window,
         tally: total,
     })
-}
-
-/// The completions that count toward what a target sustained, and the
-/// seconds they came in: at a fixed rate, those after the first completion
-/// while requests were still arriving (so neither the ramp at the start
-/// nor the drain at the end dilutes it); otherwise, or when that window
-/// holds fewer than two, those after the first until the last.
-/// `ends` are sorted nanoseconds since the run started.
-pub fn completion_window(ends: &[u64], last_due: Option<f64>) -> (f64, f64) {
-    let (Some(&first), Some(&last)) = (ends.first(), ends.last()) else { return (0.0, 0.0) };
-    if let Some(due) = last_due.map(|seconds| (seconds * 1e9) as u64).filter(|due| *due > first) {
-        let counted = ends.iter().filter(|end| **end > first && **end <= due).count();
-        if counted >= 2 {
-            return (counted as f64, (due - first) as f64 / 1e9);
-        }
-    }
-    if last > first { ((ends.len() - 1) as f64, (last - first) as f64 / 1e9) } else { (0.0, 0.0) }
 }
 
 type Sender = http1::SendRequest<Full<Bytes>>;
@@ -501,25 +323,5 @@ mod tests {
         assert_eq!(chat("http://gw/team-a/v1/"), at("gw", "/team-a/v1/chat/completions"));
         assert_eq!(chat("http://gw/apiv1"), at("gw", "/apiv1/v1/chat/completions"));
         assert!(chat("http:///v1").is_err());
-    }
-}
-
-#[cfg(test)]
-mod body_tests {
-    use super::*;
-
-    #[test]
-    fn the_sustained_rate_counts_completions_while_requests_arrived() {
-        let second = 1_000_000_000_u64;
-        // Ten a second for two seconds, then a tail of stragglers.
-        let mut ends: Vec<u64> = (1..=20).map(|i| i * second / 10).collect();
-        ends.extend([3 * second, 5 * second]);
-        let (counted, over) = completion_window(&ends, Some(2.0));
-        assert!((counted / over - 10.0).abs() < 1e-9, "{counted} over {over}");
-        // As fast as answered: first to last completion.
-        let (counted, over) = completion_window(&ends, None);
-        assert_eq!((counted, over), (21.0, 4.9));
-        assert_eq!(completion_window(&[], None), (0.0, 0.0));
-        assert_eq!(completion_window(&[5], Some(1.0)), (0.0, 0.0));
     }
 }

@@ -14,7 +14,8 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use crate::source::{self, Measured};
+use crate::source;
+use crate::tally::Measured;
 use crate::{RunResult, Scenario, Summary};
 
 /// Everything a run measured.

@@ -98,7 +98,7 @@ impl TokenReader {
         }
         let kind = self.event.as_deref().or_else(|| top_level(data, b"type").and_then(string_at));
         let failed = matches!(kind, Some(b"error" | b"response.failed"))
-            || top_level(data, b"error").is_some()
+            || top_level(data, b"error").is_some_and(|value| !value.starts_with(b"null"))
             || top_level(data, b"object").and_then(string_at) == Some(b"error");
         if failed {
             if self.error.is_none() {
@@ -322,6 +322,10 @@ mod tests {
             reader.feed(error.as_bytes());
             assert!(reader.error.is_some(), "{error}");
         }
+        // A chunk with `"error": null` is no error, nor one whose text mentions one.
+        let mut reader = TokenReader::default();
+        reader.feed(b"data: {\"error\":null,\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n");
+        assert_eq!((reader.error.as_deref(), reader.text_events), (None, 1));
         // A chunk whose text mentions an error is not one.
         let mut reader = TokenReader::default();
         reader.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"{\\\"error\\\": 1}\"}}]}\n\n");

@@ -411,6 +411,9 @@ async fn the_rest_api_runs_scenarios_and_the_page_drives_it() {
             "not both",
         ),
         (r#"{"target":"http://x","requests":2,"concurrency":1,"rounds":3}"#, "rounds"),
+        (r#"{"target":"http://x","requests":1,"concurrency":1,"rate":0.001}"#, "rates must be between"),
+        // Each step alone takes under a week; the fifty together do not.
+        (r#"{"target":"http://x","requests":600000,"concurrency":1,"sweep":{"from":1,"to":2,"steps":50}}"#, "week"),
         ("not json", "invalid scenario"),
     ] {
         let (status, answer, _) = call(address, "POST", "/runs", bad).await;
@@ -436,6 +439,25 @@ async fn the_rest_api_runs_scenarios_and_the_page_drives_it() {
     let foreign = [("content-type", "application/json"), ("origin", "http://evil.example")];
     let (status, answer, _) = call_with(address, "POST", "/runs", &small, &foreign).await;
     assert_eq!(status, 403, "{answer}");
+    // A page behind a proxy that ends TLS is this server's own.
+    let proxied_origin = format!("https://{address}");
+    let proxied = [("content-type", "application/json"), ("origin", proxied_origin.as_str())];
+    let (status, answer, _) = call_with(address, "POST", "/runs", &small, &proxied).await;
+    assert_eq!(status, 202, "{answer}");
+    finished(address, answer["id"].as_u64().unwrap()).await;
+    // A name made to point here (DNS rebinding) neither reads runs nor starts them.
+    for (method, body) in [("GET", ""), ("POST", small.as_str())] {
+        let rebound = [("content-type", "application/json"), ("host", "evil.example:8090")];
+        let (status, answer, _) = call_with(address, method, "/runs", body, &rebound).await;
+        assert_eq!(status, 403, "{method}: {answer}");
+        assert!(answer["error"]["message"].as_str().unwrap().contains("--allowed-host"), "{answer}");
+    }
+    let named =
+        server::start_allowing("127.0.0.1:0".parse().unwrap(), SinkOptions::default(), vec!["waycast-bench".into()])
+            .await
+            .unwrap();
+    let (status, _, _) = call_with(named, "GET", "/runs", "", &[("host", "waycast-bench:8090")]).await;
+    assert_eq!(status, 200, "an allowed name");
 
     // One run at a time: a second one while the first runs is refused.
     let slow =

@@ -8,10 +8,10 @@
 //! the resource version it read, and keeps nothing of a Secret whose data
 //! exceeds [`MAX_SECRET_BYTES`] but that fact (the object says why). Of a
 //! key Secret it keeps the digests of its values, never the text: a
-//! [`KeySecret`] (327 bytes a key, where the Secret was ~1.5 KB) — of at
-//! most [`MAX_KEY_SECRET_VALUES`] values: kept, a one-byte value costs
-//! ~200 bytes, so a key Secret of thousands of tiny values would cost the
-//! operator a hundred times its size; one with more is too large too.
+//! [`KeySecret`] (327 bytes a key, where the Secret was ~1.5 KB). Kept, a
+//! one-byte value costs ~200 bytes, so a key Secret's size counts
+//! [`KEPT_VALUE_BYTES`] for each of its values besides its bytes: one of
+//! thousands of tiny values is too large (about 1,000 real keys fit).
 //!
 //! ```text
 //! compile: referenced (ns, name) ─► metadata store: resourceVersion ─► cache hit? ─► data
@@ -30,7 +30,7 @@ use crate::apply::bounded;
 use crate::compile::keys::{KeySecret, is_key_secret};
 use waycast_crds::common::CREDENTIAL_LABEL;
 
-pub use crate::compile::secrets::{MAX_KEY_SECRET_VALUES, MAX_SECRET_BYTES};
+pub use crate::compile::secrets::{KEPT_VALUE_BYTES, MAX_SECRET_BYTES};
 
 /// Reads at once.
 const CONCURRENT_READS: usize = 16;
@@ -184,9 +184,8 @@ fn kept(mut secret: Secret) -> Option<Read> {
     // NB: a key Secret is never kept as a Secret, so a key is never sent
     // upstream as a credential, whatever its labels.
     if is_key_secret(&secret) {
-        let values = secret.data.as_ref().map_or(0, |data| data.len())
-            + secret.string_data.as_ref().map_or(0, |data| data.len());
-        if values > MAX_KEY_SECRET_VALUES {
+        let values = secret.data.iter().flatten().filter(|(_, value)| !value.0.is_empty()).count();
+        if data_size(&secret).saturating_add(values.saturating_mul(KEPT_VALUE_BYTES)) > MAX_SECRET_BYTES {
             return Some(Read::TooLarge { version });
         }
         return Some(Read::Key { version, secret: Arc::new(KeySecret::of(&secret)?) });
@@ -317,15 +316,15 @@ mod tests {
         let mut large = labelled(&[(KEY_SECRET_LABEL, "true")], b"x");
         large.data = Some([("api-key".to_owned(), ByteString(vec![b'a'; MAX_SECRET_BYTES + 1]))].into());
         assert!(matches!(kept(large), Some(Read::TooLarge { .. })), "over the cap: only that fact");
-        // Many tiny values, well under the byte cap: too many to keep.
+        // Many tiny values, well under the byte cap: each counts what keeping it costs.
         let values = |count: usize| {
             let mut many = labelled(&[(KEY_SECRET_LABEL, "true")], b"x");
-            many.data = Some((0..count).map(|i| (format!("k{i}"), ByteString(vec![b'a'; 40]))).collect());
+            many.data = Some((0..count).map(|i| (format!("k{i:04}"), ByteString(vec![b'a'; 40]))).collect());
             kept(many)
         };
-        assert!(
-            matches!(values(MAX_KEY_SECRET_VALUES), Some(Read::Key { secret, .. }) if secret.texts.len() == MAX_KEY_SECRET_VALUES)
-        );
-        assert!(matches!(values(MAX_KEY_SECRET_VALUES + 1), Some(Read::TooLarge { .. })), "one value too many");
+        let fits = MAX_SECRET_BYTES / (5 + 40 + KEPT_VALUE_BYTES);
+        assert!(fits >= 800, "a Secret of hundreds of real keys is read: {fits}");
+        assert!(matches!(values(fits), Some(Read::Key { secret, .. }) if secret.texts.len() == fits));
+        assert!(matches!(values(fits + 1), Some(Read::TooLarge { .. })), "one value too many");
     }
 }

@@ -155,12 +155,7 @@ pub fn compile(
             continue;
         }
         if !inputs.too_large.is_empty() && inputs.too_large.contains(&(id.namespace.clone(), secret_name.clone())) {
-            let message = format!(
-                "Secret {}/{secret_name} holds more than {} bytes or {} values: it is not read",
-                id.namespace,
-                super::secrets::MAX_SECRET_BYTES,
-                super::secrets::MAX_KEY_SECRET_VALUES
-            );
+            let message = format!("Secret {}/{secret_name} {}", id.namespace, super::secrets::TOO_LARGE);
             verdicts[order] = Some((
                 id,
                 KeyVerdict {

@@ -18,10 +18,15 @@ pub use waycast_crds::common::CREDENTIAL_LABEL;
 /// of one (`secret_data`).
 pub const MAX_SECRET_BYTES: usize = 256 * 1024;
 
-/// The most values a key Secret may hold and be read (`secret_data`): a
-/// team keeps a key or a few in one; thousands of tiny ones would cost the
-/// operator far more than their bytes.
-pub const MAX_KEY_SECRET_VALUES: usize = 64;
+/// What a key Secret's size counts for each of its values besides its
+/// bytes (`secret_data`): about what keeping one costs the operator, so
+/// thousands of tiny values cost what their count says, not their bytes.
+pub const KEPT_VALUE_BYTES: usize = 256;
+
+/// Why a Secret is not read, after its name.
+pub const TOO_LARGE: &str = "holds more than 262144 bytes (a key Secret: counting 256 a value): it is not read";
+
+const _: () = assert!(MAX_SECRET_BYTES == 262_144 && KEPT_VALUE_BYTES == 256, "TOO_LARGE names both");
 
 /// The header an upstream credential is sent in: `Authorization: Bearer
 /// <value>` by default, the value as it is in any other header.
@@ -112,8 +117,7 @@ pub(super) fn secret_text<'a>(
 ) -> Result<&'a str, Verdict> {
     let name = secret.metadata.name.as_deref().unwrap_or_default();
     if inputs.too_large.contains(&(namespace.to_owned(), name.to_owned())) {
-        let message =
-            format!("{field}: Secret {namespace}/{name} holds more than {} bytes: it is not read", MAX_SECRET_BYTES);
+        let message = format!("{field}: Secret {namespace}/{name} {TOO_LARGE}");
         return Err(Verdict::refused(reasons::SECRET_TOO_LARGE, message));
     }
     let missing = |what: &str| {
