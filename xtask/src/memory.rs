@@ -85,6 +85,20 @@ pub struct SwapFigures {
     /// bytes at rest: the parsed config, the new snapshot and the
     /// registry's new loan, beside the snapshot serving, in MiB.
     pub swap_peak_above_rest_mib: f64,
+    /// What the kernel saw of the same swap: the process's peak resident
+    /// memory (VmHWM) above its resident memory just before the swap, in
+    /// MiB (what a pod's RSS limit meets). The allocator counts a table
+    /// sized at once in full; its pages are resident only once written.
+    pub swap_rss_peak_above_rest_mib: Option<f64>,
+}
+
+/// A field of /proc/self/status in MiB (`VmRSS:`, `VmHWM:`); none off Linux.
+#[allow(clippy::cast_precision_loss, reason = "sizes for display")]
+fn status_mib(field: &str) -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib: u64 =
+        status.lines().find_map(|line| line.strip_prefix(field))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kib as f64 / 1024.0)
 }
 
 /// Swaps a pod to the config `first`, then to `second` (one key changed),
@@ -110,14 +124,17 @@ pub fn swap_figures(
     let keys = swaps.keys();
     let rest = live().saturating_sub(before);
     let held = live();
+    let resident = status_mib("VmRSS:");
     let config = waycast_crds::GatewayConfig::parse(second)?;
     swaps.swap(config, "second".into()).map_err(|reason| anyhow::anyhow!("a pod refuses the config: {reason}"))?;
+    let resident_peak = status_mib("VmHWM:");
     anyhow::ensure!(swaps.keys() == keys, "the second config serves {} keys, not {keys}", swaps.keys());
     Ok(SwapFigures {
         keys,
         rest_bytes_per_key: rest as f64 / keys.max(1) as f64,
         rest_mib: mib(rest),
         swap_peak_above_rest_mib: mib(peak().saturating_sub(held)),
+        swap_rss_peak_above_rest_mib: resident.zip(resident_peak).map(|(rest, peak)| peak - rest),
     })
 }
 
