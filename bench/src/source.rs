@@ -18,9 +18,7 @@ use tokio::net::TcpStream;
 
 use crate::arrival::{Dispenser, SplitMix};
 pub use crate::prompt::{distinct_bodies, request_bodies, request_body};
-use crate::tally::{
-    Failure, GAPS_KEPT, GAPS_PER_STREAM, MOST_TOKENS_A_REQUEST, Measured, Tally, completion_window, failure,
-};
+use crate::tally::{Failure, GAPS_KEPT, GAPS_PER_STREAM, Measured, Tally, completion_window, failure};
 use crate::tokens::{TokenReader, reported_tokens};
 use crate::{CHUNKS_HEADER, INTERVAL_HEADER, RunResult, Scenario, WAIT_HEADER, Workload};
 
@@ -286,12 +284,7 @@ async fn exchange(
         }
     }
     let latency = nanos(scheduled.elapsed());
-    let believed = |count: u64| (count <= MOST_TOKENS_A_REQUEST).then_some(count);
-    let output_tokens = if scenario.stream {
-        tokens.reported.and_then(believed).unwrap_or(tokens.text_events)
-    } else {
-        reported_tokens(&tail).and_then(believed).unwrap_or(0)
-    };
+    let output_tokens = if scenario.stream { tokens.tokens() } else { reported_tokens(&tail).unwrap_or(0) };
     Ok(Answer {
         latency,
         first_byte: first_byte.filter(|_| scenario.stream),

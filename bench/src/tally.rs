@@ -34,9 +34,6 @@ pub(crate) const GAPS_KEPT: usize = 4_000_000;
 /// Gaps one stream may add; a stream of more (a hostile or broken server
 /// sending endless tiny events) adds its first ones only.
 pub(crate) const GAPS_PER_STREAM: usize = 100_000;
-/// A request's reported output above this is not believed (the text
-/// events are counted instead).
-pub(crate) const MOST_TOKENS_A_REQUEST: u64 = 10_000_000;
 
 /// The share of `seen` gaps that `kept` of them are (all of none).
 fn share(kept: usize, seen: u64) -> f64 {

@@ -123,9 +123,16 @@ impl TokenReader {
     }
 }
 
-/// The output token count a whole (not streamed) answer reports.
+/// A reported output above this is not believed (a stream's text events
+/// count instead; a whole answer's, none).
+const MOST_TOKENS_A_REQUEST: u64 = 10_000_000;
+
+/// The output token count a whole (not streamed) answer reports, when
+/// believable.
 pub fn reported_tokens(body: &[u8]) -> Option<u64> {
-    number_value(body, b"completion_tokens").or_else(|| number_value(body, b"output_tokens"))
+    number_value(body, b"completion_tokens")
+        .or_else(|| number_value(body, b"output_tokens"))
+        .filter(|count| *count <= MOST_TOKENS_A_REQUEST)
 }
 
 /// Whether one event's data carries output text; `kind` is its name (the
