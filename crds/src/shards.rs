@@ -274,7 +274,7 @@ pub fn split(config: &GatewayConfig, salt: &str, shards: u32) -> Result<Parts, S
         if let Some(twice) = first_repeated(&keys) {
             return Err(SplitError::DuplicateKey(twice.to_owned()));
         }
-        let shard = serde_json::to_vec(&KeyShardOf { api_version: SHARD_API_VERSION, index, of: shards, keys })?;
+        let shard = encode_shard(index, shards, keys)?;
         if shard.len() > MAX_SHARD_BYTES {
             return Err(SplitError::ShardTooLarge { index, bytes: shard.len() });
         }
@@ -287,6 +287,16 @@ pub fn split(config: &GatewayConfig, salt: &str, shards: u32) -> Result<Parts, S
         shards: encoded.iter().map(|shard| sha256_hex(shard)).collect(),
     };
     Ok(Parts { manifest, base, shards: encoded })
+}
+
+/// Shard `index` of `of` holding `keys` (sorted by id, each id once), as
+/// [`split`] writes it: a writer that patches one shard gives the bytes a
+/// split of the same keys gives.
+///
+/// # Errors
+/// Only if serialization itself fails (it does not for these types).
+pub fn encode_shard(index: u32, of: u32, keys: Vec<&KeyConfig>) -> Result<Vec<u8>, serde_json::Error> {
+    serde_json::to_vec(&KeyShardOf { api_version: SHARD_API_VERSION, index, of, keys })
 }
 
 fn salt_ok(salt: &str) -> bool {

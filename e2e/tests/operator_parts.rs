@@ -7,6 +7,11 @@
 //! part without the rest, and a restarted operator finishes the change
 //! once the write is allowed.
 //!
+//! A key change is written by the operator's key lane as a patch of the
+//! shard holding the key: one shard and the manifest, nothing more from
+//! the whole reconcile that follows; a key whose digest another key
+//! serves is left to the whole compile, which refuses it.
+//!
 //! Against the real API server, with the operator and the gateway as
 //! processes (the operator must be killable, so not the in-process one).
 
@@ -45,9 +50,32 @@ fn start(binary: &str, args: &[&str], kubeconfig: &std::path::Path, log: &str) -
 }
 
 fn start_operator(kubeconfig: &std::path::Path, namespace: &str, run: u32) -> KilledOnDrop {
+    start_operator_at(kubeconfig, namespace, run).0
+}
+
+/// An operator, and its admin address (metrics).
+fn start_operator_at(kubeconfig: &std::path::Path, namespace: &str, run: u32) -> (KilledOnDrop, String) {
     let admin = format!("127.0.0.1:{}", free_port(Ipv4Addr::LOCALHOST.into()).unwrap());
     let log = format!("waycast-{namespace}-operator-{run}.log");
-    start("waycast-operator", &["--admin-listen", &admin, "--log", "info"], kubeconfig, &log)
+    (start("waycast-operator", &["--admin-listen", &admin, "--log", "info"], kubeconfig, &log), admin)
+}
+
+/// The value of the series `series` (name and labels, as exposed) the
+/// operator at `admin` shows; 0 when it shows none.
+async fn operator_metric(admin: &str, series: &str) -> f64 {
+    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Full<bytes::Bytes>>();
+    let response = http.get(format!("http://{admin}/metrics").parse().unwrap()).await.unwrap();
+    let body = http_body_util::BodyExt::collect(response.into_body()).await.unwrap().to_bytes();
+    let text = String::from_utf8_lossy(&body).into_owned();
+    let prefix = format!("{series} ");
+    text.lines().find_map(|line| line.strip_prefix(prefix.as_str())?.trim().parse().ok()).unwrap_or(0.0)
+}
+
+/// The data bytes of the Secret `name`.
+async fn data_bytes(secrets: &Api<Secret>, name: &str) -> f64 {
+    let secret = secrets.get(name).await.unwrap();
+    secret.data.iter().flatten().map(|(_, value)| value.0.len()).sum::<usize>() as f64
 }
 
 async fn until_status(gateway: SocketAddr, key: &str, model: &str, status: u16, within: Duration) {
@@ -250,4 +278,109 @@ async fn an_operator_killed_between_two_part_writes_leaves_the_last_config_servi
     // along: it serves the finished change.
     until_status(fresh_addr, &second_key, "model-1", 200, Duration::from_secs(10)).await;
     drop((operator, fresh));
+}
+
+#[tokio::test]
+async fn a_key_change_is_one_shard_and_the_manifest_and_a_duplicate_is_left_to_the_whole_compile() {
+    let cluster = shared_cluster(env!("CARGO_BIN_EXE_waycast-cluster"));
+    let client = cluster.client().await;
+    let namespace = test_namespace(&client, "lane").await.unwrap();
+    let upstream = sink::start("127.0.0.1:0".parse().unwrap(), SinkOptions::default()).await.unwrap();
+    let fleet = scale::fleet(&namespace, 3, 1, &format!("http://{upstream}/v1"));
+    let post = PostParams::default();
+    let (gateways, models, keys): (Api<Gateway>, Api<ModelEndpoint>, Api<ApiKey>) = (
+        Api::namespaced(client.clone(), &namespace),
+        Api::namespaced(client.clone(), &namespace),
+        Api::namespaced(client.clone(), &namespace),
+    );
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    let (_operator, admin) = start_operator_at(&cluster.kubeconfig, &namespace, 1);
+    let mut opened = fleet.gateway.clone();
+    opened.spec.egress.get_or_insert_default().allowed_cidrs = vec!["127.0.0.0/8".into()];
+    gateways.create(&post, &opened).await.unwrap();
+    models.create(&post, &fleet.models[0]).await.unwrap();
+    for key in &fleet.keys {
+        keys.create(&post, key).await.unwrap();
+    }
+    let gateway_addr = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port(Ipv4Addr::LOCALHOST.into()).unwrap()));
+    let gateway_admin = format!("127.0.0.1:{}", free_port(Ipv4Addr::LOCALHOST.into()).unwrap());
+    let _gateway = start(
+        "waycast-gateway",
+        &[
+            "--config-secret",
+            &format!("{namespace}/{CONFIG}"),
+            "--listen",
+            &gateway_addr.to_string(),
+            "--admin-listen",
+            &gateway_admin,
+        ],
+        &cluster.kubeconfig,
+        &format!("waycast-{namespace}-lane-gateway.log"),
+    );
+    let last_key = key_text(&secrets, "key-2").await;
+    until_status(gateway_addr, &last_key, "model-0", 200, Duration::from_secs(60)).await;
+    // The whole reconciles the creation started have run.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    let written = "waycast_operator_key_patches_total{outcome=\"written\"}";
+    let left = "waycast_operator_key_patches_total{outcome=\"left\"}";
+    let bytes = format!("waycast_operator_config_bytes_written_total{{gateway=\"{namespace}/gateway\"}}");
+    // Four keys: one shard.
+    let shard = shards::shard_secret_name(CONFIG, 0, 1);
+    let one_change = async || data_bytes(&secrets, &shard).await + data_bytes(&secrets, CONFIG).await;
+
+    // One more key, then that key revoked: each is its shard and the
+    // manifest, written by the lane; the whole reconcile after it writes
+    // nothing more.
+    let (patches_before, bytes_before) =
+        (operator_metric(&admin, written).await, operator_metric(&admin, &bytes).await);
+    keys.create(&post, &waycast_e2e::workloads::plain_api_key(&namespace, "extra").unwrap()).await.unwrap();
+    let extra = key_text(&secrets, "extra").await;
+    until_status(gateway_addr, &extra, "model-0", 200, Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(operator_metric(&admin, written).await > patches_before, "the key lane wrote no patch");
+    let added = operator_metric(&admin, &bytes).await - bytes_before;
+    assert_eq!(added, one_change().await, "one key added: its shard and the manifest, once");
+
+    let (patches_before, bytes_before) =
+        (operator_metric(&admin, written).await, operator_metric(&admin, &bytes).await);
+    let disable = serde_json::json!({"spec": {"disabled": true}});
+    keys.patch("extra", &PatchParams::default(), &Patch::Merge(&disable)).await.unwrap();
+    until_status(gateway_addr, &extra, "model-0", 401, Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(operator_metric(&admin, written).await > patches_before, "the key lane wrote no patch");
+    let revoked = operator_metric(&admin, &bytes).await - bytes_before;
+    assert_eq!(revoked, one_change().await, "one key revoked: its shard and the manifest, once");
+    assert_eq!(chat_status(gateway_addr, &extra, "model-0").await, Some(401), "the revoked key came back");
+
+    // A key whose text another key serves: its Secret first (a change the
+    // lane cannot pin to one ApiKey: the whole reconcile takes it), then
+    // the ApiKey, which the lane refuses to patch in.
+    let copy = serde_json::json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "copy-text", "labels": {"waycast.dev/api-key": "true"}},
+        "stringData": {"key": last_key}});
+    secrets.create(&post, &serde_json::from_value(copy).unwrap()).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let left_before = operator_metric(&admin, left).await;
+    let duplicate = serde_json::json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey",
+        "metadata": {"name": "copy", "namespace": namespace},
+        "spec": {"secretRef": {"name": "copy-text", "key": "key"}}});
+    keys.create(&post, &serde_json::from_value(duplicate).unwrap()).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let refused = loop {
+        let status = keys.get("copy").await.unwrap().status.unwrap_or_default();
+        let ready = status.conditions.iter().find(|c| c.type_ == "Ready").cloned();
+        if let Some(ready) = ready.filter(|c| c.reason == "DuplicateKey") {
+            break ready;
+        }
+        assert!(Instant::now() < deadline, "the copy never said DuplicateKey: {:?}", status.conditions);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(refused.status, "False");
+    assert!(operator_metric(&admin, left).await > left_before, "the lane patched in a duplicate digest");
+    let config = waycast_e2e::config_secrets::read_config(&client, &namespace, CONFIG).await.unwrap().config;
+    let ids: Vec<&str> = config.keys.iter().map(|key| key.id.as_str()).collect();
+    assert!(!ids.contains(&format!("{namespace}/copy").as_str()), "the duplicate was written: {ids:?}");
+    assert!(ids.contains(&format!("{namespace}/key-2").as_str()), "the older key went: {ids:?}");
+    assert_eq!(chat_status(gateway_addr, &last_key, "model-0").await, Some(200));
 }

@@ -175,6 +175,19 @@ pub async fn apply_all(
     Ok(Observed { deployment, service, endpoints_current, config_bytes_written })
 }
 
+/// Writes the shards `indices` of `parts`, then its manifest: a patch of
+/// a few keys (`controller::key_lane`). Their data bytes.
+///
+/// # Errors
+/// The first that failed (the manifest is then not written: the pods keep
+/// the config they have).
+pub async fn write_patch(client: &Client, parts: &ConfigParts, indices: &[usize]) -> Result<usize, Error> {
+    let write = indices.iter().filter_map(|index| parts.shards.get(*index)?.name.clone()).collect();
+    let written = write_parts(client, parts, &Plan { write, ..Plan::default() }).await?;
+    apply(client, &parts.manifest).await?;
+    Ok(written + data_bytes(&parts.manifest))
+}
+
 /// Parts written at once: a new shard count writes up to a thousand.
 const PARALLEL_PART_WRITES: usize = 8;
 

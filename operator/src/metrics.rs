@@ -23,6 +23,9 @@ pub struct Metrics {
     pub config_bytes_written: IntCounterVec,
     /// Config writes (a new hash) per Gateway.
     pub config_writes: IntCounterVec,
+    /// Key changes the key lane wrote as a patch, and those it left to the
+    /// whole reconcile.
+    pub key_patches: IntCounterVec,
     /// From writing a config to every pod of the Gateway reporting it.
     pub propagation: prometheus::Histogram,
     /// Each Gateway's conditions as last written: 1 true, 0 false.
@@ -79,6 +82,13 @@ impl Metrics {
             Opts::new("waycast_operator_config_writes_total", "Config manifest writes with a new config, per Gateway."),
             &["gateway"],
         )?;
+        let key_patches = IntCounterVec::new(
+            Opts::new(
+                "waycast_operator_key_patches_total",
+                "ApiKey changes written as a patch of the key shards holding them, ahead of the Gateway's whole reconcile (outcome written), and those left to the whole reconcile (outcome left: a duplicate digest, a namespace's first or last key under tenant policies, a new shard count, a failed write).",
+            ),
+            &["outcome"],
+        )?;
         let propagation = prometheus::Histogram::with_opts(
             HistogramOpts::new(
                 "waycast_operator_propagation_seconds",
@@ -103,6 +113,7 @@ impl Metrics {
             config_bytes,
             config_bytes_written,
             config_writes,
+            key_patches,
             propagation,
             gateway_condition,
         };
@@ -122,6 +133,7 @@ impl Metrics {
     pub fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
         vec![
             Box::new(self.config_writes.clone()),
+            Box::new(self.key_patches.clone()),
             Box::new(self.propagation.clone()),
             Box::new(self.reconciles.clone()),
             Box::new(self.reconcile_errors.clone()),

@@ -1,6 +1,7 @@
 //! What a key costs in memory, measured with a counting allocator (the
 //! `xtask` binary installs one: `main.rs`): an ApiKey object, the
-//! operator's kept form of a key Secret, a compile's result, a gateway
+//! operator's kept form of a key Secret, a compile's result, the key
+//! lane's kept config, a gateway
 //! pod's built config and the parsed config it builds from.
 //!
 //! ```text
@@ -57,6 +58,16 @@ pub fn memory_figures(live: &dyn Fn() -> usize, fleet: &Fleet) -> anyhow::Result
     anyhow::ensure!(compiled.config.keys.len() == keys, "not every key compiled");
     let config = compiled.config;
     drop((compiled.keys, compiled.models, catalog));
+    let (kept_cost, kept) = cost(live, "the key lane's kept config (parts' JSON, counts)", keys, || {
+        use waycast_operator::render::{config_parts, key_patch};
+        let layouts = config_parts::Layouts { current: None, fresh_salt: "0123456789abcdef".into() };
+        let parts = config_parts::config_parts(&fleet.gateway, &config, &layouts)?
+            .map_err(|too_large| anyhow::anyhow!("the config does not fit: {too_large}"))?;
+        let basis = key_patch::Basis { gateway: (String::new(), 0), position: 0, tenants: false };
+        anyhow::Ok(key_patch::Kept::new(Arc::new(parts), &config.keys, basis))
+    });
+    drop(kept?);
+    costs.push(kept_cost);
     let (built_cost, built) =
         cost(live, "a gateway pod's built config", keys, || waycast_gateway::build_config(&config));
     built.map_err(|reason| anyhow::anyhow!("a pod refuses the config: {reason}"))?;

@@ -3,6 +3,7 @@
 //! (`waycast_operator::fleet`, also applied to a real API server by the
 //! scale benchmark).
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use k8s_openapi::api::core::v1::Namespace;
@@ -37,11 +38,56 @@ pub struct CompileFigures {
     /// into one config, and the config built as a pod serves it, median,
     /// in milliseconds.
     pub pod_ms: f64,
+    /// The key lane's own work for one key revoked: the key compiled alone
+    /// and the shard holding it patched (`Kept::patch`: parsed, replaced,
+    /// encoded, digests and manifest), median, in milliseconds; its API
+    /// calls (the key Secret's read, two writes) not counted.
+    pub lane_ms: f64,
     /// The config's parts as canonical JSON, in bytes.
     pub json_bytes: usize,
     /// The config Secrets' data in all, in bytes (the parts gzipped; each
     /// Secret holds at most 1 MiB).
     pub secret_bytes: usize,
+}
+
+/// The key lane's work for the `nth` key revoked, in milliseconds: it
+/// compiled alone (the Gateway's other inputs, its key Secret) and
+/// patched into `parts`, kept as written for `keys`.
+fn lane_ms(
+    catalog: &Catalog,
+    fleet: &Fleet,
+    keys: &[waycast_crds::config::KeyConfig],
+    parts: config_parts::ConfigParts,
+    nth: usize,
+) -> anyhow::Result<f64> {
+    use waycast_operator::render::key_patch::{Basis, Kept};
+    let basis = Basis { gateway: (String::new(), 0), position: 0, tenants: false };
+    let mut kept = Kept::new(Arc::new(parts), keys, basis);
+    let mut revoked = (*catalog.keys[nth % catalog.keys.len()]).clone();
+    revoked.spec.disabled = true;
+    let (namespace, name) = (revoked.metadata.namespace.clone(), revoked.metadata.name.clone().unwrap_or_default());
+    let secret_name = waycast_operator::compile::keys::generated_secret_name(&name);
+    let key_secrets: Vec<_> = catalog
+        .key_secrets
+        .iter()
+        .filter(|kept| Some(&kept.namespace) == namespace.as_ref() && kept.name == secret_name)
+        .cloned()
+        .collect();
+    let started = Instant::now();
+    let alone = Catalog {
+        namespaces: catalog.namespaces.clone(),
+        keys: vec![Arc::new(revoked)],
+        key_secrets,
+        ..Catalog::default()
+    };
+    let compiled = alone.compile(&fleet.gateway, jiff::Timestamp::now());
+    let id = format!("{}/{name}", namespace.unwrap_or_default());
+    let entry = compiled.config.keys.into_iter().find(|key| key.id == id);
+    anyhow::ensure!(entry.is_none(), "a disabled key compiled to an entry");
+    let touched = kept.patch(vec![(id, entry)]).map_err(|why| anyhow::anyhow!("not patched: {why}"))?;
+    let elapsed = started.elapsed().as_secs_f64() * 1e3;
+    anyhow::ensure!(touched.len() == 1, "a revoke touched {} shards", touched.len());
+    Ok(elapsed)
 }
 
 /// What the operator's stores would hold for `fleet`: its objects and the
@@ -65,6 +111,7 @@ pub fn compile_figures(fleet: &Fleet, runs: usize) -> anyhow::Result<CompileFigu
     let mut referenced_times = Vec::new();
     let mut bookkeeping_times = Vec::new();
     let mut pod_times = Vec::new();
+    let mut lane_times = Vec::new();
     let mut sizes = (0, 0);
     let mut previous = None;
     for _ in 0..runs.max(1) {
@@ -96,6 +143,7 @@ pub fn compile_figures(fleet: &Fleet, runs: usize) -> anyhow::Result<CompileFigu
         drop(moved);
         previous = Some(next);
         let split = waycast_crds::shards::split(&compiled.config, &parts.layout.salt, parts.layout.shards)?;
+        lane_times.push(lane_ms(&catalog, fleet, &compiled.config.keys, parts, lane_times.len())?);
         let started = Instant::now();
         let shards: Vec<Option<&[u8]>> = split.shards.iter().map(|shard| Some(shard.as_slice())).collect();
         let assembled = waycast_crds::shards::assemble(&split.manifest, &split.base, &shards)?;
@@ -114,6 +162,7 @@ pub fn compile_figures(fleet: &Fleet, runs: usize) -> anyhow::Result<CompileFigu
         referenced_ms: median(referenced_times),
         bookkeeping_ms: median(bookkeeping_times),
         pod_ms: median(pod_times),
+        lane_ms: median(lane_times),
         json_bytes: sizes.0,
         secret_bytes: sizes.1,
     })

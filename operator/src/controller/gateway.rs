@@ -13,16 +13,18 @@ use kube::runtime::watcher;
 use kube::{Api, ResourceExt as _};
 use waycast_crds::Gateway;
 
+use super::key_lane;
+use super::memory::{remember, verified_as};
+use super::referenced::fetch_secrets;
 use super::shell::{CONCURRENCY, DEBOUNCE, RESYNC, error_policy, succeeded, write_status};
-use crate::apply::bounded;
 use crate::catalog::Catalog;
 use crate::compile::{self, ObjectKey};
 use crate::config_plan;
-use crate::context::{Context, GatewayMemory, Written};
+use crate::context::{Context, Written};
 use crate::error::Error;
 use crate::heartbeats;
 use crate::programmed;
-use crate::render::config_parts::{Layout, Layouts, fresh_salt};
+use crate::render::config_parts::{Layout, Layouts, TooLarge, fresh_salt};
 use crate::render::{self, FIELD_MANAGER};
 use crate::status;
 use crate::stores::{Stores, once, signals};
@@ -85,38 +87,62 @@ async fn reconcile(gateway: Arc<Gateway>, context: Arc<Context>, traced: &mut Re
     if let Some(conflict) = owned_by_another(&context, &gateway).await? {
         return refuse_name_conflict(&context, &gateway, &conflict).await;
     }
+    // Every key change logged before this position is in the stores read
+    // below; the key lane's patches after it are patched in before writing.
+    let read = {
+        let kept = context.kept.lock().await;
+        let position = context.stores.key_log.drained().await.position();
+        key_lane::ReadAt { position, lane_writes: kept.lane_writes(&key) }
+    };
     let mut catalog = Catalog::from_stores(&context.stores, &context.networks);
     fetch_secrets(&mut catalog, &context, &gateway).await?;
     let layouts = layouts(&context.stores, &gateway, fresh_salt_of(&context, &gateway).await?);
-    let mut compiled = catalog.compile(&gateway, jiff::Timestamp::now());
-    // One split serves both whether the config fits and what its Secrets
-    // are; only a config that does not fit is split again as entries are
-    // left out.
-    let mut checked = render::config_parts::check(&compiled.config, &layouts)?;
-    let left_out = if checked.fits() {
-        0
-    } else {
-        let left_out = fit_in_secret(&catalog, &gateway, &layouts, &mut compiled);
-        checked = render::config_parts::check(&compiled.config, &layouts)?;
-        left_out
-    };
+    // NB: off the runtime's one thread: at 100,000 keys this is about a
+    // second, and the key lane and the stores' watches go on meanwhile.
+    // One Gateway's at a time, as on that thread: a compile's working set
+    // is the operator's peak.
+    let (settings, compiling) = (context.settings.clone(), gateway.clone());
+    let one_at_a_time = COMPILING.acquire().await.map_err(|_| Error::Incomplete("the compile permit"))?;
+    let (catalog, mut compiled, mut desired, left_out) =
+        tokio::task::spawn_blocking(move || compile_and_render(catalog, &compiling, &layouts, &settings))
+            .await
+            .map_err(|joined| Error::Io(std::io::Error::other(joined)))??;
+    drop(one_at_a_time);
     (traced.keys, traced.models) = (Some(compiled.config.keys.len()), Some(compiled.config.models.len()));
     let compiled_at = started.elapsed();
 
-    let endpoints = catalog.endpoints(&compiled.config);
-    let desired =
-        render::desired_checked(&gateway, &compiled.config, checked, &layouts, &endpoints, &context.settings)?;
-    let (hash, plan, write_endpoints) = what_to_write(&context, &gateway, &desired).await;
+    // Held until the config is written: the key lane writes none of this
+    // Gateway's meanwhile.
+    let mut kept = context.kept.lock().await;
+    let caught_up =
+        key_lane::catch_up(&context, &gateway, &mut kept, read, &mut compiled, &mut desired, left_out).await;
+    let Ok(to_keep) = caught_up else {
+        tracing::debug!(gateway = %key, "the key lane wrote changes this compile cannot take in; compiling again");
+        return Ok(Action::requeue(Duration::from_millis(100)));
+    };
+    let (hash, plan, write_endpoints) = what_to_write(&context, &gateway, &desired, &kept.recently_written(&key)).await;
     traced.config_hash = (!hash.is_empty()).then(|| hash.clone());
     if let Some(conflict) = foreign_part(&context, &gateway, plan.as_ref()).await? {
         return refuse_name_conflict(&context, &gateway, &conflict).await;
     }
     let rendered_at = started.elapsed();
-    let observed = crate::apply::apply_all(&context.client, &desired, plan.as_ref(), write_endpoints).await?;
+    let applied = crate::apply::apply_all(&context.client, &desired, plan.as_ref(), write_endpoints).await;
+    if let Some(plan) = &plan {
+        // A failed apply leaves what those Secrets hold unknown.
+        let parts = desired.config.as_deref().ok().filter(|_| applied.is_ok());
+        kept.note_written(&key, plan.write.iter().map(String::as_str), parts);
+    }
+    kept.keep(key.clone(), applied.as_ref().ok().and(to_keep));
+    drop(kept);
+    let observed = applied?;
     let applied_at = started.elapsed();
+    // The parts are the key lane's from here (a copy held here would make
+    // its next patch copy them): only what the status needs stays.
+    let config = std::mem::replace(&mut desired.config, Err(TooLarge::Json { bytes: 0 }));
+    let (fits, json_bytes, too_large) = (config.is_ok(), config.as_ref().ok().map(|p| p.json_bytes), config.err());
 
     let beats = heartbeats::heartbeats(&context.stores.leases, &context.stores.gateway_pods, &gateway);
-    let settled = programmed::settle(&catalog, &mut compiled, &beats, &hash, desired.config_fits());
+    let settled = programmed::settle(&catalog, &mut compiled, &beats, &hash, fits);
     let deployment_status = observed.deployment.status.as_ref();
     let ready = deployment_status.and_then(|s| s.ready_replicas).unwrap_or(0);
     let endpoints_written = observed.endpoints_current.then(|| desired.endpoints_hash.clone());
@@ -137,7 +163,7 @@ async fn reconcile(gateway: Arc<Gateway>, context: Arc<Context>, traced: &mut Re
     let facts = status::GatewayFacts {
         refused: compiled.gateway.as_ref(),
         hash: &hash,
-        too_large: desired.config.as_ref().err(),
+        too_large: too_large.as_ref(),
         left_out,
         models: compiled.config.models.len(),
         keys: compiled.config.keys.len(),
@@ -164,8 +190,8 @@ async fn reconcile(gateway: Arc<Gateway>, context: Arc<Context>, traced: &mut Re
         "gateway reconciled"
     );
     let metrics = &context.metrics;
-    if let Ok(parts) = &desired.config {
-        metrics.config_bytes.with_label_values(&[&key.to_string()]).set(parts.json_bytes as i64);
+    if let Some(json_bytes) = json_bytes {
+        metrics.config_bytes.with_label_values(&[&key.to_string()]).set(json_bytes as i64);
     }
     metrics.config_bytes_written.with_label_values(&[&key.to_string()]).inc_by(observed.config_bytes_written as u64);
     metrics.reconciles.with_label_values(&["gateway"]).inc();
@@ -174,9 +200,34 @@ async fn reconcile(gateway: Arc<Gateway>, context: Arc<Context>, traced: &mut Re
     Ok(Action::requeue(until_next_expiry(&compiled.config, now)))
 }
 
-/// The most referenced Secrets without the label looked up per reconcile
-/// (to tell "not labelled" from "missing" in a status).
-const MAX_METADATA_LOOKUPS: usize = 64;
+/// Held while a Gateway compiles.
+static COMPILING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+
+/// Compile, fit and render: the costly and pure part of a reconcile. One
+/// split serves both whether the config fits and what its Secrets are;
+/// only a config that does not fit is split again as entries are left out.
+///
+/// # Errors
+/// Serialization or compression into memory failed (they do not).
+fn compile_and_render(
+    catalog: Catalog,
+    gateway: &Gateway,
+    layouts: &Layouts,
+    settings: &render::RenderSettings,
+) -> Result<(Catalog, compile::Compiled, render::Desired, usize), Error> {
+    let mut compiled = catalog.compile(gateway, jiff::Timestamp::now());
+    let mut checked = render::config_parts::check(&compiled.config, layouts)?;
+    let left_out = if checked.fits() {
+        0
+    } else {
+        let left_out = fit_in_secret(&catalog, gateway, layouts, &mut compiled);
+        checked = render::config_parts::check(&compiled.config, layouts)?;
+        left_out
+    };
+    let endpoints = catalog.endpoints(&compiled.config);
+    let desired = render::desired_checked(gateway, &compiled.config, checked, layouts, &endpoints, settings)?;
+    Ok((catalog, compiled, desired, left_out))
+}
 
 /// Leaves out the newest objects while the config outgrows its Secrets
 /// (`compile::fit`): how many.
@@ -205,64 +256,6 @@ fn fit_in_secret(
     left_out
 }
 
-/// Adds the Secrets compile needs: the Gateway's Redis Secrets (the
-/// platform team's own), and the Secrets its served objects reference —
-/// with their data when they carry the label that lets the operator read
-/// them (`secret_data`: read once per version, never past its size cap),
-/// else their metadata alone, looked up so the status can say "not
-/// labelled" rather than "missing". A failed metadata look-up counts as
-/// missing: it never holds up the rest of the Gateway.
-///
-/// # Errors
-/// A failed read of a Redis Secret (the platform team's own).
-async fn fetch_secrets(catalog: &mut Catalog, context: &Context, gateway: &Gateway) -> Result<(), Error> {
-    let (client, stores) = (&context.client, &context.stores);
-    for (namespace, name) in compile::secrets::redis_secrets(gateway) {
-        if let Some(secret) = bounded(Api::<Secret>::namespaced(client.clone(), &namespace).get_opt(&name)).await? {
-            catalog.secrets.push(Arc::new(secret));
-        }
-    }
-    let labelled = |namespace: &str, name: &str| {
-        let reference = ObjectRef::new(name).within(namespace);
-        stores.key_secrets.get(&reference).or_else(|| stores.credentials.get(&reference))
-    };
-    let mut wanted = Vec::new();
-    let mut unlabelled = Vec::new();
-    for (namespace, name) in catalog.with_inputs(gateway, compile::referenced_secrets) {
-        match labelled(&namespace, &name) {
-            Some(meta) => {
-                let version = meta.metadata.resource_version.clone().unwrap_or_default();
-                wanted.push(((namespace, name), version));
-            }
-            None => unlabelled.push((namespace, name)),
-        }
-    }
-    // NB: bounded: a team naming thousands of Secrets that do not exist
-    // must not make every reconcile of the Gateway slow; past the bound
-    // they are reported as missing.
-    let looked_up: Vec<Option<Secret>> = futures_util::stream::iter(unlabelled.into_iter().take(MAX_METADATA_LOOKUPS))
-        .map(|(namespace, name)| async move {
-            let api = Api::<Secret>::namespaced(client.clone(), &namespace);
-            match bounded(api.get_metadata_opt(&name)).await {
-                Ok(meta) => meta.map(|meta| Secret { metadata: meta.metadata, ..Default::default() }),
-                Err(error) => {
-                    tracing::debug!(%error, secret = %format!("{namespace}/{name}"), "Secret look-up failed");
-                    None
-                }
-            }
-        })
-        .buffer_unordered(16)
-        .collect()
-        .await;
-    catalog.secrets.extend(looked_up.into_iter().flatten().map(Arc::new));
-    let fetched =
-        context.secret_data.fetch(client, wanted, |(namespace, name)| labelled(namespace, name).is_some()).await;
-    catalog.secrets.extend(fetched.secrets);
-    catalog.key_secrets = fetched.key_secrets;
-    catalog.too_large = fetched.too_large;
-    Ok(())
-}
-
 /// An object the Gateway would own that another controller owns, if any:
 /// looked up once per Gateway generation (`GatewayMemory::verified`).
 async fn owned_by_another(context: &Context, gateway: &Gateway) -> Result<Option<String>, Error> {
@@ -272,25 +265,6 @@ async fn owned_by_another(context: &Context, gateway: &Gateway) -> Result<Option
         return Ok(None);
     }
     crate::ownership::first_conflict(&context.client, gateway).await
-}
-
-fn verified_as(gateway: &Gateway) -> (String, i64) {
-    (gateway.metadata.uid.clone().unwrap_or_default(), gateway.metadata.generation.unwrap_or(0))
-}
-
-/// Changes what is remembered of the Gateway `key`. A deleted Gateway is
-/// never reconciled again: its memory (megabytes at 10,000 keys) goes here,
-/// when another one changes.
-async fn remember<T>(context: &Context, key: &ObjectKey, change: impl FnOnce(&mut GatewayMemory) -> T) -> T {
-    let mut gateways = context.gateways.write().await;
-    gateways.retain(|key, _| {
-        let exists = gateway_exists(&context.stores, key);
-        if !exists {
-            context.metrics.forget_gateway(&key.to_string());
-        }
-        exists
-    });
-    change(gateways.entry(key.clone()).or_default())
 }
 
 /// The config Secrets of the Gateway's namespace the store holds
@@ -337,6 +311,7 @@ async fn what_to_write(
     context: &Context,
     gateway: &Gateway,
     desired: &render::Desired,
+    written: &std::collections::HashMap<&str, Option<&str>>,
 ) -> (String, Option<config_plan::Plan>, bool) {
     let key = ObjectKey::of(&gateway.metadata);
     let gateways = context.gateways.read().await;
@@ -344,8 +319,20 @@ async fn what_to_write(
     let (hash, plan) = match &desired.config {
         Ok(parts) => {
             let store = config_secrets_of(&context.stores, gateway);
-            let existing: Vec<_> =
-                store.iter().filter_map(|secret| config_plan::Existing::of(&secret.metadata)).collect();
+            // What this process wrote moments ago is known before the
+            // store shows it: the key lane's patches are not written again,
+            // and a part whose write failed is written whatever the store
+            // shows.
+            let existing: Vec<_> = store
+                .iter()
+                .filter_map(|secret| config_plan::Existing::of(&secret.metadata))
+                .map(|mut existing| {
+                    if let Some(digest) = written.get(existing.name) {
+                        existing.digest = *digest;
+                    }
+                    existing
+                })
+                .collect();
             let uid = gateway.metadata.uid.as_deref().unwrap_or_default();
             (parts.hash.clone(), Some(config_plan::plan(parts, &existing, uid)))
         }
@@ -448,10 +435,6 @@ fn until_next_expiry(config: &waycast_crds::GatewayConfig, now: jiff::Timestamp)
         .filter(|seconds| *seconds > 0)
         .min();
     next_expiry.map_or(RESYNC, |s| Duration::from_secs(s + 1).min(RESYNC))
-}
-
-pub(crate) fn gateway_exists(stores: &Stores, key: &ObjectKey) -> bool {
-    stores.gateways.get(&ObjectRef::new(&key.name).within(&key.namespace)).is_some()
 }
 
 /// The Gateway's status when an object it would own belongs to someone

@@ -4,6 +4,8 @@
 //! ```text
 //! reflectors (Gateway, ModelEndpoint, ApiKey, Namespace, Service, key Secrets,
 //!             config Secret metadata, heartbeat Leases) ─► Stores ─► Feeds + change signals
+//! key lane:                 a few ApiKeys changed ─► their entries compiled alone ─► the shards
+//!                           holding them patched and written, then the manifest (key_lane.rs)
 //! Gateway controller:       stores ─► compile ─► render ─► apply (SSA: changed config parts, then their
 //!                           manifest; prune HPA/PDB, empty old shards) ─► Gateway status
 //!                           └─ stores every verdict in `compiled`, announces the objects whose
@@ -24,7 +26,10 @@
 mod api_key;
 mod endpoints;
 mod gateway;
+mod key_lane;
+mod memory;
 mod model_endpoint;
+mod referenced;
 mod shell;
 mod statuses;
 
@@ -54,5 +59,6 @@ pub async fn run(context: Arc<Context>) {
     );
     let endpoints = endpoints::follow_endpoints(context.clone());
     let usage = crate::usage::run(context.clone());
-    tokio::join!(gateway_controller, key_controller, key_secrets, model_controller, endpoints, usage);
+    let key_lane = key_lane::key_lane(context.clone());
+    tokio::join!(gateway_controller, key_controller, key_secrets, model_controller, endpoints, usage, key_lane);
 }

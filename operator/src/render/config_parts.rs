@@ -180,6 +180,42 @@ impl ConfigParts {
 }
 
 impl ConfigParts {
+    /// Shard `index`'s JSON.
+    pub fn shard_json(&self, index: usize) -> Option<&[u8]> {
+        self.shard_json.get(index).map(Vec::as_slice)
+    }
+
+    /// These parts with the shards `replaced` (by index) in place of
+    /// theirs: each one's digest, the manifest naming them and the config's
+    /// hash follow. A shard index out of range is left out.
+    ///
+    /// # Errors
+    /// The manifest held does not read (it was written here), or does not
+    /// serialize (it does).
+    pub fn replace_shards(&mut self, replaced: Vec<(usize, Vec<u8>)>) -> std::io::Result<()> {
+        let data = self.manifest.data.as_ref().and_then(|data| data.get(SECRET_KEY_MANIFEST));
+        let mut manifest =
+            shards::Manifest::parse(data.map_or(&[][..], |bytes| &bytes.0)).map_err(std::io::Error::other)?;
+        for (index, json) in replaced {
+            let (Some(meta), Some(named), Some(held)) =
+                (self.shards.get_mut(index), manifest.shards.get_mut(index), self.shard_json.get_mut(index))
+            else {
+                continue;
+            };
+            let digest = waycast_crds::digest::sha256_hex(&json);
+            meta.annotations = Some([(PART_DIGEST_ANNOTATION.to_owned(), digest.clone())].into());
+            *named = digest;
+            self.json_bytes = self.json_bytes - held.len() + json.len();
+            *held = json;
+        }
+        let manifest_json = manifest.to_canonical_json().map_err(std::io::Error::other)?;
+        self.hash = waycast_crds::digest::sha256_hex(&manifest_json);
+        let annotations = self.manifest.metadata.annotations.get_or_insert_with(BTreeMap::new);
+        annotations.insert(CONFIG_HASH_ANNOTATION.to_owned(), self.hash.clone());
+        self.manifest.data = Some([(SECRET_KEY_MANIFEST.to_owned(), ByteString(manifest_json))].into());
+        Ok(())
+    }
+
     /// A key shard Secret no manifest names any more, emptied: its data and
     /// digest gone, the Secret kept (the Gateway's, collected with it).
     ///

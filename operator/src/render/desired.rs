@@ -23,7 +23,7 @@ pub struct Desired {
     /// The compiled config's Secrets: its manifest and parts; why it does
     /// not fit them, when it does not (then it is not written: the pods
     /// keep the last one, and the Gateway says why).
-    pub config: Result<ConfigParts, TooLarge>,
+    pub config: Result<std::sync::Arc<ConfigParts>, TooLarge>,
     /// The hash of the config in `config` (its manifest's); empty when it
     /// does not fit.
     pub config_hash: String,
@@ -102,7 +102,7 @@ pub fn desired_checked(
         Err(_) => vec![current.unwrap_or(1)],
     };
     Ok(Desired {
-        config: config_parts,
+        config: config_parts.map(std::sync::Arc::new),
         config_hash,
         service_account: rbac::service_account(gateway),
         role: rbac::role(gateway, &shards),

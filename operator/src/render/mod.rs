@@ -20,6 +20,7 @@ pub mod config_parts;
 pub mod deployment;
 pub mod desired;
 pub mod endpoints;
+pub mod key_patch;
 pub mod meta;
 pub mod network_policy;
 pub mod rbac;

@@ -7,6 +7,7 @@
 //! docs/operator.md ("Stores").
 
 mod changes;
+pub mod key_log;
 pub mod views;
 
 pub(crate) use changes::{any_change, endpoint_content, heartbeat, holder, labels, service_content, spec_and_labels};
@@ -75,6 +76,8 @@ pub struct Stores {
     pub feeds: Feeds,
     /// Fires after any change to the store of the same name.
     pub changed: Changes,
+    /// Which ApiKeys changed, in order (the key lane's).
+    pub key_log: Arc<key_log::KeyLog>,
 }
 
 /// One change signal per store.
@@ -301,6 +304,14 @@ pub(crate) fn announce_self<K: Resource<DynamicType = ()> + Send + Sync + 'stati
     })
 }
 
+/// `listener`, and each object logged as a changed ApiKey.
+fn logged(mut listener: Listener<ApiKey>, log: Arc<key_log::KeyLog>) -> Listener<ApiKey> {
+    Box::new(move |key, deleted| {
+        log.push(key_log::Logged::Key(compile::ObjectKey::of(&key.metadata)));
+        listener(key, deleted);
+    })
+}
+
 pub(crate) fn ignore<K>() -> Listener<K> {
     Box::new(|_, _| {})
 }
@@ -317,6 +328,7 @@ pub(crate) fn owner_of<K: Resource<DynamicType = ()>>(object: &impl Resource) ->
 /// A reflector stopped before it was ready.
 pub async fn stores(client: &Client) -> Result<Stores, Error> {
     let feeds = Feeds::default();
+    let key_log = Arc::new(key_log::KeyLog::default());
     let (gateways, gateways_changed) =
         store_of(all(client, watcher::Config::default()), spec_and_labels, announce_self(vec![feeds.gateways.clone()]));
     let (models, models_changed) =
@@ -327,15 +339,21 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
     let (keys, keys_changed) = store_of(
         all(client, watcher::Config::default()).modify(views::api_key),
         spec_and_labels,
-        announce_self(vec![feeds.keys.clone(), feeds.key_secrets.clone()]),
+        logged(announce_self(vec![feeds.keys.clone(), feeds.key_secrets.clone()]), key_log.clone()),
     );
-    let (namespaces, namespaces_changed) = store_of(all(client, watcher::Config::default()), labels, ignore());
+    let unknown = key_log.clone();
+    let (namespaces, namespaces_changed) = store_of(
+        all(client, watcher::Config::default()),
+        labels,
+        Box::new(move |_: &Namespace, _| unknown.push(key_log::Logged::Unknown)),
+    );
     let (services, services_changed) = store_of(all(client, watcher::Config::default()), service_content, ignore());
     // NB: labelled Secrets are watched as metadata only: anyone who may
     // create Secrets may label many large ones. Their data is read only
     // for the Secrets served objects reference (`secret_data`).
     let secrets = watcher::Config::default().labels(&format!("{KEY_SECRET_LABEL}=true"));
     let owners = feeds.key_secrets.clone();
+    let secrets_log = key_log.clone();
     // Only the owner and what identifies a key Secret are kept: at 10,000
     // of them their label maps alone were 5 MB (a B-tree node each), and
     // the operator selects them by that label in the watch.
@@ -346,6 +364,7 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
             if let Some(owner) = owner_of::<ApiKey>(secret) {
                 owners.announce(owner);
             }
+            secrets_log.push(key_log::Logged::Secret(compile::ObjectKey::of(&secret.metadata)));
         }),
     );
     // Upstream credentials: only the Secrets their teams opted in, so the
@@ -413,6 +432,7 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
         config_secrets,
         endpoint_slices,
         feeds,
+        key_log,
         changed: Changes {
             gateways: gateways_changed,
             models: models_changed,
