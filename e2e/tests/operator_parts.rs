@@ -353,9 +353,9 @@ async fn a_key_change_is_one_shard_and_the_manifest_and_a_duplicate_is_left_to_t
     assert_eq!(revoked, one_change().await, "one key revoked: its shard and the manifest, once");
     assert_eq!(chat_status(gateway_addr, &extra, "model-0").await, Some(401), "the revoked key came back");
 
-    // A key whose text another key serves: its Secret first (a change the
-    // lane cannot pin to one ApiKey: the whole reconcile takes it), then
-    // the ApiKey, which the lane refuses to patch in.
+    // A key whose text another key serves: its Secret first (read by no
+    // ApiKey yet: nothing to patch), then the ApiKey naming it, which the
+    // lane refuses to patch in.
     let copy = serde_json::json!({"apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": "copy-text", "labels": {"waycast.dev/api-key": "true"}},
         "stringData": {"key": last_key}});

@@ -142,7 +142,14 @@ async fn reconcile(gateway: Arc<Gateway>, context: Arc<Context>, traced: &mut Re
     let (fits, json_bytes, too_large) = (config.is_ok(), config.as_ref().ok().map(|p| p.json_bytes), config.err());
 
     let beats = heartbeats::heartbeats(&context.stores.leases, &context.stores.gateway_pods, &gateway);
-    let settled = programmed::settle(&catalog, &mut compiled, &beats, &hash, fits);
+    // Off the runtime's one thread, as the compile (each object's decision).
+    let settling = hash.clone();
+    let (compiled, settled) = tokio::task::spawn_blocking(move || {
+        let settled = programmed::settle(&catalog, &mut compiled, &beats, &settling, fits);
+        (compiled, settled)
+    })
+    .await
+    .map_err(|joined| Error::Io(std::io::Error::other(joined)))?;
     let deployment_status = observed.deployment.status.as_ref();
     let ready = deployment_status.and_then(|s| s.ready_replicas).unwrap_or(0);
     let endpoints_written = observed.endpoints_current.then(|| desired.endpoints_hash.clone());

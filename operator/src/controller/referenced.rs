@@ -7,6 +7,7 @@ use std::sync::Arc;
 use futures_util::StreamExt as _;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
+use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::ObjectRef;
 use waycast_crds::Gateway;
 
@@ -15,6 +16,8 @@ use crate::catalog::Catalog;
 use crate::compile;
 use crate::context::Context;
 use crate::error::Error;
+use crate::secret_data::SecretName;
+use crate::stores::Stores;
 
 /// The most referenced Secrets without the label looked up per reconcile
 /// (to tell "not labelled" from "missing" in a status).
@@ -44,21 +47,15 @@ pub(super) async fn fetch_secrets(catalog: &mut Catalog, context: &Context, gate
 /// The Secrets the catalog's served objects reference (`fetch_secrets`).
 pub(super) async fn fetch_referenced(catalog: &mut Catalog, context: &Context, gateway: &Gateway) {
     let (client, stores) = (&context.client, &context.stores);
-    let labelled = |namespace: &str, name: &str| {
-        let reference = ObjectRef::new(name).within(namespace);
-        stores.key_secrets.get(&reference).or_else(|| stores.credentials.get(&reference))
-    };
-    let mut wanted = Vec::new();
-    let mut unlabelled = Vec::new();
-    for (namespace, name) in catalog.with_inputs(gateway, compile::referenced_secrets) {
-        match labelled(&namespace, &name) {
-            Some(meta) => {
-                let version = meta.metadata.resource_version.clone().unwrap_or_default();
-                wanted.push(((namespace, name), version));
-            }
-            None => unlabelled.push((namespace, name)),
-        }
-    }
+    // NB: off the runtime's one thread: at 100,000 keys, a tenth of a
+    // second the key lane and the watches would wait.
+    let (looking, stores_now, of) = (catalog.clone(), stores.clone(), gateway.clone());
+    let (wanted, unlabelled) =
+        tokio::task::spawn_blocking(move || referenced(&looking, &stores_now, &of)).await.unwrap_or_else(|failed| {
+            tracing::error!(%failed, "listing the referenced Secrets failed");
+            (Vec::new(), Vec::new())
+        });
+    let labelled = |namespace: &str, name: &str| labelled(stores, namespace, name).is_some();
     // NB: bounded: a team naming thousands of Secrets that do not exist
     // must not make every reconcile of the Gateway slow; past the bound
     // they are reported as missing.
@@ -77,9 +74,31 @@ pub(super) async fn fetch_referenced(catalog: &mut Catalog, context: &Context, g
         .collect()
         .await;
     catalog.secrets.extend(looked_up.into_iter().flatten().map(Arc::new));
-    let fetched =
-        context.secret_data.fetch(client, wanted, |(namespace, name)| labelled(namespace, name).is_some()).await;
+    let fetched = context.secret_data.fetch(client, wanted, |(namespace, name)| labelled(namespace, name)).await;
     catalog.secrets.extend(fetched.secrets);
     catalog.key_secrets = fetched.key_secrets;
     catalog.too_large = fetched.too_large;
+}
+
+/// A labelled Secret's metadata (key or credential), as the stores hold it.
+fn labelled(stores: &Stores, namespace: &str, name: &str) -> Option<Arc<PartialObjectMeta<Secret>>> {
+    let reference = ObjectRef::new(name).within(namespace);
+    stores.key_secrets.get(&reference).or_else(|| stores.credentials.get(&reference))
+}
+
+/// The Secrets `catalog`'s served objects reference: those labelled (with
+/// the resource version the store shows) and those not.
+fn referenced(catalog: &Catalog, stores: &Stores, gateway: &Gateway) -> (Vec<(SecretName, String)>, Vec<SecretName>) {
+    let mut wanted = Vec::new();
+    let mut unlabelled = Vec::new();
+    for (namespace, name) in catalog.with_inputs(gateway, compile::referenced_secrets) {
+        match labelled(stores, &namespace, &name) {
+            Some(meta) => {
+                let version = meta.metadata.resource_version.clone().unwrap_or_default();
+                wanted.push(((namespace, name), version));
+            }
+            None => unlabelled.push((namespace, name)),
+        }
+    }
+    (wanted, unlabelled)
 }
