@@ -85,6 +85,8 @@ async fn reconcile(gateway: Arc<Gateway>, context: Arc<Context>, traced: &mut Re
     let started = std::time::Instant::now();
     let key = ObjectKey::of(&gateway.metadata);
     if let Some(conflict) = owned_by_another(&context, &gateway).await? {
+        // The key lane writes nothing of a Gateway whose objects are not its own.
+        context.kept.lock().await.configs.remove(&key);
         return refuse_name_conflict(&context, &gateway, &conflict).await;
     }
     // Every key change logged before this position is in the stores read
@@ -123,6 +125,7 @@ async fn reconcile(gateway: Arc<Gateway>, context: Arc<Context>, traced: &mut Re
     let (hash, plan, write_endpoints) = what_to_write(&context, &gateway, &desired, &kept.recently_written(&key)).await;
     traced.config_hash = (!hash.is_empty()).then(|| hash.clone());
     if let Some(conflict) = foreign_part(&context, &gateway, plan.as_ref()).await? {
+        kept.configs.remove(&key);
         return refuse_name_conflict(&context, &gateway, &conflict).await;
     }
     let rendered_at = started.elapsed();
@@ -131,6 +134,8 @@ async fn reconcile(gateway: Arc<Gateway>, context: Arc<Context>, traced: &mut Re
         // A failed apply leaves what those Secrets hold unknown.
         let parts = desired.config.as_deref().ok().filter(|_| applied.is_ok());
         kept.note_written(&key, plan.write.iter().map(String::as_str), parts);
+        // Emptied: no digest a desired part could match.
+        kept.note_written(&key, plan.retire.iter().map(String::as_str), None);
     }
     kept.keep(key.clone(), applied.as_ref().ok().and(to_keep));
     drop(kept);

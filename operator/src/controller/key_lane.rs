@@ -45,6 +45,11 @@ const GATHER: Duration = Duration::from_millis(10);
 /// every pod), while a lone change waits only [`GATHER`].
 const BETWEEN_WRITES: Duration = Duration::from_millis(500);
 
+/// The least time between two of the lane's rounds that did work: a
+/// tenant annotating key Secrets in a loop costs a round a tenth of a
+/// second at most.
+const BETWEEN_ROUNDS: Duration = Duration::from_millis(100);
+
 /// The most ApiKeys one patch takes: more (a namespace deleted, say) are
 /// the whole reconcile's, which compiles every key anyway.
 const MOST_KEYS_PER_PATCH: usize = 4096;
@@ -56,6 +61,8 @@ enum Left {
     Unpatchable(#[from] Unpatchable),
     #[error("{0} ApiKeys changed at once")]
     TooMany(usize),
+    #[error("a config Secret it would write is not the Gateway's own")]
+    NotOwned,
     #[error(transparent)]
     Failed(#[from] Error),
 }
@@ -63,12 +70,16 @@ enum Left {
 /// Runs the lane until the process ends.
 pub(crate) async fn key_lane(context: Arc<Context>) {
     let mut last_write: Option<tokio::time::Instant> = None;
+    let mut last_round: Option<tokio::time::Instant> = None;
     loop {
         context.stores.key_log.arrived().await;
-        let gathered = tokio::time::Instant::now() + GATHER;
-        tokio::time::sleep_until(last_write.map_or(gathered, |at| gathered.max(at + BETWEEN_WRITES))).await;
+        let mut start = tokio::time::Instant::now() + GATHER;
+        start = last_write.map_or(start, |at| start.max(at + BETWEEN_WRITES));
+        start = last_round.map_or(start, |at| start.max(at + BETWEEN_ROUNDS));
+        tokio::time::sleep_until(start).await;
         let mut kept = context.kept.lock().await;
         let kept = &mut *kept;
+        kept.retain_gateways(|id| gateway_exists(&context.stores, id));
         let work = {
             let log = context.stores.key_log.drained().await;
             let position = log.position();
@@ -89,13 +100,10 @@ pub(crate) async fn key_lane(context: Arc<Context>) {
         };
         for (id, patchable) in work {
             let Some((gateway, changed, position)) = patchable else {
-                if gateway_exists(&context.stores, &id) {
-                    kept.configs.remove(&id);
-                } else {
-                    kept.forget(&id);
-                }
+                kept.configs.remove(&id);
                 continue;
             };
+            last_round = Some(tokio::time::Instant::now());
             let keys = changed_keys(&context, changed);
             match patch_and_write(&context, kept, &gateway, &keys, position).await {
                 Ok(true) => last_write = Some(tokio::time::Instant::now()),
@@ -114,13 +122,17 @@ pub(crate) async fn key_lane(context: Arc<Context>) {
 /// ApiKey's own generated Secret, or one it names in `secretRef`).
 fn changed_keys(context: &Context, changed: Changed) -> BTreeSet<ObjectKey> {
     let Changed { mut keys, secrets } = changed;
-    if !secrets.is_empty() {
-        for api_key in context.stores.keys.state() {
-            let namespace = api_key.metadata.namespace.clone().unwrap_or_default();
-            let secret = ObjectKey { namespace, name: crate::compile::keys::key_source(&api_key).0 };
-            if secrets.contains(&secret) {
-                keys.insert(ObjectKey::of(&api_key.metadata));
-            }
+    if secrets.is_empty() {
+        return keys;
+    }
+    let namespaces: BTreeSet<&str> = secrets.iter().map(|secret| secret.namespace.as_str()).collect();
+    for api_key in context.stores.keys.state() {
+        let Some(namespace) = api_key.metadata.namespace.as_deref().filter(|n| namespaces.contains(n)) else {
+            continue;
+        };
+        let secret = ObjectKey { namespace: namespace.to_owned(), name: crate::compile::keys::key_source(&api_key).0 };
+        if secrets.contains(&secret) {
+            keys.insert(ObjectKey::of(&api_key.metadata));
         }
     }
     keys
@@ -148,7 +160,6 @@ async fn patch_and_write(
     if touched.is_empty() {
         return Ok(false);
     }
-    *kept.lane_writes.entry(id.clone()).or_default() += 1;
     let Some(config) = kept.configs.get(&id) else { return Ok(false) };
     let parts = config.parts.clone();
     let names: Vec<&str> = touched
@@ -156,6 +167,17 @@ async fn patch_and_write(
         .filter_map(|index| parts.shards.get(*index)?.name.as_deref())
         .chain(parts.manifest.metadata.name.as_deref())
         .collect();
+    // Only Secrets the store shows as this Gateway's own: one made or taken
+    // over by someone else meanwhile is the whole reconcile's to refuse.
+    let uid = gateway.metadata.uid.as_deref().unwrap_or_default();
+    let own = |name: &&str| {
+        let secret = context.stores.config_secrets.get(&ObjectRef::new(name).within(&id.namespace));
+        secret.is_some_and(|secret| !crate::ownership::foreign(&secret.metadata, uid))
+    };
+    if !names.iter().all(own) {
+        return Err(Left::NotOwned);
+    }
+    *kept.lane_writes.entry(id.clone()).or_default() += 1;
     match crate::apply::write_patch(&context.client, &parts, &touched).await {
         Ok(bytes) => {
             kept.note_written(&id, names, Some(&parts));
@@ -192,7 +214,7 @@ async fn compile_keys(
         keys: keys.iter().filter_map(|k| stores.keys.get(&ObjectRef::new(&k.name).within(&k.namespace))).collect(),
         ..Catalog::default()
     };
-    fetch_referenced(&mut catalog, context, gateway).await;
+    fetch_referenced(&mut catalog, context, gateway).await?;
     let compiled = catalog.compile(gateway, jiff::Timestamp::now());
     if compiled.keys.values().any(|key| key.verdict.reason == reasons::DUPLICATE_KEY) {
         return Err(Unpatchable::Duplicate.into());

@@ -40,21 +40,22 @@ pub(super) async fn fetch_secrets(catalog: &mut Catalog, context: &Context, gate
             catalog.secrets.push(Arc::new(secret));
         }
     }
-    fetch_referenced(catalog, context, gateway).await;
-    Ok(())
+    fetch_referenced(catalog, context, gateway).await
 }
 
 /// The Secrets the catalog's served objects reference (`fetch_secrets`).
-pub(super) async fn fetch_referenced(catalog: &mut Catalog, context: &Context, gateway: &Gateway) {
+///
+/// # Errors
+/// Their listing failed (its thread panicked): compiling without them
+/// would refuse every key.
+pub(super) async fn fetch_referenced(catalog: &mut Catalog, context: &Context, gateway: &Gateway) -> Result<(), Error> {
     let (client, stores) = (&context.client, &context.stores);
     // NB: off the runtime's one thread: at 100,000 keys, a tenth of a
     // second the key lane and the watches would wait.
     let (looking, stores_now, of) = (catalog.clone(), stores.clone(), gateway.clone());
-    let (wanted, unlabelled) =
-        tokio::task::spawn_blocking(move || referenced(&looking, &stores_now, &of)).await.unwrap_or_else(|failed| {
-            tracing::error!(%failed, "listing the referenced Secrets failed");
-            (Vec::new(), Vec::new())
-        });
+    let (wanted, unlabelled) = tokio::task::spawn_blocking(move || referenced(&looking, &stores_now, &of))
+        .await
+        .map_err(|failed| Error::Io(std::io::Error::other(failed)))?;
     let labelled = |namespace: &str, name: &str| labelled(stores, namespace, name).is_some();
     // NB: bounded: a team naming thousands of Secrets that do not exist
     // must not make every reconcile of the Gateway slow; past the bound
@@ -78,6 +79,7 @@ pub(super) async fn fetch_referenced(catalog: &mut Catalog, context: &Context, g
     catalog.secrets.extend(fetched.secrets);
     catalog.key_secrets = fetched.key_secrets;
     catalog.too_large = fetched.too_large;
+    Ok(())
 }
 
 /// A labelled Secret's metadata (key or credential), as the stores hold it.

@@ -260,11 +260,11 @@ impl KeptConfigs {
         self.lane_writes.get(id).copied().unwrap_or(0)
     }
 
-    /// Forgets a Gateway that is gone.
-    pub fn forget(&mut self, id: &ObjectKey) {
-        self.configs.remove(id);
-        self.lane_writes.remove(id);
-        self.written.remove(id);
+    /// Keeps only the Gateways `exists` says are there.
+    pub fn retain_gateways(&mut self, mut exists: impl FnMut(&ObjectKey) -> bool) {
+        self.configs.retain(|id, _| exists(id));
+        self.lane_writes.retain(|id, _| exists(id));
+        self.written.retain(|id, _| exists(id));
     }
 
     /// What a whole reconcile of `id` wrote, to patch next (`None`: nothing
