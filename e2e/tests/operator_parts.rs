@@ -53,6 +53,16 @@ fn start_operator(kubeconfig: &std::path::Path, namespace: &str, run: u32) -> Ki
     start_operator_at(kubeconfig, namespace, run).0
 }
 
+/// A gateway serving `namespace`'s config, and where it listens; its log
+/// is `waycast-<namespace>-<log>.log`.
+fn start_gateway(kubeconfig: &std::path::Path, namespace: &str, log: &str) -> (KilledOnDrop, SocketAddr) {
+    let listen = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port(Ipv4Addr::LOCALHOST.into()).unwrap()));
+    let admin = format!("127.0.0.1:{}", free_port(Ipv4Addr::LOCALHOST.into()).unwrap());
+    let config = format!("{namespace}/{CONFIG}");
+    let args = ["--config-secret", &config, "--listen", &listen.to_string(), "--admin-listen", &admin];
+    (start("waycast-gateway", &args, kubeconfig, &format!("waycast-{namespace}-{log}.log")), listen)
+}
+
 /// An operator, and its admin address (metrics).
 fn start_operator_at(kubeconfig: &std::path::Path, namespace: &str, run: u32) -> (KilledOnDrop, String) {
     let admin = format!("127.0.0.1:{}", free_port(Ipv4Addr::LOCALHOST.into()).unwrap());
@@ -186,21 +196,7 @@ async fn an_operator_killed_between_two_part_writes_leaves_the_last_config_servi
     gateways.create(&post, &opened).await.unwrap();
     models.create(&post, &fleet.models[0]).await.unwrap();
     keys.create(&post, &fleet.keys[0]).await.unwrap();
-    let gateway_addr = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port(Ipv4Addr::LOCALHOST.into()).unwrap()));
-    let gateway_admin = format!("127.0.0.1:{}", free_port(Ipv4Addr::LOCALHOST.into()).unwrap());
-    let _gateway = start(
-        "waycast-gateway",
-        &[
-            "--config-secret",
-            &format!("{namespace}/{CONFIG}"),
-            "--listen",
-            &gateway_addr.to_string(),
-            "--admin-listen",
-            &gateway_admin,
-        ],
-        &cluster.kubeconfig,
-        &format!("waycast-{namespace}-gateway.log"),
-    );
+    let (_gateway, gateway_addr) = start_gateway(&cluster.kubeconfig, &namespace, "gateway");
     let first_key = key_text(&secrets, "key-0").await;
     until_status(gateway_addr, &first_key, "model-0", 200, Duration::from_secs(60)).await;
 
@@ -233,21 +229,7 @@ async fn an_operator_killed_between_two_part_writes_leaves_the_last_config_servi
     // key is refused, the old key still works — for a while, not once. A
     // gateway started now finds the manifest's base rewritten: it serves
     // nothing rather than the new base without its shard.
-    let fresh_addr = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port(Ipv4Addr::LOCALHOST.into()).unwrap()));
-    let fresh_admin = format!("127.0.0.1:{}", free_port(Ipv4Addr::LOCALHOST.into()).unwrap());
-    let fresh = start(
-        "waycast-gateway",
-        &[
-            "--config-secret",
-            &format!("{namespace}/{CONFIG}"),
-            "--listen",
-            &fresh_addr.to_string(),
-            "--admin-listen",
-            &fresh_admin,
-        ],
-        &cluster.kubeconfig,
-        &format!("waycast-{namespace}-gateway-fresh.log"),
-    );
+    let (fresh, fresh_addr) = start_gateway(&cluster.kubeconfig, &namespace, "gateway-fresh");
     let watched = Instant::now();
     let mut fresh_answered = false;
     while watched.elapsed() < Duration::from_secs(4) {
@@ -302,21 +284,7 @@ async fn a_key_change_is_one_shard_and_the_manifest_and_a_duplicate_is_left_to_t
     for key in &fleet.keys {
         keys.create(&post, key).await.unwrap();
     }
-    let gateway_addr = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port(Ipv4Addr::LOCALHOST.into()).unwrap()));
-    let gateway_admin = format!("127.0.0.1:{}", free_port(Ipv4Addr::LOCALHOST.into()).unwrap());
-    let _gateway = start(
-        "waycast-gateway",
-        &[
-            "--config-secret",
-            &format!("{namespace}/{CONFIG}"),
-            "--listen",
-            &gateway_addr.to_string(),
-            "--admin-listen",
-            &gateway_admin,
-        ],
-        &cluster.kubeconfig,
-        &format!("waycast-{namespace}-lane-gateway.log"),
-    );
+    let (_gateway, gateway_addr) = start_gateway(&cluster.kubeconfig, &namespace, "lane-gateway");
     let last_key = key_text(&secrets, "key-2").await;
     until_status(gateway_addr, &last_key, "model-0", 200, Duration::from_secs(60)).await;
     // The whole reconciles the creation started have run.
