@@ -155,6 +155,26 @@ impl ControlPlane {
     /// A binary missing, a process exiting early (the error carries the tail
     /// of its log), or readiness not reached within a minute.
     pub async fn start(options: ControlPlaneOptions) -> anyhow::Result<Self> {
+        let mut attempt = 1;
+        loop {
+            match Self::start_once(options.clone()).await {
+                Err(error) if attempt < START_ATTEMPTS && port_was_taken(&error) => {
+                    // A port chosen free was bound by someone else before
+                    // our server bound it (seen in CI for etcd's port): the
+                    // failed attempt's processes died with it, so start
+                    // afresh on new ports.
+                    eprintln!(
+                        "a control-plane port was taken before it was bound (attempt {attempt}); starting again: {error:#}"
+                    );
+                    let _ = std::fs::remove_dir_all(&options.state_dir);
+                    attempt += 1;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    async fn start_once(options: ControlPlaneOptions) -> anyhow::Result<Self> {
         let etcd_bin = k8s_binary("etcd")?;
         let apiserver_bin = k8s_binary("kube-apiserver")?;
         let kcm_bin = k8s_binary("kube-controller-manager")?;
@@ -189,7 +209,10 @@ impl ControlPlane {
 
         let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
         let etcd_port = free_port(loopback)?;
-        let etcd_peer_port = free_port(loopback)?;
+        let mut etcd_peer_port = free_port(loopback)?;
+        while etcd_peer_port == etcd_port {
+            etcd_peer_port = free_port(loopback)?;
+        }
         let apiserver_port = match options.apiserver_port {
             Some(port) => port,
             None => free_port(options.bind_address)?,
@@ -415,6 +438,15 @@ impl ControlPlane {
         }
         Ok(())
     }
+}
+
+/// How often [`ControlPlane::start`] tries when a port it chose is taken.
+const START_ATTEMPTS: u32 = 3;
+
+/// Whether a start failed because a server could not bind its port: the
+/// error carries the tail of the exited process's log.
+fn port_was_taken(error: &anyhow::Error) -> bool {
+    format!("{error:#}").contains("address already in use")
 }
 
 fn client_address(options: &ControlPlaneOptions) -> IpAddr {
