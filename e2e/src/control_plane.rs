@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use crate::process::Processes;
+pub use crate::process::{clean_stale_runs, runs_root};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
@@ -477,39 +478,4 @@ pub fn write_kubeconfig(path: &Path, server: &str, ca: &Path, client: &pki::PemF
         key = client.key.display(),
     );
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
-}
-
-/// The directory under which each run keeps its state: `run-<pid>` where
-/// `pid` is the process that owns it.
-pub fn runs_root() -> PathBuf {
-    std::env::temp_dir().join("waycast-e2e")
-}
-
-/// Kills the processes of runs whose owner died without cleaning up (a
-/// `kill -9`, a crash) and removes their state.
-///
-/// Only processes whose command line mentions the dead run's directory are
-/// killed, so a reused PID is never hit.
-pub fn clean_stale_runs(root: &Path) {
-    let Ok(entries) = std::fs::read_dir(root) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let dir = entry.path();
-        let Some(owner) = dir.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_prefix("run-")) else {
-            continue;
-        };
-        if Path::new("/proc").join(owner).exists() {
-            continue;
-        }
-        let pids = std::fs::read_to_string(dir.join("pids")).unwrap_or_default();
-        let marker = dir.display().to_string();
-        for pid in pids.lines().map(str::trim).filter(|p| !p.is_empty()) {
-            let cmdline = std::fs::read(Path::new("/proc").join(pid).join("cmdline")).unwrap_or_default();
-            if String::from_utf8_lossy(&cmdline).contains(&marker) {
-                let _ = std::process::Command::new("kill").args(["-9", pid]).status();
-            }
-        }
-        let _ = std::fs::remove_dir_all(&dir);
-    }
 }
