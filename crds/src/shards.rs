@@ -403,49 +403,81 @@ pub fn assemble_each<'a, E: From<AssembleError>>(
     mut shard: impl FnMut(usize) -> Result<Option<Cow<'a, [u8]>>, E>,
 ) -> Result<GatewayConfig, E> {
     manifest.check()?;
+    let mut config = read_base(manifest, base)?;
     let of = u32::try_from(manifest.shards.len()).map_err(|e| AssembleError::Manifest(e.to_string()))?;
-    if sha256_hex(base) != manifest.base {
-        return Err(AssembleError::BaseNotNamed.into());
-    }
-    let unreadable =
-        |part: String| move |e: serde_json::Error| AssembleError::Unreadable { part, reason: e.to_string() };
-    let mut config: GatewayConfig = serde_json::from_slice(base).map_err(unreadable("base".into()))?;
-    if config.api_version != CONFIG_API_VERSION || !config.keys.is_empty() {
-        return Err(AssembleError::Unreadable { part: "base".into(), reason: "not a base part".into() }.into());
-    }
-    for (index, named) in (0..of).zip(&manifest.shards) {
+    for index in 0..of {
         let bytes = shard(index as usize)?.ok_or(AssembleError::ShardMissing(index))?;
-        if sha256_hex(&bytes) != *named {
-            return Err(AssembleError::ShardNotNamed(index).into());
-        }
-        let shard: KeyShard = serde_json::from_slice(&bytes).map_err(unreadable(format!("shard {index}")))?;
+        let keys = read_shard(manifest, index, &bytes)?;
         drop(bytes);
-        if shard.api_version != SHARD_API_VERSION || shard.index != index || shard.of != of {
-            let reason = format!("says it is shard {} of {} ({})", shard.index, shard.of, shard.api_version);
-            return Err(AssembleError::Unreadable { part: format!("shard {index}"), reason }.into());
-        }
-        let belongs = |key: &KeyConfig| shard_of(&manifest.salt, &key.id, of);
-        if let Some(key) = shard.keys.iter().find(|key| belongs(key) != index) {
-            return Err(AssembleError::Misplaced { index, id: key.id.clone(), belongs: belongs(key) }.into());
-        }
         // Sized once from the first shard, an eighth over (keys are spread
         // by a hash: 3σ at 1,024 keys a shard is a tenth): growing 100,000
         // entries by doubling held two copies of most of them. Bounded by
         // what the writer puts in a shard, and only tried: a forged first
         // shard must not make it reserve gigabytes.
         if index == 0 {
-            let expected = shard.keys.len().min(MOST_PER_SHARD * 2).saturating_mul(of as usize).saturating_mul(9) / 8;
+            let expected = keys.len().min(MOST_PER_SHARD * 2).saturating_mul(of as usize).saturating_mul(9) / 8;
             let _ = config.keys.try_reserve_exact(expected);
         }
-        config.keys.extend(shard.keys);
+        config.keys.extend(keys);
     }
-    // NB: unstable is enough: equal ids are refused below, so no two keys
-    // the sort could swap survive.
+    // NB: unstable is enough: an id appears in one shard at most (its
+    // placement), and once there (`read_shard`), so no two keys the sort
+    // could swap exist.
     config.keys.sort_unstable_by(|a, b| a.id.cmp(&b.id));
-    if let Some(id) = first_repeated(&config.keys) {
-        return Err(AssembleError::DuplicateKey { index: shard_of(&manifest.salt, id, of), id: id.to_owned() }.into());
+    Ok(config)
+}
+
+/// The base part `manifest` names, read: the config without its keys.
+/// The manifest is taken as [checked](Manifest::check).
+///
+/// # Errors
+/// [`AssembleError::BaseNotNamed`] when `base` is not the part named, or
+/// [`AssembleError::Unreadable`].
+pub fn read_base(manifest: &Manifest, base: &[u8]) -> Result<GatewayConfig, AssembleError> {
+    if sha256_hex(base) != manifest.base {
+        return Err(AssembleError::BaseNotNamed);
+    }
+    let config: GatewayConfig = serde_json::from_slice(base)
+        .map_err(|e| AssembleError::Unreadable { part: "base".into(), reason: e.to_string() })?;
+    if config.api_version != CONFIG_API_VERSION || !config.keys.is_empty() {
+        return Err(AssembleError::Unreadable { part: "base".into(), reason: "not a base part".into() });
     }
     Ok(config)
+}
+
+/// The keys of shard `index` that `manifest` names, read from `bytes`, in
+/// the order the shard holds them: a reader may take a changed shard's
+/// keys alone. The manifest is taken as [checked](Manifest::check).
+///
+/// # Errors
+/// [`AssembleError`] when `bytes` are not the shard named, do not read,
+/// say they are another shard, or hold a key that belongs elsewhere or
+/// appears twice.
+pub fn read_shard(manifest: &Manifest, index: u32, bytes: &[u8]) -> Result<Vec<KeyConfig>, AssembleError> {
+    let of = u32::try_from(manifest.shards.len()).map_err(|e| AssembleError::Manifest(e.to_string()))?;
+    let named = manifest
+        .shards
+        .get(index as usize)
+        .ok_or(AssembleError::ShardsNotNamed { named: of, given: index as usize + 1 })?;
+    if sha256_hex(bytes) != *named {
+        return Err(AssembleError::ShardNotNamed(index));
+    }
+    let shard: KeyShard = serde_json::from_slice(bytes)
+        .map_err(|e| AssembleError::Unreadable { part: format!("shard {index}"), reason: e.to_string() })?;
+    if shard.api_version != SHARD_API_VERSION || shard.index != index || shard.of != of {
+        let reason = format!("says it is shard {} of {} ({})", shard.index, shard.of, shard.api_version);
+        return Err(AssembleError::Unreadable { part: format!("shard {index}"), reason });
+    }
+    let belongs = |key: &KeyConfig| shard_of(&manifest.salt, &key.id, of);
+    if let Some(key) = shard.keys.iter().find(|key| belongs(key) != index) {
+        return Err(AssembleError::Misplaced { index, id: key.id.clone(), belongs: belongs(key) });
+    }
+    let mut ids: Vec<&str> = shard.keys.iter().map(|key| key.id.as_str()).collect();
+    ids.sort_unstable();
+    if let Some(pair) = ids.windows(2).find(|pair| pair[0] == pair[1]) {
+        return Err(AssembleError::DuplicateKey { index, id: pair[0].to_owned() });
+    }
+    Ok(shard.keys)
 }
 
 #[cfg(test)]

@@ -108,33 +108,43 @@ impl GatewayConfig {
                 review.models.insert(index, problems.0);
             }
         }
-        // Hashed, sized once: at 100,000 keys two ordered maps of their
-        // ids and digests were most of a pod's check of its config.
-        let mut ids: HashMap<&str, usize> = HashMap::with_capacity(self.keys.len());
-        let mut hashes: HashMap<&str, usize> = HashMap::with_capacity(self.keys.len());
-        for (index, key) in self.keys.iter().enumerate() {
-            let path = format!("keys[{index}]");
-            let mut problems = Collector::default();
-            check_key(&path, key, &mut problems);
-            let tenant = self.settings.tenant(key.namespace());
-            if let Err(message) = crate::sharing::key_class(&self.settings.sharing, tenant, key.class.as_deref()) {
-                problems.add(format!("{path}.class"), message);
-            }
-            if let Some(first) = ids.get(key.id.as_str()) {
-                problems.add(format!("{path}.id"), format!("{:?} is also the id of keys[{first}]", key.id));
-            }
-            if let Some(first) = hashes.get(key.sha256.as_str()) {
-                problems.add(format!("{path}.sha256"), format!("same key as keys[{first}]"));
-            }
-            if problems.0.is_empty() {
-                ids.insert(&key.id, index);
-                hashes.insert(&key.sha256, index);
-            } else {
-                review.keys.insert(index, problems.0);
-            }
-        }
+        review.keys = review_keys(&self.settings, &self.keys);
         review
     }
+}
+
+/// The key entries of `keys` left out under `settings` (by index in
+/// `keys`) and why, as [`GatewayConfig::review`] finds them: a reader that
+/// takes keys a batch at a time (a changed shard) checks each batch alone,
+/// and the key text of one batch against the others itself.
+pub fn review_keys(settings: &crate::config::Settings, keys: &[KeyConfig]) -> BTreeMap<usize, Vec<Problem>> {
+    let mut left_out = BTreeMap::new();
+    // Hashed, sized once: at 100,000 keys two ordered maps of their
+    // ids and digests were most of a pod's check of its config.
+    let mut ids: HashMap<&str, usize> = HashMap::with_capacity(keys.len());
+    let mut hashes: HashMap<&str, usize> = HashMap::with_capacity(keys.len());
+    for (index, key) in keys.iter().enumerate() {
+        let path = format!("keys[{index}]");
+        let mut problems = Collector::default();
+        check_key(&path, key, &mut problems);
+        let tenant = settings.tenant(key.namespace());
+        if let Err(message) = crate::sharing::key_class(&settings.sharing, tenant, key.class.as_deref()) {
+            problems.add(format!("{path}.class"), message);
+        }
+        if let Some(first) = ids.get(key.id.as_str()) {
+            problems.add(format!("{path}.id"), format!("{:?} is also the id of keys[{first}]", key.id));
+        }
+        if let Some(first) = hashes.get(key.sha256.as_str()) {
+            problems.add(format!("{path}.sha256"), format!("same key as keys[{first}]"));
+        }
+        if problems.0.is_empty() {
+            ids.insert(&key.id, index);
+            hashes.insert(&key.sha256, index);
+        } else {
+            left_out.insert(index, problems.0);
+        }
+    }
+    left_out
 }
 
 fn check_settings(settings: &crate::config::Settings, problems: &mut Collector) {

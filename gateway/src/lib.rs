@@ -232,14 +232,26 @@ pub struct ConfigSwaps {
     serving: Option<snapshot::Snapshot>,
 }
 
+/// A config in parts as a pod holds it ([`ConfigSwaps::hold`]).
+pub struct HeldConfig(config::parts::HeldParts);
+
 impl ConfigSwaps {
-    /// Builds `config` (known by `identity`) beside the one serving, and
-    /// serves it.
+    /// The config in parts `split` as a pod holds it: each part gzipped.
+    ///
+    /// # Errors
+    /// Compression failing.
+    pub fn hold(split: &waycast_crds::shards::Parts) -> Result<HeldConfig, String> {
+        config::parts::HeldParts::of_split("config", split).map(HeldConfig).map_err(|e| e.to_string())
+    }
+
+    /// Builds the config in parts `held` (known by `identity`) beside the
+    /// one serving, as a pod builds it (from the serving one's table when
+    /// only key shards changed), and serves it.
     ///
     /// # Errors
     /// The config not being servable, as a pod would refuse it.
-    pub fn swap(&mut self, config: waycast_crds::GatewayConfig, identity: String) -> Result<(), String> {
-        let built = config::load::load_assembled(config, identity, self.serving.as_ref(), &mut self.registry)
+    pub fn swap(&mut self, held: &HeldConfig, identity: String) -> Result<(), String> {
+        let built = config::load::load_parts(&held.0, identity, self.serving.as_ref(), &mut self.registry)
             .map_err(|e| e.to_string())?;
         if let Some(next) = built {
             self.serving = Some(next);

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use waycast_crds::config::{ClientTlsConfig, GatewayConfig, LimitsConfig, ModelConfig};
+use waycast_crds::config::{ClientTlsConfig, GatewayConfig, KeyConfig, LimitsConfig, ModelConfig};
 use waycast_crds::egress::EgressPolicy;
 
 use crate::error::BuildError;
@@ -175,6 +175,20 @@ impl Registry {
     /// # Errors
     /// [`BuildError::Tls`] when the Redis TLS setup fails.
     pub fn lend(&self, config: &GatewayConfig) -> Result<Resources, BuildError> {
+        let mut lent = self.lend_base(config)?;
+        self.lend_keys(&mut lent, &config.keys);
+        self.finish_lending(&mut lent);
+        Ok(lent)
+    }
+
+    /// [`Registry::lend`] for all of `config` but its keys (which it may
+    /// not hold: a config in parts is read a shard at a time); the keys
+    /// are lent by [`Registry::lend_keys`], then the loan finished by
+    /// [`Registry::finish_lending`].
+    ///
+    /// # Errors
+    /// As [`Registry::lend`].
+    pub fn lend_base(&self, config: &GatewayConfig) -> Result<Resources, BuildError> {
         let held = &self.held;
         // Validation parsed these already; an entry that fails here is skipped.
         let egress = Arc::new(EgressPolicy::from_settings(&config.settings));
@@ -196,12 +210,6 @@ impl Registry {
                 },
             }
         }
-        let key_limits = config
-            .keys
-            .iter()
-            .filter_map(|key| Some((key.id.as_str(), key.limits?)))
-            .map(|(id, wanted)| (Arc::from(id), continued(held.key_limits.get(id), wanted)))
-            .collect();
         let mut tenant_limits: HashMap<Arc<str>, Limits> = config
             .settings
             .tenants
@@ -252,48 +260,11 @@ impl Registry {
                 )),
             },
         };
-        // Budget counts: kept while the config names them, and while they
-        // hold anything in a period not yet over (a key or team toggled off
-        // and on mid-period must not start its period over; keys created
-        // and deleted in turn must not pile up).
-        let named = config
-            .keys
-            .iter()
-            .flat_map(|key| key.budgets.iter().map(move |b| (format!("key:{}", key.id), b.period)))
-            .chain(config.settings.tenants.iter().flat_map(|tenant| {
-                tenant.budgets.iter().map(move |b| (format!("tenant:{}", tenant.namespace), b.period))
-            }));
         let mut budgets: BudgetCounts = HashMap::new();
-        let find = |map: &BudgetCounts, scope: &str, period: Period| {
-            map.get(scope).and_then(|states| states.iter().find(|(p, _)| *p == period)).map(|(_, state)| state.clone())
-        };
-        for (scope, period) in named {
-            if find(&budgets, &scope, period).is_some() {
-                continue;
-            }
-            let state = find(&held.budgets, &scope, period).unwrap_or_default();
-            budgets.entry(Arc::from(scope)).or_default().push((period, state));
-        }
-        let now = jiff::Timestamp::now();
-        for (scope, states) in held.budgets.iter() {
-            for (period, state) in states {
-                if find(&budgets, scope, *period).is_none() && state.counted() != (0, 0) && !state.ended(now) {
-                    budgets.entry(scope.clone()).or_default().push((*period, state.clone()));
-                }
-            }
-        }
-        // Usage counts: one per key the config names, and kept for a key it
-        // no longer names until its month is over.
-        let mut usage: UsageCounts = HashMap::with_capacity(config.keys.len());
-        for key in &config.keys {
-            // A key named before keeps the id text it had (its entry
-            // shares it): no second copy of every id per swap.
-            let (id, state) = held.key_usage(&key.id);
-            usage.insert(id, state);
-        }
-        for (id, state) in held.usage.iter() {
-            if !usage.contains_key(id) && !state.idle(now) {
-                usage.insert(id.clone(), state.clone());
+        for tenant in &config.settings.tenants {
+            let scope = format!("tenant:{}", tenant.namespace);
+            for period in tenant.budgets.iter().map(|budget| budget.period) {
+                lend_budget(&mut budgets, &held.budgets, &scope, period);
             }
         }
         Ok(Resources {
@@ -301,13 +272,92 @@ impl Registry {
             clients,
             unbuildable,
             redis,
-            key_limits,
+            key_limits: HashMap::new(),
             tenant_limits,
             model_limits,
             gates,
             budgets: Arc::new(budgets),
-            usage: Arc::new(usage),
+            usage: Arc::new(UsageCounts::new()),
         })
+    }
+
+    /// Lends `keys` their state in `lent`: their limiter state (kept when
+    /// unchanged, continued when changed), their budget counts and their
+    /// usage counts, each the serving config's when it named the key.
+    pub fn lend_keys(&self, lent: &mut Resources, keys: &[KeyConfig]) {
+        let held = &self.held;
+        let budgets = Arc::make_mut(&mut lent.budgets);
+        let usage = Arc::make_mut(&mut lent.usage);
+        usage.reserve(keys.len());
+        for key in keys {
+            if let Some(wanted) = key.limits {
+                let limits = continued(held.key_limits.get(key.id.as_str()), wanted);
+                lent.key_limits.insert(Arc::from(key.id.as_str()), limits);
+            }
+            if !key.budgets.is_empty() {
+                let scope = format!("key:{}", key.id);
+                for budget in &key.budgets {
+                    lend_budget(budgets, &held.budgets, &scope, budget.period);
+                }
+            }
+            // A key named before keeps the id text it had (its entry
+            // shares it): no second copy of every id per swap.
+            let (id, state) = held.key_usage(&key.id);
+            usage.insert(id, state);
+        }
+    }
+
+    /// Finishes a loan: budget and usage counts the serving config holds
+    /// and the new one does not name are kept while they count something
+    /// in a period not over (a key or team toggled off and on mid-period
+    /// must not start its period over; keys created and deleted in turn
+    /// must not pile up).
+    pub fn finish_lending(&self, lent: &mut Resources) {
+        let now = jiff::Timestamp::now();
+        let budgets = Arc::make_mut(&mut lent.budgets);
+        for (scope, states) in self.held.budgets.iter() {
+            for (period, state) in states {
+                if find_budget(budgets, scope, *period).is_none() && state.counted() != (0, 0) && !state.ended(now) {
+                    budgets.entry(scope.clone()).or_default().push((*period, state.clone()));
+                }
+            }
+        }
+        let usage = Arc::make_mut(&mut lent.usage);
+        for (id, state) in self.held.usage.iter() {
+            if !usage.contains_key(id) && !state.idle(now) {
+                usage.insert(id.clone(), state.clone());
+            }
+        }
+    }
+
+    /// The serving config's resources with the keys `leaving` (by id) let
+    /// go, for a config that differs from it only in some keys (a changed
+    /// shard), whose keys are then lent by [`Registry::lend_keys`]: the
+    /// same loan [`Registry::lend`] makes for the whole new config, but for
+    /// what [`Registry::finish_lending`] keeps of keys left earlier, kept
+    /// until the next whole loan. A key both leaving and lent again
+    /// (changed) keeps its state.
+    pub fn lend_changed(&self, leaving: &[Arc<str>]) -> Resources {
+        let mut lent = self.held.clone();
+        let now = jiff::Timestamp::now();
+        {
+            let usage = Arc::make_mut(&mut lent.usage);
+            let budgets = Arc::make_mut(&mut lent.budgets);
+            for id in leaving {
+                lent.key_limits.remove(id);
+                if usage.get(id).is_some_and(|state| state.idle(now)) {
+                    usage.remove(id);
+                }
+                let scope = format!("key:{id}");
+                if let Some(states) = budgets.get_mut(scope.as_str()) {
+                    states.retain(|(_, state)| state.counted() != (0, 0) && !state.ended(now));
+                    if states.is_empty() {
+                        budgets.remove(scope.as_str());
+                    }
+                }
+            }
+        }
+        lent
     }
 
     /// Records what the config now serving was built with; what it does not
@@ -336,6 +386,21 @@ pub fn state_id(model: &ModelConfig) -> String {
         None => format!("/{}", model.name),
         Some(namespace) => format!("{namespace}/{}", model.name),
     }
+}
+
+/// The counts of `scope`'s budget over `period` in `budgets`, if lent.
+fn find_budget(budgets: &BudgetCounts, scope: &str, period: Period) -> Option<Arc<BudgetState>> {
+    budgets.get(scope).and_then(|states| states.iter().find(|(p, _)| *p == period)).map(|(_, state)| state.clone())
+}
+
+/// Lends `scope`'s budget over `period` in `budgets`, once: the counts
+/// `held` has for it, else fresh ones.
+fn lend_budget(budgets: &mut BudgetCounts, held: &BudgetCounts, scope: &str, period: Period) {
+    if find_budget(budgets, scope, period).is_some() {
+        return;
+    }
+    let state = find_budget(held, scope, period).unwrap_or_default();
+    budgets.entry(Arc::from(scope)).or_default().push((period, state));
 }
 
 /// The same limits keep their state as is; changed ones continue from it.
@@ -392,5 +457,42 @@ mod tests {
         assert_eq!(changed.requests.as_ref().map(|l| l.per_minute), Some(120));
         let removed = registry.lend(&config(&[5], None, &[])).unwrap();
         assert!(removed.key_limits("team/key").is_none());
+    }
+
+    #[tokio::test]
+    async fn a_loan_for_some_changed_keys_is_the_loan_for_the_whole_config() {
+        let with = |limits: &[(&str, u64)]| {
+            let mut config = config(&[5], None, &[]);
+            config.keys = limits
+                .iter()
+                .map(|(id, per_minute)| {
+                    let mut key = waycast_crds::config::KeyConfig::new(*id, "00".repeat(32));
+                    key.limits = Some(LimitsConfig::requests(*per_minute));
+                    key
+                })
+                .collect();
+            config
+        };
+        let mut registry = Registry::default();
+        let before = with(&[("team/kept", 60), ("team/changed", 60), ("team/leaving", 60)]);
+        registry.keep(registry.lend(&before).unwrap());
+        let after = with(&[("team/kept", 60), ("team/changed", 120), ("team/new", 10)]);
+        let whole = registry.lend(&after).unwrap();
+        let mut changed = registry.lend_changed(&[Arc::from("team/changed"), Arc::from("team/leaving")]);
+        registry.lend_keys(&mut changed, &after.keys[1..]);
+        let ids = |lent: &Resources| {
+            let mut limits: Vec<String> = lent.key_limits.keys().map(|id| id.to_string()).collect();
+            let mut usage: Vec<String> = lent.usage.keys().map(|id| id.to_string()).collect();
+            limits.sort();
+            usage.sort();
+            (limits, usage)
+        };
+        assert_eq!(ids(&changed), ids(&whole), "the same keys are lent state");
+        assert!(changed.key_limits("team/leaving").is_none(), "a key that left lets its limits go");
+        let kept = |lent: &Resources| lent.key_limits("team/kept").unwrap();
+        assert!(Arc::ptr_eq(&kept(&changed), &kept(&registry.held)), "an unchanged key keeps its state");
+        let limit = |lent: &Resources| lent.key_limits("team/changed").unwrap().requests.as_ref().map(|l| l.per_minute);
+        assert_eq!(limit(&changed), Some(120), "a changed key's limits continue from the new config");
+        assert_eq!(limit(&changed), limit(&whole));
     }
 }

@@ -93,7 +93,7 @@ pub struct SwapFigures {
     /// The same in all, in MiB.
     pub rest_mib: f64,
     /// The most a swap to a config that changed one key held above the
-    /// bytes at rest: the parsed config, the new snapshot and the
+    /// bytes at rest: the changed shard parsed, the new snapshot and the
     /// registry's new loan, beside the snapshot serving, in MiB.
     pub swap_peak_above_rest_mib: f64,
     /// What the kernel saw of the same swap: the process's peak resident
@@ -113,13 +113,14 @@ fn status_mib(field: &str) -> Option<f64> {
 }
 
 /// Swaps a pod to the config `first`, then to `second` (one key changed),
-/// both canonical JSON as assembled from their parts; `live` and `peak` are
-/// the bytes the allocator counts live and the most it counted since the
-/// process began (so this runs in a process of its own: see `xtask
-/// swap-figures`).
+/// both canonical JSON as assembled from their parts, each split in parts
+/// as the operator writes them (the same salt and shard count) and held
+/// gzipped as a pod holds them; `live` and `peak` are the bytes the
+/// allocator counts live and the most it counted since the process began
+/// (so this runs in a process of its own: see `xtask swap-figures`).
 ///
 /// # Errors
-/// A config that does not parse, or that a pod refuses.
+/// A config that does not parse or split, or that a pod refuses.
 #[allow(clippy::cast_precision_loss, reason = "sizes for display")]
 pub fn swap_figures(
     live: &dyn Fn() -> usize,
@@ -128,16 +129,21 @@ pub fn swap_figures(
     second: &[u8],
 ) -> anyhow::Result<SwapFigures> {
     let mib = |bytes: usize| bytes as f64 / (1024.0 * 1024.0);
+    let held = |bytes: &[u8]| -> anyhow::Result<waycast_gateway::HeldConfig> {
+        let config = waycast_crds::GatewayConfig::parse(bytes)?;
+        let count = waycast_crds::shards::shard_count(config.keys.len(), None);
+        let split = waycast_crds::shards::split(&config, "0123456789abcdef", count)?;
+        waycast_gateway::ConfigSwaps::hold(&split).map_err(|reason| anyhow::anyhow!("holding the parts: {reason}"))
+    };
+    let (first, second) = (held(first)?, held(second)?);
     let mut swaps = waycast_gateway::ConfigSwaps::default();
     let before = live();
-    let config = waycast_crds::GatewayConfig::parse(first)?;
-    swaps.swap(config, "first".into()).map_err(|reason| anyhow::anyhow!("a pod refuses the config: {reason}"))?;
+    swaps.swap(&first, "first".into()).map_err(|reason| anyhow::anyhow!("a pod refuses the config: {reason}"))?;
     let keys = swaps.keys();
     let rest = live().saturating_sub(before);
     let held = live();
     let resident = status_mib("VmRSS:");
-    let config = waycast_crds::GatewayConfig::parse(second)?;
-    swaps.swap(config, "second".into()).map_err(|reason| anyhow::anyhow!("a pod refuses the config: {reason}"))?;
+    swaps.swap(&second, "second".into()).map_err(|reason| anyhow::anyhow!("a pod refuses the config: {reason}"))?;
     let resident_peak = status_mib("VmHWM:");
     anyhow::ensure!(swaps.keys() == keys, "the second config serves {} keys, not {keys}", swaps.keys());
     Ok(SwapFigures {

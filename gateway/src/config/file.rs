@@ -11,7 +11,8 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
 use super::Update;
-use super::load::{LoadError, MAX_CONFIG_BYTES};
+use super::gzip::MAX_CONFIG_BYTES;
+use super::load::LoadError;
 
 /// How often the file's metadata is checked.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(250);

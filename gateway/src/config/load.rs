@@ -1,17 +1,16 @@
 //! Bytes → validated `Snapshot`, with what the registry lends it.
 
-use std::io::Read as _;
-
 use waycast_crds::GatewayConfig;
 use waycast_crds::config::ConfigError;
 
+use waycast_crds::shards;
+
+use super::parts::{HeldParts, PartsError};
 use crate::error::BuildError;
 use crate::registry::Registry;
 use crate::snapshot::{self, Snapshot};
 
-/// Largest config accepted after decompression: a bound against gzip bombs,
-/// the same the operator writes within.
-pub const MAX_CONFIG_BYTES: u64 = waycast_crds::config::MAX_CONFIG_JSON_BYTES;
+use super::gzip::MAX_CONFIG_BYTES;
 
 /// Why a config was rejected.
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +30,9 @@ pub enum LoadError {
     /// The source could not be read.
     #[error("cannot read: {0}")]
     Unreadable(String),
+    /// The parts of a config in parts did not make a config.
+    #[error(transparent)]
+    Parts(#[from] PartsError),
 }
 
 /// Builds a snapshot from `bytes`, or `None` when they are what `previous`
@@ -49,13 +51,18 @@ pub fn load(bytes: &[u8], previous: Option<&Snapshot>, registry: &mut Registry) 
     build(GatewayConfig::parse(bytes)?, hash, registry).map(Some)
 }
 
-/// The same for a config assembled from its parts, known by `identity`
-/// (its manifest's digest, what the operator expects pods to report).
+/// The same for a config in parts, known by `identity` (its manifest's
+/// digest, what the operator expects pods to report), built a shard at a
+/// time from `held` (one shard's parsed keys held at once). When the
+/// serving config was built from parts with the same base and shard
+/// layout, the new one starts from its key table less the changed shards'
+/// keys, and only the changed shards are read: a key change costs a pod
+/// one shard's rebuild, not the whole table's.
 ///
 /// # Errors
-/// As [`load`].
-pub fn load_assembled(
-    config: GatewayConfig,
+/// As [`load`], and [`LoadError::Parts`] when the parts do not read.
+pub fn load_parts(
+    held: &HeldParts,
     identity: String,
     previous: Option<&Snapshot>,
     registry: &mut Registry,
@@ -63,7 +70,93 @@ pub fn load_assembled(
     if previous.is_some_and(|p| p.hash == identity) {
         return Ok(None);
     }
-    build(config, identity, registry).map(Some)
+    if let Some(previous) = previous
+        && let Some(changed) = previous.changed_shards(&held.manifest)
+        && let Some(next) = load_changed(held, identity.clone(), previous, &changed, registry, MAX_CONFIG_BYTES)?
+    {
+        return Ok(Some(next));
+    }
+    load_every_part(held, identity, registry, MAX_CONFIG_BYTES).map(Some)
+}
+
+/// Every part of `held` read and built, a shard at a time; the parts
+/// together within `limit` bytes unpacked, as each is within its own
+/// bound.
+fn load_every_part(
+    held: &HeldParts,
+    identity: String,
+    registry: &mut Registry,
+    limit: u64,
+) -> Result<Snapshot, LoadError> {
+    let manifest = &held.manifest;
+    let mut left = limit;
+    let base_bytes = held.unpack(0, left)?;
+    left -= base_bytes.len() as u64;
+    let mut sizes = vec![base_bytes.len() as u64];
+    let base = shards::read_base(manifest, &base_bytes).map_err(PartsError::from)?;
+    drop(base_bytes);
+    let (base, dropped) = snapshot::screen(base)?;
+    let mut lent = registry.lend_base(&base)?;
+    let mut snapshot = Snapshot::without_keys(base, identity, &lent, dropped)?;
+    for index in (0..).take(manifest.shards.len()) {
+        let bytes = held.unpack(index as usize + 1, left)?;
+        left -= bytes.len() as u64;
+        sizes.push(bytes.len() as u64);
+        let keys = shards::read_shard(manifest, index, &bytes).map_err(PartsError::from)?;
+        drop(bytes);
+        let keys = snapshot.screen_keys(keys, index);
+        registry.lend_keys(&mut lent, &keys);
+        snapshot.insert_keys(keys, index, &lent)?;
+    }
+    registry.finish_lending(&mut lent);
+    snapshot.finish(&lent);
+    snapshot.built_from(manifest.clone(), sizes);
+    registry.keep(lent);
+    Ok(snapshot)
+}
+
+/// The config of `held` built from `previous`'s key table less the keys
+/// of the `changed` shards, with those shards read as they now are, the
+/// parts together still within `limit` bytes unpacked; `None` when the
+/// result has two keys holding one text (which one is served is then
+/// decided over the whole table).
+fn load_changed(
+    held: &HeldParts,
+    identity: String,
+    previous: &Snapshot,
+    changed: &[u32],
+    registry: &mut Registry,
+    limit: u64,
+) -> Result<Option<Snapshot>, LoadError> {
+    let manifest = &held.manifest;
+    let mut sizes = previous.part_sizes().to_vec();
+    let mut batches = Vec::with_capacity(changed.len());
+    for &index in changed {
+        let at = index as usize + 1;
+        let others: u64 = sizes.iter().enumerate().filter(|(i, _)| *i != at).map(|(_, size)| size).sum();
+        let bytes = held.unpack(at, limit.saturating_sub(others))?;
+        if let Some(size) = sizes.get_mut(at) {
+            *size = bytes.len() as u64;
+        }
+        batches.push((index, shards::read_shard(manifest, index, &bytes).map_err(PartsError::from)?));
+    }
+    let (mut next, leaving) = previous.without_shards(identity, changed);
+    let mut lent = registry.lend_changed(&leaving);
+    let batches: Vec<(u32, Vec<_>)> =
+        batches.into_iter().map(|(index, keys)| (index, next.screen_keys(keys, index))).collect();
+    for (_, keys) in &batches {
+        registry.lend_keys(&mut lent, keys);
+    }
+    for (index, keys) in batches {
+        next.insert_keys(keys, index, &lent)?;
+    }
+    if next.is_contested() {
+        return Ok(None);
+    }
+    next.finish(&lent);
+    next.built_from(manifest.clone(), sizes);
+    registry.keep(lent);
+    Ok(Some(next))
 }
 
 fn build(config: GatewayConfig, hash: String, registry: &mut Registry) -> Result<Snapshot, LoadError> {
@@ -79,21 +172,9 @@ fn build(config: GatewayConfig, hash: String, registry: &mut Registry) -> Result
 /// # Errors
 /// [`LoadError::Gzip`].
 pub fn gunzip(compressed: &[u8]) -> Result<Vec<u8>, LoadError> {
-    gunzip_within(compressed, MAX_CONFIG_BYTES)
+    super::gzip::gunzip_within(compressed, MAX_CONFIG_BYTES).map_err(LoadError::Gzip)
 }
 
-/// Decompresses gzip, refusing output over `limit` bytes.
-///
-/// # Errors
-/// [`LoadError::Gzip`].
-pub fn gunzip_within(compressed: &[u8], limit: u64) -> Result<Vec<u8>, LoadError> {
-    let mut out = Vec::new();
-    flate2::read::GzDecoder::new(compressed)
-        .take(limit + 1)
-        .read_to_end(&mut out)
-        .map_err(|e| LoadError::Gzip(e.to_string()))?;
-    if out.len() as u64 > limit {
-        return Err(LoadError::Gzip(format!("larger than {limit} bytes unpacked")));
-    }
-    Ok(out)
-}
+#[cfg(test)]
+#[path = "load_tests.rs"]
+mod tests;

@@ -2,9 +2,11 @@
 //!
 //! ```text
 //! file.rs   (--config-file: poll + SIGHUP) ─┐
-//! secret.rs (--config-secret: kube watch,  ─┴─► ConfigUpdate (bytes, or a config
-//!   parts.rs: a manifest's parts by name)        assembled from its parts) ─► apply_updates (one task, owns the Registry)
-//!                                                 ─► load.rs (parse, validate, lend, build) ─► ConfigStore (one ArcSwap)
+//! secret.rs (--config-secret: kube watch,  ─┴─► ConfigUpdate (bytes, or a manifest's
+//!   parts.rs: a manifest's parts by name)        parts, gzipped) ─► apply_updates (one task, owns the Registry)
+//!                                                 ─► load.rs (parse, validate, lend, build; a config in parts
+//!                                                    a shard at a time, a change from the serving table)
+//!                                                 ─► ConfigStore (one ArcSwap)
 //! ```
 //!
 //! The endpoints document's sources and applier are in `endpoints.rs`, built
@@ -18,6 +20,7 @@
 
 pub mod endpoints;
 pub mod file;
+pub mod gzip;
 pub mod load;
 pub mod parts;
 pub mod secret;
@@ -45,13 +48,13 @@ pub struct Update {
 pub enum ConfigUpdate {
     /// A whole config's bytes (a file, a single config Secret).
     Whole(Update),
-    /// A config a source assembled from its parts (`parts.rs`), known by
-    /// its manifest's digest.
-    Assembled {
+    /// The parts of a config in parts a source holds (`parts.rs`), each
+    /// the one its manifest names, known by the manifest's digest.
+    Parts {
         /// Where from, for logs.
         source: Arc<str>,
-        /// The config.
-        config: Box<waycast_crds::GatewayConfig>,
+        /// The parts.
+        parts: Box<parts::HeldParts>,
         /// Its manifest's digest.
         identity: String,
     },
@@ -91,8 +94,8 @@ where
             ConfigUpdate::Whole(Update { source, bytes: Ok(bytes) }) => {
                 store.apply(&mut registry, &bytes, &source, metrics)
             }
-            ConfigUpdate::Assembled { source, config, identity } => {
-                store.apply_assembled(&mut registry, *config, identity, &source, metrics)
+            ConfigUpdate::Parts { source, parts, identity } => {
+                store.apply_parts(&mut registry, &parts, identity, &source, metrics)
             }
             ConfigUpdate::Whole(Update { source, bytes: Err(error) }) => {
                 metrics.config_reload_errors.inc();
@@ -195,22 +198,22 @@ impl ConfigStore {
         self.settle(loaded, previous, || waycast_crds::digest::config_hash(bytes), source, metrics)
     }
 
-    /// The same for a config assembled from its parts, known by its
-    /// manifest's digest `identity`.
+    /// The same for a config in parts, known by its manifest's digest
+    /// `identity`.
     ///
     /// # Errors
-    /// [`LoadError`] when the config is not valid.
-    pub fn apply_assembled(
+    /// [`LoadError`] when the parts do not make a valid config.
+    pub fn apply_parts(
         &self,
         registry: &mut Registry,
-        config: waycast_crds::GatewayConfig,
+        parts: &parts::HeldParts,
         identity: String,
         source: &str,
         metrics: &Metrics,
     ) -> Result<Applied, LoadError> {
         let previous = self.current.load_full();
         let refused_hash = identity.clone();
-        let loaded = load::load_assembled(config, identity, previous.as_deref(), registry);
+        let loaded = load::load_parts(parts, identity, previous.as_deref(), registry);
         self.settle(loaded, previous, || refused_hash, source, metrics)
     }
 

@@ -3,19 +3,19 @@
 //! by name — the pod's Role grants `get` on those names and nothing else in
 //! the namespace. Parts are kept (gzipped, a few MB at 100,000 keys) by
 //! the digest the manifest names, so a change fetches only the parts it
-//! changed; a config is assembled only from every part the manifest names,
-//! each the one named, so a pod never serves half of a change.
+//! changed; a config is built only from every part the manifest names,
+//! each the one named (`load::load_parts`), so a pod never serves half of
+//! a change.
 
 use std::collections::HashMap;
 
 use futures_util::StreamExt as _;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
-use waycast_crds::GatewayConfig;
 use waycast_crds::shards::{self, AssembleError, Manifest};
 
-use super::load::{MAX_CONFIG_BYTES, gunzip_within};
-use std::borrow::Cow;
+use super::gzip::{MAX_CONFIG_BYTES, gunzip_within, gzip};
+use std::sync::Arc;
 
 /// Parts fetched at once: a pod that starts, or a new shard count, reads
 /// every part; a few at a time keeps that to a fraction of a second
@@ -68,23 +68,34 @@ impl PartsError {
 /// The parts this pod holds, by Secret name: the digest and gzipped bytes.
 #[derive(Default)]
 pub struct Parts {
-    held: HashMap<String, (String, Vec<u8>)>,
+    held: HashMap<String, (String, Arc<[u8]>)>,
+}
+
+/// The parts a manifest names, as this pod holds them: each gzipped (a
+/// tenth of their size), each checked to be the one named. Cloning shares
+/// them.
+#[derive(Clone)]
+pub struct HeldParts {
+    /// What names them.
+    pub manifest: Manifest,
+    /// Each part's Secret name and gzipped bytes: the base's, then each
+    /// shard's by index.
+    parts: Vec<(String, Arc<[u8]>)>,
 }
 
 impl Parts {
-    /// The config `manifest` names, fetching through `secrets` only the
-    /// parts this pod does not hold already; `config` is the name of the
-    /// config Secret. Parts no longer named are let go.
+    /// The parts `manifest` names, fetching through `secrets` only those
+    /// this pod does not hold already; `config` is the name of the config
+    /// Secret. Parts no longer named are let go.
     ///
     /// # Errors
-    /// [`PartsError`]: a part missing, of another version or unreadable;
-    /// or a set that does not assemble.
+    /// [`PartsError`]: a part missing, of another version or unreadable.
     pub async fn read(
         &mut self,
         secrets: &Api<Secret>,
         config: &str,
         manifest: &Manifest,
-    ) -> Result<GatewayConfig, PartsError> {
+    ) -> Result<HeldParts, PartsError> {
         manifest.check()?;
         let of = u32::try_from(manifest.shards.len()).map_err(|_| AssembleError::Manifest("too many shards".into()))?;
         let named: Vec<(String, &str)> = std::iter::once((shards::base_secret_name(config), manifest.base.as_str()))
@@ -113,7 +124,7 @@ impl Parts {
         while let Some((name, digest, part)) = fetched.next().await {
             match part {
                 Ok(gzipped) => {
-                    self.held.insert(name, (digest, gzipped));
+                    self.held.insert(name, (digest, Arc::from(gzipped)));
                 }
                 Err(error) => {
                     first_error.get_or_insert(error);
@@ -123,29 +134,54 @@ impl Parts {
         if let Some(error) = first_error {
             return Err(error);
         }
-        let names: Vec<&str> = named.iter().map(|(name, _)| name.as_str()).collect();
-        self.assemble(manifest, &names, MAX_CONFIG_BYTES)
+        let parts = named
+            .into_iter()
+            .map(|(name, _)| {
+                let (_, gzipped) = self.held.get(&name).ok_or_else(|| PartsError::Missing(name.clone()))?;
+                let gzipped = gzipped.clone();
+                Ok((name, gzipped))
+            })
+            .collect::<Result<_, PartsError>>()?;
+        Ok(HeldParts { manifest: manifest.clone(), parts })
+    }
+}
+
+impl HeldParts {
+    /// The parts of `split`, the config Secret called `config`, gzipped as
+    /// a pod holds them (tools and tests).
+    ///
+    /// # Errors
+    /// Compression failing.
+    pub fn of_split(config: &str, split: &shards::Parts) -> std::io::Result<Self> {
+        let of = u32::try_from(split.shards.len()).unwrap_or(u32::MAX);
+        let mut parts = vec![(shards::base_secret_name(config), Arc::from(gzip(&split.base)?))];
+        for (index, shard) in (0..of).zip(&split.shards) {
+            parts.push((shards::shard_secret_name(config, index, of), Arc::from(gzip(shard)?)));
+        }
+        Ok(Self { manifest: split.manifest.clone(), parts })
     }
 
-    /// The config from the parts held under `names` (the base's, then each
-    /// shard's by index), together within `limit` bytes unpacked, as each
-    /// part is within its own bound; a shard unpacked only when its turn
-    /// comes (one shard's text at a time, not every one's: 11 MB at
+    /// Part `at` (0: the base; `i + 1`: shard `i`) unpacked, within `limit`
+    /// bytes and the part's own bound: a shard is unpacked only when its
+    /// turn comes (one shard's text at a time, not every one's: 11 MB at
     /// 100,000 keys).
-    fn assemble(&self, manifest: &Manifest, names: &[&str], limit: u64) -> Result<GatewayConfig, PartsError> {
-        let mut left = limit;
-        let mut unpack_at = |at: usize| -> Result<Vec<u8>, PartsError> {
-            let name = names.get(at).ok_or_else(|| PartsError::Missing(format!("part {at}")))?;
-            let (_, gzipped) = self.held.get(*name).ok_or_else(|| PartsError::Missing((*name).to_owned()))?;
-            let part = unpack(name, gzipped, part_bound(at).min(left))?;
-            left -= part.len() as u64;
-            Ok(part)
-        };
-        let base = unpack_at(0)?;
-        let keys = names.len().saturating_sub(1);
-        shards::assemble_each(manifest, &base, |index| {
-            if index < keys { unpack_at(index + 1).map(|part| Some(Cow::Owned(part))) } else { Ok(None) }
-        })
+    ///
+    /// # Errors
+    /// [`PartsError::Missing`] for a part not held, or
+    /// [`PartsError::Unreadable`].
+    pub fn unpack(&self, at: usize, limit: u64) -> Result<Vec<u8>, PartsError> {
+        let (name, gzipped) = self.parts.get(at).ok_or_else(|| PartsError::Missing(format!("part {at}")))?;
+        unpack(name, gzipped, part_bound(at).min(limit))
+    }
+}
+
+#[cfg(test)]
+impl HeldParts {
+    /// Replaces part `at`'s bytes (tests of what a build reads).
+    pub(crate) fn replace(&mut self, at: usize, gzipped: &[u8]) {
+        if let Some(part) = self.parts.get_mut(at) {
+            part.1 = Arc::from(gzipped);
+        }
     }
 }
 
@@ -172,51 +208,5 @@ fn part_bound(at: usize) -> u64 {
 }
 
 fn unpack(name: &str, gzipped: &[u8], limit: u64) -> Result<Vec<u8>, PartsError> {
-    gunzip_within(gzipped, limit).map_err(|e| PartsError::Unreadable { name: name.to_owned(), error: e.to_string() })
-}
-
-#[cfg(test)]
-mod tests {
-    use std::io::Write as _;
-
-    use super::*;
-    use waycast_crds::config::KeyConfig;
-
-    fn gzip(bytes: &[u8]) -> Vec<u8> {
-        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-        encoder.write_all(bytes).unwrap();
-        encoder.finish().unwrap()
-    }
-
-    /// A config of `keys` keys split in `shards`, held as a pod holds it.
-    fn held(keys: usize, shards: u32) -> (Parts, Manifest, Vec<String>, u64) {
-        let mut config = GatewayConfig::empty();
-        config.keys = (0..keys).map(|i| KeyConfig::new(format!("team/key-{i}"), "a".repeat(64))).collect();
-        let split = shards::split(&config, "0123456789abcdef", shards).unwrap();
-        let mut parts = Parts::default();
-        let mut names = vec![shards::base_secret_name("gw-config")];
-        parts.held.insert(names[0].clone(), (split.manifest.base.clone(), gzip(&split.base)));
-        for (index, shard) in split.shards.iter().enumerate() {
-            let name = shards::shard_secret_name("gw-config", index as u32, shards);
-            parts.held.insert(name.clone(), (split.manifest.shards[index].clone(), gzip(shard)));
-            names.push(name);
-        }
-        let total = (split.base.len() + split.shards.iter().map(Vec::len).sum::<usize>()) as u64;
-        (parts, split.manifest, names, total)
-    }
-
-    #[test]
-    fn the_parts_together_stay_within_what_a_whole_config_may_be() {
-        let (parts, manifest, names, total) = held(200, 4);
-        let names: Vec<&str> = names.iter().map(String::as_str).collect();
-        let config = parts.assemble(&manifest, &names, total).unwrap();
-        assert_eq!(config.keys.len(), 200);
-        // Each part alone is within its bound; all of them together are a byte over.
-        let error = parts.assemble(&manifest, &names, total - 1).unwrap_err();
-        assert!(matches!(error, PartsError::Unreadable { .. }), "{error}");
-        assert!(error.to_string().contains("-keys-4-3"), "the part that crossed the bound is named: {error}");
-        // A part the manifest names that is not held is missing, not a panic.
-        let error = parts.assemble(&manifest, &names[..3], total).unwrap_err();
-        assert!(matches!(error, PartsError::Assemble(AssembleError::ShardMissing(2))), "{error}");
-    }
+    gunzip_within(gzipped, limit).map_err(|error| PartsError::Unreadable { name: name.to_owned(), error })
 }

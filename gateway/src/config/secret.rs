@@ -22,7 +22,7 @@ use super::{ConfigUpdate, Update};
 
 /// Follows the Secret until the applier is gone. A Secret holding a
 /// manifest ([`SECRET_KEY_MANIFEST`]) names a config in parts
-/// ([`super::parts`]), read and assembled here; one holding a whole config
+/// ([`super::parts`]), whose parts are read here and sent to be built; one holding a whole config
 /// is sent as it is.
 pub async fn watch(client: Client, namespace: String, name: String, updates: mpsc::Sender<ConfigUpdate>) {
     let api: Api<Secret> = Api::namespaced(client, &namespace);
@@ -33,7 +33,7 @@ pub async fn watch(client: Client, namespace: String, name: String, updates: mps
     // The manifest whose parts were not all there yet, and how often that
     // was found: tried again until they are, or a newer one comes.
     let mut pending: Option<(Manifest, u32)> = None;
-    // The manifest last assembled (a re-list sends it again).
+    // The manifest whose parts were last sent (a re-list sends it again).
     let mut assembled: Option<Manifest> = None;
     loop {
         let again = async {
@@ -93,9 +93,9 @@ pub async fn watch(client: Client, namespace: String, name: String, updates: mps
         // Bounded: a read that hangs must not keep a newer manifest waiting.
         let read = tokio::time::timeout(READ_DEADLINE, parts.read(&api, &name, &manifest)).await;
         match read.unwrap_or(Err(PartsError::TimedOut(READ_DEADLINE))) {
-            Ok(config) => {
+            Ok(parts) => {
                 (pending, assembled) = (None, Some(manifest));
-                let update = ConfigUpdate::Assembled { source: source.clone(), config: Box::new(config), identity };
+                let update = ConfigUpdate::Parts { source: source.clone(), parts: Box::new(parts), identity };
                 if updates.send(update).await.is_err() {
                     return;
                 }

@@ -31,7 +31,7 @@ use waycast_crds::spend::BudgetConfig;
 use super::period_clock::{PeriodClock, add, sub};
 
 /// One budget of a key or a tenant, as a config sets it.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Budget {
     /// The calendar period.
     pub period: Period,

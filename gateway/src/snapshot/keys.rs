@@ -16,7 +16,7 @@ use crate::limit::LimitSet;
 /// limits, budgets) is boxed apart ([`Rare`]): every key has a slot in the
 /// key table, and at 100,000 keys each byte of it is 0.1 MB held twice
 /// while a config is swapped.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct KeyEntry {
     /// `namespace/name` (or the id a standalone config gives).
     pub id: Arc<str>,
@@ -37,10 +37,12 @@ pub struct KeyEntry {
     pub usage: Arc<crate::limit::key_usage::KeyUsage>,
     /// What few keys have; `None`: none of it.
     pub(super) rare: Option<Box<Rare>>,
+    /// The key shard of the config it came in (0 for a whole config).
+    pub(super) shard: u32,
 }
 
 /// What few keys have.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(super) struct Rare {
     /// Bit `i` set: route `i` allowed. `None`: every route it can reach.
     pub(super) allowed_routes: Option<Box<[u64]>>,
@@ -235,6 +237,7 @@ pub(super) fn build_key(
         fair_id: stable_id(&key.id),
         usage: Arc::default(),
         rare: Rare { allowed_routes, opted_in, expires_at: key.expires_at, ..Rare::default() }.boxed(),
+        shard: 0,
     }
 }
 

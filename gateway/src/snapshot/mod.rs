@@ -17,19 +17,24 @@
 //! building is pure.
 
 mod backends;
+mod dropped;
+mod key_table;
 mod keys;
 pub mod names;
 
 use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 
 use waycast_crds::config::{GatewayConfig, Settings};
 use waycast_crds::validate::Problems;
 
 pub use backends::{Backend, PROXIED_PATHS, Route};
-pub use keys::{DigestHasher, KeyEntry, Tenant};
-use names::{Candidates, NamespaceId, Namespaces, PLATFORM};
+pub use dropped::Dropped;
+use key_table::{Against, KeyTable};
+pub use keys::KeyEntry;
+use names::{Candidates, Namespaces, PLATFORM};
+use waycast_crds::config::KeyConfig;
+use waycast_crds::shards::Manifest;
 
 use crate::error::BuildError;
 use crate::limit::redis::RedisCounter;
@@ -42,9 +47,12 @@ pub struct Snapshot {
     pub hash: String,
     /// Fleet-wide settings.
     pub settings: Settings,
-    keys: HashMap<[u8; 32], KeyEntry, BuildHasherDefault<DigestHasher>>,
-    routes: Vec<Route>,
-    by_name: HashMap<Box<str>, Candidates>,
+    keys: KeyTable,
+    /// The routes, shared with the next snapshot while the models stay
+    /// (a config in parts whose base did not change).
+    models: Arc<Models>,
+    /// The config in parts this was built from.
+    built_from: Option<BuiltFrom>,
     /// Counts the rate limits for the whole fleet, when the config says Redis.
     pub redis: Option<Arc<RedisCounter>>,
     /// The entries of the config left out, and why.
@@ -57,23 +65,17 @@ pub struct Snapshot {
     pub telemetry: Option<Arc<crate::telemetry::Destination>>,
 }
 
-/// An entry of the config this pod does not serve.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Dropped {
-    /// `model <source or name>` or `key <id>`.
-    pub entry: String,
-    /// Its path in the config and what is wrong (never a credential).
-    pub reason: String,
+/// The config in parts a snapshot was built from.
+struct BuiltFrom {
+    manifest: Manifest,
+    /// Each part's size unpacked: the base's, then each shard's.
+    sizes: Vec<u64>,
 }
 
-impl Dropped {
-    fn model(model: &waycast_crds::config::ModelConfig, reason: String) -> Self {
-        Self { entry: format!("model {}", model.source.as_deref().unwrap_or(&model.name)), reason }
-    }
-
-    fn key(key: &waycast_crds::config::KeyConfig, reason: String) -> Self {
-        Self { entry: format!("key {}", key.id), reason }
-    }
+/// The models' routes and what names them.
+struct Models {
+    routes: Vec<Route>,
+    by_name: HashMap<Box<str>, Candidates>,
 }
 
 /// Splits `config` into what may be served and what is left out: an entry
@@ -102,7 +104,7 @@ pub fn screen(mut config: GatewayConfig) -> Result<(GatewayConfig, Vec<Dropped>)
         let keys = std::mem::take(&mut config.keys);
         for (index, key) in keys.into_iter().enumerate() {
             match review.keys.get(&index) {
-                Some(problems) => dropped.push(Dropped::key(&key, describe(problems))),
+                Some(problems) => dropped.push(Dropped::key(&key, describe(problems), 0)),
                 None => config.keys.push(key),
             }
         }
@@ -117,7 +119,7 @@ impl Snapshot {
     pub fn budgets_used(&self, now: jiff::Timestamp, at_least: f64) -> Vec<(String, Period, f64)> {
         let mut used = Vec::new();
         let mut tenants_seen: std::collections::HashSet<&str> = std::collections::HashSet::new();
-        for entry in self.keys.values() {
+        for entry in self.keys.entries() {
             for budget in entry.budgets() {
                 let ratio = budget.used_ratio(now, &self.zone);
                 if ratio >= at_least {
@@ -148,6 +150,26 @@ impl Snapshot {
     /// [`BuildError`] for what fails the config as a whole.
     pub fn build(
         mut config: GatewayConfig,
+        hash: String,
+        lent: &Resources,
+        dropped: Vec<Dropped>,
+    ) -> Result<Self, BuildError> {
+        let keys = std::mem::take(&mut config.keys);
+        let mut snapshot = Self::without_keys(config, hash, lent, dropped)?;
+        snapshot.insert_keys(keys, 0, lent)?;
+        snapshot.finish(lent);
+        Ok(snapshot)
+    }
+
+    /// A snapshot of a screened config's models and settings, with no key
+    /// yet: its keys are added by [`Snapshot::insert_keys`], a batch at a
+    /// time, then [`Snapshot::finish`] is called. `dropped` are the
+    /// entries screening left out.
+    ///
+    /// # Errors
+    /// [`BuildError`] for what fails the config as a whole.
+    pub fn without_keys(
+        config: GatewayConfig,
         hash: String,
         lent: &Resources,
         mut dropped: Vec<Dropped>,
@@ -185,70 +207,125 @@ impl Snapshot {
             }
             routes.push(route);
         }
-        let key_configs = std::mem::take(&mut config.keys);
-        let mut keys = HashMap::with_capacity_and_hasher(key_configs.len(), BuildHasherDefault::default());
-        // What each namespace's keys may see, and its tenant, made once per namespace.
-        let mut visible: HashMap<NamespaceId, Option<Arc<[u64]>>> = HashMap::new();
-        let mut tenants: HashMap<NamespaceId, (Arc<Tenant>, Option<&waycast_crds::config::TenantConfig>)> =
-            HashMap::new();
-        for key in key_configs {
-            let Some(digest) = waycast_crds::digest::parse_sha256_hex(&key.sha256) else {
-                dropped.push(Dropped::key(&key, "sha256: not a hex SHA-256".to_owned()));
-                continue;
-            };
-            let namespace = key.namespace();
-            let namespace_id = namespaces.id(namespace);
-            let (tenant, policy) = match tenants.get(&namespace_id) {
-                Some((tenant, policy)) => (tenant.clone(), *policy),
-                None => {
-                    let tenant = Arc::new(Tenant::build(namespace, &config.settings, lent)?);
-                    let policy = config.settings.tenant(namespace);
-                    tenants.insert(namespace_id, (tenant.clone(), policy));
-                    (tenant, policy)
-                }
-            };
-            let (id, usage) = lent.key_usage(&key.id);
-            let mut entry = keys::build_key(&key, id, tenant, namespace_id, &routes, |owner| namespaces.get(owner));
-            entry.visible_routes =
-                visible.entry(namespace_id).or_insert_with(|| keys::visible_routes(&routes, namespace)).clone();
-            entry.usage = usage;
-            if key.limits.is_some() || !key.budgets.is_empty() {
-                let mut rare = entry.rare.take().map_or_else(keys::Rare::default, |rare| *rare);
-                if key.limits.is_some() {
-                    rare.limits = Some(lent.key_limits(&key.id).ok_or(BuildError::NotLent("key limits"))?);
-                }
-                if !key.budgets.is_empty() {
-                    let scope = format!("key:{}", key.id);
-                    rare.budgets =
-                        crate::limit::Budget::merged(&key.budgets, |period| lent.budget_state(&scope, period));
-                }
-                entry.rare = rare.boxed();
-            }
-            // Screening left out keys whose class cannot be served.
-            let sharing = &config.settings.sharing;
-            let class = waycast_crds::sharing::key_class(sharing, policy, key.class.as_deref())
-                .ok()
-                .and_then(|class| sharing.class_index(class));
-            entry.class = u8::try_from(class.unwrap_or(0)).unwrap_or(0);
-            keys.insert(digest, entry);
-        }
-        drop(tenants);
         let redis = match config.settings.redis {
             Some(_) => Some(lent.redis().ok_or(BuildError::NotLent("a Redis counter"))?),
             None => None,
         };
         for drop in &dropped {
-            tracing::warn!(entry = %drop.entry, reason = %drop.reason, "config entry left out; the rest is served");
+            drop.log();
         }
         // Validation checked the name: UTC stands in only for a bug.
         let zone =
             waycast_crds::period::time_zone(&config.settings.budgets.time_zone).unwrap_or(jiff::tz::TimeZone::UTC);
-        let counts = lent.counts();
         // Validation refused a config whose telemetry has problems.
         let telemetry =
             config.settings.telemetry.as_ref().and_then(|t| crate::telemetry::Destination::of(t).ok()).map(Arc::new);
-        let settings = config.settings;
-        Ok(Self { hash, settings, keys, routes, by_name, redis, dropped, zone, counts, telemetry })
+        Ok(Self {
+            hash,
+            settings: config.settings,
+            keys: KeyTable::new(namespaces),
+            models: Arc::new(Models { routes, by_name }),
+            built_from: None,
+            redis,
+            dropped,
+            zone,
+            counts: crate::registry::Counts::default(),
+            telemetry,
+        })
+    }
+
+    /// Finishes a snapshot built a batch of keys at a time: takes the
+    /// counts `lent` holds, every key's lent.
+    pub fn finish(&mut self, lent: &Resources) {
+        self.counts = lent.counts();
+    }
+
+    /// The keys of `keys` that may be served, checked one by one under
+    /// this snapshot's settings as a whole config's are; the rest are left
+    /// out (listed in `dropped`, as from key shard `shard`).
+    pub fn screen_keys(&mut self, keys: Vec<KeyConfig>, shard: u32) -> Vec<KeyConfig> {
+        key_table::screen(&self.settings, keys, shard, &mut self.dropped)
+    }
+
+    /// Adds screened `keys` (of key shard `shard`) to the table, with the
+    /// state `lent` holds for them. A key whose text another key holds is
+    /// served only if its id is the lower of the two.
+    ///
+    /// # Errors
+    /// A key's state not lent (a bug).
+    pub fn insert_keys(&mut self, keys: Vec<KeyConfig>, shard: u32, lent: &Resources) -> Result<(), BuildError> {
+        let against = Against { settings: &self.settings, routes: &self.models.routes, lent };
+        self.keys.insert(keys, shard, &against, &mut self.dropped)
+    }
+
+    /// Whether two keys of the table hold one text (one served, the other
+    /// left out).
+    pub fn is_contested(&self) -> bool {
+        self.keys.is_contested()
+    }
+
+    /// Marks this snapshot as built from the config in parts `manifest`
+    /// names, whose parts unpacked to `sizes` bytes (the base's, then each
+    /// shard's), so that the next one may start from it.
+    pub fn built_from(&mut self, manifest: Manifest, sizes: Vec<u64>) {
+        self.built_from = Some(BuiltFrom { manifest, sizes });
+    }
+
+    /// The unpacked size of each part of the config in parts this was
+    /// built from (the base's, then each shard's); empty for a whole config.
+    pub fn part_sizes(&self) -> &[u64] {
+        self.built_from.as_ref().map_or(&[], |built| &built.sizes)
+    }
+
+    /// The key shards `next` changes from the config in parts this was
+    /// built from: `None` when the next config cannot start from this
+    /// one's table (another base, salt or shard count; not built from
+    /// parts; two keys holding one text).
+    pub fn changed_shards(&self, next: &Manifest) -> Option<Vec<u32>> {
+        let built = &self.built_from.as_ref()?.manifest;
+        let same_layout = built.base == next.base && built.salt == next.salt && built.shards.len() == next.shards.len();
+        if !same_layout || self.keys.is_contested() {
+            return None;
+        }
+        let changed = (0..)
+            .zip(built.shards.iter().zip(&next.shards))
+            .filter(|(_, (was, now))| was != now)
+            .map(|(index, _)| index)
+            .collect();
+        Some(changed)
+    }
+
+    /// A snapshot known by `hash` with this one's models, settings and
+    /// keys but the keys of `shards` (and what was left out of them), and
+    /// the ids of those keys: the start of the next config when it changes
+    /// only those shards, whose keys are then added as they now are.
+    pub fn without_shards(&self, hash: String, shards: &[u32]) -> (Self, Vec<Arc<str>>) {
+        let (keys, leaving) = self.keys.without_shards(shards);
+        let dropped = self
+            .dropped
+            .iter()
+            .filter(|drop| drop.shard.is_none_or(|shard| !shards.contains(&shard)))
+            .cloned()
+            .collect();
+        let next = Self {
+            hash,
+            settings: self.settings.clone(),
+            keys,
+            models: self.models.clone(),
+            built_from: None,
+            redis: self.redis.clone(),
+            dropped,
+            zone: self.zone.clone(),
+            counts: crate::registry::Counts::default(),
+            telemetry: self.telemetry.clone(),
+        };
+        (next, leaving)
+    }
+
+    /// Every key's entry as text, in digest order (tests).
+    #[cfg(test)]
+    pub(crate) fn described_keys(&self) -> Vec<String> {
+        self.keys.described()
     }
 
     /// A snapshot of `config` with resources of its own (tests, tools).
@@ -270,10 +347,10 @@ impl Snapshot {
     /// alias that its namespace may see, its own namespace's, else the
     /// platform's, else one it opted in to. `None`: no such model, to it.
     pub fn resolve(&self, key: &KeyEntry, model: &str) -> Option<usize> {
-        let candidates = self.by_name.get(model)?;
+        let candidates = self.models.by_name.get(model)?;
         let mut best: Option<(u8, usize)> = None;
         for &index in candidates.as_slice() {
-            let route = &self.routes[index];
+            let route = &self.models.routes[index];
             let Some(rank) = names::rank(route.owner, key.namespace, key.opted_in(index)) else { continue };
             if key.sees(index) && best.is_none_or(|(best_rank, _)| rank < best_rank) {
                 best = Some((rank, index));
@@ -284,12 +361,12 @@ impl Snapshot {
 
     /// Route by index.
     pub fn route(&self, index: usize) -> &Route {
-        &self.routes[index]
+        &self.models.routes[index]
     }
 
     /// Every route, in config order.
     pub fn routes(&self) -> &[Route] {
-        &self.routes
+        &self.models.routes
     }
 
     /// Number of keys.

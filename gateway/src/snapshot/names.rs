@@ -23,7 +23,7 @@ pub const PLATFORM: NamespaceId = NamespaceId::MAX;
 
 /// Namespaces numbered in the order first seen. Owned: a key's config is
 /// dropped as soon as its entry is built.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct Namespaces(HashMap<Box<str>, NamespaceId>);
 
 impl Namespaces {

@@ -201,7 +201,7 @@ fn a_snapshot_shares_the_ids_and_counts_it_was_lent() {
     assert!(Arc::ptr_eq(&snapshot.counts.usage, &counts.usage), "the usage counts are the loan's map");
     assert!(Arc::ptr_eq(&snapshot.counts.budgets, &counts.budgets), "the budget counts are the loan's map");
     assert_eq!(snapshot.key_count(), 2);
-    for entry in snapshot.keys.values() {
+    for entry in snapshot.keys.entries() {
         let (held, usage) = counts.usage.get_key_value(&*entry.id).unwrap();
         assert!(Arc::ptr_eq(held, &entry.id), "{}: its id is the usage map's", entry.id);
         assert!(Arc::ptr_eq(usage, &entry.usage), "{}: its usage is the one lent", entry.id);
