@@ -14,7 +14,7 @@
 //! `lend` changes nothing, so a config that then fails to build leaves the
 //! registry as the serving config left it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -53,6 +53,9 @@ pub struct Resources {
     /// Each key's usage this month, by key id (whose text the key's entry
     /// shares).
     usage: Arc<UsageCounts>,
+    /// The ids of keys the config does not name whose usage or budget
+    /// counts are kept (they count something in a period not over).
+    left_kept: HashSet<Arc<str>>,
 }
 
 /// The counts a config's budgets and keys are built on, for the usage
@@ -278,6 +281,7 @@ impl Registry {
             gates,
             budgets: Arc::new(budgets),
             usage: Arc::new(UsageCounts::new()),
+            left_kept: HashSet::new(),
         })
     }
 
@@ -304,6 +308,7 @@ impl Registry {
             // shares it): no second copy of every id per swap.
             let (id, state) = held.key_usage(&key.id);
             usage.insert(id, state);
+            lent.left_kept.remove(key.id.as_str());
         }
     }
 
@@ -319,6 +324,9 @@ impl Registry {
             for (period, state) in states {
                 if find_budget(budgets, scope, *period).is_none() && state.counted() != (0, 0) && !state.ended(now) {
                     budgets.entry(scope.clone()).or_default().push((*period, state.clone()));
+                    if let Some(id) = scope.strip_prefix("key:") {
+                        lent.left_kept.insert(Arc::from(id));
+                    }
                 }
             }
         }
@@ -326,6 +334,7 @@ impl Registry {
         for (id, state) in self.held.usage.iter() {
             if !usage.contains_key(id) && !state.idle(now) {
                 usage.insert(id.clone(), state.clone());
+                lent.left_kept.insert(id.clone());
             }
         }
     }
@@ -340,23 +349,36 @@ impl Registry {
     pub fn lend_changed(&self, leaving: &[Arc<str>]) -> Resources {
         let mut lent = self.held.clone();
         let now = jiff::Timestamp::now();
-        {
-            let usage = Arc::make_mut(&mut lent.usage);
-            let budgets = Arc::make_mut(&mut lent.budgets);
-            for id in leaving {
-                lent.key_limits.remove(id);
-                if usage.get(id).is_some_and(|state| state.idle(now)) {
+        let usage = Arc::make_mut(&mut lent.usage);
+        let budgets = Arc::make_mut(&mut lent.budgets);
+        for id in leaving {
+            lent.key_limits.remove(id);
+            lent.left_kept.insert(id.clone());
+        }
+        // What is kept of keys that left (now or earlier) goes once it
+        // counts nothing more, as a whole loan lets it go: keys created and
+        // deleted in turn must not pile up between whole loans.
+        lent.left_kept.retain(|id| {
+            let usage_kept = match usage.get(id) {
+                Some(state) if state.idle(now) => {
                     usage.remove(id);
+                    false
                 }
-                let scope = format!("key:{id}");
-                if let Some(states) = budgets.get_mut(scope.as_str()) {
+                kept => kept.is_some(),
+            };
+            let scope = format!("key:{id}");
+            let budgets_kept = match budgets.get_mut(scope.as_str()) {
+                Some(states) => {
                     states.retain(|(_, state)| state.counted() != (0, 0) && !state.ended(now));
                     if states.is_empty() {
                         budgets.remove(scope.as_str());
                     }
+                    budgets.contains_key(scope.as_str())
                 }
-            }
-        }
+                None => false,
+            };
+            usage_kept || budgets_kept
+        });
         lent
     }
 
@@ -494,5 +516,41 @@ mod tests {
         let limit = |lent: &Resources| lent.key_limits("team/changed").unwrap().requests.as_ref().map(|l| l.per_minute);
         assert_eq!(limit(&changed), Some(120), "a changed key's limits continue from the new config");
         assert_eq!(limit(&changed), limit(&whole));
+    }
+
+    #[tokio::test]
+    async fn what_is_kept_of_keys_that_left_goes_once_it_counts_nothing() {
+        let with = |ids: &[&str]| {
+            let mut config = config(&[5], None, &[]);
+            config.keys = ids.iter().map(|id| waycast_crds::config::KeyConfig::new(*id, "00".repeat(32))).collect();
+            config
+        };
+        let (now, utc) = (jiff::Timestamp::now(), jiff::tz::TimeZone::UTC);
+        let long_ago: jiff::Timestamp = "2020-01-15T12:00:00Z".parse().unwrap();
+        let mut registry = Registry::default();
+        registry.keep(registry.lend(&with(&["team/a", "team/b", "team/c", "team/d"])).unwrap());
+        let used = |registry: &Registry, id: &str| registry.held.usage.get(id).cloned().unwrap();
+        used(&registry, "team/b").count(waycast_crds::usage::UsageTotals::default(), now, &utc);
+        used(&registry, "team/c").count(waycast_crds::usage::UsageTotals::default(), long_ago, &utc);
+        // b and c leave: b counted this month and is kept, c's month is
+        // over; as a loan for the whole new config keeps them.
+        let whole = registry.lend(&with(&["team/a", "team/d"])).unwrap();
+        registry.keep(registry.lend_changed(&[Arc::from("team/b"), Arc::from("team/c")]));
+        let ids = |lent: &Resources| {
+            let mut ids: Vec<String> = lent.usage.keys().map(|id| id.to_string()).collect();
+            ids.sort();
+            ids
+        };
+        let kept = |registry: &Registry| ids(&registry.held);
+        assert_eq!(kept(&registry), ["team/a", "team/b", "team/d"]);
+        assert_eq!(kept(&registry), ids(&whole));
+        // Once b's counts are of a month over (as c's were), the next
+        // change lets them go, whichever keys it changes.
+        let over = Arc::new(KeyUsage::default());
+        over.count(waycast_crds::usage::UsageTotals::default(), long_ago, &utc);
+        Arc::make_mut(&mut registry.held.usage).insert(Arc::from("team/b"), over);
+        registry.keep(registry.lend_changed(&[Arc::from("team/d")]));
+        assert_eq!(kept(&registry), ["team/a"]);
+        assert!(registry.held.left_kept.is_empty(), "{:?}", registry.held.left_kept);
     }
 }

@@ -110,7 +110,7 @@ fn load_every_part(
     }
     registry.finish_lending(&mut lent);
     snapshot.finish(&lent);
-    snapshot.built_from(manifest.clone(), sizes);
+    snapshot.built_from(manifest.clone(), sizes, manifest.shards.len());
     registry.keep(lent);
     Ok(snapshot)
 }
@@ -129,32 +129,33 @@ fn load_changed(
     limit: u64,
 ) -> Result<Option<Snapshot>, LoadError> {
     let manifest = &held.manifest;
+    let (mut next, leaving) = previous.without_shards(identity, changed);
+    let mut lent = registry.lend_changed(&leaving);
+    // The parts unchanged and the changed shards read so far: within the
+    // bound at each shard, so within it at the end.
     let mut sizes = previous.part_sizes().to_vec();
-    let mut batches = Vec::with_capacity(changed.len());
+    for &index in changed {
+        if let Some(size) = sizes.get_mut(index as usize + 1) {
+            *size = 0;
+        }
+    }
     for &index in changed {
         let at = index as usize + 1;
-        let others: u64 = sizes.iter().enumerate().filter(|(i, _)| *i != at).map(|(_, size)| size).sum();
-        let bytes = held.unpack(at, limit.saturating_sub(others))?;
+        let bytes = held.unpack(at, limit.saturating_sub(sizes.iter().sum()))?;
         if let Some(size) = sizes.get_mut(at) {
             *size = bytes.len() as u64;
         }
-        batches.push((index, shards::read_shard(manifest, index, &bytes).map_err(PartsError::from)?));
-    }
-    let (mut next, leaving) = previous.without_shards(identity, changed);
-    let mut lent = registry.lend_changed(&leaving);
-    let batches: Vec<(u32, Vec<_>)> =
-        batches.into_iter().map(|(index, keys)| (index, next.screen_keys(keys, index))).collect();
-    for (_, keys) in &batches {
-        registry.lend_keys(&mut lent, keys);
-    }
-    for (index, keys) in batches {
+        let keys = shards::read_shard(manifest, index, &bytes).map_err(PartsError::from)?;
+        drop(bytes);
+        let keys = next.screen_keys(keys, index);
+        registry.lend_keys(&mut lent, &keys);
         next.insert_keys(keys, index, &lent)?;
     }
     if next.is_contested() {
         return Ok(None);
     }
     next.finish(&lent);
-    next.built_from(manifest.clone(), sizes);
+    next.built_from(manifest.clone(), sizes, changed.len());
     registry.keep(lent);
     Ok(Some(next))
 }

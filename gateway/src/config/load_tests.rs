@@ -75,6 +75,8 @@ fn a_change_of_some_shards_builds_the_table_a_whole_build_does() {
     after.keys[9].limits = Some(LimitsConfig::requests(120));
     after.keys.remove(6);
     after.keys.push(key("new", 1_000));
+    // A key of a namespace no key had.
+    after.keys.push(KeyConfig::new("fresh-team/key", format!("{:064x}", 1_002)));
     // A key the next config refuses (its class is no class of the
     // Gateway's) is left out, as a whole build leaves it out.
     let mut refused = key("refused", 1_001);
@@ -85,8 +87,10 @@ fn a_change_of_some_shards_builds_the_table_a_whole_build_does() {
         (0..8).filter(|i| first.manifest.shards[*i as usize] != next.manifest.shards[*i as usize]).collect();
     assert!(!changed.is_empty() && changed.len() < 8, "some shards change, not all: {changed:?}");
     let (serving, built) = swapped(&first, &next);
-    assert_eq!(serving.changed_shards(&next.manifest), Some(changed));
+    assert_eq!(serving.changed_shards(&next.manifest), Some(changed.clone()));
     assert_serve_alike(&built, &whole(&next));
+    assert_eq!(built.key_shards_read(), Some(changed.len()));
+    assert_eq!(whole(&next).key_shards_read(), Some(8));
     assert!(built.dropped.iter().any(|d| d.entry == "key team-2/refused"), "{:?}", built.dropped);
 
     // And back: the refused key's shard changes again, and it is no longer listed.

@@ -236,6 +236,7 @@ impl ConfigStore {
                     config.hash = %hash,
                     models = snapshot.routes().len(),
                     keys = snapshot.key_count(),
+                    key_shards_read = snapshot.key_shards_read(),
                     dropped = snapshot.dropped.len(),
                     "config applied"
                 );

@@ -68,6 +68,9 @@ pub struct Snapshot {
 /// The config in parts a snapshot was built from.
 struct BuiltFrom {
     manifest: Manifest,
+    /// The key shards read to build it: every one, or those a change
+    /// changed.
+    shards_read: usize,
     /// Each part's size unpacked: the base's, then each shard's.
     sizes: Vec<u64>,
 }
@@ -266,9 +269,16 @@ impl Snapshot {
 
     /// Marks this snapshot as built from the config in parts `manifest`
     /// names, whose parts unpacked to `sizes` bytes (the base's, then each
-    /// shard's), so that the next one may start from it.
-    pub fn built_from(&mut self, manifest: Manifest, sizes: Vec<u64>) {
-        self.built_from = Some(BuiltFrom { manifest, sizes });
+    /// shard's), reading `shards_read` of its key shards, so that the next
+    /// one may start from it.
+    pub fn built_from(&mut self, manifest: Manifest, sizes: Vec<u64>, shards_read: usize) {
+        self.built_from = Some(BuiltFrom { manifest, sizes, shards_read });
+    }
+
+    /// How many key shards were read to build it (for the log), when it
+    /// was built from a config in parts.
+    pub fn key_shards_read(&self) -> Option<usize> {
+        self.built_from.as_ref().map(|built| built.shards_read)
     }
 
     /// The unpacked size of each part of the config in parts this was
