@@ -163,7 +163,8 @@ impl ControlPlane {
                     // A port chosen free was bound by someone else before
                     // our server bound it (seen in CI for etcd's port): the
                     // failed attempt's processes died with it, so start
-                    // afresh on new ports.
+                    // afresh on new ports (the API server's stays when the
+                    // caller chose it).
                     eprintln!(
                         "a control-plane port was taken before it was bound (attempt {attempt}); starting again: {error:#}"
                     );
@@ -478,4 +479,16 @@ pub fn write_kubeconfig(path: &Path, server: &str, ca: &Path, client: &pki::PemF
         key = client.key.display(),
     );
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_port_taken_is_told_from_other_failures() {
+        let log = "etcd exited (exit status: 1); its log ends with:\n{\"msg\":\"discovery failed\",\"error\":\"listen tcp 127.0.0.1:21354: bind: address already in use\"}";
+        let taken = anyhow::anyhow!(log).context("starting the control plane");
+        assert!(super::port_was_taken(&taken), "the cause under the context counts");
+        let other = anyhow::anyhow!("etcd exited (exit status: 1); its log ends with:\npermission denied");
+        assert!(!super::port_was_taken(&other));
+    }
 }

@@ -312,6 +312,11 @@ impl Registry {
         }
     }
 
+    /// Makes room in `lent` for the usage counts of `keys` keys at once.
+    pub fn reserve_keys(&self, lent: &mut Resources, keys: usize) {
+        Arc::make_mut(&mut lent.usage).reserve(keys);
+    }
+
     /// Finishes a loan: budget and usage counts the serving config holds
     /// and the new one does not name are kept while they count something
     /// in a period not over (a key or team toggled off and on mid-period
@@ -500,8 +505,13 @@ mod tests {
         registry.keep(registry.lend(&before).unwrap());
         let after = with(&[("team/kept", 60), ("team/changed", 120), ("team/new", 10)]);
         let whole = registry.lend(&after).unwrap();
+        // The changed key counted this month: once lent again it is named,
+        // not kept as a key that left (whose counts go when its month ends).
+        let now = jiff::Timestamp::now();
+        registry.held.usage["team/changed"].count(Default::default(), now, &jiff::tz::TimeZone::UTC);
         let mut changed = registry.lend_changed(&[Arc::from("team/changed"), Arc::from("team/leaving")]);
         registry.lend_keys(&mut changed, &after.keys[1..]);
+        assert!(!changed.left_kept.contains("team/changed"), "{:?}", changed.left_kept);
         let ids = |lent: &Resources| {
             let mut limits: Vec<String> = lent.key_limits.keys().map(|id| id.to_string()).collect();
             let mut usage: Vec<String> = lent.usage.keys().map(|id| id.to_string()).collect();

@@ -34,10 +34,14 @@ pub struct CompileFigures {
     /// and `programmed::next` against the previous compile's), median, in
     /// milliseconds.
     pub bookkeeping_ms: f64,
-    /// A gateway pod's side of a change: the parts parsed and assembled
-    /// into one config, and the config built as a pod serves it, median,
-    /// in milliseconds.
+    /// A gateway pod's build of the whole config from its parts (held
+    /// gzipped, as a starting pod holds them: each unpacked, parsed,
+    /// checked and built a shard at a time), median, in milliseconds.
     pub pod_ms: f64,
+    /// A gateway pod's side of a one-key change (one shard): the next
+    /// config built from the serving one's table, only the changed shard
+    /// read, median, in milliseconds.
+    pub pod_change_ms: f64,
     /// The key lane's own work for one key revoked: the key compiled alone
     /// and the shard holding it patched (`Kept::patch`: parsed, replaced,
     /// encoded, digests and manifest), median, in milliseconds; its API
@@ -48,6 +52,11 @@ pub struct CompileFigures {
     /// The config Secrets' data in all, in bytes (the parts gzipped; each
     /// Secret holds at most 1 MiB).
     pub secret_bytes: usize,
+}
+
+/// The shard count of `split`.
+fn parts_count(split: &waycast_crds::shards::Parts) -> u32 {
+    u32::try_from(split.shards.len()).unwrap_or(u32::MAX)
 }
 
 /// The key lane's work for the `nth` key revoked, in milliseconds: it
@@ -111,6 +120,7 @@ pub fn compile_figures(fleet: &Fleet, runs: usize) -> anyhow::Result<CompileFigu
     let mut referenced_times = Vec::new();
     let mut bookkeeping_times = Vec::new();
     let mut pod_times = Vec::new();
+    let mut pod_change_times = Vec::new();
     let mut lane_times = Vec::new();
     let mut sizes = (0, 0);
     let mut previous = None;
@@ -144,11 +154,22 @@ pub fn compile_figures(fleet: &Fleet, runs: usize) -> anyhow::Result<CompileFigu
         previous = Some(next);
         let split = waycast_crds::shards::split(&compiled.config, &parts.layout.salt, parts.layout.shards)?;
         lane_times.push(lane_ms(&catalog, fleet, &compiled.config.keys, parts, lane_times.len())?);
+        let refused = |reason: String| anyhow::anyhow!("a pod refuses it: {reason}");
+        let held = waycast_gateway::ConfigSwaps::hold(&split).map_err(refused)?;
+        let mut changed = compiled.config.clone();
+        let nth = pod_times.len() % changed.keys.len().max(1);
+        if let Some(key) = changed.keys.get_mut(nth) {
+            key.disabled = true;
+        }
+        let changed = waycast_crds::shards::split(&changed, &split.manifest.salt, parts_count(&split))?;
+        let changed = waycast_gateway::ConfigSwaps::hold(&changed).map_err(refused)?;
+        let mut pod = waycast_gateway::ConfigSwaps::default();
         let started = Instant::now();
-        let shards: Vec<Option<&[u8]>> = split.shards.iter().map(|shard| Some(shard.as_slice())).collect();
-        let assembled = waycast_crds::shards::assemble(&split.manifest, &split.base, &shards)?;
-        waycast_gateway::build_config(&assembled).map_err(|reason| anyhow::anyhow!("a pod refuses it: {reason}"))?;
+        pod.swap(&held, "whole".into()).map_err(refused)?;
         pod_times.push(started.elapsed().as_secs_f64() * 1e3);
+        let started = Instant::now();
+        pod.swap(&changed, "changed".into()).map_err(refused)?;
+        pod_change_times.push(started.elapsed().as_secs_f64() * 1e3);
     }
     let median = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
@@ -162,6 +183,7 @@ pub fn compile_figures(fleet: &Fleet, runs: usize) -> anyhow::Result<CompileFigu
         referenced_ms: median(referenced_times),
         bookkeeping_ms: median(bookkeeping_times),
         pod_ms: median(pod_times),
+        pod_change_ms: median(pod_change_times),
         lane_ms: median(lane_times),
         json_bytes: sizes.0,
         secret_bytes: sizes.1,

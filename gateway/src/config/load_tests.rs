@@ -2,6 +2,7 @@
 //! built from the serving table: the same snapshot as a whole build.
 
 use super::*;
+use std::sync::Arc;
 use waycast_crds::config::{KeyConfig, LimitsConfig, ModelConfig};
 use waycast_crds::shards::Manifest;
 
@@ -65,6 +66,13 @@ fn assert_serve_alike(built: &Snapshot, whole: &Snapshot) {
         dropped
     };
     assert_eq!(entries(built), entries(whole), "what is left out differs");
+    assert_eq!(built.part_sizes(), whole.part_sizes(), "the parts' sizes differ");
+    let counted = |snapshot: &Snapshot| {
+        let mut ids: Vec<String> = snapshot.counts.usage.keys().map(|id| id.to_string()).collect();
+        ids.sort();
+        ids
+    };
+    assert_eq!(counted(built), counted(whole), "the usage counts lent differ");
 }
 
 #[test]
@@ -114,6 +122,7 @@ fn a_change_reads_only_the_shards_it_changed() {
     next.replace(unchanged as usize + 1, b"not gzip");
     let (_, built) = swapped(&first, &next);
     assert_serve_alike(&built, &whole(&held(&after, 8)));
+    assert_eq!(built.key_shards_read(), Some(1));
     let error = load_parts(&next, identity(&next), None, &mut Registry::default()).err().unwrap();
     assert!(error.to_string().contains(&format!("c-keys-8-{unchanged}")), "a whole build reads it: {error}");
 }
@@ -128,6 +137,8 @@ fn a_new_base_or_shard_count_is_built_whole() {
     let serving = whole(&first);
     assert_eq!(serving.changed_shards(&held(&models_changed, 8).manifest), None, "another base");
     assert_eq!(serving.changed_shards(&held(&before, 4).manifest), None, "another shard count");
+    let salted = HeldParts::of_split("c", &shards::split(&before, "fedcba9876543210", 8).unwrap()).unwrap();
+    assert_eq!(serving.changed_shards(&salted.manifest), None, "another salt");
     let (_, built) = swapped(&first, &held(&models_changed, 8));
     assert_serve_alike(&built, &whole(&held(&models_changed, 8)));
     assert_eq!(built.routes().len(), 2);
@@ -139,27 +150,67 @@ fn a_new_base_or_shard_count_is_built_whole() {
 #[test]
 fn a_key_text_two_keys_hold_is_served_for_the_lower_id_only() {
     let before = config(keys());
+    let manifest = held(&before, 8).manifest;
+    // Two keys of one namespace in different shards; the second takes the
+    // first's text.
+    let (first_index, second_index) = (0..before.keys.len())
+        .flat_map(|a| (a + 1..before.keys.len()).map(move |b| (a, b)))
+        .find(|(a, b)| {
+            let (a, b) = (&before.keys[*a], &before.keys[*b]);
+            a.namespace() == b.namespace() && a.id < b.id && shard_of(&manifest, &a.id) != shard_of(&manifest, &b.id)
+        })
+        .unwrap();
+    let (lower, higher) = (before.keys[first_index].id.clone(), before.keys[second_index].id.clone());
     let mut after = before.clone();
-    // key-7's text becomes key-1's; the two live in different shards or
-    // the same one, as the salt places them.
-    let shared = after.keys[0].sha256.clone();
-    after.keys[6].sha256 = shared;
+    after.keys[second_index].sha256 = after.keys[first_index].sha256.clone();
     let (first, next) = (held(&before, 8), held(&after, 8));
     let (_, built) = swapped(&first, &next);
     let whole_next = whole(&next);
     assert_serve_alike(&built, &whole_next);
+    assert_eq!(built.key_shards_read(), Some(8), "a change that makes a pair is built whole");
+    assert!(whole_next.is_contested());
     assert_eq!(whole_next.key_count(), 59, "one of the two is left out");
-    assert!(whole_next.dropped.iter().any(|d| d.entry == "key team-1/key-7"), "{:?}", whole_next.dropped);
-    // From a table with such a pair, every change is built whole.
+    assert!(whole_next.dropped.iter().any(|d| d.entry == format!("key {higher}")), "{:?}", whole_next.dropped);
+    // From a table with such a pair, every change is built whole: here the
+    // lower key's text changes (its shard alone), and the higher key, whose
+    // shard did not change, is served again.
     let mut later = after.clone();
-    later.keys[6].sha256 = format!("{:064x}", 7);
-    let serving = whole(&next);
-    if serving.is_contested() {
-        assert_eq!(serving.changed_shards(&held(&later, 8).manifest), None);
-    }
+    later.keys[first_index].sha256 = format!("{:064x}", 5_000);
+    assert_eq!(whole_next.changed_shards(&held(&later, 8).manifest), None);
     let (_, mended) = swapped(&next, &held(&later, 8));
     assert_serve_alike(&mended, &whole(&held(&later, 8)));
-    assert_eq!(mended.key_count(), 60, "both served again");
+    assert_eq!(mended.key_count(), 60, "both served again: {lower} and {higher}");
+}
+
+/// A key keeps its state (its limiter) through changes of its shard, each
+/// built from the last.
+#[test]
+fn a_key_keeps_its_state_through_changes_of_its_shard() {
+    let before = config(keys());
+    let mut added = before.clone();
+    let mut limited = key("limited", 3_000);
+    limited.limits = Some(LimitsConfig::requests(30));
+    added.keys.push(limited.clone());
+    let mut touched = added.clone();
+    let neighbour = touched
+        .keys
+        .iter()
+        .position(|key| {
+            key.id != limited.id
+                && shard_of(&held(&added, 8).manifest, &key.id) == shard_of(&held(&added, 8).manifest, &limited.id)
+        })
+        .unwrap();
+    touched.keys[neighbour].disabled = true;
+    let (first, second, third) = (held(&before, 8), held(&added, 8), held(&touched, 8));
+    let mut registry = Registry::default();
+    let one = load_parts(&first, identity(&first), None, &mut registry).unwrap().unwrap();
+    let two = load_parts(&second, identity(&second), Some(&one), &mut registry).unwrap().unwrap();
+    let three = load_parts(&third, identity(&third), Some(&two), &mut registry).unwrap().unwrap();
+    assert_eq!((two.key_shards_read(), three.key_shards_read()), (Some(1), Some(1)));
+    let digest = waycast_crds::digest::parse_sha256_hex(&limited.sha256).unwrap();
+    let limits = |snapshot: &Snapshot| snapshot.key(&digest).unwrap().limits().unwrap().clone();
+    assert!(Arc::ptr_eq(&limits(&two), &limits(&three)), "the limiter state carries over");
+    assert_serve_alike(&three, &whole(&third));
 }
 
 #[test]

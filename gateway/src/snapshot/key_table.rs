@@ -78,6 +78,10 @@ impl KeyTable {
         self.contested
     }
 
+    pub(super) fn reserve(&mut self, keys: usize) {
+        self.keys.reserve(keys.saturating_sub(self.keys.len()));
+    }
+
     /// Adds screened `keys` (of key shard `shard`) to the table. Each key's
     /// config is dropped once its entry is built. A key whose text another
     /// key of the table holds is served only if its id is the lower of the

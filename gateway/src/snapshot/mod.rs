@@ -261,6 +261,11 @@ impl Snapshot {
         self.keys.insert(keys, shard, &against, &mut self.dropped)
     }
 
+    /// Makes room in the key table for `keys` keys at once.
+    pub fn reserve_keys(&mut self, keys: usize) {
+        self.keys.reserve(keys);
+    }
+
     /// Whether two keys of the table hold one text (one served, the other
     /// left out).
     pub fn is_contested(&self) -> bool {
