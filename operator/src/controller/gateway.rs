@@ -122,6 +122,10 @@ async fn reconcile(gateway: Arc<Gateway>, context: Arc<Context>, traced: &mut Re
         tracing::debug!(gateway = %key, "the key lane wrote changes this compile cannot take in; compiling again");
         return Ok(Action::requeue(Duration::from_millis(100)));
     };
+    // The lane's kept config is replaced by `to_keep` (or dropped) once
+    // the config is written, under this lock: the old one is let go now,
+    // not held beside the new one through the writes.
+    kept.configs.remove(&key);
     let (hash, plan, write_endpoints) = what_to_write(&context, &gateway, &desired, &kept.recently_written(&key)).await;
     traced.config_hash = (!hash.is_empty()).then(|| hash.clone());
     if let Some(conflict) = foreign_part(&context, &gateway, plan.as_ref()).await? {
@@ -222,7 +226,7 @@ static COMPILING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
 /// # Errors
 /// Serialization or compression into memory failed (they do not).
 fn compile_and_render(
-    catalog: Catalog,
+    mut catalog: Catalog,
     gateway: &Gateway,
     layouts: &Layouts,
     settings: &render::RenderSettings,
@@ -238,6 +242,11 @@ fn compile_and_render(
     };
     let endpoints = catalog.endpoints(&compiled.config);
     let desired = render::desired_checked(gateway, &compiled.config, checked, layouts, &endpoints, settings)?;
+    // What follows reads only the models: the ApiKeys and key Secrets held
+    // until the reconcile's end kept a second copy of each ApiKey its
+    // status write replaced meanwhile (at 100,000 keys, up to the store's
+    // size again).
+    (catalog.keys, catalog.key_secrets) = (Vec::new(), Vec::new());
     Ok((catalog, compiled, desired, left_out))
 }
 
