@@ -9,7 +9,6 @@
 //! hash to it — so a pod never serves half of a change.
 
 use serde::{Deserialize, Serialize};
-use std::borrow::Cow;
 
 use crate::config::{CONFIG_API_VERSION, GatewayConfig, KeyConfig};
 use crate::digest::sha256_hex;
@@ -386,37 +385,13 @@ pub fn assemble(manifest: &Manifest, base: &[u8], shards: &[Option<&[u8]>]) -> R
         let named = u32::try_from(manifest.shards.len()).unwrap_or(u32::MAX);
         return Err(AssembleError::ShardsNotNamed { named, given: shards.len() });
     }
-    assemble_each(manifest, base, |index| {
-        Ok::<_, AssembleError>(shards.get(index).copied().flatten().map(Cow::Borrowed))
-    })
-}
-
-/// [`assemble`], reading each shard only when its turn comes (`shard`
-/// gives shard `index`, `None` when it is not held): a caller that keeps
-/// parts compressed holds one shard's text at a time, not every one's.
-///
-/// # Errors
-/// As [`assemble`], and `shard`'s own.
-pub fn assemble_each<'a, E: From<AssembleError>>(
-    manifest: &Manifest,
-    base: &[u8],
-    mut shard: impl FnMut(usize) -> Result<Option<Cow<'a, [u8]>>, E>,
-) -> Result<GatewayConfig, E> {
-    manifest.check()?;
     let mut config = read_base(manifest, base)?;
     let of = u32::try_from(manifest.shards.len()).map_err(|e| AssembleError::Manifest(e.to_string()))?;
     for index in 0..of {
-        let bytes = shard(index as usize)?.ok_or(AssembleError::ShardMissing(index))?;
-        let keys = read_shard(manifest, index, &bytes)?;
-        drop(bytes);
-        // Sized once from the first shard, an eighth over (keys are spread
-        // by a hash: 3σ at 1,024 keys a shard is a tenth): growing 100,000
-        // entries by doubling held two copies of most of them. Bounded by
-        // what the writer puts in a shard, and only tried: a forged first
-        // shard must not make it reserve gigabytes.
+        let bytes = shards.get(index as usize).copied().flatten().ok_or(AssembleError::ShardMissing(index))?;
+        let keys = read_shard(manifest, index, bytes)?;
         if index == 0 {
-            let expected = keys.len().min(MOST_PER_SHARD * 2).saturating_mul(of as usize).saturating_mul(9) / 8;
-            let _ = config.keys.try_reserve_exact(expected);
+            let _ = config.keys.try_reserve_exact(expected_keys(keys.len(), of));
         }
         config.keys.extend(keys);
     }
@@ -425,6 +400,16 @@ pub fn assemble_each<'a, E: From<AssembleError>>(
     // could swap exist.
     config.keys.sort_unstable_by(|a, b| a.id.cmp(&b.id));
     Ok(config)
+}
+
+/// How many keys to make room for at once, from the first of `of`
+/// shards holding `first` keys: an eighth over (keys are spread by a
+/// hash: 3σ at 1,024 keys a shard is a tenth), since growing 100,000
+/// entries by doubling held two copies of most of them. Bounded by what
+/// the writer puts in a shard: a forged first shard must not make a
+/// reader reserve gigabytes.
+pub fn expected_keys(first: usize, of: u32) -> usize {
+    first.min(MOST_PER_SHARD * 2).saturating_mul(of as usize).saturating_mul(9) / 8
 }
 
 /// The base part `manifest` names, read: the config without its keys.

@@ -105,14 +105,8 @@ fn load_every_part(
         let keys = shards::read_shard(manifest, index, &bytes).map_err(PartsError::from)?;
         drop(bytes);
         if index == 0 {
-            // Sized once from the first shard, an eighth over (keys are
-            // spread by a hash: 3σ at 1,024 keys a shard is a tenth):
-            // growing a table of 100,000 keys by doubling held the old
-            // and the new bucket arrays at once, beside the serving
-            // snapshot. Bounded by what the writer puts in a shard: a
-            // forged first shard must not make it reserve gigabytes.
-            let per_shard = keys.len().min(shards::MOST_PER_SHARD * 2);
-            let expected = per_shard.saturating_mul(manifest.shards.len()).saturating_mul(9) / 8;
+            // Sized once, not grown by doubling beside the serving snapshot.
+            let expected = shards::expected_keys(keys.len(), u32::try_from(manifest.shards.len()).unwrap_or(u32::MAX));
             snapshot.reserve_keys(expected);
             registry.reserve_keys(&mut lent, expected);
         }
