@@ -28,6 +28,7 @@ pub(crate) mod stores;
 pub(crate) mod telemetry;
 pub mod usage;
 /// What each store keeps of the objects it watches (the goldens apply the same views).
+pub use stores::kept as stored_form;
 pub use stores::views as store_views;
 
 use std::net::SocketAddr;

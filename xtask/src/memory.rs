@@ -45,6 +45,19 @@ pub fn memory_figures(live: &dyn Fn() -> usize, fleet: &Fleet) -> anyhow::Result
         fleet.keys.iter().cloned().map(Arc::new).collect::<Vec<_>>()
     });
     costs.push(api_keys);
+    let (stored_keys, kept_stored_keys) =
+        cost(live, "ApiKeys as the operator's store keeps them (with their status)", keys, || {
+            let namespace = fleet.gateway.metadata.namespace.as_deref().unwrap_or_default();
+            (0..keys)
+                .filter_map(|index| {
+                    serde_json::from_value::<waycast_crds::ApiKey>(api_key_as_sent(namespace, index)).ok()
+                })
+                .map(|key| waycast_operator::stored_form(key, waycast_operator::store_views::api_key))
+                .collect::<Vec<_>>()
+        });
+    anyhow::ensure!(kept_stored_keys.len() == keys, "not every ApiKey as sent parses");
+    costs.push(stored_keys);
+    drop(kept_stored_keys);
     let (key_secrets, kept_secrets) = cost(live, "key Secrets as the operator keeps them (digests)", keys, || {
         fleet.secrets.iter().filter_map(KeySecret::of).map(Arc::new).collect::<Vec<_>>()
     });
@@ -78,6 +91,46 @@ pub fn memory_figures(live: &dyn Fn() -> usize, fleet: &Fleet) -> anyhow::Result
     drop(parsed);
     costs.push(config_cost);
     Ok(costs)
+}
+
+/// An ApiKey as the API server sends it once the operator has written its
+/// status: its server-set metadata, the managed fields of its creator and
+/// of the operator's status, and a Ready, programmed status.
+fn api_key_as_sent(namespace: &str, index: usize) -> serde_json::Value {
+    let name = format!("key-{index}");
+    let time = "2026-11-26T00:00:00Z";
+    let condition = |kind: &str, reason: &str, message: &str| {
+        serde_json::json!({"type": kind, "status": "True", "reason": reason, "message": message,
+                           "observedGeneration": 1, "lastTransitionTime": time})
+    };
+    serde_json::json!({
+        "apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey",
+        "metadata": {
+            "name": name, "namespace": namespace, "generation": 1,
+            "uid": format!("00000000-0000-4000-8000-{index:012}"),
+            "resourceVersion": format!("{}", 1_000_000 + index), "creationTimestamp": time,
+            "managedFields": [
+                {"manager": "kubectl", "operation": "Update", "apiVersion": "waycast.dev/v1alpha1", "time": time,
+                 "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {".": {}, "f:parentRefs": {}}}},
+                {"manager": "waycast-operator", "operation": "Apply", "apiVersion": "waycast.dev/v1alpha1",
+                 "time": time, "fieldsType": "FieldsV1", "subresource": "status",
+                 "fieldsV1": {"f:status": {"f:conditions": {}, "f:gateways": {}, "f:keyPrefix": {},
+                              "f:observedGeneration": {}, "f:parents": {}, "f:secretName": {}}}}
+            ]
+        },
+        "spec": {"parentRefs": [{"name": "gateway", "namespace": namespace}]},
+        "status": {
+            "conditions": [
+                condition("Ready", "KeyReady", "the key is served"),
+                condition("Programmed", "Programmed", "every pod of 1 Gateway(s) serves its current version"),
+            ],
+            "secretName": format!("{name}-key"), "keyPrefix": "wc_abc",
+            "gateways": [format!("{namespace}/gateway")],
+            "parents": [{"gateway": format!("{namespace}/gateway"), "accepted": true, "reason": "KeyReady",
+                         "message": "the key is served"}],
+            "observedGeneration": 1
+        }
+    })
 }
 
 /// What a gateway pod holds for its config, and what a swap to the next

@@ -17,10 +17,12 @@ use crate::compile::{ObjectKey, select};
 use crate::context::Context;
 use crate::error::Error;
 use crate::programmed::CompiledFrom;
+use crate::stores::paced::{Window, paced_all};
 use crate::stores::{Feed, every, once, signals};
 
 /// ApiKey and ModelEndpoint statuses. Selection moves with Gateways and
-/// namespaces: then every object is looked at. Verdicts and Programmed come
+/// namespaces: then every object is looked at, a window at a time
+/// (`paced_all`). Verdicts and Programmed come
 /// from the Gateways' compiles, which announce just the objects whose state
 /// moved (`programmed::next`) on `feed`.
 pub(crate) async fn status_controller<K, Reconcile, Reconciled>(
@@ -35,12 +37,17 @@ pub(crate) async fn status_controller<K, Reconcile, Reconciled>(
 {
     let changed = &context.stores.changed;
     let inputs_changed = signals(&[&changed.gateways, &changed.namespaces]);
-    Controller::for_stream(futures_util::stream::pending(), store)
+    let window = Arc::new(Window::default());
+    let passes = once().chain(futures_util::stream::select(inputs_changed, every(RESYNC)));
+    Controller::for_stream(futures_util::stream::pending(), store.clone())
         .reconcile_on(feed.subscribe())
-        .reconcile_all_on(once().chain(futures_util::stream::select(inputs_changed, every(RESYNC))))
+        .reconcile_on(paced_all(store, passes, window.clone()))
         .with_config(ControllerConfig::default().debounce(DEBOUNCE).concurrency(CONCURRENCY))
         .run(reconcile, error_policy, context)
-        .for_each(|_| futures_util::future::ready(()))
+        .for_each(|_| {
+            window.finished();
+            futures_util::future::ready(())
+        })
         .await;
 }
 

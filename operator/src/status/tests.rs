@@ -270,3 +270,54 @@ fn model_endpoint_status_table() {
         assert!(!status_changed(Some(&status), &status.clone()), "{name}");
     }
 }
+
+/// The operator's cache keeps an ApiKey's status as a digest beside each
+/// condition's type, status and time: compared with any next status it
+/// says what the whole status says, and a next status carries the same
+/// transition times from it.
+#[test]
+fn a_kept_api_key_status_compares_and_carries_over_as_the_whole_one() {
+    let then = jiff::Timestamp::from_second(1_800_000_000).unwrap();
+    let later = jiff::Timestamp::from_second(1_800_000_600).unwrap();
+    let mut api_key = ApiKey::new("alice", waycast_crds::ApiKeySpec::default());
+    api_key.metadata.namespace = Some("team".into());
+    api_key.metadata.generation = Some(2);
+    let served = vec![("team/gw".to_owned(), key_verdict(true, reasons::ACCEPTED, "the key is served"))];
+    let expired = vec![("team/gw".to_owned(), key_verdict(false, reasons::EXPIRED, "expired at 2020-01-01"))];
+    let other_message = vec![("team/gw".to_owned(), key_verdict(false, reasons::EXPIRED, "expired at 2021-01-01"))];
+    let refused = vec![acceptance("ops/gw", false, reasons::NOT_ALLOWED_BY_GATEWAY, "team is not allowed")];
+    let mut statuses = Vec::new();
+    for now in [then, later] {
+        statuses.push(api_key_status(&api_key, vec![], &served, (1, true), now));
+        statuses.push(api_key_status(&api_key, vec![], &served, (1, false), now));
+        statuses.push(api_key_status(&api_key, vec![], &expired, (1, true), now));
+        statuses.push(api_key_status(&api_key, vec![], &other_message, (1, true), now));
+        statuses.push(api_key_status(&api_key, refused.clone(), &[], (0, true), now));
+    }
+    let mut with_usage = statuses[0].clone();
+    with_usage.usage = Some(waycast_crds::usage::KeyUsageStatus { requests: 3, ..Default::default() });
+    statuses.push(with_usage);
+    let (mut same, mut differ) = (0, 0);
+    for old in &statuses {
+        let kept = kept_form(old);
+        assert!(kept.parents.is_empty() && kept.secret_name.is_none(), "the rest is kept as a digest only");
+        assert!(kept.conditions.iter().all(|c| c.message.is_empty() && c.reason.is_empty()));
+        for new in &statuses {
+            let whole = status_changed(Some(old), new);
+            assert_eq!(status_changed(Some(&kept), new), whole, "{old:?} → {new:?}");
+            if whole { differ += 1 } else { same += 1 }
+        }
+        // What a next status carries over from the kept one.
+        let mut from_whole = api_key.clone();
+        from_whole.status = Some(old.clone());
+        let mut from_kept = api_key.clone();
+        from_kept.status = Some(kept);
+        for decided in [&served, &expired] {
+            let a =
+                api_key_status(&from_whole, vec![], decided, (1, true), later + jiff::SignedDuration::from_secs(60));
+            let b = api_key_status(&from_kept, vec![], decided, (1, true), later + jiff::SignedDuration::from_secs(60));
+            assert_eq!(a, b);
+        }
+    }
+    assert!(same > statuses.len() && differ > 0, "the pairs cover both answers: {same} same, {differ} differ");
+}

@@ -17,11 +17,14 @@ use crate::render::endpoints::{SERVICE_NAME_LABEL, is_controller_managed};
 /// Longest heartbeat annotation kept.
 pub const MAX_ANNOTATION_BYTES: usize = 64 * 1024;
 
-/// An ApiKey, without the usage the collector wrote into its status (the
-/// operator compares and writes its own status without it).
+/// An ApiKey, with its status as the status controller compares it
+/// (`status::kept_form`): without the usage the collector wrote into it
+/// (the operator compares and writes its own status without it), and the
+/// rest a digest beside each condition's type, status and time.
 pub fn api_key(key: &mut waycast_crds::ApiKey) {
     if let Some(status) = key.status.as_mut() {
         status.usage = None;
+        *status = crate::status::kept_form(status);
     }
 }
 
@@ -164,7 +167,7 @@ mod tests {
     }
 
     #[test]
-    fn an_api_key_is_kept_without_its_usage_but_with_the_rest_of_its_status() {
+    fn an_api_key_is_kept_without_its_usage_and_the_rest_of_its_status_as_a_digest() {
         let mut key: waycast_crds::ApiKey = serde_json::from_value(serde_json::json!({
             "apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey",
             "metadata": {"name": "alice", "namespace": "team-a"},
@@ -178,9 +181,15 @@ mod tests {
             }
         }))
         .unwrap();
+        let whole = key.status.clone().unwrap();
         api_key(&mut key);
-        let status = key.status.unwrap();
-        assert!(status.usage.is_none());
-        assert_eq!((status.secret_name.as_deref(), status.conditions.len()), (Some("alice-key"), 1));
+        let kept = key.status.unwrap();
+        assert!(kept.usage.is_none());
+        assert_eq!(kept.secret_name, None, "the rest is a digest");
+        assert_eq!(kept.compared_digest, Some(crate::status::compared_digest(&whole)));
+        let [ready] = kept.conditions.as_slice() else { panic!("{kept:?}") };
+        assert_eq!((ready.type_.as_str(), ready.status.as_str()), ("Ready", "True"));
+        assert_eq!(ready.last_transition_time, whole.conditions[0].last_transition_time);
+        assert!(!crate::status::status_changed(Some(&kept), &whole), "the same status, its usage aside");
     }
 }
