@@ -100,6 +100,9 @@ pub struct ApiKeySpec {
 }
 
 /// What the operator last saw and did for an ApiKey.
+///
+/// NB: `limits` and `usage` are boxed: the operator's cache of 100,000
+/// ApiKeys holds neither, and inline they were 176 bytes of each.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, kube::KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ApiKeyStatus {
@@ -128,12 +131,12 @@ pub struct ApiKeyStatus {
     /// pods (each pod enforces its share; see docs/rate-limits.md). Absent
     /// when the key is not served or has no limits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub limits: Option<KeyLimits>,
+    pub limits: Option<Box<KeyLimits>>,
     /// What the key used this month over every Gateway that serves it, as
     /// the operator last collected it from the gateway pods (written
     /// apart from the rest of the status, at most every few seconds).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub usage: Option<crate::usage::KeyUsageStatus>,
+    pub usage: Option<Box<crate::usage::KeyUsageStatus>>,
     /// The `metadata.generation` this status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,

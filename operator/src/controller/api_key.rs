@@ -21,22 +21,20 @@ use crate::compile::{keys, select};
 use crate::context::Context;
 use crate::error::Error;
 use crate::status;
-use crate::stores::paced::{Window, paced_all};
 use crate::stores::{KEY_SECRET_LABEL, once};
 
 /// Generates key Secrets, apart from the status controller: a new ApiKey's
 /// key is created at once instead of after a re-check of every other key's
 /// status (10,000 of them took tens of seconds).
 pub(crate) async fn key_secret_controller(context: Arc<Context>) {
-    let window = Arc::new(Window::default());
     let keys = context.stores.keys.clone();
-    Controller::for_stream(futures_util::stream::pending(), keys.clone())
-        .reconcile_on(context.stores.feeds.key_secrets.subscribe())
-        .reconcile_on(paced_all(keys, once(), window.clone()))
+    let (objects, paced) = context.stores.feeds.key_secrets.subscribe(keys.clone(), once());
+    Controller::for_stream(futures_util::stream::pending(), keys)
+        .reconcile_on(objects)
         .with_config(ControllerConfig::default().concurrency(CONCURRENCY))
         .run(reconcile_key_secret, error_policy, context)
-        .for_each(|_| {
-            window.finished();
+        .for_each(|reported| {
+            paced.finished(&reported);
             futures_util::future::ready(())
         })
         .await;

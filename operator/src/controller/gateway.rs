@@ -41,13 +41,17 @@ pub(crate) async fn gateway_controller(context: Arc<Context>) {
     // Gateway at most a reconcile a second.
     let services = at_most_every(signals(&[&changed.services]), super::endpoints::CHURN_INTERVAL);
     let inputs_changed = futures_util::stream::select(signals(&senders), services);
-    Controller::for_stream(futures_util::stream::pending(), context.stores.gateways.clone())
+    let gateways = context.stores.gateways.clone();
+    let (objects, paced) = context.stores.feeds.gateways.subscribe(gateways.clone(), once().chain(inputs_changed));
+    Controller::for_stream(futures_util::stream::pending(), gateways)
         .owns(Api::<Deployment>::all(client.clone()), managed)
-        .reconcile_on(context.stores.feeds.gateways.subscribe())
-        .reconcile_all_on(once().chain(inputs_changed))
+        .reconcile_on(objects)
         .with_config(ControllerConfig::default().debounce(DEBOUNCE).concurrency(CONCURRENCY))
         .run(reconcile_gateway, error_policy, context)
-        .for_each(|_| futures_util::future::ready(()))
+        .for_each(|reported| {
+            paced.finished(&reported);
+            futures_util::future::ready(())
+        })
         .await;
 }
 

@@ -17,12 +17,11 @@ use crate::compile::{ObjectKey, select};
 use crate::context::Context;
 use crate::error::Error;
 use crate::programmed::CompiledFrom;
-use crate::stores::paced::{Window, paced_all};
 use crate::stores::{Feed, every, once, signals};
 
 /// ApiKey and ModelEndpoint statuses. Selection moves with Gateways and
-/// namespaces: then every object is looked at, a window at a time
-/// (`paced_all`). Verdicts and Programmed come
+/// namespaces: then every object is looked at, handed to the controller
+/// a window at a time with the announced ones (`Feed::subscribe`). Verdicts and Programmed come
 /// from the Gateways' compiles, which announce just the objects whose state
 /// moved (`programmed::next`) on `feed`.
 pub(crate) async fn status_controller<K, Reconcile, Reconciled>(
@@ -37,15 +36,14 @@ pub(crate) async fn status_controller<K, Reconcile, Reconciled>(
 {
     let changed = &context.stores.changed;
     let inputs_changed = signals(&[&changed.gateways, &changed.namespaces]);
-    let window = Arc::new(Window::default());
     let passes = once().chain(futures_util::stream::select(inputs_changed, every(RESYNC)));
-    Controller::for_stream(futures_util::stream::pending(), store.clone())
-        .reconcile_on(feed.subscribe())
-        .reconcile_on(paced_all(store, passes, window.clone()))
+    let (objects, paced) = feed.subscribe(store.clone(), passes);
+    Controller::for_stream(futures_util::stream::pending(), store)
+        .reconcile_on(objects)
         .with_config(ControllerConfig::default().debounce(DEBOUNCE).concurrency(CONCURRENCY))
         .run(reconcile, error_policy, context)
-        .for_each(|_| {
-            window.finished();
+        .for_each(|reported| {
+            paced.finished(&reported);
             futures_util::future::ready(())
         })
         .await;

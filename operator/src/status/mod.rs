@@ -262,7 +262,7 @@ pub fn api_key_status(
         ],
         secret_name: Some(secret_name),
         key_prefix: prefix,
-        limits: if ready { api_key.spec.limits.clone() } else { None },
+        limits: if ready { api_key.spec.limits.clone().map(Box::new) } else { None },
         gateways: served_by,
         parents: entries,
         usage: None,
@@ -363,10 +363,12 @@ pub fn status_changed<S: WithConditions>(old: Option<&S>, new: &S) -> bool {
 }
 
 /// One digest of what `status_changed` compares of `status`: its
-/// conditions without their times, and the rest as JSON.
+/// conditions without their times, and the rest as JSON. Keyed per
+/// process: no one who may write a status can aim at a digest.
 pub fn compared_digest<S: WithConditions>(status: &S) -> u64 {
-    use std::hash::{Hash as _, Hasher as _};
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    use std::hash::{BuildHasher as _, Hash as _, Hasher as _};
+    static KEYS: std::sync::LazyLock<std::hash::RandomState> = std::sync::LazyLock::new(std::hash::RandomState::new);
+    let mut hasher = KEYS.build_hasher();
     for c in status.conditions() {
         (&c.type_, &c.status, &c.reason, &c.message, c.observed_generation).hash(&mut hasher);
     }
@@ -376,14 +378,15 @@ pub fn compared_digest<S: WithConditions>(status: &S) -> u64 {
     hasher.finish()
 }
 
-/// An ApiKey's status as the operator's cache keeps it: each condition's
-/// type, status and transition time (what the next status carries over and
-/// what an Event is emitted on), and a digest of the rest. At 100,000 keys
-/// the whole statuses were about 100 MB of the operator's memory.
+/// An ApiKey's status as the operator's cache keeps it: the type, status
+/// and transition time of its own conditions (what the next status carries
+/// over and what an Event is emitted on), and a digest of the rest. At
+/// 100,000 keys the whole statuses were about 100 MB of the operator's memory.
 pub fn kept_form(status: &ApiKeyStatus) -> ApiKeyStatus {
     let conditions = status
         .conditions
         .iter()
+        .filter(|c| [types::READY, types::PROGRAMMED].contains(&c.type_.as_str()))
         .map(|c| Condition {
             type_: c.type_.clone(),
             status: c.status.clone(),

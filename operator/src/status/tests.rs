@@ -290,18 +290,25 @@ fn a_kept_api_key_status_compares_and_carries_over_as_the_whole_one() {
     for now in [then, later] {
         statuses.push(api_key_status(&api_key, vec![], &served, (1, true), now));
         statuses.push(api_key_status(&api_key, vec![], &served, (1, false), now));
+        // Only the Programmed condition's message moves (two Gateways).
+        statuses.push(api_key_status(&api_key, vec![], &served, (2, true), now));
         statuses.push(api_key_status(&api_key, vec![], &expired, (1, true), now));
         statuses.push(api_key_status(&api_key, vec![], &other_message, (1, true), now));
         statuses.push(api_key_status(&api_key, refused.clone(), &[], (0, true), now));
     }
+    // A condition another writer of the status added: kept in the digest only.
+    let mut with_foreign = statuses[0].clone();
+    with_foreign.conditions.push(condition(&[], "Audited", true, "Audited", "by team-a's bot", None, then));
+    statuses.push(with_foreign);
     let mut with_usage = statuses[0].clone();
-    with_usage.usage = Some(waycast_crds::usage::KeyUsageStatus { requests: 3, ..Default::default() });
+    with_usage.usage = Some(Box::new(waycast_crds::usage::KeyUsageStatus { requests: 3, ..Default::default() }));
     statuses.push(with_usage);
     let (mut same, mut differ) = (0, 0);
     for old in &statuses {
         let kept = kept_form(old);
         assert!(kept.parents.is_empty() && kept.secret_name.is_none(), "the rest is kept as a digest only");
         assert!(kept.conditions.iter().all(|c| c.message.is_empty() && c.reason.is_empty()));
+        assert!(kept.conditions.iter().all(|c| [types::READY, types::PROGRAMMED].contains(&c.type_.as_str())));
         for new in &statuses {
             let whole = status_changed(Some(old), new);
             assert_eq!(status_changed(Some(&kept), new), whole, "{old:?} → {new:?}");

@@ -9,6 +9,8 @@
 mod changes;
 pub mod key_log;
 pub(crate) mod paced;
+
+pub use paced::Feed;
 pub mod views;
 
 pub(crate) use changes::{any_change, endpoint_content, heartbeat, holder, labels, service_content, spec_and_labels};
@@ -27,7 +29,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Api, Client, Resource, ResourceExt as _};
 use serde::de::DeserializeOwned;
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::broadcast;
 use waycast_crds::{ApiKey, Gateway, ModelEndpoint};
 
 use crate::compile::{self};
@@ -272,41 +274,6 @@ where
     watcher::watcher(Api::<K>::all(client.clone()), config)
 }
 
-/// Where a store announces the objects whose relevant fields changed, to
-/// the controller that reconciles them once it runs. Nothing is queued
-/// before: a standby replica waiting for the leader Lease would otherwise
-/// buffer every change it sees.
-pub struct Feed<K: Resource<DynamicType = ()>>(Arc<arc_swap::ArcSwapOption<mpsc::UnboundedSender<ObjectRef<K>>>>);
-
-impl<K: Resource<DynamicType = ()>> Clone for Feed<K> {
-    fn clone(&self) -> Self {
-        Self(self.0.clone())
-    }
-}
-
-impl<K: Resource<DynamicType = ()>> Default for Feed<K> {
-    fn default() -> Self {
-        Self(Arc::new(arc_swap::ArcSwapOption::empty()))
-    }
-}
-
-impl<K: Resource<DynamicType = ()> + Send + Sync + 'static> Feed<K> {
-    pub(crate) fn announce(&self, reference: ObjectRef<K>) {
-        if let Some(sender) = self.0.load().as_ref() {
-            let _ = sender.send(reference);
-        }
-    }
-
-    /// The announcements from now on (replacing an earlier subscriber).
-    pub(crate) fn subscribe(&self) -> impl futures_util::Stream<Item = ObjectRef<K>> + Send + 'static {
-        let (sender, receiver) = mpsc::unbounded_channel();
-        self.0.store(Some(Arc::new(sender)));
-        futures_util::stream::unfold(receiver, |mut receiver| async move {
-            receiver.recv().await.map(|reference| (reference, receiver))
-        })
-    }
-}
-
 /// The objects each controller reconciles, as their stores see them change.
 /// Controllers share the stores instead of caching every object again in
 /// watches of their own (ApiKeys were held three times, key Secrets twice).
@@ -510,6 +477,48 @@ mod tests {
         assert_eq!(changes, [("created-while-down", false), ("deleted-while-down", true), ("edited", false)]);
         assert_eq!(seen, now, "the new state is what was announced");
         assert!(relist_changes(&mut seen, now).is_empty(), "a second identical re-list announces nothing");
+    }
+
+    /// A store announces by namespace and name: a key of the same name in
+    /// another namespace is another object, and a status write (same
+    /// generation) is no change.
+    #[tokio::test]
+    async fn a_store_announces_each_object_by_its_namespace_and_name() {
+        let key = |namespace: &str, generation: i64| {
+            let mut key = ApiKey::new("x", waycast_crds::ApiKeySpec::default());
+            key.metadata.namespace = Some(namespace.to_owned());
+            key.metadata.generation = Some(generation);
+            key
+        };
+        let mut status_written = key("team-a", 1);
+        status_written.status = Some(waycast_crds::ApiKeyStatus { observed_generation: Some(1), ..Default::default() });
+        let events = vec![
+            watcher::Event::Init,
+            watcher::Event::InitApply(key("team-a", 1)),
+            watcher::Event::InitDone,
+            watcher::Event::Apply(key("team-b", 1)),
+            watcher::Event::Apply(status_written),
+            watcher::Event::Apply(key("team-b", 2)),
+            watcher::Event::Delete(key("team-a", 1)),
+        ];
+        let (hearing, mut heard) = tokio::sync::mpsc::unbounded_channel();
+        let listener: Listener<ApiKey> = Box::new(move |key, deleted| {
+            let namespace = key.metadata.namespace.clone().unwrap_or_default();
+            let _ = hearing.send((namespace, key.metadata.generation, deleted));
+        });
+        let (store, _) = store_of(futures_util::stream::iter(events.into_iter().map(Ok)), spec_and_labels, listener);
+        let mut announced = Vec::new();
+        while let Ok(Some(heard)) = tokio::time::timeout(Duration::from_secs(2), heard.recv()).await {
+            announced.push(heard);
+        }
+        let expected = [
+            ("team-a".to_owned(), Some(1), false),
+            ("team-b".to_owned(), Some(1), false),
+            ("team-b".to_owned(), Some(2), false),
+            ("team-a".to_owned(), Some(1), true),
+        ];
+        assert_eq!(announced, expected);
+        assert_eq!(store.state().len(), 1);
     }
 
     #[test]

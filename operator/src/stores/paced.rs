@@ -1,210 +1,266 @@
-//! A look at every object of a store, handed to a controller a window at a
+//! What a controller is to reconcile — the objects its store announced as
+//! changed, and every object at each pass — handed to it a window at a
 //! time instead of all at once.
 //!
-//! NB: kube's `reconcile_all_on` queues every object in the controller's
-//! scheduler at once, and the scheduler's tables keep the room they grew
-//! to: at 100,000 ApiKeys, the two ApiKey controllers held about 60 MB of
-//! them for the rest of the process. Here at most [`WINDOW`] objects of a
-//! pass wait in the scheduler; the controller reports each reconcile it
-//! finishes (`Window::finished`), and that makes room for the next.
+//! NB: kube's controller queues what it is given in its scheduler at once,
+//! and the scheduler's tables keep the room they grew to. A pass over
+//! 100,000 ApiKeys (`reconcile_all_on`), or a compile announcing that all
+//! of them moved, left those tables at 100,000 entries for the rest of the
+//! process (heaptrack at 20,000 keys: ~590 bytes a key for the two ApiKey
+//! controllers). Here what waits is names in our own queues, given back
+//! once drained, and at most [`WINDOW`] objects are in the controller at
+//! once: it reports each reconcile it finishes (`Paced::finished`), and
+//! that makes room for the next.
 //!
 //! ```text
-//! trigger ─► pass over store.state() ─► room in the window? ─► ObjectRef ─► controller
-//!    ▲ (one more pass if any came meanwhile)      ▲                              │
-//!    │                                            └──── finished ◄───────────────┘
+//! announce(ref) ──► changed ─┐
+//!                            ├─► room in the window? ─► ObjectRef ─► controller
+//! pass trigger ───► pass ────┘            ▲                              │
+//!                                         └──── finished(its output) ◄───┘
 //! ```
 
+use std::collections::{HashSet, VecDeque};
+use std::hash::BuildHasher as _;
+use std::marker::PhantomData;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use futures_util::{FutureExt as _, Stream, StreamExt as _};
+use futures_util::{Stream, StreamExt as _};
 use kube::Resource;
+use kube::runtime::controller::{self, Action};
 use kube::runtime::reflector::{ObjectRef, Store};
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::mpsc;
 
-/// Objects of one pass that may wait in a controller at once.
+/// Objects in a controller at once, handed out here.
 pub const WINDOW: usize = 1024;
-/// How long a full window waits for a reconcile to finish before taking
-/// what it counts as finished. The scheduler merges a request for an object
-/// that is already queued, and then reports one reconcile for two.
-pub const STALL: Duration = Duration::from_secs(1);
+/// How long a full window waits for a reconcile to finish before it lets
+/// one more object in anyway (a safety net: every object handed out is
+/// reported once, reconciled, failed or gone).
+pub const STALL: Duration = Duration::from_secs(30);
+/// Queues that grew past this are given back their room once drained.
+const KEPT_ROOM: usize = 1024;
 
-/// What a pass has handed out and the controller has not yet finished.
+/// An object's namespace and name.
+type Name = (Option<Box<str>>, Box<str>);
+
+/// What waits to be handed to one controller, and what it holds; each
+/// object by a digest of its namespace and name, keyed per process (no one
+/// can make two names collide on purpose).
 #[derive(Debug, Default)]
-pub struct Window {
-    outstanding: AtomicUsize,
-    freed: Notify,
+struct Queues {
+    identities: std::hash::RandomState,
+    /// Objects announced as changed: handed out first.
+    changed: VecDeque<Name>,
+    in_changed: HashSet<u64>,
+    /// Objects of a pass over every object.
+    pass: VecDeque<Name>,
+    in_pass: HashSet<u64>,
+    /// Objects handed out and not yet reported.
+    handed: HashSet<u64>,
 }
 
-impl Window {
-    /// A reconcile finished (of an object of a pass or any other).
-    pub fn finished(&self) {
-        let _ = self.outstanding.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
-        self.freed.notify_one();
+impl Queues {
+    fn with_identities(identities: std::hash::RandomState) -> Self {
+        Self { identities, ..Self::default() }
     }
 
-    /// Waits until the window has room for one more object, and takes it.
-    async fn take(&self, limit: usize, stall: Duration) {
-        loop {
-            // Registered before the count is read: a finish in between still wakes us.
-            let freed = self.freed.notified();
-            if self.outstanding.load(Ordering::Acquire) < limit {
-                break;
-            }
-            if tokio::time::timeout(stall, freed).await.is_err() {
-                self.outstanding.store(0, Ordering::Release);
-                break;
+    fn identity(&self, namespace: Option<&str>, name: &str) -> u64 {
+        self.identities.hash_one((namespace, name))
+    }
+
+    /// Queues a changed object, unless it already waits as one.
+    fn announce(&mut self, (namespace, name): Name) {
+        if self.in_changed.insert(self.identity(namespace.as_deref(), &name)) {
+            self.changed.push_back((namespace, name));
+        }
+    }
+
+    /// Queues every object of `names` not already waiting for a pass.
+    fn pass(&mut self, names: Vec<Name>) {
+        for (namespace, name) in names {
+            if self.in_pass.insert(self.identity(namespace.as_deref(), &name)) {
+                self.pass.push_back((namespace, name));
             }
         }
-        self.outstanding.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// Objects handed out and not finished.
-    #[cfg(test)]
-    fn outstanding(&self) -> usize {
-        self.outstanding.load(Ordering::Acquire)
+    /// Whether an object waits, and whether it may go now: the window has
+    /// room, or the object is in the controller already (its request is
+    /// merged there), or `overdue`.
+    fn ready(&self, limit: usize, overdue: bool) -> (bool, bool) {
+        let front = self.changed.front().or_else(|| self.pass.front());
+        let Some((namespace, name)) = front else { return (false, false) };
+        let identity = self.identity(namespace.as_deref(), name);
+        (true, overdue || self.handed.len() < limit || self.handed.contains(&identity))
+    }
+
+    /// Takes the next object (changed ones first) into the window.
+    fn hand_out(&mut self) -> Option<Name> {
+        let (next, waiting) = match self.changed.pop_front() {
+            Some(next) => (next, &mut self.in_changed),
+            None => (self.pass.pop_front()?, &mut self.in_pass),
+        };
+        let identity = self.identities.hash_one((next.0.as_deref(), &*next.1));
+        waiting.remove(&identity);
+        self.handed.insert(identity);
+        self.shrink_when_drained();
+        Some(next)
+    }
+
+    /// Gives back the room of queues that grew large and are empty again.
+    fn shrink_when_drained(&mut self) {
+        if self.changed.is_empty() && self.changed.capacity() > KEPT_ROOM {
+            self.changed.shrink_to_fit();
+            self.in_changed.shrink_to_fit();
+        }
+        if self.pass.is_empty() && self.pass.capacity() > KEPT_ROOM {
+            self.pass.shrink_to_fit();
+            self.in_pass.shrink_to_fit();
+        }
     }
 }
 
-/// Every object of `store`, each time `triggers` fires, paced by `window`.
-/// Triggers that fire while a pass runs make one more pass after it.
-pub(crate) fn paced_all<K>(
-    store: Store<K>,
-    triggers: impl Stream<Item = ()> + Send + 'static,
-    window: Arc<Window>,
-) -> impl Stream<Item = ObjectRef<K>> + Send + 'static
-where
-    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
-{
-    paced_with(store, triggers, window, WINDOW, STALL)
+/// The handle to one controller's queues: what to announce, and the
+/// reconciles it reports. The queues themselves belong to one task
+/// (`handed_out`), which these messages reach.
+#[derive(Debug, Clone)]
+pub struct Paced {
+    identities: std::hash::RandomState,
+    announced: mpsc::UnboundedSender<Name>,
+    reported: mpsc::UnboundedSender<u64>,
 }
 
-fn paced_with<K>(
+impl Paced {
+    fn announce(&self, namespace: Option<&str>, name: &str) {
+        let _ = self.announced.send((namespace.map(Box::from), Box::from(name)));
+    }
+
+    /// The controller reported `result`: its object, if handed out here,
+    /// leaves the window (a request merged in the controller with another
+    /// is reported once, and frees its place then).
+    pub fn finished<K, E, Q>(&self, result: &Result<(ObjectRef<K>, Action), controller::Error<E, Q>>)
+    where
+        K: Resource,
+    {
+        let (namespace, name) = match result {
+            Ok((object, _)) => (object.namespace.as_deref(), object.name.as_str()),
+            Err(controller::Error::ObjectNotFound(object) | controller::Error::ReconcilerFailed(_, object)) => {
+                (object.namespace.as_deref(), object.name.as_str())
+            }
+            Err(_) => return,
+        };
+        let _ = self.reported.send(self.identities.hash_one((namespace, name)));
+    }
+}
+
+/// Where a store announces the objects whose relevant fields changed, to
+/// the controller that reconciles them once it runs. Nothing is queued
+/// before: a standby replica waiting for the leader Lease would otherwise
+/// queue every change it sees.
+pub struct Feed<K>(Arc<arc_swap::ArcSwapOption<Paced>>, PhantomData<fn() -> K>);
+
+impl<K> Clone for Feed<K> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone(), PhantomData)
+    }
+}
+
+impl<K> Default for Feed<K> {
+    fn default() -> Self {
+        Self(Arc::new(arc_swap::ArcSwapOption::empty()), PhantomData)
+    }
+}
+
+impl<K: Resource> Feed<K> {
+    pub(crate) fn announce(&self, reference: ObjectRef<K>) {
+        if let Some(paced) = self.0.load().as_ref() {
+            paced.announce(reference.namespace.as_deref(), &reference.name);
+        }
+    }
+}
+
+impl<K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static> Feed<K> {
+    /// What the controller is to reconcile from now on (replacing an
+    /// earlier subscriber): the announced objects, and every object of
+    /// `store` each time `passes` fires, a window at a time. The controller
+    /// reports each reconcile to the returned `Paced` (`finished`).
+    pub(crate) fn subscribe(
+        &self,
+        store: Store<K>,
+        passes: impl Stream<Item = ()> + Send + 'static,
+    ) -> (impl Stream<Item = ObjectRef<K>> + Send + 'static, Arc<Paced>) {
+        let (objects, paced) = handed_out(store, passes, WINDOW, STALL);
+        let paced = Arc::new(paced);
+        self.0.store(Some(paced.clone()));
+        (objects, paced)
+    }
+}
+
+/// The task that owns a controller's queues: it takes announcements,
+/// reports and passes as they come, and hands the next object out when the
+/// controller takes one and the window has room.
+fn handed_out<K>(
     store: Store<K>,
-    triggers: impl Stream<Item = ()> + Send + 'static,
-    window: Arc<Window>,
+    passes: impl Stream<Item = ()> + Send + 'static,
     limit: usize,
     stall: Duration,
-) -> impl Stream<Item = ObjectRef<K>> + Send + 'static
+) -> (impl Stream<Item = ObjectRef<K>> + Send + 'static, Paced)
 where
     K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
 {
+    let identities = std::hash::RandomState::new();
+    let (announced, mut announcements) = mpsc::unbounded_channel::<Name>();
+    let (reported, mut reports) = mpsc::unbounded_channel::<u64>();
+    let paced = Paced { identities: identities.clone(), announced, reported };
     let (sender, mut receiver) = mpsc::channel(1);
     tokio::spawn(async move {
-        let mut triggers = std::pin::pin!(triggers);
-        while triggers.next().await.is_some() {
-            loop {
-                for object in store.state() {
-                    window.take(limit, stall).await;
-                    if sender.send(ObjectRef::from_obj(object.as_ref())).await.is_err() {
-                        return;
+        let mut queues = Queues::with_identities(identities);
+        let mut passes = std::pin::pin!(passes.fuse());
+        // Since when an object has waited for room (the stall's clock).
+        let mut full_since: Option<tokio::time::Instant> = None;
+        loop {
+            let overdue = full_since.is_some_and(|since| since.elapsed() >= stall);
+            let (waiting, may_go) = queues.ready(limit, overdue);
+            full_since =
+                if waiting && !may_go { full_since.or_else(|| Some(tokio::time::Instant::now())) } else { None };
+            let stall_ends = full_since.map_or_else(tokio::time::Instant::now, |since| since + stall);
+            tokio::select! {
+                biased;
+                Some(identity) = reports.recv() => {
+                    queues.handed.remove(&identity);
+                }
+                Some(name) = announcements.recv() => queues.announce(name),
+                Some(()) = passes.next() => queues.pass(names(&store)),
+                permit = sender.reserve(), if may_go => {
+                    let Ok(permit) = permit else { return };
+                    if let Some((namespace, name)) = queues.hand_out() {
+                        let mut object = ObjectRef::new(&name);
+                        object.namespace = namespace.map(String::from);
+                        permit.send(object);
                     }
                 }
-                // Any trigger since the pass began: its objects may have
-                // changed after the pass looked at them.
-                let mut again = false;
-                while let Some(Some(())) = triggers.next().now_or_never() {
-                    again = true;
-                }
-                if !again {
-                    break;
-                }
+                () = tokio::time::sleep_until(stall_ends), if full_since.is_some() => {}
+                else => return,
             }
         }
     });
-    futures_util::stream::poll_fn(move |cx| receiver.poll_recv(cx))
+    (futures_util::stream::poll_fn(move |cx| receiver.poll_recv(cx)), paced)
+}
+
+/// The namespace and name of every object in `store`, not the objects: a
+/// pass holding them would keep the old copy of each one replaced before
+/// the pass reaches it.
+fn names<K: Resource<DynamicType = ()> + Clone>(store: &Store<K>) -> Vec<Name> {
+    store
+        .state()
+        .iter()
+        .map(|object| {
+            let meta = object.meta();
+            (meta.namespace.as_deref().map(Box::from), Box::from(meta.name.as_deref().unwrap_or_default()))
+        })
+        .collect()
 }
 
 #[cfg(test)]
-mod tests {
-    use kube::runtime::reflector;
-    use kube::runtime::watcher::Event;
-    use waycast_crds::{ApiKey, ApiKeySpec};
-
-    use super::*;
-
-    fn store_of(count: usize) -> Store<ApiKey> {
-        let (reader, mut writer) = reflector::store();
-        for index in 0..count {
-            let mut key = ApiKey::new(&format!("key-{index}"), ApiKeySpec::default());
-            key.metadata.namespace = Some("team-a".into());
-            writer.apply_watcher_event(&Event::Apply(key));
-        }
-        reader
-    }
-
-    /// A pass hands out no more than the window until reconciles finish,
-    /// then the rest, each object once.
-    #[tokio::test]
-    async fn a_pass_waits_for_room_and_hands_out_every_object_once() {
-        let window = Arc::new(Window::default());
-        let mut pass = std::pin::pin!(paced_with(
-            store_of(10),
-            futures_util::stream::once(async {}),
-            window.clone(),
-            3,
-            Duration::from_secs(3600),
-        ));
-        let mut names = Vec::new();
-        for _ in 0..3 {
-            names.push(pass.next().await.map(|r| r.name));
-        }
-        tokio::task::yield_now().await;
-        assert!(pass.next().now_or_never().is_none(), "a fourth object waits for room");
-        assert_eq!(window.outstanding(), 3);
-        while names.len() < 10 {
-            window.finished();
-            names.push(pass.next().await.map(|r| r.name));
-        }
-        let mut names: Vec<String> = names.into_iter().flatten().collect();
-        names.sort();
-        names.dedup();
-        assert_eq!(names.len(), 10, "every object once");
-    }
-
-    /// A window that nothing frees (requests merged in the scheduler) is
-    /// taken as finished after the stall, rather than stopping the pass.
-    #[tokio::test]
-    async fn a_window_nothing_frees_goes_on_after_the_stall() {
-        let window = Arc::new(Window::default());
-        let mut pass = std::pin::pin!(paced_with(
-            store_of(5),
-            futures_util::stream::once(async {}),
-            window.clone(),
-            2,
-            Duration::from_millis(50),
-        ));
-        let started = tokio::time::Instant::now();
-        let mut handed = 0;
-        while pass.next().await.is_some() {
-            handed += 1;
-            if handed == 5 {
-                break;
-            }
-        }
-        assert_eq!(handed, 5);
-        assert!(started.elapsed() >= Duration::from_millis(100), "two full windows waited out a stall each");
-    }
-
-    /// Triggers during a pass make exactly one more pass after it.
-    #[tokio::test]
-    async fn triggers_during_a_pass_make_one_more() {
-        let window = Arc::new(Window::default());
-        let (fire, fired) = mpsc::unbounded_channel::<()>();
-        let triggers =
-            futures_util::stream::unfold(fired, |mut fired| async move { fired.recv().await.map(|()| ((), fired)) });
-        let mut pass =
-            std::pin::pin!(paced_with(store_of(4), triggers, window.clone(), 100, Duration::from_secs(3600)));
-        fire.send(()).ok();
-        let _first = pass.next().await;
-        // Two more triggers while the first pass is still handing out.
-        fire.send(()).ok();
-        fire.send(()).ok();
-        let mut handed = 1;
-        while tokio::time::timeout(Duration::from_millis(200), pass.next()).await.ok().flatten().is_some() {
-            handed += 1;
-        }
-        assert_eq!(handed, 8, "the first pass and one more");
-    }
-}
+#[path = "paced_tests.rs"]
+mod tests;
