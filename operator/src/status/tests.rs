@@ -296,6 +296,16 @@ fn a_kept_api_key_status_compares_and_carries_over_as_the_whole_one() {
         statuses.push(api_key_status(&api_key, vec![], &other_message, (1, true), now));
         statuses.push(api_key_status(&api_key, refused.clone(), &[], (0, true), now));
     }
+    // Only the rest moves (another prefix), or only a condition's reason or generation.
+    let mut other_prefix = statuses[0].clone();
+    other_prefix.key_prefix = Some("wc_other".into());
+    statuses.push(other_prefix);
+    let mut other_reason = statuses[0].clone();
+    other_reason.conditions[0].reason = "Another".into();
+    statuses.push(other_reason);
+    let mut other_generation = statuses[0].clone();
+    other_generation.conditions[0].observed_generation = Some(3);
+    statuses.push(other_generation);
     // A condition another writer of the status added: kept in the digest only.
     let mut with_foreign = statuses[0].clone();
     with_foreign.conditions.push(condition(&[], "Audited", true, "Audited", "by team-a's bot", None, then));
@@ -306,7 +316,12 @@ fn a_kept_api_key_status_compares_and_carries_over_as_the_whole_one() {
     let (mut same, mut differ) = (0, 0);
     for old in &statuses {
         let kept = kept_form(old);
-        assert!(kept.parents.is_empty() && kept.secret_name.is_none(), "the rest is kept as a digest only");
+        let bare = ApiKeyStatus {
+            conditions: kept.conditions.clone(),
+            compared_digest: kept.compared_digest,
+            ..ApiKeyStatus::default()
+        };
+        assert_eq!(kept, bare, "the rest is kept as a digest only");
         assert!(kept.conditions.iter().all(|c| c.message.is_empty() && c.reason.is_empty()));
         assert!(kept.conditions.iter().all(|c| [types::READY, types::PROGRAMMED].contains(&c.type_.as_str())));
         for new in &statuses {

@@ -497,6 +497,10 @@ mod tests {
             watcher::Event::InitApply(key("team-a", 1)),
             watcher::Event::InitDone,
             watcher::Event::Apply(key("team-b", 1)),
+            watcher::Event::Apply(ApiKey {
+                metadata: kube::api::ObjectMeta { name: Some("y".into()), ..key("team-a", 1).metadata },
+                ..key("team-a", 1)
+            }),
             watcher::Event::Apply(status_written),
             watcher::Event::Apply(key("team-b", 2)),
             watcher::Event::Delete(key("team-a", 1)),
@@ -514,11 +518,12 @@ mod tests {
         let expected = [
             ("team-a".to_owned(), Some(1), false),
             ("team-b".to_owned(), Some(1), false),
+            ("team-a".to_owned(), Some(1), false),
             ("team-b".to_owned(), Some(2), false),
             ("team-a".to_owned(), Some(1), true),
         ];
         assert_eq!(announced, expected);
-        assert_eq!(store.state().len(), 1);
+        assert_eq!(store.state().len(), 2, "team-b's x and team-a's y");
     }
 
     #[test]

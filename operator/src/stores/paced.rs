@@ -25,7 +25,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::{Stream, StreamExt as _};
+use futures_util::{FutureExt as _, Stream, StreamExt as _};
 use kube::Resource;
 use kube::runtime::controller::{self, Action};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -33,8 +33,8 @@ use tokio::sync::mpsc;
 
 /// Objects in a controller at once, handed out here.
 pub const WINDOW: usize = 1024;
-/// How long a full window waits for a reconcile to finish before it lets
-/// one more object in anyway (a safety net: every object handed out is
+/// How long a full window waits for a report before it counts itself
+/// empty (a safety net, with a warning: every object handed out is
 /// reported once, reconciled, failed or gone).
 pub const STALL: Duration = Duration::from_secs(30);
 /// Queues that grew past this are given back their room once drained.
@@ -57,7 +57,13 @@ struct Queues {
     in_pass: HashSet<u64>,
     /// Objects handed out and not yet reported.
     handed: HashSet<u64>,
+    /// Changed objects handed out in a row while a pass waited.
+    changed_in_a_row: usize,
 }
+
+/// Of this many objects handed out while both queues wait, one is a pass's:
+/// a tenant changing objects in a loop cannot hold every pass back.
+const PASS_SHARE: usize = 4;
 
 impl Queues {
     fn with_identities(identities: std::hash::RandomState) -> Self {
@@ -86,19 +92,28 @@ impl Queues {
 
     /// Whether an object waits, and whether it may go now: the window has
     /// room, or the object is in the controller already (its request is
-    /// merged there), or `overdue`.
-    fn ready(&self, limit: usize, overdue: bool) -> (bool, bool) {
-        let front = self.changed.front().or_else(|| self.pass.front());
+    /// merged there).
+    fn ready(&self, limit: usize) -> (bool, bool) {
+        let front = if self.pass_next() { self.pass.front() } else { self.changed.front() };
         let Some((namespace, name)) = front else { return (false, false) };
         let identity = self.identity(namespace.as_deref(), name);
-        (true, overdue || self.handed.len() < limit || self.handed.contains(&identity))
+        (true, self.handed.len() < limit || self.handed.contains(&identity))
     }
 
-    /// Takes the next object (changed ones first) into the window.
+    /// Whether the next object is a pass's: changed ones go first, but
+    /// one in [`PASS_SHARE`] is a pass's while both wait.
+    fn pass_next(&self) -> bool {
+        !self.pass.is_empty() && (self.changed.is_empty() || self.changed_in_a_row + 1 >= PASS_SHARE)
+    }
+
+    /// Takes the next object into the window.
     fn hand_out(&mut self) -> Option<Name> {
-        let (next, waiting) = match self.changed.pop_front() {
-            Some(next) => (next, &mut self.in_changed),
-            None => (self.pass.pop_front()?, &mut self.in_pass),
+        let (next, waiting) = if self.pass_next() {
+            self.changed_in_a_row = 0;
+            (self.pass.pop_front()?, &mut self.in_pass)
+        } else {
+            self.changed_in_a_row += 1;
+            (self.changed.pop_front()?, &mut self.in_changed)
         };
         let identity = self.identities.hash_one((next.0.as_deref(), &*next.1));
         waiting.remove(&identity);
@@ -219,10 +234,22 @@ where
         // Since when an object has waited for room (the stall's clock).
         let mut full_since: Option<tokio::time::Instant> = None;
         loop {
-            let overdue = full_since.is_some_and(|since| since.elapsed() >= stall);
-            let (waiting, may_go) = queues.ready(limit, overdue);
-            full_since =
-                if waiting && !may_go { full_since.or_else(|| Some(tokio::time::Instant::now())) } else { None };
+            if full_since.is_some_and(|since| since.elapsed() >= stall) {
+                // Every object handed out is reported once; a full window
+                // nothing reported on for so long has lost count.
+                tracing::warn!(
+                    handed = queues.handed.len(),
+                    "no reconcile reported for {stall:?}: counting the window as empty"
+                );
+                queues.handed.clear();
+                full_since = None;
+            }
+            let (waiting, may_go) = queues.ready(limit);
+            if !waiting || may_go {
+                full_since = None;
+            } else if full_since.is_none() {
+                full_since = Some(tokio::time::Instant::now());
+            }
             let stall_ends = full_since.map_or_else(tokio::time::Instant::now, |since| since + stall);
             tokio::select! {
                 biased;
@@ -230,7 +257,11 @@ where
                     queues.handed.remove(&identity);
                 }
                 Some(name) = announcements.recv() => queues.announce(name),
-                Some(()) = passes.next() => queues.pass(names(&store)),
+                Some(()) = passes.next() => {
+                    // Triggers already waiting are the same pass.
+                    while let Some(Some(())) = passes.next().now_or_never() {}
+                    queues.pass(names(&store));
+                }
                 permit = sender.reserve(), if may_go => {
                     let Ok(permit) = permit else { return };
                     if let Some((namespace, name)) = queues.hand_out() {

@@ -52,7 +52,8 @@ async fn a_pass_waits_for_room_and_hands_out_every_object_once() {
     let wait = Duration::from_millis(100);
     assert!(next_within(&mut out, wait).await.is_none(), "a fourth waits for room");
     paced.finished(&reconciled(&ObjectRef::new("someone-else").within("team-a")));
-    paced.finished(&reconciled(&ObjectRef::new("key-0").within("team-b")));
+    // The name of one handed out, in another namespace: another object.
+    paced.finished(&reconciled(&ObjectRef::new(&handed[0].name).within("team-b")));
     assert!(next_within(&mut out, wait).await.is_none(), "only the objects handed out leave");
     let mut reported = 0;
     while handed.len() < 10 {
@@ -113,8 +114,8 @@ async fn a_failed_or_missing_object_leaves_the_window_once() {
     assert_eq!(next_within(&mut out, wait).await.map(|object| object.name).as_deref(), Some("fourth"));
 }
 
-/// A window the controller never reports on lets one more object in after
-/// each stall, rather than stopping.
+/// A window the controller never reports on counts itself empty after a
+/// stall, rather than stopping.
 #[tokio::test]
 async fn a_window_nothing_frees_goes_on_after_the_stall() {
     let passes = futures_util::stream::once(async {});
@@ -122,11 +123,48 @@ async fn a_window_nothing_frees_goes_on_after_the_stall() {
     let mut out = std::pin::pin!(out);
     let started = tokio::time::Instant::now();
     let mut handed = 0;
-    while handed < 5 && out.next().await.is_some() {
+    while handed < 5 && next_within(&mut out, Duration::from_secs(5)).await.is_some() {
         handed += 1;
     }
-    assert_eq!(handed, 5);
-    assert!(started.elapsed() >= Duration::from_millis(150), "each of three objects waited out a stall");
+    assert_eq!(handed, 5, "the stall let each one in");
+    let elapsed = started.elapsed();
+    assert!(elapsed >= Duration::from_millis(100), "two full windows waited out a stall each");
+    assert!(elapsed < Duration::from_secs(10), "the stall given, not another: {elapsed:?}");
+}
+
+/// The stall's clock runs from when the window filled, whatever else
+/// comes meanwhile: announcements arriving all the time do not restart it.
+#[tokio::test]
+async fn the_stall_runs_out_under_a_stream_of_announcements() {
+    let (out, paced) = handed_out(store_of(0), futures_util::stream::pending(), 1, Duration::from_millis(50));
+    let mut out = std::pin::pin!(out);
+    let announcing = tokio::spawn({
+        let paced = paced.clone();
+        async move {
+            for index in 0.. {
+                paced.announce(Some("team-a"), &format!("key-{index}"));
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+    });
+    let mut handed = 0;
+    while handed < 3 && next_within(&mut out, Duration::from_secs(5)).await.is_some() {
+        handed += 1;
+    }
+    announcing.abort();
+    assert_eq!(handed, 3, "the first, then one after each of two stalls");
+}
+
+/// While changed objects keep coming, one in four handed out is a pass's.
+#[test]
+fn a_pass_gets_its_share_while_changes_keep_coming() {
+    let mut queues = Queues::default();
+    queues.pass((0..6).map(|index| name(&format!("key-{index}"))).collect());
+    for index in 0..6 {
+        queues.announce(name(&format!("changed-{index}")));
+    }
+    let order: Vec<bool> = (0..8).filter_map(|_| queues.hand_out()).map(|(_, name)| name.starts_with("key-")).collect();
+    assert_eq!(order, [false, false, false, true, false, false, false, true]);
 }
 
 /// A pass while one runs queues again only the objects already handed
@@ -140,7 +178,6 @@ async fn a_pass_during_a_pass_queues_again_only_what_was_handed_out() {
     let first = out.next().await.unwrap();
     fire.send(()).ok();
     fire.send(()).ok();
-    tokio::time::sleep(Duration::from_millis(50)).await;
     paced.finished(&reconciled(&first));
     let mut handed = vec![first.name];
     while let Some(object) = next_within(&mut out, Duration::from_millis(200)).await {
@@ -162,21 +199,25 @@ fn drained_queues_give_back_their_room() {
     assert_eq!(queues.handed.len(), 3001);
     assert!(queues.pass.capacity() <= KEPT_ROOM && queues.in_pass.capacity() <= KEPT_ROOM);
     assert!(queues.in_pass.is_empty() && queues.in_changed.is_empty());
+    for index in 0..3000 {
+        queues.announce(name(&format!("changed-{index}")));
+    }
+    while queues.hand_out().is_some() {}
+    assert!(queues.changed.capacity() <= KEPT_ROOM && queues.in_changed.capacity() <= KEPT_ROOM);
 }
 
-/// Room: below the limit, or an object already in the controller, or
-/// overdue; nothing waiting, nothing to hand out.
+/// Room: below the limit, or an object already in the controller; nothing
+/// waiting, nothing to hand out.
 #[test]
 fn an_object_may_go_with_room_or_when_already_in_the_controller() {
     let mut queues = Queues::default();
-    assert_eq!(queues.ready(1, false), (false, false));
+    assert_eq!(queues.ready(1), (false, false));
     queues.announce(name("a"));
-    assert_eq!(queues.ready(1, false), (true, true));
+    assert_eq!(queues.ready(1), (true, true));
     queues.hand_out();
     queues.announce(name("b"));
-    assert_eq!(queues.ready(1, false), (true, false), "the window of one is full");
-    assert_eq!(queues.ready(1, true), (true, true), "overdue");
+    assert_eq!(queues.ready(1), (true, false), "the window of one is full");
     queues.announce(name("a"));
     queues.changed.swap(0, 1);
-    assert_eq!(queues.ready(1, false), (true, true), "a is in the controller already");
+    assert_eq!(queues.ready(1), (true, true), "a is in the controller already");
 }
