@@ -99,10 +99,9 @@ pub struct ApiKeySpec {
     pub parent_refs: Vec<ParentReference>,
 }
 
+// NB: `limits` and `usage` are boxed: the operator's cache of 100,000
+// ApiKeys holds neither, and inline they were 176 bytes of each.
 /// What the operator last saw and did for an ApiKey.
-///
-/// NB: `limits` and `usage` are boxed: the operator's cache of 100,000
-/// ApiKeys holds neither, and inline they were 176 bytes of each.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, kube::KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ApiKeyStatus {
