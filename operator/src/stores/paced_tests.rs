@@ -33,6 +33,17 @@ async fn next_within(
     tokio::time::timeout(wait, stream.next()).await.ok().flatten()
 }
 
+/// The names handed out until none comes for 200 ms, each reported
+/// reconciled as it comes (a window of one moves on that way).
+async fn reporting_each(stream: &mut (impl Stream<Item = ObjectRef<ApiKey>> + Unpin), paced: &Paced) -> Vec<String> {
+    let mut names = Vec::new();
+    while let Some(object) = next_within(stream, Duration::from_millis(200)).await {
+        paced.finished(&reconciled(&object));
+        names.push(object.name);
+    }
+    names
+}
+
 fn name(text: &str) -> Name {
     (Some(Box::from("team-a")), Box::from(text))
 }
@@ -81,11 +92,7 @@ async fn a_changed_object_goes_before_a_pass() {
     paced.announce(Some("team-b"), "new-key");
     // The window of one is full until reported: report each as it comes.
     paced.finished(&reconciled(&first));
-    let mut names = Vec::new();
-    while let Some(object) = next_within(&mut out, Duration::from_millis(200)).await {
-        paced.finished(&reconciled(&object));
-        names.push(object.name);
-    }
+    let names = reporting_each(&mut out, &paced).await;
     assert_eq!(names.first().map(String::as_str), Some("new-key"), "{names:?}");
     assert_eq!(names.iter().filter(|name| *name == "new-key").count(), 1);
     assert_eq!(names.len(), 5, "the new key and the pass's other four: {names:?}");
@@ -180,10 +187,7 @@ async fn a_pass_during_a_pass_queues_again_only_what_was_handed_out() {
     fire.send(()).ok();
     paced.finished(&reconciled(&first));
     let mut handed = vec![first.name];
-    while let Some(object) = next_within(&mut out, Duration::from_millis(200)).await {
-        paced.finished(&reconciled(&object));
-        handed.push(object.name);
-    }
+    handed.extend(reporting_each(&mut out, &paced).await);
     assert_eq!(handed.len(), 5, "four, and the first again: {handed:?}");
     assert_eq!(handed[0], handed[4]);
 }
