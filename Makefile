@@ -3,7 +3,7 @@ CARGO ?= cargo
 CARGO_FLAGS ?= -j2
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 
-.PHONY: demo test bench bench-peers bench-scale bench-routing bench-fairness lint deny images crds generate k8s-bins helm-bin otelcol-bin prometheus-bin node-deps browser-deps clean-e2e
+.PHONY: demo test bench bench-peers bench-scale bench-routing bench-fairness lint deny images crds generate k8s-bins helm-bin otelcol-bin prometheus-bin node-deps browser-deps upstream-servers clean-e2e
 
 ## demo: waycast on a local cluster (control plane + node), ending with a working curl; Ctrl-C stops it
 demo: k8s-bins node-deps
@@ -11,9 +11,10 @@ demo: k8s-bins node-deps
 	bash e2e/scripts/demo.sh
 
 ## test: every test — unit, generated-file checks, e2e on a real cluster with a node
-test: k8s-bins helm-bin otelcol-bin prometheus-bin node-deps browser-deps
+test: k8s-bins helm-bin otelcol-bin prometheus-bin node-deps browser-deps upstream-servers
 	$(CARGO) build $(CARGO_FLAGS) --workspace --bins
-	$(CARGO) test $(CARGO_FLAGS) --workspace
+	@# Tests whose servers are missing fail here rather than skip.
+	WAYCAST_REQUIRE_UPSTREAM_SERVERS=1 $(CARGO) test $(CARGO_FLAGS) --workspace
 	@# The last e2e node tears down after its test binary exits; wait for it.
 	flock /run/waycast-e2e.lock true
 
@@ -114,6 +115,10 @@ node-deps:
 ## browser-deps: Debian's Chromium, for the test that drives waycast-bench's page headless
 browser-deps:
 	bash bench/scripts/install-browser.sh
+
+## upstream-servers: nginx (Debian) and uvicorn with h11 (PyPI, a virtualenv under ~/.cache/waycast), real servers the upstream client is tested against
+upstream-servers:
+	bash gateway/tests/upstream-servers.sh >/dev/null
 
 ## clean-e2e: remove what a killed test run left behind
 clean-e2e:

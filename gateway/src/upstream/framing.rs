@@ -49,6 +49,23 @@ pub enum FramingError {
     /// The connection closed before the body's end.
     #[error("connection closed before the end of the body")]
     Truncated,
+    /// `Transfer-Encoding` in an HTTP/1.0 response: RFC 9112 §6.1 has a
+    /// client treat its framing as faulty (HTTP/1.0 has no chunked coding,
+    /// so an intermediary may have read it as a body ending at the close).
+    #[error("Transfer-Encoding in an HTTP/1.0 response")]
+    EncodedHttp10,
+}
+
+/// Refuses a response whose version cannot carry its framing headers.
+///
+/// # Errors
+/// [`FramingError::EncodedHttp10`] for `Transfer-Encoding` in an HTTP/1.0
+/// response, whatever else it says.
+pub fn check_version(version: http::Version, headers: &HeaderMap) -> Result<(), FramingError> {
+    if version == http::Version::HTTP_10 && headers.contains_key(TRANSFER_ENCODING) {
+        return Err(FramingError::EncodedHttp10);
+    }
+    Ok(())
 }
 
 /// The framing of a response to a request (`head`: it was a HEAD request)
@@ -376,6 +393,15 @@ mod tests {
         let chunked = headers(&[("transfer-encoding", "gzip, Chunked")]);
         assert_eq!(framing(false, 200, &chunked), Ok(Framing::Chunked));
         assert_eq!(framing(false, 200, &headers(&[("transfer-encoding", "chunked, gzip")])), Ok(Framing::UntilClose));
+    }
+
+    #[test]
+    fn transfer_encoding_in_http_1_0_is_faulty_framing() {
+        let chunked = headers(&[("transfer-encoding", "chunked")]);
+        assert_eq!(check_version(http::Version::HTTP_10, &chunked), Err(FramingError::EncodedHttp10));
+        assert_eq!(check_version(http::Version::HTTP_11, &chunked), Ok(()));
+        let length = headers(&[("content-length", "5")]);
+        assert_eq!(check_version(http::Version::HTTP_10, &length), Ok(()));
     }
 
     #[test]

@@ -41,7 +41,7 @@ use tokio::net::TcpStream;
 use waycast_crds::egress::EgressPolicy;
 
 use super::egress::{EgressDenied, allowed_addresses};
-use super::framing::{Decoder, Framing, FramingError, framing, header_tokens};
+use super::framing::{Decoder, Framing, FramingError, check_version, framing, header_tokens};
 use super::io::{Io, Records};
 use super::pool::{Checkin, ClientId, Pool, PoolKey};
 use super::wire::{HeadError, UpstreamRequest, read_head};
@@ -317,6 +317,7 @@ async fn exchange(mut io: Io, request: &UpstreamRequest) -> Result<Answer, Faile
 /// The framing of a final head, and the body bytes read with it. A
 /// `Content-Length` goes on only as the one length the body is read by.
 fn answer(io: Io, mut head: http::response::Parts, rest: &Bytes, head_only: bool) -> Result<Answer, UpstreamError> {
+    check_version(head.version, &head.headers)?;
     let framing = framing(head_only, head.status.as_u16(), &head.headers)?;
     if let Framing::Length(length) = framing {
         keep_only_length(&mut head.headers, length);
@@ -472,3 +473,11 @@ mod tests;
 #[cfg(test)]
 #[path = "http1_properties.rs"]
 mod properties;
+
+#[cfg(test)]
+#[path = "http1_oracle.rs"]
+mod oracle;
+
+#[cfg(test)]
+#[path = "http1_servers.rs"]
+mod servers;

@@ -351,9 +351,10 @@ async fn hostile_answers_are_errors_not_panics() {
     assert!(error.to_string().contains("more than 8 informational responses"), "{error}");
     // A body that breaks its framing fails the request, or the body if
     // the head came on its own.
-    let broken_bodies: [(&'static [u8], FramingError); 2] = [
+    let broken_bodies: [(&'static [u8], FramingError); 3] = [
         (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n", FramingError::BadChunkSize),
         (b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nshort", FramingError::Truncated),
+        (b"HTTP/1.0 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", FramingError::EncodedHttp10),
     ];
     for (answer, expected) in broken_bodies {
         let (address, _) = scripted(vec![answer]).await;
