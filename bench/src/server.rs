@@ -121,21 +121,17 @@ impl BenchServer {
             || self.allowed_hosts.iter().any(|allowed| allowed.eq_ignore_ascii_case(name))
     }
 
-    /// Who may use `/runs` for `request`, or the answer that refuses it.
-    fn admit(&self, request: &Request<Incoming>) -> Result<Identity, Response<SinkBody>> {
+    /// Who may use `/runs` for `request`, or the status and message that refuse it.
+    fn admit(&self, request: &Request<Incoming>) -> Result<Identity, (StatusCode, &'static str)> {
         let Some(host) = request_host(request) else {
-            return Err(error(StatusCode::BAD_REQUEST, "a request to /runs must name this server in its Host header"));
+            return Err((StatusCode::BAD_REQUEST, "a request to /runs must name this server in its Host header"));
         };
         if !self.host_allowed(&host) {
             let message = "this server answers /runs by IP address or localhost: start it with --allowed-host NAME to use another name";
-            return Err(error(StatusCode::FORBIDDEN, message));
+            return Err((StatusCode::FORBIDDEN, message));
         }
-        self.tokens.identify(request.headers()).ok_or_else(|| {
-            let message = "/runs needs Authorization: Bearer TOKEN with the token waycast-bench serve printed (or one of its --token-file)";
-            let mut refused = error(StatusCode::UNAUTHORIZED, message);
-            refused.headers_mut().insert(header::WWW_AUTHENTICATE, http::HeaderValue::from_static("Bearer"));
-            refused
-        })
+        let message = "/runs needs Authorization: Bearer TOKEN with the token waycast-bench serve printed (or one of its --token-file)";
+        self.tokens.identify(request.headers()).ok_or((StatusCode::UNAUTHORIZED, message))
     }
 
     async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<SinkBody> {
@@ -153,7 +149,13 @@ impl BenchServer {
         }
         let caller = match self.admit(&request) {
             Ok(caller) => caller,
-            Err(refused) => return refused,
+            Err((status, message)) => {
+                let mut refused = error(status, message);
+                if status == StatusCode::UNAUTHORIZED {
+                    refused.headers_mut().insert(header::WWW_AUTHENTICATE, http::HeaderValue::from_static("Bearer"));
+                }
+                return refused;
+            }
         };
         match (request.method().clone(), path.as_str()) {
             (Method::POST, "/runs") => self.start_run(request, caller).await,
