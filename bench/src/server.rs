@@ -234,8 +234,7 @@ impl BenchServer {
             error: None,
             owner,
         });
-        let excess = runs.len().saturating_sub(RUNS_KEPT);
-        runs.drain(..excess);
+        forget_beyond(&mut runs, RUNS_KEPT);
         // Progress is for display: skipped when a reader holds the list,
         // and once the run is no longer running.
         let server = self.clone();
@@ -318,6 +317,23 @@ impl BenchServer {
             headers.insert(header::CONTENT_DISPOSITION, disposition);
         }
         response
+    }
+}
+
+/// Forgets finished runs until `kept` are left: each time the oldest of
+/// the token with the most, so one holder's many runs never push out
+/// another's. A running run is never forgotten.
+fn forget_beyond(runs: &mut Vec<RunRecord>, kept: usize) {
+    let same = |a: &Option<Identity>, b: &Option<Identity>| match (a, b) {
+        (Some(a), Some(b)) => a.same(b),
+        (a, b) => a.is_none() && b.is_none(),
+    };
+    while runs.len() > kept {
+        let ended: Vec<&RunRecord> = runs.iter().filter(|r| r.status != "running").collect();
+        let held = |owner: &Option<Identity>| ended.iter().filter(|r| same(&r.owner, owner)).count();
+        let Some(most) = ended.iter().max_by_key(|r| held(&r.owner)) else { return };
+        let oldest = ended.iter().find(|r| same(&r.owner, &most.owner)).map(|r| r.id);
+        runs.retain(|r| Some(r.id) != oldest);
     }
 }
 

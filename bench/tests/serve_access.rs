@@ -186,3 +186,35 @@ async fn a_token_file_that_holds_no_usable_token_stops_it_at_start() {
     assert_eq!(output.status.code(), Some(64), "{}", String::from_utf8_lossy(&output.stderr));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_tokens_many_runs_do_not_push_out_anothers() {
+    let dir = waycast_mock::fixtures::temp_dir("bench-serve-kept");
+    let (alice, bob) = ("alice-token-of-at-least-thirty-two-chars", "bob-token-of-at-least-thirty-two-characters");
+    let file = dir.join("tokens");
+    std::fs::write(&file, format!("{alice}\n{bob}\n")).unwrap();
+    let (_serve, address, _) = serve(&["--token-file", file.to_str().unwrap()]);
+    let tiny = json!({"target": format!("http://{address}"), "requests": 1, "concurrency": 1, "warmup": 0});
+    // Bob's one run, then Alice's 200: the server keeps 200 runs in all.
+    let mut started = Vec::new();
+    for token in std::iter::once(bob).chain(std::iter::repeat_n(alice, 200)) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let id = loop {
+            let (status, answer) = call(address, "POST", "/runs", Some(token), &tiny).await;
+            if status == 202 {
+                break answer["id"].as_u64().unwrap();
+            }
+            // The one before has not ended yet.
+            assert!(status == 409 && Instant::now() < deadline, "{status}: {answer}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        started.push(id);
+    }
+    let ids = |list: Value| list.as_array().unwrap().iter().map(|r| r["id"].as_u64().unwrap()).collect::<Vec<_>>();
+    let (_, bobs) = call(address, "GET", "/runs", Some(bob), &Value::Null).await;
+    assert_eq!(ids(bobs), [started[0]], "Bob's run is kept");
+    let (_, alices) = call(address, "GET", "/runs", Some(alice), &Value::Null).await;
+    let alices = ids(alices);
+    assert_eq!((alices.len(), alices.last()), (199, Some(&started[2])), "Alice's oldest run went first");
+    let _ = std::fs::remove_dir_all(&dir);
+}
