@@ -6,7 +6,7 @@
 //! |---|---|
 //! | `POST /runs` | body: a [`Scenario`] as JSON (`Content-Type: application/json`) → `202 {"id": N, "status": "running"}`; `400` with a message when invalid; `403` for a target or baseline outside the allow-list ([`Targets`]); `409` while another run is running (two at once would measure each other); `415` without the JSON type and `403` from a page of another origin (so no other site can start runs from a user's browser) |
 //! | `DELETE /runs/{id}` | cancels a running run: its requests stop, its status becomes `cancelled` |
-//! | `GET /runs` | every run kept (the last 200) that the caller started, newest first |
+//! | `GET /runs` | every run kept that the caller started, newest first (200 kept in all; beyond, the oldest finished run of the token with the most goes) |
 //! | `GET /runs/{id}` | `{"id", "status": "running" \| "done" \| "failed" \| "cancelled", "progress"?, "scenario", "result"?, "error"?}`; `result` is a [`Report`]; the scenario's keys are not shown |
 //! | `GET /runs/{id}.json`, `GET /runs/{id}.csv` | a finished run as a file to keep ([`crate::csv`] for the columns) |
 //! | `GET /` | the web page (it takes the token from its URL's `#token=`) |
