@@ -15,6 +15,7 @@
 //! streams, a number of chunks apart; the source asks for those per request
 //! with headers, which a gateway forwards, so one sink serves every scenario.
 
+pub mod access;
 pub mod arrival;
 pub mod csv;
 pub mod peers;

@@ -3,7 +3,7 @@
 //! ```text
 //! waycast-bench sink  --listen 127.0.0.1:8000                    # the OpenAI-compatible sink alone
 //! waycast-bench run   --target http://GATEWAY --key KEY [--baseline http://SERVER --rounds 5] [--sweep 10:100:10] [...]
-//! waycast-bench serve --listen 0.0.0.0:8090                       # REST API + web page + sink
+//! waycast-bench serve --listen 127.0.0.1:8090 [--allowed-target gateway]  # REST API + web page + sink
 //! waycast-bench suite --gateway target/release/waycast-gateway    # what `make bench` runs
 //! waycast-bench peers --waycast ... --nginx ... --onwards ...        # what `make bench-peers` runs
 //! ```
@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use waycast_bench::access::{Targets, Tokens};
 use waycast_bench::peers::{Peer, PeerKind};
 use waycast_bench::sink::SinkOptions;
 use waycast_bench::{Scenario, millis, peers, server, sink, study, suite};
@@ -45,6 +46,15 @@ enum Command {
         /// localhost (a Service's or an Ingress's; repeat for several).
         #[arg(long = "allowed-host")]
         allowed_hosts: Vec<String>,
+        /// A target runs may load besides loopback: `HOST` (any port) or
+        /// `HOST:PORT`, compared as written (repeat for several).
+        #[arg(long = "allowed-target")]
+        allowed_targets: Vec<String>,
+        /// A file of tokens the REST API accepts, one a line (each
+        /// holder's runs are their own); absent: one is drawn at start and
+        /// printed.
+        #[arg(long, env = "WAYCAST_BENCH_TOKEN_FILE")]
+        token_file: Option<PathBuf>,
         #[command(flatten)]
         answers: Answers,
     },
@@ -161,14 +171,8 @@ fn main() -> ExitCode {
                 }
                 Err(error) => fail(&format!("cannot listen on {listen}: {error}")),
             },
-            Command::Serve { listen, allowed_hosts, answers } => {
-                match server::start_allowing(listen, answers.options(), allowed_hosts).await {
-                    Ok(address) => {
-                        eprintln!("waycast-bench: http://{address}/ (REST API at /runs, sink at /v1)");
-                        wait_for_signal().await
-                    }
-                    Err(error) => fail(&format!("cannot listen on {listen}: {error}")),
-                }
+            Command::Serve { listen, allowed_hosts, allowed_targets, token_file, answers } => {
+                serve(listen, allowed_hosts, allowed_targets, token_file, answers).await
             }
             Command::Run { scenario, out, csv } => {
                 if let Err(problem) = scenario.validate() {
@@ -263,6 +267,64 @@ fn main() -> ExitCode {
             }
         }
     })
+}
+
+/// `waycast-bench serve`: its tokens and allow-list set up, listening,
+/// the page's address printed (with the token, when drawn here).
+async fn serve(
+    listen: SocketAddr,
+    allowed_hosts: Vec<String>,
+    allowed_targets: Vec<String>,
+    token_file: Option<PathBuf>,
+    answers: Answers,
+) -> ExitCode {
+    // The names this server answers to are targets too: its own sink.
+    let targets = match Targets::new(&[allowed_targets, allowed_hosts.clone()].concat()) {
+        Ok(targets) => targets,
+        Err(error) => return usage(&error.to_string()),
+    };
+    let (tokens, drawn) = match &token_file {
+        Some(path) => match std::fs::read(path) {
+            Ok(bytes) if bytes.len() <= 256 * 1024 => match Tokens::from_text(&String::from_utf8_lossy(&bytes)) {
+                Ok(tokens) => (tokens, None),
+                Err(error) => return usage(&format!("{}: {error}", path.display())),
+            },
+            Ok(_) => return usage(&format!("{}: a token file is at most 256 KiB", path.display())),
+            Err(error) => return usage(&format!("cannot read {}: {error}", path.display())),
+        },
+        None => match Tokens::generate() {
+            Ok((tokens, token)) => (tokens, Some(token)),
+            Err(error) => return fail(&error.to_string()),
+        },
+    };
+    let options = server::ServeOptions { sink: answers.options(), allowed_hosts, targets, tokens };
+    let address = match server::start(listen, options).await {
+        Ok(address) => address,
+        Err(error) => return fail(&format!("cannot listen on {listen}: {error}")),
+    };
+    // Listening on every address: the page is at loopback on this machine (or a port-forward).
+    let shown = if address.ip().is_unspecified() {
+        SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), address.port())
+    } else {
+        address
+    };
+    // NB: the token goes in the fragment, which a browser never sends, so
+    // no access log or proxy between sees it.
+    match drawn {
+        Some(token) => eprintln!(
+            "waycast-bench: http://{shown}/#token={token} (REST API at /runs with Authorization: Bearer {token}, sink at /v1)"
+        ),
+        None => eprintln!(
+            "waycast-bench: http://{shown}/#token=YOUR_TOKEN (a token of {}; REST API at /runs with Authorization: Bearer YOUR_TOKEN, sink at /v1)",
+            token_file.as_deref().map(std::path::Path::display).map(|p| p.to_string()).unwrap_or_default()
+        ),
+    }
+    wait_for_signal().await
+}
+
+fn usage(message: &str) -> ExitCode {
+    eprintln!("waycast-bench: {message}");
+    ExitCode::from(64)
 }
 
 fn write_report(report: &impl serde::Serialize, out: &std::path::Path) -> ExitCode {

@@ -4,17 +4,21 @@
 //!
 //! | route | |
 //! |---|---|
-//! | `POST /runs` | body: a [`Scenario`] as JSON (`Content-Type: application/json`) → `202 {"id": N, "status": "running"}`; `400` with a message when invalid; `409` while another run is running (two at once would measure each other); `415` without the JSON type and `403` from a page of another origin (so no other site can start runs from a user's browser) |
+//! | `POST /runs` | body: a [`Scenario`] as JSON (`Content-Type: application/json`) → `202 {"id": N, "status": "running"}`; `400` with a message when invalid; `403` for a target or baseline outside the allow-list ([`Targets`]); `409` while another run is running (two at once would measure each other); `415` without the JSON type and `403` from a page of another origin (so no other site can start runs from a user's browser) |
 //! | `DELETE /runs/{id}` | cancels a running run: its requests stop, its status becomes `cancelled` |
-//!
-//! `/runs` answers only requests that name this server by an IP address,
-//! `localhost` or a name given with `--allowed-host` (a web page at a name
-//! made to point here must not start runs: DNS rebinding).
-//! | `GET /runs` | every run kept (the last 200), newest first |
+//! | `GET /runs` | every run kept that the caller started, newest first (200 kept in all; beyond, the oldest finished run of the token with the most goes) |
 //! | `GET /runs/{id}` | `{"id", "status": "running" \| "done" \| "failed" \| "cancelled", "progress"?, "scenario", "result"?, "error"?}`; `result` is a [`Report`]; the scenario's keys are not shown |
 //! | `GET /runs/{id}.json`, `GET /runs/{id}.csv` | a finished run as a file to keep ([`crate::csv`] for the columns) |
-//! | `GET /` | the web page |
+//! | `GET /` | the web page (it takes the token from its URL's `#token=`) |
 //! | `/v1/...` | the sink |
+//!
+//! Every `/runs` request, in this order: names this server (`Host`, or
+//! HTTP/2's authority; none: `400`) by an IP address, `localhost` or a
+//! name given with `--allowed-host` (a web page at a name made to point
+//! here must not start runs: DNS rebinding; else `403`), and carries
+//! `Authorization: Bearer TOKEN` with a token of [`Tokens`] (else `401`).
+//! A run belongs to the token that started it: another token's runs are
+//! not listed, and their ids answer `404`, as if they did not exist.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -28,6 +32,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Mutex;
 use tokio::task::AbortHandle;
 
+use crate::access::{Identity, Targets, Tokens};
 use crate::sink::{Sink, SinkBody, SinkOptions, json, not_found, serve_with};
 use crate::study::{self, Report};
 use crate::{Scenario, csv};
@@ -58,6 +63,30 @@ pub struct RunRecord {
     /// Why it failed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Whose run it is: the token that started it.
+    #[serde(skip)]
+    pub owner: Option<Identity>,
+}
+
+impl RunRecord {
+    /// Whether `caller` started this run.
+    fn belongs_to(&self, caller: &Identity) -> bool {
+        self.owner.is_some_and(|owner| owner.same(caller))
+    }
+}
+
+/// How `waycast-bench serve` is set up.
+#[derive(Debug)]
+pub struct ServeOptions {
+    /// The sink's default answers.
+    pub sink: SinkOptions,
+    /// Host names besides IP addresses and `localhost` that `/runs`
+    /// answers to (a Service's, an Ingress's).
+    pub allowed_hosts: Vec<String>,
+    /// Where runs may go.
+    pub targets: Targets,
+    /// The tokens `/runs` accepts.
+    pub tokens: Tokens,
 }
 
 /// The server's state.
@@ -66,57 +95,84 @@ pub struct BenchServer {
     /// Host names besides IP addresses and `localhost` that `/runs` answers
     /// to (`--allowed-host`).
     allowed_hosts: Vec<String>,
+    targets: Targets,
+    tokens: Tokens,
     runs: Mutex<Vec<RunRecord>>,
     /// The running run's id and what stops it (locked after `runs`).
     running: Mutex<Option<(u64, AbortHandle)>>,
 }
 
 impl BenchServer {
-    /// A server whose sink answers with `options` by default.
-    pub fn new(options: SinkOptions, allowed_hosts: Vec<String>) -> Arc<Self> {
+    /// A server set up by `options`.
+    pub fn new(options: ServeOptions) -> Arc<Self> {
+        let ServeOptions { sink, allowed_hosts, targets, tokens } = options;
         let (runs, running) = (Mutex::new(Vec::new()), Mutex::new(None));
-        Arc::new(Self { sink: Sink::new(options), allowed_hosts, runs, running })
+        Arc::new(Self { sink: Sink::new(sink), allowed_hosts, targets, tokens, runs, running })
     }
 
     /// Whether a request to `/runs` came by a name this server answers
     /// to: an IP address, `localhost`, or an allowed host. A web page at a
     /// name that was made to point here (DNS rebinding) must not start
     /// runs or read them.
-    fn host_allowed(&self, headers: &http::HeaderMap) -> bool {
-        let Some(host) = headers.get(header::HOST).and_then(|v| v.to_str().ok()) else { return true };
+    fn host_allowed(&self, host: &str) -> bool {
         let name = host_name(host);
         name.eq_ignore_ascii_case("localhost")
             || name.parse::<std::net::IpAddr>().is_ok()
             || self.allowed_hosts.iter().any(|allowed| allowed.eq_ignore_ascii_case(name))
     }
 
+    /// Who may use `/runs` for `request`, or the status and message that refuse it.
+    fn admit(&self, request: &Request<Incoming>) -> Result<Identity, (StatusCode, &'static str)> {
+        let Some(host) = request_host(request) else {
+            return Err((StatusCode::BAD_REQUEST, "a request to /runs must name this server in its Host header"));
+        };
+        if !self.host_allowed(&host) {
+            let message = "this server answers /runs by IP address or localhost: start it with --allowed-host NAME to use another name";
+            return Err((StatusCode::FORBIDDEN, message));
+        }
+        let message = "/runs needs Authorization: Bearer TOKEN with the token waycast-bench serve printed (or one of its --token-file)";
+        self.tokens.identify(request.headers()).ok_or((StatusCode::UNAUTHORIZED, message))
+    }
+
     async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<SinkBody> {
         let path = request.uri().path().to_owned();
-        if path.starts_with("/runs") && !self.host_allowed(request.headers()) {
-            let message = "this server answers /runs by IP address or localhost: start it with --allowed-host NAME to use another name";
-            return error(StatusCode::FORBIDDEN, message);
+        if !(path == "/runs" || path.starts_with("/runs/")) {
+            return match (request.method(), path.as_str()) {
+                (&Method::GET, "/") => {
+                    let mut response = Response::new(Full::new(Bytes::from_static(PAGE.as_bytes())).boxed());
+                    let html = http::HeaderValue::from_static("text/html; charset=utf-8");
+                    response.headers_mut().insert(header::CONTENT_TYPE, html);
+                    response
+                }
+                _ => self.sink.handle(request).await.unwrap_or_else(not_found),
+            };
         }
-        match (request.method().clone(), path.as_str()) {
-            (Method::GET, "/") => {
-                let mut response = Response::new(Full::new(Bytes::from_static(PAGE.as_bytes())).boxed());
-                response
-                    .headers_mut()
-                    .insert(header::CONTENT_TYPE, http::HeaderValue::from_static("text/html; charset=utf-8"));
-                response
+        let caller = match self.admit(&request) {
+            Ok(caller) => caller,
+            Err((status, message)) => {
+                let mut refused = error(status, message);
+                if status == StatusCode::UNAUTHORIZED {
+                    refused.headers_mut().insert(header::WWW_AUTHENTICATE, http::HeaderValue::from_static("Bearer"));
+                }
+                return refused;
             }
-            (Method::POST, "/runs") => self.start_run(request).await,
+        };
+        match (request.method().clone(), path.as_str()) {
+            (Method::POST, "/runs") => self.start_run(request, caller).await,
             (Method::GET, "/runs") => {
                 let runs = self.runs.lock().await;
-                let newest_first: Vec<&RunRecord> = runs.iter().rev().collect();
+                let newest_first: Vec<&RunRecord> = runs.iter().rev().filter(|r| r.belongs_to(&caller)).collect();
                 to_json(StatusCode::OK, &newest_first)
             }
-            (Method::GET, p) if p.starts_with("/runs/") => self.run_file(p.trim_start_matches("/runs/")).await,
-            (Method::DELETE, p) if p.starts_with("/runs/") => self.cancel(p.trim_start_matches("/runs/")).await,
-            _ => self.sink.handle(request).await.unwrap_or_else(not_found),
+            (Method::GET, p) if p.starts_with("/runs/") => self.run_file(p.trim_start_matches("/runs/"), &caller).await,
+            (Method::DELETE, p) if p.starts_with("/runs/") => {
+                self.cancel(p.trim_start_matches("/runs/"), &caller).await
+            }
+            _ => error(StatusCode::METHOD_NOT_ALLOWED, "/runs takes GET and POST, /runs/ID GET and DELETE"),
         }
     }
 
-    async fn start_run(self: Arc<Self>, request: Request<Incoming>) -> Response<SinkBody> {
+    async fn start_run(self: Arc<Self>, request: Request<Incoming>, caller: Identity) -> Response<SinkBody> {
         let headers = request.headers();
         let json_typed = headers
             .get(header::CONTENT_TYPE)
@@ -127,10 +183,10 @@ impl BenchServer {
         }
         // A browser names the page that sent a request: only this server's own may start runs.
         if let Some(origin) = headers.get(header::ORIGIN) {
-            let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or_default();
+            let host = request_host(&request).unwrap_or_default();
             let origin = origin.to_str().unwrap_or_default();
             // Behind a proxy that ends TLS, the page's origin is https.
-            let own = ["http://", "https://"].iter().any(|scheme| origin.strip_prefix(scheme) == Some(host));
+            let own = ["http://", "https://"].iter().any(|scheme| origin.strip_prefix(scheme) == Some(host.as_str()));
             if !own {
                 return error(StatusCode::FORBIDDEN, "runs start only from this server's own page");
             }
@@ -146,9 +202,20 @@ impl BenchServer {
         if let Err(problem) = scenario.validate() {
             return error(StatusCode::BAD_REQUEST, &format!("invalid scenario: {problem}"));
         }
+        // Checked before anything connects: a refused target gets the
+        // same answer whether or not something listens there.
+        for url in std::iter::once(&scenario.target).chain(&scenario.baseline) {
+            if let Err(problem) = self.targets.check(url) {
+                return error(StatusCode::FORBIDDEN, &problem);
+            }
+        }
         let mut runs = self.runs.lock().await;
         if let Some(running) = runs.iter().find(|r| r.status == "running") {
-            let message = format!("run {} is still running: two runs at once would measure each other", running.id);
+            let message = if running.belongs_to(&caller) {
+                format!("run {} is still running: two runs at once would measure each other", running.id)
+            } else {
+                "another token's run is still running: two runs at once would measure each other".to_owned()
+            };
             return error(StatusCode::CONFLICT, &message);
         }
         let id = runs.last().map_or(1, |r| r.id + 1);
@@ -157,9 +224,17 @@ impl BenchServer {
             baseline_key: scenario.baseline_key.as_ref().map(|_| REDACTED.to_owned()),
             ..scenario.clone()
         };
-        runs.push(RunRecord { id, status: "running", progress: None, scenario: shown, result: None, error: None });
-        let excess = runs.len().saturating_sub(RUNS_KEPT);
-        runs.drain(..excess);
+        let owner = Some(caller);
+        runs.push(RunRecord {
+            id,
+            status: "running",
+            progress: None,
+            scenario: shown,
+            result: None,
+            error: None,
+            owner,
+        });
+        forget_beyond(&mut runs, RUNS_KEPT);
         // Progress is for display: skipped when a reader holds the list,
         // and once the run is no longer running.
         let server = self.clone();
@@ -194,10 +269,11 @@ impl BenchServer {
         to_json(StatusCode::ACCEPTED, &serde_json::json!({"id": id, "status": "running"}))
     }
 
-    /// Stops the running run `id`.
-    async fn cancel(&self, id: &str) -> Response<SinkBody> {
+    /// Stops the running run `id`, when `caller` started it.
+    async fn cancel(&self, id: &str, caller: &Identity) -> Response<SinkBody> {
         let mut runs = self.runs.lock().await;
-        let Some(run) = id.parse::<u64>().ok().and_then(|id| runs.iter_mut().find(|r| r.id == id)) else {
+        let found = id.parse::<u64>().ok().and_then(|id| runs.iter_mut().find(|r| r.id == id && r.belongs_to(caller)));
+        let Some(run) = found else {
             return error(StatusCode::NOT_FOUND, "no such run");
         };
         if run.status != "running" {
@@ -213,10 +289,11 @@ impl BenchServer {
     }
 
     /// `ID` (the record), `ID.json` or `ID.csv` (a finished run's report, to keep).
-    async fn run_file(&self, name: &str) -> Response<SinkBody> {
+    async fn run_file(&self, name: &str, caller: &Identity) -> Response<SinkBody> {
         let (id, extension) = name.split_once('.').map_or((name, None), |(id, extension)| (id, Some(extension)));
         let runs = self.runs.lock().await;
-        let Some(run) = id.parse::<u64>().ok().and_then(|id| runs.iter().find(|r| r.id == id)) else {
+        let Some(run) = id.parse::<u64>().ok().and_then(|id| runs.iter().find(|r| r.id == id && r.belongs_to(caller)))
+        else {
             return error(StatusCode::NOT_FOUND, "no such run");
         };
         let (content_type, bytes) = match (extension, &run.result) {
@@ -240,6 +317,33 @@ impl BenchServer {
             headers.insert(header::CONTENT_DISPOSITION, disposition);
         }
         response
+    }
+}
+
+/// Forgets finished runs until `kept` are left: each time the oldest of
+/// the token with the most, so one holder's many runs never push out
+/// another's. A running run is never forgotten.
+fn forget_beyond(runs: &mut Vec<RunRecord>, kept: usize) {
+    let same = |a: &Option<Identity>, b: &Option<Identity>| match (a, b) {
+        (Some(a), Some(b)) => a.same(b),
+        (a, b) => a.is_none() && b.is_none(),
+    };
+    while runs.len() > kept {
+        let ended: Vec<&RunRecord> = runs.iter().filter(|r| r.status != "running").collect();
+        let held = |owner: &Option<Identity>| ended.iter().filter(|r| same(&r.owner, owner)).count();
+        let Some(most) = ended.iter().max_by_key(|r| held(&r.owner)) else { return };
+        let oldest = ended.iter().find(|r| same(&r.owner, &most.owner)).map(|r| r.id);
+        runs.retain(|r| Some(r.id) != oldest);
+    }
+}
+
+/// The name a request gives for this server: its `Host` header, or the
+/// authority of HTTP/2 (and of an absolute-form HTTP/1 target). None when
+/// it gives none (HTTP/1.0 may), or not as text.
+fn request_host(request: &Request<Incoming>) -> Option<String> {
+    match request.headers().get(header::HOST) {
+        Some(host) => host.to_str().ok().filter(|host| !host.is_empty()).map(str::to_owned),
+        None => request.uri().authority().map(|authority| authority.as_str().to_owned()),
     }
 }
 
@@ -271,23 +375,10 @@ fn error(status: StatusCode, message: &str) -> Response<SinkBody> {
 ///
 /// # Errors
 /// The address cannot be bound.
-pub async fn start(listen: SocketAddr, options: SinkOptions) -> std::io::Result<SocketAddr> {
-    start_allowing(listen, options, Vec::new()).await
-}
-
-/// [`start`], answering `/runs` by `allowed_hosts` too (names a browser or
-/// a client uses to reach it: a Service's, an Ingress's).
-///
-/// # Errors
-/// The address cannot be bound.
-pub async fn start_allowing(
-    listen: SocketAddr,
-    options: SinkOptions,
-    allowed_hosts: Vec<String>,
-) -> std::io::Result<SocketAddr> {
+pub async fn start(listen: SocketAddr, options: ServeOptions) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind(listen).await?;
     let address = listener.local_addr()?;
-    let server = BenchServer::new(options, allowed_hosts);
+    let server = BenchServer::new(options);
     tokio::spawn(serve_with(listener, move |request| server.clone().handle(request)));
     Ok(address)
 }

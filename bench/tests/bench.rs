@@ -311,6 +311,20 @@ fn request_bodies_name_the_model_and_length_for_each_api_and_are_refused_when_un
     }
 }
 
+/// The token of the servers these tests start in-process.
+const TOKEN: &str = "test-token-of-at-least-thirty-two-characters";
+
+/// A bench server on loopback answering `/runs` also by `allowed_hosts`, with [`TOKEN`].
+async fn bench_server(allowed_hosts: Vec<String>) -> SocketAddr {
+    let options = server::ServeOptions {
+        sink: SinkOptions::default(),
+        allowed_hosts,
+        targets: waycast_bench::access::Targets::default(),
+        tokens: waycast_bench::access::Tokens::from_text(TOKEN).unwrap(),
+    };
+    server::start("127.0.0.1:0".parse().unwrap(), options).await.unwrap()
+}
+
 async fn call(address: SocketAddr, method: &str, path: &str, body: &str) -> (u16, serde_json::Value, String) {
     call_with(address, method, path, body, &[("content-type", "application/json")]).await
 }
@@ -323,7 +337,10 @@ async fn call_with(
     headers: &[(&str, &str)],
 ) -> (u16, serde_json::Value, String) {
     let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
-    let mut request = http::Request::builder().method(method).uri(format!("http://{address}{path}"));
+    let mut request = http::Request::builder()
+        .method(method)
+        .uri(format!("http://{address}{path}"))
+        .header("authorization", format!("Bearer {TOKEN}"));
     for (name, value) in headers {
         request = request.header(*name, *value);
     }
@@ -351,7 +368,7 @@ async fn finished(address: SocketAddr, id: u64) -> serde_json::Value {
 
 #[tokio::test]
 async fn the_rest_api_runs_scenarios_and_the_page_drives_it() {
-    let address = server::start("127.0.0.1:0".parse().unwrap(), SinkOptions::default()).await.unwrap();
+    let address = bench_server(Vec::new()).await;
     // The server's own /v1 routes are a sink: a run against itself, with
     // itself as the baseline too, in two rounds.
     let body = serde_json::json!({"target": format!("http://{address}"), "baseline": format!("http://{address}/v1"), "rounds": 2,
@@ -452,10 +469,7 @@ async fn the_rest_api_runs_scenarios_and_the_page_drives_it() {
         assert_eq!(status, 403, "{method}: {answer}");
         assert!(answer["error"]["message"].as_str().unwrap().contains("--allowed-host"), "{answer}");
     }
-    let named =
-        server::start_allowing("127.0.0.1:0".parse().unwrap(), SinkOptions::default(), vec!["waycast-bench".into()])
-            .await
-            .unwrap();
+    let named = bench_server(vec!["waycast-bench".into()]).await;
     let (status, _, _) = call_with(named, "GET", "/runs", "", &[("host", "waycast-bench:8090")]).await;
     assert_eq!(status, 200, "an allowed name");
 
@@ -476,7 +490,7 @@ async fn the_rest_api_runs_scenarios_and_the_page_drives_it() {
     let (status, answer, _) = call(address, "POST", "/runs", &small).await;
     assert_eq!(status, 202, "{answer}");
     let (status, _, _) = call(address, "GET", "/", "").await;
-    assert_eq!(status, 200, "the page (driven in a browser by tests/page.rs)");
+    assert_eq!(status, 200, "the page (driven in a browser by tests/own_stack.rs)");
 }
 
 #[tokio::test]

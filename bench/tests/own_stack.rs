@@ -206,6 +206,20 @@ fn number(cell: &str) -> Option<f64> {
     cell.split_whitespace().next()?.parse().ok()
 }
 
+/// The token of the bench servers these tests start.
+const TOKEN: &str = "wcb_test-token-of-at-least-thirty-two-characters";
+
+/// A bench server on loopback (where the gateway and the mocks are), with [`TOKEN`].
+async fn bench_server() -> SocketAddr {
+    let options = waycast_bench::server::ServeOptions {
+        sink: SinkOptions::default(),
+        allowed_hosts: Vec::new(),
+        targets: waycast_bench::access::Targets::default(),
+        tokens: waycast_bench::access::Tokens::from_text(TOKEN).unwrap(),
+    };
+    waycast_bench::server::start("127.0.0.1:0".parse().unwrap(), options).await.unwrap()
+}
+
 /// The vLLM-like mock: 8 slots, a token every 10 ms, no prefill.
 async fn vllm_mock() -> SocketAddr {
     let server = vllm_server().await;
@@ -252,9 +266,11 @@ async fn a_user_benchmarks_the_gateway_against_the_server_and_sweeps_the_rate_fr
     let dir = waycast_mock::fixtures::temp_dir("bench-page");
     let mock = vllm_mock().await;
     let (_gateway, public) = gateway(mock, &dir).await;
-    let bench = waycast_bench::server::start("127.0.0.1:0".parse().unwrap(), SinkOptions::default()).await.unwrap();
+    let bench = bench_server().await;
     let mut browser = Browser::launch().await;
-    browser.open(&format!("http://{bench}/")).await;
+    // As waycast-bench serve prints it: the token in the fragment.
+    browser.open(&format!("http://{bench}/#token={TOKEN}")).await;
+    assert_eq!(browser.eval("location.hash").await, json!(""), "the token is taken out of the address bar");
 
     // Through the gateway, with the mock reached directly as the baseline.
     for (name, text) in [
@@ -298,7 +314,7 @@ async fn a_user_benchmarks_the_gateway_against_the_server_and_sweeps_the_rate_fr
         .eval("[...document.querySelectorAll('#plot polyline[data-run=\"1\"]')].map((l) => l.dataset.side)")
         .await;
     assert_eq!(lines, json!(["target", "baseline"]));
-    let csv = browser.eval("fetch(document.getElementById('csv-1').href).then((r) => r.text())").await;
+    let csv = browser.eval("api(document.getElementById('csv-1').getAttribute('href')).then((r) => r.text())").await;
     let csv = csv.as_str().unwrap();
     assert!(csv.starts_with("row,side,round,rate") && csv.contains("\npooled,baseline,,,120,120,0,"), "{csv}");
     assert!(csv.contains("\nround,baseline,3,") && !csv.contains("\nround,baseline,4,"), "three rounds: {csv}");
@@ -350,6 +366,7 @@ async fn rest_run(bench: SocketAddr, scenario: Value) -> Value {
     let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
     let post = http::Request::post(format!("http://{bench}/runs"))
         .header("content-type", "application/json")
+        .header("authorization", format!("Bearer {TOKEN}"))
         .body(http_body_util::Full::new(bytes::Bytes::from(scenario.to_string())))
         .unwrap();
     let answer = http.request(post).await.unwrap();
@@ -359,7 +376,11 @@ async fn rest_run(bench: SocketAddr, scenario: Value) -> Value {
             .unwrap();
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let run = http.get(format!("http://{bench}/runs/{}", answer["id"]).parse().unwrap()).await.unwrap();
+        let get = http::Request::get(format!("http://{bench}/runs/{}", answer["id"]))
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap();
+        let run = http.request(get).await.unwrap();
         let run: Value =
             serde_json::from_slice(&http_body_util::BodyExt::collect(run.into_body()).await.unwrap().to_bytes())
                 .unwrap();
@@ -407,7 +428,7 @@ async fn the_rest_api_and_the_cli_compare_the_gateway_with_the_server() {
     let (_gateway, public) = gateway(behind.addr, &dir).await;
     let asked = async |server: &waycast_mock::upstream::MockUpstream| server.recorder.requests().await.len();
     let (behind_before, beside_before) = (asked(&behind).await, asked(&beside).await);
-    let bench = waycast_bench::server::start("127.0.0.1:0".parse().unwrap(), SinkOptions::default()).await.unwrap();
+    let bench = bench_server().await;
     let scenario = json!({
         "target": format!("http://{public}"), "key": SUITE_KEY, "model": MODEL, "maxTokens": 4, "stream": true,
         "baseline": format!("http://{mock}/v1"), "rounds": 3, "requests": 90, "concurrency": 6,
