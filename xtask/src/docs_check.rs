@@ -41,8 +41,10 @@ pub fn problems(text: &str) -> Vec<String> {
             let hashed = at > 0 && line.as_bytes()[at - 1] == b'#';
             // `&#123;` is an HTML character reference and `x.md#100-keys`
             // a link's anchor, not tracker entries.
-            let anchored = at > 1 && matches!(line.as_bytes()[at - 2], b'&' | b'/' | b'.' | b'_' | b'-')
-                || at > 1 && line.as_bytes()[at - 2].is_ascii_alphanumeric();
+            let anchored = at > 1 && {
+                let before = line.as_bytes()[at - 2];
+                before.is_ascii_alphanumeric() || matches!(before, b'&' | b'/' | b'.' | b'_' | b'-')
+            };
             let named = i > 0 && TRACKER_WORDS.contains(&words[i - 1].1.to_ascii_lowercase().as_str());
             if (hashed && !anchored) || named {
                 found.push(format!("{}: `{}` looks like a tracker reference", number + 1, reference(line, &words, i)));
