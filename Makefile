@@ -61,13 +61,15 @@ bench-fairness: k8s-bins node-deps
 
 CRATE_ROOTS = $(wildcard */src/lib.rs */src/main.rs */src/bin/*.rs)
 
-## lint: formatting, clippy, docs and the dependency policy, as CI runs them
+## lint: formatting, clippy, docs (rustdoc, and docs/ as reference) and the dependency policy, as CI runs them
 lint: deny
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy $(CARGO_FLAGS) --workspace --all-targets -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc $(CARGO_FLAGS) --workspace --no-deps
 	@# Each crate's files: no import cycle, none over 500 lines of non-test code.
 	$(CARGO) run $(CARGO_FLAGS) -q -p waycast-xtask -- structure $(CRATE_ROOTS)
+	@# README.md and docs/*.md are reference: no commit hash, no tracker reference.
+	$(CARGO) run $(CARGO_FLAGS) -q -p waycast-xtask -- docs-check .
 
 ## deny: cargo-deny (deny.toml): banned crates, licenses, sources, and RustSec advisories when the database can be had
 deny:

@@ -16,11 +16,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kube::api::ObjectMeta;
-use waycast_crds::shards::PART_DIGEST_ANNOTATION;
-
-use crate::render::CONFIG_HASH_ANNOTATION;
 use crate::render::config_parts::ConfigParts;
+use crate::render::meta::digest_of;
+use kube::api::ObjectMeta;
 
 /// A config Secret the store holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,13 +37,6 @@ impl<'a> Existing<'a> {
         let owner = meta.owner_references.iter().flatten().find(|o| o.controller == Some(true));
         Some(Self { name: meta.name.as_deref()?, digest: digest_of(meta), owner: owner.map(|o| o.uid.as_str()) })
     }
-}
-
-/// The digest a config Secret is annotated with: a part's own, or the
-/// manifest's hash on the manifest Secret.
-pub fn digest_of(meta: &ObjectMeta) -> Option<&str> {
-    let annotations = meta.annotations.as_ref()?;
-    annotations.get(PART_DIGEST_ANNOTATION).or_else(|| annotations.get(CONFIG_HASH_ANNOTATION)).map(String::as_str)
 }
 
 /// What to write and retire.

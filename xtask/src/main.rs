@@ -9,8 +9,9 @@
 //! xtask compile-figures [KEYS] [MODELS] [RUNS]  # the operator's compile at scale, in memory
 //! xtask memory-figures [KEYS] [MODELS]           # what a key costs the operator and a pod, in bytes
 //! xtask swap-figures [KEYS] [MODELS]             # what a pod holds for its config, and what a swap adds
-//! xtask structure ROOT.rs...      # no import cycle between a crate's files, none over 500 lines (make lint)
+//! xtask structure ROOT.rs...      # no import cycle between a crate's files or top-level modules, none over 500 lines (make lint)
 //! xtask structure --edges ROOT.rs # every dependency between a crate's files
+//! xtask docs-check ROOT           # README.md and docs/*.md name no commit, no tracker entry (make lint)
 //! ```
 //!
 //! Tests fail when a generated file is stale. Bad arguments exit 64.
@@ -21,7 +22,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use waycast_xtask::image::{ImageSpec, NONROOT, pack, shared_libraries};
 
-const USAGE: &str = "usage: xtask crds DIR API_MD | metrics-doc METRICS_MD | observability ROOT | image BINARY NAME OUT.tar | compile-figures [KEYS] [MODELS] [RUNS] | memory-figures [KEYS] [MODELS] | swap-figures [KEYS] [MODELS] | structure ROOT.rs...";
+const USAGE: &str = "usage: xtask crds DIR API_MD | metrics-doc METRICS_MD | observability ROOT | image BINARY NAME OUT.tar | compile-figures [KEYS] [MODELS] [RUNS] | memory-figures [KEYS] [MODELS] | swap-figures [KEYS] [MODELS] | structure ROOT.rs... | docs-check ROOT";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -56,6 +57,7 @@ fn main() -> ExitCode {
         },
         ["structure", "--edges", root] => structure_edges(root),
         ["structure", roots @ ..] if !roots.is_empty() => structure(roots),
+        ["docs-check", root] => docs_check(Path::new(root)),
         _ => {
             eprintln!("{USAGE}");
             return ExitCode::from(64);
@@ -102,6 +104,18 @@ fn structure(roots: &[&str]) -> anyhow::Result<()> {
         failed |= !problems.is_empty();
     }
     anyhow::ensure!(!failed, "the source's shape needs fixing (see above)");
+    Ok(())
+}
+
+fn docs_check(root: &Path) -> anyhow::Result<()> {
+    let problems = waycast_xtask::docs_check::check(root)?;
+    for problem in &problems {
+        eprintln!("{problem}");
+    }
+    anyhow::ensure!(
+        problems.is_empty(),
+        "docs are reference: move runs and comparisons to CHANGELOG.md or bench/LOG.md"
+    );
     Ok(())
 }
 

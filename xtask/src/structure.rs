@@ -8,6 +8,11 @@
 //! `use`, a path in code (`crate::a::B`, `super::c`, `child::d`, a module
 //! brought in by `use`), or such a path inside a macro's arguments. Code
 //! under `#[cfg(test)]` is left out: tests may reach anywhere.
+//!
+//! The same holds one level up: a crate's top-level modules (each file or
+//! folder under `src/` beside the root) are layers, and no two may reach
+//! each other through any of their files ([`ModuleGraph::top_level`]). The
+//! crate root is left out of that graph: it declares and re-exports.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -96,6 +101,35 @@ impl ModuleGraph {
         .collect()
     }
 
+    /// The graph one level up: one node per top-level module (`crate::a`
+    /// stands for `a.rs` or `a/` and every file under it), an edge from `a`
+    /// to `b` when any file in `a` names something in `b`. The root is left
+    /// out.
+    pub fn top_level(&self) -> Self {
+        let mut graph = Self::default();
+        let mut index = BTreeMap::new();
+        let mut layer = |module: &Module, graph: &mut Self| {
+            let first = module.path.first()?.clone();
+            Some(*index.entry(first.clone()).or_insert_with(|| {
+                graph.modules.push(Module { path: vec![first], file: module.file.clone() });
+                graph.modules.len() - 1
+            }))
+        };
+        // Parents come before their children in `modules`, so each layer's
+        // file is its top-level file.
+        let layers: Vec<Option<usize>> = self.modules.iter().map(|module| layer(module, &mut graph)).collect();
+        for (from, targets) in &self.edges {
+            for (to, paths) in targets {
+                if let (Some(a), Some(b)) = (layers[*from], layers[*to])
+                    && a != b
+                {
+                    graph.edges.entry(a).or_default().entry(b).or_default().extend(paths.iter().cloned());
+                }
+            }
+        }
+        graph
+    }
+
     /// A readable account of `cycle`: each dependency inside it, with the
     /// paths that make it.
     pub fn describe(&self, cycle: &[usize]) -> String {
@@ -125,7 +159,8 @@ pub fn source_lines(text: &str) -> usize {
     test_module.unwrap_or(lines.len())
 }
 
-/// Every problem in the crate rooted at `root`: cycles, and files over
+/// Every problem in the crate rooted at `root`: cycles between files or
+/// between top-level modules, and files over
 /// [`MAX_SOURCE_LINES`] (files named `tests.rs` or `*_tests.rs` are tests).
 ///
 /// # Errors
@@ -133,6 +168,8 @@ pub fn source_lines(text: &str) -> usize {
 pub fn problems(root: &Path) -> anyhow::Result<Vec<String>> {
     let graph = ModuleGraph::read(root)?;
     let mut found: Vec<String> = graph.cycles().iter().map(|cycle| graph.describe(cycle)).collect();
+    let layers = graph.top_level();
+    found.extend(layers.cycles().iter().map(|cycle| format!("between top-level modules, {}", layers.describe(cycle))));
     for module in &graph.modules {
         let name = module.file.file_name().and_then(|n| n.to_str()).unwrap_or_default();
         if name == "tests.rs" || name.ends_with("_tests.rs") {
@@ -516,6 +553,41 @@ mod tests {
         assert!(edge("crate::outer::inner", "crate::leaf"));
         assert!(!edge("crate::leaf", "crate::outer"));
         assert_eq!(graph.cycles().len(), 1);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn top_level_modules_that_reach_each_other_through_different_files_are_a_cycle() {
+        let dir = scratch("layers");
+        write(
+            &dir,
+            &[
+                ("lib.rs", "mod config_plan;\nmod render;\nmod leaf;\npub struct Root;\n"),
+                // config_plan → render::meta; render::settings → config_plan:
+                // no two files reach each other, the two modules do.
+                ("config_plan.rs", "use crate::render::meta::name;\npub struct Plan;\n"),
+                ("render/mod.rs", "pub mod meta;\nmod settings;\nfn f() { settings::g(); }\n"),
+                ("render/meta.rs", "pub fn name() { crate::leaf::x(); }\n"),
+                ("render/settings.rs", "pub fn g() { let _ = super::super::config_plan::Plan; }\n"),
+                // Reaching the root does not tie a module to the others.
+                ("leaf.rs", "pub fn x() { let _ = crate::Root; }\n"),
+            ],
+        );
+        let root = dir.join("lib.rs");
+        let graph = ModuleGraph::read(&root).unwrap();
+        assert!(graph.cycles().is_empty(), "no cycle between files: {:?}", graph.cycles());
+        let layers = graph.top_level();
+        let names: Vec<String> = layers.modules.iter().map(Module::name).collect();
+        assert_eq!(names.len(), 3, "{names:?}");
+        let cycles = layers.cycles();
+        assert_eq!(cycles.len(), 1, "{cycles:?}");
+        let members: BTreeSet<String> = cycles[0].iter().map(|&m| layers.modules[m].name()).collect();
+        assert_eq!(members, BTreeSet::from(["crate::config_plan".to_owned(), "crate::render".to_owned()]));
+        let found = problems(&root).unwrap();
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].starts_with("between top-level modules"), "{found:?}");
+        assert!(found[0].contains("crate::render → crate::config_plan (super::super::config_plan::Plan)"), "{found:?}");
+        assert!(found[0].contains("crate::config_plan → crate::render (crate::render::meta::name)"), "{found:?}");
         std::fs::remove_dir_all(dir).unwrap();
     }
 

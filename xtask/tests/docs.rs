@@ -28,3 +28,12 @@ fn committed_dashboards_and_rules_are_current() {
         assert!(committed == rendered, "{path} is stale: run `make generate` and commit the result");
     }
 }
+
+/// README.md and docs/*.md name no commit and no tracker entry (`make lint`
+/// runs the same check).
+#[test]
+fn committed_docs_are_reference() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let found = waycast_xtask::docs_check::check(&root).unwrap();
+    assert!(found.is_empty(), "move runs and comparisons to CHANGELOG.md or bench/LOG.md:\n{}", found.join("\n"));
+}

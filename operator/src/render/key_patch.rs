@@ -234,7 +234,7 @@ impl KeptConfigs {
         let digests: HashMap<&str, &str> = parts
             .into_iter()
             .flat_map(ConfigParts::in_write_order)
-            .filter_map(|meta| Some((meta.name.as_deref()?, crate::config_plan::digest_of(meta)?)))
+            .filter_map(|meta| Some((meta.name.as_deref()?, super::meta::digest_of(meta)?)))
             .collect();
         let written = self.written.entry(id.clone()).or_default();
         written.retain(|_, (_, at)| at.elapsed() < WRITTEN_FRESH_FOR);

@@ -134,7 +134,7 @@ fn what_was_written_is_known_by_name_and_a_failed_write_as_unknown() {
     let manifest = parts.manifest.metadata.name.clone().unwrap();
     kept.note_written(&id, [shard.as_str(), manifest.as_str()], Some(&parts));
     let known = kept.recently_written(&id);
-    assert_eq!(known.get(shard.as_str()), Some(&crate::config_plan::digest_of(&parts.shards[2])));
+    assert_eq!(known.get(shard.as_str()), Some(&crate::render::meta::digest_of(&parts.shards[2])));
     assert_eq!(known.get(manifest.as_str()), Some(&Some(parts.hash.as_str())));
     assert_eq!(known.len(), 2, "only what was written");
     kept.note_written(&id, [shard.as_str()], None);

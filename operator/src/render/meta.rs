@@ -1,12 +1,15 @@
 //! What every object a Gateway owns carries: its labels, the Gateway as
 //! controlling owner, the names of the objects others refer to, the
-//! gateway container's ports, and the operator's field manager.
+//! gateway container's ports, the operator's field manager, and how a
+//! config Secret's digest is read back from its annotations (`config_plan`
+//! compares the store's with the desired ones).
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::{Resource as _, ResourceExt as _};
 use waycast_crds::Gateway;
+use waycast_crds::shards::PART_DIGEST_ANNOTATION;
 
 /// The label every gateway pod, owned object and heartbeat Lease carries
 /// with its Gateway's name (one contract, in `waycast_crds::heartbeat`).
@@ -14,6 +17,13 @@ pub use waycast_crds::heartbeat::GATEWAY_LABEL;
 /// The annotation carrying the config hash (its manifest's) on the config
 /// Secret, which holds the manifest.
 pub const CONFIG_HASH_ANNOTATION: &str = "waycast.dev/config-hash";
+/// The digest a config Secret is annotated with: a part's own, or the
+/// manifest's hash on the manifest Secret.
+pub fn digest_of(meta: &ObjectMeta) -> Option<&str> {
+    let annotations = meta.annotations.as_ref()?;
+    annotations.get(PART_DIGEST_ANNOTATION).or_else(|| annotations.get(CONFIG_HASH_ANNOTATION)).map(String::as_str)
+}
+
 /// The field manager of everything the operator applies.
 pub const FIELD_MANAGER: &str = "waycast-operator";
 
