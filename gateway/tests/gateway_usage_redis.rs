@@ -118,6 +118,12 @@ async fn a_flood_of_usage_reads_is_bounded_and_never_makes_admissions_fail_open(
     assert!(reads <= bound, "{reads} reads for {answered} answers: more than {bound}");
     assert!(admitted > 10, "{admitted}");
     let (_, metrics) = fixture.admin_get("/metrics").await;
+    let source = |source: &str| format!("waycast_gateway_usage_spend_reads_total{{source=\"{source}\"}}");
+    let from_redis = fixture.metric(&source("redis")).await.unwrap_or(0.0);
+    let from_cache = fixture.metric(&source("cache")).await.unwrap_or(0.0);
+    println!("spends answered: {from_redis} read from Redis, {from_cache} from the cache");
+    assert!(from_redis > 0.0 && from_redis <= reads as f64, "the metric counts at most what Redis ran: {from_redis}");
+    assert!(from_cache >= (answered * 3) as f64 * 0.9, "{from_cache} of {answered} answers' spends from the cache");
     let failures: Vec<&str> =
         metrics.lines().filter(|line| line.starts_with("waycast_gateway_rate_limit_store_errors_total")).collect();
     assert!(failures.is_empty(), "admissions passed over a Redis that did not answer: {failures:?}");

@@ -41,6 +41,7 @@ use super::gcra::{self, Verdict};
 use super::redis_link::{self, Call, Link, Queues, Transport, command};
 use super::redis_scripts;
 use super::resp::Reply;
+use super::spend_reads::Source;
 
 pub use super::redis_link::{MAX_QUEUED, StoreError};
 
@@ -315,11 +316,11 @@ impl RedisCounter {
     /// What each budget hash of `hashes` spent (tokens, nano-units), for
     /// `GET /v1/usage`: read at most once a second per budget, within the
     /// bounds of `spend_reads` (past them, the last spend read, if recent);
-    /// `None` where it is not known.
-    pub async fn budgets_spent(&self, hashes: &[String]) -> Vec<Option<(u64, u64)>> {
+    /// `None` where it is not known; and where each came from.
+    pub async fn budgets_spent(&self, hashes: &[String]) -> (Vec<Option<(u64, u64)>>, Vec<Source>) {
         let mut plan = self.reads.plan(hashes, std::time::Instant::now()).await;
         if plan.to_read.is_empty() {
-            return plan.spends;
+            return (plan.spends, plan.sources);
         }
         let reads = plan.to_read.iter().map(|place| self.budget_spent(&hashes[*place]));
         let read = futures_util::future::join_all(reads).await;
@@ -328,11 +329,11 @@ impl RedisCounter {
         for (place, result) in plan.to_read.iter().zip(read) {
             if let Ok(spend) = result {
                 fresh.push((hashes[*place].clone(), spend));
-                plan.spends[*place] = Some(spend);
+                (plan.spends[*place], plan.sources[*place]) = (Some(spend), Source::Redis);
             }
         }
         self.reads.keep(fresh, std::time::Instant::now()).await;
-        plan.spends
+        (plan.spends, plan.sources)
     }
 
     /// What the budget hash `hash` spent: tokens, nano-units.

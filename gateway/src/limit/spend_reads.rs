@@ -42,6 +42,32 @@ const MAX_CACHED: usize = 4096;
 /// A spend: tokens, nano-units.
 pub type Spend = (u64, u64);
 
+/// Where an answer's spend of a budget came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// Read from Redis for this answer.
+    Redis,
+    /// Read under [`FRESH`] ago.
+    Cache,
+    /// Not read (past the bounds, or Redis did not answer): the last spend
+    /// read, under [`STALE_LIMIT`] old.
+    Stale,
+    /// Not known: answered `null`.
+    Unknown,
+}
+
+impl Source {
+    /// The metric's `source` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Source::Redis => "redis",
+            Source::Cache => "cache",
+            Source::Stale => "stale",
+            Source::Unknown => "unknown",
+        }
+    }
+}
+
 /// The cache and the bounds of `/v1/usage`'s reads.
 pub struct SpendReads {
     slots: Semaphore,
@@ -69,6 +95,9 @@ struct Entry {
 pub struct Plan<'a> {
     /// Per budget asked for, its spend (`None`: to read, or unknown).
     pub spends: Vec<Option<Spend>>,
+    /// Per budget asked for, where its spend comes from (`Stale` or
+    /// `Unknown` for one to read, until it is read).
+    pub sources: Vec<Source>,
     /// The budgets to read (their places in `spends`), when this answer
     /// holds a lookup slot for them.
     pub to_read: Vec<usize>,
@@ -89,15 +118,25 @@ impl SpendReads {
     pub async fn plan(&self, hashes: &[String], now: Instant) -> Plan<'_> {
         let mut state = self.state.lock().await;
         let age = |at: Instant| now.saturating_duration_since(at);
-        let mut plan = Plan { spends: vec![None; hashes.len()], to_read: Vec::new(), slot: None };
+        let mut plan = Plan {
+            spends: vec![None; hashes.len()],
+            sources: vec![Source::Unknown; hashes.len()],
+            to_read: Vec::new(),
+            slot: None,
+        };
         let mut wanted = Vec::new();
         for (place, hash) in hashes.iter().enumerate() {
             let entry = state.budgets.get(hash);
             let read = entry.and_then(|entry| entry.read);
             match read {
-                Some((at, spend)) if age(at) < FRESH => plan.spends[place] = Some(spend),
+                Some((at, spend)) if age(at) < FRESH => {
+                    (plan.spends[place], plan.sources[place]) = (Some(spend), Source::Cache)
+                }
                 _ => {
                     plan.spends[place] = read.filter(|(at, _)| age(*at) < STALE_LIMIT).map(|(_, spend)| spend);
+                    if plan.spends[place].is_some() {
+                        plan.sources[place] = Source::Stale;
+                    }
                     let claimed = entry.and_then(|entry| entry.claimed).is_some_and(|at| age(at) < FRESH);
                     if !claimed {
                         wanted.push(place);
@@ -167,6 +206,7 @@ mod tests {
         drop(fresh.slot);
         let stale = reads.plan(&asked, start + Duration::from_millis(1500)).await;
         assert_eq!(stale.spends, [Some((5, 7)), None], "the old spend stands in");
+        assert_eq!(stale.sources, [Source::Stale, Source::Unknown]);
         assert_eq!(stale.to_read, [0], "b is still claimed by the first answer");
         drop(stale.slot);
         let old = reads.plan(&asked, start + STALE_LIMIT + FRESH).await;

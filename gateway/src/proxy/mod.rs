@@ -121,7 +121,7 @@ async fn serve(
         } else {
             passed(facts, counters.admit(&subject, Reservation::default(), counted.as_ref()).await)?
         };
-        return Ok(respond::budgets_of(&snapshot, key, jiff::Timestamp::now()).await);
+        return Ok(respond::budgets_of(&snapshot, key, jiff::Timestamp::now(), &shared.metrics).await);
     };
     let limit = snapshot.settings.max_request_body_bytes;
     let body = request_body::read(&mut body, &parts.headers, limit, shared.body_timeout).await?;

@@ -141,7 +141,12 @@ pub fn models_list(snapshot: &Snapshot, key: &KeyEntry) -> Answer {
 /// last collected it; in Redis mode what Redis held at most a second ago,
 /// or a little older under a flood of these requests) and what is left.
 /// Nothing of any other key.
-pub async fn budgets_of(snapshot: &Snapshot, key: &KeyEntry, now: jiff::Timestamp) -> Answer {
+pub async fn budgets_of(
+    snapshot: &Snapshot,
+    key: &KeyEntry,
+    now: jiff::Timestamp,
+    metrics: &crate::metrics::Metrics,
+) -> Answer {
     use crate::limit::budget::BudgetOwner;
     let owned =
         [(BudgetOwner::Key, &key.id, key.budgets()), (BudgetOwner::Tenant, &key.tenant.namespace, &key.tenant.budgets)];
@@ -160,7 +165,11 @@ pub async fn budgets_of(snapshot: &Snapshot, key: &KeyEntry, now: jiff::Timestam
                     crate::limit::budget_hash(prefix, *owner, id, budget.period, &window.key)
                 })
                 .collect();
-            Some(counter.budgets_spent(&hashes).await)
+            let (spends, sources) = counter.budgets_spent(&hashes).await;
+            for source in sources {
+                metrics.usage_spend_reads.with_label_values(&[source.label()]).inc();
+            }
+            Some(spends)
         }
         None => None,
     };
