@@ -107,12 +107,16 @@ async fn serve(
     let counters = Counters::of(snapshot.redis.as_ref(), shares);
     let counted = passed(facts, counters.count_key_request(&key.id, key.limits()).await)?;
     let Some(endpoint_index) = endpoint_index else {
-        // A request like any other under its key's and its tenant's limits
-        // (reserving no tokens): asking in a loop costs the tenant's rate,
-        // not the platform's Redis (`budgets_of` reads within bounds).
+        // A request under its tenant's request rate too (the key's is
+        // counted above), reserving no tokens: asking in a loop costs the
+        // tenant's rate, not the platform's Redis (`budgets_of` reads
+        // within bounds). Asked only of a tenant with a request rate: a
+        // tenant with token or concurrency limits alone would otherwise
+        // cost an admission call per read and limit nothing.
+        let tenant_rate = key.tenant.limits.as_ref().filter(|set| set.requests.is_some());
         let subject = Subject {
-            key: (&key.id, key.limits()),
-            tenant: (&key.tenant.namespace, key.tenant.limits.as_ref()),
+            key: (&key.id, None),
+            tenant: (&key.tenant.namespace, tenant_rate),
             model: ("", None),
             budgets: None,
         };
