@@ -50,6 +50,20 @@ pub const RESERVED_HEADERS: &[&str] = &[
 pub const CLIENT_CREDENTIAL_HEADERS: &[&str] =
     &["authorization", "proxy-authorization", "x-api-key", "api-key", "cookie"];
 
+/// The only client headers of a provider's own (`openai-*`,
+/// `anthropic-*`) that go upstream unless a model forwards more: they say
+/// which version of the protocol the client speaks. The rest choose what
+/// the provider bills and to whom (`openai-organization`, `openai-project`,
+/// `anthropic-beta`'s priced features) or are unknown to us: the backend's
+/// to set, or the ModelEndpoint's `forwardHeaders` to name.
+pub const PROVIDER_PROTOCOL_HEADERS: &[&str] = &["anthropic-version", "openai-beta"];
+
+/// Headers an endpoint picker reads (the Inference Extension's
+/// `x-gateway-inference-*` and llm-d's `x-llm-d-*`): the gateway stamps
+/// them from the authenticated key, and strips a client's, whatever a model
+/// forwards.
+pub const PICKER_HEADER_PREFIXES: &[&str] = &["x-gateway-inference-", "x-llm-d-"];
+
 /// Why `pattern` cannot be a forwarded-header pattern (a lowercase header
 /// name, or a prefix of one followed by `*`), if it cannot.
 pub fn forward_header_problem(pattern: &str) -> Option<&'static str> {

@@ -80,10 +80,15 @@ pub struct ModelEndpointSpec {
     pub parent_refs: Vec<ParentReference>,
 
     /// Client headers sent on to this model's backends besides the ones an
-    /// inference API needs (content type, accept, user agent, `openai-*`,
-    /// `anthropic-*`, `x-stainless-*`, trace context): lowercase names, or a
-    /// prefix ending in `*` (e.g. `x-session-*`). Client credentials,
-    /// cookies and hop-by-hop headers are never forwarded.
+    /// inference API needs (content type, accept, user agent,
+    /// `anthropic-version`, `openai-beta`, `x-stainless-*`, trace context):
+    /// lowercase names, or a prefix ending in `*` (e.g. `x-session-*`).
+    /// Headers that choose what the provider bills under the backend's
+    /// credential (`openai-organization`, `openai-project`,
+    /// `anthropic-beta`, any other `openai-*` or `anthropic-*`) go only when
+    /// listed here. Client credentials, cookies, hop-by-hop headers and the
+    /// endpoint picker's (`x-gateway-inference-*`, `x-llm-d-*`) are never
+    /// forwarded.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32), inner(length(min = 1, max = 128), pattern(r"^[a-z0-9!#$%&'+.^_`|~-]+\*?$")))]
     pub forward_headers: Vec<String>,

@@ -128,10 +128,12 @@ pub struct GatewaySharing {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 400))]
     pub burst_percent: Option<i32>,
-    /// Send the Inference Extension's headers upstream
-    /// (`x-gateway-inference-fairness-id`: the key's namespace,
-    /// `x-gateway-inference-objective`: its class), replacing any a client
-    /// sent, for an llm-d or endpoint-picker backend. Default false.
+    /// Send the endpoint picker's headers upstream, both generations
+    /// (`x-gateway-inference-fairness-id` and `x-llm-d-inference-fairness-id`:
+    /// the key's namespace; `x-gateway-inference-objective` and
+    /// `x-llm-d-inference-objective`: its class), for an llm-d or
+    /// endpoint-picker backend. A client's are never sent, either way.
+    /// Default false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inference_headers: Option<bool>,
 }
@@ -199,7 +201,8 @@ pub struct SharingConfig {
     /// Headroom above capacity for a request under its share, in percent.
     #[serde(default = "SharingConfig::default_burst_percent")]
     pub burst_percent: u32,
-    /// Stamp `x-gateway-inference-fairness-id` and `-objective` upstream.
+    /// Stamp the picker's fairness and objective headers upstream (both
+    /// generations: `x-gateway-inference-*`, `x-llm-d-inference-*`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub inference_headers: bool,
 }

@@ -22,9 +22,9 @@ pub struct GatewayTelemetry {
     /// `/v1/traces`, usage records to `/v1/logs`.
     #[schemars(length(min = 8, max = 2048), pattern(r"^https?://[^\s]+$"))]
     pub endpoint: String,
-    /// The share of new traces recorded, from 0 to 1. A request that
-    /// continues a client's trace follows the client's decision (when
-    /// `trustClientTraceContext`). Default 1.
+    /// The share of traces recorded, from 0 to 1, decided from the trace
+    /// id (a continued client trace too, unless `honorClientSampling`).
+    /// Default 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0.0, max = 1.0))]
     pub sampling: Option<f64>,
@@ -38,11 +38,18 @@ pub struct GatewayTelemetry {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(extend("maxProperties" = 32))]
     pub resource_attributes: BTreeMap<String, String>,
-    /// Continue the trace a client's `traceparent` names, and its sampling
-    /// decision. False: every request starts a trace of its own (the
-    /// client's header is still not passed upstream). Default true.
+    /// Continue the trace a client's `traceparent` names (its trace id and
+    /// parent span; its sampled flag only with `honorClientSampling`).
+    /// False: every request starts a trace of its own (the client's header
+    /// is still not passed upstream). Default true.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trust_client_trace_context: Option<bool>,
+    /// Let a continued client trace's sampled flag decide whether it is
+    /// recorded, instead of `sampling`: a client could otherwise have the
+    /// platform record (and pay for) every one of its requests. Only with
+    /// `trustClientTraceContext`. Default false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub honor_client_sampling: Option<bool>,
     /// Send each finished request's usage record as an OTLP log record.
     /// Default true.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -80,6 +87,9 @@ pub struct TelemetryConfig {
     /// Whether a client's `traceparent` is continued.
     #[serde(default = "yes")]
     pub trust_client_trace_context: bool,
+    /// Whether a continued client trace's sampled flag replaces the ratio.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub honor_client_sampling: bool,
     /// Whether usage records are exported as logs.
     #[serde(default = "yes")]
     pub usage_logs: bool,
@@ -94,6 +104,7 @@ impl Default for TelemetryConfig {
             headers: BTreeMap::new(),
             resource_attributes: BTreeMap::new(),
             trust_client_trace_context: true,
+            honor_client_sampling: false,
             usage_logs: true,
         }
     }
@@ -113,6 +124,7 @@ impl std::fmt::Debug for TelemetryConfig {
             .field("headers", &headers)
             .field("resource_attributes", &self.resource_attributes)
             .field("trust_client_trace_context", &self.trust_client_trace_context)
+            .field("honor_client_sampling", &self.honor_client_sampling)
             .field("usage_logs", &self.usage_logs)
             .finish()
     }
@@ -192,6 +204,7 @@ mod tests {
     fn defaults_and_the_problems_of_each_field() {
         let read: TelemetryConfig = serde_json::from_str(r#"{"endpoint":"http://collector:4318"}"#).unwrap();
         assert_eq!((read.sampling, read.trust_client_trace_context, read.usage_logs), (Ratio(1.0), true, true));
+        assert!(!read.honor_client_sampling, "a client's sampled flag decides nothing unless the Gateway says so");
         assert!(read.problems().is_empty());
         assert_eq!(config("ftp://collector").problems().len(), 1);
         assert_eq!(config("http://bad host").problems().len(), 1);

@@ -141,6 +141,8 @@ pub struct Metrics {
     pub rate_limit_pods: IntGauge,
     /// Rate-limit checks Redis did not answer, by reason.
     pub rate_limit_store_errors: IntCounterVec,
+    /// Budget spends `GET /v1/usage` answered in Redis mode, by source.
+    pub usage_spend_reads: IntCounterVec,
     /// 1 while the connection to Redis is up (0 when down or not used).
     pub rate_limit_store_up: IntGauge,
     /// Failed attempts to connect to the rate-limit Redis.
@@ -303,6 +305,13 @@ impl Metrics {
             ),
             &["reason"],
         )?;
+        let usage_spend_reads = IntCounterVec::new(
+            Opts::new(
+                "waycast_gateway_usage_spend_reads_total",
+                "Budget spends GET /v1/usage answered with budgets counted in Redis, by source: redis (read now), cache (read under a second ago), stale (its reads were past their bounds: the last spend read, at most 10 s old), unknown (answered null).",
+            ),
+            &["source"],
+        )?;
         let rate_limit_store_up = IntGauge::new(
             "waycast_gateway_rate_limit_store_up",
             "1 while the connection to the rate-limit Redis is up.",
@@ -384,6 +393,7 @@ impl Metrics {
             rate_limit_tokens,
             rate_limit_pods,
             rate_limit_store_errors,
+            usage_spend_reads,
             rate_limit_store_up,
             rate_limit_store_failed_connects,
             queue_depth,
@@ -429,6 +439,7 @@ impl Metrics {
             Box::new(self.rate_limit_tokens.clone()),
             Box::new(self.rate_limit_pods.clone()),
             Box::new(self.rate_limit_store_errors.clone()),
+            Box::new(self.usage_spend_reads.clone()),
             Box::new(self.rate_limit_store_up.clone()),
             Box::new(self.rate_limit_store_failed_connects.clone()),
             Box::new(self.queue_depth.clone()),

@@ -219,11 +219,27 @@ async fn headers_go_upstream_by_allow_list() {
         ("x-stainless-lang", "python"),
         ("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
         ("x-mock-chunks", "1"),
+        ("openai-organization", "org-client"),
+        ("openai-project", "proj-client"),
+        ("anthropic-beta", "context-1m-2025-08-07"),
+        ("x-gateway-inference-fairness-id", "someone-else"),
+        ("x-llm-d-inference-objective", "critical"),
     ];
     let (status, _, _) = fixture.send(fixture.request("/v1/chat/completions", Some(ALICE_KEY), CHAT, &sent)).await;
     assert_eq!(status, StatusCode::OK);
     let seen = fixture.mock.recorder.last().await.unwrap().headers;
-    for gone in ["cookie", "api-key", "x-hop", "accept-encoding", "x-internal"] {
+    for gone in [
+        "cookie",
+        "api-key",
+        "x-hop",
+        "accept-encoding",
+        "x-internal",
+        "openai-organization",
+        "openai-project",
+        "anthropic-beta",
+        "x-gateway-inference-fairness-id",
+        "x-llm-d-inference-objective",
+    ] {
         assert!(seen.get(gone).is_none(), "{gone} reached the upstream");
     }
     for kept in ["openai-beta", "x-stainless-lang", "traceparent", "x-mock-chunks", "content-type"] {
@@ -231,6 +247,31 @@ async fn headers_go_upstream_by_allow_list() {
     }
     assert_eq!(seen.get("x-forwarded-for").unwrap(), "127.0.0.1", "the gateway's own, not the client's");
     assert_eq!(seen.get("x-forwarded-proto").unwrap(), "http");
+}
+
+/// A header that chooses what the provider bills goes up only when the
+/// model names it; the endpoint picker's never, whatever the model forwards.
+#[tokio::test]
+async fn billing_headers_go_upstream_only_when_the_model_forwards_them() {
+    let fixture = Fixture::start(FixtureOptions::default(), |config, _| {
+        for model in &mut config.models {
+            model.forward_headers = vec!["openai-project".into(), "x-llm-d-*".into(), "x-gateway-*".into()];
+        }
+    })
+    .await;
+    let sent = [
+        ("openai-organization", "org-client"),
+        ("openai-project", "proj-client"),
+        ("x-llm-d-inference-fairness-id", "someone-else"),
+        ("x-gateway-inference-objective", "critical"),
+    ];
+    let (status, _, _) = fixture.send(fixture.request("/v1/chat/completions", Some(ALICE_KEY), CHAT, &sent)).await;
+    assert_eq!(status, StatusCode::OK);
+    let seen = fixture.mock.recorder.last().await.unwrap().headers;
+    assert_eq!(seen.get("openai-project").unwrap(), "proj-client", "listed by the model");
+    for gone in ["openai-organization", "x-llm-d-inference-fairness-id", "x-gateway-inference-objective"] {
+        assert!(seen.get(gone).is_none(), "{gone} reached the upstream");
+    }
 }
 
 #[tokio::test]

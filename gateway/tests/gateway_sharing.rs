@@ -203,7 +203,8 @@ async fn a_tenants_cap_is_shared_by_all_its_keys() {
 }
 
 /// With `inferenceHeaders`, the upstream reads the key's namespace and
-/// class, whatever the client sent in those headers; a key whose class its
+/// class in both generations of the picker's headers, whatever the client
+/// sent in them (or in any other `x-llm-d-*`); a key whose class its
 /// namespace may not use is left out of the config (401), its neighbours
 /// served.
 #[tokio::test]
@@ -213,6 +214,7 @@ async fn the_inference_headers_come_from_the_key_never_the_client() {
         gateway.settings.sharing.inference_headers = true;
         // The model forwards any x-gateway-* header a client sends…
         gateway.models[0].forward_headers.push("x-gateway-*".into());
+        gateway.models[0].forward_headers.push("x-llm-d-*".into());
         gateway.keys[0].class = Some("interactive".into());
         let mut team_b = TenantConfig::new("team-b");
         team_b.classes = Some(vec!["batch".into()]);
@@ -223,7 +225,13 @@ async fn the_inference_headers_come_from_the_key_never_the_client() {
         gateway.keys[1].class = Some("interactive".into());
     })
     .await;
-    let forged = [("x-gateway-inference-fairness-id", "team-b"), ("x-gateway-inference-objective", "batch")];
+    let forged = [
+        ("x-gateway-inference-fairness-id", "team-b"),
+        ("x-gateway-inference-objective", "batch"),
+        ("x-llm-d-inference-fairness-id", "team-b"),
+        ("x-llm-d-inference-objective", "batch"),
+        ("x-llm-d-other", "steer"),
+    ];
     let (status, _, _) = fixture.send(fixture.request("/v1/chat/completions", Some(ALICE_KEY), CHAT, &forged)).await;
     assert_eq!(status, StatusCode::OK);
     let received = fixture.mock.recorder.last().await.unwrap();
@@ -231,6 +239,9 @@ async fn the_inference_headers_come_from_the_key_never_the_client() {
         |name: &str| received.headers.get_all(name).iter().map(|v| v.to_str().unwrap().to_owned()).collect::<Vec<_>>();
     assert_eq!(values("x-gateway-inference-fairness-id"), ["team-a"]);
     assert_eq!(values("x-gateway-inference-objective"), ["interactive"]);
+    assert_eq!(values("x-llm-d-inference-fairness-id"), ["team-a"], "the second generation too");
+    assert_eq!(values("x-llm-d-inference-objective"), ["interactive"]);
+    assert!(values("x-llm-d-other").is_empty(), "no picker header of the client's, even one the model forwards");
     assert_eq!(status_and_body(&fixture, BOB_KEY, "0").await.0, StatusCode::UNAUTHORIZED, "bob's entry is left out");
     assert_eq!(fixture.metric(r#"waycast_gateway_config_entries_dropped{kind="key"}"#).await, Some(1.0));
 }

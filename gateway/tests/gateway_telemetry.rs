@@ -25,6 +25,7 @@ const SERVICE: &str = "models/vllm:8000";
 const MODEL: &str = "mistral-7b";
 const CLIENT_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const CLIENT_SPAN: &str = "00f067aa0ba902b7";
+const CLIENT_STATE: &str = "rojo=00f067aa0ba902b7";
 
 fn loopback_port() -> u16 {
     free_port(std::net::Ipv4Addr::LOCALHOST.into()).unwrap()
@@ -85,7 +86,8 @@ async fn a_streamed_request_reaches_the_collector_as_spans_and_a_usage_record() 
     let mut request_ids = Vec::new();
     // Until one request was retried (the first pick is the 503 pod).
     for _ in 0..40 {
-        let request = fixture.request("/v1/chat/completions", Some(ALICE_KEY), &body, &[("traceparent", &traceparent)]);
+        let context = [("traceparent", traceparent.as_str()), ("tracestate", CLIENT_STATE)];
+        let request = fixture.request("/v1/chat/completions", Some(ALICE_KEY), &body, &context);
         let (status, headers, answer) = fixture.send(request).await;
         assert_eq!(status, 200, "{answer:?}");
         request_ids.push(headers["x-request-id"].to_str().unwrap().to_owned());
@@ -102,6 +104,7 @@ async fn a_streamed_request_reaches_the_collector_as_spans_and_a_usage_record() 
         .await;
     for span in &spans {
         assert_eq!(span["traceId"], CLIENT_TRACE, "every span continues the client's trace: {span:#}");
+        assert!(!span.to_string().contains("rojo"), "the client's tracestate is never written in our spans: {span:#}");
     }
     let servers: Vec<&Value> = spans.iter().filter(|s| s["kind"] == 2).collect();
     assert_eq!(servers.len(), request_ids.len());
@@ -173,6 +176,39 @@ async fn a_streamed_request_reaches_the_collector_as_spans_and_a_usage_record() 
         .map(|r| &r["body"]["stringValue"])
         .collect();
     assert_ne!(bodies[0], bodies[1], "records of one chosen request id share a body");
+}
+
+/// At `sampling: 0` a client's sampled flag records nothing: the Gateway
+/// did not opt in to `honorClientSampling`. The requests' usage records
+/// arrive (the exporter ran), no span does, and the upstream still gets the
+/// client's trace id and `tracestate`.
+#[tokio::test]
+async fn a_clients_sampled_flag_does_not_override_the_platforms_ratio() {
+    let collector = Collector::start(std::net::Ipv4Addr::LOCALHOST.into()).unwrap();
+    let mut settings = telemetry(&collector.endpoint);
+    settings.sampling = waycast_crds::telemetry::Ratio(0.0);
+    let options = FixtureOptions { telemetry: Some(settings), ..FixtureOptions::default() };
+    let fixture = Fixture::start(options, |_, _| {}).await;
+    let body = format!(r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":"hi"}}]}}"#);
+    let traceparent = format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01");
+    let context = [("traceparent", traceparent.as_str()), ("tracestate", CLIENT_STATE)];
+    for _ in 0..50 {
+        let (status, _, answer) =
+            fixture.send(fixture.request("/v1/chat/completions", Some(ALICE_KEY), &body, &context)).await;
+        assert_eq!(status, 200, "{answer:?}");
+    }
+    let records = collector.until("logs", "every request's usage record", |records| records.len() >= 50).await;
+    for record in &records {
+        assert!(!record.to_string().contains("rojo"), "{record:#}");
+        assert!(record.get("traceId").is_none_or(|id| id == ""), "no trace was recorded: {record:#}");
+    }
+    assert!(collector.received("traces").is_empty(), "a client's flag had spans exported");
+    let exported = fixture.metric("waycast_gateway_telemetry_exported_total{signal=\"traces\"}").await;
+    assert_eq!(exported.unwrap_or(0.0), 0.0);
+    let seen = fixture.mock.recorder.last().await.unwrap().headers;
+    assert_eq!(seen.get("tracestate").unwrap(), CLIENT_STATE, "passed on upstream");
+    let sent = seen.get("traceparent").unwrap().to_str().unwrap();
+    assert!(sent.starts_with(&format!("00-{CLIENT_TRACE}-")) && sent.ends_with("-00"), "{sent}");
 }
 
 /// The usage record of a request, found by its request id attribute; its

@@ -40,6 +40,7 @@ pub mod redis;
 mod redis_link;
 mod redis_scripts;
 pub mod resp;
+pub mod spend_reads;
 
 pub use admission::{Counters, Passed};
 pub use budget::{Budget, BudgetHold, Exhausted, Need};

@@ -41,6 +41,7 @@ use super::gcra::{self, Verdict};
 use super::redis_link::{self, Call, Link, Queues, Transport, command};
 use super::redis_scripts;
 use super::resp::Reply;
+use super::spend_reads::Source;
 
 pub use super::redis_link::{MAX_QUEUED, StoreError};
 
@@ -152,6 +153,8 @@ pub struct RedisCounter {
     link: Arc<Link>,
     /// Numbers the requests whose budget reservations it keeps.
     requests: std::sync::atomic::AtomicU64,
+    /// `/v1/usage`'s reads: cached and bounded.
+    reads: super::spend_reads::SpendReads,
 }
 
 impl std::fmt::Debug for RedisCounter {
@@ -173,7 +176,8 @@ impl RedisCounter {
         let link = Arc::new(Link::new());
         let queues = Queues { calls: calls_out, after: after_out, held_back: None };
         tokio::spawn(redis_link::run(config.clone(), transport, queues, link.clone()));
-        Ok(Self { config, calls, after, link, requests: std::sync::atomic::AtomicU64::new(0) })
+        let requests = std::sync::atomic::AtomicU64::new(0);
+        Ok(Self { config, calls, after, link, requests, reads: Default::default() })
     }
 
     /// The name this pod's current connection counts concurrency under.
@@ -309,11 +313,34 @@ impl RedisCounter {
         let _ = self.after.send(command(&args));
     }
 
+    /// What each budget hash of `hashes` spent (tokens, nano-units), for
+    /// `GET /v1/usage`: read at most once a second per budget, within the
+    /// bounds of `spend_reads` (past them, the last spend read, if recent);
+    /// `None` where it is not known; and where each came from.
+    pub async fn budgets_spent(&self, hashes: &[String]) -> (Vec<Option<(u64, u64)>>, Vec<Source>) {
+        let mut plan = self.reads.plan(hashes, std::time::Instant::now()).await;
+        if plan.to_read.is_empty() {
+            return (plan.spends, plan.sources);
+        }
+        let reads = plan.to_read.iter().map(|place| self.budget_spent(&hashes[*place]));
+        let read = futures_util::future::join_all(reads).await;
+        drop(plan.slot.take());
+        let mut fresh = Vec::with_capacity(read.len());
+        for (place, result) in plan.to_read.iter().zip(read) {
+            if let Ok(spend) = result {
+                fresh.push((hashes[*place].clone(), spend));
+                (plan.spends[*place], plan.sources[*place]) = (Some(spend), Source::Redis);
+            }
+        }
+        self.reads.keep(fresh, std::time::Instant::now()).await;
+        (plan.spends, plan.sources)
+    }
+
     /// What the budget hash `hash` spent: tokens, nano-units.
     ///
     /// # Errors
     /// Redis did not answer, or answered something else.
-    pub async fn budget_spent(&self, hash: &str) -> Result<(u64, u64), StoreError> {
+    async fn budget_spent(&self, hash: &str) -> Result<(u64, u64), StoreError> {
         let args = [b"HMGET".to_vec(), hash.as_bytes().to_vec(), b"t".to_vec(), b"c".to_vec()];
         let Reply::Array(Some(items)) = self.call(&args).await? else { return Err(StoreError::Reply) };
         let number = |item: Option<&Reply>| match item {

@@ -75,8 +75,14 @@ impl<'a> Inference<'a> {
     }
 }
 
-static FAIRNESS_ID: HeaderName = HeaderName::from_static("x-gateway-inference-fairness-id");
-static OBJECTIVE: HeaderName = HeaderName::from_static("x-gateway-inference-objective");
+/// Both generations of the picker's fairness and objective headers, each
+/// stamped with the same value.
+static FAIRNESS_ID: [HeaderName; 2] = [
+    HeaderName::from_static("x-gateway-inference-fairness-id"),
+    HeaderName::from_static("x-llm-d-inference-fairness-id"),
+];
+static OBJECTIVE: [HeaderName; 2] =
+    [HeaderName::from_static("x-gateway-inference-objective"), HeaderName::from_static("x-llm-d-inference-objective")];
 
 /// How many endpoints of one backend a request may try.
 pub const MAX_ENDPOINT_ATTEMPTS: usize = 3;
@@ -320,13 +326,14 @@ fn build_request(
     if !backend.guarded {
         head.for_own_service();
     }
-    let stamped = |name: &HeaderName| outgoing.inference.is_some() && (name == FAIRNESS_ID || name == OBJECTIVE);
+    let stamped =
+        |name: &HeaderName| outgoing.inference.is_some() && (FAIRNESS_ID.contains(name) || OBJECTIVE.contains(name));
     for (name, value) in outgoing.headers {
         if (forwardable(name) || (extra.allows(name.as_str()) && !is_client_credential(name)))
             && !traced.is_some_and(|t| name == TRACEPARENT || name == TRACESTATE || (name == BAGGAGE && !t.trusted))
             && !backend.headers.contains_key(name)
             && !is_set_by_gateway(name)
-            && !stamped(name)
+            && !is_picker_header(name)
         {
             head.header(name, value);
         }
@@ -339,9 +346,11 @@ fn build_request(
     }
     if let Some(inference) = &outgoing.inference {
         // Namespaces and class names are DNS labels: valid header values.
-        for (name, value) in [(&FAIRNESS_ID, inference.fairness_id), (&OBJECTIVE, inference.objective)] {
+        for (names, value) in [(&FAIRNESS_ID, inference.fairness_id), (&OBJECTIVE, inference.objective)] {
             if let Ok(value) = HeaderValue::from_str(value) {
-                head.header(name, &value);
+                for name in names {
+                    head.header(name, &value);
+                }
             }
         }
     }
@@ -395,18 +404,27 @@ static FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
 /// Whether a client header may go upstream: an allow-list of what an
-/// inference API reads (content negotiation, the SDKs' own `openai-*`,
-/// `anthropic-*` and `x-stainless-*` headers, trace context). Everything
-/// else stays behind — the client's credentials (`Authorization`,
-/// `x-api-key`, Azure's `api-key`), cookies, its own `X-Forwarded-*`,
-/// hop-by-hop headers and whatever `Connection` names — and
-/// `Accept-Encoding` too: a compressed response would hide its usage.
+/// inference API reads (content negotiation, the protocol versions of
+/// `waycast_crds::common::PROVIDER_PROTOCOL_HEADERS`, the SDKs'
+/// `x-stainless-*`, trace context). Everything else stays behind unless the
+/// model forwards it — the headers that choose what a provider bills
+/// (`openai-organization`, `openai-project`, `anthropic-beta`), the
+/// client's credentials (`Authorization`, `x-api-key`, Azure's `api-key`),
+/// cookies, its own `X-Forwarded-*`, hop-by-hop headers and whatever
+/// `Connection` names — and `Accept-Encoding` too: a compressed response
+/// would hide its usage.
 fn forwardable(name: &HeaderName) -> bool {
     let name = name.as_str();
     matches!(name, "content-type" | "accept" | "user-agent" | "traceparent" | "tracestate" | "baggage")
-        || name.starts_with("openai-")
-        || name.starts_with("anthropic-")
+        || waycast_crds::common::PROVIDER_PROTOCOL_HEADERS.contains(&name)
         || name.starts_with("x-stainless-")
+}
+
+/// Whether a header is one an endpoint picker reads: never the client's,
+/// whatever the model forwards (stamped by the gateway when the Gateway
+/// says so).
+fn is_picker_header(name: &HeaderName) -> bool {
+    waycast_crds::common::PICKER_HEADER_PREFIXES.iter().any(|prefix| name.as_str().starts_with(prefix))
 }
 
 /// The client's own credentials: never forwarded, whatever a model allows
@@ -540,12 +558,14 @@ mod tests {
         ] {
             assert!(!forwardable(&HeaderName::from_static(name)), "{name}");
         }
+        for name in ["openai-organization", "openai-project", "anthropic-beta", "openai-anything-new"] {
+            assert!(!forwardable(&HeaderName::from_static(name)), "{name}: the platform pays for what it picks");
+        }
         for name in [
             "content-type",
             "accept",
             "anthropic-version",
             "openai-beta",
-            "openai-organization",
             "user-agent",
             "x-stainless-lang",
             "traceparent",

@@ -7,6 +7,7 @@
 //! snapshot  the worker's own handle on the served snapshot, kept for the whole request   (503 before the first config)
 //! admit     framing, then SHA-256(key) (remembered) → KeyEntry  (431, 400, 401) route::admit
 //! count     the key's request limit, before the body            (429, 503)    limit::Counters::count_key_request
+//!           (`/v1/usage`: then its tenant's limits, and the budgets' spends read within bounds) respond::budgets_of
 //! body      read within maxRequestBodyBytes and a deadline       (413, 408)    request_body::read
 //! scan      top-level "model"/"stream"/… from the JSON          (400)         body::scan
 //! route     model → Route; visibility and allow-list            (404, 403)    route::route
@@ -106,7 +107,25 @@ async fn serve(
     let counters = Counters::of(snapshot.redis.as_ref(), shares);
     let counted = passed(facts, counters.count_key_request(&key.id, key.limits()).await)?;
     let Some(endpoint_index) = endpoint_index else {
-        return Ok(respond::budgets_of(&snapshot, key, jiff::Timestamp::now()).await);
+        // A request under its tenant's request rate too (the key's is
+        // counted above), reserving no tokens: asking in a loop costs the
+        // tenant's rate, not the platform's Redis (`budgets_of` reads
+        // within bounds). Asked only of a tenant with a request rate: a
+        // tenant with token or concurrency limits alone would otherwise
+        // cost an admission call per read and limit nothing.
+        let tenant_rate = key.tenant.limits.as_ref().filter(|set| set.requests.is_some());
+        let subject = Subject {
+            key: (&key.id, None),
+            tenant: (&key.tenant.namespace, tenant_rate),
+            model: ("", None),
+            budgets: None,
+        };
+        let _held = if subject.asks_nothing() {
+            None
+        } else {
+            passed(facts, counters.admit(&subject, Reservation::default(), counted.as_ref()).await)?
+        };
+        return Ok(respond::budgets_of(&snapshot, key, jiff::Timestamp::now(), &shared.metrics).await);
     };
     let limit = snapshot.settings.max_request_body_bytes;
     let body = request_body::read(&mut body, &parts.headers, limit, shared.body_timeout).await?;

@@ -138,50 +138,72 @@ pub fn models_list(snapshot: &Snapshot, key: &KeyEntry) -> Answer {
 /// `GET /v1/usage`: each budget of the key and of its namespace, as of
 /// `now` — its period, when it starts over, its limits, what the fleet
 /// spent (this pod's count beside the rest of the fleet's as the operator
-/// last collected it; exact across pods in Redis mode only at admission)
-/// and what is left. Nothing of any other key.
-pub async fn budgets_of(snapshot: &Snapshot, key: &KeyEntry, now: jiff::Timestamp) -> Answer {
+/// last collected it; in Redis mode what Redis held at most a second ago,
+/// or a little older under a flood of these requests) and what is left.
+/// Nothing of any other key.
+pub async fn budgets_of(
+    snapshot: &Snapshot,
+    key: &KeyEntry,
+    now: jiff::Timestamp,
+    metrics: &crate::metrics::Metrics,
+) -> Answer {
     use crate::limit::budget::BudgetOwner;
     let owned =
         [(BudgetOwner::Key, &key.id, key.budgets()), (BudgetOwner::Tenant, &key.tenant.namespace, &key.tenant.budgets)];
-    let mut budgets: Vec<serde_json::Value> = Vec::new();
-    for (owner, id, list) in owned {
-        for budget in list.iter() {
-            let window = budget.period.window(now, &snapshot.zone);
-            let spent = match &snapshot.redis {
-                // Counted in Redis: what it holds (unknown while it does not answer).
-                Some(counter) => {
-                    let prefix = counter.config.key_prefix();
-                    let hash = crate::limit::budget_hash(prefix, owner, id, budget.period, &window.key);
-                    counter.budget_spent(&hash).await.ok()
-                }
-                None => Some(budget.state.spent_in_fleet(budget.period, now, &snapshot.zone)),
-            };
-            let money = |nanos: u64| waycast_crds::money::Money(nanos).to_string();
-            let owner = if owner == BudgetOwner::Key { "key" } else { "namespace" };
-            let mut entry = serde_json::json!({
-                "owner": owner,
-                "period": budget.period,
-                "window": window.key,
-                "resets_at": window.end.to_string(),
-            });
-            if let Some(limit) = budget.tokens {
-                entry["tokens"] = limit.into();
+    let listed: Vec<_> =
+        owned.iter().flat_map(|(owner, id, list)| list.iter().map(move |b| (*owner, *id, b))).collect();
+    // Counted in Redis: what it holds, read at most once a second per
+    // budget and within bounds of its own (`limit::spend_reads`; unknown
+    // while it does not answer); else this pod's view of the fleet.
+    let read = match &snapshot.redis {
+        Some(counter) => {
+            let prefix = counter.config.key_prefix();
+            let hashes: Vec<String> = listed
+                .iter()
+                .map(|(owner, id, budget)| {
+                    let window = budget.period.window(now, &snapshot.zone);
+                    crate::limit::budget_hash(prefix, *owner, id, budget.period, &window.key)
+                })
+                .collect();
+            let (spends, sources) = counter.budgets_spent(&hashes).await;
+            for source in sources {
+                metrics.usage_spend_reads.with_label_values(&[source.label()]).inc();
             }
-            if let Some(limit) = budget.cost {
-                entry["cost"] = money(limit).into();
-            }
-            // Unknown (the store did not answer): said so, never "all left".
-            entry["spent_tokens"] = spent.map(|(tokens, _)| tokens).into();
-            entry["spent_cost"] = spent.map(|(_, cost)| money(cost)).into();
-            if let (Some(limit), Some((tokens, _))) = (budget.tokens, spent) {
-                entry["remaining_tokens"] = limit.saturating_sub(tokens).into();
-            }
-            if let (Some(limit), Some((_, cost))) = (budget.cost, spent) {
-                entry["remaining_cost"] = money(limit.saturating_sub(cost)).into();
-            }
-            budgets.push(entry);
+            Some(spends)
         }
+        None => None,
+    };
+    let mut budgets: Vec<serde_json::Value> = Vec::new();
+    for (place, (owner, _, budget)) in listed.into_iter().enumerate() {
+        let window = budget.period.window(now, &snapshot.zone);
+        let spent = match &read {
+            Some(read) => read.get(place).copied().flatten(),
+            None => Some(budget.state.spent_in_fleet(budget.period, now, &snapshot.zone)),
+        };
+        let money = |nanos: u64| waycast_crds::money::Money(nanos).to_string();
+        let owner = if owner == BudgetOwner::Key { "key" } else { "namespace" };
+        let mut entry = serde_json::json!({
+            "owner": owner,
+            "period": budget.period,
+            "window": window.key,
+            "resets_at": window.end.to_string(),
+        });
+        if let Some(limit) = budget.tokens {
+            entry["tokens"] = limit.into();
+        }
+        if let Some(limit) = budget.cost {
+            entry["cost"] = money(limit).into();
+        }
+        // Unknown (the store did not answer): said so, never "all left".
+        entry["spent_tokens"] = spent.map(|(tokens, _)| tokens).into();
+        entry["spent_cost"] = spent.map(|(_, cost)| money(cost)).into();
+        if let (Some(limit), Some((tokens, _))) = (budget.tokens, spent) {
+            entry["remaining_tokens"] = limit.saturating_sub(tokens).into();
+        }
+        if let (Some(limit), Some((_, cost))) = (budget.cost, spent) {
+            entry["remaining_cost"] = money(limit.saturating_sub(cost)).into();
+        }
+        budgets.push(entry);
     }
     let body = serde_json::json!({
         "object": "usage",

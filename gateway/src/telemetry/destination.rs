@@ -14,6 +14,8 @@ pub struct Destination {
     pub sampling: f64,
     /// Whether a client's trace is continued.
     pub trust_client: bool,
+    /// Whether a continued client trace's sampled flag replaces `sampling`.
+    pub honor_client_sampling: bool,
     /// Whether usage records are sent.
     pub usage_logs: bool,
 }
@@ -38,6 +40,7 @@ impl Destination {
             export: Arc::new(export),
             sampling: config.sampling.0,
             trust_client: config.trust_client_trace_context,
+            honor_client_sampling: config.honor_client_sampling,
             usage_logs: config.usage_logs,
         })
     }

@@ -85,7 +85,9 @@ fn server_span(out: &mut Vec<u8>, trace: &RequestTrace, done: &Done<'_>, times: 
         trace_id: &trace.context.trace_id,
         span_id: &trace.context.span_id,
         parent_span_id: trace.parent.as_ref(),
-        trace_state: trace.state.as_deref(),
+        // NB: the client's `tracestate` is passed upstream, never written
+        // into our spans (its text would reach the platform's collector).
+        trace_state: None,
         name: (fixed.operation(), done.model),
         kind: SpanKind::Server,
         start_unix_nanos: times.started,
@@ -140,7 +142,9 @@ fn attempt_span(out: &mut Vec<u8>, trace: &RequestTrace, attempt: &Attempt, cloc
         trace_id: &trace.context.trace_id,
         span_id: &attempt.span_id,
         parent_span_id: Some(&trace.context.span_id),
-        trace_state: trace.state.as_deref(),
+        // NB: the client's `tracestate` is passed upstream, never written
+        // into our spans (its text would reach the platform's collector).
+        trace_state: None,
         name: (fixed.operation(), fixed.model()),
         kind: SpanKind::Client,
         start_unix_nanos: clock.unix_nanos(attempt.started),

@@ -111,7 +111,13 @@ pub fn start(destination: Option<&Arc<Destination>>, headers: &HeaderMap) -> Opt
         trace_context::usable_trace_state(&joined).map(str::to_owned)
     });
     let trace_id = parent.map_or_else(trace_context::new_trace_id, |p| p.trace_id);
-    let sampled = parent.map_or_else(|| trace_context::sampled_at(destination.sampling, &trace_id), |p| p.sampled);
+    // The platform's ratio decides, on the trace id (so every pod agrees),
+    // unless the Gateway lets the client's flag: a client that sets it on
+    // every request would otherwise have each one recorded and exported.
+    let sampled = match parent {
+        Some(parent) if destination.honor_client_sampling => parent.sampled,
+        _ => trace_context::sampled_at(destination.sampling, &trace_id),
+    };
     Some(Box::new(RequestTrace {
         destination: destination.clone(),
         context: SpanContext { trace_id, span_id: trace_context::new_span_id(), sampled },

@@ -38,19 +38,33 @@ fn off_without_a_destination() {
 }
 
 #[test]
-fn a_trusted_client_trace_is_continued_with_its_decision() {
-    let on = destination(|config| config.sampling = Ratio(0.0));
-    let trace = start(Some(&on), &headers(&[("traceparent", PARENT), ("tracestate", "rojo=1")])).unwrap();
+fn a_trusted_client_trace_is_continued_under_the_platforms_ratio() {
+    let never = destination(|config| config.sampling = Ratio(0.0));
+    let trace = start(Some(&never), &headers(&[("traceparent", PARENT), ("tracestate", "rojo=1")])).unwrap();
     assert_eq!(trace.context.trace_id[..4], [0x4b, 0xf9, 0x2f, 0x35]);
     assert_eq!(trace.parent, Some([0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7]));
-    assert!(trace.context.sampled, "the client sampled it: the ratio does not apply");
-    assert_eq!(trace.state.as_deref(), Some("rojo=1"));
+    assert!(!trace.context.sampled, "the client's flag does not override the ratio");
+    assert_eq!(trace.state.as_deref(), Some("rojo=1"), "kept to pass on upstream");
     assert_ne!(trace.context.span_id, [0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7], "a span of its own");
+    let always = destination(|_| {});
+    let unsampled = PARENT.replace("-01", "-00");
+    let trace = start(Some(&always), &headers(&[("traceparent", &unsampled)])).unwrap();
+    assert!(trace.context.sampled, "nor does its unsampled flag");
+}
+
+#[test]
+fn a_gateway_that_honours_client_sampling_follows_the_flag() {
+    let honouring = destination(|config| {
+        config.sampling = Ratio(0.0);
+        config.honor_client_sampling = true;
+    });
+    let trace = start(Some(&honouring), &headers(&[("traceparent", PARENT)])).unwrap();
+    assert!(trace.context.sampled, "the client sampled it: the ratio does not apply");
 }
 
 #[test]
 fn a_trusted_client_that_did_not_sample_is_not_sampled_and_tracestates_join() {
-    let always = destination(|_| {});
+    let always = destination(|config| config.honor_client_sampling = true);
     let unsampled = PARENT.replace("-01", "-00");
     let trace =
         start(Some(&always), &headers(&[("traceparent", &unsampled), ("tracestate", "a=1"), ("tracestate", "b=2")]))

@@ -71,6 +71,7 @@ fn telemetry(inputs: &Inputs<'_>) -> Result<Option<TelemetryConfig>, Verdict> {
         headers,
         resource_attributes: spec.resource_attributes.clone(),
         trust_client_trace_context: spec.trust_client_trace_context.unwrap_or(true),
+        honor_client_sampling: spec.honor_client_sampling.unwrap_or(false),
         usage_logs: spec.usage_logs.unwrap_or(true),
     };
     let problems = config.problems();

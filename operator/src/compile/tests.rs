@@ -1049,6 +1049,7 @@ fn telemetry_reaches_the_config_with_its_headers_or_the_gateway_says_why_not() {
         headers_secret_ref: Some(waycast_crds::common::SecretRef { name: "otlp-auth".into() }),
         resource_attributes: [("deployment.environment".to_owned(), "prod".to_owned())].into(),
         trust_client_trace_context: Some(false),
+        honor_client_sampling: Some(true),
         usage_logs: None,
     });
     assert!(secrets::redis_secrets(&world.gateway).contains(&("demo".to_owned(), "otlp-auth".to_owned())));
@@ -1066,6 +1067,7 @@ fn telemetry_reaches_the_config_with_its_headers_or_the_gateway_says_why_not() {
         (telemetry.sampling, telemetry.trust_client_trace_context, telemetry.usage_logs),
         (Ratio(0.25), false, true)
     );
+    assert!(telemetry.honor_client_sampling, "the Gateway's opt-in reaches the pods");
     assert_eq!(telemetry.headers, [("authorization".to_owned(), "Bearer t0ken".to_owned())].into());
     assert_eq!(telemetry.resource_attributes["deployment.environment"], "prod");
 
