@@ -197,8 +197,15 @@ impl Targets {
             )
         };
         let rest = url.strip_prefix("http://").ok_or_else(refused)?;
-        let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-        let (host, port) = split_authority(&rest[..end]).ok_or_else(refused)?;
+        // NB: the load generator takes everything up to the first `/` as the
+        // authority it connects to (`source::request_target`), so the check
+        // reads the same span and refuses what no host name holds (`?`, `#`,
+        // `\`, spaces): `http://127.0.0.1#.evil:80/` is not loopback.
+        let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
+        if !authority.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._:[]@".contains(&b)) {
+            return Err(refused());
+        }
+        let (host, port) = split_authority(authority).ok_or_else(refused)?;
         let host = normal(host);
         let port = port.unwrap_or(80);
         let loopback = host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.to_canonical().is_loopback());
@@ -276,6 +283,10 @@ mod tests {
             "http://[::1",
             "https://127.0.0.1",
             "http://",
+            "http://127.0.0.1#.evil.example:8080/",
+            "http://localhost?.evil.example:9/",
+            "http://127.0.0.1\\@evil/",
+            "http://127.0.0.1 .evil/",
         ] {
             let message = targets.check(refused).unwrap_err();
             assert!(message.contains("--allowed-target"), "{refused}: {message}");

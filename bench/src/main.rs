@@ -284,7 +284,9 @@ async fn serve(
         Err(error) => return usage(&error.to_string()),
     };
     let (tokens, drawn) = match &token_file {
-        Some(path) => match std::fs::read(path) {
+        // Read at most one byte past the bound: a path such as /dev/zero
+        // costs nothing before it is refused.
+        Some(path) => match read_at_most(path, 256 * 1024 + 1) {
             Ok(bytes) if bytes.len() <= 256 * 1024 => match Tokens::from_text(&String::from_utf8_lossy(&bytes)) {
                 Ok(tokens) => (tokens, None),
                 Err(error) => return usage(&format!("{}: {error}", path.display())),
@@ -346,4 +348,12 @@ fn fail(message: &str) -> ExitCode {
 async fn wait_for_signal() -> ExitCode {
     waycast_mock::upstream::termination().await;
     ExitCode::SUCCESS
+}
+
+/// Up to `limit` bytes of the file at `path`.
+fn read_at_most(path: &std::path::Path, limit: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read as _;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?.take(limit).read_to_end(&mut bytes)?;
+    Ok(bytes)
 }
