@@ -205,8 +205,7 @@ pub struct GatewayUsageStatus {
     pub namespaces: Vec<NamespaceUsage>,
     /// Pods whose last usage report the operator refused (it broke a
     /// rule: too large, too many keys, a key this Gateway does not serve,
-    /// a number out of bounds), sorted by pod, at most
-    /// [`MAX_STATUS_REFUSED`]. Nothing of a refused report is counted;
+    /// a number out of bounds), sorted by pod, at most 16. Nothing of a refused report is counted;
     /// the pod's last accepted report still is.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub refused_reports: Vec<RefusedUsageReport>,
