@@ -32,17 +32,21 @@ pub(super) enum NoReport {
     Refused(Refusal),
 }
 
-/// The report of the pod `pod` at `ip` (3 s at most), screened against
-/// `served`.
+/// The admin port of the pod at `ip` (`host:port`).
+pub(super) fn admin_address(ip: &str) -> String {
+    let host = if ip.contains(':') { format!("[{ip}]") } else { ip.to_owned() };
+    format!("{host}:{ADMIN_PORT}")
+}
+
+/// The report of the pod `pod` at `address` ([`admin_address`]; 3 s at
+/// most), screened against `served`.
 pub(super) async fn ask(
     http: &HttpClient<HttpConnector, Empty<Bytes>>,
-    ip: &str,
+    address: &str,
     pod: &str,
     served: Arc<Served>,
 ) -> Result<UsageReport, NoReport> {
-    let host = if ip.contains(':') { format!("[{ip}]") } else { ip.to_owned() };
-    let uri: http::Uri =
-        format!("http://{host}:{ADMIN_PORT}/usage").parse().map_err(|e| NoReport::Unanswered(format!("{e}")))?;
+    let uri: http::Uri = format!("http://{address}/usage").parse().map_err(|e| NoReport::Unanswered(format!("{e}")))?;
     let pod = pod.to_owned();
     let call = async move {
         let response = http.get(uri).await.map_err(|e| NoReport::Unanswered(e.to_string()))?;
@@ -85,5 +89,34 @@ impl std::io::Read for Frames {
         buf[..n].copy_from_slice(&self.frame[..n]);
         self.frame.advance(n);
         Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
+
+    use hyper_util::rt::TokioExecutor;
+    use waycast_mock::forged_usage::{Forger, serve};
+
+    use super::*;
+
+    /// The forged pod of the e2e test, on a socket here: each of its
+    /// reports is refused for its own rule, as it streams in, within the
+    /// time one pod has (the 33 MB report at its 100,001st key, the padded
+    /// one a byte past 16 MiB).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_forged_pods_reports_are_refused_as_they_stream_in() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        tokio::spawn(serve(listener, Forger { pod: "gw-1".into(), namespace: "team-f".into() }));
+        let served = Arc::new(Served::new([("team-f", "own")], []));
+        let http = HttpClient::builder(TokioExecutor::new()).build_http();
+        for wanted in [Refusal::ForeignKey, Refusal::TooManyKeys, Refusal::TooLarge] {
+            let started = std::time::Instant::now();
+            let got = ask(&http, &address, "gw-1", served.clone()).await;
+            println!("{wanted:?}: {:?}", started.elapsed());
+            assert!(matches!(got, Err(NoReport::Refused(refusal)) if refusal == wanted), "{got:?}");
+        }
     }
 }
