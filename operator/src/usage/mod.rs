@@ -23,6 +23,7 @@
 
 mod key_writes;
 pub mod ledger;
+mod refused;
 mod report;
 pub mod screen;
 
@@ -44,10 +45,7 @@ use kube::{Api, ResourceExt as _};
 use waycast_crds::Gateway;
 use waycast_crds::heartbeat::is_gateway_pod;
 use waycast_crds::period::Period;
-use waycast_crds::usage::{
-    BASELINE_DATA_KEY, GatewayUsageStatus, MAX_STATUS_NAMESPACES, MAX_STATUS_REFUSED, RefusedUsageReport, UsageReport,
-    UsageTotals,
-};
+use waycast_crds::usage::{BASELINE_DATA_KEY, GatewayUsageStatus, MAX_STATUS_NAMESPACES, UsageReport, UsageTotals};
 
 use crate::apply::bounded;
 use crate::compile::ObjectKey;
@@ -76,7 +74,15 @@ const LEDGER_DATA_KEY: &str = "ledger.json.gz";
 #[derive(Default)]
 struct Books {
     gateways: BTreeMap<String, GatewayBook>,
+    /// Rounds this process has collected.
+    rounds: u32,
 }
+
+/// Rounds after the operator starts in which a Gateway not compiled yet
+/// holds every key's write back (its keys' sums would be short); after
+/// them, such a Gateway (one whose reconcile keeps failing) is left out
+/// alone, so it cannot stop every other team's usage.
+const WARM_UP_ROUNDS: u32 = 12;
 
 struct GatewayBook {
     /// The budgets' totals of the baseline found when this book was
@@ -161,6 +167,11 @@ async fn collect_round(
         })
         .collect();
     drop(memory);
+    books.rounds = books.rounds.saturating_add(1);
+    let (gateways, uncompiled): (Vec<_>, Vec<_>) = gateways.into_iter().partition(|(_, served)| served.is_some());
+    if !uncompiled.is_empty() && books.rounds <= WARM_UP_ROUNDS {
+        complete = false;
+    }
     // Several Gateways' pods asked at once, each ask a task of its own (so
     // it runs on while earlier Gateways are written), taken in order.
     let mut answered = futures_util::stream::iter(gateways)
@@ -204,7 +215,7 @@ async fn collect_round(
         let Some(book) = books.gateways.get_mut(&id) else { continue };
         match answers {
             Ok((listed, reports, refused)) => {
-                refusals(context, &gateway, book, refused).await;
+                refused::refusals(context, &gateway, &mut book.refused, refused).await;
                 let everyone = listed.iter().all(|pod| reports.iter().any(|(reported, _)| reported == pod));
                 for (pod, report) in reports {
                     book.ledger.record(&pod, report);
@@ -331,32 +342,6 @@ fn served_by(compiled: &crate::programmed::CompiledFrom, ledger: Option<&Ledger>
     Served::new(serving, counted)
 }
 
-/// Counts this round's refused reports of `gateway`, and tells of each
-/// pod newly refused (or refused for another rule) in an Event.
-async fn refusals(context: &Context, gateway: &Gateway, book: &mut GatewayBook, refused: Vec<(String, Refusal)>) {
-    let now: BTreeMap<String, Refusal> = refused.into_iter().collect();
-    for (pod, refusal) in &now {
-        context.metrics.usage_reports_refused.with_label_values(&[refusal.metric_label()]).inc();
-        tracing::warn!(gateway = %gateway_id(gateway), %pod, reason = refusal.reason(), "usage: report refused");
-        if book.refused.get(pod) == Some(refusal) {
-            continue;
-        }
-        let note = format!("pod {pod}: {} ({})", refusal.message(), refusal.reason());
-        let reason = waycast_crds::condition::reasons::USAGE_REPORT_REFUSED;
-        let event = context.events.publish(
-            kube::Resource::object_ref(gateway, &()),
-            crate::events::EventType::Warning,
-            reason,
-            note,
-            "CollectUsage",
-        );
-        if let Err(error) = bounded(event).await {
-            tracing::debug!(%error, "could not publish an Event");
-        }
-    }
-    book.refused = now;
-}
-
 /// The budgets' totals of the pods' baseline as written last (`None`
 /// when there is none or it does not parse).
 ///
@@ -439,16 +424,7 @@ async fn write_gateway(
         .take(MAX_STATUS_NAMESPACES)
         .map(|(namespace, used)| used.namespace_status(namespace))
         .collect();
-    let refused_reports = book
-        .refused
-        .iter()
-        .take(MAX_STATUS_REFUSED)
-        .map(|(pod, refusal)| RefusedUsageReport {
-            pod: pod.clone(),
-            reason: refusal.reason().to_owned(),
-            message: refusal.message(),
-        })
-        .collect();
+    let refused_reports = refused::listed(&book.refused);
     let status = GatewayUsageStatus {
         period: month.to_owned(),
         currency: currency.to_owned(),
