@@ -96,6 +96,9 @@ pub mod reasons {
     /// A gateway pod left this object's entry out of the config it serves
     /// (it could not build it); the rest of the config is served.
     pub const REFUSED_BY_GATEWAY: &str = "RefusedByGateway";
+    /// A gateway pod's usage report broke a rule and was refused whole
+    /// (an Event on the Gateway; the rule is in `status.usage.refusedReports`).
+    pub const USAGE_REPORT_REFUSED: &str = "UsageReportRefused";
 }
 
 /// The minimum length of a user-supplied key (see `ApiKey.spec.secretRef`).

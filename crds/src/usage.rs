@@ -203,7 +203,29 @@ pub struct GatewayUsageStatus {
     /// Per namespace with usage, sorted (at most [`MAX_STATUS_NAMESPACES`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub namespaces: Vec<NamespaceUsage>,
+    /// Pods whose last usage report the operator refused (it broke a
+    /// rule: too large, too many keys, a key this Gateway does not serve,
+    /// a number out of bounds), sorted by pod, at most 16. Nothing of a refused report is counted;
+    /// the pod's last accepted report still is.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused_reports: Vec<RefusedUsageReport>,
 }
+
+/// A pod whose usage report was refused, and why.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RefusedUsageReport {
+    /// The pod.
+    pub pod: String,
+    /// Why, in CamelCase (`ReportTooLarge`, `TooManyKeys`, `ForeignKey`,
+    /// `OutOfBounds`, `ForeignInstance`, `Malformed`).
+    pub reason: String,
+    /// For a person.
+    pub message: String,
+}
+
+/// The most pods `Gateway.status.usage.refusedReports` lists.
+pub const MAX_STATUS_REFUSED: usize = 16;
 
 /// The most namespaces `Gateway.status.usage` lists (the status stays small).
 pub const MAX_STATUS_NAMESPACES: usize = 500;

@@ -13,6 +13,7 @@
 pub mod collector;
 pub mod desync;
 pub mod fixtures;
+pub mod forged_usage;
 pub mod hostile;
 mod openai;
 pub mod pki;

@@ -30,6 +30,8 @@ pub struct Metrics {
     pub propagation: prometheus::Histogram,
     /// Each Gateway's conditions as last written: 1 true, 0 false.
     pub gateway_condition: IntGaugeVec,
+    /// Pods' usage reports refused whole, by the rule they broke.
+    pub usage_reports_refused: IntCounterVec,
 }
 
 impl Metrics {
@@ -103,6 +105,13 @@ impl Metrics {
             ),
             &["gateway", "condition"],
         )?;
+        let usage_reports_refused = IntCounterVec::new(
+            Opts::new(
+                "waycast_operator_usage_reports_refused_total",
+                "Gateway pods' usage reports refused whole, by the rule broken: too_large, too_many_keys, foreign_key (a key or tenant the Gateway does not serve), out_of_bounds (a negative, fractional or too large number), foreign_instance (a process of another pod), malformed.",
+            ),
+            &["reason"],
+        )?;
         let metrics = Self {
             registry,
             reconciles,
@@ -116,6 +125,7 @@ impl Metrics {
             key_patches,
             propagation,
             gateway_condition,
+            usage_reports_refused,
         };
         for collector in metrics.collectors() {
             metrics.registry.register(collector)?;
@@ -143,6 +153,7 @@ impl Metrics {
             Box::new(self.config_bytes.clone()),
             Box::new(self.config_bytes_written.clone()),
             Box::new(self.gateway_condition.clone()),
+            Box::new(self.usage_reports_refused.clone()),
         ]
     }
 

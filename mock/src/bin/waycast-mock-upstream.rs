@@ -7,6 +7,11 @@
 //!                       [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]]
 //! ```
 //!
+//! Started as a gateway pod (the operator's `WAYCAST_GATEWAY` and
+//! `POD_NAME` are set: a Gateway's `spec.image` names this image), it
+//! ignores its arguments and serves forged usage reports on the admin port
+//! (`waycast_mock::forged_usage`).
+//!
 //! `--vllm-slots` turns on the vLLM-like mode (`waycast_mock::vllm`);
 //! `--tls-cert` and `--tls-key` serve HTTPS, and `--tls-client-ca` requires
 //! client certificates signed by that CA.
@@ -21,6 +26,11 @@ use waycast_mock::upstream::{self as mock_upstream, MockOptions, Recorder};
 use waycast_mock::vllm::{Engine, VllmOptions};
 
 fn main() -> ExitCode {
+    if let (Ok(_), Ok(pod), Ok(namespace)) =
+        (std::env::var("WAYCAST_GATEWAY"), std::env::var("POD_NAME"), std::env::var("POD_NAMESPACE"))
+    {
+        return forged_gateway_pod(waycast_mock::forged_usage::Forger { pod, namespace });
+    }
     let mut listen: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 8000));
     let mut options = MockOptions::default();
     let mut vllm: Option<VllmOptions> = None;
@@ -125,5 +135,33 @@ fn main() -> ExitCode {
             None => tokio::time::sleep(Duration::from_secs(1)).await,
         }
         ExitCode::SUCCESS
+    })
+}
+
+/// Serves forged usage reports on the gateway's admin port (9090).
+fn forged_gateway_pod(forger: waycast_mock::forged_usage::Forger) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("waycast-mock-upstream: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        let listener = match tokio::net::TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], 9090))).await {
+            Ok(listener) => listener,
+            Err(error) => {
+                eprintln!("waycast-mock-upstream: cannot listen on the admin port: {error}");
+                return ExitCode::FAILURE;
+            }
+        };
+        eprintln!("waycast-mock-upstream: a forged gateway pod ({}), serving forged usage reports", forger.pod);
+        tokio::select! {
+            served = waycast_mock::forged_usage::serve(listener, forger) => {
+                eprintln!("waycast-mock-upstream: {served:?}");
+                ExitCode::FAILURE
+            }
+            () = waycast_mock::upstream::termination() => ExitCode::SUCCESS,
+        }
     })
 }

@@ -3,19 +3,23 @@
 //! believe, since anyone who may write such an object may write anything
 //! in it.
 
-use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::ResourceExt as _;
+use kube::api::ObjectMeta;
 use kube::core::PartialObjectMeta;
 use waycast_crds::heartbeat::{
-    DROPPED_ENTRIES_ANNOTATION, POD_INSTANCE_LABEL, POD_NAME_LABEL, REFUSED_HASH_ANNOTATION, REFUSED_REASON_ANNOTATION,
+    DROPPED_ENTRIES_ANNOTATION, GATEWAY_LABEL, POD_INSTANCE_LABEL, POD_NAME_LABEL, REFUSED_HASH_ANNOTATION,
+    REFUSED_REASON_ANNOTATION,
 };
 
 use crate::render::endpoints::{SERVICE_NAME_LABEL, is_controller_managed};
 
 /// Longest heartbeat annotation kept.
 pub const MAX_ANNOTATION_BYTES: usize = 64 * 1024;
+/// Longest heartbeat holder kept: a config hash (64 hex digits) with room.
+pub const MAX_HOLDER_BYTES: usize = 128;
 
 /// An ApiKey, with its status as the status controller compares it
 /// (`status::kept_form`): without the usage the collector wrote into it
@@ -63,15 +67,44 @@ pub fn endpoint_slice(slice: &mut EndpointSlice) {
     }
 }
 
-/// A heartbeat Lease: only the heartbeat's own annotations, each bounded
-/// (anyone may write a Lease with the label in a namespace of their own).
+/// A heartbeat Lease: its name, namespace, Gateway label, the owner a
+/// heartbeat is checked against (the Pod it is named after), the holder
+/// (the config hash served) and the heartbeat's own annotations, nothing
+/// else (anyone may write a Lease with the label in a namespace of their
+/// own, and a pod of a Gateway runs its author's image). A holder past
+/// [`MAX_HOLDER_BYTES`] or a heartbeat annotation past
+/// [`MAX_ANNOTATION_BYTES`] makes it no valid heartbeat: its holder and
+/// annotations are dropped, not kept.
 pub fn lease(lease: &mut Lease) {
-    if let Some(annotations) = lease.metadata.annotations.as_mut() {
-        annotations.retain(|key, value| {
-            [REFUSED_HASH_ANNOTATION, REFUSED_REASON_ANNOTATION, DROPPED_ENTRIES_ANNOTATION].contains(&key.as_str())
-                && value.len() <= MAX_ANNOTATION_BYTES
-        });
-    }
+    let name = lease.metadata.name.take();
+    let holder = lease.spec.take().and_then(|spec| spec.holder_identity);
+    let mut annotations = lease.metadata.annotations.take().unwrap_or_default();
+    annotations.retain(|key, _| {
+        [REFUSED_HASH_ANNOTATION, REFUSED_REASON_ANNOTATION, DROPPED_ENTRIES_ANNOTATION].contains(&key.as_str())
+    });
+    let oversized = holder.as_ref().is_some_and(|holder| holder.len() > MAX_HOLDER_BYTES)
+        || annotations.values().any(|value| value.len() > MAX_ANNOTATION_BYTES);
+    let gateway = lease.metadata.labels.take().and_then(|mut labels| labels.remove(GATEWAY_LABEL));
+    let owner = lease
+        .metadata
+        .owner_references
+        .take()
+        .into_iter()
+        .flatten()
+        .find(|owner| owner.kind == "Pod" && Some(&owner.name) == name.as_ref());
+    let meta = &lease.metadata;
+    lease.metadata = ObjectMeta {
+        name,
+        namespace: meta.namespace.clone(),
+        uid: meta.uid.clone(),
+        resource_version: meta.resource_version.clone(),
+        deletion_timestamp: meta.deletion_timestamp.clone(),
+        labels: gateway.map(|gateway| [(GATEWAY_LABEL.to_owned(), gateway)].into()),
+        owner_references: owner.map(|owner| vec![owner]),
+        annotations: (!oversized && !annotations.is_empty()).then_some(annotations),
+        ..ObjectMeta::default()
+    };
+    lease.spec = (!oversized).then(|| LeaseSpec { holder_identity: holder, ..LeaseSpec::default() });
 }
 
 /// A gateway pod's metadata: only the labels that tell whose pod it is
@@ -153,20 +186,80 @@ mod tests {
         assert!(api_server.endpoints.is_empty());
     }
 
+    fn heartbeat_lease(holder: &str, reason: &str) -> Lease {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+        let owner = |kind: &str, name: &str| OwnerReference {
+            kind: kind.into(),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            ..Default::default()
+        };
+        Lease {
+            metadata: ObjectMeta {
+                name: Some("gw-5d9f-a".into()),
+                namespace: Some("platform".into()),
+                labels: Some([(GATEWAY_LABEL.to_owned(), "gw".to_owned()), ("big".to_owned(), "z".repeat(60))].into()),
+                annotations: Some(
+                    [
+                        (REFUSED_HASH_ANNOTATION.to_owned(), "abc".to_owned()),
+                        (REFUSED_REASON_ANNOTATION.to_owned(), reason.to_owned()),
+                        ("something.else/big".to_owned(), "y".repeat(1000)),
+                    ]
+                    .into(),
+                ),
+                owner_references: Some(vec![
+                    owner("ConfigMap", "gw-5d9f-a"),
+                    owner("Pod", "someone-else"),
+                    owner("Pod", "gw-5d9f-a"),
+                ]),
+                finalizers: Some(vec!["x".repeat(1000)]),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(holder.to_owned()),
+                lease_duration_seconds: Some(10),
+                ..Default::default()
+            }),
+        }
+    }
+
+    /// A Lease keeps its name, Gateway label, the Pod owner it is named
+    /// after, its holder and the heartbeat's own annotations; nothing else.
     #[test]
-    fn a_lease_keeps_only_the_heartbeats_own_bounded_annotations() {
-        let mut forged = Lease::default();
-        forged.metadata.annotations = Some(
-            [
-                (REFUSED_HASH_ANNOTATION.to_owned(), "abc".to_owned()),
-                (REFUSED_REASON_ANNOTATION.to_owned(), "x".repeat(MAX_ANNOTATION_BYTES + 1)),
-                ("something.else/big".to_owned(), "y".repeat(1000)),
-            ]
-            .into(),
+    fn a_lease_keeps_only_what_a_heartbeat_reads() {
+        let mut beat = heartbeat_lease(&"h".repeat(64), "bad config");
+        lease(&mut beat);
+        let meta = &beat.metadata;
+        assert_eq!(meta.name.as_deref(), Some("gw-5d9f-a"));
+        assert_eq!(meta.labels, Some([(GATEWAY_LABEL.to_owned(), "gw".to_owned())].into()));
+        let owners = meta.owner_references.as_deref().unwrap_or_default();
+        assert_eq!(
+            owners.iter().map(|o| (o.kind.as_str(), o.name.as_str())).collect::<Vec<_>>(),
+            [("Pod", "gw-5d9f-a")]
         );
-        lease(&mut forged);
-        let kept = forged.metadata.annotations.unwrap();
-        assert_eq!(kept.keys().collect::<Vec<_>>(), [REFUSED_HASH_ANNOTATION]);
+        assert_eq!(meta.finalizers, None);
+        let kept = meta.annotations.clone().unwrap();
+        assert_eq!(kept.keys().collect::<Vec<_>>(), [REFUSED_HASH_ANNOTATION, REFUSED_REASON_ANNOTATION]);
+        let spec = beat.spec.unwrap();
+        assert_eq!(spec.holder_identity.as_deref().map(str::len), Some(64));
+        assert_eq!(spec.lease_duration_seconds, None);
+    }
+
+    /// An oversized holder or heartbeat annotation is no heartbeat at all:
+    /// neither is kept (a 1 MiB holder would otherwise sit in the store).
+    #[test]
+    fn an_oversized_holder_or_annotation_is_no_valid_heartbeat() {
+        for (holder, reason) in [
+            ("h".repeat(1024 * 1024), "bad config".to_owned()),
+            ("h".repeat(MAX_HOLDER_BYTES + 1), "bad config".to_owned()),
+            ("h".repeat(64), "x".repeat(MAX_ANNOTATION_BYTES + 1)),
+        ] {
+            let mut beat = heartbeat_lease(&holder, &reason);
+            lease(&mut beat);
+            assert_eq!(beat.spec, None);
+            assert_eq!(beat.metadata.annotations, None);
+            assert_eq!(crate::stores::holder(&beat), "", "serves nothing");
+        }
     }
 
     #[test]

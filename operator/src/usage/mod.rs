@@ -12,12 +12,20 @@
 //!
 //! Only the leader runs it (it runs with the controllers). A report is
 //! taken only from a genuine gateway pod of the Gateway (as heartbeats
-//! are) and only for a process of that pod: a pod cannot report for
-//! another. Usage is written under a field manager of its own, so the
-//! reconcilers' status writes neither own nor compare it.
+//! are), only for a process of that pod, and only when it passes
+//! `screen`: within a byte and a key cap, naming only keys the Gateway
+//! serves (or its ledger counted this month), every number within
+//! bounds. A report past any rule is refused whole: counted, shown in
+//! `Gateway.status.usage.refusedReports`, an Event. Only keys the
+//! Gateway serves in its current config get a status written, one
+//! pending write per key. Usage is written under a field manager of its
+//! own, so the reconcilers' status writes neither own nor compare it.
 
+mod key_writes;
 pub mod ledger;
+mod refused;
 mod report;
+pub mod screen;
 
 use std::collections::BTreeMap;
 use std::io::Read as _;
@@ -34,29 +42,26 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt as _};
+use waycast_crds::Gateway;
 use waycast_crds::heartbeat::is_gateway_pod;
 use waycast_crds::period::Period;
-use waycast_crds::usage::{
-    BASELINE_DATA_KEY, GatewayUsageStatus, KeyUsageStatus, MAX_STATUS_NAMESPACES, UsageReport, UsageTotals,
-};
-use waycast_crds::{ApiKey, Gateway};
+use waycast_crds::usage::{BASELINE_DATA_KEY, GatewayUsageStatus, MAX_STATUS_NAMESPACES, UsageReport, UsageTotals};
 
 use crate::apply::bounded;
+use crate::compile::ObjectKey;
 use crate::context::Context;
 use crate::render::meta::{owned_meta, usage_config_map_name, usage_ledger_name};
 use crate::render::selector_labels;
+use key_writes::{KeyUsage, KeyWrites, write_key_statuses};
+pub use key_writes::{USAGE_MANAGER, WRITES_PER_SECOND};
 use ledger::Ledger;
+use screen::{Refusal, Served};
 
 /// How often the pods are asked. A budget without Redis is passed by at
 /// most what the fleet spends beyond its reservations in flight (each
 /// process keeps to its share of what was left at the last collection);
 /// this sets how stale `status.usage` may be.
 pub const COLLECT_EVERY: Duration = Duration::from_secs(5);
-/// The most `ApiKey.status.usage` writes a second (10,000 keys active:
-/// each written about every 8 minutes).
-pub const WRITES_PER_SECOND: u32 = 20;
-/// The field manager of usage writes.
-pub const USAGE_MANAGER: &str = "waycast-usage";
 /// Gateways whose pods are asked at the same time.
 const ASK_GATEWAYS_AT_ONCE: usize = 4;
 /// Pods of one Gateway asked at the same time.
@@ -69,55 +74,15 @@ const LEDGER_DATA_KEY: &str = "ledger.json.gz";
 #[derive(Default)]
 struct Books {
     gateways: BTreeMap<String, GatewayBook>,
+    /// Rounds this process has collected.
+    rounds: u32,
 }
 
-/// The key statuses to write, in the order they changed (each key once,
-/// its newest usage), and a digest of what was written (per ApiKey
-/// `namespace/name`: 10,000 keys cost a number each, not a status).
-#[derive(Default)]
-struct KeyWrites {
-    pending: BTreeMap<String, KeyUsage>,
-    order: std::collections::VecDeque<String>,
-    written: BTreeMap<String, u64>,
-}
-
-/// A key's usage over the Gateways, in the currency and month of the
-/// first Gateway that counts it, and when it was collected.
-#[derive(Clone, Debug)]
-struct KeyUsage {
-    totals: UsageTotals,
-    shown: Arc<(String, String)>,
-    as_of: Arc<str>,
-}
-
-impl KeyUsage {
-    /// Equal for equal usage, whenever collected.
-    fn digest(&self) -> u64 {
-        use std::hash::BuildHasher as _;
-        // Fixed keys: the digest compares rounds of one process.
-        std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default()
-            .hash_one((&self.totals, &self.shown))
-    }
-
-    fn status(&self) -> KeyUsageStatus {
-        let (currency, month) = &*self.shown;
-        self.totals.key_status(month, currency, &self.as_of)
-    }
-}
-
-impl KeyWrites {
-    fn queue(&mut self, key: String, usage: KeyUsage) {
-        if self.pending.insert(key.clone(), usage).is_none() {
-            self.order.push_back(key);
-        }
-    }
-
-    fn next(&mut self) -> Option<(String, KeyUsage)> {
-        let key = self.order.pop_front()?;
-        let usage = self.pending.remove(&key)?;
-        Some((key, usage))
-    }
-}
+/// Rounds after the operator starts in which a Gateway not compiled yet
+/// holds every key's write back (its keys' sums would be short); after
+/// them, such a Gateway (one whose reconcile keeps failing) is left out
+/// alone, so it cannot stop every other team's usage.
+const WARM_UP_ROUNDS: u32 = 12;
 
 struct GatewayBook {
     /// The budgets' totals of the baseline found when this book was
@@ -131,6 +96,8 @@ struct GatewayBook {
     /// overwritten by this process (a person may recover it).
     writable: bool,
     status: Option<GatewayUsageStatus>,
+    /// The pods whose report was refused in the last round, and why.
+    refused: BTreeMap<String, Refusal>,
 }
 
 /// Runs the collector and the status writer until the process ends.
@@ -186,20 +153,40 @@ async fn collect_round(
         .collect();
     gateways.sort_by_key(|gateway| gateway_id(gateway));
     books.gateways.retain(|id, _| gateways.iter().any(|gateway| gateway_id(gateway) == *id));
+    // Per Gateway, the keys its reports may name: none until it has
+    // compiled in this process (its pods are asked next round).
+    let memory = context.gateways.read().await;
+    let gateways: Vec<(Arc<Gateway>, Option<Arc<Served>>)> = gateways
+        .into_iter()
+        .map(|gateway| {
+            let object = ObjectKey { namespace: gateway.namespace().unwrap_or_default(), name: gateway.name_any() };
+            let compiled = memory.get(&object).and_then(|memory| memory.compiled.as_ref());
+            let ledger = books.gateways.get(&gateway_id(&gateway)).map(|book| &book.ledger);
+            let served = compiled.map(|compiled| Arc::new(served_by(compiled, ledger)));
+            (gateway, served)
+        })
+        .collect();
+    drop(memory);
+    books.rounds = books.rounds.saturating_add(1);
+    let (gateways, uncompiled): (Vec<_>, Vec<_>) = gateways.into_iter().partition(|(_, served)| served.is_some());
+    if !uncompiled.is_empty() && books.rounds <= WARM_UP_ROUNDS {
+        complete = false;
+    }
     // Several Gateways' pods asked at once, each ask a task of its own (so
     // it runs on while earlier Gateways are written), taken in order.
     let mut answered = futures_util::stream::iter(gateways)
-        .map(|gateway| {
+        .map(|(gateway, served)| {
             let (context, http) = (context.clone(), http.clone());
             let asked = tokio::spawn(async move {
-                let answers = reports(&context, &http, &gateway).await;
-                (gateway, answers)
+                let served = served?;
+                let answers = reports(&context, &http, &gateway, served.clone()).await;
+                Some((gateway, answers, served))
             });
-            async move { asked.await.ok() }
+            async move { asked.await.ok().flatten() }
         })
         .buffered(ASK_GATEWAYS_AT_ONCE);
     while let Some(answered) = answered.next().await {
-        let Some((gateway, answers)) = answered else {
+        let Some((gateway, answers, served)) = answered else {
             complete = false;
             continue;
         };
@@ -221,12 +208,14 @@ async fn collect_round(
             let writable = loaded.is_some();
             let ledger = loaded.unwrap_or_default();
             let persisted = Some(ledger.digest());
-            let book = GatewayBook { persisted, ledger, baseline: None, writable, status: None, floor };
+            let refused = BTreeMap::new();
+            let book = GatewayBook { persisted, ledger, baseline: None, writable, status: None, floor, refused };
             books.gateways.insert(id.clone(), book);
         }
         let Some(book) = books.gateways.get_mut(&id) else { continue };
         match answers {
-            Ok((listed, reports)) => {
+            Ok((listed, reports, refused)) => {
+                refused::refusals(context, &gateway, &mut book.refused, refused).await;
                 let everyone = listed.iter().all(|pod| reports.iter().any(|(reported, _)| reported == pod));
                 for (pod, report) in reports {
                     book.ledger.record(&pod, report);
@@ -245,7 +234,10 @@ async fn collect_round(
         let current: Vec<(Period, String)> =
             [Period::Day, Period::Week, Period::Month].into_iter().map(|p| (p, p.window(now, &zone).key)).collect();
         book.ledger.forget_past(&month, &current);
-        let totals = book.ledger.key_totals(&month);
+        let mut totals = book.ledger.key_totals(&month);
+        // Only keys the Gateway serves now are shown or written: what a
+        // ledger holds of anything else (a key gone) stays in the ledger.
+        totals.retain(|key, _| served.serves(key));
         write_gateway(context, &gateway, book, (&totals, &month), &currency, &as_of).await;
         let shown = Arc::new((currency, month));
         for (key, mut used) in totals {
@@ -282,7 +274,8 @@ async fn reports(
     context: &Context,
     http: &HttpClient<HttpConnector, Empty<Bytes>>,
     gateway: &Gateway,
-) -> Result<(Vec<String>, Vec<(String, UsageReport)>), crate::error::Error> {
+    served: Arc<Served>,
+) -> Result<Answers, crate::error::Error> {
     let namespace = gateway.namespace().unwrap_or_default();
     let api: Api<Pod> = Api::namespaced(context.client.clone(), &namespace);
     let selector = selector_labels(gateway).iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
@@ -309,24 +302,44 @@ async fn reports(
         .filter(|pod| phase(pod) == "Running")
         .filter_map(|pod| Some((pod.name_any(), pod.status.as_ref()?.pod_ip.clone()?)))
         .collect();
-    let reports = futures_util::stream::iter(running)
-        .map(|(pod, ip)| async move {
-            let report = report::ask(http, &ip).await;
-            if let Err(error) = &report {
-                tracing::debug!(%pod, %error, "usage: no report from a gateway pod; asking again next round");
+    let answers: Vec<(String, Result<UsageReport, report::NoReport>)> = futures_util::stream::iter(running)
+        .map(|(pod, ip)| {
+            let served = served.clone();
+            async move {
+                let report = report::ask(http, &report::admin_address(&ip), &pod, served).await;
+                if let Err(report::NoReport::Unanswered(error)) = &report {
+                    tracing::debug!(%pod, %error, "usage: no report from a gateway pod; asking again next round");
+                }
+                (pod, report)
             }
-            (pod, report.ok())
         })
-        // A few pods at a time: each report may be megabytes.
+        // A few pods at a time: each report is screened as it streams in.
         .buffer_unordered(ASK_PODS_AT_ONCE)
-        .filter_map(|(pod, report)| std::future::ready(report.map(|report| (pod, report))))
-        // A pod reports for its own processes only.
-        .filter(|(pod, report)| {
-            std::future::ready(report.instance.strip_prefix(pod.as_str()).is_some_and(|rest| rest.starts_with('-')))
-        })
         .collect()
         .await;
-    Ok((listed.iter().map(|pod| pod.name_any()).collect(), reports))
+    let (mut reports, mut refused) = (Vec::new(), Vec::new());
+    for (pod, answer) in answers {
+        match answer {
+            Ok(report) => reports.push((pod, report)),
+            Err(report::NoReport::Refused(refusal)) => refused.push((pod, refusal)),
+            Err(report::NoReport::Unanswered(_)) => {}
+        }
+    }
+    Ok((listed.iter().map(|pod| pod.name_any()).collect(), reports, refused))
+}
+
+/// The live genuine pods, the reports taken, and the pods whose report was refused.
+type Answers = (Vec<String>, Vec<(String, UsageReport)>, Vec<(String, Refusal)>);
+
+/// The keys `compiled` serves, and those `ledger` counted: what a report
+/// of the Gateway may name.
+fn served_by(compiled: &crate::programmed::CompiledFrom, ledger: Option<&Ledger>) -> Served {
+    let serving = compiled.keys.keys().map(ObjectKey::as_pair);
+    let counted = ledger.into_iter().flat_map(|ledger| {
+        let live = ledger.processes.values().flat_map(|entry| entry.report.keys.keys());
+        live.chain(ledger.retired_keys.values().flat_map(BTreeMap::keys)).map(String::as_str)
+    });
+    Served::new(serving, counted)
 }
 
 /// The budgets' totals of the pods' baseline as written last (`None`
@@ -360,7 +373,7 @@ async fn load_ledger(context: &Context, gateway: &Gateway) -> Result<Option<Ledg
     };
     let mut text = Vec::new();
     let read = flate2::read::GzDecoder::new(compressed.as_slice())
-        .take(u64::try_from(report::MAX_REPORT_BYTES).unwrap_or(u64::MAX))
+        .take(u64::try_from(screen::MAX_REPORT_BYTES).unwrap_or(u64::MAX))
         .read_to_end(&mut text);
     let ledger = read.ok().and_then(|_| serde_json::from_slice(&text).ok());
     if ledger.is_none() {
@@ -411,11 +424,13 @@ async fn write_gateway(
         .take(MAX_STATUS_NAMESPACES)
         .map(|(namespace, used)| used.namespace_status(namespace))
         .collect();
+    let refused_reports = refused::listed(&book.refused);
     let status = GatewayUsageStatus {
         period: month.to_owned(),
         currency: currency.to_owned(),
         as_of: as_of.to_owned(),
         namespaces,
+        refused_reports,
     };
     let unchanged = book.status.as_ref().is_some_and(|held| {
         GatewayUsageStatus { as_of: String::new(), ..held.clone() }
@@ -450,37 +465,4 @@ async fn persist(
     };
     bounded(maps.patch(&usage_ledger_name(gateway), params, &Patch::Apply(&map))).await?;
     Ok(())
-}
-
-/// Writes each key's usage as it changes, at most [`WRITES_PER_SECOND`].
-async fn write_key_statuses(context: Arc<Context>, writes: Arc<tokio::sync::Mutex<KeyWrites>>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1) / WRITES_PER_SECOND);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let params = PatchParams::apply(USAGE_MANAGER).force();
-    loop {
-        tick.tick().await;
-        let next = writes.lock().await.next();
-        let Some((key, usage)) = next else { continue };
-        let Some((namespace, name)) = key.split_once('/') else { continue };
-        let api: Api<ApiKey> = Api::namespaced(context.client.clone(), namespace);
-        let body = serde_json::json!({
-            "apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey", "status": {"usage": usage.status()},
-        });
-        match bounded(api.patch_status(name, &params, &Patch::Apply(body))).await {
-            Ok(_) => {
-                writes.lock().await.written.insert(key, usage.digest());
-            }
-            // A key gone, or one the Gateway serves under an id no ApiKey has: nothing to write.
-            Err(crate::error::Error::Kube(kube::Error::Api(refused))) if refused.code == 404 => {
-                writes.lock().await.written.insert(key, usage.digest());
-            }
-            Err(error) => {
-                tracing::warn!(%key, %error, "usage: cannot write the key's status; retrying");
-                let mut writes = writes.lock().await;
-                if !writes.pending.contains_key(&key) {
-                    writes.queue(key, usage);
-                }
-            }
-        }
-    }
 }

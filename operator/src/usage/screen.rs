@@ -1,0 +1,398 @@
+//! A pod's usage report is untrusted input: a Gateway's author chooses its
+//! pods' image, and one compromised pod may send anything. This screens a
+//! report as it is parsed, so a report past a rule costs the operator what
+//! it read up to the rule, never the whole report:
+//!
+//! ```text
+//! bytes (a stream) ─► at most MAX_REPORT_BYTES ─► keys: each one this Gateway
+//!   counts, at most MAX_REPORTED_KEYS ─► numbers within bounds ─► UsageReport
+//!                   └─ any rule broken: the whole report is refused (Refusal)
+//! ```
+//!
+//! Pure: no I/O, no clock. The collector (`mod.rs`) feeds it the body and
+//! the keys the Gateway counts ([`Served`]).
+
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::hash::{BuildHasher as _, Hasher as _};
+use std::io::Read;
+
+use serde::de::{DeserializeSeed, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::Number;
+use waycast_crds::period::Period;
+use waycast_crds::usage::{BudgetSpend, MAX_REPORTED_KEYS, OTHER_KEYS, UsageReport, UsageTotals};
+
+/// The largest report taken from a pod (and ledger read back). A genuine
+/// report of [`MAX_REPORTED_KEYS`] keys is some 12 MB.
+pub const MAX_REPORT_BYTES: usize = 16 * 1024 * 1024;
+/// The most budget spends one report lists: every period of every key and
+/// tenant a Gateway can count.
+pub const MAX_REPORTED_BUDGETS: usize = 4 * MAX_REPORTED_KEYS;
+/// The largest count (requests, tokens) one process reports for a key or
+/// budget in a month: a million tokens a second for a whole month is
+/// under 3·10¹².
+pub const MAX_COUNT: u64 = 1_000_000_000_000_000;
+/// The largest cost one process reports for a key or budget: a billion
+/// units of the currency, in nano-units.
+pub const MAX_COST_NANOS: u64 = 1_000_000_000_000_000_000;
+/// Longest process instance name (a pod name and a suffix).
+const MAX_INSTANCE_BYTES: usize = 253 + 32;
+/// Longest budget window (`2026-11-26`, `2026-W48`).
+const MAX_WINDOW_BYTES: usize = 16;
+
+/// Why a report was refused whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Refusal {
+    /// Past [`MAX_REPORT_BYTES`].
+    TooLarge,
+    /// Past [`MAX_REPORTED_KEYS`] keys or [`MAX_REPORTED_BUDGETS`] budgets.
+    TooManyKeys,
+    /// Names a key (or a budget of a key or tenant) the Gateway does not count.
+    ForeignKey,
+    /// A count or cost past its bound, negative or not a whole number.
+    OutOfBounds,
+    /// Reports for a process of another pod.
+    ForeignInstance,
+    /// Not a usage report.
+    Malformed,
+}
+
+impl Refusal {
+    /// The CamelCase reason shown in the Gateway's status and Events.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Self::TooLarge => "ReportTooLarge",
+            Self::TooManyKeys => "TooManyKeys",
+            Self::ForeignKey => "ForeignKey",
+            Self::OutOfBounds => "OutOfBounds",
+            Self::ForeignInstance => "ForeignInstance",
+            Self::Malformed => "Malformed",
+        }
+    }
+
+    /// The metric label (bounded).
+    pub fn metric_label(self) -> &'static str {
+        match self {
+            Self::TooLarge => "too_large",
+            Self::TooManyKeys => "too_many_keys",
+            Self::ForeignKey => "foreign_key",
+            Self::OutOfBounds => "out_of_bounds",
+            Self::ForeignInstance => "foreign_instance",
+            Self::Malformed => "malformed",
+        }
+    }
+
+    /// For a person; never names another team's object.
+    pub fn message(self) -> String {
+        match self {
+            Self::TooLarge => format!("the usage report is larger than {MAX_REPORT_BYTES} bytes"),
+            Self::TooManyKeys => format!(
+                "the usage report lists more than {MAX_REPORTED_KEYS} keys or {MAX_REPORTED_BUDGETS} budget spends"
+            ),
+            Self::ForeignKey => "the usage report names a key or tenant this Gateway does not serve".to_owned(),
+            Self::OutOfBounds => {
+                format!("the usage report holds a count past {MAX_COUNT} or a cost past {MAX_COST_NANOS} nano-units")
+            }
+            Self::ForeignInstance => "the usage report is for a process of another pod".to_owned(),
+            Self::Malformed => "the response is not a usage report".to_owned(),
+        }
+    }
+}
+
+/// The keys one Gateway counts, as keyed hashes (100,000 ids cost 800 kB,
+/// not a copy of each id; the hash key is drawn per process, so no one can
+/// make an id collide on purpose).
+#[derive(Debug, Clone)]
+pub struct Served {
+    state: std::collections::hash_map::RandomState,
+    /// Keys the Gateway serves now: their usage is written to their status.
+    serving: Vec<u64>,
+    /// Keys its ledger counted this month (served then, maybe not now): a
+    /// report may still list them, nothing is written for them.
+    counted: Vec<u64>,
+    /// Namespaces of the keys served now (tenant budgets).
+    namespaces: Vec<u64>,
+}
+
+impl Served {
+    /// `serving`: `(namespace, name)` of the keys the Gateway serves in its
+    /// current config; `counted`: ids (`namespace/name`) its ledger holds.
+    pub fn new<'a>(
+        serving: impl IntoIterator<Item = (&'a str, &'a str)>,
+        counted: impl IntoIterator<Item = &'a str>,
+    ) -> Self {
+        let state = std::collections::hash_map::RandomState::new();
+        let mut namespaces = Vec::new();
+        let mut keys = Vec::new();
+        for (namespace, name) in serving {
+            keys.push(hash_parts(&state, &[namespace.as_bytes(), b"/", name.as_bytes()]));
+            namespaces.push(hash_parts(&state, &[namespace.as_bytes()]));
+        }
+        let mut counted: Vec<u64> = counted.into_iter().map(|id| hash_parts(&state, &[id.as_bytes()])).collect();
+        for list in [&mut keys, &mut namespaces, &mut counted] {
+            list.sort_unstable();
+            list.dedup();
+        }
+        Self { state, serving: keys, counted, namespaces }
+    }
+
+    /// Whether the Gateway serves the key `id` (`namespace/name`) now.
+    pub fn serves(&self, id: &str) -> bool {
+        self.serving.binary_search(&hash_parts(&self.state, &[id.as_bytes()])).is_ok()
+    }
+
+    /// Whether a report may list the key `id`.
+    fn counts(&self, id: &str) -> bool {
+        let hash = hash_parts(&self.state, &[id.as_bytes()]);
+        self.serving.binary_search(&hash).is_ok() || self.counted.binary_search(&hash).is_ok()
+    }
+
+    fn tenant(&self, namespace: &str) -> bool {
+        self.namespaces.binary_search(&hash_parts(&self.state, &[namespace.as_bytes()])).is_ok()
+    }
+}
+
+/// NB: the parts are written as one run of bytes (no length or end
+/// marks, unlike `Hash for str`), so `("a", "/", "b")` hashes as `"a/b"`.
+fn hash_parts(state: &std::collections::hash_map::RandomState, parts: &[&[u8]]) -> u64 {
+    let mut hasher = state.build_hasher();
+    for part in parts {
+        hasher.write(part);
+    }
+    hasher.finish()
+}
+
+/// The report `body` holds, from the pod `pod`, screened against what the
+/// Gateway counts (`served`); read as it comes, stopping at the first rule
+/// broken.
+///
+/// # Errors
+/// The rule the report broke; the report is refused whole.
+pub fn screen(body: impl Read, pod: &str, served: &Served) -> Result<UsageReport, Refusal> {
+    let broken = Cell::new(None);
+    let mut capped = Capped { inner: body, left: MAX_REPORT_BYTES, over: false };
+    let mut parser = serde_json::Deserializer::from_reader(&mut capped);
+    let parsed = ReportSeed { served, broken: &broken }.deserialize(&mut parser).and_then(|report| {
+        parser.end()?;
+        Ok(report)
+    });
+    drop(parser);
+    if capped.over {
+        return Err(Refusal::TooLarge);
+    }
+    let report = parsed.map_err(|_| broken.get().unwrap_or(Refusal::Malformed))?;
+    let ours = report.instance.strip_prefix(pod).is_some_and(|rest| rest.starts_with('-'));
+    if !ours || report.instance.len() > MAX_INSTANCE_BYTES {
+        return Err(Refusal::ForeignInstance);
+    }
+    if !is_month(&report.month) {
+        return Err(Refusal::Malformed);
+    }
+    Ok(report)
+}
+
+/// `YYYY-MM`.
+fn is_month(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    bytes.len() == 7 && bytes[4] == b'-' && bytes.iter().enumerate().all(|(i, b)| i == 4 || b.is_ascii_digit())
+}
+
+/// A reader that fails past its byte budget, and says so.
+struct Capped<R> {
+    inner: R,
+    left: usize,
+    over: bool,
+}
+
+impl<R: Read> Read for Capped<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        // One byte past the budget is asked for, to tell "exactly at" from "past".
+        let want = buf.len().min(self.left.saturating_add(1));
+        let read = self.inner.read(&mut buf[..want])?;
+        if read > self.left {
+            self.over = true;
+            return Err(std::io::Error::other("past the byte cap"));
+        }
+        self.left -= read;
+        Ok(read)
+    }
+}
+
+// === the report's parts, checked as they are read ===
+
+struct ReportSeed<'a> {
+    served: &'a Served,
+    broken: &'a Cell<Option<Refusal>>,
+}
+
+impl<'a> ReportSeed<'a> {
+    fn refuse<E: serde::de::Error>(&self, refusal: Refusal) -> E {
+        self.broken.set(Some(refusal));
+        E::custom(refusal.reason())
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for ReportSeed<'_> {
+    type Value = UsageReport;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<UsageReport, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ReportSeed<'_> {
+    type Value = UsageReport;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a usage report")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<UsageReport, A::Error> {
+        let mut report = UsageReport::default();
+        let (mut instance, mut month) = (false, false);
+        while let Some(field) = map.next_key::<String>()? {
+            match field.as_str() {
+                "instance" => (report.instance, instance) = (map.next_value()?, true),
+                "sequence" => report.sequence = map.next_value()?,
+                "month" => (report.month, month) = (map.next_value()?, true),
+                "keys" => report.keys = map.next_value_seed(KeysSeed(&self))?,
+                "budgets" => report.budgets = map.next_value_seed(BudgetsSeed(&self))?,
+                // A newer gateway may say more: what is not read is not kept.
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        if !(instance && month) {
+            return Err(A::Error::custom("instance and month are required"));
+        }
+        Ok(report)
+    }
+}
+
+struct KeysSeed<'s, 'a>(&'s ReportSeed<'a>);
+
+impl<'de> DeserializeSeed<'de> for KeysSeed<'_, '_> {
+    type Value = BTreeMap<String, UsageTotals>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for KeysSeed<'_, '_> {
+    type Value = BTreeMap<String, UsageTotals>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("usage per key")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut keys = BTreeMap::new();
+        let mut listed = 0_usize;
+        while let Some(id) = map.next_key::<String>()? {
+            listed += 1;
+            // The one total past the listed keys comes on top of them.
+            if listed > MAX_REPORTED_KEYS + 1 {
+                return Err(self.0.refuse(Refusal::TooManyKeys));
+            }
+            if id != OTHER_KEYS && !self.0.served.counts(&id) {
+                return Err(self.0.refuse(Refusal::ForeignKey));
+            }
+            let raw: RawTotals = map.next_value()?;
+            let totals = raw.checked().ok_or_else(|| self.0.refuse(Refusal::OutOfBounds))?;
+            keys.insert(id, totals);
+        }
+        Ok(keys)
+    }
+}
+
+struct BudgetsSeed<'s, 'a>(&'s ReportSeed<'a>);
+
+impl<'de> DeserializeSeed<'de> for BudgetsSeed<'_, '_> {
+    type Value = Vec<BudgetSpend>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for BudgetsSeed<'_, '_> {
+    type Value = Vec<BudgetSpend>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("budget spends")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut budgets = Vec::new();
+        while let Some(raw) = seq.next_element::<RawBudget>()? {
+            if budgets.len() >= MAX_REPORTED_BUDGETS {
+                return Err(self.0.refuse(Refusal::TooManyKeys));
+            }
+            let scoped = match raw.scope.split_once(':') {
+                Some(("key", id)) => self.0.served.counts(id),
+                Some(("tenant", namespace)) => self.0.served.tenant(namespace),
+                _ => false,
+            };
+            if !scoped {
+                return Err(self.0.refuse(Refusal::ForeignKey));
+            }
+            if raw.window.len() > MAX_WINDOW_BYTES {
+                return Err(self.0.refuse(Refusal::Malformed));
+            }
+            let (Some(tokens), Some(cost_nanos)) =
+                (count(&raw.tokens, MAX_COUNT), count(&raw.cost_nanos, MAX_COST_NANOS))
+            else {
+                return Err(self.0.refuse(Refusal::OutOfBounds));
+            };
+            budgets.push(BudgetSpend { scope: raw.scope, period: raw.period, window: raw.window, tokens, cost_nanos });
+        }
+        Ok(budgets)
+    }
+}
+
+/// A key's totals as sent: any JSON number, checked after.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawTotals {
+    requests: Option<Number>,
+    input_tokens: Option<Number>,
+    output_tokens: Option<Number>,
+    cached_input_tokens: Option<Number>,
+    cost_nanos: Option<Number>,
+}
+
+impl RawTotals {
+    /// Within bounds (an absent count is zero), or `None`.
+    fn checked(&self) -> Option<UsageTotals> {
+        let zero = Number::from(0_u64);
+        let get = |field: &Option<Number>, max| count(field.as_ref().unwrap_or(&zero), max);
+        Some(UsageTotals {
+            requests: get(&self.requests, MAX_COUNT)?,
+            input_tokens: get(&self.input_tokens, MAX_COUNT)?,
+            output_tokens: get(&self.output_tokens, MAX_COUNT)?,
+            cached_input_tokens: get(&self.cached_input_tokens, MAX_COUNT)?,
+            cost_nanos: get(&self.cost_nanos, MAX_COST_NANOS)?,
+        })
+    }
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawBudget {
+    scope: String,
+    period: Period,
+    window: String,
+    tokens: Number,
+    cost_nanos: Number,
+}
+
+/// A whole number from 0 to `max`.
+fn count(number: &Number, max: u64) -> Option<u64> {
+    number.as_u64().filter(|n| *n <= max)
+}
+
+#[cfg(test)]
+#[path = "screen_tests.rs"]
+mod tests;
