@@ -29,7 +29,7 @@ use waycast_crds::{ApiKey, ApiKeySpec, Gateway};
 
 use crate::compile::select;
 
-pub use crate::compile::keys::{HELD_BACK_ANNOTATION, is_held_back};
+pub use crate::compile::keys::HELD_BACK_ANNOTATION;
 
 /// Whether some Gateway in `gateways` admits ApiKeys of `namespace`
 /// (its `spec.apiKeys.namespaces`; `namespace` as the store has it, if
@@ -98,7 +98,12 @@ type Events = BoxStream<'static, Result<watcher::Event<ApiKey>, watcher::Error>>
 /// The ApiKey events of `watch()`, each key through [`view`] by
 /// `admission`; on each of `changes` (Gateways or Namespaces moved), a new
 /// `watch()` — a re-list — when a namespace with held-back keys is now
-/// admitted. The first watch starts once both stores have listed.
+/// admitted. Start it once both of `admission`'s stores have listed, or
+/// every key is held back until they have.
+///
+/// NB: it does not wait for them itself: a store's readiness wakes only
+/// the latest task waiting for it (kube-runtime's `DelayedInit` keeps one
+/// waker), and the operator's start waits for every store.
 pub fn admitted_keys<W, S>(
     admission: Admission,
     watch: W,
@@ -118,9 +123,6 @@ where
     let state = State { admission, watch, events: None, changes: changes.boxed(), held_back: BTreeSet::new() };
     futures_util::stream::unfold(state, |mut state| async move {
         if state.events.is_none() {
-            // Before the stores know the Gateways, every key would be held back.
-            let _ = state.admission.gateways.wait_until_ready().await;
-            let _ = state.admission.namespaces.wait_until_ready().await;
             state.events = Some((state.watch)().boxed());
         }
         loop {

@@ -13,6 +13,7 @@ use waycast_crds::gateway::{NamespaceFrom, NamespacePolicy, RouteSelector};
 use waycast_mock::fixtures::objects;
 
 use super::*;
+use crate::compile::keys::is_held_back;
 
 fn namespace(name: &str, labels: &[(&str, &str)]) -> Namespace {
     let labels = labels.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();

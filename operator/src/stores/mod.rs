@@ -338,6 +338,12 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
     // back): at 10,000 keys it was megabytes, and every collection that
     // moved it replaced each object. And whole only where a Gateway admits
     // their namespace (`admitted`): elsewhere their name and parents.
+    // NB: the ApiKey watch starts once Gateways and Namespaces are listed
+    // (before, every key would be held back, then listed again), waited
+    // for here, by this one task: a store's readiness wakes only the latest
+    // task waiting for it.
+    gateways.wait_until_ready().await.map_err(|_| Error::Incomplete("a ready store"))?;
+    namespaces.wait_until_ready().await.map_err(|_| Error::Incomplete("a ready store"))?;
     let admission = admitted::Admission { gateways: gateways.clone(), namespaces: namespaces.clone() };
     let watch_keys = {
         let client = client.clone();
