@@ -74,6 +74,17 @@ pub fn view(key: &mut ApiKey, admitted: bool) {
     key.spec = ApiKeySpec { parent_refs, ..ApiKeySpec::default() };
 }
 
+/// What the ApiKey store compares to announce a key: its spec (by
+/// generation), labels, deletion — and whether it is held back, so that a
+/// key coming whole with a re-list is announced (same generation, and
+/// perhaps no labels to tell it by) and gets its Secret and compile.
+pub fn relevant(key: &ApiKey) -> u64 {
+    use std::hash::{Hash as _, Hasher as _};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    (super::spec_and_labels(key), crate::compile::keys::is_held_back(key)).hash(&mut hasher);
+    hasher.finish()
+}
+
 /// What decides a key's view: the Gateways and Namespaces as stored.
 #[derive(Clone)]
 pub struct Admission {

@@ -110,13 +110,16 @@ async fn the_store_holds_back_unadmitted_keys_until_a_gateway_admits_their_names
     for event in [Event::Init, Event::InitApply(team_a), Event::InitApply(namespace("team-x", &[])), Event::InitDone] {
         namespaces_writer.apply_watcher_event(&event);
     }
-    let listed = || {
-        let events = [
-            Event::Init,
-            Event::InitApply(full_key("team-a", "chat")),
-            Event::InitApply(full_key("team-x", "flood-1")),
-            Event::InitDone,
-        ];
+    // team-x's key has no labels: nothing but its view tells the held-back
+    // copy from the whole one (the same generation).
+    let plain = || {
+        let mut key = full_key("team-x", "flood-1");
+        (key.metadata.labels, key.metadata.annotations) = (None, None);
+        key
+    };
+    let listed = move || {
+        let events =
+            [Event::Init, Event::InitApply(full_key("team-a", "chat")), Event::InitApply(plain()), Event::InitDone];
         futures_util::stream::iter(events.into_iter().map(Ok::<_, watcher::Error>))
             .chain(futures_util::stream::pending())
     };
@@ -127,8 +130,7 @@ async fn the_store_holds_back_unadmitted_keys_until_a_gateway_admits_their_names
     let listener: crate::stores::Listener<ApiKey> = Box::new(move |key: &ApiKey, _| {
         let _ = hearing.send(key.clone());
     });
-    let (store, _) =
-        crate::stores::store_of(admitted_keys(admission, listed, changes), crate::stores::spec_and_labels, listener);
+    let (store, _) = crate::stores::store_of(admitted_keys(admission, listed, changes), relevant, listener);
     store.wait_until_ready().await.unwrap();
     let get = |namespace: &str, name: &str| store.get(&ObjectRef::new(name).within(namespace)).unwrap();
     assert!(!is_held_back(&get("team-a", "chat")) && get("team-a", "chat").spec.models.is_some());

@@ -352,7 +352,7 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
     let (keys, keys_changed) = store_of(
         admitted::admitted_keys(admission, watch_keys, signals(&[&gateways_changed, &namespaces_changed]))
             .modify(views::api_key),
-        spec_and_labels,
+        admitted::relevant,
         logged(announce_self(vec![feeds.keys.clone(), feeds.key_secrets.clone()]), key_log.clone()),
     );
     let (services, services_changed) = store_of(all(client, watcher::Config::default()), service_content, ignore());
