@@ -3,8 +3,9 @@
 //! cap out (`TenantKeyLimit` on the key's entry for that Gateway) while
 //! another namespace is served in full; a key of a namespace no Gateway
 //! admits gets no generated Secret until a Gateway admits it, and is
-//! served then. What the compile serves is what these check (`Ready`, the
-//! Gateways listed), so no node is needed.
+//! served then. On the e2e node, so that the served keys' `Programmed`
+//! also shows the gateway pods' heartbeats work under their Role (Leases
+//! applied: `create` and `patch`, never read by name or replaced).
 
 #![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
 
@@ -15,7 +16,7 @@ use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::json;
 use waycast_crds::{ApiKey, ApiKeyStatus};
-use waycast_e2e::harness::{condition_true, operator_in_process, shared_cluster, test_namespace};
+use waycast_e2e::harness::{condition_true, operator_in_process, shared_cluster_with_node, test_namespace};
 use waycast_e2e::manifest;
 
 fn object(value: serde_json::Value) -> kube::api::DynamicObject {
@@ -48,7 +49,7 @@ fn refused_for(status: &ApiKeyStatus, gateway: &str, reason: &str) -> bool {
 
 #[tokio::test]
 async fn a_namespace_past_its_key_cap_loses_its_newest_keys_and_no_other_namespace_does() {
-    let cluster = shared_cluster(env!("CARGO_BIN_EXE_waycast-cluster"));
+    let cluster = shared_cluster_with_node(env!("CARGO_BIN_EXE_waycast-cluster"));
     operator_in_process(cluster);
     let client = cluster.client().await;
     let home = test_namespace(&client, "caps").await.unwrap();
@@ -112,4 +113,10 @@ async fn a_namespace_past_its_key_cap_loses_its_newest_keys_and_no_other_namespa
     wait_status(&client, &team_a, "k3", deadline, "was served after an older key went", served).await;
     let b1 = Api::<ApiKey>::namespaced(client.clone(), &team_b).get("b1").await.unwrap().status.unwrap();
     assert!(served(&b1), "team-b was never affected: {b1:?}");
+    // The pod applied its heartbeat Lease under its Role: the served keys
+    // are Programmed (every ready pod reports the config holding them).
+    let programmed = |status: &ApiKeyStatus| condition_true(&status.conditions, "Programmed");
+    for (namespace, name) in [(&team_b, "b1"), (&team_a, "k3"), (&team_x, "x1")] {
+        wait_status(&client, namespace, name, deadline, "was programmed", programmed).await;
+    }
 }
