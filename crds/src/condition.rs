@@ -60,6 +60,9 @@ pub mod reasons {
     /// `spec.class` is not a class of the Gateway, or not one its
     /// namespace's policy allows.
     pub const CLASS_NOT_ALLOWED: &str = "ClassNotAllowed";
+    /// The key's namespace already has as many served keys on this Gateway
+    /// as its tenant policy's `maxApiKeys` allows; this key is newer.
+    pub const TENANT_KEY_LIMIT: &str = "TenantKeyLimit";
 
     // === ModelEndpoint and ApiKey parents ===
     /// The object names the Gateway, but the Gateway's namespace rules (or

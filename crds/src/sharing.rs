@@ -77,6 +77,14 @@ pub struct TenantPolicy {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 4))]
     pub budgets: Vec<crate::spend::Budget>,
+    /// The most ApiKeys of each selected namespace this Gateway serves.
+    /// The oldest are served (by creation time, then name); each newer
+    /// key past the cap is left out of the config with `Accepted=False`,
+    /// reason `TenantKeyLimit`, and the other namespaces are unaffected.
+    /// Only keys that would otherwise be served count. Unset: no cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1_000_000))]
+    pub max_api_keys: Option<i32>,
 }
 
 /// Requests, tokens and concurrent requests of a key, or of a namespace's

@@ -27,6 +27,17 @@ pub fn generated_secret_name(api_key: &str) -> String {
     format!("{api_key}-key")
 }
 
+/// The annotation the operator sets on its own copy of a held-back ApiKey
+/// (`stores::admitted`: no Gateway admitted its namespace when the store
+/// saw it); never written to the API server, and dropped from a key that
+/// carries it.
+pub const HELD_BACK_ANNOTATION: &str = "operator.waycast.dev/held-back";
+
+/// Whether the store holds `key` held back: its name and parents only.
+pub fn is_held_back(key: &ApiKey) -> bool {
+    key.metadata.annotations.as_ref().is_some_and(|annotations| annotations.contains_key(HELD_BACK_ANNOTATION))
+}
+
 /// A key's verdict and what its status may show.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyVerdict {
@@ -84,6 +95,10 @@ fn selected<'a>(inputs: &Inputs<'a>) -> Vec<&'a ApiKey> {
         .iter()
         .copied()
         .filter(|key| key.metadata.deletion_timestamp.is_none())
+        // NB: a key held back (its namespace was admitted by no Gateway
+        // when the store saw it) has no spec to serve yet: it comes whole
+        // with the re-list its admission starts.
+        .filter(|key| !is_held_back(key))
         .filter(|key| {
             let namespace = key.metadata.namespace.as_deref().unwrap_or_default();
             select::parent(&gateway_ref, namespace, key.labels(), &key.spec.parent_refs, inputs.namespaces)
@@ -187,6 +202,10 @@ pub fn compile(
             Verdict::refused(reasons::EXPIRED, "spec.expiresAt has passed")
         } else if let Err(refused) = tenants.key_class(&id.namespace, api_key.spec.class.as_deref()) {
             refused
+        } else if let Err(refused) = tenants.key_room(&id.namespace) {
+            // NB: decided oldest first (creation time, then name): the
+            // cap leaves out the newest, the same ones on every compile.
+            refused
         } else {
             let sha256 = text.sha256.clone();
             match hashes.get(&sha256).map(|owner| ObjectKey::of(&owner.metadata)) {
@@ -206,6 +225,7 @@ pub fn compile(
                     match entry.validate() {
                         Ok(()) => {
                             hashes.insert(entry.sha256.clone(), api_key);
+                            tenants.count_key(&id.namespace);
                             entries.push((order, entry));
                             Verdict::accepted(reasons::KEY_READY, "the key is served")
                         }

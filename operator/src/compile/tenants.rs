@@ -2,7 +2,8 @@
 //! and `spec.tenants[]` compiled into `settings.sharing` and one
 //! `settings.tenants[]` entry per namespace of a served key, with the
 //! first policy that selects the namespace. A key's class is checked here
-//! against both (`ClassNotAllowed`).
+//! against both (`ClassNotAllowed`), and its place under the policy's
+//! `maxApiKeys` (`TenantKeyLimit`: keys are decided oldest first).
 //!
 //! ```text
 //! spec.sharing ─► SharingConfig (a value it cannot use: the Gateway's Accepted=False; the default is used)
@@ -71,12 +72,14 @@ pub struct Tenants<'i> {
     inputs: &'i Inputs<'i>,
     sharing: SharingConfig,
     decided: BTreeMap<String, Option<(usize, TenantConfig)>>,
+    /// Keys served so far per namespace (for `maxApiKeys`).
+    served: BTreeMap<String, u32>,
 }
 
 impl<'i> Tenants<'i> {
     /// The policies of `inputs.gateway`, with the classes of `sharing`.
     pub fn new(inputs: &'i Inputs<'i>, sharing: SharingConfig) -> Self {
-        Self { inputs, sharing, decided: BTreeMap::new() }
+        Self { inputs, sharing, decided: BTreeMap::new(), served: BTreeMap::new() }
     }
 
     /// The compiled sharing settings.
@@ -128,6 +131,39 @@ impl<'i> Tenants<'i> {
         waycast_crds::sharing::key_class(&self.sharing, tenant.as_ref(), wanted)
             .map(|_| ())
             .map_err(|message| Verdict::refused(reasons::CLASS_NOT_ALLOWED, message))
+    }
+
+    /// Whether one more key of `namespace` may be served under its
+    /// policy's `maxApiKeys`. Keys are decided oldest first, so the newest
+    /// are the ones left out.
+    ///
+    /// # Errors
+    /// A `TenantKeyLimit` verdict naming the cap.
+    pub fn key_room(&mut self, namespace: &str) -> Result<(), Verdict> {
+        self.of(namespace);
+        let Some(Some((index, _))) = self.decided.get(namespace) else { return Ok(()) };
+        let Some(most) = self.inputs.gateway.spec.tenants.get(*index).and_then(|policy| policy.max_api_keys) else {
+            return Ok(());
+        };
+        let served = self.served.get(namespace).copied().unwrap_or(0);
+        if i64::from(served) < i64::from(most) {
+            return Ok(());
+        }
+        Err(Verdict::refused(
+            reasons::TENANT_KEY_LIMIT,
+            format!(
+                "namespace {namespace} already has {most} ApiKeys served by this Gateway (spec.tenants[{index}].maxApiKeys); the newest are left out"
+            ),
+        ))
+    }
+
+    /// Counts one served key of `namespace` against its `maxApiKeys`.
+    pub fn count_key(&mut self, namespace: &str) {
+        if let Some(served) = self.served.get_mut(namespace) {
+            *served = served.saturating_add(1);
+        } else {
+            self.served.insert(namespace.to_owned(), 1);
+        }
     }
 
     /// The `settings.tenants` entries for the namespaces of `served` keys

@@ -944,6 +944,7 @@ fn tenant_policies_give_each_namespace_its_weight_classes_and_caps() {
                 ..KeyLimits::default()
             }),
             budgets: vec![Budget { period: Period::Month, tokens: Some(50_000_000), cost: Some("1250.00".into()) }],
+            max_api_keys: None,
         },
         TenantPolicy {
             namespaces: NamespacePolicy { from: NamespaceFrom::All, selector: None },
@@ -1077,4 +1078,81 @@ fn telemetry_reaches_the_config_with_its_headers_or_the_gateway_says_why_not() {
     let refused = world.compile().gateway.expect("refused");
     assert_eq!(refused.reason, reasons::INVALID);
     assert!(!refused.message.contains("s3cret"), "{}", refused.message);
+}
+
+/// `spec.tenants[].maxApiKeys`: per namespace, the oldest keys (creation
+/// time, then name) are served up to the cap and each newer one is left
+/// out (`TenantKeyLimit`); a key refused for another reason takes no
+/// place; another namespace under the same policy counts its own keys.
+#[test]
+fn a_tenant_key_cap_leaves_out_the_newest_keys_of_that_namespace_only() {
+    use waycast_crds::sharing::TenantPolicy;
+    // (case, cap, team-a's keys as (name, created, disabled), served names)
+    type Row = (&'static str, Option<i32>, &'static [(&'static str, i64, bool)], &'static [&'static str]);
+    let rows: &[Row] = &[
+        ("no cap", None, &[("x", 1, false), ("y", 2, false), ("z", 3, false)], &["x", "y", "z"]),
+        ("newest out", Some(2), &[("z", 1, false), ("y", 2, false), ("x", 3, false)], &["y", "z"]),
+        ("same time: by name", Some(2), &[("c", 5, false), ("a", 5, false), ("b", 5, false)], &["a", "b"]),
+        (
+            "a disabled key takes no place",
+            Some(2),
+            &[("d", 1, true), ("x", 2, false), ("y", 3, false), ("z", 4, false)],
+            &["x", "y"],
+        ),
+        ("cap 0", Some(0), &[("x", 1, false)], &[]),
+        ("under the cap", Some(5), &[("x", 1, false), ("y", 2, false)], &["x", "y"]),
+    ];
+    for (case, cap, keys, served) in rows {
+        let mut world = World::quickstart();
+        world.gateway = gateway("platform", GatewaySpec::default());
+        world.namespaces = vec![namespace("platform", &[]), namespace("team-a", &[]), namespace("team-b", &[])];
+        let all = NamespacePolicy { from: NamespaceFrom::All, selector: None };
+        world.gateway.spec.api_keys = Some(RouteSelector { namespaces: Some(all.clone()), selector: None });
+        world.gateway.spec.tenants =
+            vec![TenantPolicy { namespaces: all, max_api_keys: *cap, ..TenantPolicy::default() }];
+        let team_key = |namespace: &str, name: &str, created: i64, disabled: bool| {
+            let mut key = api_key(namespace, name, ApiKeySpec { disabled, ..ApiKeySpec::default() });
+            key.metadata.creation_timestamp = Some(at(created));
+            key.spec.parent_refs = parent("platform", "gw");
+            key
+        };
+        world.keys =
+            keys.iter().map(|(name, created, disabled)| team_key("team-a", name, *created, *disabled)).collect();
+        // team-b's key is the oldest of all, and alone in its namespace.
+        world.keys.push(team_key("team-b", "only", 0, false));
+        world.secrets = world
+            .keys
+            .iter()
+            .enumerate()
+            .map(|(i, key)| {
+                let (namespace, name) = (key.metadata.namespace.clone().unwrap(), key.metadata.name.clone().unwrap());
+                key_secret(&namespace, &name, &format!("wc_{i:0>43}"))
+            })
+            .collect();
+        let compiled = world.compile();
+        let ids: Vec<&str> = compiled.config.keys.iter().map(|entry| entry.id.as_str()).collect();
+        let mut expected: Vec<String> = served.iter().map(|name| format!("team-a/{name}")).collect();
+        // A tenant of its own: only a cap of 0 leaves its one key out.
+        let team_b_served = *cap != Some(0);
+        if team_b_served {
+            expected.push("team-b/only".into());
+        }
+        assert_eq!(ids, expected, "{case}: the config's keys");
+        for (name, _, disabled) in *keys {
+            let verdict = &compiled.keys[&key("team-a", name)].verdict;
+            let reason = if served.contains(name) {
+                reasons::KEY_READY
+            } else if *disabled {
+                reasons::DISABLED
+            } else {
+                reasons::TENANT_KEY_LIMIT
+            };
+            assert_eq!(verdict.reason, reason, "{case}: team-a/{name}");
+            assert_eq!(verdict.accepted, served.contains(name), "{case}: team-a/{name}");
+            if reason == reasons::TENANT_KEY_LIMIT {
+                assert!(verdict.message.contains("spec.tenants[0].maxApiKeys"), "{case}: {}", verdict.message);
+            }
+        }
+        assert_eq!(compiled.keys[&key("team-b", "only")].verdict.accepted, team_b_served, "{case}: team-b");
+    }
 }

@@ -49,7 +49,10 @@ pub(crate) async fn reconcile_key_secret(api_key: Arc<ApiKey>, context: Arc<Cont
 /// and the Secret does not exist yet. An existing key is never replaced.
 pub(crate) async fn ensure_generated_secret(context: &Context, api_key: &ApiKey) -> Result<(), Error> {
     let (client, stores) = (&context.client, &context.stores);
-    if api_key.spec.secret_ref.is_some() {
+    // NB: a held-back key (no Gateway admits its namespace) gets no Secret
+    // yet: a namespace nobody serves costs the API server no write per
+    // ApiKey. It comes whole, and gets its Secret, once a Gateway admits it.
+    if api_key.spec.secret_ref.is_some() || keys::is_held_back(api_key) {
         return Ok(());
     }
     let namespace = api_key.namespace().ok_or(Error::Incomplete("namespace"))?;

@@ -272,8 +272,15 @@ pub(super) async fn catch_up(
     };
     let duplicates = compiled.keys.values().any(|key| key.verdict.reason == reasons::DUPLICATE_KEY);
     let basis = Basis { gateway: verified_as(gateway), position: now, tenants: !gateway.spec.tenants.is_empty() };
+    // NB: which keys a `maxApiKeys` cap serves is decided among all of a
+    // namespace's keys, oldest first (a key compiled alone would take a
+    // place it may not have): a Gateway with a cap is written by whole
+    // reconciles only.
+    let capped = gateway.spec.tenants.iter().any(|policy| policy.max_api_keys.is_some());
     let mut fresh = match &desired.config {
-        Ok(parts) if left_out == 0 && !duplicates => Some(Kept::new(parts.clone(), &compiled.config.keys, basis)),
+        Ok(parts) if left_out == 0 && !duplicates && !capped => {
+            Some(Kept::new(parts.clone(), &compiled.config.keys, basis))
+        }
         _ => None,
     };
     let keys = changed.map(|changed| changed_keys(context, changed));

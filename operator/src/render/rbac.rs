@@ -16,14 +16,20 @@ pub fn service_account(gateway: &Gateway) -> ServiceAccount {
 
 /// Watch its config's manifest Secret and get the parts of the current
 /// shard count, `shards` (`C-base`, `C-keys-N-0` … `C-keys-N-(N-1)`:
-/// fetched by name, never listed or watched); create and renew Leases for its heartbeats; read
-/// a pod's metadata by name (to tell a sibling's heartbeat from a forged one).
+/// fetched by name, never listed or watched); write its heartbeat Lease by
+/// server-side apply and watch its Gateway's heartbeats; read a pod's
+/// metadata by name (to tell a sibling's heartbeat from a forged one).
 ///
-/// NB: `create` cannot be limited to names (they are the pods' names, not
-/// known in advance), so Leases are namespace-wide; Secrets are not. A pod
-/// could so write another's Lease: the operator and the pods count a
-/// Lease only when it is named after, and owned by, a live pod of the
-/// Gateway's Deployment.
+/// NB: what has a fixed name is granted by name (the config Secrets, the
+/// ConfigMaps). A pod's Lease and its siblings' Pods are named after pods,
+/// which the ReplicaSet names when it creates them, so RBAC cannot name
+/// them in advance: Leases (`create`, `patch` — an apply that creates is
+/// checked as `create` of that name, yet the names are unknown; no `get`,
+/// `update` or `delete`), their `list`/`watch` and Pod `get` are
+/// namespace-wide. Neither the operator nor the pods believe a Lease for
+/// that: they count one only when it is named after, and owned by, a live
+/// pod of the Gateway's Deployment. See docs/operations.md ("What RBAC
+/// allows the gateway pods").
 pub fn role(gateway: &Gateway, shard_counts: &[u32]) -> Role {
     let verbs = |list: &[&str]| list.iter().map(|v| (*v).to_owned()).collect::<Vec<_>>();
     let config = config_secret_name(gateway);
@@ -62,12 +68,20 @@ pub fn role(gateway: &Gateway, shard_counts: &[u32]) -> Role {
                 verbs: verbs(&["get", "list", "watch"]),
                 ..PolicyRule::default()
             },
+            // The heartbeat: one server-side apply (`patch`, and `create`
+            // when the Lease is new). Never read back, replaced or deleted.
             PolicyRule {
                 api_groups: Some(vec!["coordination.k8s.io".into()]),
                 resources: Some(vec!["leases".into()]),
-                // list/watch: each pod counts its Gateway's live pods to
-                // enforce its share of the rate limits.
-                verbs: verbs(&["create", "get", "list", "watch", "update", "patch"]),
+                verbs: verbs(&["create", "patch"]),
+                ..PolicyRule::default()
+            },
+            // Each pod counts its Gateway's live pods (their Leases, by
+            // label) to enforce its share of the rate limits.
+            PolicyRule {
+                api_groups: Some(vec!["coordination.k8s.io".into()]),
+                resources: Some(vec!["leases".into()]),
+                verbs: verbs(&["list", "watch"]),
                 ..PolicyRule::default()
             },
             // NB: get by name only (no list, no watch): a pod checks that
@@ -106,10 +120,10 @@ mod tests {
     use crate::render::fixtures;
 
     #[test]
-    fn the_role_grants_the_config_secrets_one_config_map_leases_and_pod_reads_by_name_only() {
+    fn the_role_grants_the_config_secrets_one_config_map_heartbeat_applies_and_pod_reads_by_name_only() {
         let role = role(&fixtures::gateway(Default::default()), &[4, 4]);
         let rules = role.rules.unwrap();
-        assert_eq!(rules.len(), 5);
+        assert_eq!(rules.len(), 6);
         assert_eq!(rules[0].resource_names.as_deref(), Some(&["shared-config".to_owned()][..]));
         assert_eq!(rules[0].verbs, ["get", "list", "watch"], "the manifest is watched by name");
         let parts = ["shared-config-base", "shared-config-keys-4-0", "shared-config-keys-4-1"]
@@ -125,8 +139,11 @@ mod tests {
         assert_eq!(rules[2].resource_names.as_deref(), Some(&maps[..]));
         assert!(!rules[2].verbs.iter().any(|v| v == "update" || v == "patch" || v == "*"));
         assert_eq!(rules[3].resources.as_deref(), Some(&["leases".to_owned()][..]));
-        assert_eq!(rules[4].resources.as_deref(), Some(&["pods".to_owned()][..]));
-        assert_eq!(rules[4].verbs, ["get"], "pods are read by name: no list, no watch");
+        assert_eq!(rules[3].verbs, ["create", "patch"], "the heartbeat is applied: no get, update or delete");
+        assert_eq!(rules[4].resources.as_deref(), Some(&["leases".to_owned()][..]));
+        assert_eq!(rules[4].verbs, ["list", "watch"], "read, never written, by this rule");
+        assert_eq!(rules[5].resources.as_deref(), Some(&["pods".to_owned()][..]));
+        assert_eq!(rules[5].verbs, ["get"], "pods are read by name: no list, no watch");
         let one = super::role(&fixtures::gateway(Default::default()), &[1]).rules.unwrap();
         let one_parts = ["shared-config-base".to_owned(), "shared-config-keys-1-0".to_owned()];
         assert_eq!(one[1].resource_names.as_deref(), Some(&one_parts[..]));

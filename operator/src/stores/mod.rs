@@ -6,6 +6,7 @@
 //! NB: hand-built rather than kube's shared reflectors: see
 //! docs/operator.md ("Stores").
 
+pub mod admitted;
 mod changes;
 pub mod key_log;
 pub(crate) mod paced;
@@ -327,19 +328,32 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
         store_of(all(client, watcher::Config::default()), spec_and_labels, announce_self(vec![feeds.gateways.clone()]));
     let (models, models_changed) =
         store_of(all(client, watcher::Config::default()), spec_and_labels, announce_self(vec![feeds.models.clone()]));
-    // NB: without their `status.usage` (the usage collector's, never read
-    // back): at 10,000 keys it was megabytes, and every collection that
-    // moved it replaced each object.
-    let (keys, keys_changed) = store_of(
-        all(client, watcher::Config::default()).modify(views::api_key),
-        spec_and_labels,
-        logged(announce_self(vec![feeds.keys.clone(), feeds.key_secrets.clone()]), key_log.clone()),
-    );
     let unknown = key_log.clone();
     let (namespaces, namespaces_changed) = store_of(
         all(client, watcher::Config::default()),
         labels,
         Box::new(move |_: &Namespace, _| unknown.push(key_log::Logged::Unknown)),
+    );
+    // NB: without their `status.usage` (the usage collector's, never read
+    // back): at 10,000 keys it was megabytes, and every collection that
+    // moved it replaced each object. And whole only where a Gateway admits
+    // their namespace (`admitted`): elsewhere their name and parents.
+    // NB: the ApiKey watch starts once Gateways and Namespaces are listed
+    // (before, every key would be held back, then listed again), waited
+    // for here, by this one task: a store's readiness wakes only the latest
+    // task waiting for it.
+    gateways.wait_until_ready().await.map_err(|_| Error::Incomplete("a ready store"))?;
+    namespaces.wait_until_ready().await.map_err(|_| Error::Incomplete("a ready store"))?;
+    let admission = admitted::Admission { gateways: gateways.clone(), namespaces: namespaces.clone() };
+    let watch_keys = {
+        let client = client.clone();
+        move || watcher::watcher(Api::<ApiKey>::all(client.clone()), watcher::Config::default())
+    };
+    let (keys, keys_changed) = store_of(
+        admitted::admitted_keys(admission, watch_keys, signals(&[&gateways_changed, &namespaces_changed]))
+            .modify(views::api_key),
+        admitted::relevant,
+        logged(announce_self(vec![feeds.keys.clone(), feeds.key_secrets.clone()]), key_log.clone()),
     );
     let (services, services_changed) = store_of(all(client, watcher::Config::default()), service_content, ignore());
     // NB: labelled Secrets are watched as metadata only: anyone who may
