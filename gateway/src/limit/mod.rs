@@ -43,7 +43,7 @@ pub mod resp;
 
 pub use admission::{Counters, Passed};
 pub use budget::{Budget, BudgetHold, Exhausted, Need};
-pub use charge::{Charge, Charged, Relayed, Reservation};
+pub use charge::{Charge, Charged, Ending, Relayed, Reservation};
 pub use decision::{Admitted, Held, Refusal, Refused, duration_text};
 pub use in_redis::{BudgetAsk, Subject, budget_hash};
 pub use limiter::LimitSet;
