@@ -73,7 +73,8 @@ impl Reservation {
     /// - [`Ending::Unserved`]: nothing.
     /// - Otherwise its reported `usage` (prompt, cached, completion), capped
     ///   at what is plausible — a prompt token per request byte plus
-    ///   [`PROMPT_ALLOWANCE`], a completion token per byte relayed.
+    ///   [`PROMPT_ALLOWANCE`], a completion token per byte relayed — and,
+    ///   for a stream cut short, at least a token per event counted.
     /// - Without usage, the prompt estimate (a token per four request
     ///   bytes) and as completion: what was relayed (a token per event of
     ///   a counted stream, else per four bytes) for [`Ending::Whole`] and
@@ -89,7 +90,14 @@ impl Reservation {
         }
         if let Some((prompt, cached, completion)) = usage {
             let prompt = prompt.min(self.request_bytes.saturating_add(PROMPT_ALLOWANCE));
-            return Charged { prompt, cached: cached.min(prompt), completion: completion.min(relayed.bytes) };
+            let mut completion = completion.min(relayed.bytes);
+            if ending == Ending::Cancelled {
+                // A stream's usage read before its end may be a partial
+                // one (Anthropic's `message_start`): never less than the
+                // events counted.
+                completion = completion.max(relayed.events.unwrap_or(0));
+            }
+            return Charged { prompt, cached: cached.min(prompt), completion };
         }
         let sent = relayed.events.unwrap_or_else(|| relayed.bytes.div_ceil(4));
         let completion = match ending {

@@ -157,6 +157,7 @@ fn each_way_of_ending_is_charged_what_the_upstream_bills() {
     let events = |events| Relayed { bytes: 9_000, events: Some(events) };
     let usage = Some((90, 10, 40));
     let charged = |prompt, completion| Charged { prompt, cached: 0, completion };
+    let with_usage = |completion| Charged { prompt: 90, cached: 10, completion };
     let table = [
         // Refused, left in the queue, no upstream reached, an error status.
         ("unserved", asked, Ending::Unserved, None, bytes(2_000), Charged::default()),
@@ -176,6 +177,7 @@ fn each_way_of_ending_is_charged_what_the_upstream_bills() {
             bytes(2_000),
             Charged { prompt: 90, cached: 10, completion: 40 },
         ),
+        ("stream left after a partial usage", asked, Ending::Cancelled, usage, events(70), with_usage(70)),
         // Left before the head, during a non-streamed body, timed out.
         ("left before the head", asked, Ending::Unfinished, None, none, charged(100, 4_000)),
         (
