@@ -167,6 +167,26 @@ async fn leaving_before_the_head_is_charged_the_output_bound() {
     leave_before_the_head(&fixture, UNBOUNDED, &[SLOW, CHUNKS]).await;
     let after = moved_from(&fixture, &(charged, cost(prompt(CHAT), 4_000))).await;
     assert_eq!(after.0, charged + prompt(UNBOUNDED) + RESERVED_OUTPUT);
+    // The abandoned requests' connections were closed, not pooled: the
+    // next answer is the next request's own, not a late one of theirs.
+    for _ in 0..4 {
+        let request = fixture.request("/v1/chat/completions", Some(ALICE_KEY), CHAT, &[("x-mock-chunks", "3")]);
+        let (status, _, body) = fixture.send(request).await;
+        assert_eq!(status, StatusCode::OK);
+        let answer: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(answer["usage"]["completion_tokens"], 3, "{answer}");
+    }
+}
+
+/// Waits until the mock saw `count` of its streamed (or chunked) answers
+/// cut off: the upstream connection was closed, so the upstream stopped.
+async fn cancelled_upstream(fixture: &Fixture, count: u64) {
+    let cancelled = &fixture.mock.recorder.streams_cancelled;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while cancelled.load(std::sync::atomic::Ordering::Relaxed) < count {
+        assert!(Instant::now() < deadline, "the upstream answer was not cancelled");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// A stream left before its head: nothing better is known than the bound.
@@ -187,6 +207,7 @@ async fn leaving_during_a_body_is_charged_the_output_bound() {
     leave_once(&fixture, CHAT, &headers, |read| !read.is_empty()).await;
     let moved = moved_from(&fixture, &(0, cost(0, 0))).await;
     assert_eq!(moved, (prompt(CHAT) + 4_000, cost(prompt(CHAT), 4_000)));
+    cancelled_upstream(&fixture, 1).await;
 }
 
 /// Left mid-stream, or after the content but before the usage chunk: the
@@ -206,6 +227,7 @@ async fn leaving_a_stream_is_charged_what_was_relayed() {
     assert_eq!(events(&read), 5, "{}", String::from_utf8_lossy(&read));
     let second = moved_from(&fixture, &first).await;
     assert_eq!(second.0, first.0 + prompt(STREAM) + 5);
+    cancelled_upstream(&fixture, 2).await;
 }
 
 /// Nothing is charged for an answer the upstream failed; a first-byte
