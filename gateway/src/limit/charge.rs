@@ -70,7 +70,7 @@ impl Reservation {
     /// token limits, the fair queue's seat, the cost and the usage record
     /// all take it.
     ///
-    /// - [`Ending::Unserved`]: nothing.
+    /// - [`Ending::Unserved`]: charged nothing.
     /// - Otherwise its reported `usage` (prompt, cached, completion), capped
     ///   at what is plausible — a prompt token per request byte plus
     ///   [`PROMPT_ALLOWANCE`], a completion token per byte relayed — and,

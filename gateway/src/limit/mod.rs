@@ -15,7 +15,7 @@
 //! [`charge::DEFAULT_OUTPUT_RESERVATION`]) — so parallel requests cannot all pass
 //! one remaining budget; at the end the reservation is settled once against
 //! what the upstream will bill, by how the request ended
-//! ([`charge::Ending`]): the reported usage, capped at what is plausible for
+//! ([`Ending`]): the reported usage, capped at what is plausible for
 //! the bytes that went each way; without usage, an estimate from what was
 //! relayed (a stream cut after its head: the upstream stops on the close),
 //! or the prompt estimate plus the output bound (a non-streamed answer left
