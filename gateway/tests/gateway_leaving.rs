@@ -277,3 +277,59 @@ async fn a_request_refused_before_forwarding_costs_nothing() {
     assert!(String::from_utf8_lossy(&body).contains("insufficient_quota"));
     assert_eq!(day(budgets(&fixture).await), served);
 }
+
+/// A client that leaves while its request waits in a full model's fair
+/// queue leaves before anything was forwarded: it costs nothing.
+#[tokio::test]
+async fn leaving_the_fair_queue_costs_nothing() {
+    const DEPTH: &str = r#"waycast_gateway_queue_depth{class="standard",model="llama-3.1-8b"}"#;
+    let fixture = Fixture::start(FixtureOptions::default(), |gateway: &mut GatewayConfig, _| {
+        let alice = &mut gateway.keys[0];
+        alice.budgets = vec![BudgetConfig { period: Period::Day, tokens: Some(10_000_000), cost: None }];
+        gateway.models[0].capacity = Some(waycast_crds::config::CapacityConfig { max_in_flight_per_endpoint: 2 });
+        gateway.settings.sharing.max_wait = Duration::from_secs(20);
+    })
+    .await;
+    let day = |budgets: Vec<Value>| budgets[0]["spent_tokens"].as_u64().unwrap();
+    // Alice fills the model for 3 s; her third request waits its turn.
+    let slow =
+        || fixture.request("/v1/chat/completions", Some(ALICE_KEY), CHAT, &[("x-mock-delay-ms", "3000"), CHUNKS]);
+    let filling = futures_util::future::join(fixture.send(slow()), fixture.send(slow()));
+    let meanwhile = async {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while fixture.mock.recorder.requests().await.len() < 2 {
+            assert!(Instant::now() < deadline, "the filling requests never reached the mock");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let queued = fixture.request("/v1/chat/completions", Some(ALICE_KEY), CHAT, &[CHUNKS]);
+        let leaving = tokio::time::timeout(Duration::from_millis(500), fixture.open(queued));
+        let waited = async {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while fixture.metric(DEPTH).await != Some(1.0) {
+                assert!(Instant::now() < deadline, "the third request never queued");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        let (left, ()) = tokio::join!(leaving, waited);
+        assert!(left.is_err(), "the queued request was answered");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while fixture.metric(DEPTH).await != Some(0.0) {
+            assert!(Instant::now() < deadline, "the leaver never left the queue");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // The fillers are still running: nothing is spent yet.
+        assert_eq!(day(budgets(&fixture).await), 0);
+    };
+    let ((first, second), ()) = tokio::join!(filling, meanwhile);
+    assert_eq!((first.0, second.0), (StatusCode::OK, StatusCode::OK));
+    // Only the two that were served are charged (their usage).
+    let served = day(budgets(&fixture).await);
+    assert_eq!(served, 2 * (prompt_of_served(&first.2) + 5));
+    assert_eq!(fixture.mock.recorder.requests().await.len(), 2, "the leaver was never forwarded");
+}
+
+/// The prompt tokens the mock reported in an answer.
+fn prompt_of_served(body: &[u8]) -> u64 {
+    let answer: Value = serde_json::from_slice(body).unwrap();
+    answer["usage"]["prompt_tokens"].as_u64().unwrap()
+}
