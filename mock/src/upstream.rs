@@ -16,7 +16,7 @@
 //! | `x-mock-interval-ms: N` | N ms between stream chunks |
 //! | `x-mock-status: S` | answer with status S and an OpenAI error body |
 //! | `x-mock-html: true` | with `x-mock-status`: an HTML error page instead (as a proxy sends) |
-//! | `x-mock-stall: headers` / `body` / `usage` | never answer / stop after the first chunk / after the content chunks (no usage, no end) |
+//! | `x-mock-stall: headers` / `body` / `usage` | never answer / stop after the first chunk (with `x-mock-chunked`, the first half of the body) / after the content chunks (no usage, no end) |
 //! | `x-mock-chunked: true` | send a non-streaming body with chunked encoding |
 //! | `x-mock-burn-ms: N` | spin the CPU for N ms first (autoscaling tests) |
 //!
@@ -365,7 +365,10 @@ async fn respond(
         let text = body.to_string();
         let (first, second) = text.split_at(text.len() / 2);
         let events = vec![Bytes::from(first.to_owned()), Bytes::from(second.to_owned())];
-        let mut response = stream_response(events, Duration::ZERO, None, recorder, None);
+        // `x-mock-stall: body`: the first half, then nothing (a client may
+        // leave during the body).
+        let stall_after = (stall == "body").then_some(1);
+        let mut response = stream_response(events, Duration::ZERO, stall_after, recorder, None);
         response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
         return Ok(response);
     }

@@ -55,35 +55,78 @@ impl Reservation {
         Self { tokens: request_bytes.div_ceil(4).saturating_add(output), request_bytes, output }
     }
 
-    /// The tokens a finished response is charged: its reported `usage`
-    /// (prompt, completion) capped at what is plausible — a prompt token per
-    /// request byte plus [`PROMPT_ALLOWANCE`], a completion token per byte
-    /// relayed — or, without usage (a client that left before the usage
-    /// chunk), an estimate of what went out: the prompt estimate plus a
-    /// token per event relayed (streams) or per four bytes. Never capped at
-    /// the reservation: a client that reads more than it reserved and
-    /// leaves pays for what it read.
+    /// The tokens a finished response is charged when it was read to its
+    /// end ([`Ending::Whole`]): see [`Reservation::charged`].
     #[cfg(test)]
     pub fn used(&self, usage: Option<(u64, u64)>, relayed: Relayed) -> u64 {
-        let charged = self.charged(usage.map(|(prompt, completion)| (prompt, 0, completion)), relayed);
+        let usage = usage.map(|(prompt, completion)| (prompt, 0, completion));
+        let charged = self.charged(Ending::Whole, usage, relayed);
         charged.prompt.saturating_add(charged.completion)
     }
 
-    /// [`Reservation::used`], by kind: prompt tokens (of which `cached` the
-    /// server read from its cache, at most the prompt), completion tokens.
-    pub fn charged(&self, usage: Option<(u64, u64, u64)>, relayed: Relayed) -> Charged {
-        match usage {
-            Some((prompt, cached, completion)) => {
-                let prompt = prompt.min(self.request_bytes.saturating_add(PROMPT_ALLOWANCE));
-                Charged { prompt, cached: cached.min(prompt), completion: completion.min(relayed.bytes) }
-            }
-            None => Charged {
-                prompt: self.request_bytes.div_ceil(4),
-                cached: 0,
-                completion: relayed.events.unwrap_or_else(|| relayed.bytes.div_ceil(4)),
-            },
+    /// What a request that ended as `ending` is charged, by kind: prompt
+    /// tokens (of which `cached` the server read from its cache, at most
+    /// the prompt), completion tokens. The one charging decision: budgets,
+    /// token limits, the fair queue's seat, the cost and the usage record
+    /// all take it.
+    ///
+    /// - [`Ending::Unserved`]: charged nothing.
+    /// - Otherwise its reported `usage` (prompt, cached, completion), capped
+    ///   at what is plausible — a prompt token per request byte plus
+    ///   [`PROMPT_ALLOWANCE`], a completion token per byte relayed — and,
+    ///   for a stream cut short, at least a token per event counted.
+    /// - Without usage, the prompt estimate (a token per four request
+    ///   bytes) and as completion: what was relayed (a token per event of
+    ///   a counted stream, else per four bytes) for [`Ending::Whole`] and
+    ///   [`Ending::Cancelled`]; for [`Ending::Unfinished`] the output bound
+    ///   it reserved (`max_tokens` for every choice, or the reservation
+    ///   made when it named none), or what was relayed if that is more.
+    ///
+    /// Never capped at the reservation: a client that reads more than it
+    /// reserved and leaves pays for what it read.
+    pub fn charged(&self, ending: Ending, usage: Option<(u64, u64, u64)>, relayed: Relayed) -> Charged {
+        if ending == Ending::Unserved {
+            return Charged::default();
         }
+        if let Some((prompt, cached, completion)) = usage {
+            let prompt = prompt.min(self.request_bytes.saturating_add(PROMPT_ALLOWANCE));
+            let mut completion = completion.min(relayed.bytes);
+            if ending == Ending::Cancelled {
+                // A stream's usage read before its end may be a partial
+                // one (Anthropic's `message_start`): never less than the
+                // events counted.
+                completion = completion.max(relayed.events.unwrap_or(0));
+            }
+            return Charged { prompt, cached: cached.min(prompt), completion };
+        }
+        let sent = relayed.events.unwrap_or_else(|| relayed.bytes.div_ceil(4));
+        let completion = match ending {
+            Ending::Unfinished => sent.max(self.output),
+            _ => sent,
+        };
+        Charged { prompt: self.request_bytes.div_ceil(4), cached: 0, completion }
     }
+}
+
+/// How a request ended, as far as its charge goes: what the upstream did
+/// with it, and so will bill.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// No upstream took it up (refused or left before it was forwarded, no
+    /// upstream reachable, the connection failed before an answer), or the
+    /// upstream answered with an error status: nothing is charged.
+    Unserved,
+    /// Its answer was read to its end.
+    Whole,
+    /// A stream cut short after its head (the client left, the upstream
+    /// idled out or broke): closing the upstream connection stops the
+    /// generation, so what was relayed is what was produced.
+    Cancelled,
+    /// Cut short where the upstream finishes and bills the whole answer
+    /// anyway (a non-streamed answer: the client left before its head or
+    /// during its body, or it timed out), or may have produced any part of
+    /// it unseen (a stream before its head).
+    Unfinished,
 }
 
 /// The tokens a finished request is charged, by kind.

@@ -13,10 +13,14 @@
 //! plus the output bound (`max_tokens`, `max_completion_tokens`,
 //! `max_output_tokens`, else the model's `outputTokenReservation`, else
 //! [`charge::DEFAULT_OUTPUT_RESERVATION`]) — so parallel requests cannot all pass
-//! one remaining budget; at the end the reservation is settled against what
-//! was used: the reported usage, capped at what is plausible for the bytes
-//! that went each way, or, when none was reported (a client that left, a
-//! stream without usage), an estimate from the bytes relayed.
+//! one remaining budget; at the end the reservation is settled once against
+//! what the upstream will bill, by how the request ended
+//! ([`Ending`]): the reported usage, capped at what is plausible for
+//! the bytes that went each way; without usage, an estimate from what was
+//! relayed (a stream cut after its head: the upstream stops on the close),
+//! or the prompt estimate plus the output bound (a non-streamed answer left
+//! or timed out before its end, a stream before its head: the upstream
+//! finishes and bills it); nothing when no upstream took it up.
 //!
 //! Each pod enforces `1 / shares` of every limit, `shares` being the number
 //! of live pods of its Gateway (their heartbeat Leases, see [`fleet`]), so
@@ -44,7 +48,7 @@ pub mod spend_reads;
 
 pub use admission::{Counters, Passed};
 pub use budget::{Budget, BudgetHold, Exhausted, Need};
-pub use charge::{Charge, Charged, Relayed, Reservation};
+pub use charge::{Charge, Charged, Ending, Relayed, Reservation};
 pub use decision::{Admitted, Held, Refusal, Refused, duration_text};
 pub use in_redis::{BudgetAsk, Subject, budget_hash};
 pub use limiter::LimitSet;

@@ -141,6 +141,70 @@ fn usage_is_capped_and_estimated() {
     assert_eq!(reservation.used(None, stream), 100 + 3_002);
 }
 
+/// Every way of ending, and what it is charged (the table in
+/// docs/budgets.md): nothing unless an upstream took the request up; the
+/// usage when it was read; else the prompt estimate and what was relayed,
+/// or — where the upstream finishes and bills the answer anyway — the
+/// output bound (`max_tokens` for every choice, or the reservation made
+/// without one), at least what was relayed.
+#[test]
+fn each_way_of_ending_is_charged_what_the_upstream_bills() {
+    let asked = Reservation::for_request(400, Some(4_000), 1, None);
+    let unbounded = Reservation::for_request(400, None, 1, None);
+    let two_choices = Reservation::for_request(400, Some(50), 2, None);
+    let none = Relayed::default();
+    let bytes = |bytes| Relayed { bytes, events: None };
+    let events = |events| Relayed { bytes: 9_000, events: Some(events) };
+    let usage = Some((90, 10, 40));
+    let charged = |prompt, completion| Charged { prompt, cached: 0, completion };
+    let with_usage = |completion| Charged { prompt: 90, cached: 10, completion };
+    let table = [
+        // Refused, left in the queue, no upstream reached, an error status.
+        ("unserved", asked, Ending::Unserved, None, bytes(2_000), Charged::default()),
+        ("unserved with usage", asked, Ending::Unserved, usage, bytes(2_000), Charged::default()),
+        // Completed: its usage, else what was relayed.
+        ("whole, usage", asked, Ending::Whole, usage, bytes(2_000), Charged { prompt: 90, cached: 10, completion: 40 }),
+        ("whole, no usage", asked, Ending::Whole, None, bytes(80), charged(100, 20)),
+        ("whole stream, no usage", asked, Ending::Whole, None, events(7), charged(100, 7)),
+        // A stream cut after its head: what was relayed.
+        ("stream left mid-way", asked, Ending::Cancelled, None, events(7), charged(100, 7)),
+        ("stream left, nothing relayed", asked, Ending::Cancelled, None, none, charged(100, 0)),
+        (
+            "stream left after its usage",
+            asked,
+            Ending::Cancelled,
+            usage,
+            bytes(2_000),
+            Charged { prompt: 90, cached: 10, completion: 40 },
+        ),
+        ("stream left after a partial usage", asked, Ending::Cancelled, usage, events(70), with_usage(70)),
+        // Left before the head, during a non-streamed body, timed out.
+        ("left before the head", asked, Ending::Unfinished, None, none, charged(100, 4_000)),
+        (
+            "left before the head, no bound",
+            unbounded,
+            Ending::Unfinished,
+            None,
+            none,
+            charged(100, DEFAULT_OUTPUT_RESERVATION),
+        ),
+        ("left before the head, two choices", two_choices, Ending::Unfinished, None, none, charged(100, 100)),
+        ("left during the body", asked, Ending::Unfinished, None, bytes(300), charged(100, 4_000)),
+        ("left during the body, more relayed", asked, Ending::Unfinished, None, bytes(40_000), charged(100, 10_000)),
+        (
+            "left after the body's usage",
+            asked,
+            Ending::Unfinished,
+            usage,
+            bytes(2_000),
+            Charged { prompt: 90, cached: 10, completion: 40 },
+        ),
+    ];
+    for (case, reservation, ending, usage, relayed, expected) in table {
+        assert_eq!(reservation.charged(ending, usage, relayed), expected, "{case}");
+    }
+}
+
 /// `n` and `best_of` completions each have the output bound: reserved for all.
 #[test]
 fn every_choice_reserves_its_output() {

@@ -14,6 +14,7 @@ use http::{HeaderValue, Method};
 use super::connection::ConnectionActivity;
 use super::usage::Usage;
 use crate::error::GatewayError;
+use crate::limit::Ending;
 use crate::metrics::Metrics;
 use crate::shared::WorkerShared;
 
@@ -81,6 +82,10 @@ pub struct Facts {
     pub trace: Option<Box<crate::telemetry::RequestTrace>>,
     /// The output bound the client asked for.
     pub max_tokens: Option<u64>,
+    /// Handed to the upstream client: a client that leaves before the
+    /// answer's head from here on leaves a request the upstream may finish
+    /// and bill.
+    pub forwarded: bool,
 }
 
 impl Default for Facts {
@@ -105,6 +110,7 @@ impl Default for Facts {
             tallies: Tallies::default(),
             trace: None,
             max_tokens: None,
+            forwarded: false,
         }
     }
 }
@@ -182,6 +188,8 @@ pub struct Outcome {
     pub usage: Option<Usage>,
     /// Why it ended, if not normally.
     pub error: Option<&'static str>,
+    /// What the upstream did with it, for its charge.
+    pub ending: Ending,
     /// When it ended, where the caller has read the clock already (the
     /// relay, at the last frame); else it is read here.
     pub ended: Option<Instant>,
@@ -222,6 +230,12 @@ impl Exchange {
             usage: None,
             error: error.map(GatewayError::code),
             ended: None,
+            // The first-byte timeout closes a request the upstream may be
+            // generating: it finishes and bills it all the same.
+            ending: match error {
+                Some(GatewayError::UpstreamTimeout(_)) => Ending::Unfinished,
+                _ => Ending::Unserved,
+            },
         };
         self.record(&outcome);
     }
@@ -284,18 +298,13 @@ impl Exchange {
             || facts.budget.is_some()
             || facts.usage.is_some()
         {
-            // What was served is charged: a response that went out (whole,
-            // or until the client left) by its usage or an estimate; one the
-            // upstream refused or never sent, nothing.
-            let served = (200..300).contains(&outcome.status) || outcome.status == CLIENT_CLOSED_REQUEST;
+            // What the upstream will bill is charged (`Reservation::charged`).
             let reservation = facts.charge.as_ref().map(|charge| charge.reservation).or(facts.reservation);
-            let charged = match reservation {
-                Some(reservation) if served => {
-                    let relayed = crate::limit::Relayed { bytes: outcome.bytes, events: outcome.events };
-                    reservation.charged(outcome.usage.map(|u| (u.prompt, u.cached, u.completion)), relayed)
-                }
-                _ => crate::limit::Charged::default(),
-            };
+            let charged = reservation.map_or_else(crate::limit::Charged::default, |reservation| {
+                let relayed = crate::limit::Relayed { bytes: outcome.bytes, events: outcome.events };
+                let usage = outcome.usage.map(|u| (u.prompt, u.cached, u.completion));
+                reservation.charged(outcome.ending, usage, relayed)
+            });
             let used = charged.prompt.saturating_add(charged.completion);
             billed = Some(charged);
             if let Some(charge) = &facts.charge {
@@ -434,6 +443,9 @@ impl Drop for Exchange {
                 usage: None,
                 error: Some("client_closed"),
                 ended: None,
+                // Left before the answer's head: a request the upstream
+                // was handed may be finished and billed whole.
+                ending: if self.facts.forwarded { Ending::Unfinished } else { Ending::Unserved },
             };
             self.record(&outcome);
         }

@@ -177,6 +177,7 @@ async fn serve(
         affinity: route.balancing.affinity(&parts.headers, &body, fields.prompt_start),
         inference: forward::Inference::of(&snapshot.settings.sharing, key),
     };
+    facts.forwarded = true;
     let forwarded =
         forward::send(route, &outgoing, &shared.endpoints, (&mut facts.tallies, facts.trace.as_deref_mut())).await?;
     respond::relay(forwarded, route, admitted.as_ref(), strip_usage, body_done, facts)

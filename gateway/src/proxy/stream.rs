@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use crate::limit::Ending;
 use crate::upstream::UpstreamBody;
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::Sleep;
@@ -110,6 +111,9 @@ pub struct RelayBody {
     /// Counts the events of a stream whose tokens are charged: what an
     /// early leaver is charged by.
     events: Option<EventCounter>,
+    /// The answer is a stream: cut short, the upstream stops generating
+    /// when its connection closes (else it finishes and bills it all).
+    event_stream: bool,
     first_byte: Option<Instant>,
     upstream: Duration,
     returned_at: Instant,
@@ -131,7 +135,8 @@ impl RelayBody {
         let returned_at = Instant::now();
         // Counted only for a stream under a token limit that is answered
         // as one: what an early leaver is charged by.
-        let counted = exchange.facts.stream && exchange.facts.charge.is_some() && is_event_stream(&head.headers);
+        let event_stream = is_event_stream(&head.headers);
+        let counted = exchange.facts.stream && exchange.facts.charge.is_some() && event_stream;
         let events = counted.then(EventCounter::default);
         let status = head.status.as_u16();
         Self {
@@ -145,6 +150,7 @@ impl RelayBody {
             status,
             bytes: 0,
             events,
+            event_stream,
             first_byte: None,
             upstream,
             returned_at,
@@ -158,10 +164,17 @@ impl RelayBody {
         }
     }
 
-    /// `ended`: the clock as read for the last frame, if it was;
-    /// `last_data`: that frame's data, which the usage tap has not seen.
+    /// `error`: why the body was cut short, if it was; `ended`: the clock
+    /// as read for the last frame, if it was; `last_data`: that frame's
+    /// data, which the usage tap has not seen.
     fn finish(&mut self, status: u16, error: Option<&'static str>, ended: Option<Instant>, last_data: Option<&[u8]>) {
         if let Some(mut exchange) = self.exchange.take() {
+            let ending = match (error, self.event_stream) {
+                _ if !(200..300).contains(&self.status) => Ending::Unserved,
+                (None, _) => Ending::Whole,
+                (Some(_), true) => Ending::Cancelled,
+                (Some(_), false) => Ending::Unfinished,
+            };
             let overhead = exchange.facts.overhead_before + self.returned_at.saturating_duration_since(self.headers_at);
             exchange.facts.overhead_before = overhead;
             let usage = self.tap.as_mut().and_then(|tap| match last_data {
@@ -177,6 +190,7 @@ impl RelayBody {
                 usage,
                 error,
                 ended,
+                ending,
             });
         }
     }
