@@ -111,12 +111,16 @@ pub fn start(destination: Option<&Arc<Destination>>, headers: &HeaderMap) -> Opt
         trace_context::usable_trace_state(&joined).map(str::to_owned)
     });
     let trace_id = parent.map_or_else(trace_context::new_trace_id, |p| p.trace_id);
-    // The platform's ratio decides, on the trace id (so every pod agrees),
-    // unless the Gateway lets the client's flag: a client that sets it on
-    // every request would otherwise have each one recorded and exported.
+    // The platform's ratio decides unless the Gateway lets the client's
+    // flag: a client that sets it on every request would otherwise have
+    // each one recorded and exported. NB: a continued trace's id is the
+    // client's choice, and the ratio reads its last bytes, so a client
+    // could pick ids that always fall under it: a continued trace is drawn
+    // on an id of our own instead.
     let sampled = match parent {
         Some(parent) if destination.honor_client_sampling => parent.sampled,
-        _ => trace_context::sampled_at(destination.sampling, &trace_id),
+        Some(_) => trace_context::sampled_at(destination.sampling, &trace_context::new_trace_id()),
+        None => trace_context::sampled_at(destination.sampling, &trace_id),
     };
     Some(Box::new(RequestTrace {
         destination: destination.clone(),

@@ -326,6 +326,11 @@ impl<'de> Visitor<'de> for BudgetsSeed<'_, '_> {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
         let mut budgets = Vec::new();
+        // NB: a gateway reports one window per scope and period (the
+        // current one). A second, or a window that is no calendar key,
+        // would let a report carry budgets the ledger keeps and rewrites
+        // every round without bound, so it refuses the report.
+        let mut seen = std::collections::BTreeSet::new();
         while let Some(raw) = seq.next_element::<RawBudget>()? {
             if budgets.len() >= MAX_REPORTED_BUDGETS {
                 return Err(self.0.refuse(Refusal::TooManyKeys));
@@ -338,7 +343,10 @@ impl<'de> Visitor<'de> for BudgetsSeed<'_, '_> {
             if !scoped {
                 return Err(self.0.refuse(Refusal::ForeignKey));
             }
-            if raw.window.len() > MAX_WINDOW_BYTES {
+            if raw.window.len() > MAX_WINDOW_BYTES
+                || !raw.window.bytes().all(|b| b.is_ascii_digit() || b == b'-' || b == b'W')
+                || !seen.insert((raw.scope.clone(), raw.period))
+            {
                 return Err(self.0.refuse(Refusal::Malformed));
             }
             let (Some(tokens), Some(cost_nanos)) =

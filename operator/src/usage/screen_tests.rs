@@ -127,3 +127,22 @@ fn ids_hash_the_same_split_or_whole() {
     assert!(served.serves("a/b/c"));
     assert!(!served.serves("a/b") && !served.serves("ab/c"));
 }
+
+#[test]
+fn a_second_window_for_one_budget_or_a_window_that_is_no_calendar_key_refuses_the_report() {
+    let spend = |window: &str| {
+        format!(r#"{{"scope":"tenant:team-a","period":"Day","window":"{window}","tokens":0,"costNanos":0}}"#)
+    };
+    let two = body("", &format!("{},{}", spend("2026-11-26"), spend("2026-11-27")));
+    assert_eq!(screened(&two), Err(Refusal::Malformed), "a made-up window per entry would be kept without bound");
+    assert_eq!(screened(&body("", &spend("../../etc"))), Err(Refusal::Malformed));
+    let day_and_month = body(
+        "",
+        &format!(
+            "{},{}",
+            spend("2026-11-26"),
+            r#"{"scope":"tenant:team-a","period":"Month","window":"2026-11","tokens":0,"costNanos":0}"#
+        ),
+    );
+    assert_eq!(screened(&day_and_month).unwrap().budgets.len(), 2, "one window per period is genuine");
+}
