@@ -3,8 +3,9 @@
 //! reported), never the whole config.
 //!
 //! ```text
-//! GatewayConfig ─screen─► kept entries + dropped ─Registry::lend─► Resources
-//!   ─Snapshot::build─► Snapshot (immutable)
+//! GatewayConfig ─screen─► kept entries + dropped ─Registry::lend_base─► Resources
+//!   ─► Snapshot (no key yet) ─► each key shard: Registry::lend_keys ─► key table
+//!   ─► Snapshot (immutable)                       (builder.rs: SnapshotBuilder drives it)
 //!       models → routes (backends.rs: pre-parsed URIs, headers, clients)   a model failing here: dropped
 //!                name|alias → candidates, one per owner namespace (names.rs)
 //!       keys   → HashMap<sha256, KeyEntry> (keys.rs: allow-lists, opt-ins, visibility as bitsets)
@@ -14,9 +15,11 @@
 //! request with one atomic load. Nothing here is mutated after build except
 //! the per-route round-robin counter. What must outlive one config (pools,
 //! limiter state, the Redis connection) is lent by [`crate::registry`];
-//! building is pure.
+//! building is pure. [`SnapshotBuilder`] is the one place that drives the
+//! two, for a whole config and for a change of some key shards alike.
 
 mod backends;
+mod builder;
 mod dropped;
 mod key_table;
 mod keys;
@@ -29,6 +32,7 @@ use waycast_crds::config::{GatewayConfig, Settings};
 use waycast_crds::validate::Problems;
 
 pub use backends::{Backend, PROXIED_PATHS, Route};
+pub use builder::SnapshotBuilder;
 pub use dropped::Dropped;
 use key_table::{Against, KeyTable};
 pub use keys::KeyEntry;
@@ -151,6 +155,7 @@ impl Snapshot {
     ///
     /// # Errors
     /// [`BuildError`] for what fails the config as a whole.
+    #[cfg(test)]
     pub fn build(
         mut config: GatewayConfig,
         hash: String,
@@ -171,7 +176,7 @@ impl Snapshot {
     ///
     /// # Errors
     /// [`BuildError`] for what fails the config as a whole.
-    pub fn without_keys(
+    fn without_keys(
         config: GatewayConfig,
         hash: String,
         lent: &Resources,
@@ -239,14 +244,14 @@ impl Snapshot {
 
     /// Finishes a snapshot built a batch of keys at a time: takes the
     /// counts `lent` holds, every key's lent.
-    pub fn finish(&mut self, lent: &Resources) {
+    fn finish(&mut self, lent: &Resources) {
         self.counts = lent.counts();
     }
 
     /// The keys of `keys` that may be served, checked one by one under
     /// this snapshot's settings as a whole config's are; the rest are left
     /// out (listed in `dropped`, as from key shard `shard`).
-    pub fn screen_keys(&mut self, keys: Vec<KeyConfig>, shard: u32) -> Vec<KeyConfig> {
+    fn screen_keys(&mut self, keys: Vec<KeyConfig>, shard: u32) -> Vec<KeyConfig> {
         key_table::screen(&self.settings, keys, shard, &mut self.dropped)
     }
 
@@ -256,13 +261,13 @@ impl Snapshot {
     ///
     /// # Errors
     /// A key's state not lent (a bug).
-    pub fn insert_keys(&mut self, keys: Vec<KeyConfig>, shard: u32, lent: &Resources) -> Result<(), BuildError> {
+    fn insert_keys(&mut self, keys: Vec<KeyConfig>, shard: u32, lent: &Resources) -> Result<(), BuildError> {
         let against = Against { settings: &self.settings, routes: &self.models.routes, lent };
         self.keys.insert(keys, shard, &against, &mut self.dropped)
     }
 
     /// Makes room in the key table for `keys` keys at once.
-    pub fn reserve_keys(&mut self, keys: usize) {
+    fn reserve_keys(&mut self, keys: usize) {
         self.keys.reserve(keys);
     }
 
@@ -276,7 +281,7 @@ impl Snapshot {
     /// names, whose parts unpacked to `sizes` bytes (the base's, then each
     /// shard's), reading `shards_read` of its key shards, so that the next
     /// one may start from it.
-    pub fn built_from(&mut self, manifest: Manifest, sizes: Vec<u64>, shards_read: usize) {
+    fn built_from(&mut self, manifest: Manifest, sizes: Vec<u64>, shards_read: usize) {
         self.built_from = Some(BuiltFrom { manifest, sizes, shards_read });
     }
 
@@ -314,7 +319,7 @@ impl Snapshot {
     /// keys but the keys of `shards` (and what was left out of them), and
     /// the ids of those keys: the start of the next config when it changes
     /// only those shards, whose keys are then added as they now are.
-    pub fn without_shards(&self, hash: String, shards: &[u32]) -> (Self, Vec<Arc<str>>) {
+    fn without_shards(&self, hash: String, shards: &[u32]) -> (Self, Vec<Arc<str>>) {
         let (keys, leaving) = self.keys.without_shards(shards);
         let dropped = self
             .dropped
@@ -346,11 +351,9 @@ impl Snapshot {
     /// A snapshot of `config` with resources of its own (tests, tools).
     ///
     /// # Errors
-    /// As [`screen`], [`Snapshot::build`] and [`Registry::lend`].
+    /// As [`SnapshotBuilder::new`].
     pub fn standalone(config: &GatewayConfig, hash: String) -> Result<Self, BuildError> {
-        let (config, dropped) = screen(config.clone())?;
-        let lent = Registry::default().lend(&config)?;
-        Self::build(config, hash, &lent, dropped)
+        Ok(SnapshotBuilder::new(&mut Registry::default(), config.clone(), hash)?.finish())
     }
 
     /// The key with this SHA-256 digest.
