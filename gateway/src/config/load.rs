@@ -108,7 +108,7 @@ fn load_every_part(
         }
         builder.add_shard(keys, index)?;
     }
-    builder.from_parts(manifest.clone(), sizes);
+    builder.built_from_parts(manifest.clone(), sizes);
     Ok(builder.finish())
 }
 
@@ -148,7 +148,7 @@ fn load_changed(
     if builder.is_contested() {
         return Ok(None);
     }
-    builder.from_parts(manifest.clone(), sizes);
+    builder.built_from_parts(manifest.clone(), sizes);
     Ok(Some(builder.finish()))
 }
 

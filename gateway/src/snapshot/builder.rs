@@ -92,7 +92,7 @@ impl<'r> SnapshotBuilder<'r> {
     /// Records that it is built from the config in parts `manifest` names,
     /// whose parts unpacked to `sizes` bytes (the base's, then each
     /// shard's), so that the next build may start from it.
-    pub fn from_parts(&mut self, manifest: Manifest, sizes: Vec<u64>) {
+    pub fn built_from_parts(&mut self, manifest: Manifest, sizes: Vec<u64>) {
         self.parts = Some((manifest, sizes));
     }
 
