@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! config ─► Registry::lend_base, lend_keys, finish_lending (or lend_changed for some key shards)
-//!        ─► Resources ─► Snapshot (pure) ─► stored ─► Registry::keep     (snapshot/builder.rs drives it)
+//!        ─► Resources ─► Snapshot (pure) ─► stored ─► Registry::keep     (config/builder.rs drives it)
 //!             keeps: a pool per connect timeout (while the egress rules stay),
 //!                    a key's / tenant's / model's limiter state (by id / namespace / name),
 //!                    a model's fair queue (by id, while it has a capacity),
@@ -167,12 +167,11 @@ impl Registry {
         Self { held: Resources::default(), queue_depth: Some(queue_depth) }
     }
 
-    /// The whole loan for `config` at once (tests): as
-    /// [`crate::snapshot::SnapshotBuilder`] lends it.
+    /// The whole loan for `config` at once (a standalone snapshot, tests):
+    /// as a whole build of a config change lends it.
     ///
     /// # Errors
     /// As [`Registry::lend_base`].
-    #[cfg(test)]
     pub fn lend(&self, config: &GatewayConfig) -> Result<Resources, BuildError> {
         let mut lent = self.lend_base(config)?;
         self.lend_keys(&mut lent, &config.keys);

@@ -5,10 +5,11 @@ use waycast_crds::config::ConfigError;
 
 use waycast_crds::shards;
 
+use super::builder::SnapshotBuilder;
 use super::parts::{HeldParts, PartsError};
 use crate::error::BuildError;
 use crate::registry::Registry;
-use crate::snapshot::{Snapshot, SnapshotBuilder};
+use crate::snapshot::Snapshot;
 
 use super::gzip::MAX_CONFIG_BYTES;
 

@@ -1,4 +1,4 @@
-//! [`SnapshotBuilder`]: the one way a config becomes a [`Snapshot`] beside
+//! [`SnapshotBuilder`]: the one way a config change becomes a [`Snapshot`] beside
 //! the serving one, for a whole build and for a change of some key shards.
 //!
 //! ```text
@@ -17,9 +17,9 @@
 use waycast_crds::config::{GatewayConfig, KeyConfig};
 use waycast_crds::shards::Manifest;
 
-use super::Snapshot;
 use crate::error::BuildError;
 use crate::registry::{Registry, Resources};
+use crate::snapshot::{self, Snapshot};
 
 /// A snapshot being built, with what the registry lent it.
 pub struct SnapshotBuilder<'r> {
@@ -44,7 +44,7 @@ impl<'r> SnapshotBuilder<'r> {
     /// # Errors
     /// [`BuildError`] for what fails the config as a whole.
     pub fn new(registry: &'r mut Registry, config: GatewayConfig, hash: String) -> Result<Self, BuildError> {
-        let (mut config, dropped) = super::screen(config)?;
+        let (mut config, dropped) = snapshot::screen(config)?;
         let keys = std::mem::take(&mut config.keys);
         let lent = registry.lend_base(&config)?;
         let snapshot = Snapshot::without_keys(config, hash, &lent, dropped)?;
