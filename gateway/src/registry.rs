@@ -4,14 +4,15 @@
 //! registry decides what each new config keeps from the last one.
 //!
 //! ```text
-//! config ─► Registry::lend ─► Resources ─► Snapshot::build (pure) ─► stored ─► Registry::keep
+//! config ─► Registry::lend_base, lend_keys, finish_lending (or lend_changed for some key shards)
+//!        ─► Resources ─► Snapshot (pure) ─► stored ─► Registry::keep     (config/builder.rs drives it)
 //!             keeps: a pool per connect timeout (while the egress rules stay),
 //!                    a key's / tenant's / model's limiter state (by id / namespace / name),
 //!                    a model's fair queue (by id, while it has a capacity),
 //!                    the Redis connection and its task (while its settings stay)
 //! ```
 //!
-//! `lend` changes nothing, so a config that then fails to build leaves the
+//! Lending changes nothing, so a config that then fails to build leaves the
 //! registry as the serving config left it.
 
 use std::collections::{HashMap, HashSet};
@@ -166,17 +167,11 @@ impl Registry {
         Self { held: Resources::default(), queue_depth: Some(queue_depth) }
     }
 
-    /// The resources for `config`: what it shares with the serving config is
-    /// reused, the rest is made (a limit that changed continues from the
-    /// old state). Starts a Redis connection task when the settings ask for
-    /// a new one.
-    ///
-    /// An upstream client that cannot be made (its TLS settings fail) is
-    /// not an error here: it is recorded, and the models that need it are
-    /// left out when the snapshot is built.
+    /// The whole loan for `config` at once (a standalone snapshot, tests):
+    /// as a whole build of a config change lends it.
     ///
     /// # Errors
-    /// [`BuildError::Tls`] when the Redis TLS setup fails.
+    /// As [`Registry::lend_base`].
     pub fn lend(&self, config: &GatewayConfig) -> Result<Resources, BuildError> {
         let mut lent = self.lend_base(config)?;
         self.lend_keys(&mut lent, &config.keys);
@@ -184,13 +179,20 @@ impl Registry {
         Ok(lent)
     }
 
-    /// [`Registry::lend`] for all of `config` but its keys (which it may
-    /// not hold: a config in parts is read a shard at a time); the keys
-    /// are lent by [`Registry::lend_keys`], then the loan finished by
+    /// The resources for all of `config` but its keys (which it may not
+    /// hold: a config in parts is read a shard at a time): what it shares
+    /// with the serving config is reused, the rest is made (a limit that
+    /// changed continues from the old state). Starts a Redis connection
+    /// task when the settings ask for a new one. The keys are lent by
+    /// [`Registry::lend_keys`], then the loan finished by
     /// [`Registry::finish_lending`].
     ///
+    /// An upstream client that cannot be made (its TLS settings fail) is
+    /// not an error here: it is recorded, and the models that need it are
+    /// left out when the snapshot is built.
+    ///
     /// # Errors
-    /// As [`Registry::lend`].
+    /// [`BuildError::Tls`] when the Redis TLS setup fails.
     pub fn lend_base(&self, config: &GatewayConfig) -> Result<Resources, BuildError> {
         let held = &self.held;
         // Validation parsed these already; an entry that fails here is skipped.
@@ -347,7 +349,7 @@ impl Registry {
     /// The serving config's resources with the keys `leaving` (by id) let
     /// go, for a config that differs from it only in some keys (a changed
     /// shard), whose keys are then lent by [`Registry::lend_keys`]: the
-    /// same loan [`Registry::lend`] makes for the whole new config, but for
+    /// same loan a whole build makes for the whole new config, but for
     /// what [`Registry::finish_lending`] keeps of keys left earlier, kept
     /// until the next whole loan. A key both leaving and lent again
     /// (changed) keeps its state.

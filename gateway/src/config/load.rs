@@ -5,10 +5,11 @@ use waycast_crds::config::ConfigError;
 
 use waycast_crds::shards;
 
+use super::builder::SnapshotBuilder;
 use super::parts::{HeldParts, PartsError};
 use crate::error::BuildError;
 use crate::registry::Registry;
-use crate::snapshot::{self, Snapshot};
+use crate::snapshot::Snapshot;
 
 use super::gzip::MAX_CONFIG_BYTES;
 
@@ -95,9 +96,7 @@ fn load_every_part(
     let mut sizes = vec![base_bytes.len() as u64];
     let base = shards::read_base(manifest, &base_bytes).map_err(PartsError::from)?;
     drop(base_bytes);
-    let (base, dropped) = snapshot::screen(base)?;
-    let mut lent = registry.lend_base(&base)?;
-    let mut snapshot = Snapshot::without_keys(base, identity, &lent, dropped)?;
+    let mut builder = SnapshotBuilder::new(registry, base, identity)?;
     for index in (0..).take(manifest.shards.len()) {
         let bytes = held.unpack(index as usize + 1, left)?;
         left -= bytes.len() as u64;
@@ -105,20 +104,13 @@ fn load_every_part(
         let keys = shards::read_shard(manifest, index, &bytes).map_err(PartsError::from)?;
         drop(bytes);
         if index == 0 {
-            // Sized once, not grown by doubling beside the serving snapshot.
-            let expected = shards::expected_keys(keys.len(), u32::try_from(manifest.shards.len()).unwrap_or(u32::MAX));
-            snapshot.reserve_keys(expected);
-            registry.reserve_keys(&mut lent, expected);
+            let shard_count = u32::try_from(manifest.shards.len()).unwrap_or(u32::MAX);
+            builder.reserve_keys(shards::expected_keys(keys.len(), shard_count));
         }
-        let keys = snapshot.screen_keys(keys, index);
-        registry.lend_keys(&mut lent, &keys);
-        snapshot.insert_keys(keys, index, &lent)?;
+        builder.add_shard(keys, index)?;
     }
-    registry.finish_lending(&mut lent);
-    snapshot.finish(&lent);
-    snapshot.built_from(manifest.clone(), sizes, manifest.shards.len());
-    registry.keep(lent);
-    Ok(snapshot)
+    builder.built_from_parts(manifest.clone(), sizes);
+    Ok(builder.finish())
 }
 
 /// The config of `held` built from `previous`'s key table less the keys
@@ -135,8 +127,7 @@ fn load_changed(
     limit: u64,
 ) -> Result<Option<Snapshot>, LoadError> {
     let manifest = &held.manifest;
-    let (mut next, leaving) = previous.without_shards(identity, changed);
-    let mut lent = registry.lend_changed(&leaving);
+    let mut builder = SnapshotBuilder::from_serving(registry, previous, identity, changed);
     // The parts unchanged and the changed shards read so far: within the
     // bound at each shard, so within it at the end.
     let mut sizes = previous.part_sizes().to_vec();
@@ -153,25 +144,17 @@ fn load_changed(
         }
         let keys = shards::read_shard(manifest, index, &bytes).map_err(PartsError::from)?;
         drop(bytes);
-        let keys = next.screen_keys(keys, index);
-        registry.lend_keys(&mut lent, &keys);
-        next.insert_keys(keys, index, &lent)?;
+        builder.add_shard(keys, index)?;
     }
-    if next.is_contested() {
+    if builder.is_contested() {
         return Ok(None);
     }
-    next.finish(&lent);
-    next.built_from(manifest.clone(), sizes, changed.len());
-    registry.keep(lent);
-    Ok(Some(next))
+    builder.built_from_parts(manifest.clone(), sizes);
+    Ok(Some(builder.finish()))
 }
 
 fn build(config: GatewayConfig, hash: String, registry: &mut Registry) -> Result<Snapshot, LoadError> {
-    let (config, dropped) = snapshot::screen(config)?;
-    let lent = registry.lend(&config)?;
-    let snapshot = Snapshot::build(config, hash, &lent, dropped)?;
-    registry.keep(lent);
-    Ok(snapshot)
+    Ok(SnapshotBuilder::new(registry, config, hash)?.finish())
 }
 
 /// Decompresses gzip, refusing output over [`MAX_CONFIG_BYTES`].

@@ -18,6 +18,7 @@
 //! started with (through their worker's own handle on it), so a swap never
 //! changes a request mid-flight.
 
+pub mod builder;
 pub mod endpoints;
 pub mod file;
 pub mod gzip;

@@ -3,8 +3,9 @@
 //! reported), never the whole config.
 //!
 //! ```text
-//! GatewayConfig ─screen─► kept entries + dropped ─Registry::lend─► Resources
-//!   ─Snapshot::build─► Snapshot (immutable)
+//! GatewayConfig ─screen─► kept entries + dropped ─Registry::lend_base─► Resources
+//!   ─► Snapshot (no key yet) ─► each key shard: Registry::lend_keys ─► key table
+//!   ─► Snapshot (immutable)                       (config/builder.rs: SnapshotBuilder drives it)
 //!       models → routes (backends.rs: pre-parsed URIs, headers, clients)   a model failing here: dropped
 //!                name|alias → candidates, one per owner namespace (names.rs)
 //!       keys   → HashMap<sha256, KeyEntry> (keys.rs: allow-lists, opt-ins, visibility as bitsets)
@@ -14,7 +15,9 @@
 //! request with one atomic load. Nothing here is mutated after build except
 //! the per-route round-robin counter. What must outlive one config (pools,
 //! limiter state, the Redis connection) is lent by [`crate::registry`];
-//! building is pure.
+//! building is pure. `config::builder::SnapshotBuilder` is the one place
+//! that drives the two for a config change, whole or some key shards;
+//! [`Snapshot::standalone`] (tests, tools) builds one with a registry of its own.
 
 mod backends;
 mod dropped;
@@ -171,7 +174,7 @@ impl Snapshot {
     ///
     /// # Errors
     /// [`BuildError`] for what fails the config as a whole.
-    pub fn without_keys(
+    pub(crate) fn without_keys(
         config: GatewayConfig,
         hash: String,
         lent: &Resources,
@@ -239,14 +242,14 @@ impl Snapshot {
 
     /// Finishes a snapshot built a batch of keys at a time: takes the
     /// counts `lent` holds, every key's lent.
-    pub fn finish(&mut self, lent: &Resources) {
+    pub(crate) fn finish(&mut self, lent: &Resources) {
         self.counts = lent.counts();
     }
 
     /// The keys of `keys` that may be served, checked one by one under
     /// this snapshot's settings as a whole config's are; the rest are left
     /// out (listed in `dropped`, as from key shard `shard`).
-    pub fn screen_keys(&mut self, keys: Vec<KeyConfig>, shard: u32) -> Vec<KeyConfig> {
+    pub(crate) fn screen_keys(&mut self, keys: Vec<KeyConfig>, shard: u32) -> Vec<KeyConfig> {
         key_table::screen(&self.settings, keys, shard, &mut self.dropped)
     }
 
@@ -256,13 +259,13 @@ impl Snapshot {
     ///
     /// # Errors
     /// A key's state not lent (a bug).
-    pub fn insert_keys(&mut self, keys: Vec<KeyConfig>, shard: u32, lent: &Resources) -> Result<(), BuildError> {
+    pub(crate) fn insert_keys(&mut self, keys: Vec<KeyConfig>, shard: u32, lent: &Resources) -> Result<(), BuildError> {
         let against = Against { settings: &self.settings, routes: &self.models.routes, lent };
         self.keys.insert(keys, shard, &against, &mut self.dropped)
     }
 
     /// Makes room in the key table for `keys` keys at once.
-    pub fn reserve_keys(&mut self, keys: usize) {
+    pub(crate) fn reserve_keys(&mut self, keys: usize) {
         self.keys.reserve(keys);
     }
 
@@ -276,7 +279,7 @@ impl Snapshot {
     /// names, whose parts unpacked to `sizes` bytes (the base's, then each
     /// shard's), reading `shards_read` of its key shards, so that the next
     /// one may start from it.
-    pub fn built_from(&mut self, manifest: Manifest, sizes: Vec<u64>, shards_read: usize) {
+    pub(crate) fn built_from(&mut self, manifest: Manifest, sizes: Vec<u64>, shards_read: usize) {
         self.built_from = Some(BuiltFrom { manifest, sizes, shards_read });
     }
 
@@ -314,7 +317,7 @@ impl Snapshot {
     /// keys but the keys of `shards` (and what was left out of them), and
     /// the ids of those keys: the start of the next config when it changes
     /// only those shards, whose keys are then added as they now are.
-    pub fn without_shards(&self, hash: String, shards: &[u32]) -> (Self, Vec<Arc<str>>) {
+    pub(crate) fn without_shards(&self, hash: String, shards: &[u32]) -> (Self, Vec<Arc<str>>) {
         let (keys, leaving) = self.keys.without_shards(shards);
         let dropped = self
             .dropped
