@@ -86,7 +86,7 @@ pub struct ModelEndpointSpec {
     /// Headers that choose what the provider bills under the backend's
     /// credential (`openai-organization`, `openai-project`,
     /// `anthropic-beta`, any other `openai-*` or `anthropic-*`) go only when
-    /// listed here. Client credentials, cookies, hop-by-hop headers and the
+    /// listed here by their whole name (a prefix never covers them). Client credentials, cookies, hop-by-hop headers and the
     /// endpoint picker's (`x-gateway-inference-*`, `x-llm-d-*`) are never
     /// forwarded.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -86,9 +86,31 @@ impl ForwardHeaders {
 
     /// Whether the model forwards `name` (the gateway's own allow-list and
     /// its credential guard are checked separately).
+    ///
+    /// NB: a provider's own headers (`openai-*`, `anthropic-*`: which
+    /// organisation or project is billed, priced beta features) pass only
+    /// when named whole: a prefix such as `openai-*` or `o*` written for
+    /// something else must not re-open billing to the client.
     pub fn allows(&self, name: &str) -> bool {
-        self.names.iter().any(|n| n == name) || self.prefixes.iter().any(|p| name.starts_with(p.as_str()))
+        self.names.iter().any(|n| n == name)
+            || (!is_provider_header(name) && self.prefixes.iter().any(|p| name.starts_with(p.as_str())))
     }
+}
+
+/// A provider's own header namespace: what it bills, to whom, and how.
+fn is_provider_header(name: &str) -> bool {
+    name.starts_with("openai-") || name.starts_with("anthropic-")
+}
+
+#[cfg(test)]
+#[test]
+fn a_prefix_never_forwards_a_providers_billing_header() {
+    let patterns = ["openai-*", "o*", "anthropic-*", "x-team-*", "openai-project"].map(String::from);
+    let forwarded = ForwardHeaders::from_patterns(&patterns);
+    assert!(!forwarded.allows("openai-organization"), "covered only by prefixes");
+    assert!(!forwarded.allows("anthropic-beta"), "covered only by a prefix");
+    assert!(forwarded.allows("openai-project"), "named whole");
+    assert!(forwarded.allows("x-team-id") && forwarded.allows("other"), "other prefixes still work");
 }
 
 /// One upstream, pre-parsed.

@@ -58,9 +58,8 @@ fn a_client_cannot_choose_a_trace_id_the_ratio_always_samples() {
     // under any ratio above 0. Continued traces are drawn on an id of ours.
     let rare = destination(|config| config.sampling = Ratio(0.01));
     let chosen = "00-0123456789abcdef0000000000000001-00f067aa0ba902b7-01";
-    let sampled = (0..2000)
-        .filter(|_| start(Some(&rare), &headers(&[("traceparent", chosen)])).unwrap().context.sampled)
-        .count();
+    let sampled =
+        (0..2000).filter(|_| start(Some(&rare), &headers(&[("traceparent", chosen)])).unwrap().context.sampled).count();
     assert!(sampled < 100, "{sampled} of 2000 sampled at a ratio of 0.01");
 }
 
