@@ -66,6 +66,11 @@ pub const COLLECT_EVERY: Duration = Duration::from_secs(5);
 const ASK_GATEWAYS_AT_ONCE: usize = 4;
 /// Pods of one Gateway asked at the same time.
 const ASK_PODS_AT_ONCE: usize = 4;
+/// The longest one Gateway's pods are asked for in a round (each pod has
+/// `report::ASK_FOR`): a Gateway whose pods are slow or silent (its
+/// author's image, a NetworkPolicy dropping the admin port) gives up its
+/// own round, and holds one of the `ASK_GATEWAYS_AT_ONCE` places no longer.
+const ASK_GATEWAY_FOR: Duration = Duration::from_secs(15);
 /// The ledger's data key in its ConfigMap.
 const LEDGER_DATA_KEY: &str = "ledger.json.gz";
 
@@ -173,18 +178,25 @@ async fn collect_round(
         complete = false;
     }
     // Several Gateways' pods asked at once, each ask a task of its own (so
-    // it runs on while earlier Gateways are written), taken in order.
+    // it runs on while other Gateways are written), taken as they finish:
+    // NB: in order, one Gateway with slow pods held back every one after it.
     let mut answered = futures_util::stream::iter(gateways)
         .map(|(gateway, served)| {
             let (context, http) = (context.clone(), http.clone());
             let asked = tokio::spawn(async move {
                 let served = served?;
-                let answers = reports(&context, &http, &gateway, served.clone()).await;
+                let asking = reports(&context, &http, &gateway, served.clone());
+                // Out of time counts as a listing that failed: the Gateway's
+                // keys still count what its ledger holds, and the round
+                // (every other team's writes) goes on.
+                let answers = tokio::time::timeout(ASK_GATEWAY_FOR, asking)
+                    .await
+                    .unwrap_or(Err(crate::error::Error::Timeout(ASK_GATEWAY_FOR)));
                 Some((gateway, answers, served))
             });
             async move { asked.await.ok().flatten() }
         })
-        .buffered(ASK_GATEWAYS_AT_ONCE);
+        .buffer_unordered(ASK_GATEWAYS_AT_ONCE);
     while let Some(answered) = answered.next().await {
         let Some((gateway, answers, served)) = answered else {
             complete = false;
@@ -228,7 +240,9 @@ async fn collect_round(
                 }
             }
             // The keys' totals still count what this Gateway's ledger holds.
-            Err(error) => tracing::warn!(gateway = %id, %error, "usage: cannot list the gateway pods; retrying"),
+            Err(error) => {
+                tracing::warn!(gateway = %id, %error, "usage: no reports from the gateway pods this round; retrying")
+            }
         }
         let month = Period::Month.window(now, &zone).key;
         let current: Vec<(Period, String)> =
