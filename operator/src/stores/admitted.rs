@@ -81,7 +81,7 @@ pub fn view(key: &mut ApiKey, admitted: bool) {
 pub fn relevant(key: &ApiKey) -> u64 {
     use std::hash::{Hash as _, Hasher as _};
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    (super::spec_and_labels(key), crate::compile::keys::is_held_back(key)).hash(&mut hasher);
+    (super::changes::spec_and_labels(key), crate::compile::keys::is_held_back(key)).hash(&mut hasher);
     hasher.finish()
 }
 
