@@ -178,6 +178,19 @@ async fn a_token_file_that_holds_no_usable_token_stops_it_at_start() {
             .unwrap();
         assert_eq!(output.status.code(), Some(64), "{bad:?}: {}", String::from_utf8_lossy(&output.stderr));
     }
+    // Past 256 KiB of good tokens, and an endless file: refused once the
+    // bound is read, never read whole.
+    let line = format!("{}\n", "t".repeat(63));
+    std::fs::write(&file, line.repeat(256 * 1024 / line.len() + 1)).unwrap();
+    for path in [file.to_str().unwrap(), "/dev/zero"] {
+        let started = tokio::process::Command::new(env!("CARGO_BIN_EXE_waycast-bench"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--token-file", path])
+            .output();
+        let output = tokio::time::timeout(std::time::Duration::from_secs(20), started).await.unwrap().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(64), "{path}: {stderr}");
+        assert!(stderr.contains("256 KiB"), "{path}: {stderr}");
+    }
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_waycast-bench"))
         .args(["serve", "--listen", "127.0.0.1:0", "--allowed-target", "gateway:http"])
         .output()

@@ -287,15 +287,18 @@ async fn leaving_the_fair_queue_costs_nothing() {
     const DEPTH: &str = r#"waycast_gateway_queue_depth{class="standard",model="llama-3.1-8b"}"#;
     let fixture = Fixture::start(FixtureOptions::default(), |gateway: &mut GatewayConfig, _| {
         let alice = &mut gateway.keys[0];
-        alice.budgets = vec![BudgetConfig { period: Period::Day, tokens: Some(10_000_000), cost: None }];
+        // Three requests' reservations (each ~4,000 tokens of output bound
+        // plus the prompt estimate) fit, four do not: what the leaver
+        // reserved must be given back for three to fit again at the end.
+        alice.budgets = vec![BudgetConfig { period: Period::Day, tokens: Some(12_300), cost: None }];
         gateway.models[0].capacity = Some(waycast_crds::config::CapacityConfig { max_in_flight_per_endpoint: 2 });
         gateway.settings.sharing.max_wait = Duration::from_secs(20);
     })
     .await;
     let day = |budgets: Vec<Value>| budgets[0]["spent_tokens"].as_u64().unwrap();
-    // Alice fills the model for 3 s; her third request waits its turn.
+    // Alice fills the model for 8 s; her third request waits its turn.
     let slow =
-        || fixture.request("/v1/chat/completions", Some(ALICE_KEY), CHAT, &[("x-mock-delay-ms", "3000"), CHUNKS]);
+        || fixture.request("/v1/chat/completions", Some(ALICE_KEY), CHAT, &[("x-mock-delay-ms", "8000"), CHUNKS]);
     let filling = futures_util::future::join(fixture.send(slow()), fixture.send(slow()));
     let meanwhile = async {
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -304,7 +307,7 @@ async fn leaving_the_fair_queue_costs_nothing() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let queued = fixture.request("/v1/chat/completions", Some(ALICE_KEY), CHAT, &[CHUNKS]);
-        let leaving = tokio::time::timeout(Duration::from_millis(500), fixture.open(queued));
+        let leaving = tokio::time::timeout(Duration::from_secs(2), fixture.open(queued));
         let waited = async {
             let deadline = Instant::now() + Duration::from_secs(5);
             while fixture.metric(DEPTH).await != Some(1.0) {
@@ -328,6 +331,16 @@ async fn leaving_the_fair_queue_costs_nothing() {
     let served = day(budgets(&fixture).await);
     assert_eq!(served, 2 * (prompt_of_served(&first.2) + 5));
     assert_eq!(fixture.mock.recorder.requests().await.len(), 2, "the leaver was never forwarded");
+    // Its reservation was given back: three at once fit the budget again.
+    let held =
+        || fixture.request("/v1/chat/completions", Some(ALICE_KEY), CHAT, &[("x-mock-delay-ms", "1000"), CHUNKS]);
+    let (a, b, c) = tokio::join!(fixture.send(held()), fixture.send(held()), fixture.send(held()));
+    assert_eq!(
+        (a.0, b.0, c.0),
+        (StatusCode::OK, StatusCode::OK, StatusCode::OK),
+        "{:?}",
+        String::from_utf8_lossy(&c.2)
+    );
 }
 
 /// The prompt tokens the mock reported in an answer.

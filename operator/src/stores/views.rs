@@ -262,6 +262,16 @@ mod tests {
         }
     }
 
+    /// At the bounds exactly, a heartbeat is still one.
+    #[test]
+    fn a_holder_and_annotation_at_their_bounds_are_kept() {
+        let holder = "h".repeat(MAX_HOLDER_BYTES);
+        let mut beat = heartbeat_lease(&holder, &"x".repeat(MAX_ANNOTATION_BYTES));
+        lease(&mut beat);
+        assert!(beat.spec.is_some());
+        assert_eq!(crate::stores::holder(&beat), holder);
+    }
+
     #[test]
     fn an_api_key_is_kept_without_its_usage_and_the_rest_of_its_status_as_a_digest() {
         let mut key: waycast_crds::ApiKey = serde_json::from_value(serde_json::json!({
