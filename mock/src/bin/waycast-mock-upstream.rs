@@ -102,12 +102,9 @@ fn main() -> ExitCode {
         }
     };
     let scheme = if options.tls.is_some() { "https" } else { "http" };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match runtime() {
         Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("waycast-mock-upstream: {error}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     runtime.block_on(async move {
         let listener = match tokio::net::TcpListener::bind(listen).await {
@@ -140,12 +137,9 @@ fn main() -> ExitCode {
 
 /// Serves forged usage reports on the gateway's admin port (9090).
 fn forged_gateway_pod(forger: waycast_mock::forged_usage::Forger) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match runtime() {
         Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("waycast-mock-upstream: {error}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     runtime.block_on(async move {
         let listener = match tokio::net::TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], 9090))).await {
@@ -163,5 +157,13 @@ fn forged_gateway_pod(forger: waycast_mock::forged_usage::Forger) -> ExitCode {
             }
             () = waycast_mock::upstream::termination() => ExitCode::SUCCESS,
         }
+    })
+}
+
+/// The multi-threaded runtime both modes serve on, or why not (printed).
+fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|error| {
+        eprintln!("waycast-mock-upstream: {error}");
+        ExitCode::FAILURE
     })
 }
