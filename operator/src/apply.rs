@@ -67,52 +67,19 @@ where
     Ok(())
 }
 
-/// What the API server returned for the objects a Gateway's status reads.
-pub struct Observed {
-    /// The Deployment, with its replica counts.
-    pub deployment: Deployment,
-    /// The Service, with its cluster IP.
-    pub service: Service,
-    /// Whether the endpoints ConfigMap is as desired (applied now, or not
-    /// asked to be): a failure to write it is logged and retried, and
-    /// fails nothing else.
-    pub endpoints_current: bool,
-    /// The data bytes of the config Secrets written.
-    pub config_bytes_written: usize,
-}
-
-/// Applies every object of `desired` (of its config's Secrets those
-/// `config` plans, none without a plan; the endpoints ConfigMap only when
-/// `write_endpoints`) and prunes the optional ones it leaves out.
+/// Applies what a Gateway's config and its other objects refer to: the
+/// ServiceAccount and the Role (the API server checks a binding against
+/// its Role; the pods read the config's parts with it), and the endpoints
+/// ConfigMap when `write_endpoints`. Whether the endpoints ConfigMap is as
+/// desired: a failure to write it is logged and retried, and fails nothing
+/// else.
 ///
-/// Independent objects go together, in two rounds: what others refer to
-/// (the ServiceAccount, the Role a RoleBinding names — the API server checks
-/// a binding against its Role — and the config's parts) before what refers
-/// to them. Every apply of a round runs to its end (join, not try_join):
-/// cancelling the Role's apply when the binding failed kept the Role from
-/// ever being created.
-///
-/// The config's manifest is written after the first round — after every
-/// part it names, and after the Role that lets the pods read them — and the
-/// shards it no longer names are emptied only once it is written. A part
-/// that fails leaves the manifest as it was: the pods keep a whole config.
+/// Every apply runs to its end (join, not try_join): cancelling the Role's
+/// apply when another failed kept the Role from ever being created.
 ///
 /// # Errors
-/// The first failed call of a round, after the whole round ran.
-pub async fn apply_all(
-    client: &Client,
-    desired: &render::Desired,
-    config: Option<&Plan>,
-    write_endpoints: bool,
-) -> Result<Observed, Error> {
-    let namespace = desired.deployment.metadata.namespace.clone().ok_or(Error::Incomplete("namespace"))?;
-    let name = desired.deployment.metadata.name.clone().ok_or(Error::Incomplete("name"))?;
-    // A plan is made only for a config that fits.
-    let config = config.zip(desired.config.as_ref().ok());
-    let parts = async {
-        let Some((plan, parts)) = config else { return Ok(0) };
-        write_parts(client, parts, plan).await
-    };
+/// The first failed call, after all ran.
+pub async fn apply_referred(client: &Client, desired: &render::Desired, write_endpoints: bool) -> Result<bool, Error> {
     let endpoints = async {
         if !write_endpoints {
             return true;
@@ -125,23 +92,31 @@ pub async fn apply_all(
             }
         }
     };
-    let (account, role, parts_written, endpoints_current) =
-        tokio::join!(apply(client, &desired.service_account), apply(client, &desired.role), parts, endpoints);
+    let (account, role, endpoints_current) =
+        tokio::join!(apply(client, &desired.service_account), apply(client, &desired.role), endpoints);
     account?;
     role?;
-    let parts_written = parts_written?;
-    let manifest = async {
-        let Some((plan, parts)) = config else { return Ok(0) };
-        let mut written = 0;
-        if plan.writes_manifest() {
-            apply(client, &parts.manifest).await?;
-            written = data_bytes(&parts.manifest);
-        }
-        let retired: Vec<Secret> = plan.retire.iter().map(|stale| parts.retired(stale)).collect();
-        let retiring = retired.iter().map(|secret| apply(client, secret));
-        futures_util::future::join_all(retiring).await.into_iter().collect::<Result<Vec<_>, _>>()?;
-        Ok::<_, Error>(written)
-    };
+    Ok(endpoints_current)
+}
+
+/// What the API server returned for the objects a Gateway's status reads.
+pub struct Observed {
+    /// The Deployment, with its replica counts.
+    pub deployment: Deployment,
+    /// The Service, with its cluster IP.
+    pub service: Service,
+}
+
+/// Applies the rest of `desired` — the RoleBinding, the Deployment, the
+/// Service and the optional objects, pruning those it leaves out — each to
+/// its end. After [`apply_referred`]; the config's Secrets are its
+/// writer's (`controller::config_writer`, [`write_config`]).
+///
+/// # Errors
+/// The first failed call, after all ran.
+pub async fn apply_rest(client: &Client, desired: &render::Desired) -> Result<Observed, Error> {
+    let namespace = desired.deployment.metadata.namespace.clone().ok_or(Error::Incomplete("namespace"))?;
+    let name = desired.deployment.metadata.name.clone().ok_or(Error::Incomplete("name"))?;
     let hpa = async {
         match &desired.hpa {
             Some(hpa) => apply(client, hpa).await.map(drop),
@@ -160,8 +135,7 @@ pub async fn apply_all(
             None => prune::<k8s_openapi::api::networking::v1::NetworkPolicy>(client, &namespace, &name).await,
         }
     };
-    let (manifest_written, binding, deployment, service, hpa, pdb, network_policy) = tokio::join!(
-        manifest,
+    let (binding, deployment, service, hpa, pdb, network_policy) = tokio::join!(
         apply(client, &desired.role_binding),
         apply(client, &desired.deployment),
         apply(client, &desired.service),
@@ -169,14 +143,31 @@ pub async fn apply_all(
         pdb,
         network_policy
     );
-    let manifest_written = manifest_written?;
     let (_, deployment, service, (), (), ()) = (binding?, deployment?, service?, hpa?, pdb?, network_policy?);
-    let config_bytes_written = parts_written + manifest_written;
-    Ok(Observed { deployment, service, endpoints_current, config_bytes_written })
+    Ok(Observed { deployment, service })
+}
+
+/// Writes the config Secrets `plan` names: the parts, then — once every
+/// part it names is written — the manifest, then the shards it no longer
+/// names are emptied. A part that fails leaves the manifest as it was: the
+/// pods keep a whole config. Their data bytes.
+///
+/// # Errors
+/// The first that failed.
+pub async fn write_config(client: &Client, parts: &ConfigParts, plan: &Plan) -> Result<usize, Error> {
+    let mut written = write_parts(client, parts, plan).await?;
+    if plan.writes_manifest() {
+        apply(client, &parts.manifest).await?;
+        written += data_bytes(&parts.manifest);
+    }
+    let retired: Vec<Secret> = plan.retire.iter().map(|stale| parts.retired(stale)).collect();
+    let retiring = retired.iter().map(|secret| apply(client, secret));
+    futures_util::future::join_all(retiring).await.into_iter().collect::<Result<Vec<_>, _>>()?;
+    Ok(written)
 }
 
 /// Writes the shards `indices` of `parts`, then its manifest: a patch of
-/// a few keys (`controller::key_lane`). Their data bytes.
+/// a few keys (`controller::config_writer`). Their data bytes.
 ///
 /// # Errors
 /// The first that failed (the manifest is then not written: the pods keep

@@ -33,9 +33,6 @@ pub struct Context {
     /// What the operator remembers of each Gateway between reconciles; an
     /// entry goes when its Gateway is gone.
     pub gateways: tokio::sync::RwLock<BTreeMap<ObjectKey, GatewayMemory>>,
-    /// Each Gateway's config as last written, kept for the key lane to
-    /// patch; held while either writes a Gateway's config.
-    pub kept: tokio::sync::Mutex<crate::render::key_patch::KeptConfigs>,
     /// Consecutive failed reconciles per object, for exponential backoff.
     pub failures: arc_swap::ArcSwap<BTreeMap<String, u32>>,
     /// Where each Gateway reconcile's span goes (`--otlp-endpoint`);

@@ -98,7 +98,6 @@ pub async fn run(
         },
         metrics,
         gateways: tokio::sync::RwLock::default(),
-        kept: tokio::sync::Mutex::default(),
         failures: arc_swap::ArcSwap::from_pointee(std::collections::BTreeMap::new()),
         traces,
     });

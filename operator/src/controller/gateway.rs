@@ -12,8 +12,9 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt as _};
 use waycast_crds::Gateway;
+use waycast_crds::condition::reasons;
 
-use super::key_lane;
+use super::config_writer::{NotWritten, Whole, WholeWritten, Writers};
 use super::memory::{remember, verified_as};
 use super::referenced::fetch_secrets;
 use super::shell::{CONCURRENCY, DEBOUNCE, RESYNC, error_policy, succeeded, write_status};
@@ -25,12 +26,13 @@ use crate::error::Error;
 use crate::heartbeats;
 use crate::programmed;
 use crate::render::config_parts::{Layout, Layouts, TooLarge, fresh_salt};
+use crate::render::key_patch::{Basis, Kept};
 use crate::render::{self, FIELD_MANAGER};
 use crate::status;
 use crate::stores::{Stores, once, signals};
 use crate::telemetry::Reconcile;
 
-pub(crate) async fn gateway_controller(context: Arc<Context>) {
+pub(crate) async fn gateway_controller(context: Arc<Context>, writers: Arc<Writers>) {
     let client = context.client.clone();
     let managed = watcher::Config::default().labels(&format!("app.kubernetes.io/managed-by={FIELD_MANAGER}"));
     let changed = &context.stores.changed;
@@ -47,7 +49,7 @@ pub(crate) async fn gateway_controller(context: Arc<Context>) {
         .owns(Api::<Deployment>::all(client.clone()), managed)
         .reconcile_on(objects)
         .with_config(ControllerConfig::default().debounce(DEBOUNCE).concurrency(CONCURRENCY))
-        .run(reconcile_gateway, error_policy, context)
+        .run(move |gateway, context| reconcile_gateway(gateway, context, writers.clone()), error_policy, context)
         .for_each(|reported| {
             paced.finished(&reported);
             futures_util::future::ready(())
@@ -73,9 +75,13 @@ fn at_most_every(
 
 /// A Gateway's reconcile, and its span when the operator traces
 /// (`--otlp-endpoint`): its outcome is known once it returns, by any path.
-pub(crate) async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Context>) -> Result<Action, Error> {
+pub(crate) async fn reconcile_gateway(
+    gateway: Arc<Gateway>,
+    context: Arc<Context>,
+    writers: Arc<Writers>,
+) -> Result<Action, Error> {
     let mut traced = Reconcile::begin(&gateway);
-    let reconciled = reconcile(gateway, context.clone(), &mut traced).await;
+    let reconciled = reconcile(gateway, context.clone(), &writers, &mut traced).await;
     if let Some(traces) = &context.traces {
         traces.reconciled(&traced, reconciled.as_ref().map(|_| ()));
     }
@@ -85,21 +91,22 @@ pub(crate) async fn reconcile_gateway(gateway: Arc<Gateway>, context: Arc<Contex
 /// Stores → compile → desired objects → apply → status, and the
 /// bookkeeping that tells ApiKeys and ModelEndpoints where they stand;
 /// what it learns on the way is noted in `traced`.
-async fn reconcile(gateway: Arc<Gateway>, context: Arc<Context>, traced: &mut Reconcile) -> Result<Action, Error> {
+async fn reconcile(
+    gateway: Arc<Gateway>,
+    context: Arc<Context>,
+    writers: &Writers,
+    traced: &mut Reconcile,
+) -> Result<Action, Error> {
     let started = std::time::Instant::now();
     let key = ObjectKey::of(&gateway.metadata);
     if let Some(conflict) = owned_by_another(&context, &gateway).await? {
-        // The key lane writes nothing of a Gateway whose objects are not its own.
-        context.kept.lock().await.configs.remove(&key);
+        // Its writer writes nothing of a Gateway whose objects are not its own.
+        writers.forget(&key).await;
         return refuse_name_conflict(&context, &gateway, &conflict).await;
     }
     // Every key change logged before this position is in the stores read
-    // below; the key lane's patches after it are patched in before writing.
-    let read = {
-        let kept = context.kept.lock().await;
-        let position = context.stores.key_log.drained().await.position();
-        key_lane::ReadAt { position, lane_writes: kept.lane_writes(&key) }
-    };
+    // below; its writer patches in those logged after it before writing.
+    let read_at = context.stores.key_log.drained().await.position();
     let mut catalog = Catalog::from_stores(&context.stores, &context.networks);
     fetch_secrets(&mut catalog, &context, &gateway).await?;
     let layouts = layouts(&context.stores, &gateway, fresh_salt_of(&context, &gateway).await?);
@@ -117,42 +124,53 @@ async fn reconcile(gateway: Arc<Gateway>, context: Arc<Context>, traced: &mut Re
     (traced.keys, traced.models) = (Some(compiled.config.keys.len()), Some(compiled.config.models.len()));
     let compiled_at = started.elapsed();
 
-    // Held until the config is written: the key lane writes none of this
-    // Gateway's meanwhile.
-    let mut kept = context.kept.lock().await;
-    let caught_up =
-        key_lane::catch_up(&context, &gateway, &mut kept, read, &mut compiled, &mut desired, left_out).await;
-    let Ok(to_keep) = caught_up else {
-        tracing::debug!(gateway = %key, "the key lane wrote changes this compile cannot take in; compiling again");
-        return Ok(Action::requeue(Duration::from_millis(100)));
-    };
-    // The lane's kept config is replaced by `to_keep` (or dropped) once
-    // the config is written, under this lock: the old one is let go now,
-    // not held beside the new one through the writes.
-    kept.configs.remove(&key);
-    let (hash, plan, write_endpoints) = what_to_write(&context, &gateway, &desired, &kept.recently_written(&key)).await;
-    traced.config_hash = (!hash.is_empty()).then(|| hash.clone());
-    if let Some(conflict) = foreign_part(&context, &gateway, plan.as_ref()).await? {
-        kept.configs.remove(&key);
+    if let Some(conflict) = foreign_part(&context, &gateway, &desired).await? {
+        writers.forget(&key).await;
         return refuse_name_conflict(&context, &gateway, &conflict).await;
     }
+    let write_endpoints = endpoints_to_write(&context, &gateway, &desired).await;
     let rendered_at = started.elapsed();
-    let applied = crate::apply::apply_all(&context.client, &desired, plan.as_ref(), write_endpoints).await;
-    if let Some(plan) = &plan {
-        // A failed apply leaves what those Secrets hold unknown.
-        let parts = desired.config.as_deref().ok().filter(|_| applied.is_ok());
-        kept.note_written(&key, plan.write.iter().map(String::as_str), parts);
-        // Emptied: no digest a desired part could match.
-        kept.note_written(&key, plan.retire.iter().map(String::as_str), None);
-    }
-    kept.keep(key.clone(), applied.as_ref().ok().and(to_keep));
-    drop(kept);
-    let observed = applied?;
-    let applied_at = started.elapsed();
-    // The parts are the key lane's from here (a copy held here would make
+    let endpoints_current = crate::apply::apply_referred(&context.client, &desired, write_endpoints).await?;
+    // The parts are their writer's from here (a copy held here would make
     // its next patch copy them): only what the status needs stays.
     let config = std::mem::replace(&mut desired.config, Err(TooLarge::Json { bytes: 0 }));
-    let (fits, json_bytes, too_large) = (config.is_ok(), config.as_ref().ok().map(|p| p.json_bytes), config.err());
+    let (fits, json_bytes, too_large) =
+        (config.is_ok(), config.as_ref().ok().map(|p| p.json_bytes), config.as_ref().err().cloned());
+    let writing = async {
+        let Ok(parts) = config else {
+            writers.forget(&key).await;
+            return Ok(None);
+        };
+        let kept = keepable(&gateway, &compiled, left_out).then(|| {
+            let basis =
+                Basis { gateway: verified_as(&gateway), position: read_at, tenants: !gateway.spec.tenants.is_empty() };
+            Kept::new(parts.clone(), &compiled.config.keys, basis)
+        });
+        writers.write_whole(Whole { gateway: gateway.clone(), parts, kept, read_at }).await.map(Some)
+    };
+    let (written, rest) = tokio::join!(writing, crate::apply::apply_rest(&context.client, &desired));
+    let config_written = match written {
+        Ok(written) => written,
+        Err(NotWritten::CompileAgain) => {
+            tracing::debug!(gateway = %key, "the key lane wrote changes this compile cannot take in; compiling again");
+            return Ok(Action::requeue(Duration::from_millis(100)));
+        }
+        Err(NotWritten::Failed(error)) => return Err(error),
+    };
+    let (hash, bytes_written) = match config_written {
+        Some(WholeWritten { hash, verdicts, bytes }) => {
+            // The keys patched in were compiled again: theirs are the verdicts.
+            compiled.keys.extend(verdicts);
+            (hash, bytes)
+        }
+        None => {
+            tracing::warn!(gateway = %key, too_large = ?too_large, "compiled config too large for its Secrets; keeping the last one");
+            (last_written_hash(&context, &key).await, 0)
+        }
+    };
+    traced.config_hash = (!hash.is_empty()).then(|| hash.clone());
+    let observed = rest?;
+    let applied_at = started.elapsed();
 
     let beats = heartbeats::heartbeats(&context.stores.leases, &context.stores.gateway_pods, &gateway);
     // Off the runtime's one thread, as the compile (each object's decision).
@@ -165,7 +183,7 @@ async fn reconcile(gateway: Arc<Gateway>, context: Arc<Context>, traced: &mut Re
     .map_err(|joined| Error::Io(std::io::Error::other(joined)))?;
     let deployment_status = observed.deployment.status.as_ref();
     let ready = deployment_status.and_then(|s| s.ready_replicas).unwrap_or(0);
-    let endpoints_written = observed.endpoints_current.then(|| desired.endpoints_hash.clone());
+    let endpoints_written = endpoints_current.then(|| desired.endpoints_hash.clone());
     let moved = remember_reconcile(
         &context,
         &gateway,
@@ -213,7 +231,7 @@ async fn reconcile(gateway: Arc<Gateway>, context: Arc<Context>, traced: &mut Re
     if let Some(json_bytes) = json_bytes {
         metrics.config_bytes.with_label_values(&[&key.to_string()]).set(json_bytes as i64);
     }
-    metrics.config_bytes_written.with_label_values(&[&key.to_string()]).inc_by(observed.config_bytes_written as u64);
+    metrics.config_bytes_written.with_label_values(&[&key.to_string()]).inc_by(bytes_written as u64);
     metrics.reconciles.with_label_values(&["gateway"]).inc();
     metrics.reconcile_duration.with_label_values(&["gateway"]).observe(started.elapsed().as_secs_f64());
     succeeded(&context, gateway.as_ref());
@@ -326,67 +344,58 @@ fn layouts(stores: &Stores, gateway: &Gateway, fresh_salt: String) -> Layouts {
     Layouts { current, fresh_salt }
 }
 
-/// The hash the pods are to serve — the new config's, or, when it does not
-/// fit its Secrets and is not written, the last one written — the plan of
-/// the config Secrets to write (none when it does not fit), and whether
-/// the endpoints ConfigMap needs writing. An unchanged part is not sent
-/// again (`config_plan`): at 100,000 keys the config is megabytes, and a
-/// key change is to write one shard.
-async fn what_to_write(
-    context: &Context,
-    gateway: &Gateway,
-    desired: &render::Desired,
-    written: &std::collections::HashMap<&str, Option<&str>>,
-) -> (String, Option<config_plan::Plan>, bool) {
+/// Whether the endpoints ConfigMap needs writing: not when this very
+/// Gateway's was written with the same hash (one deleted and made again
+/// under its name gets its ConfigMap anew: the old one went with it).
+async fn endpoints_to_write(context: &Context, gateway: &Gateway, desired: &render::Desired) -> bool {
     let key = ObjectKey::of(&gateway.metadata);
     let gateways = context.gateways.read().await;
     let memory = gateways.get(&key);
-    let (hash, plan) = match &desired.config {
-        Ok(parts) => {
-            let store = config_secrets_of(&context.stores, gateway);
-            // What this process wrote moments ago is known before the
-            // store shows it: the key lane's patches are not written again,
-            // and a part whose write failed is written whatever the store
-            // shows.
-            let existing: Vec<_> = store
-                .iter()
-                .filter_map(|secret| config_plan::Existing::of(&secret.metadata))
-                .map(|mut existing| {
-                    if let Some(digest) = written.get(existing.name) {
-                        existing.digest = *digest;
-                    }
-                    existing
-                })
-                .collect();
-            let uid = gateway.metadata.uid.as_deref().unwrap_or_default();
-            (parts.hash.clone(), Some(config_plan::plan(parts, &existing, uid)))
-        }
-        Err(too_large) => {
-            tracing::warn!(gateway = %key, %too_large, "compiled config too large for its Secrets; keeping the last one");
-            (memory.and_then(|m| m.written.as_ref()).map(|w| w.hash.clone()).unwrap_or_default(), None)
-        }
-    };
-    // Written for this very Gateway (one deleted and made again under its
-    // name gets its ConfigMap anew: the old one went with the old one).
     let uid = gateway.metadata.uid.as_ref();
     let same_gateway = memory.and_then(|m| m.verified.as_ref()).is_some_and(|(verified, _)| uid == Some(verified));
     let written = memory.filter(|_| same_gateway).and_then(|m| m.endpoints_written.as_deref());
-    let write_endpoints = written != Some(desired.endpoints_hash.as_str());
-    (hash, plan, write_endpoints)
+    written != Some(desired.endpoints_hash.as_str())
+}
+
+/// The hash of the config last written for the Gateway: what its pods
+/// serve while a new one is too large to write.
+async fn last_written_hash(context: &Context, key: &ObjectKey) -> String {
+    let gateways = context.gateways.read().await;
+    gateways.get(key).and_then(|memory| memory.written.as_ref()).map(|written| written.hash.clone()).unwrap_or_default()
+}
+
+/// Whether a compiled config can be kept to patch: nothing left out, no
+/// two keys with one digest, and no namespace's keys capped.
+fn keepable(gateway: &Gateway, compiled: &compile::Compiled, left_out: usize) -> bool {
+    let duplicates = compiled.keys.values().any(|key| key.verdict.reason == reasons::DUPLICATE_KEY);
+    // NB: which keys a `maxApiKeys` cap serves is decided among all of a
+    // namespace's keys, oldest first (a key compiled alone would take a
+    // place it may not have): a Gateway with a cap is written whole only.
+    let capped = gateway.spec.tenants.iter().any(|policy| policy.max_api_keys.is_some());
+    left_out == 0 && !duplicates && !capped
 }
 
 /// A config Secret about to be written that the store does not show as
 /// the Gateway's own and that exists under another owner, if any: looked
-/// up only for such Secrets (a first write, a new shard count).
+/// up only for such Secrets (a first write, a new shard count), before
+/// anything is applied.
 async fn foreign_part(
     context: &Context,
     gateway: &Gateway,
-    plan: Option<&config_plan::Plan>,
+    desired: &render::Desired,
 ) -> Result<Option<String>, Error> {
-    let Some(plan) = plan.filter(|plan| !plan.unseen.is_empty()) else { return Ok(None) };
-    let namespace = gateway.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let Ok(parts) = &desired.config else { return Ok(None) };
+    let store = config_secrets_of(&context.stores, gateway);
+    let existing: Vec<_> = store.iter().filter_map(|secret| config_plan::Existing::of(&secret.metadata)).collect();
     let uid = gateway.metadata.uid.as_deref().ok_or(Error::Incomplete("uid"))?;
-    crate::ownership::first_foreign_secret(&context.client, &namespace, &plan.unseen, uid).await
+    // Which parts the store shows as the Gateway's own does not hang on
+    // their digests: the writer's plan names the same ones.
+    let unseen = config_plan::plan(parts, &existing, uid).unseen;
+    if unseen.is_empty() {
+        return Ok(None);
+    }
+    let namespace = gateway.namespace().ok_or(Error::Incomplete("namespace"))?;
+    crate::ownership::first_foreign_secret(&context.client, &namespace, &unseen, uid).await
 }
 
 /// Everything a reconcile leaves to remember of its Gateway, under one

@@ -4,10 +4,12 @@
 //! ```text
 //! reflectors (Gateway, ModelEndpoint, ApiKey, Namespace, Service, key Secrets,
 //!             config Secret metadata, heartbeat Leases) ─► Stores ─► Feeds + change signals
-//! key lane:                 a few ApiKeys changed ─► their entries compiled alone ─► the shards
-//!                           holding them patched and written, then the manifest (key_lane.rs)
-//! Gateway controller:       stores ─► compile ─► render ─► apply (SSA: changed config parts, then their
-//!                           manifest; prune HPA/PDB, empty old shards) ─► Gateway status
+//! key lane:                 a few ApiKeys changed ─► each Gateway's writer: their entries compiled
+//!                           alone ─► the shards holding them patched and written, then the manifest
+//!                           (key_lane.rs, config_writer.rs)
+//! Gateway controller:       stores ─► compile ─► render ─► apply (SSA; prune HPA/PDB) and the config
+//!                           handed to the Gateway's writer (config_writer.rs: changed parts, then
+//!                           their manifest, old shards emptied; write_order.rs decides) ─► status
 //!                           └─ stores every verdict in `compiled`, announces the objects whose
 //!                              verdict or Programmed state moved (programmed.rs)
 //! key Secret controller:    generate <name>-key if needed (its own queue: never behind status work)
@@ -24,14 +26,18 @@
 //! once. One compile per Gateway change serves every object's status.
 
 mod api_key;
+mod config_writer;
 mod endpoints;
 mod gateway;
+mod key_compile;
 mod key_lane;
 mod memory;
 mod model_endpoint;
 mod referenced;
 mod shell;
 mod statuses;
+mod write_order;
+mod written_parts;
 
 use std::sync::Arc;
 
@@ -41,7 +47,9 @@ use crate::context::Context;
 
 /// Runs the three controllers until the process ends.
 pub async fn run(context: Arc<Context>) {
-    let gateway_controller = gateway::gateway_controller(context.clone());
+    // Every write of a Gateway's config Secrets is its writer's.
+    let writers = Arc::new(config_writer::Writers::new(context.clone()));
+    let gateway_controller = gateway::gateway_controller(context.clone(), writers.clone());
     let key_controller = status_controller(
         context.clone(),
         context.stores.keys.clone(),
@@ -59,6 +67,6 @@ pub async fn run(context: Arc<Context>) {
     );
     let endpoints = endpoints::follow_endpoints(context.clone());
     let usage = crate::usage::run(context.clone());
-    let key_lane = key_lane::key_lane(context.clone());
+    let key_lane = key_lane::key_lane(context.clone(), writers);
     tokio::join!(gateway_controller, key_controller, key_secrets, model_controller, endpoints, usage, key_lane);
 }

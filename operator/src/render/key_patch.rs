@@ -1,7 +1,7 @@
 //! A Gateway's config as last written, kept so that a change of a few
 //! ApiKeys is written as a patch of the shards holding them — the bytes a
 //! whole compile and split of the same keys would give — without a compile
-//! of every key (`controller::key_lane`).
+//! of every key (`controller::config_writer`).
 //!
 //! ```text
 //! Kept { parts as written, served digests, served keys per namespace, basis }
@@ -21,7 +21,6 @@ use waycast_crds::config::{KeyConfig, MAX_CONFIG_JSON_BYTES};
 use waycast_crds::shards::{self, KeyShard, MAX_SHARD_BYTES};
 
 use super::config_parts::ConfigParts;
-use crate::compile::ObjectKey;
 
 /// What a kept config was compiled from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -196,84 +195,6 @@ impl Kept {
         let changed: Vec<usize> = replaced.iter().map(|(index, _)| *index).collect();
         Arc::make_mut(&mut self.parts).replace_shards(replaced).map_err(|e| Unpatchable::Unreadable(e.to_string()))?;
         Ok(changed)
-    }
-}
-
-/// Each Gateway's config as last written, kept to patch, and what was
-/// written of it lately.
-#[derive(Debug, Default)]
-pub struct KeptConfigs {
-    /// Per Gateway: its config as last written, while a patch of it can be.
-    pub configs: HashMap<ObjectKey, Kept>,
-    /// Per Gateway: how many patches the lane began to write. Kept when
-    /// its config is dropped: a whole reconcile that sees the count move
-    /// while it compiled must take in what the lane wrote, or not write.
-    pub lane_writes: HashMap<ObjectKey, u64>,
-    /// Per Gateway: the digest of each config Secret as this process last
-    /// wrote it, and when (`None`: a write of it failed, what it holds is
-    /// not known). Fresher than the store, which shows a write moments
-    /// later; kept apart from `configs`, which may be dropped or not yet
-    /// written.
-    written: HashMap<ObjectKey, HashMap<String, (Option<String>, std::time::Instant)>>,
-}
-
-/// How long a write noted in [`KeptConfigs`] is taken over what the store
-/// shows: by then the store shows it, or another writer's.
-pub const WRITTEN_FRESH_FOR: std::time::Duration = std::time::Duration::from_secs(10);
-
-impl KeptConfigs {
-    /// Notes that the Secrets `names` of Gateway `id` were written with
-    /// `parts`' digests (`None`: their write failed).
-    pub fn note_written<'a>(
-        &mut self,
-        id: &ObjectKey,
-        names: impl IntoIterator<Item = &'a str>,
-        parts: Option<&ConfigParts>,
-    ) {
-        let now = std::time::Instant::now();
-        let digests: HashMap<&str, &str> = parts
-            .into_iter()
-            .flat_map(ConfigParts::in_write_order)
-            .filter_map(|meta| Some((meta.name.as_deref()?, super::meta::digest_of(meta)?)))
-            .collect();
-        let written = self.written.entry(id.clone()).or_default();
-        written.retain(|_, (_, at)| at.elapsed() < WRITTEN_FRESH_FOR);
-        for name in names {
-            let digest = digests.get(name).map(|digest| (*digest).to_owned());
-            written.insert(name.to_owned(), (digest, now));
-        }
-    }
-
-    /// What this process wrote of Gateway `id`'s config Secrets within
-    /// [`WRITTEN_FRESH_FOR`], by name (`None`: not known).
-    pub fn recently_written(&self, id: &ObjectKey) -> HashMap<&str, Option<&str>> {
-        let Some(written) = self.written.get(id) else { return HashMap::new() };
-        written
-            .iter()
-            .filter(|(_, (_, at))| at.elapsed() < WRITTEN_FRESH_FOR)
-            .map(|(name, (digest, _))| (name.as_str(), digest.as_deref()))
-            .collect()
-    }
-
-    /// How many patches the lane began to write for `id`.
-    pub fn lane_writes(&self, id: &ObjectKey) -> u64 {
-        self.lane_writes.get(id).copied().unwrap_or(0)
-    }
-
-    /// Keeps only the Gateways `exists` says are there.
-    pub fn retain_gateways(&mut self, mut exists: impl FnMut(&ObjectKey) -> bool) {
-        self.configs.retain(|id, _| exists(id));
-        self.lane_writes.retain(|id, _| exists(id));
-        self.written.retain(|id, _| exists(id));
-    }
-
-    /// What a whole reconcile of `id` wrote, to patch next (`None`: nothing
-    /// the lane can patch).
-    pub fn keep(&mut self, id: ObjectKey, config: Option<Kept>) {
-        match config {
-            Some(config) => self.configs.insert(id, config),
-            None => self.configs.remove(&id),
-        };
     }
 }
 

@@ -123,22 +123,3 @@ fn a_key_count_the_shard_count_no_longer_keeps_is_for_a_whole_compile() {
     let one_more = key("team-a", 99_999);
     assert_eq!(kept.patch(vec![(one_more.id.clone(), Some(one_more))]), Err(Unpatchable::Recount(4 * 1281)));
 }
-
-#[test]
-fn what_was_written_is_known_by_name_and_a_failed_write_as_unknown() {
-    let config = config(fleet());
-    let parts = written(&config);
-    let id = crate::compile::ObjectKey { namespace: "platform".into(), name: "shared".into() };
-    let mut kept = KeptConfigs::default();
-    let shard = parts.shards[2].name.clone().unwrap();
-    let manifest = parts.manifest.metadata.name.clone().unwrap();
-    kept.note_written(&id, [shard.as_str(), manifest.as_str()], Some(&parts));
-    let known = kept.recently_written(&id);
-    assert_eq!(known.get(shard.as_str()), Some(&crate::render::meta::digest_of(&parts.shards[2])));
-    assert_eq!(known.get(manifest.as_str()), Some(&Some(parts.hash.as_str())));
-    assert_eq!(known.len(), 2, "only what was written");
-    kept.note_written(&id, [shard.as_str()], None);
-    assert_eq!(kept.recently_written(&id).get(shard.as_str()), Some(&None), "a failed write: not known");
-    kept.retain_gateways(|gateway| *gateway != id);
-    assert!(kept.recently_written(&id).is_empty(), "a Gateway gone is forgotten");
-}
