@@ -49,8 +49,11 @@ pub struct ModelEndpointSpec {
     #[x_kube(merge_strategy = ListMerge::Set)]
     pub aliases: Vec<String>,
 
-    /// Where requests go. With several backends, requests are spread by
-    /// weight; a backend that refuses connections is skipped for the next.
+    /// Where requests go: each backend is of exactly one kind, `service` (a
+    /// Service in this namespace) or `url` (an external base URL), with the
+    /// same `model`, `weight`, `priority`, `auth` and `tls` for every kind.
+    /// With several backends, requests are spread by weight; a backend that
+    /// refuses connections is skipped for the next.
     #[schemars(length(min = 1, max = 16))]
     pub backends: Vec<Backend>,
 
