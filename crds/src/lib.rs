@@ -12,6 +12,7 @@
 //! operator writes and the gateway reads. It owns no I/O and no runtime.
 
 pub mod api_key;
+pub mod backend;
 pub mod balancing;
 pub mod common;
 pub mod condition;

@@ -5,8 +5,9 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use crate::backend::{Backend, BackendAuth, BackendKind, ServiceBackend};
 pub use crate::common::GatewayAcceptance;
-use crate::common::{Limits, ParentReference, SecretKeyRef};
+use crate::common::{Limits, ParentReference};
 use crate::gateway::NamespacePolicy;
 
 /// A model that clients can ask for by name, and the backends that serve it.
@@ -48,8 +49,11 @@ pub struct ModelEndpointSpec {
     #[x_kube(merge_strategy = ListMerge::Set)]
     pub aliases: Vec<String>,
 
-    /// Where requests go. With several backends, requests are spread by
-    /// weight; a backend that refuses connections is skipped for the next.
+    /// Where requests go: each backend is of exactly one kind, `service` (a
+    /// Service in this namespace) or `url` (an external base URL), with the
+    /// same `model`, `weight`, `priority`, `auth` and `tls` for every kind.
+    /// With several backends, requests are spread by weight; a backend that
+    /// refuses connections is skipped for the next.
     #[schemars(length(min = 1, max = 16))]
     pub backends: Vec<Backend>,
 
@@ -185,95 +189,6 @@ pub struct ModelVisibility {
     /// default), `All`, or `Selector` (namespaces whose labels match).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespaces: Option<NamespacePolicy>,
-}
-
-/// One upstream that serves the model: an in-cluster Service or an
-/// OpenAI-compatible base URL.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, kube::KubeSchema)]
-#[x_kube(validation = Rule::new("has(self.service) != has(self.url)").message("a backend needs exactly one of service or url"))]
-#[serde(rename_all = "camelCase")]
-pub struct Backend {
-    /// A Service in the ModelEndpoint's own namespace (vLLM, SGLang, TGI,
-    /// Ollama, ...).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub service: Option<ServiceBackend>,
-
-    /// An OpenAI-style base URL such as `https://api.openai.com/v1`, for
-    /// external providers: a request for `/v1/X` goes to `<url>/X`. A query
-    /// (Azure OpenAI's `?api-version=...`) is sent with every request.
-    /// Link-local and cloud metadata addresses are refused.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 2048))]
-    #[x_kube(validation = Rule::new("isURL(self) && url(self).getScheme() in ['http', 'https'] && url(self).getHostname() != ''").message("url must be an absolute http:// or https:// URL"))]
-    #[x_kube(validation = Rule::new("!self.matches('^(?i)https?://([^/?#@]*@)?(169[.]254[.][0-9]+[.][0-9]+|\\\\[(fe[89ab][0-9a-f]:[^\\\\]]*|fd00:ec2::254)\\\\])([:/?]|$)')").message("url must not point at a link-local or cloud metadata address (169.254.0.0/16, fe80::/10, fd00:ec2::254)"))]
-    #[x_kube(validation = Rule::new("!self.contains('#')").message("url must not have a fragment"))]
-    pub url: Option<String>,
-
-    /// Model name sent upstream instead of the one the client asked for.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 256))]
-    pub model: Option<String>,
-
-    /// Share of requests relative to the other backends. 0 takes requests
-    /// only when all others refuse connections. Default 1.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0, max = 1000))]
-    pub weight: Option<i32>,
-
-    /// A credential the gateway adds to upstream requests. The client's own
-    /// Authorization header is never forwarded.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub auth: Option<BackendAuth>,
-
-    /// Failover tier: backends of the lowest priority serve; the next tier
-    /// takes a request only when every backend of the tiers before it
-    /// refused it (no pod reachable, or every pod tried answered 503). E.g.
-    /// in-cluster pods at 0 and an external provider at 1. Default 0.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0, max = 100))]
-    pub priority: Option<i32>,
-
-    /// TLS to an `https` backend: a private CA (`caSecretRef`), a client
-    /// certificate (`clientCertSecretRef`, a `kubernetes.io/tls` Secret) and
-    /// the name the server's certificate carries (`serverName`; with it, a
-    /// `service` backend on `https` is served through its endpoints too).
-    /// Both Secrets are in this namespace and need the label
-    /// `waycast.dev/credential: "true"`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tls: Option<crate::common::ClientTls>,
-}
-
-/// A Service backend.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct ServiceBackend {
-    /// Name of a Service in the ModelEndpoint's namespace.
-    #[schemars(length(min = 1, max = 63), pattern(r"^[a-z]([-a-z0-9]*[a-z0-9])?$"))]
-    pub name: String,
-    /// Service port.
-    #[schemars(range(min = 1, max = 65535))]
-    pub port: i32,
-    /// Path prefix of the OpenAI-compatible API on that Service. Default `/v1`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 256), pattern(r"^/[^\s?#]*$"))]
-    pub base_path: Option<String>,
-}
-
-/// An upstream credential injected by the gateway. The Secret must carry
-/// the label `waycast.dev/credential: "true"`: the operator reads no other
-/// Secret of a team.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, kube::KubeSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct BackendAuth {
-    /// The Secret key holding the credential.
-    pub secret_ref: SecretKeyRef,
-    /// Header that carries it. Default `Authorization`, sent as
-    /// `Bearer <credential>`; any other header (e.g. `x-api-key`, `api-key`)
-    /// carries the credential as it is.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 256), pattern(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$"))]
-    #[x_kube(validation = Rule::new("!(self.lowerAscii() in ['host', 'content-length', 'transfer-encoding', 'connection', 'upgrade', 'te', 'trailer', 'keep-alive', 'proxy-connection'])").message("header must not be Host, Content-Length or a hop-by-hop header: the gateway sets those itself"))]
-    pub header: Option<String>,
 }
 
 /// Timeouts towards the backends. There is no total-duration timeout: a long

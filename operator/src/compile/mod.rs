@@ -5,8 +5,9 @@
 //! ```text
 //! Inputs { gateway, namespaces, model endpoints, api keys, services, secrets }, now   (inputs.rs)
 //!   ─► select.rs    which objects the Gateway takes (two-way consent: parentRefs + namespace rules)
-//!   ─► models.rs    backends resolved (Service → ClusterIP), egress rules, key visibility,
-//!                   per-entry validation, conflicts (own namespace, then oldest)
+//!   ─► models.rs    routes: key visibility, per-entry validation, conflicts (own namespace,
+//!                   then oldest); each backend by its kind (backends/: service.rs, url.rs),
+//!                   egress rules, credentials
 //!   ─► secrets.rs   opted-in credentials, CA and client certificates; lookups
 //!   ─► keys.rs      key Secrets (owned, when generated) → SHA-256, length, expiry, disabled,
 //!                   per-entry validation, duplicates (oldest first)
@@ -21,6 +22,7 @@
 //! wherever order reaches the output: the same inputs give byte-identical
 //! config. Plaintext keys are hashed here and go no further.
 
+pub mod backends;
 pub mod fit;
 pub mod inputs;
 pub mod key_secret;

@@ -1,6 +1,6 @@
-//! ModelEndpoints → model routes: backends resolved (a Service to its
-//! ClusterIP and port, a URL as it is, within the Gateway's egress rules),
-//! upstream credentials read from their opted-in Secrets, whose keys may
+//! ModelEndpoints → model routes: backends resolved by their kind
+//! (`backends/`: a Service to its endpoints, a URL as it is, within the
+//! Gateway's egress rules; credentials from opted-in Secrets), whose keys may
 //! call each model (`spec.apiKeys`), every entry checked on its own by the
 //! gateway's validation, and name conflicts within one namespace settled
 //! oldest-first (a name is its namespace's own: see [`compile`]).
@@ -10,21 +10,15 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt as _;
 use waycast_crds::ModelEndpoint;
 use waycast_crds::condition::reasons;
-use waycast_crds::config::{BackendConfig, LimitsConfig, LoadBalancingConfig, ModelConfig, TimeoutsConfig};
-use waycast_crds::egress;
-use waycast_crds::model_endpoint::Backend;
+use waycast_crds::config::{LimitsConfig, LoadBalancingConfig, ModelConfig, TimeoutsConfig};
 
+use super::backends;
 use super::inputs::Inputs;
-use super::secrets::{backend_tls, credential, find};
 use super::select;
 use super::verdict::{ObjectKey, Verdict};
-
-/// The base path of a Service backend without `basePath`.
-pub const DEFAULT_BASE_PATH: &str = "/v1";
 
 /// The ModelEndpoints the Gateway serves (both sides consent), in the order
 /// name conflicts are settled: the Gateway's own namespace first, then
@@ -112,7 +106,7 @@ fn route(endpoint: &ModelEndpoint, key: &ObjectKey, inputs: &Inputs<'_>) -> Resu
     let spec = &endpoint.spec;
     let mut backends = Vec::with_capacity(spec.backends.len());
     for (index, backend) in spec.backends.iter().enumerate() {
-        backends.push(resolve_backend(index, backend, &key.namespace, inputs)?);
+        backends.push(backends::resolve(index, backend, &key.namespace, inputs)?);
     }
     let defaults = TimeoutsConfig::default();
     let duration =
@@ -218,147 +212,6 @@ pub fn key_limits(limits: &waycast_crds::sharing::KeyLimits) -> LimitsConfig {
         requests_per_minute: positive(limits.requests_per_minute),
         tokens_per_minute: positive(limits.tokens_per_minute),
         max_concurrent: positive(limits.max_concurrent),
-    }
-}
-
-fn resolve_backend(
-    index: usize,
-    backend: &Backend,
-    namespace: &str,
-    inputs: &Inputs<'_>,
-) -> Result<BackendConfig, Verdict> {
-    let mut endpoints = None;
-    let url = match (&backend.service, &backend.url) {
-        (Some(service), _) => {
-            let found = find::<Service>(inputs.services, namespace, &service.name).ok_or_else(|| {
-                Verdict::refused(
-                    reasons::BACKEND_NOT_FOUND,
-                    format!("spec.backends[{index}]: Service {namespace}/{} not found", service.name),
-                )
-            })?;
-            let spec = found.spec.as_ref();
-            // NB: an ExternalName Service is a name the team chose, like a
-            // `url`: held to the Gateway's egress rules here and by the
-            // gateway (no endpoints, checked at connect time).
-            if let Some(external) = spec.filter(|s| s.type_.as_deref() == Some("ExternalName")) {
-                let host = external.external_name.as_deref().unwrap_or_default();
-                let scheme = if backend.tls.is_some() { "https" } else { "http" };
-                let base_path = service.base_path.as_deref().unwrap_or(DEFAULT_BASE_PATH);
-                let url = format!("{scheme}://{host}:{}{base_path}", service.port);
-                egress_check(&url, inputs).map_err(|why| {
-                    Verdict::refused(
-                        reasons::NOT_ALLOWED_BY_GATEWAY,
-                        format!("spec.backends[{index}]: ExternalName Service {namespace}/{}: {why}", service.name),
-                    )
-                })?;
-                return finish_backend(index, backend, url, None, namespace, inputs);
-            }
-            // NB: a Service without a selector has endpoints written by hand
-            // (any address): it is held to the Gateway's egress rules, like
-            // a `url` to its ClusterIP, and never served through endpoints.
-            let selects_pods = spec.and_then(|s| s.selector.as_ref()).is_some_and(|selector| !selector.is_empty());
-            if !selects_pods {
-                let cluster_ip =
-                    spec.and_then(|s| s.cluster_ip.as_deref()).filter(|ip| !ip.is_empty() && *ip != "None");
-                let ip = cluster_ip.map(|ip| if ip.contains(':') { format!("[{ip}]") } else { ip.to_owned() });
-                let host = ip.unwrap_or_else(|| format!("{}.{namespace}.svc", service.name));
-                let scheme = if backend.tls.is_some() { "https" } else { "http" };
-                let base_path = service.base_path.as_deref().unwrap_or(DEFAULT_BASE_PATH);
-                let url = format!("{scheme}://{host}:{}{base_path}", service.port);
-                egress_check(&url, inputs).map_err(|why| {
-                    Verdict::refused(
-                        reasons::NOT_ALLOWED_BY_GATEWAY,
-                        format!(
-                            "spec.backends[{index}]: Service {namespace}/{} selects no pods, so its endpoints are \
-                             anyone's choice: held to the Gateway's egress rules: {why}",
-                            service.name
-                        ),
-                    )
-                })?;
-                return finish_backend(index, backend, url, None, namespace, inputs);
-            }
-            // A headless Service (clusterIP None) is served through its
-            // endpoints; its DNS name is only the fallback and the Host.
-            let cluster_ip = spec.and_then(|s| s.cluster_ip.as_deref()).filter(|ip| !ip.is_empty() && *ip != "None");
-            let has_port =
-                spec.and_then(|s| s.ports.as_ref()).is_some_and(|ports| ports.iter().any(|p| p.port == service.port));
-            if !has_port {
-                let message = format!(
-                    "spec.backends[{index}]: Service {namespace}/{} has no port {}",
-                    service.name, service.port
-                );
-                return Err(Verdict::refused(reasons::BACKEND_NOT_FOUND, message));
-            }
-            // With TLS, the Service's DNS name: what its certificate names
-            // (unless `serverName` says otherwise).
-            let host = match cluster_ip {
-                Some(ip) if backend.tls.is_none() && ip.contains(':') => format!("[{ip}]"),
-                Some(ip) if backend.tls.is_none() => ip.to_owned(),
-                _ => format!("{}.{namespace}.svc", service.name),
-            };
-            let scheme = if backend.tls.is_some() { "https" } else { "http" };
-            let base_path = service.base_path.as_deref().unwrap_or(DEFAULT_BASE_PATH);
-            let port = u16::try_from(service.port).unwrap_or_default();
-            endpoints = Some(waycast_crds::endpoints::service_key(namespace, &service.name, port));
-            format!("{scheme}://{host}:{}{base_path}", service.port)
-        }
-        (None, Some(url)) => {
-            egress_check(url, inputs).map_err(|why| {
-                Verdict::refused(reasons::NOT_ALLOWED_BY_GATEWAY, format!("spec.backends[{index}].url: {why}"))
-            })?;
-            url.clone()
-        }
-        (None, None) => {
-            return Err(Verdict::refused(reasons::INVALID, format!("backends[{index}]: needs a service or a url")));
-        }
-    };
-    finish_backend(index, backend, url, endpoints, namespace, inputs)
-}
-
-/// A backend at `url` (served through `endpoints` when set) with its
-/// credential, weight, priority and TLS.
-fn finish_backend(
-    index: usize,
-    backend: &Backend,
-    url: String,
-    endpoints: Option<String>,
-    namespace: &str,
-    inputs: &Inputs<'_>,
-) -> Result<BackendConfig, Verdict> {
-    let mut headers = BTreeMap::new();
-    if let Some(auth) = &backend.auth {
-        let (name, value) = credential(index, auth, namespace, inputs)?;
-        headers.insert(name, value);
-    }
-    let mut config = BackendConfig::to(url);
-    config.model = backend.model.clone();
-    config.weight = backend.weight.and_then(|w| u32::try_from(w).ok()).unwrap_or(1);
-    config.headers = headers;
-    config.endpoints = endpoints;
-    config.priority = backend.priority.and_then(|p| u32::try_from(p).ok()).unwrap_or(0);
-    config.tls = backend.tls.as_ref().map(|tls| backend_tls(index, tls, namespace, inputs)).transpose()?;
-    Ok(config)
-}
-
-/// The Gateway's egress rules for one `url` backend: a host outside its
-/// `allowedHosts`, or an IP literal its policy refuses (denied, or in a
-/// closed range it did not open), is not served. Names are checked again by
-/// the gateway on every address they resolve to.
-fn egress_check(url: &str, inputs: &Inputs<'_>) -> Result<(), String> {
-    let Some(host) = url.parse::<http::Uri>().ok().and_then(|u| u.host().map(str::to_owned)) else { return Ok(()) };
-    let allowed_hosts = inputs.gateway.spec.egress.as_ref().map(|e| e.allowed_hosts.as_slice()).unwrap_or_default();
-    if !allowed_hosts.is_empty() && !egress::host_allowed(&host, allowed_hosts) {
-        return Err(format!("host {host} is not in the Gateway's spec.egress.allowedHosts"));
-    }
-    let mut settings = waycast_crds::config::Settings::default();
-    // An invalid range is the Gateway's own problem, reported on it.
-    let _ = super::settings::egress_settings(inputs, &mut settings);
-    let policy = egress::EgressPolicy::from_settings(&settings);
-    // A metadata address is the validation's to refuse (Invalid, naming the field).
-    let literal = egress::ip_literal(&host).filter(|address| !egress::is_metadata_address(*address));
-    match literal.and_then(|address| policy.refuses(&host, address)) {
-        Some(why) => Err(why),
-        None => Ok(()),
     }
 }
 
