@@ -320,7 +320,7 @@ async fn reports(
         .map(|(pod, ip)| {
             let served = served.clone();
             async move {
-                let report = report::ask(http, &report::admin_address(&ip), &pod, served).await;
+                let report = report::ask(http, &report::admin_address(&ip), &pod, served, report::ASK_FOR).await;
                 if let Err(report::NoReport::Unanswered(error)) = &report {
                     tracing::debug!(%pod, %error, "usage: no report from a gateway pod; asking again next round");
                 }
