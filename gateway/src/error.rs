@@ -1,5 +1,6 @@
 //! The gateway's own errors: every error it answers a request with
-//! ([`GatewayError`], mapped to an OpenAI-shaped response in one place),
+//! ([`GatewayError`]: its status, code and headers here, its body in the
+//! client's dialect, `crate::dialect`),
 //! and why a config is refused as a whole ([`BuildError`]).
 //!
 //! Upstream errors are not here: an upstream's own 4xx/5xx passes through
@@ -81,8 +82,8 @@ pub enum GatewayError {
     #[error("upstream for model '{0}' failed")]
     UpstreamFailed(String),
     /// The upstream answered an error whose body is not JSON (an HTML page
-    /// from a proxy, a plain-text 502): replaced by an OpenAI-shaped error
-    /// with the upstream's status, so SDKs can parse it.
+    /// from a proxy, a plain-text 502): replaced by an error in the
+    /// client's dialect with the upstream's status, so SDKs can parse it.
     #[error("the upstream for model '{0}' answered HTTP {1} without a JSON error body")]
     UpstreamNotJson(String, u16),
     /// The upstream did not answer in time.
@@ -171,29 +172,8 @@ impl GatewayError {
         }
     }
 
-    /// OpenAI's `error.type`.
-    pub fn openai_type(&self) -> &'static str {
-        use GatewayError::*;
-        match self {
-            MissingKey | InvalidKey | ExpiredKey | DisabledKey => "authentication_error",
-            ModelNotAllowed(_) => "permission_error",
-            UpstreamUnreachable(_)
-            | UpstreamFailed(_)
-            | UpstreamTimeout(_)
-            | EgressDenied(_)
-            | NotReady
-            | RateLimitUnavailable(_) => "server_error",
-            UpstreamNotJson(_, status) if *status >= 500 => "server_error",
-            // As OpenAI's own 429s: the type names what ran out.
-            RateLimited(refusal) => refusal.unit.as_str(),
-            ModelBusy { .. } => "requests",
-            // As OpenAI's own answer when an account's quota is spent.
-            InsufficientQuota(_) => "insufficient_quota",
-            _ => "invalid_request_error",
-        }
-    }
-
-    /// OpenAI's `error.code`; also the metric label.
+    /// The gateway's code for it: the metric label, and OpenAI's
+    /// `error.code`.
     pub fn code(&self) -> &'static str {
         use GatewayError::*;
         match self {
@@ -231,27 +211,11 @@ impl GatewayError {
         }
     }
 
-    /// The OpenAI-shaped JSON body: `{"error":{"message","type","param","code"}}`.
-    /// Written by hand: a flood of refusals (bad keys) costs what the
-    /// checks cost, not a serde tree per answer.
-    pub fn body(&self) -> Bytes {
-        use crate::json_text::json_string;
-        let message = self.to_string();
-        let mut body = Vec::with_capacity(96 + message.len());
-        body.extend_from_slice(br#"{"error":{"message":"#);
-        json_string(&message, &mut body);
-        body.extend_from_slice(br#","type":"#);
-        json_string(self.openai_type(), &mut body);
-        body.extend_from_slice(br#","param":null,"code":"#);
-        json_string(self.code(), &mut body);
-        body.extend_from_slice(b"}}");
-        Bytes::from(body)
-    }
-
-    /// The full response, with `Connection: close` where the connection
+    /// The full response with `body` (the error in the client's dialect,
+    /// `crate::dialect`), with `Connection: close` where the connection
     /// state cannot be trusted any more.
-    pub fn response<B: From<Bytes>>(&self) -> Response<B> {
-        let mut response = Response::new(B::from(self.body()));
+    pub fn response<B: From<Bytes>>(&self, body: Bytes) -> Response<B> {
+        let mut response = Response::new(B::from(body));
         *response.status_mut() = self.status();
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -300,20 +264,6 @@ pub enum BuildError {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn bodies_are_openai_shaped_and_escaped() {
-        let error = GatewayError::UnknownModel("evil\"model".into());
-        let value: serde_json::Value = serde_json::from_slice(&error.body()).unwrap();
-        assert_eq!(value["error"]["code"], "model_not_found");
-        assert_eq!(value["error"]["type"], "invalid_request_error");
-        assert_eq!(value["error"]["message"], "model 'evil\"model' does not exist or you do not have access to it");
-        assert!(value["error"]["param"].is_null());
-        let hostile = GatewayError::ModelNotAllowed("a\n\u{1}\\b".into());
-        let value: serde_json::Value = serde_json::from_slice(&hostile.body()).unwrap();
-        assert!(value["error"]["message"].as_str().unwrap().contains("a\n\u{1}\\b"), "{value}");
-        assert_eq!(value["error"].as_object().unwrap().len(), 4, "{value}");
-    }
 
     #[test]
     fn statuses_follow_the_design() {

@@ -1,6 +1,6 @@
 //! JSON and decimal text written and read by hand, without serde or `fmt`,
 //! on the paths every request or refusal takes: the access line, the
-//! OpenAI-shaped error body, the upstream request's `Content-Length`, and
+//! error bodies of every dialect, the upstream request's `Content-Length`, and
 //! the counts read from request and response bodies.
 
 /// `value` in decimal digits (two at a time, from a table: the digit-by-digit

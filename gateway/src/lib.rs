@@ -17,6 +17,7 @@ pub(crate) mod access_log;
 pub(crate) mod admin;
 pub(crate) mod cluster;
 pub(crate) mod config;
+pub(crate) mod dialect;
 pub(crate) mod error;
 pub(crate) mod json_text;
 pub use cluster::PodIdentity;

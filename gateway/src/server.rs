@@ -25,8 +25,8 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest a TLS handshake may take.
 pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// hyper's read buffer, which bounds the request head; requests whose
-/// headers exceed [`crate::proxy::route::MAX_HEADER_BYTES`] but fit here get an
-/// OpenAI-shaped 431, larger ones hyper's own 431.
+/// headers exceed [`crate::proxy::route::MAX_HEADER_BYTES`] but fit here get a
+/// 431 in the path's dialect, larger ones hyper's own 431.
 pub const MAX_BUF_SIZE: usize = 64 * 1024;
 
 /// `header_read_timeout`: hyper's own, for a listener without a

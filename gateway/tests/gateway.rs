@@ -201,6 +201,50 @@ async fn upstream_errors_pass_through_unchanged_when_json() {
     assert!(!String::from_utf8_lossy(&body).contains("<html>"));
 }
 
+/// A Messages client (Claude Code, the Anthropic SDKs) gets the gateway's
+/// own errors in Anthropic's shape, with the status and headers an OpenAI
+/// client gets; the upstream's own JSON errors still pass through as sent.
+#[tokio::test]
+async fn messages_callers_get_anthropic_errors() {
+    let fixture = fixture().await;
+    let messages = r#"{"model":"llama3","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#;
+    /// Key, body, extra headers, the status and Anthropic's error type.
+    type Case<'a> = (Option<&'a str>, &'a str, &'a [(&'static str, &'a str)], u16, &'a str);
+    let cases: [Case<'_>; 7] = [
+        (None, messages, &[], 401, "authentication_error"),
+        (Some("wc_not_a_key"), messages, &[], 401, "authentication_error"),
+        (Some(BOB_KEY), messages, &[], 403, "permission_error"),
+        (Some(ALICE_KEY), r#"{"model":"claude-9","messages":[]}"#, &[], 404, "not_found_error"),
+        (Some(ALICE_KEY), "{not json", &[], 400, "invalid_request_error"),
+        (Some(ALICE_KEY), r#"{"model":"llama3","stream":1}"#, &[], 400, "invalid_request_error"),
+        // A proxy's HTML page in front of the upstream.
+        (Some(ALICE_KEY), messages, &[("x-mock-status", "502"), ("x-mock-html", "true")], 502, "api_error"),
+    ];
+    for (key, body, extra, status, kind) in cases {
+        let (got, headers, response) = fixture.send(fixture.request("/v1/messages", key, body, extra)).await;
+        let shown = String::from_utf8_lossy(&response).into_owned();
+        assert_eq!(got.as_u16(), status, "{kind}: {shown}");
+        assert_eq!(headers.get("content-type").unwrap(), "application/json", "{kind}");
+        let value = json_of(&response);
+        assert_eq!(value["type"], "error", "{shown}");
+        assert_eq!(value["error"]["type"], kind, "{shown}");
+        assert!(value["error"]["message"].is_string(), "{shown}");
+        assert_eq!(value["error"].get("code"), None, "no OpenAI fields: {shown}");
+        if status == 401 {
+            assert_eq!(headers.get("www-authenticate").unwrap(), "Bearer");
+        }
+    }
+    let request = Request::get(fixture.url("/v1/messages")).body(Full::new(Bytes::new())).unwrap();
+    let (status, _, body) = fixture.send(request).await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(json_of(&body)["error"]["type"], "invalid_request_error");
+    // The upstream's own JSON error is its answer, untouched.
+    let request = fixture.request("/v1/messages", Some(ALICE_KEY), messages, &[("x-mock-status", "429")]);
+    let (status, _, body) = fixture.send(request).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(json_of(&body)["error"]["message"], "injected by x-mock-status");
+}
+
 /// Only what an inference API reads goes upstream, plus what the model
 /// forwards; the gateway sets X-Forwarded-For and -Proto itself.
 #[tokio::test]

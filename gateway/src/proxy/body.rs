@@ -1,5 +1,7 @@
 //! Finds the top-level `"model"` (and `"stream"`) of a request body in one
-//! pass over the bytes, without building a JSON tree.
+//! pass over the bytes, without building a JSON tree. Which keys it reads,
+//! and as what, is the request's dialect's say ([`Dialect::field`]); the
+//! rules for each kind of field are here.
 //!
 //! The scan checks the JSON structure of the whole body (so truncated or
 //! malformed JSON is a 400 here, not at the upstream) but skips string
@@ -17,6 +19,7 @@
 use std::borrow::Cow;
 use std::ops::Range;
 
+use crate::dialect::{Dialect, Field};
 use crate::error::GatewayError;
 
 /// Deepest nesting accepted; deeper bodies get 400 instead of a deep recursion.
@@ -34,23 +37,25 @@ pub struct RequestFields<'a> {
     /// Byte range of the top-level `stream_options` value (an object or
     /// `null`), if present.
     pub stream_options: Option<Range<usize>>,
-    /// The largest output the client asked for: `max_completion_tokens`,
-    /// `max_tokens` or `max_output_tokens` (a non-negative integer), if any.
+    /// The largest output the client asked for: the largest of the
+    /// dialect's output bounds (OpenAI's `max_completion_tokens`,
+    /// `max_tokens` or `max_output_tokens`; non-negative integers), if any.
     pub max_tokens: Option<u64>,
-    /// How many completions it asked for: the larger of `n` and `best_of`
-    /// (1 when neither is set).
+    /// How many completions it asked for: the largest of the dialect's
+    /// choices (OpenAI's `n` and `best_of`; 1 when none is set).
     pub choices: u64,
-    /// Where the prompt's value starts: the first top-level `messages`,
-    /// `input` or `prompt` (prefix affinity hashes from there).
+    /// Where the prompt's value starts: the first of the dialect's prompt
+    /// fields (OpenAI's `messages`, `input` or `prompt`; prefix affinity
+    /// hashes from there).
     pub prompt_start: Option<usize>,
 }
 
-/// Scans `body`.
+/// Scans `body`, a request in `dialect`.
 ///
 /// # Errors
 /// 400-class [`GatewayError`]s: invalid JSON, not an object, no / non-string
-/// / duplicate `model`.
-pub fn scan(body: &[u8]) -> Result<RequestFields<'_>, GatewayError> {
+/// / duplicate `model`, a field the gateway reads of the wrong type.
+pub fn scan(body: &[u8], dialect: Dialect) -> Result<RequestFields<'_>, GatewayError> {
     let mut scanner = Scanner { bytes: body, at: 0 };
     scanner.skip_whitespace();
     if scanner.peek() != Some(b'{') {
@@ -66,8 +71,8 @@ pub fn scan(body: &[u8]) -> Result<RequestFields<'_>, GatewayError> {
     let mut choices = 1;
     let mut prompt_start = None;
     members(&mut scanner, |key, scanner| {
-        match key_bytes(body, &key)?.as_ref() {
-            b"model" => {
+        match dialect.field(&key_bytes(body, &key)?) {
+            Some(Field::Model) => {
                 if model.is_some() {
                     return Err(GatewayError::DuplicateModel);
                 }
@@ -84,7 +89,7 @@ pub fn scan(body: &[u8]) -> Result<RequestFields<'_>, GatewayError> {
             // NB: typed strictly, as OpenAI does: a `"stream": 1` that
             // the upstream reads as true must not pass as "not a stream"
             // here, where token charging depends on it.
-            b"stream" => {
+            Some(Field::Stream) => {
                 let start = scanner.at;
                 scanner.value(1)?;
                 stream = match &body[start..scanner.at] {
@@ -93,7 +98,7 @@ pub fn scan(body: &[u8]) -> Result<RequestFields<'_>, GatewayError> {
                     _ => return Err(GatewayError::InvalidField("stream", "must be a boolean")),
                 };
             }
-            b"stream_options" => {
+            Some(Field::StreamOptions) => {
                 let start = scanner.at;
                 let is_object = scanner.peek() == Some(b'{');
                 scanner.value(1)?;
@@ -102,7 +107,7 @@ pub fn scan(body: &[u8]) -> Result<RequestFields<'_>, GatewayError> {
                 }
                 stream_options = Some(start..scanner.at);
             }
-            b"max_tokens" | b"max_completion_tokens" | b"max_output_tokens" => {
+            Some(Field::OutputBound) => {
                 let start = scanner.at;
                 scanner.value(1)?;
                 let text = &body[start..scanner.at];
@@ -115,7 +120,7 @@ pub fn scan(body: &[u8]) -> Result<RequestFields<'_>, GatewayError> {
             }
             // NB: each completion may use the whole output bound: the
             // reservation multiplies by them.
-            b"n" | b"best_of" => {
+            Some(Field::Choices) => {
                 let start = scanner.at;
                 scanner.value(1)?;
                 let text = &body[start..scanner.at];
@@ -125,11 +130,11 @@ pub fn scan(body: &[u8]) -> Result<RequestFields<'_>, GatewayError> {
                     choices = choices.max(value);
                 }
             }
-            b"messages" | b"input" | b"prompt" => {
+            Some(Field::Prompt) => {
                 prompt_start = prompt_start.or(Some(scanner.at));
                 scanner.value(1)?;
             }
-            _ => scanner.value(1)?,
+            None => scanner.value(1)?,
         }
         Ok(())
     })?;

@@ -2,6 +2,11 @@
 
 use super::*;
 
+/// The tables below read a request in OpenAI's dialect.
+fn scan(body: &[u8]) -> Result<RequestFields<'_>, GatewayError> {
+    super::scan(body, Dialect::OpenAi)
+}
+
 /// A small deterministic generator (xorshift), so property runs repeat.
 struct Random(u64);
 

@@ -34,7 +34,7 @@ pub struct Forwarded {
 pub struct Outgoing<'a> {
     /// Method.
     pub method: &'a Method,
-    /// Which of [`crate::snapshot::PROXIED_PATHS`] was asked for.
+    /// Which of [`crate::dialect::APIS`] was asked for.
     pub endpoint: usize,
     /// The client's query string, if any.
     pub query: Option<&'a str>,

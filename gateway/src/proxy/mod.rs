@@ -9,7 +9,7 @@
 //! count     the key's request limit, before the body            (429, 503)    limit::Counters::count_key_request
 //!           (`/v1/usage`: then its tenant's limits, and the budgets' spends read within bounds) respond::budgets_of
 //! body      read within maxRequestBodyBytes and a deadline       (413, 408)    request_body::read
-//! scan      top-level "model"/"stream"/… from the JSON          (400)         body::scan
+//! scan      top-level "model"/"stream"/… (the dialect's names)  (400)         body::scan
 //! route     model → Route; visibility and allow-list            (404, 403)    route::route
 //! limits    key, tenant and model limits, tokens, concurrency  (429, 503)    limit::Counters::admit
 //! queue     a full model's fair queue: wait for a turn          (429)         queue::take_turn
@@ -22,7 +22,8 @@
 //! `GatewayError` variant, and one line here. What the stages decide goes
 //! into the request's [`Facts`]; the [`Exchange`] writes every metric and
 //! the access line from them once the request has ended (`exchange.rs`),
-//! and errors are answered in one place (`GatewayError::response`).
+//! and errors are answered in one place (`respond::response`, in the
+//! dialect of the path asked for: `crate::dialect`).
 
 pub mod auth;
 pub mod body;
@@ -47,6 +48,7 @@ use http::header::HeaderValue;
 use http::{Request, Response};
 use hyper::body::Incoming;
 
+use crate::dialect::Dialect;
 use crate::error::GatewayError;
 use crate::limit::{Counters, Passed, Refused, Reservation, Subject};
 use crate::per_worker::own_name;
@@ -60,7 +62,8 @@ use respond::Answer;
 use route::Endpoint;
 use stream::ProxyBody;
 
-/// Serves one request. Never fails: errors become OpenAI-shaped responses.
+/// Serves one request. Never fails: errors become responses in the
+/// dialect of the path asked for (`crate::dialect`).
 pub async fn handle(
     shared: Arc<WorkerShared>,
     client: Client,
@@ -69,12 +72,15 @@ pub async fn handle(
     let started = Instant::now();
     client.activity.note_version(request.version());
     let request_id = shared.request_ids.for_request(request.headers());
-    let path = Endpoint::of(request.uri().path()).map_or("other", Endpoint::path);
+    let endpoint = Endpoint::of(request.uri().path());
+    let path = endpoint.map_or("other", Endpoint::path);
+    // Errors are answered in the dialect of the path asked for.
+    let dialect = endpoint.map_or(Dialect::OpenAi, Endpoint::dialect);
     let method = request.method().clone();
     let mut exchange =
         Exchange::new(shared.clone(), client.activity.clone(), started, method, path, request_id.clone());
     let answer = serve(&shared, &client, request, &mut exchange.facts, &request_id).await;
-    let mut response = respond::response(answer, exchange);
+    let mut response = respond::response(answer, exchange, dialect);
     response.headers_mut().insert(REQUEST_ID.clone(), request_id);
     Ok(response)
 }
@@ -130,7 +136,7 @@ async fn serve(
     let limit = snapshot.settings.max_request_body_bytes;
     let body = request_body::read(&mut body, &parts.headers, limit, shared.body_timeout).await?;
     let body_done = Instant::now();
-    let fields = body::scan(&body)?;
+    let fields = body::scan(&body, endpoint.dialect())?;
     let route = route::route(&snapshot, key, &fields.model)?.route;
     (facts.model, facts.stream, facts.max_tokens) = (Some(own_name(&route.name)), fields.stream, fields.max_tokens);
     facts.priced = route.prices.as_ref().map(|(prices, currency)| (*prices, own_name(currency)));

@@ -13,6 +13,7 @@ use http::{Response, StatusCode};
 use super::exchange::{Exchange, Facts};
 use super::forward::{self, Forwarded};
 use super::stream::{ProxyBody, RelayBody, UsageWatch};
+use crate::dialect::Dialect;
 use crate::error::GatewayError;
 use crate::limit::Admitted;
 use crate::snapshot::{KeyEntry, Route, Snapshot};
@@ -41,9 +42,9 @@ pub struct Relayed {
     headers_at: Instant,
 }
 
-/// The response for `answer`; the exchange is finished now, or by the
-/// relay when the relayed body ends.
-pub fn response(answer: Result<Answer, GatewayError>, exchange: Exchange) -> Response<ProxyBody> {
+/// The response for `answer`, an error in `dialect`; the exchange is
+/// finished now, or by the relay when the relayed body ends.
+pub fn response(answer: Result<Answer, GatewayError>, exchange: Exchange, dialect: Dialect) -> Response<ProxyBody> {
     match answer {
         Ok(Answer::Own(body)) => {
             exchange.finish_without_body(200, None);
@@ -63,7 +64,7 @@ pub fn response(answer: Result<Answer, GatewayError>, exchange: Exchange) -> Res
         }
         Err(error) => {
             exchange.finish_without_body(error.status().as_u16(), Some(&error));
-            error.response()
+            dialect.error_response(&error)
         }
     }
 }
@@ -73,9 +74,9 @@ pub fn response(answer: Result<Answer, GatewayError>, exchange: Exchange) -> Res
 /// there).
 ///
 /// # Errors
-/// An error status whose body is not JSON (a proxy's HTML 502): an
-/// OpenAI-shaped error with the same status, so the client's SDK can read
-/// it.
+/// An error status whose body is not JSON (a proxy's HTML 502): an error
+/// in the client's dialect with the same status, so the client's SDK can
+/// read it.
 pub fn relay(
     forwarded: Forwarded,
     route: &Route,

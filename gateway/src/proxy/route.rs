@@ -13,8 +13,9 @@ use http::Method;
 use http::header::{self, HeaderMap};
 
 use super::auth;
+use crate::dialect::{APIS, Dialect};
 use crate::error::GatewayError;
-use crate::snapshot::{KeyEntry, PROXIED_PATHS, Route, Snapshot};
+use crate::snapshot::{KeyEntry, Route, Snapshot};
 
 /// Largest total size of request headers accepted.
 pub const MAX_HEADER_BYTES: usize = 32 * 1024;
@@ -22,7 +23,7 @@ pub const MAX_HEADER_BYTES: usize = 32 * 1024;
 /// What a path asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
-    /// An inference call forwarded to the model's backend (an index into [`PROXIED_PATHS`]).
+    /// An inference call forwarded to the model's backend (an index into [`APIS`]).
     Proxy(usize),
     /// `GET /v1/models`.
     Models,
@@ -36,16 +37,25 @@ impl Endpoint {
         match path {
             "/v1/models" => Some(Self::Models),
             "/v1/usage" => Some(Self::Usage),
-            _ => PROXIED_PATHS.iter().position(|known| *known == path).map(Self::Proxy),
+            _ => crate::dialect::api_at(path).map(Self::Proxy),
         }
     }
 
     /// Its path, as metrics and the access log name it.
     pub fn path(self) -> &'static str {
         match self {
-            Self::Proxy(index) => PROXIED_PATHS[index],
+            Self::Proxy(index) => APIS[index].path,
             Self::Models => "/v1/models",
             Self::Usage => "/v1/usage",
+        }
+    }
+
+    /// The dialect its requests, answers and errors are in (the gateway's
+    /// own endpoints speak OpenAI's).
+    pub fn dialect(self) -> Dialect {
+        match self {
+            Self::Proxy(index) => APIS[index].dialect,
+            Self::Models | Self::Usage => Dialect::OpenAi,
         }
     }
 

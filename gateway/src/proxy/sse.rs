@@ -1,6 +1,8 @@
 //! Removes the usage-only chunk from a chat/completions stream whose client
 //! did not ask for it: the gateway adds `stream_options.include_usage` to
 //! charge token limits, and the client should see the stream it asked for.
+//! Which event is that chunk is OpenAI's say
+//! ([`openai::is_usage_only_event`]); the holding of events is here.
 //!
 //! Frames pass through untouched (no copy) unless they hold a usage object
 //! or end inside an event. An incomplete event is held until its end
@@ -15,6 +17,8 @@
 
 use bytes::{Bytes, BytesMut};
 
+use crate::dialect::openai;
+
 /// The most of one incomplete event the filter holds (64 KiB; a chat
 /// chunk is a few hundred bytes).
 pub const MAX_HELD: usize = 64 * 1024;
@@ -26,15 +30,10 @@ pub struct UsageChunkFilter {
     gave_up: bool,
 }
 
-const USAGE_OBJECT: &[u8] = br#""usage":{"#;
-const NO_CHOICES: &[u8] = br#""choices":[]"#;
-
 impl UsageChunkFilter {
     /// The part of `data` the client gets now.
     pub fn pass(&mut self, data: &Bytes) -> Bytes {
-        if self.gave_up
-            || (self.held.is_empty() && data.ends_with(b"\n\n") && memchr::memmem::find(data, USAGE_OBJECT).is_none())
-        {
+        if self.gave_up || (self.held.is_empty() && data.ends_with(b"\n\n") && !openai::may_hold_usage(data)) {
             return data.clone();
         }
         // What is held ends inside an event: only the new bytes (and the
@@ -51,12 +50,12 @@ impl UsageChunkFilter {
             return Bytes::new();
         };
         let complete = self.held.split_to(end).freeze();
-        if memchr::memmem::find(&complete, USAGE_OBJECT).is_none() {
+        if !openai::may_hold_usage(&complete) {
             return complete;
         }
         let mut kept = BytesMut::with_capacity(complete.len());
         for event in events(&complete) {
-            if !is_usage_only(event) {
+            if !openai::is_usage_only_event(event) {
                 kept.extend_from_slice(event);
             }
         }
@@ -107,10 +106,6 @@ fn first_event_end(bytes: &[u8]) -> Option<usize> {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     }
-}
-
-fn is_usage_only(event: &[u8]) -> bool {
-    memchr::memmem::find(event, USAGE_OBJECT).is_some() && memchr::memmem::find(event, NO_CHOICES).is_some()
 }
 
 #[cfg(test)]

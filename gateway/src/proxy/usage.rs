@@ -7,15 +7,18 @@
 //! or more), so keeping the last few KB of small SSE chunks by reference
 //! kept one such buffer per chunk alive — 160 KiB for a 20-chunk stream.
 //!
-//! Shapes understood: OpenAI chat/completions/embeddings
-//! (`usage.prompt_tokens`, `usage.completion_tokens`), OpenAI responses and
-//! Anthropic messages (`usage.input_tokens`, `usage.output_tokens`). For SSE
-//! the final chunk carries usage; Anthropic streams put input tokens in the
-//! first event (`message_start`) and output tokens in the last.
+//! The counts of a `"usage"` object are named by the dialects
+//! ([`crate::dialect::usage_count`]: OpenAI's `prompt_tokens` and
+//! `completion_tokens`, its Responses' and Anthropic's `input_tokens` and
+//! `output_tokens`, the cache's counts of both). For SSE the final chunk
+//! carries usage; Anthropic streams put input tokens in the first event
+//! (`message_start`) and output tokens in the last.
 
 use std::ops::Range;
 
 use bytes::Bytes;
+
+use crate::dialect::{APIS, StreamUsage, UsageCount, openai};
 
 /// How much of the response's first frame is kept (Anthropic streams report
 /// input tokens in their first event, `message_start`, a few hundred bytes).
@@ -102,86 +105,23 @@ fn usage_in(head: &[u8], tail: &[u8]) -> Option<Usage> {
     }
 }
 
-/// Endpoints (indices into `PROXIED_PATHS`) whose streams carry usage only
-/// when asked with `stream_options.include_usage`: chat/completions and
-/// completions.
-pub const STREAM_OPTIONS_PATHS: [usize; 2] = [0, 1];
-
 /// The body to send upstream, the model's span in it, and whether the
 /// usage chunk of the stream is the gateway's to take out again: a request
-/// charged by tokens that streams from an endpoint whose streams carry
-/// usage only when asked gets `stream_options.include_usage` (token limits
-/// need the usage of streams too); any other goes as the client sent it.
+/// charged by tokens that streams from an endpoint (an index into
+/// [`APIS`]) whose streams carry usage only when asked gets
+/// `stream_options.include_usage` (token limits need the usage of streams
+/// too); any other goes as the client sent it.
 pub fn body_to_send(
     body: &Bytes,
     fields: &super::body::RequestFields<'_>,
     endpoint: usize,
     charged: bool,
 ) -> (Bytes, Range<usize>, bool) {
-    if charged && fields.stream && STREAM_OPTIONS_PATHS.contains(&endpoint) {
-        with_stream_usage(body, fields.stream_options.clone(), fields.model_span.clone())
+    if charged && fields.stream && APIS[endpoint].stream_usage == StreamUsage::WhenAsked {
+        openai::with_stream_usage(body, fields.stream_options.clone(), fields.model_span.clone())
     } else {
         (body.clone(), fields.model_span.clone(), false)
     }
-}
-
-/// `body` asking for usage in the stream (`stream_options.include_usage`),
-/// the model's span in it, and whether the gateway added the request (so
-/// the usage chunk is the gateway's to take out again). `options` is the
-/// span of the client's own `stream_options` value, if any.
-pub fn with_stream_usage(
-    body: &Bytes,
-    options: Option<Range<usize>>,
-    model_span: Range<usize>,
-) -> (Bytes, Range<usize>, bool) {
-    const FIELD: &[u8] = br#""stream_options":{"include_usage":true},"#;
-    match options {
-        None => {
-            // The body is a JSON object with at least "model": a field and a
-            // comma fit right after its opening brace.
-            let Some(open) = body.iter().position(|byte| *byte == b'{') else {
-                return (body.clone(), model_span, false);
-            };
-            let (body, model_span) = splice(body, open + 1..open + 1, FIELD, model_span);
-            (body, model_span, true)
-        }
-        // NB: `null` is replaced in place: a second `stream_options` key
-        // would leave the upstream to pick one (most keep the last, `null`).
-        Some(span) if &body[span.clone()] == b"null" => {
-            let (body, model_span) = splice(body, span, br#"{"include_usage":true}"#, model_span);
-            (body, model_span, true)
-        }
-        Some(span) => {
-            let Ok(mut options) =
-                serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&body[span.clone()])
-            else {
-                // Not an object: the upstream refuses it as it would without us.
-                return (body.clone(), model_span, false);
-            };
-            if options.get("include_usage") == Some(&serde_json::Value::Bool(true)) {
-                return (body.clone(), model_span, false);
-            }
-            options.insert("include_usage".to_owned(), serde_json::Value::Bool(true));
-            let Ok(text) = serde_json::to_vec(&options) else { return (body.clone(), model_span, false) };
-            let (body, model_span) = splice(body, span, &text, model_span);
-            (body, model_span, true)
-        }
-    }
-}
-
-/// `body` with `replaced` swapped for `with`, and where `model_span` moved to.
-fn splice(body: &Bytes, replaced: Range<usize>, with: &[u8], model_span: Range<usize>) -> (Bytes, Range<usize>) {
-    let mut out = Vec::with_capacity(body.len() + with.len());
-    out.extend_from_slice(&body[..replaced.start]);
-    out.extend_from_slice(with);
-    out.extend_from_slice(&body[replaced.end..]);
-    let model_span = if replaced.end <= model_span.start {
-        let moved = |at: usize| at + with.len() - replaced.len();
-        moved(model_span.start)..moved(model_span.end)
-    } else {
-        model_span
-    };
-    (Bytes::from(out), model_span)
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -274,14 +214,14 @@ fn parse_after(bytes: &[u8]) -> Option<UsageFields> {
     let mut trusted = true;
     let mut named = [false; 7];
     super::body::object_members(rest, |key, value| {
-        let (slot, index) = match key {
-            b"prompt_tokens" => (&mut fields.prompt_tokens, 0),
-            b"completion_tokens" => (&mut fields.completion_tokens, 1),
-            b"input_tokens" => (&mut fields.input_tokens, 2),
-            b"output_tokens" => (&mut fields.output_tokens, 3),
-            b"cache_read_input_tokens" => (&mut fields.cache_read_input_tokens, 4),
-            b"cache_creation_input_tokens" => (&mut fields.cache_creation_input_tokens, 5),
-            b"prompt_tokens_details" | b"input_tokens_details" => {
+        let (slot, index) = match crate::dialect::usage_count(key) {
+            Some(UsageCount::Prompt) => (&mut fields.prompt_tokens, 0),
+            Some(UsageCount::Completion) => (&mut fields.completion_tokens, 1),
+            Some(UsageCount::Input) => (&mut fields.input_tokens, 2),
+            Some(UsageCount::Output) => (&mut fields.output_tokens, 3),
+            Some(UsageCount::CacheRead) => (&mut fields.cache_read_input_tokens, 4),
+            Some(UsageCount::CacheCreation) => (&mut fields.cache_creation_input_tokens, 5),
+            Some(UsageCount::CachedDetails) => {
                 trusted &= !std::mem::replace(&mut named[6], true);
                 // `{"cached_tokens": N, ...}`, or null; anything else is
                 // not a report we can read a cached count from.
@@ -295,7 +235,7 @@ fn parse_after(bytes: &[u8]) -> Option<UsageFields> {
                 }
                 return;
             }
-            _ => return,
+            None => return,
         };
         trusted &= !std::mem::replace(&mut named[index], true);
         if value != b"null" {
@@ -484,38 +424,5 @@ mod tests {
             .extend_from_slice(b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":20}}\n\n");
         tap.observe(&read_buffer.split().freeze());
         assert_eq!(tap.usage(), Some(Usage { prompt: 3, completion: 20, cached: 0 }));
-    }
-
-    fn injected(body: &str) -> (String, String, bool) {
-        let bytes = Bytes::copy_from_slice(body.as_bytes());
-        let fields = crate::proxy::body::scan(&bytes).unwrap();
-        let (out, span, strip) = with_stream_usage(&bytes, fields.stream_options.clone(), fields.model_span.clone());
-        (String::from_utf8(out[span].to_vec()).unwrap(), String::from_utf8(out.to_vec()).unwrap(), strip)
-    }
-
-    #[test]
-    fn stream_usage_is_asked_for_and_the_model_still_found() {
-        let (model, body, strip) = injected(r#"{"model":"m","stream":true,"messages":[]}"#);
-        assert_eq!(model, r#""m""#);
-        assert!(strip);
-        let value: serde_json::Value = serde_json::from_str(&body).unwrap();
-        assert_eq!(value["stream_options"]["include_usage"], true);
-        assert_eq!(value["model"], "m");
-
-        let (model, body, strip) =
-            injected(r#"{"stream_options":{"include_usage":false,"x":1},"stream":true,"model":"m"}"#);
-        assert_eq!(model, r#""m""#);
-        assert!(strip, "the client said no: its stream must not show usage");
-        let value: serde_json::Value = serde_json::from_str(&body).unwrap();
-        assert_eq!(value["stream_options"], serde_json::json!({"include_usage": true, "x": 1}));
-
-        let (model, body, strip) = injected(r#"{"stream_options":null,"model":"m","stream":true}"#);
-        assert_eq!(model, r#""m""#);
-        assert!(strip);
-        assert_eq!(body, r#"{"stream_options":{"include_usage":true},"model":"m","stream":true}"#);
-
-        let original = r#"{"model":"m","stream":true,"stream_options":{"include_usage":true}}"#;
-        let (_, body, strip) = injected(original);
-        assert_eq!((body.as_str(), strip), (original, false), "the client asked: untouched, chunk kept");
     }
 }

@@ -18,11 +18,6 @@ use crate::limit::LimitSet;
 use crate::registry::Resources;
 use crate::upstream::UpstreamClient;
 
-/// The inference endpoints forwarded to a model's backends; a backend's
-/// upstream paths are built for each, in this order, when a config loads.
-pub const PROXIED_PATHS: [&str; 5] =
-    ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/messages"];
-
 /// A model and its backends.
 pub struct Route {
     /// What metrics and logs call it: its name, or `namespace/name` for a
@@ -200,9 +195,11 @@ pub(super) fn build_route(model: &ModelConfig, owner: NamespaceId, lent: &Resour
             backend.model.as_ref().map(|name| bytes::Bytes::from(serde_json::Value::from(name.as_str()).to_string()));
         // A query in the base URL (Azure's `?api-version=`) goes with every request.
         let query = uri.query().map(|q| format!("?{q}")).unwrap_or_default();
-        let paths = PROXIED_PATHS
+        // The upstream path of every API the gateway forwards
+        // (`crate::dialect::APIS`), in its order.
+        let paths = crate::dialect::APIS
             .iter()
-            .map(|path| http::uri::PathAndQuery::try_from(format!("{base_path}{}{query}", &path["/v1".len()..])))
+            .map(|api| http::uri::PathAndQuery::try_from(format!("{base_path}{}{query}", &api.path["/v1".len()..])))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|_| bad_url("the path does not form valid request paths"))?;
         let default_port = if scheme == Scheme::HTTPS { 443 } else { 80 };

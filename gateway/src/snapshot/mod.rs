@@ -31,7 +31,7 @@ use std::sync::Arc;
 use waycast_crds::config::{GatewayConfig, Settings};
 use waycast_crds::validate::Problems;
 
-pub use backends::{Backend, PROXIED_PATHS, Route};
+pub use backends::{Backend, Route};
 pub use dropped::Dropped;
 use key_table::{Against, KeyTable};
 pub use keys::KeyEntry;

@@ -136,12 +136,7 @@ pub struct Done<'a> {
     pub routed: bool,
 }
 
-/// The GenAI operation a path is.
+/// The GenAI operation a path is (its API's, `crate::dialect::APIS`).
 pub fn operation(path: &str) -> &'static str {
-    match path {
-        "/v1/chat/completions" | "/v1/responses" | "/v1/messages" => "chat",
-        "/v1/completions" => "text_completion",
-        "/v1/embeddings" => "embeddings",
-        _ => "other",
-    }
+    crate::dialect::api_at(path).map_or("other", |index| crate::dialect::APIS[index].operation)
 }

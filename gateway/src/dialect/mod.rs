@@ -1,0 +1,186 @@
+//! The wire dialects: what a request and a response look like on the wire,
+//! one file per dialect, behind one interface ([`Dialect`]), and the table
+//! of the inference APIs the gateway forwards ([`APIS`]: each path, its
+//! dialect, what it is).
+//!
+//! What the rest of the gateway asks a dialect, and who asks:
+//!
+//! ```text
+//! which paths it serves              APIS rows                      proxy/route.rs Endpoint, snapshot/backends.rs (upstream paths), telemetry
+//! which request fields it reads      Dialect::field → Field          proxy/body.rs scan (one JSON pass; the dialect names the keys)
+//! how streams report usage           Api::stream_usage               proxy/usage.rs body_to_send (openai::with_stream_usage),
+//!                                    openai::is_usage_only_event     proxy/sse.rs (the chunk the gateway asked for, taken out again)
+//! where usage is in a response       usage_count → UsageCount        proxy/usage.rs (the tap: the last and first `"usage"` objects)
+//! how an error body is written       Dialect::error_body             proxy/respond.rs (every error the gateway answers itself)
+//! ```
+//!
+//! Static dispatch: a `Dialect` is a `Copy` enum and each method a `match`
+//! calling into its file, so the request path pays a branch, never a
+//! virtual call or an allocation.
+//!
+//! A new dialect is a file here (its `field`, `usage_count` and
+//! `error_body`), a variant of [`Dialect`] with its arm in each method, and
+//! its paths as rows of [`APIS`]. A new endpoint of a known dialect is a row
+//! of [`APIS`]. The tests that prove one: the table tests of its file, the
+//! rows of `apis_are_served_in_their_dialect` below, and a request to the
+//! path in `gateway/tests/gateway.rs` (its error body is in its dialect).
+
+pub mod anthropic;
+pub mod openai;
+mod roles;
+
+use bytes::Bytes;
+
+use crate::error::GatewayError;
+pub use roles::{Field, UsageCount};
+
+/// A wire format clients speak (and, until the gateway translates, the
+/// servers behind the path answer in).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// OpenAI's: chat and text completions, embeddings, responses; also the
+    /// gateway's own endpoints (`/v1/models`, `/v1/usage`) and paths it
+    /// does not know.
+    OpenAi,
+    /// Anthropic Messages (Claude Code, the Anthropic SDKs).
+    Anthropic,
+}
+
+/// How a path's streams report their usage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamUsage {
+    /// Every stream carries it (or the path does not stream).
+    Always,
+    /// Only when the request asks with OpenAI's
+    /// `stream_options.include_usage` (the gateway asks for a charged
+    /// stream, and takes the usage chunk out again if the client did not).
+    WhenAsked,
+}
+
+/// An inference API the gateway forwards to a model's backends.
+#[derive(Debug)]
+pub struct Api {
+    /// The client's path; the upstream's is the backend's base URL and
+    /// what follows `/v1` here.
+    pub path: &'static str,
+    /// What its bodies and errors look like.
+    pub dialect: Dialect,
+    /// Its GenAI operation (`gen_ai.operation.name` of its spans).
+    pub operation: &'static str,
+    /// How its streams report usage.
+    pub stream_usage: StreamUsage,
+}
+
+/// The inference APIs, in the order a backend's upstream paths are built
+/// (a request's endpoint is an index here). A `static`, not a `const`: a
+/// row's strings are the same pointers wherever they are read (telemetry
+/// compares the operation's by pointer).
+pub static APIS: [Api; 5] = [
+    Api::new("/v1/chat/completions", Dialect::OpenAi, "chat", StreamUsage::WhenAsked),
+    Api::new("/v1/completions", Dialect::OpenAi, "text_completion", StreamUsage::WhenAsked),
+    Api::new("/v1/embeddings", Dialect::OpenAi, "embeddings", StreamUsage::Always),
+    Api::new("/v1/responses", Dialect::OpenAi, "chat", StreamUsage::Always),
+    Api::new("/v1/messages", Dialect::Anthropic, "chat", StreamUsage::Always),
+];
+
+impl Api {
+    const fn new(path: &'static str, dialect: Dialect, operation: &'static str, stream_usage: StreamUsage) -> Self {
+        Self { path, dialect, operation, stream_usage }
+    }
+}
+
+/// The index in [`APIS`] of the API at `path`, if any.
+pub fn api_at(path: &str) -> Option<usize> {
+    APIS.iter().position(|api| api.path == path)
+}
+
+impl Dialect {
+    /// What the top-level request field named `key` (unescaped) means to
+    /// the gateway; `None`: a field it does not read.
+    #[inline]
+    pub fn field(self, key: &[u8]) -> Option<Field> {
+        match self {
+            Self::OpenAi => openai::field(key),
+            Self::Anthropic => anthropic::field(key),
+        }
+    }
+
+    /// The body of an error the gateway answers itself, in this dialect.
+    pub fn error_body(self, error: &GatewayError) -> Bytes {
+        match self {
+            Self::OpenAi => openai::error_body(error),
+            Self::Anthropic => anthropic::error_body(error),
+        }
+    }
+
+    /// The response to an error the gateway answers itself, in this
+    /// dialect (its status and headers are the error's, whatever the dialect).
+    pub fn error_response<B: From<Bytes>>(self, error: &GatewayError) -> http::Response<B> {
+        error.response(self.error_body(error))
+    }
+}
+
+/// What the member named `key` of a response's `usage` object counts.
+///
+/// Every dialect's names are read whatever the path: servers mix them
+/// (an OpenAI-compatible proxy in front of Anthropic models reports
+/// Anthropic's cache counts beside OpenAI's; OpenAI's Responses API uses
+/// Anthropic's `input_tokens` and `output_tokens`), and the names do not
+/// collide.
+pub fn usage_count(key: &[u8]) -> Option<UsageCount> {
+    openai::usage_count(key).or_else(|| anthropic::usage_count(key))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each API's path finds its row, and its dialect answers errors in
+    /// its own shape.
+    #[test]
+    fn apis_are_served_in_their_dialect() {
+        let rows: [(&str, Dialect, &str, StreamUsage); 5] = [
+            ("/v1/chat/completions", Dialect::OpenAi, "chat", StreamUsage::WhenAsked),
+            ("/v1/completions", Dialect::OpenAi, "text_completion", StreamUsage::WhenAsked),
+            ("/v1/embeddings", Dialect::OpenAi, "embeddings", StreamUsage::Always),
+            ("/v1/responses", Dialect::OpenAi, "chat", StreamUsage::Always),
+            ("/v1/messages", Dialect::Anthropic, "chat", StreamUsage::Always),
+        ];
+        for (path, dialect, operation, stream_usage) in rows {
+            let api = &APIS[api_at(path).unwrap_or_else(|| panic!("{path} is not served"))];
+            assert_eq!(
+                (api.path, api.dialect, api.operation, api.stream_usage),
+                (path, dialect, operation, stream_usage)
+            );
+            let body: serde_json::Value =
+                serde_json::from_slice(&api.dialect.error_body(&GatewayError::MissingModel)).unwrap_or_default();
+            let shaped = match dialect {
+                Dialect::OpenAi => body["error"]["code"] == "missing_model",
+                Dialect::Anthropic => body["type"] == "error" && body["error"]["type"] == "invalid_request_error",
+            };
+            assert!(shaped, "{path}: {body}");
+        }
+        assert_eq!(api_at("/v1/models"), None, "the gateway's own, not forwarded");
+        assert_eq!(api_at("/v1/messages/"), None);
+    }
+
+    /// The usage names of every dialect, each with one meaning.
+    #[test]
+    fn usage_counts_of_every_dialect_are_read() {
+        let rows: [(&[u8], Option<UsageCount>); 10] = [
+            (b"prompt_tokens", Some(UsageCount::Prompt)),
+            (b"completion_tokens", Some(UsageCount::Completion)),
+            (b"prompt_tokens_details", Some(UsageCount::CachedDetails)),
+            (b"input_tokens_details", Some(UsageCount::CachedDetails)),
+            (b"input_tokens", Some(UsageCount::Input)),
+            (b"output_tokens", Some(UsageCount::Output)),
+            (b"cache_read_input_tokens", Some(UsageCount::CacheRead)),
+            (b"cache_creation_input_tokens", Some(UsageCount::CacheCreation)),
+            (b"total_tokens", None),
+            (b"cached_tokens", None),
+        ];
+        for (key, expected) in rows {
+            assert_eq!(usage_count(key), expected, "{}", String::from_utf8_lossy(key));
+        }
+    }
+}
