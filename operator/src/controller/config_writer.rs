@@ -21,6 +21,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use kube::ResourceExt as _;
@@ -62,7 +63,7 @@ const MAILBOX: usize = 8;
 /// Every Gateway's writer, started on first use.
 pub(crate) struct Writers {
     context: Arc<Context>,
-    mailboxes: Mutex<HashMap<ObjectKey, mpsc::Sender<Job>>>,
+    mailboxes: Mutex<HashMap<ObjectKey, Mailbox>>,
     logged: watch::Sender<u64>,
 }
 
@@ -76,6 +77,12 @@ pub(crate) struct Whole {
     pub kept: Option<Kept>,
     /// The key log position the reconcile read its inputs at.
     pub read_at: u64,
+    /// When it began to read them (before it noted `read_at`).
+    pub read_started: std::time::Instant,
+    /// The config Secrets it found absent or its own before it applied
+    /// anything (`plan.unseen` then): any other the writer would write for
+    /// the first time is looked up for another owner first.
+    pub checked_unseen: Vec<String>,
 }
 
 /// A whole config as its writer wrote it.
@@ -95,6 +102,8 @@ pub(crate) struct WholeWritten {
 pub(crate) enum NotWritten {
     /// It would undo what the key lane wrote since its inputs were read.
     CompileAgain,
+    /// A config Secret it would write belongs to someone else (named).
+    Conflict(String),
     /// A write failed (what the Secrets hold is then not known: the next
     /// whole write writes them whatever the store shows).
     Failed(Error),
@@ -103,6 +112,15 @@ pub(crate) enum NotWritten {
 enum Job {
     Whole(Box<Whole>, oneshot::Sender<Result<WholeWritten, NotWritten>>),
     Forget,
+}
+
+/// A writer's mailbox, and its flag that stops its patches at once when
+/// the Gateway's objects are found not all its own (before the writer
+/// reads its `Forget`).
+#[derive(Clone)]
+struct Mailbox {
+    jobs: mpsc::Sender<Job>,
+    forgotten: Arc<AtomicBool>,
 }
 
 impl Writers {
@@ -118,13 +136,15 @@ impl Writers {
         let id = ObjectKey::of(&whole.gateway.metadata);
         let (reply, replied) = oneshot::channel();
         let mailbox = self.mailbox(&id).await;
-        // A writer that just ended (its Gateway looked gone) hands the job
-        // back: the next one is started for it.
-        let job = match mailbox.send(Job::Whole(Box::new(whole), reply)).await {
+        // A writer that ended before this job reached its mailbox (its
+        // Gateway looked gone) hands the job back: the next one is started
+        // for it. One that ends with the job in its mailbox drops it: the
+        // reconcile fails and is retried.
+        let job = match mailbox.jobs.send(Job::Whole(Box::new(whole), reply)).await {
             Ok(()) => return replied.await.map_err(|_| ended())?,
             Err(mpsc::error::SendError(job)) => job,
         };
-        self.mailbox(&id).await.send(job).await.map_err(|_| ended())?;
+        self.mailbox(&id).await.jobs.send(job).await.map_err(|_| ended())?;
         replied.await.map_err(|_| ended())?
     }
 
@@ -134,8 +154,9 @@ impl Writers {
     pub(crate) async fn forget(&self, id: &ObjectKey) {
         let mailboxes = self.mailboxes.lock().await;
         if let Some(mailbox) = mailboxes.get(id) {
+            mailbox.forgotten.store(true, Ordering::Release);
             // A full mailbox holds a whole job, which replaces the kept config anyway.
-            let _ = mailbox.try_send(Job::Forget);
+            let _ = mailbox.jobs.try_send(Job::Forget);
         }
     }
 
@@ -147,20 +168,22 @@ impl Writers {
 
     /// The Gateway's writer's mailbox, its writer started when there is
     /// none (or it ended).
-    async fn mailbox(&self, id: &ObjectKey) -> mpsc::Sender<Job> {
+    async fn mailbox(&self, id: &ObjectKey) -> Mailbox {
         let mut mailboxes = self.mailboxes.lock().await;
-        mailboxes.retain(|_, mailbox| !mailbox.is_closed());
+        mailboxes.retain(|_, mailbox| !mailbox.jobs.is_closed());
         if let Some(mailbox) = mailboxes.get(id) {
             return mailbox.clone();
         }
-        let (mailbox, jobs) = mpsc::channel(MAILBOX);
+        let (sender, jobs) = mpsc::channel(MAILBOX);
+        let mailbox = Mailbox { jobs: sender, forgotten: Arc::new(AtomicBool::new(false)) };
         let writer = Writer {
             id: id.clone(),
             context: self.context.clone(),
             kept: None,
             written: WrittenParts::default(),
             uid: None,
-            lane_wrote_at: None,
+            lane_read_by: None,
+            forgotten: mailbox.forgotten.clone(),
             last_patch: None,
             last_round: None,
         };
@@ -184,8 +207,12 @@ struct Writer {
     written: WrittenParts,
     /// The uid of the Gateway this was written for.
     uid: Option<String>,
-    /// The key log position of the last lane patch begun.
-    lane_wrote_at: Option<u64>,
+    /// When the last lane patch written had read its inputs: a whole
+    /// config whose reconcile began to read before that may not hold
+    /// what the patch wrote.
+    lane_read_by: Option<std::time::Instant>,
+    /// Set by [`Writers::forget`]: no patch until a whole write.
+    forgotten: Arc<AtomicBool>,
     last_patch: Option<Instant>,
     last_round: Option<Instant>,
 }
@@ -241,12 +268,13 @@ impl Writer {
     /// Writes a whole reconcile's config, with the keys changed since it
     /// read its inputs patched in, unless it would undo a lane patch.
     async fn whole(&mut self, whole: Whole) -> Result<WholeWritten, NotWritten> {
-        let Whole { gateway, parts, kept, read_at } = whole;
+        let Whole { gateway, parts, kept, read_at, read_started, checked_unseen } = whole;
+        self.forgotten.store(false, Ordering::Release);
         let uid = gateway.uid().unwrap_or_default();
         if self.uid.as_deref() != Some(uid.as_str()) {
             // The Gateway was made again: nothing written for the old one holds.
             self.written.clear();
-            self.lane_wrote_at = None;
+            self.lane_read_by = None;
             self.uid = Some(uid.clone());
         }
         // The old kept config is let go now, not held beside the new one
@@ -259,7 +287,7 @@ impl Writer {
         let keys = changed.map(|changed| changed_keys(&self.context, changed));
         let step = write_order::whole_step(WholeArrives {
             keepable: kept.is_some(),
-            lane_wrote_since_read: self.lane_wrote_at.is_some_and(|at| at > read_at),
+            lane_wrote_since_read: write_order::lane_wrote_since(self.lane_read_by, read_started),
             changed_since_read: keys.as_ref().map(BTreeSet::len),
         });
         let (parts, kept, verdicts) = match (step, kept) {
@@ -282,6 +310,9 @@ impl Writer {
             (WholeStep::PatchIn { .. }, None) => unreachable!("whole_step patches only a keepable config"),
         };
         let plan = self.plan(&gateway, &parts);
+        if let Some(conflict) = self.foreign(&gateway, &plan, &checked_unseen).await? {
+            return Err(NotWritten::Conflict(conflict));
+        }
         let written = crate::apply::write_config(&self.context.client, &parts, &plan).await;
         let wrote_at = std::time::Instant::now();
         self.written.note(plan.write.iter().map(String::as_str), written.as_ref().ok().map(|_| &*parts), wrote_at);
@@ -327,9 +358,32 @@ impl Writer {
         config_plan::plan(parts, &existing, gateway.metadata.uid.as_deref().unwrap_or_default())
     }
 
+    /// A config Secret `plan` writes for the first time, not checked by
+    /// the reconcile, that belongs to someone else (it may have been made
+    /// since the check).
+    async fn foreign(
+        &self,
+        gateway: &Gateway,
+        plan: &config_plan::Plan,
+        checked: &[String],
+    ) -> Result<Option<String>, NotWritten> {
+        let unchecked: Vec<String> = plan.unseen.iter().filter(|name| !checked.contains(name)).cloned().collect();
+        if unchecked.is_empty() {
+            return Ok(None);
+        }
+        let namespace = gateway.namespace().unwrap_or_default();
+        let uid = gateway.metadata.uid.as_deref().unwrap_or_default();
+        crate::ownership::first_foreign_secret(&self.context.client, &namespace, &unchecked, uid)
+            .await
+            .map_err(NotWritten::Failed)
+    }
+
     /// What the key log holds past the kept config, patched and written
     /// when it can be; else the kept config is let go.
     async fn lane_round(&mut self, position: u64) {
+        if self.forgotten.load(Ordering::Acquire) {
+            self.kept = None;
+        }
         let Some(kept) = self.kept.as_ref() else { return };
         let context = self.context.clone();
         let gateway = context.stores.gateways.get(&ObjectRef::new(&self.id.name).within(&self.id.namespace));
@@ -385,6 +439,10 @@ impl Writer {
     ) -> Result<bool, LaneLeft> {
         let started = std::time::Instant::now();
         let (changes, _) = compile_keys(&self.context, gateway, keys).await?;
+        let inputs_read = std::time::Instant::now();
+        if self.forgotten.load(Ordering::Acquire) {
+            return Err(LaneLeft::Forgotten);
+        }
         let Some(kept) = self.kept.as_mut() else { return Ok(false) };
         let touched = kept.patch(changes).map_err(NotAlone::from)?;
         kept.basis.position = position;
@@ -409,7 +467,7 @@ impl Writer {
         if !names.iter().all(own) {
             return Err(LaneLeft::NotOwned);
         }
-        self.lane_wrote_at = Some(position);
+        self.lane_read_by = Some(inputs_read);
         let written = crate::apply::write_patch(&self.context.client, &parts, &touched).await;
         // A failed write leaves what those Secrets hold unknown: the next
         // whole write writes them whatever the store shows.
@@ -437,4 +495,6 @@ enum LaneLeft {
     NotAlone(#[from] NotAlone),
     #[error("a config Secret it would write is not the Gateway's own")]
     NotOwned,
+    #[error("the Gateway's objects are not all its own")]
+    Forgotten,
 }

@@ -106,6 +106,7 @@ async fn reconcile(
     }
     // Every key change logged before this position is in the stores read
     // below; its writer patches in those logged after it before writing.
+    let read_started = std::time::Instant::now();
     let read_at = context.stores.key_log.drained().await.position();
     let mut catalog = Catalog::from_stores(&context.stores, &context.networks);
     fetch_secrets(&mut catalog, &context, &gateway).await?;
@@ -124,10 +125,13 @@ async fn reconcile(
     (traced.keys, traced.models) = (Some(compiled.config.keys.len()), Some(compiled.config.models.len()));
     let compiled_at = started.elapsed();
 
-    if let Some(conflict) = foreign_part(&context, &gateway, &desired).await? {
-        writers.forget(&key).await;
-        return refuse_name_conflict(&context, &gateway, &conflict).await;
-    }
+    let checked_unseen = match foreign_part(&context, &gateway, &desired).await? {
+        Ok(checked) => checked,
+        Err(conflict) => {
+            writers.forget(&key).await;
+            return refuse_name_conflict(&context, &gateway, &conflict).await;
+        }
+    };
     let write_endpoints = endpoints_to_write(&context, &gateway, &desired).await;
     let rendered_at = started.elapsed();
     let endpoints_current = crate::apply::apply_referred(&context.client, &desired, write_endpoints).await?;
@@ -146,7 +150,8 @@ async fn reconcile(
                 Basis { gateway: verified_as(&gateway), position: read_at, tenants: !gateway.spec.tenants.is_empty() };
             Kept::new(parts.clone(), &compiled.config.keys, basis)
         });
-        writers.write_whole(Whole { gateway: gateway.clone(), parts, kept, read_at }).await.map(Some)
+        let whole = Whole { gateway: gateway.clone(), parts, kept, read_at, read_started, checked_unseen };
+        writers.write_whole(whole).await.map(Some)
     };
     let (written, rest) = tokio::join!(writing, crate::apply::apply_rest(&context.client, &desired));
     let config_written = match written {
@@ -154,6 +159,10 @@ async fn reconcile(
         Err(NotWritten::CompileAgain) => {
             tracing::debug!(gateway = %key, "the key lane wrote changes this compile cannot take in; compiling again");
             return Ok(Action::requeue(Duration::from_millis(100)));
+        }
+        Err(NotWritten::Conflict(conflict)) => {
+            writers.forget(&key).await;
+            return refuse_name_conflict(&context, &gateway, &conflict).await;
         }
         Err(NotWritten::Failed(error)) => return Err(error),
     };
@@ -376,15 +385,15 @@ fn keepable(gateway: &Gateway, compiled: &compile::Compiled, left_out: usize) ->
 }
 
 /// A config Secret about to be written that the store does not show as
-/// the Gateway's own and that exists under another owner, if any: looked
-/// up only for such Secrets (a first write, a new shard count), before
-/// anything is applied.
+/// the Gateway's own and that exists under another owner, if any
+/// (`Err`): looked up only for such Secrets (a first write, a new shard
+/// count), before anything is applied. Else the names looked up.
 async fn foreign_part(
     context: &Context,
     gateway: &Gateway,
     desired: &render::Desired,
-) -> Result<Option<String>, Error> {
-    let Ok(parts) = &desired.config else { return Ok(None) };
+) -> Result<Result<Vec<String>, String>, Error> {
+    let Ok(parts) = &desired.config else { return Ok(Ok(Vec::new())) };
     let store = config_secrets_of(&context.stores, gateway);
     let existing: Vec<_> = store.iter().filter_map(|secret| config_plan::Existing::of(&secret.metadata)).collect();
     let uid = gateway.metadata.uid.as_deref().ok_or(Error::Incomplete("uid"))?;
@@ -392,10 +401,11 @@ async fn foreign_part(
     // their digests: the writer's plan names the same ones.
     let unseen = config_plan::plan(parts, &existing, uid).unseen;
     if unseen.is_empty() {
-        return Ok(None);
+        return Ok(Ok(unseen));
     }
     let namespace = gateway.namespace().ok_or(Error::Incomplete("namespace"))?;
-    crate::ownership::first_foreign_secret(&context.client, &namespace, &unseen, uid).await
+    let foreign = crate::ownership::first_foreign_secret(&context.client, &namespace, &unseen, uid).await?;
+    Ok(foreign.map_or(Ok(unseen), Err))
 }
 
 /// Everything a reconcile leaves to remember of its Gateway, under one

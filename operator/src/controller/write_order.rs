@@ -65,6 +65,15 @@ pub enum Refused {
     CompileAgain,
 }
 
+/// Whether the lane wrote a patch a whole config read from `read_started`
+/// on may not hold: one whose inputs were read after that (`lane_read_by`:
+/// when the last patch written had read them). NB: by time, not by log
+/// position: a patch compiles its keys from the stores as they are when it
+/// runs, which may be past the position it was handed.
+pub fn lane_wrote_since(lane_read_by: Option<std::time::Instant>, read_started: std::time::Instant) -> bool {
+    lane_read_by.is_some_and(|read_by| read_by > read_started)
+}
+
 /// What the writer does with a whole reconcile's config.
 pub fn whole_step(arrives: WholeArrives) -> WholeStep {
     let WholeArrives { keepable, lane_wrote_since_read, changed_since_read } = arrives;
@@ -186,6 +195,17 @@ mod tests {
                 "keepable {keepable}, lane wrote {lane_wrote}, changed {changed:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_patch_whose_inputs_were_read_after_a_whole_began_to_read_counts_as_since() {
+        let start = std::time::Instant::now();
+        let later = start + std::time::Duration::from_millis(5);
+        assert!(!lane_wrote_since(None, start), "no patch written");
+        assert!(!lane_wrote_since(Some(start), later), "read before the whole began to read: it saw the same");
+        // A patch handed position 10 that read a disable logged at 10 after
+        // a whole noted 10: the positions tie, the times do not.
+        assert!(lane_wrote_since(Some(later), start));
     }
 
     #[test]
