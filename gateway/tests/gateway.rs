@@ -237,7 +237,10 @@ async fn messages_callers_get_anthropic_errors() {
     let request = Request::get(fixture.url("/v1/messages")).body(Full::new(Bytes::new())).unwrap();
     let (status, _, body) = fixture.send(request).await;
     assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
-    assert_eq!(json_of(&body)["error"]["type"], "invalid_request_error");
+    // OpenAI's type is the same word: `type` tells the dialects apart.
+    let value = json_of(&body);
+    assert_eq!(value["type"], "error", "{value}");
+    assert_eq!(value["error"]["type"], "invalid_request_error", "{value}");
     // The upstream's own JSON error is its answer, untouched.
     let request = fixture.request("/v1/messages", Some(ALICE_KEY), messages, &[("x-mock-status", "429")]);
     let (status, _, body) = fixture.send(request).await;

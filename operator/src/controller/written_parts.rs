@@ -85,6 +85,8 @@ mod tests {
         assert_eq!(known.len(), 2, "only what was written");
         written.note([shard.as_str()], None, start + Duration::from_secs(1));
         assert_eq!(written.fresh(start).get(shard.as_str()), Some(&None), "a failed write: not known");
+        let at_the_bound = written.fresh(start + WRITTEN_FRESH_FOR);
+        assert_eq!(at_the_bound.get(manifest.as_str()), None, "stale once WRITTEN_FRESH_FOR old: {at_the_bound:?}");
         let later = start + WRITTEN_FRESH_FOR + Duration::from_millis(500);
         let known = written.fresh(later);
         assert_eq!(known.len(), 1, "the manifest's write is stale by now, the shard's failure is not: {known:?}");
