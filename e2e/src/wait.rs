@@ -21,6 +21,10 @@
 //! An object look that fails at the API server is a look that did not see
 //! it yet (the error is what it saw): the API server restarts in some tests,
 //! and a transient error should not decide a wait.
+//!
+//! NB: a wait inside `tokio::spawn` does not compile today: rustc cannot
+//! prove an async closure's future `Send` for every lifetime it borrows.
+//! Wait in the test's own task; a spawned load worker keeps its own loop.
 
 use std::fmt::{Debug, Display};
 use std::time::{Duration, Instant};
