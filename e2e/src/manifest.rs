@@ -34,6 +34,16 @@ pub fn parse_documents(yaml: &str) -> anyhow::Result<Vec<DynamicObject>> {
 
 use serde::Deserialize as _;
 
+/// An object written as JSON (`json!({...})`), as a manifest states it: the
+/// one way tests write the objects they apply.
+///
+/// # Panics
+/// When `value` is not a Kubernetes object (no `apiVersion`, `kind` or
+/// `metadata`): a test's own mistake.
+pub fn object(value: serde_json::Value) -> DynamicObject {
+    serde_json::from_value(value).unwrap_or_else(|error| panic!("not a Kubernetes object: {error}"))
+}
+
 /// Resolves an object's kind to its API resource through discovery.
 ///
 /// # Errors

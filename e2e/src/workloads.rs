@@ -398,17 +398,6 @@ pub fn env_number(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
-/// An ApiKey `namespace/name` with an empty spec (its key generated).
-///
-/// # Errors
-/// Never in practice: the object is a fixed shape.
-pub fn plain_api_key(namespace: &str, name: &str) -> anyhow::Result<waycast_crds::ApiKey> {
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey",
-        "metadata": {"name": name, "namespace": namespace}, "spec": {}
-    }))?)
-}
-
 /// The 99th percentile of `sorted` (ascending; 0 when empty).
 pub fn p99(sorted: &[f64]) -> f64 {
     let rank = (sorted.len() as f64 * 0.99).ceil() as usize;

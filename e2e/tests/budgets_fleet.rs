@@ -27,7 +27,7 @@ use serde_json::{Value, json};
 use waycast_crds::period::Period;
 use waycast_crds::{ApiKey, Gateway};
 use waycast_e2e::harness::{operator_in_process, shared_cluster_with_node, test_namespace};
-use waycast_e2e::manifest;
+use waycast_e2e::manifest::{self, object};
 use waycast_e2e::redis::HostRedis;
 use waycast_e2e::wait::{Patience, Seen, await_condition, await_condition_of, await_object, condition, within};
 use waycast_e2e::workloads::{deploy_mock, generated_key, wait_pods_ready};
@@ -48,10 +48,6 @@ fn chat() -> String {
     format!(
         r#"{{"model":"fleet-llm","stream":true,"stream_options":{{"include_usage":true}},"max_tokens":{OUTPUT},"messages":[{{"role":"user","content":"how much is left?"}}]}}"#
     )
-}
-
-fn object(value: Value) -> kube::api::DynamicObject {
-    serde_json::from_value(value).unwrap()
 }
 
 /// What one stream answered: its usage when served, the refusal's body

@@ -33,7 +33,7 @@ use serde_json::json;
 use waycast_crds::{ApiKey, Gateway, ModelEndpoint};
 use waycast_e2e::cluster::images;
 use waycast_e2e::harness::{condition_true, operator_in_process, shared_cluster_with_node, test_namespace};
-use waycast_e2e::manifest;
+use waycast_e2e::manifest::{self, object};
 use waycast_e2e::redis::HostRedis;
 use waycast_e2e::wait::{await_condition, within};
 use waycast_e2e::workloads::{apply_values, cluster_ip, deployment, service, wait_endpoints, wait_pods_ready};
@@ -50,10 +50,6 @@ const PER_ENDPOINT: usize = 8;
 const CAPACITY: usize = 2 * PER_ENDPOINT;
 /// A scenario's measured window.
 const WINDOW: Duration = Duration::from_secs(40);
-
-fn object(value: serde_json::Value) -> kube::api::DynamicObject {
-    serde_json::from_value(value).unwrap()
-}
 
 /// One request's fate, as its user saw it.
 #[derive(Debug, Clone)]

@@ -20,16 +20,12 @@ use serde_json::{Value, json};
 use waycast_crds::ApiKey;
 use waycast_e2e::cluster::images;
 use waycast_e2e::harness::{shared_cluster_with_node, test_namespace};
-use waycast_e2e::manifest;
+use waycast_e2e::manifest::{self, object};
 use waycast_e2e::wait::{Patience, Seen, await_condition, await_object_condition, condition, within};
 use waycast_e2e::workloads::{apply_values, deployment, generated_key, repository_root, service, wait_pods_ready};
 use waycast_mock::fixtures as fixture;
 
 const RELEASE_NAMESPACE: &str = "waycast-system";
-
-fn object(value: Value) -> kube::api::DynamicObject {
-    serde_json::from_value(value).unwrap()
-}
 
 fn ip(pod: &Pod) -> String {
     pod.status.as_ref().unwrap().pod_ip.clone().unwrap()

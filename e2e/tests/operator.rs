@@ -17,7 +17,7 @@ use kube::{Api, Client};
 use serde_json::json;
 use waycast_crds::{ApiKey, Gateway, ModelEndpoint};
 use waycast_e2e::harness::{SharedCluster, shared_cluster_with_node, test_namespace};
-use waycast_e2e::manifest;
+use waycast_e2e::manifest::{self, object};
 use waycast_e2e::wait::{
     ConditionIs, Namespaced, Patience, Seen, await_absent, await_answer, await_condition, await_condition_of,
     await_object, await_object_condition, condition, within,
@@ -503,10 +503,6 @@ async fn a_platform_gateway_serves_team_namespaces_by_label_and_scale_down_drain
     }
     let deployment = Api::<Deployment>::namespaced(client.clone(), &platform).get("gateway").await.unwrap();
     assert_eq!(deployment.spec.unwrap().replicas, Some(1), "the scale-down happened");
-}
-
-fn object(value: serde_json::Value) -> kube::api::DynamicObject {
-    serde_json::from_value(value).unwrap()
 }
 
 /// The gateway picks the inference pod itself (issue 17): a Service

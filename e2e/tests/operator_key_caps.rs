@@ -17,12 +17,8 @@ use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::json;
 use waycast_crds::{ApiKey, ApiKeyStatus};
 use waycast_e2e::harness::{condition_true, operator_in_process, shared_cluster_with_node, test_namespace};
-use waycast_e2e::manifest;
+use waycast_e2e::manifest::{self, object};
 use waycast_e2e::wait::{Patience, Seen, await_object, holds_for};
-
-fn object(value: serde_json::Value) -> kube::api::DynamicObject {
-    serde_json::from_value(value).unwrap()
-}
 
 /// Waits (by `deadline`) until `done` holds of `namespace/name`'s status.
 async fn wait_status(

@@ -301,7 +301,7 @@ async fn a_key_change_is_one_shard_and_the_manifest_and_a_duplicate_is_left_to_t
     // nothing more.
     let (patches_before, bytes_before) =
         (operator_metric(&admin, written).await, operator_metric(&admin, &bytes).await);
-    keys.create(&post, &waycast_e2e::workloads::plain_api_key(&namespace, "extra").unwrap()).await.unwrap();
+    keys.create(&post, &waycast_mock::fixtures::objects::api_key(&namespace, "extra")).await.unwrap();
     let extra = key_text(&secrets, "extra").await;
     until_status(gateway_addr, &extra, "model-0", 200, Duration::from_secs(10)).await;
     tokio::time::sleep(Duration::from_secs(3)).await;

@@ -25,7 +25,7 @@ use kube::{Api, Client};
 use serde_json::json;
 use waycast_crds::{ApiKey, Gateway, ModelEndpoint};
 use waycast_e2e::harness::{SharedCluster, shared_cluster_with_node, shared_setup, test_namespace};
-use waycast_e2e::manifest;
+use waycast_e2e::manifest::{self, object};
 use waycast_e2e::wait::{
     ConditionIs, Namespaced, Seen, await_absent, await_answer, await_condition, await_condition_of, condition, within,
 };
@@ -57,10 +57,6 @@ async fn wait_model_status(urls: &[String], key: &str, model: &str, wanted: Stat
 /// its Secret exists by the time the ApiKey is Programmed.
 async fn generated_key(client: &Client, namespace: &str, name: &str) -> String {
     waycast_e2e::workloads::generated_key(client, namespace, name, Duration::ZERO).await.unwrap()
-}
-
-fn object(value: serde_json::Value) -> kube::api::DynamicObject {
-    serde_json::from_value(value).unwrap()
 }
 
 /// An ApiKey `name` (its key generated) naming the home Gateway.

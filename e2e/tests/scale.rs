@@ -27,7 +27,7 @@ use waycast_e2e::harness::{condition_true, shared_cluster, test_namespace};
 use waycast_e2e::memory::{RssSampler, status_mib};
 use waycast_e2e::process::KilledOnDrop;
 use waycast_e2e::wait::{Patience, Seen, await_condition, await_object};
-use waycast_e2e::workloads::{chat_status, env_number, p99, plain_api_key};
+use waycast_e2e::workloads::{chat_status, env_number, p99};
 use waycast_mock::sink::{self, SinkOptions};
 use waycast_xtask::scale;
 
@@ -194,7 +194,7 @@ async fn ten_thousand_keys_and_five_hundred_models_on_one_gateway() {
     let mut trial_ends = Vec::new();
     for trial in 0..env_number("WAYCAST_SCALE_TRIALS", 20) {
         let name = format!("extra-{trial}");
-        let extra = plain_api_key(&namespace, &name).unwrap();
+        let extra = waycast_mock::fixtures::objects::api_key(&namespace, &name);
         let applied = Instant::now();
         key_api.create(&post, &extra).await.unwrap();
         let deadline = applied + Duration::from_secs(30);

@@ -27,7 +27,7 @@ use waycast_e2e::memory::{RssSampler, status_mib};
 use waycast_e2e::process::KilledOnDrop;
 use waycast_e2e::wait::{Patience, Seen, await_condition};
 use waycast_e2e::workloads::{deploy_mock, wait_pods_ready};
-use waycast_e2e::workloads::{env_number, p99, plain_api_key};
+use waycast_e2e::workloads::{env_number, p99};
 use waycast_mock::fixtures as fixture;
 
 async fn chat(ip: &str, key: &str) -> Option<u16> {
@@ -87,7 +87,7 @@ async fn usage_of_ten_thousand_keys_costs_the_api_server_twenty_writes_a_second(
     .unwrap();
     waycast_e2e::manifest::apply_all(&client, &[model], &namespace).await.unwrap();
     let key_api: Api<ApiKey> = Api::namespaced(client.clone(), &namespace);
-    let fleet = waycast_operator::fleet::fleet(&namespace, keys, 0, "");
+    let fleet = waycast_mock::fixtures::fleet::fleet(&namespace, keys, 0, "");
     let started = Instant::now();
     futures_util::stream::iter(fleet.keys.iter())
         .for_each_concurrent(32, |key| {
@@ -195,7 +195,7 @@ async fn usage_of_ten_thousand_keys_costs_the_api_server_twenty_writes_a_second(
     let mut latencies = Vec::new();
     for trial in 0..env_number("WAYCAST_SCALE_TRIALS", 20) {
         let name = format!("extra-{trial}");
-        let extra = plain_api_key(&namespace, &name).unwrap();
+        let extra = waycast_mock::fixtures::objects::api_key(&namespace, &name);
         let applied = Instant::now();
         key_api.create(&post, &extra).await.unwrap();
         let served = Patience::by(applied + Duration::from_secs(30)).every(Duration::from_millis(5));

@@ -16,17 +16,13 @@ use kube::api::DeleteParams;
 use serde_json::json;
 use waycast_crds::{ApiKey, Gateway};
 use waycast_e2e::harness::{operator_in_process, shared_cluster_with_node, test_namespace};
-use waycast_e2e::manifest;
+use waycast_e2e::manifest::{self, object};
 use waycast_e2e::redis::HostRedis;
 use waycast_e2e::wait::{Patience, await_condition, await_condition_of, condition, within};
 use waycast_e2e::workloads::{deploy_mock, wait_pods_ready};
 use waycast_mock::fixtures as fixture;
 
 const CHAT: &str = r#"{"model":"shared-llm","messages":[{"role":"user","content":"hi"}]}"#;
-
-fn object(value: serde_json::Value) -> kube::api::DynamicObject {
-    serde_json::from_value(value).unwrap()
-}
 
 async fn status_of(ip: &str, key: &str, delay_ms: u64) -> Option<StatusCode> {
     let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();

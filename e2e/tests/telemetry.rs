@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use waycast_crds::ApiKey;
 use waycast_e2e::cluster::images;
 use waycast_e2e::harness::{operator_in_process, shared_cluster_with_node, test_namespace};
-use waycast_e2e::manifest;
+use waycast_e2e::manifest::{self, object};
 use waycast_e2e::wait::{await_condition, await_object_condition, condition, within};
 use waycast_e2e::workloads::{apply_values, deployment, generated_key, pod_logs, service, wait_pods_ready};
 use waycast_mock::collector::{Collector, attribute};
@@ -25,10 +25,6 @@ use waycast_mock::fixtures as fixture;
 
 const CLIENT_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
 const CLIENT_SPAN: &str = "b7ad6b7169203331";
-
-fn object(value: Value) -> kube::api::DynamicObject {
-    serde_json::from_value(value).unwrap()
-}
 
 fn ip(pod: &Pod) -> String {
     pod.status.as_ref().unwrap().pod_ip.clone().unwrap()
