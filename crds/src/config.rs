@@ -401,13 +401,8 @@ settings:
     fn property_parsing_never_panics() {
         let yaml = "apiVersion: waycast.dev/config-v1\nmodels:\n  - name: m\n    backends: [{url: http://10.0.0.1/v1, headers: {x-k: v}}]\n    timeouts: {idle: 1m30s}\n    keyNamespaces: [a]\nkeys:\n  - {id: a/k, sha256: 2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae, models: [\"m*\"]}\nsettings: {deniedCIDRs: [10.0.0.0/8]}\n";
         let json = GatewayConfig::from_slice(yaml.as_bytes()).unwrap().to_canonical_json().unwrap();
-        let mut seed = 0x1234_5678_9abc_def1_u64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed as usize
-        };
+        let mut random = crate::seeded::Xorshift::new(0x1234_5678_9abc_def1);
+        let mut next = move || random.next_u64() as usize;
         for document in [yaml.as_bytes(), &json[..]] {
             for _ in 0..3_000 {
                 let _ = GatewayConfig::from_slice(&document[..next() % (document.len() + 1)]);
@@ -419,29 +414,23 @@ settings:
         }
     }
 
-    /// A seeded generator (xorshift): runs repeat.
-    struct Random(u64);
+    /// The shared seeded generator, with the configs this test draws from it.
+    struct Random(crate::seeded::Xorshift);
+
+    impl std::ops::Deref for Random {
+        type Target = crate::seeded::Xorshift;
+        fn deref(&self) -> &Self::Target {
+            &self.0
+        }
+    }
+
+    impl std::ops::DerefMut for Random {
+        fn deref_mut(&mut self) -> &mut Self::Target {
+            &mut self.0
+        }
+    }
 
     impl Random {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n.max(1)
-        }
-
-        fn chance(&mut self, one_in: u64) -> bool {
-            self.below(one_in) == 0
-        }
-
-        fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
-            items[self.below(items.len() as u64) as usize]
-        }
-
         fn word(&mut self) -> String {
             let letters = ["a", "b", "x", "7", "-", "llama", "gpt", "3.1", "8b", "é"];
             (0..1 + self.below(4)).map(|_| self.pick(&letters)).collect()
@@ -518,7 +507,7 @@ settings:
             for index in 0..self.below(8) {
                 let mut key = KeyConfig::new(
                     format!("team-{}/key-{index}", self.below(3)),
-                    format!("{:016x}{:016x}{:016x}{:016x}", index, self.next(), self.next(), self.next()),
+                    format!("{:016x}{:016x}{:016x}{:016x}", index, self.next_u64(), self.next_u64(), self.next_u64()),
                 );
                 if self.chance(2) {
                     key.models = Some((0..1 + self.below(3)).map(|_| format!("{}*", self.word())).collect());
@@ -559,7 +548,7 @@ settings:
     /// the canonical JSON the operator writes parses back to it exactly.
     #[test]
     fn property_a_valid_config_round_trips_through_its_canonical_json() {
-        let mut random = Random(0xbb67_ae85_84ca_a73b);
+        let mut random = Random(crate::seeded::Xorshift::new(0xbb67_ae85_84ca_a73b));
         for _ in 0..2_000 {
             let config = random.config();
             let review = config.review();

@@ -30,6 +30,7 @@ pub mod model_endpoint;
 pub mod money;
 pub mod period;
 pub mod problems;
+pub mod seeded;
 pub mod settings;
 pub mod shards;
 pub mod sharing;

@@ -22,7 +22,8 @@ use std::process::Stdio;
 
 use crate::process::Processes;
 pub use crate::process::{clean_stale_runs, runs_root};
-use std::time::{Duration, Instant};
+use crate::wait::{Seen, await_condition, within};
+use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use k8s_openapi::api::core::v1::ServiceAccount;
@@ -396,49 +397,43 @@ impl ControlPlane {
         self.processes.check_alive()
     }
 
+    // Each wait below also ends at once when a component has died.
+
     async fn wait_for_port(&mut self, name: &str, address: SocketAddr) -> anyhow::Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while tokio::net::TcpStream::connect(address).await.is_err() {
-            self.check_alive()?;
-            if Instant::now() > deadline {
-                bail!("{name} did not listen on {address} within 60s");
+        let patience = within(Duration::from_secs(60)).every(Duration::from_millis(50));
+        await_condition(format!("{name} listens on {address}"), patience, async || {
+            if tokio::net::TcpStream::connect(address).await.is_ok() {
+                return Ok(true);
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Ok(())
+            self.check_alive().map(|()| false)
+        })
+        .await
     }
 
     async fn wait_for_apiserver(&mut self) -> anyhow::Result<()> {
         let client = self.client().await?;
-        let deadline = Instant::now() + Duration::from_secs(90);
-        loop {
+        await_condition("kube-apiserver is ready", within(Duration::from_secs(90)), async || {
             let request = http::Request::get("/readyz").body(Vec::new())?;
             match client.request_text(request).await {
-                Ok(body) if body.trim() == "ok" => return Ok(()),
-                result => {
-                    self.check_alive()?;
-                    if Instant::now() > deadline {
-                        bail!("kube-apiserver not ready within 90s: {result:?}");
-                    }
-                }
+                Ok(body) if body.trim() == "ok" => Ok(Seen::Done(())),
+                result => self.check_alive().map(|()| Seen::NotYet(format!("{result:?}"))),
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        })
+        .await
     }
 
     async fn wait_for_controller_manager(&mut self) -> anyhow::Result<()> {
         // The ServiceAccount controller creating `default` proves the
         // controller-manager is up and authorised.
         let accounts: Api<ServiceAccount> = Api::namespaced(self.client().await?, "default");
-        let deadline = Instant::now() + Duration::from_secs(90);
-        while accounts.get_opt("default").await.ok().flatten().is_none() {
-            self.check_alive()?;
-            if Instant::now() > deadline {
-                bail!("kube-controller-manager did not create the default ServiceAccount within 90s");
+        let what = "kube-controller-manager creates the default ServiceAccount";
+        await_condition(what, within(Duration::from_secs(90)), async || {
+            if accounts.get_opt("default").await.ok().flatten().is_some() {
+                return Ok(true);
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        Ok(())
+            self.check_alive().map(|()| false)
+        })
+        .await
     }
 }
 

@@ -143,6 +143,39 @@ pub async fn test_namespace(client: &Client, prefix: &str) -> anyhow::Result<Str
     Ok(name)
 }
 
+/// What several tests of one binary share — a namespace with a Gateway
+/// that serves, say — set up once by the first test to ask, on a thread
+/// and runtime of its own (a test's runtime ends with the test, and a
+/// client belongs to the runtime it was made on): keep only plain data
+/// (names, keys, URLs) in it. Each test is its own `#[test]`, so a failing
+/// one hides none of the others.
+///
+/// # Panics
+/// When the setup failed (or panicked): every test sharing it fails with
+/// the reason.
+pub fn shared_setup<T, F, Fut>(cell: &'static OnceLock<Result<T, String>>, setup: F) -> &'static T
+where
+    T: Send + Sync + 'static,
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = anyhow::Result<T>>,
+{
+    let result = cell.get_or_init(|| {
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .map_err(|error| format!("a runtime for the setup: {error}"))?;
+            runtime.block_on(setup()).map_err(|error| format!("{error:#}"))
+        });
+        thread.join().unwrap_or_else(|_| Err("the setup panicked (its message is above)".into()))
+    });
+    match result {
+        Ok(shared) => shared,
+        Err(error) => panic!("the shared setup failed: {error}"),
+    }
+}
+
 /// Runs the operator in this process against `cluster`, once per process,
 /// on a thread and runtime of its own (so it outlives each test's runtime).
 ///

@@ -12,6 +12,7 @@
 //! closes). Tests get a fresh namespace each.
 
 pub mod argocd;
+pub mod chat;
 pub mod cluster;
 pub mod config_secrets;
 pub mod control_plane;
@@ -21,4 +22,5 @@ pub mod memory;
 pub mod node;
 pub mod process;
 pub mod redis;
+pub mod wait;
 pub mod workloads;

@@ -1,14 +1,16 @@
 //! Applying YAML manifests and waiting on what they create: server-side
 //! apply of multi-document YAML through API discovery, CRD installation.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context as _, anyhow, bail};
+use anyhow::{Context as _, anyhow};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Patch, PatchParams};
 use kube::core::{DynamicObject, GroupVersionKind};
 use kube::discovery::{ApiCapabilities, ApiResource, Scope};
 use kube::{Api, Client, ResourceExt as _};
+
+use crate::wait::{await_condition, within};
 
 /// The field manager of everything the harness applies.
 pub const FIELD_MANAGER: &str = "waycast-e2e";
@@ -31,6 +33,16 @@ pub fn parse_documents(yaml: &str) -> anyhow::Result<Vec<DynamicObject>> {
 }
 
 use serde::Deserialize as _;
+
+/// An object written as JSON (`json!({...})`), as a manifest states it: the
+/// one way tests write the objects they apply.
+///
+/// # Panics
+/// When `value` is not a Kubernetes object (no `apiVersion`, `kind` or
+/// `metadata`): a test's own mistake.
+pub fn object(value: serde_json::Value) -> DynamicObject {
+    serde_json::from_value(value).unwrap_or_else(|error| panic!("not a Kubernetes object: {error}"))
+}
 
 /// Resolves an object's kind to its API resource through discovery.
 ///
@@ -99,8 +111,8 @@ pub async fn install_crds(client: &Client) -> anyhow::Result<()> {
 /// Not Established in time.
 pub async fn wait_established(client: &Client, name: &str, timeout: Duration) -> anyhow::Result<()> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let deadline = Instant::now() + timeout;
-    loop {
+    let patience = within(timeout).every(Duration::from_millis(50));
+    await_condition(format!("CRD {name} is Established"), patience, async || {
         let crd = api.get(name).await.with_context(|| format!("reading CRD {name}"))?;
         let established = crd
             .status
@@ -108,12 +120,7 @@ pub async fn wait_established(client: &Client, name: &str, timeout: Duration) ->
             .unwrap_or_default()
             .iter()
             .any(|c| c.type_ == "Established" && c.status == "True");
-        if established {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("CRD {name} not Established within {timeout:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        anyhow::Ok(established)
+    })
+    .await
 }

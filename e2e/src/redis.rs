@@ -4,9 +4,11 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
+
+use crate::wait::{await_condition_blocking, within};
 
 /// A running `redis-server`, killed on drop.
 pub struct HostRedis {
@@ -30,13 +32,10 @@ impl HostRedis {
             .spawn()
             .context("starting redis-server (make node-deps installs it)")?;
         let redis = Self { address: format!("{bind}:{port}"), process };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(SocketAddr::new(bind, port)).is_err() {
-            if Instant::now() > deadline {
-                bail!("redis-server did not listen on {bind}:{port}");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let patience = within(Duration::from_secs(10)).every(Duration::from_millis(20));
+        await_condition_blocking(format!("redis-server listens on {bind}:{port}"), patience, || {
+            std::net::TcpStream::connect(SocketAddr::new(bind, port)).is_ok()
+        })?;
         Ok(redis)
     }
 }

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::ListParams;
 use kube::{Api, Client};
@@ -13,6 +13,7 @@ use waycast_crds::GatewayConfig;
 
 use crate::cluster::images;
 use crate::manifest;
+use crate::wait::{Patience, Seen, await_answer, await_condition, within};
 
 /// The hardened container security context every waycast pod uses.
 pub fn hardened() -> Value {
@@ -112,8 +113,8 @@ pub async fn wait_pods_ready(
     timeout: Duration,
 ) -> anyhow::Result<Vec<Pod>> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let deadline = Instant::now() + timeout;
-    loop {
+    let patience = within(timeout).every(Duration::from_millis(200));
+    await_condition(format!("{count} pods {label} ready"), patience, async || {
         let list = pods.list(&ListParams::default().labels(label)).await?.items;
         let ready: Vec<Pod> = list
             .into_iter()
@@ -124,14 +125,30 @@ pub async fn wait_pods_ready(
                     .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
             })
             .collect();
-        if ready.len() >= count {
-            return Ok(ready);
-        }
-        if Instant::now() > deadline {
-            bail!("{label}: {} of {count} pods ready after {timeout:?}", ready.len());
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        anyhow::Ok(if ready.len() >= count {
+            Seen::Done(ready)
+        } else {
+            Seen::NotYet(format!("{} ready", ready.len()))
+        })
+    })
+    .await
+}
+
+/// The chat completions URL of each of the `count` ready pods of the
+/// Gateway `gateway` in `namespace` (its pods by their own addresses, so
+/// that a change can be checked on every one of them).
+///
+/// # Errors
+/// Not `count` ready pods within `timeout`.
+pub async fn gateway_pod_urls(
+    client: &Client,
+    namespace: &str,
+    count: usize,
+    timeout: Duration,
+) -> anyhow::Result<Vec<String>> {
+    let pods = wait_pods_ready(client, namespace, "app.kubernetes.io/instance=gateway", count, timeout).await?;
+    let ips = pods.iter().map(|pod| pod.status.as_ref().and_then(|s| s.pod_ip.clone()).context("a pod without an IP"));
+    ips.map(|ip| ip.map(|ip| crate::chat::url(format!("{ip}:8080")))).collect()
 }
 
 /// Deploys the mock upstream (`mock`, port 8000) into `namespace`; returns
@@ -198,21 +215,15 @@ pub async fn wait_endpoints(
     timeout: Duration,
 ) -> anyhow::Result<()> {
     let maps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), namespace);
-    let deadline = Instant::now() + timeout;
-    loop {
+    await_condition(format!("{service} lists {count} endpoints"), within(timeout), async || {
         let listed = maps.get_opt("gateway-endpoints").await?.and_then(|map| {
             let text = map.data?.get(waycast_crds::endpoints::ENDPOINTS_DATA_KEY)?.clone();
             let document = waycast_crds::endpoints::EndpointsDocument::from_slice(text.as_bytes()).ok()?;
             Some(document.services.get(service).map_or(0, Vec::len))
         });
-        if listed == Some(count) {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("{service} listed {listed:?} endpoints, not {count}, after {timeout:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        anyhow::Ok(Seen::when(listed == Some(count), format_args!("{listed:?} endpoints")))
+    })
+    .await
 }
 
 /// The value of the first sample at `admin` (a gateway's `/metrics` URL)
@@ -276,7 +287,8 @@ pub async fn serve_quickstart(client: &Client) -> anyhow::Result<Demo> {
     let gateways: Api<waycast_crds::Gateway> = Api::namespaced(client.clone(), DEMO_NAMESPACE);
     let secrets: Api<Secret> = Api::namespaced(client.clone(), DEMO_NAMESPACE);
     let deadline = Instant::now() + Duration::from_secs(180);
-    loop {
+    let patience = Patience::by(deadline).every(Duration::from_millis(250));
+    let key = await_condition("the quickstart Gateway is Ready with its key", patience, async || {
         let gateway = gateways.get_opt("gateway").await?;
         let ready = gateway.as_ref().and_then(|g| g.status.as_ref()).is_some_and(|s| {
             s.conditions.iter().any(|c| c.type_ == waycast_crds::condition::types::READY && c.status == "True")
@@ -285,16 +297,14 @@ pub async fn serve_quickstart(client: &Client) -> anyhow::Result<Demo> {
             .get_opt("alice-key")
             .await?
             .and_then(|s| s.data?.get("api-key").map(|k| String::from_utf8_lossy(&k.0).into_owned()));
-        if let (true, Some(key)) = (ready, key) {
-            let gateway_ip = cluster_ip(client, DEMO_NAMESPACE, "gateway").await?;
-            wait_serving(&gateway_ip, &key, deadline).await?;
-            return Ok(Demo { gateway_ip, key });
-        }
-        if Instant::now() > deadline {
-            bail!("the quickstart Gateway was not Ready within 3 minutes");
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+        anyhow::Ok(key.filter(|_| ready))
+    })
+    .await?;
+    let gateway_ip = cluster_ip(client, DEMO_NAMESPACE, "gateway").await?;
+    // The Service answers with the key, within what is left of the 3 minutes.
+    let urls = [crate::chat::url(&gateway_ip)];
+    await_answer(&urls, &key, "llama3", http::StatusCode::OK, Patience::by(deadline)).await?;
+    Ok(Demo { gateway_ip, key })
 }
 
 /// The objects of `examples/quickstart/quickstart.yaml`, for a test to
@@ -311,24 +321,6 @@ pub fn quickstart() -> anyhow::Result<Vec<kube::api::DynamicObject>> {
 /// The repository this crate lives in.
 pub fn repository_root() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// Waits until the gateway at `ip` (port 80) answers a chat with `key`.
-async fn wait_serving(ip: &str, key: &str, deadline: Instant) -> anyhow::Result<()> {
-    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
-    let url = format!("http://{ip}/v1/chat/completions");
-    loop {
-        let request = waycast_mock::fixtures::post_request(&url, Some(key), r#"{"model":"llama3","messages":[]}"#);
-        if let Ok(Ok(response)) = tokio::time::timeout(Duration::from_secs(2), http.request(request)).await
-            && response.status() == http::StatusCode::OK
-        {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("the gateway at {ip} did not answer in time");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// The last `lines` log lines of every pod matching `selector`, each
@@ -357,19 +349,15 @@ pub async fn pod_logs(client: &Client, namespace: &str, selector: &str, lines: i
 /// The API server failing, or no such Secret (with an `api-key`) in time.
 pub async fn generated_key(client: &Client, namespace: &str, name: &str, timeout: Duration) -> anyhow::Result<String> {
     let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), namespace);
-    let deadline = Instant::now() + timeout;
-    loop {
+    let patience = within(timeout).every(Duration::from_millis(50));
+    let key = await_condition(format!("the operator generates {namespace}/{name}-key"), patience, async || {
         let secret = secrets.get_opt(&format!("{name}-key")).await?;
-        if let Some(key) =
-            secret.and_then(|s| s.data).and_then(|mut data| data.remove(waycast_crds::api_key::GENERATED_DATA_KEY))
-        {
-            return String::from_utf8(key.0).context("a key that is not UTF-8");
-        }
-        if Instant::now() > deadline {
-            bail!("the operator never generated {namespace}/{name}-key");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        anyhow::Ok(
+            secret.and_then(|s| s.data).and_then(|mut data| data.remove(waycast_crds::api_key::GENERATED_DATA_KEY)),
+        )
+    })
+    .await?;
+    String::from_utf8(key.0).context("a key that is not UTF-8")
 }
 
 /// `GET /v1/usage` through the gateway pod at `ip` with `key`: the key's
@@ -397,32 +385,17 @@ pub async fn wait_keys_compiled(
     keys: usize,
     deadline: Instant,
 ) -> anyhow::Result<()> {
-    loop {
+    await_condition(format!("the Gateway compiles {keys} keys"), Patience::by(deadline), async || {
         let status = gateways.get(name).await?.status.unwrap_or_default();
-        if status.api_key_count.and_then(|n| usize::try_from(n).ok()) == Some(keys) {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("the Gateway never compiled every key: {:?}", status.api_key_count);
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        let compiled = status.api_key_count.and_then(|n| usize::try_from(n).ok());
+        anyhow::Ok(Seen::when(compiled == Some(keys), format_args!("{:?} keys", status.api_key_count)))
+    })
+    .await
 }
 
 /// A benchmark's size from the environment variable `name`, else `default`.
 pub fn env_number(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-/// An ApiKey `namespace/name` with an empty spec (its key generated).
-///
-/// # Errors
-/// Never in practice: the object is a fixed shape.
-pub fn plain_api_key(namespace: &str, name: &str) -> anyhow::Result<waycast_crds::ApiKey> {
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey",
-        "metadata": {"name": name, "namespace": namespace}, "spec": {}
-    }))?)
 }
 
 /// The 99th percentile of `sorted` (ascending; 0 when empty).
@@ -434,12 +407,5 @@ pub fn p99(sorted: &[f64]) -> f64 {
 /// The status `gateway` answers a chat completion for `model` with `key`
 /// (`None`: no answer within 2 s).
 pub async fn chat_status(gateway: std::net::SocketAddr, key: &str, model: &str) -> Option<u16> {
-    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
-    let request = waycast_mock::fixtures::post_request(
-        &format!("http://{gateway}/v1/chat/completions"),
-        Some(key),
-        &format!(r#"{{"model":"{model}","messages":[]}}"#),
-    );
-    let response = tokio::time::timeout(Duration::from_secs(2), http.request(request)).await.ok()?.ok()?;
-    Some(response.status().as_u16())
+    crate::chat::status(&crate::chat::url(gateway), key, model).await.map(|status| status.as_u16())
 }

@@ -26,9 +26,10 @@ use kube::api::DeleteParams;
 use serde_json::{Value, json};
 use waycast_crds::period::Period;
 use waycast_crds::{ApiKey, Gateway};
-use waycast_e2e::harness::{condition_true, operator_in_process, shared_cluster_with_node, test_namespace};
-use waycast_e2e::manifest;
+use waycast_e2e::harness::{operator_in_process, shared_cluster_with_node, test_namespace};
+use waycast_e2e::manifest::{self, object};
 use waycast_e2e::redis::HostRedis;
+use waycast_e2e::wait::{Patience, Seen, await_condition, await_condition_of, await_object, condition, within};
 use waycast_e2e::workloads::{deploy_mock, generated_key, wait_pods_ready};
 use waycast_mock::fixtures as fixture;
 
@@ -47,10 +48,6 @@ fn chat() -> String {
     format!(
         r#"{{"model":"fleet-llm","stream":true,"stream_options":{{"include_usage":true}},"max_tokens":{OUTPUT},"messages":[{{"role":"user","content":"how much is left?"}}]}}"#
     )
-}
-
-fn object(value: Value) -> kube::api::DynamicObject {
-    serde_json::from_value(value).unwrap()
 }
 
 /// What one stream answered: its usage when served, the refusal's body
@@ -128,6 +125,9 @@ async fn spend_until_refused(ips: &[String], keys: &[String]) -> Arc<Charged> {
             let (ips, keys, charged, in_flight) = (ips.to_vec(), keys.to_vec(), charged.clone(), in_flight.clone());
             let next_month = next_month.clone();
             tokio::spawn(async move {
+                // A load worker, not a wait: it stops once refused for a
+                // while, and must do so within 300 s (see `wait`'s NB on
+                // `tokio::spawn`).
                 let deadline = Instant::now() + Duration::from_secs(300);
                 let mut refused_since: Option<Instant> = None;
                 for round in 0.. {
@@ -183,16 +183,14 @@ async fn spent(ip: &str, key: &str, owner: &str) -> Option<u64> {
 
 /// Waits until every pod's `GET /v1/usage` says `expected` for `owner`.
 async fn wait_spent_everywhere(ips: &[String], key: &str, owner: &str, expected: u64) {
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let patience = Patience::by(Instant::now() + Duration::from_secs(60)).every(Duration::from_millis(250));
     for ip in ips {
-        loop {
+        await_condition(format!("{ip} says {owner} spent {expected}"), patience, async || {
             let seen = spent(ip, key, owner).await;
-            if seen == Some(expected) {
-                break;
-            }
-            assert!(Instant::now() < deadline, "{ip} says {owner} spent {seen:?}, not {expected}");
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+            Seen::when(seen == Some(expected), seen)
+        })
+        .await
+        .unwrap();
     }
 }
 
@@ -254,14 +252,10 @@ async fn run(mode: &str, redis: Option<&HostRedis>) {
     let team_keys: Vec<String> = (0..5).map(|n| format!("key-{n}")).collect();
     let objects: Vec<_> = team_keys.iter().map(|name| key(name, json!({}))).collect();
     manifest::apply_all(&client, &objects, &team).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(180);
+    let programmed = Patience::by(Instant::now() + Duration::from_secs(180)).every(Duration::from_millis(250));
     for (namespace, name) in std::iter::once((&solo_team, "solo")).chain(team_keys.iter().map(|n| (&team, n.as_str())))
     {
-        let keys: Api<ApiKey> = Api::namespaced(client.clone(), namespace);
-        while !condition_true(&keys.get(name).await.unwrap().status.unwrap_or_default().conditions, "Programmed") {
-            assert!(Instant::now() < deadline, "{namespace}/{name} was never programmed");
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+        await_condition_of::<ApiKey>(&client, namespace, name, &condition("Programmed"), programmed).await.unwrap();
     }
     let pods = pod_ips(&client, &home).await;
     let ips: Vec<String> = pods.iter().map(|(_, ip)| ip.clone()).collect();
@@ -276,13 +270,13 @@ async fn run(mode: &str, redis: Option<&HostRedis>) {
     if redis.is_some() {
         for ip in &ips {
             let admin = format!("http://{ip}:9090/metrics");
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while waycast_e2e::workloads::metric_sample(&admin, "waycast_gateway_rate_limit_store_up").await
-                != Some(1.0)
-            {
-                assert!(Instant::now() < deadline, "{ip} is not connected to Redis");
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
+            let patience = within(Duration::from_secs(30)).every(Duration::from_millis(250));
+            await_condition(format!("{ip} is connected to Redis"), patience, async || {
+                let up = waycast_e2e::workloads::metric_sample(&admin, "waycast_gateway_rate_limit_store_up").await;
+                Seen::when(up == Some(1.0), up)
+            })
+            .await
+            .unwrap();
         }
     }
 
@@ -319,43 +313,39 @@ async fn run(mode: &str, redis: Option<&HostRedis>) {
 
     // The operator's view equals the answers': the solo key's month in its
     // status, the namespace's on the Gateway.
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let collected = Patience::by(Instant::now() + Duration::from_secs(60)).every(Duration::from_millis(500));
     let solo_api: Api<ApiKey> = Api::namespaced(client.clone(), &solo_team);
     let (input, output) = (results[0].input[0].load(Ordering::Relaxed), results[0].output[0].load(Ordering::Relaxed));
-    loop {
-        let usage = solo_api.get("solo").await.unwrap().status.unwrap_or_default().usage;
-        if usage.as_ref().is_some_and(|u| (u.input_tokens, u.output_tokens) == (input, output)) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{mode}: solo's status.usage {usage:?}, not {input} + {output}");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    let what = format!("{mode}: status.usage is {input} + {output}");
+    await_object(&solo_api, "solo", what, collected, |key| {
+        let usage = key.status.as_ref().and_then(|s| s.usage.as_ref());
+        Seen::when(usage.is_some_and(|u| (u.input_tokens, u.output_tokens) == (input, output)), usage)
+    })
+    .await
+    .unwrap();
     let gateways: Api<Gateway> = Api::namespaced(client.clone(), &home);
-    loop {
-        let status = gateways.get("gateway").await.unwrap().status.unwrap_or_default();
-        let line = status.usage.as_ref().and_then(|u| u.namespaces.iter().find(|n| n.namespace == team).cloned());
-        if line.as_ref().is_some_and(|l| l.input_tokens + l.output_tokens == results[1].tokens()) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{mode}: the namespace's line {line:?}, not {}", results[1].tokens());
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    let what = format!("{mode}: the namespace's line says {}", results[1].tokens());
+    await_object(&gateways, "gateway", what, collected, |gateway| {
+        let usage = gateway.status.as_ref().and_then(|s| s.usage.as_ref());
+        let line = usage.and_then(|u| u.namespaces.iter().find(|n| n.namespace == team));
+        Seen::when(line.is_some_and(|l| l.input_tokens + l.output_tokens == results[1].tokens()), line)
+    })
+    .await
+    .unwrap();
 
     // A pod killed mid-period: its replacement refuses both budgets and
     // counts what the fleet spent.
     let pods_api: Api<Pod> = Api::namespaced(client.clone(), &home);
     let (victim, victim_ip) = pods[0].clone();
     pods_api.delete(&victim, &DeleteParams::default().grace_period(0)).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(180);
-    let fresh_ip = loop {
-        if let Some((_, ip)) =
-            pod_ips(&client, &home).await.into_iter().find(|(name, ip)| name != &victim && !ips.contains(ip))
-        {
-            break ip;
-        }
-        assert!(Instant::now() < deadline, "{mode}: no replacement for {victim} ({victim_ip})");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+    let patience = within(Duration::from_secs(180)).every(Duration::from_millis(500));
+    let what = format!("{mode}: a replacement for {victim} ({victim_ip})");
+    let fresh_ip = await_condition(what, patience, async || {
+        let pods = pod_ips(&client, &home).await;
+        pods.into_iter().find(|(name, ip)| name != &victim && !ips.contains(ip)).map(|(_, ip)| ip)
+    })
+    .await
+    .unwrap();
     for (charged, keys, owner) in [(&results[0], &solo, "key"), (&results[1], &texts, "namespace")] {
         assert_eq!(
             spent(&fresh_ip, &keys[0], owner).await,

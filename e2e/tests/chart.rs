@@ -25,6 +25,7 @@ use waycast_crds::{ApiKey, Gateway, ModelEndpoint};
 use waycast_e2e::argocd::{health_scripts, run_health_check};
 use waycast_e2e::harness::{SharedCluster, shared_cluster_with_node};
 use waycast_e2e::manifest;
+use waycast_e2e::wait::{Patience, Seen, await_condition, await_condition_of, condition, within};
 use waycast_e2e::workloads::{DEMO_NAMESPACE, repository_root, serve_quickstart, wait_pods_ready};
 use waycast_mock::fixtures as fixture;
 
@@ -198,16 +199,6 @@ async fn pod_states(client: &Client, namespace: Option<&str>, selector: &str) ->
         .collect()
 }
 
-async fn condition_true(client: &Client, namespace: &str, name: &str, condition: &str) -> bool {
-    let gateways: Api<Gateway> = Api::namespaced(client.clone(), namespace);
-    gateways
-        .get_opt(name)
-        .await
-        .unwrap()
-        .and_then(|g| g.status)
-        .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == condition && c.status == "True"))
-}
-
 /// Sends chat requests to `ip` until told to stop; counts failures.
 fn keep_requesting(ip: String, key: String, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<(u64, u64)> {
     tokio::spawn(async move {
@@ -249,8 +240,8 @@ async fn helm_install_upgrade_and_uninstall_on_a_real_node() {
     // NB: the API server finalizes a CRD (deleting its objects) before it is
     // gone; on a loaded machine that has taken over a minute.
     let deleting = Instant::now();
-    let deadline = deleting + Duration::from_secs(90);
-    loop {
+    let patience = within(Duration::from_secs(90)).every(Duration::from_millis(200));
+    await_condition("the CRDs are deleted", patience, async || {
         let left: Vec<CustomResourceDefinition> = crds
             .list(&ListParams::default())
             .await
@@ -260,13 +251,8 @@ async fn helm_install_upgrade_and_uninstall_on_a_real_node() {
             .filter(|c| CRDS.contains(&c.metadata.name.as_deref().unwrap_or_default()))
             .collect();
         if left.is_empty() {
-            break;
+            return Seen::Done(());
         }
-        assert!(
-            Instant::now() < deadline,
-            "CRDs were not deleted: {:#?}",
-            left.iter().map(|c| (&c.metadata.name, &c.metadata.finalizers, &c.status)).collect::<Vec<_>>()
-        );
         // Seen in two of four runs: the API server's cleanup finalizer never
         // finished on CRDs that had no objects at all (seconds after they were
         // created); with nothing to clean up, the finalizer can be dropped.
@@ -278,8 +264,11 @@ async fn helm_install_upgrade_and_uninstall_on_a_real_node() {
                 let _ = crds.patch(&name, &kube::api::PatchParams::default(), &unblock).await;
             }
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        let left: Vec<_> = left.iter().map(|c| (&c.metadata.name, &c.metadata.finalizers, &c.status)).collect();
+        Seen::NotYet(format!("{left:#?}"))
+    })
+    .await
+    .unwrap();
     eprintln!("CRDs deleted in {:.1}s", deleting.elapsed().as_secs_f64());
 
     let local_images = ["--set", "operator.image.tag=dev", "--set", "gatewayImage.tag=dev"];
@@ -299,11 +288,9 @@ async fn helm_install_upgrade_and_uninstall_on_a_real_node() {
 
     // The quickstart serves end to end through the gateway's Service.
     let demo = serve_quickstart(&client).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !condition_true(&client, RELEASE_NAMESPACE, "waycast", "Ready").await {
-        assert!(Instant::now() < deadline, "the chart's default Gateway never became Ready");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    // The chart's default Gateway becomes Ready.
+    let patience = within(Duration::from_secs(120)).every(Duration::from_millis(250));
+    await_condition_of::<Gateway>(&client, RELEASE_NAMESPACE, "waycast", &condition("Ready"), patience).await.unwrap();
 
     // ArgoCD's view of the live objects, with the shipped health checks.
     // `Programmed` follows the pods' heartbeats, so each may take a moment.
@@ -311,9 +298,9 @@ async fn helm_install_upgrade_and_uninstall_on_a_real_node() {
     let gateways: Api<Gateway> = Api::namespaced(client.clone(), DEMO_NAMESPACE);
     let models: Api<ModelEndpoint> = Api::namespaced(client.clone(), DEMO_NAMESPACE);
     let keys: Api<ApiKey> = Api::namespaced(client.clone(), DEMO_NAMESPACE);
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let healthy = Patience::by(Instant::now() + Duration::from_secs(60)).every(Duration::from_millis(250));
     for kind in ["Gateway", "ModelEndpoint", "ApiKey"] {
-        loop {
+        await_condition(format!("the {kind} turns Healthy"), healthy, async || {
             let object = match kind {
                 "Gateway" => serde_json::to_value(gateways.get("gateway").await.unwrap()),
                 "ModelEndpoint" => serde_json::to_value(models.get("llama-3-1-8b").await.unwrap()),
@@ -321,12 +308,10 @@ async fn helm_install_upgrade_and_uninstall_on_a_real_node() {
             }
             .unwrap();
             let health = run_health_check(&scripts[kind], &object).unwrap();
-            if health.status == "Healthy" {
-                break;
-            }
-            assert!(Instant::now() < deadline, "the {kind} never turned Healthy: {health:?}\n{object:#}");
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+            Seen::when(health.status == "Healthy", format_args!("{health:?}\n{object:#}"))
+        })
+        .await
+        .unwrap();
     }
 
     // helm upgrade rolls the operator; gateway pods and traffic are untouched.
@@ -344,15 +329,14 @@ async fn helm_install_upgrade_and_uninstall_on_a_real_node() {
         tokio::task::spawn_blocking(move || helm(Some(&kubeconfig), &upgrade)).await.unwrap()
     };
     assert!(ok, "helm upgrade:\n{text}");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
+    let patience = within(Duration::from_secs(120)).every(Duration::from_millis(250));
+    await_condition("the operator rolls", patience, async || {
         let now = pod_states(&client, Some(RELEASE_NAMESPACE), OPERATOR_PODS).await;
-        if now.len() == 2 && now.keys().all(|uid| !operators_before.contains_key(uid)) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the operator did not roll: before {operators_before:?}, now {now:?}");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+        let rolled = now.len() == 2 && now.keys().all(|uid| !operators_before.contains_key(uid));
+        Seen::when(rolled, format_args!("before {operators_before:?}, now {now:?}"))
+    })
+    .await
+    .unwrap();
     wait_pods_ready(&client, RELEASE_NAMESPACE, OPERATOR_PODS, 2, Duration::from_secs(60)).await.unwrap();
     // Give the new leader time to reconcile everything it finds.
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -366,17 +350,18 @@ async fn helm_install_upgrade_and_uninstall_on_a_real_node() {
     let dave = serde_json::json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey", "metadata": {"name": "dave"}, "spec": {}});
     manifest::apply_all(&client, &[serde_json::from_value(dave).unwrap()], DEMO_NAMESPACE).await.unwrap();
     let secrets: Api<Secret> = Api::namespaced(client.clone(), DEMO_NAMESPACE);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    let patience = within(Duration::from_secs(60)).every(Duration::from_millis(250));
+    await_condition("the upgraded operator serves a new key", patience, async || {
         let key = secrets.get_opt("dave-key").await.unwrap().and_then(|s| s.data).map(|d| d["api-key"].0.clone());
-        if let Some(key) = key
-            && chat_status(&demo.gateway_ip, &String::from_utf8(key).unwrap()).await == Some(http::StatusCode::OK)
-        {
-            break;
+        match key {
+            Some(key) => {
+                chat_status(&demo.gateway_ip, &String::from_utf8(key).unwrap()).await == Some(http::StatusCode::OK)
+            }
+            None => false,
         }
-        assert!(Instant::now() < deadline, "the upgraded operator never served a new key");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    })
+    .await
+    .unwrap();
 
     // helm uninstall removes the operator and its RBAC, keeps the CRDs, and
     // the gateways keep serving what they were last given.

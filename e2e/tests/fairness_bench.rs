@@ -33,8 +33,9 @@ use serde_json::json;
 use waycast_crds::{ApiKey, Gateway, ModelEndpoint};
 use waycast_e2e::cluster::images;
 use waycast_e2e::harness::{condition_true, operator_in_process, shared_cluster_with_node, test_namespace};
-use waycast_e2e::manifest;
+use waycast_e2e::manifest::{self, object};
 use waycast_e2e::redis::HostRedis;
+use waycast_e2e::wait::{await_condition, within};
 use waycast_e2e::workloads::{apply_values, cluster_ip, deployment, service, wait_endpoints, wait_pods_ready};
 use waycast_mock::fixtures as fixture;
 
@@ -49,10 +50,6 @@ const PER_ENDPOINT: usize = 8;
 const CAPACITY: usize = 2 * PER_ENDPOINT;
 /// A scenario's measured window.
 const WINDOW: Duration = Duration::from_secs(40);
-
-fn object(value: serde_json::Value) -> kube::api::DynamicObject {
-    serde_json::from_value(value).unwrap()
-}
 
 /// One request's fate, as its user saw it.
 #[derive(Debug, Clone)]
@@ -228,10 +225,10 @@ impl Bed {
     /// just made has reached the operator after the first seconds).
     async fn settled(&self, namespaces: &[&str]) {
         tokio::time::sleep(Duration::from_secs(3)).await;
-        let deadline = Instant::now() + Duration::from_secs(120);
         let models: Api<ModelEndpoint> = Api::namespaced(self.client.clone(), &self.home);
         let gateways: Api<Gateway> = Api::namespaced(self.client.clone(), &self.home);
-        loop {
+        let patience = within(Duration::from_secs(120)).every(Duration::from_millis(250));
+        await_condition("the config settles", patience, async || {
             let gateway = gateways.get("gateway").await.unwrap();
             let status = gateway.status.unwrap_or_default();
             let mut all = status.up_to_date_replicas == Some(2)
@@ -246,12 +243,10 @@ impl Bed {
                     all &= condition_true(&key.status.map(|s| s.conditions).unwrap_or_default(), "Programmed");
                 }
             }
-            if all {
-                return;
-            }
-            assert!(Instant::now() < deadline, "the config never settled");
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+            all
+        })
+        .await
+        .unwrap();
     }
 }
 

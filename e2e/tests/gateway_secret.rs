@@ -20,6 +20,7 @@ use waycast_crds::config::KeyConfig;
 use waycast_crds::shards;
 use waycast_e2e::control_plane::client_from_kubeconfig;
 use waycast_e2e::harness::{shared_cluster, test_namespace};
+use waycast_e2e::wait::{await_condition, within};
 use waycast_gateway::{ConfigSource, GatewayOptions};
 use waycast_mock::fixtures::{self as fixture, ALICE_KEY, BOB_KEY};
 use waycast_mock::upstream::{self as mock_upstream, MockOptions};
@@ -178,11 +179,12 @@ async fn follows_its_secret_with_a_token_that_can_read_only_that_secret() {
 
     let gateway = start_gateway(restricted, &namespace).await;
     let status_for = status_probe(gateway.public_addr);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while status_for(ALICE_KEY).await != Some(StatusCode::OK) {
-        assert!(Instant::now() < deadline, "the gateway never loaded its config from the Secret");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let patience = within(Duration::from_secs(10)).every(Duration::from_millis(20));
+    await_condition("the gateway loads its config from the Secret", patience, async || {
+        status_for(ALICE_KEY).await == Some(StatusCode::OK)
+    })
+    .await
+    .unwrap();
 
     // Each update is served within a second: add Bob, then remove him, five times.
     let mut latencies = Vec::new();
@@ -205,10 +207,12 @@ async fn follows_its_secret_with_a_token_that_can_read_only_that_secret() {
             )
             .await
             .unwrap();
-        while status_for(BOB_KEY).await != Some(expected) {
-            assert!(applied.elapsed() < Duration::from_secs(5), "update {round} not applied within 5s");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let patience = within(Duration::from_secs(5)).every(Duration::from_millis(5));
+        await_condition(format!("update {round} is applied"), patience, async || {
+            status_for(BOB_KEY).await == Some(expected)
+        })
+        .await
+        .unwrap();
         latencies.push(applied.elapsed());
     }
     latencies.sort();
@@ -227,15 +231,12 @@ async fn follows_its_secret_with_a_token_that_can_read_only_that_secret() {
         ..Secret::default()
     };
     secrets.patch("gw-config", &PatchParams::apply("waycast-e2e").force(), &Patch::Apply(broken)).await.unwrap();
-    let errors_seen = Instant::now();
-    loop {
-        let errors = gateway.shared.metrics.config_reload_errors.get();
-        if errors > 0 {
-            break;
-        }
-        assert!(errors_seen.elapsed() < Duration::from_secs(5), "the broken config was not noticed");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let patience = within(Duration::from_secs(5)).every(Duration::from_millis(10));
+    await_condition("the broken config is noticed", patience, async || {
+        gateway.shared.metrics.config_reload_errors.get() > 0
+    })
+    .await
+    .unwrap();
     assert_eq!(status_for(ALICE_KEY).await, Some(StatusCode::OK));
     gateway.shutdown().await;
 }
@@ -310,11 +311,12 @@ async fn a_config_in_parts_is_served_only_whole() {
     let restricted = service_account_client(&admin, &namespace, "gateway", &cluster.kubeconfig).await;
     let gateway = start_gateway(restricted, &namespace).await;
     let status_for = status_probe(gateway.public_addr);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while status_for(ALICE_KEY).await != Some(StatusCode::OK) {
-        assert!(Instant::now() < deadline, "the gateway never assembled its config from its parts");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let patience = within(Duration::from_secs(10)).every(Duration::from_millis(20));
+    await_condition("the gateway assembles its config from its parts", patience, async || {
+        status_for(ALICE_KEY).await == Some(StatusCode::OK)
+    })
+    .await
+    .unwrap();
     let served = gateway.shared.config.current().unwrap();
     let first = shards::split(&config, SALT, SHARDS).unwrap().manifest.hash().unwrap();
     assert_eq!(served.hash, first, "known by its manifest's digest");
@@ -330,12 +332,13 @@ async fn a_config_in_parts_is_served_only_whole() {
     assert_eq!(status_for(ALICE_KEY).await, Some(StatusCode::OK), "the last good config serves meanwhile");
     assert_eq!(gateway.shared.config.current().unwrap().hash, first);
     // Its shard, then: the config is whole.
-    let written = Instant::now();
     write(config.clone(), Some(vec![bobs]), false).await;
-    while status_for(BOB_KEY).await != Some(StatusCode::OK) {
-        assert!(written.elapsed() < Duration::from_secs(5), "the whole set was not swapped in");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let patience = within(Duration::from_secs(5)).every(Duration::from_millis(10));
+    await_condition("the whole set is swapped in", patience, async || {
+        status_for(BOB_KEY).await == Some(StatusCode::OK)
+    })
+    .await
+    .unwrap();
     assert_eq!(gateway.shared.config.current().unwrap().hash, parts.manifest.hash().unwrap());
 
     // One key at a time, its shard then the manifest, as the operator does.
@@ -353,10 +356,12 @@ async fn a_config_in_parts_is_served_only_whole() {
         let expected = if adding { StatusCode::OK } else { StatusCode::UNAUTHORIZED };
         let applied = Instant::now();
         write(config.clone(), Some(vec![bobs]), true).await;
-        while status_for(BOB_KEY).await != Some(expected) {
-            assert!(applied.elapsed() < Duration::from_secs(5), "change {round} not served within 5 s");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let patience = within(Duration::from_secs(5)).every(Duration::from_millis(5));
+        await_condition(format!("change {round} is served"), patience, async || {
+            status_for(BOB_KEY).await == Some(expected)
+        })
+        .await
+        .unwrap();
         latencies.push(applied.elapsed());
     }
     latencies.sort();
@@ -371,11 +376,12 @@ async fn a_config_in_parts_is_served_only_whole() {
     let mut manifest = shards::split(&config, SALT, SHARDS).unwrap().manifest;
     manifest.shards[bobs - 1] = waycast_crds::digest::sha256_hex(b"another");
     put(&secrets, &manifest_secret("gw-config", &manifest)).await;
-    let seen = Instant::now();
-    while gateway.shared.metrics.config_reload_errors.get() == errors {
-        assert!(seen.elapsed() < Duration::from_secs(5), "the unreadable shard was not noticed");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let patience = within(Duration::from_secs(5)).every(Duration::from_millis(10));
+    await_condition("the unreadable shard is noticed", patience, async || {
+        gateway.shared.metrics.config_reload_errors.get() != errors
+    })
+    .await
+    .unwrap();
     assert_eq!(status_for(ALICE_KEY).await, Some(StatusCode::OK));
     // Refused under the manifest's digest: the heartbeat says why.
     let refused = gateway.shared.config.refused().expect("the refusal is kept for the heartbeat");

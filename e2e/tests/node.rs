@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::StatusCode;
 use http_body_util::BodyExt as _;
@@ -14,6 +14,7 @@ use kube::Api;
 use serde_json::{Value, json};
 use waycast_e2e::cluster::images;
 use waycast_e2e::harness::{SharedCluster, shared_cluster_with_node, test_namespace};
+use waycast_e2e::wait::{Seen, await_condition, await_object, within};
 use waycast_e2e::workloads::{
     apply_values, cluster_ip, deploy_gateway, deploy_mock, deployment, service, wait_pods_ready,
 };
@@ -43,18 +44,18 @@ async fn the_gateway_pod_routes_to_the_mock_upstream_pod_through_cluster_ips() {
     // From the host, through the gateway's ClusterIP, to the mock's ClusterIP.
     let url = format!("http://{gateway_ip}/v1/chat/completions");
     let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let body = loop {
-        // kube-proxy programs a new Service within about a second: poll.
-        if let Ok(response) =
-            http.request(fixture::post_request(&url, Some(ALICE_KEY), r#"{"model":"llama3","messages":[]}"#)).await
-            && response.status() == StatusCode::OK
-        {
-            break response.into_body().collect().await.unwrap().to_bytes();
+    // kube-proxy programs a new Service within about a second: poll.
+    let what = format!("an answer through the gateway's ClusterIP {gateway_ip}");
+    let body = await_condition(what, within(Duration::from_secs(30)), async || {
+        match http.request(fixture::post_request(&url, Some(ALICE_KEY), r#"{"model":"llama3","messages":[]}"#)).await {
+            Ok(response) if response.status() == StatusCode::OK => {
+                Seen::Done(response.into_body().collect().await.unwrap().to_bytes())
+            }
+            other => Seen::NotYet(format!("{:?}", other.map(|response| response.status()))),
         }
-        assert!(Instant::now() < deadline, "no answer through the gateway's ClusterIP {gateway_ip}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    })
+    .await
+    .unwrap();
     let value: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(value["object"], "chat.completion");
     assert_eq!(value["model"], "meta-llama/Llama-3.1-8B-Instruct", "the mock pod saw the rewritten model");
@@ -105,26 +106,23 @@ async fn an_hpa_scales_a_cpu_burning_deployment_on_real_metrics() {
         }));
     }
     let hpas: Api<HorizontalPodAutoscaler> = Api::namespaced(client.clone(), &namespace);
-    let deadline = Instant::now() + Duration::from_secs(150);
-    let mut last;
-    let scaled = loop {
-        let status = hpas.get("burner").await.unwrap().status.unwrap_or_default();
+    let patience = within(Duration::from_secs(150)).every(Duration::from_secs(1));
+    let scaled = await_object(&hpas, "burner", "scales up under load", patience, |hpa| {
+        let status = hpa.status.clone().unwrap_or_default();
         let active = status.conditions.iter().flatten().any(|c| c.type_ == "ScalingActive" && c.status == "True");
-        last = format!(
+        if active && status.desired_replicas > 1 {
+            return Seen::Done(status.desired_replicas);
+        }
+        Seen::NotYet(format!(
             "desired {} current {:?} conditions {:?}",
             status.desired_replicas, status.current_replicas, status.conditions
-        );
-        if active && status.desired_replicas > 1 {
-            break status.desired_replicas;
-        }
-        if Instant::now() > deadline {
-            break 0;
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    };
+        ))
+    })
+    .await;
+    // The load stops whatever the outcome, then the outcome is told.
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     for worker in workers {
         let _ = worker.await;
     }
-    assert!(scaled > 1, "the HPA did not scale up under load: {last}");
+    assert!(scaled.unwrap() > 1);
 }

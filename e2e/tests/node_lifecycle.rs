@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use waycast_e2e::harness::start_supervisor;
 use waycast_e2e::node::{BRIDGE, NODE_ROOT};
+use waycast_e2e::wait::{await_condition_blocking, within};
 
 #[derive(Debug, PartialEq, Eq)]
 struct MachineState {
@@ -90,11 +91,7 @@ fn machine_state() -> MachineState {
 }
 
 fn wait_exit(child: &mut std::process::Child, timeout: Duration) {
-    let deadline = Instant::now() + timeout;
-    while child.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "the supervisor did not stop within {timeout:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    await_condition_blocking("the supervisor stops", within(timeout), || child.try_wait().unwrap().is_some()).unwrap();
 }
 
 #[test]

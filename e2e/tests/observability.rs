@@ -19,16 +19,13 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 use waycast_crds::ApiKey;
 use waycast_e2e::cluster::images;
-use waycast_e2e::harness::{condition_true, shared_cluster_with_node, test_namespace};
-use waycast_e2e::manifest;
+use waycast_e2e::harness::{shared_cluster_with_node, test_namespace};
+use waycast_e2e::manifest::{self, object};
+use waycast_e2e::wait::{Patience, Seen, await_condition, await_object_condition, condition, within};
 use waycast_e2e::workloads::{apply_values, deployment, generated_key, repository_root, service, wait_pods_ready};
 use waycast_mock::fixtures as fixture;
 
 const RELEASE_NAMESPACE: &str = "waycast-system";
-
-fn object(value: Value) -> kube::api::DynamicObject {
-    serde_json::from_value(value).unwrap()
-}
 
 fn ip(pod: &Pod) -> String {
     pod.status.as_ref().unwrap().pod_ip.clone().unwrap()
@@ -192,12 +189,9 @@ async fn every_dashboard_query_and_alert_returns_data_from_a_real_prometheus() {
     }
     manifest::apply_all(&client, &objects, &namespace).await.unwrap();
     let keys: kube::Api<ApiKey> = kube::Api::namespaced(client.clone(), &namespace);
-    let deadline = Instant::now() + Duration::from_secs(180);
+    let programmed = Patience::by(Instant::now() + Duration::from_secs(180)).every(Duration::from_millis(250));
     for name in ["steady", "thrifty"] {
-        while !condition_true(&keys.get(name).await.unwrap().status.unwrap_or_default().conditions, "Programmed") {
-            assert!(Instant::now() < deadline, "{name} was never programmed");
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+        await_object_condition(&keys, name, &condition("Programmed"), programmed).await.unwrap();
     }
     let steady = generated_key(&client, &namespace, "steady", Duration::from_secs(60)).await.unwrap();
     let thrifty = generated_key(&client, &namespace, "thrifty", Duration::from_secs(60)).await.unwrap();
@@ -224,14 +218,20 @@ async fn every_dashboard_query_and_alert_returns_data_from_a_real_prometheus() {
             r#"{{"model":"{model}","stream":true,"stream_options":{{"include_usage":true}},"messages":[{{"role":"user","content":"what do the dashboards show?"}}]}}"#
         )
     };
-    let deadline = Instant::now() + Duration::from_secs(60);
+    // Each look sends one more request: no pause between them.
     let mut served = 0;
-    while served < 20 {
-        assert!(Instant::now() < deadline, "the gateway served {served} of 20");
-        if send(&url, &steady, &chat("observed-llm"), &[]).await == 200 {
-            served += 1;
-        }
-    }
+    await_condition(
+        "the gateway serves 20 requests",
+        within(Duration::from_secs(60)).every(Duration::ZERO),
+        async || {
+            if send(&url, &steady, &chat("observed-llm"), &[]).await == 200 {
+                served += 1;
+            }
+            Seen::when(served >= 20, format_args!("{served} served"))
+        },
+    )
+    .await
+    .unwrap();
     for _ in 0..8 {
         send(&url, &steady, &chat("refusing-llm"), &[]).await;
     }
@@ -261,16 +261,14 @@ async fn every_dashboard_query_and_alert_returns_data_from_a_real_prometheus() {
     assert!(statuses.contains(&http::StatusCode::TOO_MANY_REQUESTS), "no queue timeout: {statuses:?}");
 
     // Every target up, then a few scrapes after the load.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    let patience = within(Duration::from_secs(60)).every(Duration::from_millis(500));
+    await_condition("every target is up", patience, async || {
         let targets = prometheus.api("targets", &[]).await;
         let active = targets["data"]["activeTargets"].as_array().cloned().unwrap_or_default();
-        if active.len() == 2 && active.iter().all(|t| t["health"] == "up") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "targets not all up: {targets:#}");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+        Seen::when(active.len() == 2 && active.iter().all(|t| t["health"] == "up"), format_args!("{targets:#}"))
+    })
+    .await
+    .unwrap();
     tokio::time::sleep(Duration::from_secs(8)).await;
 
     let mut failures = Vec::new();
@@ -293,8 +291,8 @@ async fn every_dashboard_query_and_alert_returns_data_from_a_real_prometheus() {
 
     // Prometheus loaded the rendered rules and evaluates each without error;
     // the budget alert fires for thrifty's spent day.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    let patience = within(Duration::from_secs(30)).every(Duration::from_millis(500));
+    await_condition("every rule is healthy and the budget alert fires", patience, async || {
         let rules = prometheus.api("rules", &[]).await;
         let all: Vec<Value> = rules["data"]["groups"]
             .as_array()
@@ -310,10 +308,8 @@ async fn every_dashboard_query_and_alert_returns_data_from_a_real_prometheus() {
                     alerts.iter().any(|a| a["labels"]["scope"] == format!("key:{namespace}/thrifty").as_str())
                 })
         });
-        if healthy && budget_firing {
-            break;
-        }
-        assert!(Instant::now() < deadline, "rules not all healthy, or the budget alert not firing: {rules:#}");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+        Seen::when(healthy && budget_firing, format_args!("{rules:#}"))
+    })
+    .await
+    .unwrap();
 }

@@ -17,7 +17,11 @@ use kube::{Api, Client};
 use serde_json::json;
 use waycast_crds::{ApiKey, Gateway, ModelEndpoint};
 use waycast_e2e::harness::{SharedCluster, shared_cluster_with_node, test_namespace};
-use waycast_e2e::manifest;
+use waycast_e2e::manifest::{self, object};
+use waycast_e2e::wait::{
+    ConditionIs, Namespaced, Patience, Seen, await_absent, await_answer, await_condition, await_condition_of,
+    await_object, await_object_condition, condition, within,
+};
 use waycast_e2e::workloads::{wait_endpoints, wait_pods_ready};
 use waycast_mock::fixtures as fixture;
 
@@ -27,45 +31,13 @@ fn cluster() -> &'static SharedCluster {
     cluster
 }
 
-async fn condition(
-    client: &Client,
-    namespace: &str,
-    kind: &str,
-    name: &str,
-    condition: &str,
-) -> Option<(String, String)> {
-    let value: serde_json::Value = match kind {
-        "Gateway" => {
-            serde_json::to_value(Api::<Gateway>::namespaced(client.clone(), namespace).get_opt(name).await.ok()??)
-                .ok()?
-        }
-        "ApiKey" => {
-            serde_json::to_value(Api::<ApiKey>::namespaced(client.clone(), namespace).get_opt(name).await.ok()??)
-                .ok()?
-        }
-        _ => {
-            serde_json::to_value(Api::<ModelEndpoint>::namespaced(client.clone(), namespace).get_opt(name).await.ok()??)
-                .ok()?
-        }
-    };
-    let found = value["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == condition)?.clone();
-    Some((found["status"].as_str()?.to_owned(), found["reason"].as_str()?.to_owned()))
-}
+/// How long the operator may take to show a change in a status, under the
+/// load of this binary's tests running side by side.
+const OPERATOR_PACE: Duration = Duration::from_secs(90);
 
-async fn wait_condition(client: &Client, namespace: &str, kind: &str, name: &str, wanted: (&str, &str, &str)) {
-    let (kind_condition, status, reason) = wanted;
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        let got = condition(client, namespace, kind, name, kind_condition).await;
-        if got.as_ref().is_some_and(|(s, r)| s == status && r == reason) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{kind} {namespace}/{name}: {kind_condition} is {got:?}, wanted {status}/{reason}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+/// Waits until the `K` `namespace/name` holds `wanted`, at the operator's pace.
+async fn wait_for<K: Namespaced>(client: &Client, namespace: &str, name: &str, wanted: ConditionIs) {
+    await_condition_of::<K>(client, namespace, name, &wanted, within(OPERATOR_PACE)).await.unwrap();
 }
 
 async fn apply_file(client: &Client, namespace: &str, path: &str) {
@@ -79,9 +51,7 @@ async fn generated_key(client: &Client, namespace: &str, name: &str) -> String {
 }
 
 async fn status_of(url: &str, key: &str) -> Option<StatusCode> {
-    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
-    let request = fixture::post_request(url, Some(key), r#"{"model":"llama3","messages":[]}"#);
-    tokio::time::timeout(Duration::from_secs(2), http.request(request)).await.ok()?.ok().map(|r| r.status())
+    waycast_e2e::chat::status(url, key, "llama3").await
 }
 
 /// Every gateway pod's own URL, so a change can be checked on each pod.
@@ -94,26 +64,13 @@ async fn pod_urls(client: &Client, namespace: &str) -> Vec<String> {
         .collect()
 }
 
+/// Waits until every pod answers `wanted` to `key` for llama3, looking
+/// every 10 ms; how long that took (apply → effect).
 async fn wait_all(urls: &[String], key: &str, wanted: StatusCode, timeout: Duration) -> Duration {
     let started = Instant::now();
-    loop {
-        let mut last = None;
-        for url in urls {
-            let got = status_of(url, key).await;
-            if got != Some(wanted) {
-                last = Some((url.clone(), got));
-                break;
-            }
-        }
-        let Some((url, got)) = last else {
-            return started.elapsed();
-        };
-        assert!(
-            started.elapsed() < timeout,
-            "not every pod answers {wanted} after {timeout:?}: {url} answered {got:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let patience = within(timeout).every(Duration::from_millis(10));
+    await_answer(urls, key, "llama3", wanted, patience).await.unwrap();
+    started.elapsed()
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -126,9 +83,9 @@ async fn the_quickstart_serves_and_key_changes_reach_every_pod_without_restarts(
     let client = cluster().client().await;
     let namespace = test_namespace(&client, "operator-quickstart").await.unwrap();
     apply_file(&client, &namespace, "examples/quickstart/quickstart.yaml").await;
-    wait_condition(&client, &namespace, "Gateway", "gateway", ("Ready", "True", "ReplicasReady")).await;
-    wait_condition(&client, &namespace, "ApiKey", "alice", ("Ready", "True", "KeyReady")).await;
-    wait_condition(&client, &namespace, "ModelEndpoint", "llama-3-1-8b", ("Accepted", "True", "Accepted")).await;
+    wait_for::<Gateway>(&client, &namespace, "gateway", condition("Ready").because("ReplicasReady")).await;
+    wait_for::<ApiKey>(&client, &namespace, "alice", condition("Ready").because("KeyReady")).await;
+    wait_for::<ModelEndpoint>(&client, &namespace, "llama-3-1-8b", condition("Accepted").because("Accepted")).await;
     let key = generated_key(&client, &namespace, "alice").await;
     assert!(key.starts_with("wc_") && key.len() == 46);
 
@@ -191,21 +148,9 @@ async fn the_quickstart_serves_and_key_changes_reach_every_pod_without_restarts(
     // Disabling: Programmed again (for the new generation) means gone everywhere.
     let disable = json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey", "spec": {"disabled": true}});
     let patched = keys.patch("bob", &PatchParams::apply("e2e-user").force(), &Patch::Apply(disable)).await.unwrap();
-    let generation = patched.metadata.generation;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let current = keys.get("bob").await.unwrap();
-        let programmed = current.status.as_ref().is_some_and(|s| {
-            s.conditions
-                .iter()
-                .any(|c| c.type_ == "Programmed" && c.status == "True" && c.observed_generation == generation)
-        });
-        if programmed {
-            break;
-        }
-        assert!(Instant::now() < deadline, "bob never became Programmed after being disabled");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let programmed = condition("Programmed").at_generation(patched.metadata.generation);
+    let patience = within(Duration::from_secs(30)).every(Duration::from_millis(20));
+    await_object_condition(&keys, "bob", &programmed, patience).await.unwrap();
     for url in &urls {
         assert_eq!(
             status_of(url, &bob_key).await,
@@ -213,16 +158,14 @@ async fn the_quickstart_serves_and_key_changes_reach_every_pod_without_restarts(
             "{url} still accepts a disabled key"
         );
     }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let gateway = Api::<Gateway>::namespaced(client.clone(), &namespace).get("gateway").await.unwrap();
-        let up_to_date = gateway.status.and_then(|s| s.up_to_date_replicas);
-        if up_to_date == Some(2) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "Gateway status shows {up_to_date:?} pods on the current config, not 2");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let gateways = Api::<Gateway>::namespaced(client.clone(), &namespace);
+    let patience = within(Duration::from_secs(10)).every(Duration::from_millis(50));
+    await_object(&gateways, "gateway", "status shows 2 pods on the current config", patience, |gateway| {
+        let up_to_date = gateway.status.as_ref().and_then(|s| s.up_to_date_replicas);
+        Seen::when(up_to_date == Some(2), up_to_date)
+    })
+    .await
+    .unwrap();
 
     // Config changes never restarted a pod.
     let pods = Api::<Pod>::namespaced(client.clone(), &namespace)
@@ -242,19 +185,13 @@ async fn the_quickstart_serves_and_key_changes_reach_every_pod_without_restarts(
         .delete("gateway", &DeleteParams::foreground())
         .await
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let deployment = Api::<Deployment>::namespaced(client.clone(), &namespace).get_opt("gateway").await.unwrap();
-        // The manifest Secret and the parts it named.
-        let config = Api::<Secret>::namespaced(client.clone(), &namespace).get_opt("gateway-config").await.unwrap();
-        let base = Api::<Secret>::namespaced(client.clone(), &namespace).get_opt("gateway-config-base").await.unwrap();
-        let service = Api::<Service>::namespaced(client.clone(), &namespace).get_opt("gateway").await.unwrap();
-        if deployment.is_none() && config.is_none() && base.is_none() && service.is_none() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "owned objects were not garbage-collected");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let collected = Patience::by(Instant::now() + Duration::from_secs(60)).every(Duration::from_millis(200));
+    let secrets = Api::<Secret>::namespaced(client.clone(), &namespace);
+    await_absent(&Api::<Deployment>::namespaced(client.clone(), &namespace), "gateway", collected).await.unwrap();
+    // The manifest Secret and the parts it named.
+    await_absent(&secrets, "gateway-config", collected).await.unwrap();
+    await_absent(&secrets, "gateway-config-base", collected).await.unwrap();
+    await_absent(&Api::<Service>::namespaced(client.clone(), &namespace), "gateway", collected).await.unwrap();
 }
 
 /// Rotation, each reaching every pod with no pod restarted: a generated
@@ -283,9 +220,9 @@ async fn keys_and_credentials_rotate_without_a_restart() {
         .patch("llama-3-1-8b", &PatchParams::default(), &Patch::Merge(backends))
         .await
         .unwrap();
-    wait_condition(&client, &namespace, "Gateway", "gateway", ("Ready", "True", "ReplicasReady")).await;
+    wait_for::<Gateway>(&client, &namespace, "gateway", condition("Ready").because("ReplicasReady")).await;
     for key in ["alice", "bob"] {
-        wait_condition(&client, &namespace, "ApiKey", key, ("Ready", "True", "KeyReady")).await;
+        wait_for::<ApiKey>(&client, &namespace, key, condition("Ready").because("KeyReady")).await;
     }
     let urls = pod_urls(&client, &namespace).await;
     let pods_before: Vec<String> = Api::<Pod>::namespaced(client.clone(), &namespace)
@@ -304,17 +241,13 @@ async fn keys_and_credentials_rotate_without_a_restart() {
     // A generated key: its Secret deleted, the operator makes another.
     let secrets = Api::<Secret>::namespaced(client.clone(), &namespace);
     secrets.delete("alice-key", &DeleteParams::default()).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let second = loop {
-        if let Some(secret) = secrets.get_opt("alice-key").await.unwrap()
-            && let Some(text) = secret.data.and_then(|d| d.get("api-key").map(|b| b.0.clone()))
-            && text != first.as_bytes()
-        {
-            break String::from_utf8(text).unwrap();
-        }
-        assert!(Instant::now() < deadline, "no new key was generated");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let patience = within(Duration::from_secs(60)).every(Duration::from_millis(200));
+    let second = await_object(&secrets, "alice-key", "a new key is generated", patience, |secret| {
+        let text = secret.data.as_ref().and_then(|d| d.get("api-key")).map(|b| b.0.clone());
+        text.filter(|text| text != first.as_bytes()).map(|text| String::from_utf8(text).unwrap())
+    })
+    .await
+    .unwrap();
     wait_all(&urls, &second, StatusCode::OK, served).await;
     wait_all(&urls, &first, StatusCode::UNAUTHORIZED, served).await;
 
@@ -338,17 +271,17 @@ async fn keys_and_credentials_rotate_without_a_restart() {
     assert!(credentials_seen().await.iter().all(|c| c == "Bearer first-credential"), "{:?}", credentials_seen().await);
     let token = json!({"stringData": {"token": "second-credential"}});
     secrets.patch("upstream", &PatchParams::default(), &Patch::Merge(token)).await.unwrap();
-    let deadline = Instant::now() + served;
-    'rotated: loop {
+    let patience = within(served).every(Duration::from_millis(200));
+    await_condition("the upstream gets the new credential", patience, async || {
         for url in &urls {
             assert_eq!(status_of(url, &second).await, Some(StatusCode::OK));
         }
-        if credentials_seen().await.iter().rev().take(urls.len()).all(|c| c == "Bearer second-credential") {
-            break 'rotated;
-        }
-        assert!(Instant::now() < deadline, "the upstream never got the new credential");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        let seen = credentials_seen().await;
+        let last = &seen[seen.len().saturating_sub(urls.len())..];
+        Seen::when(last.iter().all(|c| c == "Bearer second-credential"), last)
+    })
+    .await
+    .unwrap();
 
     let pods_after: Vec<String> = Api::<Pod>::namespaced(client.clone(), &namespace)
         .list(&ListParams::default().labels("app.kubernetes.io/instance=gateway"))
@@ -366,7 +299,7 @@ async fn conflicts_and_bad_references_show_in_status_without_disturbing_others()
     let client = cluster().client().await;
     let namespace = test_namespace(&client, "operator-conflicts").await.unwrap();
     apply_file(&client, &namespace, "examples/quickstart/quickstart.yaml").await;
-    wait_condition(&client, &namespace, "ModelEndpoint", "llama-3-1-8b", ("Accepted", "True", "Accepted")).await;
+    wait_for::<ModelEndpoint>(&client, &namespace, "llama-3-1-8b", condition("Accepted").because("Accepted")).await;
     let objects = vec![
         json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ModelEndpoint", "metadata": {"name": "llama-copy"},
                "spec": {"model": "llama-3.1-8b", "aliases": ["llama3"], "backends": [{"service": {"name": "vllm", "port": 8000}}]}}),
@@ -379,34 +312,34 @@ async fn conflicts_and_bad_references_show_in_status_without_disturbing_others()
     ];
     let objects: Vec<_> = objects.into_iter().map(|v| serde_json::from_value(v).unwrap()).collect();
     manifest::apply_all(&client, &objects, &namespace).await.unwrap();
-    wait_condition(&client, &namespace, "ModelEndpoint", "llama-copy", ("Accepted", "False", "ModelNameConflict"))
-        .await;
-    wait_condition(
+    wait_for::<ModelEndpoint>(
         &client,
         &namespace,
-        "ModelEndpoint",
-        "missing-backend",
-        ("ResolvedRefs", "False", "BackendNotFound"),
+        "llama-copy",
+        condition("Accepted").is("False").because("ModelNameConflict"),
     )
     .await;
-    wait_condition(&client, &namespace, "ApiKey", "short", ("Ready", "False", "KeyTooShort")).await;
+    wait_for::<ModelEndpoint>(
+        &client,
+        &namespace,
+        "missing-backend",
+        condition("ResolvedRefs").is("False").because("BackendNotFound"),
+    )
+    .await;
+    wait_for::<ApiKey>(&client, &namespace, "short", condition("Ready").is("False").because("KeyTooShort")).await;
     // The team that lost the conflict also sees it in Events.
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &namespace);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let found = events.list(&ListParams::default()).await.unwrap().items.iter().any(|event| {
+    await_condition("a ModelNameConflict Event for llama-copy", within(Duration::from_secs(10)), async || {
+        events.list(&ListParams::default()).await.unwrap().items.iter().any(|event| {
             event.reason.as_deref() == Some("ModelNameConflict")
                 && event.type_.as_deref() == Some("Warning")
                 && event.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("llama-copy")
-        });
-        if found {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no ModelNameConflict Event for llama-copy");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    wait_condition(&client, &namespace, "ApiKey", "alice", ("Ready", "True", "KeyReady")).await;
-    wait_condition(&client, &namespace, "Gateway", "gateway", ("Ready", "True", "ReplicasReady")).await;
+        })
+    })
+    .await
+    .unwrap();
+    wait_for::<ApiKey>(&client, &namespace, "alice", condition("Ready").because("KeyReady")).await;
+    wait_for::<Gateway>(&client, &namespace, "gateway", condition("Ready").because("ReplicasReady")).await;
     let key = generated_key(&client, &namespace, "alice").await;
     let urls = pod_urls(&client, &namespace).await;
     wait_all(&urls, &key, StatusCode::OK, Duration::from_secs(30)).await;
@@ -416,7 +349,7 @@ async fn conflicts_and_bad_references_show_in_status_without_disturbing_others()
         .delete("llama-3-1-8b", &DeleteParams::default())
         .await
         .unwrap();
-    wait_condition(&client, &namespace, "ModelEndpoint", "llama-copy", ("Accepted", "True", "Accepted")).await;
+    wait_for::<ModelEndpoint>(&client, &namespace, "llama-copy", condition("Accepted").because("Accepted")).await;
     wait_all(&urls, &key, StatusCode::OK, Duration::from_secs(30)).await;
 }
 
@@ -425,8 +358,8 @@ async fn a_rolling_update_under_load_fails_no_request_and_autoscaling_prunes_cle
     let client = cluster().client().await;
     let namespace = test_namespace(&client, "operator-rollout").await.unwrap();
     apply_file(&client, &namespace, "examples/quickstart/quickstart.yaml").await;
-    wait_condition(&client, &namespace, "Gateway", "gateway", ("Ready", "True", "ReplicasReady")).await;
-    wait_condition(&client, &namespace, "ApiKey", "alice", ("Programmed", "True", "Programmed")).await;
+    wait_for::<Gateway>(&client, &namespace, "gateway", condition("Ready").because("ReplicasReady")).await;
+    wait_for::<ApiKey>(&client, &namespace, "alice", condition("Programmed").because("Programmed")).await;
     let key = generated_key(&client, &namespace, "alice").await;
     let service = Api::<Service>::namespaced(client.clone(), &namespace).get("gateway").await.unwrap();
     let url = format!("http://{}/v1/chat/completions", service.spec.unwrap().cluster_ip.unwrap());
@@ -456,22 +389,19 @@ async fn a_rolling_update_under_load_fails_no_request_and_autoscaling_prunes_cle
         .await
         .unwrap();
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &namespace);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let deployment = deployments.get("gateway").await.unwrap();
+    let patience = within(Duration::from_secs(120)).every(Duration::from_millis(250));
+    await_object(&deployments, "gateway", "the rollout finishes", patience, |deployment| {
         let generation = deployment.metadata.generation;
-        let status = deployment.status.unwrap_or_default();
+        let status = deployment.status.clone().unwrap_or_default();
         let rolled = status.observed_generation == generation
             && status.updated_replicas == Some(2)
             && status.ready_replicas == Some(2)
             && status.replicas == Some(2);
-        let requests = deployment.spec.unwrap().template.spec.unwrap().containers[0].resources.clone();
-        if rolled && requests.is_some_and(|r| r.requests.is_some()) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the rollout did not finish");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+        let requests = deployment.spec.clone().unwrap().template.spec.unwrap().containers[0].resources.clone();
+        Seen::when(rolled && requests.is_some_and(|r| r.requests.is_some()), status)
+    })
+    .await
+    .unwrap();
     // Let the old pods' drain finish under load too.
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -495,11 +425,8 @@ async fn a_rolling_update_under_load_fails_no_request_and_autoscaling_prunes_cle
         .patch("gateway", &PatchParams::apply(manifest::FIELD_MANAGER).force(), &Patch::Apply(autoscaled))
         .await
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while hpas.get_opt("gateway").await.unwrap().is_none() {
-        assert!(Instant::now() < deadline, "no HPA for an autoscaling Gateway");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let patience = within(Duration::from_secs(30)).every(Duration::from_millis(200));
+    await_object(&hpas, "gateway", "an HPA for an autoscaling Gateway", patience, |_| true).await.unwrap();
     let managers = deployments.get("gateway").await.unwrap().metadata.managed_fields.unwrap_or_default();
     let operator_owns_replicas = managers
         .iter()
@@ -511,11 +438,8 @@ async fn a_rolling_update_under_load_fails_no_request_and_autoscaling_prunes_cle
         .patch("gateway", &PatchParams::apply(manifest::FIELD_MANAGER).force(), &Patch::Apply(fixed))
         .await
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while hpas.get_opt("gateway").await.unwrap().is_some() {
-        assert!(Instant::now() < deadline, "the HPA was not pruned when autoscaling was removed");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    // The HPA is pruned when autoscaling is removed.
+    await_absent(&hpas, "gateway", patience).await.unwrap();
 }
 
 #[tokio::test]
@@ -546,8 +470,8 @@ async fn a_platform_gateway_serves_team_namespaces_by_label_and_scale_down_drain
     let gateway = json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "Gateway", "metadata": {"name": "gateway"},
         "spec": {"replicas": 2, "modelEndpoints": selector, "apiKeys": selector}});
     manifest::apply_all(&client, &[serde_json::from_value(gateway).unwrap()], &platform).await.unwrap();
-    wait_condition(&client, &team, "ApiKey", "alice", ("Programmed", "True", "Programmed")).await;
-    wait_condition(&client, &team, "ModelEndpoint", "llama-3-1-8b", ("Programmed", "True", "Programmed")).await;
+    wait_for::<ApiKey>(&client, &team, "alice", condition("Programmed").because("Programmed")).await;
+    wait_for::<ModelEndpoint>(&client, &team, "llama-3-1-8b", condition("Programmed").because("Programmed")).await;
     let key = generated_key(&client, &team, "alice").await;
     let urls = pod_urls(&client, &platform).await;
     wait_all(&urls, &key, StatusCode::OK, Duration::from_secs(30)).await;
@@ -581,352 +505,6 @@ async fn a_platform_gateway_serves_team_namespaces_by_label_and_scale_down_drain
     assert_eq!(deployment.spec.unwrap().replicas, Some(1), "the scale-down happened");
 }
 
-async fn status_for(url: &str, key: &str, model: &str) -> Option<StatusCode> {
-    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
-    let request = fixture::post_request(url, Some(key), &format!(r#"{{"model":"{model}","messages":[]}}"#));
-    tokio::time::timeout(Duration::from_secs(2), http.request(request)).await.ok()?.ok().map(|r| r.status())
-}
-
-async fn wait_model_status(urls: &[String], key: &str, model: &str, wanted: StatusCode) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    for url in urls {
-        loop {
-            let got = status_for(url, key, model).await;
-            if got == Some(wanted) {
-                break;
-            }
-            assert!(Instant::now() < deadline, "{url}: {model} answered {got:?}, wanted {wanted}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-}
-
-fn object(value: serde_json::Value) -> kube::api::DynamicObject {
-    serde_json::from_value(value).unwrap()
-}
-
-/// The mock pod that answered `key`'s `model` on `url` (a 200 first).
-async fn served_by(url: &str, key: &str, model: &str) -> String {
-    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
-    let body = format!(r#"{{"model":"{model}","messages":[]}}"#);
-    let response = http.request(fixture::post_request(url, Some(key), &body)).await.unwrap();
-    assert_eq!(response.status(), StatusCode::OK, "{model} on {url}");
-    response.headers()[waycast_mock::upstream::POD_HEADER].to_str().unwrap().to_owned()
-}
-
-/// The tenancy promise on a real cluster: what one team writes cannot
-/// freeze, read or redirect what another team gets from a shared Gateway.
-#[tokio::test]
-async fn tenants_cannot_break_read_or_redirect_each_other() {
-    let client = cluster().client().await;
-    let home = test_namespace(&client, "home").await.unwrap();
-    let team = test_namespace(&client, "tenant").await.unwrap();
-    let rogue = test_namespace(&client, "rogue").await.unwrap();
-    apply_file(&client, &home, "examples/quickstart/quickstart.yaml").await;
-    // The Gateway also takes keys and models from other namespaces (that name it).
-    let all = json!({"namespaces": {"from": "All"}});
-    let gateway = json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "Gateway", "metadata": {"name": "gateway"},
-        "spec": {"replicas": 2, "apiKeys": all, "modelEndpoints": all}});
-    manifest::apply_all(&client, &[object(gateway)], &home).await.unwrap();
-    wait_condition(&client, &home, "ApiKey", "alice", ("Programmed", "True", "Programmed")).await;
-    let alice = generated_key(&client, &home, "alice").await;
-    let urls = pod_urls(&client, &home).await;
-    wait_all(&urls, &alice, StatusCode::OK, Duration::from_secs(30)).await;
-
-    // What the schema can refuse, the API server refuses with the field named.
-    let refused = [
-        ("zero idle", json!({"timeouts": {"idle": "0s"}}), "must be longer than 0"),
-        ("a non-breaking space", json!({"model": "llama\u{a0}4"}), "spec.model"),
-        (
-            "a Host credential header",
-            json!({"backends": [{"url": "https://a.example/v1",
-            "auth": {"secretRef": {"name": "x", "key": "k"}, "header": "Host"}}]}),
-            "must not be Host",
-        ),
-        ("a metadata URL", json!({"backends": [{"url": "http://169.254.169.254/latest"}]}), "link-local"),
-        (
-            "a TLS server name with an empty label",
-            json!({"backends": [{"url": "https://a.example/v1", "tls": {"serverName": "a..b"}}]}),
-            "serverName",
-        ),
-        (
-            "a TLS server name that is not ASCII",
-            json!({"backends": [{"url": "https://a.example/v1", "tls": {"serverName": "ünï.example"}}]}),
-            "serverName",
-        ),
-    ];
-    for (what, overrides, expected) in refused {
-        let mut spec = json!({"model": "bad", "backends": [{"url": "https://a.example/v1"}]});
-        for (field, value) in overrides.as_object().unwrap() {
-            spec[field] = value.clone();
-        }
-        let bad = object(json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ModelEndpoint",
-            "metadata": {"name": "bad"}, "spec": spec}));
-        let error = manifest::apply_all(&client, &[bad], &home).await.expect_err(what);
-        assert!(format!("{error:#}").contains(expected), "{what}: {error:#}");
-    }
-
-    // What only the gateway's own check sees (a control character in a
-    // credential) is left out on its own, with the field named...
-    let credential = |name: &str, value: &str, labelled: bool| {
-        let labels = if labelled { json!({"waycast.dev/credential": "true"}) } else { json!({}) };
-        object(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "labels": labels},
-            "stringData": {"k": value}}))
-    };
-    manifest::apply_all(
-        &client,
-        &[credential("bell", "sk-\u{7}", true), credential("unlabelled", "sk-never-sent", false)],
-        &home,
-    )
-    .await
-    .unwrap();
-    let vllm = Api::<Service>::namespaced(client.clone(), &home).get("vllm").await.unwrap();
-    let vllm_ip = vllm.spec.unwrap().cluster_ip.unwrap();
-    // A url backend to a ClusterIP: the platform team opens that address.
-    waycast_e2e::workloads::open_egress(&client, &home, "gateway", &[&vllm_ip]).await.unwrap();
-    // A CA that does not parse, in a team's labelled Secret: that model is
-    // left out, naming the field; nobody else's config stops.
-    let bad_ca = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "bad-ca",
-        "labels": {"waycast.dev/credential": "true"}}, "stringData": {"ca.crt": "-----BEGIN CERTIFICATE-----\nnot base64\n"}});
-    let poisoned = json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ModelEndpoint", "metadata": {"name": "poisoned"},
-        "spec": {"model": "poisoned", "parentRefs": [{"name": "gateway", "namespace": home}],
-            "backends": [{"url": "https://a.example/v1", "tls": {"caSecretRef": {"name": "bad-ca", "key": "ca.crt"}}}]}});
-    manifest::apply_all(&client, &[object(bad_ca), object(poisoned)], &team).await.unwrap();
-    let endpoints = [
-        json!({"metadata": {"name": "control"}, "spec": {"model": "control", "backends": [{"url": "https://a.example/v1",
-            "auth": {"secretRef": {"name": "bell", "key": "k"}}}]}}),
-        json!({"metadata": {"name": "unlabelled"}, "spec": {"model": "unlabelled", "backends": [{"url": "https://a.example/v1",
-            "auth": {"secretRef": {"name": "unlabelled", "key": "k"}}}]}}),
-        // An Azure-style URL with a query: served, the query sent upstream.
-        json!({"metadata": {"name": "azure"}, "spec": {"model": "azure-style",
-            "backends": [{"url": format!("http://{vllm_ip}:8000/v1?api-version=2024-06-01")}]}}),
-    ];
-    let endpoints: Vec<_> = endpoints
-        .into_iter()
-        .map(|mut e| {
-            e["apiVersion"] = json!("waycast.dev/v1alpha1");
-            e["kind"] = json!("ModelEndpoint");
-            object(e)
-        })
-        .collect();
-    manifest::apply_all(&client, &endpoints, &home).await.unwrap();
-    wait_condition(&client, &home, "ModelEndpoint", "control", ("Accepted", "False", "Invalid")).await;
-    wait_condition(&client, &team, "ModelEndpoint", "poisoned", ("Accepted", "False", "Invalid")).await;
-    wait_condition(&client, &home, "ModelEndpoint", "unlabelled", ("ResolvedRefs", "False", "SecretNotLabelled")).await;
-    wait_condition(&client, &home, "ModelEndpoint", "azure", ("Programmed", "True", "Programmed")).await;
-    // ... while everyone else's changes keep propagating: a disabled key
-    // answers 401 and a new key 200 on every pod.
-    let bob = json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey", "metadata": {"name": "bob"}, "spec": {}});
-    manifest::apply_all(&client, &[object(bob)], &home).await.unwrap();
-    Api::<ApiKey>::namespaced(client.clone(), &home)
-        .patch("alice", &PatchParams::default(), &Patch::Merge(json!({"spec": {"disabled": true}})))
-        .await
-        .unwrap();
-    wait_condition(&client, &home, "ApiKey", "bob", ("Programmed", "True", "Programmed")).await;
-    let bob = generated_key(&client, &home, "bob").await;
-    wait_all(&urls, &bob, StatusCode::OK, Duration::from_secs(5)).await;
-    // The disable was applied before bob was Programmed: at once.
-    wait_all(&urls, &alice, StatusCode::UNAUTHORIZED, Duration::from_secs(2)).await;
-    // (alice's allow-list is llama-*; bob may call any model of his namespace.)
-    wait_model_status(&urls, &bob, "azure-style", StatusCode::OK).await;
-    wait_condition(&client, &home, "Gateway", "gateway", ("Programmed", "True", "ConfigWritten")).await;
-    // An unlabelled Secret's value never reaches the config's Secrets.
-    let written = waycast_e2e::config_secrets::read_config(&client, &home, "gateway-config").await.unwrap();
-    let text = String::from_utf8(written.config.to_canonical_json().unwrap()).unwrap();
-    assert!(!text.contains("sk-never-sent") && text.contains("api-version=2024-06-01"), "{text}");
-
-    // A Gateway in another namespace with from: All gets nothing that did
-    // not name it, and shows in no one's status.
-    let all = json!({"namespaces": {"from": "All"}});
-    let grab = json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "Gateway", "metadata": {"name": "grab"},
-        "spec": {"replicas": 1, "modelEndpoints": all, "apiKeys": all}});
-    manifest::apply_all(&client, &[object(grab)], &rogue).await.unwrap();
-    wait_condition(&client, &rogue, "Gateway", "grab", ("Programmed", "True", "ConfigWritten")).await;
-    let grabbed = Api::<Gateway>::namespaced(client.clone(), &rogue).get("grab").await.unwrap().status.unwrap();
-    assert_eq!((grabbed.model_count, grabbed.api_key_count), (Some(0), Some(0)));
-    let bob_status = Api::<ApiKey>::namespaced(client.clone(), &home).get("bob").await.unwrap().status.unwrap();
-    assert_eq!(bob_status.gateways, [format!("{home}/gateway")]);
-    assert!(bob_status.parents.iter().all(|p| !p.gateway.starts_with(&rogue)), "{:?}", bob_status.parents);
-
-    // Another team's key sees only what is shared with it: 404 (as for a
-    // model that does not exist), then 200 once the model is shared.
-    let carol = json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey", "metadata": {"name": "carol"},
-        "spec": {"parentRefs": [{"name": "gateway", "namespace": home}]}});
-    manifest::apply_all(&client, &[object(carol)], &team).await.unwrap();
-    wait_condition(&client, &team, "ApiKey", "carol", ("Programmed", "True", "Programmed")).await;
-    let carol = generated_key(&client, &team, "carol").await;
-    wait_model_status(&urls, &carol, "llama3", StatusCode::NOT_FOUND).await;
-    Api::<ModelEndpoint>::namespaced(client.clone(), &home)
-        .patch(
-            "llama-3-1-8b",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"apiKeys": {"namespaces": {"from": "All"}}}})),
-        )
-        .await
-        .unwrap();
-    wait_model_status(&urls, &carol, "llama3", StatusCode::OK).await;
-
-    // Squatting: the tenant publishes its own `llama3`, shared with every
-    // namespace. Keys of other namespaces still get the platform's llama3
-    // (its pods answer), and its own keys get its own: a name is its
-    // namespace's, and nobody else's prompts reach the squatter.
-    let squatter = [
-        waycast_e2e::workloads::deployment(
-            "squatter",
-            waycast_e2e::cluster::images::MOCK_UPSTREAM,
-            &["--listen", "0.0.0.0:8000"],
-            8000,
-            json!({}),
-        ),
-        waycast_e2e::workloads::service("squatter", 8000, 8000),
-    ];
-    waycast_e2e::workloads::apply_values(&client, &team, squatter.to_vec()).await.unwrap();
-    let squat = json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ModelEndpoint", "metadata": {"name": "squat"},
-        "spec": {"model": "llama3", "parentRefs": [{"name": "gateway", "namespace": home}],
-            "apiKeys": {"namespaces": {"from": "All"}}, "backends": [{"service": {"name": "squatter", "port": 8000}}]}});
-    manifest::apply_all(&client, &[object(squat)], &team).await.unwrap();
-    wait_condition(&client, &team, "ModelEndpoint", "squat", ("Programmed", "True", "Programmed")).await;
-    wait_pods_ready(&client, &team, "app=squatter", 1, Duration::from_secs(90)).await.unwrap();
-    let dave = json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey", "metadata": {"name": "dave"},
-        "spec": {"parentRefs": [{"name": "gateway", "namespace": home}]}});
-    manifest::apply_all(&client, &[object(dave)], &rogue).await.unwrap();
-    wait_condition(&client, &rogue, "ApiKey", "dave", ("Programmed", "True", "Programmed")).await;
-    let dave = generated_key(&client, &rogue, "dave").await;
-    for url in &urls {
-        for (who, key, pod_prefix) in [("bob", &bob, "vllm-"), ("dave", &dave, "vllm-"), ("carol", &carol, "squatter-")]
-        {
-            let pod = served_by(url, key, "llama3").await;
-            assert!(pod.starts_with(pod_prefix), "{who}'s llama3 was served by {pod} on {url}");
-        }
-    }
-
-    // Egress is closed by default: a url backend naming another
-    // namespace's Service by its address is not served (the operator sees
-    // the literal), and one naming a host that resolves into a closed range
-    // (loopback: the pod's own admin port) gets a 502 egress_denied from the
-    // pods, which check every address they connect to.
-    // (The home gateway's own Service: its vllm's address was opened above.)
-    let home_service = Api::<Service>::namespaced(client.clone(), &home).get("gateway").await.unwrap();
-    let home_service_ip = home_service.spec.unwrap().cluster_ip.unwrap();
-    let reach = |name: &str, url: String| {
-        object(json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ModelEndpoint", "metadata": {"name": name},
-            "spec": {"model": name, "parentRefs": [{"name": "gateway", "namespace": home}], "backends": [{"url": url}]}}))
-    };
-    let steal = reach("steal", format!("http://{home_service_ip}:80/v1"));
-    let loopback = reach("loopback", "http://localhost:9090".into());
-    manifest::apply_all(&client, &[steal, loopback], &team).await.unwrap();
-    wait_condition(&client, &team, "ModelEndpoint", "steal", ("Accepted", "False", "NotAllowedByGateway")).await;
-    wait_condition(&client, &team, "ModelEndpoint", "loopback", ("Programmed", "True", "Programmed")).await;
-    for url in &urls {
-        let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
-        let request = fixture::post_request(url, Some(&carol), r#"{"model":"loopback","messages":[]}"#);
-        let response = http.request(request).await.unwrap();
-        assert_eq!(response.status(), StatusCode::BAD_GATEWAY, "{url}");
-        let body = http_body_util::BodyExt::collect(response.into_body()).await.unwrap().to_bytes();
-        let error: serde_json::Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(error["error"]["code"], "egress_denied", "{url}: {error}");
-    }
-
-    // A forged heartbeat — a Lease labelled for the Gateway, naming no live
-    // pod of it, claiming a refusal — changes neither Programmed nor the
-    // pods' count of their fleet (each shares the rate limits by it).
-    let hash = waycast_e2e::config_secrets::read_config(&client, &home, "gateway-config").await.unwrap().hash;
-    // A MicroTime: the API server parses exactly six fractional digits.
-    let renewed = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string();
-    let forged = object(json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-        "metadata": {"name": "forged-pod", "labels": {"waycast.dev/gateway": "gateway"},
-            "annotations": {"waycast.dev/refused-config-hash": hash, "waycast.dev/refused-config-reason": "forged"}},
-        "spec": {"holderIdentity": "0123456789abcdef", "renewTime": renewed, "leaseDurationSeconds": 3600}}));
-    // A second one is a live pod's own, but of a pod outside the Gateway
-    // (the mock upstream's): named after it, with it as owner.
-    let pods = Api::<Pod>::namespaced(client.clone(), &home).list(&ListParams::default()).await.unwrap();
-    let stranger = pods
-        .items
-        .iter()
-        .find(|pod| !pod.metadata.name.as_deref().unwrap_or_default().starts_with("gateway-"))
-        .expect("the quickstart's upstream pod");
-    let (stranger_name, stranger_uid) =
-        (stranger.metadata.name.clone().unwrap(), stranger.metadata.uid.clone().unwrap());
-    let owned = object(json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-        "metadata": {"name": stranger_name, "labels": {"waycast.dev/gateway": "gateway"},
-            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": stranger_name, "uid": stranger_uid}],
-            "annotations": {"waycast.dev/config-hash": hash}},
-        "spec": {"holderIdentity": "0123456789abcdef", "renewTime": renewed, "leaseDurationSeconds": 3600}}));
-    manifest::apply_all(&client, &[forged, owned], &home).await.unwrap();
-    // Positive signals first: each pod logged that it did not count either
-    // Lease, and a change made after them was programmed.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let logs = waycast_e2e::workloads::pod_logs(&client, &home, "app.kubernetes.io/instance=gateway", 200).await;
-        if logs.matches("no live pod's own is not counted").count() >= 4 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the gateway pods never looked at the forged Lease:\n{logs}");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    let eve = json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey", "metadata": {"name": "eve"}, "spec": {}});
-    manifest::apply_all(&client, &[object(eve)], &home).await.unwrap();
-    wait_condition(&client, &home, "ApiKey", "eve", ("Programmed", "True", "Programmed")).await;
-    wait_condition(&client, &home, "Gateway", "gateway", ("Programmed", "True", "ConfigWritten")).await;
-    let status = Api::<Gateway>::namespaced(client.clone(), &home).get("gateway").await.unwrap().status.unwrap();
-    assert_eq!(status.up_to_date_replicas, Some(2), "{status:?}");
-    for url in &urls {
-        let admin = url.replace(":8080/v1/chat/completions", ":9090/metrics");
-        let pods = waycast_e2e::workloads::metric_sample(&admin, "waycast_gateway_rate_limit_pods").await;
-        assert_eq!(pods, Some(2.0), "{admin}: the forged Lease changed the fleet count");
-    }
-    let leases = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client.clone(), &home);
-    for name in ["forged-pod", stranger_name.as_str()] {
-        leases.delete(name, &DeleteParams::default()).await.unwrap();
-    }
-
-    // A pod that really refuses the written config says so in its own
-    // heartbeat, and the Gateway stops claiming "written": here the
-    // platform's Redis CA does not parse, which only the pods find out.
-    let redis_ca = object(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "redis-ca"},
-        "stringData": {"ca.crt": "-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n"}}));
-    manifest::apply_all(&client, &[redis_ca], &home).await.unwrap();
-    let gateways: Api<Gateway> = Api::namespaced(client.clone(), &home);
-    let redis = json!({"spec": {"rateLimit": {"redis": {"address": "redis.invalid:6379",
-        "tls": {"caSecretRef": {"name": "redis-ca", "key": "ca.crt"}}}}}});
-    gateways.patch("gateway", &PatchParams::default(), &Patch::Merge(redis)).await.unwrap();
-    wait_condition(&client, &home, "Gateway", "gateway", ("Programmed", "False", "ConfigRefused")).await;
-    let refused = gateways.get("gateway").await.unwrap().status.unwrap();
-    let message = &refused.conditions.iter().find(|c| c.type_ == "Programmed").unwrap().message;
-    assert!(message.contains("redis") && !message.contains("forged"), "{message}");
-    gateways
-        .patch("gateway", &PatchParams::default(), &Patch::Merge(json!({"spec": {"rateLimit": null}})))
-        .await
-        .unwrap();
-    wait_condition(&client, &home, "Gateway", "gateway", ("Programmed", "True", "ConfigWritten")).await;
-
-    // No takeover: a Gateway named like an existing ServiceAccount leaves it
-    // alone and says so; deleting the Gateway does not collect it.
-    let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client.clone(), &home);
-    let account = object(json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "taken"}}));
-    manifest::apply_all(&client, &[account], &home).await.unwrap();
-    let taken =
-        json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "Gateway", "metadata": {"name": "taken"}, "spec": {}});
-    manifest::apply_all(&client, &[object(taken)], &home).await.unwrap();
-    wait_condition(&client, &home, "Gateway", "taken", ("Accepted", "False", "NameConflict")).await;
-    assert!(accounts.get("taken").await.unwrap().metadata.owner_references.is_none());
-    assert!(Api::<Deployment>::namespaced(client.clone(), &home).get_opt("taken").await.unwrap().is_none());
-    // A canary the Gateway does own: once the garbage collector has taken
-    // it, the Gateway's deletion has been acted on.
-    let taken_uid = Api::<Gateway>::namespaced(client.clone(), &home).get("taken").await.unwrap().metadata.uid.unwrap();
-    let canary = object(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "taken-canary",
-        "ownerReferences": [{"apiVersion": "waycast.dev/v1alpha1", "kind": "Gateway", "name": "taken", "uid": taken_uid}]}}));
-    manifest::apply_all(&client, &[canary], &home).await.unwrap();
-    Api::<Gateway>::namespaced(client.clone(), &home).delete("taken", &DeleteParams::default()).await.unwrap();
-    let maps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), &home);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while maps.get_opt("taken-canary").await.unwrap().is_some() {
-        assert!(Instant::now() < deadline, "the garbage collector never acted on the Gateway's deletion");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    assert!(accounts.get_opt("taken").await.unwrap().is_some(), "the ServiceAccount survived its namesake");
-}
-
 /// The gateway picks the inference pod itself (issue 17): a Service
 /// backend resolves to its ready endpoints, relayed by the operator in the
 /// Gateway's endpoints ConfigMap; requests spread over every pod (not per
@@ -952,8 +530,9 @@ async fn the_gateway_spreads_requests_over_the_services_pods_and_follows_them() 
     ];
     objects.extend(headless.into_iter().map(|value| serde_json::from_value(value).unwrap()));
     manifest::apply_all(&client, &objects, &namespace).await.unwrap();
-    wait_condition(&client, &namespace, "ApiKey", "alice", ("Programmed", "True", "Programmed")).await;
-    wait_condition(&client, &namespace, "ModelEndpoint", "llama-headless", ("Programmed", "True", "Programmed")).await;
+    wait_for::<ApiKey>(&client, &namespace, "alice", condition("Programmed").because("Programmed")).await;
+    wait_for::<ModelEndpoint>(&client, &namespace, "llama-headless", condition("Programmed").because("Programmed"))
+        .await;
     wait_pods_ready(&client, &namespace, "app.kubernetes.io/name=vllm", 3, Duration::from_secs(90)).await.unwrap();
     let key = generated_key(&client, &namespace, "alice").await;
     let service_key = format!("{namespace}/vllm:8000");

@@ -16,8 +16,11 @@ use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::{Value, json};
 use waycast_e2e::cluster::images;
-use waycast_e2e::harness::{condition_true, operator_in_process, shared_cluster_with_node, test_namespace};
+use waycast_e2e::harness::{operator_in_process, shared_cluster_with_node, test_namespace};
 use waycast_e2e::manifest;
+use waycast_e2e::wait::{
+    Patience, Seen, await_condition, await_object, await_object_condition, condition, holds_for, within,
+};
 use waycast_e2e::workloads::{
     apply_values, cluster_ip, deployment, metric_sample, pod_logs, service, wait_endpoints, wait_pods_ready,
 };
@@ -54,16 +57,9 @@ async fn force_status(pod_ip: &str, status: u16) {
 
 async fn wait_programmed(client: &kube::Client, namespace: &str, names: &[&str]) {
     let models: Api<waycast_crds::ModelEndpoint> = Api::namespaced(client.clone(), namespace);
-    let deadline = Instant::now() + Duration::from_secs(120);
+    let patience = Patience::by(Instant::now() + Duration::from_secs(120)).every(Duration::from_millis(200));
     for name in names {
-        loop {
-            let status = models.get_opt(name).await.unwrap().and_then(|m| m.status).unwrap_or_default();
-            if condition_true(&status.conditions, "Programmed") {
-                break;
-            }
-            assert!(Instant::now() < deadline, "ModelEndpoint {name} not Programmed: {:?}", status.conditions);
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        await_object_condition(&models, name, &condition("Programmed"), patience).await.unwrap();
     }
 }
 
@@ -187,24 +183,22 @@ async fn a_services_pods_are_ejected_recover_fail_over_and_speak_tls() {
     let gateway_ip = gateway[0].status.as_ref().unwrap().pod_ip.clone().unwrap();
     let url = format!("http://{gateway_ip}:8080/v1/chat/completions");
     let admin = format!("http://{gateway_ip}:9090/metrics");
-    let key = {
-        let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), &namespace);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(data) = secrets.get_opt("ops-key").await.unwrap().and_then(|s| s.data) {
-                break String::from_utf8(data["api-key"].0.clone()).unwrap();
-            }
-            assert!(Instant::now() < deadline, "the ops key was not generated");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    };
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), &namespace);
+    let patience = within(Duration::from_secs(60)).every(Duration::from_millis(200));
+    let key = await_object(&secrets, "ops-key", "the ops key is generated", patience, |secret| {
+        secret.data.as_ref().map(|data| String::from_utf8(data["api-key"].0.clone()).unwrap())
+    })
+    .await
+    .unwrap();
     let http: Http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let served = Patience::by(Instant::now() + Duration::from_secs(60)).every(Duration::from_millis(200));
     for name in ["llama3", "failover", "secure"] {
-        while chat(&http, &url, &key, name).await.0 != StatusCode::OK {
-            assert!(Instant::now() < deadline, "{name} is not served");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        await_condition(format!("{name} is served"), served, async || {
+            let (status, pod) = chat(&http, &url, &key, name).await;
+            Seen::when(status == StatusCode::OK, format_args!("{status} from {pod:?}"))
+        })
+        .await
+        .unwrap();
     }
 
     // Ejection: one pod answers 503 to everything while it stays ready.
@@ -230,15 +224,14 @@ async fn a_services_pods_are_ejected_recover_fail_over_and_speak_tls() {
     // Recovery: mended, it serves again once its ejection (5 s) ends.
     force_status(&broken_ip, 0).await;
     let mended = Instant::now();
-    loop {
+    let patience = within(Duration::from_secs(15)).every(Duration::from_millis(50));
+    await_condition("the mended pod serves again", patience, async || {
         let (status, pod) = chat(&http, &url, &key, "llama3").await;
         assert_eq!(status, StatusCode::OK);
-        if pod.starts_with(&pod_name(broken)) {
-            break;
-        }
-        assert!(mended.elapsed() < Duration::from_secs(15), "the mended pod never served again");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        pod.starts_with(&pod_name(broken))
+    })
+    .await
+    .unwrap();
     println!("the mended pod served again {:?} after it was mended", mended.elapsed());
 
     // TLS with a private CA and a client certificate, to the pod address
@@ -261,19 +254,25 @@ async fn a_services_pods_are_ejected_recover_fail_over_and_speak_tls() {
     let scale = |replicas: u32| json!({"spec": {"replicas": replicas}});
     deployments.patch("vllm", &PatchParams::default(), &Patch::Merge(scale(0))).await.unwrap();
     let scaled = Instant::now();
-    let mut served_by_fallback_after = None;
-    while scaled.elapsed() < Duration::from_secs(60) {
+    let every_50_ms = Duration::from_millis(50);
+    let failover = async || {
         let (status, pod) = chat(&http, &url, &key, "failover").await;
         assert_eq!(status, StatusCode::OK, "a request failed while the Service's pods went away");
-        if pod.starts_with("fallback-") {
-            served_by_fallback_after.get_or_insert(scaled.elapsed());
-        }
-        if served_by_fallback_after.is_some_and(|at| scaled.elapsed() > at + Duration::from_secs(3)) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let failed_over = served_by_fallback_after.expect("the url backend never served");
+        pod
+    };
+    await_condition("the url backend serves", within(Duration::from_secs(60)).every(every_50_ms), async || {
+        failover().await.starts_with("fallback-")
+    })
+    .await
+    .unwrap();
+    let failed_over = scaled.elapsed();
+    // And for 3 s more, none is lost.
+    holds_for("requests are served", Duration::from_secs(3), every_50_ms, async || {
+        failover().await;
+        true
+    })
+    .await
+    .unwrap();
     wait_endpoints(&client, &namespace, &format!("{namespace}/vllm:8000"), 0, Duration::from_secs(60)).await.unwrap();
     for _ in 0..20 {
         let (status, pod) = chat(&http, &url, &key, "failover").await;
@@ -282,15 +281,13 @@ async fn a_services_pods_are_ejected_recover_fail_over_and_speak_tls() {
     // A pod back: the first tier takes the traffic again.
     deployments.patch("vllm", &PatchParams::default(), &Patch::Merge(scale(1))).await.unwrap();
     let restored = Instant::now();
-    loop {
+    await_condition("the Service's new pod takes the traffic back", within(Duration::from_secs(90)), async || {
         let (status, pod) = chat(&http, &url, &key, "failover").await;
         assert_eq!(status, StatusCode::OK);
-        if pod.starts_with("vllm-") {
-            break;
-        }
-        assert!(restored.elapsed() < Duration::from_secs(90), "the Service's new pod never took the traffic back");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        pod.starts_with("vllm-")
+    })
+    .await
+    .unwrap();
     println!(
         "scale 2 → 0: the url backend served from {failed_over:?}; scale 0 → 1: the Service served again after {:?}",
         restored.elapsed()

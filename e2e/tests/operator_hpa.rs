@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http_body_util::BodyExt as _;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -18,6 +18,7 @@ use serde_json::json;
 use waycast_crds::{ApiKey, Gateway};
 use waycast_e2e::harness::{condition_true, operator_in_process, shared_cluster_with_node, test_namespace};
 use waycast_e2e::manifest;
+use waycast_e2e::wait::{Seen, await_condition, holds_for, within};
 use waycast_mock::fixtures as fixture;
 
 #[tokio::test]
@@ -38,21 +39,20 @@ async fn the_hpa_scales_gateway_pods_and_the_operator_does_not_fight_it() {
 
     let keys: Api<ApiKey> = Api::namespaced(client.clone(), &namespace);
     let gateways: Api<Gateway> = Api::namespaced(client.clone(), &namespace);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let (key, address) = loop {
+    let patience = within(Duration::from_secs(120)).every(Duration::from_millis(200));
+    let (key, address) = await_condition("the autoscaled quickstart is ready", patience, async || {
         let programmed =
             keys.get("alice").await.unwrap().status.is_some_and(|s| condition_true(&s.conditions, "Programmed"));
         let address = gateways.get("gateway").await.unwrap().status.and_then(|s| s.address);
-        if let (true, Some(address)) = (programmed, address) {
-            let secret = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), &namespace)
-                .get("alice-key")
-                .await
-                .unwrap();
-            break (String::from_utf8(secret.data.unwrap()["api-key"].0.clone()).unwrap(), address);
-        }
-        assert!(Instant::now() < deadline, "the autoscaled quickstart never became ready");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+        let (true, Some(address)) = (programmed, address) else { return None };
+        let secret = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), &namespace)
+            .get("alice-key")
+            .await
+            .unwrap();
+        Some((String::from_utf8(secret.data.unwrap()["api-key"].0.clone()).unwrap(), address))
+    })
+    .await
+    .unwrap();
 
     let stop = Arc::new(AtomicBool::new(false));
     let mut workers = Vec::new();
@@ -74,45 +74,40 @@ async fn the_hpa_scales_gateway_pods_and_the_operator_does_not_fight_it() {
         }));
     }
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &namespace);
-    let deadline = Instant::now() + Duration::from_secs(180);
-    let mut scaled_at = None;
-    let mut seen = 0;
-    loop {
-        let replicas = deployments.get("gateway").await.unwrap().spec.unwrap().replicas.unwrap_or(0);
-        if replicas > 1 {
-            scaled_at.get_or_insert_with(Instant::now);
-        }
-        if let Some(at) = scaled_at {
-            // The operator reconciles on every heartbeat change and resync;
-            // the HPA's count must survive those.
-            assert!(replicas > 1, "the replica count went back to {replicas} after the HPA scaled up");
-            seen = seen.max(replicas);
-            if at.elapsed() > Duration::from_secs(10) {
-                break;
-            }
-        }
-        assert!(Instant::now() < deadline, "the HPA did not scale the gateway up under load");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    let replicas = async || deployments.get("gateway").await.unwrap().spec.unwrap().replicas.unwrap_or(0);
+    let patience = within(Duration::from_secs(180)).every(Duration::from_millis(500));
+    let mut seen = await_condition("the HPA scales the gateway up under load", patience, async || {
+        let replicas = replicas().await;
+        (replicas > 1).then_some(replicas)
+    })
+    .await
+    .unwrap();
+    // The operator reconciles on every heartbeat change and resync; the
+    // HPA's count must survive those.
+    holds_for("the replica count stays above 1", Duration::from_secs(10), Duration::from_millis(500), async || {
+        let replicas = replicas().await;
+        seen = seen.max(replicas);
+        Seen::when(replicas > 1, format_args!("{replicas} replicas"))
+    })
+    .await
+    .unwrap();
     stop.store(true, Ordering::Relaxed);
     for worker in workers {
         let _ = worker.await;
     }
     // Every pod, the new ones included, reports the current config.
     let hash = gateways.get("gateway").await.unwrap().status.unwrap().config_hash.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    let patience = within(Duration::from_secs(60)).every(Duration::from_millis(200));
+    await_condition("every pod reports the current config", patience, async || {
         let leases = Api::<Lease>::namespaced(client.clone(), &namespace)
             .list(&ListParams::default().labels("waycast.dev/gateway=gateway"))
             .await
             .unwrap();
         let reporting: Vec<String> =
             leases.items.iter().filter_map(|l| l.spec.as_ref()?.holder_identity.clone()).collect();
-        if reporting.len() >= 2 && reporting.iter().all(|h| *h == hash) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "new pods do not report the current config: {reporting:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        Seen::when(reporting.len() >= 2 && reporting.iter().all(|h| *h == hash), reporting)
+    })
+    .await
+    .unwrap();
     eprintln!("the HPA scaled the gateway to {seen} replicas under load");
 }

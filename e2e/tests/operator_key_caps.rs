@@ -17,13 +17,10 @@ use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::json;
 use waycast_crds::{ApiKey, ApiKeyStatus};
 use waycast_e2e::harness::{condition_true, operator_in_process, shared_cluster_with_node, test_namespace};
-use waycast_e2e::manifest;
+use waycast_e2e::manifest::{self, object};
+use waycast_e2e::wait::{Patience, Seen, await_object, holds_for};
 
-fn object(value: serde_json::Value) -> kube::api::DynamicObject {
-    serde_json::from_value(value).unwrap()
-}
-
-/// Polls `namespace/name`'s status until `done` holds (the deadline fails the test).
+/// Waits (by `deadline`) until `done` holds of `namespace/name`'s status.
 async fn wait_status(
     client: &kube::Client,
     namespace: &str,
@@ -33,14 +30,13 @@ async fn wait_status(
     done: impl Fn(&ApiKeyStatus) -> bool,
 ) -> ApiKeyStatus {
     let keys: Api<ApiKey> = Api::namespaced(client.clone(), namespace);
-    loop {
-        let status = keys.get(name).await.unwrap().status.unwrap_or_default();
-        if done(&status) {
-            return status;
-        }
-        assert!(Instant::now() < deadline, "{namespace}/{name} never {what}: {status:?}");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    let patience = Patience::by(deadline).every(Duration::from_millis(250));
+    await_object(&keys, name, what, patience, |key| {
+        let status = key.status.clone().unwrap_or_default();
+        if done(&status) { Seen::Done(status) } else { Seen::NotYet(format!("{status:?}")) }
+    })
+    .await
+    .unwrap()
 }
 
 fn refused_for(status: &ApiKeyStatus, gateway: &str, reason: &str) -> bool {
@@ -101,11 +97,11 @@ async fn a_namespace_past_its_key_cap_loses_its_newest_keys_and_no_other_namespa
     // NB: Secrets are made by another controller than the status, so one
     // look could come before it acts: the absence must hold for a while
     // (a key Secret is made within a second of a status otherwise).
-    let held = Instant::now();
-    while held.elapsed() < Duration::from_secs(5) {
-        assert!(secrets.get_opt("x1-key").await.unwrap().is_none(), "a key nobody serves gets no Secret");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    holds_for("a key nobody serves gets no Secret", Duration::from_secs(5), Duration::from_millis(250), async || {
+        secrets.get_opt("x1-key").await.unwrap().is_none()
+    })
+    .await
+    .unwrap();
 
     // The Gateway admits team-x: its key comes whole, gets its Secret and
     // is served (team-x has one key, under the cap).

@@ -11,19 +11,11 @@ use kube::api::{Patch, PatchParams};
 use waycast_crds::{ApiKey, Gateway};
 use waycast_e2e::harness::{condition_true, operator_in_process, shared_cluster_with_node, test_namespace};
 use waycast_e2e::manifest;
+use waycast_e2e::wait::{Patience, Seen, await_answer, await_condition, await_object};
 use waycast_e2e::workloads::{metric_sample, wait_pods_ready};
-use waycast_mock::fixtures as fixture;
-
-const CHAT: &str = r#"{"model":"llama3","messages":[]}"#;
 
 async fn status_of(url: &str, key: &str) -> Option<http::StatusCode> {
-    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
-    let response =
-        tokio::time::timeout(Duration::from_secs(2), http.request(fixture::post_request(url, Some(key), CHAT)))
-            .await
-            .ok()?
-            .ok()?;
-    Some(response.status())
+    waycast_e2e::chat::status(url, key, "llama3").await
 }
 
 #[tokio::test]
@@ -43,26 +35,26 @@ async fn three_pods_together_admit_a_keys_60_a_minute() {
     // The key is served everywhere, and its status shows the limit.
     let keys: Api<ApiKey> = Api::namespaced(client.clone(), &namespace);
     let deadline = Instant::now() + Duration::from_secs(180);
-    loop {
-        let status = keys.get("limited").await.unwrap().status.unwrap_or_default();
+    let patience = Patience::by(deadline).every(Duration::from_millis(250));
+    await_object(&keys, "limited", "programmed with its limit", patience, |key| {
+        let status = key.status.clone().unwrap_or_default();
         let programmed = condition_true(&status.conditions, "Programmed");
-        if programmed && status.limits.as_ref().and_then(|l| l.requests_per_minute) == Some(60) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the limited key was never programmed: {status:?}");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+        Seen::when(programmed && status.limits.as_ref().and_then(|l| l.requests_per_minute) == Some(60), status)
+    })
+    .await
+    .unwrap();
     let pods = wait_pods_ready(&client, &namespace, "app.kubernetes.io/instance=gateway", 3, Duration::from_secs(120))
         .await
         .unwrap();
     let ips: Vec<String> = pods.iter().map(|p| p.status.as_ref().unwrap().pod_ip.clone().unwrap()).collect();
     // Every pod counts the three (their heartbeats).
     for ip in &ips {
-        while metric_sample(&format!("http://{ip}:9090/metrics"), "waycast_gateway_rate_limit_pods ").await != Some(3.0)
-        {
-            assert!(Instant::now() < deadline, "pod {ip} never counted three pods");
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+        await_condition(format!("pod {ip} counts three pods"), patience, async || {
+            let counted = metric_sample(&format!("http://{ip}:9090/metrics"), "waycast_gateway_rate_limit_pods ").await;
+            Seen::when(counted == Some(3.0), counted)
+        })
+        .await
+        .unwrap();
     }
     let secrets = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), &namespace);
     let key_of = async |name: &str| {
@@ -76,10 +68,7 @@ async fn three_pods_together_admit_a_keys_60_a_minute() {
     // key's buckets stay full.
     let alice = key_of("alice-key").await;
     for url in &urls {
-        while status_of(url, &alice).await != Some(http::StatusCode::OK) {
-            assert!(Instant::now() < deadline, "{url} never served the model");
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+        await_answer(std::slice::from_ref(url), &alice, "llama3", http::StatusCode::OK, patience).await.unwrap();
     }
 
     // Six requests a second spread evenly over the pods, for 50 s: each

@@ -19,7 +19,7 @@
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
 use k8s_openapi::api::core::v1::Secret;
@@ -30,6 +30,7 @@ use waycast_crds::{ApiKey, Gateway, ModelEndpoint};
 use waycast_e2e::control_plane::free_port;
 use waycast_e2e::harness::{shared_cluster, test_namespace};
 use waycast_e2e::process::{KilledOnDrop, workspace_binary};
+use waycast_e2e::wait::{Seen, await_condition, await_object, holds_for, within};
 use waycast_e2e::workloads::chat_status;
 use waycast_mock::sink::{self, SinkOptions};
 use waycast_operator::render::CONFIG_HASH_ANNOTATION;
@@ -88,27 +89,23 @@ async fn data_bytes(secrets: &Api<Secret>, name: &str) -> f64 {
     secret.data.iter().flatten().map(|(_, value)| value.0.len()).sum::<usize>() as f64
 }
 
-async fn until_status(gateway: SocketAddr, key: &str, model: &str, status: u16, within: Duration) {
-    let deadline = Instant::now() + within;
-    loop {
+async fn until_status(gateway: SocketAddr, key: &str, model: &str, status: u16, timeout: Duration) {
+    let patience = within(timeout).every(Duration::from_millis(50));
+    await_condition(format!("{model}: {status}"), patience, async || {
         let got = chat_status(gateway, key, model).await;
-        if got == Some(status) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{model}: {got:?}, not {status}, within {within:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        Seen::when(got == Some(status), got)
+    })
+    .await
+    .unwrap();
 }
 
 async fn key_text(secrets: &Api<Secret>, key: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Some(data) = secrets.get_opt(&format!("{key}-key")).await.unwrap().and_then(|s| s.data) {
-            return String::from_utf8(data["api-key"].0.clone()).unwrap();
-        }
-        assert!(Instant::now() < deadline, "the operator never generated {key}-key");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let patience = within(Duration::from_secs(60)).every(Duration::from_millis(50));
+    await_object(secrets, &format!("{key}-key"), "the operator generates it", patience, |secret| {
+        secret.data.as_ref().map(|data| String::from_utf8(data["api-key"].0.clone()).unwrap())
+    })
+    .await
+    .unwrap()
 }
 
 async fn annotation(secrets: &Api<Secret>, name: &str, key: &str) -> Option<String> {
@@ -158,14 +155,14 @@ async fn refuse_updates(client: &Client, namespace: &str, names: &[String]) -> S
     // In force once a dry-run update of one of them is refused by it.
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
     let probe = serde_json::json!({"metadata": {"annotations": {"e2e/probe": "1"}}});
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    await_condition("the admission policy is in force", within(Duration::from_secs(30)), async || {
         match secrets.patch(&names[0], &PatchParams::default().dry_run(), &Patch::Merge(&probe)).await {
-            Err(kube::Error::Api(refusal)) if refusal.message.contains("held back by the test") => break,
-            other => assert!(Instant::now() < deadline, "the admission policy not in force within 30 s: {other:?}"),
+            Err(kube::Error::Api(refusal)) if refusal.message.contains("held back by the test") => Seen::Done(()),
+            other => Seen::NotYet(format!("{other:?}")),
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await
+    .unwrap();
     name
 }
 
@@ -210,11 +207,12 @@ async fn an_operator_killed_between_two_part_writes_leaves_the_last_config_servi
     models.create(&post, &fleet.models[1]).await.unwrap();
     keys.create(&post, &fleet.keys[1]).await.unwrap();
     let second_key = key_text(&secrets, "key-1").await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while part_digest(&secrets, &base).await.as_ref() == Some(&base_before) {
-        assert!(Instant::now() < deadline, "the operator never wrote the new base");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let patience = within(Duration::from_secs(30)).every(Duration::from_millis(50));
+    await_condition("the operator writes the new base", patience, async || {
+        part_digest(&secrets, &base).await.as_ref() != Some(&base_before)
+    })
+    .await
+    .unwrap();
     // Its shard refused (it tries again meanwhile), then killed there.
     tokio::time::sleep(Duration::from_secs(2)).await;
     drop(operator);
@@ -230,9 +228,8 @@ async fn an_operator_killed_between_two_part_writes_leaves_the_last_config_servi
     // gateway started now finds the manifest's base rewritten: it serves
     // nothing rather than the new base without its shard.
     let (fresh, fresh_addr) = start_gateway(&cluster.kubeconfig, &namespace, "gateway-fresh");
-    let watched = Instant::now();
     let mut fresh_answered = false;
-    while watched.elapsed() < Duration::from_secs(4) {
+    holds_for("the last whole config serves", Duration::from_secs(4), Duration::from_millis(100), async || {
         assert_eq!(chat_status(gateway_addr, &first_key, "model-0").await, Some(200), "the old config stopped serving");
         assert_eq!(
             chat_status(gateway_addr, &first_key, "model-1").await,
@@ -247,8 +244,10 @@ async fn an_operator_killed_between_two_part_writes_leaves_the_last_config_servi
         let fresh_model = chat_status(fresh_addr, &first_key, "model-1").await;
         assert_ne!(fresh_model, Some(200), "a gateway started meanwhile served the written base alone");
         fresh_answered |= fresh_model.is_some();
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        true
+    })
+    .await
+    .unwrap();
     assert!(fresh_answered, "the gateway started meanwhile never answered");
 
     // Allowed again, a new operator finishes the change.
@@ -302,7 +301,7 @@ async fn a_key_change_is_one_shard_and_the_manifest_and_a_duplicate_is_left_to_t
     // nothing more.
     let (patches_before, bytes_before) =
         (operator_metric(&admin, written).await, operator_metric(&admin, &bytes).await);
-    keys.create(&post, &waycast_e2e::workloads::plain_api_key(&namespace, "extra").unwrap()).await.unwrap();
+    keys.create(&post, &waycast_mock::fixtures::objects::api_key(&namespace, "extra")).await.unwrap();
     let extra = key_text(&secrets, "extra").await;
     until_status(gateway_addr, &extra, "model-0", 200, Duration::from_secs(10)).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -334,16 +333,16 @@ async fn a_key_change_is_one_shard_and_the_manifest_and_a_duplicate_is_left_to_t
         "metadata": {"name": "copy", "namespace": namespace},
         "spec": {"secretRef": {"name": "copy-text", "key": "key"}}});
     keys.create(&post, &serde_json::from_value(duplicate).unwrap()).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let refused = loop {
-        let status = keys.get("copy").await.unwrap().status.unwrap_or_default();
+    let refused = await_object(&keys, "copy", "Ready says DuplicateKey", within(Duration::from_secs(30)), |key| {
+        let status = key.status.clone().unwrap_or_default();
         let ready = status.conditions.iter().find(|c| c.type_ == "Ready").cloned();
-        if let Some(ready) = ready.filter(|c| c.reason == "DuplicateKey") {
-            break ready;
+        match ready.filter(|c| c.reason == "DuplicateKey") {
+            Some(ready) => Seen::Done(ready),
+            None => Seen::NotYet(format!("{:?}", status.conditions)),
         }
-        assert!(Instant::now() < deadline, "the copy never said DuplicateKey: {:?}", status.conditions);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    })
+    .await
+    .unwrap();
     assert_eq!(refused.status, "False");
     assert!(operator_metric(&admin, left).await > left_before, "the lane patched in a duplicate digest");
     let config = waycast_e2e::config_secrets::read_config(&client, &namespace, CONFIG).await.unwrap().config;

@@ -7,15 +7,16 @@
 
 #![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::StreamExt as _;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams};
 use waycast_crds::ApiKey;
-use waycast_e2e::harness::{condition_true, shared_cluster_with_node};
+use waycast_e2e::harness::shared_cluster_with_node;
 use waycast_e2e::manifest;
+use waycast_e2e::wait::{await_object_condition, condition, within};
 use waycast_e2e::workloads::{DEMO_NAMESPACE, deploy_demo, wait_pods_ready};
 use waycast_mock::fixtures as fixture;
 
@@ -54,16 +55,9 @@ async fn the_operator_pods_serve_the_quickstart_with_their_own_rbac_and_survive_
     let carol = serde_json::json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey", "metadata": {"name": "carol"}, "spec": {}});
     manifest::apply_all(&client, &[serde_json::from_value(carol).unwrap()], DEMO_NAMESPACE).await.unwrap();
     let keys: Api<ApiKey> = Api::namespaced(client.clone(), DEMO_NAMESPACE);
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        let programmed =
-            keys.get("carol").await.unwrap().status.is_some_and(|s| condition_true(&s.conditions, "Programmed"));
-        if programmed {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no operator replica took over");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    // An operator replica took over.
+    let patience = within(Duration::from_secs(90)).every(Duration::from_millis(200));
+    await_object_condition(&keys, "carol", &condition("Programmed"), patience).await.unwrap();
     let secret = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), DEMO_NAMESPACE)
         .get("carol-key")
         .await
@@ -117,23 +111,14 @@ async fn the_operator_pods_serve_the_quickstart_with_their_own_rbac_and_survive_
     let flooded = serde_json::json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey", "metadata": {"name": "flooded"},
         "spec": {"secretRef": {"name": "flood-0", "key": "api-key"}}});
     manifest::apply_all(&client, &[serde_json::from_value(flooded).unwrap()], DEMO_NAMESPACE).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let status = keys.get("flooded").await.unwrap().status.unwrap_or_default();
-        let ready = status.conditions.iter().find(|c| c.type_ == "Ready");
-        if ready.is_some_and(|c| c.reason == "SecretTooLarge") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the too-large key Secret was never refused: {:?}", status.conditions);
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let patience = within(Duration::from_secs(120)).every(Duration::from_millis(200));
+    let too_large = condition("Ready").is("False").because("SecretTooLarge");
+    await_object_condition(&keys, "flooded", &too_large, patience).await.unwrap();
     let dave = serde_json::json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey", "metadata": {"name": "dave"}, "spec": {}});
     manifest::apply_all(&client, &[serde_json::from_value(dave).unwrap()], DEMO_NAMESPACE).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(90);
-    while !keys.get("dave").await.unwrap().status.is_some_and(|s| condition_true(&s.conditions, "Programmed")) {
-        assert!(Instant::now() < deadline, "the operator stopped reconciling after the flood");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    // The operator keeps reconciling after the flood.
+    let patience = within(Duration::from_secs(90)).every(Duration::from_millis(200));
+    await_object_condition(&keys, "dave", &condition("Programmed"), patience).await.unwrap();
     let memory = operator_memory();
     println!("operator processes after 250 labelled Secrets of 1 MB (VmRSS, VmHWM in KiB): {memory:?}");
     assert!(!memory.is_empty(), "no operator process found");

@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use kube::Api;
 use waycast_crds::{ApiKey, Gateway};
-use waycast_e2e::harness::{condition_true, operator_in_process, shared_cluster_with_node, test_namespace};
+use waycast_e2e::harness::{operator_in_process, shared_cluster_with_node, test_namespace};
 use waycast_e2e::manifest;
+use waycast_e2e::wait::{Patience, Seen, await_condition, await_object_condition, condition, holds_for};
 use waycast_e2e::workloads::wait_pods_ready;
 use waycast_mock::fixtures as fixture;
 
@@ -24,15 +25,6 @@ async fn answers(url: &str, key: &str) -> Option<http::StatusCode> {
         eprintln!("{url} answered {status}: {}", String::from_utf8_lossy(&body));
     }
     Some(status)
-}
-
-async fn programmed(keys: &Api<ApiKey>, name: &str) -> bool {
-    keys.get_opt(name)
-        .await
-        .ok()
-        .flatten()
-        .and_then(|k| k.status)
-        .is_some_and(|s| condition_true(&s.conditions, "Programmed"))
 }
 
 async fn key_text(client: &kube::Client, namespace: &str, name: &str) -> String {
@@ -59,19 +51,13 @@ async fn gateways_serve_through_an_api_server_restart_and_the_operator_converges
         "spec": {"model": "llama-3.1-8b", "aliases": ["llama3"], "backends": [{"url": format!("http://{upstream_ip}:8000/v1")}]}});
     manifest::apply_all(&client, &[serde_json::from_value(direct).unwrap()], &namespace).await.unwrap();
     let keys: Api<ApiKey> = Api::namespaced(client.clone(), &namespace);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !programmed(&keys, "alice").await {
-        assert!(Instant::now() < deadline, "alice never became Programmed");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let patience = Patience::by(Instant::now() + Duration::from_secs(120)).every(Duration::from_millis(200));
+    await_object_condition(&keys, "alice", &condition("Programmed"), patience).await.unwrap();
     let alice = key_text(&client, &namespace, "alice").await;
+    // The direct route is programmed.
     let endpoints: Api<waycast_crds::ModelEndpoint> = Api::namespaced(client.clone(), &namespace);
-    while !endpoints.get("llama-3-1-8b").await.unwrap().status.is_some_and(|s| {
-        s.conditions.iter().any(|c| c.type_ == "Programmed" && c.status == "True" && c.observed_generation == Some(2))
-    }) {
-        assert!(Instant::now() < deadline, "the direct route was never programmed");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let direct = condition("Programmed").at_generation(Some(2));
+    await_object_condition(&endpoints, "llama-3-1-8b", &direct, patience).await.unwrap();
     let pods = wait_pods_ready(&client, &namespace, "app.kubernetes.io/instance=gateway", 2, Duration::from_secs(60))
         .await
         .unwrap();
@@ -83,39 +69,32 @@ async fn gateways_serve_through_an_api_server_restart_and_the_operator_converges
     cluster.restart_apiserver();
     // While the API server is away (and its watches break), every pod
     // keeps serving its last config.
-    let started = Instant::now();
     let mut saw_outage = false;
-    while started.elapsed() < Duration::from_secs(8) {
+    holds_for("every pod serves during the restart", Duration::from_secs(8), Duration::from_millis(100), async || {
         for url in &urls {
-            assert_eq!(
-                answers(url, &alice).await,
-                Some(http::StatusCode::OK),
-                "{url} stopped serving during the restart"
-            );
+            let answer = answers(url, &alice).await;
+            if answer != Some(http::StatusCode::OK) {
+                return Seen::NotYet(format!("{url} answered {answer:?}"));
+            }
         }
         saw_outage |= Api::<Gateway>::namespaced(client.clone(), &namespace).get("gateway").await.is_err();
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        Seen::Done(())
+    })
+    .await
+    .unwrap();
     assert!(saw_outage, "the API server never went away: the test proved nothing");
 
     // Afterwards the operator converges: a new key is programmed and works.
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let converged = Patience::by(Instant::now() + Duration::from_secs(60)).every(Duration::from_millis(200));
     let bob = serde_json::json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey", "metadata": {"name": "bob"}, "spec": {}});
-    loop {
-        if manifest::apply_all(&client, &[serde_json::from_value(bob.clone()).unwrap()], &namespace).await.is_ok() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the API server did not come back");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    while !programmed(&keys, "bob").await {
-        assert!(
-            Instant::now() < deadline,
-            "the operator did not converge after the restart: bob's status {:?}",
-            keys.get_opt("bob").await.ok().flatten().and_then(|k| k.status)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    await_condition("the API server comes back and takes bob", converged, async || {
+        let applied = manifest::apply_all(&client, &[serde_json::from_value(bob.clone()).unwrap()], &namespace).await;
+        Seen::when(applied.is_ok(), applied)
+    })
+    .await
+    .unwrap();
+    // The operator converges after the restart.
+    await_object_condition(&keys, "bob", &condition("Programmed"), converged).await.unwrap();
     let bob_key = key_text(&client, &namespace, "bob").await;
     for url in &urls {
         assert_eq!(answers(url, &bob_key).await, Some(http::StatusCode::OK));

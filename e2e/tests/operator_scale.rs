@@ -15,6 +15,7 @@ use serde_json::json;
 use waycast_crds::{ApiKey, Gateway};
 use waycast_e2e::harness::{condition_true, operator_in_process, shared_cluster_with_node, test_namespace};
 use waycast_e2e::manifest;
+use waycast_e2e::wait::{Seen, await_condition, await_object, await_object_condition, condition, within};
 
 #[tokio::test]
 async fn a_burst_of_keys_is_coalesced_into_a_handful_of_config_writes() {
@@ -25,12 +26,13 @@ async fn a_burst_of_keys_is_coalesced_into_a_handful_of_config_writes() {
     let namespace = test_namespace(&client, "operator-burst").await.unwrap();
     manifest::apply_all(&client, &waycast_e2e::workloads::quickstart().unwrap(), &namespace).await.unwrap();
     let gateways: Api<Gateway> = Api::namespaced(client.clone(), &namespace);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while gateways.get_opt("gateway").await.unwrap().and_then(|g| g.status).is_none_or(|s| s.ready_replicas != Some(2))
-    {
-        assert!(Instant::now() < deadline, "the quickstart Gateway never got ready");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let patience = within(Duration::from_secs(120)).every(Duration::from_millis(200));
+    await_object(&gateways, "gateway", "2 ready replicas", patience, |gateway| {
+        let ready = gateway.status.as_ref().and_then(|s| s.ready_replicas);
+        Seen::when(ready == Some(2), ready)
+    })
+    .await
+    .unwrap();
 
     // Count writes to the config Secret while the burst lands: it holds
     // the manifest, written once per new config (after the parts it
@@ -73,15 +75,12 @@ async fn a_burst_of_keys_is_coalesced_into_a_handful_of_config_writes() {
         .map(|i| serde_json::from_value(json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey", "metadata": {"name": format!("burst-{i}")}, "spec": {}})).unwrap())
         .collect();
     manifest::apply_all(&client, &objects, &namespace).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let keys = gateways.get("gateway").await.unwrap().status.and_then(|s| s.api_key_count);
-        if keys == Some(count + 1) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "only {keys:?} keys served after the burst");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    await_object(&gateways, "gateway", "every key of the burst served", within(Duration::from_secs(120)), |gateway| {
+        let keys = gateway.status.as_ref().and_then(|s| s.api_key_count);
+        Seen::when(keys == Some(count + 1), keys)
+    })
+    .await
+    .unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
     let config_writes = writes.load(std::sync::atomic::Ordering::Relaxed) - before;
     let written = waycast_e2e::config_secrets::read_config(&client, &namespace, "gateway-config").await.unwrap();
@@ -100,19 +99,22 @@ async fn a_burst_of_keys_is_coalesced_into_a_handful_of_config_writes() {
     // flipped to Programmed=False and back on every config change).
     let keys: Api<ApiKey> = Api::namespaced(client.clone(), &namespace);
     let programmed = |key: &ApiKey| key.status.as_ref().is_some_and(|s| condition_true(&s.conditions, "Programmed"));
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let versions = loop {
+    let patience = within(Duration::from_secs(120)).every(Duration::from_millis(200));
+    let versions = await_condition("every ApiKey is Programmed", patience, async || {
         let listed = keys.list(&ListParams::default()).await.unwrap().items;
         if listed.len() == count as usize + 1 && listed.iter().all(programmed) {
-            break listed
-                .into_iter()
-                .map(|k| (k.metadata.name.unwrap_or_default(), k.metadata.resource_version))
-                .collect::<std::collections::BTreeMap<_, _>>();
+            return Seen::Done(
+                listed
+                    .into_iter()
+                    .map(|k| (k.metadata.name.unwrap_or_default(), k.metadata.resource_version))
+                    .collect::<std::collections::BTreeMap<_, _>>(),
+            );
         }
         let waiting = listed.iter().filter(|k| !programmed(k)).count();
-        assert!(Instant::now() < deadline, "{waiting} ApiKeys never became Programmed");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+        Seen::NotYet(format!("{} listed, {waiting} not Programmed", listed.len()))
+    })
+    .await
+    .unwrap();
     // Two more, one after the other: the second one's status is written
     // after every status the first one's config change led to (the
     // operator announces the objects a config moved before it goes on), so
@@ -123,11 +125,7 @@ async fn a_burst_of_keys_is_coalesced_into_a_handful_of_config_writes() {
         )
         .unwrap();
         keys.create(&PostParams::default(), &extra).await.unwrap();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !keys.get_opt(name).await.unwrap().is_some_and(|k| programmed(&k)) {
-            assert!(Instant::now() < deadline, "{name} never became Programmed");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        await_object_condition(&keys, name, &condition("Programmed"), within(Duration::from_secs(60))).await.unwrap();
     }
     let rewritten: Vec<String> = keys
         .list(&ListParams::default())

@@ -28,6 +28,7 @@ use serde_json::json;
 use waycast_e2e::cluster::images;
 use waycast_e2e::harness::{SharedCluster, shared_cluster_with_node, test_namespace};
 use waycast_e2e::manifest;
+use waycast_e2e::wait::{Seen, await_condition, await_object, within};
 use waycast_e2e::workloads::{apply_values, deployment, service, wait_endpoints, wait_pods_ready};
 use waycast_mock::fixtures as fixture;
 
@@ -111,24 +112,24 @@ async fn picking_the_pod_beats_kube_proxy_on_time_to_first_token() {
     wait_pods_ready(&client, &namespace, "app.kubernetes.io/instance=gateway", 1, Duration::from_secs(120))
         .await
         .unwrap();
-    let key = loop {
-        let secret = Api::<Secret>::namespaced(client.clone(), &namespace).get_opt("load-key").await.unwrap();
-        if let Some(text) =
-            secret.and_then(|s| s.data?.get("api-key").map(|k| String::from_utf8_lossy(&k.0).into_owned()))
-        {
-            break text;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let secrets = Api::<Secret>::namespaced(client.clone(), &namespace);
+    let patience = within(Duration::from_secs(120)).every(Duration::from_millis(200));
+    let key = await_object(&secrets, "load-key", "the operator generates it", patience, |secret| {
+        secret.data.as_ref()?.get("api-key").map(|k| String::from_utf8_lossy(&k.0).into_owned())
+    })
+    .await
+    .unwrap();
     let gateway_ip = waycast_e2e::workloads::cluster_ip(&client, &namespace, "gateway").await.unwrap();
     let url = format!("http://{gateway_ip}/v1/chat/completions");
     // Every model answers before the load starts (endpoints relayed too).
     for name in ["via-service", "least", "prefix"] {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while status(&url, &key, name).await != Some(StatusCode::OK) {
-            assert!(Instant::now() < deadline, "{name} is not served");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        let patience = within(Duration::from_secs(60)).every(Duration::from_millis(200));
+        await_condition(format!("{name} is served"), patience, async || {
+            let got = status(&url, &key, name).await;
+            Seen::when(got == Some(StatusCode::OK), got)
+        })
+        .await
+        .unwrap();
     }
 
     // Capacity: 16 slots; a request holds one for its prefill (~0.07 s
@@ -269,30 +270,28 @@ async fn scale_up(client: &kube::Client, namespace: &str, url: &str, key: &str, 
     });
     tokio::time::sleep(Duration::from_secs(15)).await;
     deployments.patch("vllm", &kube::api::PatchParams::default(), &replicas(PODS)).await.unwrap();
-    let new_ip = loop {
-        if let Some(ip) = ready_ips().await.into_iter().find(|ip| !old_ips.contains(ip)) {
-            break ip;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let patience = within(Duration::from_secs(120)).every(Duration::from_millis(100));
+    let new_ip = await_condition("a new pod is ready", patience, async || {
+        ready_ips().await.into_iter().find(|ip| !old_ips.contains(ip))
+    })
+    .await
+    .unwrap();
     let ready = Instant::now();
     let http: PlainClient =
         hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
-    let share_after = loop {
+    // Not taking its share within 25 s is a figure (reported as never), not a failure.
+    let patience = within(Duration::from_secs(25)).every(Duration::from_millis(100));
+    let share = await_condition("the new pod takes its share", patience, async || {
         let new_load = pod_metrics(&http, &new_ip).await.0;
         let mut others = 0.0;
         for ip in &old_ips {
             others += pod_metrics(&http, ip).await.0;
         }
         let mean = others / old_ips.len() as f64;
-        if mean >= 1.0 && new_load >= 0.7 * mean {
-            break ready.elapsed();
-        }
-        if ready.elapsed() > Duration::from_secs(25) {
-            break Duration::MAX;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+        mean >= 1.0 && new_load >= 0.7 * mean
+    })
+    .await;
+    let share_after = share.map_or(Duration::MAX, |()| ready.elapsed());
     let outcome = load.await.unwrap();
     (share_after, outcome.errors)
 }

@@ -26,7 +26,8 @@ use waycast_e2e::control_plane::free_port;
 use waycast_e2e::harness::{condition_true, shared_cluster, test_namespace};
 use waycast_e2e::memory::{RssSampler, status_mib};
 use waycast_e2e::process::KilledOnDrop;
-use waycast_e2e::workloads::{chat_status, env_number, p99, plain_api_key};
+use waycast_e2e::wait::{Patience, Seen, await_condition, await_object};
+use waycast_e2e::workloads::{chat_status, env_number, p99};
 use waycast_mock::sink::{self, SinkOptions};
 use waycast_xtask::scale;
 
@@ -61,20 +62,22 @@ fn start_gateway(kubeconfig: &std::path::Path, namespace: &str, listen: SocketAd
 
 /// Asks until `key` gets `status` on `model`, or panics at `deadline`.
 async fn until_status(gateway: SocketAddr, key: &str, model: &str, status: u16, deadline: Instant, what: &str) {
-    while chat_status(gateway, key, model).await != Some(status) {
-        assert!(Instant::now() < deadline, "{what}: no {status} before the deadline");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let patience = Patience::by(deadline).every(Duration::from_millis(5));
+    await_condition(format!("{what}: {status}"), patience, async || {
+        let got = chat_status(gateway, key, model).await;
+        Seen::when(got == Some(status), got)
+    })
+    .await
+    .unwrap();
 }
 
 async fn key_text(secrets: &Api<Secret>, name: &str, deadline: Instant) -> String {
-    loop {
-        if let Some(data) = secrets.get_opt(&format!("{name}-key")).await.unwrap().and_then(|s| s.data) {
-            return String::from_utf8(data["api-key"].0.clone()).unwrap();
-        }
-        assert!(Instant::now() < deadline, "the operator never generated {name}-key");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let patience = Patience::by(deadline).every(Duration::from_millis(20));
+    await_object(secrets, &format!("{name}-key"), "the operator generates it", patience, |secret| {
+        secret.data.as_ref().map(|data| String::from_utf8(data["api-key"].0.clone()).unwrap())
+    })
+    .await
+    .unwrap()
 }
 
 #[tokio::test]
@@ -155,18 +158,17 @@ async fn ten_thousand_keys_and_five_hundred_models_on_one_gateway() {
 
     // The operator is still writing 10,000 statuses (and their Events); the
     // trials below measure the steady state once it is done.
-    loop {
+    // A list of 100,000 ApiKeys is itself a load on the API server.
+    let patience = Patience::by(deadline).every(Duration::from_secs((keys as u64 / 10_000).clamp(2, 10)));
+    await_condition(format!("all {keys} ApiKeys say Ready"), patience, async || {
         // From the API server's watch cache (resourceVersion 0), not etcd.
         let listed = key_api.list(&kube::api::ListParams::default().match_any()).await.unwrap().items;
         let ready =
             listed.iter().filter(|k| k.status.as_ref().is_some_and(|s| condition_true(&s.conditions, "Ready"))).count();
-        if ready >= keys {
-            break;
-        }
-        assert!(Instant::now() < deadline, "only {ready} of {keys} ApiKeys say Ready");
-        // A list of 100,000 ApiKeys is itself a load on the API server.
-        tokio::time::sleep(Duration::from_secs((keys as u64 / 10_000).clamp(2, 10))).await;
-    }
+        Seen::when(ready >= keys, format_args!("{ready} Ready"))
+    })
+    .await
+    .unwrap();
     let settled_at = Instant::now();
     println!("every ApiKey's status says Ready {:.1}s after the first create", started.elapsed().as_secs_f64());
     let written = waycast_e2e::config_secrets::read_config(&client, &namespace, "gateway-config").await.unwrap();
@@ -192,7 +194,7 @@ async fn ten_thousand_keys_and_five_hundred_models_on_one_gateway() {
     let mut trial_ends = Vec::new();
     for trial in 0..env_number("WAYCAST_SCALE_TRIALS", 20) {
         let name = format!("extra-{trial}");
-        let extra = plain_api_key(&namespace, &name).unwrap();
+        let extra = waycast_mock::fixtures::objects::api_key(&namespace, &name);
         let applied = Instant::now();
         key_api.create(&post, &extra).await.unwrap();
         let deadline = applied + Duration::from_secs(30);

@@ -25,8 +25,9 @@ use waycast_e2e::control_plane::free_port;
 use waycast_e2e::harness::{shared_cluster_with_node, test_namespace};
 use waycast_e2e::memory::{RssSampler, status_mib};
 use waycast_e2e::process::KilledOnDrop;
+use waycast_e2e::wait::{Patience, Seen, await_condition};
 use waycast_e2e::workloads::{deploy_mock, wait_pods_ready};
-use waycast_e2e::workloads::{env_number, p99, plain_api_key};
+use waycast_e2e::workloads::{env_number, p99};
 use waycast_mock::fixtures as fixture;
 
 async fn chat(ip: &str, key: &str) -> Option<u16> {
@@ -86,7 +87,7 @@ async fn usage_of_ten_thousand_keys_costs_the_api_server_twenty_writes_a_second(
     .unwrap();
     waycast_e2e::manifest::apply_all(&client, &[model], &namespace).await.unwrap();
     let key_api: Api<ApiKey> = Api::namespaced(client.clone(), &namespace);
-    let fleet = waycast_operator::fleet::fleet(&namespace, keys, 0, "");
+    let fleet = waycast_mock::fixtures::fleet::fleet(&namespace, keys, 0, "");
     let started = Instant::now();
     futures_util::stream::iter(fleet.keys.iter())
         .for_each_concurrent(32, |key| {
@@ -106,7 +107,8 @@ async fn usage_of_ten_thousand_keys_costs_the_api_server_twenty_writes_a_second(
     let ip = pod[0].status.as_ref().unwrap().pod_ip.clone().unwrap();
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
     let mut texts = BTreeMap::new();
-    while texts.len() < keys {
+    // Each look lists every Secret again: no pause between them.
+    await_condition("every key Secret", Patience::by(deadline).every(Duration::ZERO), async || {
         for secret in secrets.list(&ListParams::default()).await.unwrap().items {
             let (Some(name), Some(data)) = (secret.metadata.name, secret.data) else { continue };
             if let (Some(key), Some(text)) =
@@ -115,28 +117,33 @@ async fn usage_of_ten_thousand_keys_costs_the_api_server_twenty_writes_a_second(
                 texts.insert(key.to_owned(), String::from_utf8(text.0.clone()).unwrap());
             }
         }
-        assert!(Instant::now() < deadline, "{} of {keys} key Secrets", texts.len());
-    }
+        Seen::when(texts.len() >= keys, format_args!("{} of {keys}", texts.len()))
+    })
+    .await
+    .unwrap();
     // The last key served: the pod has every key.
-    while chat(&ip, &texts[&format!("key-{}", keys - 1)]).await != Some(200) {
-        assert!(Instant::now() < deadline, "the pod never served the last key");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    let last = &texts[&format!("key-{}", keys - 1)];
+    await_condition(
+        "the pod serves the last key",
+        Patience::by(deadline).every(Duration::from_millis(250)),
+        async || chat(&ip, last).await == Some(200),
+    )
+    .await
+    .unwrap();
     // Every status the reconcilers write settles before the usage's are
     // counted: the watch below starts from a quiet API server.
-    loop {
+    let patience = Patience::by(deadline).every(Duration::from_secs(2));
+    await_condition(format!("all {keys} ApiKeys say Ready"), patience, async || {
         // From the API server's watch cache (resourceVersion 0), not etcd.
         let listed = key_api.list(&ListParams::default().match_any()).await.unwrap().items;
         let ready = listed
             .iter()
             .filter(|k| k.status.as_ref().is_some_and(|s| waycast_e2e::harness::condition_true(&s.conditions, "Ready")))
             .count();
-        if ready >= keys {
-            break;
-        }
-        assert!(Instant::now() < deadline, "only {ready} of {keys} ApiKeys say Ready");
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
+        Seen::when(ready >= keys, format_args!("{ready} Ready"))
+    })
+    .await
+    .unwrap();
     tokio::time::sleep(Duration::from_secs(5)).await;
 
     // Every write of an ApiKey from here on, by second (a watch event is one
@@ -188,16 +195,15 @@ async fn usage_of_ten_thousand_keys_costs_the_api_server_twenty_writes_a_second(
     let mut latencies = Vec::new();
     for trial in 0..env_number("WAYCAST_SCALE_TRIALS", 20) {
         let name = format!("extra-{trial}");
-        let extra = plain_api_key(&namespace, &name).unwrap();
+        let extra = waycast_mock::fixtures::objects::api_key(&namespace, &name);
         let applied = Instant::now();
         key_api.create(&post, &extra).await.unwrap();
-        let deadline = applied + Duration::from_secs(30);
+        let served = Patience::by(applied + Duration::from_secs(30)).every(Duration::from_millis(5));
         let text =
             waycast_e2e::workloads::generated_key(&client, &namespace, &name, Duration::from_secs(30)).await.unwrap();
-        while chat(&ip, &text).await != Some(200) {
-            assert!(Instant::now() < deadline, "{name} was not served within 30 s");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        await_condition(format!("{name} is served"), served, async || chat(&ip, &text).await == Some(200))
+            .await
+            .unwrap();
         latencies.push(applied.elapsed().as_secs_f64());
         tokio::time::sleep(Duration::from_millis(300)).await;
     }

@@ -15,17 +15,14 @@ use kube::Api;
 use kube::api::DeleteParams;
 use serde_json::json;
 use waycast_crds::{ApiKey, Gateway};
-use waycast_e2e::harness::{condition_true, operator_in_process, shared_cluster_with_node, test_namespace};
-use waycast_e2e::manifest;
+use waycast_e2e::harness::{operator_in_process, shared_cluster_with_node, test_namespace};
+use waycast_e2e::manifest::{self, object};
 use waycast_e2e::redis::HostRedis;
+use waycast_e2e::wait::{Patience, await_condition, await_condition_of, condition, within};
 use waycast_e2e::workloads::{deploy_mock, wait_pods_ready};
 use waycast_mock::fixtures as fixture;
 
 const CHAT: &str = r#"{"model":"shared-llm","messages":[{"role":"user","content":"hi"}]}"#;
-
-fn object(value: serde_json::Value) -> kube::api::DynamicObject {
-    serde_json::from_value(value).unwrap()
-}
 
 async fn status_of(ip: &str, key: &str, delay_ms: u64) -> Option<StatusCode> {
     let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
@@ -81,13 +78,9 @@ async fn a_shared_gateway_caps_teams_refuses_classes_and_gives_back_a_killed_pod
 
     // Every key is served everywhere but the one asking for a class its
     // team may not use, which says why.
-    let deadline = Instant::now() + Duration::from_secs(180);
+    let programmed = Patience::by(Instant::now() + Duration::from_secs(180)).every(Duration::from_millis(250));
     for (namespace, name) in [(&team_a, "one"), (&team_a, "two"), (&team_a, "three"), (&team_b, "held")] {
-        let keys: Api<ApiKey> = Api::namespaced(client.clone(), namespace);
-        while !condition_true(&keys.get(name).await.unwrap().status.unwrap_or_default().conditions, "Programmed") {
-            assert!(Instant::now() < deadline, "{namespace}/{name} was never programmed");
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+        await_condition_of::<ApiKey>(&client, namespace, name, &condition("Programmed"), programmed).await.unwrap();
     }
     let pushy = Api::<ApiKey>::namespaced(client.clone(), &team_a).get("pushy").await.unwrap().status.unwrap();
     let ready = pushy.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
@@ -140,15 +133,15 @@ async fn a_shared_gateway_caps_teams_refuses_classes_and_gives_back_a_killed_pod
     let holder = pods_named_by_ip(&pods, &ips[0]).await;
     pods.delete(&holder, &DeleteParams::default().grace_period(0)).await.unwrap();
     let killed = Instant::now();
-    let back = loop {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        match status_of(&ips[1], &held, 0).await {
-            Some(StatusCode::OK) => break killed.elapsed(),
-            Some(StatusCode::TOO_MANY_REQUESTS) => {}
-            other => panic!("{other:?}"),
-        }
-        assert!(killed.elapsed() < Duration::from_secs(40), "a killed pod's places never came back");
-    };
+    let patience = within(Duration::from_secs(40)).every(Duration::from_millis(500));
+    await_condition("a killed pod's places come back", patience, async || match status_of(&ips[1], &held, 0).await {
+        Some(StatusCode::OK) => true,
+        Some(StatusCode::TOO_MANY_REQUESTS) => false,
+        other => panic!("{other:?}"),
+    })
+    .await
+    .unwrap();
+    let back = killed.elapsed();
     println!("a killed gateway pod's places came back after {back:?}");
     for request in long {
         request.abort();

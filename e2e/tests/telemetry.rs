@@ -10,24 +10,21 @@
 
 #![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 use waycast_crds::ApiKey;
 use waycast_e2e::cluster::images;
-use waycast_e2e::harness::{condition_true, operator_in_process, shared_cluster_with_node, test_namespace};
-use waycast_e2e::manifest;
+use waycast_e2e::harness::{operator_in_process, shared_cluster_with_node, test_namespace};
+use waycast_e2e::manifest::{self, object};
+use waycast_e2e::wait::{await_condition, await_object_condition, condition, within};
 use waycast_e2e::workloads::{apply_values, deployment, generated_key, pod_logs, service, wait_pods_ready};
 use waycast_mock::collector::{Collector, attribute};
 use waycast_mock::fixtures as fixture;
 
 const CLIENT_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
 const CLIENT_SPAN: &str = "b7ad6b7169203331";
-
-fn object(value: Value) -> kube::api::DynamicObject {
-    serde_json::from_value(value).unwrap()
-}
 
 fn ip(pod: &Pod) -> String {
     pod.status.as_ref().unwrap().pod_ip.clone().unwrap()
@@ -67,11 +64,8 @@ async fn a_traced_request_through_a_gateway_pod_reaches_a_real_collector() {
     );
     manifest::apply_all(&client, &[gateway, model, key], &namespace).await.unwrap();
     let keys: kube::Api<ApiKey> = kube::Api::namespaced(client.clone(), &namespace);
-    let deadline = Instant::now() + Duration::from_secs(180);
-    while !condition_true(&keys.get("alice").await.unwrap().status.unwrap_or_default().conditions, "Programmed") {
-        assert!(Instant::now() < deadline, "alice was never programmed");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    let patience = within(Duration::from_secs(180)).every(Duration::from_millis(250));
+    await_object_condition(&keys, "alice", &condition("Programmed"), patience).await.unwrap();
     let text = generated_key(&client, &namespace, "alice", Duration::from_secs(60)).await.unwrap();
     let gateway_ip =
         ip(&wait_pods_ready(&client, &namespace, "app.kubernetes.io/instance=gateway", 1, Duration::from_secs(180))
@@ -89,9 +83,12 @@ async fn a_traced_request_through_a_gateway_pod_reaches_a_real_collector() {
     let traceparent = format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01");
     let body = r#"{"model":"traced-llm","stream":true,"max_tokens":16,"messages":[{"role":"user","content":"where does the time go?"}]}"#;
     let mut request_ids = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while mock_requests(&failing).await.iter().all(|r| r["path"] != "/v1/chat/completions") {
-        assert!(Instant::now() < deadline, "no request reached the failing pod");
+    // Each look sends one more request: no pause between them.
+    let patience = within(Duration::from_secs(60)).every(Duration::ZERO);
+    await_condition("a request reaches the failing pod", patience, async || {
+        if mock_requests(&failing).await.iter().any(|r| r["path"] == "/v1/chat/completions") {
+            return true;
+        }
         let mut request =
             fixture::post_request(&format!("http://{gateway_ip}:8080/v1/chat/completions"), Some(&text), body);
         request.headers_mut().insert("traceparent", traceparent.parse().unwrap());
@@ -103,7 +100,10 @@ async fn a_traced_request_through_a_gateway_pod_reaches_a_real_collector() {
         if status == 200 {
             request_ids.push(id.unwrap());
         }
-    }
+        false
+    })
+    .await
+    .unwrap();
     assert!(!request_ids.is_empty());
 
     let spans = collector

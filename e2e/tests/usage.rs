@@ -16,8 +16,9 @@ use kube::Api;
 use kube::api::DeleteParams;
 use serde_json::{Value, json};
 use waycast_crds::{ApiKey, Gateway};
-use waycast_e2e::harness::{condition_true, operator_in_process, shared_cluster_with_node, test_namespace};
+use waycast_e2e::harness::{operator_in_process, shared_cluster_with_node, test_namespace};
 use waycast_e2e::manifest;
+use waycast_e2e::wait::{Patience, Seen, await_condition, await_object, await_object_condition, condition, within};
 use waycast_e2e::workloads::{deploy_mock, wait_pods_ready};
 use waycast_mock::fixtures as fixture;
 
@@ -79,12 +80,9 @@ async fn usage_reaches_the_statuses_and_a_budget_holds_across_pods_and_a_replace
         .collect();
     manifest::apply_all(&client, &keys, &team).await.unwrap();
     let api_keys: Api<ApiKey> = Api::namespaced(client.clone(), &team);
-    let deadline = Instant::now() + Duration::from_secs(180);
+    let programmed = Patience::by(Instant::now() + Duration::from_secs(180)).every(Duration::from_millis(250));
     for name in ["one", "two"] {
-        while !condition_true(&api_keys.get(name).await.unwrap().status.unwrap_or_default().conditions, "Programmed") {
-            assert!(Instant::now() < deadline, "{name} was never programmed");
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+        await_object_condition(&api_keys, name, &condition("Programmed"), programmed).await.unwrap();
     }
     let pods = wait_pods_ready(&client, &home, "app.kubernetes.io/instance=gateway", 2, Duration::from_secs(120))
         .await
@@ -141,21 +139,20 @@ async fn usage_reaches_the_statuses_and_a_budget_holds_across_pods_and_a_replace
 
     // The operator collects it: each key's month in its status, the
     // namespace's on the Gateway, equal to what the answers reported.
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let collected = Patience::by(Instant::now() + Duration::from_secs(60)).every(Duration::from_millis(500));
     for (index, name) in ["one", "two"].iter().enumerate() {
         let (requests, input, output) = used[index];
-        loop {
-            let usage = api_keys.get(name).await.unwrap().status.unwrap_or_default().usage;
-            if let Some(usage) = usage.filter(|u| u.requests == requests) {
-                assert_eq!((usage.input_tokens, usage.output_tokens), (input, output), "{name}: {usage:?}");
-                let cost = waycast_crds::money::Money::parse(&usage.cost).unwrap().0;
-                assert_eq!(cost, input * 1_000_000 + output * 2_000_000, "{name}: {usage:?}");
-                assert_eq!(usage.currency, "USD");
-                break;
-            }
-            assert!(Instant::now() < deadline, "{name}'s status.usage never showed {requests} requests");
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
+        let what = format!("status.usage shows {requests} requests");
+        let usage = await_object(&api_keys, name, what, collected, |key| {
+            let usage = key.status.as_ref().and_then(|s| s.usage.clone());
+            usage.filter(|u| u.requests == requests)
+        })
+        .await
+        .unwrap();
+        assert_eq!((usage.input_tokens, usage.output_tokens), (input, output), "{name}: {usage:?}");
+        let cost = waycast_crds::money::Money::parse(&usage.cost).unwrap().0;
+        assert_eq!(cost, input * 1_000_000 + output * 2_000_000, "{name}: {usage:?}");
+        assert_eq!(usage.currency, "USD");
     }
     let gateways: Api<Gateway> = Api::namespaced(client.clone(), &home);
     let status = gateways.get("gateway").await.unwrap().status.unwrap().usage.unwrap();
@@ -168,26 +165,28 @@ async fn usage_reaches_the_statuses_and_a_budget_holds_across_pods_and_a_replace
     let pods_api: Api<Pod> = Api::namespaced(client.clone(), &home);
     let victim = pods[0].metadata.name.clone().unwrap();
     pods_api.delete(&victim, &DeleteParams::default().grace_period(0)).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let fresh_ip = loop {
+    let patience = within(Duration::from_secs(120)).every(Duration::from_millis(500));
+    let fresh_ip = await_condition("a replacement pod is ready", patience, async || {
         let ready = wait_pods_ready(&client, &home, "app.kubernetes.io/instance=gateway", 2, Duration::from_secs(120))
             .await
             .unwrap();
-        if let Some(pod) = ready.iter().find(|p| {
+        let fresh = ready.iter().find(|p| {
             p.metadata.name.as_deref() != Some(victim.as_str())
                 && p.status.as_ref().and_then(|s| s.pod_ip.clone()).is_some_and(|ip| ip != ips[1])
-        }) {
-            break pod.status.as_ref().unwrap().pod_ip.clone().unwrap();
-        }
-        assert!(Instant::now() < deadline, "no replacement pod");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+        });
+        fresh.map(|pod| pod.status.as_ref().unwrap().pod_ip.clone().unwrap())
+    })
+    .await
+    .unwrap();
     let replaced = Instant::now();
     // Exactly the fleet's spend: neither from nothing nor counted twice.
-    while namespace_spent(&fresh_ip, &texts[0]).await != spent {
-        assert!(replaced.elapsed() < Duration::from_secs(60), "the new pod never counted the fleet's spend");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    let patience = within(Duration::from_secs(60)).every(Duration::from_millis(250));
+    await_condition("the new pod counts the fleet's spend", patience, async || {
+        let counted = namespace_spent(&fresh_ip, &texts[0]).await;
+        Seen::when(counted == spent, counted)
+    })
+    .await
+    .unwrap();
     println!("a replacement pod counted the fleet's spend {:?} after it was ready", replaced.elapsed());
     // It spends at most what the fleet left (a process starting the day
     // over would have its share of the whole budget: about 12 requests).

@@ -22,9 +22,10 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use waycast_crds::{ApiKey, Gateway};
 use waycast_e2e::cluster::images;
-use waycast_e2e::harness::{condition_true, operator_in_process, shared_cluster_with_node, test_namespace};
+use waycast_e2e::harness::{operator_in_process, shared_cluster_with_node, test_namespace};
 use waycast_e2e::manifest;
 use waycast_e2e::memory::{RssSampler, status_mib};
+use waycast_e2e::wait::{Seen, await_condition, await_object, await_object_condition, condition, within};
 use waycast_e2e::workloads::{deploy_mock, wait_pods_ready};
 use waycast_mock::fixtures as fixture;
 
@@ -78,11 +79,8 @@ async fn a_gateways_forged_usage_reports_are_refused_and_change_no_other_teams_s
     manifest::apply_all(&client, &[forging, own], &forged).await.unwrap();
 
     let keys: Api<ApiKey> = Api::namespaced(client.clone(), &team);
-    let deadline = Instant::now() + Duration::from_secs(180);
-    while !condition_true(&keys.get("victim").await.unwrap().status.unwrap_or_default().conditions, "Programmed") {
-        assert!(Instant::now() < deadline, "the victim key was never programmed");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    let patience = within(Duration::from_secs(180)).every(Duration::from_millis(250));
+    await_object_condition(&keys, "victim", &condition("Programmed"), patience).await.unwrap();
     let pods = wait_pods_ready(&client, &team, "app.kubernetes.io/instance=gateway", 1, Duration::from_secs(120))
         .await
         .unwrap();
@@ -90,16 +88,12 @@ async fn a_gateways_forged_usage_reports_are_refused_and_change_no_other_teams_s
     let text = waycast_e2e::workloads::generated_key(&client, &team, "victim", Duration::from_secs(60)).await.unwrap();
     assert_eq!(chat(&ip, &text).await, StatusCode::OK);
     // Its own Gateway's report reaches its status: one request.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let genuine = loop {
-        if let Some(usage) =
-            keys.get("victim").await.unwrap().status.unwrap_or_default().usage.filter(|u| u.requests == 1)
-        {
-            break usage;
-        }
-        assert!(Instant::now() < deadline, "the victim's usage was never collected");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    };
+    let patience = within(Duration::from_secs(60)).every(Duration::from_millis(250));
+    let genuine = await_object(&keys, "victim", "its usage is collected", patience, |key| {
+        key.status.as_ref().and_then(|s| s.usage.clone()).filter(|u| u.requests == 1)
+    })
+    .await
+    .unwrap();
 
     // The forged pod runs and is asked; every kind of forgery is refused.
     let baseline = status_mib(std::process::id(), "VmRSS:");
@@ -109,9 +103,8 @@ async fn a_gateways_forged_usage_reports_are_refused_and_change_no_other_teams_s
     let gateways: Api<Gateway> = Api::namespaced(client.clone(), &forged);
     let wanted: BTreeSet<&str> = ["ForeignKey", "TooManyKeys", "ReportTooLarge"].into();
     let mut seen = BTreeSet::new();
-    let deadline = Instant::now() + Duration::from_secs(90);
-    while !wanted.iter().all(|reason| seen.contains(*reason)) {
-        assert!(Instant::now() < deadline, "refusals seen: {seen:?}, wanted {wanted:?}");
+    let patience = within(Duration::from_secs(90)).every(Duration::from_millis(200));
+    await_condition(format!("refusals {wanted:?}"), patience, async || {
         let status = gateways.get("forged").await.unwrap().status.unwrap_or_default();
         if let Some(usage) = status.usage {
             assert!(usage.namespaces.is_empty(), "a refused report was counted: {usage:?}");
@@ -122,8 +115,10 @@ async fn a_gateways_forged_usage_reports_are_refused_and_change_no_other_teams_s
         }
         let now = keys.get("victim").await.unwrap().status.unwrap_or_default().usage.unwrap();
         assert_eq!((now.requests, &now.cost), (genuine.requests, &genuine.cost), "the forged report was written");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        Seen::when(wanted.iter().all(|reason| seen.contains(*reason)), &seen)
+    })
+    .await
+    .unwrap();
     let samples = sampler.finish();
     let (peak, _) = samples.peak_and_last(from, Instant::now());
     println!(
@@ -143,10 +138,13 @@ async fn a_gateways_forged_usage_reports_are_refused_and_change_no_other_teams_s
     let patch = json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey", "spec": {"disabled": true}});
     let revoked = Instant::now();
     keys.patch("victim", &PatchParams::apply("e2e-user").force(), &Patch::Apply(patch)).await.unwrap();
-    while chat(&ip, &text).await != StatusCode::UNAUTHORIZED {
-        assert!(revoked.elapsed() < Duration::from_secs(10), "the key was never revoked");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let patience = within(Duration::from_secs(10)).every(Duration::from_millis(10));
+    await_condition("the key is revoked", patience, async || {
+        let status = chat(&ip, &text).await;
+        Seen::when(status == StatusCode::UNAUTHORIZED, status)
+    })
+    .await
+    .unwrap();
     let took = revoked.elapsed();
     println!("revoked the other team's key in {took:?} while the forged pod was being refused");
     assert!(took < Duration::from_secs(1), "revocation took {took:?}");

@@ -159,10 +159,13 @@ mod tests {
     }
 }
 
+pub mod fleet;
+
 /// The CRD objects as a test writes them: named and namespaced (with a
 /// uid, as the API server gives one), every field of the spec at its
 /// default. Tests change what they need on the result, so a new spec field
-/// touches no test.
+/// touches no test. The one home of CRD builders: every crate's tests and
+/// the benchmarks build Gateways, ModelEndpoints and ApiKeys here.
 pub mod objects {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use waycast_crds::common::ParentReference;

@@ -121,9 +121,7 @@ mod tests {
     use super::*;
 
     fn gateway() -> Gateway {
-        let mut gateway = Gateway::new("gw", Default::default());
-        gateway.metadata.namespace = Some("platform".into());
-        gateway
+        waycast_mock::fixtures::objects::gateway("platform", "gw")
     }
 
     fn pod(name: &str, uid: &str, replica_set: &str) -> PartialObjectMeta<Pod> {

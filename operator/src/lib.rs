@@ -14,7 +14,6 @@ pub(crate) mod context;
 pub(crate) mod controller;
 pub mod error;
 pub(crate) mod events;
-pub mod fleet;
 pub mod heartbeats;
 pub(crate) mod leader;
 pub mod metrics;

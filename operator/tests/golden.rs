@@ -123,7 +123,7 @@ fn render_case(input: &str) -> String {
 /// status, not the megabytes of config.
 #[test]
 fn an_oversized_config_is_not_written_and_the_status_says_why() {
-    let fleet = waycast_operator::fleet::fleet("ai", 30_000, 2, "http://upstream.ai:8000/v1");
+    let fleet = waycast_mock::fixtures::fleet::fleet("ai", 30_000, 2, "http://upstream.ai:8000/v1");
     let namespace = Namespace {
         metadata: kube::api::ObjectMeta { name: Some("ai".into()), ..Default::default() },
         ..Namespace::default()

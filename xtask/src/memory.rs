@@ -11,8 +11,8 @@
 use std::sync::Arc;
 
 use serde::Serialize;
+use waycast_mock::fixtures::fleet::Fleet;
 use waycast_operator::compile::key_secret::KeySecret;
-use waycast_operator::fleet::Fleet;
 
 /// One part's cost.
 #[derive(Debug, Clone, Serialize)]

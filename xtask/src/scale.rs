@@ -1,6 +1,6 @@
 //! The control plane at scale: [`compile_figures`] times the operator's
 //! pure compile and render of a many-object fleet
-//! (`waycast_operator::fleet`, also applied to a real API server by the
+//! (`waycast_mock::fixtures::fleet`, also applied to a real API server by the
 //! scale benchmark).
 
 use std::sync::Arc;
@@ -9,8 +9,8 @@ use std::time::Instant;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::ObjectMeta;
 use serde::Serialize;
+pub use waycast_mock::fixtures::fleet::{Fleet, fleet};
 use waycast_operator::catalog::Catalog;
-pub use waycast_operator::fleet::{Fleet, fleet};
 use waycast_operator::programmed;
 use waycast_operator::render::config_parts;
 

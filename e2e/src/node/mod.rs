@@ -34,14 +34,15 @@ pub use teardown::{foreign_node_state, teardown};
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use k8s_openapi::api::core::v1::Node as NodeObject;
 use kube::Api;
 
 use crate::control_plane::{ControlPlane, SERVICE_CIDR, k8s_binary, write_kubeconfig};
 use crate::process::{Processes, run};
+use crate::wait::{await_condition, within};
 use waycast_mock::pki::Usage;
 
 /// The bridge address as an `IpAddr`.
@@ -265,15 +266,14 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             &["--config".into(), config_path.display().to_string()],
             &[],
         )?;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while run("ctr", &["--address", CONTAINERD_SOCKET, "version"]).is_err() {
-            self.processes.check_alive()?;
-            if Instant::now() > deadline {
-                bail!("containerd did not answer on {CONTAINERD_SOCKET} within 30s");
+        let what = format!("containerd answers on {CONTAINERD_SOCKET}");
+        await_condition(what, within(Duration::from_secs(30)), async || {
+            if run("ctr", &["--address", CONTAINERD_SOCKET, "version"]).is_ok() {
+                return Ok(true);
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        Ok(())
+            self.processes.check_alive().map(|()| false)
+        })
+        .await
     }
 
     async fn start_kubelet(&mut self, plane: &ControlPlane) -> anyhow::Result<()> {
@@ -389,8 +389,8 @@ iptables: {{localhostNodePorts: false, syncPeriod: 30s, minSyncPeriod: 0s}}
 
     async fn wait_ready(&mut self, plane: &ControlPlane) -> anyhow::Result<()> {
         let nodes: Api<NodeObject> = Api::all(plane.client().await?);
-        let deadline = Instant::now() + Duration::from_secs(90);
-        loop {
+        let patience = within(Duration::from_secs(90)).every(Duration::from_millis(200));
+        await_condition(format!("node {NODE_NAME} is Ready"), patience, async || {
             let ready = nodes
                 .get_opt(NODE_NAME)
                 .await
@@ -400,14 +400,11 @@ iptables: {{localhostNodePorts: false, syncPeriod: 30s, minSyncPeriod: 0s}}
                 .and_then(|s| s.conditions)
                 .is_some_and(|conditions| conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
             if ready {
-                return Ok(());
+                return Ok(true);
             }
-            self.processes.check_alive()?;
-            if Instant::now() > deadline {
-                bail!("node {NODE_NAME} not Ready within 90s");
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+            self.processes.check_alive().map(|()| false)
+        })
+        .await
     }
 
     /// Stops the node and removes everything it created.

@@ -2,13 +2,14 @@
 //! another node's state apart from the harness's own.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::names::{
     BRIDGE, CONTAINERD_SOCKET, KUBERNETES_CHAIN_PREFIXES, NODE_ROOT, NODE_RUN, OWN_CHAIN_PREFIX, OWNED_MARKER,
     sysctl_file,
 };
 use crate::process::run;
+use crate::wait::{await_condition_blocking, within};
 
 pub(super) fn kill_containers() {
     let tasks = run("ctr", &["--address", CONTAINERD_SOCKET, "-n", "k8s.io", "tasks", "ls", "-q"]).unwrap_or_default();
@@ -81,13 +82,11 @@ pub(super) fn owns_node_state() -> bool {
 fn foreign_agents() -> Vec<String> {
     let mut found = Vec::new();
     for name in ["kubelet", "kube-proxy", "k3s", "k3s-server", "k3s-agent", "kubelite", "k0s", "rke2"] {
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while run("pgrep", &["-x", name]).is_ok() {
-            if Instant::now() > deadline {
-                found.push(format!("a {name} process"));
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
+        let gone = await_condition_blocking(format!("no {name} runs"), within(Duration::from_secs(2)), || {
+            run("pgrep", &["-x", name]).is_err()
+        });
+        if gone.is_err() {
+            found.push(format!("a {name} process"));
         }
     }
     found

@@ -106,6 +106,7 @@ fn parse_at(bytes: &[u8], depth: usize) -> Result<Option<(Reply, usize)>, Protoc
 #[cfg(test)]
 mod tests {
     use super::*;
+    use waycast_crds::seeded::Xorshift;
 
     #[test]
     fn commands_are_arrays_of_bulk_strings() {
@@ -159,12 +160,10 @@ mod tests {
     #[test]
     fn never_panics_on_any_input() {
         let alphabet: &[u8] = b"*$:+-\r\n0123456789-1abc";
-        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut random = Xorshift::new(0x9e37_79b9_7f4a_7c15);
         for _ in 0..20_000 {
             let mut input = Vec::new();
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
+            let seed = random.next_u64();
             let length = (seed % 40) as usize;
             for step in 0..length {
                 let mixed = seed.rotate_left(step as u32 * 7);
@@ -176,44 +175,46 @@ mod tests {
         }
     }
 
-    /// A seeded generator (xorshift): runs repeat.
-    struct Random(u64);
+    /// The shared seeded generator, with the replies this test draws from it.
+    struct Random(Xorshift);
+
+    impl std::ops::Deref for Random {
+        type Target = Xorshift;
+        fn deref(&self) -> &Xorshift {
+            &self.0
+        }
+    }
+
+    impl std::ops::DerefMut for Random {
+        fn deref_mut(&mut self) -> &mut Xorshift {
+            &mut self.0
+        }
+    }
 
     impl Random {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n.max(1)
-        }
-
         /// Text a status or error line may hold: anything but CR and LF.
         fn line(&mut self) -> String {
             let alphabet = ["a", "Z", "0", " ", "-", ":", "+", "*", "$", "é", "☃", "\t"];
             (0..self.below(24)).map(|_| alphabet[self.below(alphabet.len() as u64) as usize]).collect()
         }
 
-        /// Any bytes, CR and LF included.
-        fn bytes(&mut self) -> Vec<u8> {
+        /// A bulk string's bytes: any, CR and LF included.
+        fn bulk(&mut self) -> Vec<u8> {
             let length = match self.below(8) {
                 0 => 0,
                 1 => self.below(MAX_BULK as u64 + 1),
                 _ => self.below(64),
             };
-            (0..length).map(|_| self.next() as u8).collect()
+            (0..length).map(|_| self.next_u64() as u8).collect()
         }
 
         fn reply(&mut self, depth: usize) -> Reply {
             match self.below(if depth + 1 >= MAX_DEPTH { 6 } else { 8 }) {
                 0 => Reply::Status(self.line()),
                 1 => Reply::Error(self.line()),
-                2 => Reply::Integer(self.next() as i64),
+                2 => Reply::Integer(self.next_u64() as i64),
                 3 => Reply::Bulk(None),
-                4 | 5 => Reply::Bulk(Some(self.bytes())),
+                4 | 5 => Reply::Bulk(Some(self.bulk())),
                 6 => Reply::Array(None),
                 _ => Reply::Array(Some((0..self.below(6)).map(|_| self.reply(depth + 1)).collect())),
             }
@@ -248,7 +249,7 @@ mod tests {
     /// encodes parses as the array of bulk strings it is.
     #[test]
     fn property_replies_round_trip_whatever_the_split() {
-        let mut random = Random(0x51_7cc1_b727_220a);
+        let mut random = Random(Xorshift::new(0x51_7cc1_b727_220a));
         for _ in 0..3_000 {
             let (first, second) = (random.reply(0), random.reply(0));
             let mut wire = Vec::new();
@@ -261,7 +262,7 @@ mod tests {
                 let cut = random.below(first_length as u64) as usize;
                 assert_eq!(parse(&wire[..cut]), Ok(None), "cut at {cut} of {first:?}");
             }
-            let args: Vec<Vec<u8>> = (0..random.below(5)).map(|_| random.bytes()).collect();
+            let args: Vec<Vec<u8>> = (0..random.below(5)).map(|_| random.bulk()).collect();
             let parts: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
             let mut command = BytesMut::new();
             encode(&mut command, &parts);

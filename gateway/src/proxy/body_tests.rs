@@ -1,5 +1,7 @@
 //! The body scanner on well-formed, hostile and generated inputs.
 
+use waycast_crds::seeded::Xorshift;
+
 use super::*;
 
 /// The tables below read a request in OpenAI's dialect.
@@ -7,28 +9,27 @@ fn scan(body: &[u8]) -> Result<RequestFields<'_>, GatewayError> {
     super::scan(body, Dialect::OpenAi)
 }
 
-/// A small deterministic generator (xorshift), so property runs repeat.
-struct Random(u64);
+/// The shared seeded generator (so property runs repeat), with the JSON
+/// this test draws from it.
+struct Random(Xorshift);
+
+impl std::ops::Deref for Random {
+    type Target = Xorshift;
+    fn deref(&self) -> &Xorshift {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Random {
+    fn deref_mut(&mut self) -> &mut Xorshift {
+        &mut self.0
+    }
+}
 
 impl Random {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
-        items[self.below(items.len())]
-    }
-
     /// Whitespace JSON allows between tokens, often none.
     fn space(&mut self) -> &'static str {
-        ["", "", "", " ", "\n  ", "\t", "\r\n"][self.below(7)]
+        ["", "", "", " ", "\n  ", "\t", "\r\n"][self.index(7)]
     }
 
     /// A JSON string of any text: escapes of every kind, surrogate pairs,
@@ -62,16 +63,16 @@ impl Random {
             "[",
             ",",
         ];
-        let count = self.below(12) + usize::from(non_empty);
+        let count = self.index(12) + usize::from(non_empty);
         let text: String = (0..count).map(|_| self.pick(&pieces)).collect();
         format!("\"{text}\"")
     }
 
     /// A key as a client may write it: sometimes with a letter escaped.
     fn key(&mut self, name: &str) -> String {
-        match self.below(4) {
+        match self.index(4) {
             0 if !name.is_empty() => {
-                let at = self.below(name.len());
+                let at = self.index(name.len());
                 let (head, tail) = name.split_at(at);
                 let mut tail = tail.chars();
                 let escaped = tail.next().map(|c| format!("\\u{:04x}", c as u32)).unwrap_or_default();
@@ -87,20 +88,20 @@ impl Random {
 
     /// Any JSON value, nested at most `depth`.
     fn any(&mut self, depth: usize) -> String {
-        match self.below(if depth == 0 { 4 } else { 6 }) {
+        match self.index(if depth == 0 { 4 } else { 6 }) {
             0 => self.string(false),
             1 => self.number(),
             2 => self.pick(&["true", "false"]).to_owned(),
             3 => "null".to_owned(),
             4 => {
-                let items: Vec<String> = (0..self.below(4))
+                let items: Vec<String> = (0..self.index(4))
                     .map(|_| format!("{}{}{}", self.space(), self.any(depth - 1), self.space()))
                     .collect();
                 format!("[{}]", items.join(","))
             }
             _ => {
                 let keys = ["model", "stream", "messages", "n", "x", ""];
-                let fields: Vec<String> = (0..self.below(4))
+                let fields: Vec<String> = (0..self.index(4))
                     .map(|_| {
                         let key = self.pick(&keys);
                         let key = self.key(key);
@@ -117,16 +118,16 @@ impl Random {
     /// other fields holding anything, in any order, each key once.
     fn request(&mut self) -> String {
         let integer = |random: &mut Self| -> String {
-            match random.below(4) {
+            match random.index(4) {
                 0 => "null".to_owned(),
-                _ => (random.next() % 100_000).to_string(),
+                _ => (random.next_u64() % 100_000).to_string(),
             }
         };
         let mut fields = vec![("model".to_owned(), self.string(true))];
         type Field = (&'static str, fn(&mut Random) -> String);
         let optional: [Field; 10] = [
             ("stream", |r| r.pick(&["true", "false", "null"]).to_owned()),
-            ("stream_options", |r| if r.below(3) == 0 { "null".to_owned() } else { r.object_of_anything() }),
+            ("stream_options", |r| if r.index(3) == 0 { "null".to_owned() } else { r.object_of_anything() }),
             ("max_tokens", integer),
             ("max_completion_tokens", integer),
             ("max_output_tokens", integer),
@@ -137,13 +138,13 @@ impl Random {
             ("metadata", |r| r.any(5)),
         ];
         for (name, value) in optional {
-            if self.below(2) == 0 {
+            if self.index(2) == 0 {
                 fields.push((name.to_owned(), value(self)));
             }
         }
         // Shuffled (Fisher–Yates).
         for i in (1..fields.len()).rev() {
-            let j = self.below(i + 1);
+            let j = self.index(i + 1);
             fields.swap(i, j);
         }
         let members: Vec<String> = fields
@@ -163,19 +164,19 @@ impl Random {
     /// A JSON value (valid), nested at most `depth`.
     fn value(&mut self, depth: usize) -> String {
         let strings = ["\"model\"", "\"m\\u006f\"", "\"a\\\"b\"", "\"caf\u{e9}\"", "\"\""];
-        match self.below(if depth == 0 { 4 } else { 6 }) {
-            0 => strings[self.below(strings.len())].to_owned(),
-            1 => ["0", "-1.5e3", "12", "0.25"][self.below(4)].to_owned(),
-            2 => ["true", "false"][self.below(2)].to_owned(),
+        match self.index(if depth == 0 { 4 } else { 6 }) {
+            0 => strings[self.index(strings.len())].to_owned(),
+            1 => ["0", "-1.5e3", "12", "0.25"][self.index(4)].to_owned(),
+            2 => ["true", "false"][self.index(2)].to_owned(),
             3 => "null".to_owned(),
             4 => {
-                let items: Vec<String> = (0..self.below(4)).map(|_| self.value(depth - 1)).collect();
+                let items: Vec<String> = (0..self.index(4)).map(|_| self.value(depth - 1)).collect();
                 format!("[{}]", items.join(","))
             }
             _ => {
                 let keys = ["\"model\"", "\"stream\"", "\"x\"", "\"messages\""];
-                let fields: Vec<String> = (0..self.below(4))
-                    .map(|_| format!("{}:{}", keys[self.below(keys.len())], self.value(depth - 1)))
+                let fields: Vec<String> = (0..self.index(4))
+                    .map(|_| format!("{}:{}", keys[self.index(keys.len())], self.value(depth - 1)))
                     .collect();
                 format!("{{{}}}", fields.join(","))
             }
@@ -188,10 +189,10 @@ impl Random {
 /// duplicate, which serde_json's last-wins reading would hide).
 #[test]
 fn property_agrees_with_serde_json_and_never_panics() {
-    let mut random = Random(0x2545_f491_4f6c_dd1d);
+    let mut random = Random(Xorshift::new(0x2545_f491_4f6c_dd1d));
     for _ in 0..5_000 {
         let mut document = random.value(4);
-        if random.below(2) == 0 {
+        if random.index(2) == 0 {
             document = format!("{{\"model\":\"top\",\"body\":{document}}}");
         }
         let scanned = scan(document.as_bytes());
@@ -205,11 +206,11 @@ fn property_agrees_with_serde_json_and_never_panics() {
         }
         // Cut anywhere, or with a byte flipped: an answer, never a panic.
         let bytes = document.as_bytes();
-        let cut = random.below(bytes.len() + 1);
+        let cut = random.index(bytes.len() + 1);
         let _ = scan(&bytes[..cut]);
         let mut flipped = bytes.to_vec();
-        if let Some(byte) = flipped.get_mut(random.below(bytes.len().max(1))) {
-            *byte ^= 1 << random.below(8);
+        if let Some(byte) = flipped.get_mut(random.index(bytes.len().max(1))) {
+            *byte ^= 1 << random.index(8);
         }
         let _ = scan(&flipped);
     }
@@ -219,7 +220,7 @@ fn property_agrees_with_serde_json_and_never_panics() {
 /// each field as serde_json does.
 #[test]
 fn property_a_valid_request_is_never_refused() {
-    let mut random = Random(0x6a09_e667_f3bc_c908);
+    let mut random = Random(Xorshift::new(0x6a09_e667_f3bc_c908));
     for _ in 0..5_000 {
         let body = random.request();
         let fields = scan(body.as_bytes()).unwrap_or_else(|error| panic!("{error}: {body}"));

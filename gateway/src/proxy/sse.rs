@@ -168,13 +168,8 @@ mod tests {
     /// more than one event (and never over [`MAX_HELD`]).
     #[test]
     fn property_only_usage_chunks_go_whatever_the_framing() {
-        let mut seed = 0x853c_49e6_748f_ea9b_u64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut random = waycast_crds::seeded::Xorshift::new(0x853c_49e6_748f_ea9b);
+        let mut next = move || random.next_u64();
         let crlf_content = CONTENT.replace("\n\n", "\r\n\r\n");
         let kinds = [CONTENT, USAGE, DONE, crlf_content.as_str()];
         for _ in 0..2_000 {

@@ -31,8 +31,9 @@ use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full};
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
+use waycast_crds::seeded::Xorshift;
 
-use super::properties::{Arrivals, Case, Rng, Stray, case, request_for, seed, serve, split};
+use super::properties::{Arrivals, Case, Stray, case, request_for, seed, serve, split};
 use super::*;
 
 /// What a correct client makes of an answer.
@@ -55,7 +56,7 @@ enum Seen {
 
 /// A hostile answer: framed wrongly, cut short or with a head no client
 /// may read. The server closes after writing it.
-fn hostile(rng: &mut Rng) -> (Case, Expect) {
+fn hostile(rng: &mut Xorshift) -> (Case, Expect) {
     let length = 1 + rng.below(40) as usize;
     let body = rng.bytes(length);
     let (wire, expect): (Vec<u8>, Expect) = match rng.below(14) {
@@ -149,7 +150,7 @@ fn hostile(rng: &mut Rng) -> (Case, Expect) {
 
 /// `count` cases from `seed`, one in `hostile_one_in` hostile.
 fn corpus(seed: u64, count: usize, hostile_one_in: u64) -> (Arc<Vec<Case>>, Vec<Expect>) {
-    let mut rng = Rng(seed);
+    let mut rng = Xorshift::new(seed);
     println!("seed {seed}");
     let (cases, expects) = (0..count)
         .map(|_| if rng.chance(hostile_one_in) { hostile(&mut rng) } else { (case(&mut rng), Expect::Read) })

@@ -29,32 +29,9 @@ use http_body_util::BodyExt as _;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::net::TcpListener;
 use waycast_crds::config::ClientTlsConfig;
+use waycast_crds::seeded::Xorshift;
 
 use super::*;
-
-/// A small xorshift generator: the cases are a function of the seed.
-pub(super) struct Rng(pub(super) u64);
-
-impl Rng {
-    pub(super) fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    pub(super) fn below(&mut self, bound: u64) -> u64 {
-        self.next() % bound.max(1)
-    }
-
-    pub(super) fn chance(&mut self, one_in: u64) -> bool {
-        self.below(one_in) == 0
-    }
-
-    pub(super) fn bytes(&mut self, length: usize) -> Vec<u8> {
-        (0..length).map(|_| (self.next() & 0xff) as u8).collect()
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Stray {
@@ -97,7 +74,7 @@ impl std::fmt::Debug for Case {
 
 pub(super) const STRAY: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nSTRAY";
 
-pub(super) fn case(rng: &mut Rng) -> Case {
+pub(super) fn case(rng: &mut Xorshift) -> Case {
     let status = [200, 200, 200, 201, 404, 500, 204][rng.below(7) as usize];
     let length = rng.below(400) as usize;
     let body = if status == 204 { Vec::new() } else { rng.bytes(length) };
@@ -180,7 +157,7 @@ pub(super) fn case(rng: &mut Rng) -> Case {
 }
 
 /// `wire` cut at generated points: single bytes, short runs, the rest.
-pub(super) fn split(rng: &mut Rng, wire: &[u8]) -> Vec<Vec<u8>> {
+pub(super) fn split(rng: &mut Xorshift, wire: &[u8]) -> Vec<Vec<u8>> {
     let mut pieces = Vec::new();
     let mut at = 0;
     while at < wire.len() {
@@ -357,7 +334,7 @@ pub(super) fn seed() -> u64 {
 }
 
 pub(super) fn generated(seed: u64, count: usize) -> Arc<Vec<Case>> {
-    let mut rng = Rng(seed);
+    let mut rng = Xorshift::new(seed);
     println!("seed {seed}");
     Arc::new((0..count).map(|_| case(&mut rng)).collect())
 }

@@ -36,11 +36,11 @@ pub use settings::RenderSettings;
 pub(crate) mod fixtures {
     use waycast_crds::{Gateway, GatewaySpec};
 
-    /// A Gateway as the API server returns it (with a uid).
+    /// The Gateway `platform/shared` as the API server returns it (with a
+    /// uid; `waycast_mock::fixtures::objects`), with `spec`.
     pub fn gateway(spec: GatewaySpec) -> Gateway {
-        let mut gateway = Gateway::new("shared", spec);
-        gateway.metadata.namespace = Some("platform".into());
-        gateway.metadata.uid = Some("0f0e0d0c-0000-4000-8000-000000000001".into());
+        let mut gateway = waycast_mock::fixtures::objects::gateway("platform", "shared");
+        gateway.spec = spec;
         gateway
     }
 }

@@ -1,6 +1,7 @@
 //! Table tests of the status builders.
 
 use super::*;
+use waycast_mock::fixtures::objects;
 
 #[test]
 fn transition_time_moves_only_with_the_status() {
@@ -142,8 +143,7 @@ fn key_verdict(accepted: bool, reason: &'static str, message: &'static str) -> K
 #[test]
 fn api_key_status_table() {
     let now = jiff::Timestamp::from_second(1_800_000_000).unwrap();
-    let mut api_key = ApiKey::new("alice", waycast_crds::ApiKeySpec::default());
-    api_key.metadata.namespace = Some("team".into());
+    let mut api_key = objects::api_key("team", "alice");
     api_key.metadata.generation = Some(2);
     api_key.spec.limits =
         Some(waycast_crds::sharing::KeyLimits { requests_per_minute: Some(60), ..Default::default() });
@@ -229,7 +229,7 @@ fn api_key_status_table() {
 #[test]
 fn model_endpoint_status_table() {
     let now = jiff::Timestamp::from_second(1_800_000_000).unwrap();
-    let mut endpoint = ModelEndpoint::new("llama", waycast_crds::ModelEndpointSpec::default());
+    let mut endpoint = objects::model_endpoint("team", "llama", "");
     endpoint.metadata.generation = Some(4);
     type Row<'a> = (&'a str, Vec<GatewayAcceptance>, (bool, &'a str), (bool, &'a str));
     let rows: Vec<Row<'_>> = vec![
@@ -279,8 +279,7 @@ fn model_endpoint_status_table() {
 fn a_kept_api_key_status_compares_and_carries_over_as_the_whole_one() {
     let then = jiff::Timestamp::from_second(1_800_000_000).unwrap();
     let later = jiff::Timestamp::from_second(1_800_000_600).unwrap();
-    let mut api_key = ApiKey::new("alice", waycast_crds::ApiKeySpec::default());
-    api_key.metadata.namespace = Some("team".into());
+    let mut api_key = objects::api_key("team", "alice");
     api_key.metadata.generation = Some(2);
     let served = vec![("team/gw".to_owned(), key_verdict(true, reasons::ACCEPTED, "the key is served"))];
     let expired = vec![("team/gw".to_owned(), key_verdict(false, reasons::EXPIRED, "expired at 2020-01-01"))];

@@ -499,8 +499,7 @@ mod tests {
     #[tokio::test]
     async fn a_store_announces_each_object_by_its_namespace_and_name() {
         let key = |namespace: &str, generation: i64| {
-            let mut key = ApiKey::new("x", waycast_crds::ApiKeySpec::default());
-            key.metadata.namespace = Some(namespace.to_owned());
+            let mut key = waycast_mock::fixtures::objects::api_key(namespace, "x");
             key.metadata.generation = Some(generation);
             key
         };

@@ -1,14 +1,13 @@
 use kube::runtime::reflector;
 use kube::runtime::watcher::Event;
-use waycast_crds::{ApiKey, ApiKeySpec};
+use waycast_crds::ApiKey;
 
 use super::*;
 
 fn store_of(count: usize) -> Store<ApiKey> {
     let (reader, mut writer) = reflector::store();
     for index in 0..count {
-        let mut key = ApiKey::new(&format!("key-{index}"), ApiKeySpec::default());
-        key.metadata.namespace = Some("team-a".into());
+        let key = waycast_mock::fixtures::objects::api_key("team-a", &format!("key-{index}"));
         writer.apply_watcher_event(&Event::Apply(key));
     }
     reader
