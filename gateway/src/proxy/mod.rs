@@ -16,21 +16,30 @@
 //! forward   pick backend, rewrite, failover, first-byte timeout (502, 504)    forward::send
 //! respond   the upstream's head made the client's               (the upstream's status) respond::relay
 //! stream    relay frames as they come; idle timeout; usage tap                stream::RelayBody
+//! end       settle: token charge, queue seat, budgets, key's month, cost      limit::settle
+//!           report: series, span, usage record, access line                   report::report
 //! ```
 //!
 //! A new per-request check is a pure function beside the others, a
-//! `GatewayError` variant, and one line here. What the stages decide goes
-//! into the request's [`Facts`]; the [`Exchange`] writes every metric and
-//! the access line from them once the request has ended (`exchange.rs`),
-//! and errors are answered in one place (`GatewayError::response`).
+//! `GatewayError` variant, and one line here: its refusal is answered,
+//! counted and logged like every other. What the stages decide goes into
+//! the request's [`Facts`]; what it holds until it ends (token charge,
+//! concurrency places, queue seat, budget reservations, the endpoint in
+//! flight) and what settling it needs (reservation, prices, the key's
+//! month) into its [`Held`]. Once the request has ended the [`Exchange`]
+//! settles the one (`limit::settle`) and reports the other with what was
+//! settled (`report.rs`); errors are answered in one place
+//! (`GatewayError::response`).
 
 pub mod auth;
 pub mod body;
 pub mod connection;
 pub mod exchange;
+pub mod facts;
 pub mod forward;
 mod key_digests;
 pub mod queue;
+pub mod report;
 pub mod request_body;
 pub mod respond;
 pub mod route;
@@ -48,12 +57,13 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 
 use crate::error::GatewayError;
-use crate::limit::{Counters, Passed, Refused, Reservation, Subject};
+use crate::limit::{Budgets, Counters, Held, Month, Passed, Priced, Refused, Reservation, Subject};
 use crate::per_worker::own_name;
 use crate::request_id::REQUEST_ID;
 use crate::shared::{Shared, WorkerShared};
 use connection::Client;
-use exchange::{Exchange, Facts, Tally};
+use exchange::Exchange;
+use facts::{Asked, Facts, Tally};
 use forward::Outgoing;
 use request_body::UnreadBody;
 use respond::Answer;
@@ -70,10 +80,9 @@ pub async fn handle(
     client.activity.note_version(request.version());
     let request_id = shared.request_ids.for_request(request.headers());
     let path = Endpoint::of(request.uri().path()).map_or("other", Endpoint::path);
-    let method = request.method().clone();
-    let mut exchange =
-        Exchange::new(shared.clone(), client.activity.clone(), started, method, path, request_id.clone());
-    let answer = serve(&shared, &client, request, &mut exchange.facts, &request_id).await;
+    let asked = Asked { started, method: request.method().clone(), path, request_id: request_id.clone() };
+    let mut exchange = Exchange::new(shared.clone(), client.activity.clone(), asked);
+    let answer = serve(&shared, &client, request, (&mut exchange.facts, &mut exchange.held), &request_id).await;
     let mut response = respond::response(answer, exchange);
     response.headers_mut().insert(REQUEST_ID.clone(), request_id);
     Ok(response)
@@ -83,7 +92,7 @@ async fn serve(
     shared: &Shared,
     client: &Client,
     request: Request<Incoming>,
-    facts: &mut Facts,
+    (facts, held): (&mut Facts, &mut Held),
     request_id: &HeaderValue,
 ) -> Result<Answer, GatewayError> {
     let (parts, body) = request.into_parts();
@@ -133,15 +142,18 @@ async fn serve(
     let fields = body::scan(&body)?;
     let route = route::route(&snapshot, key, &fields.model)?.route;
     (facts.model, facts.stream, facts.max_tokens) = (Some(own_name(&route.name)), fields.stream, fields.max_tokens);
-    facts.priced = route.prices.as_ref().map(|(prices, currency)| (*prices, own_name(currency)));
+    let counted_in = &*snapshot.settings.budgets.currency;
+    held.priced = route.prices.as_ref().map(|prices| Priced::of(prices, counted_in, own_name));
 
     let reservation =
         Reservation::for_request(body.len(), fields.max_tokens, fields.choices, route.output_token_reservation);
+    let budgets = Budgets { key: key.budgets(), tenant: &key.tenant.budgets, counted_in, zone: &snapshot.zone };
+    let asked = crate::limit::budgets_asked(&budgets, held.priced.as_ref(), reservation, jiff::Timestamp::now);
     let subject = Subject {
         key: (&key.id, key.limits()),
         tenant: (&key.tenant.namespace, key.tenant.limits.as_ref()),
         model: (&route.state_id, route.limits.as_ref()),
-        budgets: route::budgets_asked(&snapshot, key, route, reservation, jiff::Timestamp::now)?,
+        budgets: asked.map_err(|mismatch| GatewayError::budget_currency(&route.name, mismatch))?,
     };
     // Most keys have no limit and no budget: no admission future is made.
     let mut admitted = if subject.asks_nothing() {
@@ -149,21 +161,13 @@ async fn serve(
     } else {
         passed(facts, counters.admit(&subject, reservation, counted.as_ref()).await)?
     };
-    (facts.admitted, facts.reservation) = (admitted.is_some(), Some(reservation));
+    (facts.admitted, held.reservation) = (admitted.is_some(), Some(reservation));
     if let Some(admitted) = admitted.as_mut() {
-        (facts.charge, facts.held) = (admitted.charge.take(), std::mem::take(&mut admitted.held));
-        facts.budget = admitted.budget.take();
+        held.take_admitted(admitted);
     }
-    facts.usage = Some(exchange::UsageTap {
-        counts: key.usage.clone(),
-        zone: snapshot.zone.clone(),
-        counts_cost: route
-            .prices
-            .as_ref()
-            .is_some_and(|(_, currency)| **currency == *snapshot.settings.budgets.currency),
-    });
-    queue::take_turn(route, key, reservation, (shared, shares), facts).await?;
-    let (body, model_span, strip_usage) = usage::body_to_send(&body, &fields, endpoint_index, facts.charge.is_some());
+    held.month = Some(Month { counts: key.usage.clone(), zone: snapshot.zone.clone() });
+    held.seat = queue::take_turn(route, key, reservation, (shared, shares), facts).await?;
+    let (body, model_span, strip_usage) = usage::body_to_send(&body, &fields, endpoint_index, held.charge.is_some());
 
     let outgoing = Outgoing {
         method: &parts.method,
@@ -180,7 +184,25 @@ async fn serve(
     facts.forwarded = true;
     let forwarded =
         forward::send(route, &outgoing, &shared.endpoints, (&mut facts.tallies, facts.trace.as_deref_mut())).await?;
-    respond::relay(forwarded, route, admitted.as_ref(), strip_usage, body_done, facts)
+    relayed(forwarded, (route, admitted.as_ref(), strip_usage), body_done, (facts, held))
+}
+
+/// The upstream's answer made ready to relay (`respond::relay`); the
+/// endpoint that answered is held, and noted, until the request ends, and
+/// the gateway's time before the upstream (from `body_done`, when the
+/// client's body was read) noted.
+fn relayed(
+    mut forwarded: forward::Forwarded,
+    (route, admitted, strip_usage): (&crate::snapshot::Route, Option<&crate::limit::Admitted>, bool),
+    body_done: Instant,
+    (facts, held): (&mut Facts, &mut Held),
+) -> Result<Answer, GatewayError> {
+    let (in_flight, sent_at) = (forwarded.in_flight.take(), forwarded.sent_at);
+    let answer = respond::relay(forwarded, route, admitted, strip_usage)?;
+    facts.endpoint = in_flight.as_ref().map(|in_flight| in_flight.endpoint().address);
+    facts.overhead_before = sent_at.saturating_duration_since(body_done);
+    held.endpoint = in_flight;
+    Ok(answer)
 }
 
 /// An admission that let the request on (a store failure it passed over
