@@ -86,6 +86,7 @@ pub struct Budgets<'a> {
 /// # Errors
 /// [`CurrencyMismatch`]: a cost budget applies and the model is priced in
 /// another currency than the budgets count in.
+#[inline]
 pub fn budgets_asked<'a>(
     budgets: &Budgets<'a>,
     priced: Option<&Priced>,

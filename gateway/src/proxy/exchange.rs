@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! Exchange::end ─► limit::settle(Held, Ended) ─► Settled   charge, seat, budgets, key's month, cost
-//!               ─► report(Facts, Outcome, Settled)          series, span, access line, usage record
+//!               ─► report(Facts, End, Settled)              series, span, access line, usage record
 //! ```
 //!
 //! What the stages decided is the request's [`Facts`]; what it holds until
@@ -89,7 +89,8 @@ impl Exchange {
         // The wall clock, read once for the key's month and the report.
         let wall = Wall::default();
         let settled = crate::limit::settle(&self.held, outcome.for_accounts(), &wall);
-        let end = super::report::End { outcome, at: ended, wall: &wall };
+        let endpoint = self.held.endpoint.as_ref().map(|in_flight| in_flight.endpoint().address);
+        let end = super::report::End { outcome, at: ended, wall: &wall, endpoint };
         super::report::report(&self.shared, &self.asked, &self.facts, &end, &settled);
     }
 }

@@ -40,8 +40,6 @@ pub struct Facts {
     pub access_log: bool,
     /// The rate limits admitted it (counted in its series).
     pub admitted: bool,
-    /// The endpoint that answered, once a response came.
-    pub endpoint: Option<std::net::SocketAddr>,
     /// The key's namespace, where a model's queue counts it.
     pub tenant: Option<Arc<str>>,
     /// How long it waited for a model's queue, and in which class (index
@@ -71,7 +69,6 @@ impl Default for Facts {
             stream: false,
             access_log: true,
             admitted: false,
-            endpoint: None,
             tenant: None,
             queued: None,
             overhead_before: Duration::ZERO,

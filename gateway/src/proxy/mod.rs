@@ -143,17 +143,21 @@ async fn serve(
     let route = route::route(&snapshot, key, &fields.model)?.route;
     (facts.model, facts.stream, facts.max_tokens) = (Some(own_name(&route.name)), fields.stream, fields.max_tokens);
     let counted_in = &*snapshot.settings.budgets.currency;
-    held.priced = route.prices.as_ref().map(|prices| Priced::of(prices, counted_in, own_name));
+    if let Some(prices) = &route.prices {
+        held.priced = Some(Priced::of(prices, counted_in, own_name));
+    }
 
     let reservation =
         Reservation::for_request(body.len(), fields.max_tokens, fields.choices, route.output_token_reservation);
     let budgets = Budgets { key: key.budgets(), tenant: &key.tenant.budgets, counted_in, zone: &snapshot.zone };
-    let asked = crate::limit::budgets_asked(&budgets, held.priced.as_ref(), reservation, jiff::Timestamp::now);
     let subject = Subject {
         key: (&key.id, key.limits()),
         tenant: (&key.tenant.namespace, key.tenant.limits.as_ref()),
         model: (&route.state_id, route.limits.as_ref()),
-        budgets: asked.map_err(|mismatch| GatewayError::budget_currency(&route.name, mismatch))?,
+        budgets: match crate::limit::budgets_asked(&budgets, held.priced.as_ref(), reservation, jiff::Timestamp::now) {
+            Ok(asked) => asked,
+            Err(mismatch) => return Err(GatewayError::budget_currency(&route.name, mismatch)),
+        },
     };
     // Most keys have no limit and no budget: no admission future is made.
     let mut admitted = if subject.asks_nothing() {
@@ -166,7 +170,9 @@ async fn serve(
         held.take_admitted(admitted);
     }
     held.month = Some(Month { counts: key.usage.clone(), zone: snapshot.zone.clone() });
-    held.seat = queue::take_turn(route, key, reservation, (shared, shares), facts).await?;
+    if let Some(seat) = queue::take_turn(route, key, reservation, (shared, shares), facts).await? {
+        held.seat = Some(seat);
+    }
     let (body, model_span, strip_usage) = usage::body_to_send(&body, &fields, endpoint_index, held.charge.is_some());
 
     let outgoing = Outgoing {
@@ -182,27 +188,20 @@ async fn serve(
         inference: forward::Inference::of(&snapshot.settings.sharing, key),
     };
     facts.forwarded = true;
-    let forwarded =
+    let mut forwarded =
         forward::send(route, &outgoing, &shared.endpoints, (&mut facts.tallies, facts.trace.as_deref_mut())).await?;
-    relayed(forwarded, (route, admitted.as_ref(), strip_usage), body_done, (facts, held))
+    let answered = (forwarded.in_flight.take(), forwarded.sent_at.saturating_duration_since(body_done));
+    respond::relay(forwarded, route, admitted.as_ref(), strip_usage).inspect(|_| answered_by(answered, (facts, held)))
 }
 
-/// The upstream's answer made ready to relay (`respond::relay`); the
-/// endpoint that answered is held, and noted, until the request ends, and
-/// the gateway's time before the upstream (from `body_done`, when the
-/// client's body was read) noted.
-fn relayed(
-    mut forwarded: forward::Forwarded,
-    (route, admitted, strip_usage): (&crate::snapshot::Route, Option<&crate::limit::Admitted>, bool),
-    body_done: Instant,
+/// Holds the endpoint that answered (counted in flight until the request
+/// ends) and notes the gateway's time `before` the upstream was asked.
+fn answered_by(
+    (in_flight, before): (Option<crate::upstream::pick::InFlight>, std::time::Duration),
     (facts, held): (&mut Facts, &mut Held),
-) -> Result<Answer, GatewayError> {
-    let (in_flight, sent_at) = (forwarded.in_flight.take(), forwarded.sent_at);
-    let answer = respond::relay(forwarded, route, admitted, strip_usage)?;
-    facts.endpoint = in_flight.as_ref().map(|in_flight| in_flight.endpoint().address);
-    facts.overhead_before = sent_at.saturating_duration_since(body_done);
+) {
+    facts.overhead_before = before;
     held.endpoint = in_flight;
-    Ok(answer)
 }
 
 /// An admission that let the request on (a store failure it passed over

@@ -1,13 +1,13 @@
 //! A request's report, once it has ended and was settled: its metric
 //! series, its span and usage record (with telemetry on), its access line.
-//! Built only from what the stages decided ([`Facts`]), how it ended
-//! ([`Outcome`]) and what was settled ([`Settled`]); it changes no count a
+//! Built only from what the stages decided ([`Facts`]), how and where it
+//! ended ([`End`]) and what was settled ([`Settled`]); it changes no count a
 //! limit, a queue or a budget reads.
 //!
 //! ```text
-//! Facts + Outcome + Settled ─► series (status, durations, tokens, cost, tallies; flushed when idle)
-//!                           ─► telemetry::finish (span, usage record)
-//!                           ─► access_log::record (one line)
+//! Facts + End + Settled ─► series (status, durations, tokens, cost, tallies; flushed when idle)
+//!                       ─► telemetry::finish (span, usage record)
+//!                       ─► access_log::record (one line)
 //! ```
 
 use std::time::{Duration, Instant};
@@ -17,7 +17,7 @@ use crate::limit::{Settled, Wall};
 use crate::metrics::Metrics;
 use crate::shared::WorkerShared;
 
-/// When and how a request ended.
+/// When, how and where a request ended.
 pub struct End<'a> {
     /// How.
     pub outcome: &'a Outcome,
@@ -25,6 +25,8 @@ pub struct End<'a> {
     pub at: Instant,
     /// The wall clock as the end read it (at most once).
     pub wall: &'a Wall,
+    /// The endpoint that answered, if one did.
+    pub endpoint: Option<std::net::SocketAddr>,
 }
 
 /// Reports a request that `asked`, decided `facts`, ended at `end` and
@@ -132,7 +134,7 @@ pub fn report(shared: &WorkerShared, asked: &Asked, facts: &Facts, end: &End<'_>
             path: asked.path,
             model,
             key,
-            endpoint: facts.endpoint,
+            endpoint: end.endpoint,
             stream: facts.stream,
             status: outcome.status,
             bytes: outcome.bytes,
