@@ -139,6 +139,14 @@ fn busy_text(reason: crate::sharing::Refused) -> &'static str {
     }
 }
 
+impl GatewayError {
+    /// `model` is priced in another currency than the budgets that apply
+    /// count in (`crate::limit::budgets_asked`).
+    pub fn budget_currency(model: &str, mismatch: crate::limit::CurrencyMismatch) -> Self {
+        Self::BudgetCurrency { model: model.to_owned(), currency: mismatch.currency, counted_in: mismatch.counted_in }
+    }
+}
+
 impl From<crate::limit::Refused> for GatewayError {
     fn from(refused: crate::limit::Refused) -> Self {
         match refused {

@@ -168,10 +168,10 @@ pub(super) fn concurrency_refusal(owner: Owner, limit: u64, headers: RateHeaders
     Refusal { owner, unit: Unit::Concurrent, limit, retry_after_nanos: 1_000_000_000, headers }
 }
 
-/// The concurrency an admitted request holds: counted out when it is
-/// dropped (the request's exchange ends).
+/// The places an admitted request holds under concurrency limits:
+/// counted out when they are dropped (the request has ended).
 #[derive(Debug, Default)]
-pub struct Held {
+pub struct Places {
     pub(super) local: Vec<super::limiter::LocalHold>,
     #[allow(dead_code, reason = "held for its Drop, which releases the places in Redis")]
     pub(super) redis: Option<super::redis::RedisHold>,
@@ -186,7 +186,7 @@ pub struct Admitted {
     /// Token charging, when a token limit applies.
     pub charge: Option<Charge>,
     /// Concurrency held until the request ends.
-    pub held: Held,
+    pub places: Places,
     /// Budgets reserved, settled when the request ends (boxed: most keys
     /// have none, and every admission and request carries the field).
     pub budget: Option<Box<super::budget::BudgetHold>>,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::budget::{Budget, BudgetHold, BudgetOwner, Exhausted, Need};
 use super::charge::{Charge, Reservation};
 use super::decision::{
-    Admitted, Counted, CountedIn, Held, Owner, RateHeaders, Refusal, Unit, concurrency_refusal, counted_or_refused,
+    Admitted, Counted, CountedIn, Owner, Places, RateHeaders, Refusal, Unit, concurrency_refusal, counted_or_refused,
 };
 use super::limiter::LimitSet;
 use super::redis::{RedisCounter, RedisHold, RedisSpend, ScriptBudget, ScriptLimiter, StoreError};
@@ -263,7 +263,7 @@ pub async fn admit(
         reservation,
         redis: Some((counter.clone(), tokens)),
     });
-    let held = Held { local: Vec::new(), redis: (!pending.keys.is_empty()).then_some(pending) };
+    let places = Places { local: Vec::new(), redis: (!pending.keys.is_empty()).then_some(pending) };
     let budget = hold.redis.as_ref().is_some_and(|spend| !spend.budgets.is_empty()).then(|| Box::new(hold));
-    Ok(Ok(Admitted { headers, charge, held, budget }))
+    Ok(Ok(Admitted { headers, charge, places, budget }))
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::charge::{Charge, Reservation};
 use super::clock::now_nanos;
 use super::decision::{
-    Admitted, Counted, CountedIn, Held, Owner, RateHeaders, Refusal, Unit, concurrency_refusal, counted_or_refused,
+    Admitted, Counted, CountedIn, Owner, Places, RateHeaders, Refusal, Unit, concurrency_refusal, counted_or_refused,
 };
 use super::limiter::{LimitSet, Limiter};
 
@@ -87,7 +87,7 @@ pub fn admit(
             charged[slot * 2 + 1] = Some((limiter, cost));
         }
     }
-    let mut held = Held::default();
+    let mut places = Places::default();
     let refusal = refusal.map(|(owner, unit, limit, retry_after_nanos)| Refusal {
         owner,
         unit,
@@ -99,8 +99,8 @@ pub fn admit(
         for (owner, set) in [(Owner::Key, sets.key), (Owner::Tenant, sets.tenant)] {
             let Some(concurrency) = set.and_then(|set| set.concurrent.as_ref()) else { continue };
             match concurrency.take(shares) {
-                Some(hold) => held.local.push(hold),
-                // Dropping `held` counts out what was taken.
+                Some(hold) => places.local.push(hold),
+                // Dropping `places` counts out what was taken.
                 None => return Some(concurrency_refusal(owner, concurrency.limit, headers)),
             }
         }
@@ -116,5 +116,5 @@ pub fn admit(
         return Err(refusal);
     }
     let charge = (!reserved.is_empty()).then_some(Charge { reserved, shares, reservation, redis: None });
-    Ok(Admitted { headers, charge, held, budget: None })
+    Ok(Admitted { headers, charge, places, budget: None })
 }

@@ -1,12 +1,14 @@
 //! Rate and concurrency limits: requests and tokens per minute, and
 //! requests in flight, per key, per tenant (a namespace's keys together)
-//! and per model.
+//! and per model; budgets and prices; and what a request is charged for
+//! all of them once it ended ([`settle`]).
 //!
 //! ```text
 //! request ─► admit(key limits, model limits, shares, reservation) ──refused──► 429 + Retry-After + x-ratelimit-*
 //!                │ admitted: the request counted, its tokens reserved; x-ratelimit-* on the response
 //!                ▼
-//! response ends ─► Charge::settle(usage, capped | estimate) ─► the token limiters: + more used, − reserved back
+//! response ends ─► settle(held, ended) ─► Settled: the token limiters (+ more used, − reserved back), the
+//!                                          model's queue, budgets, the key's month, the cost (settle.rs)
 //! ```
 //!
 //! Tokens are reserved at admission — a prompt estimate (body bytes / 4)
@@ -40,18 +42,22 @@ pub mod key_usage;
 mod limiter;
 mod local;
 pub mod period_clock;
+mod pricing;
 pub mod redis;
 mod redis_link;
 mod redis_scripts;
 pub mod resp;
+mod settle;
 pub mod spend_reads;
 
 pub use admission::{Counters, Passed};
-pub use budget::{Budget, BudgetHold, Exhausted, Need};
-pub use charge::{Charge, Charged, Ending, Relayed, Reservation};
-pub use decision::{Admitted, Held, Refusal, Refused, duration_text};
-pub use in_redis::{BudgetAsk, Subject, budget_hash};
+pub use budget::{Budget, Exhausted};
+pub use charge::{Ending, Relayed, Reservation};
+pub use decision::{Admitted, Refusal, Refused, duration_text};
+pub use in_redis::{Subject, budget_hash};
 pub use limiter::LimitSet;
+pub use pricing::{Budgets, CurrencyMismatch, Priced, budgets_asked};
+pub use settle::{Ended, Held, Month, Settled, Wall, settle};
 
 #[cfg(test)]
 mod tests;

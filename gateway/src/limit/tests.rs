@@ -6,7 +6,7 @@ use std::sync::Arc;
 use http::HeaderMap;
 use waycast_crds::config::LimitsConfig;
 
-use super::charge::{DEFAULT_OUTPUT_RESERVATION, PROMPT_ALLOWANCE};
+use super::charge::{Charge, Charged, DEFAULT_OUTPUT_RESERVATION, PROMPT_ALLOWANCE};
 use super::decision::{Admitted, Counted, Owner, Unit};
 use super::local::{self, count_key_request};
 use super::*;

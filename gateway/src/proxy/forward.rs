@@ -9,7 +9,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Method, Response};
 
-use super::exchange::{Tallies, Tally};
+use super::facts::{Tallies, Tally};
 use crate::error::GatewayError;
 use crate::request_id::REQUEST_ID;
 use crate::snapshot::{Backend, Route};

@@ -16,22 +16,31 @@
 //! forward   pick backend, rewrite, failover, first-byte timeout (502, 504)    forward::send
 //! respond   the upstream's head made the client's               (the upstream's status) respond::relay
 //! stream    relay frames as they come; idle timeout; usage tap                stream::RelayBody
+//! end       settle: token charge, queue seat, budgets, key's month, cost      limit::settle
+//!           report: series, span, usage record, access line                   report::report
 //! ```
 //!
 //! A new per-request check is a pure function beside the others, a
-//! `GatewayError` variant, and one line here. What the stages decide goes
-//! into the request's [`Facts`]; the [`Exchange`] writes every metric and
-//! the access line from them once the request has ended (`exchange.rs`),
-//! and errors are answered in one place (`respond::response`, in the
-//! dialect of the path asked for: `crate::dialect`).
+//! `GatewayError` variant, and one line here: its refusal is answered,
+//! counted and logged like every other. What the stages decide goes into
+//! the request's [`Facts`]; what it holds until it ends (token charge,
+//! concurrency places, queue seat, budget reservations, the endpoint in
+//! flight) and what settling it needs (reservation, prices, the key's
+//! month) into its [`Held`]. Once the request has ended the [`Exchange`]
+//! settles the one (`limit::settle`) and reports the other with what was
+//! settled (`report.rs`); errors are answered in one place
+//! (`respond::response`, in the dialect of the path asked for:
+//! `crate::dialect`).
 
 pub mod auth;
 pub mod body;
 pub mod connection;
 pub mod exchange;
+pub mod facts;
 pub mod forward;
 mod key_digests;
 pub mod queue;
+pub mod report;
 pub mod request_body;
 pub mod respond;
 pub mod route;
@@ -50,12 +59,13 @@ use hyper::body::Incoming;
 
 use crate::dialect::Dialect;
 use crate::error::GatewayError;
-use crate::limit::{Counters, Passed, Refused, Reservation, Subject};
+use crate::limit::{Budgets, Counters, Held, Month, Passed, Priced, Refused, Reservation, Subject};
 use crate::per_worker::own_name;
 use crate::request_id::REQUEST_ID;
 use crate::shared::{Shared, WorkerShared};
 use connection::Client;
-use exchange::{Exchange, Facts, Tally};
+use exchange::Exchange;
+use facts::{Asked, Facts, Tally};
 use forward::Outgoing;
 use request_body::UnreadBody;
 use respond::Answer;
@@ -76,10 +86,9 @@ pub async fn handle(
     let path = endpoint.map_or("other", Endpoint::path);
     // Errors are answered in the dialect of the path asked for.
     let dialect = endpoint.map_or(Dialect::OpenAi, Endpoint::dialect);
-    let method = request.method().clone();
-    let mut exchange =
-        Exchange::new(shared.clone(), client.activity.clone(), started, method, path, request_id.clone());
-    let answer = serve(&shared, &client, request, &mut exchange.facts, &request_id).await;
+    let asked = Asked { started, method: request.method().clone(), path, request_id: request_id.clone() };
+    let mut exchange = Exchange::new(shared.clone(), client.activity.clone(), asked);
+    let answer = serve(&shared, &client, request, (&mut exchange.facts, &mut exchange.held), &request_id).await;
     let mut response = respond::response(answer, exchange, dialect);
     response.headers_mut().insert(REQUEST_ID.clone(), request_id);
     Ok(response)
@@ -89,7 +98,7 @@ async fn serve(
     shared: &Shared,
     client: &Client,
     request: Request<Incoming>,
-    facts: &mut Facts,
+    (facts, held): (&mut Facts, &mut Held),
     request_id: &HeaderValue,
 ) -> Result<Answer, GatewayError> {
     let (parts, body) = request.into_parts();
@@ -139,15 +148,22 @@ async fn serve(
     let fields = body::scan(&body, endpoint.dialect())?;
     let route = route::route(&snapshot, key, &fields.model)?.route;
     (facts.model, facts.stream, facts.max_tokens) = (Some(own_name(&route.name)), fields.stream, fields.max_tokens);
-    facts.priced = route.prices.as_ref().map(|(prices, currency)| (*prices, own_name(currency)));
+    let counted_in = &*snapshot.settings.budgets.currency;
+    if let Some(prices) = &route.prices {
+        held.priced = Some(Priced::of(prices, counted_in, own_name));
+    }
 
     let reservation =
         Reservation::for_request(body.len(), fields.max_tokens, fields.choices, route.output_token_reservation);
+    let budgets = Budgets { key: key.budgets(), tenant: &key.tenant.budgets, counted_in, zone: &snapshot.zone };
     let subject = Subject {
         key: (&key.id, key.limits()),
         tenant: (&key.tenant.namespace, key.tenant.limits.as_ref()),
         model: (&route.state_id, route.limits.as_ref()),
-        budgets: route::budgets_asked(&snapshot, key, route, reservation, jiff::Timestamp::now)?,
+        budgets: match crate::limit::budgets_asked(&budgets, held.priced.as_ref(), reservation, jiff::Timestamp::now) {
+            Ok(asked) => asked,
+            Err(mismatch) => return Err(GatewayError::budget_currency(&route.name, mismatch)),
+        },
     };
     // Most keys have no limit and no budget: no admission future is made.
     let mut admitted = if subject.asks_nothing() {
@@ -155,21 +171,15 @@ async fn serve(
     } else {
         passed(facts, counters.admit(&subject, reservation, counted.as_ref()).await)?
     };
-    (facts.admitted, facts.reservation) = (admitted.is_some(), Some(reservation));
+    (facts.admitted, held.reservation) = (admitted.is_some(), Some(reservation));
     if let Some(admitted) = admitted.as_mut() {
-        (facts.charge, facts.held) = (admitted.charge.take(), std::mem::take(&mut admitted.held));
-        facts.budget = admitted.budget.take();
+        held.take_admitted(admitted);
     }
-    facts.usage = Some(exchange::UsageTap {
-        counts: key.usage.clone(),
-        zone: snapshot.zone.clone(),
-        counts_cost: route
-            .prices
-            .as_ref()
-            .is_some_and(|(_, currency)| **currency == *snapshot.settings.budgets.currency),
-    });
-    queue::take_turn(route, key, reservation, (shared, shares), facts).await?;
-    let (body, model_span, strip_usage) = usage::body_to_send(&body, &fields, endpoint_index, facts.charge.is_some());
+    held.month = Some(Month { counts: key.usage.clone(), zone: snapshot.zone.clone() });
+    if let Some(seat) = queue::take_turn(route, key, reservation, (shared, shares), facts).await? {
+        held.seat = Some(seat);
+    }
+    let (body, model_span, strip_usage) = usage::body_to_send(&body, &fields, endpoint_index, held.charge.is_some());
 
     let outgoing = Outgoing {
         method: &parts.method,
@@ -184,9 +194,20 @@ async fn serve(
         inference: forward::Inference::of(&snapshot.settings.sharing, key),
     };
     facts.forwarded = true;
-    let forwarded =
+    let mut forwarded =
         forward::send(route, &outgoing, &shared.endpoints, (&mut facts.tallies, facts.trace.as_deref_mut())).await?;
-    respond::relay(forwarded, route, admitted.as_ref(), strip_usage, body_done, facts)
+    let answered = (forwarded.in_flight.take(), forwarded.sent_at.saturating_duration_since(body_done));
+    respond::relay(forwarded, route, admitted.as_ref(), strip_usage).inspect(|_| answered_by(answered, (facts, held)))
+}
+
+/// Holds the endpoint that answered (counted in flight until the request
+/// ends) and notes the gateway's time `before` the upstream was asked.
+fn answered_by(
+    (in_flight, before): (Option<crate::upstream::pick::InFlight>, std::time::Duration),
+    (facts, held): (&mut Facts, &mut Held),
+) {
+    facts.overhead_before = before;
+    held.endpoint = in_flight;
 }
 
 /// An admission that let the request on (a store failure it passed over

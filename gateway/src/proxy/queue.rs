@@ -6,18 +6,19 @@
 
 use std::time::Instant;
 
-use super::exchange::Facts;
+use super::facts::Facts;
 use crate::error::GatewayError;
 use crate::limit::Reservation;
 use crate::per_worker::own_name;
 use crate::shared::Shared;
-use crate::sharing::Refused;
 use crate::sharing::fair_queue::Flow;
+use crate::sharing::{Refused, Seat};
 use crate::snapshot::{KeyEntry, Route};
 
 /// Waits for the request's turn at `route`'s gate, if it has one, the
-/// model's capacity divided among `shares` pods; the place it takes is
-/// held in `facts` until the request ends.
+/// model's capacity divided among `shares` pods; returns the place it
+/// takes, to hold until the request ends. Whose turn it was and how long
+/// it waited are noted in `facts`, also when it is refused.
 ///
 /// # Errors
 /// [`GatewayError::ModelBusy`]: the queue was full, a higher class took
@@ -28,8 +29,8 @@ pub async fn take_turn(
     reservation: Reservation,
     (shared, shares): (&Shared, u32),
     facts: &mut Facts,
-) -> Result<(), GatewayError> {
-    let Some(gated) = &route.gate else { return Ok(()) };
+) -> Result<Option<Seat>, GatewayError> {
+    let Some(gated) = &route.gate else { return Ok(None) };
     let tenant = &key.tenant;
     let flow = Flow {
         class: usize::from(key.class),
@@ -44,12 +45,9 @@ pub async fn take_turn(
     let entered = gated.gate.enter(flow, bounds, &gated.classes, gated.max_wait).await;
     facts.queued = Some((gated.classes.clone(), flow.class, started.elapsed()));
     match entered {
-        Ok(seat) => {
-            facts.seat = Some(seat);
-            Ok(())
-        }
+        Ok(seat) => Ok(Some(seat)),
         // The model lost its capacity meanwhile: nothing to wait for.
-        Err(Refused::Closed) => Ok(()),
+        Err(Refused::Closed) => Ok(None),
         Err(reason) => Err(GatewayError::ModelBusy {
             model: route.name.to_string(),
             reason,

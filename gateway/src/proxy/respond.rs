@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Response, StatusCode};
 
-use super::exchange::{Exchange, Facts};
+use super::exchange::Exchange;
 use super::forward::{self, Forwarded};
 use super::stream::{ProxyBody, RelayBody, UsageWatch};
 use crate::dialect::Dialect;
@@ -69,9 +69,7 @@ pub fn response(answer: Result<Answer, GatewayError>, exchange: Exchange, dialec
     }
 }
 
-/// The upstream's answer, made ready to relay; `body_done`: when the
-/// client's body was read (the gateway's time before the upstream starts
-/// there).
+/// The upstream's answer, made ready to relay.
 ///
 /// # Errors
 /// An error status whose body is not JSON (a proxy's HTML 502): an error
@@ -82,15 +80,11 @@ pub fn relay(
     route: &Route,
     admitted: Option<&Admitted>,
     strip_usage: bool,
-    body_done: Instant,
-    facts: &mut Facts,
 ) -> Result<Answer, GatewayError> {
     let upstream_status = forwarded.response.status();
     if !upstream_status.is_success() && !is_json(forwarded.response.headers()) {
         return Err(GatewayError::UpstreamNotJson(route.name.to_string(), upstream_status.as_u16()));
     }
-    facts.endpoint = forwarded.in_flight;
-    facts.overhead_before = forwarded.sent_at.saturating_duration_since(body_done);
     let (mut head, body) = forwarded.response.into_parts();
     retain_returnable(&mut head.headers);
     if let Some(admitted) = admitted {

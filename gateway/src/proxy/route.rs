@@ -140,48 +140,6 @@ pub fn truncated(text: &str) -> String {
     format!("{}…", &text[..end])
 }
 
-/// What a request asks of its key's and its namespace's budgets at `now()`
-/// (the clock is read only when one has a budget):
-/// its token reservation, and that many tokens at the model's prices (the
-/// prompt estimate at the input price, the output bound at the output
-/// price). `None` when neither has a budget.
-///
-/// # Errors
-/// A cost budget applies and the model is priced in another currency than
-/// the budgets count in (its cost cannot be counted against them).
-pub fn budgets_asked<'a>(
-    snapshot: &'a Snapshot,
-    key: &'a KeyEntry,
-    route: &Route,
-    reservation: crate::limit::Reservation,
-    now: impl FnOnce() -> jiff::Timestamp,
-) -> Result<Option<crate::limit::BudgetAsk<'a>>, GatewayError> {
-    if key.budgets().is_empty() && key.tenant.budgets.is_empty() {
-        return Ok(None);
-    }
-    let counted_in = snapshot.settings.budgets.currency.as_str();
-    if let Some((_, currency)) = route.prices.as_ref().filter(|(_, currency)| &**currency != counted_in)
-        && key.budgets().iter().chain(&*key.tenant.budgets).any(|budget| budget.cost.is_some())
-    {
-        return Err(GatewayError::BudgetCurrency {
-            model: route.name.to_string(),
-            currency: currency.to_string(),
-            counted_in: counted_in.to_owned(),
-        });
-    }
-    let cost = route
-        .prices
-        .as_ref()
-        .map_or(0, |(prices, _)| prices.cost(reservation.request_bytes.div_ceil(4), 0, reservation.output).0);
-    Ok(Some(crate::limit::BudgetAsk {
-        key: key.budgets(),
-        tenant: &key.tenant.budgets,
-        need: crate::limit::Need { tokens: reservation.tokens, cost },
-        zone: &snapshot.zone,
-        now: now(),
-    }))
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]

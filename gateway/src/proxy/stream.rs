@@ -20,7 +20,8 @@ use crate::upstream::UpstreamBody;
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::Sleep;
 
-use super::exchange::{CLIENT_CLOSED_REQUEST, Exchange, Outcome, Tally};
+use super::exchange::{CLIENT_CLOSED_REQUEST, Exchange};
+use super::facts::{Outcome, Tally};
 use super::sse::UsageChunkFilter;
 use super::usage::UsageTap;
 
@@ -136,7 +137,7 @@ impl RelayBody {
         // Counted only for a stream under a token limit that is answered
         // as one: what an early leaver is charged by.
         let event_stream = is_event_stream(&head.headers);
-        let counted = exchange.facts.stream && exchange.facts.charge.is_some() && event_stream;
+        let counted = exchange.facts.stream && exchange.held.charge.is_some() && event_stream;
         let events = counted.then(EventCounter::default);
         let status = head.status.as_u16();
         Self {
