@@ -1,0 +1,171 @@
+//! Verified tokens remembered per worker thread, so a token's signature is
+//! checked once, not per request: built like the key memo
+//! (`proxy/key_digests.rs`), a thread-local map no other worker touches.
+//!
+//! Keyed by a 128-bit tag of the token's bytes — SipHash-1-3 with a 128-bit
+//! output under a key drawn from the system's random source at start (a
+//! keyed PRF: a forged collision is a 2^-128 chance per pair, and tagging
+//! a 1–2 KiB token is far cheaper than a SHA-256 of it) — never by the
+//! token, so no token text outlives its request. An entry holds until the
+//! token's `exp` (the same skew as [`verify`](super::token::verify)), and only
+//! while its provider verifies as it did: a changed key set, issuer,
+//! audience or claim name makes every remembered token of that provider
+//! verify again. Only verified tokens are remembered: a flood of bad ones
+//! neither grows the memo nor evicts the good (each still pays its checks).
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::{Arc, OnceLock};
+
+use siphasher::sip128::{Hasher128 as _, SipHasher13};
+
+use super::provider::{MAX_TOKEN_BYTES, Provider, Refusal, Verified};
+use super::token::{unverified_issuer, verify};
+
+/// Tokens remembered per worker thread (a few KiB each at most: a token's
+/// user and groups are within its 8 KiB).
+pub const REMEMBERED_TOKENS: usize = 1024;
+
+thread_local! {
+    static MEMO: RefCell<TokenMemo> = RefCell::new(TokenMemo::new(REMEMBERED_TOKENS));
+}
+
+/// [`TokenMemo::verify`] with the calling worker's own memo.
+///
+/// # Errors
+/// The [`Refusal`] of a token not remembered and not verified.
+pub fn verify_remembered<'p>(
+    token: &str,
+    now: jiff::Timestamp,
+    provider_for: impl Fn(&str) -> Option<&'p Provider>,
+) -> Result<Arc<Verified>, Refusal> {
+    MEMO.with_borrow_mut(|memo| memo.verify(token, now, provider_for))
+}
+
+/// Verified tokens by tag, bounded.
+pub struct TokenMemo {
+    entries: HashMap<u128, Remembered, BuildHasherDefault<TagHasher>>,
+    capacity: usize,
+}
+
+struct Remembered {
+    verified: Arc<Verified>,
+    /// The issuer it was verified for, to find its provider again.
+    issuer: Box<str>,
+    /// That provider's fingerprint then.
+    fingerprint: [u8; 32],
+}
+
+impl TokenMemo {
+    /// An empty memo of at most `capacity` tokens (at least one).
+    pub fn new(capacity: usize) -> Self {
+        Self { entries: HashMap::default(), capacity: capacity.max(1) }
+    }
+
+    /// Tokens remembered.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Who `token` names at `now`: remembered if it was verified before
+    /// against the provider `provider_for` finds for its issuer as it is
+    /// now, else verified (the issuer read unverified, to find the
+    /// provider) and remembered.
+    ///
+    /// # Errors
+    /// The [`Refusal`] of a token not remembered and not verified.
+    pub fn verify<'p>(
+        &mut self,
+        token: &str,
+        now: jiff::Timestamp,
+        provider_for: impl Fn(&str) -> Option<&'p Provider>,
+    ) -> Result<Arc<Verified>, Refusal> {
+        self.verify_with(token, now, provider_for, verify)
+    }
+
+    /// [`verify`](Self::verify) with the verification given (tests count it).
+    pub(super) fn verify_with<'p>(
+        &mut self,
+        token: &str,
+        now: jiff::Timestamp,
+        provider_for: impl Fn(&str) -> Option<&'p Provider>,
+        verify: impl FnOnce(&str, &Provider, jiff::Timestamp) -> Result<Verified, Refusal>,
+    ) -> Result<Arc<Verified>, Refusal> {
+        // Past the size bound a token is refused unread: no tag either.
+        let tag = (token.len() <= MAX_TOKEN_BYTES).then(|| tag_of(token.as_bytes())).flatten();
+        if let Some(tag) = tag
+            && let Some(entry) = self.entries.get(&tag)
+        {
+            let current =
+                provider_for(&entry.issuer).is_some_and(|provider| *provider.fingerprint() == entry.fingerprint);
+            if current && !entry.verified.expired_at(now) {
+                return Ok(entry.verified.clone());
+            }
+            self.entries.remove(&tag);
+        }
+        let issuer = unverified_issuer(token)?;
+        let provider = provider_for(&issuer).ok_or(Refusal::UnknownIssuer)?;
+        let verified = Arc::new(verify(token, provider, now)?);
+        if let Some(tag) = tag {
+            self.make_room(now);
+            let entry =
+                Remembered { verified: verified.clone(), issuer: issuer.into(), fingerprint: *provider.fingerprint() };
+            self.entries.insert(tag, entry);
+        }
+        Ok(verified)
+    }
+
+    /// Full, lets the expired go; still full, the one expiring soonest.
+    fn make_room(&mut self, now: jiff::Timestamp) {
+        if self.entries.len() < self.capacity {
+            return;
+        }
+        self.entries.retain(|_, entry| !entry.verified.expired_at(now));
+        if self.entries.len() < self.capacity {
+            return;
+        }
+        if let Some(soonest) = self.entries.iter().min_by_key(|(_, entry)| entry.verified.exp).map(|(&tag, _)| tag) {
+            self.entries.remove(&soonest);
+        }
+    }
+}
+
+/// 128 bits naming `token` in this process (see the module's docs). `None`
+/// when the system gave no randomness for the key: nothing is remembered
+/// then.
+fn tag_of(token: &[u8]) -> Option<u128> {
+    static KEY: OnceLock<Option<[u8; 16]>> = OnceLock::new();
+    let key = KEY.get_or_init(|| {
+        let mut key = [0; 16];
+        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut key).ok().map(|()| key)
+    });
+    let mut hasher = SipHasher13::new_with_key(key.as_ref()?);
+    hasher.write(token);
+    Some(hasher.finish128().as_u128())
+}
+
+/// A tag is already uniformly random: the map uses its low bits as they are.
+#[derive(Default)]
+struct TagHasher(u64);
+
+impl Hasher for TagHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.0 ^= u64::from_le_bytes(word);
+        }
+    }
+    fn write_u128(&mut self, tag: u128) {
+        self.0 = tag as u64;
+    }
+}
