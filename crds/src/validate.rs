@@ -39,6 +39,11 @@ pub struct Review {
     pub models: BTreeMap<usize, Vec<Problem>>,
     /// Key entries left out (index in `keys`) and why.
     pub keys: BTreeMap<usize, Vec<Problem>>,
+    /// Provider entries left out (index in `providers`) and why.
+    pub providers: BTreeMap<usize, Vec<Problem>>,
+    /// Grant entries left out (index in `grants`) and why (a grant whose
+    /// provider is left out or unknown is left out too).
+    pub grants: BTreeMap<usize, Vec<Problem>>,
 }
 
 impl Review {
@@ -52,6 +57,8 @@ impl Review {
             .into_iter()
             .chain(self.models.into_values().flatten())
             .chain(self.keys.into_values().flatten())
+            .chain(self.providers.into_values().flatten())
+            .chain(self.grants.into_values().flatten())
             .collect();
         if all.is_empty() { Ok(()) } else { Err(Problems(all)) }
     }
@@ -109,6 +116,12 @@ impl GatewayConfig {
             }
         }
         review.keys = review_keys(&self.settings, &self.keys);
+        review.providers = crate::identity_config::review_providers(&self.providers);
+        let kept: HashMap<&str, bool> = (self.providers.iter().enumerate())
+            .filter(|(index, _)| !review.providers.contains_key(index))
+            .map(|(_, provider)| (provider.name.as_str(), provider.service_accounts))
+            .collect();
+        review.grants = crate::identity_config::review_grants(&self.settings, &kept, &self.grants);
         review
     }
 }
@@ -471,7 +484,7 @@ fn check_sharing(settings: &crate::config::Settings, problems: &mut Collector) {
     settings.budgets.check(problems);
 }
 
-fn check_limits(path: &str, limits: &LimitsConfig, problems: &mut Collector) {
+pub(crate) fn check_limits(path: &str, limits: &LimitsConfig, problems: &mut Collector) {
     if *limits == LimitsConfig::default() {
         problems.add(path, "must set requestsPerMinute, tokensPerMinute or maxConcurrent");
     }
@@ -547,6 +560,7 @@ mod tests {
                 denied_cidrs: vec!["10.0.0.0/8".into(), "10.0.0.0".into()],
                 ..Settings::default()
             },
+            ..GatewayConfig::empty()
         };
         let problems = config.validate().unwrap_err();
         let paths: Vec<&str> = problems.0.iter().map(|p| p.path.as_str()).collect();
