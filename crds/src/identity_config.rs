@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::LimitsConfig;
+use crate::common::LimitsConfig;
 use crate::identity::{DEFAULT_GROUPS_CLAIM, DEFAULT_USER_CLAIM, MAX_AUDIENCES, MAX_PROVIDERS};
 use crate::problems::{Collector, Problem, Problems};
 use crate::spend::BudgetConfig;
@@ -321,12 +321,12 @@ fn check_grant(path: &str, grant: &GrantConfig, problems: &mut Collector) {
         problems.add(join(path, "class"), "must be a lowercase DNS label (a-z, 0-9, '-'), at most 63 characters");
     }
     if let Some(limits) = &grant.limits {
-        crate::validate::check_limits(&join(path, "limits"), limits, problems);
+        crate::common::check_limits(&join(path, "limits"), limits, problems);
     }
     crate::spend::check_budgets(&join(path, "budgets"), &grant.budgets, problems);
     if let Some(per_user) = &grant.per_user {
         if let Some(limits) = &per_user.limits {
-            crate::validate::check_limits(&join(path, "perUser.limits"), limits, problems);
+            crate::common::check_limits(&join(path, "perUser.limits"), limits, problems);
         }
         crate::spend::check_budgets(&join(path, "perUser.budgets"), &per_user.budgets, problems);
     }
@@ -360,7 +360,7 @@ pub fn review_providers(providers: &[ProviderConfig]) -> BTreeMap<usize, Vec<Pro
 /// ServiceAccount issuer) and the config's settings (a grant's class, as a
 /// key's, must be open to its namespace).
 pub fn review_grants(
-    settings: &crate::config::Settings,
+    settings: &crate::settings::Settings,
     kept: &HashMap<&str, bool>,
     grants: &[GrantConfig],
 ) -> BTreeMap<usize, Vec<Problem>> {

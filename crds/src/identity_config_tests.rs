@@ -1,6 +1,9 @@
 use super::*;
 use crate::config::{GatewayConfig, Settings};
 
+/// A case: what it is, a change to a valid entry, the paths refused.
+type Case<'a, T> = (&'a str, Box<dyn Fn(&mut T)>, &'a [&'a str]);
+
 fn provider(name: &str) -> ProviderConfig {
     ProviderConfig::new(name, "https://sso.example.com/realms/corp", "waycast")
 }
@@ -17,7 +20,7 @@ fn paths(result: Result<(), Problems>) -> Vec<String> {
 
 #[test]
 fn a_provider_is_checked_field_by_field() {
-    let cases: Vec<(&str, Box<dyn Fn(&mut ProviderConfig)>, &[&str])> = vec![
+    let cases: Vec<Case<'_, ProviderConfig>> = vec![
         ("valid", Box::new(|_| {}), &[]),
         ("name not a label", Box::new(|p| p.name = "Corp".into()), &["name"]),
         ("http issuer", Box::new(|p| p.issuer = "http://sso.example.com".into()), &["issuer"]),
@@ -61,7 +64,7 @@ fn a_provider_is_checked_field_by_field() {
 
 #[test]
 fn a_grant_is_checked_field_by_field() {
-    let cases: Vec<(&str, Box<dyn Fn(&mut GrantConfig)>, &[&str])> = vec![
+    let cases: Vec<Case<'_, GrantConfig>> = vec![
         ("valid", Box::new(|_| {}), &[]),
         ("id without a namespace", Box::new(|g| g.id = "team".into()), &["id"]),
         ("no subject", Box::new(|g| g.groups.clear()), &[""]),

@@ -16,8 +16,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
+use crate::common::check_limits;
 use crate::common::{RESERVED_HEADERS, is_forbidden_in_name};
-use crate::config::{BackendConfig, CONFIG_API_VERSION, GatewayConfig, KeyConfig, LimitsConfig, ModelConfig};
+use crate::config::{BackendConfig, CONFIG_API_VERSION, GatewayConfig, KeyConfig, ModelConfig};
 use crate::egress::{self, Cidr};
 use crate::problems::Collector;
 pub use crate::problems::{Problem, Problems};
@@ -484,24 +485,10 @@ fn check_sharing(settings: &crate::config::Settings, problems: &mut Collector) {
     settings.budgets.check(problems);
 }
 
-pub(crate) fn check_limits(path: &str, limits: &LimitsConfig, problems: &mut Collector) {
-    if *limits == LimitsConfig::default() {
-        problems.add(path, "must set requestsPerMinute, tokensPerMinute or maxConcurrent");
-    }
-    if limits.max_concurrent == Some(0) {
-        problems.add(join(path, "maxConcurrent"), "must be at least 1");
-    }
-    if limits.requests_per_minute == Some(0) {
-        problems.add(join(path, "requestsPerMinute"), "must be at least 1");
-    }
-    if limits.tokens_per_minute == Some(0) {
-        problems.add(join(path, "tokensPerMinute"), "must be at least 1");
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::LimitsConfig;
     use crate::config::Settings;
 
     fn backend(url: &str) -> BackendConfig {
