@@ -202,6 +202,24 @@ pub struct LimitsConfig {
     pub max_concurrent: Option<u64>,
 }
 
+/// The checks of a compiled limits entry at `path` (a key's, a tenant's,
+/// a model's, a grant's).
+pub(crate) fn check_limits(path: &str, limits: &LimitsConfig, problems: &mut crate::problems::Collector) {
+    let at = |field: &str| if path.is_empty() { field.to_owned() } else { format!("{path}.{field}") };
+    if *limits == LimitsConfig::default() {
+        problems.add(path, "must set requestsPerMinute, tokensPerMinute or maxConcurrent");
+    }
+    if limits.max_concurrent == Some(0) {
+        problems.add(at("maxConcurrent"), "must be at least 1");
+    }
+    if limits.requests_per_minute == Some(0) {
+        problems.add(at("requestsPerMinute"), "must be at least 1");
+    }
+    if limits.tokens_per_minute == Some(0) {
+        problems.add(at("tokensPerMinute"), "must be at least 1");
+    }
+}
+
 impl LimitsConfig {
     /// `per_minute` requests a minute, nothing else limited.
     pub fn requests(per_minute: u64) -> Self {

@@ -63,6 +63,9 @@ pub mod reasons {
     /// The key's namespace already has as many served keys on this Gateway
     /// as its tenant policy's `maxApiKeys` allows; this key is newer.
     pub const TENANT_KEY_LIMIT: &str = "TenantKeyLimit";
+    /// An AccessGrant names a provider the Gateway does not trust (none of
+    /// its `spec.identity.providers`, or one left out as invalid).
+    pub const UNKNOWN_PROVIDER: &str = "UnknownProvider";
 
     // === ModelEndpoint and ApiKey parents ===
     /// The object names the Gateway, but the Gateway's namespace rules (or

@@ -45,7 +45,17 @@ pub struct GatewayConfig {
     /// Fleet-wide settings.
     #[serde(default)]
     pub settings: Settings,
+    /// Token issuers the gateway trusts (`Gateway.spec.identity`). Not yet
+    /// served: the gateway reads and checks them, and verifies no token.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub providers: Vec<ProviderConfig>,
+    /// Who the providers' tokens admit, and to what (AccessGrants). Not
+    /// yet served, like `providers`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub grants: Vec<GrantConfig>,
 }
+
+pub use crate::identity_config::{ClaimsConfig, ConfigMapKeyConfig, GrantConfig, PerUserConfig, ProviderConfig};
 
 /// One model and where it is served.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash)]
@@ -322,6 +332,8 @@ impl GatewayConfig {
             models: Vec::new(),
             keys: Vec::new(),
             settings: Settings::default(),
+            providers: Vec::new(),
+            grants: Vec::new(),
         }
     }
 

@@ -58,6 +58,13 @@ pub struct GatewaySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_keys: Option<RouteSelector>,
 
+    /// The token issuers this Gateway trusts (OIDC providers, the
+    /// cluster's own ServiceAccount issuer): people and workloads then call
+    /// with their own tokens, served through the AccessGrants of the
+    /// namespaces `apiKeys` admits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<crate::identity::GatewayIdentity>,
+
     /// The Service in front of the gateway pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service: Option<GatewayService>,

@@ -1,16 +1,18 @@
 //! The waycast.dev API, shared by the operator and the gateway.
 //!
 //! ```text
-//!  Gateway ─┐                               ┌─► operator: compile
-//!  ModelEndpoint ─┼─► (API server, CEL)  ───┤
-//!  ApiKey ──┘                               └─► GatewayConfig ─► gateway
+//!  Gateway ───────┐                          ┌─► operator: compile
+//!  ModelEndpoint ─┤                          │
+//!  ApiKey ────────┼─► (API server, CEL)  ────┤
+//!  AccessGrant ───┘                          └─► GatewayConfig ─► gateway
 //! ```
 //!
-//! This crate owns the three custom resources (their schemas are the
+//! This crate owns the four custom resources (their schemas are the
 //! `kubectl explain` text and the API server's validation), the condition
 //! vocabulary, and [`config::GatewayConfig`] — the compiled format the
 //! operator writes and the gateway reads. It owns no I/O and no runtime.
 
+pub mod access_grant;
 pub mod api_key;
 pub mod backend;
 pub mod balancing;
@@ -26,6 +28,8 @@ pub mod gateway;
 pub mod gateway_pod;
 pub mod glob;
 pub mod heartbeat;
+pub mod identity;
+pub mod identity_config;
 pub mod model_endpoint;
 pub mod money;
 pub mod period;
@@ -40,6 +44,7 @@ pub mod tls;
 pub mod usage;
 pub mod validate;
 
+pub use access_grant::{AccessGrant, AccessGrantSpec, AccessGrantStatus};
 pub use api_key::{ApiKey, ApiKeySpec, ApiKeyStatus};
 pub use config::GatewayConfig;
 pub use gateway::{Gateway, GatewaySpec, GatewayStatus};
@@ -55,7 +60,7 @@ pub const CATEGORY: &str = "waycast";
 /// Every CRD this crate defines, in a stable order (for `xtask crds` and tests).
 pub fn crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> {
     use kube::CustomResourceExt;
-    vec![Gateway::crd(), ModelEndpoint::crd(), ApiKey::crd()]
+    vec![Gateway::crd(), ModelEndpoint::crd(), ApiKey::crd(), AccessGrant::crd()]
 }
 
 /// Each CRD as `(file name, YAML)`, e.g. `("gateway.yaml", "apiVersion: ...")`.

@@ -261,6 +261,8 @@ pub fn split(config: &GatewayConfig, salt: &str, shards: u32) -> Result<Parts, S
         models: config.models.clone(),
         keys: Vec::new(),
         settings: config.settings.clone(),
+        providers: config.providers.clone(),
+        grants: config.grants.clone(),
     }
     .to_canonical_json()?;
     let mut by_shard: Vec<Vec<&KeyConfig>> = vec![Vec::new(); shards as usize];

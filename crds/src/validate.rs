@@ -16,8 +16,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
+use crate::common::check_limits;
 use crate::common::{RESERVED_HEADERS, is_forbidden_in_name};
-use crate::config::{BackendConfig, CONFIG_API_VERSION, GatewayConfig, KeyConfig, LimitsConfig, ModelConfig};
+use crate::config::{BackendConfig, CONFIG_API_VERSION, GatewayConfig, KeyConfig, ModelConfig};
 use crate::egress::{self, Cidr};
 use crate::problems::Collector;
 pub use crate::problems::{Problem, Problems};
@@ -39,6 +40,11 @@ pub struct Review {
     pub models: BTreeMap<usize, Vec<Problem>>,
     /// Key entries left out (index in `keys`) and why.
     pub keys: BTreeMap<usize, Vec<Problem>>,
+    /// Provider entries left out (index in `providers`) and why.
+    pub providers: BTreeMap<usize, Vec<Problem>>,
+    /// Grant entries left out (index in `grants`) and why (a grant whose
+    /// provider is left out or unknown is left out too).
+    pub grants: BTreeMap<usize, Vec<Problem>>,
 }
 
 impl Review {
@@ -52,6 +58,8 @@ impl Review {
             .into_iter()
             .chain(self.models.into_values().flatten())
             .chain(self.keys.into_values().flatten())
+            .chain(self.providers.into_values().flatten())
+            .chain(self.grants.into_values().flatten())
             .collect();
         if all.is_empty() { Ok(()) } else { Err(Problems(all)) }
     }
@@ -109,6 +117,12 @@ impl GatewayConfig {
             }
         }
         review.keys = review_keys(&self.settings, &self.keys);
+        review.providers = crate::identity_config::review_providers(&self.providers);
+        let kept: HashMap<&str, bool> = (self.providers.iter().enumerate())
+            .filter(|(index, _)| !review.providers.contains_key(index))
+            .map(|(_, provider)| (provider.name.as_str(), provider.service_accounts))
+            .collect();
+        review.grants = crate::identity_config::review_grants(&self.settings, &kept, &self.grants);
         review
     }
 }
@@ -471,24 +485,10 @@ fn check_sharing(settings: &crate::config::Settings, problems: &mut Collector) {
     settings.budgets.check(problems);
 }
 
-fn check_limits(path: &str, limits: &LimitsConfig, problems: &mut Collector) {
-    if *limits == LimitsConfig::default() {
-        problems.add(path, "must set requestsPerMinute, tokensPerMinute or maxConcurrent");
-    }
-    if limits.max_concurrent == Some(0) {
-        problems.add(join(path, "maxConcurrent"), "must be at least 1");
-    }
-    if limits.requests_per_minute == Some(0) {
-        problems.add(join(path, "requestsPerMinute"), "must be at least 1");
-    }
-    if limits.tokens_per_minute == Some(0) {
-        problems.add(join(path, "tokensPerMinute"), "must be at least 1");
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::LimitsConfig;
     use crate::config::Settings;
 
     fn backend(url: &str) -> BackendConfig {
@@ -547,6 +547,7 @@ mod tests {
                 denied_cidrs: vec!["10.0.0.0/8".into(), "10.0.0.0".into()],
                 ..Settings::default()
             },
+            ..GatewayConfig::empty()
         };
         let problems = config.validate().unwrap_err();
         let paths: Vec<&str> = problems.0.iter().map(|p| p.path.as_str()).collect();

@@ -11,7 +11,7 @@ use kube::api::{Api, DynamicObject, PostParams};
 use kube::discovery::ApiResource;
 use kube::{Client, CustomResourceExt as _};
 use serde_json::{Value, json};
-use waycast_crds::{ApiKey, Gateway, ModelEndpoint};
+use waycast_crds::{AccessGrant, ApiKey, Gateway, ModelEndpoint};
 use waycast_e2e::control_plane::k8s_binary;
 use waycast_e2e::harness::{SharedCluster, shared_cluster, test_namespace};
 use waycast_e2e::manifest;
@@ -43,12 +43,14 @@ async fn committed_crds_install_and_become_established() {
             manifest::apply(&client, &object, "default").await.unwrap();
         }
     }
-    for name in ["gateways.waycast.dev", "modelendpoints.waycast.dev", "apikeys.waycast.dev"] {
+    for name in
+        ["gateways.waycast.dev", "modelendpoints.waycast.dev", "apikeys.waycast.dev", "accessgrants.waycast.dev"]
+    {
         manifest::wait_established(&client, name, std::time::Duration::from_secs(30)).await.unwrap();
     }
     // Short names and the shared category resolve through discovery.
     let resources = kubectl(&["api-resources", "--api-group=waycast.dev", "--no-headers"]);
-    for expected in ["apikeys  ", "ak ", "gateways ", "wgw ", "modelendpoints ", "me "] {
+    for expected in ["apikeys  ", "ak ", "gateways ", "wgw ", "modelendpoints ", "me ", "accessgrants ", "ag "] {
         assert!(resources.contains(expected.trim_end()), "missing {expected:?} in:\n{resources}");
     }
     let namespace = test_namespace(&client, "category").await.unwrap();
@@ -64,6 +66,14 @@ async fn committed_crds_install_and_become_established() {
     let table = kubectl(&["get", "wgw,me,ak", "-n", &namespace]);
     for column in ["READY", "PODS", "MODELS", "KEYS", "ADDRESS", "MODEL", "BACKENDS", "ACCEPTED", "PREFIX", "EXPIRES"] {
         assert!(table.contains(column), "no {column} column in:\n{table}");
+    }
+    let identity = std::fs::read_to_string(repo_root().join("examples/identity/identity.yaml")).unwrap();
+    manifest::apply_all(&client, &manifest::parse_documents(&identity).unwrap(), &namespace).await.unwrap();
+    let listed = kubectl(&["get", "waycast", "-n", &namespace, "-o", "name"]);
+    assert!(listed.contains("accessgrant.waycast.dev/ml-research"), "`kubectl get waycast` lacks grants:\n{listed}");
+    let table = kubectl(&["get", "ag", "-n", &namespace]);
+    for column in ["PROVIDER", "ACCEPTED", "PROGRAMMED", "AGE", "corp", "cluster"] {
+        assert!(table.contains(column), "no {column} in:\n{table}");
     }
 }
 
@@ -140,6 +150,8 @@ fn refusals() -> Vec<Refusal> {
     let gateway = ApiResource::erase::<Gateway>(&());
     let model = ApiResource::erase::<ModelEndpoint>(&());
     let key = ApiResource::erase::<ApiKey>(&());
+    let grant = ApiResource::erase::<AccessGrant>(&());
+    let corp = json!({"name": "corp", "issuer": "https://sso.example.com/realms/corp", "audiences": ["waycast"]});
     let service = json!({"name": "vllm", "port": 8000});
     vec![
         Refusal {
@@ -312,6 +324,63 @@ fn refusals() -> Vec<Refusal> {
             expected: &["spec.tenants[0].weight", "greater than or equal to 1"],
         },
         Refusal {
+            what: "a grant with no subjects",
+            kind: grant.clone(),
+            spec: json!({"provider": "corp", "models": ["llama-*"]}),
+            expected: &["a grant needs at least one subject: groups, users or serviceAccounts"],
+        },
+        Refusal {
+            what: "a grant with an empty group list",
+            kind: grant.clone(),
+            spec: json!({"provider": "corp", "groups": []}),
+            expected: &["spec.groups", "at least 1 items"],
+        },
+        Refusal {
+            what: "a grant's ServiceAccount without its namespace",
+            kind: grant.clone(),
+            spec: json!({"provider": "cluster", "serviceAccounts": ["runner"]}),
+            expected: &["spec.serviceAccounts[0]", "should match"],
+        },
+        Refusal {
+            what: "a grant's per-user share of nothing",
+            kind: grant.clone(),
+            spec: json!({"provider": "corp", "users": ["alice@example.com"], "perUser": {}}),
+            expected: &["perUser sets limits, budgets or both"],
+        },
+        Refusal {
+            what: "a provider with two key sources",
+            kind: gateway.clone(),
+            spec: json!({"identity": {"providers": [{"name": "corp", "issuer": "https://sso.example.com/realms/corp",
+                "audiences": ["waycast"], "jwksUri": "https://sso.example.com/keys",
+                "configMapRef": {"name": "corp-jwks", "key": "jwks.json"}}]}}),
+            expected: &["a provider takes its key set from one source: discovery, jwksUri or configMapRef"],
+        },
+        Refusal {
+            what: "a provider over plain http",
+            kind: gateway.clone(),
+            spec: json!({"identity": {"providers": [{"name": "corp", "issuer": "http://sso.example.com", "audiences": ["waycast"]}]}}),
+            expected: &["spec.identity.providers[0].issuer", "issuer must be an absolute https:// URL"],
+        },
+        Refusal {
+            what: "a provider with both an issuer and the cluster's",
+            kind: gateway.clone(),
+            spec: json!({"identity": {"providers": [{"name": "corp", "issuer": "https://sso.example.com",
+                "serviceAccountIssuer": {}, "audiences": ["waycast"]}]}}),
+            expected: &["a provider needs exactly one of issuer or serviceAccountIssuer"],
+        },
+        Refusal {
+            what: "a provider without audiences",
+            kind: gateway.clone(),
+            spec: json!({"identity": {"providers": [{"name": "corp", "issuer": "https://sso.example.com", "audiences": []}]}}),
+            expected: &["spec.identity.providers[0].audiences", "at least 1 items"],
+        },
+        Refusal {
+            what: "two providers of one name",
+            kind: gateway.clone(),
+            spec: json!({"identity": {"providers": [corp.clone(), corp]}}),
+            expected: &["spec.identity.providers", "provider names must be unique"],
+        },
+        Refusal {
             what: "secretRef naming an invalid Secret",
             kind: key.clone(),
             spec: json!({"secretRef": {"name": "Not_A_Name", "key": "api-key"}}),
@@ -377,6 +446,18 @@ async fn good_objects_are_accepted_and_defaulted() {
     let typed: Gateway = serde_json::from_value(serde_json::to_value(&created).unwrap()).unwrap();
     let policy = typed.spec.api_keys.unwrap().namespaces.unwrap();
     assert_eq!(policy.from, waycast_crds::gateway::NamespaceFrom::Same);
+
+    // The cluster's own issuer and discovery are written `{}`: the API
+    // server keeps them (an empty object is not pruned away).
+    let mut identity = DynamicObject::new("identity", &kind);
+    identity.data = json!({"spec": {"identity": {"providers": [
+        {"name": "cluster", "serviceAccountIssuer": {}, "audiences": ["waycast"]},
+        {"name": "corp", "issuer": "https://sso.example.com/realms/corp", "audiences": ["waycast"], "discovery": {}},
+    ]}}});
+    let created = api.create(&PostParams::default(), &identity).await.unwrap();
+    let typed: Gateway = serde_json::from_value(serde_json::to_value(&created).unwrap()).unwrap();
+    let providers = typed.spec.identity.unwrap().providers;
+    assert!(providers[0].service_account_issuer.is_some() && providers[1].discovery.is_some(), "{providers:?}");
 }
 
 #[tokio::test]
@@ -389,6 +470,10 @@ async fn kubectl_explain_documents_every_field() {
     assert!(leaf.contains("Most gateway pods."), "{leaf}");
     let backend = kubectl(&["explain", "modelendpoint.spec.backends.url"]);
     assert!(backend.contains("OpenAI-style base URL"), "{backend}");
+    let per_user = kubectl(&["explain", "accessgrant.spec.perUser.limits.maxConcurrent"]);
+    assert!(per_user.contains("Requests in flight at once"), "{per_user}");
+    let provider = kubectl(&["explain", "gateway.spec.identity.providers.serviceAccountIssuer"]);
+    assert!(provider.contains("ServiceAccount token issuer"), "{provider}");
 
     // What kubectl explain reads: the published OpenAPI v3 document. Every
     // waycast-defined field in it must carry a description.
@@ -398,7 +483,7 @@ async fn kubectl_explain_documents_every_field() {
     let schemas = document["components"]["schemas"].as_object().expect("schemas in the OpenAPI document");
     let mut undocumented = Vec::new();
     let mut checked = 0;
-    for crd in [Gateway::crd(), ModelEndpoint::crd(), ApiKey::crd()] {
+    for crd in [Gateway::crd(), ModelEndpoint::crd(), ApiKey::crd(), AccessGrant::crd()] {
         let kind = crd.spec.names.kind;
         let (_, schema) = schemas
             .iter()

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use waycast_crds::endpoints::EndpointsDocument;
-use waycast_crds::{ApiKey, Gateway, GatewayConfig, ModelEndpoint};
+use waycast_crds::{AccessGrant, ApiKey, Gateway, GatewayConfig, ModelEndpoint};
 
 use crate::compile::keys::{KeySecret, is_key_secret};
 use crate::compile::{self, Compiled, Inputs};
@@ -24,6 +24,12 @@ pub struct Catalog {
     pub models: Vec<Arc<ModelEndpoint>>,
     /// Every ApiKey.
     pub keys: Vec<Arc<ApiKey>>,
+    /// Every AccessGrant.
+    pub grants: Vec<Arc<AccessGrant>>,
+    /// The cluster's ServiceAccount token issuer, once known.
+    // NB: not yet looked up at the API server: the cluster's own provider
+    // is left out (and the Gateway says so) until it is.
+    pub service_account_issuer: Option<String>,
     /// Services that backends may name.
     pub services: Vec<Arc<Service>>,
     /// Their EndpointSlices (as the store keeps them: see `stores::views`).
@@ -50,6 +56,8 @@ impl Catalog {
             namespaces: stores.namespaces.state(),
             models: stores.models.state(),
             keys: stores.keys.state(),
+            grants: stores.grants.state(),
+            service_account_issuer: None,
             services: stores.services.state(),
             endpoint_slices: stores.endpoint_slices.state(),
             secrets: Vec::new(),
@@ -76,6 +84,8 @@ impl Catalog {
             namespaces: shared(namespaces),
             models: shared(models),
             keys: shared(keys),
+            grants: Vec::new(),
+            service_account_issuer: None,
             services: shared(services),
             endpoint_slices: Vec::new(),
             secrets: shared(&secrets.iter().filter(|s| !is_key_secret(s)).cloned().collect::<Vec<_>>()),
@@ -94,11 +104,14 @@ impl Catalog {
         let (namespaces, models, keys) = (borrowed(&self.namespaces), borrowed(&self.models), borrowed(&self.keys));
         let (services, secrets) = (borrowed(&self.services), borrowed(&self.secrets));
         let key_secrets = borrowed(&self.key_secrets);
+        let access_grants = borrowed(&self.grants);
         f(&Inputs {
             gateway,
             namespaces: &namespaces,
             model_endpoints: &models,
             api_keys: &keys,
+            access_grants: &access_grants,
+            service_account_issuer: self.service_account_issuer.as_deref(),
             services: &services,
             secrets: &secrets,
             key_secrets: &key_secrets,

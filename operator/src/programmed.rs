@@ -472,6 +472,7 @@ mod tests {
             config: waycast_crds::GatewayConfig::empty(),
             models: [(id("vision"), Verdict::accepted("Accepted", "served"))].into(),
             keys: [(id("a"), served()), (id("b"), served())].into(),
+            grants: BTreeMap::new(),
             gateway: None,
             tenants: Vec::new(),
         };
@@ -525,6 +526,7 @@ mod tests {
                 (key("a-b", "x"), served_at(2)),
             ]
             .into(),
+            grants: BTreeMap::new(),
             gateway: None,
             tenants: Vec::new(),
         };

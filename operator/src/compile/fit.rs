@@ -127,6 +127,7 @@ mod tests {
             },
             models: models.iter().map(|id| (parse(id).unwrap(), served.clone())).collect(),
             keys: keys.iter().map(|id| (parse(id).unwrap(), key_served.clone())).collect::<BTreeMap<_, _>>(),
+            grants: BTreeMap::new(),
             gateway: None,
             tenants: Vec::new(),
         }

@@ -1,7 +1,7 @@
 //! What compile reads: a Gateway and what the stores hold.
 
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
-use waycast_crds::{ApiKey, Gateway, ModelEndpoint};
+use waycast_crds::{AccessGrant, ApiKey, Gateway, ModelEndpoint};
 
 /// What compile reads.
 pub struct Inputs<'a> {
@@ -13,6 +13,12 @@ pub struct Inputs<'a> {
     pub model_endpoints: &'a [&'a ModelEndpoint],
     /// Every ApiKey.
     pub api_keys: &'a [&'a ApiKey],
+    /// Every AccessGrant.
+    pub access_grants: &'a [&'a AccessGrant],
+    /// The cluster's own ServiceAccount token issuer (`iss` of projected
+    /// tokens), as found at the API server; `None` while not known, and
+    /// providers that are the cluster's own are left out meanwhile.
+    pub service_account_issuer: Option<&'a str>,
     /// Services that backends may name.
     pub services: &'a [&'a Service],
     /// Upstream credential Secrets (with

@@ -3,7 +3,7 @@
 //! and ApiKey it selects.
 //!
 //! ```text
-//! Inputs { gateway, namespaces, model endpoints, api keys, services, secrets }, now   (inputs.rs)
+//! Inputs { gateway, namespaces, model endpoints, api keys, grants, services, secrets }, now   (inputs.rs)
 //!   ─► select.rs    which objects the Gateway takes (two-way consent: parentRefs + namespace rules)
 //!   ─► models.rs    routes: key visibility, per-entry validation, conflicts (own namespace,
 //!                   then oldest); each backend by its kind (backends/: service.rs, url.rs),
@@ -13,6 +13,8 @@
 //!                   per-entry validation, duplicates (oldest first)
 //!   ─► tenants.rs   sharing (classes, queue) and the policy of each served key's namespace;
 //!                   a key's class checked against both (ClassNotAllowed)
+//!   ─► grants.rs    the Gateway's identity providers, and the AccessGrants it selects (consent as
+//!                   for keys; unknown provider, class, per-entry validation)
 //!   ─► settings.rs  the Gateway's own settings: body limit, access log, egress ranges, Redis
 //!   ─► Compiled { config, verdicts (verdict.rs), what each tenant policy matched }
 //!   ─► fit.rs       (by the shell) the newest team objects left out until the config fits its Secrets
@@ -24,6 +26,7 @@
 
 pub mod backends;
 pub mod fit;
+pub mod grants;
 pub mod inputs;
 pub mod key_secret;
 pub mod keys;
@@ -39,7 +42,7 @@ pub use verdict::{ObjectKey, Verdict};
 
 use std::collections::BTreeMap;
 
-use waycast_crds::config::GatewayConfig;
+use waycast_crds::config::{GatewayConfig, GrantConfig, KeyConfig};
 
 /// Every team Secret the Gateway's served objects reference (key Secrets,
 /// credentials, CA and client certificates), as `(namespace, name)`: the
@@ -57,6 +60,8 @@ pub struct Compiled {
     pub models: BTreeMap<ObjectKey, Verdict>,
     /// Every selected ApiKey.
     pub keys: BTreeMap<ObjectKey, keys::KeyVerdict>,
+    /// Every selected AccessGrant.
+    pub grants: BTreeMap<ObjectKey, Verdict>,
     /// Why the Gateway's own spec is not served as written (its `Accepted`
     /// condition), if it is not.
     pub gateway: Option<Verdict>,
@@ -71,15 +76,20 @@ pub fn gateway(inputs: &Inputs<'_>, now: jiff::Timestamp) -> Compiled {
     let policy_refused = tenants::policy_problems(inputs, &sharing);
     let mut policies = tenants::Tenants::new(inputs, sharing);
     let (keys, key_verdicts) = keys::compile(inputs, now, &mut policies);
+    let (providers, identity_refused) = grants::providers(inputs);
+    let (grants, grant_verdicts) = grants::compile(inputs, &providers, &mut policies);
     let (mut settings, refused) = settings::settings(inputs);
     let (budgets, budgets_refused) = tenants::budgets(inputs);
     settings.budgets = budgets;
     settings.sharing = policies.sharing().clone();
-    let (tenant_entries, tenants) = policies.compile(keys.iter().map(|key| key.namespace()));
+    // A grant's namespace is a tenant as a key's is: its class and caps
+    // come from the same policy.
+    let served = keys.iter().map(KeyConfig::namespace).chain(grants.iter().map(GrantConfig::namespace));
+    let (tenant_entries, tenants) = policies.compile(served);
     settings.tenants = tenant_entries;
-    let config = GatewayConfig { models, keys, settings, ..GatewayConfig::empty() };
-    let gateway = refused.or(sharing_refused).or(policy_refused).or(budgets_refused);
-    Compiled { config, models: model_verdicts, keys: key_verdicts, gateway, tenants }
+    let config = GatewayConfig { models, keys, settings, providers, grants, ..GatewayConfig::empty() };
+    let gateway = refused.or(sharing_refused).or(policy_refused).or(budgets_refused).or(identity_refused);
+    Compiled { config, models: model_verdicts, keys: key_verdicts, grants: grant_verdicts, gateway, tenants }
 }
 
 #[cfg(test)]

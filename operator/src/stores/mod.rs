@@ -31,7 +31,7 @@ use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Api, Client, Resource, ResourceExt as _};
 use serde::de::DeserializeOwned;
 use tokio::sync::broadcast;
-use waycast_crds::{ApiKey, Gateway, ModelEndpoint};
+use waycast_crds::{AccessGrant, ApiKey, Gateway, ModelEndpoint};
 
 use crate::compile::{self};
 use crate::error::Error;
@@ -54,6 +54,8 @@ pub struct Stores {
     pub models: Store<ModelEndpoint>,
     /// ApiKeys.
     pub keys: Store<ApiKey>,
+    /// AccessGrants (few: a team's, not a person's).
+    pub grants: Store<AccessGrant>,
     /// Namespaces (labels for `Selector` policies).
     pub namespaces: Store<Namespace>,
     /// Services (backend resolution).
@@ -355,6 +357,18 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
         admitted::relevant,
         logged(announce_self(vec![feeds.keys.clone(), feeds.key_secrets.clone()]), key_log.clone()),
     );
+    // NB: a changed grant looks at every Gateway again (they are few, and
+    // an edit of its parentRefs concerns the Gateway it left too).
+    let (every_gateway, gateway_feed) = (gateways.clone(), feeds.gateways.clone());
+    let (grants, _) = store_of(
+        all(client, watcher::Config::default()),
+        spec_and_labels,
+        Box::new(move |_: &AccessGrant, _| {
+            for gateway in every_gateway.state() {
+                gateway_feed.announce(ObjectRef::from_obj(gateway.as_ref()));
+            }
+        }),
+    );
     let (services, services_changed) = store_of(all(client, watcher::Config::default()), service_content, ignore());
     // NB: labelled Secrets are watched as metadata only: anyone who may
     // create Secrets may label many large ones. Their data is read only
@@ -431,6 +445,7 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
         gateways,
         models,
         keys,
+        grants,
         namespaces,
         services,
         key_secrets,
@@ -456,6 +471,7 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
         stores.gateways.wait_until_ready().await,
         stores.models.wait_until_ready().await,
         stores.keys.wait_until_ready().await,
+        stores.grants.wait_until_ready().await,
         stores.namespaces.wait_until_ready().await,
         stores.services.wait_until_ready().await,
         stores.key_secrets.wait_until_ready().await,
