@@ -123,9 +123,9 @@ fn rbac_names_every_resource_and_verb_without_wildcards() {
     }
 }
 
-/// Tenancy: teams' `edit` users manage ApiKeys and ModelEndpoints but not
-/// Gateways (whose authors choose images and pod templates); only `admin`
-/// gets Gateways; `view` only reads.
+/// Tenancy: teams' `edit` users manage ApiKeys, AccessGrants and
+/// ModelEndpoints but not Gateways (whose authors choose images and pod
+/// templates); only `admin` gets Gateways; `view` only reads.
 #[test]
 fn aggregated_roles_split_teams_from_gateway_authors() {
     let (ok, text) = template(&[]);
@@ -158,8 +158,8 @@ fn aggregated_roles_split_teams_from_gateway_authors() {
         granted
     };
     let set = |items: &[&str]| items.iter().map(|s| (*s).to_owned()).collect::<std::collections::BTreeSet<_>>();
-    assert_eq!(writes("edit"), set(&["apikeys", "modelendpoints"]));
-    assert_eq!(writes("admin"), set(&["apikeys", "gateways", "modelendpoints"]));
+    assert_eq!(writes("edit"), set(&["accessgrants", "apikeys", "modelendpoints"]));
+    assert_eq!(writes("admin"), set(&["accessgrants", "apikeys", "gateways", "modelendpoints"]));
     assert_eq!(writes("view"), set(&[]));
     assert!(roles.iter().any(|r| aggregated_to(r, "view")), "a view role is shipped");
 }
