@@ -44,7 +44,15 @@ pub struct ProviderConfig {
     /// Which claims name the person and their groups.
     #[serde(default)]
     pub claims: ClaimsConfig,
+    /// The key set (a JWKS document) as the operator last fetched it from
+    /// the provider's source. Absent: none fetched yet, and the gateway
+    /// refuses the provider's tokens (401 `unknown_key`) until one is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_set: Option<String>,
 }
+
+/// Largest key set document carried in a config (real ones are 1–10 KiB).
+pub const MAX_KEY_SET_BYTES: usize = 64 * 1024;
 
 impl ProviderConfig {
     /// The provider `name` at `issuer` for `audience`, discovery, default claims.
@@ -57,6 +65,7 @@ impl ProviderConfig {
             jwks_config_map: None,
             service_accounts: false,
             claims: ClaimsConfig::default(),
+            key_set: None,
         }
     }
 }
@@ -266,6 +275,9 @@ fn check_provider(path: &str, provider: &ProviderConfig, problems: &mut Collecto
         if !valid {
             problems.add(join(path, "jwksConfigMap"), "must name a ConfigMap (namespace, name) and a data key");
         }
+    }
+    if provider.key_set.as_ref().is_some_and(|set| set.len() > MAX_KEY_SET_BYTES) {
+        problems.add(join(path, "keySet"), format!("must be at most {MAX_KEY_SET_BYTES} bytes"));
     }
     for (field, claim) in [("claims.user", &provider.claims.user), ("claims.groups", &provider.claims.groups)] {
         if !is_token_word(claim) {

@@ -98,6 +98,8 @@ fn provider(
             user: claims.and_then(|c| c.user.clone()).unwrap_or_else(|| DEFAULT_USER_CLAIM.to_owned()),
             groups: claims.and_then(|c| c.groups.clone()).unwrap_or_else(|| DEFAULT_GROUPS_CLAIM.to_owned()),
         },
+        // Filled from the fetched key sets once they are fetched.
+        key_set: None,
     })
 }
 
