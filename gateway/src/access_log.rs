@@ -43,8 +43,11 @@ pub struct AccessLine<'a> {
     pub path: &'a str,
     /// Configured model name, or `unknown`.
     pub model: &'a str,
-    /// Key id (never key material), or `none`.
+    /// Key id (never key material), or `none`; for a token, the grant's
+    /// id (`namespace/name`).
     pub key: &'a str,
+    /// Who a verified token names (written only for a token).
+    pub user: Option<&'a str>,
     /// The endpoint (pod address) that answered, for backends that name
     /// `endpoints`.
     pub endpoint: Option<std::net::SocketAddr>,
@@ -86,6 +89,10 @@ impl AccessLine<'_> {
         json_string(self.model, out);
         out.extend_from_slice(b",\"key\":");
         json_string(self.key, out);
+        if let Some(user) = self.user {
+            out.extend_from_slice(b",\"user\":");
+            json_string(user, out);
+        }
         out.extend_from_slice(b",\"endpoint\":");
         match self.endpoint {
             // An address has nothing to escape.
@@ -321,6 +328,10 @@ mod tests {
     use super::*;
 
     fn line(request_id: &str, error: Option<&str>) -> String {
+        line_of(request_id, error, None)
+    }
+
+    fn line_of(request_id: &str, error: Option<&str>, user: Option<&str>) -> String {
         let at = Duration::from_micros(1_795_331_274_960_129);
         let line = AccessLine {
             at,
@@ -329,6 +340,7 @@ mod tests {
             path: "/v1/chat/completions",
             model: "llama-3.1-8b",
             key: "team-a/alice",
+            user,
             endpoint: Some(std::net::SocketAddr::from(([10, 1, 0, 7], 8000))),
             stream: true,
             status: 200,
@@ -364,6 +376,16 @@ mod tests {
         assert_eq!(value["currency"], "USD");
         assert_eq!(value["completion_tokens"], 0);
         assert_eq!(value["error"], serde_json::Value::Null);
+        assert!(value.get("user").is_none(), "a key's line names no user: {text}");
+    }
+
+    #[test]
+    fn a_token_holder_is_named_beside_the_grant_and_cannot_break_the_line() {
+        let hostile = "mallory\"},\"key\":\"x\n";
+        let text = line_of("req-2", None, Some(hostile));
+        assert_eq!(text.matches('\n').count(), 1, "{text}");
+        let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!((value["user"].as_str(), value["key"].as_str()), (Some(hostile), Some("team-a/alice")));
     }
 
     #[test]

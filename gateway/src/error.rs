@@ -25,6 +25,13 @@ pub enum GatewayError {
     /// The key is disabled.
     #[error("API key disabled")]
     DisabledKey,
+    /// A bearer token (a JWT) that is refused: its code says why.
+    #[error("{0}")]
+    TokenRefused(crate::identity::Refusal),
+    /// A verified token whose holder no grant of this Gateway admits
+    /// (`true`: not the grant they named in `x-waycast-grant`).
+    #[error("{}", if *.0 { "the access grant named in x-waycast-grant does not admit you" } else { "no access grant of this gateway admits you" })]
+    NoGrant(bool),
     /// The key may not use this model.
     #[error("this API key may not use model '{0}'")]
     ModelNotAllowed(String),
@@ -162,7 +169,9 @@ impl GatewayError {
     pub fn status(&self) -> StatusCode {
         use GatewayError::*;
         match self {
-            MissingKey | InvalidKey | ExpiredKey | DisabledKey => StatusCode::UNAUTHORIZED,
+            MissingKey | InvalidKey | ExpiredKey | DisabledKey | TokenRefused(_) | NoGrant(_) => {
+                StatusCode::UNAUTHORIZED
+            }
             ModelNotAllowed(_) | BudgetCurrency { .. } => StatusCode::FORBIDDEN,
             UnknownModel(_) | NotFound(_) => StatusCode::NOT_FOUND,
             BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
@@ -189,6 +198,8 @@ impl GatewayError {
             InvalidKey => "invalid_api_key",
             ExpiredKey => "expired_api_key",
             DisabledKey => "disabled_api_key",
+            TokenRefused(refusal) => refusal.code(),
+            NoGrant(_) => "no_grant",
             ModelNotAllowed(_) => "model_not_allowed",
             UnknownModel(_) => "model_not_found",
             BodyTooLarge(_) => "request_too_large",
@@ -235,6 +246,10 @@ impl GatewayError {
             GatewayError::MissingKey | GatewayError::InvalidKey | GatewayError::ExpiredKey | GatewayError::DisabledKey
         ) {
             headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if matches!(self, GatewayError::TokenRefused(_) | GatewayError::NoGrant(_)) {
+            // RFC 6750: a token presented and refused.
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer error=\"invalid_token\""));
         }
         match self {
             GatewayError::RateLimited(refusal) => refusal.apply(headers),

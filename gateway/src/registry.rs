@@ -272,12 +272,24 @@ impl Registry {
                 lend_budget(&mut budgets, &held.budgets, &scope, period);
             }
         }
+        // A grant's limits and budgets for all its members together: kept
+        // under `grant:<id>`, apart from any key's.
+        let mut key_limits = HashMap::new();
+        for grant in &config.grants {
+            let scope = grant_scope(&grant.id);
+            if let Some(wanted) = grant.limits {
+                key_limits.insert(Arc::from(scope.as_str()), continued(held.key_limits.get(scope.as_str()), wanted));
+            }
+            for budget in &grant.budgets {
+                lend_budget(&mut budgets, &held.budgets, &scope, budget.period);
+            }
+        }
         Ok(Resources {
             egress,
             clients,
             unbuildable,
             redis,
-            key_limits: HashMap::new(),
+            key_limits,
             tenant_limits,
             model_limits,
             gates,
@@ -394,6 +406,12 @@ impl Registry {
     pub fn keep(&mut self, resources: Resources) {
         self.held = resources;
     }
+}
+
+/// What names a grant's state (its limiters, its budgets' counts): never a
+/// key's id, whose names cannot hold a `:`.
+pub fn grant_scope(id: &str) -> String {
+    format!("grant:{id}")
 }
 
 /// What names a model across namespaces (its limiter state, its metrics):

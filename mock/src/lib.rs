@@ -5,7 +5,8 @@
 //! connection carry one answer to another request (`desync`), the benchmark sink with canned
 //! answers (`sink`), a vLLM-like mode of the mock (`vllm`: slots, a queue, a
 //! prefix cache, vLLM's metrics), the keys and config every gateway
-//! test starts from (`fixtures`) and throwaway certificates (`pki`). The
+//! test starts from (`fixtures`), throwaway certificates (`pki`) and a
+//! token issuer of its own (`tokens`: signed JWTs and their key set). The
 //! answers' shapes per API are in `openai`.
 //!
 //! Mocks only the inference upstream: everything else in the tests is real.
@@ -18,5 +19,6 @@ pub mod hostile;
 mod openai;
 pub mod pki;
 pub mod sink;
+pub mod tokens;
 pub mod upstream;
 pub mod vllm;

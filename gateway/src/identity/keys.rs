@@ -159,6 +159,12 @@ impl KeySet {
         Ok(set)
     }
 
+    /// A set of no keys: it verifies nothing (a provider whose key set is
+    /// not fetched yet, or did not read).
+    pub fn empty() -> Self {
+        Self { keys: Vec::new(), by_kid: HashMap::new(), skipped: 0, digest: [0; 32] }
+    }
+
     /// Usable keys.
     pub fn len(&self) -> usize {
         self.keys.len()

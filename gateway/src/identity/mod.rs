@@ -8,10 +8,10 @@
 //! TokenMemo: token digest ─► Verified, until the token's exp (per worker)
 //! ```
 //!
-//! Not yet on the request path: nothing in the gateway calls it today, and
-//! a bearer is still only ever looked up as a key. It is pure (the clock is
-//! passed in, key sets are handed over as bytes): fetching key sets and
-//! turning a [`Verified`] into a caller belong to the code that wires it.
+//! Pure (the clock is passed in, key sets are handed over as bytes): the
+//! operator fetches key sets into the config, `snapshot::identity` builds
+//! the providers and grants of a config, and `proxy::auth` turns a
+//! [`Verified`] into the grant it is served through.
 //! A leaf: it imports nothing else of the crate.
 
 mod keys;

@@ -5,7 +5,11 @@
 use http::HeaderMap;
 use http::header::AUTHORIZATION;
 
+use std::sync::Arc;
+
 use crate::error::GatewayError;
+use crate::identity::{Refusal, Verified};
+use crate::snapshot::identity::{GRANT_HEADER, NotGranted};
 use crate::snapshot::{KeyEntry, Snapshot};
 
 /// The key a request presents: `Authorization: Bearer <key>` or, as
@@ -23,24 +27,50 @@ pub fn presented_key(headers: &HeaderMap) -> Option<&[u8]> {
     headers.get("x-api-key").map(|v| v.as_bytes().trim_ascii()).filter(|k| !k.is_empty())
 }
 
-/// Finds the key entry for the request.
+/// Who a request is from: the entry it is served as (a key's, or the
+/// grant's that admits a token's holder) and, for a token, who it names.
+pub struct Caller<'s> {
+    /// The key, or the grant a token's holder is served through.
+    pub key: &'s KeyEntry,
+    /// The holder of a verified token (`None`: a key).
+    pub user: Option<Arc<Verified>>,
+}
+
+/// Finds who the request is from. A bearer shaped like a JWT, where the
+/// config trusts a provider, is verified (or found remembered) and served
+/// through the one grant that admits its holder; any other bearer is a
+/// key, looked up by its digest: a key costs no signature check.
 ///
 /// # Errors
-/// 401-class [`GatewayError`]: missing, unknown, disabled or expired key.
+/// 401-class [`GatewayError`]: missing, unknown, disabled or expired key;
+/// a token refused (its code says why) or admitted by no grant.
 pub fn authenticate<'s>(
     snapshot: &'s Snapshot,
     headers: &HeaderMap,
     now: impl FnOnce() -> jiff::Timestamp,
-) -> Result<&'s KeyEntry, GatewayError> {
-    let key = presented_key(headers).ok_or(GatewayError::MissingKey)?;
-    let entry = super::key_digests::find(snapshot, key).ok_or(GatewayError::InvalidKey)?;
+) -> Result<Caller<'s>, GatewayError> {
+    let bearer = presented_key(headers).ok_or(GatewayError::MissingKey)?;
+    let identity = &snapshot.identity;
+    if !identity.is_empty() && crate::identity::is_token_shaped(bearer) {
+        // Token-shaped: base64url and dots only, so always UTF-8.
+        let token = std::str::from_utf8(bearer).map_err(|_| GatewayError::TokenRefused(Refusal::MalformedToken))?;
+        let verified = crate::identity::verify_remembered(token, now(), |issuer| identity.provider_for(issuer))
+            .map_err(GatewayError::TokenRefused)?;
+        let asked = headers.get(GRANT_HEADER).map(http::HeaderValue::as_bytes);
+        let grant = identity.grant_for(&verified, asked).map_err(|refused| match refused {
+            NotGranted::NoGrant => GatewayError::NoGrant(false),
+            NotGranted::NotInNamedGrant => GatewayError::NoGrant(true),
+        })?;
+        return Ok(Caller { key: &grant.entry, user: Some(verified) });
+    }
+    let entry = super::key_digests::find(snapshot, bearer).ok_or(GatewayError::InvalidKey)?;
     if entry.disabled {
         return Err(GatewayError::DisabledKey);
     }
     if entry.expires_at().is_some_and(|expires| expires <= now()) {
         return Err(GatewayError::ExpiredKey);
     }
-    Ok(entry)
+    Ok(Caller { key: entry, user: None })
 }
 
 #[cfg(test)]
@@ -73,7 +103,7 @@ mod tests {
             headers(&[("authorization", "bearer   alice-key ")]),
             headers(&[("x-api-key", "alice-key")]),
         ] {
-            assert_eq!(&*authenticate(&snapshot, &presented, now).unwrap().id, "t/alice");
+            assert_eq!(&*authenticate(&snapshot, &presented, now).unwrap().key.id, "t/alice");
         }
     }
 
@@ -90,7 +120,7 @@ mod tests {
             (headers(&[("authorization", "Bearer disabled-key")]), GatewayError::DisabledKey),
         ];
         for (presented, expected) in cases {
-            assert_eq!(authenticate(&snapshot, &presented, now).map(|e| e.id.clone()), Err(expected));
+            assert_eq!(authenticate(&snapshot, &presented, now).map(|c| c.key.id.clone()).err(), Some(expected));
         }
         // Before its expiry the same key works.
         let before = || "2025-06-01T00:00:00Z".parse().unwrap();

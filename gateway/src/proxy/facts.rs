@@ -32,8 +32,10 @@ pub struct Asked {
 pub struct Facts {
     /// Configured model name, once known.
     pub model: Option<Arc<str>>,
-    /// Key id, once known.
+    /// Key id (a grant's id for a token), once known.
     pub key: Option<Arc<str>>,
+    /// Who a verified token names (never a metric label).
+    pub user: Option<Arc<crate::identity::Verified>>,
     /// Whether the client asked for a stream.
     pub stream: bool,
     /// Log this request (the config's `accessLog`).
@@ -66,6 +68,7 @@ impl Default for Facts {
         Self {
             model: None,
             key: None,
+            user: None,
             stream: false,
             access_log: true,
             admitted: false,

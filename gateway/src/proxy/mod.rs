@@ -5,7 +5,7 @@
 //! ```text
 //! endpoint  path + method → what to do                          (404, 405)    route::endpoint
 //! snapshot  the worker's own handle on the served snapshot, kept for the whole request   (503 before the first config)
-//! admit     framing, then SHA-256(key) (remembered) → KeyEntry  (431, 400, 401) route::admit
+//! admit     framing, then a key: SHA-256 (remembered) → KeyEntry, or a JWT: verified (remembered) → its grant's entry  (431, 400, 401) route::admit
 //! count     the key's request limit, before the body            (429, 503)    limit::Counters::count_key_request
 //!           (`/v1/usage`: then its tenant's limits, and the budgets' spends read within bounds) respond::budgets_of
 //! body      read within maxRequestBodyBytes and a deadline       (413, 408)    request_body::read
@@ -108,7 +108,9 @@ async fn serve(
     let endpoint = route::endpoint(&parts.method, parts.uri.path())?;
     let snapshot = shared.config.current_here().ok_or(GatewayError::NotReady)?;
     facts.access_log = snapshot.settings.access_log;
-    let key = route::admit(&snapshot, &parts.headers, jiff::Timestamp::now)?;
+    let caller = route::admit(&snapshot, &parts.headers, jiff::Timestamp::now)?;
+    let key = caller.key;
+    facts.user = caller.user;
     facts.trace = crate::telemetry::start(shared.telemetry.destination(snapshot.telemetry.as_ref()), &parts.headers);
     facts.key = Some(own_name(&key.id));
     let endpoint_index = match endpoint {

@@ -76,16 +76,16 @@ pub fn endpoint(method: &Method, path: &str) -> Result<Endpoint, GatewayError> {
     Ok(endpoint)
 }
 
-/// The key of a request whose headers are framed soundly.
+/// Who sent a request whose headers are framed soundly.
 ///
 /// # Errors
 /// 431 for oversized headers, 400 for both Content-Length and
-/// Transfer-Encoding (a smuggling shape), 401 for the key.
+/// Transfer-Encoding (a smuggling shape), 401 for the key or token.
 pub fn admit<'s>(
     snapshot: &'s Snapshot,
     headers: &HeaderMap,
     now: impl FnOnce() -> jiff::Timestamp,
-) -> Result<&'s KeyEntry, GatewayError> {
+) -> Result<auth::Caller<'s>, GatewayError> {
     check_framing(headers)?;
     auth::authenticate(snapshot, headers, now)
 }
@@ -220,7 +220,7 @@ mod tests {
             ("oversized headers", oversized, Err(431)),
         ];
         for (name, headers, expected) in rows {
-            let got = admit(&snapshot, &headers, now).map(|key| &*key.id).map_err(|e| e.status().as_u16());
+            let got = admit(&snapshot, &headers, now).map(|caller| &*caller.key.id).map_err(|e| e.status().as_u16());
             assert_eq!(got, expected, "{name}");
         }
     }
@@ -229,8 +229,8 @@ mod tests {
     fn route_table() {
         let snapshot = snapshot();
         let now = || jiff::Timestamp::from_second(1_800_000_000).unwrap();
-        let alice = admit(&snapshot, &headers(Some(ALICE)), now).unwrap();
-        let bob = admit(&snapshot, &headers(Some(BOB)), now).unwrap();
+        let alice = admit(&snapshot, &headers(Some(ALICE)), now).unwrap().key;
+        let bob = admit(&snapshot, &headers(Some(BOB)), now).unwrap().key;
         type Row<'a> = (&'a KeyEntry, &'a str, Result<&'a str, (u16, &'a str)>);
         let rows: [Row<'_>; 6] = [
             (alice, "open", Ok("open")),

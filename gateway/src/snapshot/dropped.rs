@@ -3,7 +3,7 @@
 /// An entry of the config this pod does not serve.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Dropped {
-    /// `model <source or name>` or `key <id>`.
+    /// `model <source or name>`, `key <id>`, `provider <name>` or `grant <id>`.
     pub entry: String,
     /// Its path in the config and what is wrong (never a credential).
     pub reason: String,
@@ -18,6 +18,14 @@ impl Dropped {
 
     pub(super) fn key(key: &waycast_crds::config::KeyConfig, reason: String, shard: u32) -> Self {
         Self { entry: format!("key {}", key.id), reason, shard: Some(shard) }
+    }
+
+    pub(super) fn provider(provider: &waycast_crds::config::ProviderConfig, reason: String) -> Self {
+        Self { entry: format!("provider {}", provider.name), reason, shard: None }
+    }
+
+    pub(super) fn grant(grant: &waycast_crds::config::GrantConfig, reason: String) -> Self {
+        Self { entry: format!("grant {}", grant.id), reason, shard: None }
     }
 
     pub(super) fn log(&self) {

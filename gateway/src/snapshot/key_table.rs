@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 
-use waycast_crds::config::{KeyConfig, Settings};
+use waycast_crds::config::{GrantConfig, KeyConfig, Settings};
 
 use super::backends::Route;
 use super::dropped::Dropped;
@@ -125,6 +125,35 @@ impl KeyTable {
 
     /// `key`'s entry, with its namespace's shared parts.
     fn entry(&mut self, key: &KeyConfig, against: &Against<'_>) -> Result<KeyEntry, BuildError> {
+        let scope = format!("key:{}", key.id);
+        self.entry_as(key, against, &key.id, &scope)
+    }
+
+    /// The entry a grant's members are served as: built as a key's (its
+    /// models, class, tenant), its limits and budgets the grant's own
+    /// state (`grant:<id>`, never a key's of the same name). Its usage is
+    /// its own, not reported as a key's.
+    pub(super) fn grant_entry(&mut self, grant: &GrantConfig, against: &Against<'_>) -> Result<KeyEntry, BuildError> {
+        let mut shadow = KeyConfig::new(grant.id.clone(), String::new());
+        shadow.models = grant.models.clone();
+        shadow.limits = grant.limits;
+        shadow.class = grant.class.clone();
+        shadow.budgets = grant.budgets.clone();
+        let state = crate::registry::grant_scope(&grant.id);
+        let mut entry = self.entry_as(&shadow, against, &state, &state)?;
+        entry.usage = Arc::default();
+        Ok(entry)
+    }
+
+    /// `key`'s entry, its limiter state lent as `state` and its budgets'
+    /// as `scope`.
+    fn entry_as(
+        &mut self,
+        key: &KeyConfig,
+        against: &Against<'_>,
+        state: &str,
+        scope: &str,
+    ) -> Result<KeyEntry, BuildError> {
         let Against { settings, routes, lent } = *against;
         let namespace = key.namespace();
         let namespace_id = self.namespaces.id(namespace);
@@ -148,11 +177,10 @@ impl KeyTable {
         if key.limits.is_some() || !key.budgets.is_empty() {
             let mut rare = entry.rare.take().map_or_else(keys::Rare::default, |rare| *rare);
             if key.limits.is_some() {
-                rare.limits = Some(lent.key_limits(&key.id).ok_or(BuildError::NotLent("key limits"))?);
+                rare.limits = Some(lent.key_limits(state).ok_or(BuildError::NotLent("key limits"))?);
             }
             if !key.budgets.is_empty() {
-                let scope = format!("key:{}", key.id);
-                rare.budgets = crate::limit::Budget::merged(&key.budgets, |period| lent.budget_state(&scope, period));
+                rare.budgets = crate::limit::Budget::merged(&key.budgets, |period| lent.budget_state(scope, period));
             }
             entry.rare = rare.boxed();
         }

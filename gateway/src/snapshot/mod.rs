@@ -21,6 +21,7 @@
 
 mod backends;
 mod dropped;
+pub mod identity;
 mod key_table;
 mod keys;
 pub mod names;
@@ -66,6 +67,8 @@ pub struct Snapshot {
     pub counts: crate::registry::Counts,
     /// Where traces and usage records go (`settings.telemetry`).
     pub telemetry: Option<Arc<crate::telemetry::Destination>>,
+    /// The token issuers trusted and the grants served.
+    pub identity: Arc<identity::Identity>,
 }
 
 /// The config in parts a snapshot was built from.
@@ -112,6 +115,24 @@ pub fn screen(mut config: GatewayConfig) -> Result<(GatewayConfig, Vec<Dropped>)
             match review.keys.get(&index) {
                 Some(problems) => dropped.push(Dropped::key(&key, describe(problems), 0)),
                 None => config.keys.push(key),
+            }
+        }
+    }
+    if !review.providers.is_empty() {
+        let providers = std::mem::take(&mut config.providers);
+        for (index, provider) in providers.into_iter().enumerate() {
+            match review.providers.get(&index) {
+                Some(problems) => dropped.push(Dropped::provider(&provider, describe(problems))),
+                None => config.providers.push(provider),
+            }
+        }
+    }
+    if !review.grants.is_empty() {
+        let grants = std::mem::take(&mut config.grants);
+        for (index, grant) in grants.into_iter().enumerate() {
+            match review.grants.get(&index) {
+                Some(problems) => dropped.push(Dropped::grant(&grant, describe(problems))),
+                None => config.grants.push(grant),
             }
         }
     }
@@ -217,6 +238,21 @@ impl Snapshot {
             Some(_) => Some(lent.redis().ok_or(BuildError::NotLent("a Redis counter"))?),
             None => None,
         };
+        let mut keys = KeyTable::new(namespaces);
+        let providers = identity::providers(&config.providers, &mut dropped);
+        let against = Against { settings: &config.settings, routes: &routes, lent };
+        let mut failed = None;
+        let entry_of = |grant: &waycast_crds::config::GrantConfig| match keys.grant_entry(grant, &against) {
+            Ok(entry) => Some(entry),
+            Err(error) => {
+                failed.get_or_insert(error);
+                None
+            }
+        };
+        let identity = identity::Identity::new(providers, &config.grants, entry_of, &mut dropped);
+        if let Some(error) = failed {
+            return Err(error);
+        }
         for drop in &dropped {
             drop.log();
         }
@@ -229,7 +265,7 @@ impl Snapshot {
         Ok(Self {
             hash,
             settings: config.settings,
-            keys: KeyTable::new(namespaces),
+            keys,
             models: Arc::new(Models { routes, by_name }),
             built_from: None,
             redis,
@@ -237,6 +273,7 @@ impl Snapshot {
             zone,
             counts: crate::registry::Counts::default(),
             telemetry,
+            identity: Arc::new(identity),
         })
     }
 
@@ -336,6 +373,7 @@ impl Snapshot {
             zone: self.zone.clone(),
             counts: crate::registry::Counts::default(),
             telemetry: self.telemetry.clone(),
+            identity: self.identity.clone(),
         };
         (next, leaving)
     }

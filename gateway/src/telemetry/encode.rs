@@ -109,6 +109,7 @@ fn server_span(out: &mut Vec<u8>, trace: &RequestTrace, done: &Done<'_>, times: 
         }
         attributes.int("http.response.status_code", u64::from(done.status));
         attributes.text("waycast.request_id", done.request_id);
+        identity(attributes, done);
         attributes.flag("waycast.stream", done.stream);
         if let Some(tenant) = done.tenant {
             attributes.text("waycast.tenant", tenant);
@@ -124,6 +125,16 @@ fn server_span(out: &mut Vec<u8>, trace: &RequestTrace, done: &Done<'_>, times: 
         }
         cost_and_error(attributes, done);
     });
+}
+
+/// A token's holder as `user.id` and the grant that served them as
+/// `waycast.grant` (`namespace/name`; also its `waycast.key`).
+#[inline(always)]
+fn identity(attributes: &mut Attributes<'_>, done: &Done<'_>) {
+    if let Some(user) = done.user {
+        attributes.text("user.id", user);
+        attributes.text("waycast.grant", done.key);
+    }
 }
 
 #[inline(always)]
@@ -188,6 +199,7 @@ fn usage_record(
         // that answered last, when one was tried).
         attributes.encoded(fixed.record());
         attributes.text("waycast.request_id", done.request_id);
+        identity(attributes, done);
         attributes.int("http.response.status_code", u64::from(done.status));
         attributes.int("gen_ai.usage.input_tokens", done.tokens.0);
         attributes.int("gen_ai.usage.output_tokens", done.tokens.2);

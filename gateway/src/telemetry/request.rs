@@ -119,6 +119,8 @@ pub struct Done<'a> {
     /// are found by).
     pub model: &'a Arc<str>,
     pub key: &'a Arc<str>,
+    /// Who a verified token names (`user.id`); its grant is `key`.
+    pub user: Option<&'a str>,
     pub tenant: Option<&'a str>,
     pub class: Option<&'a str>,
     pub queued: Option<Duration>,

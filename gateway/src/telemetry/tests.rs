@@ -162,6 +162,7 @@ fn done<'a>(now: Instant, (model, key): &'a (Arc<str>, Arc<str>)) -> Done<'a> {
         request_id: "req-1",
         model,
         key,
+        user: None,
         tenant: Some("team-a"),
         class: None,
         queued: None,
@@ -225,6 +226,25 @@ fn a_sampled_request_sends_its_spans_and_its_usage_record() {
     assert_eq!(one(record, 9), Wire::Bytes(trace.context.trace_id.to_vec()));
     assert_eq!(attribute(record, 6, "waycast.request_id"), text("req-1"));
     assert_eq!(attribute(record, 6, "waycast.backend"), text("10.0.0.8:8000"));
+    assert_eq!(attribute(server, 9, "user.id"), None, "a key names no user");
+    assert_eq!(attribute(record, 6, "user.id"), None, "a key names no user");
+}
+
+#[test]
+fn a_token_holder_is_user_id_on_the_span_and_the_record_and_its_grant_beside() {
+    let on = destination(|_| {});
+    let trace = start(Some(&on), &HeaderMap::new()).unwrap();
+    let (now, names) = (Instant::now(), (Arc::from("llama"), Arc::from("team-a/developers")));
+    let mut done = done(now, &names);
+    done.user = Some("alice@example.com");
+    let item = encode::encoded(&trace, &done).unwrap();
+    let (spans, records) = decoded(&item);
+    let [server] = spans.as_slice() else { panic!("a server span") };
+    let [record] = records.as_slice() else { panic!("one usage record") };
+    assert_eq!(attribute(server, 9, "user.id"), text("alice@example.com"));
+    assert_eq!(attribute(server, 9, "waycast.grant"), text("team-a/developers"));
+    assert_eq!(attribute(record, 6, "user.id"), text("alice@example.com"));
+    assert_eq!(attribute(record, 6, "waycast.grant"), text("team-a/developers"));
 }
 
 /// The body a pipeline de-duplicates by is the gateway's own id, never the

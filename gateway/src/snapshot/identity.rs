@@ -1,0 +1,165 @@
+//! The providers a config trusts and the grants it serves, built for the
+//! request path: each provider's key set read once here (never per
+//! request), each grant a caller entry like a key's plus who it admits.
+//!
+//! ```text
+//! providers[] ─► Provider (key set parsed; none yet or unreadable: an empty
+//!                set, so its tokens are refused `unknown_key`, alone)
+//! grants[]    ─► Grant { members: users | groups | serviceAccounts, entry: KeyEntry }
+//! token ─► Verified ─► member_of(verified, asked) ─► the one grant that serves it
+//! ```
+
+use std::collections::HashSet;
+use waycast_crds::config::{GrantConfig, ProviderConfig};
+
+use super::dropped::Dropped;
+use super::keys::KeyEntry;
+use crate::identity::{KeySet, Provider, Verified};
+
+/// The prefix of a ServiceAccount token's subject:
+/// `system:serviceaccount:<namespace>:<name>`.
+const SERVICE_ACCOUNT_SUBJECT: &str = "system:serviceaccount:";
+
+/// The header a caller names one of its grants with, when several serve it.
+pub const GRANT_HEADER: &str = "x-waycast-grant";
+
+/// Who a config trusts and what it grants them.
+#[derive(Default)]
+pub struct Identity {
+    providers: Vec<Provider>,
+    /// Whether `providers[i]` is the cluster's ServiceAccount issuer.
+    service_accounts: Vec<bool>,
+    /// In id order (namespace/name): the first a caller is a member of
+    /// serves it unless it names another.
+    grants: Vec<Grant>,
+}
+
+/// One served grant.
+pub struct Grant {
+    /// Its index in `Identity::providers`.
+    provider: usize,
+    users: HashSet<Box<str>>,
+    groups: HashSet<Box<str>>,
+    /// `namespace/name`.
+    service_accounts: HashSet<Box<str>>,
+    /// What a member is served as: the grant's models, class, tenant,
+    /// limits and budgets for all members together.
+    pub entry: KeyEntry,
+}
+
+/// Why a verified caller is not served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotGranted {
+    /// No grant of this config names them.
+    NoGrant,
+    /// They named a grant (`x-waycast-grant`) that does not admit them.
+    NotInNamedGrant,
+}
+
+impl Identity {
+    /// Whether the config trusts no provider: every bearer is a key.
+    pub fn is_empty(&self) -> bool {
+        self.providers.is_empty()
+    }
+
+    /// The provider whose tokens carry `issuer`.
+    pub fn provider_for(&self, issuer: &str) -> Option<&Provider> {
+        self.providers.iter().find(|provider| provider.issuer() == issuer)
+    }
+
+    /// Grants served.
+    pub fn grants(&self) -> &[Grant] {
+        &self.grants
+    }
+
+    /// The grant that serves `verified`: the one named by `asked` (a grant
+    /// id) when it admits them, else the first in id order that does.
+    ///
+    /// # Errors
+    /// [`NotGranted`]: none admits them, or the one they named does not.
+    pub fn grant_for(&self, verified: &Verified, asked: Option<&[u8]>) -> Result<&Grant, NotGranted> {
+        let Some(provider) = self.providers.iter().position(|p| p.name() == &*verified.provider) else {
+            return Err(NotGranted::NoGrant);
+        };
+        let service_account = self.service_accounts[provider]
+            .then(|| verified.user.strip_prefix(SERVICE_ACCOUNT_SUBJECT))
+            .flatten()
+            .and_then(|rest| rest.split_once(':'))
+            .map(|(namespace, name)| format!("{namespace}/{name}"));
+        let admits = |grant: &&Grant| {
+            grant.provider == provider
+                && (grant.users.contains(&*verified.user)
+                    || verified.groups.iter().any(|group| grant.groups.contains(group))
+                    || service_account.as_deref().is_some_and(|sa| grant.service_accounts.contains(sa)))
+        };
+        match asked {
+            Some(asked) => self
+                .grants
+                .iter()
+                .filter(admits)
+                .find(|grant| grant.entry.id.as_bytes() == asked.trim_ascii())
+                .ok_or(NotGranted::NotInNamedGrant),
+            None => self.grants.iter().find(admits).ok_or(NotGranted::NoGrant),
+        }
+    }
+}
+
+/// The providers of a screened config: each with its key set, or an empty
+/// one (its tokens refused `unknown_key`) when none was fetched or it does
+/// not read — that provider alone is affected, listed in `dropped`.
+pub(super) fn providers(configs: &[ProviderConfig], dropped: &mut Vec<Dropped>) -> (Vec<Provider>, Vec<bool>) {
+    let mut providers = Vec::with_capacity(configs.len());
+    let mut service_accounts = Vec::with_capacity(configs.len());
+    for config in configs {
+        let keys = match config.key_set.as_deref().map(|set| KeySet::parse(set.as_bytes())) {
+            Some(Ok(keys)) => keys,
+            Some(Err(error)) => {
+                dropped.push(Dropped::provider(config, format!("keySet: {error}; its tokens are refused")));
+                KeySet::empty()
+            }
+            None => KeySet::empty(),
+        };
+        let audiences: Vec<&str> = config.audiences.iter().map(String::as_str).collect();
+        let groups = Some(config.claims.groups.as_str());
+        match Provider::new(&config.name, &config.issuer, &audiences, &config.claims.user, groups, keys) {
+            Ok(provider) => {
+                providers.push(provider);
+                service_accounts.push(config.service_accounts);
+            }
+            Err(error) => dropped.push(Dropped::provider(config, error.to_string())),
+        }
+    }
+    (providers, service_accounts)
+}
+
+impl Identity {
+    /// The identity of a config: `providers` as built, and `grants` each
+    /// with its entry (`entry_of` builds it as a key's).
+    pub(super) fn new(
+        providers: (Vec<Provider>, Vec<bool>),
+        grants: &[GrantConfig],
+        mut entry_of: impl FnMut(&GrantConfig) -> Option<KeyEntry>,
+        dropped: &mut Vec<Dropped>,
+    ) -> Self {
+        let (providers, service_accounts) = providers;
+        let mut sorted: Vec<&GrantConfig> = grants.iter().collect();
+        sorted.sort_unstable_by(|a, b| a.id.cmp(&b.id));
+        let mut served = Vec::with_capacity(sorted.len());
+        for grant in sorted {
+            let Some(provider) = providers.iter().position(|p| p.name() == grant.provider) else {
+                dropped.push(Dropped::grant(grant, format!("provider: no provider {:?} is served", grant.provider)));
+                continue;
+            };
+            let Some(entry) = entry_of(grant) else { continue };
+            let set = |listed: &[String]| listed.iter().map(|s| Box::from(s.as_str())).collect();
+            served.push(Grant {
+                provider,
+                users: set(&grant.users),
+                groups: set(&grant.groups),
+                service_accounts: set(&grant.service_accounts),
+                entry,
+            });
+        }
+        Self { providers, service_accounts, grants: served }
+    }
+}

@@ -1,0 +1,215 @@
+//! Sign-in with an identity the caller already has, through a real gateway
+//! in front of the mock upstream: bearer tokens (JWTs) of trusted
+//! providers, served through the grants that admit their holders, beside
+//! keys; every refusal a 401 in the client's dialect, before the body is
+//! read. Tokens are minted by `waycast_mock::tokens` (ring, by hand).
+
+#![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+use serde_json::{Value, json};
+use support::{Fixture, FixtureOptions};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use waycast_crds::config::{GatewayConfig, GrantConfig, ProviderConfig};
+use waycast_mock::fixtures::{ALICE_KEY, UPSTREAM_SECRET};
+use waycast_mock::tokens::{TestIssuer, hmac_signed, tampered, unsigned};
+
+const CORP: &str = "https://sso.example.com/realms/corp";
+const CLUSTER: &str = "https://kubernetes.default.svc.cluster.local";
+const LATER: &str = "https://later.example.com";
+const AUDIENCE: &str = "waycast";
+const LLAMA: &str = r#"{"model":"llama3","messages":[{"role":"user","content":"hi"}]}"#;
+const MISTRAL: &str = r#"{"model":"mistral-7b","messages":[{"role":"user","content":"hi"}]}"#;
+
+struct Issuers {
+    corp: TestIssuer,
+    cluster: TestIssuer,
+}
+
+fn now() -> i64 {
+    jiff::Timestamp::now().as_second()
+}
+
+impl Issuers {
+    fn new() -> Self {
+        Self { corp: TestIssuer::new(CORP, "corp-1"), cluster: TestIssuer::new(CLUSTER, "sa-1") }
+    }
+
+    /// A token of the company's provider for `subject` in `groups`.
+    fn person(&self, subject: &str, groups: &[&str]) -> String {
+        self.corp.token(&self.corp.claims(subject, AUDIENCE, groups, now(), now() + 600))
+    }
+
+    /// A projected ServiceAccount token of `namespace/name`.
+    fn workload(&self, namespace: &str, name: &str) -> String {
+        let subject = format!("system:serviceaccount:{namespace}:{name}");
+        self.cluster.token(&self.cluster.claims(&subject, AUDIENCE, &[], now(), now() + 600))
+    }
+
+    /// Providers `corp` and `cluster` with their key sets, `later` with
+    /// none fetched yet; grants: team-a's developers (group) may use the
+    /// llama models, team-b's ops (users carol and alice) the mistral
+    /// ones, team-a's batch workload (ServiceAccount) every model, dave
+    /// through `later`.
+    fn adjust(&self, config: &mut GatewayConfig) {
+        let mut corp = ProviderConfig::new("corp", CORP, AUDIENCE);
+        corp.key_set = Some(self.corp.jwks());
+        let mut cluster = ProviderConfig::new("cluster", CLUSTER, AUDIENCE);
+        cluster.service_accounts = true;
+        cluster.key_set = Some(self.cluster.jwks());
+        config.providers = vec![corp, cluster, ProviderConfig::new("later", LATER, AUDIENCE)];
+        let mut developers = GrantConfig::new("team-a/developers", "corp");
+        developers.groups = vec!["developers".into()];
+        developers.models = Some(vec!["llama*".into()]);
+        let mut ops = GrantConfig::new("team-b/ops", "corp");
+        ops.users = vec!["carol".into(), "alice".into()];
+        ops.models = Some(vec!["mistral-*".into()]);
+        let mut robots = GrantConfig::new("team-a/robots", "cluster");
+        robots.service_accounts = vec!["team-a/batch".into()];
+        let mut later = GrantConfig::new("team-c/later", "later");
+        later.users = vec!["dave".into()];
+        config.grants = vec![ops, developers, robots, later];
+    }
+}
+
+async fn gateway(issuers: &Issuers) -> Fixture {
+    Fixture::start(FixtureOptions::default(), |config, _| issuers.adjust(config)).await
+}
+
+fn error_of(body: &[u8]) -> Value {
+    serde_json::from_slice(body).unwrap_or_else(|_| panic!("JSON error: {}", String::from_utf8_lossy(body)))
+}
+
+#[tokio::test]
+async fn token_holders_reach_their_grants_models_and_keys_work_beside_them() {
+    let issuers = Issuers::new();
+    let fixture = gateway(&issuers).await;
+    let alice = issuers.person("alice", &["developers"]);
+    let (status, _, body) = fixture.post("/v1/chat/completions", Some(&alice), LLAMA).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    let upstream = fixture.mock.recorder.last().await.unwrap();
+    assert_eq!(
+        upstream.headers.get("authorization").and_then(|v| v.to_str().ok()),
+        Some(format!("Bearer {UPSTREAM_SECRET}").as_str()),
+        "the upstream gets the backend's credential, never the caller's token"
+    );
+    // Served through team-a/developers (the first grant by id that admits
+    // her): its models only.
+    let (status, _, body) = fixture.post("/v1/chat/completions", Some(&alice), MISTRAL).await;
+    assert_eq!((status, error_of(&body)["error"]["code"].as_str()), (StatusCode::FORBIDDEN, Some("model_not_allowed")));
+    // Named, the other grant that admits her serves her instead.
+    let named = fixture.request("/v1/chat/completions", Some(&alice), MISTRAL, &[("x-waycast-grant", "team-b/ops")]);
+    assert_eq!(fixture.send(named).await.0, StatusCode::OK);
+    // A grant that does not admit her cannot be named into.
+    let foreign = fixture.request("/v1/chat/completions", Some(&alice), LLAMA, &[("x-waycast-grant", "team-a/robots")]);
+    let (status, _, body) = fixture.send(foreign).await;
+    assert_eq!((status, error_of(&body)["error"]["code"].as_str()), (StatusCode::UNAUTHORIZED, Some("no_grant")));
+
+    let carol = issuers.person("carol", &[]);
+    assert_eq!(fixture.post("/v1/chat/completions", Some(&carol), MISTRAL).await.0, StatusCode::OK);
+    let batch = issuers.workload("team-a", "batch");
+    assert_eq!(fixture.post("/v1/chat/completions", Some(&batch), MISTRAL).await.0, StatusCode::OK);
+    let (status, _, body) =
+        fixture.post("/v1/chat/completions", Some(&issuers.workload("team-b", "batch")), LLAMA).await;
+    assert_eq!((status, error_of(&body)["error"]["code"].as_str()), (StatusCode::UNAUTHORIZED, Some("no_grant")));
+    // A key works as before.
+    assert_eq!(fixture.post("/v1/chat/completions", Some(ALICE_KEY), LLAMA).await.0, StatusCode::OK);
+
+    // The grant is the metric's key; the person is never a label.
+    let (_, metrics) = fixture.admin_get("/metrics").await;
+    assert!(metrics.contains("key=\"team-a/developers\""), "the grant counts as the key");
+    for person in ["alice", "carol", "system:serviceaccount"] {
+        assert!(!metrics.contains(&format!("\"{person}")), "{person} is a label in /metrics");
+    }
+}
+
+#[tokio::test]
+async fn every_bad_token_is_a_401_that_says_why() {
+    let issuers = Issuers::new();
+    let fixture = gateway(&issuers).await;
+    let corp = &issuers.corp;
+    let good = corp.claims("alice", AUDIENCE, &["developers"], now(), now() + 600);
+    let with = |field: &str, value: Value| {
+        let mut claims = good.clone();
+        claims[field] = value;
+        claims
+    };
+    let mut no_subject = good.clone();
+    no_subject.as_object_mut().unwrap().remove("sub");
+    let stranger = TestIssuer::new(CORP, "corp-1");
+    let elsewhere = TestIssuer::new("https://evil.example.com", "corp-1");
+    let cases: Vec<(&str, String, &str)> = vec![
+        ("a member of no grant", issuers.person("eve", &["sales"]), "no_grant"),
+        ("expired", corp.token(&with("exp", json!(now() - 120))), "token_expired"),
+        ("not yet valid", corp.token(&with("nbf", json!(now() + 600))), "token_not_yet_valid"),
+        ("for another audience", corp.token(&with("aud", json!("another-app"))), "wrong_audience"),
+        ("tampered", tampered(&corp.token(&good), &with("groups", json!(["admins", "developers"]))), "bad_signature"),
+        ("signed by another key of the same kid", stranger.token(&good), "bad_signature"),
+        ("unsigned (alg none)", unsigned(&good), "disallowed_algorithm"),
+        (
+            "an HMAC keyed with the public key set",
+            hmac_signed(corp.jwks().as_bytes(), "corp-1", &good),
+            "disallowed_algorithm",
+        ),
+        (
+            "of an issuer not trusted",
+            elsewhere.token(&with("iss", json!("https://evil.example.com"))),
+            "unknown_issuer",
+        ),
+        ("without a subject", corp.token(&no_subject), "missing_claim"),
+        ("of a provider whose key set is not fetched", corp.token(&with("iss", json!(LATER))), "unknown_key"),
+        ("garbage of a token's shape", "eyJhbGciOi.eyJzdWIi.c2ln".to_owned(), "malformed_token"),
+    ];
+    for (what, token, code) in cases {
+        let (status, headers, body) = fixture.post("/v1/chat/completions", Some(&token), LLAMA).await;
+        let error = error_of(&body);
+        assert_eq!(
+            (status, error["error"]["code"].as_str()),
+            (StatusCode::UNAUTHORIZED, Some(code)),
+            "{what}: {error}"
+        );
+        assert_eq!(error["error"]["type"], "authentication_error", "{what}");
+        assert_eq!(headers["www-authenticate"], "Bearer error=\"invalid_token\"", "{what}");
+        // The same token on Anthropic's path gets Anthropic's shape.
+        let (status, _, body) = fixture.post("/v1/messages", Some(&token), LLAMA).await;
+        let error = error_of(&body);
+        assert_eq!((status, error["type"].as_str()), (StatusCode::UNAUTHORIZED, Some("error")), "{what}: {error}");
+        assert_eq!(error["error"]["type"], "authentication_error", "{what}");
+    }
+    assert!(fixture.mock.recorder.requests().await.is_empty(), "nothing refused reached the upstream");
+    // A token too large is refused unread.
+    let huge = format!("eyJ{}.e30.", "A".repeat(9000));
+    let (status, _, body) = fixture.post("/v1/chat/completions", Some(&huge), LLAMA).await;
+    assert_eq!(
+        (status, error_of(&body)["error"]["code"].as_str()),
+        (StatusCode::UNAUTHORIZED, Some("token_too_large"))
+    );
+}
+
+#[tokio::test]
+async fn a_bad_token_is_answered_before_the_body_is_read() {
+    let issuers = Issuers::new();
+    let fixture = gateway(&issuers).await;
+    let expired = issuers.corp.token(&issuers.corp.claims("alice", AUDIENCE, &["developers"], now(), now() - 120));
+    let started = Instant::now();
+    let mut stream = tokio::net::TcpStream::connect(fixture.addr).await.unwrap();
+    // A body declared and never sent: the body timeout is 5 s.
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {expired}\r\nContent-Length: 100000\r\n\r\n{{\"model\":"
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    let mut buffer = [0_u8; 4096];
+    while !String::from_utf8_lossy(&response).contains("token_expired") {
+        let read = tokio::time::timeout(Duration::from_secs(3), stream.read(&mut buffer)).await.unwrap().unwrap();
+        assert!(read > 0, "closed early: {}", String::from_utf8_lossy(&response));
+        response.extend_from_slice(&buffer[..read]);
+    }
+    let text = String::from_utf8_lossy(&response);
+    assert!(text.starts_with("HTTP/1.1 401"), "{text}");
+    assert!(started.elapsed() < Duration::from_secs(2), "answered before the body: {:?}", started.elapsed());
+}
