@@ -32,6 +32,9 @@ pub enum GatewayError {
     /// (`true`: not the grant they named in `x-waycast-grant`).
     #[error("{}", if *.0 { "the access grant named in x-waycast-grant does not admit you" } else { "no access grant of this gateway admits you" })]
     NoGrant(bool),
+    /// The grant holds as many members as it counts at once, none idle.
+    #[error("this access grant serves at most {0} people at once on this gateway; try again shortly")]
+    GrantFull(usize),
     /// The key may not use this model.
     #[error("this API key may not use model '{0}'")]
     ModelNotAllowed(String),
@@ -184,7 +187,7 @@ impl GatewayError {
             UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             UpstreamNotJson(_, status) => StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_GATEWAY),
             NotReady => StatusCode::SERVICE_UNAVAILABLE,
-            RateLimited(_) | ModelBusy { .. } | InsufficientQuota(_) => StatusCode::TOO_MANY_REQUESTS,
+            RateLimited(_) | ModelBusy { .. } | InsufficientQuota(_) | GrantFull(_) => StatusCode::TOO_MANY_REQUESTS,
             RateLimitUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
@@ -200,6 +203,7 @@ impl GatewayError {
             DisabledKey => "disabled_api_key",
             TokenRefused(refusal) => refusal.code(),
             NoGrant(_) => "no_grant",
+            GrantFull(_) => "grant_full",
             ModelNotAllowed(_) => "model_not_allowed",
             UnknownModel(_) => "model_not_found",
             BodyTooLarge(_) => "request_too_large",

@@ -49,6 +49,8 @@ pub struct Resources {
     tenant_limits: HashMap<Arc<str>, Limits>,
     model_limits: HashMap<Arc<str>, Limits>,
     gates: HashMap<Arc<str>, Arc<crate::sharing::ModelGate>>,
+    /// Each grant's members (by grant id), for grants with `perUser`.
+    members: HashMap<Arc<str>, Arc<crate::limit::members::Members>>,
     /// Budget counts by scope (`key:<id>`, `tenant:<namespace>`), per period.
     budgets: Arc<BudgetCounts>,
     /// Each key's usage this month, by key id (whose text the key's entry
@@ -103,6 +105,12 @@ impl Resources {
     /// The limiter state of the key with this id.
     pub fn key_limits(&self, id: &str) -> Option<Arc<LimitSet>> {
         self.key_limits.get(id).map(|limits| limits.state.clone())
+    }
+
+    /// The members of the grant with this id, when it counts each on
+    /// their own (`perUser`).
+    pub fn members(&self, grant: &str) -> Option<Arc<crate::limit::members::Members>> {
+        self.members.get(grant).cloned()
     }
 
     /// The limiter state of the tenant `namespace` (all its keys together).
@@ -275,7 +283,17 @@ impl Registry {
         // A grant's limits and budgets for all its members together: kept
         // under `grant:<id>`, apart from any key's.
         let mut key_limits = HashMap::new();
+        let mut members = HashMap::new();
         for grant in &config.grants {
+            // Each member's state is kept while the grant's `perUser`
+            // stays as it was.
+            if let Some(per_user) = grant.per_user.as_ref().filter(|p| p.limits.is_some() || !p.budgets.is_empty()) {
+                let kept = held.members.get(grant.id.as_str()).filter(|kept| kept.config() == per_user);
+                let store = kept
+                    .cloned()
+                    .unwrap_or_else(|| Arc::new(crate::limit::members::Members::new(&grant.id, per_user.clone())));
+                members.insert(Arc::from(grant.id.as_str()), store);
+            }
             let scope = grant_scope(&grant.id);
             if let Some(wanted) = grant.limits {
                 key_limits.insert(Arc::from(scope.as_str()), continued(held.key_limits.get(scope.as_str()), wanted));
@@ -290,6 +308,7 @@ impl Registry {
             unbuildable,
             redis,
             key_limits,
+            members,
             tenant_limits,
             model_limits,
             gates,

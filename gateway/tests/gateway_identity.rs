@@ -213,3 +213,90 @@ async fn a_bad_token_is_answered_before_the_body_is_read() {
     assert!(text.starts_with("HTTP/1.1 401"), "{text}");
     assert!(started.elapsed() < Duration::from_secs(2), "answered before the body: {:?}", started.elapsed());
 }
+
+/// The developers grant counts each member on their own: one request in
+/// flight each and a daily budget of 100 tokens each, beside the grant's
+/// own 1,000 a day for all of them together.
+fn per_person(issuers: &Issuers, config: &mut GatewayConfig) {
+    use waycast_crds::config::{LimitsConfig, PerUserConfig};
+    use waycast_crds::period::Period;
+    use waycast_crds::spend::BudgetConfig;
+    issuers.adjust(config);
+    let developers = config.grants.iter_mut().find(|grant| grant.id == "team-a/developers").unwrap();
+    let tokens = |tokens| BudgetConfig { period: Period::Day, tokens: Some(tokens), cost: None };
+    developers.budgets = vec![tokens(1_000)];
+    developers.per_user = Some(PerUserConfig {
+        limits: Some(LimitsConfig { requests_per_minute: None, tokens_per_minute: None, max_concurrent: Some(1) }),
+        budgets: vec![tokens(100)],
+    });
+}
+
+const SMALL: &str = r#"{"model":"llama3","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}"#;
+
+#[tokio::test]
+async fn each_member_has_their_own_concurrency_beside_the_others() {
+    let issuers = Issuers::new();
+    let fixture = Fixture::start(FixtureOptions::default(), |config, _| per_person(&issuers, config)).await;
+    let (alice, bob) = (issuers.person("alice", &["developers"]), issuers.person("bob", &["developers"]));
+    let slow = fixture.request("/v1/chat/completions", Some(&alice), SMALL, &[("x-mock-delay-ms", "1500")]);
+    let in_flight = fixture.open(slow);
+    let second = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let alice_again = fixture.post("/v1/chat/completions", Some(&alice), SMALL).await;
+        let bob_meanwhile = fixture.post("/v1/chat/completions", Some(&bob), SMALL).await;
+        (alice_again, bob_meanwhile)
+    };
+    let (first, ((status, _, body), (bob_status, _, _))) = tokio::join!(in_flight, second);
+    assert_eq!(first.status(), StatusCode::OK);
+    let error = error_of(&body);
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{error}");
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(message.contains("per-person limit of 1 concurrent"), "{message}");
+    assert_eq!(bob_status, StatusCode::OK, "Bob is not held back by Alice's request");
+    let label = "waycast_gateway_rate_limit_requests_total{decision=\"user_concurrent\",key=\"team-a/developers\",model=\"llama-3.1-8b\"}";
+    assert_eq!(fixture.metric(label).await, Some(1.0));
+    // Her request over, she is served again.
+    assert_eq!(fixture.post("/v1/chat/completions", Some(&alice), SMALL).await.0, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn each_member_spends_their_own_budget_and_sees_it() {
+    let issuers = Issuers::new();
+    let fixture = Fixture::start(FixtureOptions::default(), |config, _| per_person(&issuers, config)).await;
+    let (alice, bob) = (issuers.person("alice", &["developers"]), issuers.person("bob", &["developers"]));
+    let mut served = 0;
+    let refusal = loop {
+        let (status, _, body) = fixture.post("/v1/chat/completions", Some(&alice), SMALL).await;
+        match status {
+            StatusCode::OK => served += 1,
+            StatusCode::TOO_MANY_REQUESTS => break error_of(&body),
+            other => panic!("{other}: {}", String::from_utf8_lossy(&body)),
+        }
+        assert!(served < 20, "100 tokens a day cannot serve 20 requests of about 20");
+    };
+    assert!(served >= 2, "served {served} before her budget ran out");
+    assert_eq!(refusal["error"]["code"], "insufficient_quota", "{refusal}");
+    let message = refusal["error"]["message"].as_str().unwrap();
+    assert!(message.contains("per-person daily token budget"), "{message}");
+    // Bob has his own.
+    assert_eq!(fixture.post("/v1/chat/completions", Some(&bob), SMALL).await.0, StatusCode::OK);
+
+    // She sees her own budget and her grant's, nobody else's.
+    let request = http::Request::get(fixture.url("/v1/usage"))
+        .header("authorization", format!("Bearer {alice}"))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let (status, _, body) = fixture.send(request).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    let usage = error_of(&body);
+    let budgets = usage["budgets"].as_array().unwrap();
+    let owners: Vec<&str> = budgets.iter().map(|b| b["owner"].as_str().unwrap()).collect();
+    assert_eq!(owners, ["user", "grant"], "{usage}");
+    let mine = &budgets[0];
+    assert_eq!(mine["tokens"], 100);
+    let spent = mine["spent_tokens"].as_u64().unwrap();
+    assert!(spent > 0 && spent <= 100, "{usage}");
+    let grant_spent = budgets[1]["spent_tokens"].as_u64().unwrap();
+    assert!(grant_spent > spent, "the grant counts Bob's too: {usage}");
+    assert_eq!(usage["key"], "team-a/developers");
+}

@@ -58,7 +58,7 @@ pub fn error_type(error: &GatewayError) -> &'static str {
         UpstreamNotJson(_, status) if *status >= 500 => "server_error",
         // As OpenAI's own 429s: the type names what ran out.
         RateLimited(refusal) => refusal.unit.as_str(),
-        ModelBusy { .. } => "requests",
+        ModelBusy { .. } | GrantFull(_) => "requests",
         // As OpenAI's own answer when an account's quota is spent.
         InsufficientQuota(_) => "insufficient_quota",
         _ => "invalid_request_error",

@@ -86,7 +86,8 @@ impl<'a> Counters<'a> {
         reservation: Reservation,
         counted: Option<&Counted>,
     ) -> Result<Passed<Option<Admitted>>, Refused> {
-        let sets = local::Sets { key: subject.key.1, tenant: subject.tenant.1, model: subject.model.1 };
+        let sets =
+            local::Sets { key: subject.key.1, tenant: subject.tenant.1, model: subject.model.1, user: subject.user.1 };
         if subject.asks_nothing() {
             return Ok(Passed::clean(None));
         }

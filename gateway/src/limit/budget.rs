@@ -141,6 +141,8 @@ pub enum BudgetOwner {
     Key,
     /// Its namespace's: every key of the namespace together.
     Tenant,
+    /// One member's of a grant (a token's holder, each on their own).
+    User,
 }
 
 /// Why a budget refused a request.
@@ -164,6 +166,8 @@ impl Exhausted {
             (BudgetOwner::Key, _) => "key_budget_cost",
             (BudgetOwner::Tenant, "tokens") => "tenant_budget_tokens",
             (BudgetOwner::Tenant, _) => "tenant_budget_cost",
+            (BudgetOwner::User, "tokens") => "user_budget_tokens",
+            (BudgetOwner::User, _) => "user_budget_cost",
         }
     }
 
@@ -172,6 +176,7 @@ impl Exhausted {
         let owner = match self.owner {
             BudgetOwner::Key => "API key's",
             BudgetOwner::Tenant => "namespace's",
+            BudgetOwner::User => "per-person",
         };
         let period = match self.period {
             Period::Day => "daily",

@@ -32,6 +32,8 @@ pub enum Owner {
     Tenant,
     /// The model's (over all keys).
     Model,
+    /// One member's of a grant (a token's holder, each on their own).
+    User,
 }
 
 /// Which unit.
@@ -144,6 +146,9 @@ impl Refusal {
             (Owner::Model, Unit::Requests) => "model_requests",
             (Owner::Model, Unit::Tokens) => "model_tokens",
             (Owner::Model, Unit::Concurrent) => "model_concurrent",
+            (Owner::User, Unit::Requests) => "user_requests",
+            (Owner::User, Unit::Tokens) => "user_tokens",
+            (Owner::User, Unit::Concurrent) => "user_concurrent",
         }
     }
 
@@ -154,6 +159,7 @@ impl Refusal {
             Owner::Key => "API key's",
             Owner::Tenant => "namespace's",
             Owner::Model => "model's",
+            Owner::User => "per-person",
         };
         match self.unit {
             Unit::Concurrent => format!("the {owner} limit of {} concurrent requests", self.limit),

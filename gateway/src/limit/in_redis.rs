@@ -44,6 +44,8 @@ pub struct Subject<'a> {
     pub tenant: (&'a str, Option<&'a Arc<LimitSet>>),
     /// The model's name and limits.
     pub model: (&'a str, Option<&'a Arc<LimitSet>>),
+    /// A grant member's own state id and limits (`("", None)` for a key).
+    pub user: (&'a str, Option<&'a Arc<LimitSet>>),
     /// The key's and the tenant's budgets and the request's worst case,
     /// when either has a budget.
     pub budgets: Option<BudgetAsk<'a>>,
@@ -53,7 +55,11 @@ impl Subject<'_> {
     /// Whether no limit and no budget applies: nothing to admit (the
     /// request path then skips admission altogether).
     pub fn asks_nothing(&self) -> bool {
-        self.key.1.is_none() && self.tenant.1.is_none() && self.model.1.is_none() && self.budgets.is_none()
+        self.key.1.is_none()
+            && self.tenant.1.is_none()
+            && self.model.1.is_none()
+            && self.user.1.is_none()
+            && self.budgets.is_none()
     }
 }
 
@@ -63,6 +69,8 @@ pub struct BudgetAsk<'a> {
     pub key: &'a [Budget],
     /// The tenant's budgets.
     pub tenant: &'a [Budget],
+    /// A grant member's own budgets (none for a key).
+    pub user: &'a [Budget],
     /// The request's worst case.
     pub need: Need,
     /// The time zone periods start in.
@@ -73,8 +81,8 @@ pub struct BudgetAsk<'a> {
 
 impl BudgetAsk<'_> {
     /// Whose budgets, in the order they are checked.
-    pub(super) fn owned(&self) -> [(BudgetOwner, &[Budget]); 2] {
-        [(BudgetOwner::Key, self.key), (BudgetOwner::Tenant, self.tenant)]
+    pub(super) fn owned(&self) -> [(BudgetOwner, &[Budget]); 3] {
+        [(BudgetOwner::User, self.user), (BudgetOwner::Key, self.key), (BudgetOwner::Tenant, self.tenant)]
     }
 }
 
@@ -90,6 +98,7 @@ pub fn budget_hash(
     let scope = match owner {
         BudgetOwner::Key => "key",
         BudgetOwner::Tenant => "tenant",
+        BudgetOwner::User => "user",
     };
     format!("{prefix}budget:{scope}:{id}:{period:?}:{window}")
 }
@@ -106,16 +115,22 @@ pub async fn admit(
     counted: Option<&Counted>,
 ) -> Result<Result<Admitted, super::decision::Refused>, StoreError> {
     // (owner, unit, Redis key, limit): token limits first, as `admit` checks them.
-    let mut limiters: Vec<(Owner, Unit, String, u64)> = Vec::with_capacity(6);
+    let mut limiters: Vec<(Owner, Unit, String, u64)> = Vec::with_capacity(8);
     let mut concurrent: Vec<(Owner, String, u64)> = Vec::new();
     let prefix = counter.config.key_prefix();
-    let owned = [(Owner::Key, subject.key), (Owner::Tenant, subject.tenant), (Owner::Model, subject.model)];
+    let owned = [
+        (Owner::User, subject.user),
+        (Owner::Key, subject.key),
+        (Owner::Tenant, subject.tenant),
+        (Owner::Model, subject.model),
+    ];
     for (owner, (id, set)) in owned {
         let Some(set) = set else { continue };
         let scope = match owner {
             Owner::Key => "key",
             Owner::Tenant => "tenant",
             Owner::Model => "model",
+            Owner::User => "user",
         };
         if let Some(limiter) = &set.tokens {
             limiters.push((owner, Unit::Tokens, format!("{prefix}{scope}:{id}:tokens"), limiter.per_minute));
@@ -140,7 +155,7 @@ pub async fn admit(
     let mut budgets: Vec<(BudgetOwner, &Budget, String, jiff::Timestamp)> = Vec::new();
     let mut starts: Vec<i64> = Vec::new();
     if let Some(ask) = &subject.budgets {
-        let ids = [subject.key.0, subject.tenant.0];
+        let ids = [subject.user.0, subject.key.0, subject.tenant.0];
         for ((owner, list), id) in ask.owned().into_iter().zip(ids) {
             for budget in list {
                 let window = budget.period.window(ask.now, ask.zone);

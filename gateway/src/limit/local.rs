@@ -32,12 +32,14 @@ pub struct Sets<'a> {
     pub tenant: Option<&'a Arc<LimitSet>>,
     /// The model's limits.
     pub model: Option<&'a Arc<LimitSet>>,
+    /// A grant member's own limits.
+    pub user: Option<&'a Arc<LimitSet>>,
 }
 
 impl Sets<'_> {
     /// Whether no limit applies.
     pub fn is_empty(&self) -> bool {
-        self.key.is_none() && self.tenant.is_none() && self.model.is_none()
+        self.key.is_none() && self.tenant.is_none() && self.model.is_none() && self.user.is_none()
     }
 }
 
@@ -60,10 +62,11 @@ pub fn admit(
     if let Some(counted) = counted {
         headers.note(Unit::Requests, counted.limit, counted.verdict);
     }
-    // At most six limiters: (limiter, cost charged), to give back on a refusal.
-    let mut charged: [Option<(&Limiter, u64)>; 6] = [None; 6];
+    // At most eight limiters: (limiter, cost charged), to give back on a refusal.
+    let mut charged: [Option<(&Limiter, u64)>; 8] = [None; 8];
     let mut reserved = Vec::new();
-    let owned = [(Owner::Key, sets.key), (Owner::Tenant, sets.tenant), (Owner::Model, sets.model)];
+    let owned =
+        [(Owner::User, sets.user), (Owner::Key, sets.key), (Owner::Tenant, sets.tenant), (Owner::Model, sets.model)];
     let mut refusal = None;
     'check: for (slot, (owner, set)) in owned.iter().enumerate() {
         let Some(set) = set else { continue };
@@ -96,7 +99,7 @@ pub fn admit(
         headers,
     });
     let refusal = refusal.or_else(|| {
-        for (owner, set) in [(Owner::Key, sets.key), (Owner::Tenant, sets.tenant)] {
+        for (owner, set) in [(Owner::User, sets.user), (Owner::Key, sets.key), (Owner::Tenant, sets.tenant)] {
             let Some(concurrency) = set.and_then(|set| set.concurrent.as_ref()) else { continue };
             match concurrency.take(shares) {
                 Some(hold) => places.local.push(hold),

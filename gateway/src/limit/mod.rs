@@ -41,6 +41,7 @@ mod in_redis;
 pub mod key_usage;
 mod limiter;
 mod local;
+pub mod members;
 pub mod period_clock;
 mod pricing;
 pub mod redis;

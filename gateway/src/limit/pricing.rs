@@ -72,6 +72,8 @@ pub struct Budgets<'a> {
     pub key: &'a [Budget],
     /// Its namespace's.
     pub tenant: &'a [Budget],
+    /// A grant member's own (none for a key).
+    pub user: &'a [Budget],
     /// The currency cost budgets count in.
     pub counted_in: &'a str,
     /// The zone periods start in.
@@ -93,17 +95,17 @@ pub fn budgets_asked<'a>(
     reservation: Reservation,
     now: impl FnOnce() -> Timestamp,
 ) -> Result<Option<BudgetAsk<'a>>, CurrencyMismatch> {
-    let Budgets { key, tenant, counted_in, zone } = *budgets;
-    if key.is_empty() && tenant.is_empty() {
+    let Budgets { key, tenant, user, counted_in, zone } = *budgets;
+    if key.is_empty() && tenant.is_empty() && user.is_empty() {
         return Ok(None);
     }
     if let Some(priced) = priced.filter(|priced| !priced.in_budget_currency)
-        && key.iter().chain(tenant).any(|budget| budget.cost.is_some())
+        && key.iter().chain(tenant).chain(user).any(|budget| budget.cost.is_some())
     {
         return Err(CurrencyMismatch { currency: priced.currency.to_string(), counted_in: counted_in.to_owned() });
     }
     let cost = priced.map_or(0, |priced| priced.worst_case(reservation).0);
-    Ok(Some(BudgetAsk { key, tenant, need: Need { tokens: reservation.tokens, cost }, zone, now: now() }))
+    Ok(Some(BudgetAsk { key, tenant, user, need: Need { tokens: reservation.tokens, cost }, zone, now: now() }))
 }
 
 #[cfg(test)]
@@ -156,7 +158,7 @@ mod tests {
         ];
         for (name, budgets, priced, expected) in rows {
             let [key, tenant] = budgets;
-            let budgets = Budgets { key, tenant, counted_in: "USD", zone: &zone };
+            let budgets = Budgets { key, tenant, user: &[], counted_in: "USD", zone: &zone };
             let got = budgets_asked(&budgets, priced, reservation, now).map(|asked| asked.map(|ask| ask.need)).map_err(
                 |mismatch| {
                     assert_eq!(mismatch.counted_in, "USD");

@@ -68,7 +68,7 @@ fn holding(holds: Holds) -> Request {
         let limits =
             LimitsConfig { requests_per_minute: None, tokens_per_minute: Some(TOKEN_LIMIT), max_concurrent: None };
         let set = Arc::new(LimitSet::new(&limits, None));
-        let sets = local::Sets { key: Some(&set), tenant: None, model: None };
+        let sets = local::Sets { key: Some(&set), tenant: None, model: None, user: None };
         held.charge = local::admit(sets, 1, RESERVATION, None).unwrap().charge;
         set
     });
@@ -93,7 +93,7 @@ fn holding(holds: Holds) -> Request {
 
 /// Tokens the key's token limit has left.
 fn tokens_left(limit: &Arc<LimitSet>) -> u64 {
-    let sets = local::Sets { key: Some(limit), tenant: None, model: None };
+    let sets = local::Sets { key: Some(limit), tenant: None, model: None, user: None };
     let reservation = Reservation::default();
     local::admit(sets, 1, reservation, None).unwrap().headers.tokens.map(|(_, verdict)| verdict.remaining).unwrap()
 }

@@ -28,7 +28,7 @@ fn admit(
     reservation: Reservation,
     counted: Option<&Counted>,
 ) -> Result<Admitted, Refusal> {
-    local::admit(local::Sets { key, tenant: None, model }, shares, reservation, counted)
+    local::admit(local::Sets { key, tenant: None, model, user: None }, shares, reservation, counted)
 }
 
 #[test]
@@ -234,7 +234,7 @@ fn state_carries_over_to_the_next_snapshot() {
 fn a_tenants_cap_holds_across_its_keys() {
     let tenant = set(Some(60), None);
     let keys: Vec<Arc<LimitSet>> = (0..10).map(|_| set(Some(600), None)).collect();
-    let sets = |key| local::Sets { key: Some(key), tenant: Some(&tenant), model: None };
+    let sets = |key| local::Sets { key: Some(key), tenant: Some(&tenant), model: None, user: None };
     let admitted =
         (0..600).filter(|i| local::admit(sets(&keys[i % 10]), 1, Reservation::default(), None).is_ok()).count();
     assert_eq!(admitted, 60, "the tenant's 60, not 10 × 600");
@@ -243,7 +243,7 @@ fn a_tenants_cap_holds_across_its_keys() {
     // The keys' own counts were given back with each refusal: a key's
     // limit is not used up by requests its tenant refused.
     let fresh_tenant = set(Some(1_000), None);
-    let key_only = local::Sets { key: Some(&keys[0]), tenant: Some(&fresh_tenant), model: None };
+    let key_only = local::Sets { key: Some(&keys[0]), tenant: Some(&fresh_tenant), model: None, user: None };
     let more = (0..600).filter(|_| local::admit(key_only, 1, Reservation::default(), None).is_ok()).count();
     assert_eq!(more, 600 - 6, "the key's six admitted requests, and no more, were counted");
 }
@@ -276,7 +276,7 @@ fn concurrency_is_held_until_the_request_ends() {
         local::admit(local::Sets { tenant: Some(&full_tenant), ..Default::default() }, 1, Reservation::default(), None)
             .unwrap();
     let refused = local::admit(
-        local::Sets { key: Some(&rate), tenant: Some(&full_tenant), model: None },
+        local::Sets { key: Some(&rate), tenant: Some(&full_tenant), model: None, user: None },
         1,
         Reservation::default(),
         None,

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use crate::error::GatewayError;
 use crate::identity::{Refusal, Verified};
+use crate::limit::members::Member;
 use crate::snapshot::identity::{GRANT_HEADER, NotGranted};
 use crate::snapshot::{KeyEntry, Snapshot};
 
@@ -34,6 +35,9 @@ pub struct Caller<'s> {
     pub key: &'s KeyEntry,
     /// The holder of a verified token (`None`: a key).
     pub user: Option<Arc<Verified>>,
+    /// Their own state in the grant, when it counts each member on their
+    /// own (`perUser`).
+    pub member: Option<Arc<Member>>,
 }
 
 /// Finds who the request is from. A bearer shaped like a JWT, where the
@@ -54,14 +58,19 @@ pub fn authenticate<'s>(
     if !identity.is_empty() && crate::identity::is_token_shaped(bearer) {
         // Token-shaped: base64url and dots only, so always UTF-8.
         let token = std::str::from_utf8(bearer).map_err(|_| GatewayError::TokenRefused(Refusal::MalformedToken))?;
-        let verified = crate::identity::verify_remembered(token, now(), |issuer| identity.provider_for(issuer))
+        let now = now();
+        let verified = crate::identity::verify_remembered(token, now, |issuer| identity.provider_for(issuer))
             .map_err(GatewayError::TokenRefused)?;
         let asked = headers.get(GRANT_HEADER).map(http::HeaderValue::as_bytes);
         let grant = identity.grant_for(&verified, asked).map_err(|refused| match refused {
             NotGranted::NoGrant => GatewayError::NoGrant(false),
             NotGranted::NotInNamedGrant => GatewayError::NoGrant(true),
         })?;
-        return Ok(Caller { key: &grant.entry, user: Some(verified) });
+        let member = match &grant.members {
+            Some(members) => Some(members.member(&verified.user, now).map_err(|full| GatewayError::GrantFull(full.0))?),
+            None => None,
+        };
+        return Ok(Caller { key: &grant.entry, user: Some(verified), member });
     }
     let entry = super::key_digests::find(snapshot, bearer).ok_or(GatewayError::InvalidKey)?;
     if entry.disabled {
@@ -70,7 +79,7 @@ pub fn authenticate<'s>(
     if entry.expires_at().is_some_and(|expires| expires <= now()) {
         return Err(GatewayError::ExpiredKey);
     }
-    Ok(Caller { key: entry, user: None })
+    Ok(Caller { key: entry, user: None, member: None })
 }
 
 #[cfg(test)]

@@ -109,7 +109,7 @@ async fn serve(
     let snapshot = shared.config.current_here().ok_or(GatewayError::NotReady)?;
     facts.access_log = snapshot.settings.access_log;
     let caller = route::admit(&snapshot, &parts.headers, jiff::Timestamp::now)?;
-    let key = caller.key;
+    let (key, member) = (caller.key, caller.member);
     facts.user = caller.user;
     facts.trace = crate::telemetry::start(shared.telemetry.destination(snapshot.telemetry.as_ref()), &parts.headers);
     facts.key = Some(own_name(&key.id));
@@ -122,7 +122,7 @@ async fn serve(
     // A key over its request limit costs no body read (nor a Redis read).
     let shares = shared.fleet.shares_at_least(snapshot.settings.minimum_pods);
     let counters = Counters::of(snapshot.redis.as_ref(), shares);
-    let counted = passed(facts, counters.count_key_request(&key.id, key.limits()).await)?;
+    let counted = passed(facts, counters.count_key_request(key.state_id(), key.limits()).await)?;
     let Some(endpoint_index) = endpoint_index else {
         // A request under its tenant's request rate too (the key's is
         // counted above), reserving no tokens: asking in a loop costs the
@@ -132,9 +132,10 @@ async fn serve(
         // cost an admission call per read and limit nothing.
         let tenant_rate = key.tenant.limits.as_ref().filter(|set| set.requests.is_some());
         let subject = Subject {
-            key: (&key.id, None),
+            key: (key.state_id(), None),
             tenant: (&key.tenant.namespace, tenant_rate),
             model: ("", None),
+            user: ("", None),
             budgets: None,
         };
         let _held = if subject.asks_nothing() {
@@ -142,7 +143,8 @@ async fn serve(
         } else {
             passed(facts, counters.admit(&subject, Reservation::default(), counted.as_ref()).await)?
         };
-        return Ok(respond::budgets_of(&snapshot, key, jiff::Timestamp::now(), &shared.metrics).await);
+        let now = jiff::Timestamp::now();
+        return Ok(respond::budgets_of(&snapshot, (key, member.as_deref()), now, &shared.metrics).await);
     };
     let limit = snapshot.settings.max_request_body_bytes;
     let body = request_body::read(&mut body, &parts.headers, limit, shared.body_timeout).await?;
@@ -157,11 +159,19 @@ async fn serve(
 
     let reservation =
         Reservation::for_request(body.len(), fields.max_tokens, fields.choices, route.output_token_reservation);
-    let budgets = Budgets { key: key.budgets(), tenant: &key.tenant.budgets, counted_in, zone: &snapshot.zone };
+    let user_budgets = member.as_ref().map_or(&[][..], |member| &member.budgets);
+    let budgets = Budgets {
+        key: key.budgets(),
+        tenant: &key.tenant.budgets,
+        user: user_budgets,
+        counted_in,
+        zone: &snapshot.zone,
+    };
     let subject = Subject {
-        key: (&key.id, key.limits()),
+        key: (key.state_id(), key.limits()),
         tenant: (&key.tenant.namespace, key.tenant.limits.as_ref()),
         model: (&route.state_id, route.limits.as_ref()),
+        user: member.as_ref().map_or(("", None), |member| (&*member.id, member.limits.as_ref())),
         budgets: match crate::limit::budgets_asked(&budgets, held.priced.as_ref(), reservation, jiff::Timestamp::now) {
             Ok(asked) => asked,
             Err(mismatch) => return Err(GatewayError::budget_currency(&route.name, mismatch)),

@@ -130,7 +130,8 @@ pub fn models_list(snapshot: &Snapshot, key: &KeyEntry) -> Answer {
     Answer::Own(Bytes::from(serde_json::json!({"object": "list", "data": data}).to_string()))
 }
 
-/// `GET /v1/usage`: each budget of the key and of its namespace, as of
+/// `GET /v1/usage`: each budget of the key (a token's holder: their own,
+/// then their grant's) and of its namespace, as of
 /// `now` — its period, when it starts over, its limits, what the fleet
 /// spent (this pod's count beside the rest of the fleet's as the operator
 /// last collected it; in Redis mode what Redis held at most a second ago,
@@ -138,13 +139,16 @@ pub fn models_list(snapshot: &Snapshot, key: &KeyEntry) -> Answer {
 /// Nothing of any other key.
 pub async fn budgets_of(
     snapshot: &Snapshot,
-    key: &KeyEntry,
+    (key, member): (&KeyEntry, Option<&crate::limit::members::Member>),
     now: jiff::Timestamp,
     metrics: &crate::metrics::Metrics,
 ) -> Answer {
     use crate::limit::budget::BudgetOwner;
-    let owned =
-        [(BudgetOwner::Key, &key.id, key.budgets()), (BudgetOwner::Tenant, &key.tenant.namespace, &key.tenant.budgets)];
+    let owned = [
+        (BudgetOwner::User, member.map_or("", |member| &*member.id), member.map_or(&[][..], |member| &member.budgets)),
+        (BudgetOwner::Key, key.state_id(), key.budgets()),
+        (BudgetOwner::Tenant, &*key.tenant.namespace, &*key.tenant.budgets),
+    ];
     let listed: Vec<_> =
         owned.iter().flat_map(|(owner, id, list)| list.iter().map(move |b| (*owner, *id, b))).collect();
     // Counted in Redis: what it holds, read at most once a second per
@@ -176,7 +180,12 @@ pub async fn budgets_of(
             None => Some(budget.state.spent_in_fleet(budget.period, now, &snapshot.zone)),
         };
         let money = |nanos: u64| waycast_crds::money::Money(nanos).to_string();
-        let owner = if owner == BudgetOwner::Key { "key" } else { "namespace" };
+        let owner = match owner {
+            BudgetOwner::User => "user",
+            BudgetOwner::Key if key.is_grant() => "grant",
+            BudgetOwner::Key => "key",
+            BudgetOwner::Tenant => "namespace",
+        };
         let mut entry = serde_json::json!({
             "owner": owner,
             "period": budget.period,

@@ -10,11 +10,13 @@
 //! ```
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use waycast_crds::config::{GrantConfig, ProviderConfig};
 
 use super::dropped::Dropped;
 use super::keys::KeyEntry;
 use crate::identity::{KeySet, Provider, Verified};
+use crate::limit::members::Members;
 
 /// The prefix of a ServiceAccount token's subject:
 /// `system:serviceaccount:<namespace>:<name>`.
@@ -45,6 +47,8 @@ pub struct Grant {
     /// What a member is served as: the grant's models, class, tenant,
     /// limits and budgets for all members together.
     pub entry: KeyEntry,
+    /// Each member's own limits and budgets (`perUser`), if it sets any.
+    pub members: Option<Arc<Members>>,
 }
 
 /// Why a verified caller is not served.
@@ -138,7 +142,7 @@ impl Identity {
     pub(super) fn new(
         providers: (Vec<Provider>, Vec<bool>),
         grants: &[GrantConfig],
-        mut entry_of: impl FnMut(&GrantConfig) -> Option<KeyEntry>,
+        mut entry_of: impl FnMut(&GrantConfig) -> Option<(KeyEntry, Option<Arc<Members>>)>,
         dropped: &mut Vec<Dropped>,
     ) -> Self {
         let (providers, service_accounts) = providers;
@@ -150,7 +154,7 @@ impl Identity {
                 dropped.push(Dropped::grant(grant, format!("provider: no provider {:?} is served", grant.provider)));
                 continue;
             };
-            let Some(entry) = entry_of(grant) else { continue };
+            let Some((entry, members)) = entry_of(grant) else { continue };
             let set = |listed: &[String]| listed.iter().map(|s| Box::from(s.as_str())).collect();
             served.push(Grant {
                 provider,
@@ -158,6 +162,7 @@ impl Identity {
                 groups: set(&grant.groups),
                 service_accounts: set(&grant.service_accounts),
                 entry,
+                members,
             });
         }
         Self { providers, service_accounts, grants: served }

@@ -142,6 +142,9 @@ impl KeyTable {
         let state = crate::registry::grant_scope(&grant.id);
         let mut entry = self.entry_as(&shadow, against, &state, &state)?;
         entry.usage = Arc::default();
+        let mut rare = entry.rare.take().map_or_else(keys::Rare::default, |rare| *rare);
+        rare.state_id = Some(Arc::from(state));
+        entry.rare = rare.boxed();
         Ok(entry)
     }
 

@@ -54,6 +54,9 @@ pub(super) struct Rare {
     pub(super) limits: Option<Arc<LimitSet>>,
     /// Its budgets (one per period).
     pub(super) budgets: Box<[crate::limit::Budget]>,
+    /// What names its limiters' and budgets' state when it is not its id:
+    /// a grant's (`grant:<id>`), never the same as a key's of that name.
+    pub(super) state_id: Option<Arc<str>>,
 }
 
 impl Rare {
@@ -63,7 +66,8 @@ impl Rare {
             && self.opted_in.is_none()
             && self.expires_at.is_none()
             && self.limits.is_none()
-            && self.budgets.is_empty();
+            && self.budgets.is_empty()
+            && self.state_id.is_none();
         (!nothing).then(|| Box::new(self))
     }
 }
@@ -156,6 +160,17 @@ impl KeyEntry {
     /// Its budgets (one per period).
     pub fn budgets(&self) -> &[crate::limit::Budget] {
         self.rare.as_ref().map_or(&[], |rare| &rare.budgets)
+    }
+
+    /// Whether it is a grant's: what a token's holder is served as.
+    pub fn is_grant(&self) -> bool {
+        self.rare.as_ref().is_some_and(|rare| rare.state_id.is_some())
+    }
+
+    /// What names its limiters' and budgets' state (Redis keys included):
+    /// its id, or a grant's `grant:<id>`.
+    pub fn state_id(&self) -> &str {
+        self.rare.as_ref().and_then(|rare| rare.state_id.as_deref()).unwrap_or(&self.id)
     }
 }
 

@@ -243,7 +243,7 @@ impl Snapshot {
         let against = Against { settings: &config.settings, routes: &routes, lent };
         let mut failed = None;
         let entry_of = |grant: &waycast_crds::config::GrantConfig| match keys.grant_entry(grant, &against) {
-            Ok(entry) => Some(entry),
+            Ok(entry) => Some((entry, lent.members(&grant.id))),
             Err(error) => {
                 failed.get_or_insert(error);
                 None

@@ -1,0 +1,177 @@
+//! Each member of a grant counted on their own: a token's holder gets
+//! limits and budgets of their own (the grant's `perUser`) beside the
+//! grant's for all members together, made on their first request and kept
+//! across configs while the grant's `perUser` stays the same.
+//!
+//! A member is known by a digest of who the token names, never the name
+//! itself: no person's name is a Redis key or a metric label. Bounded: a
+//! grant holds [`MAX_MEMBERS`] members at once; when full, members who
+//! count nothing (limits full again, budgets untouched this period) make
+//! room, and while none does a new member is refused (429), never served
+//! past the limits of the others.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+use waycast_crds::config::PerUserConfig;
+
+use super::budget::Budget;
+use super::limiter::LimitSet;
+
+/// Most members of one grant counted at once, per pod.
+pub const MAX_MEMBERS: usize = 10_000;
+
+/// The members of one grant.
+pub struct Members {
+    /// The grant's id (`namespace/name`).
+    grant: Arc<str>,
+    config: PerUserConfig,
+    /// Read by every request of a member, written once per new member
+    /// (copied: members come far less often than their requests).
+    by_user: ArcSwap<HashMap<Box<str>, Arc<Member>>>,
+    capacity: usize,
+}
+
+/// One member's own state.
+#[derive(Debug)]
+pub struct Member {
+    /// `user:<grant>:<digest of the user>`: their limiters' and budgets'
+    /// state id (Redis keys, budget scope).
+    pub id: Arc<str>,
+    /// Their own limits, if the grant sets any.
+    pub limits: Option<Arc<LimitSet>>,
+    /// Their own budgets (one per period).
+    pub budgets: Box<[Budget]>,
+}
+
+/// The grant holds as many members as it may, none of them idle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MembersFull(pub usize);
+
+impl Members {
+    /// The members of grant `grant` under `config`.
+    pub fn new(grant: &str, config: PerUserConfig) -> Self {
+        Self::with_capacity(grant, config, MAX_MEMBERS)
+    }
+
+    /// As [`Members::new`], holding at most `capacity` (tests).
+    pub fn with_capacity(grant: &str, config: PerUserConfig, capacity: usize) -> Self {
+        Self { grant: Arc::from(grant), config, by_user: ArcSwap::default(), capacity: capacity.max(1) }
+    }
+
+    /// The per-member settings these members were made under.
+    pub fn config(&self) -> &PerUserConfig {
+        &self.config
+    }
+
+    /// Members held now.
+    pub fn len(&self) -> usize {
+        self.by_user.load().len()
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// `user`'s state, made on their first request.
+    ///
+    /// # Errors
+    /// [`MembersFull`]: the grant holds [`MAX_MEMBERS`] members, none idle.
+    pub fn member(&self, user: &str, now: jiff::Timestamp) -> Result<Arc<Member>, MembersFull> {
+        if let Some(member) = self.by_user.load().get(user) {
+            return Ok(member.clone());
+        }
+        let made = Arc::new(self.make(user));
+        let mut outcome = Err(MembersFull(self.capacity));
+        // Another worker may add the same member meanwhile: theirs is kept.
+        self.by_user.rcu(|members| {
+            if let Some(member) = members.get(user) {
+                outcome = Ok(member.clone());
+                return Arc::clone(members);
+            }
+            let mut next = HashMap::clone(members);
+            if next.len() >= self.capacity {
+                next.retain(|_, member| !member.idle(now));
+                if next.len() >= self.capacity {
+                    outcome = Err(MembersFull(self.capacity));
+                    return Arc::new(next);
+                }
+            }
+            next.insert(Box::from(user), made.clone());
+            outcome = Ok(made.clone());
+            Arc::new(next)
+        });
+        outcome
+    }
+
+    fn make(&self, user: &str) -> Member {
+        let digest = waycast_crds::digest::sha256(user.as_bytes());
+        let id: Arc<str> = Arc::from(format!("user:{}:{}", self.grant, hex::encode(&digest[..16])));
+        let limits = self.config.limits.as_ref().map(|limits| Arc::new(LimitSet::new(limits, None)));
+        let budgets = Budget::merged(&self.config.budgets, |_| Arc::default());
+        Member { id, limits, budgets }
+    }
+}
+
+impl Member {
+    /// Whether letting it go loses nothing: its limiters are full again,
+    /// no request of it is in flight, its budgets counted nothing in a
+    /// period not over.
+    fn idle(&self, now: jiff::Timestamp) -> bool {
+        self.limits.as_ref().is_none_or(|limits| limits.is_idle())
+            && self.budgets.iter().all(|budget| budget.state.counted() == (0, 0) || budget.state.ended(now))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
+
+    use waycast_crds::config::LimitsConfig;
+
+    use super::*;
+
+    fn per_user(max_concurrent: u64) -> PerUserConfig {
+        let limits =
+            LimitsConfig { requests_per_minute: None, tokens_per_minute: None, max_concurrent: Some(max_concurrent) };
+        PerUserConfig { limits: Some(limits), budgets: Vec::new() }
+    }
+
+    fn now() -> jiff::Timestamp {
+        jiff::Timestamp::from_second(1_800_000_000).unwrap()
+    }
+
+    #[test]
+    fn a_member_is_one_state_known_by_a_digest_never_the_name() {
+        let members = Members::new("team-a/developers", per_user(2));
+        let alice = members.member("alice@example.com", now()).unwrap();
+        assert!(Arc::ptr_eq(&alice, &members.member("alice@example.com", now()).unwrap()), "the same state again");
+        let bob = members.member("bob@example.com", now()).unwrap();
+        assert_ne!(alice.id, bob.id);
+        assert!(alice.id.starts_with("user:team-a/developers:") && !alice.id.contains("alice"), "{}", alice.id);
+        // Another grant's member of the same name is another state.
+        let elsewhere = Members::new("team-b/ops", per_user(2)).member("alice@example.com", now()).unwrap();
+        assert_ne!(alice.id, elsewhere.id);
+    }
+
+    #[test]
+    fn a_full_grant_lets_idle_members_go_and_refuses_while_none_is() {
+        let members = Members::with_capacity("team-a/developers", per_user(1), 2);
+        let alice = members.member("alice", now()).unwrap();
+        let held = alice.limits.as_ref().unwrap().concurrent.as_ref().unwrap().take(1).unwrap();
+        let _bob = members.member("bob", now()).unwrap();
+        // Bob holds nothing: he makes room for Carol. Alice has a request
+        // in flight: she stays.
+        let _carol = members.member("carol", now()).unwrap();
+        assert_eq!(members.len(), 2);
+        assert!(Arc::ptr_eq(&alice, &members.member("alice", now()).unwrap()), "Alice kept her state");
+        let carol_held = members.member("carol", now()).unwrap();
+        let carol_place = carol_held.limits.as_ref().unwrap().concurrent.as_ref().unwrap().take(1).unwrap();
+        assert_eq!(members.member("dave", now()).unwrap_err(), MembersFull(2), "both in flight: no room");
+        drop((held, carol_place));
+        assert!(members.member("dave", now()).is_ok(), "room once one is idle");
+    }
+}
