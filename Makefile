@@ -3,7 +3,7 @@ CARGO ?= cargo
 CARGO_FLAGS ?= -j2
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 
-.PHONY: demo test bench bench-peers bench-scale bench-routing bench-fairness lint deny images crds generate k8s-bins helm-bin otelcol-bin prometheus-bin node-deps browser-deps upstream-servers clean-e2e
+.PHONY: demo test bench bench-peers bench-tokens bench-scale bench-routing bench-fairness lint deny images crds generate k8s-bins helm-bin otelcol-bin prometheus-bin node-deps browser-deps upstream-servers clean-e2e
 
 ## demo: waycast on a local cluster (control plane + node), ending with a working curl; Ctrl-C stops it
 demo: k8s-bins node-deps
@@ -41,6 +41,10 @@ bench-peers:
 	taskset -c $(LOAD_CPUS) $(TARGET_DIR)/bench-tool/waycast-bench peers --waycast $(TARGET_DIR)/release/waycast-gateway \
 	  $$(sed 's/^\([a-z]*\)=/--\1 /' $(TARGET_DIR)/peers.list) --peer-cpus $(PEER_CPUS) --load-cpus $(LOAD_CPUS) \
 	  --cell-seconds $(PEER_CELL_SECONDS) --held-streams $(HELD_STREAMS) --rounds $(PEER_ROUNDS) --out $(TARGET_DIR)/bench-peers.json
+
+## bench-tokens: what verifying a bearer token costs (first sight per algorithm, remembered) beside a bad key's refusal, in one run
+bench-tokens:
+	$(CARGO) bench $(CARGO_FLAGS) -p waycast-gateway --bench token_verify
 
 ## bench-scale: 10,000 ApiKeys and 500 ModelEndpoints on one Gateway (WAYCAST_SCALE_KEYS, WAYCAST_SCALE_MODELS: e.g. 100000 and 2000) against the real API server (release operator and gateway), then 10,000 keys' usage collected from a gateway pod on the node
 bench-scale: k8s-bins node-deps

@@ -20,7 +20,7 @@ pub(crate) mod config;
 pub(crate) mod dialect;
 pub(crate) mod error;
 #[allow(dead_code, unused_imports, reason = "verification core, not yet wired into the request path")]
-pub(crate) mod identity;
+pub mod identity;
 pub(crate) mod json_text;
 pub use cluster::PodIdentity;
 pub(crate) mod limit;
