@@ -300,3 +300,71 @@ async fn each_member_spends_their_own_budget_and_sees_it() {
     assert!(grant_spent > spent, "the grant counts Bob's too: {usage}");
     assert_eq!(usage["key"], "team-a/developers");
 }
+
+/// The members of one grant take turns in a full model's queue: a person
+/// who queued three requests does not keep a colleague waiting behind all
+/// three.
+#[tokio::test]
+async fn members_of_a_grant_take_turns_in_a_full_model() {
+    use waycast_crds::config::CapacityConfig;
+    let issuers = Issuers::new();
+    let fixture = Fixture::start(FixtureOptions::default(), |config, _| {
+        issuers.adjust(config);
+        config.models[0].capacity = Some(CapacityConfig { max_in_flight_per_endpoint: 1 });
+        config.settings.sharing.burst_percent = 0;
+        config.settings.sharing.max_wait = Duration::from_secs(20);
+    })
+    .await;
+    let depth = r#"waycast_gateway_queue_depth{class="standard",model="llama-3.1-8b"}"#;
+    let (alice, bob) = (issuers.person("alice", &["developers"]), issuers.person("bob", &["developers"]));
+    let chat = |who: &str| format!(r#"{{"model":"llama3","messages":[{{"role":"user","content":"{who}"}}]}}"#);
+    let send = |token: &str, who: &str| {
+        let request = fixture.request("/v1/chat/completions", Some(token), &chat(who), &[("x-mock-delay-ms", "300")]);
+        fixture.send(request)
+    };
+    let fixture = &fixture;
+    let wait_depth = |value: f64| async move {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while fixture.metric(depth).await != Some(value) {
+            assert!(Instant::now() < deadline, "the queue never held {value}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    let all = async {
+        let filler = send(&alice, "alice-0");
+        let queued = async {
+            // The filler is at the mock before the others are sent.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while fixture.mock.recorder.requests().await.is_empty() {
+                assert!(Instant::now() < deadline, "the filler never reached the mock");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let alice_more = futures_util::future::join_all([
+                send(&alice, "alice-1"),
+                send(&alice, "alice-2"),
+                send(&alice, "alice-3"),
+            ]);
+            let bob_after = async {
+                wait_depth(3.0).await;
+                let sent = send(&bob, "bob-1");
+                sent.await
+            };
+            tokio::join!(alice_more, bob_after)
+        };
+        tokio::join!(filler, queued)
+    };
+    let ((filled, _, _), (alice_answers, (bob_status, _, _))) = all.await;
+    assert_eq!(filled, StatusCode::OK);
+    assert!(alice_answers.iter().all(|(status, _, _)| *status == StatusCode::OK));
+    assert_eq!(bob_status, StatusCode::OK);
+    let order: Vec<String> = fixture
+        .mock
+        .recorder
+        .requests()
+        .await
+        .iter()
+        .map(|request| request.json()["messages"][0]["content"].as_str().unwrap_or("").to_owned())
+        .collect();
+    let bob_at = order.iter().position(|who| who == "bob-1").unwrap();
+    assert!(bob_at <= 2, "Bob waited behind all of Alice's queued requests: {order:?}");
+}

@@ -188,7 +188,9 @@ async fn serve(
         held.take_admitted(admitted);
     }
     held.month = Some(Month { counts: key.usage.clone(), zone: snapshot.zone.clone() });
-    if let Some(seat) = queue::take_turn(route, key, reservation, (shared, shares), facts).await? {
+    // A token's holder waits in a line of their own within the tenant.
+    let line = facts.user.as_deref().map_or(key.fair_id, |user| crate::snapshot::stable_member_id(&key.id, &user.user));
+    if let Some(seat) = queue::take_turn(route, (key, line), reservation, (shared, shares), facts).await? {
         held.seat = Some(seat);
     }
     let (body, model_span, strip_usage) = usage::body_to_send(&body, &fields, endpoint_index, held.charge.is_some());

@@ -2,7 +2,9 @@
 //! the model's gate (`crate::sharing`) before it goes upstream — at once
 //! while the model has room, else after waiting in its fair queue, or a
 //! 429 when the queue refuses it. Its class and tenant come from its key
-//! (the key's `class` and namespace), never from the client.
+//! (the key's `class` and namespace), never from the client; its line
+//! within the tenant is its key's, or for a token its holder's own (so the
+//! members of one grant take turns with one another, as keys do).
 
 use std::time::Instant;
 
@@ -25,7 +27,7 @@ use crate::snapshot::{KeyEntry, Route};
 /// the request's place, or it waited `maxWait`.
 pub async fn take_turn(
     route: &Route,
-    key: &KeyEntry,
+    (key, line): (&KeyEntry, u64),
     reservation: Reservation,
     (shared, shares): (&Shared, u32),
     facts: &mut Facts,
@@ -36,7 +38,7 @@ pub async fn take_turn(
         class: usize::from(key.class),
         tenant: tenant.fair_id,
         weight: tenant.weight,
-        key: key.fair_id,
+        key: line,
         cost: reservation.tokens.max(1),
     };
     facts.tenant = Some(own_name(&tenant.namespace));
