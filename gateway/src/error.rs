@@ -172,6 +172,7 @@ impl GatewayError {
     pub fn status(&self) -> StatusCode {
         use GatewayError::*;
         match self {
+            TokenRefused(crate::identity::Refusal::VerificationBusy) => StatusCode::TOO_MANY_REQUESTS,
             MissingKey | InvalidKey | ExpiredKey | DisabledKey | TokenRefused(_) | NoGrant(_) => {
                 StatusCode::UNAUTHORIZED
             }
@@ -251,7 +252,9 @@ impl GatewayError {
         ) {
             headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
-        if matches!(self, GatewayError::TokenRefused(_) | GatewayError::NoGrant(_)) {
+        if matches!(self, GatewayError::TokenRefused(crate::identity::Refusal::VerificationBusy)) {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(1));
+        } else if matches!(self, GatewayError::TokenRefused(_) | GatewayError::NoGrant(_)) {
             // RFC 6750: a token presented and refused.
             headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer error=\"invalid_token\""));
         }

@@ -200,6 +200,11 @@ pub enum Refusal {
     /// A claim that must be there is not (`iss`, `aud`, `exp`, the user).
     #[error("the token lacks a required claim")]
     MissingClaim,
+    /// This worker refused too many forged signatures in the last second:
+    /// a token it has not verified before waits (tokens it remembers are
+    /// served as ever).
+    #[error("too many tokens with bad signatures arrive: a new token is checked again in a second")]
+    VerificationBusy,
 }
 
 impl Refusal {
@@ -216,6 +221,7 @@ impl Refusal {
             Self::TokenTooLarge => "token_too_large",
             Self::DisallowedAlgorithm => "disallowed_algorithm",
             Self::MissingClaim => "missing_claim",
+            Self::VerificationBusy => "token_verification_busy",
         }
     }
 }

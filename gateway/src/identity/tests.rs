@@ -429,6 +429,7 @@ fn refusal_codes_are_stable() {
         (Refusal::TokenTooLarge, "token_too_large"),
         (Refusal::DisallowedAlgorithm, "disallowed_algorithm"),
         (Refusal::MissingClaim, "missing_claim"),
+        (Refusal::VerificationBusy, "token_verification_busy"),
     ];
     for (refusal, code) in codes {
         assert_eq!(refusal.code(), code);
@@ -493,6 +494,55 @@ fn the_memo_remembers_a_verified_token_until_it_expires() {
     assert_eq!(verifications.get(), 4);
     // The plain entry point verifies for real.
     assert_eq!(&*memo.verify(&remembered, now(), provider_for).unwrap().user, "ada@example.com");
+}
+
+#[test]
+fn a_flood_of_forged_signatures_is_checked_at_a_bounded_rate_and_spares_remembered_tokens() {
+    let signer = rsa_signer();
+    let corp = provider([&signer.jwk]);
+    let provider_for = |issuer: &str| (issuer == ISSUER).then_some(&corp);
+    let mut memo = TokenMemo::new(8);
+    let verifications = Cell::new(0);
+    let counted = |token: &str, provider: &Provider, now| {
+        verifications.set(verifications.get() + 1);
+        verify(token, provider, now)
+    };
+    let good = token(&signer, &claims());
+    let start = std::time::Instant::now();
+    memo.verify_with(&good, now(), provider_for, counted).unwrap();
+    let forged = |n: u32| tampered_claims(&good, &claims_with(json!({"jti": n})));
+    let burst = BAD_SIGNATURES_BURST;
+    for n in 0..burst {
+        assert_eq!(memo.verify_at(&forged(n), (now(), Some(start)), provider_for, counted), Err(Refusal::BadSignature));
+    }
+    assert_eq!(verifications.get(), 1 + burst);
+    // The bucket is empty: the next is refused unchecked, as is a good
+    // token not seen before; the remembered one is served.
+    assert_eq!(
+        memo.verify_at(&forged(burst), (now(), Some(start)), provider_for, counted),
+        Err(Refusal::VerificationBusy)
+    );
+    let fresh = token(&signer, &claims_with(json!({"jti": "fresh"})));
+    assert_eq!(memo.verify_at(&fresh, (now(), Some(start)), provider_for, counted), Err(Refusal::VerificationBusy));
+    assert_eq!(verifications.get(), 1 + burst, "no signature checked while it is empty");
+    assert!(memo.verify_with(&good, now(), provider_for, counted).is_ok());
+    // Refilled with time, new tokens are checked again.
+    let later = start + std::time::Duration::from_millis(50);
+    assert!(memo.verify_at(&fresh, (now(), Some(later)), provider_for, counted).is_ok());
+    // Other refusals take nothing from it.
+    let wrong = token(&signer, &claims_with(json!({"aud": "x"})));
+    for _ in 0..2 * burst {
+        let refused = memo.verify_at(&wrong, (now(), Some(later)), provider_for, counted);
+        assert_eq!(refused, Err(Refusal::WrongAudience));
+    }
+}
+
+/// `token` with its claims replaced, its signature kept.
+fn tampered_claims(token: &str, claims: &Value) -> String {
+    let mut parts = token.split('.');
+    let header = parts.next().unwrap();
+    let signature = parts.nth(1).unwrap();
+    format!("{header}.{}.{signature}", b64(claims.to_string()))
 }
 
 #[test]
