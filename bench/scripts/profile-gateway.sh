@@ -19,6 +19,9 @@
 # request is refused with a 401 (the cost of a flood of bad keys; the
 # bench opens a new connection after each error answer, so each request
 # also pays a connection's setup, as a flood of new clients would).
+# TOKEN=1 presents a bearer token (an ES256 JWT of an issuer the config
+# trusts, served through an AccessGrant) instead of the key: after the
+# warm-up it is remembered, so the count is a remembered token's request.
 # CONCURRENCY (default 8) sets the load's concurrency: at 1 the count of
 # one build repeats within about 100 instructions, at 8 runs differed by
 # up to 900 (how requests batch per wake-up varies), so compare builds at 1.
@@ -47,19 +50,26 @@ bench="$target/bench-tool/waycast-bench"
 work="$(mktemp -d)"
 trap 'kill $(jobs -p) 2>/dev/null || true; [[ -n "${KEEP:-}" ]] || rm -rf "$work"' EXIT
 key=wc_benchmark_key_0123456789abcdefghijklmnop
+identity=""
+if [[ -n "${TOKEN:-}" ]]; then
+  token="$("$bench" issue-token --group bench --jwks-out "$work/jwks.json")"
+  jwks="$(python3 -c 'import json,sys; print(json.dumps(open(sys.argv[1]).read()))' "$work/jwks.json")"
+  identity=",\"providers\":[{\"name\":\"bench\",\"issuer\":\"https://sso.bench.invalid\",\"audiences\":[\"waycast\"],\"keySet\":$jwks}],\"grants\":[{\"id\":\"bench/grant\",\"provider\":\"bench\",\"groups\":[\"bench\"]}]"
+fi
 sink_port=$((20000 + RANDOM % 10000)); gw_port=$((sink_port + 1)); admin_port=$((sink_port + 2))
 "$bench" sink --listen "127.0.0.1:$sink_port" 2>/dev/null &
 cat >"$work/config.json" <<JSON
 {"apiVersion":"waycast.dev/config-v1",
  "models":[{"name":"benchmark-model","backends":[{"url":"http://127.0.0.1:$sink_port/v1","weight":1}],
             "timeouts":{"connect":"5s","firstByte":"300s","idle":"60s"}$([[ $stream == yes ]] && echo ',"forwardHeaders":["x-bench-*"]')}],
- "keys":[{"id":"bench/load","sha256":"$(printf %s "$key" | sha256sum | cut -d' ' -f1)"$([[ $limits == on ]] && echo ',"limits":{"requestsPerMinute":1000000000,"tokensPerMinute":1000000000000}')$([[ $limits == budget ]] && echo ',"budgets":[{"period":"Day","tokens":1000000000000}]')}],
+ "keys":[{"id":"bench/load","sha256":"$(printf %s "$key" | sha256sum | cut -d' ' -f1)"$([[ $limits == on ]] && echo ',"limits":{"requestsPerMinute":1000000000,"tokensPerMinute":1000000000000}')$([[ $limits == budget ]] && echo ',"budgets":[{"period":"Day","tokens":1000000000000}]')}]$identity,
  "settings":{"maxRequestBodyBytes":10485760,"accessLog":$([[ $access_log == on ]] && echo true || echo false)$(case "${TELEMETRY:-off}" in on) echo ",\"telemetry\":{\"endpoint\":\"http://127.0.0.1:$sink_port\",\"sampling\":0}";; sampled) echo ",\"telemetry\":{\"endpoint\":\"http://127.0.0.1:$sink_port\",\"sampling\":1}";; esac)}}
 JSON
 valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$work/callgrind.out" \
   "$gateway" --config-file "$work/config.json" --listen "127.0.0.1:$gw_port" \
   --admin-listen "127.0.0.1:$admin_port" --log info >"$work/gateway.log" 2>"$work/valgrind.log" &
 presented="$key"
+[[ -n "${TOKEN:-}" ]] && presented="$token"
 [[ -n "${BAD_KEY:-}" ]] && presented=wc_not_a_key_of_this_gateway_0000000000000
 run() {
   local extra=()
@@ -80,6 +90,6 @@ callgrind_control -d >/dev/null
 sleep 1
 annotated="$(callgrind_annotate --inclusive=no "$work"/callgrind.out.1 2>/dev/null || true)"
 total="$(awk '/PROGRAM TOTALS/ {gsub(",","",$1); print $1}' <<<"$annotated")"
-echo "requests: $requests  access log: $access_log  stream: $stream$([[ $stream == yes ]] && echo " (${CHUNKS:-5} chunks)")  limits: $limits  telemetry: ${TELEMETRY:-off}"
+echo "requests: $requests  bearer: $([[ -n "${TOKEN:-}" ]] && echo token || echo key)  access log: $access_log  stream: $stream$([[ $stream == yes ]] && echo " (${CHUNKS:-5} chunks)")  limits: $limits  telemetry: ${TELEMETRY:-off}"
 echo "instructions per request: $((total / requests))"
 sed -n '/^Ir  *file:function/,$p' <<<"$annotated" | head -28

@@ -91,6 +91,29 @@ enum Command {
         #[arg(long)]
         limits: bool,
     },
+    /// Mints a bearer token for load (an issuer of its own, ES256): prints
+    /// the token and writes the issuer's key set, for a gateway config's
+    /// `providers[].keySet` (the instruction counts of a token's requests).
+    IssueToken {
+        /// The issuer (`iss`).
+        #[arg(long, default_value = "https://sso.bench.invalid")]
+        issuer: String,
+        /// The audience (`aud`).
+        #[arg(long, default_value = "waycast")]
+        audience: String,
+        /// Who it names (`sub`).
+        #[arg(long, default_value = "bench-user")]
+        subject: String,
+        /// A group it lists (repeat for several).
+        #[arg(long = "group")]
+        groups: Vec<String>,
+        /// Seconds it stays valid.
+        #[arg(long, default_value_t = 3600)]
+        valid_seconds: i64,
+        /// Where to write the key set (JWKS).
+        #[arg(long)]
+        jwks_out: PathBuf,
+    },
     /// The `make bench-peers` run: waycast and other proxies, in turn, on the same CPUs, sinks and load.
     Peers {
         /// The waycast gateway binary (a release build).
@@ -195,6 +218,17 @@ fn main() -> ExitCode {
                     }
                     Err(problem) => fail(&problem),
                 }
+            }
+            Command::IssueToken { issuer, audience, subject, groups, valid_seconds, jwks_out } => {
+                let minted = waycast_mock::tokens::TestIssuer::new(&issuer, "bench-1");
+                let now = jiff::Timestamp::now().as_second();
+                let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
+                let token = minted.token(&minted.claims(&subject, &audience, &groups, now, now + valid_seconds));
+                if let Err(error) = std::fs::write(&jwks_out, minted.jwks()) {
+                    return fail(&format!("cannot write {}: {error}", jwks_out.display()));
+                }
+                println!("{token}");
+                ExitCode::SUCCESS
             }
             Command::Suite { gateway, out, scale, gateway_cpu, load_cpu, limits } => {
                 let bench = match std::env::current_exe() {
