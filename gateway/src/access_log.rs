@@ -48,6 +48,9 @@ pub struct AccessLine<'a> {
     pub key: &'a str,
     /// Who a verified token names (written only for a token).
     pub user: Option<&'a str>,
+    /// Who the client says its end user is (OpenAI's `user`; unverified,
+    /// written only when sent).
+    pub client_user: Option<&'a str>,
     /// The endpoint (pod address) that answered, for backends that name
     /// `endpoints`.
     pub endpoint: Option<std::net::SocketAddr>,
@@ -92,6 +95,10 @@ impl AccessLine<'_> {
         if let Some(user) = self.user {
             out.extend_from_slice(b",\"user\":");
             json_string(user, out);
+        }
+        if let Some(client_user) = self.client_user {
+            out.extend_from_slice(b",\"client_user\":");
+            json_string(client_user, out);
         }
         out.extend_from_slice(b",\"endpoint\":");
         match self.endpoint {
@@ -341,6 +348,7 @@ mod tests {
             model: "llama-3.1-8b",
             key: "team-a/alice",
             user,
+            client_user: user.map(|_| "said-to-be-ceo"),
             endpoint: Some(std::net::SocketAddr::from(([10, 1, 0, 7], 8000))),
             stream: true,
             status: 200,
@@ -386,6 +394,7 @@ mod tests {
         assert_eq!(text.matches('\n').count(), 1, "{text}");
         let value: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!((value["user"].as_str(), value["key"].as_str()), (Some(hostile), Some("team-a/alice")));
+        assert_eq!(value["client_user"], "said-to-be-ceo", "beside it, never in its place");
     }
 
     #[test]

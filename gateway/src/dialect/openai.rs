@@ -27,6 +27,7 @@ pub fn field(key: &[u8]) -> Option<Field> {
         b"max_tokens" | b"max_completion_tokens" | b"max_output_tokens" => Field::OutputBound,
         b"n" | b"best_of" => Field::Choices,
         b"messages" | b"input" | b"prompt" => Field::Prompt,
+        b"user" => Field::ClientUser,
         _ => return None,
     })
 }
@@ -193,7 +194,7 @@ mod tests {
             (b"messages", Some(Field::Prompt)),
             (b"input", Some(Field::Prompt)),
             (b"prompt", Some(Field::Prompt)),
-            (b"user", None),
+            (b"user", Some(Field::ClientUser)),
             (b"Model", None),
             (b"", None),
         ];

@@ -18,6 +18,9 @@ pub enum Field {
     Choices,
     /// Where the prompt starts: prefix affinity hashes from there.
     Prompt,
+    /// Who the client says its end user is (OpenAI's `user`, a string):
+    /// recorded as said, never trusted (`waycast.client_user`).
+    ClientUser,
 }
 
 /// What a count of a response's `usage` object means.

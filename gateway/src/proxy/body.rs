@@ -48,7 +48,13 @@ pub struct RequestFields<'a> {
     /// fields (OpenAI's `messages`, `input` or `prompt`; prefix affinity
     /// hashes from there).
     pub prompt_start: Option<usize>,
+    /// Who the client says its end user is (OpenAI's `user`), when it is a
+    /// string: unverified, at most [`MAX_CLIENT_USER_BYTES`].
+    pub client_user: Option<Cow<'a, str>>,
 }
+
+/// Longest client-declared user recorded (longer ones are cut).
+pub const MAX_CLIENT_USER_BYTES: usize = 256;
 
 /// Scans `body`, a request in `dialect`.
 ///
@@ -70,6 +76,7 @@ pub fn scan(body: &[u8], dialect: Dialect) -> Result<RequestFields<'_>, GatewayE
     let mut max_tokens = None;
     let mut choices = 1;
     let mut prompt_start = None;
+    let mut client_user = None;
     members(&mut scanner, |key, scanner| {
         match dialect.field(&key_bytes(body, &key)?) {
             Some(Field::Model) => {
@@ -134,6 +141,13 @@ pub fn scan(body: &[u8], dialect: Dialect) -> Result<RequestFields<'_>, GatewayE
                 prompt_start = prompt_start.or(Some(scanner.at));
                 scanner.value(1)?;
             }
+            // Any other type is the upstream's to judge: it is only recorded.
+            Some(Field::ClientUser) if scanner.peek() == Some(b'"') => {
+                let span = scanner.string()?;
+                let text = string_text(body, &span)?;
+                client_user = Some(cut(text, MAX_CLIENT_USER_BYTES));
+            }
+            Some(Field::ClientUser) => scanner.value(1)?,
             None => scanner.value(1)?,
         }
         Ok(())
@@ -143,7 +157,19 @@ pub fn scan(body: &[u8], dialect: Dialect) -> Result<RequestFields<'_>, GatewayE
     if model.is_empty() {
         return Err(GatewayError::InvalidField("model", "must not be empty"));
     }
-    Ok(RequestFields { model, model_span, stream, stream_options, max_tokens, choices, prompt_start })
+    Ok(RequestFields { model, model_span, stream, stream_options, max_tokens, choices, prompt_start, client_user })
+}
+
+/// `text` cut to at most `max` bytes, on a character boundary.
+fn cut(text: Cow<'_, str>, max: usize) -> Cow<'_, str> {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    Cow::Owned(text[..end].to_owned())
 }
 
 /// Walks the JSON object at the start of `bytes` (leading whitespace

@@ -343,3 +343,15 @@ fn agrees_with_serde_json_on_valid_documents() {
         assert_eq!(model_of(document).unwrap(), value["model"].as_str().unwrap());
     }
 }
+
+/// OpenAI's `user` is read as said (unescaped, cut at 256 bytes on a
+/// character boundary) when it is a string, and never refuses a request.
+#[test]
+fn the_clients_user_is_read_as_said_and_never_refuses() {
+    let said = |body: &str| scan(body.as_bytes()).unwrap().client_user.map(|user| user.into_owned());
+    assert_eq!(said(r#"{"model":"m","user":"ops\u00e9-1"}"#).as_deref(), Some("opsé-1"));
+    assert_eq!(said(r#"{"model":"m"}"#), None);
+    assert_eq!(said(r#"{"model":"m","user":42}"#), None, "not a string: not recorded, not refused");
+    let long = said(&format!(r#"{{"model":"m","user":"{}"}}"#, "é".repeat(200))).unwrap();
+    assert!(long.len() <= MAX_CLIENT_USER_BYTES && long.len() >= MAX_CLIENT_USER_BYTES - 1, "{}", long.len());
+}

@@ -36,6 +36,9 @@ pub struct Facts {
     pub key: Option<Arc<str>>,
     /// Who a verified token names (never a metric label).
     pub user: Option<Arc<crate::identity::Verified>>,
+    /// Who the client says its end user is (OpenAI's `user`): unverified,
+    /// recorded beside `user`, never in its place.
+    pub client_user: Option<Box<str>>,
     /// Whether the client asked for a stream.
     pub stream: bool,
     /// Log this request (the config's `accessLog`).
@@ -69,6 +72,7 @@ impl Default for Facts {
             model: None,
             key: None,
             user: None,
+            client_user: None,
             stream: false,
             access_log: true,
             admitted: false,

@@ -150,6 +150,7 @@ async fn serve(
     let body = request_body::read(&mut body, &parts.headers, limit, shared.body_timeout).await?;
     let body_done = Instant::now();
     let fields = body::scan(&body, endpoint.dialect())?;
+    facts.client_user = fields.client_user.as_deref().map(Box::from);
     let route = route::route(&snapshot, key, &fields.model)?.route;
     (facts.model, facts.stream, facts.max_tokens) = (Some(own_name(&route.name)), fields.stream, fields.max_tokens);
     let counted_in = &*snapshot.settings.budgets.currency;

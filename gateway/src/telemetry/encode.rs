@@ -128,12 +128,16 @@ fn server_span(out: &mut Vec<u8>, trace: &RequestTrace, done: &Done<'_>, times: 
 }
 
 /// A token's holder as `user.id` and the grant that served them as
-/// `waycast.grant` (`namespace/name`; also its `waycast.key`).
+/// `waycast.grant` (`namespace/name`; also its `waycast.key`); who the
+/// client says its user is, unverified, as `waycast.client_user`.
 #[inline(always)]
 fn identity(attributes: &mut Attributes<'_>, done: &Done<'_>) {
     if let Some(user) = done.user {
         attributes.text("user.id", user);
         attributes.text("waycast.grant", done.key);
+    }
+    if let Some(said) = done.client_user {
+        attributes.text("waycast.client_user", said);
     }
 }
 

@@ -121,6 +121,9 @@ pub struct Done<'a> {
     pub key: &'a Arc<str>,
     /// Who a verified token names (`user.id`); its grant is `key`.
     pub user: Option<&'a str>,
+    /// Who the client says its end user is (`waycast.client_user`,
+    /// unverified).
+    pub client_user: Option<&'a str>,
     pub tenant: Option<&'a str>,
     pub class: Option<&'a str>,
     pub queued: Option<Duration>,

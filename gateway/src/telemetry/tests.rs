@@ -163,6 +163,7 @@ fn done<'a>(now: Instant, (model, key): &'a (Arc<str>, Arc<str>)) -> Done<'a> {
         model,
         key,
         user: None,
+        client_user: None,
         tenant: Some("team-a"),
         class: None,
         queued: None,
@@ -237,6 +238,7 @@ fn a_token_holder_is_user_id_on_the_span_and_the_record_and_its_grant_beside() {
     let (now, names) = (Instant::now(), (Arc::from("llama"), Arc::from("team-a/developers")));
     let mut done = done(now, &names);
     done.user = Some("alice@example.com");
+    done.client_user = Some("bob");
     let item = encode::encoded(&trace, &done).unwrap();
     let (spans, records) = decoded(&item);
     let [server] = spans.as_slice() else { panic!("a server span") };
@@ -245,6 +247,9 @@ fn a_token_holder_is_user_id_on_the_span_and_the_record_and_its_grant_beside() {
     assert_eq!(attribute(server, 9, "waycast.grant"), text("team-a/developers"));
     assert_eq!(attribute(record, 6, "user.id"), text("alice@example.com"));
     assert_eq!(attribute(record, 6, "waycast.grant"), text("team-a/developers"));
+    // What the client says is recorded beside, never as user.id.
+    assert_eq!(attribute(server, 9, "waycast.client_user"), text("bob"));
+    assert_eq!(attribute(record, 6, "waycast.client_user"), text("bob"));
 }
 
 /// The body a pipeline de-duplicates by is the gateway's own id, never the
