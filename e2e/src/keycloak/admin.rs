@@ -9,9 +9,9 @@ use http_body_util::BodyExt as _;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::Keycloak;
 use super::client::Payload;
 use super::spec::{ClientSpec, OldKeys, Tokens, UserSpec};
-use super::{ADMIN_PASSWORD, ADMIN_USER, Keycloak};
 
 /// The key provider Keycloak signs RS256 tokens with by default.
 const RSA_PROVIDER: &str = "rsa-generated";
@@ -289,8 +289,8 @@ impl Keycloak {
         let form = [
             ("grant_type", "password"),
             ("client_id", "admin-cli"),
-            ("username", ADMIN_USER),
-            ("password", ADMIN_PASSWORD),
+            ("username", self.admin_user.as_str()),
+            ("password", self.admin_password.as_str()),
         ];
         Ok(self.token("master", &form).await?.access_token)
     }
