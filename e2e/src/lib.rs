@@ -17,6 +17,7 @@ pub mod cluster;
 pub mod config_secrets;
 pub mod control_plane;
 pub mod harness;
+pub mod keycloak;
 pub mod manifest;
 pub mod memory;
 pub mod node;
