@@ -107,6 +107,7 @@ fn render_case(input: &str) -> String {
         wanted,
         address: Some("10.96.0.10:80".into()),
         tenants: &compiled.tenants,
+        identity: None,
     };
     let gateway_status = status::gateway_status(gateway, &facts, now);
     documents
@@ -164,6 +165,7 @@ fn an_oversized_config_is_not_written_and_the_status_says_why() {
         wanted,
         address: Some("10.96.0.10:80".into()),
         tenants: &compiled.tenants,
+        identity: None,
     };
     let gateway_status = status::gateway_status(&fleet.gateway, &facts, now);
     let rendered = format!(

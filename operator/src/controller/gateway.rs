@@ -224,6 +224,8 @@ async fn reconcile(
             Some(format!("{}:{port}", s.cluster_ip.as_deref()?))
         }),
         tenants: &compiled.tenants,
+        // Key sets are not fetched yet.
+        identity: None,
     };
     let written = status::gateway_status(&gateway, &facts, now);
     write_status(&context, gateway.as_ref(), gateway.status.as_ref(), &written).await?;
