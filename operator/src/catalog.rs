@@ -30,6 +30,8 @@ pub struct Catalog {
     // NB: not yet looked up at the API server: the cluster's own provider
     // is left out (and the Gateway says so) until it is.
     pub service_account_issuer: Option<String>,
+    /// The key sets held, by Gateway and provider (none fetched yet).
+    pub key_sets: Arc<crate::compile::key_source::KeySetIndex>,
     /// Services that backends may name.
     pub services: Vec<Arc<Service>>,
     /// Their EndpointSlices (as the store keeps them: see `stores::views`).
@@ -58,6 +60,7 @@ impl Catalog {
             keys: stores.keys.state(),
             grants: stores.grants.state(),
             service_account_issuer: None,
+            key_sets: Arc::default(),
             services: stores.services.state(),
             endpoint_slices: stores.endpoint_slices.state(),
             secrets: Vec::new(),
@@ -86,6 +89,7 @@ impl Catalog {
             keys: shared(keys),
             grants: Vec::new(),
             service_account_issuer: None,
+            key_sets: Arc::default(),
             services: shared(services),
             endpoint_slices: Vec::new(),
             secrets: shared(&secrets.iter().filter(|s| !is_key_secret(s)).cloned().collect::<Vec<_>>()),
@@ -112,6 +116,7 @@ impl Catalog {
             api_keys: &keys,
             access_grants: &access_grants,
             service_account_issuer: self.service_account_issuer.as_deref(),
+            key_sets: &self.key_sets,
             services: &services,
             secrets: &secrets,
             key_secrets: &key_secrets,
