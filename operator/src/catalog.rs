@@ -26,11 +26,11 @@ pub struct Catalog {
     pub keys: Vec<Arc<ApiKey>>,
     /// Every AccessGrant.
     pub grants: Vec<Arc<AccessGrant>>,
-    /// The cluster's ServiceAccount token issuer, once known.
-    // NB: not yet looked up at the API server: the cluster's own provider
-    // is left out (and the Gateway says so) until it is.
+    /// The cluster's ServiceAccount token issuer, once known (`key_sets`
+    /// finds it at the API server): until then the cluster's own provider
+    /// is left out, and the Gateway says so.
     pub service_account_issuer: Option<String>,
-    /// The key sets held, by Gateway and provider (none fetched yet).
+    /// The key sets held, by Gateway and provider (`key_sets`).
     pub key_sets: Arc<crate::compile::key_source::KeySetIndex>,
     /// Services that backends may name.
     pub services: Vec<Arc<Service>>,
@@ -51,16 +51,20 @@ pub struct Catalog {
 }
 
 impl Catalog {
-    /// What the stores hold now, and the cluster's networks as known; no
-    /// Secret yet (the stores hold their metadata only).
-    pub fn from_stores(stores: &Stores, networks: &crate::networks::ClusterNetworks) -> Self {
+    /// What the stores hold now, the cluster's networks and the key sets
+    /// as known; no Secret yet (the stores hold their metadata only).
+    pub fn from_stores(
+        stores: &Stores,
+        networks: &crate::networks::ClusterNetworks,
+        key_sets: &crate::key_sets::Published,
+    ) -> Self {
         Self {
             namespaces: stores.namespaces.state(),
             models: stores.models.state(),
             keys: stores.keys.state(),
             grants: stores.grants.state(),
-            service_account_issuer: None,
-            key_sets: Arc::default(),
+            service_account_issuer: key_sets.cluster_issuer.clone(),
+            key_sets: key_sets.index.clone(),
             services: stores.services.state(),
             endpoint_slices: stores.endpoint_slices.state(),
             secrets: Vec::new(),

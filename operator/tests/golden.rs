@@ -107,7 +107,8 @@ fn render_case(input: &str) -> String {
         wanted,
         address: Some("10.96.0.10:80".into()),
         tenants: &compiled.tenants,
-        identity: None,
+        // No key set fetched (the inputs have no identity providers).
+        identity: waycast_operator::key_sets::status_of(gateway, &Default::default()),
     };
     let gateway_status = status::gateway_status(gateway, &facts, now);
     documents
