@@ -105,6 +105,13 @@ pub mod reasons {
     /// A gateway pod's usage report broke a rule and was refused whole
     /// (an Event on the Gateway; the rule is in `status.usage.refusedReports`).
     pub const USAGE_REPORT_REFUSED: &str = "UsageReportRefused";
+    /// An identity provider's key set could not be fetched, or was not a
+    /// key set (a Warning Event on the Gateway, once per new error; the
+    /// last good key set keeps serving).
+    pub const KEY_SET_FETCH_FAILED: &str = "KeySetFetchFailed";
+    /// An identity provider's key set is fetched again after failures (a
+    /// Normal Event on the Gateway).
+    pub const KEY_SET_FETCHED: &str = "KeySetFetched";
 }
 
 /// The minimum length of a user-supplied key (see `ApiKey.spec.secretRef`).

@@ -419,6 +419,10 @@ pub struct GatewayStatus {
     /// Gateway) it applies to.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tenants: Vec<crate::sharing::TenantPolicyStatus>,
+    /// Per identity provider: whether its key set is loaded, and why its
+    /// last fetch failed. Absent: no providers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<crate::identity::GatewayIdentityStatus>,
     /// This month's usage per namespace, as the operator last collected
     /// it from the pods (written apart from the rest of the status).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -56,6 +56,7 @@ pub struct GatewayIdentity {
 #[x_kube(validation = Rule::new("has(self.issuer) != has(self.serviceAccountIssuer)").message("a provider needs exactly one of issuer or serviceAccountIssuer"))]
 #[x_kube(validation = crate::identity::at_most_one_key_source())]
 #[x_kube(validation = Rule::new("!has(self.serviceAccountIssuer) || !has(self.discovery) && !has(self.jwksUri)").message("serviceAccountIssuer takes its key set from the API server: set no discovery or jwksUri (a configMapRef may pin it)"))]
+#[x_kube(validation = Rule::new("!has(self.caConfigMapRef) || !has(self.serviceAccountIssuer) && !has(self.configMapRef)").message("caConfigMapRef is the CA for fetching from the issuer or jwksUri over https: not with serviceAccountIssuer or configMapRef"))]
 #[serde(rename_all = "camelCase")]
 pub struct IdentityProvider {
     /// The name AccessGrants name it by (`spec.provider`): a DNS label,
@@ -106,6 +107,15 @@ pub struct IdentityProvider {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_map_ref: Option<ConfigMapKeyRef>,
 
+    /// The certificate authorities (PEM) that sign the issuer's TLS
+    /// certificate, from a key of a ConfigMap in the Gateway's namespace,
+    /// for an issuer behind an internal CA (e.g. Keycloak with a company
+    /// CA). Used for discovery and `jwksUri` in place of the public roots,
+    /// and read again at each fetch, so a renewed CA is picked up. Absent:
+    /// the public web PKI roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_config_map_ref: Option<ConfigMapKeyRef>,
+
     /// Which claims of a token name the person and their groups.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claims: Option<IdentityClaims>,
@@ -129,7 +139,8 @@ pub struct ConfigMapKeyRef {
         pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
     )]
     pub name: String,
-    /// Key within the ConfigMap's data holding the JWKS document.
+    /// Key within the ConfigMap's `data` (for `configMapRef` a JWKS
+    /// document, for `caConfigMapRef` PEM certificates).
     #[schemars(length(min = 1, max = 253), pattern(r"^[-._a-zA-Z0-9]+$"))]
     pub key: String,
 }
@@ -149,4 +160,36 @@ pub struct IdentityClaims {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 256), pattern(r"^[^\s\p{Z}\p{Cc}]+$"))]
     pub groups: Option<String>,
+}
+
+/// `Gateway.status.identity`: where each provider's key set stands.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, kube::KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayIdentityStatus {
+    /// One entry per provider of `spec.identity.providers`, by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
+    pub providers: Vec<ProviderKeySetStatus>,
+}
+
+/// Whether a provider's key set is loaded: the operator fetches it (at
+/// least every 30 s) and writes it into the config the pods verify tokens
+/// with.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderKeySetStatus {
+    /// The provider's name.
+    pub name: String,
+    /// Signing keys (`kty` RSA, EC or OKP; `use` absent or `sig`) in the
+    /// key set served. Absent: no key set yet, and the pods refuse this
+    /// provider's tokens (`unknown_key`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keys: Option<i32>,
+    /// When the key set served was fetched (its content last changed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fetched_at: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    /// Why the last fetch failed, when it did (the last good key set, if
+    /// any, keeps serving); absent when it succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }

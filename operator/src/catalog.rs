@@ -26,10 +26,12 @@ pub struct Catalog {
     pub keys: Vec<Arc<ApiKey>>,
     /// Every AccessGrant.
     pub grants: Vec<Arc<AccessGrant>>,
-    /// The cluster's ServiceAccount token issuer, once known.
-    // NB: not yet looked up at the API server: the cluster's own provider
-    // is left out (and the Gateway says so) until it is.
+    /// The cluster's ServiceAccount token issuer, once known (`key_sets`
+    /// finds it at the API server): until then the cluster's own provider
+    /// is left out, and the Gateway says so.
     pub service_account_issuer: Option<String>,
+    /// The key sets held, by Gateway and provider (`key_sets`).
+    pub key_sets: Arc<crate::compile::key_source::KeySetIndex>,
     /// Services that backends may name.
     pub services: Vec<Arc<Service>>,
     /// Their EndpointSlices (as the store keeps them: see `stores::views`).
@@ -49,15 +51,20 @@ pub struct Catalog {
 }
 
 impl Catalog {
-    /// What the stores hold now, and the cluster's networks as known; no
-    /// Secret yet (the stores hold their metadata only).
-    pub fn from_stores(stores: &Stores, networks: &crate::networks::ClusterNetworks) -> Self {
+    /// What the stores hold now, the cluster's networks and the key sets
+    /// as known; no Secret yet (the stores hold their metadata only).
+    pub fn from_stores(
+        stores: &Stores,
+        networks: &crate::networks::ClusterNetworks,
+        key_sets: &crate::key_sets::Published,
+    ) -> Self {
         Self {
             namespaces: stores.namespaces.state(),
             models: stores.models.state(),
             keys: stores.keys.state(),
             grants: stores.grants.state(),
-            service_account_issuer: None,
+            service_account_issuer: key_sets.cluster_issuer.clone(),
+            key_sets: key_sets.index.clone(),
             services: stores.services.state(),
             endpoint_slices: stores.endpoint_slices.state(),
             secrets: Vec::new(),
@@ -86,6 +93,7 @@ impl Catalog {
             keys: shared(keys),
             grants: Vec::new(),
             service_account_issuer: None,
+            key_sets: Arc::default(),
             services: shared(services),
             endpoint_slices: Vec::new(),
             secrets: shared(&secrets.iter().filter(|s| !is_key_secret(s)).cloned().collect::<Vec<_>>()),
@@ -112,6 +120,7 @@ impl Catalog {
             api_keys: &keys,
             access_grants: &access_grants,
             service_account_issuer: self.service_account_issuer.as_deref(),
+            key_sets: &self.key_sets,
             services: &services,
             secrets: &secrets,
             key_secrets: &key_secrets,

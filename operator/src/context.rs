@@ -22,6 +22,8 @@ pub struct Context {
     pub stores: Stores,
     /// The cluster's networks, closed to `url` backends.
     pub networks: crate::networks::ClusterNetworks,
+    /// Every identity provider's key set, as the refresher last published.
+    pub key_sets: crate::key_sets::KeySets,
     /// The data of the Secrets served objects reference.
     pub secret_data: crate::secret_data::SecretData,
     /// Render settings.

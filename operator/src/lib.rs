@@ -15,6 +15,7 @@ pub(crate) mod controller;
 pub mod error;
 pub(crate) mod events;
 pub mod heartbeats;
+pub mod key_sets;
 pub(crate) mod leader;
 pub mod metrics;
 pub mod networks;
@@ -90,6 +91,7 @@ pub async fn run(
         client,
         stores,
         networks,
+        key_sets: key_sets::KeySets::default(),
         secret_data: secret_data::SecretData::default(),
         settings: render::RenderSettings {
             gateway_image: options.gateway_image,

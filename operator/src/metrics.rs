@@ -32,6 +32,8 @@ pub struct Metrics {
     pub gateway_condition: IntGaugeVec,
     /// Pods' usage reports refused whole, by the rule they broke.
     pub usage_reports_refused: IntCounterVec,
+    /// Identity providers' key set fetches, by result.
+    pub key_set_fetches: IntCounterVec,
 }
 
 impl Metrics {
@@ -112,6 +114,13 @@ impl Metrics {
             ),
             &["reason"],
         )?;
+        let key_set_fetches = IntCounterVec::new(
+            Opts::new(
+                "waycast_operator_key_set_fetches_total",
+                "Identity providers' key set fetches (each provider of each Gateway, every 10 to 30 s), by result: changed (a new key set, written into the config), unchanged (the same document, or 304), invalid (not a key set with a signing key, or too large: the last good one keeps serving) or failed (unreachable, an HTTP error, a redirect, a timeout, a missing ConfigMap: the last good one keeps serving).",
+            ),
+            &["result"],
+        )?;
         let metrics = Self {
             registry,
             reconciles,
@@ -126,6 +135,7 @@ impl Metrics {
             propagation,
             gateway_condition,
             usage_reports_refused,
+            key_set_fetches,
         };
         for collector in metrics.collectors() {
             metrics.registry.register(collector)?;
@@ -154,6 +164,7 @@ impl Metrics {
             Box::new(self.config_bytes_written.clone()),
             Box::new(self.gateway_condition.clone()),
             Box::new(self.usage_reports_refused.clone()),
+            Box::new(self.key_set_fetches.clone()),
         ]
     }
 

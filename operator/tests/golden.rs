@@ -107,6 +107,8 @@ fn render_case(input: &str) -> String {
         wanted,
         address: Some("10.96.0.10:80".into()),
         tenants: &compiled.tenants,
+        // No key set fetched (the inputs have no identity providers).
+        identity: waycast_operator::key_sets::status_of(gateway, &Default::default()),
     };
     let gateway_status = status::gateway_status(gateway, &facts, now);
     documents
@@ -164,6 +166,7 @@ fn an_oversized_config_is_not_written_and_the_status_says_why() {
         wanted,
         address: Some("10.96.0.10:80".into()),
         tenants: &compiled.tenants,
+        identity: None,
     };
     let gateway_status = status::gateway_status(&fleet.gateway, &facts, now);
     let rendered = format!(

@@ -6,7 +6,8 @@
 //! own checks and left out alone, with a verdict, when it cannot be served.
 //!
 //! ```text
-//! spec.identity.providers[] ─► ProviderConfig (issuer, or the cluster's own; key source; claims)
+//! spec.identity.providers[] ─► ProviderConfig (issuer, or the cluster's own; key source; claims;
+//!                               the key set held for its source: key_source.rs)
 //!                               └ left out: the Gateway's Accepted says why
 //! AccessGrants (selected) ───► GrantConfig (unknown provider, class, invalid: left out + verdict)
 //! ```
@@ -21,6 +22,7 @@ use waycast_crds::identity::{DEFAULT_GROUPS_CLAIM, DEFAULT_USER_CLAIM, IdentityP
 use waycast_crds::identity_config::review_providers;
 
 use super::inputs::Inputs;
+use super::key_source::{KeySource, held_document};
 use super::models::key_limits;
 use super::select;
 use super::tenants::Tenants;
@@ -31,13 +33,21 @@ use super::verdict::{ObjectKey, Verdict};
 /// out), if it is not.
 pub fn providers(inputs: &Inputs<'_>) -> (Vec<ProviderConfig>, Option<Verdict>) {
     let namespace = inputs.gateway.namespace().unwrap_or_default();
+    let gateway = ObjectKey::of(&inputs.gateway.metadata);
     let specs = inputs.gateway.spec.identity.iter().flat_map(|identity| &identity.providers);
     let mut refused = None;
     // Each compiled entry with its index in the spec.
     let mut compiled: Vec<(usize, ProviderConfig)> = Vec::new();
     for (index, spec) in specs.enumerate() {
         match provider(spec, &namespace, inputs.service_account_issuer) {
-            Ok(entry) => compiled.push((index, entry)),
+            Ok(mut entry) => {
+                // NB: a provider without a key set is still compiled: the
+                // pods then refuse its tokens (`unknown_key`) and the
+                // Gateway's status says why; its grants keep their verdicts.
+                let source = KeySource::of_config(&entry);
+                entry.key_set = held_document(inputs.key_sets, &gateway, &entry.name, &source).map(str::to_owned);
+                compiled.push((index, entry));
+            }
             Err(message) => {
                 refused.get_or_insert_with(|| invalid(format!("spec.identity.providers[{index}] {message}")));
             }
@@ -98,7 +108,7 @@ fn provider(
             user: claims.and_then(|c| c.user.clone()).unwrap_or_else(|| DEFAULT_USER_CLAIM.to_owned()),
             groups: claims.and_then(|c| c.groups.clone()).unwrap_or_else(|| DEFAULT_GROUPS_CLAIM.to_owned()),
         },
-        // Filled from the fetched key sets once they are fetched.
+        // Filled by the caller from the key sets held.
         key_set: None,
     })
 }

@@ -233,3 +233,82 @@ fn without_identity_nothing_changes() {
     let json = String::from_utf8(compiled.config.to_canonical_json().unwrap()).unwrap();
     assert!(!json.contains("providers") && !json.contains("grants"), "{json}");
 }
+
+/// Each provider carries the key set held for it, only when that set was
+/// fetched from the source it names now: an edited issuer never serves
+/// the old issuer's keys, and a provider without one is still compiled.
+#[test]
+fn a_provider_carries_the_key_set_held_for_its_current_source() {
+    use crate::compile::key_source::{HeldKeySet, KeySetIndex, KeySource};
+    let mut pinned = corp();
+    pinned.name = "pinned".into();
+    pinned.config_map_ref = Some(ConfigMapKeyRef { name: "jwks".into(), key: "jwks.json".into() });
+    let mut moved = corp();
+    moved.name = "moved".into();
+    moved.issuer = Some("https://new-sso.example.com".into());
+    let mut fresh = corp();
+    fresh.name = "fresh".into();
+    let gateway = gateway(vec![corp(), pinned, moved, fresh, cluster()]);
+    let gw = id("platform", "gw");
+    let held = |source: KeySource, document: &str| HeldKeySet {
+        source,
+        document: Some(document.into()),
+        keys: 1,
+        fetched_at: None,
+        error: Some("a later fetch failed".into()),
+    };
+    let corp_source = KeySource::Discovery { issuer: "https://sso.example.com/realms/corp".into() };
+    let pinned_source =
+        KeySource::ConfigMap { namespace: "platform".into(), name: "jwks".into(), key: "jwks.json".into() };
+    let index: KeySetIndex = [
+        ("corp", held(corp_source.clone(), r#"{"keys":["corp"]}"#)),
+        ("pinned", held(pinned_source, r#"{"keys":["pinned"]}"#)),
+        // Held from the issuer it named before its edit.
+        ("moved", held(corp_source, r#"{"keys":["old"]}"#)),
+        ("cluster", held(KeySource::Cluster, r#"{"keys":["cluster"]}"#)),
+    ]
+    .into_iter()
+    .map(|(name, held)| ((gw.clone(), name.to_owned()), held))
+    .collect();
+    let mut catalog = Catalog::from_objects(&[], &[], &[], &[], &[]);
+    catalog.key_sets = Arc::new(index);
+    catalog.service_account_issuer = Some("https://kubernetes.default.svc".into());
+    let compiled = catalog.compile(&gateway, now());
+    let key_set = |name: &str| {
+        let provider = compiled.config.providers.iter().find(|p| p.name == name).unwrap();
+        provider.key_set.as_deref()
+    };
+    assert_eq!(key_set("corp"), Some(r#"{"keys":["corp"]}"#), "the last good set serves through a failing fetch");
+    assert_eq!(key_set("pinned"), Some(r#"{"keys":["pinned"]}"#));
+    assert_eq!(key_set("cluster"), Some(r#"{"keys":["cluster"]}"#));
+    assert_eq!(key_set("moved"), None, "fetched from another issuer");
+    assert_eq!(key_set("fresh"), None, "none fetched yet: compiled without one");
+    assert_eq!(compiled.gateway, None, "a provider without a key set is no refusal of the Gateway");
+    assert!(compiled.config.validate().is_ok());
+}
+
+/// The refresher finds a provider's source from its spec, compile from
+/// its config entry: the two agree for every kind of source.
+#[test]
+fn a_providers_source_reads_the_same_from_its_spec_and_its_config_entry() {
+    use crate::compile::key_source::KeySource;
+    let pin = |mut provider: IdentityProvider| {
+        provider.name = format!("{}-pinned", provider.name);
+        provider.config_map_ref = Some(ConfigMapKeyRef { name: "jwks".into(), key: "jwks.json".into() });
+        provider
+    };
+    let mut listed = corp();
+    listed.name = "listed".into();
+    listed.jwks_uri = Some("https://sso.example.com/keys".into());
+    let specs = [corp(), listed, pin(corp()), cluster(), pin(cluster())];
+    let gateway = gateway(specs.to_vec());
+    let compiled = compile(&gateway, Vec::new(), Some("https://kubernetes.default.svc"));
+    assert_eq!(compiled.config.providers.len(), specs.len());
+    let mut kinds = std::collections::HashSet::new();
+    for (spec, entry) in specs.iter().zip(&compiled.config.providers) {
+        let source = KeySource::of_spec(spec, "platform").unwrap();
+        assert_eq!(source, KeySource::of_config(entry), "{}", spec.name);
+        kinds.insert(std::mem::discriminant(&source));
+    }
+    assert_eq!(kinds.len(), 4, "every kind of source");
+}

@@ -19,6 +19,9 @@ pub struct Inputs<'a> {
     /// tokens), as found at the API server; `None` while not known, and
     /// providers that are the cluster's own are left out meanwhile.
     pub service_account_issuer: Option<&'a str>,
+    /// The key sets the operator fetched, by Gateway and provider: a
+    /// provider's entry carries the one held for its current source.
+    pub key_sets: &'a super::key_source::KeySetIndex,
     /// Services that backends may name.
     pub services: &'a [&'a Service],
     /// Upstream credential Secrets (with

@@ -13,8 +13,9 @@
 //!                   per-entry validation, duplicates (oldest first)
 //!   ─► tenants.rs   sharing (classes, queue) and the policy of each served key's namespace;
 //!                   a key's class checked against both (ClassNotAllowed)
-//!   ─► grants.rs    the Gateway's identity providers, and the AccessGrants it selects (consent as
-//!                   for keys; unknown provider, class, per-entry validation)
+//!   ─► grants.rs    the Gateway's identity providers (each with the key set held for its source:
+//!                   key_source.rs), and the AccessGrants it selects (consent as for keys; unknown
+//!                   provider, class, per-entry validation)
 //!   ─► settings.rs  the Gateway's own settings: body limit, access log, egress ranges, Redis
 //!   ─► Compiled { config, verdicts (verdict.rs), what each tenant policy matched }
 //!   ─► fit.rs       (by the shell) the newest team objects left out until the config fits its Secrets
@@ -29,6 +30,7 @@ pub mod fit;
 pub mod grants;
 pub mod inputs;
 pub mod key_secret;
+pub mod key_source;
 pub mod keys;
 pub mod models;
 pub mod secrets;

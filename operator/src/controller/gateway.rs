@@ -108,7 +108,9 @@ async fn reconcile(
     // below; its writer patches in those logged after it before writing.
     let read_started = std::time::Instant::now();
     let read_at = context.stores.key_log.drained().await.position();
-    let mut catalog = Catalog::from_stores(&context.stores, &context.networks);
+    // One snapshot of the key sets for the compile and the status both.
+    let key_sets = context.key_sets.load();
+    let mut catalog = Catalog::from_stores(&context.stores, &context.networks, &key_sets);
     fetch_secrets(&mut catalog, &context, &gateway).await?;
     let layouts = layouts(&context.stores, &gateway, fresh_salt_of(&context, &gateway).await?);
     // NB: off the runtime's one thread: at 100,000 keys this is about a
@@ -224,6 +226,7 @@ async fn reconcile(
             Some(format!("{}:{port}", s.cluster_ip.as_deref()?))
         }),
         tenants: &compiled.tenants,
+        identity: crate::key_sets::status_of(&gateway, &key_sets),
     };
     let written = status::gateway_status(&gateway, &facts, now);
     write_status(&context, gateway.as_ref(), gateway.status.as_ref(), &written).await?;

@@ -15,6 +15,8 @@
 //! key Secret controller:    generate <name>-key if needed (its own queue: never behind status work)
 //! ApiKey controller:        verdict from `compiled` per selecting Gateway ─► ApiKey status
 //! ModelEndpoint controller: verdict from `compiled` per selecting Gateway ─► ModelEndpoint status
+//! key-set refresher:        each identity provider's JWKS fetched off the reconcile (key_sets.rs);
+//!                           a changed one (or fetch error) asks for its Gateway's reconcile
 //! ```
 //!
 //! The controllers read the shared stores and are fed by them (one cache of
@@ -31,6 +33,7 @@ mod endpoints;
 mod gateway;
 mod key_compile;
 mod key_lane;
+mod key_sets;
 mod memory;
 mod model_endpoint;
 mod referenced;
@@ -45,8 +48,11 @@ use statuses::status_controller;
 
 use crate::context::Context;
 
-/// Runs the three controllers until the process ends.
+/// Runs the controllers and the key-set refresher until the process ends.
 pub async fn run(context: Arc<Context>) {
+    // The key sets the pods serve now are held before any Gateway compiles.
+    let refresher = key_sets::seeded(&context).await;
+    let key_sets = key_sets::keep_key_sets(context.clone(), refresher);
     // Every write of a Gateway's config Secrets is its writer's.
     let writers = Arc::new(config_writer::Writers::new(context.clone()));
     let gateway_controller = gateway::gateway_controller(context.clone(), writers.clone());
@@ -68,5 +74,14 @@ pub async fn run(context: Arc<Context>) {
     let endpoints = endpoints::follow_endpoints(context.clone());
     let usage = crate::usage::run(context.clone());
     let key_lane = key_lane::key_lane(context.clone(), writers);
-    tokio::join!(gateway_controller, key_controller, key_secrets, model_controller, endpoints, usage, key_lane);
+    tokio::join!(
+        gateway_controller,
+        key_controller,
+        key_secrets,
+        model_controller,
+        endpoints,
+        usage,
+        key_lane,
+        key_sets
+    );
 }

@@ -84,6 +84,8 @@ pub struct GatewayFacts<'a> {
     pub address: Option<String>,
     /// What each tenant policy matched.
     pub tenants: &'a [waycast_crds::sharing::TenantPolicyStatus],
+    /// Where each identity provider's key set stands (`key_sets`).
+    pub identity: Option<waycast_crds::identity::GatewayIdentityStatus>,
 }
 
 /// The status of `gateway` given `facts`, at `now`.
@@ -165,6 +167,7 @@ pub fn gateway_status(gateway: &Gateway, facts: &GatewayFacts<'_>, now: jiff::Ti
         api_key_count: count(facts.keys),
         address: facts.address.clone(),
         tenants: facts.tenants.to_vec(),
+        identity: facts.identity.clone(),
         // The usage collector's own to write.
         usage: None,
         observed_generation: generation,

@@ -41,6 +41,7 @@ fn gateway_status_table() {
         wanted: 2,
         address: Some("10.96.0.10:80".into()),
         tenants: &[],
+        identity: None,
     };
     type Row<'a> = (&'a str, GatewayFacts<'a>, [(bool, &'a str, &'a str); 3]);
     let rows: [Row<'_>; 5] = [
