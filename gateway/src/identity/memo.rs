@@ -31,6 +31,18 @@ thread_local! {
     static MEMO: RefCell<TokenMemo> = RefCell::new(TokenMemo::new(REMEMBERED_TOKENS));
 }
 
+/// The calling worker's remembered verification of `token`, if it has
+/// one still good at `now` for the provider `provider_for` finds now: the
+/// request path asks this first, so a remembered token's bytes are never
+/// scanned for their shape again (they were when it was verified).
+pub fn remembered<'p>(
+    token: &[u8],
+    now: jiff::Timestamp,
+    provider_for: impl Fn(&str) -> Option<&'p Provider>,
+) -> Option<Arc<Verified>> {
+    MEMO.with_borrow(|memo| memo.remembered(token, now, provider_for))
+}
+
 /// [`TokenMemo::verify`] with the calling worker's own memo.
 ///
 /// # Errors
@@ -104,6 +116,23 @@ impl TokenMemo {
     /// Whether none is.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+
+    /// `token`'s remembered verification, if still good at `now` for the
+    /// provider as it is now (an entry no longer good is left for
+    /// [`verify`](Self::verify) to replace).
+    pub fn remembered<'p>(
+        &self,
+        token: &[u8],
+        now: jiff::Timestamp,
+        provider_for: impl Fn(&str) -> Option<&'p Provider>,
+    ) -> Option<Arc<Verified>> {
+        if token.len() > MAX_TOKEN_BYTES {
+            return None;
+        }
+        let entry = self.entries.get(&tag_of(token)?)?;
+        let current = provider_for(&entry.issuer).is_some_and(|provider| *provider.fingerprint() == entry.fingerprint);
+        (current && !entry.verified.expired_at(now)).then(|| entry.verified.clone())
     }
 
     /// Who `token` names at `now`: remembered if it was verified before

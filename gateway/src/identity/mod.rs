@@ -23,7 +23,9 @@ mod token;
 mod tests;
 
 pub use keys::{Alg, KeySet, KeySetError, MAX_KEY_SET_BYTES, MAX_KEYS};
-pub use memo::{BAD_SIGNATURES_BURST, BAD_SIGNATURES_PER_SECOND, REMEMBERED_TOKENS, TokenMemo, verify_remembered};
+pub use memo::{
+    BAD_SIGNATURES_BURST, BAD_SIGNATURES_PER_SECOND, REMEMBERED_TOKENS, TokenMemo, remembered, verify_remembered,
+};
 pub use provider::{
     MAX_CLAIMS, MAX_GROUPS, MAX_KIDLESS_TRIES, MAX_NAME_BYTES, MAX_TOKEN_BYTES, Provider, ProviderError, Refusal,
     SKEW_SECONDS, Verified,

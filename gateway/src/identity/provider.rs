@@ -150,6 +150,20 @@ pub struct Verified {
     pub groups: Box<[Box<str>]>,
     /// The token's `exp`: seconds since the Unix epoch.
     pub exp: i64,
+    /// A keyed hash of `provider` and `user`, the same for every token of
+    /// the person in this process (their line in a full model's queue),
+    /// taken once when the token is verified, not per request.
+    pub user_hash: u64,
+}
+
+/// A keyed hash of a provider and a user name: the same in this process
+/// for the same pair, not one a caller can aim at.
+pub fn user_hash(provider: &str, user: &str) -> u64 {
+    use std::hash::{BuildHasher as _, Hash as _, Hasher as _};
+    static KEYS: std::sync::OnceLock<std::collections::hash_map::RandomState> = std::sync::OnceLock::new();
+    let mut hasher = KEYS.get_or_init(std::collections::hash_map::RandomState::new).build_hasher();
+    (provider, user).hash(&mut hasher);
+    hasher.finish()
 }
 
 impl Verified {

@@ -92,6 +92,7 @@ pub fn verify(token: &str, provider: &Provider, now: jiff::Timestamp) -> Result<
     let user = claims.user.filter(|user| !user.is_empty()).ok_or(Refusal::MissingClaim)?;
     Ok(Verified {
         provider: provider.name.clone(),
+        user_hash: super::provider::user_hash(&provider.name, &user),
         user: user.into(),
         groups: claims.groups.unwrap_or_default().into_iter().map(Into::into).collect(),
         exp,

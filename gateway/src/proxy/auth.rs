@@ -55,31 +55,52 @@ pub fn authenticate<'s>(
 ) -> Result<Caller<'s>, GatewayError> {
     let bearer = presented_key(headers).ok_or(GatewayError::MissingKey)?;
     let identity = &snapshot.identity;
-    if !identity.is_empty() && crate::identity::is_token_shaped(bearer) {
-        // Token-shaped: base64url and dots only, so always UTF-8.
-        let token = std::str::from_utf8(bearer).map_err(|_| GatewayError::TokenRefused(Refusal::MalformedToken))?;
-        let now = now();
-        let verified = crate::identity::verify_remembered(token, now, |issuer| identity.provider_for(issuer))
-            .map_err(GatewayError::TokenRefused)?;
-        let asked = headers.get(GRANT_HEADER).map(http::HeaderValue::as_bytes);
-        let grant = identity.grant_for(&verified, asked).map_err(|refused| match refused {
-            NotGranted::NoGrant => GatewayError::NoGrant(false),
-            NotGranted::NotInNamedGrant => GatewayError::NoGrant(true),
-        })?;
-        let member = match &grant.members {
-            Some(members) => Some(members.member(&verified.user, now).map_err(|full| GatewayError::GrantFull(full.0))?),
-            None => None,
-        };
-        return Ok(Caller { key: &grant.entry, user: Some(verified), member });
+    // A token remembered by this worker is found by its bytes first: its
+    // shape was checked when it was verified. No key starts with `eyJ`.
+    let mut now = Some(now);
+    let mut read_at = None;
+    if !identity.is_empty() && bearer.starts_with(b"eyJ") {
+        let at = now.take().map_or_else(jiff::Timestamp::now, |now| now());
+        if let Some(verified) = crate::identity::remembered(bearer, at, |issuer| identity.provider_for(issuer)) {
+            return serve_token(identity, headers, verified, at);
+        }
+        if crate::identity::is_token_shaped(bearer) {
+            // Token-shaped: base64url and dots only, so always UTF-8.
+            let token = std::str::from_utf8(bearer).map_err(|_| GatewayError::TokenRefused(Refusal::MalformedToken))?;
+            let verified = crate::identity::verify_remembered(token, at, |issuer| identity.provider_for(issuer))
+                .map_err(GatewayError::TokenRefused)?;
+            return serve_token(identity, headers, verified, at);
+        }
+        read_at = Some(at);
     }
     let entry = super::key_digests::find(snapshot, bearer).ok_or(GatewayError::InvalidKey)?;
     if entry.disabled {
         return Err(GatewayError::DisabledKey);
     }
-    if entry.expires_at().is_some_and(|expires| expires <= now()) {
+    let mut at = || read_at.or_else(|| now.take().map(|now| now())).unwrap_or_else(jiff::Timestamp::now);
+    if entry.expires_at().is_some_and(|expires| expires <= at()) {
         return Err(GatewayError::ExpiredKey);
     }
     Ok(Caller { key: entry, user: None, member: None })
+}
+
+/// The grant (and the member's own state) a verified token is served by.
+fn serve_token<'s>(
+    identity: &'s crate::snapshot::identity::Identity,
+    headers: &HeaderMap,
+    verified: Arc<Verified>,
+    now: jiff::Timestamp,
+) -> Result<Caller<'s>, GatewayError> {
+    let asked = headers.get(GRANT_HEADER).map(http::HeaderValue::as_bytes);
+    let grant = identity.grant_for(&verified, asked).map_err(|refused| match refused {
+        NotGranted::NoGrant => GatewayError::NoGrant(false),
+        NotGranted::NotInNamedGrant => GatewayError::NoGrant(true),
+    })?;
+    let member = match &grant.members {
+        Some(members) => Some(members.member(&verified.user, now).map_err(|full| GatewayError::GrantFull(full.0))?),
+        None => None,
+    };
+    Ok(Caller { key: &grant.entry, user: Some(verified), member })
 }
 
 #[cfg(test)]

@@ -190,7 +190,7 @@ async fn serve(
     }
     held.month = Some(Month { counts: key.usage.clone(), zone: snapshot.zone.clone() });
     // A token's holder waits in a line of their own within the tenant.
-    let line = facts.user.as_deref().map_or(key.fair_id, |user| crate::snapshot::stable_member_id(&key.id, &user.user));
+    let line = facts.user.as_deref().map_or(key.fair_id, |user| key.fair_id.rotate_left(29) ^ user.user_hash);
     if let Some(seat) = queue::take_turn(route, (key, line), reservation, (shared, shares), facts).await? {
         held.seat = Some(seat);
     }

@@ -130,16 +130,6 @@ pub fn stable_id(text: &str) -> u64 {
     KEYS.get_or_init(std::collections::hash_map::RandomState::new).hash_one(text)
 }
 
-/// A number for `user` within the grant `grant`, as [`stable_id`] is for
-/// one text: a member's own line in a full model's queue.
-pub fn stable_member_id(grant: &str, user: &str) -> u64 {
-    use std::hash::{BuildHasher as _, Hash as _, Hasher as _};
-    static KEYS: std::sync::OnceLock<std::collections::hash_map::RandomState> = std::sync::OnceLock::new();
-    let mut hasher = KEYS.get_or_init(std::collections::hash_map::RandomState::new).build_hasher();
-    (grant, user).hash(&mut hasher);
-    hasher.finish()
-}
-
 impl KeyEntry {
     /// Whether the key's own allow-list (`models`) lets it use route `index`.
     pub fn allows(&self, index: usize) -> bool {

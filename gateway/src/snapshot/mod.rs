@@ -35,7 +35,7 @@ use waycast_crds::validate::Problems;
 pub use backends::{Backend, Route};
 pub use dropped::Dropped;
 use key_table::{Against, KeyTable};
-pub use keys::{KeyEntry, stable_member_id};
+pub use keys::KeyEntry;
 use names::{Candidates, Namespaces, PLATFORM};
 use waycast_crds::config::KeyConfig;
 use waycast_crds::shards::Manifest;
