@@ -99,8 +99,8 @@ pub(crate) async fn emit_transitions<K: Resource<DynamicType = ()>>(
 /// What the operator remembers of one Gateway between its reconciles.
 #[derive(Debug, Default)]
 pub struct GatewayMemory {
-    /// What its current config was compiled from (the ApiKeys' and
-    /// ModelEndpoints' statuses are read from it).
+    /// What its current config was compiled from (the ApiKeys',
+    /// ModelEndpoints' and AccessGrants' statuses are read from it).
     pub compiled: Option<CompiledFrom>,
     /// Its last config written, for the propagation metric.
     pub written: Option<Written>,

@@ -1,6 +1,6 @@
 //! What each Gateway's configs were compiled from and which of them its
 //! pods serve: the bookkeeping behind the `Programmed` condition of
-//! ApiKeys and ModelEndpoints, and the choice of which statuses to look at
+//! ApiKeys, ModelEndpoints and AccessGrants, and the choice of which statuses to look at
 //! again after a compile.
 //!
 //! Every config a Gateway writes takes the next sequence number. Each
@@ -79,6 +79,8 @@ pub struct CompiledFrom {
     pub keys: BTreeMap<ObjectKey, Record<KeyVerdict>>,
     /// ModelEndpoint → what was compiled, and its verdict.
     pub models: BTreeMap<ObjectKey, Record<Verdict>>,
+    /// AccessGrant → what was compiled, and its verdict.
+    pub grants: BTreeMap<ObjectKey, Record<Verdict>>,
 }
 
 /// What one compile made of an object: its decision and its verdict, kept
@@ -116,6 +118,8 @@ pub struct Compile {
     pub keys: BTreeMap<ObjectKey, Record<KeyVerdict>>,
     /// ModelEndpoint decisions and verdicts.
     pub models: BTreeMap<ObjectKey, Record<Verdict>>,
+    /// AccessGrant decisions and verdicts.
+    pub grants: BTreeMap<ObjectKey, Record<Verdict>>,
 }
 
 /// Marks the objects a pod reports it left out of the config it serves
@@ -143,6 +147,11 @@ pub fn refuse_dropped(
                     verdict.verdict = Verdict::refused(REFUSED_BY_GATEWAY, message);
                 }
             }
+            "grant" => {
+                if let Some(verdict) = compiled.grants.get_mut(&key).filter(|v| v.accepted) {
+                    *verdict = Verdict::refused(REFUSED_BY_GATEWAY, message);
+                }
+            }
             _ => {}
         }
     }
@@ -163,6 +172,8 @@ pub struct Moved {
     pub keys: Vec<ObjectKey>,
     /// ModelEndpoints.
     pub models: Vec<ObjectKey>,
+    /// AccessGrants.
+    pub grants: Vec<ObjectKey>,
 }
 
 /// The bookkeeping after `compile`, given the previous one, and the objects
@@ -186,9 +197,14 @@ pub fn next(previous: Option<&CompiledFrom>, compile: Compile, pods: &Pods<'_>) 
         served_through: 0,
         keys: carried_since(compile.keys, &previous.keys, since),
         models: carried_since(compile.models, &previous.models, since),
+        grants: carried_since(compile.grants, &previous.grants, since),
     };
     next.served_through = served_through(&next, pods);
-    let moved = Moved { keys: moved(previous, &next, |c| &c.keys), models: moved(previous, &next, |c| &c.models) };
+    let moved = Moved {
+        keys: moved(previous, &next, |c| &c.keys),
+        models: moved(previous, &next, |c| &c.models),
+        grants: moved(previous, &next, |c| &c.grants),
+    };
     (next, moved)
 }
 
@@ -276,10 +292,10 @@ fn joined<'a, A, B>(
 }
 
 /// What `compiled` decided about each object, for the `Programmed`
-/// bookkeeping. Its verdicts are moved out: `compiled.keys` and
-/// `compiled.models` are empty after. A key's generation is the one its
-/// verdict was compiled at; `catalog` gives the models' (the catalog
-/// `compiled` came from).
+/// bookkeeping. Its verdicts are moved out: `compiled.keys`,
+/// `compiled.models` and `compiled.grants` are empty after. A key's
+/// generation is the one its verdict was compiled at; `catalog` gives the
+/// models' and the grants' (the catalog `compiled` came from).
 pub fn decisions(
     catalog: &crate::catalog::Catalog,
     compiled: &mut crate::compile::Compiled,
@@ -327,7 +343,22 @@ pub fn decisions(
             (id, Record { decision, verdict })
         })
         .collect();
-    Compile { hash, written, keys, models }
+    let grant_generations: HashMap<(&str, &str), Option<i64>> =
+        catalog.grants.iter().map(|g| (ObjectKey::sort_key(&g.metadata), g.metadata.generation)).collect();
+    let grant_entries: HashMap<(&str, &str), u64> =
+        compiled.config.grants.iter().filter_map(|g| Some((g.id.split_once('/')?, entry_print(g)))).collect();
+    let grants = std::mem::take(&mut compiled.grants)
+        .into_iter()
+        .map(|(id, verdict)| {
+            let generation = grant_generations.get(&id.as_pair()).copied().flatten();
+            let entry = grant_entries.get(&id.as_pair()).copied().unwrap_or(0);
+            // A grant is as intended only when served: it has no switch
+            // that turns it off as a key's `disabled` does.
+            let decision = Decision::new(generation, verdict.accepted, entry);
+            (id, Record { decision, verdict })
+        })
+        .collect();
+    Compile { hash, written, keys, models, grants }
 }
 
 /// What a reconcile learned from its pods, between apply and status: the
@@ -390,6 +421,7 @@ mod tests {
             written: true,
             keys: names.iter().map(|n| (id(n), record(entry_print(n)))).collect(),
             models: BTreeMap::new(),
+            grants: BTreeMap::new(),
         }
     }
 
@@ -472,20 +504,96 @@ mod tests {
             config: waycast_crds::GatewayConfig::empty(),
             models: [(id("vision"), Verdict::accepted("Accepted", "served"))].into(),
             keys: [(id("a"), served()), (id("b"), served())].into(),
-            grants: BTreeMap::new(),
+            grants: [(id("ml"), Verdict::accepted("Accepted", "the grant is served"))].into(),
             gateway: None,
             tenants: Vec::new(),
         };
         let report = |entry: &str| {
             ("gw-0".to_owned(), DroppedEntry { entry: entry.into(), reason: "backends[0].tls: bad".into() })
         };
-        let reports = [report("model team/vision"), report("key team/a"), report("key other/a"), report("garbage")];
+        let reports = [
+            report("model team/vision"),
+            report("key team/a"),
+            report("key other/a"),
+            report("grant team/ml"),
+            report("garbage"),
+        ];
         refuse_dropped(&mut compiled, &reports);
         let model = &compiled.models[&id("vision")];
         assert_eq!((model.accepted, model.reason), (false, "RefusedByGateway"));
         assert!(model.message.contains("gw-0") && model.message.contains("backends[0].tls: bad"), "{}", model.message);
         assert!(!compiled.keys[&id("a")].verdict.accepted);
         assert!(compiled.keys[&id("b")].verdict.accepted);
+        let grant = &compiled.grants[&id("ml")];
+        assert_eq!((grant.accepted, grant.reason), (false, "RefusedByGateway"));
+    }
+
+    /// A grant of `team` at `generation`, for the catalog.
+    fn access_grant(name: &str, generation: i64) -> std::sync::Arc<waycast_crds::AccessGrant> {
+        let spec = waycast_crds::AccessGrantSpec { provider: "corp".into(), ..Default::default() };
+        let mut grant = waycast_crds::AccessGrant::new(name, spec);
+        grant.metadata.namespace = Some("team".into());
+        grant.metadata.generation = Some(generation);
+        std::sync::Arc::new(grant)
+    }
+
+    /// Grants are recorded as models are: each with its object's
+    /// generation and its own config entry's fingerprint, served ones as
+    /// intended and refused ones not; a grant whose entry changed is the
+    /// one announced, and it is programmed once every pod serves it.
+    #[test]
+    fn grants_are_recorded_and_announced_as_models_are() {
+        use waycast_crds::config::GrantConfig;
+        let catalog = crate::catalog::Catalog {
+            grants: vec![access_grant("ml", 2), access_grant("unknown", 3)],
+            ..crate::catalog::Catalog::default()
+        };
+        let compiled = |groups: &[&str]| {
+            let mut entry = GrantConfig::new("team/ml", "corp");
+            entry.groups = groups.iter().map(|g| (*g).to_owned()).collect();
+            let mut config = waycast_crds::GatewayConfig::empty();
+            config.grants = vec![entry];
+            crate::compile::Compiled {
+                config,
+                models: BTreeMap::new(),
+                keys: BTreeMap::new(),
+                grants: [
+                    (id("ml"), Verdict::accepted("Accepted", "the grant is served")),
+                    (id("unknown"), Verdict::refused("UnknownProvider", "no such provider")),
+                ]
+                .into(),
+                gateway: None,
+                tenants: Vec::new(),
+            }
+        };
+        let mut first = compiled(&["ml"]);
+        let decided = decisions(&catalog, &mut first, "h1".into(), true);
+        assert!(first.grants.is_empty(), "the verdicts are moved, not copied");
+        let ml = decided.grants[&id("ml")].decision;
+        assert_eq!((ml.generation, ml.as_intended), (Some(2), true));
+        assert_eq!(ml.entry, entry_print(&first.config.grants[0]));
+        let unknown = decided.grants[&id("unknown")].decision;
+        assert_eq!((unknown.generation, unknown.as_intended, unknown.entry), (Some(3), false, 0));
+
+        let (one, moved) = next(None, decided, &pods(&["h1".into()]));
+        assert_eq!(moved.grants, [id("ml"), id("unknown")]);
+        assert!(moved.keys.is_empty() && moved.models.is_empty());
+        let grant_programmed = |from: &CompiledFrom, name: &str, generation| {
+            from.programmed(from.grants.get(&id(name)).map(|r| &r.decision), Some(generation))
+        };
+        assert!(grant_programmed(&one, "ml", 2));
+        assert!(!grant_programmed(&one, "unknown", 3), "a refused grant is never programmed");
+
+        // Its members changed: only it moves, and waits for the pods.
+        let mut second = compiled(&["ml", "research"]);
+        let decided = decisions(&catalog, &mut second, "h2".into(), true);
+        let (two, moved) = next(Some(&one), decided, &pods(&["h1".into()]));
+        assert_eq!(moved.grants, [id("ml")]);
+        assert!(!grant_programmed(&two, "ml", 2));
+        let decided = decisions(&catalog, &mut compiled(&["ml", "research"]), "h2".into(), true);
+        let (three, moved) = next(Some(&two), decided, &pods(&["h2".into()]));
+        assert_eq!(moved.grants, [id("ml")]);
+        assert!(grant_programmed(&three, "ml", 2));
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! Which ModelEndpoints and ApiKeys a Gateway serves: two-way consent, after
+//! Which ModelEndpoints, ApiKeys and AccessGrants a Gateway serves: two-way consent, after
 //! Gateway API's `parentRefs` + `allowedRoutes`. Pure.
 //!
 //! ```text
@@ -91,6 +91,9 @@ pub enum Kind {
     ModelEndpoints,
     /// `spec.apiKeys`.
     ApiKeys,
+    /// `spec.apiKeys` too: a grant gives access as a key does, so a Gateway
+    /// admits grants by the same rules (`grants::selected`).
+    AccessGrants,
 }
 
 /// An object's parents among `gateways`: those that serve it, and a
@@ -116,13 +119,13 @@ pub fn parents<'g>(
     let mut refused = Vec::new();
     let field = match kind {
         Kind::ModelEndpoints => "modelEndpoints",
-        Kind::ApiKeys => "apiKeys",
+        Kind::ApiKeys | Kind::AccessGrants => "apiKeys",
     };
     for gateway in gateways.iter().copied() {
         let gateway_namespace = gateway.metadata.namespace.as_deref().unwrap_or_default();
         let policy = match kind {
             Kind::ModelEndpoints => gateway.spec.model_endpoints.as_ref(),
-            Kind::ApiKeys => gateway.spec.api_keys.as_ref(),
+            Kind::ApiKeys | Kind::AccessGrants => gateway.spec.api_keys.as_ref(),
         };
         let name = gateway.metadata.name.as_deref().unwrap_or_default();
         let reference = GatewayRef { namespace: gateway_namespace, name, policy };

@@ -460,14 +460,17 @@ async fn remember_reconcile(
     .await
 }
 
-/// Announces the ApiKeys and ModelEndpoints whose status may read
-/// differently now to their status controllers.
+/// Announces the ApiKeys, ModelEndpoints and AccessGrants whose status may
+/// read differently now to their status controllers.
 fn announce(context: &Context, moved: programmed::Moved) {
     for id in moved.keys {
         context.stores.feeds.keys.announce(ObjectRef::new(&id.name).within(&id.namespace));
     }
     for id in moved.models {
         context.stores.feeds.models.announce(ObjectRef::new(&id.name).within(&id.namespace));
+    }
+    for id in moved.grants {
+        context.stores.feeds.grants.announce(ObjectRef::new(&id.name).within(&id.namespace));
     }
 }
 

@@ -15,6 +15,7 @@
 //! key Secret controller:    generate <name>-key if needed (its own queue: never behind status work)
 //! ApiKey controller:        verdict from `compiled` per selecting Gateway ─► ApiKey status
 //! ModelEndpoint controller: verdict from `compiled` per selecting Gateway ─► ModelEndpoint status
+//! AccessGrant controller:   verdict from `compiled` per selecting Gateway ─► AccessGrant status
 //! key-set refresher:        each identity provider's JWKS fetched off the reconcile (key_sets.rs);
 //!                           a changed one (or fetch error) asks for its Gateway's reconcile
 //! ```
@@ -27,6 +28,7 @@
 //! queued is merged, and at most [`CONCURRENCY`] reconciles of a kind run at
 //! once. One compile per Gateway change serves every object's status.
 
+mod access_grant;
 mod api_key;
 mod config_writer;
 mod endpoints;
@@ -71,6 +73,14 @@ pub async fn run(context: Arc<Context>) {
         &context.stores.feeds.models,
         model_endpoint::reconcile_model_endpoint,
     );
+    // Grants are selected by the Gateways' `apiKeys` rules and compiled
+    // with them: their statuses, too, come from the compiles.
+    let grant_controller = status_controller(
+        context.clone(),
+        context.stores.grants.clone(),
+        &context.stores.feeds.grants,
+        access_grant::reconcile_access_grant,
+    );
     let endpoints = endpoints::follow_endpoints(context.clone());
     let usage = crate::usage::run(context.clone());
     let key_lane = key_lane::key_lane(context.clone(), writers);
@@ -79,6 +89,7 @@ pub async fn run(context: Arc<Context>) {
         key_controller,
         key_secrets,
         model_controller,
+        grant_controller,
         endpoints,
         usage,
         key_lane,

@@ -1,4 +1,4 @@
-//! The ApiKey and ModelEndpoint status controllers' common part: when they
+//! The ApiKey, ModelEndpoint and AccessGrant status controllers' common part: when they
 //! run, and what each parent Gateway's compile decided about an object.
 
 use std::collections::BTreeMap;
@@ -19,7 +19,7 @@ use crate::error::Error;
 use crate::programmed::CompiledFrom;
 use crate::stores::{Feed, every, once, signals};
 
-/// ApiKey and ModelEndpoint statuses. Selection moves with Gateways and
+/// ApiKey, ModelEndpoint and AccessGrant statuses. Selection moves with Gateways and
 /// namespaces: then every object is looked at, handed to the controller
 /// a window at a time with the announced ones (`Feed::subscribe`). Verdicts and Programmed come
 /// from the Gateways' compiles, which announce just the objects whose state
@@ -89,6 +89,7 @@ pub(crate) async fn parent_decisions<K: Resource, T>(
         let entry = from.and_then(|from| match kind {
             select::Kind::ModelEndpoints => from.models.get(&id).map(|record| &record.decision),
             select::Kind::ApiKeys => from.keys.get(&id).map(|record| &record.decision),
+            select::Kind::AccessGrants => from.grants.get(&id).map(|record| &record.decision),
         });
         decisions.programmed.0 += 1;
         decisions.programmed.1 &= from.is_some_and(|from| from.programmed(entry, generation));

@@ -5,7 +5,9 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use waycast_crds::common::GatewayAcceptance;
 use waycast_crds::condition::{reasons, types};
-use waycast_crds::{ApiKey, ApiKeyStatus, Gateway, GatewayStatus, ModelEndpoint, ModelEndpointStatus};
+use waycast_crds::{
+    AccessGrant, AccessGrantStatus, ApiKey, ApiKeyStatus, Gateway, GatewayStatus, ModelEndpoint, ModelEndpointStatus,
+};
 
 use crate::compile::keys::KeyVerdict;
 
@@ -317,7 +319,33 @@ pub fn model_endpoint_status(
     }
 }
 
-/// A status with conditions: the three kinds' statuses.
+/// The status of `grant` from one entry per parent Gateway (refused or
+/// decided) and `programmed`, as a ModelEndpoint's: `Accepted` is False
+/// while any parent refuses it (the first such, by Gateway, says why), so a
+/// grant one of its Gateways cannot serve is never shown as fine.
+pub fn access_grant_status(
+    grant: &AccessGrant,
+    mut parents: Vec<GatewayAcceptance>,
+    programmed: (usize, bool),
+    now: jiff::Timestamp,
+) -> AccessGrantStatus {
+    parents.sort_by(|a, b| a.gateway.cmp(&b.gateway));
+    let generation = grant.metadata.generation;
+    let previous = grant.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
+    let refused = parents.iter().find(|e| !e.accepted);
+    let (accepted, reason, message) = match (parents.is_empty(), refused) {
+        (true, _) => (false, reasons::NO_GATEWAY, "no Gateway selects this AccessGrant".to_owned()),
+        (false, Some(entry)) => (false, entry.reason.as_str(), format!("{}: {}", entry.gateway, entry.message)),
+        (false, None) => (true, reasons::ACCEPTED, format!("served by {} Gateway(s)", parents.len())),
+    };
+    let conditions = vec![
+        condition(previous, types::ACCEPTED, accepted, reason, message, generation, now),
+        programmed_condition(previous, programmed, generation, now),
+    ];
+    AccessGrantStatus { conditions, parents, observed_generation: generation }
+}
+
+/// A status with conditions: the four kinds' statuses.
 pub trait WithConditions: Clone + PartialEq + serde::Serialize {
     /// Its conditions, to compare without their transition times.
     fn conditions(&self) -> &[Condition];
@@ -353,6 +381,7 @@ macro_rules! with_conditions {
 with_conditions!(GatewayStatus, usage);
 with_conditions!(ApiKeyStatus, usage, compared_digest; kept as compared_digest);
 with_conditions!(ModelEndpointStatus);
+with_conditions!(AccessGrantStatus);
 
 /// Whether writing `new` over `old` changes anything a reader sees: the
 /// conditions apart from their times, or anything else. An `old` kept as a

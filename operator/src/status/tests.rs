@@ -343,3 +343,117 @@ fn a_kept_api_key_status_compares_and_carries_over_as_the_whole_one() {
     }
     assert!(same > statuses.len() && differ > 0, "the pairs cover both answers: {same} same, {differ} differ");
 }
+
+/// A grant in `team` naming `platform/gw`, at generation 5.
+fn access_grant() -> AccessGrant {
+    let spec = waycast_crds::AccessGrantSpec {
+        parent_refs: vec![waycast_crds::common::ParentReference {
+            name: "gw".into(),
+            namespace: Some("platform".into()),
+        }],
+        provider: "corp".into(),
+        groups: vec!["ml".into()],
+        ..waycast_crds::AccessGrantSpec::default()
+    };
+    let mut grant = AccessGrant::new("ml", spec);
+    grant.metadata.namespace = Some("team".into());
+    grant.metadata.generation = Some(5);
+    grant
+}
+
+/// The parent entry `platform/gw` gives a grant of `team` when the
+/// Gateway's `modelEndpoints` rules admit every namespace and its `apiKeys`
+/// rules (grants') only its own: grants are selected by the latter.
+fn not_admitted_grant() -> GatewayAcceptance {
+    use waycast_crds::gateway::{NamespaceFrom, NamespacePolicy, RouteSelector};
+    let mut gateway = waycast_mock::fixtures::objects::gateway("platform", "gw");
+    let all = NamespacePolicy { from: NamespaceFrom::All, selector: None };
+    gateway.spec.model_endpoints = Some(RouteSelector { namespaces: Some(all), selector: None });
+    gateway.spec.api_keys = None;
+    let grant = access_grant();
+    let parents = crate::compile::select::parents(
+        &[&gateway],
+        crate::compile::select::Kind::AccessGrants,
+        "team",
+        &Default::default(),
+        &grant.spec.parent_refs,
+        &[],
+    );
+    assert!(parents.admitted.is_empty());
+    let [refused] = &parents.refused[..] else { panic!("{:?}", parents.refused) };
+    assert!(refused.message.contains("spec.apiKeys"), "{}", refused.message);
+    refused.clone()
+}
+
+/// One row: the parents' answers and what they compiled to, and the
+/// `Accepted` and `Programmed` conditions expected.
+#[test]
+fn access_grant_status_table() {
+    let now = jiff::Timestamp::from_second(1_800_000_000).unwrap();
+    let grant = access_grant();
+    type Row<'a> = (&'a str, Vec<GatewayAcceptance>, (usize, bool), (bool, &'a str), (bool, &'a str));
+    let rows: Vec<Row<'_>> = vec![
+        ("no Gateway", vec![], (0, true), (false, reasons::NO_GATEWAY), (false, reasons::NO_GATEWAY)),
+        (
+            "accepted and programmed",
+            vec![acceptance("platform/gw", true, reasons::ACCEPTED, "the grant is served")],
+            (1, true),
+            (true, reasons::ACCEPTED),
+            (true, reasons::PROGRAMMED),
+        ),
+        (
+            "accepted, the pods not there yet",
+            vec![acceptance("platform/gw", true, reasons::ACCEPTED, "the grant is served")],
+            (1, false),
+            (true, reasons::ACCEPTED),
+            (false, reasons::PENDING),
+        ),
+        (
+            "a provider the Gateway does not trust",
+            vec![acceptance("platform/gw", false, reasons::UNKNOWN_PROVIDER, "the Gateway trusts no \"corp\"")],
+            (1, false),
+            (false, reasons::UNKNOWN_PROVIDER),
+            (false, reasons::PENDING),
+        ),
+        (
+            "a class its namespace may not use, beside a Gateway serving it",
+            vec![
+                acceptance("b/gw", true, reasons::ACCEPTED, "the grant is served"),
+                acceptance("a/gw", false, reasons::CLASS_NOT_ALLOWED, "class gold"),
+            ],
+            (2, false),
+            (false, reasons::CLASS_NOT_ALLOWED),
+            (false, reasons::PENDING),
+        ),
+        (
+            "named, not admitted",
+            vec![not_admitted_grant()],
+            (0, true),
+            (false, reasons::NOT_ALLOWED_BY_GATEWAY),
+            (false, reasons::NO_GATEWAY),
+        ),
+    ];
+    for (name, parents, programmed, accepted, programmed_expected) in rows {
+        let sent = parents.clone();
+        let status = access_grant_status(&grant, parents, programmed, now);
+        let [accepted_condition, programmed_condition] = status.conditions.as_slice() else { panic!("{name}") };
+        assert_eq!(accepted_condition.type_, types::ACCEPTED, "{name}");
+        assert_eq!((accepted_condition.status == "True", accepted_condition.reason.as_str()), accepted, "{name}");
+        assert_eq!(programmed_condition.type_, types::PROGRAMMED, "{name}");
+        assert_eq!(
+            (programmed_condition.status == "True", programmed_condition.reason.as_str()),
+            programmed_expected,
+            "{name}"
+        );
+        // Every parent listed, by Gateway, as it answered.
+        let mut expected = sent;
+        expected.sort_by(|a, b| a.gateway.cmp(&b.gateway));
+        assert_eq!(status.parents, expected, "{name}");
+        if let Some(refused) = status.parents.iter().find(|p| !p.accepted) {
+            assert!(accepted_condition.message.starts_with(&refused.gateway), "{name}: {}", accepted_condition.message);
+        }
+        assert_eq!(status.observed_generation, Some(5), "{name}");
+        assert!(status.conditions.iter().all(|c| c.observed_generation == Some(5)), "{name}");
+        assert!(!status_changed(Some(&status), &status.clone()), "{name}");
+    }
+}

@@ -291,6 +291,8 @@ pub struct Feeds {
     pub keys: Feed<ApiKey>,
     /// ApiKeys whose spec changed or whose key Secret changed.
     pub key_secrets: Feed<ApiKey>,
+    /// AccessGrants whose spec or labels changed.
+    pub grants: Feed<AccessGrant>,
 }
 
 pub(crate) fn announce_self<K: Resource<DynamicType = ()> + Send + Sync + 'static>(feeds: Vec<Feed<K>>) -> Listener<K> {
@@ -359,14 +361,17 @@ pub async fn stores(client: &Client) -> Result<Stores, Error> {
     );
     // NB: a changed grant looks at every Gateway again (they are few, and
     // an edit of its parentRefs concerns the Gateway it left too).
-    let (every_gateway, gateway_feed) = (gateways.clone(), feeds.gateways.clone());
+    // Its own status is looked at too: a grant no Gateway takes (naming
+    // none that admits it) is announced by no compile.
+    let (every_gateway, gateway_feed, grant_feed) = (gateways.clone(), feeds.gateways.clone(), feeds.grants.clone());
     let (grants, _) = store_of(
         all(client, watcher::Config::default()),
         spec_and_labels,
-        Box::new(move |_: &AccessGrant, _| {
+        Box::new(move |grant: &AccessGrant, _| {
             for gateway in every_gateway.state() {
                 gateway_feed.announce(ObjectRef::from_obj(gateway.as_ref()));
             }
+            grant_feed.announce(ObjectRef::from_obj(grant));
         }),
     );
     let (services, services_changed) = store_of(all(client, watcher::Config::default()), service_content, ignore());
