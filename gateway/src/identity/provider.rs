@@ -159,11 +159,9 @@ pub struct Verified {
 /// A keyed hash of a provider and a user name: the same in this process
 /// for the same pair, not one a caller can aim at.
 pub fn user_hash(provider: &str, user: &str) -> u64 {
-    use std::hash::{BuildHasher as _, Hash as _, Hasher as _};
+    use std::hash::BuildHasher as _;
     static KEYS: std::sync::OnceLock<std::collections::hash_map::RandomState> = std::sync::OnceLock::new();
-    let mut hasher = KEYS.get_or_init(std::collections::hash_map::RandomState::new).build_hasher();
-    (provider, user).hash(&mut hasher);
-    hasher.finish()
+    KEYS.get_or_init(std::collections::hash_map::RandomState::new).hash_one((provider, user))
 }
 
 impl Verified {
