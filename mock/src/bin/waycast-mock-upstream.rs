@@ -5,12 +5,18 @@
 //! waycast-mock-upstream [--listen 127.0.0.1:8000] [--delay-ms N] [--chunks N] [--interval-ms N] [--burn-ms N]
 //!                       [--vllm-slots N [--token-ms N] [--prefill-us-per-byte N] [--prefix-cache N]]
 //!                       [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]]
+//! waycast-mock-upstream call URL TOKEN_FILE BODY
 //! ```
 //!
 //! Started as a gateway pod (the operator's `WAYCAST_GATEWAY` and
 //! `POD_NAME` are set: a Gateway's `spec.image` names this image), it
 //! ignores its arguments and serves forged usage reports on the admin port
 //! (`waycast_mock::forged_usage`).
+//!
+//! `call` is a client inside a pod (the e2e identity tests): it POSTs
+//! `BODY` (JSON) to `URL` with the token in `TOKEN_FILE` (a projected
+//! ServiceAccount token) as its bearer, prints `status <code>` and the
+//! answer's body, and exits 0 on any answer.
 //!
 //! `--vllm-slots` turns on the vLLM-like mode (`waycast_mock::vllm`);
 //! `--tls-cert` and `--tls-key` serve HTTPS, and `--tls-client-ca` requires
@@ -30,6 +36,12 @@ fn main() -> ExitCode {
         (std::env::var("WAYCAST_GATEWAY"), std::env::var("POD_NAME"), std::env::var("POD_NAMESPACE"))
     {
         return forged_gateway_pod(waycast_mock::forged_usage::Forger { pod, namespace });
+    }
+    let arguments: Vec<String> = std::env::args().skip(1).collect();
+    if let [call, url, token_file, body] = arguments.as_slice()
+        && call == "call"
+    {
+        return call_once(url, token_file, body);
     }
     let mut listen: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 8000));
     let mut options = MockOptions::default();
@@ -157,6 +169,43 @@ fn forged_gateway_pod(forger: waycast_mock::forged_usage::Forger) -> ExitCode {
             }
             () = waycast_mock::upstream::termination() => ExitCode::SUCCESS,
         }
+    })
+}
+
+/// POSTs `body` to `url` with the bearer in `token_file`; prints the
+/// status and the answer.
+fn call_once(url: &str, token_file: &str, body: &str) -> ExitCode {
+    let token = match std::fs::read_to_string(token_file) {
+        Ok(token) => token.trim().to_owned(),
+        Err(error) => {
+            eprintln!("waycast-mock-upstream: reading {token_file}: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let runtime = match runtime() {
+        Ok(runtime) => runtime,
+        Err(code) => return code,
+    };
+    runtime.block_on(async move {
+        let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+        let request = waycast_mock::fixtures::post_request(url, Some(&token), body);
+        let answered = tokio::time::timeout(Duration::from_secs(30), http.request(request)).await;
+        let response = match answered {
+            Ok(Ok(response)) => response,
+            Ok(Err(error)) => {
+                eprintln!("waycast-mock-upstream: POST {url}: {error}");
+                return ExitCode::FAILURE;
+            }
+            Err(_) => {
+                eprintln!("waycast-mock-upstream: POST {url}: no answer within 30 s");
+                return ExitCode::FAILURE;
+            }
+        };
+        let status = response.status().as_u16();
+        let body = http_body_util::BodyExt::collect(response.into_body()).await.map(|b| b.to_bytes());
+        println!("status {status}");
+        println!("{}", body.map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default());
+        ExitCode::SUCCESS
     })
 }
 
