@@ -307,13 +307,19 @@ fn check_grant(path: &str, grant: &GrantConfig, problems: &mut Collector) {
             let valid = match field {
                 "groups" => !subject.is_empty() && subject.len() <= 256 && !subject.chars().any(char::is_control),
                 "users" => is_token_word(subject),
-                _ => subject.split_once('/').is_some_and(|(ns, name)| is_dns_label(ns) && is_dns_subdomain(name)),
+                // A team grants its own workloads only: another
+                // namespace's ServiceAccount is that namespace's to grant.
+                _ => subject.split_once('/').is_some_and(|(ns, name)| {
+                    is_dns_label(ns)
+                        && is_dns_subdomain(name)
+                        && (ns == grant.namespace() || grant.namespace().is_empty())
+                }),
             };
             if !valid {
                 let message = match field {
                     "groups" => "must be 1 to 256 characters without control characters",
                     "users" => "must be 1 to 256 characters without whitespace",
-                    _ => "must be namespace/name of a ServiceAccount",
+                    _ => "must be namespace/name of a ServiceAccount of the grant's own namespace",
                 };
                 problems.add(join(path, &format!("{field}[{index}]")), message);
             }
@@ -349,17 +355,26 @@ fn check_grant(path: &str, grant: &GrantConfig, problems: &mut Collector) {
 pub fn review_providers(providers: &[ProviderConfig]) -> BTreeMap<usize, Vec<Problem>> {
     let mut left_out = BTreeMap::new();
     let mut names: HashMap<&str, usize> = HashMap::new();
+    let mut issuers: HashMap<&str, usize> = HashMap::new();
     for (index, provider) in providers.iter().enumerate() {
         let path = format!("providers[{index}]");
         let mut problems = Collector::default();
         check_provider(&path, provider, &mut problems);
         if let Some(first) = names.get(provider.name.as_str()) {
             problems.add(format!("{path}.name"), format!("{:?} is also the name of providers[{first}]", provider.name));
+        } else if let Some(first) = issuers.get(provider.issuer.as_str()) {
+            // A token names its issuer, not a provider: a second provider of
+            // one issuer would never verify anything.
+            problems.add(
+                format!("{path}.issuer"),
+                format!("{:?} is also the issuer of providers[{first}]", provider.issuer),
+            );
         } else if problems.0.is_empty() && names.len() >= MAX_PROVIDERS {
             problems.add(path.clone(), format!("a config trusts at most {MAX_PROVIDERS} providers"));
         }
         if problems.0.is_empty() {
             names.insert(&provider.name, index);
+            issuers.insert(&provider.issuer, index);
         } else {
             left_out.insert(index, problems.0);
         }

@@ -80,7 +80,12 @@ fn a_grant_is_checked_field_by_field() {
         ("a group with a newline", Box::new(|g| g.groups = vec!["ml\nresearch".into()]), &["groups[0]"]),
         ("a user with a space", Box::new(|g| g.users = vec!["alice smith".into()]), &["users[0]"]),
         ("a bare service account", Box::new(|g| g.service_accounts = vec!["runner".into()]), &["serviceAccounts[0]"]),
-        ("a service account", Box::new(|g| g.service_accounts = vec!["ci/runner".into()]), &[]),
+        ("a service account", Box::new(|g| g.service_accounts = vec!["team-a/runner".into()]), &[]),
+        (
+            "another namespace's service account",
+            Box::new(|g| g.service_accounts = vec!["ci/runner".into()]),
+            &["serviceAccounts[0]"],
+        ),
         ("257 users", Box::new(|g| g.users = (0..257).map(|i| format!("u{i}")).collect()), &["users"]),
         ("a model glob with a space", Box::new(|g| g.models = Some(vec!["llama *".into()])), &["models[0]"]),
         ("a class not a label", Box::new(|g| g.class = Some("Gold".into())), &["class"]),
@@ -177,4 +182,18 @@ fn identity_entries_are_optional_and_round_trip() {
     assert_eq!(GatewayConfig::from_slice(&json).unwrap(), config);
     let unknown = yaml.replace("perUser", "perPerson");
     assert!(GatewayConfig::from_slice(unknown.as_bytes()).is_err(), "unknown fields are refused");
+}
+
+/// A token names its issuer, not a provider: two providers of one issuer
+/// would leave the second's grants never served, so the second is left out.
+#[test]
+fn a_second_provider_of_one_issuer_is_left_out() {
+    let mut config = GatewayConfig::empty();
+    let mut again = provider("corp-again");
+    again.issuer = provider("corp").issuer;
+    config.providers = vec![provider("corp"), again, provider("other")];
+    config.providers[2].issuer = "https://other.example.com".into();
+    let review = config.review();
+    assert_eq!(review.providers.keys().copied().collect::<Vec<_>>(), [1]);
+    assert!(review.providers[&1][0].message.contains("is also the issuer of providers[0]"), "{review:?}");
 }

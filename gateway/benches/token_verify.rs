@@ -132,10 +132,10 @@ fn main() {
         ratio(garbage_cost)
     );
     println!(
-        "  a flood of forged tokens     {:>8.3} µs  ({:.1}× a bad key's refusal; {} checked a second per worker)",
+        "  a flood of forged tokens     {:>8.3} µs  ({:.1}× a bad key's refusal; at most {} ms a second per worker checked)",
         flood_cost.as_secs_f64() * 1e6,
         ratio(flood_cost),
-        waycast_gateway::identity::BAD_SIGNATURES_PER_SECOND
+        waycast_gateway::identity::REFUSED_CHECKS_NANOS_PER_SECOND / 1_000_000
     );
     println!(
         "  issuer not trusted, refused  {:>8.3} µs  ({:.1}× a bad key's refusal)",

@@ -32,6 +32,12 @@ pub enum GatewayError {
     /// (`true`: not the grant they named in `x-waycast-grant`).
     #[error("{}", if *.0 { "the access grant named in x-waycast-grant does not admit you" } else { "no access grant of this gateway admits you" })]
     NoGrant(bool),
+    /// Grants of several teams admit the token's holder and the request
+    /// names none of them.
+    #[error(
+        "access grants of more than one namespace admit you: name the one to use in x-waycast-grant (namespace/name)"
+    )]
+    AmbiguousGrant,
     /// The grant holds as many members as it counts at once, none idle.
     #[error("this access grant serves at most {0} people at once on this gateway; try again shortly")]
     GrantFull(usize),
@@ -173,7 +179,7 @@ impl GatewayError {
         use GatewayError::*;
         match self {
             TokenRefused(crate::identity::Refusal::VerificationBusy) => StatusCode::TOO_MANY_REQUESTS,
-            MissingKey | InvalidKey | ExpiredKey | DisabledKey | TokenRefused(_) | NoGrant(_) => {
+            MissingKey | InvalidKey | ExpiredKey | DisabledKey | TokenRefused(_) | NoGrant(_) | AmbiguousGrant => {
                 StatusCode::UNAUTHORIZED
             }
             ModelNotAllowed(_) | BudgetCurrency { .. } => StatusCode::FORBIDDEN,
@@ -204,6 +210,7 @@ impl GatewayError {
             DisabledKey => "disabled_api_key",
             TokenRefused(refusal) => refusal.code(),
             NoGrant(_) => "no_grant",
+            AmbiguousGrant => "ambiguous_grant",
             GrantFull(_) => "grant_full",
             ModelNotAllowed(_) => "model_not_allowed",
             UnknownModel(_) => "model_not_found",
@@ -254,7 +261,10 @@ impl GatewayError {
         }
         if matches!(self, GatewayError::TokenRefused(crate::identity::Refusal::VerificationBusy)) {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(1));
-        } else if matches!(self, GatewayError::TokenRefused(_) | GatewayError::NoGrant(_)) {
+        } else if matches!(
+            self,
+            GatewayError::TokenRefused(_) | GatewayError::NoGrant(_) | GatewayError::AmbiguousGrant
+        ) {
             // RFC 6750: a token presented and refused.
             headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer error=\"invalid_token\""));
         }

@@ -66,7 +66,7 @@ impl Issuers {
         developers.groups = vec!["developers".into()];
         developers.models = Some(vec!["llama*".into()]);
         let mut ops = GrantConfig::new("team-b/ops", "corp");
-        ops.users = vec!["carol".into(), "alice".into()];
+        ops.users = vec!["carol".into(), "dana".into()];
         ops.models = Some(vec!["mistral-*".into()]);
         let mut robots = GrantConfig::new("team-a/robots", "cluster");
         robots.service_accounts = vec!["team-a/batch".into()];
@@ -97,17 +97,28 @@ async fn token_holders_reach_their_grants_models_and_keys_work_beside_them() {
         Some(format!("Bearer {UPSTREAM_SECRET}").as_str()),
         "the upstream gets the backend's credential, never the caller's token"
     );
-    // Served through team-a/developers (the first grant by id that admits
-    // her): its models only.
+    // Served through team-a/developers, the one grant that admits her: its
+    // models only.
     let (status, _, body) = fixture.post("/v1/chat/completions", Some(&alice), MISTRAL).await;
     assert_eq!((status, error_of(&body)["error"]["code"].as_str()), (StatusCode::FORBIDDEN, Some("model_not_allowed")));
-    // Named, the other grant that admits her serves her instead.
-    let named = fixture.request("/v1/chat/completions", Some(&alice), MISTRAL, &[("x-waycast-grant", "team-b/ops")]);
-    assert_eq!(fixture.send(named).await.0, StatusCode::OK);
     // A grant that does not admit her cannot be named into.
     let foreign = fixture.request("/v1/chat/completions", Some(&alice), LLAMA, &[("x-waycast-grant", "team-a/robots")]);
     let (status, _, body) = fixture.send(foreign).await;
     assert_eq!((status, error_of(&body)["error"]["code"].as_str()), (StatusCode::UNAUTHORIZED, Some("no_grant")));
+    // Dana is admitted by grants of two teams (a group of team-a's, a name
+    // in team-b's): neither serves her until she names one, so no team's
+    // grant takes another team's people by the order of its name.
+    let dana = issuers.person("dana", &["developers"]);
+    let (status, _, body) = fixture.post("/v1/chat/completions", Some(&dana), LLAMA).await;
+    assert_eq!(
+        (status, error_of(&body)["error"]["code"].as_str()),
+        (StatusCode::UNAUTHORIZED, Some("ambiguous_grant"))
+    );
+    let named = fixture.request("/v1/chat/completions", Some(&dana), MISTRAL, &[("x-waycast-grant", "team-b/ops")]);
+    assert_eq!(fixture.send(named).await.0, StatusCode::OK);
+    let named =
+        fixture.request("/v1/chat/completions", Some(&dana), LLAMA, &[("x-waycast-grant", "team-a/developers")]);
+    assert_eq!(fixture.send(named).await.0, StatusCode::OK);
 
     let carol = issuers.person("carol", &[]);
     assert_eq!(fixture.post("/v1/chat/completions", Some(&carol), MISTRAL).await.0, StatusCode::OK);

@@ -48,7 +48,9 @@ pub fn usage_count(key: &[u8]) -> Option<UsageCount> {
 pub fn error_type(error: &GatewayError) -> &'static str {
     use GatewayError::*;
     match error {
-        MissingKey | InvalidKey | ExpiredKey | DisabledKey | TokenRefused(_) | NoGrant(_) => "authentication_error",
+        MissingKey | InvalidKey | ExpiredKey | DisabledKey | TokenRefused(_) | NoGrant(_) | AmbiguousGrant => {
+            "authentication_error"
+        }
         ModelNotAllowed(_) => "permission_error",
         UpstreamUnreachable(_)
         | UpstreamFailed(_)

@@ -55,42 +55,52 @@ pub fn verify_remembered<'p>(
     MEMO.with_borrow_mut(|memo| memo.verify(token, now, provider_for))
 }
 
-/// Bad signatures a worker checks at once before it stops checking new
-/// tokens, and how many a second it checks after (each costs 20–60 µs of
-/// CPU, a bad key's refusal 0.1 µs: `make bench-tokens`).
-pub const BAD_SIGNATURES_BURST: u32 = 200;
-/// See [`BAD_SIGNATURES_BURST`].
-pub const BAD_SIGNATURES_PER_SECOND: u32 = 200;
+/// The CPU time a worker spends a second checking tokens that turn out
+/// refused — forged signatures cost 20–60 µs each, a bad key's refusal
+/// 0.1 µs (`make bench-tokens`) — past which a token it does not remember
+/// waits: a tenth of a worker.
+pub const REFUSED_CHECKS_NANOS_PER_SECOND: u64 = 100_000_000;
+/// The most of that time a worker may spend at once (after a quiet spell).
+pub const REFUSED_CHECKS_BURST_NANOS: u64 = 200_000_000;
 
 /// Verified tokens by tag, bounded.
 pub struct TokenMemo {
     entries: HashMap<u128, Remembered, BuildHasherDefault<TagHasher>>,
     capacity: usize,
-    bad_signatures: BadSignatures,
+    refused_checks: RefusedChecks,
 }
 
-/// A bucket of the bad signatures a worker still checks: a forged token
-/// costs a signature check, so a flood of them is bounded, and while the
-/// bucket is empty a token not remembered is refused unchecked
-/// (`VerificationBusy`). Good tokens take nothing from it: without a flood
-/// nobody is ever refused by it, and during one the tokens a worker
+/// A bucket of the time a worker still spends on checks that end in a
+/// refusal: each is charged what it took, so a token refused before any
+/// signature is checked (an empty or cut signature, a malformed claim)
+/// costs next to nothing and cannot drain it; a forged signature costs its
+/// check. While it is empty a token not remembered is refused unchecked
+/// (`VerificationBusy`); good tokens take nothing from it, so without a
+/// flood nobody is refused by it, and during one the tokens a worker
 /// remembers are served as ever.
-struct BadSignatures {
-    left: f64,
+struct RefusedChecks {
+    left_nanos: f64,
     at: Option<std::time::Instant>,
 }
 
-impl BadSignatures {
+impl RefusedChecks {
     fn full() -> Self {
-        Self { left: f64::from(BAD_SIGNATURES_BURST), at: None }
+        #[allow(clippy::cast_precision_loss, reason = "a constant well within f64's exact range")]
+        let burst = REFUSED_CHECKS_BURST_NANOS as f64;
+        Self { left_nanos: burst, at: None }
     }
 
+    #[allow(clippy::cast_precision_loss, reason = "constants well within f64's exact range")]
     fn refill(&mut self, now: std::time::Instant) {
         if let Some(at) = self.at {
-            let gained = now.saturating_duration_since(at).as_secs_f64() * f64::from(BAD_SIGNATURES_PER_SECOND);
-            self.left = (self.left + gained).min(f64::from(BAD_SIGNATURES_BURST));
+            let gained = now.saturating_duration_since(at).as_secs_f64() * REFUSED_CHECKS_NANOS_PER_SECOND as f64;
+            self.left_nanos = (self.left_nanos + gained).min(REFUSED_CHECKS_BURST_NANOS as f64);
         }
         self.at = Some(now);
+    }
+
+    fn charge(&mut self, took: std::time::Duration) {
+        self.left_nanos -= took.as_secs_f64() * 1e9;
     }
 }
 
@@ -105,7 +115,7 @@ struct Remembered {
 impl TokenMemo {
     /// An empty memo of at most `capacity` tokens (at least one).
     pub fn new(capacity: usize) -> Self {
-        Self { entries: HashMap::default(), capacity: capacity.max(1), bad_signatures: BadSignatures::full() }
+        Self { entries: HashMap::default(), capacity: capacity.max(1), refused_checks: RefusedChecks::full() }
     }
 
     /// Tokens remembered.
@@ -159,15 +169,15 @@ impl TokenMemo {
         provider_for: impl Fn(&str) -> Option<&'p Provider>,
         verify: impl FnOnce(&str, &Provider, jiff::Timestamp) -> Result<Verified, Refusal>,
     ) -> Result<Arc<Verified>, Refusal> {
-        self.verify_at(token, (now, None), provider_for, verify)
+        self.verify_at(token, (now, std::time::Instant::now), provider_for, verify)
     }
 
-    /// [`verify_with`](Self::verify_with), the bad-signature bucket read at
-    /// `at` (tests) or, when `None`, at the monotonic clock's now.
+    /// [`verify_with`](Self::verify_with), the time a refused check took
+    /// read on `clock` (the monotonic clock; tests give their own).
     pub(super) fn verify_at<'p>(
         &mut self,
         token: &str,
-        (now, at): (jiff::Timestamp, Option<std::time::Instant>),
+        (now, mut clock): (jiff::Timestamp, impl FnMut() -> std::time::Instant),
         provider_for: impl Fn(&str) -> Option<&'p Provider>,
         verify: impl FnOnce(&str, &Provider, jiff::Timestamp) -> Result<Verified, Refusal>,
     ) -> Result<Arc<Verified>, Refusal> {
@@ -186,16 +196,15 @@ impl TokenMemo {
         let issuer = unverified_issuer(token)?;
         let provider = provider_for(&issuer).ok_or(Refusal::UnknownIssuer)?;
         // The clock only on this path: a remembered token never reads it.
-        self.bad_signatures.refill(at.unwrap_or_else(std::time::Instant::now));
-        if self.bad_signatures.left < 1.0 {
+        let started = clock();
+        self.refused_checks.refill(started);
+        if self.refused_checks.left_nanos <= 0.0 {
             return Err(Refusal::VerificationBusy);
         }
         let verified = match verify(token, provider, now) {
             Ok(verified) => Arc::new(verified),
             Err(refusal) => {
-                if refusal == Refusal::BadSignature {
-                    self.bad_signatures.left -= 1.0;
-                }
+                self.refused_checks.charge(clock().saturating_duration_since(started));
                 return Err(refusal);
             }
         };

@@ -24,7 +24,8 @@ mod tests;
 
 pub use keys::{Alg, KeySet, KeySetError, MAX_KEY_SET_BYTES, MAX_KEYS};
 pub use memo::{
-    BAD_SIGNATURES_BURST, BAD_SIGNATURES_PER_SECOND, REMEMBERED_TOKENS, TokenMemo, remembered, verify_remembered,
+    REFUSED_CHECKS_BURST_NANOS, REFUSED_CHECKS_NANOS_PER_SECOND, REMEMBERED_TOKENS, TokenMemo, remembered,
+    verify_remembered,
 };
 pub use provider::{
     MAX_CLAIMS, MAX_GROUPS, MAX_KIDLESS_TRIES, MAX_NAME_BYTES, MAX_TOKEN_BYTES, Provider, ProviderError, Refusal,

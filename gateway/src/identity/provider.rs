@@ -212,10 +212,10 @@ pub enum Refusal {
     /// A claim that must be there is not (`iss`, `aud`, `exp`, the user).
     #[error("the token lacks a required claim")]
     MissingClaim,
-    /// This worker refused too many forged signatures in the last second:
-    /// a token it has not verified before waits (tokens it remembers are
-    /// served as ever).
-    #[error("too many tokens with bad signatures arrive: a new token is checked again in a second")]
+    /// This worker spent its share of time on tokens it refused (a flood of
+    /// forged signatures): a token it has not verified before waits
+    /// (tokens it remembers are served as ever).
+    #[error("too many forged tokens arrive: a new token is checked again in a second")]
     VerificationBusy,
 }
 

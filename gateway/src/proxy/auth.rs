@@ -95,6 +95,7 @@ fn serve_token<'s>(
     let grant = identity.grant_for(&verified, asked).map_err(|refused| match refused {
         NotGranted::NoGrant => GatewayError::NoGrant(false),
         NotGranted::NotInNamedGrant => GatewayError::NoGrant(true),
+        NotGranted::Ambiguous => GatewayError::AmbiguousGrant,
     })?;
     let member = match &grant.members {
         Some(members) => Some(members.member(&verified.user, now).map_err(|full| GatewayError::GrantFull(full.0))?),

@@ -58,6 +58,9 @@ pub enum NotGranted {
     NoGrant,
     /// They named a grant (`x-waycast-grant`) that does not admit them.
     NotInNamedGrant,
+    /// Grants of more than one namespace admit them and they named none:
+    /// no team's grant is chosen for them by its name's order.
+    Ambiguous,
 }
 
 impl Identity {
@@ -77,10 +80,18 @@ impl Identity {
     }
 
     /// The grant that serves `verified`: the one named by `asked` (a grant
-    /// id) when it admits them, else the first in id order that does.
+    /// id) when it admits them, else the first in id order that does when
+    /// every grant that admits them is of one namespace.
+    ///
+    /// NB: any team may write a grant naming any group or user of a
+    /// provider; were the first grant by name chosen across namespaces, a
+    /// team whose namespace sorts first could serve other teams' people
+    /// through its own models. Grants of several namespaces admitting one
+    /// person therefore make them name one.
     ///
     /// # Errors
-    /// [`NotGranted`]: none admits them, or the one they named does not.
+    /// [`NotGranted`]: none admits them, the one they named does not, or
+    /// grants of several namespaces do and they named none.
     pub fn grant_for(&self, verified: &Verified, asked: Option<&[u8]>) -> Result<&Grant, NotGranted> {
         let Some(provider) = self.providers.iter().position(|p| p.name() == &*verified.provider) else {
             return Err(NotGranted::NoGrant);
@@ -103,7 +114,15 @@ impl Identity {
                 .filter(admits)
                 .find(|grant| grant.entry.id.as_bytes() == asked.trim_ascii())
                 .ok_or(NotGranted::NotInNamedGrant),
-            None => self.grants.iter().find(admits).ok_or(NotGranted::NoGrant),
+            None => {
+                let mut admitting = self.grants.iter().filter(admits);
+                let first = admitting.next().ok_or(NotGranted::NoGrant)?;
+                let namespace = first.entry.tenant.namespace.as_ref();
+                if admitting.any(|other| other.entry.tenant.namespace.as_ref() != namespace) {
+                    return Err(NotGranted::Ambiguous);
+                }
+                Ok(first)
+            }
         }
     }
 }
