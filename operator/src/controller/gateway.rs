@@ -207,7 +207,7 @@ async fn reconcile(
         started,
     )
     .await;
-    announce(&context, moved);
+    super::statuses::announce(&context, moved);
     let now = jiff::Timestamp::now();
     let facts = status::GatewayFacts {
         refused: compiled.gateway.as_ref(),
@@ -458,20 +458,6 @@ async fn remember_reconcile(
         moved
     })
     .await
-}
-
-/// Announces the ApiKeys, ModelEndpoints and AccessGrants whose status may
-/// read differently now to their status controllers.
-fn announce(context: &Context, moved: programmed::Moved) {
-    for id in moved.keys {
-        context.stores.feeds.keys.announce(ObjectRef::new(&id.name).within(&id.namespace));
-    }
-    for id in moved.models {
-        context.stores.feeds.models.announce(ObjectRef::new(&id.name).within(&id.namespace));
-    }
-    for id in moved.grants {
-        context.stores.feeds.grants.announce(ObjectRef::new(&id.name).within(&id.namespace));
-    }
 }
 
 /// Compile again when the next key expires, so its status says Expired on

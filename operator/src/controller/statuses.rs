@@ -8,6 +8,7 @@ use futures_util::StreamExt as _;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Resource;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::reflector::Store;
 use serde::de::DeserializeOwned;
 use waycast_crds::Gateway;
@@ -103,4 +104,18 @@ pub(crate) async fn parent_decisions<K: Resource, T>(
         decisions.decided.push((gateway_id, decision));
     }
     Some(decisions)
+}
+
+/// Announces the ApiKeys, ModelEndpoints and AccessGrants whose status may
+/// read differently now to their status controllers.
+pub(crate) fn announce(context: &Context, moved: crate::programmed::Moved) {
+    for id in moved.keys {
+        context.stores.feeds.keys.announce(ObjectRef::new(&id.name).within(&id.namespace));
+    }
+    for id in moved.models {
+        context.stores.feeds.models.announce(ObjectRef::new(&id.name).within(&id.namespace));
+    }
+    for id in moved.grants {
+        context.stores.feeds.grants.announce(ObjectRef::new(&id.name).within(&id.namespace));
+    }
 }
