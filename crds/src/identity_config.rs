@@ -355,26 +355,17 @@ fn check_grant(path: &str, grant: &GrantConfig, problems: &mut Collector) {
 pub fn review_providers(providers: &[ProviderConfig]) -> BTreeMap<usize, Vec<Problem>> {
     let mut left_out = BTreeMap::new();
     let mut names: HashMap<&str, usize> = HashMap::new();
-    let mut issuers: HashMap<&str, usize> = HashMap::new();
     for (index, provider) in providers.iter().enumerate() {
         let path = format!("providers[{index}]");
         let mut problems = Collector::default();
         check_provider(&path, provider, &mut problems);
         if let Some(first) = names.get(provider.name.as_str()) {
             problems.add(format!("{path}.name"), format!("{:?} is also the name of providers[{first}]", provider.name));
-        } else if let Some(first) = issuers.get(provider.issuer.as_str()) {
-            // A token names its issuer, not a provider: a second provider of
-            // one issuer would never verify anything.
-            problems.add(
-                format!("{path}.issuer"),
-                format!("{:?} is also the issuer of providers[{first}]", provider.issuer),
-            );
         } else if problems.0.is_empty() && names.len() >= MAX_PROVIDERS {
             problems.add(path.clone(), format!("a config trusts at most {MAX_PROVIDERS} providers"));
         }
         if problems.0.is_empty() {
             names.insert(&provider.name, index);
-            issuers.insert(&provider.issuer, index);
         } else {
             left_out.insert(index, problems.0);
         }

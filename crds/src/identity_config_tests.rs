@@ -183,17 +183,3 @@ fn identity_entries_are_optional_and_round_trip() {
     let unknown = yaml.replace("perUser", "perPerson");
     assert!(GatewayConfig::from_slice(unknown.as_bytes()).is_err(), "unknown fields are refused");
 }
-
-/// A token names its issuer, not a provider: two providers of one issuer
-/// would leave the second's grants never served, so the second is left out.
-#[test]
-fn a_second_provider_of_one_issuer_is_left_out() {
-    let mut config = GatewayConfig::empty();
-    let mut again = provider("corp-again");
-    again.issuer = provider("corp").issuer;
-    config.providers = vec![provider("corp"), again, provider("other")];
-    config.providers[2].issuer = "https://other.example.com".into();
-    let review = config.review();
-    assert_eq!(review.providers.keys().copied().collect::<Vec<_>>(), [1]);
-    assert!(review.providers[&1][0].message.contains("is also the issuer of providers[0]"), "{review:?}");
-}
