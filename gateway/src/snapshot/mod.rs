@@ -99,44 +99,31 @@ pub fn screen(mut config: GatewayConfig) -> Result<(GatewayConfig, Vec<Dropped>)
         return Err(BuildError::Invalid(Problems(review.config)));
     }
     let mut dropped = Vec::new();
-    let describe = |problems: &[waycast_crds::validate::Problem]| Problems(problems.to_vec()).to_string();
-    if !review.models.is_empty() {
-        let models = std::mem::take(&mut config.models);
-        for (index, model) in models.into_iter().enumerate() {
-            match review.models.get(&index) {
-                Some(problems) => dropped.push(Dropped::model(&model, describe(problems))),
-                None => config.models.push(model),
-            }
-        }
-    }
-    if !review.keys.is_empty() {
-        let keys = std::mem::take(&mut config.keys);
-        for (index, key) in keys.into_iter().enumerate() {
-            match review.keys.get(&index) {
-                Some(problems) => dropped.push(Dropped::key(&key, describe(problems), 0)),
-                None => config.keys.push(key),
-            }
-        }
-    }
-    if !review.providers.is_empty() {
-        let providers = std::mem::take(&mut config.providers);
-        for (index, provider) in providers.into_iter().enumerate() {
-            match review.providers.get(&index) {
-                Some(problems) => dropped.push(Dropped::provider(&provider, describe(problems))),
-                None => config.providers.push(provider),
-            }
-        }
-    }
-    if !review.grants.is_empty() {
-        let grants = std::mem::take(&mut config.grants);
-        for (index, grant) in grants.into_iter().enumerate() {
-            match review.grants.get(&index) {
-                Some(problems) => dropped.push(Dropped::grant(&grant, describe(problems))),
-                None => config.grants.push(grant),
-            }
-        }
-    }
+    keep_reviewed(&mut config.models, &review.models, &mut dropped, Dropped::model);
+    keep_reviewed(&mut config.keys, &review.keys, &mut dropped, |key, why| Dropped::key(key, why, 0));
+    keep_reviewed(&mut config.providers, &review.providers, &mut dropped, Dropped::provider);
+    keep_reviewed(&mut config.grants, &review.grants, &mut dropped, Dropped::grant);
     Ok((config, dropped))
+}
+
+/// Keeps the entries of `entries` the review left in; each left out goes
+/// to `dropped` with its problems as the reason.
+fn keep_reviewed<T>(
+    entries: &mut Vec<T>,
+    left_out: &std::collections::BTreeMap<usize, Vec<waycast_crds::validate::Problem>>,
+    dropped: &mut Vec<Dropped>,
+    drop_of: impl Fn(&T, String) -> Dropped,
+) {
+    if left_out.is_empty() {
+        return;
+    }
+    let all = std::mem::take(entries);
+    for (index, entry) in all.into_iter().enumerate() {
+        match left_out.get(&index) {
+            Some(problems) => dropped.push(drop_of(&entry, Problems(problems.clone()).to_string())),
+            None => entries.push(entry),
+        }
+    }
 }
 
 impl Snapshot {
