@@ -29,6 +29,10 @@ pub const BASELINE_DATA_KEY: &str = "usage.json";
 /// The most keys one report lists (the rest are counted in the total
 /// under [`OTHER_KEYS`]): bounds a report's size.
 pub const MAX_REPORTED_KEYS: usize = 100_000;
+/// The most budget spends one report lists: every period of every key,
+/// tenant and grant a Gateway can count, and members' (a gateway reports
+/// no more, members' last; the operator refuses a report of more).
+pub const MAX_REPORTED_BUDGETS: usize = 4 * MAX_REPORTED_KEYS;
 /// Where usage of keys past [`MAX_REPORTED_KEYS`] is added up.
 pub const OTHER_KEYS: &str = "-";
 
@@ -94,11 +98,69 @@ impl UsageTotals {
     }
 }
 
+/// The most members of one grant a pod counts at once, and so the most a
+/// report names for one grant.
+pub const MAX_MEMBERS_PER_GRANT: usize = 10_000;
+
+/// Whose budget a [`BudgetSpend`] is, read from its scope.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BudgetScope<'a> {
+    /// `key:<namespace/name>`.
+    Key(&'a str),
+    /// `tenant:<namespace>`.
+    Tenant(&'a str),
+    /// `grant:<namespace/name>`: a grant's budget for all its members.
+    Grant(&'a str),
+    /// `user:<namespace/name>:<32 hex digits>`: one member of a grant, by
+    /// the first half of the SHA-256 of who their token names (never the
+    /// name itself).
+    Member {
+        /// The grant's id.
+        grant: &'a str,
+        /// The member's digest.
+        digest: &'a str,
+    },
+}
+
+impl<'a> BudgetScope<'a> {
+    /// `scope` read, or `None` if it is none of these (a member's digest
+    /// must be 32 lowercase hex digits, so a scope names one member in
+    /// one way only).
+    pub fn parse(scope: &'a str) -> Option<Self> {
+        let (kind, rest) = scope.split_once(':')?;
+        let scope = match kind {
+            "key" => Self::Key(rest),
+            "tenant" => Self::Tenant(rest),
+            "grant" => Self::Grant(rest),
+            "user" => {
+                let (grant, digest) = rest.rsplit_once(':')?;
+                let hex = digest.len() == 32 && digest.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+                if !hex {
+                    return None;
+                }
+                Self::Member { grant, digest }
+            }
+            _ => return None,
+        };
+        Some(scope)
+    }
+
+    /// A member's scope: `user:<grant>:<hex of the first 16 bytes of
+    /// SHA-256(user)>`.
+    pub fn member_of(grant: &str, user: &str) -> String {
+        let digest = crate::digest::sha256(user.as_bytes());
+        let hex: String = digest[..16].iter().map(|byte| format!("{byte:02x}")).collect();
+        format!("user:{grant}:{hex}")
+    }
+}
+
 /// What a budget has spent in one of its periods.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[serde(rename_all = "camelCase")]
 pub struct BudgetSpend {
-    /// `key:<namespace/name>` or `tenant:<namespace>`.
+    /// Whose: `key:<namespace/name>`, `tenant:<namespace>`,
+    /// `grant:<namespace/name>` or `user:<grant>:<digest>` (see
+    /// [`BudgetScope`]).
     pub scope: String,
     /// The budget's period.
     pub period: Period,
@@ -293,5 +355,21 @@ mod tests {
         assert!(text.contains(r#""team-a/alice":{"requests":1}"#), "zero counts are left out: {text}");
         assert_eq!(serde_json::from_str::<UsageReport>(&text).unwrap(), report);
         assert!(UsageBaseline::from_slice(b"{\"budgets\":7}").is_err());
+    }
+
+    #[test]
+    fn budget_scopes_read_one_way_only() {
+        assert_eq!(BudgetScope::parse("key:team-a/alice"), Some(BudgetScope::Key("team-a/alice")));
+        assert_eq!(BudgetScope::parse("tenant:team-a"), Some(BudgetScope::Tenant("team-a")));
+        assert_eq!(BudgetScope::parse("grant:team-a/devs"), Some(BudgetScope::Grant("team-a/devs")));
+        let alice = BudgetScope::member_of("team-a/devs", "alice@example.com");
+        let digest = &alice[alice.len() - 32..];
+        assert_eq!(BudgetScope::parse(&alice), Some(BudgetScope::Member { grant: "team-a/devs", digest }));
+        assert!(!alice.contains("alice@"), "{alice}");
+        assert_ne!(alice, BudgetScope::member_of("team-a/devs", "bob@example.com"));
+        let upper = format!("user:team-a/devs:{}", digest.to_uppercase());
+        for refused in ["", "alice", "team:x", "user:team-a/devs:abc", upper.as_str(), "user:team-a/devs"] {
+            assert_eq!(BudgetScope::parse(refused), None, "{refused}");
+        }
     }
 }

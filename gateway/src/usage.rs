@@ -17,9 +17,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use jiff::Timestamp;
 use waycast_crds::period::Period;
-use waycast_crds::usage::{BudgetSpend, MAX_REPORTED_KEYS, OTHER_KEYS, UsageBaseline, UsageReport, UsageTotals};
+use waycast_crds::usage::{
+    BudgetScope, BudgetSpend, MAX_REPORTED_BUDGETS, MAX_REPORTED_KEYS, OTHER_KEYS, UsageBaseline, UsageReport,
+    UsageTotals,
+};
 
-use crate::limit::budget::FleetSpend;
+use crate::limit::budget::{BudgetState, FleetSpend};
+use crate::limit::members::MembersFleet;
 use crate::snapshot::Snapshot;
 
 /// How many reports' budget spends are kept (a new one at most every
@@ -120,26 +124,23 @@ impl Ledger {
         }
         let mut spends = HashMap::new();
         let mut budgets = Vec::new();
-        for (scope, states) in snapshot.counts.budgets.iter() {
-            // A grant's budgets are counted by each pod (or in Redis), not
-            // yet reported: the operator takes reports of keys' and
-            // tenants' budgets only, and refuses a report naming others.
-            if !(scope.starts_with("key:") || scope.starts_with("tenant:")) {
-                continue;
+        each_budget(snapshot, |scope, period, state| {
+            let window = period.window(now, zone);
+            if state.period_start() != window.start.as_second() {
+                return;
             }
-            for (period, state) in states {
-                let window = period.window(now, zone);
-                if state.period_start() != window.start.as_second() {
-                    continue;
+            let (tokens, cost_nanos) = state.spent();
+            // Within the operator's bound: past it a report is refused
+            // whole, so the budgets past it (members last) go unreported.
+            if tokens != 0 || cost_nanos != 0 {
+                if budgets.len() >= MAX_REPORTED_BUDGETS {
+                    return;
                 }
-                let (tokens, cost_nanos) = state.spent();
-                spends.insert((scope.to_string(), *period, window.key.clone()), (tokens, cost_nanos));
-                if tokens != 0 || cost_nanos != 0 {
-                    let scope = scope.to_string();
-                    budgets.push(BudgetSpend { scope, period: *period, window: window.key, tokens, cost_nanos });
-                }
+                let scope = scope.to_owned();
+                budgets.push(BudgetSpend { scope, period, window: window.key.clone(), tokens, cost_nanos });
             }
-        }
+            spends.insert((scope.to_owned(), period, window.key), (tokens, cost_nanos));
+        });
         budgets.sort();
         let month = Period::Month.window(now, zone).key;
         let mut report = UsageReport { instance: self.instance.clone(), sequence: 0, month, keys, budgets };
@@ -191,20 +192,62 @@ impl Ledger {
                 ((spend.scope.as_str(), spend.period, spend.window.as_str()), (spend.tokens, spend.cost_nanos))
             })
             .collect();
+        let fleet = |scope: &str, period: Period| {
+            let window = period.window(now, zone);
+            let total = totals.get(&(scope, period, window.key.as_str())).copied().unwrap_or_default();
+            let own = mine.get(&(scope.to_owned(), period, window.key.clone())).copied().unwrap_or_default();
+            // What this process reported can only be in the total.
+            let own = (own.0.min(total.0), own.1.min(total.1));
+            FleetSpend { start: window.start.as_second(), total, mine: own }
+        };
         for (scope, states) in snapshot.counts.budgets.iter() {
-            // A grant's budgets are counted by each pod (or in Redis), not
-            // yet reported: the operator takes reports of keys' and
-            // tenants' budgets only, and refuses a report naming others.
-            if !(scope.starts_with("key:") || scope.starts_with("tenant:")) {
-                continue;
+            if reported(scope) {
+                for (period, state) in states {
+                    state.set_fleet(fleet(scope, *period));
+                }
             }
+        }
+        // A grant's members: every member the baseline names, held now or
+        // not (one first seen by this process later starts from it).
+        let mut members: HashMap<&str, MembersFleet> = HashMap::new();
+        for spend in &baseline.budgets {
+            if let Some(BudgetScope::Member { grant, .. }) = BudgetScope::parse(&spend.scope) {
+                let spends = members.entry(grant).or_default().entry(Arc::from(spend.scope.as_str())).or_default();
+                if !spends.iter().any(|(period, _)| *period == spend.period) {
+                    spends.push((spend.period, fleet(&spend.scope, spend.period)));
+                }
+            }
+        }
+        for grant in snapshot.identity.grants() {
+            if let Some(held) = &grant.members {
+                held.set_fleet(members.remove(held.grant()).unwrap_or_default());
+            }
+        }
+    }
+}
+
+/// Whether a budget of `scope` is reported to the operator (and handed
+/// its fleet's spend): keys', tenants' and grants'; members' are reported
+/// through their grant's members.
+fn reported(scope: &str) -> bool {
+    matches!(BudgetScope::parse(scope), Some(BudgetScope::Key(_) | BudgetScope::Tenant(_) | BudgetScope::Grant(_)))
+}
+
+/// Calls `each` with every budget this process counts: keys', tenants' and
+/// grants', then each member's of each grant.
+fn each_budget(snapshot: &Snapshot, mut each: impl FnMut(&str, Period, &BudgetState)) {
+    for (scope, states) in snapshot.counts.budgets.iter() {
+        if reported(scope) {
             for (period, state) in states {
-                let window = period.window(now, zone);
-                let total = totals.get(&(&**scope, *period, window.key.as_str())).copied().unwrap_or_default();
-                let own = mine.get(&(scope.to_string(), *period, window.key.clone())).copied().unwrap_or_default();
-                // What this process reported can only be in the total.
-                let own = (own.0.min(total.0), own.1.min(total.1));
-                state.set_fleet(FleetSpend { start: window.start.as_second(), total, mine: own });
+                each(scope, *period, state);
+            }
+        }
+    }
+    for grant in snapshot.identity.grants() {
+        let Some(members) = &grant.members else { continue };
+        for member in members.held().values() {
+            for budget in &member.budgets {
+                each(&member.id, budget.period, &budget.state);
             }
         }
     }

@@ -379,3 +379,71 @@ async fn members_of_a_grant_take_turns_in_a_full_model() {
     let bob_at = order.iter().position(|who| who == "bob-1").unwrap();
     assert!(bob_at <= 2, "Bob waited behind all of Alice's queued requests: {order:?}");
 }
+
+/// Without Redis a grant's and its members' budgets go into the report the
+/// operator collects, and come back as the fleet's spend: a member first
+/// seen by a process (one restarted, a new replica) starts from what the
+/// fleet spent of their budget, not from nothing; a member already held
+/// takes each new baseline.
+#[tokio::test]
+async fn members_budgets_are_reported_and_count_the_fleets_spend() {
+    use waycast_crds::period::Period;
+    use waycast_crds::usage::{BudgetScope, UsageReport};
+    let issuers = Issuers::new();
+    let options = FixtureOptions { usage_file: true, ..FixtureOptions::default() };
+    let fixture = Fixture::start(options, |config, _| per_person(&issuers, config)).await;
+    let (alice, bob) = (issuers.person("alice", &["developers"]), issuers.person("bob", &["developers"]));
+    let (alice_scope, bob_scope) =
+        (BudgetScope::member_of("team-a/developers", "alice"), BudgetScope::member_of("team-a/developers", "bob"));
+    let today = Period::Day.window(jiff::Timestamp::now(), &jiff::tz::TimeZone::UTC).key;
+    let spent = |scope: &str, tokens: u64| json!({"scope": scope, "period": "Day", "window": today, "tokens": tokens, "costNanos": 0});
+    let usage_of = |token: String| {
+        let fixture = &fixture;
+        async move {
+            let request = http::Request::get(fixture.url("/v1/usage"))
+                .header("authorization", format!("Bearer {token}"))
+                .body(http_body_util::Full::new(bytes::Bytes::new()))
+                .unwrap();
+            let (status, _, body) = fixture.send(request).await;
+            assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+            error_of(&body)["budgets"][0]["spent_tokens"].as_u64().unwrap()
+        }
+    };
+    // Bob is served first, so he is held when the baseline comes.
+    assert_eq!(fixture.post("/v1/chat/completions", Some(&bob), SMALL).await.0, StatusCode::OK);
+    // Processes gone had spent 50 of Alice's 100 today, 95 of Bob's, 500
+    // of the grant's 1,000; this one's reports are in none of it.
+    let baseline = json!({"budgets": [spent(&alice_scope, 50), spent(&bob_scope, 95),
+                                      spent("grant:team-a/developers", 500)], "reports": {}});
+    fixture.write_usage(baseline.to_string().as_bytes());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while usage_of(bob.clone()).await < 95 {
+        assert!(Instant::now() < deadline, "the baseline never reached a member already held");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (status, _, body) = fixture.post("/v1/chat/completions", Some(&bob), SMALL).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{}", String::from_utf8_lossy(&body));
+    // Alice, first seen now, starts from the fleet's 50: at most 50 more.
+    assert!(usage_of(alice.clone()).await >= 50, "a member made after the baseline starts from it");
+    let mut own = 0;
+    loop {
+        let (status, _, body) = fixture.post("/v1/chat/completions", Some(&alice), SMALL).await;
+        if status != StatusCode::OK {
+            assert_eq!(error_of(&body)["error"]["code"], "insufficient_quota");
+            break;
+        }
+        own += error_of(&body)["usage"]["total_tokens"].as_u64().unwrap();
+        assert!(own <= 50, "spent {own} of the 50 the fleet left her");
+    }
+    assert!(own > 0, "what was left was spendable");
+    // The report names the grant's budget and each member's by digest
+    // only, with this process's own spend.
+    let (status, text) = fixture.admin_get("/usage").await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert!(!text.contains("alice"), "no person's name in the report: {text}");
+    let report: UsageReport = serde_json::from_str(&text).unwrap();
+    let of = |scope: &str| report.budgets.iter().find(|b| b.scope == scope).map(|b| b.tokens);
+    assert_eq!(of(&alice_scope), Some(own));
+    assert!(of(&bob_scope).is_some_and(|tokens| tokens > 0));
+    assert!(of("grant:team-a/developers").is_some_and(|tokens| tokens > own));
+}

@@ -17,11 +17,17 @@ use arc_swap::ArcSwap;
 
 use waycast_crds::config::PerUserConfig;
 
-use super::budget::Budget;
+use waycast_crds::period::Period;
+
+use super::budget::{Budget, FleetSpend};
 use super::limiter::LimitSet;
 
 /// Most members of one grant counted at once, per pod.
-pub const MAX_MEMBERS: usize = 10_000;
+pub use waycast_crds::usage::MAX_MEMBERS_PER_GRANT as MAX_MEMBERS;
+
+/// Per member (by state id), what the fleet spent of each of their
+/// budgets, as the operator last collected it.
+pub type MembersFleet = HashMap<Arc<str>, Vec<(Period, FleetSpend)>>;
 
 /// The members of one grant.
 pub struct Members {
@@ -32,6 +38,10 @@ pub struct Members {
     /// (copied: members come far less often than their requests).
     by_user: ArcSwap<HashMap<Box<str>, Arc<Member>>>,
     capacity: usize,
+    /// The fleet's spend of members' budgets (without Redis): handed to a
+    /// member when they are made, so one first seen by this process after
+    /// a restart starts from what the fleet spent, not from nothing.
+    fleet: ArcSwap<MembersFleet>,
 }
 
 /// One member's own state.
@@ -58,7 +68,13 @@ impl Members {
 
     /// As [`Members::new`], holding at most `capacity` (tests).
     pub fn with_capacity(grant: &str, config: PerUserConfig, capacity: usize) -> Self {
-        Self { grant: Arc::from(grant), config, by_user: ArcSwap::default(), capacity: capacity.max(1) }
+        Self {
+            grant: Arc::from(grant),
+            config,
+            by_user: ArcSwap::default(),
+            capacity: capacity.max(1),
+            fleet: ArcSwap::default(),
+        }
     }
 
     /// The per-member settings these members were made under.
@@ -108,15 +124,48 @@ impl Members {
     }
 
     fn make(&self, user: &str) -> Member {
-        let digest = waycast_crds::digest::sha256(user.as_bytes());
-        let id: Arc<str> = Arc::from(format!("user:{}:{}", self.grant, hex::encode(&digest[..16])));
+        let id: Arc<str> = Arc::from(waycast_crds::usage::BudgetScope::member_of(&self.grant, user));
         let limits = self.config.limits.as_ref().map(|limits| Arc::new(LimitSet::new(limits, None)));
         let budgets = Budget::merged(&self.config.budgets, |_| Arc::default());
-        Member { id, limits, budgets }
+        let member = Member { id, limits, budgets };
+        if let Some(spends) = self.fleet.load().get(&member.id) {
+            member.set_fleet(spends);
+        }
+        member
+    }
+
+    /// The members held now (to report what each spent).
+    pub fn held(&self) -> Arc<HashMap<Box<str>, Arc<Member>>> {
+        self.by_user.load_full()
+    }
+
+    /// Hands each member, held now or made later, what the fleet spent of
+    /// their budgets (`fleet`, by member id).
+    pub fn set_fleet(&self, fleet: MembersFleet) {
+        let fleet = Arc::new(fleet);
+        self.fleet.store(fleet.clone());
+        for member in self.by_user.load().values() {
+            if let Some(spends) = fleet.get(&member.id) {
+                member.set_fleet(spends);
+            }
+        }
+    }
+
+    /// The grant's id.
+    pub fn grant(&self) -> &str {
+        &self.grant
     }
 }
 
 impl Member {
+    fn set_fleet(&self, spends: &[(Period, FleetSpend)]) {
+        for budget in &self.budgets {
+            if let Some((_, spend)) = spends.iter().find(|(period, _)| *period == budget.period) {
+                budget.state.set_fleet(*spend);
+            }
+        }
+    }
+
     /// Whether letting it go loses nothing: its limiters are full again,
     /// no request of it is in flight, its budgets counted nothing in a
     /// period not over.

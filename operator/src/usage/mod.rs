@@ -45,7 +45,9 @@ use kube::{Api, ResourceExt as _};
 use waycast_crds::Gateway;
 use waycast_crds::heartbeat::is_gateway_pod;
 use waycast_crds::period::Period;
-use waycast_crds::usage::{BASELINE_DATA_KEY, GatewayUsageStatus, MAX_STATUS_NAMESPACES, UsageReport, UsageTotals};
+use waycast_crds::usage::{
+    BASELINE_DATA_KEY, BudgetScope, GatewayUsageStatus, MAX_STATUS_NAMESPACES, UsageReport, UsageTotals,
+};
 
 use crate::apply::bounded;
 use crate::compile::ObjectKey;
@@ -353,7 +355,25 @@ fn served_by(compiled: &crate::programmed::CompiledFrom, ledger: Option<&Ledger>
         let live = ledger.processes.values().flat_map(|entry| entry.report.keys.keys());
         live.chain(ledger.retired_keys.values().flat_map(BTreeMap::keys)).map(String::as_str)
     });
-    Served::new(serving, counted)
+    let granted: Vec<String> = compiled
+        .grants
+        .iter()
+        .filter(|(_, record)| record.verdict.accepted)
+        .map(|(grant, _)| grant_id(grant))
+        .collect();
+    let ledger_grants = ledger.into_iter().flat_map(|ledger| {
+        let live = ledger.processes.values().flat_map(|entry| &entry.report.budgets);
+        live.chain(&ledger.retired_budgets).filter_map(|spend| match BudgetScope::parse(&spend.scope)? {
+            BudgetScope::Grant(id) | BudgetScope::Member { grant: id, .. } => Some(id),
+            _ => None,
+        })
+    });
+    Served::new(serving, counted).with_grants(granted.iter().map(String::as_str).chain(ledger_grants))
+}
+
+fn grant_id(grant: &ObjectKey) -> String {
+    let (namespace, name) = grant.as_pair();
+    format!("{namespace}/{name}")
 }
 
 /// The budgets' totals of the pods' baseline as written last (`None`

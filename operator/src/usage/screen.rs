@@ -20,14 +20,14 @@ use std::io::Read;
 use serde::de::{DeserializeSeed, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Number;
 use waycast_crds::period::Period;
-use waycast_crds::usage::{BudgetSpend, MAX_REPORTED_KEYS, OTHER_KEYS, UsageReport, UsageTotals};
+use waycast_crds::usage::{
+    BudgetScope, BudgetSpend, MAX_MEMBERS_PER_GRANT, MAX_REPORTED_BUDGETS, MAX_REPORTED_KEYS, OTHER_KEYS, UsageReport,
+    UsageTotals,
+};
 
 /// The largest report taken from a pod (and ledger read back). A genuine
 /// report of [`MAX_REPORTED_KEYS`] keys is some 12 MB.
 pub const MAX_REPORT_BYTES: usize = 16 * 1024 * 1024;
-/// The most budget spends one report lists: every period of every key and
-/// tenant a Gateway can count.
-pub const MAX_REPORTED_BUDGETS: usize = 4 * MAX_REPORTED_KEYS;
 /// The largest count (requests, tokens) one process reports for a key or
 /// budget in a month: a million tokens a second for a whole month is
 /// under 3·10¹².
@@ -89,7 +89,7 @@ impl Refusal {
             Self::TooManyKeys => format!(
                 "the usage report lists more than {MAX_REPORTED_KEYS} keys or {MAX_REPORTED_BUDGETS} budget spends"
             ),
-            Self::ForeignKey => "the usage report names a key or tenant this Gateway does not serve".to_owned(),
+            Self::ForeignKey => "the usage report names a key, tenant or grant this Gateway does not serve".to_owned(),
             Self::OutOfBounds => {
                 format!("the usage report holds a count past {MAX_COUNT} or a cost past {MAX_COST_NANOS} nano-units")
             }
@@ -112,6 +112,9 @@ pub struct Served {
     counted: Vec<u64>,
     /// Namespaces of the keys served now (tenant budgets).
     namespaces: Vec<u64>,
+    /// Grants served now, or whose budgets its ledger holds: a report may
+    /// list their budgets and their members'.
+    grants: Vec<u64>,
 }
 
 impl Served {
@@ -133,7 +136,21 @@ impl Served {
             list.sort_unstable();
             list.dedup();
         }
-        Self { state, serving: keys, counted, namespaces }
+        Self { state, serving: keys, counted, namespaces, grants: Vec::new() }
+    }
+
+    /// These, and grants `grants` (ids, `namespace/name`): served now or
+    /// counted in the ledger.
+    #[must_use]
+    pub fn with_grants<'a>(mut self, grants: impl IntoIterator<Item = &'a str>) -> Self {
+        self.grants = grants.into_iter().map(|id| hash_parts(&self.state, &[id.as_bytes()])).collect();
+        self.grants.sort_unstable();
+        self.grants.dedup();
+        self
+    }
+
+    fn grant(&self, id: &str) -> bool {
+        self.grants.binary_search(&hash_parts(&self.state, &[id.as_bytes()])).is_ok()
     }
 
     /// Whether the Gateway serves the key `id` (`namespace/name`) now.
@@ -331,14 +348,27 @@ impl<'de> Visitor<'de> for BudgetsSeed<'_, '_> {
         // would let a report carry budgets the ledger keeps and rewrites
         // every round without bound, so it refuses the report.
         let mut seen = std::collections::BTreeSet::new();
+        // Members named per grant: a pod counts at most MAX_MEMBERS_PER_GRANT
+        // of a grant at once, and a member's digest is any 32 hex digits,
+        // so this is what bounds the members a report can invent.
+        let mut members: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
         while let Some(raw) = seq.next_element::<RawBudget>()? {
             if budgets.len() >= MAX_REPORTED_BUDGETS {
                 return Err(self.0.refuse(Refusal::TooManyKeys));
             }
-            let scoped = match raw.scope.split_once(':') {
-                Some(("key", id)) => self.0.served.counts(id),
-                Some(("tenant", namespace)) => self.0.served.tenant(namespace),
-                _ => false,
+            let scoped = match BudgetScope::parse(&raw.scope) {
+                Some(BudgetScope::Key(id)) => self.0.served.counts(id),
+                Some(BudgetScope::Tenant(namespace)) => self.0.served.tenant(namespace),
+                Some(BudgetScope::Grant(id)) => self.0.served.grant(id),
+                Some(BudgetScope::Member { grant, digest }) => {
+                    let named = members.entry(grant.to_owned()).or_default();
+                    named.insert(digest.to_owned());
+                    if named.len() > MAX_MEMBERS_PER_GRANT {
+                        return Err(self.0.refuse(Refusal::TooManyKeys));
+                    }
+                    self.0.served.grant(grant)
+                }
+                None => false,
             };
             if !scoped {
                 return Err(self.0.refuse(Refusal::ForeignKey));

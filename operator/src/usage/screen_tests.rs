@@ -146,3 +146,38 @@ fn a_second_window_for_one_budget_or_a_window_that_is_no_calendar_key_refuses_th
     );
     assert_eq!(screened(&day_and_month).unwrap().budgets.len(), 2, "one window per period is genuine");
 }
+
+#[test]
+fn grants_and_their_members_budgets_are_taken_for_grants_the_gateway_counts_only() {
+    let served = served().with_grants(["team-a/devs"]);
+    let spend =
+        |scope: &str| format!(r#"{{"scope":"{scope}","period":"Day","window":"2026-11-26","tokens":5,"costNanos":0}}"#);
+    let alice = BudgetScope::member_of("team-a/devs", "alice@example.com");
+    let text = body("", &[spend("grant:team-a/devs"), spend(&alice)].join(","));
+    let report = screen(text.as_bytes(), "gw-1", &served).unwrap();
+    assert_eq!(report.budgets.len(), 2);
+    let stranger = BudgetScope::member_of("team-b/ops", "alice@example.com");
+    let not_hex = format!("user:team-a/devs:{}", "z".repeat(32));
+    for scope in ["grant:team-b/ops", stranger.as_str(), not_hex.as_str(), "user:team-a/devs"] {
+        let text = body("", &spend(scope));
+        assert_eq!(screen(text.as_bytes(), "gw-1", &served), Err(Refusal::ForeignKey), "{scope}");
+    }
+    // A grant the Gateway does not count is foreign whatever its members.
+    assert_eq!(screened(&body("", &spend(&alice))), Err(Refusal::ForeignKey));
+}
+
+#[test]
+fn a_report_naming_more_members_of_a_grant_than_a_pod_counts_is_refused() {
+    let served = served().with_grants(["team-a/devs"]);
+    let spend = |n: usize| {
+        format!(
+            r#"{{"scope":"user:team-a/devs:{n:032x}","period":"Day","window":"2026-11-26","tokens":5,"costNanos":0}}"#
+        )
+    };
+    let at_cap: Vec<String> = (0..MAX_MEMBERS_PER_GRANT).map(spend).collect();
+    let text = body("", &at_cap.join(","));
+    assert_eq!(screen(text.as_bytes(), "gw-1", &served).map(|r| r.budgets.len()), Ok(MAX_MEMBERS_PER_GRANT));
+    let past: Vec<String> = (0..=MAX_MEMBERS_PER_GRANT).map(spend).collect();
+    let text = body("", &past.join(","));
+    assert_eq!(screen(text.as_bytes(), "gw-1", &served), Err(Refusal::TooManyKeys));
+}
