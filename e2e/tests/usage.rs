@@ -3,7 +3,9 @@
 //! `Gateway.status.usage` (per namespace) equal to what the answers
 //! reported, and hands the fleet's spend back to the pods, so a
 //! namespace's daily budget holds across two pods and a pod killed and
-//! replaced mid-period does not start its spend over.
+//! replaced mid-period does not start its spend over. The same holds for
+//! a person's own budget in an AccessGrant (`perUser`), here a workload
+//! known by its ServiceAccount token.
 
 #![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
 
@@ -43,9 +45,14 @@ async fn chat(ip: &str, key: &str) -> (StatusCode, Value) {
 
 /// `GET /v1/usage` on the pod at `ip`: what the namespace's budget spent.
 async fn namespace_spent(ip: &str, key: &str) -> u64 {
-    let body = waycast_e2e::workloads::key_usage(ip, key).await.unwrap();
+    spent(ip, key, "namespace").await
+}
+
+/// `GET /v1/usage` on the pod at `ip`: what the budget of `owner` spent.
+async fn spent(ip: &str, bearer: &str, owner: &str) -> u64 {
+    let body = waycast_e2e::workloads::key_usage(ip, bearer).await.unwrap();
     let budgets = body["budgets"].as_array().unwrap();
-    budgets.iter().find(|b| b["owner"] == "namespace").unwrap()["spent_tokens"].as_u64().unwrap()
+    budgets.iter().find(|b| b["owner"] == owner).unwrap()["spent_tokens"].as_u64().unwrap()
 }
 
 #[tokio::test]
@@ -205,4 +212,137 @@ async fn usage_reaches_the_statuses_and_a_budget_holds_across_pods_and_a_replace
     let refusal = refusal.expect("the replacement started the day over: it never refused");
     assert_eq!(refusal["error"]["code"], "insufficient_quota", "{refusal}");
     assert!(spent + more <= BUDGET, "the replacement spent {more} more of the {} left", BUDGET - spent);
+}
+
+/// A member's own daily budget (`perUser`) without Redis: spent over two
+/// pods it is never passed, and a pod killed and replaced starts from what
+/// the fleet spent of it, not from nothing. The member is a workload: the
+/// token is its ServiceAccount's, asked for through the API server.
+#[tokio::test]
+async fn a_members_budget_holds_across_pods_and_a_replaced_pod() {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    const MEMBER_BUDGET: u64 = 400;
+    let cluster = shared_cluster_with_node(env!("CARGO_BIN_EXE_waycast-cluster"));
+    operator_in_process(cluster);
+    let client = cluster.client().await;
+    let home = test_namespace(&client, "member-usage").await.unwrap();
+    let team = test_namespace(&client, "member-team").await.unwrap();
+    deploy_mock(&client, &home).await.unwrap();
+    let gateway = object(
+        json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "Gateway", "metadata": {"name": "gateway"},
+        "spec": {"replicas": 2, "apiKeys": {"namespaces": {"from": "All"}},
+                 "budgets": {"timeZone": "UTC", "currency": "USD"},
+                 "identity": {"providers": [{"name": "cluster", "serviceAccountIssuer": {}, "audiences": ["waycast"]}]}}}),
+    );
+    let model = object(
+        json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "ModelEndpoint", "metadata": {"name": "priced-llm"},
+        "spec": {"model": "priced-llm", "backends": [{"service": {"name": "mock", "port": 8000}}],
+                 "forwardHeaders": ["x-mock-*"], "apiKeys": {"namespaces": {"from": "All"}}}}),
+    );
+    manifest::apply_all(&client, &[gateway, model], &home).await.unwrap();
+    let grant =
+        object(json!({"apiVersion": "waycast.dev/v1alpha1", "kind": "AccessGrant", "metadata": {"name": "batch"},
+        "spec": {"parentRefs": [{"name": "gateway", "namespace": home}], "provider": "cluster",
+                 "serviceAccounts": [format!("{team}/batch")], "models": ["priced-llm"],
+                 "perUser": {"budgets": [{"period": "Day", "tokens": MEMBER_BUDGET}]}}}));
+    let account = object(json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "batch"}}));
+    manifest::apply_all(&client, &[grant, account], &team).await.unwrap();
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &team);
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: vec!["waycast".into()],
+            expiration_seconds: Some(3600),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let issued = accounts.create_token_request("batch", &kube::api::PostParams::default(), &request).await.unwrap();
+    let token = issued.status.unwrap().token;
+    let pods = wait_pods_ready(&client, &home, "app.kubernetes.io/instance=gateway", 2, Duration::from_secs(180))
+        .await
+        .unwrap();
+    let ips: Vec<String> = pods.iter().map(|p| p.status.as_ref().unwrap().pod_ip.clone().unwrap()).collect();
+    // Served by both once the grant and the cluster's key set reach them.
+    let mut used = 0;
+    for ip in &ips {
+        let patience = within(Duration::from_secs(120)).every(Duration::from_millis(250));
+        let body = await_condition("the member is served", patience, async || {
+            let (status, body) = chat(ip, &token).await;
+            Seen::when(status == StatusCode::OK, body)
+        })
+        .await
+        .unwrap();
+        used += body["usage"]["total_tokens"].as_u64().unwrap();
+    }
+
+    // Spend the member's day over both pods until refused: never past it.
+    let mut refused = None;
+    for round in 0..40 {
+        let (status, body) = chat(&ips[round % 2], &token).await;
+        match status {
+            StatusCode::OK => used += body["usage"]["total_tokens"].as_u64().unwrap(),
+            StatusCode::TOO_MANY_REQUESTS => {
+                refused = Some(body);
+                break;
+            }
+            other => panic!("round {round}: {other}: {body}"),
+        }
+    }
+    let refusal = refused.expect("the member's budget never refused");
+    assert_eq!(refusal["error"]["code"], "insufficient_quota", "{refusal}");
+    println!("the member spent {used} of their {MEMBER_BUDGET} tokens over two pods, then {refusal}");
+    assert!(used <= MEMBER_BUDGET, "spent {used}: the member's budget passed without Redis");
+
+    // Collected: the pod that stays counts the whole of it (the other's
+    // part through the operator's baseline).
+    let patience = within(Duration::from_secs(60)).every(Duration::from_millis(250));
+    await_condition("the operator collects the member's spend", patience, async || {
+        let counted = spent(&ips[1], &token, "user").await;
+        Seen::when(counted == used, counted)
+    })
+    .await
+    .unwrap();
+
+    // A pod is killed and replaced: the new process counts the member's
+    // spend as the fleet's (the operator's ledger handed back), once.
+    let pods_api: Api<Pod> = Api::namespaced(client.clone(), &home);
+    let victim = pods[0].metadata.name.clone().unwrap();
+    pods_api.delete(&victim, &DeleteParams::default().grace_period(0)).await.unwrap();
+    let patience = within(Duration::from_secs(120)).every(Duration::from_millis(500));
+    let fresh_ip = await_condition("a replacement pod is ready", patience, async || {
+        let ready = wait_pods_ready(&client, &home, "app.kubernetes.io/instance=gateway", 2, Duration::from_secs(120))
+            .await
+            .unwrap();
+        let fresh = ready.iter().find(|p| {
+            p.metadata.name.as_deref() != Some(victim.as_str())
+                && p.status.as_ref().and_then(|s| s.pod_ip.clone()).is_some_and(|ip| ip != ips[1])
+        });
+        fresh.map(|pod| pod.status.as_ref().unwrap().pod_ip.clone().unwrap())
+    })
+    .await
+    .unwrap();
+    let patience = within(Duration::from_secs(60)).every(Duration::from_millis(250));
+    await_condition("the new pod counts the member's spend", patience, async || {
+        let counted = spent(&fresh_ip, &token, "user").await;
+        Seen::when(counted == used, counted)
+    })
+    .await
+    .unwrap();
+    // It spends at most what the fleet left (a process starting the day
+    // over would have half of the whole budget: about 5 requests).
+    let mut more = 0;
+    let mut refusal = None;
+    for _ in 0..10 {
+        let (status, body) = chat(&fresh_ip, &token).await;
+        if status == StatusCode::OK {
+            more += body["usage"]["total_tokens"].as_u64().unwrap();
+        } else {
+            refusal = Some(body);
+            break;
+        }
+    }
+    let refusal = refusal.expect("the replacement started the member's day over: it never refused");
+    assert_eq!(refusal["error"]["code"], "insufficient_quota", "{refusal}");
+    assert!(used + more <= MEMBER_BUDGET, "the replacement spent {more} more of the {} left", MEMBER_BUDGET - used);
 }
