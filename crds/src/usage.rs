@@ -98,9 +98,18 @@ impl UsageTotals {
     }
 }
 
-/// The most members of one grant a pod counts at once, and so the most a
-/// report names for one grant.
+/// The most members of one grant a pod counts at once.
 pub const MAX_MEMBERS_PER_GRANT: usize = 10_000;
+/// The most members' budget spends one report lists (those who spent most
+/// first; the operator refuses a report of more). With the baseline's
+/// bound ([`MAX_BASELINE_MEMBERS`]) it keeps the pods' baseline, which
+/// also carries every key's and tenant's budgets, well within what one
+/// ConfigMap holds (some 140 bytes a spend): members can never make it
+/// too large to write for everyone else.
+pub const MAX_REPORTED_MEMBERS: usize = 2_000;
+/// The most members' budget spends the operator hands back to the pods
+/// (and keeps of processes gone): those who spent most.
+pub const MAX_BASELINE_MEMBERS: usize = 2 * MAX_REPORTED_MEMBERS;
 
 /// Whose budget a [`BudgetSpend`] is, read from its scope.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -269,7 +269,7 @@ async fn a_members_budget_holds_across_pods_and_a_replaced_pod() {
         let patience = within(Duration::from_secs(120)).every(Duration::from_millis(250));
         let body = await_condition("the member is served", patience, async || {
             let (status, body) = chat(ip, &token).await;
-            Seen::when(status == StatusCode::OK, body)
+            (status == StatusCode::OK).then_some(body)
         })
         .await
         .unwrap();

@@ -18,8 +18,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use jiff::Timestamp;
 use waycast_crds::period::Period;
 use waycast_crds::usage::{
-    BudgetScope, BudgetSpend, MAX_REPORTED_BUDGETS, MAX_REPORTED_KEYS, OTHER_KEYS, UsageBaseline, UsageReport,
-    UsageTotals,
+    BudgetScope, BudgetSpend, MAX_REPORTED_BUDGETS, MAX_REPORTED_KEYS, MAX_REPORTED_MEMBERS, OTHER_KEYS, UsageBaseline,
+    UsageReport, UsageTotals,
 };
 
 use crate::limit::budget::{BudgetState, FleetSpend};
@@ -124,23 +124,32 @@ impl Ledger {
         }
         let mut spends = HashMap::new();
         let mut budgets = Vec::new();
-        each_budget(snapshot, |scope, period, state| {
+        let mut members = Vec::new();
+        each_budget(snapshot, |scope, period, state, member| {
             let window = period.window(now, zone);
             if state.period_start() != window.start.as_second() {
                 return;
             }
             let (tokens, cost_nanos) = state.spent();
-            // Within the operator's bound: past it a report is refused
-            // whole, so the budgets past it (members last) go unreported.
-            if tokens != 0 || cost_nanos != 0 {
-                if budgets.len() >= MAX_REPORTED_BUDGETS {
-                    return;
-                }
-                let scope = scope.to_owned();
-                budgets.push(BudgetSpend { scope, period, window: window.key.clone(), tokens, cost_nanos });
+            // Nothing spent is not listed (and not kept: what the baseline
+            // does not name counts as nothing of this process's).
+            if tokens == 0 && cost_nanos == 0 {
+                return;
             }
-            spends.insert((scope.to_owned(), period, window.key), (tokens, cost_nanos));
+            let spend = BudgetSpend { scope: scope.to_owned(), period, window: window.key, tokens, cost_nanos };
+            if member { members.push(spend) } else { budgets.push(spend) }
         });
+        // Past the operator's bounds a report is refused whole: members who
+        // spent most are listed, the others go unreported (their spend is
+        // then this pod's alone), in an order that does not change between
+        // reports.
+        budgets.truncate(MAX_REPORTED_BUDGETS);
+        members.sort_by(|a, b| (b.tokens, b.cost_nanos, &a.scope).cmp(&(a.tokens, a.cost_nanos, &b.scope)));
+        members.truncate(MAX_REPORTED_MEMBERS.min(MAX_REPORTED_BUDGETS - budgets.len()));
+        budgets.append(&mut members);
+        for spend in &budgets {
+            spends.insert((spend.scope.clone(), spend.period, spend.window.clone()), (spend.tokens, spend.cost_nanos));
+        }
         budgets.sort();
         let month = Period::Month.window(now, zone).key;
         let mut report = UsageReport { instance: self.instance.clone(), sequence: 0, month, keys, budgets };
@@ -233,13 +242,14 @@ fn reported(scope: &str) -> bool {
     matches!(BudgetScope::parse(scope), Some(BudgetScope::Key(_) | BudgetScope::Tenant(_) | BudgetScope::Grant(_)))
 }
 
-/// Calls `each` with every budget this process counts: keys', tenants' and
-/// grants', then each member's of each grant.
-fn each_budget(snapshot: &Snapshot, mut each: impl FnMut(&str, Period, &BudgetState)) {
+/// Calls `each` with every budget this process counts (and whether it is
+/// a member's): keys', tenants' and grants', then each member's of each
+/// grant.
+fn each_budget(snapshot: &Snapshot, mut each: impl FnMut(&str, Period, &BudgetState, bool)) {
     for (scope, states) in snapshot.counts.budgets.iter() {
         if reported(scope) {
             for (period, state) in states {
-                each(scope, *period, state);
+                each(scope, *period, state, false);
             }
         }
     }
@@ -247,7 +257,7 @@ fn each_budget(snapshot: &Snapshot, mut each: impl FnMut(&str, Period, &BudgetSt
         let Some(members) = &grant.members else { continue };
         for member in members.held().values() {
             for budget in &member.budgets {
-                each(&member.id, budget.period, &budget.state);
+                each(&member.id, budget.period, &budget.state, true);
             }
         }
     }

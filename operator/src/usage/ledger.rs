@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use waycast_crds::period::Period;
-use waycast_crds::usage::{BudgetScope, BudgetSpend, MAX_MEMBERS_PER_GRANT, UsageBaseline, UsageReport, UsageTotals};
+use waycast_crds::usage::{BudgetScope, BudgetSpend, MAX_BASELINE_MEMBERS, UsageBaseline, UsageReport, UsageTotals};
 
 /// A budget's identity: scope, period, window.
 type BudgetId = (String, Period, String);
@@ -152,39 +152,31 @@ impl Ledger {
                 *held = (held.0.saturating_add(spend.tokens), held.1.saturating_add(spend.cost_nanos));
             }
         }
+        keep_members_bounded(&mut budgets);
         let reports =
             self.processes.iter().map(|(instance, entry)| (instance.clone(), entry.report.sequence)).collect();
         UsageBaseline { budgets: budget_list(budgets), reports }
     }
 }
 
-/// The most members of one grant whose spend the retired total keeps.
-/// A member's id is any digest, so a pod that restarts again and again
-/// naming new members each time would otherwise grow the ledger without
-/// bound; a genuine fleet names at most its pods' members of the grant.
-pub const MAX_RETIRED_MEMBERS_PER_GRANT: usize = 2 * MAX_MEMBERS_PER_GRANT;
-
-/// Keeps, per grant, the [`MAX_RETIRED_MEMBERS_PER_GRANT`] members that
-/// spent most (their largest spend of any period); the rest are let go.
+/// Keeps the [`MAX_BASELINE_MEMBERS`] members' spends that are largest
+/// (per member and window); the rest are let go. A member's id is any
+/// digest, so a pod that restarts again and again naming new members each
+/// time would otherwise grow the ledger, and the baseline every budget
+/// shares, without bound.
 fn keep_members_bounded(budgets: &mut BTreeMap<BudgetId, (u64, u64)>) {
-    let mut per_grant: BTreeMap<&str, BTreeMap<&str, (u64, u64)>> = BTreeMap::new();
-    for ((scope, _, _), spent) in budgets.iter() {
-        if let Some(BudgetScope::Member { grant, .. }) = BudgetScope::parse(scope) {
-            let most = per_grant.entry(grant).or_default().entry(scope).or_default();
-            *most = (*most).max(*spent);
-        }
+    let mut members: Vec<(&BudgetId, (u64, u64))> = budgets
+        .iter()
+        .filter(|(id, _)| matches!(BudgetScope::parse(&id.0), Some(BudgetScope::Member { .. })))
+        .map(|(id, spent)| (id, *spent))
+        .collect();
+    if members.len() <= MAX_BASELINE_MEMBERS {
+        return;
     }
-    let mut dropped = std::collections::BTreeSet::new();
-    for members in per_grant.values() {
-        if members.len() > MAX_RETIRED_MEMBERS_PER_GRANT {
-            let mut ranked: Vec<(&str, (u64, u64))> = members.iter().map(|(scope, spent)| (*scope, *spent)).collect();
-            ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
-            dropped.extend(ranked[MAX_RETIRED_MEMBERS_PER_GRANT..].iter().map(|(scope, _)| (*scope).to_owned()));
-        }
-    }
-    if !dropped.is_empty() {
-        budgets.retain(|(scope, _, _), _| !dropped.contains(scope));
-    }
+    members.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let dropped: std::collections::BTreeSet<BudgetId> =
+        members[MAX_BASELINE_MEMBERS..].iter().map(|(id, _)| (*id).clone()).collect();
+    budgets.retain(|id, _| !dropped.contains(id));
 }
 
 fn budget_map(spends: &[BudgetSpend]) -> BTreeMap<BudgetId, (u64, u64)> {
@@ -322,7 +314,8 @@ mod tests {
     }
 
     #[test]
-    fn members_retired_are_kept_within_a_bound_those_who_spent_most_first() {
+    fn members_are_kept_within_a_bound_those_who_spent_most_first() {
+        use waycast_crds::usage::MAX_REPORTED_MEMBERS;
         let member = |n: usize| format!("user:team-a/devs:{n:032x}");
         let spends = |from: usize, count: usize, tokens: u64| -> Vec<BudgetSpend> {
             (from..from + count)
@@ -338,19 +331,21 @@ mod tests {
         let mut ledger = Ledger::default();
         // A pod restarting again and again, naming new members each time.
         let mut named = 0;
-        for (round, pod) in ["gw-1", "gw-1", "gw-1", "gw-1"].iter().enumerate() {
+        for round in 0..4 {
             let mut process = report(&format!("gw-1-{round}"), 1, 1, 10);
-            process.budgets = spends(named, MAX_MEMBERS_PER_GRANT, 10);
-            named += MAX_MEMBERS_PER_GRANT;
-            ledger.record(pod, process);
+            process.budgets = spends(named, MAX_REPORTED_MEMBERS, 10);
+            named += MAX_REPORTED_MEMBERS;
+            ledger.record("gw-1", process);
         }
         // The last one spent more: kept, though named last.
         let mut last = report("gw-1-last", 1, 1, 10);
         last.budgets = spends(named, 10, 1_000);
         ledger.record("gw-1", last);
+        let members = |spends: &[BudgetSpend]| spends.iter().filter(|s| s.scope.starts_with("user:")).count();
+        assert_eq!(members(&ledger.baseline().budgets), MAX_BASELINE_MEMBERS, "the baseline is bounded");
         ledger.keep_pods(&[]);
         let retired: Vec<&str> = ledger.retired_budgets.iter().map(|spend| spend.scope.as_str()).collect();
-        assert_eq!(retired.len(), MAX_RETIRED_MEMBERS_PER_GRANT);
+        assert_eq!(retired.len(), MAX_BASELINE_MEMBERS);
         assert!(retired.contains(&member(named).as_str()), "the member who spent most is kept");
         // Below the bound nothing goes.
         let mut few = Ledger::default();

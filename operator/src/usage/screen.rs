@@ -21,7 +21,7 @@ use serde::de::{DeserializeSeed, Error as _, IgnoredAny, MapAccess, SeqAccess, V
 use serde_json::Number;
 use waycast_crds::period::Period;
 use waycast_crds::usage::{
-    BudgetScope, BudgetSpend, MAX_MEMBERS_PER_GRANT, MAX_REPORTED_BUDGETS, MAX_REPORTED_KEYS, OTHER_KEYS, UsageReport,
+    BudgetScope, BudgetSpend, MAX_REPORTED_BUDGETS, MAX_REPORTED_KEYS, MAX_REPORTED_MEMBERS, OTHER_KEYS, UsageReport,
     UsageTotals,
 };
 
@@ -348,10 +348,10 @@ impl<'de> Visitor<'de> for BudgetsSeed<'_, '_> {
         // would let a report carry budgets the ledger keeps and rewrites
         // every round without bound, so it refuses the report.
         let mut seen = std::collections::BTreeSet::new();
-        // Members named per grant: a pod counts at most MAX_MEMBERS_PER_GRANT
-        // of a grant at once, and a member's digest is any 32 hex digits,
-        // so this is what bounds the members a report can invent.
-        let mut members: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
+        // A member's digest is any 32 hex digits: this bound is what keeps
+        // the members a report can invent (and the baseline every budget
+        // shares) small.
+        let mut members = 0_usize;
         while let Some(raw) = seq.next_element::<RawBudget>()? {
             if budgets.len() >= MAX_REPORTED_BUDGETS {
                 return Err(self.0.refuse(Refusal::TooManyKeys));
@@ -360,10 +360,9 @@ impl<'de> Visitor<'de> for BudgetsSeed<'_, '_> {
                 Some(BudgetScope::Key(id)) => self.0.served.counts(id),
                 Some(BudgetScope::Tenant(namespace)) => self.0.served.tenant(namespace),
                 Some(BudgetScope::Grant(id)) => self.0.served.grant(id),
-                Some(BudgetScope::Member { grant, digest }) => {
-                    let named = members.entry(grant.to_owned()).or_default();
-                    named.insert(digest.to_owned());
-                    if named.len() > MAX_MEMBERS_PER_GRANT {
+                Some(BudgetScope::Member { grant, .. }) => {
+                    members += 1;
+                    if members > MAX_REPORTED_MEMBERS {
                         return Err(self.0.refuse(Refusal::TooManyKeys));
                     }
                     self.0.served.grant(grant)

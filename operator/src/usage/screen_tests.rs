@@ -167,17 +167,17 @@ fn grants_and_their_members_budgets_are_taken_for_grants_the_gateway_counts_only
 }
 
 #[test]
-fn a_report_naming_more_members_of_a_grant_than_a_pod_counts_is_refused() {
-    let served = served().with_grants(["team-a/devs"]);
+fn a_report_naming_more_members_than_a_pod_reports_is_refused() {
+    let served = served().with_grants(["team-a/devs", "team-a/ops"]);
     let spend = |n: usize| {
-        format!(
-            r#"{{"scope":"user:team-a/devs:{n:032x}","period":"Day","window":"2026-11-26","tokens":5,"costNanos":0}}"#
-        )
+        let grant = if n.is_multiple_of(2) { "team-a/devs" } else { "team-a/ops" };
+        format!(r#"{{"scope":"user:{grant}:{n:032x}","period":"Day","window":"2026-11-26","tokens":5,"costNanos":0}}"#)
     };
-    let at_cap: Vec<String> = (0..MAX_MEMBERS_PER_GRANT).map(spend).collect();
+    let at_cap: Vec<String> = (0..MAX_REPORTED_MEMBERS).map(spend).collect();
     let text = body("", &at_cap.join(","));
-    assert_eq!(screen(text.as_bytes(), "gw-1", &served).map(|r| r.budgets.len()), Ok(MAX_MEMBERS_PER_GRANT));
-    let past: Vec<String> = (0..=MAX_MEMBERS_PER_GRANT).map(spend).collect();
+    assert_eq!(screen(text.as_bytes(), "gw-1", &served).map(|r| r.budgets.len()), Ok(MAX_REPORTED_MEMBERS));
+    // One more, of any grant: refused whole.
+    let past: Vec<String> = (0..=MAX_REPORTED_MEMBERS).map(spend).collect();
     let text = body("", &past.join(","));
     assert_eq!(screen(text.as_bytes(), "gw-1", &served), Err(Refusal::TooManyKeys));
 }
