@@ -359,7 +359,8 @@ fn served_by(compiled: &crate::programmed::CompiledFrom, ledger: Option<&Ledger>
         .grants
         .iter()
         .filter(|(_, record)| record.verdict.accepted)
-        .map(|(grant, _)| grant_id(grant))
+        .map(|(grant, _)| grant.as_pair())
+        .map(|(namespace, name)| format!("{namespace}/{name}"))
         .collect();
     let ledger_grants = ledger.into_iter().flat_map(|ledger| {
         let live = ledger.processes.values().flat_map(|entry| &entry.report.budgets);
@@ -369,11 +370,6 @@ fn served_by(compiled: &crate::programmed::CompiledFrom, ledger: Option<&Ledger>
         })
     });
     Served::new(serving, counted).with_grants(granted.iter().map(String::as_str).chain(ledger_grants))
-}
-
-fn grant_id(grant: &ObjectKey) -> String {
-    let (namespace, name) = grant.as_pair();
-    format!("{namespace}/{name}")
 }
 
 /// The budgets' totals of the pods' baseline as written last (`None`
