@@ -20,13 +20,11 @@ use std::time::Instant;
 use futures_util::StreamExt as _;
 use kube::Resource as _;
 use kube::runtime::reflector::ObjectRef;
-use waycast_crds::condition::reasons;
 
 use crate::apply::bounded;
 use crate::compile::ObjectKey;
 use crate::compile::key_source::{HeldKeySet, KeySetIndex};
 use crate::context::Context;
-use crate::events::EventType;
 use crate::key_sets::document::{MIN_REFRESH, REFRESH};
 use crate::key_sets::fetch::{Answer, Etag, FetchError, Fetcher, Want};
 use crate::key_sets::slot::Slot;
@@ -192,25 +190,10 @@ impl Refresher {
 /// The Event of a fetch error that appeared, changed or cleared, on the
 /// provider's Gateway: once per change, never per fetch.
 async fn report(context: &Context, (gateway, provider): &SlotKey, held: &HeldKeySet) {
-    let (type_, reason, note) = match &held.error {
-        Some(error) => {
-            tracing::warn!(gateway = %gateway, provider = %provider, %error, kept = held.document.is_some(), "key set fetch failed");
-            let consequence = if held.document.is_some() {
-                "the key set loaded before keeps serving"
-            } else {
-                "no key set: the pods refuse this provider's tokens"
-            };
-            (EventType::Warning, reasons::KEY_SET_FETCH_FAILED, format!("provider {provider}: {error}; {consequence}"))
-        }
-        None => {
-            let keys = held.keys;
-            (
-                EventType::Normal,
-                reasons::KEY_SET_FETCHED,
-                format!("provider {provider}: key set fetched ({keys} signing keys)"),
-            )
-        }
-    };
+    if let Some(error) = &held.error {
+        tracing::warn!(gateway = %gateway, provider = %provider, %error, kept = held.document.is_some(), "key set fetch failed");
+    }
+    let (type_, reason, note) = crate::key_sets::event_of(provider, held);
     let Some(object) = context.stores.gateways.get(&ObjectRef::new(&gateway.name).within(&gateway.namespace)) else {
         return;
     };

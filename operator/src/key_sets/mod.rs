@@ -24,10 +24,12 @@ use std::sync::Arc;
 
 use kube::ResourceExt as _;
 use waycast_crds::Gateway;
+use waycast_crds::condition::reasons;
 use waycast_crds::identity::{GatewayIdentityStatus, ProviderKeySetStatus};
 
 use crate::compile::ObjectKey;
-use crate::compile::key_source::{KeySetIndex, KeySource};
+use crate::compile::key_source::{HeldKeySet, KeySetIndex, KeySource};
+use crate::events::EventType;
 use fetch::Want;
 
 /// What compile and the status read: every held key set, and the
@@ -121,6 +123,32 @@ pub fn status_of(gateway: &Gateway, published: &Published) -> Option<GatewayIden
     Some(GatewayIdentityStatus { providers: entries })
 }
 
+/// The Event of `provider`'s held set as it is now: its error (ours
+/// alone, at most `slot::MAX_ERROR_BYTES`) and what it means, or that it
+/// was fetched.
+pub fn event_of(provider: &str, held: &HeldKeySet) -> (EventType, &'static str, String) {
+    match &held.error {
+        Some(error) => {
+            let consequence = if held.document.is_some() {
+                "the key set loaded before keeps serving"
+            } else {
+                "no key set: the pods refuse this provider's tokens"
+            };
+            (EventType::Warning, reasons::KEY_SET_FETCH_FAILED, format!("provider {provider}: {error}; {consequence}"))
+        }
+        None => {
+            let keys = held.keys;
+            (
+                EventType::Normal,
+                reasons::KEY_SET_FETCHED,
+                format!("provider {provider}: key set fetched ({keys} signing keys)"),
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod echo_tests;
 #[cfg(test)]
 mod https_tests;
 #[cfg(test)]

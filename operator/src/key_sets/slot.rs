@@ -25,6 +25,10 @@ pub struct Slot {
     pub due: std::time::Instant,
 }
 
+/// The longest error a slot holds: with the provider's name and what it
+/// means, an Event's note stays within the 1 KiB the API server takes.
+pub const MAX_ERROR_BYTES: usize = 768;
+
 /// What one answer changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settled {
@@ -57,7 +61,7 @@ impl Slot {
     pub fn settle(&mut self, answer: Result<Answer, FetchError>, now: jiff::Timestamp) -> Settled {
         let before = self.held.error.clone();
         let (result, document_changed, after) = match answer {
-            Ok(Answer::Document { body, etag, cache_control }) => match document::signing_keys(&body) {
+            Ok(Answer::Document { from, body, etag, cache_control }) => match document::signing_keys(&body) {
                 Ok(keys) => {
                     let changed = self.held.document.as_deref().map(str::as_bytes) != Some(body.as_ref());
                     if changed {
@@ -76,7 +80,8 @@ impl Slot {
                     // NB: the ETag of a refused document is dropped: a 304
                     // to it would otherwise pass for the good one held.
                     self.etag = None;
-                    self.held.error = Some(format!("{}: {error}", self.held.source));
+                    // Where it was read and what is wrong, never what it says.
+                    self.held.error = Some(format!("{from}: {error}"));
                     ("invalid", false, MIN_REFRESH)
                 }
             },
@@ -95,6 +100,9 @@ impl Slot {
                 (error.metric_label(), false, MIN_REFRESH)
             }
         };
+        if let Some(error) = self.held.error.as_mut() {
+            error.truncate(document::cut(error, MAX_ERROR_BYTES).len());
+        }
         Settled { result, document_changed, error_changed: before != self.held.error, after }
     }
 }
