@@ -6,7 +6,7 @@
 
 #![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
 
-use std::time::Instant;
+use tokio::time::Instant;
 
 use bytes::Bytes;
 use waycast_crds::identity::{GatewayIdentity, IdentityProvider};

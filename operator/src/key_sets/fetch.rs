@@ -360,13 +360,11 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let status = response.status();
-    let header = |name: http::header::HeaderName| {
-        response
-            .headers()
-            .get(name)
-            .and_then(|value| value.to_str().ok())
-            .map(|value| document::cut(value, 256).to_owned())
-    };
+    // NB: a closure over the headers, not the response: one alive across
+    // the body's read would hold a shared borrow of a body that is not
+    // `Sync` (the kube client's), and the fetch could not be a task.
+    let headers = response.headers();
+    let header = |name: http::header::HeaderName| header_text(headers, name);
     let cache_control = header(http::header::CACHE_CONTROL);
     if status == http::StatusCode::NOT_MODIFIED {
         return Ok(Answer::NotModified { cache_control });
@@ -392,6 +390,11 @@ where
         }
     })?;
     Ok(Answer::Document { from: shown(url), body: body.to_bytes(), etag, cache_control })
+}
+
+/// A header's value as text, cut to 256 bytes.
+fn header_text(headers: &http::HeaderMap, name: http::header::HeaderName) -> Option<String> {
+    headers.get(name).and_then(|value| value.to_str().ok()).map(|value| document::cut(value, 256).to_owned())
 }
 
 /// An error and its sources, one line: hyper's own says only "client error

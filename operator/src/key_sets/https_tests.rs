@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Instant;
+use tokio::time::Instant;
 
 use bytes::Bytes;
 use http_body_util::Full;

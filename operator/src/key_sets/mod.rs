@@ -6,9 +6,9 @@
 //!
 //! ```text
 //! Gateway store ─► wanted: (Gateway, provider) ─► Want {source, CA}
-//!   refresher (controller/key_sets.rs), each slot when due (30 s; sooner on Cache-Control, never under 10 s):
-//!   fetch.rs (bounded I/O) ─► slot.rs settle (pure: keep, replace, record the error)
-//!   ─► KeySets::publish (ArcSwap) ─► changed: the Gateway is reconciled ─► Catalog ─► compile
+//!   refresher.rs, each slot when due (30 s; sooner on Cache-Control, never under 10 s), a task per fetch:
+//!   fetch.rs (bounded I/O) ─► slot.rs settle (pure: keep, replace, record the error), each answer as it comes
+//!   ─► KeySets::publish (ArcSwap; controller/key_sets.rs) ─► changed: the Gateway is reconciled ─► Catalog ─► compile
 //! ```
 //!
 //! What this does not do: decide which keys verify a token (the gateway
@@ -16,6 +16,7 @@
 
 pub mod document;
 pub mod fetch;
+pub mod refresher;
 pub mod seed;
 pub mod slot;
 

@@ -1,12 +1,14 @@
 //! One provider's key set between fetches, and what an answer does to it,
 //! pure: a good document replaces the one held (and says whether it
 //! changed), a 304 keeps it, a failure or a bad document keeps it too and
-//! records why. The refresher (`controller/key_sets.rs`) acts on what
+//! records why. The refresher (`refresher.rs`) acts on what
 //! [`Slot::settle`] returns: recompile the Gateway when the document or
 //! the error changed, an Event when the error changed, nothing else.
 
 use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use super::document::{self, MIN_REFRESH};
 use super::fetch::{Answer, Etag, FetchError, Want};
@@ -22,7 +24,15 @@ pub struct Slot {
     /// `(url, etag)` of the document held, for `If-None-Match`.
     pub etag: Option<Etag>,
     /// When it is next fetched.
-    pub due: std::time::Instant,
+    pub due: Instant,
+    /// The fetch in flight for it, by number (`refresher.rs`).
+    pub in_flight: Option<u64>,
+    /// When its latest fetch started: the next starts [`MIN_REFRESH`]
+    /// after it at the soonest, whatever asks for it.
+    pub started: Option<Instant>,
+    /// A pod asked for it while a fetch was in flight: the next is due at
+    /// the soonest the rule allows.
+    pub nudged: bool,
 }
 
 /// The longest error a slot holds: with the provider's name and what it
@@ -45,9 +55,15 @@ pub struct Settled {
 
 impl Slot {
     /// A slot with nothing held yet, due at `due`.
-    pub fn new(want: Want, due: std::time::Instant) -> Self {
+    pub fn new(want: Want, due: Instant) -> Self {
         let held = HeldKeySet { source: want.source.clone(), document: None, keys: 0, fetched_at: None, error: None };
-        Self { want, held, etag: None, due }
+        Self { want, held, etag: None, due, in_flight: None, started: None, nudged: false }
+    }
+
+    /// The soonest it may be fetched again at `now`: [`MIN_REFRESH`] after
+    /// its latest fetch started (now when none has).
+    pub fn earliest(&self, now: Instant) -> Instant {
+        self.started.map_or(now, |started| (started + MIN_REFRESH).max(now))
     }
 
     /// Whether the slot fetches what `want` says: a new source starts

@@ -1,14 +1,20 @@
 //! The pure parts of key-set fetching: the refresh rule, what a key set
 //! and a discovery document must be, what an answer does to a held set
-//! (ETag included), the slots the Gateways want, and the status.
+//! (ETag included), the slots the Gateways want, the status, and the
+//! seed a written config gives.
 
 #![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use serde_json::json;
-use waycast_crds::identity::{ConfigMapKeyRef, GatewayIdentity, IdentityProvider, ServiceAccountIssuer};
+use tokio::time::Instant;
+use waycast_crds::config::ProviderConfig;
+use waycast_crds::identity::{
+    ConfigMapKeyRef, GatewayIdentity, GatewayIdentityStatus, IdentityProvider, ProviderKeySetStatus,
+    ServiceAccountIssuer,
+};
 
 use super::document::{DocumentError, MAX_KEYS, discovery_url, jwks_uri, refresh_after, signing_keys};
 use super::fetch::{Answer, FetchError, Want};
@@ -265,4 +271,36 @@ fn the_status_says_per_provider_whether_a_key_set_is_loaded() {
     let names: Vec<&str> = status.providers.iter().map(|p| p.name.as_str()).collect();
     assert_eq!(names, ["ok", "failing", "never", "new", "edited"], "the spec's order");
     assert_eq!(status_of(&self::gateway(Vec::new()), &published), None);
+}
+
+#[test]
+fn a_seed_is_the_written_set_when_it_still_passes_and_keeps_its_fetch_time() {
+    let mut gateway = waycast_mock::fixtures::objects::gateway("platform", "gw");
+    let fetched = jiff::Timestamp::from_second(1_900_000_000).unwrap();
+    gateway.status = Some(waycast_crds::GatewayStatus {
+        identity: Some(GatewayIdentityStatus {
+            providers: vec![ProviderKeySetStatus {
+                name: "corp".into(),
+                keys: Some(1),
+                fetched_at: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(fetched)),
+                message: None,
+            }],
+        }),
+        ..Default::default()
+    });
+    let set = r#"{"keys":[{"kty":"RSA","n":"AQAB","e":"AQAB"}]}"#;
+    let mut written = ProviderConfig::new("corp", ISSUER, "waycast");
+    written.key_set = Some(set.into());
+    let seed = seed::seed_of(&gateway, &written).unwrap();
+    assert_eq!(seed.source, KeySource::Discovery { issuer: ISSUER.into() });
+    assert_eq!((seed.document.as_deref(), seed.keys, seed.fetched_at), (Some(set), 1, Some(fetched)));
+    let mut cluster = ProviderConfig::new("cluster", "https://kubernetes.default.svc", "waycast");
+    cluster.service_accounts = true;
+    cluster.key_set = Some(set.into());
+    let seed = seed::seed_of(&gateway, &cluster).unwrap();
+    assert_eq!((seed.source, seed.fetched_at), (KeySource::Cluster, None));
+    written.key_set = Some(r#"{"keys":[]}"#.into());
+    assert!(seed::seed_of(&gateway, &written).is_none(), "no signing key: nothing to hold");
+    written.key_set = None;
+    assert!(seed::seed_of(&gateway, &written).is_none());
 }
