@@ -35,11 +35,11 @@ use crate::stores::signals;
 /// first compile after a restart keeps serving them.
 pub(crate) async fn seeded(context: &Context) -> Refresher {
     let gateways = context.stores.gateways.state();
-    let (seeds, cluster_issuer) = seed::seeds(&context.client, &gateways).await;
+    let seeds = seed::seeds(&context.client, &gateways).await;
     if !seeds.is_empty() {
         tracing::info!(key_sets = seeds.len(), "key sets of the configs written held until fetched");
     }
-    let mut refresher = Refresher::new(seeds, cluster_issuer, Instant::now());
+    let mut refresher = Refresher::new(seeds, Instant::now());
     refresher.sync(wanted(gateways.iter().map(AsRef::as_ref)).0, Instant::now());
     context.key_sets.publish(refresher.published());
     refresher

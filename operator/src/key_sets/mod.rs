@@ -153,4 +153,6 @@ mod echo_tests;
 #[cfg(test)]
 mod https_tests;
 #[cfg(test)]
+mod seed_tests;
+#[cfg(test)]
 mod tests;

@@ -114,10 +114,13 @@ pub struct Refresher {
 }
 
 impl Refresher {
-    /// A refresher holding `seeds` for the first slots of their sources,
-    /// and `cluster_issuer` until the API server names its own.
-    pub fn new(seeds: BTreeMap<SlotKey, HeldKeySet>, cluster_issuer: Option<String>, now: Instant) -> Self {
-        let issuer = Issuer { known: cluster_issuer, error: None, due: now, in_flight: false };
+    /// A refresher holding `seeds` for the first slots of their sources.
+    /// NB: the cluster's issuer is never seeded — it is the issuer every
+    /// Gateway is compiled with, and a seed comes from one Gateway's
+    /// config Secret; each Gateway's seeds carry the one its own config
+    /// named (`HeldKeySet::seeded_issuer`) until the API server's is known.
+    pub fn new(seeds: BTreeMap<SlotKey, HeldKeySet>, now: Instant) -> Self {
+        let issuer = Issuer { known: None, error: None, due: now, in_flight: false };
         Self { slots: BTreeMap::new(), seeds, issuer, fetches: 0 }
     }
 

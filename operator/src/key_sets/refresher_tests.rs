@@ -29,7 +29,7 @@ fn discovery(issuer: &str) -> Want {
 }
 
 fn held(source: KeySource) -> HeldKeySet {
-    HeldKeySet { source, document: Some(SET.into()), keys: 1, fetched_at: None, error: None }
+    HeldKeySet { source, document: Some(SET.into()), keys: 1, fetched_at: None, error: None, seeded_issuer: None }
 }
 
 fn wanted(entries: &[(&str, Want)]) -> BTreeMap<SlotKey, Want> {
@@ -49,7 +49,7 @@ fn slots_follow_the_providers_wanted_and_seeds_serve_the_first_only() {
         (key("edited"), held(KeySource::Discovery { issuer: "https://old.example.com".into() })),
         (key("unwanted"), held(KeySource::Cluster)),
     ];
-    let mut refresher = Refresher::new(seeds.into_iter().collect(), None, start);
+    let mut refresher = Refresher::new(seeds.into_iter().collect(), start);
     refresher.sync(wanted(&[("corp", discovery(ISSUER)), ("edited", discovery("https://new.example.com"))]), start);
     assert_eq!(refresher.slots[&key("corp")].held.document.as_deref(), Some(SET), "seeded");
     assert_eq!(refresher.slots[&key("edited")].held.document, None, "a seed of another source is not used");
@@ -86,7 +86,7 @@ fn document() -> Result<Answer, FetchError> {
 #[test]
 fn fetches_start_earliest_first_within_the_room_and_a_late_answer_finds_no_slot() {
     let start = Instant::now();
-    let mut refresher = Refresher::new(BTreeMap::new(), None, start);
+    let mut refresher = Refresher::new(BTreeMap::new(), start);
     refresher.sync(wanted(&[("a", discovery("https://a")), ("b", discovery("https://b"))]), start);
     refresher.slots.get_mut(&key("b")).unwrap().due = start - Duration::from_secs(5);
     let jobs = refresher.start(start, false, 1);
@@ -174,7 +174,7 @@ async fn run_for(providers: &[&str], seconds: u64) -> Arc<Log> {
     let log = Arc::new(Log::default());
     let wanted = providers.iter().map(|name| (key(name), discovery(name))).collect();
     let shell = Recorder { log: log.clone(), wanted };
-    let refresher = Refresher::new(BTreeMap::new(), None, Instant::now());
+    let refresher = Refresher::new(BTreeMap::new(), Instant::now());
     let running = tokio::spawn(run(refresher, Issuers(log.clone()), shell, futures_util::stream::pending()));
     tokio::time::sleep(Duration::from_secs(seconds)).await;
     running.abort();

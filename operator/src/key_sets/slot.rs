@@ -56,7 +56,14 @@ pub struct Settled {
 impl Slot {
     /// A slot with nothing held yet, due at `due`.
     pub fn new(want: Want, due: Instant) -> Self {
-        let held = HeldKeySet { source: want.source.clone(), document: None, keys: 0, fetched_at: None, error: None };
+        let held = HeldKeySet {
+            source: want.source.clone(),
+            document: None,
+            keys: 0,
+            fetched_at: None,
+            error: None,
+            seeded_issuer: None,
+        };
         Self { want, held, etag: None, due, in_flight: None, started: None, nudged: false }
     }
 

@@ -244,6 +244,7 @@ fn the_status_says_per_provider_whether_a_key_set_is_loaded() {
         keys: usize::from(document.is_some()),
         fetched_at: document.map(|_| at(0)),
         error: error.map(Into::into),
+        seeded_issuer: None,
     };
     let index: KeySetIndex = [
         ("ok", held(Some("{}"), None)),
