@@ -11,10 +11,12 @@
 //! ```text
 //! start: seeds (the configs written) ─┐
 //! Gateway changes ──► wanted slots ───┴─► refresher::run ─► Outcome ─► publish, announce, Events, metrics
+//! every second: heartbeats' nudges ──────────┘ (key_sets::nudges)
 //! ```
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::StreamExt as _;
 use kube::Resource as _;
@@ -26,9 +28,14 @@ use crate::compile::ObjectKey;
 use crate::compile::key_source::HeldKeySet;
 use crate::context::Context;
 use crate::key_sets::fetch::{Fetcher, Want};
+use crate::key_sets::nudges::Nudges;
 use crate::key_sets::refresher::{self, Outcome, Refresher, Shell, Wake};
 use crate::key_sets::{Published, SlotKey, seed, wanted};
-use crate::stores::signals;
+use crate::stores::{every, signals};
+
+/// How often the heartbeats are read for nudges: a pod's note reaches the
+/// refresher within this (the Lease store has it already).
+const READ_NUDGES_EVERY: Duration = Duration::from_secs(1);
 
 /// The refresher of a starting operator: the key sets of the configs
 /// written (seeds), published before any Gateway compiles, so that the
@@ -48,13 +55,17 @@ pub(crate) async fn seeded(context: &Context) -> Refresher {
 /// Keeps the key sets current for as long as the task runs.
 pub(crate) async fn keep_key_sets(context: Arc<Context>, refresher: Refresher) {
     let fetcher = Fetcher::new(context.client.clone());
-    let wakes = signals(&[&context.stores.changed.gateways]).map(|()| Wake::Gateways);
-    refresher::run(refresher, fetcher, Operator { context: &context }, wakes).await;
+    let gateways = signals(&[&context.stores.changed.gateways]).map(|()| Wake::Gateways);
+    let nudges = every(READ_NUDGES_EVERY).map(|()| Wake::Nudges);
+    let wakes = futures_util::stream::select(gateways, nudges).boxed();
+    let shell = Operator { context: &context, nudges: Nudges::default() };
+    refresher::run(refresher, fetcher, shell, wakes).await;
 }
 
 /// The operator, as the refresher acts on it.
 struct Operator<'c> {
     context: &'c Context,
+    nudges: Nudges,
 }
 
 impl Shell for Operator<'_> {
@@ -93,6 +104,15 @@ impl Shell for Operator<'_> {
         if let Some((key, held)) = &outcome.moved {
             report(context, key, held).await;
         }
+    }
+
+    fn nudges(&mut self) -> Vec<SlotKey> {
+        let stores = &self.context.stores;
+        let asked = self.nudges.read(&stores.leases.state(), &stores.gateways, &stores.gateway_pods);
+        for (gateway, provider) in &asked {
+            tracing::debug!(gateway = %gateway, %provider, "a pod refused a token of a key not in the set");
+        }
+        asked
     }
 }
 

@@ -9,6 +9,7 @@
 //!   refresher.rs, each slot when due (30 s; sooner on Cache-Control, never under 10 s), a task per fetch:
 //!   fetch.rs (bounded I/O) ─► slot.rs settle (pure: keep, replace, record the error), each answer as it comes
 //!   ─► KeySets::publish (ArcSwap; controller/key_sets.rs) ─► changed: the Gateway is reconciled ─► Catalog ─► compile
+//! heartbeats naming a provider refused `unknown_key` ─► nudges.rs ─► that slot sooner (≤ once per 10 s)
 //! ```
 //!
 //! What this does not do: decide which keys verify a token (the gateway
@@ -16,6 +17,7 @@
 
 pub mod document;
 pub mod fetch;
+pub mod nudges;
 pub mod refresher;
 pub mod seed;
 pub mod slot;

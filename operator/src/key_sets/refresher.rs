@@ -3,10 +3,14 @@
 //! issuer that hangs (10 s a request) holds back only its own slot, never
 //! the round of every other provider. At most [`AT_ONCE`] fetches run at
 //! once; due slots start earliest-due first, so none waits behind ones
-//! due later.
+//! due later. A gateway pod may ask for a slot sooner (a token named a
+//! `kid` its set lacks, as right after the issuer rotated: `nudges.rs`):
+//! granted at most once per [`MIN_REFRESH`] per slot, whatever the pods
+//! say, so no pod can make the operator hammer an issuer.
 //!
 //! ```text
 //! Gateways ─► sync ─► slots ─► start (due, in flight ≤ AT_ONCE) ─► Flights (a task each)
+//!   nudges ─► nudge (≥ MIN_REFRESH after the last start)          │
 //!   answers, one at a time ◄──────────────────────────────────────┘
 //!     ─► take: settle (slot.rs) ─► Outcome ─► the shell: publish, announce, Events, metrics
 //! ```
@@ -191,6 +195,9 @@ impl Refresher {
                 slot.in_flight = None;
                 let settled = slot.settle(answer, at);
                 slot.due = now + settled.after;
+                if std::mem::take(&mut slot.nudged) {
+                    slot.due = slot.due.min(slot.earliest(now));
+                }
                 let changed = settled.document_changed || settled.error_changed;
                 Outcome {
                     changed,
@@ -233,6 +240,22 @@ impl Refresher {
                 Outcome { issuer_error: news.then_some(error), ..Outcome::default() }
             }
         }
+    }
+
+    /// A pod asks for `key` to be fetched soon: at once when its last
+    /// fetch started [`MIN_REFRESH`] ago or more, else then; with one in
+    /// flight, after its answer at the soonest the rule allows (it may
+    /// have started before the rotation). Whether it is due sooner now.
+    pub fn nudge(&mut self, key: &SlotKey, now: Instant) -> bool {
+        let Some(slot) = self.slots.get_mut(key) else { return false };
+        if slot.in_flight.is_some() {
+            slot.nudged = true;
+            return false;
+        }
+        let earliest = slot.earliest(now);
+        let sooner = earliest < slot.due;
+        slot.due = slot.due.min(earliest);
+        sooner
     }
 
     /// When the next fetch is due (of a slot or the cluster's issuer when
@@ -319,20 +342,24 @@ impl<F: Fetch> Flights<F> {
 pub enum Wake {
     /// The Gateways changed: the slots wanted may have.
     Gateways,
+    /// Time to read the pods' nudges.
+    Nudges,
 }
 
-/// What the refresher needs of the operator: the Gateways' wants, and
-/// what to do with each outcome.
+/// What the refresher needs of the operator: the Gateways' wants, what to
+/// do with each outcome, the pods' nudges.
 pub trait Shell {
     /// What the Gateways want now, and whether any trusts the cluster's issuer.
     fn wanted(&self) -> (BTreeMap<SlotKey, Want>, bool);
     /// Acts on an outcome: publishes `published` (given when it changed),
     /// announces Gateways, Events, metrics.
     fn settled(&self, outcome: Outcome, published: Option<Published>) -> impl Future<Output = ()> + Send;
+    /// The slots pods asked to be fetched soon, since last asked.
+    fn nudges(&mut self) -> Vec<SlotKey>;
 }
 
 /// Keeps the key sets current for as long as `wakes` lasts.
-pub async fn run<F, S, W>(mut refresher: Refresher, fetcher: F, shell: S, mut wakes: W)
+pub async fn run<F, S, W>(mut refresher: Refresher, fetcher: F, mut shell: S, mut wakes: W)
 where
     F: Fetch,
     S: Shell,
@@ -348,7 +375,7 @@ where
         for (job, fetch) in refresher.start(Instant::now(), cluster, AT_ONCE.saturating_sub(flights.len())) {
             flights.start(job, fetch);
         }
-        // Nothing due: a Gateway change wakes it sooner. NB: with every
+        // Nothing due: a Gateway change (or a nudge) wakes it sooner. NB: with every
         // place taken, slots due wait for an answer, not the clock (a due
         // time already past would wake the loop without end).
         let full = flights.len() >= AT_ONCE;
@@ -369,6 +396,12 @@ where
                     if refresher.sync(wanted, Instant::now()) {
                         let outcome = Outcome { changed: true, ..Outcome::default() };
                         shell.settled(outcome, Some(refresher.published())).await;
+                    }
+                }
+                Some(Wake::Nudges) => {
+                    let now = Instant::now();
+                    for key in shell.nudges() {
+                        refresher.nudge(&key, now);
                     }
                 }
             },

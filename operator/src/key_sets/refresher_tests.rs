@@ -1,7 +1,9 @@
 //! The refresher's state (which slots are held, which fetches start when,
 //! what a late answer does) and its loop, run against a fetcher of the
 //! test's own on tokio's paused clock: an issuer that hangs holds back only
-//! its own slot, and no more than `AT_ONCE` fetches are ever in flight.
+//! its own slot, no more than `AT_ONCE` fetches are ever in flight, a pod's
+//! nudge brings a fetch forward, and no stream of nudges gets a slot
+//! fetched more than once per 10 s.
 
 #![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
 
@@ -9,6 +11,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::StreamExt as _;
+use futures_util::stream::BoxStream;
 use tokio::sync::Mutex;
 use waycast_crds::identity::ConfigMapKeyRef;
 
@@ -152,6 +156,8 @@ impl Fetch for Issuers {
 struct Recorder {
     log: Arc<Log>,
     wanted: BTreeMap<SlotKey, Want>,
+    /// Pods ask for every slot at each nudge wake.
+    nudging: bool,
 }
 
 impl Shell for Recorder {
@@ -166,16 +172,25 @@ impl Shell for Recorder {
             self.log.published.lock().await.push((Instant::now(), names));
         }
     }
+
+    fn nudges(&mut self) -> Vec<SlotKey> {
+        if self.nudging { self.wanted.keys().cloned().collect() } else { Vec::new() }
+    }
 }
 
 /// Runs the refresher over `providers` (each fetched from the issuer of
-/// its name) for `seconds` of the paused clock.
+/// its name) for `seconds` of the paused clock, pods nudging every slot
+/// at each of `nudges`.
 async fn run_for(providers: &[&str], seconds: u64) -> Arc<Log> {
+    run_nudged(providers, seconds, futures_util::stream::pending().boxed()).await
+}
+
+async fn run_nudged(providers: &[&str], seconds: u64, nudges: BoxStream<'static, Wake>) -> Arc<Log> {
     let log = Arc::new(Log::default());
     let wanted = providers.iter().map(|name| (key(name), discovery(name))).collect();
-    let shell = Recorder { log: log.clone(), wanted };
+    let shell = Recorder { log: log.clone(), wanted, nudging: true };
     let refresher = Refresher::new(BTreeMap::new(), Instant::now());
-    let running = tokio::spawn(run(refresher, Issuers(log.clone()), shell, futures_util::stream::pending()));
+    let running = tokio::spawn(run(refresher, Issuers(log.clone()), shell, nudges));
     tokio::time::sleep(Duration::from_secs(seconds)).await;
     running.abort();
     log
@@ -210,4 +225,71 @@ async fn no_more_than_at_once_fetches_are_in_flight() {
     assert_eq!(log.most.load(Ordering::SeqCst), AT_ONCE);
     let started = log.started.lock().await;
     assert!(started.len() >= 30, "every slot had its turn: {}", started.len());
+}
+
+/// A nudge brings the next fetch forward to 10 s after the last one
+/// started at the soonest; one during a fetch, to after its answer; no
+/// number of them sooner.
+#[test]
+fn a_nudge_is_granted_at_most_once_per_ten_seconds_a_slot() {
+    let t0 = Instant::now();
+    let s = Duration::from_secs;
+    let mut refresher = Refresher::new(BTreeMap::new(), t0);
+    refresher.sync(wanted(&[("a", discovery("https://a"))]), t0);
+    let fetch = |refresher: &mut Refresher, at: Instant| {
+        let jobs = refresher.start(at, false, 8);
+        let [(Job::KeySet(_, number), _)] = &jobs[..] else { panic!("{jobs:?}") };
+        *number
+    };
+    let answer = |refresher: &mut Refresher, number, at| {
+        refresher.take(Done::KeySet(key("a"), number, document()), at, jiff::Timestamp::UNIX_EPOCH);
+    };
+    let first = fetch(&mut refresher, t0);
+    answer(&mut refresher, first, t0);
+    assert_eq!(refresher.slots[&key("a")].due, t0 + s(30));
+    assert!(refresher.nudge(&key("a"), t0 + s(3)));
+    assert_eq!(refresher.slots[&key("a")].due, t0 + s(10), "10 s after the last start, not at once");
+    assert!(!refresher.nudge(&key("a"), t0 + s(4)), "no sooner for asking again");
+    assert!(refresher.start(t0 + s(9), false, 8).is_empty());
+    let second = fetch(&mut refresher, t0 + s(10));
+    answer(&mut refresher, second, t0 + s(10));
+    assert!(refresher.nudge(&key("a"), t0 + s(25)));
+    assert_eq!(refresher.slots[&key("a")].due, t0 + s(25), "10 s since the last: at once");
+
+    // Asked while a fetch is out: the next comes 10 s after it started.
+    let third = fetch(&mut refresher, t0 + s(25));
+    assert!(!refresher.nudge(&key("a"), t0 + s(26)));
+    answer(&mut refresher, third, t0 + s(26));
+    assert_eq!(refresher.slots[&key("a")].due, t0 + s(35));
+    assert!(!refresher.nudge(&key("z"), t0 + s(26)), "no such slot");
+}
+
+fn nudges_every(period: Duration) -> BoxStream<'static, Wake> {
+    futures_util::stream::unfold((), move |()| async move {
+        tokio::time::sleep(period).await;
+        Some((Wake::Nudges, ()))
+    })
+    .boxed()
+}
+
+/// Pods name a provider without end (a flood of tokens naming made-up
+/// keys, or a hostile pod): its issuer is asked once per 10 s, no more.
+#[tokio::test(start_paused = true)]
+async fn nudges_without_end_fetch_a_slot_once_per_ten_seconds() {
+    let origin = Instant::now();
+    let log = run_nudged(&["fast"], 65, nudges_every(Duration::from_millis(100))).await;
+    assert_eq!(starts(&log, "fast", origin).await, [0, 10, 20, 30, 40, 50, 60]);
+}
+
+/// One nudge, 15 s after a fetch (a key rotated in at the issuer and a
+/// token of it refused): fetched then, not at the 30 s round.
+#[tokio::test(start_paused = true)]
+async fn a_nudge_fetches_a_rotated_set_sooner_than_the_round() {
+    let origin = Instant::now();
+    let once = futures_util::stream::once(async {
+        tokio::time::sleep(Duration::from_secs(15)).await;
+        Wake::Nudges
+    });
+    let log = run_nudged(&["fast"], 50, once.chain(futures_util::stream::pending()).boxed()).await;
+    assert_eq!(starts(&log, "fast", origin).await, [0, 15, 45]);
 }
