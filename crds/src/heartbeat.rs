@@ -25,6 +25,35 @@ pub const MAX_DROPPED_LISTED: usize = 128;
 /// Longest reason of one listed entry.
 pub const MAX_DROPPED_REASON_BYTES: usize = 256;
 
+/// Annotation: the providers (names, comma-separated) whose tokens the
+/// pod refused for `unknown_key` since its previous heartbeat — a `kid`
+/// their key set lacks, as right after the issuer rotated its keys. The
+/// operator fetches those key sets sooner (at most once per 10 s each,
+/// whatever a pod says). Empty when there was none.
+pub const UNKNOWN_KEY_ANNOTATION: &str = "waycast.dev/unknown-key-providers";
+/// The most providers that annotation lists (a config trusts at most as
+/// many).
+pub const MAX_UNKNOWN_KEY_LISTED: usize = crate::identity::MAX_PROVIDERS;
+/// Longest provider name read from it (a DNS label).
+pub const MAX_PROVIDER_NAME_BYTES: usize = 63;
+
+/// The providers an [`UNKNOWN_KEY_ANNOTATION`] lists, read as untrusted
+/// text: at most [`MAX_UNKNOWN_KEY_LISTED`] names, each non-empty and at
+/// most [`MAX_PROVIDER_NAME_BYTES`] long (longer ones are no name).
+pub fn unknown_key_providers(annotation: &str) -> impl Iterator<Item = &str> {
+    annotation
+        .split(',')
+        .map(str::trim)
+        .filter(|name| !name.is_empty() && name.len() <= MAX_PROVIDER_NAME_BYTES)
+        .take(MAX_UNKNOWN_KEY_LISTED)
+}
+
+/// The annotation listing `providers`, as a pod writes it.
+pub fn unknown_key_annotation<'a>(providers: impl IntoIterator<Item = &'a str>) -> String {
+    let listed: Vec<&str> = providers.into_iter().take(MAX_UNKNOWN_KEY_LISTED).collect();
+    listed.join(",")
+}
+
 /// One entry a pod left out of the config it serves.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DroppedEntry {
@@ -113,6 +142,20 @@ mod tests {
         for garbage in ["", "{", "[1,2]", "{\"entry\":\"x\"}", "null"] {
             assert_eq!(dropped_entries(garbage), Vec::new(), "{garbage}");
         }
+    }
+
+    /// Anyone's text too: at most as many names as a config has providers,
+    /// none empty or past a DNS label's length.
+    #[test]
+    fn unknown_key_providers_are_read_within_bounds() {
+        let listed = unknown_key_annotation(["corp", "cluster"]);
+        assert_eq!(listed, "corp,cluster");
+        assert_eq!(unknown_key_providers(&listed).collect::<Vec<_>>(), ["corp", "cluster"]);
+        let hostile = format!("{}, ,{},{}", "a".repeat(64), "b".repeat(63), "c,".repeat(100));
+        let read: Vec<&str> = unknown_key_providers(&hostile).collect();
+        assert_eq!(read.len(), MAX_UNKNOWN_KEY_LISTED);
+        assert_eq!(read[0].len(), 63, "the 64-byte name is no name");
+        assert_eq!(unknown_key_providers("").count(), 0);
     }
 
     #[test]

@@ -43,6 +43,11 @@ pub struct Provider {
 /// read for what they are.
 const REGISTERED_CLAIMS: [&str; 5] = ["iss", "aud", "exp", "nbf", "iat"];
 
+/// The user claim whose tokens must not say the address is unverified.
+pub(super) const EMAIL_CLAIM: &str = "email";
+/// OpenID Connect Core 1.0 §5.1: whether the issuer verified `email`.
+pub(super) const EMAIL_VERIFIED_CLAIM: &str = "email_verified";
+
 /// Why a provider cannot be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ProviderError {
@@ -212,6 +217,10 @@ pub enum Refusal {
     /// A claim that must be there is not (`iss`, `aud`, `exp`, the user).
     #[error("the token lacks a required claim")]
     MissingClaim,
+    /// The user claim is `email` and the token says the address is not
+    /// verified (`email_verified` present and not true).
+    #[error("the token's email address is not verified by its issuer")]
+    EmailNotVerified,
     /// This worker spent its share of time on tokens it refused (a flood of
     /// forged signatures): a token it has not verified before waits
     /// (tokens it remembers are served as ever).
@@ -233,6 +242,7 @@ impl Refusal {
             Self::TokenTooLarge => "token_too_large",
             Self::DisallowedAlgorithm => "disallowed_algorithm",
             Self::MissingClaim => "missing_claim",
+            Self::EmailNotVerified => "email_not_verified",
             Self::VerificationBusy => "token_verification_busy",
         }
     }

@@ -17,6 +17,8 @@ use serde_json::{Value, json};
 
 use super::*;
 
+mod email_verified;
+
 /// A 2048-bit RSA key made once with
 /// `openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 | openssl pkcs8 -topk8 -nocrypt -outform DER`,
 /// for these tests only.
@@ -429,6 +431,7 @@ fn refusal_codes_are_stable() {
         (Refusal::TokenTooLarge, "token_too_large"),
         (Refusal::DisallowedAlgorithm, "disallowed_algorithm"),
         (Refusal::MissingClaim, "missing_claim"),
+        (Refusal::EmailNotVerified, "email_not_verified"),
         (Refusal::VerificationBusy, "token_verification_busy"),
     ];
     for (refusal, code) in codes {

@@ -20,8 +20,8 @@ use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 use super::keys::Alg;
 use super::keys::{Key, KeySet};
 use super::provider::{
-    MAX_CLAIMS, MAX_GROUPS, MAX_KIDLESS_TRIES, MAX_NAME_BYTES, MAX_TOKEN_BYTES, Provider, Refusal, SKEW_SECONDS,
-    Verified,
+    EMAIL_CLAIM, EMAIL_VERIFIED_CLAIM, MAX_CLAIMS, MAX_GROUPS, MAX_KIDLESS_TRIES, MAX_NAME_BYTES, MAX_TOKEN_BYTES,
+    Provider, Refusal, SKEW_SECONDS, Verified,
 };
 
 /// Whether `bearer` looks like a JWS compact token: three base64url
@@ -90,6 +90,12 @@ pub fn verify(token: &str, provider: &Provider, now: jiff::Timestamp) -> Result<
         return Err(Refusal::WrongAudience);
     }
     let user = claims.user.filter(|user| !user.is_empty()).ok_or(Refusal::MissingClaim)?;
+    // An address the issuer says it has not verified may be anyone's who
+    // typed it in. Absent, the token is served: Entra ID never sends the
+    // claim, and most access tokens leave it out (docs/identity.md).
+    if claims.email_verified == Some(false) {
+        return Err(Refusal::EmailNotVerified);
+    }
     Ok(Verified {
         provider: provider.name.clone(),
         user_hash: super::provider::user_hash(&provider.name, &user),
@@ -188,6 +194,8 @@ struct Claims {
     iat: Option<i64>,
     user: Option<String>,
     groups: Option<Vec<String>>,
+    /// `email_verified`, read only when the user claim is `email`.
+    email_verified: Option<bool>,
 }
 
 impl Claims {
@@ -198,8 +206,12 @@ impl Claims {
     fn read(segment: &str, provider: &Provider) -> Result<Self, Refusal> {
         let bytes = decode(segment)?;
         let too_many = Cell::new(false);
-        let seed =
-            ClaimsSeed { user: &provider.user_claim, groups: provider.groups_claim.as_deref(), too_many: &too_many };
+        let seed = ClaimsSeed {
+            user: &provider.user_claim,
+            groups: provider.groups_claim.as_deref(),
+            email: &*provider.user_claim == EMAIL_CLAIM,
+            too_many: &too_many,
+        };
         let mut json = serde_json::Deserializer::from_slice(&bytes);
         let claims = seed.deserialize(&mut json).and_then(|claims| json.end().map(|()| claims));
         let claims = match claims {
@@ -223,6 +235,8 @@ impl Claims {
 struct ClaimsSeed<'p> {
     user: &'p str,
     groups: Option<&'p str>,
+    /// The user claim is `email`: `email_verified` is read too.
+    email: bool,
     too_many: &'p Cell<bool>,
 }
 
@@ -256,6 +270,8 @@ impl<'de> Visitor<'de> for ClaimsSeed<'_> {
                 once(&mut claims.user, map.next_value()?)?;
             } else if self.groups == Some(name.as_str()) {
                 once(&mut claims.groups, map.next_value()?)?;
+            } else if self.email && name == EMAIL_VERIFIED_CLAIM {
+                once(&mut claims.email_verified, map.next_value::<EmailVerified>()?.0)?;
             } else {
                 match name.as_str() {
                     "iss" => once(&mut claims.iss, map.next_value()?)?,
@@ -296,6 +312,28 @@ impl<'de> Deserialize<'de> for Audiences {
             OneOrMany::One(audience) => vec![audience],
             OneOrMany::Many(audiences) => audiences,
         }))
+    }
+}
+
+/// `email_verified`: a boolean, or the strings `"true"` and `"false"` (as
+/// some issuers, AWS Cognito among them, have sent it); anything else is
+/// malformed.
+struct EmailVerified(bool);
+
+impl<'de> Deserialize<'de> for EmailVerified {
+    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum BoolOrText {
+            Bool(bool),
+            Text(String),
+        }
+        match BoolOrText::deserialize(deserializer)? {
+            BoolOrText::Bool(verified) => Ok(Self(verified)),
+            BoolOrText::Text(text) if text == "true" => Ok(Self(true)),
+            BoolOrText::Text(text) if text == "false" => Ok(Self(false)),
+            BoolOrText::Text(_) => Err(de::Error::custom("email_verified: not a boolean")),
+        }
     }
 }
 

@@ -67,9 +67,22 @@ pub fn authenticate<'s>(
         if crate::identity::is_token_shaped(bearer) {
             // Token-shaped: base64url and dots only, so always UTF-8.
             let token = std::str::from_utf8(bearer).map_err(|_| GatewayError::TokenRefused(Refusal::MalformedToken))?;
-            let verified = crate::identity::verify_remembered(token, at, |issuer| identity.provider_for(issuer))
-                .map_err(GatewayError::TokenRefused)?;
-            return serve_token(identity, headers, verified, at);
+            // The provider the token names, for an `unknown_key` refusal.
+            let named = std::cell::Cell::new(None);
+            let verified = crate::identity::verify_remembered(token, at, |issuer| {
+                let provider = identity.provider_for(issuer);
+                named.set(provider);
+                provider
+            });
+            return match verified {
+                Ok(verified) => serve_token(identity, headers, verified, at),
+                Err(refusal) => {
+                    if let (Refusal::UnknownKey, Some(provider)) = (refusal, named.get()) {
+                        identity.note_unknown_key(provider);
+                    }
+                    Err(GatewayError::TokenRefused(refusal))
+                }
+            };
         }
         read_at = Some(at);
     }
@@ -156,5 +169,41 @@ mod tests {
         // Before its expiry the same key works.
         let before = || "2025-06-01T00:00:00Z".parse().unwrap();
         assert!(authenticate(&snapshot, &headers(&[("x-api-key", "expired-key")]), before).is_ok());
+    }
+
+    /// A token naming a key its issuer's set lacks notes its provider, for
+    /// the heartbeat to name (the operator then fetches the set sooner);
+    /// no other refusal does, and a note is taken once.
+    #[test]
+    fn a_token_of_a_key_not_in_the_set_notes_its_provider() {
+        use waycast_crds::config::ProviderConfig;
+        use waycast_mock::tokens::TestIssuer;
+        const CORP: &str = "https://sso.example.com/realms/corp";
+        let (served, rotated) = (TestIssuer::new(CORP, "corp-1"), TestIssuer::new(CORP, "corp-2"));
+        let mut corp = ProviderConfig::new("corp", CORP, "waycast");
+        corp.key_set = Some(served.jwks());
+        let config = GatewayConfig { providers: vec![corp], ..GatewayConfig::empty() };
+        let snapshot = Snapshot::standalone(&config, "h".into()).unwrap();
+        let at = jiff::Timestamp::now();
+        let token_of = |issuer: &TestIssuer, audience: &str| {
+            let claims = issuer.claims("alice", audience, &[], at.as_second(), at.as_second() + 600);
+            format!("Bearer {}", issuer.token(&claims))
+        };
+        let refusal = |bearer: &str| match authenticate(&snapshot, &headers(&[("authorization", bearer)]), || at) {
+            Err(GatewayError::TokenRefused(refusal)) => Some(refusal),
+            _ => None,
+        };
+        let identity = &snapshot.identity;
+        assert_eq!(refusal(&token_of(&served, "someone-else")), Some(Refusal::WrongAudience));
+        let elsewhere = TestIssuer::new("https://elsewhere.example.com", "corp-2");
+        assert_eq!(refusal(&token_of(&elsewhere, "waycast")), Some(Refusal::UnknownIssuer));
+        assert!(!identity.unknown_keys_noted(), "no other refusal notes anything");
+
+        assert_eq!(refusal(&token_of(&rotated, "waycast")), Some(Refusal::UnknownKey));
+        assert!(identity.unknown_keys_noted());
+        assert_eq!(identity.take_unknown_keys(), ["corp"]);
+        assert!(identity.take_unknown_keys().is_empty(), "taken once");
+        identity.renote_unknown_keys(&["corp".to_owned()]);
+        assert_eq!(identity.take_unknown_keys(), ["corp"], "a heartbeat not written gives them back");
     }
 }

@@ -7,10 +7,13 @@
 //!                set, so its tokens are refused `unknown_key`, alone)
 //! grants[]    ─► Grant { members: users | groups | serviceAccounts, entry: KeyEntry }
 //! token ─► Verified ─► member_of(verified, asked) ─► the one grant that serves it
+//! refused `unknown_key` ─► note_unknown_key ─► the heartbeat names the provider
+//!                          (the operator fetches its key set sooner)
 //! ```
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use waycast_crds::config::{GrantConfig, ProviderConfig};
 
 use super::dropped::Dropped;
@@ -31,6 +34,9 @@ pub struct Identity {
     providers: Vec<Provider>,
     /// Whether `providers[i]` is the cluster's ServiceAccount issuer.
     service_accounts: Vec<bool>,
+    /// Whether a token of `providers[i]` was refused `unknown_key` since
+    /// the heartbeat last took the notes.
+    unknown_keys: Vec<AtomicBool>,
     /// In id order (namespace/name): the first a caller is a member of
     /// serves it unless it names another.
     grants: Vec<Grant>,
@@ -77,6 +83,41 @@ impl Identity {
     /// Grants served.
     pub fn grants(&self) -> &[Grant] {
         &self.grants
+    }
+
+    /// Notes that a token of `provider` (one of these) named a key its set
+    /// lacks — as right after the issuer rotated: the heartbeat tells the
+    /// operator, which fetches the set sooner.
+    pub fn note_unknown_key(&self, provider: &Provider) {
+        let at = self.providers.iter().position(|ours| std::ptr::eq(ours, provider));
+        if let Some(noted) = at.and_then(|at| self.unknown_keys.get(at)) {
+            // Read first: during a flood of such tokens the flag is set
+            // already, and every worker only reads its line.
+            if !noted.load(Ordering::Relaxed) {
+                noted.store(true, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Whether any provider is noted.
+    pub fn unknown_keys_noted(&self) -> bool {
+        self.unknown_keys.iter().any(|noted| noted.load(Ordering::Relaxed))
+    }
+
+    /// The providers noted, clearing their notes.
+    pub fn take_unknown_keys(&self) -> Vec<&str> {
+        let noted = self.providers.iter().zip(&self.unknown_keys);
+        noted.filter(|(_, noted)| noted.swap(false, Ordering::Relaxed)).map(|(provider, _)| provider.name()).collect()
+    }
+
+    /// Notes the providers named `names` again (taken for a heartbeat that
+    /// was not written).
+    pub fn renote_unknown_keys(&self, names: &[String]) {
+        for (provider, noted) in self.providers.iter().zip(&self.unknown_keys) {
+            if names.iter().any(|name| name == provider.name()) {
+                noted.store(true, Ordering::Relaxed);
+            }
+        }
     }
 
     /// The grant that serves `verified`: the one named by `asked` (a grant
@@ -184,6 +225,7 @@ impl Identity {
                 members,
             });
         }
-        Self { providers, service_accounts, grants: served }
+        let unknown_keys = providers.iter().map(|_| AtomicBool::new(false)).collect();
+        Self { providers, service_accounts, unknown_keys, grants: served }
     }
 }

@@ -22,7 +22,7 @@ use waycast_crds::identity::{DEFAULT_GROUPS_CLAIM, DEFAULT_USER_CLAIM, IdentityP
 use waycast_crds::identity_config::review_providers;
 
 use super::inputs::Inputs;
-use super::key_source::{KeySource, held_document};
+use super::key_source::{KeySource, held_document, seeded_issuer};
 use super::models::key_limits;
 use super::select;
 use super::tenants::Tenants;
@@ -39,7 +39,11 @@ pub fn providers(inputs: &Inputs<'_>) -> (Vec<ProviderConfig>, Option<Verdict>) 
     // Each compiled entry with its index in the spec.
     let mut compiled: Vec<(usize, ProviderConfig)> = Vec::new();
     for (index, spec) in specs.enumerate() {
-        match provider(spec, &namespace, inputs.service_account_issuer) {
+        // The API server's issuer once known; until then the one this
+        // Gateway's own config named before a restart (and only its own).
+        let cluster_issuer =
+            inputs.service_account_issuer.or_else(|| seeded_issuer(inputs.key_sets, &gateway, &spec.name));
+        match provider(spec, &namespace, cluster_issuer) {
             Ok(mut entry) => {
                 // NB: a provider without a key set is still compiled: the
                 // pods then refuse its tokens (`unknown_key`) and the

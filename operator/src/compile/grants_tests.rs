@@ -256,6 +256,7 @@ fn a_provider_carries_the_key_set_held_for_its_current_source() {
         keys: 1,
         fetched_at: None,
         error: Some("a later fetch failed".into()),
+        seeded_issuer: None,
     };
     let corp_source = KeySource::Discovery { issuer: "https://sso.example.com/realms/corp".into() };
     let pinned_source =

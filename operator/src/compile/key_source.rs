@@ -110,10 +110,22 @@ pub struct HeldKeySet {
     pub fetched_at: Option<jiff::Timestamp>,
     /// Why the latest fetch failed; `None`: it succeeded (or none ran yet).
     pub error: Option<String>,
+    /// For a provider of the cluster's own issuer, seeded from the config
+    /// written before the operator started: the issuer that config named.
+    /// It serves this Gateway alone, until the API server's is known —
+    /// never another Gateway, whose config a tenant who may write Secrets
+    /// in this Gateway's namespace could otherwise name an issuer for.
+    pub seeded_issuer: Option<String>,
 }
 
 /// Every held key set, by Gateway and provider name.
 pub type KeySetIndex = BTreeMap<(ObjectKey, String), HeldKeySet>;
+
+/// The cluster's issuer the config written for `gateway` named for its
+/// provider `name` (see [`HeldKeySet::seeded_issuer`]).
+pub fn seeded_issuer<'a>(index: &'a KeySetIndex, gateway: &ObjectKey, name: &str) -> Option<&'a str> {
+    index.get(&(gateway.clone(), name.to_owned()))?.seeded_issuer.as_deref()
+}
 
 /// The document held for provider `name` of `gateway`, when it was fetched
 /// from `source`.

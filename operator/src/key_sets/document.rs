@@ -24,32 +24,71 @@ pub const REFRESH: Duration = Duration::from_secs(30);
 /// how soon a failed fetch is tried again.
 pub const MIN_REFRESH: Duration = Duration::from_secs(10);
 
-/// Why a document is not kept.
+/// Why a document is not kept. NB: the text goes to the Gateway's status
+/// and Events, so it is ours alone: it never quotes the document (serde's
+/// messages do: `invalid type: string "…"`), only says where reading
+/// stopped.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DocumentError {
     /// Larger than its bound.
     #[error("the document is {0} bytes, more than the {1} read")]
     TooLarge(usize, usize),
     /// Not UTF-8 JSON of the expected shape.
-    #[error("not a {0}: {1}")]
-    Malformed(&'static str, String),
+    #[error("not a {what}: {problem}{}", at_byte(*.at))]
+    Malformed {
+        /// What it should have been.
+        what: &'static str,
+        /// What it is instead, in our words.
+        problem: &'static str,
+        /// The byte where reading stopped, when known.
+        at: Option<usize>,
+    },
     /// More than [`MAX_KEYS`] entries.
     #[error("the key set lists {0} keys, more than the {MAX_KEYS} read")]
     TooManyKeys(usize),
     /// No entry is a signing key.
     #[error("the key set has no signing key (kty RSA, EC or OKP, with use absent or \"sig\")")]
     NoSigningKey,
-    /// The discovery document names another issuer.
-    #[error("the discovery document's issuer {found:?} is not the configured issuer {configured:?}")]
+    /// The discovery document names another issuer (not quoted: only
+    /// where the two first differ).
+    #[error(
+        "the discovery document names another issuer than the configured {configured:?} (its {found_bytes} bytes differ from byte {differs_at})"
+    )]
     IssuerMismatch {
         /// As configured.
         configured: String,
-        /// As the document says (cut to 256 bytes).
-        found: String,
+        /// The length of the issuer the document names.
+        found_bytes: usize,
+        /// The first byte at which the two differ.
+        differs_at: usize,
     },
     /// The discovery document's `jwks_uri` is not an `https` URL.
     #[error("the discovery document's jwks_uri {0}")]
     JwksUri(&'static str),
+}
+
+fn at_byte(at: Option<usize>) -> String {
+    at.map(|at| format!(" (at byte {at})")).unwrap_or_default()
+}
+
+/// `document` refused as no `what`, for `error`: whether it is no JSON at
+/// all or JSON of another shape, and the byte where serde stopped —
+/// never serde's own text, which quotes what it read.
+fn malformed(what: &'static str, document: &[u8], error: &serde_json::Error) -> DocumentError {
+    let problem = match error.classify() {
+        serde_json::error::Category::Data => "JSON of another shape",
+        serde_json::error::Category::Syntax | serde_json::error::Category::Eof | serde_json::error::Category::Io => {
+            "not JSON"
+        }
+    };
+    // serde counts lines from 1 and columns in bytes from 1; line 0: no
+    // position.
+    let at = (error.line() > 0).then(|| {
+        let before: usize =
+            document.split(|byte| *byte == b'\n').take(error.line() - 1).map(|line| line.len() + 1).sum();
+        (before + error.column().saturating_sub(1)).min(document.len())
+    });
+    DocumentError::Malformed { what, problem, at }
 }
 
 #[derive(Deserialize)]
@@ -68,9 +107,12 @@ pub fn signing_keys(document: &[u8]) -> Result<usize, DocumentError> {
     if document.len() > MAX_KEY_SET_BYTES {
         return Err(DocumentError::TooLarge(document.len(), MAX_KEY_SET_BYTES));
     }
-    let text = std::str::from_utf8(document).map_err(|e| DocumentError::Malformed("key set", e.to_string()))?;
-    let shape: KeySetShape =
-        serde_json::from_str(text).map_err(|e| DocumentError::Malformed("key set", e.to_string()))?;
+    let text = std::str::from_utf8(document).map_err(|e| DocumentError::Malformed {
+        what: "key set",
+        problem: "not UTF-8",
+        at: Some(e.valid_up_to()),
+    })?;
+    let shape: KeySetShape = serde_json::from_str(text).map_err(|e| malformed("key set", document, &e))?;
     if shape.keys.len() > MAX_KEYS {
         return Err(DocumentError::TooManyKeys(shape.keys.len()));
     }
@@ -110,10 +152,14 @@ pub fn jwks_uri(document: &[u8], issuer: &str) -> Result<String, DocumentError> 
         return Err(DocumentError::TooLarge(document.len(), MAX_DISCOVERY_BYTES));
     }
     let shape: DiscoveryShape =
-        serde_json::from_slice(document).map_err(|e| DocumentError::Malformed("discovery document", e.to_string()))?;
+        serde_json::from_slice(document).map_err(|e| malformed("discovery document", document, &e))?;
     if shape.issuer != issuer {
-        let found = cut(&shape.issuer, 256).to_owned();
-        return Err(DocumentError::IssuerMismatch { configured: issuer.to_owned(), found });
+        let differs_at = shape.issuer.bytes().zip(issuer.bytes()).take_while(|(a, b)| a == b).count();
+        return Err(DocumentError::IssuerMismatch {
+            configured: issuer.to_owned(),
+            found_bytes: shape.issuer.len(),
+            differs_at,
+        });
     }
     if let Some(problem) = https_url_problem(&shape.jwks_uri, true) {
         return Err(DocumentError::JwksUri(problem));
@@ -131,9 +177,13 @@ pub fn issuer(document: &[u8]) -> Result<String, DocumentError> {
         return Err(DocumentError::TooLarge(document.len(), MAX_DISCOVERY_BYTES));
     }
     let shape: IssuerShape =
-        serde_json::from_slice(document).map_err(|e| DocumentError::Malformed("discovery document", e.to_string()))?;
+        serde_json::from_slice(document).map_err(|e| malformed("discovery document", document, &e))?;
     if shape.issuer.is_empty() || shape.issuer.len() > 2048 {
-        return Err(DocumentError::Malformed("discovery document", "an issuer of 1 to 2048 bytes".into()));
+        return Err(DocumentError::Malformed {
+            what: "discovery document",
+            problem: "its issuer is not of 1 to 2048 bytes",
+            at: None,
+        });
     }
     Ok(shape.issuer)
 }

@@ -38,9 +38,26 @@ use crate::compile::key_source::KeySource;
 pub const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
 /// The largest CA bundle read from a ConfigMap.
 const MAX_CA_BYTES: usize = 256 * 1024;
+/// The most of a URL an error shows.
+pub const MAX_URL_SHOWN: usize = 256;
+/// The most of a library's reason (hyper, rustls, kube) an error shows.
+pub const MAX_REASON_SHOWN: usize = 256;
+
+/// `url` as an error shows it: cut to [`MAX_URL_SHOWN`] bytes.
+pub fn shown(url: &str) -> String {
+    cut_marked(url, MAX_URL_SHOWN)
+}
+
+/// `text` cut to `limit` bytes, `…` marking a cut.
+fn cut_marked(text: &str, limit: usize) -> String {
+    let kept = document::cut(text, limit);
+    if kept.len() < text.len() { format!("{kept}…") } else { kept.to_owned() }
+}
 
 /// Why a fetch brought no document. The text goes to the Gateway's status
-/// and Events: it names the URL or object, never a document's content.
+/// and Events: it names the URL or object (a URL cut to [`MAX_URL_SHOWN`]
+/// bytes: a `jwks_uri` is the discovery document's), never a document's
+/// content; a library's reason is cut to [`MAX_REASON_SHOWN`].
 #[derive(Debug, thiserror::Error)]
 pub enum FetchError {
     /// No connection or no answer: DNS, TCP, TLS, a reset.
@@ -133,6 +150,9 @@ pub enum Answer {
     /// A document, with its `ETag` (and the URL it is for) and
     /// `Cache-Control`.
     Document {
+        /// Where it was read (the URL, the API path, the ConfigMap), as an
+        /// error shows it.
+        from: String,
         /// The body.
         body: Bytes,
         /// `(url, etag)`: what a conditional request for the same URL sends.
@@ -192,7 +212,8 @@ impl Fetcher {
             KeySource::Cluster => self.api_get(CLUSTER_JWKS, etag, MAX_KEY_SET_BYTES).await,
             KeySource::ConfigMap { namespace, name, key } => {
                 let text = self.config_map_key(namespace, name, key, MAX_KEY_SET_BYTES).await?;
-                Ok(Answer::Document { body: Bytes::from(text), etag: None, cache_control: None })
+                let from = want.source.to_string();
+                Ok(Answer::Document { from, body: Bytes::from(text), etag: None, cache_control: None })
             }
         }
     }
@@ -217,7 +238,7 @@ impl Fetcher {
         let config_map = tokio::time::timeout(FETCH_TIMEOUT, api.get_opt(name))
             .await
             .map_err(|_| problem("no answer from the API server within 10 s".into()))?
-            .map_err(|e| problem(e.to_string()))?
+            .map_err(|e| problem(cut_marked(&e.to_string(), MAX_REASON_SHOWN)))?
             .ok_or_else(|| problem("not found".into()))?;
         let text = config_map
             .data
@@ -231,7 +252,8 @@ impl Fetcher {
 
     /// GET `path` of the API server through the kube client.
     async fn api_get(&self, path: &str, etag: Option<&Etag>, limit: usize) -> Result<Answer, FetchError> {
-        let api = |reason: String| FetchError::Api { path: path.to_owned(), reason };
+        let api =
+            |reason: String| FetchError::Api { path: path.to_owned(), reason: cut_marked(&reason, MAX_REASON_SHOWN) };
         let mut request =
             http::Request::get(path).header(http::header::ACCEPT, "application/json, application/jwk-set+json");
         if let Some((_, tag)) = etag.filter(|(url, _)| url == path) {
@@ -259,9 +281,10 @@ pub async fn remote(source: &KeySource, ca: Option<&str>, etag: Option<&Etag>) -
         KeySource::Discovery { issuer } => {
             let url = document::discovery_url(issuer);
             let Answer::Document { body, .. } = get(&https, &url, None, MAX_DISCOVERY_BYTES).await? else {
-                return Err(FetchError::Status { url, status: 304 });
+                return Err(FetchError::Status { url: shown(&url), status: 304 });
             };
-            let jwks_uri = document::jwks_uri(&body, issuer).map_err(|error| FetchError::Document { url, error })?;
+            let jwks_uri =
+                document::jwks_uri(&body, issuer).map_err(|error| FetchError::Document { url: shown(&url), error })?;
             get(&https, &jwks_uri, etag, MAX_KEY_SET_BYTES).await
         }
         KeySource::JwksUri { uri } => get(&https, uri, etag, MAX_KEY_SET_BYTES).await,
@@ -280,9 +303,11 @@ fn https(ca: Option<&str>) -> Result<Https, FetchError> {
         None => builder.with_provider_and_webpki_roots(provider).map_err(tls_error)?,
         Some(pem) => {
             let mut roots = rustls::RootCertStore::empty();
-            for certificate in CertificateDer::pem_slice_iter(pem.as_bytes()) {
-                let certificate = certificate.map_err(|e| FetchError::Ca(e.to_string()))?;
-                roots.add(certificate).map_err(|e| FetchError::Ca(e.to_string()))?;
+            for (index, certificate) in CertificateDer::pem_slice_iter(pem.as_bytes()).enumerate() {
+                // NB: not rustls' text: it quotes the line it could not read.
+                let certificate =
+                    certificate.map_err(|_| FetchError::Ca(format!("PEM section {} does not read", index + 1)))?;
+                roots.add(certificate).map_err(|e| FetchError::Ca(format!("certificate {}: {e}", index + 1)))?;
             }
             if roots.is_empty() {
                 return Err(FetchError::Ca("no PEM certificate".into()));
@@ -310,7 +335,8 @@ fn tls_error(error: rustls::Error) -> FetchError {
 
 /// GET `url` over `https`, conditional on `etag` when it is for `url`.
 async fn get(https: &Https, url: &str, etag: Option<&Etag>, limit: usize) -> Result<Answer, FetchError> {
-    let unreachable = |reason: String| FetchError::Unreachable { url: url.to_owned(), reason };
+    let unreachable =
+        |reason: String| FetchError::Unreachable { url: shown(url), reason: cut_marked(&reason, MAX_REASON_SHOWN) };
     let uri: http::Uri = url.parse().map_err(|e: http::uri::InvalidUri| unreachable(e.to_string()))?;
     let mut request = http::Request::get(uri)
         .header(http::header::ACCEPT, "application/json, application/jwk-set+json")
@@ -323,7 +349,7 @@ async fn get(https: &Https, url: &str, etag: Option<&Etag>, limit: usize) -> Res
         let response = https.request(request).await.map_err(|e| unreachable(chain(&e)))?;
         read(response, url, limit).await
     };
-    tokio::time::timeout(FETCH_TIMEOUT, answer).await.map_err(|_| FetchError::Timeout(url.to_owned()))?
+    tokio::time::timeout(FETCH_TIMEOUT, answer).await.map_err(|_| FetchError::Timeout(shown(url)))?
 }
 
 /// An answer read within `limit` bytes: 200 a document, 304 not
@@ -334,24 +360,22 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let status = response.status();
-    let header = |name: http::header::HeaderName| {
-        response
-            .headers()
-            .get(name)
-            .and_then(|value| value.to_str().ok())
-            .map(|value| document::cut(value, 256).to_owned())
-    };
+    // NB: a closure over the headers, not the response: one alive across
+    // the body's read would hold a shared borrow of a body that is not
+    // `Sync` (the kube client's), and the fetch could not be a task.
+    let headers = response.headers();
+    let header = |name: http::header::HeaderName| header_text(headers, name);
     let cache_control = header(http::header::CACHE_CONTROL);
     if status == http::StatusCode::NOT_MODIFIED {
         return Ok(Answer::NotModified { cache_control });
     }
     if status.is_redirection() {
-        return Err(FetchError::Redirect { url: url.to_owned(), status: status.as_u16() });
+        return Err(FetchError::Redirect { url: shown(url), status: status.as_u16() });
     }
     if status != http::StatusCode::OK {
-        return Err(FetchError::Status { url: url.to_owned(), status: status.as_u16() });
+        return Err(FetchError::Status { url: shown(url), status: status.as_u16() });
     }
-    let too_large = || FetchError::TooLarge { url: url.to_owned(), limit };
+    let too_large = || FetchError::TooLarge { url: shown(url), limit };
     let declared = header(http::header::CONTENT_LENGTH).and_then(|length| length.parse::<usize>().ok());
     if declared.is_some_and(|length| length > limit) {
         return Err(too_large());
@@ -361,10 +385,16 @@ where
         if error.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
             too_large()
         } else {
-            FetchError::Unreachable { url: url.to_owned(), reason: format!("reading the answer: {error}") }
+            let reason = cut_marked(&format!("reading the answer: {error}"), MAX_REASON_SHOWN);
+            FetchError::Unreachable { url: shown(url), reason }
         }
     })?;
-    Ok(Answer::Document { body: body.to_bytes(), etag, cache_control })
+    Ok(Answer::Document { from: shown(url), body: body.to_bytes(), etag, cache_control })
+}
+
+/// A header's value as text, cut to 256 bytes.
+fn header_text(headers: &http::HeaderMap, name: http::header::HeaderName) -> Option<String> {
+    headers.get(name).and_then(|value| value.to_str().ok()).map(|value| document::cut(value, 256).to_owned())
 }
 
 /// An error and its sources, one line: hyper's own says only "client error

@@ -6,9 +6,10 @@
 //!
 //! ```text
 //! Gateway store ─► wanted: (Gateway, provider) ─► Want {source, CA}
-//!   refresher (controller/key_sets.rs), each slot when due (30 s; sooner on Cache-Control, never under 10 s):
-//!   fetch.rs (bounded I/O) ─► slot.rs settle (pure: keep, replace, record the error)
-//!   ─► KeySets::publish (ArcSwap) ─► changed: the Gateway is reconciled ─► Catalog ─► compile
+//!   refresher.rs, each slot when due (30 s; sooner on Cache-Control, never under 10 s), a task per fetch:
+//!   fetch.rs (bounded I/O) ─► slot.rs settle (pure: keep, replace, record the error), each answer as it comes
+//!   ─► KeySets::publish (ArcSwap; controller/key_sets.rs) ─► changed: the Gateway is reconciled ─► Catalog ─► compile
+//! heartbeats naming a provider refused `unknown_key` ─► nudges.rs ─► that slot sooner (≤ once per 10 s)
 //! ```
 //!
 //! What this does not do: decide which keys verify a token (the gateway
@@ -16,6 +17,8 @@
 
 pub mod document;
 pub mod fetch;
+pub mod nudges;
+pub mod refresher;
 pub mod seed;
 pub mod slot;
 
@@ -24,10 +27,12 @@ use std::sync::Arc;
 
 use kube::ResourceExt as _;
 use waycast_crds::Gateway;
+use waycast_crds::condition::reasons;
 use waycast_crds::identity::{GatewayIdentityStatus, ProviderKeySetStatus};
 
 use crate::compile::ObjectKey;
-use crate::compile::key_source::{KeySetIndex, KeySource};
+use crate::compile::key_source::{HeldKeySet, KeySetIndex, KeySource};
+use crate::events::EventType;
 use fetch::Want;
 
 /// What compile and the status read: every held key set, and the
@@ -121,7 +126,35 @@ pub fn status_of(gateway: &Gateway, published: &Published) -> Option<GatewayIden
     Some(GatewayIdentityStatus { providers: entries })
 }
 
+/// The Event of `provider`'s held set as it is now: its error (ours
+/// alone, at most `slot::MAX_ERROR_BYTES`) and what it means, or that it
+/// was fetched.
+pub fn event_of(provider: &str, held: &HeldKeySet) -> (EventType, &'static str, String) {
+    match &held.error {
+        Some(error) => {
+            let consequence = if held.document.is_some() {
+                "the key set loaded before keeps serving"
+            } else {
+                "no key set: the pods refuse this provider's tokens"
+            };
+            (EventType::Warning, reasons::KEY_SET_FETCH_FAILED, format!("provider {provider}: {error}; {consequence}"))
+        }
+        None => {
+            let keys = held.keys;
+            (
+                EventType::Normal,
+                reasons::KEY_SET_FETCHED,
+                format!("provider {provider}: key set fetched ({keys} signing keys)"),
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod echo_tests;
 #[cfg(test)]
 mod https_tests;
+#[cfg(test)]
+mod seed_tests;
 #[cfg(test)]
 mod tests;

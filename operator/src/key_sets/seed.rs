@@ -7,6 +7,13 @@
 //!
 //! NB: best effort. A Gateway whose config cannot be read (none written
 //! yet, another owner, another format) starts with nothing held.
+//!
+//! NB: a seed serves only the Gateway whose config it was read from. A
+//! config Secret lives in its Gateway's namespace, where others than the
+//! platform team may write Secrets; what it says of the cluster's
+//! ServiceAccount issuer is that Gateway's seed alone
+//! (`HeldKeySet::seeded_issuer`), never the issuer every Gateway is
+//! compiled with (the refresher reads that from the API server).
 
 use std::collections::BTreeMap;
 use std::io::Read as _;
@@ -33,36 +40,35 @@ struct Base {
 }
 
 /// The key sets of the configs written for `gateways` (those with
-/// providers), and the cluster's issuer as a config names it.
-pub async fn seeds(
-    client: &kube::Client,
-    gateways: &[Arc<Gateway>],
-) -> (BTreeMap<SlotKey, HeldKeySet>, Option<String>) {
+/// providers).
+pub async fn seeds(client: &kube::Client, gateways: &[Arc<Gateway>]) -> BTreeMap<SlotKey, HeldKeySet> {
     let with_providers = gateways.iter().filter(|g| g.spec.identity.as_ref().is_some_and(|i| !i.providers.is_empty()));
     let read: Vec<(Arc<Gateway>, Vec<ProviderConfig>)> = futures_util::stream::iter(with_providers)
         .map(|gateway| async move { (gateway.clone(), written_providers(client, gateway).await) })
         .buffer_unordered(8)
         .collect()
         .await;
+    seeds_of(&read)
+}
+
+/// The seeds of each Gateway's written providers, each under its own
+/// Gateway and provider.
+pub fn seeds_of(written: &[(Arc<Gateway>, Vec<ProviderConfig>)]) -> BTreeMap<SlotKey, HeldKeySet> {
     let mut held = BTreeMap::new();
-    let mut cluster_issuer = None;
-    for (gateway, providers) in read {
+    for (gateway, providers) in written {
         let key = ObjectKey::of(&gateway.metadata);
         for provider in providers {
-            if provider.service_accounts {
-                cluster_issuer.get_or_insert_with(|| provider.issuer.clone());
-            }
-            if let Some(seed) = seed_of(&gateway, &provider) {
+            if let Some(seed) = seed_of(gateway, provider) {
                 held.insert((key.clone(), provider.name.clone()), seed);
             }
         }
     }
-    (held, cluster_issuer)
+    held
 }
 
 /// The held set `provider`, as written for `gateway`, seeds: its key set
 /// when it still passes the checks, fetched when the Gateway's status
-/// said.
+/// said, and for the cluster's own provider the issuer it named.
 pub fn seed_of(gateway: &Gateway, provider: &ProviderConfig) -> Option<HeldKeySet> {
     let document = provider.key_set.as_deref()?;
     let keys = document::signing_keys(document.as_bytes()).ok()?;
@@ -79,6 +85,7 @@ pub fn seed_of(gateway: &Gateway, provider: &ProviderConfig) -> Option<HeldKeySe
         keys,
         fetched_at,
         error: None,
+        seeded_issuer: provider.service_accounts.then(|| provider.issuer.clone()),
     })
 }
 

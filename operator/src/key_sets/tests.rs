@@ -1,14 +1,20 @@
 //! The pure parts of key-set fetching: the refresh rule, what a key set
 //! and a discovery document must be, what an answer does to a held set
-//! (ETag included), the slots the Gateways want, and the status.
+//! (ETag included), the slots the Gateways want, the status, and the
+//! seed a written config gives.
 
 #![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use serde_json::json;
-use waycast_crds::identity::{ConfigMapKeyRef, GatewayIdentity, IdentityProvider, ServiceAccountIssuer};
+use tokio::time::Instant;
+use waycast_crds::config::ProviderConfig;
+use waycast_crds::identity::{
+    ConfigMapKeyRef, GatewayIdentity, GatewayIdentityStatus, IdentityProvider, ProviderKeySetStatus,
+    ServiceAccountIssuer,
+};
 
 use super::document::{DocumentError, MAX_KEYS, discovery_url, jwks_uri, refresh_after, signing_keys};
 use super::fetch::{Answer, FetchError, Want};
@@ -84,8 +90,8 @@ fn a_discovery_document_must_name_the_issuer_exactly_and_an_https_jwks_uri() {
     let keys = "https://keys.example.com/jwks";
     assert_eq!(jwks_uri(&document(ISSUER, keys), ISSUER).unwrap(), keys);
     let rows: [(&str, Vec<u8>, &str); 5] = [
-        ("another issuer", document("https://evil.example.com/realms/corp", keys), "is not the configured issuer"),
-        ("a trailing slash", document(&format!("{ISSUER}/"), keys), "is not the configured issuer"),
+        ("another issuer", document("https://evil.example.com/realms/corp", keys), "differ from byte 8"),
+        ("a trailing slash", document(&format!("{ISSUER}/"), keys), "36 bytes differ from byte 35"),
         ("http jwks_uri", document(ISSUER, "http://keys.example.com/jwks"), "jwks_uri must be an absolute https"),
         ("no jwks_uri", serde_json::to_vec(&json!({"issuer": ISSUER})).unwrap(), "not a discovery document"),
         ("over 64 KiB", vec![b' '; 64 * 1024 + 1], "more than the 65536"),
@@ -112,7 +118,8 @@ fn at(second: i64) -> jiff::Timestamp {
 
 fn document(body: Bytes, etag: Option<&str>) -> Result<Answer, FetchError> {
     let etag = etag.map(|tag| ("https://keys.example.com/jwks".to_owned(), tag.to_owned()));
-    Ok(Answer::Document { body, etag, cache_control: Some("max-age=15".into()) })
+    let from = "https://keys.example.com/jwks".to_owned();
+    Ok(Answer::Document { from, body, etag, cache_control: Some("max-age=15".into()) })
 }
 
 fn refused() -> Result<Answer, FetchError> {
@@ -237,6 +244,7 @@ fn the_status_says_per_provider_whether_a_key_set_is_loaded() {
         keys: usize::from(document.is_some()),
         fetched_at: document.map(|_| at(0)),
         error: error.map(Into::into),
+        seeded_issuer: None,
     };
     let index: KeySetIndex = [
         ("ok", held(Some("{}"), None)),
@@ -264,4 +272,36 @@ fn the_status_says_per_provider_whether_a_key_set_is_loaded() {
     let names: Vec<&str> = status.providers.iter().map(|p| p.name.as_str()).collect();
     assert_eq!(names, ["ok", "failing", "never", "new", "edited"], "the spec's order");
     assert_eq!(status_of(&self::gateway(Vec::new()), &published), None);
+}
+
+#[test]
+fn a_seed_is_the_written_set_when_it_still_passes_and_keeps_its_fetch_time() {
+    let mut gateway = waycast_mock::fixtures::objects::gateway("platform", "gw");
+    let fetched = jiff::Timestamp::from_second(1_900_000_000).unwrap();
+    gateway.status = Some(waycast_crds::GatewayStatus {
+        identity: Some(GatewayIdentityStatus {
+            providers: vec![ProviderKeySetStatus {
+                name: "corp".into(),
+                keys: Some(1),
+                fetched_at: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(fetched)),
+                message: None,
+            }],
+        }),
+        ..Default::default()
+    });
+    let set = r#"{"keys":[{"kty":"RSA","n":"AQAB","e":"AQAB"}]}"#;
+    let mut written = ProviderConfig::new("corp", ISSUER, "waycast");
+    written.key_set = Some(set.into());
+    let seed = seed::seed_of(&gateway, &written).unwrap();
+    assert_eq!(seed.source, KeySource::Discovery { issuer: ISSUER.into() });
+    assert_eq!((seed.document.as_deref(), seed.keys, seed.fetched_at), (Some(set), 1, Some(fetched)));
+    let mut cluster = ProviderConfig::new("cluster", "https://kubernetes.default.svc", "waycast");
+    cluster.service_accounts = true;
+    cluster.key_set = Some(set.into());
+    let seed = seed::seed_of(&gateway, &cluster).unwrap();
+    assert_eq!((seed.source, seed.fetched_at), (KeySource::Cluster, None));
+    written.key_set = Some(r#"{"keys":[]}"#.into());
+    assert!(seed::seed_of(&gateway, &written).is_none(), "no signing key: nothing to hold");
+    written.key_set = None;
+    assert!(seed::seed_of(&gateway, &written).is_none());
 }

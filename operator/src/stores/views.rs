@@ -10,8 +10,8 @@ use kube::ResourceExt as _;
 use kube::api::ObjectMeta;
 use kube::core::PartialObjectMeta;
 use waycast_crds::heartbeat::{
-    DROPPED_ENTRIES_ANNOTATION, GATEWAY_LABEL, POD_INSTANCE_LABEL, POD_NAME_LABEL, REFUSED_HASH_ANNOTATION,
-    REFUSED_REASON_ANNOTATION,
+    DROPPED_ENTRIES_ANNOTATION, GATEWAY_LABEL, MAX_PROVIDER_NAME_BYTES, MAX_UNKNOWN_KEY_LISTED, POD_INSTANCE_LABEL,
+    POD_NAME_LABEL, REFUSED_HASH_ANNOTATION, REFUSED_REASON_ANNOTATION, UNKNOWN_KEY_ANNOTATION, truncate,
 };
 
 use crate::render::endpoints::{SERVICE_NAME_LABEL, is_controller_managed};
@@ -80,10 +80,16 @@ pub fn lease(lease: &mut Lease) {
     let holder = lease.spec.take().and_then(|spec| spec.holder_identity);
     let mut annotations = lease.metadata.annotations.take().unwrap_or_default();
     annotations.retain(|key, _| {
-        [REFUSED_HASH_ANNOTATION, REFUSED_REASON_ANNOTATION, DROPPED_ENTRIES_ANNOTATION].contains(&key.as_str())
+        [REFUSED_HASH_ANNOTATION, REFUSED_REASON_ANNOTATION, DROPPED_ENTRIES_ANNOTATION, UNKNOWN_KEY_ANNOTATION]
+            .contains(&key.as_str())
     });
     let oversized = holder.as_ref().is_some_and(|holder| holder.len() > MAX_HOLDER_BYTES)
         || annotations.values().any(|value| value.len() > MAX_ANNOTATION_BYTES);
+    // Only as much of the providers' list as is ever read.
+    if let Some(listed) = annotations.get_mut(UNKNOWN_KEY_ANNOTATION) {
+        let kept = truncate(listed, MAX_UNKNOWN_KEY_LISTED * (MAX_PROVIDER_NAME_BYTES + 1)).len();
+        listed.truncate(kept);
+    }
     let gateway = lease.metadata.labels.take().and_then(|mut labels| labels.remove(GATEWAY_LABEL));
     let owner = lease
         .metadata
@@ -184,6 +190,18 @@ mod tests {
         api_server.endpoints = vec![Endpoint { addresses: vec!["34.120.7.9".into()], ..Default::default() }];
         endpoint_slice(&mut api_server);
         assert!(api_server.endpoints.is_empty());
+    }
+
+    /// The providers a pod names for a sooner key-set fetch are kept, but
+    /// only as much of the list as is ever read.
+    #[test]
+    fn a_lease_keeps_the_unknown_key_providers_cut_to_what_is_read() {
+        let mut beat = heartbeat_lease(&"h".repeat(64), "");
+        let long = format!("corp,{}", "x,".repeat(4000));
+        beat.metadata.annotations.as_mut().unwrap().insert(UNKNOWN_KEY_ANNOTATION.to_owned(), long);
+        lease(&mut beat);
+        let kept = &beat.metadata.annotations.unwrap()[UNKNOWN_KEY_ANNOTATION];
+        assert!(kept.starts_with("corp,x,") && kept.len() == MAX_UNKNOWN_KEY_LISTED * 64, "{}", kept.len());
     }
 
     fn heartbeat_lease(holder: &str, reason: &str) -> Lease {
