@@ -137,6 +137,13 @@ pub fn served_since(samples: &[Sample], from: Instant) -> u64 {
     samples.iter().filter(|s| s.started >= from).map(|s| s.tokens).sum()
 }
 
+/// Output tokens of the requests that ended from `from` to `until`: what
+/// was served in that window, whenever each was sent (a team whose
+/// requests wait longer is not counted by when it asked).
+pub fn served_between(samples: &[Sample], from: Instant, until: Instant) -> u64 {
+    samples.iter().filter(|s| (from..until).contains(&(s.started + s.took))).map(|s| s.tokens).sum()
+}
+
 /// The most streams of `samples` that were generating at once, each from
 /// its first token to its end. A stream starts generating only after its
 /// prefill (200 ms of the mock's), so two that one concurrency place
@@ -212,6 +219,25 @@ pub struct Held {
     pub most: f64,
     /// Requests waiting in the pods' own queues, at most.
     pub waiting: f64,
+}
+
+/// Samples the pods' requests running and waiting every 50 ms from `from`
+/// to `until`.
+pub fn sample_between(
+    http: PlainClient,
+    ips: Vec<String>,
+    from: Instant,
+    until: Instant,
+) -> tokio::task::JoinHandle<Held> {
+    let running = Arc::new(AtomicBool::new(true));
+    let flag = running.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep_until(from.into()).await;
+        let sampler = sample_running(http, ips, flag);
+        tokio::time::sleep_until(until.into()).await;
+        running.store(false, Ordering::Relaxed);
+        sampler.await.unwrap_or(Held { mean: 0.0, most: 0.0, waiting: 0.0 })
+    })
 }
 
 /// Samples the pods' requests running and waiting every 50 ms while
