@@ -133,6 +133,37 @@ fn saturation(held: &Held, slots: usize, loads: &[Vec<Sample>]) -> String {
     )
 }
 
+/// What a gateway pod says of itself every half second from `from` to
+/// `until`, on average: the pods it shares the model with, its requests
+/// waiting and in flight to the model's endpoints.
+async fn gateway_view(ip: String, from: Instant, until: Instant) -> (f64, f64, f64) {
+    tokio::time::sleep_until(from.into()).await;
+    let http = plain_client();
+    let (mut sums, mut count) = ((0.0, 0.0, 0.0), 0.0);
+    while Instant::now() < until {
+        let request = http::Request::get(format!("http://{ip}:9090/metrics"))
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap();
+        if let Ok(Ok(response)) = tokio::time::timeout(Duration::from_secs(2), http.request(request)).await {
+            let body = http_body_util::BodyExt::collect(response.into_body()).await.unwrap().to_bytes();
+            let text = String::from_utf8_lossy(&body).into_owned();
+            let sum = |prefix: &str| -> f64 {
+                text.lines()
+                    .filter(|line| line.starts_with(prefix))
+                    .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+                    .sum()
+            };
+            sums.0 += sum("waycast_gateway_rate_limit_pods");
+            sums.1 += sum("waycast_gateway_queue_depth{");
+            sums.2 += sum("waycast_gateway_endpoint_requests_in_flight{");
+            count += 1.0;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let count = f64::max(count, 1.0);
+    (sums.0 / count, sums.1 / count, sums.2 / count)
+}
+
 fn ratio(a: u64, b: u64) -> f64 {
     a as f64 / b.max(1) as f64
 }
@@ -262,9 +293,24 @@ async fn shares_hold_at_any_capacity_and_people_take_turns() {
     let replicas = Patch::Merge(json!({"spec": {"replicas": 2}}));
     gateways.patch("gateway", &PatchParams::default(), &replicas).await.unwrap();
     settled(&client, &home, 2, &[&team_a, &team_b]).await;
+    let gateway_ips: Vec<String> =
+        wait_pods_ready(&client, &home, "app.kubernetes.io/instance=gateway", 2, Duration::from_secs(120))
+            .await
+            .unwrap()
+            .iter()
+            .map(|p| p.status.as_ref().unwrap().pod_ip.clone().unwrap())
+            .collect();
     let warm = Instant::now() + WARM;
     let held = sample_between(plain_client(), large_ips.clone(), warm, warm + WINDOW);
+    let views: Vec<_> =
+        gateway_ips.iter().map(|ip| tokio::spawn(gateway_view(ip.clone(), warm, warm + WINDOW))).collect();
     let loads = all_at_once(&url, "llm-large", &[(a, 112), (b, 112)], warm + WINDOW).await;
+    for (ip, view) in gateway_ips.iter().zip(views) {
+        let (pods, queued, in_flight) = view.await.unwrap();
+        println!(
+            "  gateway pod {ip}: {pods:.1} pods counted, {queued:.1} waiting, {in_flight:.1} in flight on average"
+        );
+    }
     let served = |samples: &Vec<Sample>| served_between(samples, warm, warm + WINDOW);
     let (a_tokens, b_tokens) = (served(&loads[0]), served(&loads[1]));
     let weights = ratio(a_tokens, b_tokens);
