@@ -58,10 +58,10 @@ bench-routing: k8s-bins node-deps
 	$(CARGO) build $(CARGO_FLAGS) --workspace --bins
 	$(CARGO) test $(CARGO_FLAGS) -p waycast-e2e --test routing_bench -- --ignored --nocapture
 
-## bench-fairness: a saturated model shared by teams on the e2e node (2 vLLM-like mock pods, 2 gateway pods, Redis): noisy neighbour, weights, classes, maxConcurrent, a tenant's cap, maxWait
+## bench-fairness: a saturated model shared by teams on the e2e node (vLLM-like mock pods, 1 and 2 gateway pods, Redis): noisy neighbour, classes, maxConcurrent, a tenant's cap, maxWait; weights at capacities 12 and 64, a grant's people in turn
 bench-fairness: k8s-bins node-deps
 	$(CARGO) build $(CARGO_FLAGS) --workspace --bins
-	$(CARGO) test $(CARGO_FLAGS) -p waycast-e2e --test fairness_bench -- --ignored --nocapture
+	$(CARGO) test $(CARGO_FLAGS) --no-fail-fast -p waycast-e2e --test fairness_bench --test fairness_shares_bench -- --ignored --nocapture
 
 CRATE_ROOTS = $(wildcard */src/lib.rs */src/main.rs */src/bin/*.rs)
 

@@ -18,6 +18,7 @@ pub mod config_secrets;
 pub mod control_plane;
 pub mod harness;
 pub mod keycloak;
+pub mod load;
 pub mod manifest;
 pub mod memory;
 pub mod node;

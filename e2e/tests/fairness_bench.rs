@@ -9,15 +9,16 @@
 //!
 //! ```text
 //! noisy      team A at ~30 % of capacity alone, then beside team B at 300 %, sharing off then on: A's TTFT p99
-//! weights    A (weight 3) and B (weight 1) both saturating: served tokens A : B
 //! classes    interactive at ~30 % beside a saturating batch class: its TTFT p99; batch alone: in flight at the pods
 //! concurrent a key with maxConcurrent 4 across both pods, 20 users: most of its requests in flight at the pods
 //! tenant cap 60 requests a minute for a namespace, 600 sent by its 10 keys at once: admitted
 //! max wait   maxWait 2s under a flood of long generations: when the 429s came, Retry-After, requests lost
 //! ```
 //!
-//! The figures go in docs/performance.md; the test fails when a target is
-//! missed (after printing every figure).
+//! Shares by weight, at capacities of 12 and 64, and a grant's people in
+//! turn are `fairness_shares_bench.rs`. The figures go in
+//! docs/performance.md; the test fails when a target is missed (after
+//! printing every figure).
 
 #![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
 
@@ -26,23 +27,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
-use http_body_util::BodyExt as _;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 use waycast_crds::{ApiKey, Gateway, ModelEndpoint};
 use waycast_e2e::cluster::images;
 use waycast_e2e::harness::{condition_true, operator_in_process, shared_cluster_with_node, test_namespace};
+use waycast_e2e::load::{
+    Held, PlainClient, Sample, ms, percentile, plain_client, pods_load, sample_running, ttfts, users,
+};
 use waycast_e2e::manifest::{self, object};
 use waycast_e2e::redis::HostRedis;
 use waycast_e2e::wait::{await_condition, within};
 use waycast_e2e::workloads::{apply_values, cluster_ip, deployment, service, wait_endpoints, wait_pods_ready};
 use waycast_mock::fixtures as fixture;
-
-type PlainClient = hyper_util::client::legacy::Client<
-    hyper_util::client::legacy::connect::HttpConnector,
-    http_body_util::Full<bytes::Bytes>,
->;
 
 /// Slots per mock pod; the model's declared capacity per endpoint.
 const SLOTS: usize = 16;
@@ -50,153 +48,6 @@ const PER_ENDPOINT: usize = 8;
 const CAPACITY: usize = 2 * PER_ENDPOINT;
 /// A scenario's measured window.
 const WINDOW: Duration = Duration::from_secs(40);
-
-/// One request's fate, as its user saw it.
-#[derive(Debug, Clone)]
-struct Sample {
-    status: Option<StatusCode>,
-    /// Sent → first body frame (streams answered 200).
-    ttft: Option<Duration>,
-    /// Sent → the answer (head) arrived.
-    answered: Duration,
-    tokens: u64,
-    retry_after: Option<String>,
-    started: Instant,
-}
-
-/// `users` closed-loop users of `key`, each streaming `max_tokens` at a
-/// time until `until`; a refused user tries again after 100 ms. Each user
-/// is a client of its own (its own connection, which the Service sends to
-/// one gateway pod, as it does a real client's).
-async fn users(url: &str, key: &str, users: usize, max_tokens: u64, until: Instant) -> Vec<Sample> {
-    let tasks: Vec<_> = (0..users)
-        .map(|user| {
-            let (url, key) = (url.to_owned(), key.to_owned());
-            let http: PlainClient =
-                hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
-            tokio::spawn(async move {
-                let mut samples = Vec::new();
-                let mut turn = 0;
-                while Instant::now() < until {
-                    let sample = stream(&http, &url, &key, max_tokens, user * 10_000 + turn).await;
-                    turn += 1;
-                    if sample.status != Some(StatusCode::OK) {
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                    samples.push(sample);
-                }
-                samples
-            })
-        })
-        .collect();
-    let mut samples = Vec::new();
-    for task in tasks {
-        samples.extend(task.await.unwrap());
-    }
-    samples
-}
-
-/// One streamed generation of `max_tokens` (a token a chunk) with a prompt
-/// of about 2 KB no other request shares (no prefix-cache hits).
-async fn stream(http: &PlainClient, url: &str, key: &str, max_tokens: u64, unique: usize) -> Sample {
-    let prompt = format!("request {unique}: ") + &"tell me about the weather in the mountains. ".repeat(45);
-    let body = format!(
-        r#"{{"model":"llm","stream":true,"max_tokens":{max_tokens},"messages":[{{"role":"user","content":"{prompt}"}}]}}"#
-    );
-    let started = Instant::now();
-    let mut sample =
-        Sample { status: None, ttft: None, answered: Duration::ZERO, tokens: 0, retry_after: None, started };
-    let Ok(Ok(response)) =
-        tokio::time::timeout(Duration::from_secs(180), http.request(fixture::post_request(url, Some(key), &body)))
-            .await
-    else {
-        return sample;
-    };
-    sample.answered = started.elapsed();
-    sample.status = Some(response.status());
-    sample.retry_after = response.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_owned);
-    let ok = response.status() == StatusCode::OK;
-    let mut body = response.into_body();
-    while let Some(Ok(frame)) = body.frame().await {
-        if let Some(data) = frame.data_ref() {
-            if ok && sample.ttft.is_none() {
-                sample.ttft = Some(started.elapsed());
-            }
-            sample.tokens += memchr_count(data, b"\"content\"");
-        }
-    }
-    sample
-}
-
-fn memchr_count(haystack: &[u8], needle: &[u8]) -> u64 {
-    haystack.windows(needle.len()).filter(|window| *window == needle).count() as u64
-}
-
-fn percentile(values: &[Duration], pct: f64) -> Duration {
-    let mut sorted = values.to_vec();
-    sorted.sort();
-    sorted.get(((sorted.len() as f64 - 1.0) * pct).round() as usize).copied().unwrap_or_default()
-}
-
-fn ttfts(samples: &[Sample]) -> Vec<Duration> {
-    samples.iter().filter_map(|s| s.ttft).collect()
-}
-
-fn ms(duration: Duration) -> f64 {
-    duration.as_secs_f64() * 1e3
-}
-
-/// The mock pods' requests running and waiting, and requests they served.
-async fn pods_load(http: &PlainClient, ips: &[String]) -> (f64, f64, f64) {
-    let mut load = (0.0, 0.0, 0.0);
-    for ip in ips {
-        let request = http::Request::get(format!("http://{ip}:8000/metrics"))
-            .body(http_body_util::Full::new(bytes::Bytes::new()))
-            .unwrap();
-        let Ok(Ok(response)) = tokio::time::timeout(Duration::from_secs(2), http.request(request)).await else {
-            continue;
-        };
-        let text = String::from_utf8_lossy(&response.into_body().collect().await.unwrap().to_bytes()).into_owned();
-        let value = |name: &str| {
-            text.lines()
-                .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse::<f64>().ok())
-                .unwrap_or(0.0)
-        };
-        load.0 += value("vllm:num_requests_running");
-        load.1 += value("vllm:num_requests_waiting");
-        load.2 += value("vllm:request_success_total");
-    }
-    load
-}
-
-/// What the pods held while sampled.
-#[derive(Debug, Clone, Copy)]
-struct Held {
-    /// Requests running, on average and at most.
-    mean: f64,
-    most: f64,
-    /// Requests waiting in the pods' own queues, at most.
-    waiting: f64,
-}
-
-/// Samples the pods' requests running and waiting every 50 ms while
-/// `running`.
-fn sample_running(http: PlainClient, ips: Vec<String>, running: Arc<AtomicBool>) -> tokio::task::JoinHandle<Held> {
-    tokio::spawn(async move {
-        let (mut sum, mut count) = (0.0, 0.0);
-        let mut held = Held { mean: 0.0, most: 0.0, waiting: 0.0 };
-        while running.load(Ordering::Relaxed) {
-            let (now, waiting, _) = pods_load(&http, &ips).await;
-            sum += now;
-            count += 1.0;
-            held.most = held.most.max(now);
-            held.waiting = held.waiting.max(waiting);
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        held.mean = sum / f64::max(count, 1.0);
-        held
-    })
-}
 
 struct Bed {
     client: kube::Client,
@@ -323,8 +174,7 @@ async fn a_shared_gateway_shares_a_saturated_model_fairly() {
     wait_endpoints(&client, &home, &format!("{home}/vllm:8000"), 2, Duration::from_secs(90)).await.unwrap();
     wait_pods_ready(&client, &home, "app.kubernetes.io/instance=gateway", 2, Duration::from_secs(120)).await.unwrap();
     let url = format!("http://{}/v1/chat/completions", cluster_ip(&client, &home, "gateway").await.unwrap());
-    let http: PlainClient =
-        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+    let http = plain_client();
     let bed = Bed { client: client.clone(), home: home.clone(), mock_ips, http };
     bed.settled(&[&team_a, &team_b, &team_c]).await;
     let (a, a_chat) = (key_text(&client, &team_a, "a").await, key_text(&client, &team_a, "a-chat").await);
@@ -349,14 +199,16 @@ async fn a_shared_gateway_shares_a_saturated_model_fairly() {
     let generation = 40; // tokens: 2 s at 50 ms a token
 
     // === noisy neighbour ===
-    let solo = users(&url, &a, quiet, generation, Instant::now() + WINDOW).await;
+    let solo = users(&url, "llm", &a, quiet, generation, Instant::now() + WINDOW).await;
     let mut noisy = Vec::new();
     for sharing in [false, true] {
         bed.set_capacity(sharing.then_some(PER_ENDPOINT)).await;
         bed.settled(&[]).await;
         let until = Instant::now() + WINDOW;
-        let (a_load, _) =
-            tokio::join!(users(&url, &a, quiet, generation, until), users(&url, &b, flood, generation, until));
+        let (a_load, _) = tokio::join!(
+            users(&url, "llm", &a, quiet, generation, until),
+            users(&url, "llm", &b, flood, generation, until)
+        );
         noisy.push(a_load);
         // Let the flood's last requests drain.
         tokio::time::sleep(Duration::from_secs(5)).await;
@@ -381,37 +233,20 @@ async fn a_shared_gateway_shares_a_saturated_model_fairly() {
     let ratio = p99(&noisy[1]).as_secs_f64() / p99(&solo).as_secs_f64();
     check(ratio <= 1.2, format!("A's TTFT p99 with sharing on ≤ 1.2× alone: {ratio:.2}×"));
 
-    // === weights 3 : 1 ===
-    bed.patch_gateway(json!({"tenants": [
-        {"namespaces": select(&team_a), "weight": 3}, {"namespaces": select(&team_b), "weight": 1},
-        {"namespaces": select(&team_c), "limits": {"requestsPerMinute": 60}}]}))
-        .await;
-    bed.settled(&[]).await;
-    let warm = Instant::now() + Duration::from_secs(10);
-    let until = warm + WINDOW;
-    let (a_load, b_load) = tokio::join!(
-        users(&url, &a, CAPACITY * 3 / 2, generation, until),
-        users(&url, &b, CAPACITY * 3 / 2, generation, until)
-    );
-    let served = |samples: &[Sample]| -> u64 { samples.iter().filter(|s| s.started >= warm).map(|s| s.tokens).sum() };
-    let (a_tokens, b_tokens) = (served(&a_load), served(&b_load));
-    let weights = a_tokens as f64 / b_tokens.max(1) as f64;
-    println!("\nweights 3 : 1, both at 150 % of the capacity: served tokens A {a_tokens}, B {b_tokens}");
-    check((2.7..=3.3).contains(&weights), format!("served tokens within 10 % of 3 : 1: {weights:.2} : 1"));
-    tokio::time::sleep(Duration::from_secs(5)).await;
-
     // === classes ===
-    let chat_solo = users(&url, &a_chat, quiet, generation, Instant::now() + WINDOW).await;
+    let chat_solo = users(&url, "llm", &a_chat, quiet, generation, Instant::now() + WINDOW).await;
     let running = Arc::new(AtomicBool::new(true));
     let sampler = sample_running(bed.http.clone(), bed.mock_ips.clone(), running.clone());
-    users(&url, &b_batch, flood, generation, Instant::now() + Duration::from_secs(20)).await;
+    users(&url, "llm", &b_batch, flood, generation, Instant::now() + Duration::from_secs(20)).await;
     running.store(false, Ordering::Relaxed);
     let Held { mean: batch_mean, most: batch_most, .. } = sampler.await.unwrap();
     let until = Instant::now() + WINDOW;
     let running = Arc::new(AtomicBool::new(true));
     let sampler = sample_running(bed.http.clone(), bed.mock_ips.clone(), running.clone());
-    let (chat, _) =
-        tokio::join!(users(&url, &a_chat, quiet, generation, until), users(&url, &b_batch, flood, generation, until));
+    let (chat, _) = tokio::join!(
+        users(&url, "llm", &a_chat, quiet, generation, until),
+        users(&url, "llm", &b_batch, flood, generation, until)
+    );
     running.store(false, Ordering::Relaxed);
     let beside = sampler.await.unwrap();
     println!(
@@ -436,7 +271,7 @@ async fn a_shared_gateway_shares_a_saturated_model_fairly() {
     // === maxConcurrent 4 across both pods, in Redis ===
     let running = Arc::new(AtomicBool::new(true));
     let sampler = sample_running(bed.http.clone(), bed.mock_ips.clone(), running.clone());
-    let four = users(&url, &b_four, 20, 20, Instant::now() + Duration::from_secs(20)).await;
+    let four = users(&url, "llm", &b_four, 20, 20, Instant::now() + Duration::from_secs(20)).await;
     running.store(false, Ordering::Relaxed);
     let Held { mean: four_mean, most: four_most, .. } = sampler.await.unwrap();
     let refused = four.iter().filter(|s| s.status == Some(StatusCode::TOO_MANY_REQUESTS)).count();
@@ -475,7 +310,7 @@ async fn a_shared_gateway_shares_a_saturated_model_fairly() {
     bed.patch_gateway(json!({"sharing": {"queue": {"maxWait": "2s"}}})).await;
     bed.settled(&[]).await;
     let (_, _, served_before) = pods_load(&bed.http, &bed.mock_ips).await;
-    let flooded = users(&url, &b, CAPACITY * 4, 200, Instant::now() + Duration::from_secs(30)).await;
+    let flooded = users(&url, "llm", &b, CAPACITY * 4, 200, Instant::now() + Duration::from_secs(30)).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (_, _, served_after) = pods_load(&bed.http, &bed.mock_ips).await;
     let timed_out: Vec<&Sample> = flooded.iter().filter(|s| s.status == Some(StatusCode::TOO_MANY_REQUESTS)).collect();

@@ -14,6 +14,14 @@
 //! tenant whose request used more (or fewer) tokens than estimated is
 //! charged the difference when it settles ([`FairQueue::settle`]).
 //!
+//! Every request sent while others wait is charged, whether it left the
+//! queue or went at once into the headroom ([`FairQueue::charge`]): the
+//! shares are the tags', so they hold at any capacity — a place held for
+//! a while longer by one tenant is paid back by the next turns going to
+//! the others. The virtual time never moves past the start tag of a tenant
+//! still waiting, so a request sent out of turn (into the headroom) takes
+//! nothing from the tenants it passed.
+//!
 //! The queue holds no clock and does no I/O: the caller owns the waiters
 //! (a channel per request), their deadlines and the capacity that decides
 //! when to [`FairQueue::pop`] (`scheduler.rs`).
@@ -87,6 +95,10 @@ struct Tenant {
     weight: u32,
     /// Virtual finish tag of its last dispatched request (plus corrections).
     finish: u64,
+    /// Tokens charged for its requests sent and not yet settled: a request
+    /// is corrected once, and only when it was charged (not one sent
+    /// before the class's busy period began).
+    charged: u64,
     queued: usize,
     /// Keys with requests waiting; the front one goes next.
     keys: VecDeque<KeyLine>,
@@ -105,6 +117,26 @@ struct Class {
     virtual_time: u64,
     queued: usize,
     tenants: HashMap<u64, Tenant>,
+}
+
+impl Class {
+    /// A request of `cost` tokens of `tenant_id` is sent, from the queue
+    /// (`waited`) or at once: its start tag is the tenant's finish tag —
+    /// for one that did not wait, at least the virtual time — and the
+    /// finish tag moves on by `cost / weight`. The virtual time moves up to
+    /// that start tag, but never past a waiting tenant's: a request sent
+    /// out of turn does not cost the tenants it passed their place.
+    fn send(&mut self, tenant_id: u64, weight: u32, cost: u64, waited: bool) {
+        let virtual_time = self.virtual_time;
+        let tenant =
+            self.tenants.entry(tenant_id).or_insert_with(|| Tenant { finish: virtual_time, ..Tenant::default() });
+        tenant.weight = weight.max(1);
+        let start = if waited { tenant.finish } else { tenant.finish.max(virtual_time) };
+        tenant.finish = start.saturating_add(tag_span(cost, tenant.weight));
+        tenant.charged = tenant.charged.saturating_add(cost);
+        let waiting = self.tenants.values().filter(|t| t.queued > 0).map(|t| t.finish).min();
+        self.virtual_time = waiting.map_or(start, |waiting| start.min(waiting)).max(virtual_time);
+    }
 }
 
 /// Requests waiting for a full model, dispatched by class, tenant weight,
@@ -194,9 +226,8 @@ impl<T> FairQueue<T> {
     pub fn heads(&self) -> Vec<Flow> {
         let mut heads = Vec::new();
         for class in &self.classes {
-            let virtual_time = class.virtual_time;
             let mut tenants: Vec<&Tenant> = class.tenants.values().filter(|tenant| tenant.queued > 0).collect();
-            tenants.sort_by_key(|tenant| (tenant.finish.max(virtual_time), tenant.head()));
+            tenants.sort_by_key(|tenant| (tenant.finish, tenant.head()));
             heads.extend(tenants.iter().filter_map(|tenant| self.waiting.get(&tenant.head()).map(|w| w.flow)));
         }
         heads
@@ -210,16 +241,23 @@ impl<T> FairQueue<T> {
             .flat_map(|c| c.tenants.iter().filter(|(_, t)| t.queued > 0).map(|(id, t)| (*id, t.weight)))
     }
 
+    /// Whether `tenant` has requests of `class` waiting.
+    pub fn is_waiting(&self, class: usize, tenant: u64) -> bool {
+        self.classes.get(class).and_then(|c| c.tenants.get(&tenant)).is_some_and(|t| t.queued > 0)
+    }
+
     /// The class and tenant whose request goes next.
     fn next(&self) -> Option<(usize, u64)> {
         let index = self.classes.iter().position(|class| class.queued > 0)?;
         let class = &self.classes[index];
-        let virtual_time = class.virtual_time;
+        // A waiting tenant's finish tag is its start tag: it came back from
+        // idle at least at the virtual time, and may have fallen behind it
+        // since only by being refunded what its requests did not use.
         let (&tenant, _) = class
             .tenants
             .iter()
             .filter(|(_, tenant)| tenant.queued > 0)
-            .min_by_key(|(_, tenant)| (tenant.finish.max(virtual_time), tenant.head()))?;
+            .min_by_key(|(_, tenant)| (tenant.finish, tenant.head()))?;
         Some((index, tenant))
     }
 
@@ -235,7 +273,6 @@ impl<T> FairQueue<T> {
     /// key in turn, that key's oldest), passing those before it.
     pub fn pop_of(&mut self, index: usize, tenant_id: u64) -> Option<Dispatched<T>> {
         let class = self.classes.get_mut(index)?;
-        let virtual_time = class.virtual_time;
         let tenant = class.tenants.get_mut(&tenant_id)?;
         let mut line = tenant.keys.pop_front()?;
         let ticket = line.tickets.pop_front()?;
@@ -243,13 +280,45 @@ impl<T> FairQueue<T> {
             tenant.keys.push_back(line);
         }
         let waiting = self.waiting.remove(&ticket)?;
-        let start = tenant.finish.max(virtual_time);
-        class.virtual_time = start;
-        tenant.finish = start.saturating_add(tag_span(waiting.flow.cost, tenant.weight));
         tenant.queued -= 1;
         class.queued -= 1;
+        class.send(tenant_id, waiting.flow.weight, waiting.flow.cost, true);
         forget_caught_up(class);
         Some(Dispatched { ticket, flow: waiting.flow, waiter: waiting.waiter })
+    }
+
+    /// Charges a request sent without waiting (the model had room, or its
+    /// tenant went into the headroom) as if it had left the queue: its
+    /// tenant's next turn comes that much later. While nothing of its
+    /// class waits there is nobody to be fair to, and nothing is kept.
+    pub fn charge(&mut self, mut flow: Flow) {
+        let index = flow.class.min(self.classes.len() - 1);
+        flow.weight = flow.weight.max(1);
+        let Some(class) = self.classes.get_mut(index) else { return };
+        if class.queued > 0 {
+            class.send(flow.tenant, flow.weight, flow.cost.min(MAX_COST), false);
+        }
+    }
+
+    /// Whether `tenant` may be sent a request of `cost` tokens out of turn
+    /// (above the capacity), its share being `places × weight / weights`
+    /// places: while its finish tag leads `class`'s virtual time by less
+    /// than what it has in flight plus that share of places at this
+    /// request's cost, in tokens. A tenant that was sent more than that
+    /// waits for its turn in the queue, so places above the capacity move
+    /// a tenant's turns earlier by a bounded amount and never change its
+    /// share; a quiet tenant, ahead of the virtual time by no more than
+    /// what it holds, is never held back by it.
+    pub fn may_lead(&self, class: usize, tenant: u64, cost: u64, (places, weights): (u32, u64)) -> bool {
+        let Some(class) = self.classes.get(class) else { return true };
+        let Some(tenant) = class.tenants.get(&tenant) else { return true };
+        let lead = u128::from(tenant.finish.saturating_sub(class.virtual_time));
+        let (weight, weights) = (u128::from(tenant.weight.max(1)), u128::from(weights.max(1)));
+        // lead × weight / TAG_SCALE < charged + places × weight / weights × cost,
+        // without division (weights are at most 1,000 each: no overflow).
+        let share = u128::from(places).saturating_mul(weight).saturating_mul(u128::from(cost.min(MAX_COST)));
+        let tokens = u128::from(tenant.charged).saturating_mul(weights).saturating_add(share);
+        lead.saturating_mul(weight).saturating_mul(weights) < tokens.saturating_mul(u128::from(TAG_SCALE))
     }
 
     /// Takes a waiting request out (its client left, or its wait ran out);
@@ -274,25 +343,27 @@ impl<T> FairQueue<T> {
 
     /// Corrects a dispatched request's charge once its real token count is
     /// known: the tenant's finish tag moves by the difference, so estimates
-    /// that are too low (or too high) do not shift the shares.
+    /// that are too low (or too high) do not shift the shares. A tenant
+    /// still waiting keeps all of a refund, even behind the virtual time:
+    /// it was charged that much while it waited. A request that was never
+    /// charged (sent before its class's busy period began) changes nothing.
     pub fn settle(&mut self, mut flow: Flow, used: u64) {
         flow.cost = flow.cost.min(MAX_COST);
         let used = used.min(MAX_COST);
         let index = flow.class.min(self.classes.len() - 1);
         let Some(class) = self.classes.get_mut(index) else { return };
+        let Some(tenant) = class.tenants.get_mut(&flow.tenant) else { return };
+        if tenant.charged < flow.cost {
+            return;
+        }
+        tenant.charged -= flow.cost;
         let weight = flow.weight.max(1);
         if used > flow.cost {
-            let virtual_time = class.virtual_time;
-            let tenant = class.tenants.entry(flow.tenant).or_insert_with(|| Tenant {
-                weight,
-                finish: virtual_time,
-                ..Tenant::default()
-            });
             tenant.finish = tenant.finish.saturating_add(tag_span(used - flow.cost, weight));
-        } else if let Some(tenant) = class.tenants.get_mut(&flow.tenant) {
+        } else {
             tenant.finish = tenant.finish.saturating_sub(tag_span(flow.cost - used, weight));
-            forget_caught_up(class);
         }
+        forget_caught_up(class);
     }
 
     /// In `flow`'s class, the newest request of the tenant with the most
@@ -324,9 +395,10 @@ fn tag_span(tokens: u64, weight: u32) -> u64 {
     tokens.saturating_mul(TAG_SCALE) / u64::from(weight.max(1))
 }
 
-/// Drops idle tenants whose finish tag the class has caught up with: they
-/// would re-enter at the virtual time anyway, so the map holds only
-/// tenants with requests waiting or a charge still ahead. When nothing
+/// Drops idle tenants whose finish tag the class has caught up with and
+/// that have nothing charged in flight: they would re-enter at the
+/// virtual time anyway, so the map holds only tenants with requests
+/// waiting, sent, or a charge still ahead. When nothing
 /// waits, the busy period is over: every tenant starts the next one even
 /// at virtual time 0 (no credit and no debt carried across an idle class,
 /// and tags never grow without end).
@@ -337,7 +409,7 @@ fn forget_caught_up(class: &mut Class) {
         return;
     }
     let virtual_time = class.virtual_time;
-    class.tenants.retain(|_, tenant| tenant.queued > 0 || tenant.finish > virtual_time);
+    class.tenants.retain(|_, tenant| tenant.queued > 0 || tenant.charged > 0 || tenant.finish > virtual_time);
 }
 
 #[cfg(test)]

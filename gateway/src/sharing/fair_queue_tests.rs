@@ -241,3 +241,104 @@ fn one_tenant_cannot_fill_the_queue_against_the_others() {
     assert!(matches!(queue.push(flow(STANDARD, 2, 1, 20, 100), "quiet"), Pushed::Full("quiet")));
     assert!(matches!(queue.push(flow(STANDARD, 1, 1, 10, 100), "flood"), Pushed::Full("flood")));
 }
+
+/// A request sent at once (into the headroom) while another tenant waits
+/// is charged like one that left the queue: the waiting tenant's turns
+/// come first until it has caught up.
+#[test]
+fn a_request_sent_at_once_is_charged_while_others_wait() {
+    let mut queue = FairQueue::new(3, 100);
+    for _ in 0..4 {
+        queued(queue.push(flow(STANDARD, 1, 1, 10, 100), "waiting"));
+    }
+    for _ in 0..3 {
+        queue.charge(flow(STANDARD, 2, 1, 20, 100));
+    }
+    queued(queue.push(flow(STANDARD, 2, 1, 20, 100), "sent-three-already"));
+    assert_eq!(drain(&mut queue, 5), ["waiting", "waiting", "waiting", "waiting", "sent-three-already"]);
+}
+
+/// With nothing of its class waiting, a request sent at once is charged
+/// nothing: there was nobody to be fair to.
+#[test]
+fn a_request_sent_into_an_empty_class_is_not_charged() {
+    let mut queue = FairQueue::new(3, 100);
+    for _ in 0..3 {
+        queue.charge(flow(STANDARD, 2, 1, 20, 100));
+    }
+    queued(queue.push(flow(STANDARD, 2, 1, 20, 100), "second"));
+    queued(queue.push(flow(STANDARD, 1, 1, 10, 100), "first"));
+    assert_eq!(drain(&mut queue, 2), ["second", "first"], "oldest first at equal tags");
+}
+
+/// Requests taken out of turn (the headroom's `pop_of`) do not move the
+/// virtual time past a tenant still waiting: it keeps every turn it is
+/// owed.
+#[test]
+fn a_request_sent_out_of_turn_takes_nothing_from_those_waiting() {
+    let mut queue = FairQueue::new(3, 100);
+    for _ in 0..4 {
+        queued(queue.push(flow(STANDARD, 1, 1, 10, 100), "passed"));
+        queued(queue.push(flow(STANDARD, 2, 1, 20, 100), "out-of-turn"));
+    }
+    for _ in 0..2 {
+        assert_eq!(queue.pop_of(STANDARD, 2).map(|d| d.waiter), Some("out-of-turn"));
+    }
+    assert_eq!(drain(&mut queue, 6), ["passed", "passed", "passed", "out-of-turn", "passed", "out-of-turn"]);
+}
+
+/// A waiting tenant refunded what its requests did not use keeps the whole
+/// refund, even behind the virtual time: it was charged that much.
+#[test]
+fn a_waiting_tenant_keeps_all_of_a_refund() {
+    let mut queue = FairQueue::new(3, 100);
+    queued(queue.push(flow(STANDARD, 1, 1, 10, 400), "over-estimated"));
+    for _ in 0..6 {
+        queued(queue.push(flow(STANDARD, 1, 1, 10, 100), "refunded"));
+        queued(queue.push(flow(STANDARD, 2, 1, 20, 100), "other"));
+    }
+    let first = queue.pop().expect("one waits");
+    assert_eq!(first.waiter, "over-estimated");
+    assert_eq!(drain(&mut queue, 4), ["other", "other", "other", "other"]);
+    // It used 100 of the 400 it was charged: 300 back, three turns, though
+    // the virtual time has moved on to 300 meanwhile.
+    queue.settle(first.flow, 100);
+    assert_eq!(drain(&mut queue, 3), ["refunded", "refunded", "refunded"]);
+}
+
+/// A request that was never charged (sent before the class's busy period)
+/// earns its tenant nothing when it settles under its estimate.
+#[test]
+fn a_request_never_charged_is_not_refunded() {
+    let mut queue = FairQueue::new(3, 100);
+    for _ in 0..3 {
+        queued(queue.push(flow(STANDARD, 1, 1, 10, 100), "a"));
+        queued(queue.push(flow(STANDARD, 2, 1, 20, 100), "b"));
+    }
+    queue.settle(flow(STANDARD, 2, 1, 20, 10_000), 0);
+    assert_eq!(drain(&mut queue, 6), ["a", "b", "a", "b", "a", "b"]);
+}
+
+/// A tenant may lead the virtual time by what it has in flight plus its
+/// share of the places at the request's cost, and no more.
+#[test]
+fn a_tenant_may_lead_by_its_requests_in_flight_and_its_share() {
+    let mut queue: FairQueue<&str> = FairQueue::new(3, 100);
+    queued(queue.push(flow(STANDARD, 1, 1, 10, 100), "waiting"));
+    // Two tenants of weight 1, 6 places: a share of 3 requests of 100.
+    let share = (6, 2);
+    assert!(queue.may_lead(STANDARD, 2, 100, share), "a tenant the queue does not know leads by nothing");
+    for _ in 0..3 {
+        queue.charge(flow(STANDARD, 2, 1, 20, 100));
+    }
+    assert!(queue.may_lead(STANDARD, 2, 100, share), "ahead only by what it holds");
+    // Its three requests end having used twice their estimate: 600 ahead
+    // with nothing in flight, its share of 3 requests of 200.
+    for _ in 0..3 {
+        queue.settle(flow(STANDARD, 2, 1, 20, 100), 200);
+    }
+    assert!(!queue.may_lead(STANDARD, 2, 100, share));
+    assert!(!queue.may_lead(STANDARD, 2, 200, share));
+    assert!(queue.may_lead(STANDARD, 2, 201, share), "a larger request's share is larger");
+    assert!(!queue.may_lead(STANDARD, 2, 201, (6, 3)), "more tenants, a smaller share");
+}

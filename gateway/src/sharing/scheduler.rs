@@ -5,21 +5,42 @@
 //!
 //! ```text
 //! arrival ─► nothing waits and in flight < capacity ──────────────────────────► now
-//!        └─► in flight < capacity + burst and its tenant (class) under its share ─► now (headroom)
+//!        └─► in flight < capacity + burst, nothing of its tenant waits in its class,
+//!            and its tenant (class) is under its share ───────────────────────► now (headroom)
 //!        └─► the queue (full: the newest of a lower class makes room, or a refusal)
-//! release ─► while in flight < capacity: the queue's next
-//!         └─► while in flight < capacity + burst: the first waiter (in the queue's order) under its share
+//! release ─► while in flight < capacity: the queue's next (the smallest start tag)
+//!         └─► while in flight < capacity + burst: the first waiter, in the queue's
+//!             order, whose tenant is under its share
 //! ```
 //!
-//! A tenant's share of the model, while another tenant or a lower class is
-//! active in it and no higher class is: the capacity and headroom divided
-//! among the tenants active in its class (in flight or waiting) by weight. Inference servers are not
-//! preemptible, so a tenant that arrives below its share is sent at once
-//! into the headroom (`burst`) above the capacity instead of waiting for
-//! another tenant's long generations to end; the headroom is bounded, a
-//! tenant alone never uses it, and as the other tenants' requests end the
-//! model comes back under its capacity (a freed place goes to the queue
-//! below it, or to a waiter under its share).
+//! Who goes is the fair queue's: every request sent while others wait is
+//! charged on its tenant's virtual finish tag, and a freed place below
+//! the capacity goes to the smallest start tag, so over any stretch in
+//! which two tenants wait their tokens follow their weights — at a
+//! capacity of 2 as at 200, a fractional share included. The headroom
+//! only decides *when* a tenant under its share may be sent above the
+//! capacity. Inference servers are not preemptible, so a tenant that
+//! arrives below its share is sent at once into the headroom (`burst`)
+//! above the capacity instead of waiting for another tenant's long
+//! generations to end.
+//!
+//! A tenant is under its share, while another tenant or a lower class is
+//! active in the model and no higher class is, when both hold:
+//!
+//! - it holds fewer requests (in its class and the ones below) than its
+//!   share of the capacity and headroom: the places divided among the
+//!   tenants active in its class (in flight or waiting) by weight — so a
+//!   quiet tenant's requests start at once beside a flood;
+//! - its finish tag leads the class's virtual time by less than what it
+//!   has in flight plus that share of places at this request's cost
+//!   ([`FairQueue::may_lead`]) — so a tenant sent places above the
+//!   capacity more often than its weight gives (a fractional share held
+//!   at its ceiling, or long requests held in as many places as another
+//!   tenant's short ones) soon waits in the queue while the others' turns
+//!   catch up, and the headroom never changes the shares.
+//!
+//! The headroom is bounded, a tenant alone never uses it, and as the other
+//! tenants' requests end the model comes back under its capacity.
 
 use std::collections::HashMap;
 
@@ -114,8 +135,13 @@ impl<T> Scheduler<T> {
     pub fn arrive(&mut self, flow: Flow, waiter: T) -> Arrival<T> {
         let flow = self.clamped(flow);
         let room = self.in_flight < self.capacity && self.queue.is_empty();
-        let headroom = self.in_flight < self.capacity.saturating_add(self.burst) && self.under_share(&flow);
+        // NB: a tenant with requests of its class waiting sends them first
+        // (its keys take turns in the queue), never a newcomer past them.
+        let headroom = self.in_flight < self.capacity.saturating_add(self.burst)
+            && !self.queue.is_waiting(flow.class, flow.tenant)
+            && self.under_share(&flow);
         if room || headroom {
+            self.queue.charge(flow);
             self.start(&flow);
             return Arrival::Now(waiter);
         }
@@ -177,11 +203,13 @@ impl<T> Scheduler<T> {
 
     /// Whether `flow`'s tenant may use the headroom: no higher class is
     /// active, another tenant (or a lower class) is, and `flow`'s tenant
-    /// holds less than its share — the capacity and headroom divided by
-    /// weight among the class's active tenants (in flight or waiting),
-    /// `flow`'s own counted. A tenant alone never goes above the capacity:
-    /// there is nobody to keep the headroom for; a lower class never uses
-    /// it while a higher one is active: it is kept for the higher one.
+    /// is under its share — it holds fewer requests than its share of the
+    /// capacity and headroom (divided by weight among the class's active
+    /// tenants, in flight or waiting, `flow`'s own counted), and its finish
+    /// tag leads the class's virtual time by less than its requests in
+    /// flight and that share at this request's cost. A tenant alone never goes above the capacity: there
+    /// is nobody to keep the headroom for; a lower class never uses it
+    /// while a higher one is active: it is kept for the higher one.
     fn under_share(&self, flow: &Flow) -> bool {
         if self.burst == 0 {
             return false;
@@ -202,8 +230,7 @@ impl<T> Scheduler<T> {
         if !others_active {
             return false;
         }
-        let above: u32 = self.per_class[..flow.class].iter().sum();
-        let available = u64::from(self.capacity.saturating_add(self.burst).saturating_sub(above));
+        let places = self.capacity.saturating_add(self.burst);
         let mut weights = u64::from(flow.weight);
         let mut counted: Vec<u64> = vec![flow.tenant];
         for (&(class, tenant), &(_, weight)) in &self.per_tenant {
@@ -226,8 +253,9 @@ impl<T> Scheduler<T> {
             .filter(|((class, tenant), _)| *tenant == flow.tenant && *class >= flow.class)
             .map(|(_, (held, _))| u64::from(*held))
             .sum();
-        // mine / available < weight / weights, without division.
-        mine * weights < available * u64::from(flow.weight)
+        // mine / places < weight / weights, without division.
+        let holds_less = mine * weights < u64::from(places) * u64::from(flow.weight);
+        holds_less && self.queue.may_lead(flow.class, flow.tenant, flow.cost, (places, weights))
     }
 
     /// Sends what may go: below the capacity, the queue's next; in the
@@ -256,3 +284,7 @@ impl<T> Scheduler<T> {
 #[cfg(test)]
 #[path = "scheduler_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "shares_tests.rs"]
+mod shares_tests;

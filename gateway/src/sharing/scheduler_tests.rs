@@ -182,3 +182,44 @@ fn a_team_cannot_take_the_headroom_by_using_two_classes() {
     now(scheduler.arrive(flow(STANDARD, QUIET, 1), "quiet"));
     assert_eq!((scheduler.in_flight(), scheduler.queued_in(STANDARD)), (5, 1));
 }
+
+/// A newcomer of a tenant with requests of its class waiting does not pass
+/// them into the headroom: they go first, in their turn.
+#[test]
+fn an_arrival_does_not_pass_its_own_tenants_waiting_requests() {
+    let mut scheduler = Scheduler::new(3, 100, 2, 4);
+    now(scheduler.arrive(flow(BATCH, NOISY, 1), "n1"));
+    now(scheduler.arrive(flow(BATCH, NOISY, 1), "n2"));
+    // Alone, it waits; the quiet tenant arrives and goes into the headroom.
+    queued(scheduler.arrive(flow(BATCH, NOISY, 1), "n-waiting"));
+    now(scheduler.arrive(flow(BATCH, QUIET, 1), "quiet"));
+    // The noisy tenant holds 2 of its share of 3 now, but its newcomer
+    // waits behind its older request…
+    queued(scheduler.arrive(flow(BATCH, NOISY, 1), "n-new"));
+    // … and the next release sends both, the older first.
+    assert_eq!(names(scheduler.release(flow(BATCH, NOISY, 1), 100)), ["n-waiting", "n-new"]);
+}
+
+/// A tenant that holds less than its share but was sent more than its
+/// turns (its requests used far more than estimated) waits in the queue
+/// for its turn instead of going into the headroom.
+#[test]
+fn a_tenant_ahead_of_its_turns_waits_though_it_holds_less_than_its_share() {
+    let mut scheduler = Scheduler::new(3, 100, 4, 2);
+    for _ in 0..4 {
+        now(scheduler.arrive(flow(BATCH, NOISY, 1), "noisy"));
+    }
+    queued(scheduler.arrive(flow(BATCH, NOISY, 1), "noisy-waiting"));
+    now(scheduler.arrive(flow(BATCH, QUIET, 1), "quiet"));
+    now(scheduler.arrive(flow(BATCH, QUIET, 1), "quiet"));
+    // Both used 2,000 tokens where 100 were estimated: the quiet tenant is
+    // 3,800 ahead of the virtual time with nothing in flight.
+    scheduler.release(flow(BATCH, QUIET, 1), 2_000);
+    scheduler.release(flow(BATCH, QUIET, 1), 2_000);
+    assert_eq!(scheduler.in_flight(), 4);
+    // Holding none of its share of 3, it still waits for the capacity…
+    let ticket = queued(scheduler.arrive(flow(BATCH, QUIET, 1), "quiet-ahead"));
+    // … and the noisy tenant, behind it in virtual time, goes first.
+    assert_eq!(names(scheduler.release(flow(BATCH, NOISY, 1), 100)), ["noisy-waiting"]);
+    assert_eq!(scheduler.leave(ticket), Some("quiet-ahead"));
+}
