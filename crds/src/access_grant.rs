@@ -29,6 +29,11 @@ use crate::sharing::KeyLimits;
     printcolumn = r#"{"name": "Accepted", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Accepted\")].status", "description": "A Gateway serves the grant"}"#,
     printcolumn = r#"{"name": "Programmed", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Programmed\")].status", "description": "Every ready gateway pod has the grant"}"#,
     printcolumn = r#"{"name": "Class", "type": "string", "priority": 1, "jsonPath": ".spec.class", "description": "Priority class when a model is full"}"#,
+    printcolumn = r#"{"name": "Members", "type": "integer", "jsonPath": ".status.usage.members", "description": "Members who spent from their own budgets this period"}"#,
+    printcolumn = r#"{"name": "Requests", "type": "integer", "priority": 1, "jsonPath": ".status.usage.requests", "description": "Requests this month, all members together"}"#,
+    printcolumn = r#"{"name": "Input", "type": "integer", "priority": 1, "jsonPath": ".status.usage.inputTokens", "description": "Prompt tokens this month"}"#,
+    printcolumn = r#"{"name": "Output", "type": "integer", "priority": 1, "jsonPath": ".status.usage.outputTokens", "description": "Completion tokens this month"}"#,
+    printcolumn = r#"{"name": "Cost", "type": "string", "jsonPath": ".status.usage.cost", "description": "Cost this month at the models' prices"}"#,
     printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#
 )]
 #[x_kube(validation = kube::core::Rule::new("has(self.groups) || has(self.users) || has(self.serviceAccounts)").message("a grant needs at least one subject: groups, users or serviceAccounts"))]
@@ -133,6 +138,11 @@ pub struct AccessGrantStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["gateway".into()]))]
     pub parents: Vec<GatewayAcceptance>,
+    /// What the grant's members used this month together over every
+    /// Gateway that serves it, as the operator last collected it from the
+    /// gateway pods (written apart from the rest of the status).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Box<crate::usage::GrantUsageStatus>>,
     /// The `metadata.generation` this status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,

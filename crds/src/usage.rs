@@ -33,6 +33,9 @@ pub const MAX_REPORTED_KEYS: usize = 100_000;
 /// tenant and grant a Gateway can count, and members' (a gateway reports
 /// no more, members' last; the operator refuses a report of more).
 pub const MAX_REPORTED_BUDGETS: usize = 4 * MAX_REPORTED_KEYS;
+/// The most grants one report lists (a gateway reports no more; the
+/// operator refuses a report of more).
+pub const MAX_REPORTED_GRANTS: usize = 10_000;
 /// Where usage of keys past [`MAX_REPORTED_KEYS`] is added up.
 pub const OTHER_KEYS: &str = "-";
 
@@ -195,7 +198,17 @@ pub struct UsageReport {
     pub keys: BTreeMap<String, UsageTotals>,
     /// Per budget, what it spent in its current period.
     pub budgets: Vec<BudgetSpend>,
+    /// Per AccessGrant id (`namespace/name`), what its members used this
+    /// month together (at most [`MAX_REPORTED_GRANTS`]; absent from an
+    /// older pod's report, and ignored by an older operator).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub grants: BTreeMap<String, UsageTotals>,
 }
+
+/// The prefix under which a grant's month usage is kept beside keys' in
+/// the operator's ledger (`grant:<namespace>/<name>`): never a key id,
+/// which has no `:`.
+pub const GRANT_USAGE_PREFIX: &str = "grant:";
 
 /// What the operator hands back to the pods: per budget, the fleet's total
 /// in its current period, and per process the report of its that the
@@ -241,6 +254,23 @@ pub struct KeyUsageStatus {
     pub currency: String,
     /// When it was collected (RFC 3339).
     pub as_of: String,
+}
+
+/// `AccessGrant.status.usage`: what the grant's members used this month
+/// together over every Gateway that serves it, as the operator last
+/// collected it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GrantUsageStatus {
+    /// Requests, tokens and cost, as an ApiKey's.
+    #[serde(flatten)]
+    pub used: KeyUsageStatus,
+    /// How many members spent from their own (`perUser`) budgets in the
+    /// budgets' current period, summed over the Gateways (each keeps the
+    /// 4,000 who spent most). Absent when the grant sets no `perUser`
+    /// budget: members are counted only where each has a budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub members: Option<u64>,
 }
 
 /// What one namespace's keys used this month on a Gateway.
@@ -359,6 +389,7 @@ mod tests {
                 tokens: 40,
                 cost_nanos: 0,
             }],
+            grants: [("team-a/devs".to_owned(), UsageTotals { requests: 2, ..UsageTotals::default() })].into(),
         };
         let text = serde_json::to_string(&report).unwrap();
         assert!(text.contains(r#""team-a/alice":{"requests":1}"#), "zero counts are left out: {text}");

@@ -13,12 +13,12 @@ fn repo_root() -> PathBuf {
 }
 
 #[test]
-fn one_health_check_serves_all_three_kinds() {
+fn one_health_check_serves_every_kind() {
     let scripts = health_scripts(&repo_root()).unwrap();
     let kinds: Vec<&str> = scripts.keys().map(String::as_str).collect();
-    assert_eq!(kinds, ["ApiKey", "Gateway", "ModelEndpoint"]);
+    assert_eq!(kinds, ["AccessGrant", "ApiKey", "Gateway", "ModelEndpoint"]);
     let first = &scripts["Gateway"];
-    assert!(scripts.values().all(|script| script == first), "the three kinds should be judged by one script");
+    assert!(scripts.values().all(|script| script == first), "every kind should be judged by one script");
 }
 
 #[test]

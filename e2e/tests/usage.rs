@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::DeleteParams;
 use serde_json::{Value, json};
-use waycast_crds::{ApiKey, Gateway};
+use waycast_crds::{AccessGrant, ApiKey, Gateway};
 use waycast_e2e::harness::{operator_in_process, shared_cluster_with_node, test_namespace};
 use waycast_e2e::manifest;
 use waycast_e2e::wait::{Patience, Seen, await_condition, await_object, await_object_condition, condition, within};
@@ -345,4 +345,17 @@ async fn a_members_budget_holds_across_pods_and_a_replaced_pod() {
     let refusal = refusal.expect("the replacement started the member's day over: it never refused");
     assert_eq!(refusal["error"]["code"], "insufficient_quota", "{refusal}");
     assert!(used + more <= MEMBER_BUDGET, "the replacement spent {more} more of the {} left", MEMBER_BUDGET - used);
+
+    // The grant's own status: its members' month together (the killed
+    // pod's part included, from the ledger) and one member who spent.
+    let grants: Api<AccessGrant> = Api::namespaced(client.clone(), &team);
+    let patience = within(Duration::from_secs(60)).every(Duration::from_millis(500));
+    let shown = await_condition("the AccessGrant's status shows its usage", patience, async || {
+        let usage = grants.get("batch").await.ok().and_then(|grant| grant.status?.usage);
+        usage.filter(|u| u.used.input_tokens + u.used.output_tokens >= used + more)
+    })
+    .await
+    .unwrap();
+    assert_eq!(shown.members, Some(1), "{shown:?}");
+    assert!(shown.used.requests > 0, "{shown:?}");
 }

@@ -284,6 +284,7 @@ impl Registry {
         // under `grant:<id>`, apart from any key's.
         let mut key_limits = HashMap::new();
         let mut members = HashMap::new();
+        let mut usage = UsageCounts::with_capacity(config.grants.len());
         for grant in &config.grants {
             // Each member's state is kept while the grant's `perUser`
             // stays as it was.
@@ -295,6 +296,9 @@ impl Registry {
                 members.insert(Arc::from(grant.id.as_str()), store);
             }
             let scope = grant_scope(&grant.id);
+            // Its members' month usage together, reported as the grant's.
+            let (id, state) = held.key_usage(&scope);
+            usage.insert(id, state);
             if let Some(wanted) = grant.limits {
                 key_limits.insert(Arc::from(scope.as_str()), continued(held.key_limits.get(scope.as_str()), wanted));
             }
@@ -313,7 +317,7 @@ impl Registry {
             model_limits,
             gates,
             budgets: Arc::new(budgets),
-            usage: Arc::new(UsageCounts::new()),
+            usage: Arc::new(usage),
             left_kept: HashSet::new(),
         })
     }
@@ -430,7 +434,7 @@ impl Registry {
 /// What names a grant's state (its limiters, its budgets' counts): never a
 /// key's id, whose names cannot hold a `:`.
 pub fn grant_scope(id: &str) -> String {
-    format!("grant:{id}")
+    format!("{}{id}", waycast_crds::usage::GRANT_USAGE_PREFIX)
 }
 
 /// What names a model across namespaces (its limiter state, its metrics):

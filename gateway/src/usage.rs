@@ -18,8 +18,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use jiff::Timestamp;
 use waycast_crds::period::Period;
 use waycast_crds::usage::{
-    BudgetScope, BudgetSpend, MAX_REPORTED_BUDGETS, MAX_REPORTED_KEYS, MAX_REPORTED_MEMBERS, OTHER_KEYS, UsageBaseline,
-    UsageReport, UsageTotals,
+    BudgetScope, BudgetSpend, GRANT_USAGE_PREFIX, MAX_REPORTED_BUDGETS, MAX_REPORTED_GRANTS, MAX_REPORTED_KEYS,
+    MAX_REPORTED_MEMBERS, OTHER_KEYS, UsageBaseline, UsageReport, UsageTotals,
 };
 
 use crate::limit::budget::{BudgetState, FleetSpend};
@@ -107,10 +107,17 @@ impl Ledger {
     pub fn report(&self, snapshot: &Snapshot, now: Timestamp) -> UsageReport {
         let zone = &snapshot.zone;
         let mut keys = std::collections::BTreeMap::new();
+        let mut grants = std::collections::BTreeMap::new();
         let mut other = UsageTotals::default();
         for (id, usage) in snapshot.counts.usage.iter() {
             let totals = usage.totals(now, zone);
             if totals.is_empty() {
+                continue;
+            }
+            if let Some(grant) = id.strip_prefix(GRANT_USAGE_PREFIX) {
+                if grants.len() < MAX_REPORTED_GRANTS {
+                    grants.insert(grant.to_owned(), totals);
+                }
                 continue;
             }
             if keys.len() < MAX_REPORTED_KEYS {
@@ -152,14 +159,15 @@ impl Ledger {
         }
         budgets.sort();
         let month = Period::Month.window(now, zone).key;
-        let mut report = UsageReport { instance: self.instance.clone(), sequence: 0, month, keys, budgets };
+        let mut report = UsageReport { instance: self.instance.clone(), sequence: 0, month, keys, budgets, grants };
         // Nothing new since the last report: the same number, so the
         // operator has nothing to write. A new number at most every
         // second, so no caller of the admin port can push the numbers the
         // operator's baseline names out of the history (the process would
         // then count its own spend twice).
         if let Some(last) = self.last_report.load_full() {
-            let unchanged = (&last.month, &last.keys, &last.budgets) == (&report.month, &report.keys, &report.budgets);
+            let unchanged = (&last.month, &last.keys, &last.budgets, &last.grants)
+                == (&report.month, &report.keys, &report.budgets, &report.grants);
             let recent = self.last_at.load(Ordering::Relaxed) == now.as_second();
             if unchanged || recent {
                 return UsageReport::clone(&last);

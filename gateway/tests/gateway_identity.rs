@@ -425,13 +425,14 @@ async fn members_budgets_are_reported_and_count_the_fleets_spend() {
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{}", String::from_utf8_lossy(&body));
     // Alice, first seen now, starts from the fleet's 50: at most 50 more.
     assert!(usage_of(alice.clone()).await >= 50, "a member made after the baseline starts from it");
-    let mut own = 0;
+    let (mut own, mut served) = (0, 1);
     loop {
         let (status, _, body) = fixture.post("/v1/chat/completions", Some(&alice), SMALL).await;
         if status != StatusCode::OK {
             assert_eq!(error_of(&body)["error"]["code"], "insufficient_quota");
             break;
         }
+        served += 1;
         own += error_of(&body)["usage"]["total_tokens"].as_u64().unwrap();
         assert!(own <= 50, "spent {own} of the 50 the fleet left her");
     }
@@ -446,4 +447,10 @@ async fn members_budgets_are_reported_and_count_the_fleets_spend() {
     assert_eq!(of(&alice_scope), Some(own));
     assert!(of(&bob_scope).is_some_and(|tokens| tokens > 0));
     assert!(of("grant:team-a/developers").is_some_and(|tokens| tokens > own));
+    // The grant's month: every member's request together, as the grant's
+    // (its `status.usage`), never as a key's.
+    let grant = report.grants.get("team-a/developers").unwrap_or_else(|| panic!("no grant usage: {text}"));
+    assert_eq!(grant.requests, served, "{text}");
+    assert!(grant.input_tokens > 0 && grant.output_tokens > 0, "{text}");
+    assert!(report.keys.keys().all(|id| !id.contains("developers")), "{text}");
 }

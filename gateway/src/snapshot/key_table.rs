@@ -132,7 +132,7 @@ impl KeyTable {
     /// The entry a grant's members are served as: built as a key's (its
     /// models, class, tenant), its limits and budgets the grant's own
     /// state (`grant:<id>`, never a key's of the same name). Its usage is
-    /// its own, not reported as a key's.
+    /// its own (`grant:<id>` too), reported as the grant's, never a key's.
     pub(super) fn grant_entry(&mut self, grant: &GrantConfig, against: &Against<'_>) -> Result<KeyEntry, BuildError> {
         let mut shadow = KeyConfig::new(grant.id.clone(), String::new());
         shadow.models = grant.models.clone();
@@ -141,7 +141,7 @@ impl KeyTable {
         shadow.budgets = grant.budgets.clone();
         let state = crate::registry::grant_scope(&grant.id);
         let mut entry = self.entry_as(&shadow, against, &state, &state)?;
-        entry.usage = Arc::default();
+        entry.usage = against.lent.key_usage(&state).1;
         let mut rare = entry.rare.take().map_or_else(keys::Rare::default, |rare| *rare);
         rare.state_id = Some(Arc::from(state));
         entry.rare = rare.boxed();

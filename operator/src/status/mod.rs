@@ -342,7 +342,8 @@ pub fn access_grant_status(
         condition(previous, types::ACCEPTED, accepted, reason, message, generation, now),
         programmed_condition(previous, programmed, generation, now),
     ];
-    AccessGrantStatus { conditions, parents, observed_generation: generation }
+    // `usage`: the usage collector's own to write.
+    AccessGrantStatus { conditions, parents, usage: None, observed_generation: generation }
 }
 
 /// A status with conditions: the four kinds' statuses.
@@ -381,7 +382,7 @@ macro_rules! with_conditions {
 with_conditions!(GatewayStatus, usage);
 with_conditions!(ApiKeyStatus, usage, compared_digest; kept as compared_digest);
 with_conditions!(ModelEndpointStatus);
-with_conditions!(AccessGrantStatus);
+with_conditions!(AccessGrantStatus, usage);
 
 /// Whether writing `new` over `old` changes anything a reader sees: the
 /// conditions apart from their times, or anything else. An `old` kept as a

@@ -1,6 +1,6 @@
-//! The `ApiKey.status.usage` writes: each key's newest usage, once per
-//! key however often it changed, written at most
-//! [`WRITES_PER_SECOND`]. The collector queues
+//! The `ApiKey.status.usage` and `AccessGrant.status.usage` writes: each
+//! key's (or grant's, `grant:<id>`) newest usage, once per key however
+//! often it changed, written at most [`WRITES_PER_SECOND`]. The collector queues
 //! only keys its Gateways serve, so the queue is as long as the keys
 //! served, never as long as what a report lists.
 
@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use kube::Api;
 use kube::api::{Patch, PatchParams};
-use waycast_crds::ApiKey;
-use waycast_crds::usage::{KeyUsageStatus, UsageTotals};
+use waycast_crds::usage::{GRANT_USAGE_PREFIX, GrantUsageStatus, KeyUsageStatus, UsageTotals};
+use waycast_crds::{AccessGrant, ApiKey};
 
 use crate::apply::bounded;
 use crate::context::Context;
@@ -37,6 +37,9 @@ pub(super) struct KeyWrites {
 #[derive(Clone, Debug)]
 pub(super) struct KeyUsage {
     pub(super) totals: UsageTotals,
+    /// A grant's members who spent from their own budgets this period
+    /// (`None`: a key, or a grant without `perUser` budgets).
+    pub(super) members: Option<u64>,
     pub(super) shown: Arc<(String, String)>,
     pub(super) as_of: Arc<str>,
 }
@@ -46,8 +49,11 @@ impl KeyUsage {
     pub(super) fn digest(&self) -> u64 {
         use std::hash::BuildHasher as _;
         // Fixed keys: the digest compares rounds of one process.
-        std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default()
-            .hash_one((&self.totals, &self.shown))
+        std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default().hash_one((
+            &self.totals,
+            self.members,
+            &self.shown,
+        ))
     }
 
     fn status(&self) -> KeyUsageStatus {
@@ -79,16 +85,30 @@ pub(super) async fn write_key_statuses(context: Arc<Context>, writes: Arc<tokio:
         tick.tick().await;
         let next = writes.lock().await.next();
         let Some((key, usage)) = next else { continue };
-        let Some((namespace, name)) = key.split_once('/') else { continue };
-        let api: Api<ApiKey> = Api::namespaced(context.client.clone(), namespace);
-        let body = serde_json::json!({
-            "apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey", "status": {"usage": usage.status()},
-        });
-        match bounded(api.patch_status(name, &params, &Patch::Apply(body))).await {
+        let grant = key.strip_prefix(GRANT_USAGE_PREFIX);
+        let Some((namespace, name)) = grant.unwrap_or(&key).split_once('/') else { continue };
+        let written = match grant {
+            Some(_) => {
+                let api: Api<AccessGrant> = Api::namespaced(context.client.clone(), namespace);
+                let status = GrantUsageStatus { used: usage.status(), members: usage.members };
+                let body = serde_json::json!({
+                    "apiVersion": "waycast.dev/v1alpha1", "kind": "AccessGrant", "status": {"usage": status},
+                });
+                bounded(api.patch_status(name, &params, &Patch::Apply(body))).await.map(drop)
+            }
+            None => {
+                let api: Api<ApiKey> = Api::namespaced(context.client.clone(), namespace);
+                let body = serde_json::json!({
+                    "apiVersion": "waycast.dev/v1alpha1", "kind": "ApiKey", "status": {"usage": usage.status()},
+                });
+                bounded(api.patch_status(name, &params, &Patch::Apply(body))).await.map(drop)
+            }
+        };
+        match written {
             Ok(_) => {
                 writes.lock().await.written.insert(key, usage.digest());
             }
-            // A key gone, or one the Gateway serves under an id no ApiKey has: nothing to write.
+            // A key or grant gone, or one the Gateway serves under an id no object has: nothing to write.
             Err(crate::error::Error::Kube(kube::Error::Api(refused))) if refused.code == 404 => {
                 writes.lock().await.written.insert(key, usage.digest());
             }

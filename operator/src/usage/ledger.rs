@@ -14,7 +14,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use waycast_crds::period::Period;
-use waycast_crds::usage::{BudgetScope, BudgetSpend, MAX_BASELINE_MEMBERS, UsageBaseline, UsageReport, UsageTotals};
+use waycast_crds::usage::{
+    BudgetScope, BudgetSpend, GRANT_USAGE_PREFIX, MAX_BASELINE_MEMBERS, UsageBaseline, UsageReport, UsageTotals,
+};
 
 /// A budget's identity: scope, period, window.
 type BudgetId = (String, Period, String);
@@ -53,8 +55,14 @@ impl Ledger {
     /// Takes `report`, collected from `pod`: it replaces the process's
     /// older one (a late answer older than what is held is ignored); a
     /// different process reporting from the same pod retires the one
-    /// before it.
-    pub fn record(&mut self, pod: &str, report: UsageReport) {
+    /// before it. Its grants' usage is kept beside its keys', each under
+    /// `grant:<id>` (no key id has a `:`), so grants are summed, retired
+    /// and forgotten as keys are.
+    pub fn record(&mut self, pod: &str, mut report: UsageReport) {
+        for (grant, used) in std::mem::take(&mut report.grants) {
+            let held = report.keys.entry(format!("{GRANT_USAGE_PREFIX}{grant}")).or_default();
+            *held = held.plus(used);
+        }
         let replaced: Vec<String> = self
             .processes
             .iter()
@@ -130,6 +138,25 @@ impl Ledger {
         self.retired_budgets.retain(|spend| current.iter().any(|(p, w)| *p == spend.period && *w == spend.window));
     }
 
+    /// Per grant id, how many of its members spent from their own budgets
+    /// in a window the ledger holds (live processes' and gone ones',
+    /// each member once).
+    pub fn members_by_grant(&self) -> BTreeMap<String, u64> {
+        let live = self.processes.values().flat_map(|entry| &entry.report.budgets);
+        let spent = live.chain(&self.retired_budgets).filter(|spend| (spend.tokens, spend.cost_nanos) != (0, 0));
+        let members: std::collections::BTreeSet<(&str, &str)> = spent
+            .filter_map(|spend| match BudgetScope::parse(&spend.scope)? {
+                BudgetScope::Member { grant, digest } => Some((grant, digest)),
+                _ => None,
+            })
+            .collect();
+        let mut counted: BTreeMap<String, u64> = BTreeMap::new();
+        for (grant, _) in members {
+            *counted.entry(grant.to_owned()).or_default() += 1;
+        }
+        counted
+    }
+
     /// Each key's usage in `month` over every process, gone ones included.
     pub fn key_totals(&self, month: &str) -> BTreeMap<String, UsageTotals> {
         let mut totals = self.retired_keys.get(month).cloned().unwrap_or_default();
@@ -198,11 +225,13 @@ fn budget_list(map: BTreeMap<BudgetId, (u64, u64)>) -> Vec<BudgetSpend> {
         .collect()
 }
 
-/// Per namespace (the part of a key id before `/`), the sum of its keys.
+/// Per namespace (the part of a key's or grant's id before `/`), the sum
+/// of its keys and its grants' members.
 pub fn by_namespace(keys: &BTreeMap<String, UsageTotals>) -> BTreeMap<String, UsageTotals> {
     let mut namespaces: BTreeMap<String, UsageTotals> = BTreeMap::new();
     for (key, used) in keys {
-        let Some((namespace, _)) = key.split_once('/') else { continue };
+        let id = key.strip_prefix(GRANT_USAGE_PREFIX).unwrap_or(key);
+        let Some((namespace, _)) = id.split_once('/') else { continue };
         let held = namespaces.entry(namespace.to_owned()).or_default();
         *held = held.plus(*used);
     }
@@ -230,6 +259,7 @@ mod tests {
                 tokens,
                 cost_nanos: 0,
             }],
+            grants: BTreeMap::new(),
         }
     }
 
@@ -307,10 +337,50 @@ mod tests {
     }
 
     #[test]
-    fn namespaces_sum_their_keys() {
+    fn namespaces_sum_their_keys_and_their_grants() {
         let used = |requests| UsageTotals { requests, ..UsageTotals::default() };
-        let keys = [("a/x".to_owned(), used(1)), ("a/y".to_owned(), used(2)), ("b/z".to_owned(), used(4))].into();
-        assert_eq!(by_namespace(&keys), [("a".to_owned(), used(3)), ("b".to_owned(), used(4))].into());
+        let keys = [
+            ("a/x".to_owned(), used(1)),
+            ("a/y".to_owned(), used(2)),
+            ("b/z".to_owned(), used(4)),
+            ("grant:b/devs".to_owned(), used(8)),
+        ]
+        .into();
+        assert_eq!(by_namespace(&keys), [("a".to_owned(), used(3)), ("b".to_owned(), used(12))].into());
+    }
+
+    #[test]
+    fn grants_usage_is_summed_and_retired_as_keys_are_and_members_are_counted_once() {
+        let member = |grant: &str, user: &str, tokens| BudgetSpend {
+            scope: BudgetScope::member_of(grant, user),
+            period: Period::Day,
+            window: "2026-11-26".into(),
+            tokens,
+            cost_nanos: 0,
+        };
+        let with_grant = |instance: &str, sequence, requests, members: Vec<BudgetSpend>| {
+            let mut report = report(instance, sequence, 1, 10);
+            report.grants = [("team-a/devs".to_owned(), UsageTotals { requests, ..UsageTotals::default() })].into();
+            report.budgets.extend(members);
+            report
+        };
+        let mut ledger = Ledger::default();
+        let alice = member("team-a/devs", "alice", 5);
+        let bob = member("team-a/devs", "bob", 7);
+        ledger.record("gw-0", with_grant("gw-0-a", 1, 3, vec![alice.clone(), bob.clone()]));
+        ledger.record("gw-1", with_grant("gw-1-a", 1, 4, vec![alice, member("team-a/devs", "carol", 0)]));
+        let grant = |ledger: &Ledger| ledger.key_totals("2026-11")["grant:team-a/devs"].requests;
+        assert_eq!(grant(&ledger), 7, "both pods' members together");
+        // Alice on two pods is one member; Carol spent nothing.
+        assert_eq!(ledger.members_by_grant(), [("team-a/devs".to_owned(), 2)].into());
+        // A pod gone: its part of the grant's usage and its members stay counted.
+        ledger.keep_pods(&["gw-1".into()]);
+        assert_eq!(grant(&ledger), 7);
+        assert_eq!(ledger.members_by_grant()["team-a/devs"], 2);
+        // A new month forgets it as it forgets keys.
+        ledger.forget_past("2026-12", &[(Period::Day, "2026-12-01".into())]);
+        ledger.keep_pods(&[]);
+        assert!(!ledger.key_totals("2026-12").contains_key("grant:team-a/devs"));
     }
 
     #[test]

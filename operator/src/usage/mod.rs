@@ -45,9 +45,7 @@ use kube::{Api, ResourceExt as _};
 use waycast_crds::Gateway;
 use waycast_crds::heartbeat::is_gateway_pod;
 use waycast_crds::period::Period;
-use waycast_crds::usage::{
-    BASELINE_DATA_KEY, BudgetScope, GatewayUsageStatus, MAX_STATUS_NAMESPACES, UsageReport, UsageTotals,
-};
+use waycast_crds::usage::{BASELINE_DATA_KEY, GatewayUsageStatus, MAX_STATUS_NAMESPACES, UsageReport, UsageTotals};
 
 use crate::apply::bounded;
 use crate::compile::ObjectKey;
@@ -57,7 +55,7 @@ use crate::render::selector_labels;
 use key_writes::{KeyUsage, KeyWrites, write_key_statuses};
 pub use key_writes::{USAGE_MANAGER, WRITES_PER_SECOND};
 use ledger::Ledger;
-use screen::{Refusal, Served};
+use screen::{Refusal, Served, served_by};
 
 /// How often the pods are asked. A budget without Redis is passed by at
 /// most what the fleet spends beyond its reservations in flight (each
@@ -253,15 +251,23 @@ async fn collect_round(
         let mut totals = book.ledger.key_totals(&month);
         // Only keys the Gateway serves now are shown or written: what a
         // ledger holds of anything else (a key gone) stays in the ledger.
-        totals.retain(|key, _| served.serves(key));
+        totals.retain(|key, _| match key.strip_prefix(waycast_crds::usage::GRANT_USAGE_PREFIX) {
+            Some(grant) => served.grants(grant),
+            None => served.serves(key),
+        });
         write_gateway(context, &gateway, book, (&totals, &month), &currency, &as_of).await;
         let shown = Arc::new((currency, month));
+        let members = book.ledger.members_by_grant();
         for (key, mut used) in totals {
+            let grant = key.strip_prefix(waycast_crds::usage::GRANT_USAGE_PREFIX);
+            let counted = grant.and_then(|grant| members.get(grant).copied());
             let held = keys.entry(key).or_insert_with(|| KeyUsage {
                 totals: UsageTotals::default(),
+                members: None,
                 shown: shown.clone(),
                 as_of: as_of_shared.clone(),
             });
+            held.members = counted.map(|n| n.saturating_add(held.members.unwrap_or(0))).or(held.members);
             if held.shown.0 != shown.0 {
                 // Money in another currency is not added as if one: that
                 // Gateway's cost shows in its own status.usage lines.
@@ -346,31 +352,6 @@ async fn reports(
 
 /// The live genuine pods, the reports taken, and the pods whose report was refused.
 type Answers = (Vec<String>, Vec<(String, UsageReport)>, Vec<(String, Refusal)>);
-
-/// The keys `compiled` serves, and those `ledger` counted: what a report
-/// of the Gateway may name.
-fn served_by(compiled: &crate::programmed::CompiledFrom, ledger: Option<&Ledger>) -> Served {
-    let serving = compiled.keys.keys().map(ObjectKey::as_pair);
-    let counted = ledger.into_iter().flat_map(|ledger| {
-        let live = ledger.processes.values().flat_map(|entry| entry.report.keys.keys());
-        live.chain(ledger.retired_keys.values().flat_map(BTreeMap::keys)).map(String::as_str)
-    });
-    let granted: Vec<String> = compiled
-        .grants
-        .iter()
-        .filter(|(_, record)| record.verdict.accepted)
-        .map(|(grant, _)| grant.as_pair())
-        .map(|(namespace, name)| format!("{namespace}/{name}"))
-        .collect();
-    let ledger_grants = ledger.into_iter().flat_map(|ledger| {
-        let live = ledger.processes.values().flat_map(|entry| &entry.report.budgets);
-        live.chain(&ledger.retired_budgets).filter_map(|spend| match BudgetScope::parse(&spend.scope)? {
-            BudgetScope::Grant(id) | BudgetScope::Member { grant: id, .. } => Some(id),
-            _ => None,
-        })
-    });
-    Served::new(serving, counted).with_grants(granted.iter().map(String::as_str).chain(ledger_grants))
-}
 
 /// The budgets' totals of the pods' baseline as written last (`None`
 /// when there is none or it does not parse).

@@ -21,8 +21,8 @@ use serde::de::{DeserializeSeed, Error as _, IgnoredAny, MapAccess, SeqAccess, V
 use serde_json::Number;
 use waycast_crds::period::Period;
 use waycast_crds::usage::{
-    BudgetScope, BudgetSpend, MAX_REPORTED_BUDGETS, MAX_REPORTED_KEYS, MAX_REPORTED_MEMBERS, OTHER_KEYS, UsageReport,
-    UsageTotals,
+    BudgetScope, BudgetSpend, GRANT_USAGE_PREFIX, MAX_REPORTED_BUDGETS, MAX_REPORTED_GRANTS, MAX_REPORTED_KEYS,
+    MAX_REPORTED_MEMBERS, OTHER_KEYS, UsageReport, UsageTotals,
 };
 
 /// The largest report taken from a pod (and ledger read back). A genuine
@@ -153,6 +153,22 @@ impl Served {
         self.grants.binary_search(&hash_parts(&self.state, &[id.as_bytes()])).is_ok()
     }
 
+    /// Whether a report may list the usage of the grant `id`: one served
+    /// now, or whose budgets or usage the ledger holds.
+    fn counts_grant(&self, id: &str) -> bool {
+        self.grant(id)
+            || self
+                .counted
+                .binary_search(&hash_parts(&self.state, &[GRANT_USAGE_PREFIX.as_bytes(), id.as_bytes()]))
+                .is_ok()
+    }
+
+    /// Whether the Gateway serves the grant `id` now, or its ledger holds
+    /// its budgets: its usage is written to its status.
+    pub fn grants(&self, id: &str) -> bool {
+        self.grant(id)
+    }
+
     /// Whether the Gateway serves the key `id` (`namespace/name`) now.
     pub fn serves(&self, id: &str) -> bool {
         self.serving.binary_search(&hash_parts(&self.state, &[id.as_bytes()])).is_ok()
@@ -167,6 +183,31 @@ impl Served {
     fn tenant(&self, namespace: &str) -> bool {
         self.namespaces.binary_search(&hash_parts(&self.state, &[namespace.as_bytes()])).is_ok()
     }
+}
+
+/// The keys `compiled` serves, and those `ledger` counted: what a report
+/// of the Gateway may name.
+pub(super) fn served_by(compiled: &crate::programmed::CompiledFrom, ledger: Option<&super::ledger::Ledger>) -> Served {
+    let serving = compiled.keys.keys().map(crate::compile::ObjectKey::as_pair);
+    let counted = ledger.into_iter().flat_map(|ledger| {
+        let live = ledger.processes.values().flat_map(|entry| entry.report.keys.keys());
+        live.chain(ledger.retired_keys.values().flat_map(BTreeMap::keys)).map(String::as_str)
+    });
+    let granted: Vec<String> = compiled
+        .grants
+        .iter()
+        .filter(|(_, record)| record.verdict.accepted)
+        .map(|(grant, _)| grant.as_pair())
+        .map(|(namespace, name)| format!("{namespace}/{name}"))
+        .collect();
+    let ledger_grants = ledger.into_iter().flat_map(|ledger| {
+        let live = ledger.processes.values().flat_map(|entry| &entry.report.budgets);
+        live.chain(&ledger.retired_budgets).filter_map(|spend| match BudgetScope::parse(&spend.scope)? {
+            BudgetScope::Grant(id) | BudgetScope::Member { grant: id, .. } => Some(id),
+            _ => None,
+        })
+    });
+    Served::new(serving, counted).with_grants(granted.iter().map(String::as_str).chain(ledger_grants))
 }
 
 /// NB: the parts are written as one run of bytes (no length or end
@@ -272,7 +313,8 @@ impl<'de> Visitor<'de> for ReportSeed<'_> {
                 "instance" => (report.instance, instance) = (map.next_value()?, true),
                 "sequence" => report.sequence = map.next_value()?,
                 "month" => (report.month, month) = (map.next_value()?, true),
-                "keys" => report.keys = map.next_value_seed(KeysSeed(&self))?,
+                "keys" => report.keys = map.next_value_seed(KeysSeed(&self, Listed::Keys))?,
+                "grants" => report.grants = map.next_value_seed(KeysSeed(&self, Listed::Grants))?,
                 "budgets" => report.budgets = map.next_value_seed(BudgetsSeed(&self))?,
                 // A newer gateway may say more: what is not read is not kept.
                 _ => {
@@ -287,7 +329,16 @@ impl<'de> Visitor<'de> for ReportSeed<'_> {
     }
 }
 
-struct KeysSeed<'s, 'a>(&'s ReportSeed<'a>);
+/// Which usage map a [`KeysSeed`] reads.
+#[derive(Clone, Copy)]
+enum Listed {
+    /// `keys`: keys' ids, and the total of keys past the cap.
+    Keys,
+    /// `grants`: AccessGrants' ids.
+    Grants,
+}
+
+struct KeysSeed<'s, 'a>(&'s ReportSeed<'a>, Listed);
 
 impl<'de> DeserializeSeed<'de> for KeysSeed<'_, '_> {
     type Value = BTreeMap<String, UsageTotals>;
@@ -307,13 +358,21 @@ impl<'de> Visitor<'de> for KeysSeed<'_, '_> {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut keys = BTreeMap::new();
         let mut listed = 0_usize;
+        // The one total past the listed keys comes on top of them.
+        let most = match self.1 {
+            Listed::Keys => MAX_REPORTED_KEYS + 1,
+            Listed::Grants => MAX_REPORTED_GRANTS,
+        };
         while let Some(id) = map.next_key::<String>()? {
             listed += 1;
-            // The one total past the listed keys comes on top of them.
-            if listed > MAX_REPORTED_KEYS + 1 {
+            if listed > most {
                 return Err(self.0.refuse(Refusal::TooManyKeys));
             }
-            if id != OTHER_KEYS && !self.0.served.counts(&id) {
+            let counted = match self.1 {
+                Listed::Keys => id == OTHER_KEYS || self.0.served.counts(&id),
+                Listed::Grants => self.0.served.counts_grant(&id),
+            };
+            if !counted {
                 return Err(self.0.refuse(Refusal::ForeignKey));
             }
             let raw: RawTotals = map.next_value()?;

@@ -181,3 +181,38 @@ fn a_report_naming_more_members_than_a_pod_reports_is_refused() {
     let text = body("", &past.join(","));
     assert_eq!(screen(text.as_bytes(), "gw-1", &served), Err(Refusal::TooManyKeys));
 }
+
+#[test]
+fn grants_usage_is_taken_for_grants_the_gateway_counts_only_and_within_the_cap() {
+    let served = served().with_grants(["team-a/devs"]);
+    let with_grants =
+        |grants: &str| body("", "").replacen(r#""budgets""#, &format!(r#""grants":{{{grants}}},"budgets""#), 1);
+    let text = with_grants(r#""team-a/devs":{"requests":3,"inputTokens":30,"costNanos":70}"#);
+    let report = screen(text.as_bytes(), "gw-1", &served).unwrap();
+    assert_eq!(
+        report.grants["team-a/devs"],
+        UsageTotals { requests: 3, input_tokens: 30, cost_nanos: 70, ..UsageTotals::default() }
+    );
+    // Written as the gateway writes it, read back the same.
+    assert_eq!(screen(serde_json::to_string(&report).unwrap().as_bytes(), "gw-1", &served).unwrap(), report);
+    // A grant it does not count, or a key's id in the grants' map: refused whole.
+    for grants in [r#""team-b/ops":{"requests":1}"#, r#""team-a/alice":{"requests":1}"#, r#""-":{"requests":1}"#] {
+        let text = with_grants(grants);
+        assert_eq!(screen(text.as_bytes(), "gw-1", &served), Err(Refusal::ForeignKey), "{grants}");
+    }
+    // Numbers past the bounds, as a key's.
+    let text = with_grants(r#""team-a/devs":{"requests":-1}"#);
+    assert_eq!(screen(text.as_bytes(), "gw-1", &served), Err(Refusal::OutOfBounds));
+    // A grant its ledger still counts (served earlier this month) may be listed.
+    let counted = Served::new([], ["grant:team-a/gone"]);
+    let text = with_grants(r#""team-a/gone":{"requests":1}"#);
+    assert!(screen(text.as_bytes(), "gw-1", &counted).is_ok());
+    // More grants than a pod reports: refused whole.
+    let ids: Vec<String> = (0..=MAX_REPORTED_GRANTS).map(|i| format!("team-a/g{i}")).collect();
+    let many = Served::new([], []).with_grants(ids.iter().map(String::as_str));
+    let listed: Vec<String> = ids.iter().map(|id| format!(r#""{id}":{{"requests":1}}"#)).collect();
+    let text = with_grants(&listed.join(","));
+    assert_eq!(screen(text.as_bytes(), "gw-1", &many), Err(Refusal::TooManyKeys));
+    let text = with_grants(&listed[..MAX_REPORTED_GRANTS].join(","));
+    assert_eq!(screen(text.as_bytes(), "gw-1", &many).map(|report| report.grants.len()), Ok(MAX_REPORTED_GRANTS));
+}
