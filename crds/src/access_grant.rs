@@ -37,6 +37,7 @@ use crate::sharing::KeyLimits;
     printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#
 )]
 #[x_kube(validation = kube::core::Rule::new("has(self.groups) || has(self.users) || has(self.serviceAccounts)").message("a grant needs at least one subject: groups, users or serviceAccounts"))]
+#[x_kube(validation = kube::core::Rule::new("!has(self.users) || self.users.all(u, !u.startsWith('system:serviceaccount:'))").message("users cannot name a ServiceAccount (system:serviceaccount:...): list the grant's own namespace's ServiceAccounts in serviceAccounts"))]
 #[serde(rename_all = "camelCase")]
 pub struct AccessGrantSpec {
     /// The Gateways that may serve this grant. A Gateway serves it only
@@ -59,7 +60,9 @@ pub struct AccessGrantSpec {
     pub groups: Vec<String>,
 
     /// Members by name: a token whose user claim (`sub` or `email`, as the
-    /// provider says) is one of these.
+    /// provider says) is one of these. Never a ServiceAccount
+    /// (`system:serviceaccount:…`): those are `serviceAccounts`, of the
+    /// grant's own namespace only.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(min = 1, max = 256), inner(length(min = 1, max = 256), pattern(r"^[^\s\p{Z}\p{Cc}]+$")))]
     #[x_kube(merge_strategy = ListMerge::Set)]

@@ -17,6 +17,9 @@ use crate::spend::BudgetConfig;
 
 /// The most subjects of one kind a grant lists.
 pub const MAX_SUBJECTS: usize = 256;
+/// How the API server names a ServiceAccount in its tokens' `sub`
+/// (`system:serviceaccount:<namespace>:<name>`).
+pub const SERVICE_ACCOUNT_SUBJECT: &str = "system:serviceaccount:";
 
 /// One trusted token issuer.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash)]
@@ -306,7 +309,9 @@ fn check_grant(path: &str, grant: &GrantConfig, problems: &mut Collector) {
         for (index, subject) in listed.iter().enumerate() {
             let valid = match field {
                 "groups" => !subject.is_empty() && subject.len() <= 256 && !subject.chars().any(char::is_control),
-                "users" => is_token_word(subject),
+                // A ServiceAccount named as a user would get round the
+                // own-namespace rule below.
+                "users" => is_token_word(subject) && !subject.starts_with(SERVICE_ACCOUNT_SUBJECT),
                 // A team grants its own workloads only: another
                 // namespace's ServiceAccount is that namespace's to grant.
                 _ => subject.split_once('/').is_some_and(|(ns, name)| {
@@ -318,7 +323,9 @@ fn check_grant(path: &str, grant: &GrantConfig, problems: &mut Collector) {
             if !valid {
                 let message = match field {
                     "groups" => "must be 1 to 256 characters without control characters",
-                    "users" => "must be 1 to 256 characters without whitespace",
+                    "users" => {
+                        "must be 1 to 256 characters without whitespace, and not a ServiceAccount (system:serviceaccount:…: list the grant's own in serviceAccounts)"
+                    }
                     _ => "must be namespace/name of a ServiceAccount of the grant's own namespace",
                 };
                 problems.add(join(path, &format!("{field}[{index}]")), message);

@@ -86,6 +86,11 @@ fn a_grant_is_checked_field_by_field() {
             Box::new(|g| g.service_accounts = vec!["ci/runner".into()]),
             &["serviceAccounts[0]"],
         ),
+        (
+            "another namespace's service account named as a user",
+            Box::new(|g| g.users = vec!["system:serviceaccount:ci:runner".into()]),
+            &["users[0]"],
+        ),
         ("257 users", Box::new(|g| g.users = (0..257).map(|i| format!("u{i}")).collect()), &["users"]),
         ("a model glob with a space", Box::new(|g| g.models = Some(vec!["llama *".into()])), &["models[0]"]),
         ("a class not a label", Box::new(|g| g.class = Some("Gold".into())), &["class"]),

@@ -103,15 +103,16 @@ impl UsageTotals {
 
 /// The most members of one grant a pod counts at once.
 pub const MAX_MEMBERS_PER_GRANT: usize = 10_000;
-/// The most members' budget spends one report lists (those who spent most
-/// first; the operator refuses a report of more). With the baseline's
+/// The most members' budget spends one report lists (in turns by
+/// namespace, each team's who spent most first: [`fair_member_order`];
+/// the operator refuses a report of more). With the baseline's
 /// bound ([`MAX_BASELINE_MEMBERS`]) it keeps the pods' baseline, which
 /// also carries every key's and tenant's budgets, well within what one
 /// ConfigMap holds (some 140 bytes a spend): members can never make it
 /// too large to write for everyone else.
 pub const MAX_REPORTED_MEMBERS: usize = 2_000;
 /// The most members' budget spends the operator hands back to the pods
-/// (and keeps of processes gone): those who spent most.
+/// (and keeps of processes gone), in the same turns.
 pub const MAX_BASELINE_MEMBERS: usize = 2 * MAX_REPORTED_MEMBERS;
 
 /// Whose budget a [`BudgetSpend`] is, read from its scope.
@@ -164,6 +165,42 @@ impl<'a> BudgetScope<'a> {
         let hex: String = digest[..16].iter().map(|byte| format!("{byte:02x}")).collect();
         format!("user:{grant}:{hex}")
     }
+}
+
+/// The order in which members' spends `items` are kept when only some can
+/// be (a report's [`MAX_REPORTED_MEMBERS`], the baseline's
+/// [`MAX_BASELINE_MEMBERS`]): each namespace's largest spender first, then
+/// each namespace's second, and so on (within a round by spend, then by
+/// scope, so the order does not change between reports). Cut anywhere, the
+/// kept part is shared between the namespaces' grants: one team listing
+/// thousands of members (its own ServiceAccounts, spending on a model
+/// that reports any usage it likes) cannot push every other team's
+/// members out. Returns indexes into `items`.
+pub fn fair_member_order<T>(
+    items: &[T],
+    scope_of: impl Fn(&T) -> &str,
+    spent_of: impl Fn(&T) -> (u64, u64),
+) -> Vec<usize> {
+    fn namespace_of(scope: &str) -> &str {
+        match BudgetScope::parse(scope) {
+            Some(BudgetScope::Member { grant, .. }) => grant.split_once('/').map_or(grant, |(namespace, _)| namespace),
+            _ => scope,
+        }
+    }
+    let namespaces: Vec<&str> = items.iter().map(|item| namespace_of(scope_of(item))).collect();
+    let larger_first = |a: &T, b: &T| spent_of(b).cmp(&spent_of(a)).then_with(|| scope_of(a).cmp(scope_of(b)));
+    let mut by_namespace: Vec<usize> = (0..items.len()).collect();
+    by_namespace.sort_by(|&a, &b| {
+        namespaces[a].cmp(namespaces[b]).then_with(|| larger_first(&items[a], &items[b]))
+    });
+    let mut rounds = vec![0_usize; items.len()];
+    for pair in by_namespace.windows(2) {
+        if namespaces[pair[0]] == namespaces[pair[1]] {
+            rounds[pair[1]] = rounds[pair[0]] + 1;
+        }
+    }
+    by_namespace.sort_by(|&a, &b| rounds[a].cmp(&rounds[b]).then_with(|| larger_first(&items[a], &items[b])));
+    by_namespace
 }
 
 /// What a budget has spent in one of its periods.
@@ -267,7 +304,7 @@ pub struct GrantUsageStatus {
     pub used: KeyUsageStatus,
     /// How many members spent from their own (`perUser`) budgets in the
     /// budgets' current period, summed over the Gateways (each keeps the
-    /// 4,000 who spent most). Absent when the grant sets no `perUser`
+    /// 4,000 spends, in turns by namespace). Absent when the grant sets no `perUser`
     /// budget: members are counted only where each has a budget.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub members: Option<u64>,
@@ -373,6 +410,38 @@ mod tests {
         assert_eq!(a.minus(max), UsageTotals { requests: 0, ..a });
         assert_eq!(a.plus(a).minus(a), a);
         assert!(UsageTotals::default().is_empty() && !a.is_empty());
+    }
+
+    #[test]
+    fn members_are_kept_in_turns_by_namespace_so_one_team_cannot_push_the_others_out() {
+        let spend = |grant: &str, user: usize, tokens| BudgetSpend {
+            scope: BudgetScope::member_of(grant, &format!("u{user}")),
+            period: Period::Day,
+            window: "2026-11-26".into(),
+            tokens,
+            cost_nanos: 0,
+        };
+        // Team A: 1,000 members over two grants, each spending a lot;
+        // team B: three members spending little.
+        let mut items: Vec<BudgetSpend> = (0..1_000)
+            .map(|user| spend(if user % 2 == 0 { "team-a/x" } else { "team-a/y" }, user, 1_000_000 + user as u64))
+            .collect();
+        items.extend([spend("team-b/devs", 1, 30), spend("team-b/devs", 2, 20), spend("team-b/devs", 3, 10)]);
+        let order = fair_member_order(&items, |s| s.scope.as_str(), |s| (s.tokens, s.cost_nanos));
+        assert_eq!(order.len(), items.len());
+        let kept: Vec<&BudgetSpend> = order[..6].iter().map(|&i| &items[i]).collect();
+        let of_b: Vec<u64> = kept.iter().filter(|s| s.scope.contains("team-b")).map(|s| s.tokens).collect();
+        assert_eq!(of_b, [30, 20, 10], "B's members are kept in turn with A's, largest first: {kept:?}");
+        // A's turns go to its largest spenders, whichever grant.
+        assert!(kept.iter().filter(|s| s.scope.contains("team-a")).all(|s| s.tokens >= 1_000_997));
+        // The same items in another order: the same order.
+        let mut reversed = items.clone();
+        reversed.reverse();
+        let again: Vec<&BudgetSpend> = fair_member_order(&reversed, |s| s.scope.as_str(), |s| (s.tokens, s.cost_nanos))
+            .into_iter()
+            .map(|i| &reversed[i])
+            .collect();
+        assert_eq!(again, order.iter().map(|&i| &items[i]).collect::<Vec<_>>());
     }
 
     #[test]

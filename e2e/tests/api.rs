@@ -342,6 +342,12 @@ fn refusals() -> Vec<Refusal> {
             expected: &["spec.serviceAccounts[0]", "should match"],
         },
         Refusal {
+            what: "a grant naming a ServiceAccount as a user",
+            kind: grant.clone(),
+            spec: json!({"provider": "cluster", "users": ["system:serviceaccount:victim:app"]}),
+            expected: &["users cannot name a ServiceAccount"],
+        },
+        Refusal {
             what: "a grant's per-user share of nothing",
             kind: grant.clone(),
             spec: json!({"provider": "corp", "users": ["alice@example.com"], "perUser": {}}),

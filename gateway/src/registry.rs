@@ -287,12 +287,13 @@ impl Registry {
         let mut usage = UsageCounts::with_capacity(config.grants.len());
         for grant in &config.grants {
             // Each member's state is kept while the grant's `perUser`
-            // stays as it was.
+            // stays as it was, and continued when it changes.
             if let Some(per_user) = grant.per_user.as_ref().filter(|p| p.limits.is_some() || !p.budgets.is_empty()) {
-                let kept = held.members.get(grant.id.as_str()).filter(|kept| kept.config() == per_user);
-                let store = kept
-                    .cloned()
-                    .unwrap_or_else(|| Arc::new(crate::limit::members::Members::new(&grant.id, per_user.clone())));
+                let store = match held.members.get(grant.id.as_str()) {
+                    Some(kept) if kept.config() == per_user => kept.clone(),
+                    Some(kept) => Arc::new(kept.continued(per_user.clone())),
+                    None => Arc::new(crate::limit::members::Members::new(&grant.id, per_user.clone())),
+                };
                 members.insert(Arc::from(grant.id.as_str()), store);
             }
             let scope = grant_scope(&grant.id);

@@ -146,13 +146,25 @@ impl Ledger {
             let spend = BudgetSpend { scope: scope.to_owned(), period, window: window.key, tokens, cost_nanos };
             if member { members.push(spend) } else { budgets.push(spend) }
         });
-        // Past the operator's bounds a report is refused whole: members who
-        // spent most are listed, the others go unreported (their spend is
-        // then this pod's alone), in an order that does not change between
-        // reports.
+        // Past the operator's bounds a report is refused whole: members are
+        // listed in turns by namespace, each team's who spent most first,
+        // the others go unreported (their spend is then this pod's alone),
+        // in an order that does not change between reports.
         budgets.truncate(MAX_REPORTED_BUDGETS);
-        members.sort_by(|a, b| (b.tokens, b.cost_nanos, &a.scope).cmp(&(a.tokens, a.cost_nanos, &b.scope)));
-        members.truncate(MAX_REPORTED_MEMBERS.min(MAX_REPORTED_BUDGETS - budgets.len()));
+        let room = MAX_REPORTED_MEMBERS.min(MAX_REPORTED_BUDGETS - budgets.len());
+        if members.len() > room {
+            let order =
+                waycast_crds::usage::fair_member_order(&members, |s| s.scope.as_str(), |s| (s.tokens, s.cost_nanos));
+            let mut kept = vec![false; members.len()];
+            for index in order.into_iter().take(room) {
+                kept[index] = true;
+            }
+            let mut index = 0;
+            members.retain(|_| {
+                index += 1;
+                kept[index - 1]
+            });
+        }
         budgets.append(&mut members);
         for spend in &budgets {
             spends.insert((spend.scope.clone(), spend.period, spend.window.clone()), (spend.tokens, spend.cost_nanos));

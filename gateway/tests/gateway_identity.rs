@@ -138,6 +138,27 @@ async fn token_holders_reach_their_grants_models_and_keys_work_beside_them() {
     }
 }
 
+/// Another team's grant naming team-a's workload as a user (the
+/// API server's rule refuses it; a config that has it anyway) admits
+/// nobody: the workload is served by its own grant, not made ambiguous,
+/// and never served through the other team's.
+#[tokio::test]
+async fn a_service_account_named_as_another_teams_user_is_not_theirs() {
+    let issuers = Issuers::new();
+    let fixture = Fixture::start(FixtureOptions::default(), |config, _| {
+        issuers.adjust(config);
+        let mut hijack = GrantConfig::new("team-c/hijack", "cluster");
+        hijack.users = vec!["system:serviceaccount:team-a:batch".into(), "system:serviceaccount:team-a:other".into()];
+        config.grants.push(hijack);
+    })
+    .await;
+    let batch = issuers.workload("team-a", "batch");
+    assert_eq!(fixture.post("/v1/chat/completions", Some(&batch), MISTRAL).await.0, StatusCode::OK);
+    let (status, _, body) =
+        fixture.post("/v1/chat/completions", Some(&issuers.workload("team-a", "other")), LLAMA).await;
+    assert_eq!((status, error_of(&body)["error"]["code"].as_str()), (StatusCode::UNAUTHORIZED, Some("no_grant")));
+}
+
 #[tokio::test]
 async fn every_bad_token_is_a_401_that_says_why() {
     let issuers = Issuers::new();

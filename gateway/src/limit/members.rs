@@ -1,7 +1,7 @@
 //! Each member of a grant counted on their own: a token's holder gets
 //! limits and budgets of their own (the grant's `perUser`) beside the
 //! grant's for all members together, made on their first request and kept
-//! across configs while the grant's `perUser` stays the same.
+//! across configs (continued when the grant's `perUser` changes).
 //!
 //! A member is known by a digest of who the token names, never the name
 //! itself: no person's name is a Redis key or a metric label. Bounded: a
@@ -75,6 +75,37 @@ impl Members {
             capacity: capacity.max(1),
             fleet: ArcSwap::default(),
         }
+    }
+
+    /// These members under `config` (the grant's `perUser` changed): each
+    /// member held keeps what their budgets counted in the periods
+    /// `config` still has, and their limiters continue from where they
+    /// were, so raising a budget mid-month neither starts anyone's month
+    /// over (nor makes this process report less than it had, which the
+    /// operator's ledger would take as the fleet spending less) nor lets
+    /// a burst through; the fleet's spend stays for members made later.
+    pub fn continued(&self, config: PerUserConfig) -> Self {
+        let next = Self {
+            grant: self.grant.clone(),
+            config,
+            by_user: ArcSwap::default(),
+            capacity: self.capacity,
+            fleet: ArcSwap::new(self.fleet.load_full()),
+        };
+        let members: HashMap<Box<str>, Arc<Member>> = self
+            .by_user
+            .load()
+            .iter()
+            .map(|(user, before)| {
+                let limits = next.config.limits.as_ref().map(|l| Arc::new(LimitSet::new(l, before.limits.as_deref())));
+                let budgets = Budget::merged(&next.config.budgets, |period| {
+                    before.budgets.iter().find(|b| b.period == period).map_or_else(Arc::default, |b| b.state.clone())
+                });
+                (user.clone(), Arc::new(Member { id: before.id.clone(), limits, budgets }))
+            })
+            .collect();
+        next.by_user.store(Arc::new(members));
+        next
     }
 
     /// The per-member settings these members were made under.
@@ -204,6 +235,34 @@ mod tests {
         // Another grant's member of the same name is another state.
         let elsewhere = Members::new("team-b/ops", per_user(2)).member("alice@example.com", now()).unwrap();
         assert_ne!(alice.id, elsewhere.id);
+    }
+
+    #[test]
+    fn a_changed_per_user_keeps_what_each_member_counted_in_the_periods_it_keeps() {
+        use waycast_crds::spend::BudgetConfig;
+        let budget = |period, tokens| BudgetConfig { period, tokens: Some(tokens), cost: None };
+        let mut config = per_user(2);
+        config.budgets = vec![budget(Period::Day, 100), budget(Period::Month, 1_000)];
+        let members = Members::new("team-a/developers", config.clone());
+        let alice = members.member("alice", now()).unwrap();
+        let fleet: MembersFleet = [(alice.id.clone(), Vec::new())].into();
+        members.set_fleet(fleet);
+        // The day's budget raised, the month's dropped, a week's added.
+        config.budgets = vec![budget(Period::Day, 500), budget(Period::Week, 2_000)];
+        let next = members.continued(config.clone());
+        assert_eq!(next.config(), &config);
+        let continued = next.member("alice", now()).unwrap();
+        assert_eq!(continued.id, alice.id, "the same member");
+        let state =
+            |member: &Member, period| member.budgets.iter().find(|b| b.period == period).map(|b| b.state.clone());
+        assert!(
+            Arc::ptr_eq(&state(&continued, Period::Day).unwrap(), &state(&alice, Period::Day).unwrap()),
+            "the day's count goes on"
+        );
+        assert_eq!(continued.budgets.iter().find(|b| b.period == Period::Day).map(|b| b.tokens), Some(Some(500)));
+        assert!(state(&continued, Period::Month).is_none() && state(&continued, Period::Week).is_some());
+        assert!(continued.limits.is_some(), "limits continue");
+        assert!(Arc::ptr_eq(&next.fleet.load_full(), &members.fleet.load_full()), "the fleet's spend is kept");
     }
 
     #[test]

@@ -20,10 +20,7 @@ use super::dropped::Dropped;
 use super::keys::KeyEntry;
 use crate::identity::{KeySet, Provider, Verified};
 use crate::limit::members::Members;
-
-/// The prefix of a ServiceAccount token's subject:
-/// `system:serviceaccount:<namespace>:<name>`.
-const SERVICE_ACCOUNT_SUBJECT: &str = "system:serviceaccount:";
+use waycast_crds::identity_config::SERVICE_ACCOUNT_SUBJECT;
 
 /// The header a caller names one of its grants with, when several serve it.
 pub const GRANT_HEADER: &str = "x-waycast-grant";
@@ -142,9 +139,11 @@ impl Identity {
             .flatten()
             .and_then(|rest| rest.split_once(':'))
             .map(|(namespace, name)| format!("{namespace}/{name}"));
+        // A ServiceAccount is admitted by `serviceAccounts` only (of the
+        // grant's own namespace), never by a `users` entry naming it.
         let admits = |grant: &&Grant| {
             grant.provider == provider
-                && (grant.users.contains(&*verified.user)
+                && ((service_account.is_none() && grant.users.contains(&*verified.user))
                     || verified.groups.iter().any(|group| grant.groups.contains(group))
                     || service_account.as_deref().is_some_and(|sa| grant.service_accounts.contains(sa)))
         };

@@ -186,13 +186,14 @@ impl Ledger {
     }
 }
 
-/// Keeps the [`MAX_BASELINE_MEMBERS`] members' spends that are largest
-/// (per member and window); the rest are let go. A member's id is any
+/// Keeps [`MAX_BASELINE_MEMBERS`] members' spends (per member and
+/// window), taken in turns by namespace, each team's largest first; the
+/// rest are let go. A member's id is any
 /// digest, so a pod that restarts again and again naming new members each
 /// time would otherwise grow the ledger, and the baseline every budget
 /// shares, without bound.
 fn keep_members_bounded(budgets: &mut BTreeMap<BudgetId, (u64, u64)>) {
-    let mut members: Vec<(&BudgetId, (u64, u64))> = budgets
+    let members: Vec<(&BudgetId, (u64, u64))> = budgets
         .iter()
         .filter(|(id, _)| matches!(BudgetScope::parse(&id.0), Some(BudgetScope::Member { .. })))
         .map(|(id, spent)| (id, *spent))
@@ -200,9 +201,11 @@ fn keep_members_bounded(budgets: &mut BTreeMap<BudgetId, (u64, u64)>) {
     if members.len() <= MAX_BASELINE_MEMBERS {
         return;
     }
-    members.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    // In turns by namespace: one team's many members cannot push every
+    // other team's out.
+    let order = waycast_crds::usage::fair_member_order(&members, |(id, _)| id.0.as_str(), |(_, spent)| *spent);
     let dropped: std::collections::BTreeSet<BudgetId> =
-        members[MAX_BASELINE_MEMBERS..].iter().map(|(id, _)| (*id).clone()).collect();
+        order[MAX_BASELINE_MEMBERS..].iter().map(|&index| members[index].0.clone()).collect();
     budgets.retain(|id, _| !dropped.contains(id));
 }
 

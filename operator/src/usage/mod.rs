@@ -252,7 +252,7 @@ async fn collect_round(
         // Only keys the Gateway serves now are shown or written: what a
         // ledger holds of anything else (a key gone) stays in the ledger.
         totals.retain(|key, _| match key.strip_prefix(waycast_crds::usage::GRANT_USAGE_PREFIX) {
-            Some(grant) => served.grants(grant),
+            Some(grant) => served.serves_grant(grant),
             None => served.serves(key),
         });
         write_gateway(context, &gateway, book, (&totals, &month), &currency, &as_of).await;

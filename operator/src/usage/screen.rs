@@ -112,9 +112,13 @@ pub struct Served {
     counted: Vec<u64>,
     /// Namespaces of the keys served now (tenant budgets).
     namespaces: Vec<u64>,
-    /// Grants served now, or whose budgets its ledger holds: a report may
-    /// list their budgets and their members'.
+    /// Grants served now: a report may list their budgets and their
+    /// members', and their usage is written to their status.
     grants: Vec<u64>,
+    /// Grants whose budgets its ledger holds (served earlier this period,
+    /// maybe not now): a report may still list them, nothing is written
+    /// for them.
+    counted_grants: Vec<u64>,
 }
 
 impl Served {
@@ -136,21 +140,34 @@ impl Served {
             list.sort_unstable();
             list.dedup();
         }
-        Self { state, serving: keys, counted, namespaces, grants: Vec::new() }
+        Self { state, serving: keys, counted, namespaces, grants: Vec::new(), counted_grants: Vec::new() }
     }
 
-    /// These, and grants `grants` (ids, `namespace/name`): served now or
-    /// counted in the ledger.
+    /// These, and grants `grants` (ids, `namespace/name`) served now.
     #[must_use]
     pub fn with_grants<'a>(mut self, grants: impl IntoIterator<Item = &'a str>) -> Self {
-        self.grants = grants.into_iter().map(|id| hash_parts(&self.state, &[id.as_bytes()])).collect();
-        self.grants.sort_unstable();
-        self.grants.dedup();
+        self.grants = self.hashed(grants);
         self
     }
 
+    /// These, and grants `grants` the ledger counted (served earlier).
+    #[must_use]
+    pub fn with_counted_grants<'a>(mut self, grants: impl IntoIterator<Item = &'a str>) -> Self {
+        self.counted_grants = self.hashed(grants);
+        self
+    }
+
+    fn hashed<'a>(&self, ids: impl IntoIterator<Item = &'a str>) -> Vec<u64> {
+        let mut hashes: Vec<u64> = ids.into_iter().map(|id| hash_parts(&self.state, &[id.as_bytes()])).collect();
+        hashes.sort_unstable();
+        hashes.dedup();
+        hashes
+    }
+
+    /// Whether a report may list the grant `id`'s budgets and members'.
     fn grant(&self, id: &str) -> bool {
-        self.grants.binary_search(&hash_parts(&self.state, &[id.as_bytes()])).is_ok()
+        let hash = hash_parts(&self.state, &[id.as_bytes()]);
+        self.grants.binary_search(&hash).is_ok() || self.counted_grants.binary_search(&hash).is_ok()
     }
 
     /// Whether a report may list the usage of the grant `id`: one served
@@ -163,10 +180,11 @@ impl Served {
                 .is_ok()
     }
 
-    /// Whether the Gateway serves the grant `id` now, or its ledger holds
-    /// its budgets: its usage is written to its status.
-    pub fn grants(&self, id: &str) -> bool {
-        self.grant(id)
+    /// Whether the Gateway serves the grant `id` now: only then is its
+    /// usage written to its status (what a ledger or a pod says of a grant
+    /// served earlier is the Gateway's, never written onto the grant).
+    pub fn serves_grant(&self, id: &str) -> bool {
+        self.grants.binary_search(&hash_parts(&self.state, &[id.as_bytes()])).is_ok()
     }
 
     /// Whether the Gateway serves the key `id` (`namespace/name`) now.
@@ -207,7 +225,7 @@ pub(super) fn served_by(compiled: &crate::programmed::CompiledFrom, ledger: Opti
             _ => None,
         })
     });
-    Served::new(serving, counted).with_grants(granted.iter().map(String::as_str).chain(ledger_grants))
+    Served::new(serving, counted).with_grants(granted.iter().map(String::as_str)).with_counted_grants(ledger_grants)
 }
 
 /// NB: the parts are written as one run of bytes (no length or end

@@ -203,10 +203,13 @@ fn grants_usage_is_taken_for_grants_the_gateway_counts_only_and_within_the_cap()
     // Numbers past the bounds, as a key's.
     let text = with_grants(r#""team-a/devs":{"requests":-1}"#);
     assert_eq!(screen(text.as_bytes(), "gw-1", &served), Err(Refusal::OutOfBounds));
-    // A grant its ledger still counts (served earlier this month) may be listed.
-    let counted = Served::new([], ["grant:team-a/gone"]);
-    let text = with_grants(r#""team-a/gone":{"requests":1}"#);
+    // A grant its ledger still counts (served earlier this month) may be
+    // listed; only one served now gets a status written.
+    let counted = Served::new([], ["grant:team-a/gone"]).with_counted_grants(["team-a/old"]);
+    let text = with_grants(r#""team-a/gone":{"requests":1},"team-a/old":{"requests":1}"#);
     assert!(screen(text.as_bytes(), "gw-1", &counted).is_ok());
+    assert!(served.serves_grant("team-a/devs"));
+    assert!(!counted.serves_grant("team-a/gone") && !counted.serves_grant("team-a/old"));
     // More grants than a pod reports: refused whole.
     let ids: Vec<String> = (0..=MAX_REPORTED_GRANTS).map(|i| format!("team-a/g{i}")).collect();
     let many = Served::new([], []).with_grants(ids.iter().map(String::as_str));
