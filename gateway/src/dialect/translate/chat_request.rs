@@ -184,7 +184,8 @@ fn blocks(content: &Value, path: &dyn Fn() -> String) -> Result<Vec<Value>, Tran
         let field = |name: &str| format!("{}[{at}].{name}", path());
         let mut block = match part.get("type").and_then(Value::as_str) {
             Some("text") => {
-                let text = part.get("text").and_then(Value::as_str).ok_or_else(|| malformed(field("text"), "a string"))?;
+                let text =
+                    part.get("text").and_then(Value::as_str).ok_or_else(|| malformed(field("text"), "a string"))?;
                 if text.is_empty() {
                     continue;
                 }

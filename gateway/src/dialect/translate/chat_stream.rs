@@ -261,7 +261,8 @@ impl ChatStreamToMessages {
     /// One piece of a call: its id and name when first seen, a piece of
     /// its arguments.
     fn call_piece(&mut self, piece: &Value, out: &mut Vec<u8>) -> Result<(), Failure> {
-        let index = piece.get("index").and_then(Value::as_u64).ok_or("the backend sent a tool call without an index")?;
+        let index =
+            piece.get("index").and_then(Value::as_u64).ok_or("the backend sent a tool call without an index")?;
         let at = match self.calls.iter().position(|call| call.index == index) {
             Some(at) => at,
             None if self.calls.len() >= MAX_TOOL_CALLS => return Err("the backend made too many tool calls"),

@@ -37,7 +37,10 @@ fn read_json(path: &Path) -> Value {
 
 /// The `data:` payloads of an SSE transcript, in order.
 fn payloads(text: &str) -> Vec<&str> {
-    text.lines().filter_map(|line| line.strip_prefix("data:")).map(|data| data.strip_prefix(' ').unwrap_or(data)).collect()
+    text.lines()
+        .filter_map(|line| line.strip_prefix("data:"))
+        .map(|data| data.strip_prefix(' ').unwrap_or(data))
+        .collect()
 }
 
 /// An SSE transcript's lines, each `data:` line's JSON parsed (so that the
@@ -86,11 +89,8 @@ fn golden_transcripts() {
             false
         };
         let request = read_json(&case.join("request.in.json"));
-        let translated = if messages_client {
-            messages_request_to_chat(&request)
-        } else {
-            chat_request_to_messages(&request)
-        };
+        let translated =
+            if messages_client { messages_request_to_chat(&request) } else { chat_request_to_messages(&request) };
         check_json(&case, "request.out.json", &translated.unwrap_or_else(|e| panic!("{name}: {e}")));
         let model = request["model"].as_str().unwrap_or_default();
         let response_in = case.join("response.in.json");

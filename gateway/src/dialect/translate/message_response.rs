@@ -34,9 +34,8 @@ pub fn message_response_to_chat(response: &Value, created: u64) -> Result<Value,
     let mut calls = Vec::new();
     for (at, block) in blocks.iter().enumerate() {
         let field = |name: &str| format!("content[{at}].{name}");
-        let string = |name: &str| {
-            block.get(name).and_then(Value::as_str).ok_or_else(|| malformed(field(name), "a string"))
-        };
+        let string =
+            |name: &str| block.get(name).and_then(Value::as_str).ok_or_else(|| malformed(field(name), "a string"));
         match block.get("type").and_then(Value::as_str) {
             Some("text") => text.push_str(string("text")?),
             Some("thinking") => reasoning.push_str(string("thinking")?),

@@ -215,14 +215,18 @@ fn with_cache_control(mut part: Value, block: &Value) -> Value {
 }
 
 fn text_part(block: &Value, path: &dyn Fn() -> String) -> Result<Value, TranslateError> {
-    let text = block.get("text").and_then(Value::as_str).ok_or_else(|| malformed(format!("{}.text", path()), "a string"))?;
+    let text =
+        block.get("text").and_then(Value::as_str).ok_or_else(|| malformed(format!("{}.text", path()), "a string"))?;
     Ok(with_cache_control(json!({"type": "text", "text": text}), block))
 }
 
 fn image_part(block: &Value, path: &dyn Fn() -> String) -> Result<Value, TranslateError> {
     let source = block.get("source").ok_or_else(|| malformed(format!("{}.source", path()), "required"))?;
     let field = |name: &str| {
-        source.get(name).and_then(Value::as_str).ok_or_else(|| malformed(format!("{}.source.{name}", path()), "a string"))
+        source
+            .get(name)
+            .and_then(Value::as_str)
+            .ok_or_else(|| malformed(format!("{}.source.{name}", path()), "a string"))
     };
     let url = match source.get("type").and_then(Value::as_str) {
         Some("base64") => format!("data:{};base64,{}", field("media_type")?, field("data")?),
@@ -300,7 +304,8 @@ fn tools(value: &Value) -> Result<Value, TranslateError> {
         if let Some(description) = tool.get("description") {
             function.insert("description".into(), description.clone());
         }
-        let schema = tool.get("input_schema").ok_or_else(|| malformed(format!("tools[{at}].input_schema"), "required"))?;
+        let schema =
+            tool.get("input_schema").ok_or_else(|| malformed(format!("tools[{at}].input_schema"), "required"))?;
         function.insert("parameters".into(), schema.clone());
         functions.push(json!({"type": "function", "function": function}));
     }

@@ -45,5 +45,8 @@ mod golden_tests;
 #[path = "request_tests.rs"]
 mod request_tests;
 #[cfg(test)]
+#[path = "response_tests.rs"]
+mod response_tests;
+#[cfg(test)]
 #[path = "stream_tests.rs"]
 mod stream_tests;
