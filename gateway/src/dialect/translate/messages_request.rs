@@ -52,10 +52,14 @@ pub fn messages_request_to_chat(request: &Value) -> Result<Value, TranslateError
     let fields = request.as_object().ok_or_else(|| malformed("", "a request is a JSON object"))?;
     let mut chat = Map::new();
     let mut messages = Vec::new();
-    if let Some(system) = fields.get("system") {
+    if let Some(system) = fields.get("system").filter(|system| !system.is_null()) {
         system_message(system, &mut messages)?;
     }
     for (key, value) in fields {
+        // A member set to null is a member not given.
+        if value.is_null() {
+            continue;
+        }
         match key.as_str() {
             "model" | "max_tokens" | "temperature" | "top_p" | "top_k" => {
                 chat.insert(key.clone(), value.clone());
