@@ -190,9 +190,7 @@ pub fn fair_member_order<T>(
     let namespaces: Vec<&str> = items.iter().map(|item| namespace_of(scope_of(item))).collect();
     let larger_first = |a: &T, b: &T| spent_of(b).cmp(&spent_of(a)).then_with(|| scope_of(a).cmp(scope_of(b)));
     let mut by_namespace: Vec<usize> = (0..items.len()).collect();
-    by_namespace.sort_by(|&a, &b| {
-        namespaces[a].cmp(namespaces[b]).then_with(|| larger_first(&items[a], &items[b]))
-    });
+    by_namespace.sort_by(|&a, &b| namespaces[a].cmp(namespaces[b]).then_with(|| larger_first(&items[a], &items[b])));
     let mut rounds = vec![0_usize; items.len()];
     for pair in by_namespace.windows(2) {
         if namespaces[pair[0]] == namespaces[pair[1]] {

@@ -465,6 +465,37 @@ fn a_provider_needs_an_issuer_an_audience_and_claims_of_its_own() {
     }
 }
 
+/// The memo finds a token by its tail and compares it whole: a token made
+/// to end as a remembered one does (its signature copied onto other
+/// claims of the same length) is not taken for it, and costs its
+/// verification, which refuses it; the remembered one stays.
+#[test]
+fn a_token_ending_as_a_remembered_one_is_not_taken_for_it() {
+    let signer = rsa_signer();
+    let corp = provider([&signer.jwk]);
+    let provider_for = |issuer: &str| (issuer == ISSUER).then_some(&corp);
+    let mut memo = TokenMemo::new(8);
+    let verifications = Cell::new(0);
+    let counted = |token: &str, provider: &Provider, now| {
+        verifications.set(verifications.get() + 1);
+        verify(token, provider, now)
+    };
+    let genuine = token(&signer, &claims());
+    assert_eq!(&*memo.verify_with(&genuine, now(), provider_for, counted).unwrap().user, "ada@example.com");
+    let other = token(&signer, &claims_with(json!({"email": "eve@example.com"})));
+    let (signed_part, _) = other.rsplit_once('.').unwrap();
+    let (_, signature) = genuine.rsplit_once('.').unwrap();
+    let forged = format!("{signed_part}.{signature}");
+    assert_eq!(forged.len(), genuine.len());
+    assert_eq!(forged.as_bytes()[forged.len() - 32..], genuine.as_bytes()[genuine.len() - 32..], "the same tail");
+    assert_ne!(forged, genuine);
+    assert!(memo.remembered(forged.as_bytes(), now(), provider_for).is_none(), "not found as the genuine one");
+    assert_eq!(memo.verify_with(&forged, now(), provider_for, counted), Err(Refusal::BadSignature));
+    assert_eq!(verifications.get(), 2, "checked, not remembered");
+    let still = memo.remembered(genuine.as_bytes(), now(), provider_for).unwrap();
+    assert_eq!((&*still.user, memo.len()), ("ada@example.com", 1), "the genuine one stays remembered");
+}
+
 #[test]
 fn the_memo_remembers_a_verified_token_until_it_expires() {
     let signer = rsa_signer();

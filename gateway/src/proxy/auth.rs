@@ -104,7 +104,7 @@ fn serve_token<'s>(
     verified: Arc<Verified>,
     now: jiff::Timestamp,
 ) -> Result<Caller<'s>, GatewayError> {
-    let asked = headers.get(GRANT_HEADER).map(http::HeaderValue::as_bytes);
+    let asked = headers.get(&GRANT_HEADER).map(http::HeaderValue::as_bytes);
     let grant = identity.grant_for(&verified, asked).map_err(|refused| match refused {
         NotGranted::NoGrant => GatewayError::NoGrant(false),
         NotGranted::NotInNamedGrant => GatewayError::NoGrant(true),

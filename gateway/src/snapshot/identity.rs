@@ -23,7 +23,7 @@ use crate::limit::members::Members;
 use waycast_crds::identity_config::SERVICE_ACCOUNT_SUBJECT;
 
 /// The header a caller names one of its grants with, when several serve it.
-pub const GRANT_HEADER: &str = "x-waycast-grant";
+pub const GRANT_HEADER: http::HeaderName = http::HeaderName::from_static("x-waycast-grant");
 
 /// Who a config trusts and what it grants them.
 #[derive(Default)]
