@@ -26,6 +26,7 @@ pub mod ledger;
 mod refused;
 mod report;
 pub mod screen;
+pub mod served;
 
 use std::collections::BTreeMap;
 use std::io::Read as _;
@@ -55,7 +56,8 @@ use crate::render::selector_labels;
 use key_writes::{KeyUsage, KeyWrites, write_key_statuses};
 pub use key_writes::{USAGE_MANAGER, WRITES_PER_SECOND};
 use ledger::Ledger;
-use screen::{Refusal, Served, served_by};
+use screen::Refusal;
+use served::{Served, served_by};
 
 /// How often the pods are asked. A budget without Redis is passed by at
 /// most what the fleet spends beyond its reservations in flight (each

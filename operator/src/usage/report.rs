@@ -15,7 +15,8 @@ use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use waycast_crds::usage::UsageReport;
 
-use super::screen::{Refusal, Served, screen};
+use super::screen::{Refusal, screen};
+use super::served::Served;
 use crate::render::meta::ADMIN_PORT;
 
 /// How long one pod has to answer, whole.
