@@ -11,6 +11,7 @@
 //!
 //! Mocks only the inference upstream: everything else in the tests is real.
 
+mod beside_chat;
 pub mod collector;
 pub mod desync;
 pub mod fixtures;

@@ -327,6 +327,9 @@ async fn respond(
     let completion_tokens = chunks as u64;
     let stream = request_json["stream"].as_bool() == Some(true);
     let include_usage = request_json["stream_options"]["include_usage"].as_bool() == Some(true);
+    if let Some(body) = crate::beside_chat::answer(parts.uri.path(), &model, prompt_tokens) {
+        return Ok(json_response(StatusCode::OK, &body));
+    }
     let kind = match parts.uri.path() {
         "/v1/models" => {
             return Ok(json_response(

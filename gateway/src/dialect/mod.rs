@@ -59,6 +59,32 @@ pub enum StreamUsage {
     WhenAsked,
 }
 
+/// Where a path is on a backend, from its base URL (`http://vllm:8000/v1`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamAt {
+    /// What follows `/v1` in the client's path, after the base URL's path
+    /// (`/v1/rerank` → `http://vllm:8000/v1/rerank`).
+    UnderBase,
+    /// The client's path at the server's root: the base URL's path less a
+    /// last `/v1` (`/tokenize` → `http://vllm:8000/tokenize`), where vLLM
+    /// and SGLang serve their tokenizers.
+    AtRoot,
+}
+
+/// Whether a path's answers are charged tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenCharge {
+    /// What its answer's usage reports (or the estimate without one), as a
+    /// chat's: token limits, budgets, prices, usage.
+    Used,
+    /// Nothing: a tokenizer's call generates nothing and reads no prompt
+    /// through a model. Its requests are counted (request limits, the
+    /// access line, metrics); its tokens never (Claude Code counts its
+    /// whole context this way many times a turn: charged, it would spend
+    /// a budget on counting).
+    Never,
+}
+
 /// An inference API the gateway forwards to a model's backends.
 #[derive(Debug)]
 pub struct Api {
@@ -71,23 +97,51 @@ pub struct Api {
     pub operation: &'static str,
     /// How its streams report usage.
     pub stream_usage: StreamUsage,
+    /// Where it is on a backend.
+    pub upstream: UpstreamAt,
+    /// Whether its answers are charged tokens.
+    pub tokens: TokenCharge,
 }
 
 /// The inference APIs, in the order a backend's upstream paths are built
 /// (a request's endpoint is an index here). A `static`, not a `const`: a
 /// row's strings are the same pointers wherever they are read (telemetry
 /// compares the operation's by pointer).
-pub static APIS: [Api; 5] = [
+pub static APIS: [Api; 11] = [
     Api::new("/v1/chat/completions", Dialect::OpenAi, "chat", StreamUsage::WhenAsked),
     Api::new("/v1/completions", Dialect::OpenAi, "text_completion", StreamUsage::WhenAsked),
     Api::new("/v1/embeddings", Dialect::OpenAi, "embeddings", StreamUsage::Always),
     Api::new("/v1/responses", Dialect::OpenAi, "chat", StreamUsage::Always),
     Api::new("/v1/messages", Dialect::Anthropic, "chat", StreamUsage::Always),
+    // Claude Code's context count: the backend's own when it has one.
+    Api::new("/v1/messages/count_tokens", Dialect::Anthropic, "count_tokens", StreamUsage::Always).free(),
+    // vLLM's and SGLang's, called by RAG stacks.
+    Api::new("/v1/rerank", Dialect::OpenAi, "rerank", StreamUsage::Always),
+    Api::new("/v1/score", Dialect::OpenAi, "score", StreamUsage::Always),
+    Api::new("/tokenize", Dialect::OpenAi, "tokenize", StreamUsage::Always).free().at_root(),
+    Api::new("/detokenize", Dialect::OpenAi, "detokenize", StreamUsage::Always).free().at_root(),
+    Api::new("/v1/moderations", Dialect::OpenAi, "moderation", StreamUsage::Always),
 ];
 
 impl Api {
     const fn new(path: &'static str, dialect: Dialect, operation: &'static str, stream_usage: StreamUsage) -> Self {
-        Self { path, dialect, operation, stream_usage }
+        Self { path, dialect, operation, stream_usage, upstream: UpstreamAt::UnderBase, tokens: TokenCharge::Used }
+    }
+
+    const fn free(self) -> Self {
+        Self { tokens: TokenCharge::Never, ..self }
+    }
+
+    const fn at_root(self) -> Self {
+        Self { upstream: UpstreamAt::AtRoot, ..self }
+    }
+
+    /// Its path on a backend whose base URL's path is `base_path`.
+    pub fn upstream_path(&self, base_path: &str) -> String {
+        match self.upstream {
+            UpstreamAt::UnderBase => format!("{base_path}{}", &self.path["/v1".len()..]),
+            UpstreamAt::AtRoot => format!("{}{}", base_path.strip_suffix("/v1").unwrap_or(base_path), self.path),
+        }
     }
 }
 
@@ -141,12 +195,18 @@ mod tests {
     /// its own shape.
     #[test]
     fn apis_are_served_in_their_dialect() {
-        let rows: [(&str, Dialect, &str, StreamUsage); 5] = [
+        let rows: [(&str, Dialect, &str, StreamUsage); 11] = [
             ("/v1/chat/completions", Dialect::OpenAi, "chat", StreamUsage::WhenAsked),
             ("/v1/completions", Dialect::OpenAi, "text_completion", StreamUsage::WhenAsked),
             ("/v1/embeddings", Dialect::OpenAi, "embeddings", StreamUsage::Always),
             ("/v1/responses", Dialect::OpenAi, "chat", StreamUsage::Always),
             ("/v1/messages", Dialect::Anthropic, "chat", StreamUsage::Always),
+            ("/v1/messages/count_tokens", Dialect::Anthropic, "count_tokens", StreamUsage::Always),
+            ("/v1/rerank", Dialect::OpenAi, "rerank", StreamUsage::Always),
+            ("/v1/score", Dialect::OpenAi, "score", StreamUsage::Always),
+            ("/tokenize", Dialect::OpenAi, "tokenize", StreamUsage::Always),
+            ("/detokenize", Dialect::OpenAi, "detokenize", StreamUsage::Always),
+            ("/v1/moderations", Dialect::OpenAi, "moderation", StreamUsage::Always),
         ];
         for (path, dialect, operation, stream_usage) in rows {
             let api = &APIS[api_at(path).unwrap_or_else(|| panic!("{path} is not served"))];
@@ -163,7 +223,22 @@ mod tests {
             assert!(shaped, "{path}: {body}");
         }
         assert_eq!(api_at("/v1/models"), None, "the gateway's own, not forwarded");
+        assert_eq!(api_at("/v1/tokenize"), None, "vLLM's tokenizer is at the root");
         assert_eq!(api_at("/v1/messages/"), None);
+    }
+
+    /// Where each path is on a backend, and which are charged tokens.
+    #[test]
+    fn each_api_is_at_its_place_on_a_backend_and_only_tokenizers_are_free() {
+        let at = |path: &str, base: &str| APIS[api_at(path).unwrap()].upstream_path(base);
+        assert_eq!(at("/v1/chat/completions", "/v1"), "/v1/chat/completions");
+        assert_eq!(at("/v1/rerank", "/openai/v1"), "/openai/v1/rerank");
+        assert_eq!(at("/v1/messages/count_tokens", "/v1"), "/v1/messages/count_tokens");
+        assert_eq!(at("/tokenize", "/v1"), "/tokenize");
+        assert_eq!(at("/detokenize", "/serving/v1"), "/serving/detokenize");
+        assert_eq!(at("/tokenize", ""), "/tokenize", "a base URL without /v1");
+        let free: Vec<&str> = APIS.iter().filter(|api| api.tokens == TokenCharge::Never).map(|api| api.path).collect();
+        assert_eq!(free, ["/v1/messages/count_tokens", "/tokenize", "/detokenize"]);
     }
 
     /// The usage names of every dialect, each with one meaning.

@@ -25,6 +25,9 @@ pub struct Reservation {
     pub request_bytes: u64,
     /// The output bound in it, for every choice asked for.
     pub output: u64,
+    /// A call charged no tokens whatever it reports (a tokenizer's:
+    /// `crate::dialect::TokenCharge::Never`).
+    pub free: bool,
 }
 
 /// What a response sent the client, for an estimate of its tokens when it
@@ -52,7 +55,12 @@ impl Reservation {
         let request_bytes = u64::try_from(request_bytes).unwrap_or(u64::MAX);
         let each = max_tokens.or(default_output).unwrap_or(DEFAULT_OUTPUT_RESERVATION);
         let output = each.saturating_mul(choices.max(1));
-        Self { tokens: request_bytes.div_ceil(4).saturating_add(output), request_bytes, output }
+        Self { tokens: request_bytes.div_ceil(4).saturating_add(output), request_bytes, output, free: false }
+    }
+
+    /// For a call charged no tokens: it reserves none and settles none.
+    pub fn free() -> Self {
+        Self { free: true, ..Self::default() }
     }
 
     /// The tokens a finished response is charged when it was read to its
@@ -70,7 +78,7 @@ impl Reservation {
     /// token limits, the fair queue's seat, the cost and the usage record
     /// all take it.
     ///
-    /// - [`Ending::Unserved`]: charged nothing.
+    /// - [`Ending::Unserved`], or a free call: charged nothing.
     /// - Otherwise its reported `usage` (prompt, cached, completion), capped
     ///   at what is plausible — a prompt token per request byte plus
     ///   [`PROMPT_ALLOWANCE`], a completion token per byte relayed — and,
@@ -85,7 +93,7 @@ impl Reservation {
     /// Never capped at the reservation: a client that reads more than it
     /// reserved and leaves pays for what it read.
     pub fn charged(&self, ending: Ending, usage: Option<(u64, u64, u64)>, relayed: Relayed) -> Charged {
-        if ending == Ending::Unserved {
+        if ending == Ending::Unserved || self.free {
             return Charged::default();
         }
         if let Some((prompt, cached, completion)) = usage {

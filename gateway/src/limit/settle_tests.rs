@@ -25,7 +25,7 @@ use super::*;
 
 /// 400 request bytes (a prompt estimate of 100 tokens), 50 output tokens
 /// bound.
-const RESERVATION: Reservation = Reservation { tokens: 150, request_bytes: 400, output: 50 };
+const RESERVATION: Reservation = Reservation { tokens: 150, request_bytes: 400, output: 50, free: false };
 /// Tokens per minute of the key's token limit.
 const TOKEN_LIMIT: u64 = 1_000;
 

@@ -63,7 +63,7 @@ fn a_refusal_by_the_model_does_not_use_up_the_key() {
 }
 
 fn reserve(tokens: u64) -> Reservation {
-    Reservation { tokens, request_bytes: 0, output: tokens }
+    Reservation { tokens, request_bytes: 0, output: tokens, free: false }
 }
 
 #[test]

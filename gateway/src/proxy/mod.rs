@@ -158,8 +158,14 @@ async fn serve(
         held.priced = Some(Priced::of(prices, counted_in, own_name));
     }
 
-    let reservation =
-        Reservation::for_request(body.len(), fields.max_tokens, fields.choices, route.output_token_reservation);
+    // A tokenizer's call is never charged tokens: it reserves none and
+    // settles none, whatever it reports.
+    let charged = crate::dialect::APIS[endpoint_index].tokens == crate::dialect::TokenCharge::Used;
+    let reservation = if charged {
+        Reservation::for_request(body.len(), fields.max_tokens, fields.choices, route.output_token_reservation)
+    } else {
+        Reservation::free()
+    };
     let user_budgets = member.as_ref().map_or(&[][..], |member| &member.budgets);
     let budgets = Budgets {
         key: key.budgets(),

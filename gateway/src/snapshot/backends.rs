@@ -199,7 +199,7 @@ pub(super) fn build_route(model: &ModelConfig, owner: NamespaceId, lent: &Resour
         // (`crate::dialect::APIS`), in its order.
         let paths = crate::dialect::APIS
             .iter()
-            .map(|api| http::uri::PathAndQuery::try_from(format!("{base_path}{}{query}", &api.path["/v1".len()..])))
+            .map(|api| http::uri::PathAndQuery::try_from(format!("{}{query}", api.upstream_path(&base_path))))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|_| bad_url("the path does not form valid request paths"))?;
         let default_port = if scheme == Scheme::HTTPS { 443 } else { 80 };
