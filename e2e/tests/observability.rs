@@ -22,7 +22,9 @@ use waycast_e2e::cluster::images;
 use waycast_e2e::harness::{shared_cluster_with_node, test_namespace};
 use waycast_e2e::manifest::{self, object};
 use waycast_e2e::wait::{Patience, Seen, await_condition, await_object_condition, condition, within};
-use waycast_e2e::workloads::{apply_values, deployment, generated_key, repository_root, service, wait_pods_ready};
+use waycast_e2e::workloads::{
+    apply_values, deployment, generated_key, metric_sample, repository_root, service, wait_endpoints, wait_pods_ready,
+};
 use waycast_mock::fixtures as fixture;
 
 const RELEASE_NAMESPACE: &str = "waycast-system";
@@ -232,9 +234,20 @@ async fn every_dashboard_query_and_alert_returns_data_from_a_real_prometheus() {
     )
     .await
     .unwrap();
-    for _ in 0..8 {
+    // Refused attempts are retried only on endpoints the gateway has been
+    // told of: wait for both, then send until the gateway counts retries.
+    let refusing_service = format!("{namespace}/refusing:8001");
+    wait_endpoints(&client, &namespace, &refusing_service, 2, Duration::from_secs(60)).await.unwrap();
+    let admin = format!("http://{gateway_pod}:9090/metrics");
+    let mut refused_sent = 0;
+    await_condition("the gateway counts retries", within(Duration::from_secs(60)).every(Duration::ZERO), async || {
         send(&url, &steady, &chat("refusing-llm"), &[]).await;
-    }
+        refused_sent += 1;
+        let retries = metric_sample(&admin, "waycast_gateway_upstream_retries_total{").await;
+        Seen::when(refused_sent >= 8 && retries.is_some_and(|n| n > 0.0), format_args!("{retries:?} after {refused_sent}"))
+    })
+    .await
+    .unwrap();
     // A small reservation each (max_tokens), so the day is spent, not
     // refused at its first request.
     let small = chat("observed-llm").replacen('{', r#"{"max_tokens":16,"#, 1);
