@@ -132,6 +132,18 @@ pub struct Backend {
     #[schemars(range(min = 0, max = 100))]
     pub priority: Option<i32>,
 
+    /// The API the backend speaks, which decides what the gateway passes
+    /// through and what it translates: `OpenAI` (the default: every path
+    /// passed through as the client sent it, `/v1/messages` included, as
+    /// vLLM serves it), `OpenAIChat` (OpenAI's paths but no Messages API:
+    /// SGLang, TGI, Ollama, most OpenAI-compatible providers; Messages
+    /// clients are translated to chat completions and `count_tokens` is
+    /// answered by the gateway) or `Anthropic` (Messages only, as
+    /// api.anthropic.com: chat completions clients are translated to
+    /// Messages; other OpenAI paths are refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<BackendFormat>,
+
     /// TLS to an `https` backend: a private CA (`caSecretRef`), a client
     /// certificate (`clientCertSecretRef`, a `kubernetes.io/tls` Secret) and
     /// the name the server's certificate carries (`serverName`; with it, a
@@ -140,6 +152,35 @@ pub struct Backend {
     /// `waycast.dev/credential: "true"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<crate::common::ClientTls>,
+}
+
+/// The API a backend speaks (see [`Backend::format`]).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+pub enum BackendFormat {
+    /// OpenAI's paths and whatever else the server serves: everything
+    /// passed through.
+    #[default]
+    OpenAI,
+    /// OpenAI's paths without Anthropic's Messages API: Messages clients
+    /// translated to chat completions.
+    OpenAIChat,
+    /// Anthropic's Messages API only: chat completions clients translated
+    /// to it.
+    Anthropic,
+}
+
+/// How a backend's credential is sent (see [`BackendAuth::style`]).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum AuthStyle {
+    /// `Authorization: Bearer <credential>`, or the credential as it is in
+    /// `header` when one is named.
+    #[default]
+    Bearer,
+    /// Anthropic's: `x-api-key: <credential>` and `anthropic-version: 2023-06-01`.
+    Anthropic,
+    /// Azure OpenAI's: `api-key: <credential>` (the deployment is in the
+    /// URL's path and `api-version` in its query).
+    AzureOpenAI,
 }
 
 /// A Service backend.
@@ -162,6 +203,7 @@ pub struct ServiceBackend {
 /// the label `waycast.dev/credential: "true"`: the operator reads no other
 /// Secret of a team.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, kube::KubeSchema)]
+#[x_kube(validation = Rule::new("!(has(self.header) && has(self.style))").message("auth takes a header or a style, not both"))]
 #[serde(rename_all = "camelCase")]
 pub struct BackendAuth {
     /// The Secret key holding the credential.
@@ -173,6 +215,11 @@ pub struct BackendAuth {
     #[schemars(length(min = 1, max = 256), pattern(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$"))]
     #[x_kube(validation = Rule::new("!(self.lowerAscii() in ['host', 'content-length', 'transfer-encoding', 'connection', 'upgrade', 'te', 'trailer', 'keep-alive', 'proxy-connection'])").message("header must not be Host, Content-Length or a hop-by-hop header: the gateway sets those itself"))]
     pub header: Option<String>,
+    /// The provider's way of sending it: `Bearer` (the default),
+    /// `Anthropic` (`x-api-key` and `anthropic-version`) or `AzureOpenAI`
+    /// (`api-key`). Not with `header`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub style: Option<AuthStyle>,
 }
 
 #[cfg(test)]

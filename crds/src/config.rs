@@ -183,6 +183,13 @@ pub struct BackendConfig {
     /// certificate, the URL's host.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<ClientTlsConfig>,
+    /// The API it speaks: what is passed through and what translated.
+    #[serde(default, skip_serializing_if = "is_default_format")]
+    pub format: crate::backend::BackendFormat,
+}
+
+fn is_default_format(format: &crate::backend::BackendFormat) -> bool {
+    *format == crate::backend::BackendFormat::OpenAI
 }
 
 fn is_zero(value: &u32) -> bool {
@@ -205,6 +212,7 @@ impl BackendConfig {
             endpoints: None,
             priority: 0,
             tls: None,
+            format: crate::backend::BackendFormat::OpenAI,
         }
     }
 }
@@ -220,6 +228,7 @@ impl fmt::Debug for BackendConfig {
             .field("endpoints", &self.endpoints)
             .field("priority", &self.priority)
             .field("tls", &self.tls)
+            .field("format", &self.format)
             .finish()
     }
 }

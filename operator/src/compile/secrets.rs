@@ -4,6 +4,7 @@
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt as _;
+use waycast_crds::backend::AuthStyle;
 use waycast_crds::condition::reasons;
 use waycast_crds::config::ClientTlsConfig;
 use waycast_crds::model_endpoint::BackendAuth;
@@ -28,21 +29,35 @@ pub const TOO_LARGE: &str = "holds more than 262144 bytes (a key Secret: countin
 
 const _: () = assert!(MAX_SECRET_BYTES == 262_144 && KEPT_VALUE_BYTES == 256, "TOO_LARGE names both");
 
-/// The header an upstream credential is sent in: `Authorization: Bearer
-/// <value>` by default, the value as it is in any other header.
+/// The headers an upstream credential is sent in: `Authorization: Bearer
+/// <value>` by default, the value as it is in any other header named, or
+/// the provider's own (`style`).
 pub(super) fn credential(
     index: usize,
     auth: &BackendAuth,
     namespace: &str,
     inputs: &Inputs<'_>,
-) -> Result<(String, String), Verdict> {
+) -> Result<Vec<(String, String)>, Verdict> {
     let field = format!("spec.backends[{index}].auth");
     let reference = &auth.secret_ref;
     let secret = opted_in_secret(&field, namespace, &reference.name, inputs)?;
     let value = secret_text(&field, namespace, secret, &reference.key, inputs)?.trim().to_owned();
-    let header = auth.header.as_deref().unwrap_or("authorization").to_ascii_lowercase();
-    if header == "authorization" { Ok((header, format!("Bearer {value}"))) } else { Ok((header, value)) }
+    let header = |name: &str, value: String| (name.to_owned(), value);
+    Ok(match auth.style.unwrap_or_default() {
+        AuthStyle::Anthropic => {
+            vec![header("x-api-key", value), header("anthropic-version", ANTHROPIC_VERSION.to_owned())]
+        }
+        AuthStyle::AzureOpenAI => vec![header("api-key", value)],
+        AuthStyle::Bearer => match auth.header.as_deref().map(str::to_ascii_lowercase) {
+            Some(named) if named != "authorization" => vec![(named, value)],
+            _ => vec![header("authorization", format!("Bearer {value}"))],
+        },
+    })
 }
+
+/// The Messages API version the gateway asks an Anthropic-style backend
+/// for (the one every current Anthropic SDK sends).
+pub const ANTHROPIC_VERSION: &str = "2023-06-01";
 
 /// A backend's TLS settings with the PEM material read from the
 /// ModelEndpoint's namespace (opted-in Secrets only, as for credentials).

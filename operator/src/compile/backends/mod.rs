@@ -59,8 +59,7 @@ fn finish(backend: &Backend, target: Target, scope: &Scope<'_>) -> Result<Backen
     let Scope { index, namespace, inputs, .. } = *scope;
     let mut headers = BTreeMap::new();
     if let Some(auth) = &backend.auth {
-        let (name, value) = credential(index, auth, namespace, inputs)?;
-        headers.insert(name, value);
+        headers.extend(credential(index, auth, namespace, inputs)?);
     }
     let mut config = BackendConfig::to(target.url);
     config.model = backend.model.clone();
@@ -68,6 +67,7 @@ fn finish(backend: &Backend, target: Target, scope: &Scope<'_>) -> Result<Backen
     config.headers = headers;
     config.endpoints = target.endpoints;
     config.priority = backend.priority.and_then(|p| u32::try_from(p).ok()).unwrap_or(0);
+    config.format = backend.format.unwrap_or_default();
     config.tls = backend.tls.as_ref().map(|tls| backend_tls(index, tls, namespace, inputs)).transpose()?;
     Ok(config)
 }

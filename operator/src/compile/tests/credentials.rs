@@ -9,6 +9,7 @@ fn upstream_credentials_go_into_headers() {
     let auth = |header: Option<&str>| BackendAuth {
         secret_ref: SecretKeyRef { name: "openai".into(), key: "api-key".into() },
         header: header.map(Into::into),
+        style: None,
     };
     let mut openai = model_endpoint(
         "demo",
@@ -34,6 +35,50 @@ fn upstream_credentials_go_into_headers() {
     assert_eq!(route.backends[1].weight, 0);
 }
 
+/// Anthropic's and Azure OpenAI's ways of sending a credential, and the
+/// format a backend speaks, compiled into the config.
+#[test]
+fn provider_auth_styles_and_formats_are_compiled() {
+    use waycast_crds::backend::{AuthStyle, BackendFormat};
+    let mut world = World::quickstart();
+    world.secrets.push(credential("demo", "provider", "key", "sk-provider\n"));
+    let backend = |url: &str, style: AuthStyle, format: Option<BackendFormat>| Backend {
+        url: Some(url.into()),
+        auth: Some(BackendAuth {
+            secret_ref: SecretKeyRef { name: "provider".into(), key: "key".into() },
+            header: None,
+            style: Some(style),
+        }),
+        format,
+        ..Backend::default()
+    };
+    let mut claude = model_endpoint(
+        "demo",
+        "claude",
+        10,
+        "claude",
+        vec![backend("https://api.anthropic.com/v1", AuthStyle::Anthropic, Some(BackendFormat::Anthropic))],
+    );
+    claude.spec.backends.push(backend(
+        "https://res.openai.azure.com/openai/deployments/gpt-4o?api-version=2024-10-21",
+        AuthStyle::AzureOpenAI,
+        None,
+    ));
+    world.models.push(claude);
+    let compiled = world.compile();
+    let route = compiled.config.models.iter().find(|m| m.name == "claude").unwrap();
+    let headers = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs.iter().map(|(name, value)| ((*name).to_owned(), (*value).to_owned())).collect()
+    };
+    assert_eq!(
+        route.backends[0].headers,
+        headers(&[("anthropic-version", "2023-06-01"), ("x-api-key", "sk-provider")])
+    );
+    assert_eq!(route.backends[0].format, BackendFormat::Anthropic);
+    assert_eq!(route.backends[1].headers, headers(&[("api-key", "sk-provider")]));
+    assert_eq!(route.backends[1].format, BackendFormat::OpenAI);
+}
+
 /// Only opted-in Secrets are sent upstream; a key Secret can never be.
 #[test]
 fn credentials_need_the_opt_in_label() {
@@ -47,8 +92,11 @@ fn credentials_need_the_opt_in_label() {
             name,
             vec![Backend { url: Some("https://api.example.com/v1".into()), ..Backend::default() }],
         );
-        endpoint.spec.backends[0].auth =
-            Some(BackendAuth { secret_ref: SecretKeyRef { name: secret.into(), key: key.into() }, header: None });
+        endpoint.spec.backends[0].auth = Some(BackendAuth {
+            secret_ref: SecretKeyRef { name: secret.into(), key: key.into() },
+            header: None,
+            style: None,
+        });
         endpoint
     };
     // A key Secret opted in as a credential too: kept as digests, never
@@ -123,8 +171,11 @@ fn an_object_naming_a_secret_too_large_to_read_is_refused_alone() {
         "external",
         vec![Backend { url: Some("https://api.example.com/v1".into()), ..Backend::default() }],
     );
-    endpoint.spec.backends[0].auth =
-        Some(BackendAuth { secret_ref: SecretKeyRef { name: "huge".into(), key: "k".into() }, header: None });
+    endpoint.spec.backends[0].auth = Some(BackendAuth {
+        secret_ref: SecretKeyRef { name: "huge".into(), key: "k".into() },
+        header: None,
+        style: None,
+    });
     world.models.push(endpoint);
     world.secrets.push(credential("demo", "huge", "k", "sk-whatever"));
     let mut catalog =

@@ -78,8 +78,11 @@ fn bad_backend_references_fail_only_their_own_route() {
         "d",
         vec![Backend { url: Some("https://x.example/v1".into()), ..Backend::default() }],
     );
-    no_secret.spec.backends[0].auth =
-        Some(BackendAuth { secret_ref: SecretKeyRef { name: "creds".into(), key: "k".into() }, header: None });
+    no_secret.spec.backends[0].auth = Some(BackendAuth {
+        secret_ref: SecretKeyRef { name: "creds".into(), key: "k".into() },
+        header: None,
+        style: None,
+    });
     world.models.push(no_secret);
     let compiled = world.compile();
     for (name, reason) in [
@@ -130,10 +133,14 @@ fn an_object_the_gateway_would_refuse_is_left_out_alone() {
     host.spec.backends[0].auth = Some(BackendAuth {
         secret_ref: SecretKeyRef { name: "bad-cred".into(), key: "k".into() },
         header: Some("Host".into()),
+        style: None,
     });
     let mut control = model_endpoint("demo", "control", 4, "control", vec![url("https://a.example/v1")]);
-    control.spec.backends[0].auth =
-        Some(BackendAuth { secret_ref: SecretKeyRef { name: "bad-cred".into(), key: "k".into() }, header: None });
+    control.spec.backends[0].auth = Some(BackendAuth {
+        secret_ref: SecretKeyRef { name: "bad-cred".into(), key: "k".into() },
+        header: None,
+        style: None,
+    });
     let metadata = model_endpoint("demo", "metadata", 5, "metadata", vec![url("http://169.254.169.254/latest")]);
     let azure = model_endpoint(
         "demo",
