@@ -102,6 +102,15 @@ pub enum GatewayError {
     /// client's dialect with the upstream's status, so SDKs can parse it.
     #[error("the upstream for model '{0}' answered HTTP {1} without a JSON error body")]
     UpstreamNotJson(String, u16),
+    /// The request cannot be translated for the model's backend (a field
+    /// with no counterpart in the backend's API: its path and why).
+    #[error("this request cannot be sent to model '{0}': {1}")]
+    Untranslatable(String, String),
+    /// The model's backends do not offer the API asked for (a path of
+    /// OpenAI's on an Anthropic-format backend, `/v1/responses` on a
+    /// chat-only one).
+    #[error("model '{0}' does not offer {1}: its backends do not serve it")]
+    NotOffered(String, &'static str),
     /// The upstream did not answer in time.
     #[error("upstream for model '{0}' did not respond in time")]
     UpstreamTimeout(String),
@@ -183,10 +192,10 @@ impl GatewayError {
                 StatusCode::UNAUTHORIZED
             }
             ModelNotAllowed(_) | BudgetCurrency { .. } => StatusCode::FORBIDDEN,
-            UnknownModel(_) | NotFound(_) => StatusCode::NOT_FOUND,
+            UnknownModel(_) | NotFound(_) | NotOffered(..) => StatusCode::NOT_FOUND,
             BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             InvalidJson(_) | NotAnObject | MissingModel | ModelNotString | InvalidField(..) | DuplicateModel
-            | AmbiguousLength | BodyRead => StatusCode::BAD_REQUEST,
+            | AmbiguousLength | BodyRead | Untranslatable(..) => StatusCode::BAD_REQUEST,
             HeadersTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
@@ -233,6 +242,8 @@ impl GatewayError {
             UpstreamNotJson(..) => "upstream_error",
             UpstreamFailed(_) => "upstream_failed",
             UpstreamTimeout(_) => "upstream_timeout",
+            Untranslatable(..) => "untranslatable_request",
+            NotOffered(..) => "unsupported_endpoint",
             NotReady => "not_ready",
             RateLimited(_) => "rate_limit_exceeded",
             RateLimitUnavailable(_) => "rate_limit_unavailable",

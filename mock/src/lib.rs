@@ -21,5 +21,6 @@ mod openai;
 pub mod pki;
 pub mod sink;
 pub mod tokens;
+mod tools;
 pub mod upstream;
 pub mod vllm;

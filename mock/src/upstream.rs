@@ -20,6 +20,9 @@
 //! | `x-mock-chunked: true` | send a non-streaming body with chunked encoding |
 //! | `x-mock-burn-ms: N` | spin the CPU for N ms first (autoscaling tests) |
 //!
+//! A request offering `tools` is answered with a call of the first one
+//! (`crate::tools`) unless its last message is a tool's result.
+//!
 //! Every answer carries `x-mock-pod: <host name>:<port>` (which pod served).
 //!
 //! Usage is reported as OpenAI (`prompt_tokens`/`completion_tokens`, in the
@@ -348,8 +351,12 @@ async fn respond(
         }
     };
     let usage = Usage { prompt: prompt_tokens, completion: completion_tokens };
+    let tool_call = crate::tools::call_for(&request_json, kind);
     if stream && kind != Kind::Embedding {
-        let events = stream_events(kind, &model, chunks, usage, include_usage);
+        let events = match &tool_call {
+            Some(call) => call.stream_events(kind, &model, usage, include_usage),
+            None => stream_events(kind, &model, chunks, usage, include_usage),
+        };
         let stall_after = match stall.as_str() {
             "body" => Some(1),
             "usage" => Some(chunks),
@@ -362,7 +369,10 @@ async fn respond(
         tokio::time::sleep(interval.saturating_mul(u32::try_from(chunks).unwrap_or(u32::MAX))).await;
         drop(slot);
     }
-    let body = complete_body(kind, &model, chunks, usage);
+    let body = match &tool_call {
+        Some(call) => call.complete_body(kind, &model, usage),
+        None => complete_body(kind, &model, chunks, usage),
+    };
     if headers.get("x-mock-chunked").is_some_and(|v| v == "true") {
         // Two frames and no Content-Length: hyper sends it chunked.
         let text = body.to_string();

@@ -12,6 +12,8 @@
 //!                                    openai::is_usage_only_event     proxy/sse.rs (the chunk the gateway asked for, taken out again)
 //! where usage is in a response       usage_count → UsageCount        proxy/usage.rs (the tap: the last and first `"usage"` objects)
 //! how an error body is written       Dialect::error_body             proxy/respond.rs (every error the gateway answers itself)
+//! what a backend's format makes of a request   plan::plan, plan::Translated   proxy/mod.rs (the body, once), proxy/forward.rs (path and body per backend)
+//! how its answer comes back          translate::answer               proxy/translated.rs (whole), proxy/stream.rs (event by event)
 //! ```
 //!
 //! Static dispatch: a `Dialect` is a `Copy` enum and each method a `match`
@@ -27,8 +29,8 @@
 
 pub mod anthropic;
 pub mod openai;
+pub mod plan;
 mod roles;
-#[allow(dead_code, unused_imports, reason = "translation core, not yet wired into the request path")]
 pub mod translate;
 
 use bytes::Bytes;

@@ -54,7 +54,7 @@ pub mod spend_reads;
 pub use admission::{Counters, Passed};
 pub use budget::{Budget, Exhausted};
 pub use charge::{Ending, Relayed, Reservation};
-pub use decision::{Admitted, Refusal, Refused, duration_text};
+pub use decision::{Admitted, RateHeaders, Refusal, Refused, duration_text};
 pub use in_redis::{Subject, budget_hash};
 pub use limiter::LimitSet;
 pub use pricing::{Budgets, CurrencyMismatch, Priced, budgets_asked};

@@ -10,6 +10,7 @@ use http::uri::PathAndQuery;
 use http::{Method, Response};
 
 use super::facts::{Tallies, Tally};
+use crate::dialect::plan::{Plan, Translated, plan};
 use crate::error::GatewayError;
 use crate::request_id::REQUEST_ID;
 use crate::snapshot::{Backend, Route};
@@ -28,6 +29,9 @@ pub struct Forwarded {
     pub headers_at: Instant,
     /// The endpoint it came from, counted in flight until this is dropped.
     pub in_flight: Option<InFlight>,
+    /// What was made of the request for the backend that answered: its
+    /// answer is translated back the same way.
+    pub plan: Plan,
 }
 
 /// What `send` needs from the client's request.
@@ -52,6 +56,16 @@ pub struct Outgoing<'a> {
     pub affinity: Option<u64>,
     /// The Inference Extension's headers to stamp, when the Gateway says so.
     pub inference: Option<Inference<'a>>,
+    /// The body translated for the backends that speak another API
+    /// (`crate::dialect::plan`); `None`: every backend speaks the client's.
+    pub translated: Option<&'a Translated>,
+}
+
+impl Outgoing<'_> {
+    /// What is made of this request on `backend`.
+    fn plan_on(&self, backend: &Backend) -> Plan {
+        if self.translated.is_some() { plan(self.endpoint, backend.format) } else { Plan::Pass }
+    }
 }
 
 /// What an llm-d or endpoint-picker backend reads of a request's owner:
@@ -110,6 +124,11 @@ pub async fn send(
     let mut overloaded = None;
     for index in route.backend_order() {
         let backend = &route.backends[index];
+        if outgoing.plan_on(backend) == Plan::NotServed {
+            let path = crate::dialect::APIS[outgoing.endpoint].path;
+            last_error = Some(GatewayError::NotOffered(route.name.to_string(), path));
+            continue;
+        }
         let endpoints = backend.endpoints.as_deref().and_then(|key| table.get_here(key)).filter(|set| !set.is_empty());
         let outcome = match endpoints {
             None => {
@@ -229,7 +248,10 @@ async fn send_to(
         .ok_or_else(|| Failure::Final(GatewayError::UpstreamFailed(route.name.to_string())))?;
     let sent_at = Instant::now();
     let answered = tokio::time::timeout(route.timeouts.first_byte, backend.client.request(request)).await;
-    let sent = answered_as(route, answered, sent_at, in_flight);
+    let mut sent = answered_as(route, answered, sent_at, in_flight);
+    if let Ok(forwarded) = &mut sent {
+        forwarded.plan = outgoing.plan_on(backend);
+    }
     if let (Some(trace), Some(begun), Some(endpoint)) = (trace, begun, endpoint) {
         // The span runs from the request sent to the response head (the
         // clock readings taken for the metrics), or to the failure.
@@ -262,7 +284,7 @@ fn answered_as(
             if let Some(flight) = &in_flight {
                 flight.endpoint().observe_response(headers_at - sent_at);
             }
-            Ok(Forwarded { response, sent_at, headers_at, in_flight })
+            Ok(Forwarded { response, sent_at, headers_at, in_flight, plan: Plan::Pass })
         }
         Ok(Err(error)) if error.is_connect() => {
             if error.is_egress_denied() {
@@ -300,7 +322,8 @@ fn build_request(
     traced: Option<&crate::telemetry::Upstream>,
 ) -> Option<UpstreamRequest> {
     let extra = &route.forward_headers;
-    let path = backend.paths.get(outgoing.endpoint)?;
+    let plan = outgoing.plan_on(backend);
+    let path = backend.paths.get(plan.upstream_endpoint(outgoing.endpoint))?;
     // The backend's own query (Azure's `api-version`) comes first, then the
     // client's parameters the model forwards; the rest of the client's
     // query is dropped (it could reach another upstream endpoint's options).
@@ -317,9 +340,11 @@ fn build_request(
             joined.as_str()
         }
     };
-    let body = match &backend.model_json {
-        Some(model) => rewrite(outgoing.body, outgoing.model_span.clone(), model),
-        None => outgoing.body.clone(),
+    let translated = outgoing.translated.and_then(|bodies| bodies.body_for(plan, backend.model_json.as_ref()));
+    let body = match (translated, &backend.model_json) {
+        (Some(body), _) => body,
+        (None, Some(model)) => rewrite(outgoing.body, outgoing.model_span.clone(), model),
+        (None, None) => outgoing.body.clone(),
     };
     let tls = backend.scheme == http::uri::Scheme::HTTPS;
     let mut head = UpstreamRequest::build(outgoing.method, tls, authority, target, body);
@@ -512,6 +537,7 @@ mod tests {
             client: &client,
             affinity: None,
             inference: None,
+            translated: None,
         };
         let backend = &route.backends[0];
         let request = build_request(route, backend, backend.authority.clone(), &outgoing, None).unwrap();

@@ -47,6 +47,7 @@ pub mod route;
 pub mod series;
 pub mod sse;
 pub mod stream;
+pub mod translated;
 pub mod usage;
 
 use std::convert::Infallible;
@@ -152,6 +153,15 @@ async fn serve(
     let fields = body::scan(&body, endpoint.dialect())?;
     facts.client_user = fields.client_user.as_deref().map(Box::from);
     let route = route::route(&snapshot, key, &fields.model)?.route;
+    // A backend that speaks another API: the body made its, once, before
+    // anything is counted (a field it cannot take is the client's 400).
+    let translated = if route.translates() {
+        let formats = route.backends.iter().map(|backend| backend.format);
+        let made = crate::dialect::plan::Translated::of(endpoint_index, formats, &body);
+        Some(made.map_err(|why| GatewayError::Untranslatable(route.name.to_string(), why.to_string()))?)
+    } else {
+        None
+    };
     (facts.model, facts.stream, facts.max_tokens) = (Some(own_name(&route.name)), fields.stream, fields.max_tokens);
     let counted_in = &*snapshot.settings.budgets.currency;
     if let Some(prices) = &route.prices {
@@ -200,6 +210,11 @@ async fn serve(
     if let Some(seat) = queue::take_turn(route, (key, line), reservation, (shared, shares), facts).await? {
         held.seat = Some(seat);
     }
+    let asked = translated.as_ref().map(|_| translated::ClientAsked {
+        model: &fields.model,
+        include_usage: asks_stream_usage(&body, &fields),
+        request_bytes: body.len(),
+    });
     let (body, model_span, strip_usage) = usage::body_to_send(&body, &fields, endpoint_index, held.charge.is_some());
 
     let outgoing = Outgoing {
@@ -213,12 +228,28 @@ async fn serve(
         client,
         affinity: route.balancing.affinity(&parts.headers, &body, fields.prompt_start),
         inference: forward::Inference::of(&snapshot.settings.sharing, key),
+        translated: translated.as_ref(),
     };
     facts.forwarded = true;
     let mut forwarded =
         forward::send(route, &outgoing, &shared.endpoints, (&mut facts.tallies, facts.trace.as_deref_mut())).await?;
     let answered = (forwarded.in_flight.take(), forwarded.sent_at.saturating_duration_since(body_done));
-    respond::relay(forwarded, route, admitted.as_ref(), strip_usage).inspect(|_| answered_by(answered, (facts, held)))
+    let answer = match asked.filter(|_| forwarded.plan != crate::dialect::plan::Plan::Pass) {
+        Some(asked) => {
+            let rate_headers = admitted.as_ref().map(|admitted| admitted.headers);
+            translated::answer(forwarded, route, rate_headers.as_ref(), asked).await
+        }
+        None => respond::relay(forwarded, route, admitted.as_ref(), strip_usage),
+    };
+    answer.inspect(|_| answered_by(answered, (facts, held)))
+}
+
+/// Whether a chat client asked for the usage chunk of its stream
+/// (`stream_options.include_usage: true`).
+fn asks_stream_usage(body: &[u8], fields: &body::RequestFields<'_>) -> bool {
+    let options = fields.stream_options.clone().and_then(|span| body.get(span));
+    let options = options.and_then(|text| serde_json::from_slice::<serde_json::Value>(text).ok());
+    options.is_some_and(|options| options.get("include_usage") == Some(&serde_json::Value::Bool(true)))
 }
 
 /// Holds the endpoint that answered (counted in flight until the request

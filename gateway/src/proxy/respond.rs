@@ -29,17 +29,22 @@ pub enum Answer {
     Own(Bytes),
     /// By relaying an upstream response.
     Relay(Relayed),
+    /// By an upstream answer read whole and translated for the client
+    /// (`super::translated`).
+    Whole(super::translated::Whole),
 }
 
 /// An upstream response ready to relay, and what the relay needs.
 pub struct Relayed {
-    head: http::response::Parts,
-    body: UpstreamBody,
-    idle_timeout: Duration,
-    usage_watch: UsageWatch,
+    pub(super) head: http::response::Parts,
+    pub(super) body: UpstreamBody,
+    pub(super) idle_timeout: Duration,
+    pub(super) usage_watch: UsageWatch,
     /// Request sent → response headers.
-    upstream_took: Duration,
-    headers_at: Instant,
+    pub(super) upstream_took: Duration,
+    pub(super) headers_at: Instant,
+    /// Makes a stream the client's dialect's, when the backend speaks another.
+    pub(super) translator: Option<Box<crate::dialect::translate::answer::StreamTranslator>>,
 }
 
 /// The response for `answer`, an error in `dialect`; the exchange is
@@ -57,11 +62,12 @@ pub fn response(answer: Result<Answer, GatewayError>, exchange: Exchange, dialec
                 &relayed.head,
                 relayed.idle_timeout,
                 relayed.usage_watch,
-                relayed.upstream_took,
-                relayed.headers_at,
+                (relayed.upstream_took, relayed.headers_at),
+                relayed.translator,
             );
             Response::from_parts(relayed.head, ProxyBody::Relay(relay))
         }
+        Ok(Answer::Whole(whole)) => whole.respond(exchange),
         Err(error) => {
             exchange.finish_without_body(error.status().as_u16(), Some(&error));
             dialect.error_response(&error)
@@ -86,10 +92,7 @@ pub fn relay(
         return Err(GatewayError::UpstreamNotJson(route.name.to_string(), upstream_status.as_u16()));
     }
     let (mut head, body) = forwarded.response.into_parts();
-    retain_returnable(&mut head.headers);
-    if let Some(admitted) = admitted {
-        admitted.headers.apply(&mut head.headers);
-    }
+    prepare_head(&mut head.headers, admitted.map(|admitted| &admitted.headers));
     let usage_watch = match (head.status.is_success(), strip_usage) {
         (false, _) => UsageWatch::Off,
         (true, false) => UsageWatch::Tap,
@@ -106,13 +109,19 @@ pub fn relay(
         usage_watch,
         upstream_took: forwarded.headers_at - forwarded.sent_at,
         headers_at: forwarded.headers_at,
+        translator: None,
     }))
 }
 
-fn retain_returnable(headers: &mut HeaderMap) {
+/// The upstream's response headers made the client's: hop-by-hop ones
+/// dropped, the rate-limit headers of the admission added.
+pub(super) fn prepare_head(headers: &mut HeaderMap, rate_headers: Option<&crate::limit::RateHeaders>) {
     let hop: Vec<_> = headers.keys().filter(|name| !forward::returnable(name)).cloned().collect();
     for name in hop {
         headers.remove(name);
+    }
+    if let Some(rate_headers) = rate_headers {
+        rate_headers.apply(headers);
     }
 }
 
@@ -227,7 +236,7 @@ fn is_json(headers: &HeaderMap) -> bool {
     })
 }
 
-fn json_response(body: Bytes) -> Response<ProxyBody> {
+pub(super) fn json_response(body: Bytes) -> Response<ProxyBody> {
     let mut response = Response::new(ProxyBody::from(body));
     *response.status_mut() = StatusCode::OK;
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));

@@ -24,6 +24,7 @@ use super::exchange::{CLIENT_CLOSED_REQUEST, Exchange};
 use super::facts::{Outcome, Tally};
 use super::sse::UsageChunkFilter;
 use super::usage::UsageTap;
+use crate::dialect::translate::answer::StreamTranslator;
 
 /// The error a relayed body can end with.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -119,6 +120,9 @@ pub struct RelayBody {
     upstream: Duration,
     returned_at: Instant,
     headers_at: Instant,
+    /// Makes the upstream's stream the client's dialect's, event by event
+    /// (`crate::dialect::plan`); `None`: relayed as it is.
+    translator: Option<Box<StreamTranslator>>,
 }
 
 impl RelayBody {
@@ -129,8 +133,8 @@ impl RelayBody {
         head: &http::response::Parts,
         idle_timeout: Duration,
         usage: UsageWatch,
-        upstream: Duration,
-        headers_at: Instant,
+        (upstream, headers_at): (Duration, Instant),
+        translator: Option<Box<StreamTranslator>>,
     ) -> Self {
         // One clock read for both (each is a few dozen cycles, per request).
         let returned_at = Instant::now();
@@ -156,6 +160,7 @@ impl RelayBody {
             upstream,
             returned_at,
             headers_at,
+            translator,
         }
     }
 
@@ -203,6 +208,9 @@ impl Body for RelayBody {
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
+        if this.translator.is_some() {
+            return this.poll_translated(cx);
+        }
         loop {
             let polled = this.poll_upstream(cx);
             let Some(filter) = &mut this.strip else { return polled };
@@ -241,15 +249,49 @@ impl Body for RelayBody {
     }
 
     fn is_end_stream(&self) -> bool {
+        if let Some(translator) = &self.translator {
+            return translator.is_closed();
+        }
         self.inner.is_end_stream() && self.strip.as_ref().is_none_or(UsageChunkFilter::is_empty)
     }
 
     fn size_hint(&self) -> SizeHint {
-        if self.strip.is_some() { SizeHint::default() } else { self.inner.size_hint() }
+        if self.strip.is_some() || self.translator.is_some() { SizeHint::default() } else { self.inner.size_hint() }
     }
 }
 
 impl RelayBody {
+    /// The upstream's frames given to the translator; what it writes goes
+    /// to the client as soon as there is some. An upstream that breaks or
+    /// idles out ends the client's stream with an error event in its
+    /// dialect (the request is finished as cut short all the same).
+    fn poll_translated(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let Some(mut translator) = self.translator.take() else { return Poll::Ready(None) };
+        let polled = loop {
+            if translator.is_closed() {
+                break Poll::Ready(None);
+            }
+            let mut out = Vec::new();
+            match self.poll_upstream(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    if let Some(data) = frame.data_ref() {
+                        translator.push(data, &mut out);
+                    }
+                    if self.inner.is_end_stream() {
+                        translator.close(&mut out);
+                    }
+                }
+                Poll::Ready(Some(Err(_)) | None) => translator.close(&mut out),
+                Poll::Pending => break Poll::Pending,
+            }
+            if !out.is_empty() {
+                break Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
+            }
+        };
+        self.translator = Some(translator);
+        polled
+    }
+
     fn poll_upstream(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self;
         match Pin::new(&mut this.inner).poll_frame(cx) {
@@ -311,7 +353,7 @@ impl RelayBody {
 }
 
 /// Whether a response says it is a server-sent event stream.
-fn is_event_stream(headers: &http::HeaderMap) -> bool {
+pub(super) fn is_event_stream(headers: &http::HeaderMap) -> bool {
     headers.get(http::header::CONTENT_TYPE).is_some_and(|value| {
         let essence = value.as_bytes().split(|b| *b == b';').next().unwrap_or_default().trim_ascii();
         essence.eq_ignore_ascii_case(b"text/event-stream")

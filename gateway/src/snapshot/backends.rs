@@ -139,9 +139,18 @@ pub struct Backend {
     /// to the egress policy. A Service backend (the model's own namespace's
     /// Service, as the operator resolves it) is held to the fixed guard.
     pub guarded: bool,
+    /// The API it speaks (`crate::dialect::plan`).
+    pub format: waycast_crds::backend::BackendFormat,
 }
 
 impl Route {
+    /// Whether a backend speaks other than OpenAI's API as it is (the
+    /// default): only then may a request be translated
+    /// (`crate::dialect::plan`).
+    pub fn translates(&self) -> bool {
+        self.backends.iter().any(|backend| backend.format != waycast_crds::backend::BackendFormat::OpenAI)
+    }
+
     /// Backend indices in the order to try them, tier by tier (lowest
     /// `priority` first): within a tier a weighted round-robin pick first,
     /// then the tier's others (weight-0 fallbacks last).
@@ -230,6 +239,7 @@ pub(super) fn build_route(model: &ModelConfig, owner: NamespaceId, lent: &Resour
             priority: backend.priority,
             endpoints,
             guarded: backend.endpoints.is_none(),
+            format: backend.format,
         });
     }
     // Sorted (stably) by priority, so each tier is one range.

@@ -1,0 +1,138 @@
+//! The answer of a backend that speaks another API than the client
+//! (`crate::dialect::plan`): a stream is relayed through a translator,
+//! event by event (`super::stream`); anything else — a non-streamed
+//! answer, an error — is read whole within a bound and translated, so its
+//! status can say what became of it (a 502 when the backend's answer
+//! cannot be translated). Its usage is read from the backend's own bytes,
+//! as for a relayed answer: budgets settle the same either way.
+
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderValue};
+use http::{Response, StatusCode};
+use http_body_util::BodyExt as _;
+
+use super::exchange::Exchange;
+use super::facts::Outcome;
+use super::forward::Forwarded;
+use super::respond::{Answer, Relayed, prepare_head};
+use super::stream::{ProxyBody, UsageWatch, is_event_stream};
+use super::usage::{Usage, UsageTap};
+use crate::dialect::plan::Plan;
+use crate::dialect::translate::answer::{MAX_WHOLE_ANSWER, StreamTranslator, estimated_count, whole_answer};
+use crate::error::GatewayError;
+use crate::limit::{Ending, RateHeaders};
+use crate::snapshot::Route;
+
+/// What the client asked, as the translation of its answer needs it.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientAsked<'a> {
+    /// The model it named (a Messages answer names it back).
+    pub model: &'a str,
+    /// A chat client's `stream_options.include_usage`.
+    pub include_usage: bool,
+    /// Its body's length: a token count's estimate when the backend has
+    /// no tokenizer.
+    pub request_bytes: usize,
+}
+
+/// An answer read whole and translated.
+pub struct Whole {
+    head: http::response::Parts,
+    body: Bytes,
+    usage: Option<Usage>,
+    upstream_took: Duration,
+    ending: Ending,
+}
+
+/// The backend's answer under `forwarded.plan` (not `Pass`), made ready
+/// for the client.
+///
+/// # Errors
+/// The backend's whole answer broke off, idled out or outgrew
+/// [`MAX_WHOLE_ANSWER`] while it was read.
+pub async fn answer(
+    forwarded: Forwarded,
+    route: &Route,
+    rate_headers: Option<&RateHeaders>,
+    asked: ClientAsked<'_>,
+) -> Result<Answer, GatewayError> {
+    let status = forwarded.response.status();
+    let created = jiff::Timestamp::now().as_second().max(0).unsigned_abs();
+    let upstream_took = forwarded.headers_at - forwarded.sent_at;
+    let (mut head, body) = forwarded.response.into_parts();
+    prepare_head(&mut head.headers, rate_headers);
+    head.headers.remove(header::CONTENT_LENGTH);
+    if status.is_success() && is_event_stream(&head.headers) {
+        let translator = StreamTranslator::for_plan(forwarded.plan, asked.model, asked.include_usage, created);
+        if let Some(translator) = translator {
+            return Ok(Answer::Relay(Relayed {
+                head,
+                body,
+                idle_timeout: route.timeouts.idle,
+                usage_watch: UsageWatch::Tap,
+                upstream_took,
+                headers_at: forwarded.headers_at,
+                translator: Some(Box::new(translator)),
+            }));
+        }
+    }
+    let read = read_whole(body, route.timeouts.idle).await;
+    let bytes = read.ok_or_else(|| GatewayError::UpstreamFailed(route.name.to_string()))?;
+    let translated = if forwarded.plan == Plan::CountOnTokenizer && !status.is_success() {
+        // No tokenizer there (SGLang's and Ollama's builds without one):
+        // the count is estimated, and says so.
+        crate::dialect::translate::answer::WholeAnswer {
+            status: StatusCode::OK,
+            body: estimated_count(asked.request_bytes),
+        }
+    } else {
+        whole_answer(forwarded.plan, status, &bytes, asked.model, created)
+    };
+    let usage = if status.is_success() { UsageTap::default().usage_ending_with(&bytes) } else { None };
+    head.status = translated.status;
+    head.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    let ending = if translated.status.is_success() { Ending::Whole } else { Ending::Unserved };
+    Ok(Answer::Whole(Whole { head, body: Bytes::from(translated.body), usage, upstream_took, ending }))
+}
+
+/// The body of an answer, whole, within [`MAX_WHOLE_ANSWER`] and with no
+/// gap longer than `idle`; `None` when it broke off, idled out or outgrew
+/// the bound.
+async fn read_whole(mut body: crate::upstream::UpstreamBody, idle: Duration) -> Option<Bytes> {
+    let mut whole = BytesMut::new();
+    loop {
+        match tokio::time::timeout(idle, body.frame()).await {
+            Ok(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    if whole.len() + data.len() > MAX_WHOLE_ANSWER {
+                        return None;
+                    }
+                    whole.extend_from_slice(data);
+                }
+            }
+            Ok(None) => return Some(whole.freeze()),
+            Ok(Some(Err(_))) | Err(_) => return None,
+        }
+    }
+}
+
+impl Whole {
+    /// The client's response; the request ends now.
+    pub(super) fn respond(self, exchange: Exchange) -> Response<ProxyBody> {
+        let status = self.head.status.as_u16();
+        exchange.finish(Outcome {
+            status,
+            bytes: self.body.len() as u64,
+            events: None,
+            first_byte: Some(Instant::now()),
+            upstream: Some(self.upstream_took),
+            usage: self.usage,
+            error: None,
+            ended: None,
+            ending: self.ending,
+        });
+        Response::from_parts(self.head, ProxyBody::from(self.body))
+    }
+}
