@@ -244,7 +244,10 @@ async fn every_dashboard_query_and_alert_returns_data_from_a_real_prometheus() {
         send(&url, &steady, &chat("refusing-llm"), &[]).await;
         refused_sent += 1;
         let retries = metric_sample(&admin, "waycast_gateway_upstream_retries_total{").await;
-        Seen::when(refused_sent >= 8 && retries.is_some_and(|n| n > 0.0), format_args!("{retries:?} after {refused_sent}"))
+        Seen::when(
+            refused_sent >= 8 && retries.is_some_and(|n| n > 0.0),
+            format_args!("{retries:?} after {refused_sent}"),
+        )
     })
     .await
     .unwrap();
