@@ -31,7 +31,35 @@ pub enum Answer {
     Relay(Relayed),
     /// By an upstream answer read whole and translated for the client
     /// (`super::translated`).
-    Whole(super::translated::Whole),
+    Whole(Whole),
+}
+
+/// An answer read whole and translated.
+pub struct Whole {
+    pub(super) head: http::response::Parts,
+    pub(super) body: Bytes,
+    pub(super) usage: Option<super::usage::Usage>,
+    pub(super) upstream_took: Duration,
+    pub(super) ending: crate::limit::Ending,
+}
+
+impl Whole {
+    /// The client's response; the request ends now.
+    pub(super) fn respond(self, exchange: Exchange) -> Response<ProxyBody> {
+        let status = self.head.status.as_u16();
+        exchange.finish(super::facts::Outcome {
+            status,
+            bytes: self.body.len() as u64,
+            events: None,
+            first_byte: Some(Instant::now()),
+            upstream: Some(self.upstream_took),
+            usage: self.usage,
+            error: None,
+            ended: None,
+            ending: self.ending,
+        });
+        Response::from_parts(self.head, ProxyBody::from(self.body))
+    }
 }
 
 /// An upstream response ready to relay, and what the relay needs.

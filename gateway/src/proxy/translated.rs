@@ -6,19 +6,17 @@
 //! cannot be translated). Its usage is read from the backend's own bytes,
 //! as for a relayed answer: budgets settle the same either way.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use http::StatusCode;
 use http::header::{self, HeaderValue};
-use http::{Response, StatusCode};
 use http_body_util::BodyExt as _;
 
-use super::exchange::Exchange;
-use super::facts::Outcome;
 use super::forward::Forwarded;
-use super::respond::{Answer, Relayed, prepare_head};
-use super::stream::{ProxyBody, UsageWatch, is_event_stream};
-use super::usage::{Usage, UsageTap};
+use super::respond::{Answer, Relayed, Whole, prepare_head};
+use super::stream::{UsageWatch, is_event_stream};
+use super::usage::UsageTap;
 use crate::dialect::plan::Plan;
 use crate::dialect::translate::answer::{MAX_WHOLE_ANSWER, StreamTranslator, estimated_count, whole_answer};
 use crate::error::GatewayError;
@@ -35,15 +33,6 @@ pub struct ClientAsked<'a> {
     /// Its body's length: a token count's estimate when the backend has
     /// no tokenizer.
     pub request_bytes: usize,
-}
-
-/// An answer read whole and translated.
-pub struct Whole {
-    head: http::response::Parts,
-    body: Bytes,
-    usage: Option<Usage>,
-    upstream_took: Duration,
-    ending: Ending,
 }
 
 /// The backend's answer under `forwarded.plan` (not `Pass`), made ready
@@ -115,24 +104,5 @@ async fn read_whole(mut body: crate::upstream::UpstreamBody, idle: Duration) -> 
             Ok(None) => return Some(whole.freeze()),
             Ok(Some(Err(_))) | Err(_) => return None,
         }
-    }
-}
-
-impl Whole {
-    /// The client's response; the request ends now.
-    pub(super) fn respond(self, exchange: Exchange) -> Response<ProxyBody> {
-        let status = self.head.status.as_u16();
-        exchange.finish(Outcome {
-            status,
-            bytes: self.body.len() as u64,
-            events: None,
-            first_byte: Some(Instant::now()),
-            upstream: Some(self.upstream_took),
-            usage: self.usage,
-            error: None,
-            ended: None,
-            ending: self.ending,
-        });
-        Response::from_parts(self.head, ProxyBody::from(self.body))
     }
 }
