@@ -20,7 +20,11 @@ use waycast_mock::fixtures::ALICE_KEY;
 /// The mock as a chat-only backend (`chat-only`) and as an
 /// Anthropic-format one (`claude`), beside the fixture's own models.
 async fn fixture() -> Fixture {
-    Fixture::start(FixtureOptions::default(), |config, _| {
+    fixture_with(FixtureOptions::default()).await
+}
+
+async fn fixture_with(options: FixtureOptions) -> Fixture {
+    Fixture::start(options, |config, _| {
         let llama = config.models.iter().find(|model| model.name == "llama-3.1-8b").unwrap().clone();
         for (name, format) in [("chat-only", BackendFormat::OpenAIChat), ("claude", BackendFormat::Anthropic)] {
             let mut model = llama.clone();
@@ -146,6 +150,7 @@ async fn a_chat_client_is_served_by_an_anthropic_backend() {
     assert!(completion["choices"][0]["message"]["content"].as_str().unwrap().starts_with("token0"));
     let sent = last_received(&fixture).await;
     assert_eq!(sent.path, "/v1/messages");
+    assert_eq!(sent.headers["anthropic-version"], "2023-06-01", "the version a chat client never sends");
     let sent_body = json_of(&sent.body);
     assert_eq!(sent_body["system"], json!([{"type": "text", "text": "be brief"}]));
     assert_eq!(sent_body["max_tokens"], 4096, "Anthropic requires one");
@@ -198,6 +203,10 @@ async fn counts_refusals_and_errors_are_in_the_callers_dialect() {
     let (status, _, body) = fixture.send(request).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(json_of(&body)["waycast_estimate"], true);
+    // Any other failure of the tokenizer is the client's to see, not an estimate.
+    let request = fixture.request("/v1/messages/count_tokens", Some(ALICE_KEY), &count, &[("x-mock-status", "401")]);
+    let (status, _, body) = fixture.send(request).await;
+    assert_eq!((status, &json_of(&body)["error"]["type"]), (StatusCode::UNAUTHORIZED, &json!("authentication_error")));
 
     // A field with no counterpart: a 400 naming it, in Anthropic's shape, never sent.
     let before = fixture.mock.recorder.requests().await.len();
@@ -275,6 +284,30 @@ async fn a_translated_request_is_charged_what_the_backend_reported() {
         counted = used().await;
     }
     assert_eq!((counted.input_tokens, counted.output_tokens), expected, "{counted:?}");
+
+    // An answer the backend generated whole but that cannot be translated
+    // (a call whose arguments are not JSON) is the client's 502, and still
+    // charged what the backend reported.
+    let broken = json!({"model": "chat-only", "max_tokens": 64, "tools": [serde_json::from_str::<Value>(BASH).unwrap()],
+        "messages": [{"role": "user", "content": "x"}]});
+    let request =
+        fixture.request("/v1/messages", Some(ALICE_KEY), &broken.to_string(), &[("x-mock-tool-arguments", "{\"comm")]);
+    let (status, _, body) = fixture.send(request).await;
+    assert_eq!(
+        (status, &json_of(&body)["type"]),
+        (StatusCode::BAD_GATEWAY, &json!("error")),
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+    let sent = last_received(&fixture).await;
+    expected = (expected.0 + sent.body.len() as u64 / 4, expected.1 + 5);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while counted.requests < 5 {
+        assert!(std::time::Instant::now() < deadline, "never counted: {counted:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        counted = used().await;
+    }
+    assert_eq!((counted.input_tokens, counted.output_tokens), expected, "{counted:?}");
 }
 
 /// The official Anthropic and OpenAI Python SDKs, unchanged, through
@@ -309,4 +342,68 @@ async fn the_official_sdks_work_through_translation() {
     ] {
         assert!(stdout.contains(check), "missing {check:?} in:\n{stdout}");
     }
+}
+
+/// Claude Code itself, run non-interactively against a chat-only backend:
+/// it completes a turn that uses a tool (the mock calls `Glob`, Claude Code
+/// runs it and sends the result back), and no call of its gets a 404.
+#[tokio::test]
+async fn claude_code_completes_a_tool_using_turn_on_a_chat_only_backend() {
+    use std::process::Command;
+    let tests = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let setup = Command::new("bash").arg(tests.join("claude-code-env.sh")).output().unwrap();
+    assert!(setup.status.success(), "Claude Code setup failed: {}", String::from_utf8_lossy(&setup.stderr));
+    let cli = String::from_utf8(setup.stdout).unwrap().trim().to_owned();
+    let mut options = FixtureOptions::default();
+    options.mock.preferred_tool = Some("Glob".into());
+    let fixture = fixture_with(options).await;
+    let home = waycast_mock::fixtures::temp_dir("claude-home");
+    let base_url = fixture.url("");
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new("node")
+            .arg(cli)
+            .args(["-p", "Which files are here? Use a tool.", "--model", "chat-only", "--output-format", "json"])
+            .current_dir(&home)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("HOME", &home)
+            .env("ANTHROPIC_BASE_URL", base_url)
+            .env("ANTHROPIC_API_KEY", ALICE_KEY)
+            .env("ANTHROPIC_SMALL_FAST_MODEL", "chat-only")
+            .env("ANTHROPIC_DEFAULT_HAIKU_MODEL", "chat-only")
+            .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+            .env("DISABLE_AUTOUPDATER", "1")
+            .env("DISABLE_TELEMETRY", "1")
+            .env("DISABLE_ERROR_REPORTING", "1")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let received = fixture.mock.recorder.requests().await;
+    let paths: Vec<&str> = received.iter().map(|request| request.path.as_str()).collect();
+    assert!(
+        output.status.success(),
+        "Claude Code failed:\n{stdout}\n{}\nthe backend got {paths:?}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let result = json_of(stdout.trim().as_bytes());
+    assert_eq!(result["is_error"], false, "{result}");
+    assert!(result["result"].as_str().unwrap_or_default().contains("token0"), "{result}");
+    // The tool was called and its result sent back to the model.
+    let answered_tool = received.iter().any(|request| {
+        request.path == "/v1/chat/completions"
+            && json_of(&request.body)["messages"]
+                .as_array()
+                .is_some_and(|messages| messages.iter().any(|message| message["role"] == "tool"))
+    });
+    assert!(answered_tool, "no tool result reached the backend: {paths:?}");
+    assert!(paths.iter().all(|path| ["/v1/chat/completions", "/tokenize"].contains(path)), "{paths:?}");
+    // Every call Claude Code made was served: none refused by the gateway.
+    let (_, metrics) = fixture.admin_get("/metrics").await;
+    let served: Vec<&str> =
+        metrics.lines().filter(|line| line.starts_with("waycast_gateway_requests_total{")).collect();
+    assert!(!served.is_empty(), "{metrics}");
+    assert!(served.iter().all(|line| line.contains("code=\"200\"")), "{served:?}");
 }

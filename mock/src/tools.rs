@@ -1,6 +1,6 @@
 //! Tool calls, as a model served by vLLM makes them: a request that offers
 //! tools and whose last message is not a tool's result is answered by a
-//! call of its first tool, each required string property of its schema
+//! call of its first tool (or of the one the mock's options prefer), each required string property of its schema
 //! filled with `"mock"`, in the shape of the API asked (chat completions'
 //! `tool_calls`, Messages' `tool_use`), whole or streamed in pieces. A
 //! request answering a call gets text, as the model's next turn.
@@ -14,11 +14,20 @@ use crate::openai::{Kind, Usage, sse};
 pub(crate) struct ToolCall {
     name: String,
     input: Value,
+    /// The arguments text as a broken model writes it (`x-mock-tool-arguments`),
+    /// in place of the input's JSON.
+    pub(crate) raw_arguments: Option<String>,
 }
 
-/// The call a model would make for `request` (of `kind`), if any.
-pub(crate) fn call_for(request: &Value, kind: Kind) -> Option<ToolCall> {
-    let tool = request.get("tools")?.as_array()?.first()?;
+/// The call a model would make for `request` (of `kind`), if any: of the
+/// tool named `preferred` when it is offered, else of the first.
+pub(crate) fn call_for(request: &Value, kind: Kind, preferred: Option<&str>) -> Option<ToolCall> {
+    let tools = request.get("tools")?.as_array()?;
+    let named = |tool: &&Value| {
+        let name = tool.pointer("/function/name").or_else(|| tool.get("name"));
+        preferred.is_some() && name.and_then(Value::as_str) == preferred
+    };
+    let tool = tools.iter().find(named).or_else(|| tools.first())?;
     let last = request.get("messages")?.as_array()?.last()?;
     let (name, schema, answered) = match kind {
         Kind::Chat => (
@@ -43,7 +52,7 @@ pub(crate) fn call_for(request: &Value, kind: Kind) -> Option<ToolCall> {
     for property in required.into_iter().flatten().filter_map(Value::as_str) {
         input.insert(property.to_owned(), json!("mock"));
     }
-    Some(ToolCall { name: name?.as_str()?.to_owned(), input: Value::Object(input) })
+    Some(ToolCall { name: name?.as_str()?.to_owned(), input: Value::Object(input), raw_arguments: None })
 }
 
 impl ToolCall {
@@ -61,7 +70,8 @@ impl ToolCall {
             "id": "chatcmpl-mock", "object": "chat.completion", "created": 0, "model": model,
             "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": null,
                 "tool_calls": [{"id": "call_mock", "type": "function",
-                    "function": {"name": self.name, "arguments": self.input.to_string()}}]}}],
+                    "function": {"name": self.name,
+                        "arguments": self.raw_arguments.clone().unwrap_or_else(|| self.input.to_string())}}]}}],
             "usage": {"prompt_tokens": usage.prompt, "completion_tokens": usage.completion,
                 "total_tokens": usage.prompt + usage.completion},
         })

@@ -19,6 +19,7 @@
 //! | `x-mock-stall: headers` / `body` / `usage` | never answer / stop after the first chunk (with `x-mock-chunked`, the first half of the body) / after the content chunks (no usage, no end) |
 //! | `x-mock-chunked: true` | send a non-streaming body with chunked encoding |
 //! | `x-mock-burn-ms: N` | spin the CPU for N ms first (autoscaling tests) |
+//! | `x-mock-tool-arguments: TEXT` | a whole chat answer's tool call carries TEXT as its arguments (a broken model's) |
 //!
 //! A request offering `tools` is answered with a call of the first one
 //! (`crate::tools`) unless its last message is a tool's result.
@@ -72,6 +73,10 @@ pub struct MockOptions {
     /// `PUT /_mock/status/S`), so one pod of a Service can be broken and
     /// mended from outside while it stays ready.
     pub forced_status: Arc<AtomicU16>,
+    /// The tool a request offering it is answered with a call of (else
+    /// the first offered): a harmless one for real agents (Claude Code's
+    /// `Glob`).
+    pub preferred_tool: Option<String>,
 }
 
 impl Default for MockOptions {
@@ -84,6 +89,7 @@ impl Default for MockOptions {
             vllm: None,
             tls: None,
             forced_status: Arc::default(),
+            preferred_tool: None,
         }
     }
 }
@@ -351,7 +357,10 @@ async fn respond(
         }
     };
     let usage = Usage { prompt: prompt_tokens, completion: completion_tokens };
-    let tool_call = crate::tools::call_for(&request_json, kind);
+    let mut tool_call = crate::tools::call_for(&request_json, kind, options.preferred_tool.as_deref());
+    if let Some(call) = &mut tool_call {
+        call.raw_arguments = headers.get("x-mock-tool-arguments").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    }
     if stream && kind != Kind::Embedding {
         let events = match &tool_call {
             Some(call) => call.stream_events(kind, &model, usage, include_usage),

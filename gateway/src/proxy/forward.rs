@@ -125,8 +125,9 @@ pub async fn send(
     for index in route.backend_order() {
         let backend = &route.backends[index];
         if outgoing.plan_on(backend) == Plan::NotServed {
+            // Never in place of another backend's real failure.
             let path = crate::dialect::APIS[outgoing.endpoint].path;
-            last_error = Some(GatewayError::NotOffered(route.name.to_string(), path));
+            last_error = last_error.or_else(|| Some(GatewayError::NotOffered(route.name.to_string(), path)));
             continue;
         }
         let endpoints = backend.endpoints.as_deref().and_then(|key| table.get_here(key)).filter(|set| !set.is_empty());
@@ -363,6 +364,14 @@ fn build_request(
             head.header(name, value);
         }
     }
+    // A chat client's request sent as Messages needs the version header a
+    // chat client never sends (a credential of Anthropic's style sets it).
+    if plan == Plan::ChatOnMessages
+        && !backend.headers.contains_key(&ANTHROPIC_VERSION)
+        && !outgoing.headers.contains_key(&ANTHROPIC_VERSION)
+    {
+        head.header(&ANTHROPIC_VERSION, &DEFAULT_ANTHROPIC_VERSION);
+    }
     // One value per name: the snapshot inserts them.
     for (name, value) in &backend.headers {
         if !is_set_by_gateway(name) && !stamped(name) {
@@ -423,6 +432,8 @@ fn is_set_by_gateway(name: &HeaderName) -> bool {
 }
 
 static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+static ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version");
+static DEFAULT_ANTHROPIC_VERSION: HeaderValue = HeaderValue::from_static("2023-06-01");
 static TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 static BAGGAGE: HeaderName = HeaderName::from_static("baggage");
 static FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");

@@ -107,6 +107,9 @@ async fn serve(
     // read and thrown away in the background: see `UnreadBody`.
     let mut body = UnreadBody::new(body);
     let endpoint = route::endpoint(&parts.method, parts.uri.path())?;
+    if endpoint == Endpoint::Root {
+        return Ok(Answer::Own(bytes::Bytes::from_static(br#"{"object":"waycast"}"#)));
+    }
     let snapshot = shared.config.current_here().ok_or(GatewayError::NotReady)?;
     facts.access_log = snapshot.settings.access_log;
     let caller = route::admit(&snapshot, &parts.headers, jiff::Timestamp::now)?;
@@ -118,6 +121,7 @@ async fn serve(
         Endpoint::Proxy(index) => Some(index),
         Endpoint::Models => return Ok(respond::models_list(&snapshot, key)),
         Endpoint::Usage => None,
+        Endpoint::Root => return Ok(Answer::Own(bytes::Bytes::new())),
     };
 
     // A key over its request limit costs no body read (nor a Redis read).
@@ -153,15 +157,10 @@ async fn serve(
     let fields = body::scan(&body, endpoint.dialect())?;
     facts.client_user = fields.client_user.as_deref().map(Box::from);
     let route = route::route(&snapshot, key, &fields.model)?.route;
-    // A backend that speaks another API: the body made its, once, before
-    // anything is counted (a field it cannot take is the client's 400).
-    let translated = if route.translates() {
-        let formats = route.backends.iter().map(|backend| backend.format);
-        let made = crate::dialect::plan::Translated::of(endpoint_index, formats, &body);
-        Some(made.map_err(|why| GatewayError::Untranslatable(route.name.to_string(), why.to_string()))?)
-    } else {
-        None
-    };
+    if route.translates() && route::offers_none(route, endpoint_index) {
+        let path = crate::dialect::APIS[endpoint_index].path;
+        return Err(GatewayError::NotOffered(route.name.to_string(), path));
+    }
     (facts.model, facts.stream, facts.max_tokens) = (Some(own_name(&route.name)), fields.stream, fields.max_tokens);
     let counted_in = &*snapshot.settings.budgets.currency;
     if let Some(prices) = &route.prices {
@@ -210,6 +209,16 @@ async fn serve(
     if let Some(seat) = queue::take_turn(route, (key, line), reservation, (shared, shares), facts).await? {
         held.seat = Some(seat);
     }
+    // A backend that speaks another API: the body made its, once, after
+    // the limits admitted it (a parse costs memory a refusal should not).
+    // A field it cannot take is the client's 400.
+    let translated = if route.translates() {
+        let formats = route.backends.iter().map(|backend| backend.format);
+        let made = crate::dialect::plan::Translated::of(endpoint_index, formats, &body);
+        Some(made.map_err(|why| GatewayError::Untranslatable(route.name.to_string(), why.to_string()))?)
+    } else {
+        None
+    };
     let asked = translated.as_ref().map(|_| translated::ClientAsked {
         model: &fields.model,
         include_usage: asks_stream_usage(&body, &fields),

@@ -29,6 +29,9 @@ pub enum Endpoint {
     Models,
     /// `GET /v1/usage`: the key's budgets, what they spent and what is left.
     Usage,
+    /// `GET /` or `HEAD /`: a client's check that the gateway is there
+    /// (Claude Code's, before its first call), answered without a key.
+    Root,
 }
 
 impl Endpoint {
@@ -37,6 +40,7 @@ impl Endpoint {
         match path {
             "/v1/models" => Some(Self::Models),
             "/v1/usage" => Some(Self::Usage),
+            "/" => Some(Self::Root),
             _ => crate::dialect::api_at(path).map(Self::Proxy),
         }
     }
@@ -47,6 +51,7 @@ impl Endpoint {
             Self::Proxy(index) => APIS[index].path,
             Self::Models => "/v1/models",
             Self::Usage => "/v1/usage",
+            Self::Root => "/",
         }
     }
 
@@ -55,13 +60,20 @@ impl Endpoint {
     pub fn dialect(self) -> Dialect {
         match self {
             Self::Proxy(index) => APIS[index].dialect,
-            Self::Models | Self::Usage => Dialect::OpenAi,
+            Self::Models | Self::Usage | Self::Root => Dialect::OpenAi,
         }
     }
 
     fn method(self) -> Method {
-        if matches!(self, Self::Models | Self::Usage) { Method::GET } else { Method::POST }
+        if matches!(self, Self::Models | Self::Usage | Self::Root) { Method::GET } else { Method::POST }
     }
+}
+
+/// Whether no backend of `route` serves `APIS[endpoint]` (each speaks an
+/// API without it: `crate::dialect::plan`).
+pub fn offers_none(route: &Route, endpoint: usize) -> bool {
+    use crate::dialect::plan::{Plan, plan};
+    route.backends.iter().all(|backend| plan(endpoint, backend.format) == Plan::NotServed)
 }
 
 /// The endpoint a request asks for with its method.
@@ -70,7 +82,7 @@ impl Endpoint {
 /// 404 for an unknown path, 405 for the wrong method.
 pub fn endpoint(method: &Method, path: &str) -> Result<Endpoint, GatewayError> {
     let endpoint = Endpoint::of(path).ok_or_else(|| GatewayError::NotFound(truncated(path)))?;
-    if *method != endpoint.method() {
+    if *method != endpoint.method() && !(endpoint == Endpoint::Root && *method == Method::HEAD) {
         return Err(GatewayError::MethodNotAllowed);
     }
     Ok(endpoint)
@@ -151,7 +163,7 @@ mod tests {
 
     #[test]
     fn endpoint_table() {
-        let rows: [(&Method, &str, Result<Endpoint, u16>); 8] = [
+        let rows: [(&Method, &str, Result<Endpoint, u16>); 11] = [
             (&Method::POST, "/v1/chat/completions", Ok(Endpoint::Proxy(0))),
             (&Method::POST, "/v1/messages", Ok(Endpoint::Proxy(4))),
             (&Method::GET, "/v1/models", Ok(Endpoint::Models)),
@@ -160,6 +172,9 @@ mod tests {
             (&Method::POST, "/v1/chat/completions/", Err(404)),
             (&Method::GET, "/admin", Err(404)),
             (&Method::POST, "", Err(404)),
+            (&Method::HEAD, "/", Ok(Endpoint::Root)),
+            (&Method::GET, "/", Ok(Endpoint::Root)),
+            (&Method::POST, "/", Err(405)),
         ];
         for (method, path, expected) in rows {
             let got = endpoint(method, path).map_err(|e| e.status().as_u16());

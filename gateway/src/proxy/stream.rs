@@ -279,6 +279,12 @@ impl RelayBody {
                     }
                     if self.inner.is_end_stream() {
                         translator.close(&mut out);
+                    } else if translator.overflowed() {
+                        // The backend's event outgrew the bound: its fault,
+                        // and the client's stream ends here (the upstream
+                        // is dropped with the body).
+                        self.count_upstream_error("sse_event_too_long");
+                        self.finish(self.status, Some("upstream_event_too_long"), None, None);
                     }
                 }
                 Poll::Ready(Some(Err(_)) | None) => translator.close(&mut out),

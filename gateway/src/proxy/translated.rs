@@ -18,7 +18,10 @@ use super::respond::{Answer, Relayed, Whole, prepare_head};
 use super::stream::{UsageWatch, is_event_stream};
 use super::usage::UsageTap;
 use crate::dialect::plan::Plan;
-use crate::dialect::translate::answer::{MAX_WHOLE_ANSWER, StreamTranslator, estimated_count, whole_answer};
+use crate::dialect::translate::answer::{
+    MAX_ERROR_ANSWER, MAX_WHOLE_ANSWER, StreamTranslator, WholeAnswer, broken_answer, estimated_count,
+    has_no_tokenizer, whole_answer,
+};
 use crate::error::GatewayError;
 use crate::limit::{Ending, RateHeaders};
 use crate::snapshot::Route;
@@ -39,8 +42,8 @@ pub struct ClientAsked<'a> {
 /// for the client.
 ///
 /// # Errors
-/// The backend's whole answer broke off, idled out or outgrew
-/// [`MAX_WHOLE_ANSWER`] while it was read.
+/// None yet: a broken answer is the client's 502 in its shape (the
+/// `Result` is the relay's, for the pipeline's one shape).
 pub async fn answer(
     forwarded: Forwarded,
     route: &Route,
@@ -52,7 +55,10 @@ pub async fn answer(
     let upstream_took = forwarded.headers_at - forwarded.sent_at;
     let (mut head, body) = forwarded.response.into_parts();
     prepare_head(&mut head.headers, rate_headers);
-    head.headers.remove(header::CONTENT_LENGTH);
+    // What described the backend's body does not describe the one made of it.
+    for name in [header::CONTENT_LENGTH, header::CONTENT_ENCODING, header::ETAG, header::CONTENT_LOCATION] {
+        head.headers.remove(name);
+    }
     if status.is_success() && is_event_stream(&head.headers) {
         let translator = StreamTranslator::for_plan(forwarded.plan, asked.model, asked.include_usage, created);
         if let Some(translator) = translator {
@@ -67,35 +73,43 @@ pub async fn answer(
             }));
         }
     }
-    let read = read_whole(body, route.timeouts.idle).await;
-    let bytes = read.ok_or_else(|| GatewayError::UpstreamFailed(route.name.to_string()))?;
-    let translated = if forwarded.plan == Plan::CountOnTokenizer && !status.is_success() {
-        // No tokenizer there (SGLang's and Ollama's builds without one):
-        // the count is estimated, and says so.
-        crate::dialect::translate::answer::WholeAnswer {
-            status: StatusCode::OK,
-            body: estimated_count(asked.request_bytes),
+    let limit = if status.is_success() { MAX_WHOLE_ANSWER } else { MAX_ERROR_ANSWER };
+    // What the backend did is what is charged, whatever the client is
+    // answered: a whole answer that cannot be translated was still
+    // generated (and is charged its usage); one that broke off may still
+    // be generating (charged as a request cut short).
+    let (translated, usage, ending) = match read_whole(body, route.timeouts.idle, limit).await {
+        None => (broken_answer(forwarded.plan), None, Ending::Unfinished),
+        Some(bytes) if !status.is_success() => {
+            let answer = if forwarded.plan == Plan::CountOnTokenizer && has_no_tokenizer(status) {
+                // No tokenizer there (SGLang's and Ollama's builds without
+                // one): the count is estimated, and says so.
+                WholeAnswer { status: StatusCode::OK, body: estimated_count(asked.request_bytes) }
+            } else {
+                whole_answer(forwarded.plan, status, &bytes, asked.model, created)
+            };
+            (answer, None, Ending::Unserved)
         }
-    } else {
-        whole_answer(forwarded.plan, status, &bytes, asked.model, created)
+        Some(bytes) => {
+            let usage = UsageTap::default().usage_ending_with(&bytes);
+            (whole_answer(forwarded.plan, status, &bytes, asked.model, created), usage, Ending::Whole)
+        }
     };
-    let usage = if status.is_success() { UsageTap::default().usage_ending_with(&bytes) } else { None };
     head.status = translated.status;
     head.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    let ending = if translated.status.is_success() { Ending::Whole } else { Ending::Unserved };
     Ok(Answer::Whole(Whole { head, body: Bytes::from(translated.body), usage, upstream_took, ending }))
 }
 
-/// The body of an answer, whole, within [`MAX_WHOLE_ANSWER`] and with no
-/// gap longer than `idle`; `None` when it broke off, idled out or outgrew
-/// the bound.
-async fn read_whole(mut body: crate::upstream::UpstreamBody, idle: Duration) -> Option<Bytes> {
+/// The body of an answer, whole, within `limit` bytes and with no gap
+/// longer than `idle`; `None` when it broke off, idled out or outgrew the
+/// bound.
+async fn read_whole(mut body: crate::upstream::UpstreamBody, idle: Duration, limit: usize) -> Option<Bytes> {
     let mut whole = BytesMut::new();
     loop {
         match tokio::time::timeout(idle, body.frame()).await {
             Ok(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
-                    if whole.len() + data.len() > MAX_WHOLE_ANSWER {
+                    if whole.len() + data.len() > limit {
                         return None;
                     }
                     whole.extend_from_slice(data);

@@ -15,9 +15,13 @@ use crate::dialect::plan::Plan;
 /// chat chunk is a few hundred bytes, a Messages event as small.
 pub const MAX_EVENT: usize = 1 << 20;
 
-/// The most of a whole answer read to translate it (a non-streamed
-/// answer of the largest context windows is far smaller).
-pub const MAX_WHOLE_ANSWER: usize = 32 << 20;
+/// The most of a whole answer read to translate it: a non-streamed
+/// answer of 100,000 tokens is some 400 KiB, and parsing multiplies what
+/// is held several times over.
+pub const MAX_WHOLE_ANSWER: usize = 8 << 20;
+
+/// The most of an error answer read: its message is all that is kept.
+pub const MAX_ERROR_ANSWER: usize = 64 << 10;
 
 /// One stream's translator: SSE events split out of the frames, each
 /// event's `data:` payload given to the dialect's state machine.
@@ -26,6 +30,7 @@ pub struct StreamTranslator {
     held: Vec<u8>,
     machine: Machine,
     closed: bool,
+    overflowed: bool,
 }
 
 #[derive(Debug)]
@@ -45,7 +50,7 @@ impl StreamTranslator {
             Plan::ChatOnMessages => Machine::ToChat(Box::new(MessageStreamToChat::new(include_usage, created))),
             Plan::Pass | Plan::NotServed | Plan::CountOnTokenizer => return None,
         };
-        Some(Self { held: Vec::new(), machine, closed: false })
+        Some(Self { held: Vec::new(), machine, closed: false, overflowed: false })
     }
 
     /// Reads the next bytes of the upstream stream; writes the client's
@@ -75,6 +80,7 @@ impl StreamTranslator {
             // An event longer than any a backend sends: the stream ends
             // here, with the client's error event.
             self.held = Vec::new();
+            self.overflowed = true;
             self.close(out);
         }
     }
@@ -106,6 +112,12 @@ impl StreamTranslator {
     /// Whether [`Self::close`] has run.
     pub fn is_closed(&self) -> bool {
         self.closed
+    }
+
+    /// Whether the stream was ended by an event longer than [`MAX_EVENT`]
+    /// (the backend's fault, not the client's).
+    pub fn overflowed(&self) -> bool {
+        self.overflowed
     }
 }
 
@@ -162,12 +174,15 @@ pub fn whole_answer(plan: Plan, status: StatusCode, body: &[u8], model: &str, cr
         status,
         body: error_in(anthropic_client, status, message).to_string().into_bytes(),
     };
+    if !status.is_success() {
+        // Its status kept whatever its body is (an HTML page from a proxy):
+        // an SDK decides by it whether to retry.
+        let value = serde_json::from_slice::<Value>(body).unwrap_or_default();
+        return error(status, &error_message(&value));
+    }
     let Ok(value) = serde_json::from_slice::<Value>(body) else {
         return error(StatusCode::BAD_GATEWAY, "the backend's answer is not JSON");
     };
-    if !status.is_success() {
-        return error(status, &error_message(&value));
-    }
     let translated = match plan {
         Plan::MessagesOnChat => chat_response_to_message(&value, model),
         Plan::ChatOnMessages => message_response_to_chat(&value, created),
@@ -203,9 +218,26 @@ fn error_in(anthropic: bool, status: StatusCode, message: &str) -> Value {
     }
 }
 
-/// The answer to a token count when the backend's tokenizer did not give
-/// one (a server without `/tokenize`): an estimate, about four bytes of
-/// the request a token, labelled as one.
+/// The answer when the backend's answer broke off, idled out or outgrew
+/// the bound before it was whole: a 502 in the client's shape.
+pub fn broken_answer(plan: Plan) -> WholeAnswer {
+    let anthropic_client = matches!(plan, Plan::MessagesOnChat | Plan::CountOnTokenizer);
+    let message = "the backend's answer broke off, idled out or was too large to translate";
+    WholeAnswer {
+        status: StatusCode::BAD_GATEWAY,
+        body: error_in(anthropic_client, StatusCode::BAD_GATEWAY, message).to_string().into_bytes(),
+    }
+}
+
+/// Whether a tokenizer's answer with `status` says the backend has none
+/// (then the count is estimated; any other error is the client's to see).
+pub fn has_no_tokenizer(status: StatusCode) -> bool {
+    matches!(status.as_u16(), 404 | 405 | 501)
+}
+
+/// The answer to a token count when the backend has no tokenizer (a
+/// server without `/tokenize`): an estimate, about four bytes of the
+/// request a token, labelled as one.
 pub fn estimated_count(request_bytes: usize) -> Vec<u8> {
     let tokens = request_bytes.div_ceil(4);
     json!({"input_tokens": tokens, "waycast_estimate": true}).to_string().into_bytes()
@@ -216,6 +248,10 @@ mod tests {
     #![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
 
     use super::*;
+
+    fn json_of_body(body: &[u8]) -> Value {
+        serde_json::from_slice(body).unwrap()
+    }
 
     fn events(out: &[u8]) -> Vec<String> {
         String::from_utf8_lossy(out)
@@ -266,11 +302,25 @@ mod tests {
         for _ in 0..(MAX_EVENT / line.len() + 1) {
             translator.push(&line, &mut out);
         }
-        assert!(translator.is_closed());
+        assert!(translator.is_closed() && translator.overflowed());
         assert!(String::from_utf8_lossy(&out).contains("\"error\""), "{}", String::from_utf8_lossy(&out));
         let before = out.len();
         translator.push(b"\n\n", &mut out);
         assert_eq!(out.len(), before, "nothing after the end");
+    }
+
+    /// A backend's `message_start` with a long id or model (copied into
+    /// every chunk) ends the stream with an error instead.
+    #[test]
+    fn a_long_message_id_is_refused_not_repeated() {
+        let long = "m".repeat(super::super::message_stream::MAX_NAME + 1);
+        let start =
+            json!({"type": "message_start", "message": {"id": long, "model": "m", "usage": {"input_tokens": 1}}});
+        let mut translator = StreamTranslator::for_plan(Plan::ChatOnMessages, "m", false, 0).unwrap();
+        let mut out = Vec::new();
+        translator.push(format!("event: message_start\ndata: {start}\n\n").as_bytes(), &mut out);
+        let text = String::from_utf8_lossy(&out);
+        assert!(text.contains("\"error\"") && !text.contains(&long), "{text}");
     }
 
     /// Whole answers: a success translated, an error in the client's
@@ -305,6 +355,11 @@ mod tests {
 
         let answer = whole_answer(Plan::ChatOnMessages, StatusCode::OK, b"<html>", "m", 0);
         assert_eq!(answer.status, StatusCode::BAD_GATEWAY);
+        let answer = whole_answer(Plan::MessagesOnChat, StatusCode::UNAUTHORIZED, b"<html>no</html>", "m", 0);
+        assert_eq!(answer.status, StatusCode::UNAUTHORIZED, "the status kept whatever the body");
+        assert_eq!(json_of_body(&answer.body)["error"]["type"], "authentication_error");
+        assert_eq!(broken_answer(Plan::ChatOnMessages).status, StatusCode::BAD_GATEWAY);
+        assert!(has_no_tokenizer(StatusCode::NOT_FOUND) && !has_no_tokenizer(StatusCode::UNAUTHORIZED));
         let answer = whole_answer(Plan::ChatOnMessages, StatusCode::OK, br#"{"content":"no blocks"}"#, "m", 0);
         assert_eq!(answer.status, StatusCode::BAD_GATEWAY);
         assert!(String::from_utf8_lossy(&answer.body).contains("content"), "names the field");

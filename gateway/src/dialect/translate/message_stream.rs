@@ -24,6 +24,10 @@ use super::chat_stream::MAX_TOOL_CALLS;
 use super::wire::Usage;
 use crate::json_text::{decimal, json_string};
 
+/// Longest message id or model name a backend's `message_start` may
+/// carry, in bytes (each is repeated in every chunk written).
+pub const MAX_NAME: usize = 256;
+
 /// The translator of one stream.
 #[derive(Debug)]
 pub struct MessageStreamToChat {
@@ -127,6 +131,11 @@ impl MessageStreamToChat {
     fn start(&mut self, event: &Value, out: &mut Vec<u8>) -> Result<(), &'static str> {
         let message = event.get("message").ok_or("the backend's message_start has no message")?;
         let text = |key: &str| message.get(key).and_then(Value::as_str).unwrap_or_default();
+        // Both are copied into every chunk: a backend's long ones would
+        // multiply each event it sends.
+        if text("id").len() > MAX_NAME || text("model").len() > MAX_NAME {
+            return Err("the backend's message id or model name is too long");
+        }
         if let Some(usage) = message.get("usage").and_then(Usage::of_anthropic) {
             self.usage = usage;
         }

@@ -27,7 +27,10 @@
 //! `redacted_thinking` blocks (opaque to any other backend), `thinking`
 //! (the request option: the backend's model reasons or not as it is
 //! served, and its reasoning comes back as thinking blocks either way),
-//! `service_tier` (a billing choice of Anthropic's), `metadata` members
+//! `service_tier` (a billing choice of Anthropic's), `context_management`
+//! (Anthropic's server-side clearing of old tool results as a context
+//! fills: a chat backend sees the whole context instead, as before the
+//! option existed; Claude Code sends it on every turn), `metadata` members
 //! other than `user_id`.
 //!
 //! Refused (a [`TranslateError`] naming the field): any other top-level
@@ -89,7 +92,7 @@ pub fn messages_request_to_chat(request: &Value) -> Result<Value, TranslateError
                 chat.insert("tools".into(), tools(value)?);
             }
             "tool_choice" => tool_choice(value, &mut chat)?,
-            "system" | "thinking" | "service_tier" => {}
+            "system" | "thinking" | "service_tier" | "context_management" => {}
             _ => return Err(untranslatable(key.as_str(), TO_CHAT, "no counterpart; it would change the answer")),
         }
     }

@@ -23,6 +23,15 @@ fn user_blocks(blocks: Value) -> Value {
     anthropic(json!({"messages": [{"role": "user", "content": blocks}]}))
 }
 
+/// Claude Code's `context_management` (server-side clearing of old tool
+/// results) is dropped: the chat backend sees the whole context.
+#[test]
+fn context_management_is_dropped_not_refused() {
+    let edits = json!({"edits": [{"type": "clear_tool_uses_20250919"}]});
+    let chat = messages_request_to_chat(&anthropic(json!({"context_management": edits}))).unwrap();
+    assert!(chat.get("context_management").is_none(), "{chat}");
+}
+
 /// Each Messages field with no faithful chat counterpart is refused, the
 /// error naming it (the caller's 400 says which).
 #[test]
@@ -32,7 +41,7 @@ fn messages_refusals_name_the_field() {
     let rows: [(Value, &str); 10] = [
         (anthropic(json!({"container": "c"})), "container"),
         (anthropic(json!({"mcp_servers": []})), "mcp_servers"),
-        (anthropic(json!({"context_management": {}})), "context_management"),
+        (anthropic(json!({"not_a_field": {}})), "not_a_field"),
         (anthropic(json!({"tools": [{"type": "web_search_20250305", "name": "web_search"}]})), "tools[0].type"),
         (user_blocks(json!([{"type": "document", "source": {}}])), "messages[0].content[0].type"),
         (
