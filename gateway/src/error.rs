@@ -66,6 +66,9 @@ pub enum GatewayError {
     /// `"model": ""`).
     #[error("'{0}' {1}")]
     InvalidField(&'static str, &'static str),
+    /// A `multipart/form-data` body that is not one (what is wrong).
+    #[error("request body is not a valid multipart form: {0}")]
+    InvalidForm(&'static str),
     /// `"model"` appears more than once.
     #[error("'model' appears more than once")]
     DuplicateModel,
@@ -195,7 +198,7 @@ impl GatewayError {
             UnknownModel(_) | NotFound(_) | NotOffered(..) => StatusCode::NOT_FOUND,
             BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             InvalidJson(_) | NotAnObject | MissingModel | ModelNotString | InvalidField(..) | DuplicateModel
-            | AmbiguousLength | BodyRead | Untranslatable(..) => StatusCode::BAD_REQUEST,
+            | AmbiguousLength | BodyRead | Untranslatable(..) | InvalidForm(_) => StatusCode::BAD_REQUEST,
             HeadersTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
@@ -231,6 +234,7 @@ impl GatewayError {
             InvalidField("model", _) => "invalid_model",
             InvalidField(..) => "invalid_type",
             DuplicateModel => "duplicate_model",
+            InvalidForm(_) => "invalid_form",
             HeadersTooLarge(_) => "headers_too_large",
             AmbiguousLength => "ambiguous_length",
             BodyTimeout => "body_timeout",

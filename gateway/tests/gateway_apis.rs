@@ -136,3 +136,126 @@ async fn the_tokenizers_calls_are_never_charged_tokens_and_the_others_are() {
     assert_eq!(statuses.iter().filter(|s| **s == StatusCode::OK).count(), 5, "{statuses:?}");
     assert_eq!(statuses.last(), Some(&StatusCode::TOO_MANY_REQUESTS), "{statuses:?}");
 }
+
+/// A multipart form: `model` and an audio file (and whatever else).
+fn audio_form(boundary: &str, model: Option<&str>, file: &[u8]) -> Vec<u8> {
+    let mut body = Vec::new();
+    if let Some(model) = model {
+        body.extend_from_slice(
+            format!("--{boundary}\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\n{model}\r\n").as_bytes(),
+        );
+    }
+    body.extend_from_slice(
+        format!("--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\nContent-Type: audio/wav\r\n\r\n")
+            .as_bytes(),
+    );
+    body.extend_from_slice(file);
+    body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    body
+}
+
+fn form_request(fixture: &Fixture, path: &str, key: &str, body: Vec<u8>, content_type: &str) -> http::Request<http_body_util::Full<bytes::Bytes>> {
+    http::Request::post(fixture.url(path))
+        .header("authorization", format!("Bearer {key}"))
+        .header("content-type", content_type)
+        .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+        .unwrap()
+}
+
+/// Audio and images: a transcription's form reaches the backend with its
+/// model rewritten in place and its file intact, access checked as for
+/// chat, its usage charged; malformed and oversized forms are 4xx; speech
+/// answers bytes that are not JSON, relayed as they are.
+#[tokio::test]
+async fn audio_forms_and_images_are_served_with_the_keys_access_checked() {
+    let fixture = Fixture::start(FixtureOptions::default(), |config, _| {
+        config.settings.max_request_body_bytes = 64 * 1024;
+    })
+    .await;
+    let file: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
+    let content_type = "multipart/form-data; boundary=waycast-b0undary";
+    for path in ["/v1/audio/transcriptions", "/v1/audio/translations"] {
+        let body = audio_form("waycast-b0undary", Some("llama3"), &file);
+        let (status, _, answer) = fixture.send(form_request(&fixture, path, ALICE_KEY, body, content_type)).await;
+        assert_eq!(status, StatusCode::OK, "{path}: {}", String::from_utf8_lossy(&answer));
+        assert_eq!(json_of(&answer)["text"], "mock transcript");
+        let received = fixture.mock.recorder.requests().await.pop().unwrap();
+        assert_eq!(received.path, path);
+        assert_eq!(received.body, audio_form("waycast-b0undary", Some("meta-llama/Llama-3.1-8B-Instruct"), &file), "{path}: the model rewritten in place, the file intact");
+        assert_eq!(received.headers["content-type"], content_type);
+    }
+    // Refusals: no model, not a form, a broken form, a model the key may
+    // not use, a form past the body limit — none reaches the backend.
+    let before = fixture.mock.recorder.requests().await.len();
+    let path = "/v1/audio/transcriptions";
+    let cases = [
+        (ALICE_KEY, audio_form("b", None, &file), "multipart/form-data; boundary=b", StatusCode::BAD_REQUEST, "missing_model"),
+        (ALICE_KEY, audio_form("b", Some("llama3"), &file), "application/json", StatusCode::BAD_REQUEST, "invalid_form"),
+        (ALICE_KEY, b"--b\r\nno end".to_vec(), "multipart/form-data; boundary=b", StatusCode::BAD_REQUEST, "invalid_form"),
+        (ALICE_KEY, audio_form("b", Some("llama3"), &vec![0; 70 * 1024]), "multipart/form-data; boundary=b", StatusCode::PAYLOAD_TOO_LARGE, "request_too_large"),
+    ];
+    for (key, body, content_type, status, code) in cases {
+        let (got, _, answer) = fixture.send(form_request(&fixture, path, key, body, content_type)).await;
+        assert_eq!((got, refusal(&answer, false)), (status, code.to_owned()), "{code}");
+    }
+    // Bob may not use llama: refused as his chat is.
+    let chat = json!({"model": "llama3", "messages": [{"role": "user", "content": "hello"}]}).to_string();
+    let (chats, _, chat_answer) = fixture.post("/v1/chat/completions", Some(BOB_KEY), &chat).await;
+    let body = audio_form("b", Some("llama3"), &file);
+    let (status, _, answer) = fixture.send(form_request(&fixture, path, BOB_KEY, body, "multipart/form-data; boundary=b")).await;
+    assert!(status.is_client_error(), "{status}");
+    assert_eq!((status, refusal(&answer, false)), (chats, refusal(&chat_answer, false)));
+    assert_eq!(fixture.mock.recorder.requests().await.len(), before, "a refusal reached the backend");
+
+    let speech = json!({"model": "llama3", "input": "hello", "voice": "alloy"}).to_string();
+    let (status, headers, audio) = fixture.post("/v1/audio/speech", Some(ALICE_KEY), &speech).await;
+    assert_eq!((status, &headers["content-type"]), (StatusCode::OK, &"audio/mpeg"));
+    assert!(audio.starts_with(b"ID3"), "relayed as it is");
+    let image = json!({"model": "llama3", "prompt": "a cat", "size": "256x256"}).to_string();
+    let (status, _, answer) = fixture.post("/v1/images/generations", Some(ALICE_KEY), &image).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(json_of(&answer)["data"][0]["b64_json"].is_string());
+
+    // Charged what the transcriptions and the image reported.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let (_, text) = fixture.admin_get("/usage").await;
+        let report: UsageReport = serde_json::from_str(&text).unwrap();
+        let counted = report.keys.get("team-a/alice").copied().unwrap_or_default();
+        if counted.requests >= 4 {
+            assert_eq!(counted.output_tokens, 3 + 3 + 16, "{counted:?}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never counted: {counted:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+/// A model that says which APIs it offers refuses the others before
+/// anything is sent (in the caller's dialect), and is still listed.
+#[tokio::test]
+async fn a_model_refuses_the_apis_it_does_not_offer() {
+    use waycast_crds::model_api::ModelApi;
+    let fixture = Fixture::start(FixtureOptions::default(), |config, _| {
+        let embed = config.models.iter_mut().find(|model| model.name == "embed-small").unwrap();
+        embed.apis = Some(vec![ModelApi::Embeddings, ModelApi::Tokenize]);
+    })
+    .await;
+    let embed = json!({"model": "embed-small", "input": "x"}).to_string();
+    assert_eq!(fixture.post("/v1/embeddings", Some(ALICE_KEY), &embed).await.0, StatusCode::OK);
+    assert_eq!(fixture.post("/detokenize", Some(ALICE_KEY), &json!({"model": "embed-small", "tokens": [1]}).to_string()).await.0, StatusCode::OK);
+    let before = fixture.mock.recorder.requests().await.len();
+    let chat = json!({"model": "embed-small", "messages": [{"role": "user", "content": "x"}]}).to_string();
+    let (status, _, answer) = fixture.post("/v1/chat/completions", Some(ALICE_KEY), &chat).await;
+    assert_eq!((status, refusal(&answer, false)), (StatusCode::NOT_FOUND, "unsupported_endpoint".to_owned()));
+    let messages = json!({"model": "embed-small", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}).to_string();
+    let (status, _, answer) = fixture.post("/v1/messages", Some(ALICE_KEY), &messages).await;
+    assert_eq!((status, refusal(&answer, true)), (StatusCode::NOT_FOUND, "not_found_error".to_owned()));
+    assert_eq!(fixture.mock.recorder.requests().await.len(), before, "a refusal reached the backend");
+    let request = http::Request::get(fixture.url("/v1/models"))
+        .header("authorization", format!("Bearer {ALICE_KEY}"))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let (_, _, models) = fixture.send(request).await;
+    assert!(json_of(&models)["data"].as_array().unwrap().iter().any(|model| model["id"] == "embed-small"));
+}

@@ -47,3 +47,15 @@ try:
 except openai.NotFoundError as error:
     assert error.code == "model_not_found", error
 print("unknown model error ok")
+
+transcript = client.audio.transcriptions.create(model="llama3", file=("hello.wav", b"RIFF\x00\x00\x00\x00WAVEfmt "))
+assert transcript.text == "mock transcript", transcript
+translation = client.audio.translations.create(model="llama3", file=("hello.wav", b"RIFF\x00\x00WAVE"))
+assert translation.text == "mock transcript", translation
+print("audio transcription and translation ok")
+
+speech = client.audio.speech.create(model="llama3", voice="alloy", input="hello")
+assert speech.read().startswith(b"ID3"), speech
+image = client.images.generate(model="llama3", prompt="a cat", size="256x256")
+assert image.data[0].b64_json, image
+print("speech and images ok")

@@ -1,6 +1,7 @@
 //! The official OpenAI Python SDK works unchanged against the gateway: a
 //! chat completion, a streamed one with `stream_options.include_usage`,
-//! `models.list()`, and the SDK's own error classes for our errors.
+//! `models.list()`, the SDK's own error classes for our errors, and audio
+//! (the SDK's own multipart forms) and images.
 
 #![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
 
@@ -34,6 +35,8 @@ async fn the_official_python_sdk_works_unchanged() {
         "models.list ok",
         "authentication error ok",
         "unknown model error ok",
+        "audio transcription and translation ok",
+        "speech and images ok",
     ] {
         assert!(stdout.contains(check), "missing {check:?} in:\n{stdout}");
     }

@@ -8,6 +8,10 @@ use serde_json::{Value, json};
 
 use crate::openai::text;
 
+/// What `/v1/audio/speech` answers: bytes that are not JSON (an MP3's
+/// tag header), as a speech server's are.
+pub(crate) const SPEECH: &[u8] = b"ID3\x04\x00\x00mock-audio";
+
 /// The answer to a call at `path` for `model`, if the mock serves it.
 pub(crate) fn answer(path: &str, model: &str, prompt_tokens: u64) -> Option<Value> {
     let answer = match path {
@@ -26,6 +30,14 @@ pub(crate) fn answer(path: &str, model: &str, prompt_tokens: u64) -> Option<Valu
         }),
         "/detokenize" => json!({"prompt": text(3)}),
         "/v1/messages/count_tokens" => json!({"input_tokens": prompt_tokens}),
+        "/v1/audio/transcriptions" | "/v1/audio/translations" => json!({
+            "text": "mock transcript",
+            "usage": {"type": "tokens", "input_tokens": prompt_tokens, "output_tokens": 3, "total_tokens": prompt_tokens + 3},
+        }),
+        "/v1/images/generations" => json!({
+            "created": 0, "data": [{"b64_json": "iVBORw0KGgo="}],
+            "usage": {"input_tokens": prompt_tokens, "output_tokens": 16, "total_tokens": prompt_tokens + 16},
+        }),
         "/v1/moderations" => json!({
             "id": "modr-mock", "model": model,
             "results": [{"flagged": false, "categories": {}, "category_scores": {}}],

@@ -336,6 +336,11 @@ async fn respond(
     let completion_tokens = chunks as u64;
     let stream = request_json["stream"].as_bool() == Some(true);
     let include_usage = request_json["stream_options"]["include_usage"].as_bool() == Some(true);
+    if parts.uri.path() == "/v1/audio/speech" {
+        let mut audio = Response::new(MockBody::Full(Some(Bytes::from_static(crate::beside_chat::SPEECH))));
+        audio.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("audio/mpeg"));
+        return Ok(audio);
+    }
     if let Some(body) = crate::beside_chat::answer(parts.uri.path(), &model, prompt_tokens) {
         return Ok(json_response(StatusCode::OK, &body));
     }

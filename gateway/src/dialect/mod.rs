@@ -103,13 +103,16 @@ pub struct Api {
     pub upstream: UpstreamAt,
     /// Whether its answers are charged tokens.
     pub tokens: TokenCharge,
+    /// Its body is a `multipart/form-data` form (an audio file beside
+    /// `model`: `crate::proxy::form`), not JSON.
+    pub form: bool,
 }
 
 /// The inference APIs, in the order a backend's upstream paths are built
 /// (a request's endpoint is an index here). A `static`, not a `const`: a
 /// row's strings are the same pointers wherever they are read (telemetry
 /// compares the operation's by pointer).
-pub static APIS: [Api; 11] = [
+pub static APIS: [Api; 15] = [
     Api::new("/v1/chat/completions", Dialect::OpenAi, "chat", StreamUsage::WhenAsked),
     Api::new("/v1/completions", Dialect::OpenAi, "text_completion", StreamUsage::WhenAsked),
     Api::new("/v1/embeddings", Dialect::OpenAi, "embeddings", StreamUsage::Always),
@@ -123,11 +126,28 @@ pub static APIS: [Api; 11] = [
     Api::new("/tokenize", Dialect::OpenAi, "tokenize", StreamUsage::Always).free().at_root(),
     Api::new("/detokenize", Dialect::OpenAi, "detokenize", StreamUsage::Always).free().at_root(),
     Api::new("/v1/moderations", Dialect::OpenAi, "moderation", StreamUsage::Always),
+    // Audio and images: forms with a file, and JSON answered with bytes.
+    Api::new("/v1/audio/transcriptions", Dialect::OpenAi, "transcription", StreamUsage::Always).form(),
+    Api::new("/v1/audio/translations", Dialect::OpenAi, "translation", StreamUsage::Always).form(),
+    Api::new("/v1/audio/speech", Dialect::OpenAi, "speech", StreamUsage::Always),
+    Api::new("/v1/images/generations", Dialect::OpenAi, "image_generation", StreamUsage::Always),
 ];
 
 impl Api {
     const fn new(path: &'static str, dialect: Dialect, operation: &'static str, stream_usage: StreamUsage) -> Self {
-        Self { path, dialect, operation, stream_usage, upstream: UpstreamAt::UnderBase, tokens: TokenCharge::Used }
+        Self {
+            path,
+            dialect,
+            operation,
+            stream_usage,
+            upstream: UpstreamAt::UnderBase,
+            tokens: TokenCharge::Used,
+            form: false,
+        }
+    }
+
+    const fn form(self) -> Self {
+        Self { form: true, ..self }
     }
 
     const fn free(self) -> Self {
@@ -197,7 +217,7 @@ mod tests {
     /// its own shape.
     #[test]
     fn apis_are_served_in_their_dialect() {
-        let rows: [(&str, Dialect, &str, StreamUsage); 11] = [
+        let rows: [(&str, Dialect, &str, StreamUsage); 15] = [
             ("/v1/chat/completions", Dialect::OpenAi, "chat", StreamUsage::WhenAsked),
             ("/v1/completions", Dialect::OpenAi, "text_completion", StreamUsage::WhenAsked),
             ("/v1/embeddings", Dialect::OpenAi, "embeddings", StreamUsage::Always),
@@ -209,6 +229,10 @@ mod tests {
             ("/tokenize", Dialect::OpenAi, "tokenize", StreamUsage::Always),
             ("/detokenize", Dialect::OpenAi, "detokenize", StreamUsage::Always),
             ("/v1/moderations", Dialect::OpenAi, "moderation", StreamUsage::Always),
+            ("/v1/audio/transcriptions", Dialect::OpenAi, "transcription", StreamUsage::Always),
+            ("/v1/audio/translations", Dialect::OpenAi, "translation", StreamUsage::Always),
+            ("/v1/audio/speech", Dialect::OpenAi, "speech", StreamUsage::Always),
+            ("/v1/images/generations", Dialect::OpenAi, "image_generation", StreamUsage::Always),
         ];
         for (path, dialect, operation, stream_usage) in rows {
             let api = &APIS[api_at(path).unwrap_or_else(|| panic!("{path} is not served"))];
@@ -241,6 +265,8 @@ mod tests {
         assert_eq!(at("/tokenize", ""), "/tokenize", "a base URL without /v1");
         let free: Vec<&str> = APIS.iter().filter(|api| api.tokens == TokenCharge::Never).map(|api| api.path).collect();
         assert_eq!(free, ["/v1/messages/count_tokens", "/tokenize", "/detokenize"]);
+        let forms: Vec<&str> = APIS.iter().filter(|api| api.form).map(|api| api.path).collect();
+        assert_eq!(forms, ["/v1/audio/transcriptions", "/v1/audio/translations"]);
     }
 
     /// The usage names of every dialect, each with one meaning.

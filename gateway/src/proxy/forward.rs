@@ -344,6 +344,11 @@ fn build_request(
     let translated = outgoing.translated.and_then(|bodies| bodies.body_for(plan, backend.model_json.as_ref()));
     let body = match (translated, &backend.model_json) {
         (Some(body), _) => body,
+        // A form's model is its part's text, not a JSON string.
+        (None, Some(model)) if crate::dialect::APIS[outgoing.endpoint].form => {
+            let name = serde_json::from_slice::<String>(model).ok()?;
+            rewrite(outgoing.body, outgoing.model_span.clone(), &Bytes::from(name))
+        }
         (None, Some(model)) => rewrite(outgoing.body, outgoing.model_span.clone(), model),
         (None, None) => outgoing.body.clone(),
     };

@@ -9,7 +9,7 @@
 //! count     the key's request limit, before the body            (429, 503)    limit::Counters::count_key_request
 //!           (`/v1/usage`: then its tenant's limits, and the budgets' spends read within bounds) respond::budgets_of
 //! body      read within maxRequestBodyBytes and a deadline       (413, 408)    request_body::read
-//! scan      top-level "model"/"stream"/… (the dialect's names)  (400)         body::scan
+//! scan      top-level "model"/"stream"/… (the dialect's names)  (400)         body::scan (a form's parts: form::scan)
 //! route     model → Route; visibility and allow-list            (404, 403)    route::route
 //! limits    key, tenant and model limits, tokens, concurrency  (429, 503)    limit::Counters::admit
 //! queue     a full model's fair queue: wait for a turn          (429)         queue::take_turn
@@ -37,6 +37,7 @@ pub mod body;
 pub mod connection;
 pub mod exchange;
 pub mod facts;
+pub mod form;
 pub mod forward;
 mod key_digests;
 pub mod queue;
@@ -154,10 +155,15 @@ async fn serve(
     let limit = snapshot.settings.max_request_body_bytes;
     let body = request_body::read(&mut body, &parts.headers, limit, shared.body_timeout).await?;
     let body_done = Instant::now();
-    let fields = body::scan(&body, endpoint.dialect())?;
+    let api = &crate::dialect::APIS[endpoint_index];
+    let fields = if api.form {
+        form::scan(&body, form::boundary(&parts.headers)?)?
+    } else {
+        body::scan(&body, endpoint.dialect())?
+    };
     facts.client_user = fields.client_user.as_deref().map(Box::from);
     let route = route::route(&snapshot, key, &fields.model)?.route;
-    if route.translates() && route::offers_none(route, endpoint_index) {
+    if !route.offers(endpoint_index) || (route.translates() && route::offers_none(route, endpoint_index)) {
         let path = crate::dialect::APIS[endpoint_index].path;
         return Err(GatewayError::NotOffered(route.name.to_string(), path));
     }
@@ -169,9 +175,11 @@ async fn serve(
 
     // A tokenizer's call is never charged tokens: it reserves none and
     // settles none, whatever it reports.
-    let charged = crate::dialect::APIS[endpoint_index].tokens == crate::dialect::TokenCharge::Used;
+    let charged = api.tokens == crate::dialect::TokenCharge::Used;
+    // A form's bytes are mostly a file: no measure of its prompt tokens.
+    let prompt_bytes = if api.form { 0 } else { body.len() };
     let reservation = if charged {
-        Reservation::for_request(body.len(), fields.max_tokens, fields.choices, route.output_token_reservation)
+        Reservation::for_request(prompt_bytes, fields.max_tokens, fields.choices, route.output_token_reservation)
     } else {
         Reservation::free()
     };
