@@ -90,6 +90,10 @@ enum Command {
         /// pays for the limit check.
         #[arg(long)]
         limits: bool,
+        /// Only the request-response scenarios of this id (e.g. `S9`), without
+        /// S5's cold starts and S8's held streams.
+        #[arg(long)]
+        only: Option<String>,
     },
     /// Mints a bearer token for load (an issuer of its own, ES256): prints
     /// the token and writes the issuer's key set, for a gateway config's
@@ -230,7 +234,7 @@ fn main() -> ExitCode {
                 println!("{token}");
                 ExitCode::SUCCESS
             }
-            Command::Suite { gateway, out, scale, gateway_cpu, load_cpu, limits } => {
+            Command::Suite { gateway, out, scale, gateway_cpu, load_cpu, limits, only } => {
                 let bench = match std::env::current_exe() {
                     Ok(path) => path,
                     Err(error) => return fail(&format!("cannot find myself: {error}")),
@@ -244,6 +248,7 @@ fn main() -> ExitCode {
                     load_cpu,
                     gateway_log: "info".into(),
                     limits,
+                    only,
                 };
                 match suite::run(options).await {
                     Ok(report) => {

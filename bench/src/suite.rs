@@ -21,6 +21,10 @@ use crate::{BENCH_MODEL, RunResult, Scenario, Workload, source};
 /// The bearer key the suite's gateway accepts.
 pub const SUITE_KEY: &str = "wc_benchmark_key_0123456789abcdefghijklmnop";
 
+/// The model the suite's gateway serves from the same sink as a chat-only
+/// backend (`format: OpenAIChat`): S9's Messages requests are translated.
+pub const TRANSLATED_MODEL: &str = "bench-chat-only";
+
 /// How the suite runs.
 #[derive(Debug, Clone)]
 pub struct SuiteOptions {
@@ -41,6 +45,8 @@ pub struct SuiteOptions {
     /// Give the suite's key generous request and token limits (never
     /// reached), so every request pays for the limit check and its headers.
     pub limits: bool,
+    /// Only the scenarios of this id, and neither S5 nor S8.
+    pub only: Option<String>,
 }
 
 /// One scenario's two sides.
@@ -78,8 +84,9 @@ pub struct SuiteReport {
     /// /proc): what one fully busy gateway core would serve, whether or not
     /// the load generator could push it that far.
     pub s2_requests_per_gateway_cpu_second: Option<f64>,
-    /// S8: many streams held open at once through a fresh gateway.
-    pub held_streams: HeldStreams,
+    /// S8: many streams held open at once through a fresh gateway (not
+    /// run with `only`).
+    pub held_streams: Option<HeldStreams>,
     /// Size of the gateway binary, in MiB.
     pub gateway_binary_mib: f64,
 }
@@ -123,15 +130,18 @@ pub fn gateway_config_for(upstream: SocketAddr, model: &str, limits: bool) -> an
     if limits {
         key["limits"] = json!({"requestsPerMinute": 1_000_000_000_u64, "tokensPerMinute": 1_000_000_000_000_u64});
     }
-    let config = json!({
-        "apiVersion": "waycast.dev/config-v1",
-        "models": [{
-            "name": model,
-            "backends": [{"url": format!("http://{upstream}/v1"), "weight": 1}],
+    let entry = |name: &str, format: &str| {
+        json!({
+            "name": name,
+            "backends": [{"url": format!("http://{upstream}/v1"), "weight": 1, "format": format}],
             "timeouts": {"connect": "5s", "firstByte": "300s", "idle": "60s"},
             // The sink's knobs are request headers.
             "forwardHeaders": ["x-bench-*"],
-        }],
+        })
+    };
+    let config = json!({
+        "apiVersion": "waycast.dev/config-v1",
+        "models": [entry(model, "OpenAI"), entry(TRANSLATED_MODEL, "OpenAIChat")],
         "keys": [key],
         "settings": {"maxRequestBodyBytes": 10_485_760, "accessLog": true},
     });
@@ -262,6 +272,17 @@ pub fn scenarios(scale: f64) -> Vec<(String, String, Scenario)> {
             ));
         }
     }
+    // Translation's cost: the baseline side is the same Messages request
+    // through the gateway to a backend that serves it (passed through), the
+    // other to a chat-only backend (translated both ways).
+    for stream in [false, true] {
+        let name = if stream { "messages stream" } else { "messages" };
+        list.push((
+            "S9".to_owned(),
+            format!("{name} translated vs passed: 32 concurrent"),
+            Scenario { workload: Workload::Messages, stream, chunks: 20, ..base(count(10_000.0), 32) },
+        ));
+    }
     list
 }
 
@@ -283,12 +304,18 @@ pub async fn run(options: SuiteOptions) -> anyhow::Result<SuiteReport> {
     let mut rss = serde_json::Map::new();
     let mut s2_overhead = None;
     let mut s2_per_cpu_second = None;
-    for (id, title, scenario) in scenarios(options.scale) {
+    let wanted = |id: &str| options.only.as_deref().is_none_or(|only| only == id);
+    for (id, title, scenario) in scenarios(options.scale).into_iter().filter(|(id, _, _)| wanted(id)) {
         eprintln!("bench: {id} {title}");
         // Each side first runs a tenth of the scenario (at least five rounds
         // of its concurrency), so connections and pools match its shape.
         let warm_up = scenario.requests.div_ceil(10).max(u64::from(scenario.concurrency) * 5);
-        for target in [sink, public] {
+        // S9's baseline is the gateway passing the request through; its
+        // other side, the gateway translating it.
+        let (baseline_target, through_model) =
+            if id == "S9" { (public, TRANSLATED_MODEL.to_owned()) } else { (sink, scenario.model.clone()) };
+        let through_scenario = Scenario { model: through_model, ..scenario.clone() };
+        for (target, scenario) in [(baseline_target, &scenario), (public, &through_scenario)] {
             let warm = Scenario { target: format!("http://{target}"), requests: warm_up, ..scenario.clone() };
             source::run(warm).await.map_err(anyhow::Error::msg)?;
         }
@@ -302,12 +329,12 @@ pub async fn run(options: SuiteOptions) -> anyhow::Result<SuiteReport> {
         let cpu_before = cpu_seconds(gateway_pid);
         for _ in 0..trials {
             baselines.push(
-                source::run(Scenario { target: format!("http://{sink}"), ..scenario.clone() })
+                source::run(Scenario { target: format!("http://{baseline_target}"), ..scenario.clone() })
                     .await
                     .map_err(anyhow::Error::msg)?,
             );
             throughs.push(
-                source::run(Scenario { target: format!("http://{public}"), ..scenario.clone() })
+                source::run(Scenario { target: format!("http://{public}"), ..through_scenario.clone() })
                     .await
                     .map_err(anyhow::Error::msg)?,
             );
@@ -334,7 +361,8 @@ pub async fn run(options: SuiteOptions) -> anyhow::Result<SuiteReport> {
 
     // S5: a fresh process each time, from spawn to the first authorized 200.
     let mut cold_start_ms = Vec::new();
-    for _ in 0..5 {
+    let extras = if options.only.is_some() { 0 } else { 5 };
+    for _ in 0..extras {
         let started = Instant::now();
         let (process, fresh, _) = start_gateway(&options, &config, &dir)?;
         wait_for(fresh, &authorized_chat(), Duration::from_secs(10)).await?;
@@ -343,8 +371,12 @@ pub async fn run(options: SuiteOptions) -> anyhow::Result<SuiteReport> {
     }
     drop(gateway);
     let streams = ((1_000.0 * options.scale).round() as u64).max(10);
-    eprintln!("bench: S8 {streams} concurrent streams through a fresh gateway");
-    let held_streams = held_streams(&options, &config, &dir, streams).await?;
+    let held_streams = if options.only.is_some() {
+        None
+    } else {
+        eprintln!("bench: S8 {streams} concurrent streams through a fresh gateway");
+        Some(held_streams(&options, &config, &dir, streams).await?)
+    };
     drop(sink_process);
     let _ = std::fs::remove_dir_all(&dir);
     let binary_bytes = std::fs::metadata(&options.gateway).map(|m| m.len()).unwrap_or_default();
@@ -425,8 +457,9 @@ pub fn table(report: &SuiteReport) -> String {
     }
     let mut cold = report.cold_start_ms.clone();
     cold.sort_by(f64::total_cmp);
-    let median = cold.get(cold.len() / 2).copied().unwrap_or_default();
-    let _ = writeln!(out, "\nS5 cold start (spawn → first authorized 200): median {median:.1} ms, all {cold:.1?}");
+    if let Some(median) = cold.get(cold.len() / 2) {
+        let _ = writeln!(out, "\nS5 cold start (spawn → first authorized 200): median {median:.1} ms, all {cold:.1?}");
+    }
     let _ = writeln!(out, "S6 gateway peak RSS (MiB): {}", report.peak_rss_mib);
     if let Some(us) = report.s2_gateway_overhead_us {
         let _ = writeln!(out, "S2 time inside the gateway per request (its overhead histogram): {us:.1} µs");
@@ -434,7 +467,14 @@ pub fn table(report: &SuiteReport) -> String {
     if let Some(rate) = report.s2_requests_per_gateway_cpu_second {
         let _ = writeln!(out, "S2 requests per second of gateway CPU time: {rate:.0}");
     }
-    let held = &report.held_streams;
+    if let Some(held) = &report.held_streams {
+        held_line(&mut out, held);
+    }
+    let _ = writeln!(out, "gateway binary: {:.1} MiB", report.gateway_binary_mib);
+    out
+}
+
+fn held_line(out: &mut String, held: &HeldStreams) {
     let _ = writeln!(
         out,
         "S8 {} concurrent streams ({} chunks {} ms apart) through a fresh gateway: RSS after start {:.1} MiB, peak {:.1} MiB → {:.1} KiB per stream; {:.3} ms gateway CPU per stream; TTFB p99 {:.2} ms; {} errors",
@@ -448,6 +488,4 @@ pub fn table(report: &SuiteReport) -> String {
         held.result.time_to_first_byte.as_ref().map_or(0.0, |t| t.p99),
         held.result.errors,
     );
-    let _ = writeln!(out, "gateway binary: {:.1} MiB", report.gateway_binary_mib);
-    out
 }

@@ -507,9 +507,10 @@ async fn the_suite_compares_a_gateway_process_with_the_baseline() {
         gateway_log: "info".into(),
         // Generous limits: the suite must run through the limit check without a refusal.
         limits: true,
+        only: None,
     };
     let report = waycast_bench::suite::run(options).await.unwrap();
-    assert_eq!(report.comparisons.len(), 4 + 6);
+    assert_eq!(report.comparisons.len(), 4 + 6 + 2);
     for comparison in &report.comparisons {
         for side in [&comparison.baseline, &comparison.gateway] {
             assert_eq!(side.errors, 0, "{}: {:?}", comparison.id, side.error_samples);
@@ -520,7 +521,7 @@ async fn the_suite_compares_a_gateway_process_with_the_baseline() {
     assert!(report.cold_start_ms.iter().all(|ms| *ms > 0.0 && *ms < 10_000.0), "{:?}", report.cold_start_ms);
     assert!(report.peak_rss_mib["afterS1"].as_f64().is_some_and(|mib| mib > 1.0), "{}", report.peak_rss_mib);
     assert!(report.s2_gateway_overhead_us.is_some_and(|us| us > 0.0));
-    let held = &report.held_streams;
+    let held = report.held_streams.as_ref().unwrap();
     assert_eq!((held.result.ok, held.result.errors), (10, 0), "{:?}", held.result.error_samples);
     assert!(held.peak_rss_mib >= held.rss_after_start_mib && held.rss_after_start_mib > 1.0, "{held:?}");
     let table = waycast_bench::suite::table(&report);

@@ -116,6 +116,9 @@ pub struct ModelConfig {
     /// and counted by key and model). Absent: not priced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pricing: Option<crate::money::PricingConfig>,
+    /// The APIs it offers; `None`: every one its backends serve.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub apis: Option<Vec<crate::model_api::ModelApi>>,
 }
 
 impl ModelConfig {
@@ -137,6 +140,7 @@ impl ModelConfig {
             load_balancing: LoadBalancingConfig::default(),
             capacity: None,
             pricing: None,
+            apis: None,
         }
     }
 

@@ -15,6 +15,7 @@
 pub mod access_grant;
 pub mod api_key;
 pub mod backend;
+pub mod model_api;
 pub mod balancing;
 pub mod common;
 pub mod condition;

@@ -128,6 +128,15 @@ pub struct ModelEndpointSpec {
     /// through its ClusterIP) and picks it by this policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_balancing: Option<LoadBalancing>,
+
+    /// The inference APIs this model offers: a request for another is
+    /// refused (404 `unsupported_endpoint`, in the caller's dialect) before
+    /// anything is counted or sent. Default: every API its backends' format
+    /// serves. E.g. `[ChatCompletions, Messages, CountTokens]` for a chat
+    /// model, `[Embeddings]` for an embedding model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 13))]
+    pub apis: Option<Vec<crate::model_api::ModelApi>>,
 }
 
 /// How requests are spread over a Service's endpoints.

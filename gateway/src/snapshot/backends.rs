@@ -55,6 +55,8 @@ pub struct Route {
     pub gate: Option<crate::sharing::Gated>,
     /// What its tokens cost, and in which currency, when it is priced.
     pub prices: Option<(waycast_crds::money::TokenPrices, Arc<str>)>,
+    /// The APIs it offers, one bit per index of `crate::dialect::APIS`.
+    pub offered: u32,
     /// Index ranges of `backends` (sorted by priority) with one priority each.
     tiers: Vec<std::ops::Range<usize>>,
     next: AtomicU64,
@@ -144,6 +146,11 @@ pub struct Backend {
 }
 
 impl Route {
+    /// Whether it offers `APIS[endpoint]` (its ModelEndpoint's `apis`).
+    pub fn offers(&self, endpoint: usize) -> bool {
+        self.offered & (1 << endpoint) != 0
+    }
+
     /// Whether a backend speaks other than OpenAI's API as it is (the
     /// default): only then may a request be translated
     /// (`crate::dialect::plan`).
@@ -275,7 +282,17 @@ pub(super) fn build_route(model: &ModelConfig, owner: NamespaceId, lent: &Resour
                 Arc::from(pricing.currency.as_str()),
             )),
         },
+        offered: offered(model.apis.as_deref()),
         tiers,
         next: AtomicU64::new(0),
     })
+}
+
+/// One bit per API of `crate::dialect::APIS` that `apis` names (every
+/// one when it names none).
+fn offered(apis: Option<&[waycast_crds::model_api::ModelApi]>) -> u32 {
+    const _: () = assert!(crate::dialect::APIS.len() <= 32, "one bit per API");
+    let Some(apis) = apis else { return u32::MAX };
+    let paths = apis.iter().flat_map(|api| api.paths());
+    paths.filter_map(|path| crate::dialect::api_at(path)).fold(0, |bits, index| bits | 1 << index)
 }

@@ -150,6 +150,7 @@ fn route(endpoint: &ModelEndpoint, key: &ObjectKey, inputs: &Inputs<'_>) -> Resu
     model.forward_query_parameters = spec.forward_query_parameters.clone();
     model.output_token_reservation = spec.output_token_reservation.and_then(|n| u64::try_from(n).ok());
     model.load_balancing = load_balancing(spec.load_balancing.as_ref());
+    model.apis = spec.apis.clone();
     // The gateway's own check, on this entry alone: what it would refuse is
     // left out here, with the field named, instead of freezing everyone's config.
     model.validate().map_err(|problems| {
