@@ -15,7 +15,6 @@
 pub mod access_grant;
 pub mod api_key;
 pub mod backend;
-pub mod model_api;
 pub mod balancing;
 pub mod common;
 pub mod condition;
@@ -31,6 +30,7 @@ pub mod glob;
 pub mod heartbeat;
 pub mod identity;
 pub mod identity_config;
+pub mod model_api;
 pub mod model_endpoint;
 pub mod money;
 pub mod period;

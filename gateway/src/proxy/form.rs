@@ -49,7 +49,8 @@ pub fn boundary(headers: &HeaderMap) -> Result<&[u8], GatewayError> {
     }
     let boundary = parameters
         .filter_map(|parameter| {
-            let (name, value) = parameter.trim_ascii().split_at(parameter.trim_ascii().iter().position(|b| *b == b'=')?);
+            let (name, value) =
+                parameter.trim_ascii().split_at(parameter.trim_ascii().iter().position(|b| *b == b'=')?);
             name.eq_ignore_ascii_case(b"boundary").then(|| &value[1..])
         })
         .next()
@@ -86,8 +87,8 @@ pub fn scan<'a>(body: &'a [u8], boundary: &[u8]) -> Result<RequestFields<'a>, Ga
         let rest = rest.strip_prefix(b"\r\n").ok_or(GatewayError::InvalidForm("a boundary is not followed by CRLF"))?;
         let headers_start = body.len() - rest.len();
         let window = &rest[..rest.len().min(MAX_PART_HEADERS + 4)];
-        let headers_len =
-            memmem::find(window, b"\r\n\r\n").ok_or(GatewayError::InvalidForm("a part's headers are too long or unended"))?;
+        let headers_len = memmem::find(window, b"\r\n\r\n")
+            .ok_or(GatewayError::InvalidForm("a part's headers are too long or unended"))?;
         let name = part_name(&rest[..headers_len]).ok_or(GatewayError::InvalidForm("a part names no field"))?;
         let value_start = headers_start + headers_len + 4;
         let value_len = finder
@@ -113,7 +114,8 @@ fn fields_of(
     stream: bool,
 ) -> Result<RequestFields<'_>, GatewayError> {
     let span = model.ok_or(GatewayError::MissingModel)?;
-    let text = std::str::from_utf8(&body[span.clone()]).map_err(|_| GatewayError::InvalidField("model", "must be text"))?;
+    let text =
+        std::str::from_utf8(&body[span.clone()]).map_err(|_| GatewayError::InvalidField("model", "must be text"))?;
     if text.is_empty() || text.len() > MAX_MODEL_BYTES {
         return Err(GatewayError::InvalidField("model", "must be 1 to 256 bytes"));
     }
@@ -154,7 +156,9 @@ mod tests {
     fn form(parts: &[(&str, &str)]) -> Vec<u8> {
         let mut body = Vec::new();
         for (name, value) in parts {
-            body.extend_from_slice(format!("--XyZ\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n{value}\r\n").as_bytes());
+            body.extend_from_slice(
+                format!("--XyZ\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n{value}\r\n").as_bytes(),
+            );
         }
         body.extend_from_slice(b"--XyZ--\r\n");
         body
@@ -170,7 +174,9 @@ mod tests {
     fn the_boundary_is_read_quoted_or_not() {
         assert_eq!(boundary(&headers("multipart/form-data; boundary=XyZ")).unwrap(), b"XyZ");
         assert_eq!(boundary(&headers("Multipart/Form-Data;charset=utf-8; Boundary=\"a b\"")).unwrap(), b"a b");
-        for bad in ["application/json", "multipart/form-data", "multipart/form-data; boundary=", "multipart/mixed; boundary=x"] {
+        for bad in
+            ["application/json", "multipart/form-data", "multipart/form-data; boundary=", "multipart/mixed; boundary=x"]
+        {
             assert!(matches!(boundary(&headers(bad)), Err(GatewayError::InvalidForm(_))), "{bad}");
         }
         let long = format!("multipart/form-data; boundary={}", "b".repeat(71));
@@ -182,13 +188,14 @@ mod tests {
     /// delimiter's CRLF, binary zeros).
     #[test]
     fn the_model_and_stream_are_found_in_any_part() {
-        let body = form(&[("file", "RIFF\0\0--XyZ not a delimiter\r\n-XyZ"), ("model", "whisper-1"), ("stream", "true")]);
+        let body =
+            form(&[("file", "RIFF\0\0--XyZ not a delimiter\r\n-XyZ"), ("model", "whisper-1"), ("stream", "true")]);
         let fields = scan(&body, b"XyZ").unwrap();
         assert_eq!(fields.model, "whisper-1");
         assert_eq!(&body[fields.model_span.clone()], b"whisper-1");
         assert!(fields.stream);
-        let fields = scan(&form(&[("model", "m"), ("stream", "false")]), b"XyZ").unwrap();
-        assert!(!fields.stream);
+        let not_streamed = form(&[("model", "m"), ("stream", "false")]);
+        assert!(!scan(&not_streamed, b"XyZ").unwrap().stream);
         // A preamble before the first boundary is skipped.
         let mut preamble = b"ignored\r\n".to_vec();
         preamble.extend_from_slice(&form(&[("model", "m")]));
