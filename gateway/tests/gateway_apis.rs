@@ -251,17 +251,17 @@ async fn audio_forms_and_images_are_served_with_the_keys_access_checked() {
     assert_eq!(status, StatusCode::OK);
     assert!(json_of(&answer)["data"][0]["b64_json"].is_string());
 
-    // Charged what the transcriptions and the image reported, the speech
-    // its estimate.
+    // Charged what the transcriptions and the image reported; the speech
+    // its text's estimate.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
         let (_, text) = fixture.admin_get("/usage").await;
         let report: UsageReport = serde_json::from_str(&text).unwrap();
         let counted = report.keys.get("team-a/alice").copied().unwrap_or_default();
         if counted.requests >= 4 {
-            // The speech reports no usage: charged the estimate, a token
-            // per four bytes of its 16-byte answer.
-            assert_eq!(counted.output_tokens, 3 + 3 + 16 + 4, "{counted:?}");
+            // The speech reports no usage and its answer is audio: no
+            // output tokens for its bytes.
+            assert_eq!(counted.output_tokens, 3 + 3 + 16, "{counted:?}");
             break;
         }
         assert!(std::time::Instant::now() < deadline, "never counted: {counted:?}");

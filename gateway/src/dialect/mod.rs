@@ -106,6 +106,9 @@ pub struct Api {
     /// Its body is a `multipart/form-data` form (an audio file beside
     /// `model`: `crate::proxy::form`), not JSON.
     pub form: bool,
+    /// Its answer is media (audio, images): without a reported usage its
+    /// bytes are charged no output tokens.
+    pub media_answer: bool,
 }
 
 /// The inference APIs, in the order a backend's upstream paths are built
@@ -129,8 +132,8 @@ pub static APIS: [Api; 15] = [
     // Audio and images: forms with a file, and JSON answered with bytes.
     Api::new("/v1/audio/transcriptions", Dialect::OpenAi, "transcription", StreamUsage::Always).form(),
     Api::new("/v1/audio/translations", Dialect::OpenAi, "translation", StreamUsage::Always).form(),
-    Api::new("/v1/audio/speech", Dialect::OpenAi, "speech", StreamUsage::Always),
-    Api::new("/v1/images/generations", Dialect::OpenAi, "image_generation", StreamUsage::Always),
+    Api::new("/v1/audio/speech", Dialect::OpenAi, "speech", StreamUsage::Always).media(),
+    Api::new("/v1/images/generations", Dialect::OpenAi, "image_generation", StreamUsage::Always).media(),
 ];
 
 impl Api {
@@ -143,7 +146,12 @@ impl Api {
             upstream: UpstreamAt::UnderBase,
             tokens: TokenCharge::Used,
             form: false,
+            media_answer: false,
         }
+    }
+
+    const fn media(self) -> Self {
+        Self { media_answer: true, ..self }
     }
 
     const fn form(self) -> Self {

@@ -21,8 +21,15 @@ pub const PROMPT_ALLOWANCE: u64 = 8192;
 pub struct Reservation {
     /// Tokens reserved: prompt estimate + output bound.
     pub tokens: u64,
-    /// The request body's size.
+    /// The bytes its prompt estimate is made of: the request body's size
+    /// (0 for a form, whose bytes are mostly a file).
     pub request_bytes: u64,
+    /// The whole request body's size: the most prompt a reported usage
+    /// may claim, less the allowance (a form's file included).
+    pub body_bytes: u64,
+    /// Its answer is media (audio, images): without a reported usage it is
+    /// charged no output, its bytes being no measure of tokens.
+    pub media_answer: bool,
     /// The output bound in it, for every choice asked for.
     pub output: u64,
     /// A call charged no tokens whatever it reports (a tokenizer's:
@@ -55,7 +62,26 @@ impl Reservation {
         let request_bytes = u64::try_from(request_bytes).unwrap_or(u64::MAX);
         let each = max_tokens.or(default_output).unwrap_or(DEFAULT_OUTPUT_RESERVATION);
         let output = each.saturating_mul(choices.max(1));
-        Self { tokens: request_bytes.div_ceil(4).saturating_add(output), request_bytes, output, free: false }
+        Self {
+            tokens: request_bytes.div_ceil(4).saturating_add(output),
+            request_bytes,
+            body_bytes: request_bytes,
+            output,
+            free: false,
+            media_answer: false,
+        }
+    }
+
+    /// For a form of `body_bytes` (an audio file and its fields): no prompt
+    /// estimate from its bytes, which still cap what its usage may claim.
+    pub fn for_form(body_bytes: usize, max_tokens: Option<u64>, choices: u64, default_output: Option<u64>) -> Self {
+        let body_bytes = u64::try_from(body_bytes).unwrap_or(u64::MAX);
+        Self { body_bytes, ..Self::for_request(0, max_tokens, choices, default_output) }
+    }
+
+    /// The same, its answer media (see [`Self::media_answer`]).
+    pub fn with_media_answer(self) -> Self {
+        Self { media_answer: true, ..self }
     }
 
     /// For a call charged no tokens: it reserves none and settles none.
@@ -97,7 +123,7 @@ impl Reservation {
             return Charged::default();
         }
         if let Some((prompt, cached, completion)) = usage {
-            let prompt = prompt.min(self.request_bytes.saturating_add(PROMPT_ALLOWANCE));
+            let prompt = prompt.min(self.body_bytes.max(self.request_bytes).saturating_add(PROMPT_ALLOWANCE));
             let mut completion = completion.min(relayed.bytes);
             if ending == Ending::Cancelled {
                 // A stream's usage read before its end may be a partial
@@ -107,7 +133,7 @@ impl Reservation {
             }
             return Charged { prompt, cached: cached.min(prompt), completion };
         }
-        let sent = relayed.events.unwrap_or_else(|| relayed.bytes.div_ceil(4));
+        let sent = if self.media_answer { 0 } else { relayed.events.unwrap_or_else(|| relayed.bytes.div_ceil(4)) };
         let completion = match ending {
             Ending::Unfinished => sent.max(self.output),
             _ => sent,

@@ -134,7 +134,14 @@ mod tests {
         let now = || "2026-11-26T10:00:00Z".parse::<Timestamp>().unwrap();
         let zone = TimeZone::UTC;
         // 400 request bytes (100 prompt tokens estimated), 50 output.
-        let reservation = Reservation { tokens: 150, request_bytes: 400, output: 50, free: false };
+        let reservation = Reservation {
+            tokens: 150,
+            request_bytes: 400,
+            body_bytes: 400,
+            output: 50,
+            free: false,
+            media_answer: false,
+        };
         let tokens = [budget(Some(1_000), None)];
         let money = [budget(None, Some("5.00"))];
         let none: [Budget; 0] = [];

@@ -25,7 +25,8 @@ use super::*;
 
 /// 400 request bytes (a prompt estimate of 100 tokens), 50 output tokens
 /// bound.
-const RESERVATION: Reservation = Reservation { tokens: 150, request_bytes: 400, output: 50, free: false };
+const RESERVATION: Reservation =
+    Reservation { tokens: 150, request_bytes: 400, body_bytes: 400, output: 50, free: false, media_answer: false };
 /// Tokens per minute of the key's token limit.
 const TOKEN_LIMIT: u64 = 1_000;
 

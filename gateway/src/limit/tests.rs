@@ -63,7 +63,7 @@ fn a_refusal_by_the_model_does_not_use_up_the_key() {
 }
 
 fn reserve(tokens: u64) -> Reservation {
-    Reservation { tokens, request_bytes: 0, output: tokens, free: false }
+    Reservation { tokens, request_bytes: 0, body_bytes: 0, output: tokens, free: false, media_answer: false }
 }
 
 #[test]
@@ -298,4 +298,21 @@ fn durations_read_like_openais() {
     assert_eq!(duration_text(1_000_000_000), "1s");
     assert_eq!(duration_text(1_000_000_001), "2s");
     assert_eq!(duration_text(360_000_000_000), "6m0s");
+}
+
+/// A form's file is no prompt estimate (nothing reserved for it, nothing
+/// charged for it without a usage) yet caps what a reported usage may
+/// claim; a media answer's bytes are no output tokens.
+#[test]
+fn a_forms_file_is_no_prompt_estimate_and_a_media_answer_no_output() {
+    let form = Reservation::for_form(4_000_000, None, 1, Some(100));
+    assert_eq!(form.tokens, 100, "only the output bound is reserved");
+    let relayed = Relayed { bytes: 1_000_000, events: None };
+    assert_eq!(form.charged(Ending::Whole, Some((900_000, 0, 5)), relayed).prompt, 900_000, "the audio's own count");
+    assert_eq!(form.charged(Ending::Whole, None, relayed).prompt, 0);
+    let speech = Reservation::for_request(400, None, 1, Some(100)).with_media_answer();
+    let charged = speech.charged(Ending::Whole, None, relayed);
+    assert_eq!((charged.prompt, charged.completion), (100, 0), "the text asked for, not the audio's bytes");
+    let chat = Reservation::for_request(400, None, 1, Some(100));
+    assert_eq!(chat.charged(Ending::Whole, None, relayed).completion, 250_000, "text: a token per four bytes");
 }

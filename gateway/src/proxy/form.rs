@@ -38,31 +38,58 @@ const MAX_MODEL_BYTES: usize = 256;
 
 /// The boundary of a `multipart/form-data` body, from its `Content-Type`.
 ///
+/// Strict, so that the backend cannot read another boundary than the
+/// gateway did: one `Content-Type`, one `boundary` parameter, no
+/// extended (`*`) parameters, the boundary of RFC 2046's characters only
+/// (quoted or not, no escapes).
+///
 /// # Errors
-/// Not a form, or no boundary of 1–70 characters (RFC 2046).
+/// Not a form, or a boundary that is missing, repeated or not RFC 2046's.
 pub fn boundary(headers: &HeaderMap) -> Result<&[u8], GatewayError> {
-    let value = headers.get(CONTENT_TYPE).map(http::HeaderValue::as_bytes).unwrap_or_default();
+    let mut types = headers.get_all(CONTENT_TYPE).iter();
+    let value = types.next().map(http::HeaderValue::as_bytes).unwrap_or_default();
+    if types.next().is_some() {
+        return Err(GatewayError::InvalidForm("more than one Content-Type"));
+    }
     let mut parameters = value.split(|byte| *byte == b';');
     let essence = parameters.next().unwrap_or_default().trim_ascii();
     if !essence.eq_ignore_ascii_case(b"multipart/form-data") {
         return Err(GatewayError::InvalidForm("Content-Type must be multipart/form-data"));
     }
-    let boundary = parameters
-        .filter_map(|parameter| {
-            let (name, value) =
-                parameter.trim_ascii().split_at(parameter.trim_ascii().iter().position(|b| *b == b'=')?);
-            name.eq_ignore_ascii_case(b"boundary").then(|| &value[1..])
-        })
-        .next()
-        .map(|value| value.strip_prefix(b"\"").and_then(|v| v.strip_suffix(b"\"")).unwrap_or(value))
-        .ok_or(GatewayError::InvalidForm("Content-Type has no boundary"))?;
-    if boundary.is_empty() || boundary.len() > 70 {
-        return Err(GatewayError::InvalidForm("the boundary must be 1 to 70 characters"));
+    let mut found = None;
+    for parameter in parameters {
+        let Some((name, value)) = split_parameter(parameter) else { continue };
+        if name.ends_with(b"*") {
+            return Err(GatewayError::InvalidForm("extended (*) parameters are not accepted"));
+        }
+        if name.eq_ignore_ascii_case(b"boundary") {
+            if found.is_some() {
+                return Err(GatewayError::InvalidForm("more than one boundary"));
+            }
+            found = Some(value.strip_prefix(b"\"").and_then(|v| v.strip_suffix(b"\"")).unwrap_or(value));
+        }
+    }
+    let boundary = found.ok_or(GatewayError::InvalidForm("Content-Type has no boundary"))?;
+    let allowed = |byte: &u8| byte.is_ascii_alphanumeric() || b"'()+_,-./:=? ".contains(byte);
+    if boundary.is_empty() || boundary.len() > 70 || !boundary.iter().all(allowed) || boundary.ends_with(b" ") {
+        return Err(GatewayError::InvalidForm("the boundary must be 1 to 70 of RFC 2046's characters"));
     }
     Ok(boundary)
 }
 
+/// `name=value` of a header parameter, both trimmed; `None` without `=`.
+fn split_parameter(parameter: &[u8]) -> Option<(&[u8], &[u8])> {
+    let at = parameter.iter().position(|byte| *byte == b'=')?;
+    Some((parameter[..at].trim_ascii(), parameter[at + 1..].trim_ascii()))
+}
+
 /// Scans a form whose parts are separated by `boundary`.
+///
+/// Strict where a lenient reader could see another form than the
+/// backend's (python-multipart under vLLM): no preamble and nothing but
+/// line ends after the closing delimiter, part headers ended by CRLF
+/// only, one `Content-Disposition` a part, one `name` in it, no field
+/// named twice among those the gateway reads.
 ///
 /// # Errors
 /// 400-class [`GatewayError`]s: a malformed form, no `model` part or more
@@ -72,24 +99,28 @@ pub fn scan<'a>(body: &'a [u8], boundary: &[u8]) -> Result<RequestFields<'a>, Ga
     delimiter.extend_from_slice(b"\r\n--");
     delimiter.extend_from_slice(boundary);
     let finder = memmem::Finder::new(&delimiter);
-    // The first delimiter may open the body (no CRLF before it).
-    let mut at = if body.starts_with(&delimiter[2..]) {
-        delimiter.len() - 2
-    } else {
-        finder.find(body).ok_or(GatewayError::InvalidForm("no part starts with the boundary"))? + delimiter.len()
-    };
-    let (mut model, mut stream) = (None, false);
+    if !body.starts_with(&delimiter[2..]) {
+        return Err(GatewayError::InvalidForm("the body must start with the boundary"));
+    }
+    let mut at = delimiter.len() - 2;
+    let (mut model, mut stream) = (None, None);
     for _ in 0..=MAX_PARTS {
         let rest = &body[at..];
-        if rest.starts_with(b"--") {
-            return fields_of(body, model, stream);
+        if let Some(epilogue) = rest.strip_prefix(b"--") {
+            if !epilogue.iter().all(|byte| matches!(byte, b'\r' | b'\n')) {
+                return Err(GatewayError::InvalidForm("bytes after the closing boundary"));
+            }
+            return fields_of(body, model, stream.unwrap_or(false));
         }
         let rest = rest.strip_prefix(b"\r\n").ok_or(GatewayError::InvalidForm("a boundary is not followed by CRLF"))?;
+        if rest.starts_with(b"\r\n") {
+            return Err(GatewayError::InvalidForm("a part has no headers"));
+        }
         let headers_start = body.len() - rest.len();
         let window = &rest[..rest.len().min(MAX_PART_HEADERS + 4)];
         let headers_len = memmem::find(window, b"\r\n\r\n")
             .ok_or(GatewayError::InvalidForm("a part's headers are too long or unended"))?;
-        let name = part_name(&rest[..headers_len]).ok_or(GatewayError::InvalidForm("a part names no field"))?;
+        let name = part_name(&rest[..headers_len])?;
         let value_start = headers_start + headers_len + 4;
         let value_len = finder
             .find(&body[value_start..])
@@ -98,12 +129,24 @@ pub fn scan<'a>(body: &'a [u8], boundary: &[u8]) -> Result<RequestFields<'a>, Ga
         match name {
             b"model" if model.is_some() => return Err(GatewayError::DuplicateModel),
             b"model" => model = Some(value),
-            b"stream" => stream = body[value].eq_ignore_ascii_case(b"true"),
+            b"stream" if stream.is_some() => return Err(GatewayError::InvalidForm("stream is given twice")),
+            b"stream" => stream = Some(stream_value(&body[value])?),
             _ => {}
         }
         at = value_start + value_len + delimiter.len();
     }
     Err(GatewayError::InvalidForm("the form has more than 64 parts"))
+}
+
+/// `true` or `false` (any case): the values both sides read alike.
+fn stream_value(value: &[u8]) -> Result<bool, GatewayError> {
+    if value.eq_ignore_ascii_case(b"true") {
+        Ok(true)
+    } else if value.eq_ignore_ascii_case(b"false") {
+        Ok(false)
+    } else {
+        Err(GatewayError::InvalidField("stream", "must be true or false"))
+    }
 }
 
 /// What routing reads of a form: its model (the part's value, rewritten
@@ -131,20 +174,86 @@ fn fields_of(
     })
 }
 
-/// The `name` of a part's `Content-Disposition: form-data; name="…"`.
-fn part_name(headers: &[u8]) -> Option<&[u8]> {
-    headers.split(|byte| *byte == b'\n').find_map(|line| {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        let colon = line.iter().position(|byte| *byte == b':')?;
-        if !line[..colon].eq_ignore_ascii_case(b"content-disposition") {
-            return None;
+/// The `name` of a part: its one `Content-Disposition: form-data` header's
+/// one `name` parameter (any case, quoted or not, spaces around `=`).
+///
+/// # Errors
+/// Lines not ended by CRLF, no or several `Content-Disposition` headers,
+/// no or several names, an extended (`*`) or escaped parameter.
+fn part_name(headers: &[u8]) -> Result<&[u8], GatewayError> {
+    let mut name = None;
+    let mut dispositions = 0;
+    for line in split_crlf(headers) {
+        if line.contains(&b'\r') || line.contains(&b'\n') {
+            return Err(GatewayError::InvalidForm("a part's header line is not ended by CRLF"));
         }
-        line[colon + 1..].split(|byte| *byte == b';').find_map(|parameter| {
-            let parameter = parameter.trim_ascii();
-            let value = parameter.strip_prefix(b"name=")?;
-            Some(value.strip_prefix(b"\"").and_then(|v| v.strip_suffix(b"\"")).unwrap_or(value))
-        })
+        let Some(colon) = line.iter().position(|byte| *byte == b':') else {
+            return Err(GatewayError::InvalidForm("a part's header has no name"));
+        };
+        if !line[..colon].trim_ascii().eq_ignore_ascii_case(b"content-disposition") {
+            continue;
+        }
+        dispositions += 1;
+        for parameter in quoted_split(&line[colon + 1..])? {
+            let Some((key, value)) = split_parameter(parameter) else { continue };
+            if key.ends_with(b"*") {
+                return Err(GatewayError::InvalidForm("extended (*) parameters are not accepted"));
+            }
+            if key.eq_ignore_ascii_case(b"name") {
+                if name.is_some() {
+                    return Err(GatewayError::InvalidForm("a part has more than one name"));
+                }
+                name = Some(value.strip_prefix(b"\"").and_then(|v| v.strip_suffix(b"\"")).unwrap_or(value));
+            }
+        }
+    }
+    if dispositions != 1 {
+        return Err(GatewayError::InvalidForm("a part needs exactly one Content-Disposition"));
+    }
+    name.ok_or(GatewayError::InvalidForm("a part names no field"))
+}
+
+/// `bytes` split at each CRLF.
+fn split_crlf(bytes: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut rest = Some(bytes);
+    std::iter::from_fn(move || {
+        let current = rest?;
+        match memmem::find(current, b"\r\n") {
+            Some(at) => {
+                rest = Some(&current[at + 2..]);
+                Some(&current[..at])
+            }
+            None => {
+                rest = None;
+                Some(current)
+            }
+        }
     })
+}
+
+/// A header value's `;`-separated parameters, a `;` inside quotes kept.
+///
+/// # Errors
+/// A backslash inside quotes (an escape another reader would undo) or an
+/// unclosed quote.
+fn quoted_split(value: &[u8]) -> Result<Vec<&[u8]>, GatewayError> {
+    let (mut parts, mut start, mut quoted) = (Vec::new(), 0, false);
+    for (at, byte) in value.iter().enumerate() {
+        match byte {
+            b'"' => quoted = !quoted,
+            b'\\' if quoted => return Err(GatewayError::InvalidForm("escaped quotes are not accepted")),
+            b';' if !quoted => {
+                parts.push(&value[start..at]);
+                start = at + 1;
+            }
+            _ => {}
+        }
+    }
+    if quoted {
+        return Err(GatewayError::InvalidForm("an unclosed quote"));
+    }
+    parts.push(&value[start..]);
+    Ok(parts)
 }
 
 #[cfg(test)]
@@ -174,9 +283,17 @@ mod tests {
     fn the_boundary_is_read_quoted_or_not() {
         assert_eq!(boundary(&headers("multipart/form-data; boundary=XyZ")).unwrap(), b"XyZ");
         assert_eq!(boundary(&headers("Multipart/Form-Data;charset=utf-8; Boundary=\"a b\"")).unwrap(), b"a b");
-        for bad in
-            ["application/json", "multipart/form-data", "multipart/form-data; boundary=", "multipart/mixed; boundary=x"]
-        {
+        for bad in [
+            "application/json",
+            "multipart/form-data",
+            "multipart/form-data; boundary=",
+            "multipart/mixed; boundary=x",
+            "multipart/form-data; boundary=A; boundary=B",
+            "multipart/form-data; boundary*=UTF-8''x",
+            "multipart/form-data; boundary=\"a;b\"",
+            "multipart/form-data; boundary=\"a\\\"b\"",
+            "multipart/form-data; boundary=\"ends-in-space \"",
+        ] {
             assert!(matches!(boundary(&headers(bad)), Err(GatewayError::InvalidForm(_))), "{bad}");
         }
         let long = format!("multipart/form-data; boundary={}", "b".repeat(71));
@@ -196,10 +313,10 @@ mod tests {
         assert!(fields.stream);
         let not_streamed = form(&[("model", "m"), ("stream", "false")]);
         assert!(!scan(&not_streamed, b"XyZ").unwrap().stream);
-        // A preamble before the first boundary is skipped.
-        let mut preamble = b"ignored\r\n".to_vec();
-        preamble.extend_from_slice(&form(&[("model", "m")]));
-        assert_eq!(scan(&preamble, b"XyZ").unwrap().model, "m");
+        // The name read as python-multipart reads it: any case, spaces
+        // around `=`, a `;` inside a quoted filename kept.
+        let body = b"--XyZ\r\nContent-Disposition: form-data; filename=\"x;name=junk;\"; Name = \"model\"\r\n\r\nm\r\n--XyZ--\r\n";
+        assert_eq!(scan(body, b"XyZ").unwrap().model, "m");
     }
 
     #[test]
@@ -220,6 +337,17 @@ mod tests {
             (b"no boundary here".to_vec(), "invalid_form"),
             (b"--XyZ\r\nContent-Type: text/plain\r\n\r\nv\r\n--XyZ--".to_vec(), "invalid_form"),
             (b"--XyZgarbage".to_vec(), "invalid_form"),
+            // What a lenient reader would read otherwise than the backend.
+            ([b"preamble\r\n".as_slice(), &form(&[("model", "m")])].concat(), "invalid_form"),
+            ([form(&[("model", "m")]).as_slice(), b"--XyZ\r\nmore"].concat(), "invalid_form"),
+            (b"--XyZ\r\nContent-Disposition: form-data; name=\"junk\"\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm\r\n--XyZ--".to_vec(), "invalid_form"),
+            (b"--XyZ\r\nContent-Disposition: form-data; name=\"junk\"; name=\"model\"\r\n\r\nm\r\n--XyZ--".to_vec(), "invalid_form"),
+            (b"--XyZ\r\nContent-Disposition: form-data; name*=UTF-8''model\r\n\r\nm\r\n--XyZ--".to_vec(), "invalid_form"),
+            (b"--XyZ\r\nContent-Disposition: form-data; name=\"mo\\\"del\"\r\n\r\nm\r\n--XyZ--".to_vec(), "invalid_form"),
+            (b"--XyZ\r\nX: a\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm\r\n--XyZ--".to_vec(), "invalid_form"),
+            (b"--XyZ\r\n\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm\r\n--XyZ--".to_vec(), "invalid_form"),
+            (form(&[("model", "m"), ("stream", "yes")]), "invalid_type"),
+            (form(&[("model", "m"), ("stream", "true"), ("stream", "false")]), "invalid_form"),
         ];
         for (body, code) in cases {
             let refused = scan(&body, b"XyZ").unwrap_err();

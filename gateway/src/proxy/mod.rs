@@ -176,12 +176,16 @@ async fn serve(
     // A tokenizer's call is never charged tokens: it reserves none and
     // settles none, whatever it reports.
     let charged = api.tokens == crate::dialect::TokenCharge::Used;
-    // A form's bytes are mostly a file: no measure of its prompt tokens.
-    let prompt_bytes = if api.form { 0 } else { body.len() };
-    let reservation = if charged {
-        Reservation::for_request(prompt_bytes, fields.max_tokens, fields.choices, route.output_token_reservation)
-    } else {
+    let (output, choices, default_output) = (fields.max_tokens, fields.choices, route.output_token_reservation);
+    let reservation = if !charged {
         Reservation::free()
+    } else if api.form {
+        // A form's bytes are mostly a file: no measure of its prompt tokens.
+        Reservation::for_form(body.len(), output, choices, default_output)
+    } else if api.media_answer {
+        Reservation::for_request(body.len(), output, choices, default_output).with_media_answer()
+    } else {
+        Reservation::for_request(body.len(), output, choices, default_output)
     };
     let user_budgets = member.as_ref().map_or(&[][..], |member| &member.budgets);
     let budgets = Budgets {
