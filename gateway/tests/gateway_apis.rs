@@ -176,14 +176,22 @@ fn form_request(
 async fn audio_forms_and_images_are_served_with_the_keys_access_checked() {
     let fixture = Fixture::start(FixtureOptions::default(), |config, _| {
         config.settings.max_request_body_bytes = 64 * 1024;
+        let alice = config.keys.iter_mut().find(|key| key.id == "team-a/alice").unwrap();
+        alice.limits = Some(LimitsConfig { tokens_per_minute: Some(100_000), ..LimitsConfig::default() });
     })
     .await;
     let file: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
     let content_type = "multipart/form-data; boundary=waycast-b0undary";
     for path in ["/v1/audio/transcriptions", "/v1/audio/translations"] {
         let body = audio_form("waycast-b0undary", Some("llama3"), &file);
-        let (status, _, answer) = fixture.send(form_request(&fixture, path, ALICE_KEY, body, content_type)).await;
+        let (status, headers, answer) = fixture.send(form_request(&fixture, path, ALICE_KEY, body, content_type)).await;
         assert_eq!(status, StatusCode::OK, "{path}: {}", String::from_utf8_lossy(&answer));
+        if path == "/v1/audio/transcriptions" {
+            // The first: its file reserves no prompt tokens, only the
+            // output bound (1,024; the file's bytes would be 1,100 more).
+            let remaining: u64 = headers["x-ratelimit-remaining-tokens"].to_str().unwrap().parse().unwrap();
+            assert!(remaining >= 100_000 - 1_024 - 64, "{remaining} tokens left");
+        }
         assert_eq!(json_of(&answer)["text"], "mock transcript");
         let received = fixture.mock.recorder.requests().await.pop().unwrap();
         assert_eq!(received.path, path);
@@ -303,4 +311,20 @@ async fn a_model_refuses_the_apis_it_does_not_offer() {
         .unwrap();
     let (_, _, models) = fixture.send(request).await;
     assert!(json_of(&models)["data"].as_array().unwrap().iter().any(|model| model["id"] == "embed-small"));
+}
+
+/// `GET /` and `HEAD /` answer 200 without a key (a client's check that
+/// the gateway is there); anything else at `/` is refused.
+#[tokio::test]
+async fn the_root_answers_without_a_key() {
+    let fixture = Fixture::start(FixtureOptions::default(), |_, _| {}).await;
+    for method in [http::Method::GET, http::Method::HEAD] {
+        let request = http::Request::builder()
+            .method(method.clone())
+            .uri(fixture.url("/"))
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap();
+        assert_eq!(fixture.send(request).await.0, StatusCode::OK, "{method}");
+    }
+    assert_eq!(fixture.post("/", None, "{}").await.0, StatusCode::METHOD_NOT_ALLOWED);
 }

@@ -407,3 +407,75 @@ async fn claude_code_completes_a_tool_using_turn_on_a_chat_only_backend() {
     assert!(!served.is_empty(), "{metrics}");
     assert!(served.iter().all(|line| line.contains("code=\"200\"")), "{served:?}");
 }
+
+/// A model whose first backend speaks Anthropic and second OpenAI: a path
+/// the first does not serve always goes to the second.
+#[tokio::test]
+async fn a_path_one_backend_does_not_serve_goes_to_another() {
+    let fixture = Fixture::start(FixtureOptions::default(), |config, _| {
+        let mut mixed = config.models.iter().find(|model| model.name == "llama-3.1-8b").unwrap().clone();
+        mixed.name = "mixed".into();
+        mixed.aliases = Vec::new();
+        let mut anthropic = mixed.backends[0].clone();
+        anthropic.format = BackendFormat::Anthropic;
+        anthropic.model = Some("anthropic-side".into());
+        mixed.backends[0].model = Some("openai-side".into());
+        mixed.backends.insert(0, anthropic);
+        config.models.push(mixed);
+    })
+    .await;
+    let embed = json!({"model": "mixed", "input": "x"}).to_string();
+    for _ in 0..4 {
+        assert_eq!(fixture.post("/v1/embeddings", Some(ALICE_KEY), &embed).await.0, StatusCode::OK);
+        assert_eq!(json_of(&last_received(&fixture).await.body)["model"], "openai-side");
+    }
+}
+
+/// A backend that stops mid-answer: a translated stream ends with an error
+/// event in the client's dialect; a whole answer cut short is the client's
+/// 502 and charged as unfinished (its output bound), as the backend may
+/// have generated it all.
+#[tokio::test]
+async fn an_answer_cut_short_ends_in_the_clients_dialect_and_is_charged() {
+    let fixture = Fixture::start(FixtureOptions::default(), |config, _| {
+        let mut model = config.models.iter().find(|model| model.name == "llama-3.1-8b").unwrap().clone();
+        model.name = "chat-only".into();
+        model.aliases = Vec::new();
+        model.backends[0].format = BackendFormat::OpenAIChat;
+        model.timeouts.idle = std::time::Duration::from_millis(500);
+        config.models.push(model);
+    })
+    .await;
+    let ask = |stream: bool| {
+        json!({"model": "chat-only", "max_tokens": 64, "stream": stream, "messages": [{"role": "user", "content": "x"}]})
+            .to_string()
+    };
+    let request = fixture.request("/v1/messages", Some(ALICE_KEY), &ask(true), &[("x-mock-stall", "usage")]);
+    let (status, _, body) = fixture.send(request).await;
+    assert_eq!(status, StatusCode::OK);
+    let events = payloads(&body);
+    assert_eq!(events.last().unwrap()["type"], "error", "{events:?}");
+
+    let used = async || {
+        let (_, text) = fixture.admin_get("/usage").await;
+        let report: UsageReport = serde_json::from_str(&text).unwrap();
+        report.keys.get("team-a/alice").copied().unwrap_or_default()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let mut before = used().await;
+    while before.requests < 1 {
+        assert!(std::time::Instant::now() < deadline, "never counted: {before:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        before = used().await;
+    }
+    let stalled = [("x-mock-chunked", "true"), ("x-mock-stall", "body")];
+    let (status, _, body) = fixture.send(fixture.request("/v1/messages", Some(ALICE_KEY), &ask(false), &stalled)).await;
+    assert_eq!((status, &json_of(&body)["type"]), (StatusCode::BAD_GATEWAY, &json!("error")));
+    let mut after = used().await;
+    while after.requests < 2 {
+        assert!(std::time::Instant::now() < deadline, "never counted: {after:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        after = used().await;
+    }
+    assert!(after.output_tokens >= before.output_tokens + 64, "charged its output bound: {before:?} → {after:?}");
+}

@@ -360,6 +360,8 @@ mod tests {
         assert_eq!(json_of_body(&answer.body)["error"]["type"], "authentication_error");
         assert_eq!(broken_answer(Plan::ChatOnMessages).status, StatusCode::BAD_GATEWAY);
         assert!(has_no_tokenizer(StatusCode::NOT_FOUND) && !has_no_tokenizer(StatusCode::UNAUTHORIZED));
+        assert!(has_no_tokenizer(StatusCode::METHOD_NOT_ALLOWED) && has_no_tokenizer(StatusCode::NOT_IMPLEMENTED));
+        assert!(!has_no_tokenizer(StatusCode::TOO_MANY_REQUESTS) && !has_no_tokenizer(StatusCode::BAD_GATEWAY));
         let answer = whole_answer(Plan::ChatOnMessages, StatusCode::OK, br#"{"content":"no blocks"}"#, "m", 0);
         assert_eq!(answer.status, StatusCode::BAD_GATEWAY);
         assert!(String::from_utf8_lossy(&answer.body).contains("content"), "names the field");
