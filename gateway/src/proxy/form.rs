@@ -83,6 +83,22 @@ fn split_parameter(parameter: &[u8]) -> Option<(&[u8], &[u8])> {
     Some((parameter[..at].trim_ascii(), parameter[at + 1..].trim_ascii()))
 }
 
+/// The `Content-Type` a form goes upstream with: of the gateway's own
+/// making, with the one boundary it read (never the client's header);
+/// `None` when the client's has none [`boundary`] accepts.
+pub fn upstream_content_type(headers: &HeaderMap) -> Option<http::HeaderValue> {
+    let mut value = b"multipart/form-data; boundary=".to_vec();
+    value.extend_from_slice(boundary(headers).ok()?);
+    http::HeaderValue::from_bytes(&value).ok()
+}
+
+/// A backend's model (a JSON string) as a form part's text: never one
+/// that could end the part (no control characters).
+pub fn model_text(model_json: &[u8]) -> Option<bytes::Bytes> {
+    let name = serde_json::from_slice::<String>(model_json).ok()?;
+    (!name.contains(char::is_control)).then(|| bytes::Bytes::from(name))
+}
+
 /// Scans a form whose parts are separated by `boundary`.
 ///
 /// Strict where a lenient reader could see another form than the

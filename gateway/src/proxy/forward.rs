@@ -325,17 +325,8 @@ fn build_request(
     let extra = &route.forward_headers;
     let plan = outgoing.plan_on(backend);
     let path = backend.paths.get(plan.upstream_endpoint(outgoing.endpoint))?;
-    // A form goes with the one boundary the gateway read, in a
-    // Content-Type of its own making (`super::form::boundary`).
     let form = crate::dialect::APIS[outgoing.endpoint].form;
-    let form_type = if form {
-        let boundary = super::form::boundary(outgoing.headers).ok()?;
-        let mut value = b"multipart/form-data; boundary=".to_vec();
-        value.extend_from_slice(boundary);
-        Some(HeaderValue::from_bytes(&value).ok()?)
-    } else {
-        None
-    };
+    let form_type = if form { Some(super::form::upstream_content_type(outgoing.headers)?) } else { None };
     // The backend's own query (Azure's `api-version`) comes first, then the
     // client's parameters the model forwards; the rest of the client's
     // query is dropped (it could reach another upstream endpoint's options).
@@ -355,11 +346,8 @@ fn build_request(
     let translated = outgoing.translated.and_then(|bodies| bodies.body_for(plan, backend.model_json.as_ref()));
     let body = match (translated, &backend.model_json) {
         (Some(body), _) => body,
-        // A form's model is its part's text, not a JSON string (never one
-        // that could end the part).
         (None, Some(model)) if form => {
-            let name = serde_json::from_slice::<String>(model).ok().filter(|name| !name.contains(char::is_control))?;
-            rewrite(outgoing.body, outgoing.model_span.clone(), &Bytes::from(name))
+            rewrite(outgoing.body, outgoing.model_span.clone(), &super::form::model_text(model)?)
         }
         (None, Some(model)) => rewrite(outgoing.body, outgoing.model_span.clone(), model),
         (None, None) => outgoing.body.clone(),
