@@ -58,16 +58,7 @@ pub fn boundary(headers: &HeaderMap) -> Result<&[u8], GatewayError> {
     }
     let mut found = None;
     for parameter in parameters {
-        let Some((name, value)) = split_parameter(parameter) else { continue };
-        if name.ends_with(b"*") {
-            return Err(GatewayError::InvalidForm("extended (*) parameters are not accepted"));
-        }
-        if name.eq_ignore_ascii_case(b"boundary") {
-            if found.is_some() {
-                return Err(GatewayError::InvalidForm("more than one boundary"));
-            }
-            found = Some(value.strip_prefix(b"\"").and_then(|v| v.strip_suffix(b"\"")).unwrap_or(value));
-        }
+        take_parameter(parameter, b"boundary", &mut found, "more than one boundary")?;
     }
     let boundary = found.ok_or(GatewayError::InvalidForm("Content-Type has no boundary"))?;
     let allowed = |byte: &u8| byte.is_ascii_alphanumeric() || b"'()+_,-./:=? ".contains(byte);
@@ -75,6 +66,30 @@ pub fn boundary(headers: &HeaderMap) -> Result<&[u8], GatewayError> {
         return Err(GatewayError::InvalidForm("the boundary must be 1 to 70 of RFC 2046's characters"));
     }
     Ok(boundary)
+}
+
+/// Keeps `parameter`'s value (unquoted) in `found` when it is `wanted`
+/// (any case).
+///
+/// # Errors
+/// An extended (`*`) parameter, or `wanted` given twice (`twice` says so).
+fn take_parameter<'a>(
+    parameter: &'a [u8],
+    wanted: &[u8],
+    found: &mut Option<&'a [u8]>,
+    twice: &'static str,
+) -> Result<(), GatewayError> {
+    let Some((key, value)) = split_parameter(parameter) else { return Ok(()) };
+    if key.ends_with(b"*") {
+        return Err(GatewayError::InvalidForm("extended (*) parameters are not accepted"));
+    }
+    if key.eq_ignore_ascii_case(wanted) {
+        if found.is_some() {
+            return Err(GatewayError::InvalidForm(twice));
+        }
+        *found = Some(value.strip_prefix(b"\"").and_then(|v| v.strip_suffix(b"\"")).unwrap_or(value));
+    }
+    Ok(())
 }
 
 /// `name=value` of a header parameter, both trimmed; `None` without `=`.
@@ -211,16 +226,7 @@ fn part_name(headers: &[u8]) -> Result<&[u8], GatewayError> {
         }
         dispositions += 1;
         for parameter in quoted_split(&line[colon + 1..])? {
-            let Some((key, value)) = split_parameter(parameter) else { continue };
-            if key.ends_with(b"*") {
-                return Err(GatewayError::InvalidForm("extended (*) parameters are not accepted"));
-            }
-            if key.eq_ignore_ascii_case(b"name") {
-                if name.is_some() {
-                    return Err(GatewayError::InvalidForm("a part has more than one name"));
-                }
-                name = Some(value.strip_prefix(b"\"").and_then(|v| v.strip_suffix(b"\"")).unwrap_or(value));
-            }
+            take_parameter(parameter, b"name", &mut name, "a part has more than one name")?;
         }
     }
     if dispositions != 1 {
