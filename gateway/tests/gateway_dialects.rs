@@ -479,3 +479,44 @@ async fn an_answer_cut_short_ends_in_the_clients_dialect_and_is_charged() {
     }
     assert!(after.output_tokens >= before.output_tokens + 64, "charged its output bound: {before:?} → {after:?}");
 }
+
+/// What a backend sends beyond the translation's bounds ends in the
+/// caller's dialect: an error answer up to 64 KiB is translated (its
+/// message kept), a longer one is a 502; a stream event over 1 MiB ends
+/// the client's stream with an error event and is counted as the
+/// backend's fault.
+#[tokio::test]
+async fn a_backend_past_the_translations_bounds_ends_in_the_clients_dialect() {
+    let fixture = fixture().await;
+    let ask = |stream: bool| {
+        json!({"model": "chat-only", "max_tokens": 5, "stream": stream, "messages": [{"role": "user", "content": "x"}]})
+            .to_string()
+    };
+    let error_of = async |bytes: &str| {
+        let padded = [("x-mock-status", "400"), ("x-mock-error-bytes", bytes)];
+        let (status, _, body) =
+            fixture.send(fixture.request("/v1/messages", Some(ALICE_KEY), &ask(false), &padded)).await;
+        (status, json_of(&body))
+    };
+    let (status, within) = error_of("60000").await;
+    assert_eq!((status, &within["type"]), (StatusCode::BAD_REQUEST, &json!("error")), "{within}");
+    assert!(within["error"]["message"].as_str().unwrap().starts_with("injected by x-mock-status"), "{within}");
+    let (status, past) = error_of("70000").await;
+    assert_eq!((status, &past["type"]), (StatusCode::BAD_GATEWAY, &json!("error")), "{past}");
+
+    let long_event = [("x-mock-event-bytes", "1100000")];
+    let request = fixture.request("/v1/messages", Some(ALICE_KEY), &ask(true), &long_event);
+    let (status, _, body) = fixture.send(request).await;
+    assert_eq!(status, StatusCode::OK);
+    let events = payloads(&body);
+    assert_eq!(events.last().unwrap()["type"], "error", "{:?}", &events[events.len().saturating_sub(2)..]);
+    assert!(body.len() < 100_000, "the long event was not relayed: {} bytes", body.len());
+    let too_long = r#"waycast_gateway_upstream_errors_total{model="chat-only",reason="sse_event_too_long"}"#;
+    assert_eq!(fixture.metric(too_long).await, Some(1.0));
+    // Under the bound, the same long content is translated and relayed.
+    let request = fixture.request("/v1/messages", Some(ALICE_KEY), &ask(true), &[("x-mock-event-bytes", "900000")]);
+    let (status, _, body) = fixture.send(request).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(payloads(&body).last().unwrap()["type"], "message_stop");
+    assert!(body.len() > 900_000, "{} bytes", body.len());
+}

@@ -20,6 +20,8 @@
 //! | `x-mock-chunked: true` | send a non-streaming body with chunked encoding |
 //! | `x-mock-burn-ms: N` | spin the CPU for N ms first (autoscaling tests) |
 //! | `x-mock-tool-arguments: TEXT` | a whole chat answer's tool call carries TEXT as its arguments (a broken model's) |
+//! | `x-mock-error-bytes: N` | with `x-mock-status`: the error's message padded to make a body of about N bytes (≤ 16 MiB) |
+//! | `x-mock-event-bytes: N` | a stream's first event (after the role's) padded to about N bytes of content (≤ 16 MiB) |
 //!
 //! A request offering `tools` is answered with a call of the first one
 //! (`crate::tools`) unless its last message is a tool's result.
@@ -320,7 +322,9 @@ async fn respond(
             page.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/html"));
             return Ok(page);
         }
-        let error = json!({"error": {"message": "injected by x-mock-status", "type": "mock_error", "param": null, "code": "mock"}});
+        let padding = header_number(headers, "x-mock-error-bytes").map_or(0, |n| n.min(MAX_PADDING) as usize);
+        let message = format!("injected by x-mock-status{}", "x".repeat(padding));
+        let error = json!({"error": {"message": message, "type": "mock_error", "param": null, "code": "mock"}});
         return Ok(json_response(status, &error));
     }
     let request_json = received.json();
@@ -367,10 +371,17 @@ async fn respond(
         call.raw_arguments = headers.get("x-mock-tool-arguments").and_then(|v| v.to_str().ok()).map(str::to_owned);
     }
     if stream && kind != Kind::Embedding {
-        let events = match &tool_call {
+        let mut events = match &tool_call {
             Some(call) => call.stream_events(kind, &model, usage, include_usage),
             None => stream_events(kind, &model, chunks, usage, include_usage),
         };
+        if let Some(size) = header_number(headers, "x-mock-event-bytes") {
+            // One long chunk of content after the role's (a runaway server's).
+            let content = "x".repeat(size.min(MAX_PADDING) as usize);
+            let chunk = json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 0, "model": model,
+                "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": null}]});
+            events.insert(1.min(events.len()), Bytes::from(format!("data: {chunk}\n\n")));
+        }
         let stall_after = match stall.as_str() {
             "body" => Some(1),
             "usage" => Some(chunks),
@@ -401,6 +412,9 @@ async fn respond(
     }
     Ok(json_response(StatusCode::OK, &body))
 }
+
+/// The most padding `x-mock-error-bytes` and `x-mock-event-bytes` add.
+const MAX_PADDING: u64 = 16 << 20;
 
 fn json_response(status: StatusCode, body: &Value) -> Response<MockBody> {
     let mut response = Response::new(MockBody::Full(Some(Bytes::from(body.to_string()))));
