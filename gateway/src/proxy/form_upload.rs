@@ -39,8 +39,10 @@ use crate::upstream::body_rest::SourceError;
 pub struct Upload {
     /// Its bytes, for the upstream request.
     pub rest: BodyRest,
-    /// When the client must have sent all of it (the body timeout).
-    pub read_by: Instant,
+    /// What is left of the body timeout once the head was read: the rest
+    /// must come within it, counted from when the gateway starts sending
+    /// it (a wait in the fair queue is not the client's).
+    pub allowance: Duration,
 }
 
 /// A form read as far as its model: the bytes read, what routing reads of
@@ -66,7 +68,9 @@ pub async fn read(
     }
     let read_by = Instant::now() + timeout;
     let mut scanner = FormScanner::new(boundary);
-    let mut head = BytesMut::new();
+    // A form whose model comes after its file is held up to its whole
+    // length: one allocation of it, not a doubling's worth more.
+    let mut head = BytesMut::with_capacity(usize::try_from(declared.min(HEAD_CAPACITY)).unwrap_or_default());
     loop {
         let Some(incoming) = body.incoming() else { return Err(GatewayError::BodyRead) };
         let frame = match tokio::time::timeout_at(read_by.into(), incoming.frame()).await {
@@ -87,6 +91,10 @@ pub async fn read(
         };
         let Ok(data) = frame.into_data() else { continue };
         scanner.feed(&data)?;
+        if head.capacity() - head.len() < data.len() {
+            let whole = usize::try_from(declared).unwrap_or(usize::MAX);
+            head.reserve(whole.saturating_sub(head.len()).max(data.len()));
+        }
         head.extend_from_slice(&data);
         let Some(fields) = scanner.fields_so_far() else { continue };
         let fields = form::request_fields(fields?);
@@ -95,18 +103,40 @@ pub async fn read(
             body.read_to_end();
             return Ok((head.freeze(), form::request_fields(scanner.finish()?), None));
         }
-        let source =
-            FormRest { body: body.take(), scanner, deadline: Box::pin(tokio::time::sleep_until(read_by.into())) };
+        let allowance = read_by.saturating_duration_since(Instant::now());
+        let source = FormRest { body: body.take(), scanner, left, allowance, deadline: None };
         let rest = BodyRest::new(left, Box::pin(source));
-        return Ok((head.freeze(), fields, Some(Upload { rest, read_by })));
+        return Ok((head.freeze(), fields, Some(Upload { rest, allowance })));
     }
 }
+
+/// What a form's head is allocated for at first: most forms are small.
+const HEAD_CAPACITY: u64 = 64 * 1024;
 
 /// The client's body after the model part, checked as it passes.
 struct FormRest {
     body: UnreadBody,
     scanner: FormScanner,
-    deadline: Pin<Box<tokio::time::Sleep>>,
+    /// Bytes still to come.
+    left: u64,
+    allowance: Duration,
+    /// Set at the first poll: when the rest must have come.
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl FormRest {
+    /// Feeds `data` to the scanner; with the body's last bytes, the form
+    /// must be whole. The last frame is handed on only then: a backend
+    /// with every byte of a form the gateway refuses could read it (a
+    /// lenient parser takes an unended last part as ended).
+    fn scanner_checked(&mut self, data: &[u8]) -> Result<(), GatewayError> {
+        self.scanner.feed(data)?;
+        self.left = self.left.saturating_sub(data.len() as u64);
+        if self.left == 0 {
+            self.scanner.finish()?;
+        }
+        Ok(())
+    }
 }
 
 impl Body for FormRest {
@@ -118,12 +148,14 @@ impl Body for FormRest {
         let Some(incoming) = this.body.incoming() else { return Poll::Ready(None) };
         // Whatever is left of a refused or broken body is thrown away as
         // for any refused request (`UnreadBody`).
+        let allowance = this.allowance;
+        let deadline = this.deadline.get_or_insert_with(|| Box::pin(tokio::time::sleep(allowance)));
         let error = match Pin::new(incoming).poll_frame(cx) {
             Poll::Pending => {
-                ready!(this.deadline.as_mut().poll(cx));
+                ready!(deadline.as_mut().poll(cx));
                 GatewayError::BodyTimeout
             }
-            Poll::Ready(Some(Ok(frame))) => match frame.data_ref().map(|data| this.scanner.feed(data)) {
+            Poll::Ready(Some(Ok(frame))) => match frame.data_ref().map(|data| this.scanner_checked(data)) {
                 Some(Err(refused)) => refused,
                 _ => return Poll::Ready(Some(Ok(frame))),
             },

@@ -76,15 +76,22 @@ pub struct Outgoing<'a> {
 pub struct Streamed<'a> {
     /// Its bytes.
     pub rest: &'a BodyRest,
-    /// When the client must have sent it all (the body timeout): the
-    /// first-byte timeout runs from then.
-    pub read_by: Instant,
+    /// How long the client has to send it, from the first attempt (what
+    /// is left of the body timeout): the first-byte timeout is extended by
+    /// as much.
+    pub allowance: std::time::Duration,
 }
 
 impl Outgoing<'_> {
     /// What is made of this request on `backend`.
     fn plan_on(&self, backend: &Backend) -> Plan {
         if self.translated.is_some() { plan(self.endpoint, backend.format) } else { Plan::Pass }
+    }
+
+    /// Its streamed body began going to an upstream: no other attempt can
+    /// have it, and an answer held is the answer.
+    fn body_begun(&self) -> bool {
+        self.streamed.is_some_and(|streamed| streamed.rest.is_begun())
     }
 }
 
@@ -143,6 +150,9 @@ pub async fn send(
     // backend (a failover tier) serves the request.
     let mut overloaded = None;
     for index in route.backend_order() {
+        if outgoing.body_begun() {
+            break;
+        }
         let backend = &route.backends[index];
         if outgoing.plan_on(backend) == Plan::NotServed {
             // Never in place of another backend's real failure.
@@ -219,7 +229,7 @@ async fn send_to_endpoints(
                 // Overloaded, draining or failing: another endpoint may
                 // serve it, else another backend; else this answer is the
                 // answer.
-                if tried.len() >= attempts || !route.retry_budget.take_retry() {
+                if tried.len() >= attempts || outgoing.body_begun() || !route.retry_budget.take_retry() {
                     return Err(Failure::Overloaded(Box::new(forwarded)));
                 }
                 reason
@@ -230,6 +240,10 @@ async fn send_to_endpoints(
             }
             // `send_to` never answers Overloaded: that is decided here.
             (Err(failure @ (Failure::Final(_) | Failure::Overloaded(_))), _) => return Err(failure),
+            (Err(Failure::TryNextBackend(error)), _) if outgoing.body_begun() => {
+                count_failure(route, endpoint, now, tallies);
+                return Err(Failure::Final(error));
+            }
             (Err(Failure::TryNextBackend(error)), _) => {
                 count_failure(route, endpoint, now, tallies);
                 last = error;
@@ -268,8 +282,7 @@ async fn send_to(
     let request = build_request(route, backend, authority, outgoing, begun.as_ref())
         .ok_or_else(|| Failure::Final(GatewayError::UpstreamFailed(route.name.to_string())))?;
     let sent_at = Instant::now();
-    let uploading = outgoing.streamed.map(|streamed| streamed.read_by.saturating_duration_since(sent_at));
-    let waited = route.timeouts.first_byte + uploading.unwrap_or_default();
+    let waited = route.timeouts.first_byte + outgoing.streamed.map(|streamed| streamed.allowance).unwrap_or_default();
     let answered = tokio::time::timeout(waited, backend.client.request(request)).await;
     let mut sent = answered_as(route, answered, sent_at, in_flight);
     if let Ok(forwarded) = &mut sent {

@@ -260,7 +260,7 @@ async fn serve(
         affinity: route.balancing.affinity(&parts.headers, &body, fields.prompt_start),
         inference: forward::Inference::of(&snapshot.settings.sharing, key),
         translated: translated.as_ref(),
-        streamed: upload.as_ref().map(|upload| forward::Streamed { rest: &upload.rest, read_by: upload.read_by }),
+        streamed: upload.as_ref().map(|upload| forward::Streamed { rest: &upload.rest, allowance: upload.allowance }),
     };
     facts.forwarded = true;
     let mut forwarded =

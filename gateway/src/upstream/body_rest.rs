@@ -78,9 +78,9 @@ impl BodyRest {
         self.length == 0
     }
 
-    /// Whether an attempt began sending it.
-    pub async fn is_begun(&self) -> bool {
-        self.source.lock().await.begun
+    /// Whether an attempt began sending it (or is sending it now).
+    pub fn is_begun(&self) -> bool {
+        self.source.try_lock().map_or(true, |source| source.begun)
     }
 
     /// Writes it to `io`, chunk by chunk as its source gives them.

@@ -181,7 +181,7 @@ impl UpstreamClient {
         };
         // A streamed body goes on a new connection: on a pooled one that
         // turns out closed, it could not be sent again.
-        if let Some(io) = Pool::take(&key).filter(|_| request.rest.is_none()) {
+        if let Some(io) = request.rest.is_none().then(|| Pool::take(&key)).flatten() {
             match exchange(io, &request).await {
                 Ok(answer) => return Ok(self.respond(answer, key)),
                 Err(Failed { error, written: false }) => {
