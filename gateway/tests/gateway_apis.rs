@@ -328,3 +328,133 @@ async fn the_root_answers_without_a_key() {
     }
     assert_eq!(fixture.post("/", None, "{}").await.0, StatusCode::METHOD_NOT_ALLOWED);
 }
+
+/// Reads from `socket` after `seen` until `enough` says the bytes so far
+/// suffice, or the peer closes; what came, either way.
+async fn read_until(
+    socket: &mut tokio::net::TcpStream,
+    mut seen: Vec<u8>,
+    enough: impl Fn(&[u8]) -> bool,
+    within: std::time::Duration,
+) -> Vec<u8> {
+    use tokio::io::AsyncReadExt as _;
+    let mut buffer = vec![0; 64 * 1024];
+    let reading = async {
+        while !enough(&seen) {
+            match socket.read(&mut buffer).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => seen.extend_from_slice(&buffer[..n]),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(within, reading).await;
+    seen
+}
+
+/// The end of an HTTP head in `bytes`, and its declared body length.
+fn head_and_length(bytes: &[u8]) -> Option<(usize, usize)> {
+    let end = bytes.windows(4).position(|window| window == b"\r\n\r\n")? + 4;
+    let head = String::from_utf8_lossy(&bytes[..end]).to_lowercase();
+    let length = head.lines().find_map(|line| line.strip_prefix("content-length: "))?.trim().parse().ok()?;
+    Some((end, length))
+}
+
+/// A transcription's file goes to the backend as it arrives: the backend
+/// reads the form's beginning while the client still holds most of the
+/// file, then the whole body (model rewritten, file intact). A form whose
+/// tail turns out malformed — a second model, or a last part never ended
+/// (which python-multipart would take as ended) — never reaches the
+/// backend whole: its request is cut short, and the client gets the 400.
+#[tokio::test]
+async fn an_uploaded_file_streams_to_the_backend_as_it_arrives() {
+    use tokio::io::AsyncWriteExt as _;
+    let backend = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let backend_url = format!("http://{}/v1", backend.local_addr().unwrap());
+    let fixture = Fixture::start(FixtureOptions::default(), |config, _| {
+        config.settings.max_request_body_bytes = 16 << 20;
+        let llama = config.models.iter_mut().find(|model| model.name == "llama-3.1-8b").unwrap();
+        llama.backends[0].url = backend_url;
+    })
+    .await;
+    let file: Vec<u8> = (0..8_000_000u32).map(|i| (i % 253) as u8).collect();
+    let wait = std::time::Duration::from_secs(10);
+    let tails: [(&[u8], Option<&str>); 3] = [
+        (b"--b--\r\n", None),
+        (b"--b\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nother\r\n--b--\r\n", Some("duplicate_model")),
+        (b"--b\r\nContent-Disposition: form-data; name=\"x\"\r\n\r\nabc", Some("invalid_form")),
+    ];
+    let with_tail = |model: &str, tail: &[u8]| {
+        let mut form = audio_form("b", Some(model), &file);
+        form.truncate(form.len() - b"--b--\r\n".len());
+        form.extend_from_slice(tail);
+        form
+    };
+    for (tail, refused) in tails {
+        let malformed_tail = refused.is_some();
+        let form = with_tail("llama3", tail);
+        let mut client = tokio::net::TcpStream::connect(fixture.addr).await.unwrap();
+        let head = format!(
+            "POST /v1/audio/transcriptions HTTP/1.1\r\nhost: gateway\r\nauthorization: Bearer {ALICE_KEY}\r\n\
+             content-type: multipart/form-data; boundary=b\r\ncontent-length: {}\r\n\r\n",
+            form.len()
+        );
+        client.write_all(head.as_bytes()).await.unwrap();
+        let first = 1 << 20;
+        client.write_all(&form[..first]).await.unwrap();
+
+        // The backend has the request and the file's first bytes while the
+        // client holds the other 7 MB back.
+        let (mut upstream, _) =
+            tokio::time::timeout(wait, backend.accept()).await.expect("the request reached the backend").unwrap();
+        let early = read_until(&mut upstream, Vec::new(), |seen| seen.len() > 512 * 1024, wait).await;
+        assert!(
+            early.len() > 512 * 1024,
+            "only {} bytes reached the backend before the client sent the rest",
+            early.len()
+        );
+        let (body_at, length) = head_and_length(&early).expect("a head with a length");
+        let expected = with_tail("meta-llama/Llama-3.1-8B-Instruct", tail);
+        assert_eq!(length, expected.len(), "the length counts the rewritten model");
+
+        client.write_all(&form[first..]).await.unwrap();
+        let seen = read_until(&mut upstream, early, |seen| seen.len() >= body_at + length, wait).await;
+        let answer = if malformed_tail {
+            assert!(seen.len() < body_at + length, "the backend read a whole form the gateway refuses");
+            assert_eq!(&seen[body_at..], &expected[..seen.len() - body_at], "what it read is the form's beginning");
+            None
+        } else {
+            let got = &seen[body_at..];
+            let differs = got.iter().zip(&expected).position(|(a, b)| a != b);
+            assert!(
+                got == &expected[..],
+                "the model rewritten in place, the file intact: {} of {} bytes, first difference at {differs:?}",
+                got.len(),
+                expected.len()
+            );
+            let json = br#"{"text":"streamed"}"#;
+            let reply =
+                format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n", json.len());
+            upstream.write_all(&[reply.as_bytes(), json].concat()).await.unwrap();
+            Some(json)
+        };
+        let reply = read_until(
+            &mut client,
+            Vec::new(),
+            |seen| head_and_length(seen).is_some_and(|(at, n)| seen.len() >= at + n),
+            wait,
+        )
+        .await;
+        let (at, _) = head_and_length(&reply).expect("an answer");
+        let text = String::from_utf8_lossy(&reply);
+        match answer {
+            Some(json) => {
+                assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+                assert_eq!(&reply[at..], json);
+            }
+            None => {
+                assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+                assert_eq!(Some(refusal(&reply[at..], false).as_str()), refused);
+            }
+        }
+    }
+}

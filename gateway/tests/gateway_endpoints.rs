@@ -265,3 +265,37 @@ async fn a_lower_priority_backend_serves_when_every_pod_is_down_or_overloaded() 
     assert_eq!(status, StatusCode::OK, "every pod overloaded: the next tier serves");
     assert_eq!(served(&fixture.mock).await, 2);
 }
+
+/// An audio upload streams its file to the first endpoint picked: once
+/// the file went out it cannot go to another, so a retried status from
+/// that pod (503 here) is the client's answer, never a retry that could
+/// only fail, and the other pod is not asked.
+#[tokio::test]
+async fn a_streamed_upload_is_answered_by_the_pod_it_went_to() {
+    let options = FixtureOptions { endpoints_file: true, ..FixtureOptions::default() };
+    let fixture = Fixture::start(options, |config, _| {
+        on_endpoints(config, LoadBalancingPolicy::RoundRobin);
+        config.settings.max_request_body_bytes = 8 << 20;
+    })
+    .await;
+    let live = pods(1).await;
+    let failing_options = MockOptions { forced_status: std::sync::Arc::new(503.into()), ..MockOptions::default() };
+    let failing = mock_upstream::start(SocketAddr::from(([127, 0, 0, 1], 0)), failing_options).await.unwrap();
+    set_endpoints(&fixture, &[failing.addr, live[0].addr]).await;
+    let mut form = format!("--b\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\n{MODEL}\r\n").into_bytes();
+    form.extend_from_slice(b"--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\n");
+    form.extend(std::iter::repeat_n(b'a', 4 << 20));
+    form.extend_from_slice(b"\r\n--b--\r\n");
+    let mut statuses = Vec::new();
+    for _ in 0..2 {
+        let request = http::Request::post(fixture.url("/v1/audio/transcriptions"))
+            .header("authorization", format!("Bearer {ALICE_KEY}"))
+            .header("content-type", "multipart/form-data; boundary=b")
+            .body(http_body_util::Full::new(bytes::Bytes::from(form.clone())))
+            .unwrap();
+        statuses.push(fixture.send(request).await.0.as_u16());
+    }
+    statuses.sort_unstable();
+    assert_eq!(statuses, [200, 503], "each answered by the one pod its file went to");
+    assert_eq!((served(&failing).await, served(&live[0]).await), (1, 1));
+}

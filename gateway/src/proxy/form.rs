@@ -27,6 +27,7 @@ use http::header::CONTENT_TYPE;
 use memchr::memmem;
 
 use super::body::RequestFields;
+use super::form_scanner::{FormFields, FormScanner};
 use crate::error::GatewayError;
 
 /// Most parts a form may have (a transcription has a handful).
@@ -34,7 +35,7 @@ pub const MAX_PARTS: usize = 64;
 /// Most bytes of one part's headers.
 pub const MAX_PART_HEADERS: usize = 8 * 1024;
 /// Longest model name read from a form.
-const MAX_MODEL_BYTES: usize = 256;
+pub const MAX_MODEL_BYTES: usize = 256;
 
 /// The boundary of a `multipart/form-data` body, from its `Content-Type`.
 ///
@@ -114,7 +115,8 @@ pub fn model_text(model_json: &[u8]) -> Option<bytes::Bytes> {
     (!name.contains(char::is_control)).then(|| bytes::Bytes::from(name))
 }
 
-/// Scans a form whose parts are separated by `boundary`.
+/// Scans a form, whole, whose parts are separated by `boundary`
+/// ([`super::form_scanner::FormScanner`] fed it in one piece).
 ///
 /// Strict where a lenient reader could see another form than the
 /// backend's (python-multipart under vLLM): no preamble and nothing but
@@ -125,52 +127,15 @@ pub fn model_text(model_json: &[u8]) -> Option<bytes::Bytes> {
 /// # Errors
 /// 400-class [`GatewayError`]s: a malformed form, no `model` part or more
 /// than one, a model that is empty, too long or not UTF-8.
-pub fn scan<'a>(body: &'a [u8], boundary: &[u8]) -> Result<RequestFields<'a>, GatewayError> {
-    let mut delimiter = Vec::with_capacity(boundary.len() + 4);
-    delimiter.extend_from_slice(b"\r\n--");
-    delimiter.extend_from_slice(boundary);
-    let finder = memmem::Finder::new(&delimiter);
-    if !body.starts_with(&delimiter[2..]) {
-        return Err(GatewayError::InvalidForm("the body must start with the boundary"));
-    }
-    let mut at = delimiter.len() - 2;
-    let (mut model, mut stream) = (None, None);
-    for _ in 0..=MAX_PARTS {
-        let rest = &body[at..];
-        if let Some(epilogue) = rest.strip_prefix(b"--") {
-            if !epilogue.iter().all(|byte| matches!(byte, b'\r' | b'\n')) {
-                return Err(GatewayError::InvalidForm("bytes after the closing boundary"));
-            }
-            return fields_of(body, model, stream.unwrap_or(false));
-        }
-        let rest = rest.strip_prefix(b"\r\n").ok_or(GatewayError::InvalidForm("a boundary is not followed by CRLF"))?;
-        if rest.starts_with(b"\r\n") {
-            return Err(GatewayError::InvalidForm("a part has no headers"));
-        }
-        let headers_start = body.len() - rest.len();
-        let window = &rest[..rest.len().min(MAX_PART_HEADERS + 4)];
-        let headers_len = memmem::find(window, b"\r\n\r\n")
-            .ok_or(GatewayError::InvalidForm("a part's headers are too long or unended"))?;
-        let name = part_name(&rest[..headers_len])?;
-        let value_start = headers_start + headers_len + 4;
-        let value_len = finder
-            .find(&body[value_start..])
-            .ok_or(GatewayError::InvalidForm("the form does not end with its boundary"))?;
-        let value = value_start..value_start + value_len;
-        match name {
-            b"model" if model.is_some() => return Err(GatewayError::DuplicateModel),
-            b"model" => model = Some(value),
-            b"stream" if stream.is_some() => return Err(GatewayError::InvalidForm("stream is given twice")),
-            b"stream" => stream = Some(stream_value(&body[value])?),
-            _ => {}
-        }
-        at = value_start + value_len + delimiter.len();
-    }
-    Err(GatewayError::InvalidForm("the form has more than 64 parts"))
+pub fn scan(body: &[u8], boundary: &[u8]) -> Result<RequestFields<'static>, GatewayError> {
+    let mut scanner = FormScanner::new(boundary);
+    scanner.feed(body)?;
+    let fields = scanner.finish()?;
+    Ok(request_fields(fields))
 }
 
 /// `true` or `false` (any case): the values both sides read alike.
-fn stream_value(value: &[u8]) -> Result<bool, GatewayError> {
+pub(super) fn stream_value(value: &[u8]) -> Result<bool, GatewayError> {
     if value.eq_ignore_ascii_case(b"true") {
         Ok(true)
     } else if value.eq_ignore_ascii_case(b"false") {
@@ -182,27 +147,17 @@ fn stream_value(value: &[u8]) -> Result<bool, GatewayError> {
 
 /// What routing reads of a form: its model (the part's value, rewritten
 /// in place) and whether it streams; nothing else is the gateway's.
-fn fields_of(
-    body: &[u8],
-    model: Option<std::ops::Range<usize>>,
-    stream: bool,
-) -> Result<RequestFields<'_>, GatewayError> {
-    let span = model.ok_or(GatewayError::MissingModel)?;
-    let text =
-        std::str::from_utf8(&body[span.clone()]).map_err(|_| GatewayError::InvalidField("model", "must be text"))?;
-    if text.is_empty() || text.len() > MAX_MODEL_BYTES {
-        return Err(GatewayError::InvalidField("model", "must be 1 to 256 bytes"));
-    }
-    Ok(RequestFields {
-        model: Cow::Borrowed(text),
-        model_span: span,
-        stream,
+pub(super) fn request_fields(fields: FormFields) -> RequestFields<'static> {
+    RequestFields {
+        model: Cow::Owned(fields.model),
+        model_span: fields.model_span,
+        stream: fields.stream,
         stream_options: None,
         max_tokens: None,
         choices: 1,
         prompt_start: None,
         client_user: None,
-    })
+    }
 }
 
 /// The `name` of a part: its one `Content-Disposition: form-data` header's
@@ -211,7 +166,7 @@ fn fields_of(
 /// # Errors
 /// Lines not ended by CRLF, no or several `Content-Disposition` headers,
 /// no or several names, an extended (`*`) or escaped parameter.
-fn part_name(headers: &[u8]) -> Result<&[u8], GatewayError> {
+pub(super) fn part_name(headers: &[u8]) -> Result<&[u8], GatewayError> {
     let mut name = None;
     let mut dispositions = 0;
     for line in split_crlf(headers) {

@@ -10,14 +10,21 @@ use http::uri::PathAndQuery;
 use http::{Method, Response};
 
 use super::facts::{Tallies, Tally};
+pub use super::upstream_headers::returnable;
+use super::upstream_headers::{
+    ANTHROPIC_VERSION, BAGGAGE, DEFAULT_ANTHROPIC_VERSION, FORWARDED_FOR, FORWARDED_PROTO, TRACEPARENT, TRACESTATE,
+    forwardable, forwarded_query, is_client_credential, is_picker_header, is_set_by_gateway,
+};
 use crate::dialect::plan::{Plan, Translated, plan};
 use crate::error::GatewayError;
 use crate::request_id::REQUEST_ID;
 use crate::snapshot::{Backend, Route};
 use crate::telemetry::RequestTrace;
+use crate::upstream::body_rest::RestError;
 use crate::upstream::endpoints::EndpointTable;
+use crate::upstream::http1::UpstreamError;
 use crate::upstream::pick::{InFlight, SetHandle};
-use crate::upstream::{UpstreamBody, UpstreamRequest};
+use crate::upstream::{BodyRest, UpstreamBody, UpstreamRequest};
 
 /// What the upstream answered.
 pub struct Forwarded {
@@ -59,12 +66,32 @@ pub struct Outgoing<'a> {
     /// The body translated for the backends that speak another API
     /// (`crate::dialect::plan`); `None`: every backend speaks the client's.
     pub translated: Option<&'a Translated>,
+    /// The rest of the client's body, still arriving (a form's file):
+    /// `body` is what came before it.
+    pub streamed: Option<Streamed<'a>>,
+}
+
+/// The rest of a client's body, streamed upstream as it arrives.
+#[derive(Debug, Clone, Copy)]
+pub struct Streamed<'a> {
+    /// Its bytes.
+    pub rest: &'a BodyRest,
+    /// How long the client has to send it, from the first attempt (what
+    /// is left of the body timeout): the first-byte timeout is extended by
+    /// as much.
+    pub allowance: std::time::Duration,
 }
 
 impl Outgoing<'_> {
     /// What is made of this request on `backend`.
     fn plan_on(&self, backend: &Backend) -> Plan {
         if self.translated.is_some() { plan(self.endpoint, backend.format) } else { Plan::Pass }
+    }
+
+    /// Its streamed body began going to an upstream: no other attempt can
+    /// have it, and an answer held is the answer.
+    fn body_begun(&self) -> bool {
+        self.streamed.is_some_and(|streamed| streamed.rest.is_begun())
     }
 }
 
@@ -123,6 +150,9 @@ pub async fn send(
     // backend (a failover tier) serves the request.
     let mut overloaded = None;
     for index in route.backend_order() {
+        if outgoing.body_begun() {
+            break;
+        }
         let backend = &route.backends[index];
         if outgoing.plan_on(backend) == Plan::NotServed {
             // Never in place of another backend's real failure.
@@ -199,7 +229,7 @@ async fn send_to_endpoints(
                 // Overloaded, draining or failing: another endpoint may
                 // serve it, else another backend; else this answer is the
                 // answer.
-                if tried.len() >= attempts || !route.retry_budget.take_retry() {
+                if tried.len() >= attempts || outgoing.body_begun() || !route.retry_budget.take_retry() {
                     return Err(Failure::Overloaded(Box::new(forwarded)));
                 }
                 reason
@@ -210,6 +240,10 @@ async fn send_to_endpoints(
             }
             // `send_to` never answers Overloaded: that is decided here.
             (Err(failure @ (Failure::Final(_) | Failure::Overloaded(_))), _) => return Err(failure),
+            (Err(Failure::TryNextBackend(error)), _) if outgoing.body_begun() => {
+                count_failure(route, endpoint, now, tallies);
+                return Err(Failure::Final(error));
+            }
             (Err(Failure::TryNextBackend(error)), _) => {
                 count_failure(route, endpoint, now, tallies);
                 last = error;
@@ -248,7 +282,8 @@ async fn send_to(
     let request = build_request(route, backend, authority, outgoing, begun.as_ref())
         .ok_or_else(|| Failure::Final(GatewayError::UpstreamFailed(route.name.to_string())))?;
     let sent_at = Instant::now();
-    let answered = tokio::time::timeout(route.timeouts.first_byte, backend.client.request(request)).await;
+    let waited = route.timeouts.first_byte + outgoing.streamed.map(|streamed| streamed.allowance).unwrap_or_default();
+    let answered = tokio::time::timeout(waited, backend.client.request(request)).await;
     let mut sent = answered_as(route, answered, sent_at, in_flight);
     if let Ok(forwarded) = &mut sent {
         forwarded.plan = outgoing.plan_on(backend);
@@ -272,10 +307,7 @@ async fn send_to(
 /// deadline): a plain function, so the attempt is one future.
 fn answered_as(
     route: &Route,
-    answered: Result<
-        Result<Response<UpstreamBody>, crate::upstream::http1::UpstreamError>,
-        tokio::time::error::Elapsed,
-    >,
+    answered: Result<Result<Response<UpstreamBody>, UpstreamError>, tokio::time::error::Elapsed>,
     sent_at: Instant,
     in_flight: Option<InFlight>,
 ) -> Result<Forwarded, Failure> {
@@ -286,6 +318,16 @@ fn answered_as(
                 flight.endpoint().observe_response(headers_at - sent_at);
             }
             Ok(Forwarded { response, sent_at, headers_at, in_flight, plan: Plan::Pass })
+        }
+        // The client's streamed body failed or was refused as it came: its
+        // answer, whoever was sent the beginning.
+        Ok(Err(UpstreamError::RequestBody(RestError::Source(source)))) => {
+            Err(Failure::Final(source.downcast::<GatewayError>().map_or(GatewayError::BodyRead, |error| *error)))
+        }
+        // Begun, its body cannot be sent to another.
+        Ok(Err(UpstreamError::RequestBody(error))) => {
+            tracing::warn!(model = %route.name, %error, "streaming the request body upstream failed");
+            Err(Failure::Final(GatewayError::UpstreamFailed(route.name.to_string())))
         }
         Ok(Err(error)) if error.is_connect() => {
             if error.is_egress_denied() {
@@ -357,6 +399,9 @@ fn build_request(
     if !backend.guarded {
         head.for_own_service();
     }
+    if let Some(streamed) = outgoing.streamed {
+        head.with_rest(streamed.rest.clone());
+    }
     let stamped =
         |name: &HeaderName| outgoing.inference.is_some() && (FAIRNESS_ID.contains(name) || OBJECTIVE.contains(name));
     for (name, value) in outgoing.headers {
@@ -411,82 +456,6 @@ fn build_request(
     head.header(&FORWARDED_FOR, &outgoing.client.forwarded_for);
     head.header(&FORWARDED_PROTO, &outgoing.client.forwarded_proto);
     Some(head.finish())
-}
-
-/// The `name=value` pairs of `query` whose name is in `allowed`, in order.
-fn forwarded_query(query: &str, allowed: &[String]) -> String {
-    if allowed.is_empty() {
-        return String::new();
-    }
-    let kept: Vec<&str> = query
-        .split('&')
-        // NB: a `;` is a separator to some servers (Rack, older Python):
-        // a pair holding one could smuggle a parameter past the list.
-        .filter(|pair| !pair.contains(';'))
-        .filter(|pair| {
-            let name = pair.split_once('=').map_or(*pair, |(name, _)| name);
-            allowed.iter().any(|allowed| allowed == name)
-        })
-        .collect();
-    kept.join("&")
-}
-
-/// The fields [`build_request`] sets itself.
-fn is_set_by_gateway(name: &HeaderName) -> bool {
-    name == header::HOST
-        || name == header::CONTENT_LENGTH
-        || name == REQUEST_ID
-        || name == FORWARDED_FOR
-        || name == FORWARDED_PROTO
-}
-
-static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
-static ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version");
-static DEFAULT_ANTHROPIC_VERSION: HeaderValue = HeaderValue::from_static("2023-06-01");
-static TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
-static BAGGAGE: HeaderName = HeaderName::from_static("baggage");
-static FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-static FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-
-/// Whether a client header may go upstream: an allow-list of what an
-/// inference API reads (content negotiation, the protocol versions of
-/// `waycast_crds::common::PROVIDER_PROTOCOL_HEADERS`, the SDKs'
-/// `x-stainless-*`, trace context). Everything else stays behind unless the
-/// model forwards it — the headers that choose what a provider bills
-/// (`openai-organization`, `openai-project`, `anthropic-beta`), the
-/// client's credentials (`Authorization`, `x-api-key`, Azure's `api-key`),
-/// cookies, its own `X-Forwarded-*`, hop-by-hop headers and whatever
-/// `Connection` names — and `Accept-Encoding` too: a compressed response
-/// would hide its usage.
-fn forwardable(name: &HeaderName) -> bool {
-    let name = name.as_str();
-    matches!(name, "content-type" | "accept" | "user-agent" | "traceparent" | "tracestate" | "baggage")
-        || waycast_crds::common::PROVIDER_PROTOCOL_HEADERS.contains(&name)
-        || name.starts_with("x-stainless-")
-}
-
-/// Whether a header is one an endpoint picker reads: never the client's,
-/// whatever the model forwards (stamped by the gateway when the Gateway
-/// says so).
-fn is_picker_header(name: &HeaderName) -> bool {
-    waycast_crds::common::PICKER_HEADER_PREFIXES.iter().any(|prefix| name.as_str().starts_with(prefix))
-}
-
-/// The client's own credentials: never forwarded, whatever a model allows
-/// (its validation refuses such patterns too).
-fn is_client_credential(name: &HeaderName) -> bool {
-    waycast_crds::common::CLIENT_CREDENTIAL_HEADERS.contains(&name.as_str())
-}
-
-/// Whether an upstream response header may go back to the client.
-pub fn returnable(name: &HeaderName) -> bool {
-    !(name == header::CONNECTION
-        || name == header::TRANSFER_ENCODING
-        || name == "keep-alive"
-        || name == "proxy-connection"
-        || name == header::TE
-        || name == header::TRAILER
-        || name == header::UPGRADE)
 }
 
 /// `body` with the bytes at `span` replaced by `model` (a JSON string).
@@ -558,6 +527,7 @@ mod tests {
             affinity: None,
             inference: None,
             translated: None,
+            streamed: None,
         };
         let backend = &route.backends[0];
         let request = build_request(route, backend, backend.authority.clone(), &outgoing, None).unwrap();

@@ -9,7 +9,8 @@
 //! count     the key's request limit, before the body            (429, 503)    limit::Counters::count_key_request
 //!           (`/v1/usage`: then its tenant's limits, and the budgets' spends read within bounds) respond::budgets_of
 //! body      read within maxRequestBodyBytes and a deadline       (413, 408)    request_body::read
-//! scan      top-level "model"/"stream"/… (the dialect's names)  (400)         body::scan (a form's parts: form::scan)
+//!           (a form: as far as its model part; the rest streams upstream, scanned as it passes) form_upload::read
+//! scan      top-level "model"/"stream"/… (the dialect's names)  (400)         body::scan (a form's parts: form_scanner)
 //! route     model → Route; visibility and allow-list            (404, 403)    route::route
 //! limits    key, tenant and model limits, tokens, concurrency  (429, 503)    limit::Counters::admit
 //! queue     a full model's fair queue: wait for a turn          (429)         queue::take_turn
@@ -38,6 +39,8 @@ pub mod connection;
 pub mod exchange;
 pub mod facts;
 pub mod form;
+pub mod form_scanner;
+pub mod form_upload;
 pub mod forward;
 mod key_digests;
 pub mod queue;
@@ -49,6 +52,7 @@ pub mod series;
 pub mod sse;
 pub mod stream;
 pub mod translated;
+mod upstream_headers;
 pub mod usage;
 
 use std::convert::Infallible;
@@ -153,13 +157,18 @@ async fn serve(
         return Ok(respond::budgets_of(&snapshot, (key, member.as_deref()), now, &shared.metrics).await);
     };
     let limit = snapshot.settings.max_request_body_bytes;
-    let body = request_body::read(&mut body, &parts.headers, limit, shared.body_timeout).await?;
-    let body_done = Instant::now();
     let api = &crate::dialect::APIS[endpoint_index];
-    let fields = if api.form {
-        form::scan(&body, form::boundary(&parts.headers)?)?
+    // A form is read as far as its model; its file streams upstream after.
+    let (body, form_fields, upload) = if api.form {
+        let (head, fields, upload) = form_upload::read(&mut body, &parts.headers, limit, shared.body_timeout).await?;
+        (head, Some(fields), upload)
     } else {
-        body::scan(&body, endpoint.dialect())?
+        (request_body::read(&mut body, &parts.headers, limit, shared.body_timeout).await?, None, None)
+    };
+    let body_done = Instant::now();
+    let fields = match form_fields {
+        Some(fields) => fields,
+        None => body::scan(&body, endpoint.dialect())?,
     };
     facts.client_user = fields.client_user.as_deref().map(Box::from);
     let route = route::route(&snapshot, key, &fields.model)?.route;
@@ -181,7 +190,8 @@ async fn serve(
         Reservation::free()
     } else if api.form {
         // A form's bytes are mostly a file: no measure of its prompt tokens.
-        Reservation::for_form(body.len(), output, choices, default_output)
+        let length = body.len() + upload.as_ref().map_or(0, |upload| upload.rest.len() as usize);
+        Reservation::for_form(length, output, choices, default_output)
     } else if api.media_answer {
         Reservation::for_request(body.len(), output, choices, default_output).with_media_answer()
     } else {
@@ -250,6 +260,7 @@ async fn serve(
         affinity: route.balancing.affinity(&parts.headers, &body, fields.prompt_start),
         inference: forward::Inference::of(&snapshot.settings.sharing, key),
         translated: translated.as_ref(),
+        streamed: upload.as_ref().map(|upload| forward::Streamed { rest: &upload.rest, allowance: upload.allowance }),
     };
     facts.forwarded = true;
     let mut forwarded =

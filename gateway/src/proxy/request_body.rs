@@ -22,8 +22,7 @@ pub async fn read(
     limit: u64,
     timeout: Duration,
 ) -> Result<Bytes, GatewayError> {
-    let declared =
-        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    let declared = declared_length(headers);
     if declared.is_some_and(|length| length > limit) {
         return Err(GatewayError::BodyTooLarge(limit));
     }
@@ -39,6 +38,12 @@ pub async fn read(
     // kept for it.
     body.0 = None;
     read
+}
+
+/// The body's length as its `Content-Length` declares it (hyper has
+/// refused a request whose lengths disagree).
+pub fn declared_length(headers: &HeaderMap) -> Option<u64> {
+    headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok())
 }
 
 enum BodyError {
@@ -91,6 +96,21 @@ impl UnreadBody {
     /// The body of a request not read yet.
     pub fn new(body: Incoming) -> Self {
         Self(Some(body))
+    }
+
+    /// The body, while it is held.
+    pub(super) fn incoming(&mut self) -> Option<&mut Incoming> {
+        self.0.as_mut()
+    }
+
+    /// The body, held from now on by the one returned.
+    pub(super) fn take(&mut self) -> Self {
+        Self(self.0.take())
+    }
+
+    /// The body was read whole, or given up on: nothing is left to discard.
+    pub(super) fn read_to_end(&mut self) {
+        self.0 = None;
     }
 }
 

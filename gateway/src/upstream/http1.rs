@@ -40,6 +40,7 @@ use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use waycast_crds::egress::EgressPolicy;
 
+use super::body_rest::RestError;
 use super::egress::{EgressDenied, allowed_addresses};
 use super::framing::{Decoder, Framing, FramingError, check_version, framing, header_tokens};
 use super::io::{Io, Records};
@@ -97,6 +98,9 @@ pub enum UpstreamError {
     /// The response body broke its framing.
     #[error("upstream body: {0}")]
     Body(#[from] FramingError),
+    /// The request body's streamed rest could not be sent whole.
+    #[error(transparent)]
+    RequestBody(#[from] RestError),
 }
 
 impl UpstreamError {
@@ -175,7 +179,9 @@ impl UpstreamClient {
             guarded: request.guarded,
             authority: request.authority.clone(),
         };
-        if let Some(io) = Pool::take(&key) {
+        // A streamed body goes on a new connection: on a pooled one that
+        // turns out closed, it could not be sent again.
+        if let Some(io) = request.rest.is_none().then(|| Pool::take(&key)).flatten() {
             match exchange(io, &request).await {
                 Ok(answer) => return Ok(self.respond(answer, key)),
                 Err(Failed { error, written: false }) => {
@@ -304,8 +310,12 @@ async fn exchange(mut io: Io, request: &UpstreamRequest) -> Result<Answer, Faile
     if let Some(body) = request.body_after_head() {
         io.write_all(body).await.map_err(unwritten)?;
     }
-    io.flush().await.map_err(unwritten)?;
     let written = |error| Failed { error, written: true };
+    if let Some(rest) = &request.rest {
+        rest.send(&mut io).await.map_err(|error| written(error.into()))?;
+    }
+    let begun = request.rest.is_some();
+    io.flush().await.map_err(|error| Failed { error: UpstreamError::Io(error), written: begun })?;
     let head = match read_head(&mut io).await {
         Err(error) => return Err(written(UpstreamError::Io(error))),
         Ok(Err(error)) => return Err(written(error.into())),

@@ -12,6 +12,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 use super::*;
+use crate::upstream::body_rest::{BodyRest, RestError};
 use http::{Method, StatusCode};
 
 /// An upstream that answers each request on a connection with the next of
@@ -619,4 +620,99 @@ fn a_stray_record_the_reactor_has_not_seen_closes_the_connection() {
     let response = runtime.block_on(client.request(tls_post(address))).unwrap();
     assert_eq!(runtime.block_on(body_of(response)).unwrap(), "world");
     assert_eq!(accepted.load(Ordering::SeqCst), 2, "a connection with a stray record on its socket was reused");
+}
+
+/// A request body's rest as a source gives it: these chunks, then an end
+/// (or an error, as the client's body breaking off).
+struct Chunks(std::collections::VecDeque<Result<&'static [u8], &'static str>>);
+
+impl http_body::Body for Chunks {
+    type Data = Bytes;
+    type Error = super::super::body_rest::SourceError;
+
+    fn poll_frame(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        Poll::Ready(self.0.pop_front().map(|chunk| match chunk {
+            Ok(data) => Ok(Frame::data(Bytes::from_static(data))),
+            Err(why) => Err(why.into()),
+        }))
+    }
+}
+
+fn rest(length: u64, chunks: Vec<Result<&'static [u8], &'static str>>) -> BodyRest {
+    BodyRest::new(length, Box::pin(Chunks(chunks.into())))
+}
+
+fn post_with_rest(address: SocketAddr, body: &'static [u8], rest: &BodyRest) -> UpstreamRequest {
+    let authority = address.to_string().parse().unwrap();
+    let mut head = UpstreamRequest::build(&Method::POST, false, authority, "/v1/audio", Bytes::from_static(body));
+    head.header(&http::header::HOST, &HeaderValue::from_static("upstream"));
+    head.with_rest(rest.clone());
+    head.finish()
+}
+
+/// An upstream that hands each request it reads whole to the test and
+/// answers it.
+async fn recording() -> (SocketAddr, tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let (seen, requests) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                while let Some(request) = read_request(&mut socket).await {
+                    let _ = seen.send(request);
+                    if socket.write_all(LENGTH).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (address, requests)
+}
+
+/// The rest follows the request's own bytes as its source gives it, under
+/// one `Content-Length` for both, on a connection of its own.
+#[tokio::test]
+async fn a_streamed_rest_follows_the_body_under_one_length() {
+    let (address, mut requests) = recording().await;
+    let client = client();
+    // A pooled connection is there; the streamed request does not take it.
+    assert_eq!(body_of(client.request(post(address, b"{}")).await.unwrap()).await.unwrap(), "world");
+    let _ = requests.recv().await.unwrap();
+    let streamed = rest(5, vec![Ok(b"CDE"), Ok(b""), Ok(b"FG")]);
+    let response = client.request(post_with_rest(address, b"AB", &streamed)).await.unwrap();
+    assert_eq!(body_of(response).await.unwrap(), "world");
+    let request = String::from_utf8(requests.recv().await.unwrap()).unwrap();
+    assert!(request.contains("content-length: 7\r\n"), "{request}");
+    assert!(request.ends_with("\r\n\r\nABCDEFG"), "{request}");
+    assert!(streamed.is_begun());
+}
+
+/// A rest is sent once, at its declared length, or the request fails
+/// with the source's own error; a connection it failed on is never used
+/// again.
+#[tokio::test]
+async fn a_rest_is_sent_once_at_its_length_or_the_request_fails() {
+    let (address, _requests) = recording().await;
+    let client = client();
+    let sent = rest(2, vec![Ok(b"CD")]);
+    client.request(post_with_rest(address, b"AB", &sent)).await.unwrap();
+    let again = client.request(post_with_rest(address, b"AB", &sent)).await.err().unwrap();
+    assert!(matches!(again, UpstreamError::RequestBody(RestError::Begun)), "{again:?}");
+    let longer = rest(2, vec![Ok(b"CD"), Ok(b"E")]);
+    let error = client.request(post_with_rest(address, b"AB", &longer)).await.err().unwrap();
+    assert!(matches!(error, UpstreamError::RequestBody(RestError::Length("more", 2))), "{error:?}");
+    let shorter = rest(3, vec![Ok(b"CD")]);
+    let error = client.request(post_with_rest(address, b"AB", &shorter)).await.err().unwrap();
+    assert!(matches!(error, UpstreamError::RequestBody(RestError::Length("fewer", 3))), "{error:?}");
+    let broken = rest(4, vec![Ok(b"CD"), Err("the client went away")]);
+    let error = client.request(post_with_rest(address, b"AB", &broken)).await.err().unwrap();
+    match error {
+        UpstreamError::RequestBody(RestError::Source(source)) => assert_eq!(source.to_string(), "the client went away"),
+        other => panic!("{other:?}"),
+    }
+    // Never taken for a connect failure, which another backend may retry.
+    assert!(!UpstreamError::RequestBody(RestError::Begun).is_connect());
 }

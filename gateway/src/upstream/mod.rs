@@ -5,6 +5,7 @@
 //! warm connections.
 
 pub mod balancing;
+pub mod body_rest;
 pub mod egress;
 pub mod endpoints;
 pub mod framing;
@@ -20,6 +21,7 @@ use std::time::Duration;
 use waycast_crds::config::{BackendConfig, ClientTlsConfig};
 use waycast_crds::egress::EgressPolicy;
 
+pub use body_rest::BodyRest;
 pub use http1::{UpstreamBody, UpstreamClient};
 pub use pool::Pool;
 pub use wire::UpstreamRequest;

@@ -10,6 +10,8 @@
 use std::mem::MaybeUninit;
 
 use bytes::{Buf as _, Bytes, BytesMut};
+
+use super::body_rest::BodyRest;
 use http::header::{HeaderName, HeaderValue};
 use http::uri::Authority;
 use http::{HeaderMap, Method, Response, StatusCode, Version};
@@ -50,6 +52,8 @@ pub struct UpstreamRequest {
     pub(super) head_only: bool,
     pub(super) wire: Vec<u8>,
     pub(super) body: Bytes,
+    /// What follows `body`, streamed as it comes.
+    pub(super) rest: Option<BodyRest>,
 }
 
 impl UpstreamRequest {
@@ -64,7 +68,8 @@ impl UpstreamRequest {
         wire.push(b' ');
         wire.extend_from_slice(target.as_bytes());
         wire.extend_from_slice(b" HTTP/1.1\r\n");
-        RequestHead { request: Self { tls, guarded: true, authority, head_only: method == Method::HEAD, wire, body } }
+        let head_only = method == Method::HEAD;
+        RequestHead { request: Self { tls, guarded: true, authority, head_only, wire, body, rest: None } }
     }
 
     /// What is written first: the head, with the body when it is small.
@@ -109,12 +114,18 @@ impl RequestHead {
         self.request.wire.extend_from_slice(line);
     }
 
-    /// Ends the head with the body's `Content-Length`.
+    /// The body goes on with `rest`, written as its source gives it.
+    pub fn with_rest(&mut self, rest: BodyRest) {
+        self.request.rest = Some(rest);
+    }
+
+    /// Ends the head with the body's `Content-Length` (its rest's included).
     pub fn finish(self) -> UpstreamRequest {
         let mut request = self.request;
         let wire = &mut request.wire;
         wire.extend_from_slice(b"content-length: ");
-        crate::json_text::decimal(request.body.len() as u64, wire);
+        let rest = request.rest.as_ref().map_or(0, BodyRest::len);
+        crate::json_text::decimal(request.body.len() as u64 + rest, wire);
         wire.extend_from_slice(b"\r\n\r\n");
         if request.body.len() <= BODY_WITH_HEAD {
             wire.extend_from_slice(&request.body);
