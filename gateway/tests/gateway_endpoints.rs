@@ -269,13 +269,20 @@ async fn a_lower_priority_backend_serves_when_every_pod_is_down_or_overloaded() 
 /// An audio upload streams its file to the first endpoint picked: once
 /// the file went out it cannot go to another, so a retried status from
 /// that pod (503 here) is the client's answer, never a retry that could
-/// only fail, and the other pod is not asked.
+/// only fail: neither the other pod nor the failover tier behind them is
+/// asked.
 #[tokio::test]
 async fn a_streamed_upload_is_answered_by_the_pod_it_went_to() {
     let options = FixtureOptions { endpoints_file: true, ..FixtureOptions::default() };
+    let failover = pods(1).await;
+    let failover_url = failover[0].base_url();
     let fixture = Fixture::start(options, |config, _| {
         on_endpoints(config, LoadBalancingPolicy::RoundRobin);
         config.settings.max_request_body_bytes = 8 << 20;
+        let model = config.models.iter_mut().find(|m| m.name == MODEL).unwrap();
+        let mut tier = model.backends[0].clone();
+        (tier.url, tier.endpoints, tier.priority) = (failover_url, None, 1);
+        model.backends.push(tier);
     })
     .await;
     let live = pods(1).await;
@@ -297,5 +304,5 @@ async fn a_streamed_upload_is_answered_by_the_pod_it_went_to() {
     }
     statuses.sort_unstable();
     assert_eq!(statuses, [200, 503], "each answered by the one pod its file went to");
-    assert_eq!((served(&failing).await, served(&live[0]).await), (1, 1));
+    assert_eq!((served(&failing).await, served(&live[0]).await, served(&failover[0]).await), (1, 1, 0));
 }

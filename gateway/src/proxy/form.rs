@@ -24,18 +24,10 @@ use std::borrow::Cow;
 
 use http::HeaderMap;
 use http::header::CONTENT_TYPE;
-use memchr::memmem;
 
 use super::body::RequestFields;
-use super::form_scanner::{FormFields, FormScanner};
+use super::form_scanner::{FormFields, FormScanner, take_parameter};
 use crate::error::GatewayError;
-
-/// Most parts a form may have (a transcription has a handful).
-pub const MAX_PARTS: usize = 64;
-/// Most bytes of one part's headers.
-pub const MAX_PART_HEADERS: usize = 8 * 1024;
-/// Longest model name read from a form.
-pub const MAX_MODEL_BYTES: usize = 256;
 
 /// The boundary of a `multipart/form-data` body, from its `Content-Type`.
 ///
@@ -67,36 +59,6 @@ pub fn boundary(headers: &HeaderMap) -> Result<&[u8], GatewayError> {
         return Err(GatewayError::InvalidForm("the boundary must be 1 to 70 of RFC 2046's characters"));
     }
     Ok(boundary)
-}
-
-/// Keeps `parameter`'s value (unquoted) in `found` when it is `wanted`
-/// (any case).
-///
-/// # Errors
-/// An extended (`*`) parameter, or `wanted` given twice (`twice` says so).
-fn take_parameter<'a>(
-    parameter: &'a [u8],
-    wanted: &[u8],
-    found: &mut Option<&'a [u8]>,
-    twice: &'static str,
-) -> Result<(), GatewayError> {
-    let Some((key, value)) = split_parameter(parameter) else { return Ok(()) };
-    if key.ends_with(b"*") {
-        return Err(GatewayError::InvalidForm("extended (*) parameters are not accepted"));
-    }
-    if key.eq_ignore_ascii_case(wanted) {
-        if found.is_some() {
-            return Err(GatewayError::InvalidForm(twice));
-        }
-        *found = Some(value.strip_prefix(b"\"").and_then(|v| v.strip_suffix(b"\"")).unwrap_or(value));
-    }
-    Ok(())
-}
-
-/// `name=value` of a header parameter, both trimmed; `None` without `=`.
-fn split_parameter(parameter: &[u8]) -> Option<(&[u8], &[u8])> {
-    let at = parameter.iter().position(|byte| *byte == b'=')?;
-    Some((parameter[..at].trim_ascii(), parameter[at + 1..].trim_ascii()))
 }
 
 /// The `Content-Type` a form goes upstream with: of the gateway's own
@@ -134,17 +96,6 @@ pub fn scan(body: &[u8], boundary: &[u8]) -> Result<RequestFields<'static>, Gate
     Ok(request_fields(fields))
 }
 
-/// `true` or `false` (any case): the values both sides read alike.
-pub(super) fn stream_value(value: &[u8]) -> Result<bool, GatewayError> {
-    if value.eq_ignore_ascii_case(b"true") {
-        Ok(true)
-    } else if value.eq_ignore_ascii_case(b"false") {
-        Ok(false)
-    } else {
-        Err(GatewayError::InvalidField("stream", "must be true or false"))
-    }
-}
-
 /// What routing reads of a form: its model (the part's value, rewritten
 /// in place) and whether it streams; nothing else is the gateway's.
 pub(super) fn request_fields(fields: FormFields) -> RequestFields<'static> {
@@ -160,83 +111,11 @@ pub(super) fn request_fields(fields: FormFields) -> RequestFields<'static> {
     }
 }
 
-/// The `name` of a part: its one `Content-Disposition: form-data` header's
-/// one `name` parameter (any case, quoted or not, spaces around `=`).
-///
-/// # Errors
-/// Lines not ended by CRLF, no or several `Content-Disposition` headers,
-/// no or several names, an extended (`*`) or escaped parameter.
-pub(super) fn part_name(headers: &[u8]) -> Result<&[u8], GatewayError> {
-    let mut name = None;
-    let mut dispositions = 0;
-    for line in split_crlf(headers) {
-        if line.contains(&b'\r') || line.contains(&b'\n') {
-            return Err(GatewayError::InvalidForm("a part's header line is not ended by CRLF"));
-        }
-        let Some(colon) = line.iter().position(|byte| *byte == b':') else {
-            return Err(GatewayError::InvalidForm("a part's header has no name"));
-        };
-        if !line[..colon].trim_ascii().eq_ignore_ascii_case(b"content-disposition") {
-            continue;
-        }
-        dispositions += 1;
-        for parameter in quoted_split(&line[colon + 1..])? {
-            take_parameter(parameter, b"name", &mut name, "a part has more than one name")?;
-        }
-    }
-    if dispositions != 1 {
-        return Err(GatewayError::InvalidForm("a part needs exactly one Content-Disposition"));
-    }
-    name.ok_or(GatewayError::InvalidForm("a part names no field"))
-}
-
-/// `bytes` split at each CRLF.
-fn split_crlf(bytes: &[u8]) -> impl Iterator<Item = &[u8]> {
-    let mut rest = Some(bytes);
-    std::iter::from_fn(move || {
-        let current = rest?;
-        match memmem::find(current, b"\r\n") {
-            Some(at) => {
-                rest = Some(&current[at + 2..]);
-                Some(&current[..at])
-            }
-            None => {
-                rest = None;
-                Some(current)
-            }
-        }
-    })
-}
-
-/// A header value's `;`-separated parameters, a `;` inside quotes kept.
-///
-/// # Errors
-/// A backslash inside quotes (an escape another reader would undo) or an
-/// unclosed quote.
-fn quoted_split(value: &[u8]) -> Result<Vec<&[u8]>, GatewayError> {
-    let (mut parts, mut start, mut quoted) = (Vec::new(), 0, false);
-    for (at, byte) in value.iter().enumerate() {
-        match byte {
-            b'"' => quoted = !quoted,
-            b'\\' if quoted => return Err(GatewayError::InvalidForm("escaped quotes are not accepted")),
-            b';' if !quoted => {
-                parts.push(&value[start..at]);
-                start = at + 1;
-            }
-            _ => {}
-        }
-    }
-    if quoted {
-        return Err(GatewayError::InvalidForm("an unclosed quote"));
-    }
-    parts.push(&value[start..]);
-    Ok(parts)
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, reason = "a test fails loudly on any unexpected error")]
 
+    use super::super::form_scanner::{MAX_PART_HEADERS, MAX_PARTS};
     use super::*;
 
     fn form(parts: &[(&str, &str)]) -> Vec<u8> {

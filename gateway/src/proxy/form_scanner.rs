@@ -12,7 +12,6 @@ use std::ops::Range;
 
 use memchr::memmem;
 
-use super::form::{MAX_MODEL_BYTES, MAX_PART_HEADERS, MAX_PARTS, part_name, stream_value};
 use crate::error::GatewayError;
 
 /// The most of a `stream` field's value kept (`false` and a margin).
@@ -302,6 +301,127 @@ impl FormScanner {
         }
         Ok(())
     }
+}
+
+/// Most parts a form may have (a transcription has a handful).
+pub const MAX_PARTS: usize = 64;
+/// Most bytes of one part's headers.
+pub const MAX_PART_HEADERS: usize = 8 * 1024;
+/// Longest model name read from a form.
+pub const MAX_MODEL_BYTES: usize = 256;
+
+/// Keeps `parameter`'s value (unquoted) in `found` when it is `wanted`
+/// (any case).
+///
+/// # Errors
+/// An extended (`*`) parameter, or `wanted` given twice (`twice` says so).
+pub(super) fn take_parameter<'a>(
+    parameter: &'a [u8],
+    wanted: &[u8],
+    found: &mut Option<&'a [u8]>,
+    twice: &'static str,
+) -> Result<(), GatewayError> {
+    let Some((key, value)) = split_parameter(parameter) else { return Ok(()) };
+    if key.ends_with(b"*") {
+        return Err(GatewayError::InvalidForm("extended (*) parameters are not accepted"));
+    }
+    if key.eq_ignore_ascii_case(wanted) {
+        if found.is_some() {
+            return Err(GatewayError::InvalidForm(twice));
+        }
+        *found = Some(value.strip_prefix(b"\"").and_then(|v| v.strip_suffix(b"\"")).unwrap_or(value));
+    }
+    Ok(())
+}
+
+/// `name=value` of a header parameter, both trimmed; `None` without `=`.
+fn split_parameter(parameter: &[u8]) -> Option<(&[u8], &[u8])> {
+    let at = parameter.iter().position(|byte| *byte == b'=')?;
+    Some((parameter[..at].trim_ascii(), parameter[at + 1..].trim_ascii()))
+}
+
+/// `true` or `false` (any case): the values both sides read alike.
+fn stream_value(value: &[u8]) -> Result<bool, GatewayError> {
+    if value.eq_ignore_ascii_case(b"true") {
+        Ok(true)
+    } else if value.eq_ignore_ascii_case(b"false") {
+        Ok(false)
+    } else {
+        Err(GatewayError::InvalidField("stream", "must be true or false"))
+    }
+}
+
+/// The `name` of a part: its one `Content-Disposition: form-data` header's
+/// one `name` parameter (any case, quoted or not, spaces around `=`).
+///
+/// # Errors
+/// Lines not ended by CRLF, no or several `Content-Disposition` headers,
+/// no or several names, an extended (`*`) or escaped parameter.
+fn part_name(headers: &[u8]) -> Result<&[u8], GatewayError> {
+    let mut name = None;
+    let mut dispositions = 0;
+    for line in split_crlf(headers) {
+        if line.contains(&b'\r') || line.contains(&b'\n') {
+            return Err(GatewayError::InvalidForm("a part's header line is not ended by CRLF"));
+        }
+        let Some(colon) = line.iter().position(|byte| *byte == b':') else {
+            return Err(GatewayError::InvalidForm("a part's header has no name"));
+        };
+        if !line[..colon].trim_ascii().eq_ignore_ascii_case(b"content-disposition") {
+            continue;
+        }
+        dispositions += 1;
+        for parameter in quoted_split(&line[colon + 1..])? {
+            take_parameter(parameter, b"name", &mut name, "a part has more than one name")?;
+        }
+    }
+    if dispositions != 1 {
+        return Err(GatewayError::InvalidForm("a part needs exactly one Content-Disposition"));
+    }
+    name.ok_or(GatewayError::InvalidForm("a part names no field"))
+}
+
+/// `bytes` split at each CRLF.
+fn split_crlf(bytes: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut rest = Some(bytes);
+    std::iter::from_fn(move || {
+        let current = rest?;
+        match memmem::find(current, b"\r\n") {
+            Some(at) => {
+                rest = Some(&current[at + 2..]);
+                Some(&current[..at])
+            }
+            None => {
+                rest = None;
+                Some(current)
+            }
+        }
+    })
+}
+
+/// A header value's `;`-separated parameters, a `;` inside quotes kept.
+///
+/// # Errors
+/// A backslash inside quotes (an escape another reader would undo) or an
+/// unclosed quote.
+fn quoted_split(value: &[u8]) -> Result<Vec<&[u8]>, GatewayError> {
+    let (mut parts, mut start, mut quoted) = (Vec::new(), 0, false);
+    for (at, byte) in value.iter().enumerate() {
+        match byte {
+            b'"' => quoted = !quoted,
+            b'\\' if quoted => return Err(GatewayError::InvalidForm("escaped quotes are not accepted")),
+            b';' if !quoted => {
+                parts.push(&value[start..at]);
+                start = at + 1;
+            }
+            _ => {}
+        }
+    }
+    if quoted {
+        return Err(GatewayError::InvalidForm("an unclosed quote"));
+    }
+    parts.push(&value[start..]);
+    Ok(parts)
 }
 
 #[cfg(test)]

@@ -688,6 +688,7 @@ async fn a_streamed_rest_follows_the_body_under_one_length() {
     assert!(request.contains("content-length: 7\r\n"), "{request}");
     assert!(request.ends_with("\r\n\r\nABCDEFG"), "{request}");
     assert!(streamed.is_begun());
+    assert_eq!(Pool::idle_connections(), 2, "the pooled connection was left in the pool, and the new one joined it");
 }
 
 /// A rest is sent once, at its declared length, or the request fails
@@ -695,6 +696,12 @@ async fn a_streamed_rest_follows_the_body_under_one_length() {
 /// again.
 #[tokio::test]
 async fn a_rest_is_sent_once_at_its_length_or_the_request_fails() {
+    // A rest sent short would leave the upstream waiting for the rest:
+    // bounded, so that such a fault fails here rather than hangs.
+    tokio::time::timeout(Duration::from_secs(10), sent_once_at_its_length()).await.expect("no request hangs");
+}
+
+async fn sent_once_at_its_length() {
     let (address, _requests) = recording().await;
     let client = client();
     let sent = rest(2, vec![Ok(b"CD")]);
