@@ -125,6 +125,9 @@ impl ChatStreamToMessages {
         if is_done_marker(data) {
             return self.end(out);
         }
+        if self.plain_chunk(data, out) {
+            return;
+        }
         let result = match serde_json::from_slice::<Value>(data) {
             Ok(chunk) => self.chunk(&chunk, out),
             Err(_) => Err("the backend sent a chunk that is not JSON"),
@@ -203,23 +206,35 @@ impl ChatStreamToMessages {
         self.phase = Phase::Answering;
     }
 
+    /// The chunk a stream is mostly made of — text or reasoning for the
+    /// first choice, nothing else — read into borrowed fields without a
+    /// tree; `false` for anything else (usage, an error, tool calls, the
+    /// finish, a field of another type, a repeated key), which the general
+    /// reading below takes, so both read every chunk alike.
+    fn plain_chunk(&mut self, data: &[u8], out: &mut Vec<u8>) -> bool {
+        if self.phase != Phase::Answering || memchr::memmem::find(data, b"\"error\"").is_some() {
+            return false;
+        }
+        let Ok(chunk) = serde_json::from_slice::<PlainChunk<'_>>(data) else { return false };
+        if chunk.usage.is_some() {
+            return false;
+        }
+        let Some(choice) = chunk.choices.iter().find(|choice| choice.index == 0) else { return true };
+        let delta = choice.delta.as_ref();
+        if choice.finish_reason.is_some() || delta.is_some_and(|delta| delta.tool_calls.is_some()) {
+            return false;
+        }
+        let text_of = non_empty;
+        let thinking = delta
+            .and_then(|delta| text_of(delta.reasoning_content.as_ref()).or_else(|| text_of(delta.reasoning.as_ref())));
+        self.texts(thinking, delta.and_then(|delta| text_of(delta.content.as_ref())), out);
+        true
+    }
+
     fn choice(&mut self, choice: &Value, out: &mut Vec<u8>) -> Result<(), Failure> {
         let delta = choice.get("delta").unwrap_or(&Value::Null);
         let text_of = |key: &str| delta.get(key).and_then(Value::as_str).filter(|text| !text.is_empty());
-        if let Some(thinking) = text_of("reasoning_content").or_else(|| text_of("reasoning")) {
-            let index = match self.open {
-                Open::Thinking(index) => index,
-                _ => self.open_block(json!({"type": "thinking", "thinking": "", "signature": ""}), Open::Thinking, out),
-            };
-            block_delta(index, "thinking_delta", "thinking", thinking, out);
-        }
-        if let Some(text) = text_of("content") {
-            let index = match self.open {
-                Open::Text(index) => index,
-                _ => self.open_block(json!({"type": "text", "text": ""}), Open::Text, out),
-            };
-            block_delta(index, "text_delta", "text", text, out);
-        }
+        self.texts(text_of("reasoning_content").or_else(|| text_of("reasoning")), text_of("content"), out);
         match delta.get("tool_calls") {
             None | Some(Value::Null) => {}
             Some(Value::Array(calls)) => {
@@ -233,6 +248,24 @@ impl ChatStreamToMessages {
             self.finish(finish, choice.get("stop_reason"), out)?;
         }
         Ok(())
+    }
+
+    /// A delta's reasoning, then its text, each into its block.
+    fn texts(&mut self, thinking: Option<&str>, text: Option<&str>, out: &mut Vec<u8>) {
+        if let Some(thinking) = thinking {
+            let index = match self.open {
+                Open::Thinking(index) => index,
+                _ => self.open_block(json!({"type": "thinking", "thinking": "", "signature": ""}), Open::Thinking, out),
+            };
+            block_delta(index, "thinking_delta", "thinking", thinking, out);
+        }
+        if let Some(text) = text {
+            let index = match self.open {
+                Open::Text(index) => index,
+                _ => self.open_block(json!({"type": "text", "text": ""}), Open::Text, out),
+            };
+            block_delta(index, "text_delta", "text", text, out);
+        }
     }
 
     /// Stops the open block and starts `block` as the next index.
@@ -391,5 +424,114 @@ impl ChatStreamToMessages {
         sse_event("message_delta", &delta, out);
         sse_event("message_stop", &json!({"type": "message_stop"}), out);
         self.phase = Phase::Done;
+    }
+}
+
+/// A text that is there and not empty.
+fn non_empty<'t>(text: Option<&'t std::borrow::Cow<'_, str>>) -> Option<&'t str> {
+    text.map(|text| &**text).filter(|text| !text.is_empty())
+}
+
+/// A chunk as [`ChatStreamToMessages::plain_chunk`] reads it: the fields
+/// it acts on, borrowed where they hold no escapes; the rest skipped.
+#[derive(serde::Deserialize)]
+struct PlainChunk<'a> {
+    #[serde(borrow)]
+    choices: Vec<PlainChoice<'a>>,
+    #[serde(default)]
+    usage: Option<serde::de::IgnoredAny>,
+}
+
+#[derive(serde::Deserialize)]
+struct PlainChoice<'a> {
+    #[serde(default)]
+    index: u64,
+    #[serde(default, borrow)]
+    delta: Option<PlainDelta<'a>>,
+    #[serde(default)]
+    finish_reason: Option<serde::de::IgnoredAny>,
+}
+
+#[derive(serde::Deserialize)]
+struct PlainDelta<'a> {
+    #[serde(default, borrow)]
+    content: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default, borrow)]
+    reasoning_content: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default, borrow)]
+    reasoning: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default)]
+    tool_calls: Option<serde::de::IgnoredAny>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A translator past `message_start`.
+    fn started() -> ChatStreamToMessages {
+        let mut translator = ChatStreamToMessages::new("m");
+        translator
+            .push(br#"{"id":"c","model":"m","choices":[{"index":0,"delta":{"role":"assistant"}}]}"#, &mut Vec::new());
+        translator
+    }
+
+    /// What the general reading (a tree) writes for `chunk`.
+    fn general(translator: &mut ChatStreamToMessages, chunk: &[u8], out: &mut Vec<u8>) {
+        let result = match serde_json::from_slice::<Value>(chunk) {
+            Ok(value) => translator.chunk(&value, out),
+            Err(_) => Err("the backend sent a chunk that is not JSON"),
+        };
+        if let Err(why) = result {
+            translator.fail(why, out);
+        }
+    }
+
+    /// Every chunk, whichever reading takes it, writes what the general
+    /// reading writes, and leaves the translator as it would (the next
+    /// chunk writes the same too).
+    #[test]
+    fn the_plain_reading_writes_what_the_general_one_does() {
+        let chunks = [
+            r#"{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","system_fingerprint":null,"choices":[{"index":0,"delta":{"content":"Hello"},"logprobs":null,"finish_reason":null}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"a\"b\\n\u00e9 \ud83d\ude00"}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"reasoning_content":"think"}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"reasoning":"think","content":"say"}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"reasoning_content":"","reasoning":"r"}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":""}}]}"#,
+            r#"{"choices":[{"index":0,"delta":null}]}"#,
+            r#"{"choices":[{"index":0}]}"#,
+            r#"{"choices":[{"index":1,"delta":{"content":"other"}}]}"#,
+            r#"{"choices":[{"index":1,"delta":{"content":7}},{"delta":{"content":"first"}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":["x"]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"a","content":"b"}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"a"}}],"choices":[]}"#,
+            r#"{"error":null,"choices":[{"index":0,"delta":{"content":"a"}}]}"#,
+            r#"{"usage":null,"choices":[{"index":0,"delta":{"content":"a"}}]}"#,
+            r#"{"usage":{"prompt_tokens":1,"completion_tokens":2},"choices":[{"index":0,"delta":{"content":"a"}}]}"#,
+            r#"{"choices":null}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"a","tool_calls":null}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"t","function":{"name":"f","arguments":"{}"}}]}}]}"#,
+            r#"{"choices":[{"index":"0","delta":{"content":"a"}}]}"#,
+            r#"{"choices":[5]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"error"}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"end"},"finish_reason":"stop"}]}"#,
+            r#"{"choices":[{"index":0,"delta":"text"}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"a"}}]"#,
+        ];
+        let next = br#"{"choices":[{"index":0,"delta":{"content":"next"}}]}"#;
+        // The chunks a stream is made of take the plain reading.
+        for plain in &chunks[..9] {
+            assert!(started().plain_chunk(plain.as_bytes(), &mut Vec::new()), "{plain}");
+        }
+        for chunk in chunks {
+            let (mut plain, mut tree) = (started(), started());
+            let (mut plain_out, mut tree_out) = (Vec::new(), Vec::new());
+            plain.push(chunk.as_bytes(), &mut plain_out);
+            general(&mut tree, chunk.as_bytes(), &mut tree_out);
+            plain.push(next, &mut plain_out);
+            general(&mut tree, next, &mut tree_out);
+            assert_eq!(String::from_utf8_lossy(&plain_out), String::from_utf8_lossy(&tree_out), "{chunk}");
+        }
     }
 }
