@@ -53,30 +53,10 @@ remove() {
 
 # Outputs of earlier commits: each build of a changed crate links new test
 # binaries beside the old ones under a new hash, and nothing ever removes
-# those. Of each artifact name, whatever is more than ten minutes older than
-# its newest copy goes (copies built in one run, e.g. two feature sets of one
-# dependency, are kept; a wrong guess costs only a rebuild).
+# those (.ci/prune-stale-artifacts.py says which go).
 prune_stale_artifacts() {
-  local deps="$1/debug/deps"
-  [[ -d "$deps" ]] || return 0
-  python3 - "$deps" <<'PRUNE'
-import os, re, sys
-deps = sys.argv[1]
-groups = {}
-for entry in os.scandir(deps):
-    if not entry.is_file(follow_symlinks=False):
-        continue
-    key = re.sub(r"-[0-9a-f]{16}", "", entry.name, count=1)
-    groups.setdefault(key, []).append((entry.stat().st_mtime, entry.stat().st_size, entry.path))
-freed = 0
-for copies in groups.values():
-    newest = max(mtime for mtime, _, _ in copies)
-    for mtime, size, path in copies:
-        if newest - mtime > 600:
-            os.remove(path)
-            freed += size
-print(f"{freed / 2**30:.1f}")
-PRUNE
+  [[ -d "$1/debug/deps" ]] || { echo 0.0; return 0; }
+  python3 .ci/prune-stale-artifacts.py "$1/debug/deps"
 }
 
 if $target_is_ours; then

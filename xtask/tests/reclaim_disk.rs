@@ -89,6 +89,7 @@ fn without_room_only_waycasts_caches_go_in_order_and_it_says_so() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     let steps = [
+        "of earlier commits' build outputs",
         "removed incremental compilation caches",
         "removed release, profiling and bench-tool builds",
         "removed the project's Go build cache",
@@ -123,4 +124,42 @@ fn a_shared_target_directory_is_left_alone() {
     assert!(stderr.contains("left alone"), "{stderr}");
     assert!(fixture.exists("shared-target/debug/incremental/other-project"), "another project's build was removed");
     assert!(!fixture.exists("cache/src"), "waycast's own caches still go");
+}
+
+/// Of each artifact name in `deps`, copies more than ten minutes older
+/// than the newest go (an earlier commit's test binary and its `.d`);
+/// copies built together stay (two feature sets of one dependency), as do
+/// names with one copy however old, and directories.
+#[test]
+fn earlier_commits_outputs_go_and_one_runs_stay() {
+    let fixture = Fixture::new("stale");
+    let deps = fixture.root.join("cache/target/debug/deps");
+    let now = std::time::SystemTime::now();
+    let hours_ago = |hours: u64| now - std::time::Duration::from_secs(hours * 3600);
+    let files = [
+        ("gateway_apis-0123456789abcdef", hours_ago(2), false),
+        ("gateway_apis-0123456789abcdef.d", hours_ago(2), false),
+        ("gateway_apis-fedcba9876543210", now, true),
+        ("gateway_apis-fedcba9876543210.d", now, true),
+        ("libserde-1111111111111111.rlib", now, true),
+        ("libserde-2222222222222222.rlib", now - std::time::Duration::from_secs(300), true),
+        ("libold_only-3333333333333333.rlib", hours_ago(48), true),
+    ];
+    for (name, modified, _) in &files {
+        let file = std::fs::File::create(deps.join(name)).unwrap();
+        file.set_len(1024).unwrap();
+        file.set_modified(*modified).unwrap();
+    }
+    std::fs::create_dir_all(deps.join("a-dir-4444444444444444")).unwrap();
+    let output = Command::new("python3")
+        .arg(repo().join(".ci/prune-stale-artifacts.py"))
+        .arg(&deps)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "0.0", "GiB freed, to a tenth");
+    for (name, _, kept) in files {
+        assert_eq!(deps.join(name).exists(), kept, "{name}");
+    }
+    assert!(deps.join("a-dir-4444444444444444").exists());
 }
