@@ -510,7 +510,7 @@ async fn the_suite_compares_a_gateway_process_with_the_baseline() {
         only: None,
     };
     let report = waycast_bench::suite::run(options).await.unwrap();
-    assert_eq!(report.comparisons.len(), 4 + 6 + 2);
+    assert_eq!(report.comparisons.len(), 4 + 6 + 3);
     for comparison in &report.comparisons {
         for side in [&comparison.baseline, &comparison.gateway] {
             assert_eq!(side.errors, 0, "{}: {:?}", comparison.id, side.error_samples);
