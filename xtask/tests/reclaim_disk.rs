@@ -151,11 +151,7 @@ fn earlier_commits_outputs_go_and_one_runs_stay() {
         file.set_modified(*modified).unwrap();
     }
     std::fs::create_dir_all(deps.join("a-dir-4444444444444444")).unwrap();
-    let output = Command::new("python3")
-        .arg(repo().join(".ci/prune-stale-artifacts.py"))
-        .arg(&deps)
-        .output()
-        .unwrap();
+    let output = Command::new("python3").arg(repo().join(".ci/prune-stale-artifacts.py")).arg(&deps).output().unwrap();
     assert!(output.status.success(), "{output:?}");
     assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "0.0", "GiB freed, to a tenth");
     for (name, _, kept) in files {
