@@ -204,8 +204,11 @@ async fn an_operator_killed_between_two_part_writes_leaves_the_last_config_servi
     let shard_before = part_digest(&secrets, &shard).await.unwrap();
     let manifest_before = manifest_hash(&secrets).await.unwrap();
     let hold = refuse_updates(&client, &namespace, std::slice::from_ref(&shard)).await;
-    models.create(&post, &fleet.models[1]).await.unwrap();
+    // The key first: every compile from then on carries its refused shard.
+    // (The model first, a compile between the two could write the model's
+    // base and a manifest whole, a change of its own — seen in CI.)
     keys.create(&post, &fleet.keys[1]).await.unwrap();
+    models.create(&post, &fleet.models[1]).await.unwrap();
     let second_key = key_text(&secrets, "key-1").await;
     let patience = within(Duration::from_secs(30)).every(Duration::from_millis(50));
     await_condition("the operator writes the new base", patience, async || {
