@@ -96,13 +96,14 @@ pub async fn read(
             head.reserve(whole.saturating_sub(head.len()).max(data.len()));
         }
         head.extend_from_slice(&data);
-        let Some(fields) = scanner.fields_so_far() else { continue };
-        let fields = form::request_fields(fields?);
         let left = declared.saturating_sub(head.len() as u64);
         if left == 0 {
+            // All of it came with (or before) the model's part.
             body.read_to_end();
             return Ok((head.freeze(), form::request_fields(scanner.finish()?), None));
         }
+        let Some(fields) = scanner.fields_so_far() else { continue };
+        let fields = form::request_fields(fields?);
         let allowance = read_by.saturating_duration_since(Instant::now());
         let source = FormRest { body: body.take(), scanner, left, allowance, deadline: None };
         let rest = BodyRest::new(left, Box::pin(source));
